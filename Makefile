@@ -1,0 +1,48 @@
+# Two entry points (see README): `make demo` and `make test`.
+# Everything runs inside .venv at the repo root, built from constraints.txt (the lock).
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+LOCK := constraints.txt
+STAMP := $(VENV)/.requirements-hash
+# Every pip call, including isolated builds, keeps torch/numpy at the locked versions:
+# an unconstrained resolve pulls the CUDA torch wheels and numpy 2 (which fairseq cannot use).
+export PIP_CONSTRAINT := $(abspath $(LOCK))
+export PIP_DISABLE_PIP_VERSION_CHECK := 1
+REQ_HASH := $(shell cat $(LOCK) setup.cfg pyproject.toml | sha256sum | cut -c1-16)
+# fairseq's import-time dependencies, installed by hand because fairseq-fixed is installed
+# with --no-deps (its metadata pulls a CUDA torchaudio that breaks torch and transformers).
+FAIRSEQ_RUNTIME := cffi hydra-core omegaconf regex tqdm bitarray scikit-learn packaging sacrebleu
+PYTEST_ARGS ?=
+
+.PHONY: venv test demo bench lock clean
+
+venv:
+	@if [ "$$(cat $(STAMP) 2>/dev/null)" != "$(REQ_HASH)" ]; then \
+		$(MAKE) --no-print-directory _build-venv; \
+	else echo ".venv is up to date"; fi
+
+_build-venv:
+	rm -rf $(VENV)
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q torch==2.13.0 numpy cython setuptools wheel
+	$(BIN)/pip install -q --no-deps --no-build-isolation fairseq-fixed==0.12.3.1
+	$(BIN)/pip install -q $(FAIRSEQ_RUNTIME)
+	$(BIN)/pip install -q --no-build-isolation -e '.[hf,recipes,test]'
+	$(BIN)/python -c "import torch, fairseq, transformers, accelerate; print('torch', torch.__version__, '| fairseq', fairseq.__version__, '| transformers', transformers.__version__)"
+	echo "$(REQ_HASH)" > $(STAMP)
+
+test: venv
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+bench: venv
+	$(BIN)/python benchmarks/attention.py
+
+# Re-resolve and rewrite the lock from what is installed in .venv (then commit it).
+lock: venv
+	$(BIN)/pip freeze --exclude-editable | grep -v -e '^-e' -e '^momentum-plugins' \
+		| sed -e 's/^torch==.*/torch==2.13.0/' > $(LOCK).new
+	mv $(LOCK).new $(LOCK)
+
+clean:
+	rm -rf $(VENV) build *.egg-info

@@ -1,0 +1,17 @@
+"""Momentum attention (momentum_transformer.md, Section 3): causal eq. 12/13, non-causal
+eq. 14, and plain linear attention as the β = 0 case.
+
+Layout after flash-linear-attention: `naive` (literal quadratic / token-by-token references),
+`chunk` (the O(N) training path), `recurrent` (the fused decoding step), `api` (validation,
+padding and dispatch)."""
+from .api import linear_attention, momentum_attention, momentum_attention_step
+from .feature_maps import FEATURE_MAPS, elu_plus_one
+from .naive import (naive_causal_momentum_attention, naive_noncausal_momentum_attention,
+                    naive_recurrent_momentum_attention)
+from .state import MomentumAttentionState
+
+__all__ = [
+    "momentum_attention", "momentum_attention_step", "linear_attention", "MomentumAttentionState",
+    "FEATURE_MAPS", "elu_plus_one", "naive_causal_momentum_attention",
+    "naive_noncausal_momentum_attention", "naive_recurrent_momentum_attention",
+]

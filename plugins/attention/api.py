@@ -1,0 +1,167 @@
+"""Public entry points of momentum attention (momentum_transformer.md, Section 3.1)."""
+from typing import Optional, Tuple, Union
+
+import torch
+
+from .checks import (check_chunk_size, check_momentum, check_padding_mask, check_positive,
+                     check_qkv, compute_dtype)
+from .chunk import chunk_causal_momentum_attention
+from .feature_maps import FeatureMap, resolve_feature_map
+from .noncausal import noncausal_momentum_attention
+from .recurrent import fused_recurrent_step
+from .state import MomentumAttentionState
+
+Output = Union[torch.Tensor, Tuple[torch.Tensor, MomentumAttentionState]]
+
+
+def momentum_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, momentum: float,
+                       step_size: float = 1.0, causal: bool = True, feature_map: FeatureMap = "elu",
+                       padding_mask: Optional[torch.Tensor] = None, eps: float = 1e-6,
+                       chunk_size: int = 64, initial_state: Optional[MomentumAttentionState] = None,
+                       return_state: bool = False) -> Output:
+    """Momentum attention, O(N) time and memory.
+
+    q, k: (B, H, Nq, Dk); v: (B, H, Nk, Dv) → (B, H, Nq, Dv) in the inputs' dtype.
+    causal=True is eq. 13 exactly (≡ the recurrence eq. 12): key j gets weight
+    γ(1−β^(i−j+1))/(1−β) at query i, denominator φ(q_i)ᵀΣ_{j≤i}φ(k_j) + eps; Nq must equal Nk.
+    causal=False is eq. 14 with N each sequence's number of real keys (Nq may differ from Nk).
+    momentum β ∈ [0, 1), step_size γ > 0; β = 0, γ = 1 is plain linear attention (eq. 7).
+    feature_map: "elu" (elu+1, the paper's), "relu", "identity" (inputs already mapped) or a
+    callable, applied to q and k here. padding_mask: (B, Nk) bool, True = real token, any
+    pattern: padded keys are removed from every sum and from the momentum's step count, so
+    each row equals its sequence alone. Causal outputs at padded positions are 0; non-causal
+    queries at padded positions still attend to the real keys.
+    initial_state / return_state (causal only): continue from a state and/or return the state
+    after each row's last real token, to prefill in parallel and decode with
+    `momentum_attention_step`.
+    States and denominators are accumulated in float32 (float64 for float64 inputs), autocast
+    or not.
+    """
+    check_qkv(q, k, v, causal=causal)
+    momentum = check_momentum(momentum)
+    step_size = check_positive(step_size, "step_size")
+    eps = check_positive(eps, "eps")
+    chunk_size = check_chunk_size(chunk_size)
+    phi = resolve_feature_map(feature_map)
+    B, H, Nk, Dk = k.shape
+    mask = check_padding_mask(padding_mask, B, Nk, k.device)
+    if not causal and (initial_state is not None or return_state):
+        raise ValueError("initial_state and return_state need causal=True (eq. 14 has no recurrent form)")
+    out_dtype = torch.promote_types(torch.promote_types(q.dtype, k.dtype), v.dtype)
+    dtype = _state_dtype(initial_state, compute_dtype(q, k, v))
+    if initial_state is not None:
+        _check_state(initial_state, B, H, Dk, v.shape[-1], k.device)
+        initial_state = initial_state.to(dtype)
+
+    with torch.autocast(device_type=q.device.type, enabled=False):
+        q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
+        if not causal:
+            fq, fk, v = phi(q), _mask_keys(phi(_mask_keys(k, mask)), mask), _mask_keys(v, mask)
+            out = noncausal_momentum_attention(fq, fk, v, momentum=momentum, step_size=step_size,
+                                               eps=eps, key_mask=mask)
+            return out.to(out_dtype)
+        out, state = _causal(q, k, v, phi, mask, momentum, step_size, eps, chunk_size,
+                             initial_state, return_state)
+    out = out.to(out_dtype)
+    return (out, state) if return_state else out
+
+
+def linear_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = True,
+                     feature_map: FeatureMap = "elu", padding_mask: Optional[torch.Tensor] = None,
+                     eps: float = 1e-6, chunk_size: int = 64) -> torch.Tensor:
+    """Plain linear attention (eq. 5, causal eq. 7): momentum attention with β = 0, γ = 1."""
+    return momentum_attention(q, k, v, momentum=0.0, step_size=1.0, causal=causal,
+                              feature_map=feature_map, padding_mask=padding_mask, eps=eps,
+                              chunk_size=chunk_size)
+
+
+def momentum_attention_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                            state: Optional[MomentumAttentionState], *, momentum: float,
+                            step_size: float = 1.0, feature_map: FeatureMap = "elu",
+                            eps: float = 1e-6, padding_mask: Optional[torch.Tensor] = None,
+                            chunk_size: int = 64) -> Tuple[torch.Tensor, MomentumAttentionState]:
+    """Recurrent form eq. 12 for decoding: q, k (B, H, n, Dk), v (B, H, n, Dv) are n ≥ 1 new
+    positions; state=None starts fresh. Returns (out (B, H, n, Dv), new_state). One position
+    runs the fused single-token update; several run the chunked form from `state`."""
+    check_qkv(q, k, v, causal=True)
+    if q.shape[2] != 1:
+        return momentum_attention(q, k, v, momentum=momentum, step_size=step_size, causal=True,
+                                  feature_map=feature_map, padding_mask=padding_mask, eps=eps,
+                                  chunk_size=chunk_size, initial_state=state, return_state=True)
+    momentum = check_momentum(momentum)
+    step_size = check_positive(step_size, "step_size")
+    eps = check_positive(eps, "eps")
+    phi = resolve_feature_map(feature_map)
+    B, H, _, Dk = k.shape
+    Dv = v.shape[-1]
+    real = check_padding_mask(padding_mask, B, 1, k.device)
+    dtype = _state_dtype(state, compute_dtype(q, k, v))
+    if state is None:
+        state = MomentumAttentionState.zeros(B, H, Dk, Dv, dtype=dtype, device=k.device)
+    else:
+        _check_state(state, B, H, Dk, Dv, k.device)
+        state = state.to(dtype)
+    out_dtype = torch.promote_types(torch.promote_types(q.dtype, k.dtype), v.dtype)
+    with torch.autocast(device_type=q.device.type, enabled=False):
+        fq, fk = phi(q[:, :, 0].to(dtype)), phi(k[:, :, 0].to(dtype))
+        out, state = fused_recurrent_step(fq, fk, v[:, :, 0].to(dtype), state, momentum=momentum,
+                                          step_size=step_size, eps=eps,
+                                          real=None if real is None else real[:, 0])
+    return out[:, :, None].to(out_dtype), state
+
+
+def _causal(q, k, v, phi, mask, momentum, step_size, eps, chunk_size, initial_state, return_state):
+    """Causal form on any padding pattern: real tokens are moved to the front of their row
+    (a stable gather), run right-padded through the chunked kernel, and moved back."""
+    B, N = q.shape[0], q.shape[2]
+    if N == 0:
+        out = q.new_zeros(*q.shape[:3], v.shape[-1])
+        state = initial_state
+        if return_state and state is None:
+            state = MomentumAttentionState.zeros(B, q.shape[1], q.shape[-1], v.shape[-1],
+                                                 dtype=q.dtype, device=q.device)
+        return out, state
+    lengths, order = None, None
+    if mask is not None:
+        lengths = mask.sum(-1)
+        if not bool((mask[:, 1:] <= mask[:, :-1]).all()):
+            order = torch.argsort((~mask).to(torch.int8), dim=-1, stable=True)
+            q, k, v = (_gather(t, order) for t in (q, k, v))
+        mask = torch.arange(N, device=q.device) < lengths[:, None]
+    q, k, v = (_mask_keys(t, mask) for t in (q, k, v))
+    fq, fk = phi(q), _mask_keys(phi(k), mask)
+    out, state = chunk_causal_momentum_attention(
+        fq, fk, v, momentum=momentum, step_size=step_size, eps=eps, chunk_size=chunk_size,
+        initial_state=initial_state, lengths=lengths, return_state=return_state)
+    if mask is not None:
+        out = _mask_keys(out, mask)
+    if order is not None:
+        out = _gather(out, torch.argsort(order, dim=-1))
+    return out, state
+
+
+def _mask_keys(t: torch.Tensor, mask: Optional[torch.Tensor]) -> torch.Tensor:
+    """Zero padded positions with `where`, so NaN or inf in padding reaches neither the sums nor
+    the gradients (masking only after φ would leave φ's backward multiplying 0 by NaN)."""
+    if mask is None:
+        return t
+    return torch.where(mask[:, None, :, None], t, torch.zeros((), dtype=t.dtype, device=t.device))
+
+
+def _gather(t: torch.Tensor, order: torch.Tensor) -> torch.Tensor:
+    return t.gather(2, order[:, None, :, None].expand(t.shape[0], t.shape[1], -1, t.shape[3]))
+
+
+def _state_dtype(state: Optional[MomentumAttentionState], dtype: torch.dtype) -> torch.dtype:
+    if state is not None and state.s.dtype == torch.float64:
+        return torch.float64
+    return dtype
+
+
+def _check_state(state: MomentumAttentionState, B: int, H: int, Dk: int, Dv: int,
+                 device: torch.device) -> None:
+    if not isinstance(state, MomentumAttentionState):
+        raise ValueError(f"state must be a MomentumAttentionState or None, got {type(state).__name__}")
+    state.check(B, H, Dk, Dv)
+    if state.s.device != device:
+        raise ValueError(f"state is on {state.s.device} but the inputs are on {device}")

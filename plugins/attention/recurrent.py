@@ -1,0 +1,28 @@
+"""Fused single-token step of causal momentum attention (eq. 12), for decoding."""
+from typing import Optional, Tuple
+
+import torch
+
+from .state import MomentumAttentionState
+
+
+def fused_recurrent_step(fq: torch.Tensor, fk: torch.Tensor, v: torch.Tensor,
+                         state: MomentumAttentionState, *, momentum: float, step_size: float,
+                         eps: float, real: Optional[torch.Tensor] = None,
+                         ) -> Tuple[torch.Tensor, MomentumAttentionState]:
+    """Eq. 12 for one new position: fq, fk (B, H, Dk), v (B, H, Dv), in the state's dtype.
+    m_i = βm_{i−1} − φ(k_i)v_iᵀ;  s_i = s_{i−1} − γm_i;  z_i = z_{i−1} + φ(k_i);
+    v̂_i = φ(q_i)ᵀs_i / (φ(q_i)ᵀz_i + eps).
+    `real` (B,) bool: rows where it is False keep their state and output 0."""
+    outer = fk[..., :, None] * v[..., None, :]
+    m = momentum * state.m - outer
+    s = state.s - step_size * m
+    z = state.z + fk
+    out = (fq[..., None, :] @ s)[..., 0, :] / ((fq * z).sum(-1, keepdim=True) + eps)
+    if real is not None:
+        keep = real[:, None]
+        m = torch.where(keep[..., None, None], m, state.m)
+        s = torch.where(keep[..., None, None], s, state.s)
+        z = torch.where(keep[..., None], z, state.z)
+        out = out * keep[..., None].to(out.dtype)
+    return out, MomentumAttentionState(s=s, z=z, m=m)

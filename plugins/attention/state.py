@@ -1,0 +1,50 @@
+"""Recurrent state of causal momentum attention (eq. 12): S, z and the momentum m."""
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class MomentumAttentionState:
+    """State after a prefix of the sequence, for each (batch, head).
+
+    s: (B, H, Dk, Dv) the attention state S_i of eq. 12.
+    z: (B, H, Dk)     the key sum z_i (denominator; carries no momentum, eq. 12).
+    m: (B, H, Dk, Dv) the momentum m_i of eq. 12, with the paper's sign
+                      (m_i = β m_{i-1} − φ(k_i) v_iᵀ).
+    All three are float32, or float64 for float64 inputs, whatever the model's dtype.
+    """
+
+    s: torch.Tensor
+    z: torch.Tensor
+    m: torch.Tensor
+
+    @classmethod
+    def zeros(cls, batch: int, heads: int, dk: int, dv: int, *, dtype: torch.dtype,
+              device: torch.device) -> "MomentumAttentionState":
+        return cls(
+            s=torch.zeros(batch, heads, dk, dv, dtype=dtype, device=device),
+            z=torch.zeros(batch, heads, dk, dtype=dtype, device=device),
+            m=torch.zeros(batch, heads, dk, dv, dtype=dtype, device=device),
+        )
+
+    def reorder(self, index: torch.Tensor) -> "MomentumAttentionState":
+        """Select batch rows, e.g. the surviving beams in beam search."""
+        index = index.to(self.s.device)
+        return MomentumAttentionState(self.s.index_select(0, index), self.z.index_select(0, index),
+                                      self.m.index_select(0, index))
+
+    def detach(self) -> "MomentumAttentionState":
+        """Cut the graph, for truncated back-propagation through time."""
+        return MomentumAttentionState(self.s.detach(), self.z.detach(), self.m.detach())
+
+    def to(self, *args, **kwargs) -> "MomentumAttentionState":
+        return MomentumAttentionState(self.s.to(*args, **kwargs), self.z.to(*args, **kwargs),
+                                      self.m.to(*args, **kwargs))
+
+    def check(self, batch: int, heads: int, dk: int, dv: int) -> None:
+        expected = {"s": (batch, heads, dk, dv), "z": (batch, heads, dk), "m": (batch, heads, dk, dv)}
+        for name, shape in expected.items():
+            got = tuple(getattr(self, name).shape)
+            if got != shape:
+                raise ValueError(f"state.{name} must have shape {shape} for these inputs, got {got}")

@@ -1,0 +1,101 @@
+"""Momentum connection (eq. 15) and adaptive momentum (eq. 18), momentum_transformer.md §3.2.
+
+Parameterisation (the authors' code, which the paper's Table 1 names by both constants): a
+velocity v is carried from layer to layer, starting at v_0 = 0,
+
+    v_ℓ = μ_r v_{ℓ−1} − A_ℓ(x_ℓ),        x_{ℓ+1} = x_ℓ − γ_r v_ℓ = x_ℓ + γ_r A_ℓ − γ_r μ_r v_{ℓ−1},
+
+with A_ℓ the attention block's output. μ_r = 0, γ_r = 1 is the plain residual x + A(x).
+
+Where it sits in a block (only the attention residual changes; the feed-forward residual stays):
+- pre-LN:  A_ℓ = Attn(LN(x_ℓ)); h = x_ℓ − γ_r v_ℓ; x_{ℓ+1} = h + FFN(LN(h)).
+- post-LN: A_ℓ = Attn(x_ℓ);     h = LN(x_ℓ − γ_r v_ℓ); x_{ℓ+1} = LN(h + FFN(h)).
+"""
+from typing import NamedTuple, Optional, Tuple
+
+import torch
+from torch import nn
+
+from .attention.checks import check_momentum, check_positive
+
+
+class ConnectionState(NamedTuple):
+    """Carried across layers: the velocity v_{ℓ−1} and the previous block output A_{ℓ−1}
+    (adaptive momentum needs it). Start each forward pass with `None`."""
+
+    velocity: torch.Tensor
+    update: torch.Tensor
+
+
+def momentum_connection(x: torch.Tensor, update: torch.Tensor, velocity: Optional[torch.Tensor], *,
+                        momentum, step_size: float) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Eq. 15 (authors' form): v = μ_r v_prev − A;  x_next = x − γ_r v.  velocity=None means v_0 = 0.
+    `momentum` is a float or a tensor broadcastable to x (per-token adaptive momentum).
+    Returns (x_next, v)."""
+    v = -update if velocity is None else momentum * velocity - update
+    return x - step_size * v, v
+
+
+def adaptive_momentum(update: torch.Tensor, previous_update: torch.Tensor, *, delta: float = 1e-3,
+                      eps: float = 1e-6) -> torch.Tensor:
+    """Eq. 18 per token: μ = clamp((1 − sqrt(‖A_ℓ − A_{ℓ−1}‖ / (‖A_{ℓ−1}‖ + eps)))², 0, 1 − δ),
+    norms over the last (model) dimension, so each position's momentum depends on that
+    position only (causal, and padding cannot reach real tokens). Returns shape (..., 1).
+
+    The eps guard keeps a zero update finite (the authors' code divides by ‖A_{ℓ−1}‖ unguarded).
+    μ is an estimate of the optimal heavy-ball constant (Theorem 2), not a model output, so it
+    is treated as a constant in back-propagation; this also avoids sqrt's infinite derivative
+    at 0 when two consecutive layers give the same update."""
+    with torch.no_grad():
+        change = torch.linalg.vector_norm(update - previous_update, dim=-1, keepdim=True)
+        scale = torch.linalg.vector_norm(previous_update, dim=-1, keepdim=True) + eps
+        return ((1.0 - torch.sqrt(change / scale)) ** 2).clamp(0.0, 1.0 - delta)
+
+
+class MomentumConnection(nn.Module):
+    """Eq. 15 with constant μ_r ∈ [0, 1) and γ_r > 0 (see the module docstring for placement)."""
+
+    def __init__(self, momentum: float = 0.6, step_size: float = 1.0):
+        super().__init__()
+        self.momentum = check_momentum(momentum, "momentum")
+        self.step_size = check_positive(step_size, "step_size")
+
+    def forward(self, x: torch.Tensor, update: torch.Tensor,
+                state: Optional[ConnectionState] = None) -> Tuple[torch.Tensor, ConnectionState]:
+        velocity = None if state is None else state.velocity
+        x_next, v = momentum_connection(x, update, velocity, momentum=self.momentum,
+                                        step_size=self.step_size)
+        return x_next, ConnectionState(v, update)
+
+    def extra_repr(self) -> str:
+        return f"momentum={self.momentum}, step_size={self.step_size}"
+
+
+class AdaptiveMomentumConnection(nn.Module):
+    """Eq. 15 with μ_r from eq. 18, recomputed per token at every layer.
+
+    First layer: there is no A_{ℓ−1}, and v_0 = 0, so μ_r multiplies nothing; we set μ_r = 0
+    there explicitly (state=None) instead of testing the inputs for all-zeros as the authors'
+    code does — an all-zero update in a later layer then still gets eq. 18."""
+
+    def __init__(self, step_size: float = 1.0, delta: float = 1e-3, eps: float = 1e-6):
+        super().__init__()
+        self.step_size = check_positive(step_size, "step_size")
+        delta = check_positive(delta, "delta")
+        if delta > 1.0:
+            raise ValueError(f"delta must be in (0, 1], got {delta}")
+        self.delta = delta
+        self.eps = check_positive(eps, "eps")
+
+    def forward(self, x: torch.Tensor, update: torch.Tensor,
+                state: Optional[ConnectionState] = None) -> Tuple[torch.Tensor, ConnectionState]:
+        if state is None:
+            x_next, v = momentum_connection(x, update, None, momentum=0.0, step_size=self.step_size)
+        else:
+            mu = adaptive_momentum(update, state.update, delta=self.delta, eps=self.eps)
+            x_next, v = momentum_connection(x, update, state.velocity, momentum=mu,
+                                            step_size=self.step_size)
+        return x_next, ConnectionState(v, update)
+
+    def extra_repr(self) -> str:
+        return f"step_size={self.step_size}, delta={self.delta}"

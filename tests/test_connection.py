@@ -1,0 +1,113 @@
+"""Momentum connection (eq. 15) and adaptive momentum (eq. 18) vs literal transcriptions."""
+import itertools
+import math
+
+import pytest
+import torch
+
+from plugins.connection import (AdaptiveMomentumConnection, MomentumConnection, adaptive_momentum,
+                                momentum_connection)
+
+
+def literal_stack(x, updates, mu, gamma):
+    """The authors' loop: v = 0; for each layer: v = mu * v - A; x = x - gamma * v."""
+    v = torch.zeros_like(x)
+    for a in updates:
+        v = mu * v - a
+        x = x - gamma * v
+    return x
+
+
+def literal_adaptive_mu(a, a_prev, delta, eps):
+    """Eq. 18 token by token with Python floats."""
+    out = torch.empty(a.shape[:-1] + (1,), dtype=a.dtype)
+    for idx in itertools.product(*(range(n) for n in a.shape[:-1])):
+        diff = math.sqrt(sum((float(x) - float(y)) ** 2 for x, y in zip(a[idx], a_prev[idx])))
+        prev = math.sqrt(sum(float(y) ** 2 for y in a_prev[idx]))
+        out[idx] = min(max((1 - math.sqrt(diff / (prev + eps))) ** 2, 0.0), 1 - delta)
+    return out
+
+
+@pytest.mark.parametrize("mu,gamma", [(0.0, 1.0), (0.6, 1.0), (0.9, 0.5)])
+def test_momentum_connection_matches_authors_loop(make_generator, mu, gamma):
+    gen = make_generator()
+    x = torch.randn(2, 5, 8, generator=gen, dtype=torch.float64)
+    updates = [torch.randn(2, 5, 8, generator=gen, dtype=torch.float64) for _ in range(4)]
+    conn, state, h = MomentumConnection(mu, gamma), None, x
+    for a in updates:
+        h, state = conn(h, a, state)
+    torch.testing.assert_close(h, literal_stack(x, updates, mu, gamma))
+    if mu == 0.0 and gamma == 1.0:
+        torch.testing.assert_close(h, x + sum(updates))      # the plain residual
+
+
+def test_functional_form_expands_to_paper_terms(make_generator):
+    gen = make_generator()
+    x, a, v_prev = (torch.randn(3, 4, generator=gen, dtype=torch.float64) for _ in range(3))
+    x_next, v = momentum_connection(x, a, v_prev, momentum=0.7, step_size=0.5)
+    torch.testing.assert_close(x_next, x + 0.5 * a - 0.5 * 0.7 * v_prev)
+    torch.testing.assert_close(v, 0.7 * v_prev - a)
+
+
+def test_adaptive_momentum_matches_literal(make_generator):
+    gen = make_generator()
+    a_prev = torch.randn(2, 6, 5, generator=gen, dtype=torch.float64)
+    a = a_prev + 0.3 * torch.randn(2, 6, 5, generator=gen, dtype=torch.float64)
+    a[0, 0] = 10 * a_prev[0, 0]                                  # a clamp at 1 − δ
+    a[1, 2] = a_prev[1, 2]                                       # no change: μ clamps at 1 − δ
+    mu = adaptive_momentum(a, a_prev, delta=1e-3, eps=1e-6)
+    torch.testing.assert_close(mu, literal_adaptive_mu(a, a_prev, 1e-3, 1e-6))
+    assert mu.min() >= 0 and mu.max() <= 1 - 1e-3
+
+
+def test_adaptive_connection_stack_matches_literal(make_generator):
+    gen = make_generator()
+    x = torch.randn(2, 4, 6, generator=gen, dtype=torch.float64)
+    updates = [torch.randn(2, 4, 6, generator=gen, dtype=torch.float64) for _ in range(3)]
+    conn, state, h = AdaptiveMomentumConnection(step_size=0.8), None, x
+    for a in updates:
+        h, state = conn(h, a, state)
+    v = -updates[0]                                              # first layer: μ = 0 by choice
+    expected = x - 0.8 * v
+    for a_prev, a in zip(updates, updates[1:]):
+        v = literal_adaptive_mu(a, a_prev, 1e-3, 1e-6) * v - a
+        expected = expected - 0.8 * v
+    torch.testing.assert_close(h, expected)
+
+
+def test_zero_updates_give_no_nan():
+    x = torch.randn(2, 3, 4, requires_grad=True)
+    zero = torch.zeros(2, 3, 4, requires_grad=True)
+    conn, state, h = AdaptiveMomentumConnection(), None, x
+    for _ in range(3):
+        h, state = conn(h, zero * 1.0, state)
+    h.sum().backward()
+    assert torch.isfinite(h).all() and torch.isfinite(x.grad).all() and torch.isfinite(zero.grad).all()
+
+
+def test_padding_does_not_reach_real_tokens(make_generator):
+    gen = make_generator()
+    x = torch.randn(1, 6, 4, generator=gen)
+    updates = [torch.randn(1, 6, 4, generator=gen) for _ in range(3)]
+    garbage = [u.clone() for u in updates]
+    for g in garbage:
+        g[:, 4:] = torch.randn(1, 2, 4, generator=gen) * 1e3
+    outs = []
+    for ups in (updates, garbage):
+        conn, state, h = AdaptiveMomentumConnection(), None, x
+        for a in ups:
+            h, state = conn(h, a, state)
+        outs.append(h)
+    torch.testing.assert_close(outs[0][:, :4], outs[1][:, :4])
+
+
+@pytest.mark.parametrize("make,needle", [
+    (lambda: MomentumConnection(momentum=1.0), r"momentum must be in \[0, 1\)"),
+    (lambda: MomentumConnection(momentum=0.5, step_size=0.0), "step_size must be > 0"),
+    (lambda: AdaptiveMomentumConnection(delta=0.0), "delta must be > 0"),
+    (lambda: AdaptiveMomentumConnection(delta=2.0), r"delta must be in \(0, 1\]"),
+    (lambda: AdaptiveMomentumConnection(step_size=-1.0), "step_size must be > 0"),
+])
+def test_bad_values(make, needle):
+    with pytest.raises(ValueError, match=needle):
+        make()
