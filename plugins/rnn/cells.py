@@ -1,0 +1,162 @@
+"""Step-wise MomentumLSTM cells (momentum_rnn.md Section 2.2–2.4 and Appendix F).
+
+These are the readable references: one time step per call, the Appendix-F calling
+convention and initialisation. The sequence layers in `plugins.rnn.layers` compute the
+same thing on torch's fused kernels.
+"""
+import torch
+from torch import nn
+
+from .filters import (adam_step, check_beta, check_eps, check_momentum, check_restart,
+                      check_step_size, momentum_step, nag_momentum, restart_index)
+
+
+def lstm_update(gates, c):
+    """LSTM state update of eq. 2 with PyTorch's gate order (input, forget, cell, output).
+
+    Like torch's LSTM (and Appendix F) the cell state is forgotten: c_t = f⊙c_{t-1} + i⊙c̃_t.
+    """
+    i, f, g, o = gates.chunk(4, dim=-1)
+    c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
+    h = torch.sigmoid(o) * torch.tanh(c)
+    return h, c
+
+
+def appendix_f_init_(x2h, h2h, hidden_size, forget_bias=1.0):
+    """Appendix A/F initialisation: x2h orthogonal, h2h identity-like (eye_ on the 4h×h
+    matrix), all biases 0 except the forget gate's, which is 1 in both biases."""
+    with torch.no_grad():
+        nn.init.orthogonal_(x2h.weight)
+        nn.init.eye_(h2h.weight)
+        for linear in (x2h, h2h):
+            if linear.bias is not None:
+                linear.bias.zero_()
+                linear.bias[hidden_size:2 * hidden_size].fill_(forget_bias)
+
+
+def check_sizes(input_size, hidden_size):
+    for name, value in (("input_size", input_size), ("hidden_size", hidden_size)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+
+
+def check_step_input(x, input_size):
+    if x.dim() != 2 or x.size(1) != input_size:
+        raise ValueError(f"input must have shape (batch, {input_size}), got {tuple(x.shape)}")
+
+
+class _LSTMCellBase(nn.Module):
+    def __init__(self, input_size, hidden_size, bias=True):
+        super().__init__()
+        check_sizes(input_size, hidden_size)
+        self.input_size = input_size
+        self.hidden_size = hidden_size
+        self.bias = bias
+        self.x2h = nn.Linear(input_size, 4 * hidden_size, bias=bias)
+        self.h2h = nn.Linear(hidden_size, 4 * hidden_size, bias=bias)
+        self.reset_parameters()
+
+    def reset_parameters(self):
+        appendix_f_init_(self.x2h, self.h2h, self.hidden_size)
+
+
+class MomentumLSTMCell(_LSTMCellBase):
+    """MomentumLSTM cell: eq. 9 applied to the LSTM pre-activation (Remark 3, Appendix F).
+
+        v_t = μ v_{t-1} + s (W x_t + b_ih);  gates = v_t + U h_{t-1} + b_hh
+
+    forward(x, (h, c), v) -> (h, (h, c), v); v has shape (batch, 4*hidden_size).
+    μ = 0 gives the authors' PTB "MomentumLSTM" (an LSTM whose input pre-activation is
+    scaled by s; ANCHORS fact 6).
+    """
+
+    def __init__(self, input_size, hidden_size, momentum, step_size, bias=True):
+        check_momentum(momentum)
+        check_step_size(step_size)
+        self.momentum = momentum
+        self.step_size = step_size
+        super().__init__(input_size, hidden_size, bias)
+
+    def forward(self, x, hidden, v):
+        check_step_input(x, self.input_size)
+        h, c = hidden
+        v = momentum_step(v, self.x2h(x), self.momentum, self.step_size)
+        h, c = lstm_update(v + self.h2h(h), c)
+        return h, (h, c), v
+
+
+class AdamLSTMCell(_LSTMCellBase):
+    """AdamLSTM cell, eq. 15 as the authors coded it (ANCHORS fact 8).
+
+        g = W x_t + b_ih;  v_t = μ v + s g;  m_t = β m + (1−β) g⊙g;
+        gates = v_t / √(m_t + ε) + U h_{t-1} + b_hh
+
+    ε sits inside the square root and there is no bias correction.
+    forward(x, (h, c), v, m) -> (h, (h, c), v, m); v, m have shape (batch, 4*hidden_size).
+    """
+
+    def __init__(self, input_size, hidden_size, momentum, step_size, beta, eps=1e-8, bias=True):
+        check_momentum(momentum)
+        check_step_size(step_size)
+        check_beta(beta)
+        check_eps(eps)
+        self.momentum = momentum
+        self.step_size = step_size
+        self.beta = beta
+        self.eps = eps
+        super().__init__(input_size, hidden_size, bias)
+
+    def forward(self, x, hidden, v, m):
+        check_step_input(x, self.input_size)
+        h, c = hidden
+        pre, v, m = adam_step(v, m, self.x2h(x), self.momentum, self.step_size, self.beta,
+                              self.eps)
+        h, c = lstm_update(pre + self.h2h(h), c)
+        return h, (h, c), v, m
+
+
+class RMSPropLSTMCell(AdamLSTMCell):
+    """RMSPropLSTM cell: AdamLSTM (eq. 15) with μ = 0 (Section 2.4)."""
+
+    def __init__(self, input_size, hidden_size, step_size, beta, eps=1e-8, bias=True):
+        super().__init__(input_size, hidden_size, 0.0, step_size, beta, eps, bias)
+
+
+class NAGLSTMCell(_LSTMCellBase):
+    """NAG / scheduled-restart (SR) LSTM cell (Section 2.4).
+
+    Heavy-ball momentum of eq. 9 with μ_t = (k−1)/(k+2), k = ((t−1) mod F) + 1 the
+    position of step t in its restart block: v_t = μ_t v_{t-1} + s (W x_t + b_ih). F = None
+    is plain NAG. k counts time steps and the coefficient is 0 at k = 1. The authors coded
+    SR in two ways (their MNIST code extrapolates the whole pre-activation; ANCHORS fact 7);
+    this follows the paper's Section 2.4, which their PTB code also does.
+
+    forward(x, (h, c), v, step) -> (h, (h, c), v, step + 1), step being the number of time
+    steps already processed (int or a (batch,) integer tensor).
+    """
+
+    def __init__(self, input_size, hidden_size, step_size, restart=None, bias=True):
+        check_step_size(step_size)
+        self.restart = check_restart(restart)
+        self.step_size = step_size
+        super().__init__(input_size, hidden_size, bias)
+
+    def forward(self, x, hidden, v, step):
+        check_step_input(x, self.input_size)
+        h, c = hidden
+        step = torch.as_tensor(step, device=x.device) + 1
+        mu = nag_momentum(restart_index(step, self.restart).to(x.dtype))
+        if mu.dim() == 1:
+            mu = mu[:, None]
+        v = momentum_step(v, self.x2h(x), mu, self.step_size)
+        h, c = lstm_update(v + self.h2h(h), c)
+        return h, (h, c), v, step
+
+
+class SRLSTMCell(NAGLSTMCell):
+    """SRLSTM cell: NAGLSTMCell with a finite restart frequency F (Section 2.4)."""
+
+    def __init__(self, input_size, hidden_size, step_size, restart, bias=True):
+        if check_restart(restart) is None:
+            raise ValueError(f"restart must be an integer >= 1 for SRLSTMCell, got {restart!r}")
+        super().__init__(input_size, hidden_size, step_size, restart, bias)

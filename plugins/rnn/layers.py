@@ -1,0 +1,249 @@
+"""Multi-layer MomentumLSTM / MomentumRNN with the nn.LSTM calling convention.
+
+Fast path. The momentum of every cell depends on the input only (filters.py), so:
+- momentum / nag / sr: the whole filtered sequence is formed first, in input space, as
+  x̃_t = s Σ_k M[t, k] x_k plus a bias channel c_t and, for a carried-in v_0, B channels
+  M[t, 0]·e_b whose input weights are v_0 itself. Then v_t = [W, b_ih, v_0ᵀ]·[x̃_t, c_t,
+  M[t, 0] e_b] exactly, and the recurrence runs in torch's fused LSTM / tanh-RNN kernel
+  with that input weight, at the cost of nn.LSTM with d + 1 (+ B) inputs.
+- adam / rmsprop: the normalised pre-activation v_t/√(m_t + ε) of eq. 15 is formed for all
+  steps before the recurrence (v as above, m by a cheap loop over (B, 4H) tensors), then
+  each time step is one fused `lstm_cell` call (the input projection is already done).
+Dropout between layers as in nn.LSTM.
+"""
+import math
+
+import torch
+from torch import _VF, nn
+from torch.nn import functional as F
+
+from .cells import appendix_f_init_, check_sizes
+from .filters import (bias_channel, carried_weight, check_beta, check_eps, check_momentum,
+                      check_restart, check_step_size, constant_decay, filter_sequence,
+                      nag_decay, second_moment)
+from .sequence import (CELLS, RecurrentState, as_output, as_sequence, check_cell,
+                       check_dropout, check_num_layers, fused_recurrence, initial_state,
+                       last_step, valid_mask)
+
+ADAPTIVE = ("adam", "rmsprop")
+
+
+def input_map(x, decay, step_size, weight, bias, v0):
+    """(inp, w, b) such that the momentum of eq. 9 is v_t = w·inp_t + b for every step.
+
+    decay None means μ ≡ 0 (v_t = s g_t). See the module docstring for the channels.
+    """
+    if decay is None:
+        return x, step_size * weight, None if bias is None else step_size * bias
+    batch = x.size(1)
+    carried = carried_weight(decay, batch)
+    decay = decay.to(device=x.device, dtype=x.dtype)
+    cols, wcols = [filter_sequence(x, decay, step_size)], [weight]
+    if bias is not None:
+        cols.append(bias_channel(decay, step_size, batch).unsqueeze(-1))
+        wcols.append(bias.unsqueeze(1))
+    if v0 is not None and bool(carried.any()):
+        cols.append(torch.diag_embed(carried.to(device=x.device, dtype=x.dtype)))
+        wcols.append(v0.t())
+    return torch.cat(cols, -1), torch.cat(wcols, 1), None
+
+
+def recurrence_loop(step, pre, lengths, state):
+    """Run `state = step(pre_t, state)` over t; state[0] is the output. Past a sequence's
+    length its state is held, so the final state is the one at its last valid step."""
+    steps, batch = pre.shape[:2]
+    masks = None if lengths is None else valid_mask(lengths, steps, batch, pre.device)
+    outs = []
+    for t, p in enumerate(pre.unbind(0)):
+        new = step(p, state)
+        if masks is not None:
+            new = tuple(torch.where(masks[t], n, s) for n, s in zip(new, state))
+        state = new
+        outs.append(state[0])
+    out = torch.stack(outs)
+    return (out if masks is None else out * masks), state
+
+
+def lstm_step(weight_hh):
+    """One fused LSTM step on a precomputed input pre-activation p (eq. 2 / eq. 15)."""
+    def step(p, state):
+        no_input = p.new_empty(p.size(0), 0)
+        return _VF.lstm_cell(no_input, state, p.new_empty(p.size(1), 0), weight_hh, p, None)
+    return step
+
+
+def tanh_step(weight_hh):
+    """One tanh-RNN step h_t = tanh(p_t + U h_{t-1}) on a precomputed p (eq. 9, eq. 15)."""
+    def step(p, state):
+        return (torch.tanh(torch.addmm(p, state[0], weight_hh.t())),)
+    return step
+
+
+class _MomentumLayers(nn.Module):
+    plain = "lstm"
+    gate_count = 4
+
+    def __init__(self, input_size, hidden_size, num_layers=1, *, cell="momentum", momentum=0.6,
+                 step_size=1.0, beta=0.9, eps=1e-8, restart=None, bias=True, batch_first=False,
+                 dropout=0.0):
+        super().__init__()
+        check_sizes(input_size, hidden_size)
+        check_num_layers(num_layers)
+        check_cell(cell, (self.plain,) + CELLS)
+        check_momentum(momentum)
+        check_step_size(step_size)
+        check_beta(beta)
+        check_eps(eps)
+        check_dropout(dropout)
+        self.restart = check_restart(restart)
+        if cell == "sr" and self.restart is None:
+            raise ValueError("restart must be an integer >= 1 when cell='sr'")
+        self.input_size, self.hidden_size, self.num_layers = input_size, hidden_size, num_layers
+        self.cell, self.momentum, self.step_size = cell, momentum, step_size
+        self.beta, self.eps, self.bias = beta, eps, bias
+        self.batch_first, self.dropout = batch_first, dropout
+        width = self.gate_count * hidden_size
+        for k in range(num_layers):
+            d = input_size if k == 0 else hidden_size
+            self.register_parameter(f"weight_ih_l{k}", nn.Parameter(torch.empty(width, d)))
+            self.register_parameter(f"weight_hh_l{k}", nn.Parameter(torch.empty(width, hidden_size)))
+            if bias:
+                self.register_parameter(f"bias_ih_l{k}", nn.Parameter(torch.empty(width)))
+                self.register_parameter(f"bias_hh_l{k}", nn.Parameter(torch.empty(width)))
+        self.reset_parameters()
+
+    def extra_repr(self):
+        return (f"{self.input_size}, {self.hidden_size}, num_layers={self.num_layers}, "
+                f"cell={self.cell!r}, momentum={self.momentum}, step_size={self.step_size}, "
+                f"beta={self.beta}, restart={self.restart}, batch_first={self.batch_first}")
+
+    def layer_parameters(self, k):
+        get = lambda name: getattr(self, f"{name}_l{k}", None)
+        return get("weight_ih"), get("weight_hh"), get("bias_ih"), get("bias_hh")
+
+    @property
+    def _has_v(self):
+        return self.cell != self.plain
+
+    @property
+    def _effective_step_size(self):
+        return 1.0 if self.cell == self.plain else self.step_size
+
+    def _decay(self, steps, start_step):
+        """Decay matrix of this cell's momentum (filters.py); None when μ ≡ 0."""
+        if self.cell in (self.plain, "rmsprop") or (self.cell in ("momentum", "adam")
+                                                    and self.momentum == 0):
+            return None
+        if self.cell in ("momentum", "adam"):
+            return constant_decay(steps, self.momentum)
+        start = start_step.cpu()
+        if bool((start == start[0]).all()):
+            start = start[:1]
+        return nag_decay(steps, start, self.restart)
+
+    def _adaptive_drive(self, x, inp, w, b, weight_ih, bias_ih, m0, lengths):
+        """Normalised pre-activation of eq. 15 for all steps, with its last v and m."""
+        g = F.linear(x, weight_ih, bias_ih)
+        v = F.linear(inp, w, b)
+        m = second_moment(g * g, m0, self.beta)
+        return v / torch.sqrt(m + self.eps), last_step(v, lengths), last_step(m, lengths)
+
+    def forward(self, input, state=None):
+        seq = as_sequence(input, self.input_size, self.batch_first)
+        x, lengths = seq.x, seq.lengths
+        steps, batch = x.shape[:2]
+        has_c = self.gate_count == 4
+        st = initial_state(state, num_layers=self.num_layers, batch=batch, hidden=self.hidden_size,
+                           width=self.gate_count * self.hidden_size, has_c=has_c,
+                           has_v=self._has_v, has_m=self.cell in ADAPTIVE, ref=x)
+        decay = self._decay(steps, st.step)
+        finals = []
+        for k in range(self.num_layers):
+            if k > 0 and self.dropout > 0 and self.training:
+                x = F.dropout(x, self.dropout, True)
+            pick = lambda t: None if t is None else t[k]
+            x, final = self._layer(k, x, lengths, decay, st.h[k], pick(st.c), pick(st.v),
+                                   pick(st.m))
+            finals.append(final)
+        stack = lambda i: None if finals[0][i] is None else torch.stack([f[i] for f in finals])
+        advanced = steps if lengths is None else lengths.to(st.step.device)
+        new_state = RecurrentState(stack(0), stack(1), stack(2), stack(3), st.step + advanced)
+        return as_output(seq, x, self.batch_first), new_state
+
+
+class MomentumLSTM(_MomentumLayers):
+    """Stack of MomentumLSTM-family layers (momentum_rnn.md Sections 2.2–2.4), nn.LSTM-like.
+
+    cell: "lstm" (plain LSTM), "momentum" (eq. 9), "adam" (eq. 15), "rmsprop" (eq. 15 with
+    μ = 0), "nag" (Section 2.4, F = ∞ unless restart is given), "sr" (NAG with restart F).
+    Parameters are named and ordered as nn.LSTM's (gates i, f, g, o), initialised as in
+    Appendix F. forward(input, state=None) -> (output, RecurrentState); input is
+    (T, B, input_size) (batch_first: (B, T, input_size)) or a PackedSequence; state may also
+    be an (h, c) tuple. The returned state carries h, c, the momentum v (and m for
+    adam/rmsprop) of every layer and the per-sequence time-step counter.
+    """
+
+    plain = "lstm"
+    gate_count = 4
+
+    def reset_parameters(self):
+        for k in range(self.num_layers):
+            w_ih, w_hh, b_ih, b_hh = self.layer_parameters(k)
+            with torch.no_grad():
+                nn.init.orthogonal_(w_ih)
+                nn.init.eye_(w_hh)
+                for b in (b_ih, b_hh):
+                    if b is not None:
+                        b.zero_()
+                        b[self.hidden_size:2 * self.hidden_size].fill_(1.0)
+
+    def _layer(self, k, x, lengths, decay, h0, c0, v0, m0):
+        w_ih, w_hh, b_ih, b_hh = self.layer_parameters(k)
+        inp, w, b = input_map(x, decay, self._effective_step_size, w_ih, b_ih, v0)
+        if self.cell in ADAPTIVE:
+            pre, v, m = self._adaptive_drive(x, inp, w, b, w_ih, b_ih, m0, lengths)
+            if b_hh is not None:
+                pre = pre + b_hh
+            out, (h, c) = recurrence_loop(lstm_step(w_hh), pre, lengths, (h0, c0))
+            return out, (h, c, v, m)
+        weights = [w, w_hh]
+        if self.bias:
+            weights += [torch.zeros_like(b_hh) if b is None else b, b_hh]
+        out, (h, c) = fused_recurrence("lstm", inp, lengths, (h0[None], c0[None]), weights,
+                                       self.bias, self.training)
+        v = F.linear(last_step(inp, lengths), w, b) if self._has_v else None
+        return out, (h[0], c[0], v, None)
+
+
+class MomentumRNN(_MomentumLayers):
+    """Stack of tanh MomentumRNN-family layers (eq. 9, eq. 15, Section 2.4), nn.RNN-like.
+
+    Same cells and calling convention as MomentumLSTM, with cell="rnn" the plain tanh RNN;
+    parameters named as nn.RNN's and initialised like it (uniform ±1/√hidden_size). The
+    state's c is None.
+    """
+
+    plain = "rnn"
+    gate_count = 1
+
+    def reset_parameters(self):
+        bound = 1.0 / math.sqrt(self.hidden_size)
+        for p in self.parameters():
+            nn.init.uniform_(p, -bound, bound)
+
+    def _layer(self, k, x, lengths, decay, h0, c0, v0, m0):
+        w_ih, w_hh, b_ih, b_hh = self.layer_parameters(k)
+        inp, w, b = input_map(x, decay, self._effective_step_size, w_ih, b_ih, v0)
+        if self.cell in ADAPTIVE:
+            pre, v, m = self._adaptive_drive(x, inp, w, b, w_ih, b_ih, m0, lengths)
+            if b_hh is not None:
+                pre = pre + b_hh
+            out, (h,) = recurrence_loop(tanh_step(w_hh), pre, lengths, (h0,))
+            return out, (h, None, v, m)
+        weights = [w, w_hh]
+        if self.bias:
+            weights += [torch.zeros_like(b_hh) if b is None else b, b_hh]
+        out, (h,) = fused_recurrence("rnn_tanh", inp, lengths, h0[None], weights, self.bias,
+                                     self.training)
+        v = F.linear(last_step(inp, lengths), w, b) if self._has_v else None
+        return out, (h[0], None, v, None)

@@ -1,0 +1,135 @@
+"""Input/state plumbing shared by the sequence layers: shapes, packing, the carried state."""
+from typing import NamedTuple, Optional
+
+import torch
+from torch import Tensor, _VF
+from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence, pad_packed_sequence
+
+CELLS = ("momentum", "adam", "rmsprop", "nag", "sr")
+
+
+class RecurrentState(NamedTuple):
+    """State carried between calls (truncated BPTT).
+
+    h, c: (num_layers, batch, hidden) as in nn.LSTM (c is None for tanh/orthogonal RNNs);
+    v, m: (num_layers, batch, N) momentum and second moment (None where the cell has none);
+    step: (batch,) int64, time steps processed so far (drives the NAG/SR schedule).
+    """
+    h: Tensor
+    c: Optional[Tensor]
+    v: Optional[Tensor]
+    m: Optional[Tensor]
+    step: Tensor
+
+
+class Sequence(NamedTuple):
+    x: Tensor                         # (T, B, D), time-major, batch in caller's order
+    lengths: Optional[Tensor]         # (B,) int64 on CPU, None when all have length T
+    packed: Optional[PackedSequence]  # the caller's packed input, for its metadata
+
+
+def check_cell(cell, allowed):
+    if cell not in allowed:
+        raise ValueError(f"cell must be one of {allowed}, got {cell!r}")
+
+
+def check_num_layers(num_layers):
+    if isinstance(num_layers, bool) or not isinstance(num_layers, int) or num_layers < 1:
+        raise ValueError(f"num_layers must be an integer >= 1, got {num_layers!r}")
+
+
+def check_dropout(dropout):
+    if not (isinstance(dropout, (int, float)) and 0.0 <= dropout <= 1.0):
+        raise ValueError(f"dropout must be a number in [0, 1], got {dropout!r}")
+
+
+def as_sequence(input, input_size, batch_first):
+    if isinstance(input, PackedSequence):
+        if input.data.dim() != 2 or input.data.size(1) != input_size:
+            raise ValueError(f"packed input data must have shape (N, {input_size}), "
+                             f"got {tuple(input.data.shape)}")
+        x, lengths = pad_packed_sequence(input)
+        return Sequence(x, lengths, input)
+    if not isinstance(input, Tensor) or input.dim() != 3 or input.size(-1) != input_size:
+        shape = tuple(input.shape) if isinstance(input, Tensor) else type(input).__name__
+        order = "(batch, seq, input_size)" if batch_first else "(seq, batch, input_size)"
+        raise ValueError(f"input must be a 3-D tensor {order} with input_size={input_size} "
+                         f"or a PackedSequence, got {shape}")
+    if input.size(0) == 0 or input.size(1) == 0:
+        raise ValueError(f"input must have non-empty sequence and batch dims, got {tuple(input.shape)}")
+    return Sequence(input.transpose(0, 1) if batch_first else input, None, None)
+
+
+def as_output(seq, out, batch_first):
+    """Return `out` (T, B, H) in the caller's layout: packed like the input, or padded."""
+    if seq.packed is None:
+        return out.transpose(0, 1) if batch_first else out
+    order = seq.packed.sorted_indices
+    lengths = seq.lengths if order is None else seq.lengths[order.cpu()]
+    out = out if order is None else out.index_select(1, order)
+    repacked = pack_padded_sequence(out, lengths, enforce_sorted=True)
+    return PackedSequence(repacked.data, repacked.batch_sizes, order, seq.packed.unsorted_indices)
+
+
+def last_step(seq_values, lengths):
+    """Values at each sequence's last valid step: (T, B, N) -> (B, N)."""
+    if lengths is None:
+        return seq_values[-1]
+    index = (lengths - 1).to(seq_values.device)
+    return seq_values[index, torch.arange(seq_values.size(1), device=seq_values.device)]
+
+
+def valid_mask(lengths, steps, batch, device):
+    """(T, B, 1) bool: step t lies inside sequence b."""
+    t = torch.arange(steps)
+    return (t[:, None] < lengths[None, :]).to(device).view(steps, batch, 1)
+
+
+def fused_recurrence(kind, x, lengths, hx, weights, has_biases, training):
+    """One layer of torch's fused LSTM / tanh-RNN kernel (oneDNN/aten on CPU, cuDNN on GPU).
+
+    x (T, B, D) padded in caller order; hx a (h, c) pair (lstm) or h (tanh), each (1, B, H).
+    Returns (output (T, B, H) with zeros past each length, final states in caller order).
+    """
+    fn = _VF.lstm if kind == "lstm" else _VF.rnn_tanh
+    if lengths is None:
+        out = fn(x, hx, weights, has_biases, 1, 0.0, training, False, False)
+        return out[0], out[1:]
+    packed = pack_padded_sequence(x, lengths, enforce_sorted=False)
+    order, inverse = packed.sorted_indices, packed.unsorted_indices
+    if kind == "lstm":
+        hx = tuple(t.index_select(1, order) for t in hx)
+    else:
+        hx = hx.index_select(1, order)
+    res = fn(packed.data, packed.batch_sizes, hx, weights, has_biases, 1, 0.0, training, False)
+    out, _ = pad_packed_sequence(PackedSequence(res[0], packed.batch_sizes, order, inverse),
+                                 total_length=x.size(0))
+    return out, tuple(t.index_select(1, inverse) for t in res[1:])
+
+
+def initial_state(state, *, num_layers, batch, hidden, width, has_c, has_v, has_m, ref):
+    """Fill a missing or partial carried state with zeros and check its shapes."""
+    zeros = lambda n: ref.new_zeros(num_layers, batch, n)
+    if state is None:
+        state = RecurrentState(zeros(hidden), None, None, None, None)
+    elif isinstance(state, Tensor):
+        state = RecurrentState(state, None, None, None, None)
+    elif not isinstance(state, RecurrentState):
+        if has_c and len(state) == 2:
+            state = RecurrentState(state[0], state[1], None, None, None)
+        else:
+            raise ValueError("state must be None, a RecurrentState"
+                             + (" or an (h, c) tuple" if has_c else " or a tensor h"))
+    h, c, v, m, step = state
+    c = zeros(hidden) if has_c and c is None else (c if has_c else None)
+    v = zeros(width) if has_v and v is None else (v if has_v else None)
+    m = zeros(width) if has_m and m is None else (m if has_m else None)
+    step = torch.zeros(batch, dtype=torch.long, device=ref.device) if step is None else step
+    for name, value, n in (("h", h, hidden), ("c", c, hidden), ("v", v, width), ("m", m, width)):
+        if value is not None and tuple(value.shape) != (num_layers, batch, n):
+            raise ValueError(f"state.{name} must have shape {(num_layers, batch, n)}, "
+                             f"got {tuple(value.shape)}")
+    step = torch.as_tensor(step, device=ref.device).long().expand(batch).contiguous()
+    if (step < 0).any():
+        raise ValueError("state.step must be >= 0")
+    return RecurrentState(h, c, v, m, step)
