@@ -1,0 +1,292 @@
+"""MomentumLSTM / MomentumRNN layers (fused fast paths) vs the step-wise cells, float64."""
+import pytest
+import torch
+from torch import nn
+from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence, pad_packed_sequence
+
+from plugins.rnn import (AdamLSTMCell, MomentumLSTM, MomentumLSTMCell, MomentumRNN, NAGLSTMCell,
+                         RecurrentState, RMSPropLSTMCell, SRLSTMCell)
+
+T, B, D, H = 6, 3, 4, 5
+MU, S, BETA, EPS, F = 0.6, 0.7, 0.8, 1e-8, 3
+KINDS = ["lstm", "momentum", "adam", "rmsprop", "nag", "sr"]
+TOL = 1e-10
+
+
+def make_layer(cls, kind, num_layers, gen, batch_first=False, momentum=MU):
+    layer = cls(D, H, num_layers, cell=kind, momentum=momentum, step_size=S, beta=BETA, eps=EPS,
+                restart=F if kind == "sr" else None, batch_first=batch_first).double()
+    with torch.no_grad():
+        for p in layer.parameters():
+            p.copy_(0.5 * torch.randn(p.shape, generator=gen, dtype=p.dtype))
+    return layer
+
+
+def random_state(layer, gen, batch=B):
+    width = (4 if isinstance(layer, MomentumLSTM) else 1) * H
+    shape = (layer.num_layers, batch)
+    rnd = lambda n: torch.randn(shape + (n,), generator=gen, dtype=torch.float64).requires_grad_()
+    kind = layer.cell
+    return RecurrentState(
+        rnd(H), rnd(H) if isinstance(layer, MomentumLSTM) else None,
+        None if kind in ("lstm", "rnn") else rnd(width),
+        (torch.rand(shape + (width,), generator=gen, dtype=torch.float64).requires_grad_()
+         if kind in ("adam", "rmsprop") else None),
+        torch.randint(0, 8, (batch,), generator=gen))
+
+
+def lstm_cells(layer):
+    """Step-wise cells sharing the layer's Parameter objects."""
+    cells = []
+    for k in range(layer.num_layers):
+        d = D if k == 0 else H
+        kind = layer.cell
+        cell = {"lstm": lambda: MomentumLSTMCell(d, H, 0.0, 1.0),
+                "momentum": lambda: MomentumLSTMCell(d, H, layer.momentum, S),
+                "adam": lambda: AdamLSTMCell(d, H, layer.momentum, S, BETA, EPS),
+                "rmsprop": lambda: RMSPropLSTMCell(d, H, S, BETA, EPS),
+                "nag": lambda: NAGLSTMCell(d, H, S),
+                "sr": lambda: SRLSTMCell(d, H, S, F)}[kind]().double()
+        cell.x2h.weight, cell.h2h.weight = layer.weight_ih_l0 if k == 0 else getattr(
+            layer, f"weight_ih_l{k}"), getattr(layer, f"weight_hh_l{k}")
+        cell.x2h.bias, cell.h2h.bias = getattr(layer, f"bias_ih_l{k}"), getattr(layer, f"bias_hh_l{k}")
+        cells.append(cell)
+    return cells
+
+
+def reference_lstm(layer, x, state):
+    """Run the cells step by step. x (T, B, D) time-major; returns out and final states."""
+    cells = lstm_cells(layer)
+    kind = layer.cell
+    finals = []
+    for k, cell in enumerate(cells):
+        h, c = state.h[k], state.c[k]
+        v = state.v[k] if state.v is not None else x.new_zeros(x.size(1), 4 * H)
+        m = state.m[k] if state.m is not None else None
+        step = state.step
+        outs = []
+        for xt in x:
+            if kind in ("lstm", "momentum"):
+                h, (h, c), v = cell(xt, (h, c), v)
+            elif kind in ("adam", "rmsprop"):
+                h, (h, c), v, m = cell(xt, (h, c), v, m)
+            else:
+                h, (h, c), v, step = cell(xt, (h, c), v, step)
+            outs.append(h)
+        x = torch.stack(outs)
+        finals.append((h, c, None if kind == "lstm" else v, m))
+    return x, finals
+
+
+def tanh_reference(layer, x, state):
+    """Literal float64 tanh MomentumRNN (eq. 9, eq. 15, Section 2.4), step by step."""
+    kind = layer.cell
+    finals = []
+    for k in range(layer.num_layers):
+        W, U = getattr(layer, f"weight_ih_l{k}"), getattr(layer, f"weight_hh_l{k}")
+        b, c_b = getattr(layer, f"bias_ih_l{k}"), getattr(layer, f"bias_hh_l{k}")
+        h = state.h[k]
+        v = state.v[k] if state.v is not None else None
+        m = state.m[k] if state.m is not None else None
+        step = state.step.clone()
+        outs = []
+        for xt in x:
+            g = xt @ W.T + b
+            step = step + 1
+            if kind == "rnn":
+                pre = g
+            elif kind == "momentum":
+                v = pre = MU * v + S * g
+            elif kind in ("nag", "sr"):
+                kk = (step if kind == "nag" else (step - 1) % F + 1).double()
+                v = pre = ((kk - 1) / (kk + 2))[:, None] * v + S * g
+            else:
+                mu = MU if kind == "adam" else 0.0
+                v = mu * v + S * g
+                m = BETA * m + (1 - BETA) * g * g
+                pre = v / torch.sqrt(m + EPS)
+            h = torch.tanh(pre + h @ U.T + c_b)
+            outs.append(h)
+        x = torch.stack(outs)
+        finals.append((h, None, v, m))
+    return x, finals
+
+
+def state_tensors(state):
+    return [t for t in state[:4] if t is not None]
+
+
+def check_against(layer, out, new_state, ref_out, ref_finals, leaves, gen):
+    assert torch.allclose(out, ref_out, rtol=0, atol=TOL)
+    for i in range(4):
+        if new_state[i] is None:
+            continue
+        ref = torch.stack([f[i] for f in ref_finals])
+        assert torch.allclose(new_state[i], ref, rtol=0, atol=TOL), i
+    probes = [torch.randn(t.shape, generator=gen, dtype=t.dtype) for t in [out] + state_tensors(new_state)]
+    ours = sum((p * t).sum() for p, t in zip(probes, [out] + state_tensors(new_state)))
+    ref_tensors = [ref_out] + [torch.stack([f[i] for f in ref_finals])
+                               for i in range(4) if new_state[i] is not None]
+    theirs = sum((p * t).sum() for p, t in zip(probes, ref_tensors))
+    g_ours = torch.autograd.grad(ours, leaves, allow_unused=True)
+    g_ref = torch.autograd.grad(theirs, leaves, allow_unused=True)
+    for leaf, a, b in zip(leaves, g_ours, g_ref):
+        zero = torch.zeros_like(leaf)  # unused leaves (v_0 when μ_1 = 0) have no gradient
+        assert torch.allclose(zero if a is None else a, zero if b is None else b, rtol=0, atol=TOL)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("num_layers", [1, 2, 3])
+@pytest.mark.parametrize("batch_first", [False, True])
+def test_lstm_layer_matches_cells(kind, num_layers, batch_first, make_generator):
+    gen = make_generator()
+    layer = make_layer(MomentumLSTM, kind, num_layers, gen, batch_first)
+    x = torch.randn(T, B, D, generator=gen, dtype=torch.float64, requires_grad=True)
+    state = random_state(layer, gen)
+    out, new_state = layer(x.transpose(0, 1) if batch_first else x, state)
+    out = out.transpose(0, 1) if batch_first else out
+    ref_out, ref_finals = reference_lstm(layer, x, state)
+    assert torch.equal(new_state.step, state.step + T)
+    leaves = [x] + list(layer.parameters()) + state_tensors(state)
+    check_against(layer, out, new_state, ref_out, ref_finals, leaves, gen)
+
+
+@pytest.mark.parametrize("kind", ["rnn", "momentum", "adam", "rmsprop", "nag", "sr"])
+@pytest.mark.parametrize("num_layers", [1, 2])
+def test_tanh_layer_matches_literal(kind, num_layers, make_generator):
+    gen = make_generator()
+    layer = make_layer(MomentumRNN, kind, num_layers, gen)
+    x = torch.randn(T, B, D, generator=gen, dtype=torch.float64, requires_grad=True)
+    state = random_state(layer, gen)
+    out, new_state = layer(x, state)
+    ref_out, ref_finals = tanh_reference(layer, x, state)
+    leaves = [x] + list(layer.parameters()) + state_tensors(state)
+    check_against(layer, out, new_state, ref_out, ref_finals, leaves, gen)
+
+
+@pytest.mark.parametrize("kind", ["momentum", "adam"])
+def test_zero_momentum_path(kind, make_generator):
+    gen = make_generator()
+    layer = make_layer(MomentumLSTM, kind, 1, gen, momentum=0.0)
+    x = torch.randn(T, B, D, generator=gen, dtype=torch.float64, requires_grad=True)
+    state = random_state(layer, gen)
+    out, new_state = layer(x, state)
+    ref_out, ref_finals = reference_lstm(layer, x, state)
+    check_against(layer, out, new_state, ref_out, ref_finals, [x] + list(layer.parameters()), gen)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_truncated_bptt_carries_state(kind, make_generator):
+    gen = make_generator()
+    layer = make_layer(MomentumLSTM, kind, 2, gen)
+    x = torch.randn(3 * T, B, D, generator=gen, dtype=torch.float64)
+    full, full_state = layer(x)
+    state, outs = None, []
+    for chunk in x.split([T - 1, T, T + 1]):
+        out, state = layer(chunk, state)
+        outs.append(out)
+    assert torch.allclose(torch.cat(outs), full, rtol=0, atol=TOL)
+    for a, b in zip(state, full_state):
+        assert (a is None and b is None) or torch.allclose(a.double(), b.double(), rtol=0, atol=TOL)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("cls", [MomentumLSTM, MomentumRNN])
+def test_packed_sequences(kind, cls, make_generator):
+    if cls is MomentumRNN and kind == "lstm":
+        kind = "rnn"
+    gen = make_generator()
+    layer = make_layer(cls, kind, 2, gen)
+    lengths = torch.tensor([4, T, 1, 5])
+    batch = len(lengths)
+    x = torch.randn(T, batch, D, generator=gen, dtype=torch.float64, requires_grad=True)
+    state = random_state(layer, gen, batch)
+    packed = pack_padded_sequence(x, lengths, enforce_sorted=False)
+    out, new_state = layer(packed, state)
+    assert isinstance(out, PackedSequence)
+    assert torch.equal(out.batch_sizes, packed.batch_sizes)
+    assert torch.equal(out.sorted_indices, packed.sorted_indices)
+    assert torch.equal(new_state.step, state.step + lengths)
+    padded, out_lengths = pad_packed_sequence(out)
+    assert torch.equal(out_lengths, lengths)
+    reference = reference_lstm if cls is MomentumLSTM else tanh_reference
+    probe = torch.randn(padded.shape, generator=gen, dtype=torch.float64)
+    loss = (padded * probe).sum()
+    ref_loss = 0.0
+    for b, n in enumerate(lengths.tolist()):
+        sub = RecurrentState(*[None if t is None else t[:, b:b + 1] for t in state[:4]],
+                             state.step[b:b + 1])
+        ref_out, ref_finals = reference(layer, x[:n, b:b + 1], sub)
+        assert torch.allclose(padded[:n, b:b + 1], ref_out, rtol=0, atol=TOL)
+        assert torch.all(padded[n:, b] == 0)
+        for i in range(4):
+            if new_state[i] is not None:
+                ref = torch.stack([f[i] for f in ref_finals])
+                assert torch.allclose(new_state[i][:, b:b + 1], ref, rtol=0, atol=TOL)
+        ref_loss = ref_loss + (ref_out * probe[:n, b:b + 1]).sum()
+    leaves = [x] + list(layer.parameters())
+    for a, b_ in zip(torch.autograd.grad(loss, leaves), torch.autograd.grad(ref_loss, leaves)):
+        assert torch.allclose(a, b_, rtol=0, atol=TOL)
+
+
+def test_plain_lstm_is_nn_lstm(make_generator):
+    gen = make_generator()
+    ours = make_layer(MomentumLSTM, "lstm", 2, gen, batch_first=True)
+    ref = nn.LSTM(D, H, 2, batch_first=True).double()
+    assert [n for n, _ in ours.named_parameters()] == [n for n, _ in ref.named_parameters()]
+    ref.load_state_dict(ours.state_dict())
+    x = torch.randn(B, T, D, generator=gen, dtype=torch.float64)
+    out, state = ours(x)
+    ref_out, (h, c) = ref(x)
+    assert torch.allclose(out, ref_out, rtol=0, atol=TOL)
+    assert torch.allclose(state.h, h, rtol=0, atol=TOL) and torch.allclose(state.c, c, rtol=0, atol=TOL)
+
+
+def test_tuple_state_and_default_init(make_generator):
+    layer = MomentumLSTM(D, H, 1, cell="momentum").double()
+    assert torch.equal(layer.weight_hh_l0, torch.eye(4 * H, H, dtype=torch.float64))
+    assert torch.all(layer.bias_ih_l0[H:2 * H] == 1) and torch.all(layer.bias_hh_l0[:H] == 0)
+    x = torch.randn(T, B, D, generator=make_generator(), dtype=torch.float64)
+    h = torch.zeros(1, B, H, dtype=torch.float64)
+    out_tuple, _ = layer(x, (h, h))
+    out_none, _ = layer(x)
+    assert torch.equal(out_tuple, out_none)
+
+
+def test_dropout_between_layers(make_generator):
+    gen = make_generator()
+    layer = MomentumLSTM(D, H, 2, cell="momentum", dropout=0.5).double()
+    x = torch.randn(T, B, D, generator=gen, dtype=torch.float64)
+    layer.eval()
+    eval_out, _ = layer(x)
+    nodrop = MomentumLSTM(D, H, 2, cell="momentum").double()
+    nodrop.load_state_dict(layer.state_dict())
+    assert torch.equal(eval_out, nodrop(x)[0])
+    layer.train()
+    assert not torch.allclose(layer(x)[0], eval_out)
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(momentum=1.0), "momentum"), (dict(momentum=-0.2), "momentum"),
+    (dict(step_size=0.0), "step_size"), (dict(beta=1.0), "beta"), (dict(beta=-0.1), "beta"),
+    (dict(cell="nag", restart=0), "restart"), (dict(cell="sr", restart=2.5), "restart"),
+    (dict(cell="sr"), "restart"), (dict(cell="gru"), "cell"), (dict(eps=0.0), "eps"),
+    (dict(dropout=1.5), "dropout"),
+])
+@pytest.mark.parametrize("cls", [MomentumLSTM, MomentumRNN])
+def test_bad_hyperparameters(cls, kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        cls(D, H, **kwargs)
+
+
+@pytest.mark.parametrize("cls", [MomentumLSTM, MomentumRNN])
+def test_bad_inputs(cls):
+    layer = cls(D, H, 2)
+    with pytest.raises(ValueError, match="num_layers"):
+        cls(D, H, 0)
+    with pytest.raises(ValueError, match="input"):
+        layer(torch.zeros(B, D))
+    with pytest.raises(ValueError, match="input_size=4"):
+        layer(torch.zeros(T, B, D + 1))
+    with pytest.raises(ValueError, match="state.h"):
+        layer(torch.zeros(T, B, D), RecurrentState(torch.zeros(1, B, H), None, None, None, None))
