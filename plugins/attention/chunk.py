@@ -14,6 +14,8 @@ import torch.nn.functional as F
 from .coefficients import ChunkCoefficients, geometric
 from .state import MomentumAttentionState
 
+SCAN_BLOCK = 16
+
 
 def chunk_causal_momentum_attention(
     fq: torch.Tensor, fk: torch.Tensor, v: torch.Tensor, *, momentum: float, step_size: float,
@@ -25,38 +27,35 @@ def chunk_causal_momentum_attention(
     (`lengths` (B,) = real tokens per row, needed only for the returned state). Returns the
     output (B, H, N, Dv) and, if asked, the state after each row's last real token."""
     B, H, N, Dk = fq.shape
-    Dv = v.shape[-1]
     C = min(chunk_size, N)
     nc = -(-N // C)
     pad = nc * C - N
     coef = ChunkCoefficients.build(momentum, step_size, C, fq.dtype, fq.device)
+    Q, K, V = ((F.pad(t, (0, 0, 0, pad)) if pad else t).reshape(B, H, nc, C, t.shape[-1]) for t in (fq, fk, v))
+    init = initial_state
 
-    z = fk.cumsum(2)
-    if initial_state is not None:
-        z = z + initial_state.z[:, :, None, :]
-    denominator = (fq * z).sum(-1, keepdim=True) + eps
+    scores = Q @ K.transpose(-1, -2)                                 # φ(q_i)ᵀφ(k_j) in a chunk
+    numerator = (scores * coef.intra) @ V
+    z_in = _exclusive_cumsum(K.sum(3), None if init is None else init.z)
+    denominator = (scores * coef.causal).sum(-1, keepdim=True) + (Q * z_in[:, :, :, None]).sum(-1, keepdim=True)
 
-    Q, K, V = (F.pad(t, (0, 0, 0, pad)).reshape(B, H, nc, C, t.shape[-1]) for t in (fq, fk, v))
-    numerator = ((Q @ K.transpose(-1, -2)) * coef.intra) @ V
-    s0 = initial_state.s if initial_state is not None else fq.new_zeros(B, H, Dk, Dv)
+    s0 = None if init is None else init.s
     if momentum == 0.0:
-        local_s = K.transpose(-1, -2) @ V * step_size
-        s_in = _exclusive_cumsum(local_s, s0)
+        s_in = _exclusive_cumsum(K.transpose(-1, -2) @ V * step_size, s0)
         numerator = numerator + Q @ s_in
     else:
-        weighted = torch.cat([K * coef.to_end_m[:, None], K * coef.to_end_s[:, None]], dim=-1)
-        local = weighted.transpose(-1, -2) @ V                       # (B, H, nc, 2Dk, Dv)
-        local_m, local_s = local[..., :Dk, :], local[..., Dk:, :]
-        m_in = _decayed_states(local_m, coef.decay, -initial_state.m if initial_state is not None else None)
+        Kt = K.transpose(-1, -2)
+        local_m = (Kt * coef.to_end_m) @ V                           # m' gained within chunk c
+        local_s = (Kt * coef.to_end_s) @ V                           # s gained within chunk c
+        m_in = decayed_exclusive_scan(local_m, coef.decay, None if init is None else -init.m)
         s_in = _exclusive_cumsum(local_s + coef.carry[-1] * m_in, s0)
-        both = Q @ torch.cat([s_in, m_in], dim=-1)                   # (B, H, nc, C, 2Dv)
-        numerator = numerator + both[..., :Dv] + coef.carry[:, None] * both[..., Dv:]
-    out = numerator.reshape(B, H, nc * C, Dv)[:, :, :N] / denominator
+        numerator = numerator + Q @ s_in + coef.carry[:, None] * (Q @ m_in)
+    out = (numerator / (denominator + eps)).reshape(B, H, nc * C, -1)[:, :, :N]
 
     state = None
     if return_state:
         state = final_state(fk, v, momentum=momentum, step_size=step_size,
-                            initial_state=initial_state, lengths=lengths)
+                            initial_state=init, lengths=lengths)
     return out, state
 
 
@@ -91,18 +90,43 @@ def final_state(fk: torch.Tensor, v: torch.Tensor, *, momentum: float, step_size
     return MomentumAttentionState(s=s, z=z, m=-m_prime)
 
 
-def _exclusive_cumsum(local: torch.Tensor, start: torch.Tensor) -> torch.Tensor:
+def decayed_exclusive_scan(x: torch.Tensor, decay: float, start: Optional[torch.Tensor]) -> torch.Tensor:
+    """y[c] = decay^c·start + Σ_{c'<c} decay^(c−1−c')·x[c'] along dim 2 of x (B, H, n, ...): the
+    state m' entering each chunk. No Python loop: a (n × n) matrix of decay powers for up to
+    SCAN_BLOCK steps; longer scans work in blocks and recurse on the block totals, so the cost
+    stays O(n·SCAN_BLOCK). Powers come from float64 and are used as products, never divided."""
+    B, H, n = x.shape[:3]
+    tail = x.shape[3:]
+    flat = x.reshape(B, H, n, -1)
+    if n <= SCAN_BLOCK:
+        y = _scan_matrix(n, decay, x.dtype, x.device) @ flat
+        if start is not None:
+            y = y + _powers(decay, n, x.dtype, x.device)[:, None] * start.reshape(B, H, 1, -1)
+        return y.reshape(x.shape)
+    G = SCAN_BLOCK
+    ng = -(-n // G)
+    blocks = F.pad(flat, (0, 0, 0, ng * G - n)).reshape(B, H, ng, G, -1)
+    within = _scan_matrix(G, decay, x.dtype, x.device) @ blocks                # from a zero start
+    to_end = _powers(decay, G, x.dtype, x.device).flip(0)                       # decay^(G−1−c')
+    totals = (blocks * to_end[:, None]).sum(3)                                  # state after each block
+    entering = decayed_exclusive_scan(totals, decay ** G, None if start is None else start.reshape(B, H, -1))
+    y = within + _powers(decay, G, x.dtype, x.device)[:, None] * entering[:, :, :, None]
+    return y.reshape(B, H, ng * G, -1)[:, :, :n].reshape(x.shape)
+
+
+def _scan_matrix(n: int, decay: float, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    c = torch.arange(n, dtype=torch.float64)
+    gap = c[:, None] - 1 - c[None, :]
+    matrix = torch.where(gap >= 0, torch.tensor(decay, dtype=torch.float64) ** gap.clamp(min=0),
+                         torch.zeros((), dtype=torch.float64))
+    return matrix.to(dtype=dtype, device=device)
+
+
+def _powers(decay: float, n: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    return (torch.tensor(decay, dtype=torch.float64) ** torch.arange(n, dtype=torch.float64)).to(dtype=dtype, device=device)
+
+
+def _exclusive_cumsum(local: torch.Tensor, start: Optional[torch.Tensor]) -> torch.Tensor:
     """State entering each chunk: start + Σ_{c' < c} local[c'] along the chunk axis (dim 2)."""
     total = local.cumsum(2) - local
-    return total + start[:, :, None]
-
-
-def _decayed_states(local: torch.Tensor, decay: float, start: Optional[torch.Tensor]) -> torch.Tensor:
-    """m' entering each chunk: m'_{c+1} = β^C m'_c + local[c]. A loop over N/C chunks of cheap
-    (Dk, Dv) updates; the heavy work stays in the batched matmuls above."""
-    state = start if start is not None else torch.zeros_like(local[:, :, 0])
-    states = [state]
-    for c in range(local.shape[2] - 1):
-        state = decay * state + local[:, :, c]
-        states.append(state)
-    return torch.stack(states, dim=2)
+    return total if start is None else total + start[:, :, None]

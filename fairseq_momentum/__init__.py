@@ -1,0 +1,1 @@
+"""fairseq user-dir of momentum-plugins (filled by issue #5)."""

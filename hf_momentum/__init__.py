@@ -1,0 +1,1 @@
+"""HuggingFace transformers integration of momentum-plugins (filled by issue #4)."""
