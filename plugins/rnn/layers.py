@@ -14,13 +14,14 @@ Dropout between layers as in nn.LSTM.
 import math
 
 import torch
-from torch import _VF, nn
+from torch import nn
 from torch.nn import functional as F
 
 from .cells import appendix_f_init_, check_sizes
 from .filters import (bias_channel, carried_weight, check_beta, check_eps, check_momentum,
                       check_restart, check_step_size, constant_decay, filter_sequence,
                       nag_decay, second_moment)
+from .recurrence import AdamLSTMRecurrence, gate_order
 from .sequence import (CELLS, RecurrentState, as_output, as_sequence, check_cell,
                        check_dropout, check_num_layers, fused_recurrence, initial_state,
                        last_step, valid_mask)
@@ -62,14 +63,6 @@ def recurrence_loop(step, pre, lengths, state):
         outs.append(state[0])
     out = torch.stack(outs)
     return (out if masks is None else out * masks), state
-
-
-def lstm_step(weight_hh):
-    """One fused LSTM step on a precomputed input pre-activation p (eq. 2 / eq. 15)."""
-    def step(p, state):
-        no_input = p.new_empty(p.size(0), 0)
-        return _VF.lstm_cell(no_input, state, p.new_empty(p.size(1), 0), weight_hh, p, None)
-    return step
 
 
 def tanh_step(weight_hh):
@@ -201,11 +194,7 @@ class MomentumLSTM(_MomentumLayers):
         w_ih, w_hh, b_ih, b_hh = self.layer_parameters(k)
         inp, w, b = input_map(x, decay, self._effective_step_size, w_ih, b_ih, v0)
         if self.cell in ADAPTIVE:
-            pre, v, m = self._adaptive_drive(x, inp, w, b, w_ih, b_ih, m0, lengths)
-            if b_hh is not None:
-                pre = pre + b_hh
-            out, (h, c) = recurrence_loop(lstm_step(w_hh), pre, lengths, (h0, c0))
-            return out, (h, c, v, m)
+            return self._adaptive_layer(x, lengths, inp, w, b, w_ih, b_ih, w_hh, b_hh, h0, c0, m0)
         weights = [w, w_hh]
         if self.bias:
             weights += [torch.zeros_like(b_hh) if b is None else b, b_hh]
@@ -213,6 +202,34 @@ class MomentumLSTM(_MomentumLayers):
                                        self.bias, self.training)
         v = F.linear(last_step(inp, lengths), w, b) if self._has_v else None
         return out, (h[0], c[0], v, None)
+
+
+    def _adaptive_layer(self, x, lengths, inp, w, b, w_ih, b_ih, w_hh, b_hh, h0, c0, m0):
+        """Adam/RMSProp layer: eq. 15 on the fused recurrence of recurrence.py."""
+        adam = self.cell == "adam"
+        v_last = F.linear(last_step(inp, lengths), w, b)
+        sizes = order = inverse = None
+        if lengths is not None:
+            lengths, order = torch.sort(lengths, descending=True)
+            inverse = torch.argsort(order)
+            sizes = [int((lengths > t).sum()) for t in range(x.size(0))]
+            dev = x.device
+            x, inp = x.index_select(1, order.to(dev)), inp.index_select(1, order.to(dev))
+            h0, c0, m0 = (t.index_select(0, order.to(dev)) for t in (h0, c0, m0))
+        forward, backward = (t.to(x.device) for t in gate_order(self.hidden_size))
+        rows = lambda t: None if t is None else t.index_select(0, forward)
+        g = F.linear(x, rows(w_ih), rows(b_ih))
+        v = F.linear(inp, rows(w), rows(b)) if adam else None
+        hs, c, m = AdamLSTMRecurrence.apply(v, g, h0, c0, m0.index_select(1, forward),
+                                            rows(w_hh), rows(b_hh), self.step_size, self.beta,
+                                            self.eps, sizes)
+        m = m.index_select(1, backward)
+        out = hs[1:]
+        if lengths is None:
+            return out, (hs[-1], c, v_last, m)
+        h = hs[lengths.to(x.device), torch.arange(x.size(1), device=x.device)]
+        back = inverse.to(x.device)
+        return out.index_select(1, back), (h[back], c[back], v_last, m[back])
 
 
 class MomentumRNN(_MomentumLayers):
