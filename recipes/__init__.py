@@ -1,0 +1,1 @@
+"""End-to-end experiments reproducing the papers (see each recipe's README)."""

@@ -1,0 +1,1 @@
+"""Helpers shared by the recipes: corpora, fairseq runs, plots."""

@@ -1,0 +1,46 @@
+"""Convergence plots and result tables for the recipes (matplotlib, headless)."""
+from pathlib import Path
+from typing import Dict, List, Sequence
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+
+def plot_curves(curves: Dict[str, Sequence[tuple]], path: Path, *, xlabel: str, ylabel: str, title: str,
+                logy: bool = False) -> Path:
+    """One line per model: curves[name] = [(x, y), …]."""
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for name, points in curves.items():
+        if points:
+            xs, ys = zip(*points)
+            ax.plot(xs, ys, marker="o" if len(xs) < 15 else None, label=name)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    if logy:
+        ax.set_yscale("log")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def markdown_table(headers: List[str], rows: List[List]) -> str:
+    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def write_csv(headers: List[str], rows: List[List], path: Path) -> Path:
+    import csv
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(headers)
+        writer.writerows(rows)
+    return path
