@@ -1,1 +1,37 @@
-"""HuggingFace transformers integration of momentum-plugins (filled by issue #4)."""
+"""HuggingFace transformers integration of momentum-plugins.
+
+`import hf_momentum` registers
+- attention implementations "momentum" and "linear_attention" (with mask functions) for stock
+  models: `AutoModel.from_config(cfg, attn_implementation="momentum")` after
+  `hf_momentum.set_momentum_attention(cfg, momentum=..., step_size=..., feature_map=...)`;
+- model_type "momentum_transformer" (MomentumTransformerConfig, ...Model, ...ForCausalLM,
+  ...ForSequenceClassification) with AutoConfig / AutoModel / AutoModelForCausalLM /
+  AutoModelForSequenceClassification.
+Saved models carry their code and load with `trust_remote_code=True` without this package.
+"""
+from transformers import (AutoConfig, AutoModel, AutoModelForCausalLM,
+                          AutoModelForSequenceClassification)
+
+from .attention_interface import (IGNORING_MODEL_TYPES, LINEAR, MOMENTUM, REJECTING_MODEL_TYPES,
+                                  SUPPORTED_MODEL_TYPES, check_model, linear_attention_forward,
+                                  momentum_attention_forward, register, set_momentum_attention)
+from .configuration_momentum_transformer import MomentumTransformerConfig
+from .modeling_momentum_transformer import (MomentumCache, MomentumTransformerForCausalLM,
+                                            MomentumTransformerForSequenceClassification,
+                                            MomentumTransformerModel, MomentumTransformerPreTrainedModel)
+from .recurrent_cache import RecurrentCache
+
+register()
+AutoConfig.register(MomentumTransformerConfig.model_type, MomentumTransformerConfig, exist_ok=True)
+AutoModel.register(MomentumTransformerConfig, MomentumTransformerModel, exist_ok=True)
+AutoModelForCausalLM.register(MomentumTransformerConfig, MomentumTransformerForCausalLM, exist_ok=True)
+AutoModelForSequenceClassification.register(MomentumTransformerConfig, MomentumTransformerForSequenceClassification,
+                                            exist_ok=True)
+
+__all__ = [
+    "MOMENTUM", "LINEAR", "SUPPORTED_MODEL_TYPES", "REJECTING_MODEL_TYPES", "IGNORING_MODEL_TYPES",
+    "set_momentum_attention", "check_model", "momentum_attention_forward", "linear_attention_forward", "register",
+    "MomentumTransformerConfig", "MomentumTransformerPreTrainedModel", "MomentumTransformerModel",
+    "MomentumTransformerForCausalLM", "MomentumTransformerForSequenceClassification", "MomentumCache",
+    "RecurrentCache",
+]

@@ -1,0 +1,179 @@
+"""Momentum / linear attention as `attn_implementation`s of any transformers model that
+dispatches through `AttentionInterface` (momentum_transformer.md, Section 3.1).
+
+`register()` (run by `import hf_momentum`) adds two names to both registries:
+
+- "momentum": eq. 13 for causal modules (decoders, `module.is_causal` True), eq. 14 for
+  bidirectional ones (encoders, cross-attention), with the model config's
+  `attention_momentum` β, `attention_step_size` γ and `attention_feature_map` φ.
+- "linear_attention": the same with β = 0, γ = 1 (eq. 7 / eq. 5).
+
+Each name has a mask function in `AttentionMaskInterface`, so the kernel receives the 2D
+(batch, kv_length) padding mask (True = real token) instead of a 4D additive mask: padded
+keys leave every sum, and a padded batch gives each sequence its unpadded outputs.
+
+What a stock model keeps and loses under these implementations:
+- Softmax scaling, attention-probability dropout, `output_attentions` and additive position
+  biases (T5's relative bias) have no counterpart in linear attention and are ignored.
+- Stock models keep their KV cache, so `generate()` costs O(N) per new token (the whole
+  prefix is re-read by the kernel). The native `MomentumTransformerForCausalLM` carries the
+  O(1) recurrent state of eq. 12 instead.
+- Sliding windows, packed sequences (several sequences in one row, found from position_ids)
+  and 4D custom masks are not supported: the mask function only forwards padding.
+- RoPE models: linear attention after RoPE depends on absolute positions, so left-padded
+  batches match unpadded sequences only with position_ids taken from the mask (cumsum − 1),
+  which `generate()` does.
+"""
+from typing import Optional
+
+import torch
+from transformers import AttentionInterface
+from transformers.masking_utils import AttentionMaskInterface
+
+from .configuration_momentum_transformer import check_attention_hyperparameters
+from .momentum_core import momentum_attention
+
+MOMENTUM = "momentum"
+LINEAR = "linear_attention"
+DEFAULT_MOMENTUM = 0.6
+DEFAULT_STEP_SIZE = 1.0
+DEFAULT_FEATURE_MAP = "elu"
+
+SUPPORTED_MODEL_TYPES = (
+    "llama", "mistral", "qwen2", "qwen3", "gemma2", "phi3", "gpt_neox", "gpt2", "bert", "roberta",
+    "distilbert", "electra", "modernbert", "t5", "bart",
+)
+REJECTING_MODEL_TYPES = ("gpt_neo", "gptj", "falcon")
+IGNORING_MODEL_TYPES = ("bloom", "deberta-v2", "xlnet")
+
+
+def set_momentum_attention(config, *, momentum: float = DEFAULT_MOMENTUM,
+                           step_size: float = DEFAULT_STEP_SIZE,
+                           feature_map: str = DEFAULT_FEATURE_MAP):
+    """Store the momentum-attention hyperparameters on `config` (and its sub-configs):
+    `attention_momentum` β ∈ [0, 1) (default 0.6), `attention_step_size` γ > 0 (default 1.0),
+    `attention_feature_map` φ ∈ {"elu", "relu", "identity"} (default "elu", elu+1 as in the paper).
+    Raises ValueError for bad values and for model families known to ignore or reject
+    custom attention implementations. Returns the config."""
+    momentum, step_size, feature_map = check_attention_hyperparameters(momentum, step_size, feature_map)
+    check_model_type(getattr(config, "model_type", None))
+    for cfg in _all_configs(config):
+        cfg.attention_momentum = momentum
+        cfg.attention_step_size = step_size
+        cfg.attention_feature_map = feature_map
+    return config
+
+
+def check_model_type(model_type: Optional[str]) -> None:
+    """Refuse the families that are known not to route attention through AttentionInterface."""
+    if model_type in REJECTING_MODEL_TYPES or model_type in IGNORING_MODEL_TYPES:
+        how = "rejects" if model_type in REJECTING_MODEL_TYPES else "silently ignores"
+        raise ValueError(
+            f"model_type {model_type!r} {how} custom attention implementations, so momentum attention "
+            f"cannot be used with it; families known to work: {', '.join(SUPPORTED_MODEL_TYPES)}"
+        )
+
+
+def check_model(model) -> None:
+    """Refuse a model instance whose attention does not dispatch through AttentionInterface."""
+    check_model_type(getattr(model.config, "model_type", None))
+    if not getattr(model, "_supports_attention_backend", False) or not model._can_set_attn_implementation():
+        raise ValueError(
+            f"{type(model).__name__} does not dispatch its attention through transformers' "
+            "AttentionInterface, so momentum attention would be ignored"
+        )
+
+
+def momentum_attention_forward(module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                               attention_mask: Optional[torch.Tensor], scaling=None, dropout=0.0,
+                               is_causal: Optional[bool] = None, **kwargs):
+    """AttentionInterface function for "momentum": query (B, Hq, Lq, D), key/value (B, Hkv, Lk, D)
+    with GQA heads not yet expanded → (output (B, Lq, Hq, Dv), None).
+
+    Causal (eq. 13): with a KV cache the Lq queries are the last Lq of the Lk positions; earlier
+    positions are run with zero queries and dropped (O(Lk) per step). Bidirectional (eq. 14):
+    N is each sequence's number of real keys, Lq may differ from Lk (cross-attention)."""
+    config = getattr(module, "config", None)
+    beta = getattr(config, "attention_momentum", DEFAULT_MOMENTUM)
+    gamma = getattr(config, "attention_step_size", DEFAULT_STEP_SIZE)
+    phi = getattr(config, "attention_feature_map", DEFAULT_FEATURE_MAP)
+    return _forward(module, query, key, value, attention_mask, is_causal, beta, gamma, phi)
+
+
+def linear_attention_forward(module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                             attention_mask: Optional[torch.Tensor], scaling=None, dropout=0.0,
+                             is_causal: Optional[bool] = None, **kwargs):
+    """AttentionInterface function for "linear_attention": eq. 7 (causal) / eq. 5, i.e.
+    momentum attention with β = 0, γ = 1, feature map from `attention_feature_map`."""
+    phi = getattr(getattr(module, "config", None), "attention_feature_map", DEFAULT_FEATURE_MAP)
+    return _forward(module, query, key, value, attention_mask, is_causal, 0.0, 1.0, phi)
+
+
+def padding_mask_function(batch_size: int, q_length: int, kv_length: int, q_offset: int = 0,
+                          kv_offset: int = 0, attention_mask: Optional[torch.Tensor] = None,
+                          device=None, **kwargs) -> Optional[torch.Tensor]:
+    """AttentionMaskInterface function: the (batch, kv_length) bool padding mask, or None when
+    there is no padding. Causality is applied by the kernel, not by the mask."""
+    if attention_mask is None:
+        return None
+    mask = attention_mask.to(device=device, dtype=torch.bool)
+    missing = kv_offset + kv_length - mask.shape[-1]
+    if missing > 0:
+        mask = torch.nn.functional.pad(mask, (0, missing), value=False)
+    mask = mask[:, kv_offset:kv_offset + kv_length]
+    return None if bool(mask.all()) else mask
+
+
+def register() -> None:
+    """Register "momentum" and "linear_attention" (idempotent)."""
+    AttentionInterface.register(MOMENTUM, momentum_attention_forward)
+    AttentionInterface.register(LINEAR, linear_attention_forward)
+    AttentionMaskInterface.register(MOMENTUM, padding_mask_function)
+    AttentionMaskInterface.register(LINEAR, padding_mask_function)
+
+
+def _forward(module, query, key, value, attention_mask, is_causal, beta, gamma, phi):
+    if is_causal is None:
+        is_causal = getattr(module, "is_causal", False)
+    groups = query.shape[1] // key.shape[1]
+    if groups > 1:
+        key = key.repeat_interleave(groups, dim=1)
+        value = value.repeat_interleave(groups, dim=1)
+    mask = _padding_mask(attention_mask, query.shape[0], key.shape[2])
+    q_len, kv_len = query.shape[2], key.shape[2]
+    if is_causal and q_len != kv_len:
+        if q_len > kv_len:
+            raise ValueError(f"causal momentum attention got {q_len} queries for {kv_len} keys")
+        query = torch.cat([query.new_zeros(*query.shape[:2], kv_len - q_len, query.shape[3]), query], 2)
+    out = momentum_attention(query, key, value, momentum=beta, step_size=gamma, causal=bool(is_causal),
+                             feature_map=phi, padding_mask=mask)
+    out = out[:, :, out.shape[2] - q_len:]
+    return out.transpose(1, 2).contiguous(), None
+
+
+def _padding_mask(attention_mask, batch: int, kv_len: int) -> Optional[torch.Tensor]:
+    if attention_mask is None:
+        return None
+    if attention_mask.dim() != 2:
+        raise ValueError(
+            "momentum attention needs the 2D (batch, kv_length) padding mask made by its mask function; "
+            f"got a mask of shape {tuple(attention_mask.shape)} (custom 4D masks are not supported)"
+        )
+    mask = attention_mask.to(torch.bool)
+    if mask.shape[-1] != kv_len:
+        mask = padding_mask_function(batch, 0, kv_len, attention_mask=mask, device=mask.device)
+    return mask
+
+
+def _all_configs(config):
+    seen, stack = [], [config]
+    while stack:
+        cfg = stack.pop()
+        if any(cfg is s for s in seen):
+            continue
+        seen.append(cfg)
+        for key in getattr(cfg, "sub_configs", {}) or {}:
+            sub = getattr(cfg, key, None)
+            if sub is not None:
+                stack.append(sub)
+    return seen

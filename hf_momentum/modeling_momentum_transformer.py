@@ -1,0 +1,299 @@
+"""Native momentum transformer (momentum_transformer.md, Section 3): causal momentum attention
+(eq. 13, recurrent eq. 12 when generating), bidirectional eq. 14 with `is_causal=False`, and the
+momentum / adaptive momentum connection (eq. 15, eq. 18) around attention.
+
+Generation carries per layer only the state (S, z, m) of eq. 12 in a `RecurrentCache`: the cost
+of a new token does not depend on how many came before. Padding is handled by the kernel (a
+padded token is removed from every sum), and positions are counted over real tokens, so a
+left-padded batch gives each row the outputs of its sequence alone.
+"""
+from typing import Optional
+
+import torch
+from torch import nn
+from transformers import GenerationMixin, PreTrainedModel
+from transformers.activations import ACT2FN
+from transformers.modeling_layers import GradientCheckpointingLayer
+from transformers.modeling_outputs import (BaseModelOutputWithPast, CausalLMOutputWithPast,
+                                           SequenceClassifierOutput)
+
+from .configuration_momentum_transformer import MomentumTransformerConfig
+from .momentum_core import (AdaptiveMomentumConnection, ConnectionState, MomentumAttentionState,
+                            MomentumConnection, momentum_attention, momentum_attention_step)
+from .recurrent_cache import RecurrentCache
+from .saving import RemoteCodeMixin
+
+AUTO_MAP = {
+    "AutoConfig": "configuration_momentum_transformer.MomentumTransformerConfig",
+    "AutoModel": "modeling_momentum_transformer.MomentumTransformerModel",
+    "AutoModelForCausalLM": "modeling_momentum_transformer.MomentumTransformerForCausalLM",
+    "AutoModelForSequenceClassification": "modeling_momentum_transformer.MomentumTransformerForSequenceClassification",
+}
+
+
+class MomentumCache(RecurrentCache):
+    """Per layer the three tensors of `MomentumAttentionState` (S, z, m of eq. 12)."""
+
+    def __init__(self, config: MomentumTransformerConfig):
+        super().__init__(config.num_hidden_layers, 3)
+
+    def get_attention_state(self, layer_idx: int) -> Optional[MomentumAttentionState]:
+        states = self.get_states(layer_idx)
+        return None if states is None else MomentumAttentionState(*states)
+
+    def set_attention_state(self, layer_idx: int, state: MomentumAttentionState) -> None:
+        self.set_states(layer_idx, (state.s, state.z, state.m))
+
+
+class MomentumTransformerAttention(nn.Module):
+    """Multi-head momentum attention: eq. 13 (causal) or eq. 14, recurrent eq. 12 with a cache."""
+
+    def __init__(self, config: MomentumTransformerConfig, layer_idx: int):
+        super().__init__()
+        self.config, self.layer_idx = config, layer_idx
+        self.num_heads = config.num_attention_heads
+        self.head_dim = config.hidden_size // config.num_attention_heads
+        self.q_proj = nn.Linear(config.hidden_size, config.hidden_size)
+        self.k_proj = nn.Linear(config.hidden_size, config.hidden_size)
+        self.v_proj = nn.Linear(config.hidden_size, config.hidden_size)
+        self.o_proj = nn.Linear(config.hidden_size, config.hidden_size)
+        self.dropout = nn.Dropout(config.attention_dropout)
+
+    def forward(self, hidden_states: torch.Tensor, padding_mask: Optional[torch.Tensor],
+                cache: Optional[MomentumCache]) -> torch.Tensor:
+        batch, length, _ = hidden_states.shape
+        q, k, v = (proj(hidden_states).view(batch, length, self.num_heads, self.head_dim).transpose(1, 2)
+                   for proj in (self.q_proj, self.k_proj, self.v_proj))
+        kwargs = dict(momentum=self.config.attention_momentum, step_size=self.config.attention_step_size,
+                      feature_map=self.config.attention_feature_map, padding_mask=padding_mask)
+        if cache is not None:
+            out, state = momentum_attention_step(q, k, v, cache.get_attention_state(self.layer_idx), **kwargs)
+            cache.set_attention_state(self.layer_idx, state)
+        else:
+            out = momentum_attention(q, k, v, causal=self.config.is_causal, **kwargs)
+        out = out.transpose(1, 2).reshape(batch, length, -1)
+        return self.dropout(self.o_proj(out))
+
+
+class MomentumTransformerMLP(nn.Module):
+    def __init__(self, config: MomentumTransformerConfig):
+        super().__init__()
+        self.fc_in = nn.Linear(config.hidden_size, config.intermediate_size)
+        self.fc_out = nn.Linear(config.intermediate_size, config.hidden_size)
+        self.act = ACT2FN[config.hidden_act]
+        self.dropout = nn.Dropout(config.hidden_dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.dropout(self.fc_out(self.act(self.fc_in(x))))
+
+
+class MomentumTransformerLayer(GradientCheckpointingLayer):
+    """One block. The attention residual is x + A(x) or the momentum connection (eq. 15), whose
+    velocity v and previous update A_{ℓ−1} are passed from layer to layer (per token);
+    pre-LN: h = conn(x, Attn(LN(x))), out = h + FFN(LN(h));
+    post-LN: h = LN(conn(x, Attn(x))), out = LN(h + FFN(h))."""
+
+    def __init__(self, config: MomentumTransformerConfig, layer_idx: int):
+        super().__init__()
+        self.pre_norm = config.layer_norm == "pre"
+        self.attn_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.attention = MomentumTransformerAttention(config, layer_idx)
+        self.mlp_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.mlp = MomentumTransformerMLP(config)
+        if config.connection == "momentum":
+            self.connection = MomentumConnection(config.connection_momentum, config.connection_step_size)
+        elif config.connection == "adaptive":
+            self.connection = AdaptiveMomentumConnection(config.connection_step_size, config.adaptive_delta)
+        else:
+            self.connection = None
+
+    def forward(self, hidden_states, velocity=None, previous_update=None, padding_mask=None,
+                past_key_values=None):
+        x = hidden_states
+        update = self.attention(self.attn_norm(x) if self.pre_norm else x, padding_mask, past_key_values)
+        if self.connection is None:
+            h = x + update
+        else:
+            state = None if velocity is None else ConnectionState(velocity, previous_update)
+            h, state = self.connection(x, update, state)
+            velocity, previous_update = state.velocity, state.update
+        if not self.pre_norm:
+            h = self.attn_norm(h)
+        out = h + self.mlp(self.mlp_norm(h) if self.pre_norm else h)
+        if not self.pre_norm:
+            out = self.mlp_norm(out)
+        return out, velocity, previous_update
+
+
+class MomentumTransformerPreTrainedModel(RemoteCodeMixin, PreTrainedModel):
+    config_class = MomentumTransformerConfig
+    config: MomentumTransformerConfig
+    base_model_prefix = "model"
+    supports_gradient_checkpointing = True
+    _no_split_modules = ["MomentumTransformerLayer"]
+    _skip_keys_device_placement = ["past_key_values"]
+    auto_map = AUTO_MAP
+    card_hyperparameters = ("attention_momentum", "attention_step_size", "attention_feature_map", "connection",
+                            "connection_momentum", "connection_step_size", "adaptive_delta", "is_causal")
+    card_papers = ("momentum_transformer",)
+
+
+class MomentumTransformerModel(MomentumTransformerPreTrainedModel):
+    def __init__(self, config: MomentumTransformerConfig):
+        super().__init__(config)
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size, config.pad_token_id)
+        self.embed_positions = nn.Embedding(config.max_position_embeddings, config.hidden_size)
+        self.dropout = nn.Dropout(config.embedding_dropout)
+        self.layers = nn.ModuleList(MomentumTransformerLayer(config, i) for i in range(config.num_hidden_layers))
+        self.norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps) if config.layer_norm == "pre" \
+            else nn.Identity()
+        self.gradient_checkpointing = False
+        self.post_init()
+
+    def get_input_embeddings(self):
+        return self.embed_tokens
+
+    def set_input_embeddings(self, value):
+        self.embed_tokens = value
+
+    def forward(self, input_ids=None, attention_mask=None, position_ids=None, past_key_values=None,
+                inputs_embeds=None, use_cache=None, output_hidden_states=None, return_dict=None, **kwargs):
+        """attention_mask: (batch, past + length) with 1 for real tokens. position_ids default to
+        the count of real tokens before each position, so padding does not shift positions."""
+        if (input_ids is None) == (inputs_embeds is None):
+            raise ValueError("pass exactly one of input_ids and inputs_embeds")
+        if inputs_embeds is None:
+            inputs_embeds = self.embed_tokens(input_ids)
+        batch, length = inputs_embeds.shape[:2]
+        use_cache = self.config.use_cache if use_cache is None else use_cache
+        if self.gradient_checkpointing and self.training:
+            use_cache = False
+        if use_cache and not self.config.is_causal:
+            raise ValueError("use_cache needs is_causal=True: bidirectional attention (eq. 14) has no recurrent form")
+        if past_key_values is not None and not isinstance(past_key_values, MomentumCache):
+            raise ValueError(f"past_key_values must be a MomentumCache, got {type(past_key_values).__name__}")
+        cache = past_key_values if use_cache else None
+        if use_cache and cache is None:
+            cache = MomentumCache(self.config)
+        past = cache.get_seq_length() if cache is not None else 0
+        padding_mask = None
+        if attention_mask is not None:
+            if attention_mask.dim() != 2:
+                raise ValueError(f"attention_mask must be 2D (batch, past + length), got {tuple(attention_mask.shape)}")
+            padding_mask = attention_mask[:, -length:].to(device=inputs_embeds.device, dtype=torch.bool)
+        if position_ids is None:
+            if attention_mask is not None:
+                position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)[:, -length:]
+            else:
+                position_ids = torch.arange(past, past + length, device=inputs_embeds.device)[None]
+        position_ids = position_ids.to(inputs_embeds.device)
+        if position_ids.numel() and int(position_ids.max()) >= self.config.max_position_embeddings:
+            raise ValueError(f"position {int(position_ids.max())} is beyond max_position_embeddings "
+                             f"({self.config.max_position_embeddings})")
+        hidden = self.dropout(inputs_embeds + self.embed_positions(position_ids))
+        all_hidden = [] if output_hidden_states else None
+        velocity = update = None
+        for layer in self.layers:
+            if all_hidden is not None:
+                all_hidden.append(hidden)
+            hidden, velocity, update = layer(hidden, velocity, update, padding_mask=padding_mask,
+                                             past_key_values=cache)
+        hidden = self.norm(hidden)
+        if all_hidden is not None:
+            all_hidden.append(hidden)
+        if cache is not None:
+            cache.advance(length)
+        out = BaseModelOutputWithPast(last_hidden_state=hidden, past_key_values=cache,
+                                      hidden_states=None if all_hidden is None else tuple(all_hidden))
+        return out if return_dict is not False else out.to_tuple()
+
+
+class MomentumTransformerForCausalLM(MomentumTransformerPreTrainedModel, GenerationMixin):
+    _tied_weights_keys = {"lm_head.weight": "model.embed_tokens.weight"}
+
+    def __init__(self, config: MomentumTransformerConfig):
+        super().__init__(config)
+        if not config.is_causal:
+            raise ValueError("MomentumTransformerForCausalLM needs is_causal=True")
+        self.model = MomentumTransformerModel(config)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.post_init()
+
+    def get_input_embeddings(self):
+        return self.model.embed_tokens
+
+    def set_input_embeddings(self, value):
+        self.model.embed_tokens = value
+
+    def get_output_embeddings(self):
+        return self.lm_head
+
+    def set_output_embeddings(self, value):
+        self.lm_head = value
+
+    def forward(self, input_ids=None, attention_mask=None, position_ids=None, past_key_values=None,
+                inputs_embeds=None, labels=None, use_cache=None, output_hidden_states=None, return_dict=None,
+                logits_to_keep=0, **kwargs):
+        outputs = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                             past_key_values=past_key_values, inputs_embeds=inputs_embeds, use_cache=use_cache,
+                             output_hidden_states=output_hidden_states, return_dict=True)
+        hidden = outputs.last_hidden_state
+        if isinstance(logits_to_keep, int) and logits_to_keep > 0:
+            hidden = hidden[:, -logits_to_keep:]
+        elif isinstance(logits_to_keep, torch.Tensor):
+            hidden = hidden[:, logits_to_keep]
+        logits = self.lm_head(hidden)
+        loss = None
+        if labels is not None:
+            loss = self.loss_function(logits=logits, labels=labels, vocab_size=self.config.vocab_size, **kwargs)
+        out = CausalLMOutputWithPast(loss=loss, logits=logits, past_key_values=outputs.past_key_values,
+                                     hidden_states=outputs.hidden_states)
+        return out if return_dict is not False else out.to_tuple()
+
+    def _prepare_cache_for_generation(self, generation_config, model_kwargs, *args, **kwargs):
+        """generate() would build a DynamicCache; install the recurrent MomentumCache instead."""
+        cache = model_kwargs.get("past_key_values")
+        if cache is not None:
+            if not isinstance(cache, MomentumCache):
+                raise ValueError(f"past_key_values must be a MomentumCache, got {type(cache).__name__}")
+            cache._is_user_defined = True
+            return
+        if generation_config.use_cache is False:
+            return
+        model_kwargs["past_key_values"] = MomentumCache(self.config)
+
+
+class MomentumTransformerForSequenceClassification(MomentumTransformerPreTrainedModel):
+    """Mean of the final hidden states over real tokens, then a linear classifier (the LRA
+    setup); set `is_causal=False` for bidirectional attention (eq. 14)."""
+
+    def __init__(self, config: MomentumTransformerConfig):
+        super().__init__(config)
+        self.num_labels = config.num_labels
+        self.model = MomentumTransformerModel(config)
+        self.score = nn.Linear(config.hidden_size, config.num_labels)
+        self.post_init()
+
+    def get_input_embeddings(self):
+        return self.model.embed_tokens
+
+    def set_input_embeddings(self, value):
+        self.model.embed_tokens = value
+
+    def forward(self, input_ids=None, attention_mask=None, position_ids=None, inputs_embeds=None, labels=None,
+                output_hidden_states=None, return_dict=None, **kwargs):
+        outputs = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                             inputs_embeds=inputs_embeds, use_cache=False,
+                             output_hidden_states=output_hidden_states, return_dict=True)
+        hidden = outputs.last_hidden_state
+        if attention_mask is None:
+            pooled = hidden.mean(1)
+        else:
+            weight = attention_mask.to(hidden.dtype)[..., None]
+            pooled = (hidden * weight).sum(1) / weight.sum(1).clamp(min=1.0)
+        logits = self.score(pooled)
+        loss = None
+        if labels is not None:
+            loss = self.loss_function(labels=labels, pooled_logits=logits, config=self.config)
+        out = SequenceClassifierOutput(loss=loss, logits=logits, hidden_states=outputs.hidden_states)
+        return out if return_dict is not False else out.to_tuple()

@@ -1,0 +1,19 @@
+"""The `plugins` objects the native models use, re-exported for the modeling files.
+
+The modeling files import them with `from .momentum_core import ...`, so a saved model's
+remote code needs this one flat sibling. In the package it re-exports `plugins`; at save
+time `bundled_source()` writes a generated, self-contained copy of the needed `plugins`
+modules under this file's name next to the saved modeling file (see `hf_momentum.flatten`).
+"""
+from plugins.attention import FEATURE_MAPS, MomentumAttentionState, momentum_attention, momentum_attention_step
+from plugins.connection import AdaptiveMomentumConnection, ConnectionState, MomentumConnection
+
+BUNDLED_MODULES = ("plugins.attention.api", "plugins.connection")
+EXPORTS = ("FEATURE_MAPS", "MomentumAttentionState", "momentum_attention", "momentum_attention_step",
+           "AdaptiveMomentumConnection", "ConnectionState", "MomentumConnection")
+
+
+def bundled_source() -> str:
+    """Source of the self-contained file that replaces this one in a saved model."""
+    from hf_momentum.flatten import flatten_modules
+    return flatten_modules(BUNDLED_MODULES, EXPORTS)

@@ -1,0 +1,206 @@
+"""hf_momentum's registered "momentum" / "linear_attention" implementations in stock models:
+kernel calls against the quadratic plugins references, padding equivalence (a padded row equals
+its sequence alone), generation (cache == no cache, left-padded batch == each prompt alone)."""
+import os
+from types import SimpleNamespace
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import pytest
+import torch
+from transformers import (AttentionInterface, AutoConfig, AutoModel, AutoModelForCausalLM,
+                          AutoModelForSeq2SeqLM)
+from transformers.masking_utils import AttentionMaskInterface
+
+import hf_momentum
+from hf_momentum import attention_interface as ai
+from hf_momentum.configuration_momentum_transformer import FEATURE_MAP_NAMES
+from plugins.attention import (FEATURE_MAPS, naive_causal_momentum_attention,
+                               naive_noncausal_momentum_attention)
+
+BETA, GAMMA = 0.5, 0.8
+PAD = 0
+
+
+def tiny_config(model_type):
+    common = dict(vocab_size=100, pad_token_id=PAD, bos_token_id=1, eos_token_id=2)
+    if model_type == "gpt2":
+        cfg = dict(n_embd=32, n_layer=2, n_head=4, n_positions=64)
+    elif model_type == "t5":
+        cfg = dict(d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=4, decoder_start_token_id=PAD)
+    elif model_type == "bart":
+        cfg = dict(d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
+                   decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64,
+                   max_position_embeddings=64, decoder_start_token_id=2)
+    else:
+        cfg = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
+                   max_position_embeddings=64)
+        if model_type in ("llama", "mistral", "qwen2"):
+            cfg["num_key_value_heads"] = 2
+    config = AutoConfig.for_model(model_type, **common, **cfg)
+    return hf_momentum.set_momentum_attention(config, momentum=BETA, step_size=GAMMA)
+
+
+def padded(generator, lengths, total, side):
+    ids = torch.randint(3, 100, (len(lengths), total), generator=generator)
+    mask = torch.zeros(len(lengths), total, dtype=torch.long)
+    for row, n in enumerate(lengths):
+        if side == "left":
+            mask[row, total - n:] = 1
+        else:
+            mask[row, :n] = 1
+    ids[mask == 0] = PAD
+    return ids, mask
+
+
+def real(t, mask_row):
+    return t[mask_row.bool()]
+
+
+def test_registered_in_both_interfaces():
+    for name in (hf_momentum.MOMENTUM, hf_momentum.LINEAR):
+        assert name in AttentionInterface._global_mapping
+        assert name in AttentionMaskInterface._global_mapping
+    assert sorted(FEATURE_MAP_NAMES) == sorted(FEATURE_MAPS)
+
+
+@pytest.mark.parametrize("kwargs, argument", [
+    (dict(momentum=1.0), "attention_momentum"), (dict(momentum=-0.1), "attention_momentum"),
+    (dict(step_size=0.0), "attention_step_size"), (dict(feature_map="softmax"), "attention_feature_map"),
+])
+def test_set_momentum_attention_rejects_bad_values(kwargs, argument):
+    with pytest.raises(ValueError, match=argument):
+        hf_momentum.set_momentum_attention(AutoConfig.for_model("llama"), **kwargs)
+
+
+def test_defaults_and_sub_configs():
+    config = hf_momentum.set_momentum_attention(tiny_config("t5"), momentum=0.3)
+    assert (config.attention_momentum, config.attention_step_size, config.attention_feature_map) == (0.3, 1.0, "elu")
+
+
+@pytest.mark.parametrize("model_type", ["gpt_neo", "bloom"])
+def test_refuses_families_that_bypass_the_interface(model_type):
+    with pytest.raises(ValueError, match="custom attention"):
+        hf_momentum.set_momentum_attention(AutoConfig.for_model(model_type))
+
+
+def module(causal):
+    return SimpleNamespace(is_causal=causal, config=SimpleNamespace(
+        attention_momentum=BETA, attention_step_size=GAMMA, attention_feature_map="elu"))
+
+
+def test_kernel_gqa_and_padding_against_naive(make_generator):
+    g = make_generator()
+    q = torch.randn(2, 4, 7, 8, generator=g, dtype=torch.float64)
+    k, v = (torch.randn(2, 2, 7, 8, generator=g, dtype=torch.float64) for _ in range(2))
+    mask = torch.ones(2, 7, dtype=torch.bool)
+    mask[1, :3] = False
+    out, weights = ai.momentum_attention_forward(module(True), q, k, v, mask)
+    assert weights is None and out.shape == (2, 7, 4, 8)
+    ref = naive_causal_momentum_attention(q, k.repeat_interleave(2, 1), v.repeat_interleave(2, 1),
+                                          momentum=BETA, step_size=GAMMA, padding_mask=mask)
+    torch.testing.assert_close(out.transpose(1, 2)[1, :, 3:], ref[1, :, 3:])
+    torch.testing.assert_close(out.transpose(1, 2)[0], ref[0])
+
+
+def test_kernel_with_kv_cache_queries_equal_last_rows(make_generator):
+    g = make_generator()
+    q, k, v = (torch.randn(1, 2, 9, 4, generator=g, dtype=torch.float64) for _ in range(3))
+    full, _ = ai.momentum_attention_forward(module(True), q, k, v, None)
+    last, _ = ai.momentum_attention_forward(module(True), q[:, :, -2:], k, v, None)
+    torch.testing.assert_close(last, full[:, -2:])
+
+
+def test_kernel_cross_attention_against_naive(make_generator):
+    g = make_generator()
+    q = torch.randn(2, 2, 3, 4, generator=g, dtype=torch.float64)
+    k, v = (torch.randn(2, 2, 6, 4, generator=g, dtype=torch.float64) for _ in range(2))
+    mask = torch.tensor([[True] * 6, [True] * 4 + [False] * 2])
+    out, _ = ai.momentum_attention_forward(module(False), q, k, v, mask)
+    ref = naive_noncausal_momentum_attention(q, k, v, momentum=BETA, step_size=GAMMA, padding_mask=mask)
+    torch.testing.assert_close(out.transpose(1, 2), ref)
+    lin, _ = ai.linear_attention_forward(module(False), q, k, v, mask)
+    torch.testing.assert_close(lin.transpose(1, 2), naive_noncausal_momentum_attention(
+        q, k, v, momentum=0.0, step_size=1.0, padding_mask=mask))
+
+
+def test_four_d_masks_are_refused():
+    q = torch.randn(1, 1, 2, 4)
+    with pytest.raises(ValueError, match="2D"):
+        ai.momentum_attention_forward(module(True), q, q, q, torch.ones(1, 1, 2, 2, dtype=torch.bool))
+
+
+DECODERS = ["llama", "mistral", "qwen2", "gpt2", "gpt_neox"]
+ENCODERS = ["bert", "roberta"]
+
+
+@pytest.mark.parametrize("model_type", DECODERS + ENCODERS)
+@pytest.mark.parametrize("impl", ["momentum", "linear_attention"])
+def test_padded_batch_equals_sequences_alone(model_type, impl, make_generator):
+    torch.manual_seed(0)
+    model = AutoModel.from_config(tiny_config(model_type), attn_implementation=impl).eval()
+    assert model.config._attn_implementation == impl
+    side = "right" if model_type in ENCODERS else "left"
+    ids, mask = padded(make_generator(), [6, 4, 2], 6, side)
+    position_ids = (mask.cumsum(-1) - 1).clamp(min=0)
+    extra = {} if model_type in ENCODERS else {"position_ids": position_ids}
+    with torch.no_grad():
+        batch = model(input_ids=ids, attention_mask=mask, **extra).last_hidden_state
+        for row in range(3):
+            alone = model(input_ids=real(ids[row], mask[row])[None]).last_hidden_state[0]
+            torch.testing.assert_close(real(batch[row], mask[row]), alone, atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("model_type", DECODERS + ENCODERS)
+def test_set_attn_implementation_switches_the_kernel(model_type, make_generator):
+    torch.manual_seed(0)
+    model = AutoModel.from_config(tiny_config(model_type), attn_implementation="sdpa").eval()
+    ids, _ = padded(make_generator(), [5], 5, "left")
+    with torch.no_grad():
+        softmax = model(input_ids=ids).last_hidden_state
+        model.set_attn_implementation("momentum")
+        momentum = model(input_ids=ids).last_hidden_state
+        reference = AutoModel.from_config(model.config, attn_implementation="momentum").eval()
+        reference.load_state_dict(model.state_dict())
+        torch.testing.assert_close(momentum, reference(input_ids=ids).last_hidden_state)
+    assert (softmax - momentum).abs().max() > 1e-3
+
+
+def scores(model, **kwargs):
+    out = model.generate(max_new_tokens=5, min_new_tokens=5, do_sample=False, output_scores=True,
+                         return_dict_in_generate=True, pad_token_id=PAD, **kwargs)
+    return out.sequences, torch.stack(out.scores, 1)
+
+
+@pytest.mark.parametrize("model_type", DECODERS)
+def test_generate_left_padded_and_cache_free(model_type, make_generator):
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(tiny_config(model_type), attn_implementation="momentum").eval()
+    ids, mask = padded(make_generator(), [5, 3], 5, "left")
+    with torch.no_grad():
+        seq, sc = scores(model, input_ids=ids, attention_mask=mask)
+        seq_nc, sc_nc = scores(model, input_ids=ids, attention_mask=mask, use_cache=False)
+        torch.testing.assert_close(sc, sc_nc, atol=1e-5, rtol=1e-4)
+        assert torch.equal(seq, seq_nc)
+        for row in range(2):
+            alone_seq, alone_sc = scores(model, input_ids=real(ids[row], mask[row])[None])
+            torch.testing.assert_close(sc[row], alone_sc[0], atol=1e-5, rtol=1e-4)
+            assert torch.equal(seq[row, -5:], alone_seq[0, -5:])
+
+
+@pytest.mark.parametrize("model_type", ["t5", "bart"])
+def test_encoder_decoder_generate_with_padded_sources(model_type, make_generator):
+    torch.manual_seed(0)
+    model = AutoModelForSeq2SeqLM.from_config(tiny_config(model_type), attn_implementation="momentum").eval()
+    ids, mask = padded(make_generator(), [6, 3], 6, "right")
+    with torch.no_grad():
+        seq, sc = scores(model, input_ids=ids, attention_mask=mask)
+        _, sc_nc = scores(model, input_ids=ids, attention_mask=mask, use_cache=False)
+        torch.testing.assert_close(sc, sc_nc, atol=1e-5, rtol=1e-4)
+        alone_seq, alone_sc = scores(model, input_ids=ids[1:, :3])
+        torch.testing.assert_close(sc[1], alone_sc[0], atol=1e-5, rtol=1e-4)
+        assert torch.equal(seq[1], alone_seq[0])
+        softmax = AutoModelForSeq2SeqLM.from_config(model.config, attn_implementation="eager").eval()
+        softmax.load_state_dict(model.state_dict())
+        diff = scores(softmax, input_ids=ids, attention_mask=mask)[1] - sc
+        assert diff[diff.isfinite()].abs().max() > 1e-3
