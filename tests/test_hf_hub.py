@@ -1,0 +1,252 @@
+"""Save / load / Hub round trips of the native family: safetensors round trip, auto_map, the
+generated remote code loading in a fresh process where our packages cannot be imported, and
+push_to_hub → from_pretrained through the real huggingface_hub client against a local HTTP Hub
+endpoint started by the test (loopback only)."""
+import base64
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from urllib.parse import unquote, urlparse
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import pytest
+import torch
+from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoModelForSequenceClassification
+
+import hf_momentum
+from hf_momentum.flatten import GENERATED_MARK, flatten_modules
+
+REPO = Path(__file__).resolve().parents[1]
+BLOCK_OUR_PACKAGES = """
+import importlib.abc, sys
+class _Blocked(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in {"plugins", "hf_momentum", "fairseq_momentum", "recipes"}:
+            raise ModuleNotFoundError(f"No module named {name!r}")
+sys.meta_path.insert(0, _Blocked())
+try:
+    import plugins
+    raise SystemExit("plugins is importable")
+except ModuleNotFoundError:
+    pass
+"""
+
+
+def tiny_config(**kwargs):
+    base = dict(vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
+                max_position_embeddings=64, hidden_dropout=0.0, attention_momentum=0.4, attention_step_size=0.7,
+                connection="adaptive", pad_token_id=0, bos_token_id=1, eos_token_id=2)
+    base.update(kwargs)
+    return AutoConfig.for_model("momentum_transformer", **base)
+
+
+def sample_ids():
+    return torch.arange(3, 3 + 2 * 9).remainder(97).add(3).view(2, 9)
+
+
+def run_clean(script: str, cwd: Path, env_extra: dict) -> subprocess.CompletedProcess:
+    """python -I in `cwd` with our packages blocked; fails the test with its output on error."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "PYTHON"))}
+    env.update(HF_HOME=str(cwd / "hf_home"), **env_extra)
+    proc = subprocess.run([sys.executable, "-I", "-c", BLOCK_OUR_PACKAGES + textwrap.dedent(script)],
+                          cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return proc
+
+
+def test_flatten_bundle_is_self_contained_and_refuses_collisions():
+    text = flatten_modules(("plugins.attention.api",), ("momentum_attention",))
+    assert GENERATED_MARK in text and "from ." not in text and "import plugins" not in text
+    namespace = {}
+    exec(compile(text, "bundle", "exec"), namespace)
+    q = torch.randn(1, 2, 5, 4, dtype=torch.float64)
+    from plugins.attention import momentum_attention
+    torch.testing.assert_close(namespace["momentum_attention"](q, q, q, momentum=0.3),
+                               momentum_attention(q, q, q, momentum=0.3))
+    with pytest.raises(ValueError, match="check_momentum"):
+        flatten_modules(("plugins.connection", "plugins.rnn.filters"), ())
+
+
+@pytest.mark.parametrize("auto_class, kwargs", [
+    (AutoModelForCausalLM, {}), (AutoModel, {}), (AutoModelForSequenceClassification, dict(is_causal=False)),
+])
+def test_save_load_round_trip_is_exact(auto_class, kwargs, tmp_path):
+    torch.manual_seed(0)
+    model = auto_class.from_config(tiny_config(**kwargs)).eval()
+    model.save_pretrained(tmp_path)
+    files = set(os.listdir(tmp_path))
+    assert {"config.json", "model.safetensors", "README.md", "modeling_momentum_transformer.py",
+            "configuration_momentum_transformer.py", "momentum_core.py", "recurrent_cache.py",
+            "saving.py"} <= files
+    config = json.loads((tmp_path / "config.json").read_text())
+    assert set(config["auto_map"]) == {"AutoConfig", "AutoModel", "AutoModelForCausalLM",
+                                       "AutoModelForSequenceClassification"}
+    assert GENERATED_MARK in (tmp_path / "momentum_core.py").read_text()
+    card = (tmp_path / "README.md").read_text()
+    assert "attention_momentum" in card and "0.4" in card and "Momentum Transformer" in card
+    loaded = auto_class.from_pretrained(tmp_path).eval()
+    assert type(loaded) is type(model)
+    for (name, a), (_, b) in zip(model.state_dict().items(), loaded.state_dict().items()):
+        assert torch.equal(a, b), name
+    with torch.no_grad():
+        out, again = model(input_ids=sample_ids()), loaded(input_ids=sample_ids())
+    first = out.logits if hasattr(out, "logits") else out.last_hidden_state
+    torch.testing.assert_close(first, again.logits if hasattr(again, "logits") else again.last_hidden_state,
+                               rtol=0, atol=0)
+
+
+def test_remote_code_loads_in_a_clean_process(tmp_path):
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(tiny_config()).eval()
+    model.save_pretrained(tmp_path / "saved")
+    with torch.no_grad():
+        logits = model(input_ids=sample_ids()).logits
+        tokens = model.generate(sample_ids(), max_new_tokens=5, do_sample=False, pad_token_id=0)
+    torch.save({"logits": logits, "tokens": tokens}, tmp_path / "expected.pt")
+    isolated = tmp_path / "isolated"
+    shutil.copytree(tmp_path / "saved", isolated / "model")
+    shutil.copy(tmp_path / "expected.pt", isolated / "expected.pt")
+    proc = run_clean("""
+        import torch
+        from transformers import AutoModelForCausalLM
+        model = AutoModelForCausalLM.from_pretrained("model", trust_remote_code=True).eval()
+        expected = torch.load("expected.pt")
+        ids = torch.arange(3, 3 + 2 * 9).remainder(97).add(3).view(2, 9)
+        with torch.no_grad():
+            torch.testing.assert_close(model(input_ids=ids).logits, expected["logits"], rtol=0, atol=0)
+            tokens = model.generate(ids, max_new_tokens=5, do_sample=False, pad_token_id=0)
+        assert torch.equal(tokens, expected["tokens"])
+        assert type(model).__module__.startswith("transformers_modules"), type(model).__module__
+        model.save_pretrained("resaved")
+        print("OK", type(model).__module__)
+    """, isolated, {"HF_HUB_OFFLINE": "1"})
+    assert "OK transformers_modules" in proc.stdout
+    assert (isolated / "resaved" / "momentum_core.py").read_text() == (isolated / "model" / "momentum_core.py").read_text()
+
+
+class LocalHub(BaseHTTPRequestHandler):
+    """The few Hub API routes push_to_hub and from_pretrained use, backed by a dict."""
+
+    repos: dict = {}
+
+    def log_message(self, *args):
+        pass
+
+    def _send(self, status, body=b"", headers=None, head=False):
+        if isinstance(body, (dict, list)):
+            body = json.dumps(body).encode()
+            headers = {"Content-Type": "application/json", **(headers or {})}
+        self.send_response(status)
+        for key, value in (headers or {}).items():
+            self.send_header(key, value)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        if not head:
+            self.wfile.write(body)
+
+    def _body(self):
+        return self.rfile.read(int(self.headers.get("Content-Length", 0)))
+
+    def do_POST(self):
+        path = unquote(urlparse(self.path).path)
+        parts = path.strip("/").split("/")
+        if path == "/api/repos/create":
+            payload = json.loads(self._body())
+            repo_id = f"{payload.get('organization') or 'user'}/{payload['name']}"
+            self.repos.setdefault(repo_id, {"files": {}, "sha": "0" * 40})
+            return self._send(200, {"url": f"http://{self.headers['Host']}/{repo_id}", "name": repo_id})
+        if path == "/api/validate-yaml":
+            self._body()
+            return self._send(200, {"errors": [], "warnings": []})
+        if parts[:2] == ["api", "models"] and parts[4] == "preupload":
+            files = json.loads(self._body())["files"]
+            return self._send(200, {"files": [{"path": f["path"], "uploadMode": "regular", "shouldIgnore": False}
+                                              for f in files]})
+        if parts[:2] == ["api", "models"] and parts[4] == "commit":
+            repo = self.repos[f"{parts[2]}/{parts[3]}"]
+            for line in self._body().decode().splitlines():
+                item = json.loads(line)
+                if item["key"] == "file":
+                    repo["files"][item["value"]["path"]] = base64.b64decode(item["value"]["content"])
+            repo["sha"] = hashlib.sha1(repr(sorted(repo["files"].items())).encode()).hexdigest()
+            return self._send(200, {"commitUrl": f"http://{self.headers['Host']}/{parts[2]}/{parts[3]}/commit/"
+                                                 f"{repo['sha']}", "commitOid": repo["sha"], "pullRequestUrl": None})
+        self._send(404, {"error": f"unsupported {path}"})
+
+    def do_HEAD(self):
+        self.do_GET(head=True)
+
+    def do_GET(self, head=False):
+        path = unquote(urlparse(self.path).path)
+        parts = path.strip("/").split("/")
+        if parts[:2] == ["api", "models"] and len(parts) >= 4:
+            repo = self.repos.get(f"{parts[2]}/{parts[3]}")
+            if repo is None:
+                return self._send(404, {"error": "no repo"}, {"X-Error-Code": "RepoNotFound"}, head)
+            return self._send(200, {"id": f"{parts[2]}/{parts[3]}", "sha": repo["sha"], "private": False,
+                                    "siblings": [{"rfilename": f} for f in repo["files"]]}, head=head)
+        if len(parts) >= 5 and parts[2] == "resolve":
+            repo = self.repos.get(f"{parts[0]}/{parts[1]}")
+            if repo is None:
+                return self._send(404, {"error": "no repo"}, {"X-Error-Code": "RepoNotFound"}, head)
+            data = repo["files"].get("/".join(parts[4:]))
+            if data is None:
+                return self._send(404, {"error": "no entry"}, {"X-Error-Code": "EntryNotFound",
+                                                               "X-Repo-Commit": repo["sha"]}, head)
+            return self._send(200, data, {"X-Repo-Commit": repo["sha"],
+                                          "ETag": f'"{hashlib.sha256(data).hexdigest()}"'}, head)
+        self._send(404, {"error": f"unsupported {path}"}, head=head)
+
+
+@pytest.fixture
+def local_hub():
+    LocalHub.repos = {}
+    server = ThreadingHTTPServer(("127.0.0.1", 0), LocalHub)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+def test_push_to_hub_then_from_pretrained_with_remote_code(local_hub, tmp_path):
+    env = {"HF_ENDPOINT": local_hub, "HF_HUB_DISABLE_XET": "1", "HF_TOKEN": "hf_local_test_token",
+           "HF_HUB_OFFLINE": "0", "NO_PROXY": "127.0.0.1", "no_proxy": "127.0.0.1"}
+    pusher = dict(os.environ, **env, HF_HOME=str(tmp_path / "push_home"), PYTHONPATH=str(REPO))
+    push = subprocess.run([sys.executable, "-c", textwrap.dedent("""
+        import torch, hf_momentum
+        from transformers import AutoConfig, AutoModelForCausalLM
+        torch.manual_seed(0)
+        config = AutoConfig.for_model("momentum_transformer", vocab_size=100, hidden_size=32, num_hidden_layers=2,
+                                      num_attention_heads=4, intermediate_size=64, max_position_embeddings=64,
+                                      attention_momentum=0.4, connection="momentum", hidden_dropout=0.0)
+        model = AutoModelForCausalLM.from_config(config).eval()
+        model.push_to_hub("user/tiny-momentum")
+        ids = torch.arange(3, 3 + 2 * 9).remainder(97).add(3).view(2, 9)
+        with torch.no_grad():
+            torch.save(model(input_ids=ids).logits, "expected.pt")
+    """)], cwd=tmp_path, env=pusher, capture_output=True, text=True, timeout=300)
+    assert push.returncode == 0, push.stdout + push.stderr
+    files = LocalHub.repos["user/tiny-momentum"]["files"]
+    assert {"config.json", "model.safetensors", "README.md", "modeling_momentum_transformer.py",
+            "momentum_core.py"} <= set(files)
+    card = files["README.md"].decode()
+    assert "@inproceedings" in card and "| `attention_momentum` | 0.4 |" in card
+    proc = run_clean("""
+        import torch
+        from transformers import AutoModelForCausalLM
+        model = AutoModelForCausalLM.from_pretrained("user/tiny-momentum", trust_remote_code=True).eval()
+        ids = torch.arange(3, 3 + 2 * 9).remainder(97).add(3).view(2, 9)
+        with torch.no_grad():
+            torch.testing.assert_close(model(input_ids=ids).logits, torch.load("expected.pt"), rtol=0, atol=0)
+        print("PULLED", model.config.connection)
+    """, tmp_path, env)
+    assert "PULLED momentum" in proc.stdout
