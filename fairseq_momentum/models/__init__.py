@@ -1,0 +1,2 @@
+"""Architectures registered with fairseq (importing this package registers them)."""
+from . import momentum_lstm_lm, momentum_transformer_lm  # noqa: F401

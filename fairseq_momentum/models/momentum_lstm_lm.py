@@ -1,0 +1,163 @@
+"""AWD-style MomentumLSTM language model for `--task language_modeling`
+(momentum_rnn.md eq. 9, 15, Section 2.4; PTB setup of Appendix A.3, Tables 6-7).
+
+Argument names follow fairseq's lstm_lm where they exist; the AWD-LSTM regularisers and
+the `--lstm-*` cell options are added. `--lstm-cell lstm` is the AWD-LSTM baseline.
+"""
+from typing import List, Optional
+
+import torch
+from fairseq.models import FairseqIncrementalDecoder, FairseqLanguageModel
+from torch import Tensor, nn
+
+from plugins.rnn import RecurrentState
+
+from ..modules.awd_lstm import AWDMomentumLSTM, embedding_dropout, locked_dropout
+from ..modules.recurrent_state import buffer_to_states, reorder_buffer, states_to_buffer
+from ..options import (add_lstm_cell_args, check_lstm_cell_args, lstm_cell_defaults,
+                       lstm_cell_kwargs, positive_int, probability)
+from ..registry import architecture, model
+
+
+class MomentumLSTMLMDecoder(FairseqIncrementalDecoder):
+    """Embedding -> AWDMomentumLSTM -> (tied) output projection.
+
+    `forward_with_state(tokens, state)` runs a chunk from a carried state (truncated
+    BPTT across batches, as in AWD-LSTM); incremental decoding keeps the same state in
+    `incremental_state` and reorders it for beam search.
+    """
+
+    def __init__(self, args, dictionary):
+        super().__init__(dictionary)
+        self.embed_tokens = nn.Embedding(len(dictionary), args.decoder_embed_dim, dictionary.pad())
+        nn.init.uniform_(self.embed_tokens.weight, -0.1, 0.1)
+        sizes = ([args.decoder_embed_dim] + [args.decoder_hidden_size] * (args.decoder_layers - 1)
+                 + [args.decoder_out_embed_dim])
+        self.rnn = AWDMomentumLSTM(sizes, weight_drop=args.weight_drop,
+                                   dropout_hidden=args.decoder_dropout_hidden,
+                                   **lstm_cell_kwargs(args))
+        self.dropout_in, self.dropout_out = args.decoder_dropout_in, args.decoder_dropout_out
+        self.embed_dropout = args.decoder_embed_dropout
+        self.num_layers = args.decoder_layers
+        self.output_projection = nn.Linear(args.decoder_out_embed_dim, len(dictionary))
+        nn.init.zeros_(self.output_projection.bias)
+        if args.share_decoder_input_output_embed:
+            self.output_projection.weight = self.embed_tokens.weight
+        else:
+            nn.init.uniform_(self.output_projection.weight, -0.1, 0.1)
+        self.max_target_positions = args.tokens_per_sample
+
+    def forward_with_state(self, tokens: Tensor, state: Optional[List[RecurrentState]] = None):
+        """tokens (B, T) -> (features (B, T, out_embed_dim), state after the chunk)."""
+        x = embedding_dropout(self.embed_tokens, tokens, self.embed_dropout, self.training)
+        x = locked_dropout(x.transpose(0, 1), self.dropout_in, self.training)
+        x, state = self.rnn(x, state)
+        x = locked_dropout(x, self.dropout_out, self.training)
+        return x.transpose(0, 1), state
+
+    def extract_features(self, prev_output_tokens, encoder_out=None, incremental_state=None, **kwargs):
+        buffer = self.get_incremental_state(incremental_state, "lstm_state")
+        state = None
+        if buffer:
+            prev_output_tokens = prev_output_tokens[:, -1:]
+            state = buffer_to_states(buffer, self.num_layers)
+        x, state = self.forward_with_state(prev_output_tokens, state)
+        if incremental_state is not None:
+            self.set_incremental_state(incremental_state, "lstm_state", states_to_buffer(state))
+        return x, None
+
+    def output_layer(self, features, **kwargs):
+        return self.output_projection(features)
+
+    def forward(self, prev_output_tokens, encoder_out=None, incremental_state=None,
+                features_only=False, **kwargs):
+        x, extra = self.extract_features(prev_output_tokens, encoder_out, incremental_state)
+        return (x if features_only else self.output_layer(x)), extra
+
+    def reorder_incremental_state(self, incremental_state, new_order):
+        buffer = self.get_incremental_state(incremental_state, "lstm_state")
+        if buffer:
+            self.set_incremental_state(incremental_state, "lstm_state",
+                                       reorder_buffer(buffer, new_order))
+
+    def max_positions(self):
+        return self.max_target_positions
+
+
+@model("momentum_lstm_lm")
+class MomentumLSTMLanguageModel(FairseqLanguageModel):
+    @staticmethod
+    def add_args(parser):
+        parser.add_argument("--dropout", type=probability, metavar="D",
+                            help="default of every dropout below")
+        parser.add_argument("--decoder-embed-dim", type=positive_int, metavar="N",
+                            help="word embedding dimension")
+        parser.add_argument("--decoder-hidden-size", type=positive_int, metavar="N",
+                            help="hidden size of every LSTM layer but the last")
+        parser.add_argument("--decoder-layers", type=positive_int, metavar="N",
+                            help="number of LSTM layers")
+        parser.add_argument("--decoder-out-embed-dim", type=positive_int, metavar="N",
+                            help="hidden size of the last LSTM layer (the output embedding); "
+                                 "must equal --decoder-embed-dim when embeddings are shared")
+        parser.add_argument("--decoder-dropout-in", type=probability, metavar="D",
+                            help="locked dropout on the word embeddings (AWD-LSTM dropouti)")
+        parser.add_argument("--decoder-dropout-hidden", type=probability, metavar="D",
+                            help="locked dropout between LSTM layers (AWD-LSTM dropouth)")
+        parser.add_argument("--decoder-dropout-out", type=probability, metavar="D",
+                            help="locked dropout on the last layer's output (AWD-LSTM dropout)")
+        parser.add_argument("--decoder-embed-dropout", type=probability, metavar="D",
+                            help="fraction of words dropped from the embedding matrix "
+                                 "(AWD-LSTM dropoute)")
+        parser.add_argument("--weight-drop", type=probability, metavar="D",
+                            help="DropConnect on hidden-to-hidden weights (AWD-LSTM wdrop)")
+        parser.add_argument("--share-decoder-input-output-embed", action="store_true",
+                            default=None, help="tie input and output embeddings")
+        add_lstm_cell_args(parser)
+
+    @classmethod
+    def build_model(cls, args, task):
+        base_architecture(args)
+        check_lstm_cell_args(args)
+        if args.share_decoder_input_output_embed and args.decoder_out_embed_dim != args.decoder_embed_dim:
+            raise ValueError(
+                "--share-decoder-input-output-embed needs --decoder-out-embed-dim "
+                f"({args.decoder_out_embed_dim}) equal to --decoder-embed-dim ({args.decoder_embed_dim})")
+        if getattr(args, "tokens_per_sample", None) is None:
+            args.tokens_per_sample = 1024
+        return cls(MomentumLSTMLMDecoder(args, task.target_dictionary))
+
+
+@architecture("momentum_lstm_lm", "momentum_lstm_lm")
+def base_architecture(args):
+    args.dropout = getattr(args, "dropout", None)
+    if args.dropout is None:
+        args.dropout = 0.1
+    args.decoder_embed_dim = getattr(args, "decoder_embed_dim", None) or 512
+    args.decoder_hidden_size = getattr(args, "decoder_hidden_size", None) or args.decoder_embed_dim
+    args.decoder_layers = getattr(args, "decoder_layers", None) or 1
+    if getattr(args, "share_decoder_input_output_embed", None) is None:
+        args.share_decoder_input_output_embed = False
+    if getattr(args, "decoder_out_embed_dim", None) is None:
+        args.decoder_out_embed_dim = (args.decoder_embed_dim if args.share_decoder_input_output_embed
+                                      else args.decoder_hidden_size)
+    for name in ("decoder_dropout_in", "decoder_dropout_hidden", "decoder_dropout_out"):
+        if getattr(args, name, None) is None:
+            setattr(args, name, args.dropout)
+    for name in ("decoder_embed_dropout", "weight_drop"):
+        if getattr(args, name, None) is None:
+            setattr(args, name, 0.0)
+    lstm_cell_defaults(args)
+
+
+@architecture("momentum_lstm_lm", "momentum_lstm_lm_ptb")
+def momentum_lstm_lm_ptb(args):
+    """PTB (momentum_rnn.md Appendix A.3, Tables 6-7): 3 layers, 1150 hidden, 400-dim tied
+    embeddings, AWD-LSTM's PTB regularisation, MomentumLSTM with mu = 0, s = 0.6."""
+    for name, value in (("decoder_embed_dim", 400), ("decoder_hidden_size", 1150),
+                        ("decoder_layers", 3), ("share_decoder_input_output_embed", True),
+                        ("decoder_dropout_in", 0.4), ("decoder_dropout_hidden", 0.25),
+                        ("decoder_dropout_out", 0.4), ("decoder_embed_dropout", 0.1),
+                        ("weight_drop", 0.5), ("lstm_momentum", 0.0), ("lstm_step_size", 0.6)):
+        if getattr(args, name, None) is None:
+            setattr(args, name, value)
+    base_architecture(args)

@@ -1,0 +1,68 @@
+"""AWD-LSTM regularisation (Merity et al. 2018, the PTB setup of momentum_rnn.md
+Appendix A.3) around `plugins.rnn.MomentumLSTM` layers.
+
+- weight drop: DropConnect on each layer's hidden-to-hidden matrix, sampled once per
+  forward pass and substituted with `torch.func.functional_call`, so the layer still runs
+  its fused recurrence;
+- locked (variational) dropout: one mask per sequence, shared over time;
+- embedding dropout: whole words dropped from the embedding matrix.
+"""
+from typing import List, Optional
+
+import torch
+from torch import Tensor, nn
+from torch.func import functional_call
+from torch.nn import functional as F
+
+from plugins.rnn import MomentumLSTM, RecurrentState
+
+
+def locked_dropout(x: Tensor, p: float, training: bool) -> Tensor:
+    """x (T, B, C): one Bernoulli mask per (batch, channel), shared by every time step."""
+    if not training or p == 0.0:
+        return x
+    mask = x.new_empty(1, x.size(1), x.size(2)).bernoulli_(1.0 - p) / (1.0 - p)
+    return x * mask
+
+
+def embedding_dropout(embed: nn.Embedding, tokens: Tensor, p: float, training: bool) -> Tensor:
+    """Look up `tokens` with a fraction p of the vocabulary's rows set to zero."""
+    weight = embed.weight
+    if training and p > 0.0:
+        mask = weight.new_empty(weight.size(0), 1).bernoulli_(1.0 - p) / (1.0 - p)
+        weight = weight * mask
+    return F.embedding(tokens, weight, embed.padding_idx)
+
+
+class AWDMomentumLSTM(nn.Module):
+    """A stack of single-layer MomentumLSTMs with AWD-LSTM regularisation.
+
+    sizes: [input, hidden_1, ..., hidden_L]; layers may differ in width (AWD-LSTM's last
+    layer has the embedding's width so input and output embeddings can be tied).
+    forward(x (T, B, sizes[0]), states: one RecurrentState per layer or None)
+    -> (output (T, B, sizes[-1]), new states). Locked dropout `dropout_hidden` sits between
+    layers; `weight_drop` is DropConnect on every hidden-to-hidden matrix.
+    """
+
+    def __init__(self, sizes: List[int], *, weight_drop: float = 0.0, dropout_hidden: float = 0.0,
+                 **cell_kwargs):
+        super().__init__()
+        if len(sizes) < 2:
+            raise ValueError(f"sizes must list the input and at least one layer, got {sizes}")
+        self.layers = nn.ModuleList(MomentumLSTM(i, o, 1, **cell_kwargs)
+                                    for i, o in zip(sizes[:-1], sizes[1:]))
+        self.weight_drop, self.dropout_hidden = weight_drop, dropout_hidden
+
+    def forward(self, x: Tensor, states: Optional[List[Optional[RecurrentState]]] = None):
+        states = states if states is not None else [None] * len(self.layers)
+        new_states = []
+        for k, (layer, state) in enumerate(zip(self.layers, states)):
+            if k > 0:
+                x = locked_dropout(x, self.dropout_hidden, self.training)
+            if self.training and self.weight_drop > 0.0:
+                dropped = {"weight_hh_l0": F.dropout(layer.weight_hh_l0, self.weight_drop, True)}
+                x, state = functional_call(layer, dropped, (x, state))
+            else:
+                x, state = layer(x, state)
+            new_states.append(state)
+        return x, new_states

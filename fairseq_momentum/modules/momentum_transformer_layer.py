@@ -1,0 +1,157 @@
+"""Transformer layers with momentum attention and the momentum connection, as subclasses
+of fairseq's layers (momentum_transformer.md Section 3).
+
+Only the attention modules and the self-attention residual change; layer norms, the
+feed-forward block, dropout and pre-/post-LN placement are fairseq's. The momentum
+connection (eq. 15, adaptive eq. 18) carries a velocity from one layer to the next within
+a forward pass: the layers of one encoder or decoder share a `ConnectionCarrier`, which
+the encoder or decoder clears at the start and end of every forward pass.
+"""
+from fairseq.distributed import fsdp_wrap
+from fairseq.models.transformer import TransformerConfig
+from fairseq.modules.checkpoint_activations import checkpoint_wrapper
+from fairseq.modules.transformer_layer import TransformerDecoderLayerBase, TransformerEncoderLayerBase
+
+from plugins.connection import AdaptiveMomentumConnection, MomentumConnection
+
+from .momentum_attention import MomentumMultiheadAttention
+
+
+class ConnectionCarrier:
+    """The `plugins.connection.ConnectionState` passed from layer ℓ to layer ℓ + 1."""
+
+    def __init__(self):
+        self.state = None
+
+
+def shared_carrier(owner):
+    """The carrier of an encoder or decoder, created on first use (while it builds layers)."""
+    if "_connection_carrier" not in owner.__dict__:
+        owner.__dict__["_connection_carrier"] = ConnectionCarrier()
+    return owner.__dict__["_connection_carrier"]
+
+
+def build_connection(cfg):
+    """The residual of eq. 15 chosen by --connection, or None for the plain residual."""
+    if cfg.connection == "momentum":
+        return MomentumConnection(cfg.connection_momentum, cfg.connection_step_size)
+    if cfg.connection == "adaptive":
+        return AdaptiveMomentumConnection(cfg.connection_step_size, cfg.connection_delta)
+    return None
+
+
+def build_momentum_attention(embed_dim, num_heads, cfg, *, causal, cross=False):
+    """Self-attention (eq. 13 causal / eq. 14), or cross-attention per --cross-attention."""
+    linear = cross and cfg.cross_attention == "linear"
+    return MomentumMultiheadAttention(
+        embed_dim, num_heads, causal=causal,
+        momentum=0.0 if linear else cfg.attention_momentum,
+        step_size=1.0 if linear else cfg.attention_step_size,
+        feature_map=cfg.feature_map, chunk_size=cfg.attention_chunk_size,
+        kdim=cfg.encoder.embed_dim if cross else None, vdim=cfg.encoder.embed_dim if cross else None,
+        self_attention=not cross)
+
+
+class _MomentumResidual:
+    """Replaces the first residual of a layer (the self-attention one) by the connection."""
+
+    def _init_connection(self, cfg, carrier):
+        self.connection = build_connection(cfg)
+        self._carrier = carrier
+        self._attention_residual_pending = False
+
+    def forward(self, *args, **kwargs):
+        self._attention_residual_pending = self.connection is not None
+        return super().forward(*args, **kwargs)
+
+    def residual_connection(self, x, residual):
+        if not self._attention_residual_pending:
+            return residual + x
+        self._attention_residual_pending = False
+        out, self._carrier.state = self.connection(residual, x, self._carrier.state)
+        return out
+
+
+class MomentumTransformerEncoderLayer(_MomentumResidual, TransformerEncoderLayerBase):
+    """fairseq encoder layer with non-causal momentum self-attention (eq. 14)."""
+
+    def __init__(self, cfg, carrier, return_fc=False):
+        super().__init__(cfg, return_fc=return_fc)
+        self._init_connection(cfg, carrier)
+
+    def build_self_attention(self, embed_dim, cfg):
+        return build_momentum_attention(embed_dim, cfg.encoder.attention_heads, cfg, causal=False)
+
+
+class MomentumTransformerDecoderLayer(_MomentumResidual, TransformerDecoderLayerBase):
+    """fairseq decoder layer with causal momentum self-attention (eq. 12/13), or non-causal
+    (eq. 14) for non-autoregressive decoders; cross-attention per --cross-attention."""
+
+    def __init__(self, cfg, carrier, *, causal=True, no_encoder_attn=False):
+        self.causal = causal
+        super().__init__(cfg, no_encoder_attn=no_encoder_attn)
+        self._init_connection(cfg, carrier)
+
+    def build_self_attention(self, embed_dim, cfg, add_bias_kv=False, add_zero_attn=False):
+        if add_bias_kv or add_zero_attn or cfg.cross_self_attention:
+            raise ValueError("momentum attention does not support --cross-self-attention, "
+                             "add_bias_kv or add_zero_attn")
+        return build_momentum_attention(embed_dim, cfg.decoder.attention_heads, cfg,
+                                        causal=self.causal)
+
+    def build_encoder_attention(self, embed_dim, cfg):
+        if cfg.cross_attention == "softmax":
+            return super().build_encoder_attention(embed_dim, cfg)
+        return build_momentum_attention(embed_dim, cfg.decoder.attention_heads, cfg,
+                                        causal=False, cross=True)
+
+
+class MomentumEncoderMixin:
+    """For subclasses of fairseq's TransformerEncoderBase: momentum layers."""
+
+    def build_encoder_layer(self, cfg):
+        cfg = _as_config(cfg)
+        return _wrap_layer(MomentumTransformerEncoderLayer(cfg, shared_carrier(self)), cfg)
+
+    def forward(self, *args, **kwargs):
+        carrier = shared_carrier(self)
+        carrier.state = None
+        try:
+            return super().forward(*args, **kwargs)
+        finally:
+            carrier.state = None
+
+
+class MomentumDecoderMixin:
+    """For subclasses of fairseq's TransformerDecoderBase: momentum layers, causal unless
+    the class sets `causal_self_attention = False` (non-autoregressive decoders)."""
+
+    causal_self_attention = True
+
+    def build_decoder_layer(self, cfg, no_encoder_attn=False):
+        cfg = _as_config(cfg)
+        layer = MomentumTransformerDecoderLayer(cfg, shared_carrier(self),
+                                                causal=self.causal_self_attention,
+                                                no_encoder_attn=no_encoder_attn)
+        return _wrap_layer(layer, cfg)
+
+    def extract_features(self, *args, **kwargs):
+        carrier = shared_carrier(self)
+        carrier.state = None
+        try:
+            return super().extract_features(*args, **kwargs)
+        finally:
+            carrier.state = None
+
+
+def _as_config(cfg):
+    return TransformerConfig.from_namespace(cfg)
+
+
+def _wrap_layer(layer, cfg):
+    """fairseq's activation checkpointing and FSDP wrapping, as in build_*_layer."""
+    checkpoint = cfg.checkpoint_activations
+    if checkpoint:
+        layer = checkpoint_wrapper(layer, offload_to_cpu=cfg.offload_activations)
+    min_params_to_wrap = cfg.min_params_to_wrap if not checkpoint else 0
+    return fsdp_wrap(layer, min_num_params=min_params_to_wrap)

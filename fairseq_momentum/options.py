@@ -1,0 +1,137 @@
+"""Command-line arguments shared by the momentum architectures.
+
+Every value is checked by its argparse `type`, so a bad value stops `fairseq-train` at
+argument parsing with fairseq's usual message, e.g.
+`error: argument --attention-momentum: must be in [0, 1), got 1.0`.
+"""
+import argparse
+import math
+
+FEATURE_MAP_CHOICES = ("elu", "relu")
+CONNECTION_CHOICES = ("none", "momentum", "adaptive")
+CROSS_ATTENTION_CHOICES = ("softmax", "linear", "momentum")
+LSTM_CELL_CHOICES = ("lstm", "momentum", "adam", "rmsprop", "nag", "sr")
+
+
+def _number(text, kind=float):
+    try:
+        value = kind(text)
+    except (TypeError, ValueError):
+        raise argparse.ArgumentTypeError(f"expected {'an integer' if kind is int else 'a number'}, got {text!r}")
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"must be finite, got {text!r}")
+    return value
+
+
+def momentum_value(text):
+    """A momentum constant β, μ ∈ [0, 1)."""
+    value = _number(text)
+    if not 0.0 <= value < 1.0:
+        raise argparse.ArgumentTypeError(f"must be in [0, 1), got {value}")
+    return value
+
+
+def positive_float(text):
+    value = _number(text)
+    if value <= 0.0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {value}")
+    return value
+
+
+def probability(text):
+    value = _number(text)
+    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"must be in [0, 1], got {value}")
+    return value
+
+
+def delta_value(text):
+    value = _number(text)
+    if not 0.0 < value <= 1.0:
+        raise argparse.ArgumentTypeError(f"must be in (0, 1], got {value}")
+    return value
+
+
+def positive_int(text):
+    value = _number(text, int)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {value}")
+    return value
+
+
+def add_momentum_attention_args(parser, *, cross_attention=True):
+    """Arguments of momentum attention and the momentum connection
+    (momentum_transformer.md eq. 12-15, 18)."""
+    group = parser
+    group.add_argument("--attention-momentum", type=momentum_value, metavar="B",
+                       help="momentum beta of momentum attention (eq. 12-14), in [0, 1); "
+                            "0 with step size 1 is linear attention")
+    group.add_argument("--attention-step-size", type=positive_float, metavar="G",
+                       help="step size gamma > 0 of momentum attention (eq. 12-14)")
+    group.add_argument("--feature-map", choices=FEATURE_MAP_CHOICES,
+                       help="feature map phi of linear attention (eq. 5); elu = elu(x) + 1")
+    group.add_argument("--attention-chunk-size", type=positive_int, metavar="N",
+                       help="block length of the chunked causal kernel (speed only)")
+    group.add_argument("--connection", choices=CONNECTION_CHOICES,
+                       help="residual of the self-attention block: none (x + A), momentum "
+                            "(eq. 15, constant momentum) or adaptive (eq. 15 with eq. 18)")
+    group.add_argument("--connection-momentum", type=momentum_value, metavar="MU",
+                       help="momentum of the momentum connection (eq. 15), in [0, 1)")
+    group.add_argument("--connection-step-size", type=positive_float, metavar="G",
+                       help="step size of the momentum / adaptive connection (eq. 15)")
+    group.add_argument("--connection-delta", type=delta_value, metavar="D",
+                       help="adaptive momentum is clamped to [0, 1 - delta] (eq. 18)")
+    if cross_attention:
+        group.add_argument("--cross-attention", choices=CROSS_ATTENTION_CHOICES,
+                           help="decoder attention over the encoder: softmax (fairseq's), "
+                                "linear (eq. 5) or momentum (eq. 14)")
+
+
+def momentum_attention_defaults(args, *, momentum=0.6, step_size=1.0, cross_attention="momentum"):
+    """Fill the momentum arguments an architecture preset left unset."""
+    args.attention_momentum = getattr(args, "attention_momentum", None)
+    if args.attention_momentum is None:
+        args.attention_momentum = momentum
+    for name, value in (("attention_step_size", step_size), ("feature_map", "elu"),
+                        ("attention_chunk_size", 64), ("connection", "none"),
+                        ("connection_momentum", 0.3), ("connection_step_size", 0.9),
+                        ("connection_delta", 1e-3), ("cross_attention", cross_attention)):
+        if getattr(args, name, None) is None:
+            setattr(args, name, value)
+
+
+def add_lstm_cell_args(parser):
+    """Arguments of the MomentumLSTM family (momentum_rnn.md eq. 9, 15 and Section 2.4)."""
+    group = parser
+    group.add_argument("--lstm-cell", choices=LSTM_CELL_CHOICES,
+                       help="recurrent cell: lstm (plain), momentum (eq. 9), adam (eq. 15), "
+                            "rmsprop (eq. 15 with mu = 0), nag or sr (Section 2.4)")
+    group.add_argument("--lstm-momentum", type=momentum_value, metavar="MU",
+                       help="momentum mu of the momentum / adam cells (eq. 9, 15), in [0, 1)")
+    group.add_argument("--lstm-step-size", type=positive_float, metavar="S",
+                       help="step size s > 0 of the momentum cells (eq. 9, 15)")
+    group.add_argument("--lstm-beta", type=momentum_value, metavar="B",
+                       help="decay beta of the second moment of adam / rmsprop cells (eq. 15)")
+    group.add_argument("--lstm-restart", type=positive_int, metavar="F",
+                       help="restart frequency F of nag / sr cells (Section 2.4); "
+                            "required by sr, optional for nag (default: no restart)")
+
+
+def lstm_cell_defaults(args, *, cell="momentum", momentum=0.6, step_size=1.0):
+    for name, value in (("lstm_cell", cell), ("lstm_momentum", momentum),
+                        ("lstm_step_size", step_size), ("lstm_beta", 0.9),
+                        ("lstm_restart", None)):
+        if getattr(args, name, None) is None:
+            setattr(args, name, value)
+
+
+def check_lstm_cell_args(args):
+    """Cross-argument checks argparse cannot do alone."""
+    if args.lstm_cell == "sr" and args.lstm_restart is None:
+        raise ValueError("--lstm-cell sr needs --lstm-restart F (the restart frequency)")
+
+
+def lstm_cell_kwargs(args):
+    """Keyword arguments of plugins.rnn.MomentumLSTM from the parsed arguments."""
+    return dict(cell=args.lstm_cell, momentum=args.lstm_momentum, step_size=args.lstm_step_size,
+                beta=args.lstm_beta, restart=args.lstm_restart)

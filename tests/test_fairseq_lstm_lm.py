@@ -1,0 +1,125 @@
+"""momentum_lstm_lm: carried state, incremental decoding, AWD regularisation, CLIs."""
+import re
+
+import pytest
+import torch
+
+from test_fairseq_support import (build_model, lm_args, parse_namespace, preprocess_lm,
+                                  random_tokens, run_cli, train, write_lm_text, USER_DIR)
+
+SMALL = ["--decoder-layers", "2", "--decoder-embed-dim", "16", "--decoder-hidden-size", "24",
+         "--share-decoder-input-output-embed", "--dropout", "0.2", "--weight-drop", "0.3",
+         "--decoder-embed-dropout", "0.1"]
+CELLS = [
+    ["--lstm-cell", "lstm"],
+    ["--lstm-cell", "momentum", "--lstm-momentum", "0.6", "--lstm-step-size", "0.7"],
+    ["--lstm-cell", "adam", "--lstm-momentum", "0.5", "--lstm-beta", "0.8"],
+    ["--lstm-cell", "rmsprop"],
+    ["--lstm-cell", "sr", "--lstm-restart", "3"],
+]
+
+
+def small_lm(tmp_path, *extra):
+    model, task, _ = build_model(tmp_path, *lm_args("momentum_lstm_lm", *SMALL, *extra))
+    return model.double(), task
+
+
+@pytest.mark.parametrize("cell", CELLS, ids=lambda c: c[1])
+def test_state_carried_across_batches_equals_one_long_forward(tmp_path, make_generator, cell):
+    model, task = small_lm(tmp_path, *cell)
+    tokens = random_tokens(task, 3, 13, make_generator())
+    with torch.no_grad():
+        whole, _ = model.decoder.forward_with_state(tokens)
+        state, parts = None, []
+        for chunk in tokens.split([5, 1, 7], dim=1):
+            out, state = model.decoder.forward_with_state(chunk, state)
+            parts.append(out)
+    torch.testing.assert_close(torch.cat(parts, 1), whole, rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("cell", CELLS, ids=lambda c: c[1])
+def test_incremental_decoding_equals_full_forward_with_beam_reordering(tmp_path, make_generator, cell):
+    model, task = small_lm(tmp_path, *cell)
+    tokens = random_tokens(task, 4, 9, make_generator())
+    with torch.no_grad():
+        full = model.decoder(tokens)[0]
+        state, rows = {}, torch.arange(4)
+        for t in range(tokens.size(1)):
+            if t in (3, 6):
+                new_order = torch.tensor([1, 1, 3, 0]) if t == 3 else torch.tensor([2, 3, 0, 0])
+                model.decoder.reorder_incremental_state_scripting(state, new_order)
+                rows = rows[new_order]
+            step = model.decoder(tokens[rows, : t + 1], incremental_state=state)[0]
+            torch.testing.assert_close(step[:, -1], full[rows, t], rtol=1e-9, atol=1e-9)
+
+
+def test_awd_regularisation_is_active_in_training_only(tmp_path, make_generator):
+    model, task = small_lm(tmp_path, "--lstm-cell", "momentum")
+    tokens = random_tokens(task, 2, 6, make_generator())
+    weight = model.decoder.rnn.layers[0].weight_hh_l0.detach().clone()
+    model.train()
+    a, b = model.decoder(tokens)[0], model.decoder(tokens)[0]
+    assert not torch.allclose(a, b)
+    a.sum().backward()
+    assert model.decoder.rnn.layers[0].weight_hh_l0.grad.abs().sum() > 0
+    assert torch.equal(model.decoder.rnn.layers[0].weight_hh_l0.detach(), weight)
+    model.eval()
+    with torch.no_grad():
+        torch.testing.assert_close(model.decoder(tokens)[0], model.decoder(tokens)[0])
+    assert model.decoder.output_projection.weight is model.decoder.embed_tokens.weight
+    assert [l.hidden_size for l in model.decoder.rnn.layers] == [24, 16]
+
+
+def test_ptb_preset_is_the_papers_model():
+    args = parse_namespace("momentum_lstm_lm_ptb")
+    got = (args.decoder_layers, args.decoder_hidden_size, args.decoder_embed_dim,
+           args.decoder_out_embed_dim, args.share_decoder_input_output_embed, args.lstm_cell,
+           args.lstm_momentum, args.lstm_step_size, args.weight_drop)
+    assert got == (3, 1150, 400, 400, True, "momentum", 0.0, 0.6, 0.5)
+
+
+@pytest.mark.parametrize("flag,value,message", [
+    ("--lstm-cell", "gru", "invalid choice"),
+    ("--lstm-momentum", "1", "must be in [0, 1), got 1.0"),
+    ("--lstm-step-size", "-1", "must be > 0"),
+    ("--lstm-beta", "1.2", "must be in [0, 1)"),
+    ("--lstm-restart", "0", "must be an integer >= 1"),
+    ("--weight-drop", "1.5", "must be in [0, 1]"),
+])
+def test_bad_arguments_fail_at_parsing(capsys, flag, value, message):
+    with pytest.raises(SystemExit):
+        parse_namespace("momentum_lstm_lm", flag, value)
+    err = capsys.readouterr().err
+    assert f"argument {flag}" in err and message in err
+
+
+@pytest.mark.parametrize("extra,message", [
+    (["--lstm-cell", "sr"], "--lstm-restart"),
+    (["--share-decoder-input-output-embed", "--decoder-out-embed-dim", "8"], "--decoder-out-embed-dim"),
+])
+def test_inconsistent_arguments_fail_at_model_build(tmp_path, extra, message):
+    with pytest.raises(ValueError, match=message):
+        build_model(tmp_path, *lm_args("momentum_lstm_lm", "--decoder-embed-dim", "16", *extra))
+
+
+@pytest.fixture(scope="module")
+def lm_data(tmp_path_factory):
+    root = tmp_path_factory.mktemp("lstm_lm")
+    return preprocess_lm(write_lm_text(root / "text", seed=3), root / "bin")
+
+
+@pytest.mark.parametrize("cell", ["lstm", "momentum"])
+def test_cli_train_eval_generate(lm_data, tmp_path, cell):
+    save = tmp_path / "ckpt"
+    log = train(lm_data, save, "--task", "language_modeling", "--arch", "momentum_lstm_lm",
+                *SMALL, "--lstm-cell", cell, "--tokens-per-sample", "32", "--batch-size", "16",
+                "--max-update", "10", "--optimizer", "adam", "--lr", "0.01", "--clip-norm", "0.25")
+    assert f"cell={cell!r}" in log.stdout + log.stderr
+    out = run_cli("eval-lm", lm_data, "--user-dir", USER_DIR, "--path", save / "checkpoint_last.pt",
+                  "--cpu", "--tokens-per-sample", "32", "--batch-size", "8", "--num-workers", "0")
+    ppl = float(re.search(r"Perplexity: ([0-9.]+)", out.stdout + out.stderr).group(1))
+    assert 1.0 < ppl < 40
+    out = run_cli("interactive", lm_data, "--user-dir", USER_DIR, "--task", "language_modeling",
+                  "--path", save / "checkpoint_last.pt", "--cpu", "--beam", "3", "--nbest", "3",
+                  stdin="the old fox\n")
+    assert len(re.findall(r"^H-0\t", out.stdout, re.M)) == 3

@@ -1,0 +1,135 @@
+"""Shared helpers of the fairseq tests: tiny generated corpora, the real CLIs, in-process
+model building. (No tests here.)"""
+import os
+import random
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+USER_DIR = str(REPO / "fairseq_momentum")
+BIN = Path(sys.executable).parent
+WORDS = ("the a one cat dog bird fox sees likes chases eats finds small big red green old "
+         "house tree river hill and").split()
+CLI_TIMEOUT = 240
+
+
+def sentence(rng, low=3, high=12):
+    return [rng.choice(WORDS) for _ in range(rng.randint(low, high))]
+
+
+def translate(words):
+    """A deterministic toy 'translation': each word mapped, adjacent pairs swapped."""
+    mapped = [w.upper()[::-1] for w in words]
+    for i in range(0, len(mapped) - 1, 2):
+        mapped[i], mapped[i + 1] = mapped[i + 1], mapped[i]
+    return mapped
+
+
+def write_lm_text(directory, sizes=(("train", 300), ("valid", 30), ("test", 30)), seed=0):
+    rng = random.Random(seed)
+    directory.mkdir(parents=True, exist_ok=True)
+    for split, n in sizes:
+        (directory / f"{split}.txt").write_text(
+            "".join(" ".join(sentence(rng)) + "\n" for _ in range(n)))
+    return directory
+
+
+def write_parallel_text(directory, sizes=(("train", 300), ("valid", 30), ("test", 20)), seed=1):
+    rng = random.Random(seed)
+    directory.mkdir(parents=True, exist_ok=True)
+    for split, n in sizes:
+        src = [sentence(rng, 3, 10) for _ in range(n)]
+        (directory / f"{split}.src").write_text("".join(" ".join(s) + "\n" for s in src))
+        (directory / f"{split}.tgt").write_text("".join(" ".join(translate(s)) + "\n" for s in src))
+    return directory
+
+
+def cli_env(**extra):
+    env = dict(os.environ)
+    env.pop("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", None)
+    env.update({"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"})
+    env.update(extra)
+    return env
+
+
+def run_cli(name, *args, stdin=None, cwd=None, env=None, check=True):
+    """Run /venv/bin/fairseq-<name> and return the CompletedProcess (stdout + stderr)."""
+    cmd = [str(BIN / f"fairseq-{name}"), *map(str, args)]
+    proc = subprocess.run(cmd, input=stdin, capture_output=True, text=True, cwd=cwd or REPO,
+                          env=env or cli_env(), timeout=CLI_TIMEOUT)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"{' '.join(cmd)} failed ({proc.returncode}):\n"
+                             f"{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}")
+    return proc
+
+
+def preprocess_lm(text_dir, dest):
+    run_cli("preprocess", "--only-source", "--trainpref", text_dir / "train.txt",
+            "--validpref", text_dir / "valid.txt", "--testpref", text_dir / "test.txt",
+            "--destdir", dest, "--workers", "1")
+    return dest
+
+
+def preprocess_translation(text_dir, dest):
+    run_cli("preprocess", "--source-lang", "src", "--target-lang", "tgt",
+            "--trainpref", text_dir / "train", "--validpref", text_dir / "valid",
+            "--testpref", text_dir / "test", "--destdir", dest, "--workers", "1")
+    return dest
+
+
+COMMON_TRAIN = ["--cpu", "--num-workers", "0", "--required-batch-size-multiple", "1", "--log-format", "simple", "--log-interval", "1",
+                "--seed", "1", "--no-epoch-checkpoints"]
+
+
+def train(data, save_dir, *args, **kwargs):
+    return run_cli("train", data, "--user-dir", USER_DIR, "--save-dir", save_dir,
+                   *COMMON_TRAIN, *args, **kwargs)
+
+
+def train_losses(log):
+    """{num_updates: loss} from train_inner lines of a --log-format simple log."""
+    losses = {}
+    for m in re.finditer(r"train_inner \| .*?loss=([0-9.]+).*?num_updates=(\d+)", log):
+        losses[int(m.group(2))] = float(m.group(1))
+    return losses
+
+
+def write_dict(path, words):
+    path.write_text("".join(f"{w} 1\n" for w in words))
+
+
+def build_model(tmp_path, task_args, arch_args):
+    """Parse a fairseq-train command line in-process and build its task and model (eval
+    mode). Only dictionaries are needed on disk: they are written to tmp_path."""
+    from fairseq import options, tasks
+    data = tmp_path / "dicts"
+    data.mkdir(exist_ok=True)
+    write_dict(data / "dict.txt", WORDS)
+    write_dict(data / "dict.src.txt", WORDS)
+    write_dict(data / "dict.tgt.txt", [w.upper()[::-1] for w in WORDS])
+    parser = options.get_training_parser()
+    args = options.parse_args_and_arch(
+        parser, [str(data), "--user-dir", USER_DIR, "--cpu", *task_args, *arch_args])
+    task = tasks.setup_task(args)
+    return task.build_model(args).eval(), task, args
+
+
+def lm_args(arch, *extra):
+    return ["--task", "language_modeling", "--tokens-per-sample", "64"], ["--arch", arch, *extra]
+
+
+def random_tokens(task, batch, length, generator):
+    import torch
+    d = task.target_dictionary
+    return torch.randint(d.nspecial, len(d), (batch, length), generator=generator)
+
+
+def parse_namespace(arch, *extra, task="language_modeling"):
+    """Only parse a command line (argument validation), returning the Namespace."""
+    from fairseq import options
+    parser = options.get_training_parser()
+    return options.parse_args_and_arch(parser, ["DATA", "--user-dir", USER_DIR, "--task", task,
+                                                "--arch", arch, *extra])
+
