@@ -192,9 +192,9 @@ class MomentumLSTM(_MomentumLayers):
 
     def _layer(self, k, x, lengths, decay, h0, c0, v0, m0):
         w_ih, w_hh, b_ih, b_hh = self.layer_parameters(k)
-        inp, w, b = input_map(x, decay, self._effective_step_size, w_ih, b_ih, v0)
         if self.cell in ADAPTIVE:
-            return self._adaptive_layer(x, lengths, inp, w, b, w_ih, b_ih, w_hh, b_hh, h0, c0, m0)
+            return self._adaptive_layer(x, lengths, w_ih, w_hh, b_ih, b_hh, h0, c0, v0, m0)
+        inp, w, b = input_map(x, decay, self._effective_step_size, w_ih, b_ih, v0)
         weights = [w, w_hh]
         if self.bias:
             weights += [torch.zeros_like(b_hh) if b is None else b, b_hh]
@@ -204,32 +204,35 @@ class MomentumLSTM(_MomentumLayers):
         return out, (h[0], c[0], v, None)
 
 
-    def _adaptive_layer(self, x, lengths, inp, w, b, w_ih, b_ih, w_hh, b_hh, h0, c0, m0):
+    def _adaptive_layer(self, x, lengths, w_ih, w_hh, b_ih, b_hh, h0, c0, v0, m0):
         """Adam/RMSProp layer: eq. 15 on the fused recurrence of recurrence.py."""
-        adam = self.cell == "adam"
-        v_last = F.linear(last_step(inp, lengths), w, b)
-        sizes = order = inverse = None
+        momentum = self.momentum if self.cell == "adam" else 0.0
+        v_last = None
+        if not momentum:
+            v_last = self.step_size * F.linear(last_step(x, lengths), w_ih, b_ih)
+        sizes = inverse = None
         if lengths is not None:
             lengths, order = torch.sort(lengths, descending=True)
-            inverse = torch.argsort(order)
+            inverse = torch.argsort(order).to(x.device)
             sizes = [int((lengths > t).sum()) for t in range(x.size(0))]
-            dev = x.device
-            x, inp = x.index_select(1, order.to(dev)), inp.index_select(1, order.to(dev))
-            h0, c0, m0 = (t.index_select(0, order.to(dev)) for t in (h0, c0, m0))
+            order = order.to(x.device)
+            x = x.index_select(1, order)
+            h0, c0, v0, m0 = (t.index_select(0, order) for t in (h0, c0, v0, m0))
         forward, backward = (t.to(x.device) for t in gate_order(self.hidden_size))
         rows = lambda t: None if t is None else t.index_select(0, forward)
         g = F.linear(x, rows(w_ih), rows(b_ih))
-        v = F.linear(inp, rows(w), rows(b)) if adam else None
-        hs, c, m = AdamLSTMRecurrence.apply(v, g, h0, c0, m0.index_select(1, forward),
-                                            rows(w_hh), rows(b_hh), self.step_size, self.beta,
-                                            self.eps, sizes)
+        hs, c, v, m = AdamLSTMRecurrence.apply(
+            g, v0.index_select(1, forward), h0, c0, m0.index_select(1, forward), rows(w_hh),
+            rows(b_hh), momentum, self.step_size, self.beta, self.eps, sizes)
         m = m.index_select(1, backward)
+        v = v_last if v is None else v.index_select(1, backward)
         out = hs[1:]
         if lengths is None:
-            return out, (hs[-1], c, v_last, m)
+            return out, (hs[-1], c, v, m)
         h = hs[lengths.to(x.device), torch.arange(x.size(1), device=x.device)]
-        back = inverse.to(x.device)
-        return out.index_select(1, back), (h[back], c[back], v_last, m[back])
+        back = lambda t: t.index_select(0, inverse)
+        v = v if v_last is not None else back(v)
+        return out.index_select(1, inverse), (back(h), back(c), v, back(m))
 
 
 class MomentumRNN(_MomentumLayers):
