@@ -6,7 +6,9 @@
   `hf_momentum.set_momentum_attention(cfg, momentum=..., step_size=..., feature_map=...)`;
 - model_type "momentum_transformer" (MomentumTransformerConfig, ...Model, ...ForCausalLM,
   ...ForSequenceClassification) with AutoConfig / AutoModel / AutoModelForCausalLM /
-  AutoModelForSequenceClassification.
+  AutoModelForSequenceClassification;
+- model_type "momentum_lstm" (MomentumLSTMConfig, MomentumLSTMModel, MomentumLSTMForCausalLM)
+  with AutoConfig / AutoModel / AutoModelForCausalLM.
 Saved models carry their code and load with `trust_remote_code=True` without this package.
 """
 from transformers import (AutoConfig, AutoModel, AutoModelForCausalLM,
@@ -15,7 +17,10 @@ from transformers import (AutoConfig, AutoModel, AutoModelForCausalLM,
 from .attention_interface import (IGNORING_MODEL_TYPES, LINEAR, MOMENTUM, REJECTING_MODEL_TYPES,
                                   SUPPORTED_MODEL_TYPES, check_model, linear_attention_forward,
                                   momentum_attention_forward, register, set_momentum_attention)
+from .configuration_momentum_lstm import MomentumLSTMConfig
 from .configuration_momentum_transformer import MomentumTransformerConfig
+from .modeling_momentum_lstm import (MomentumLSTMCache, MomentumLSTMForCausalLM, MomentumLSTMModel,
+                                     MomentumLSTMPreTrainedModel)
 from .modeling_momentum_transformer import (MomentumCache, MomentumTransformerForCausalLM,
                                             MomentumTransformerForSequenceClassification,
                                             MomentumTransformerModel, MomentumTransformerPreTrainedModel)
@@ -27,11 +32,15 @@ AutoModel.register(MomentumTransformerConfig, MomentumTransformerModel, exist_ok
 AutoModelForCausalLM.register(MomentumTransformerConfig, MomentumTransformerForCausalLM, exist_ok=True)
 AutoModelForSequenceClassification.register(MomentumTransformerConfig, MomentumTransformerForSequenceClassification,
                                             exist_ok=True)
+AutoConfig.register(MomentumLSTMConfig.model_type, MomentumLSTMConfig, exist_ok=True)
+AutoModel.register(MomentumLSTMConfig, MomentumLSTMModel, exist_ok=True)
+AutoModelForCausalLM.register(MomentumLSTMConfig, MomentumLSTMForCausalLM, exist_ok=True)
 
 __all__ = [
     "MOMENTUM", "LINEAR", "SUPPORTED_MODEL_TYPES", "REJECTING_MODEL_TYPES", "IGNORING_MODEL_TYPES",
     "set_momentum_attention", "check_model", "momentum_attention_forward", "linear_attention_forward", "register",
     "MomentumTransformerConfig", "MomentumTransformerPreTrainedModel", "MomentumTransformerModel",
     "MomentumTransformerForCausalLM", "MomentumTransformerForSequenceClassification", "MomentumCache",
-    "RecurrentCache",
+    "RecurrentCache", "MomentumLSTMConfig", "MomentumLSTMPreTrainedModel", "MomentumLSTMModel",
+    "MomentumLSTMForCausalLM", "MomentumLSTMCache",
 ]

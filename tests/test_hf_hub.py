@@ -103,9 +103,15 @@ def test_save_load_round_trip_is_exact(auto_class, kwargs, tmp_path):
                                rtol=0, atol=0)
 
 
-def test_remote_code_loads_in_a_clean_process(tmp_path):
+def lstm_config():
+    return AutoConfig.for_model("momentum_lstm", vocab_size=100, hidden_size=16, num_hidden_layers=2, cell="sr",
+                                restart=4, momentum=0.5, pad_token_id=0, initializer_range=0.5)
+
+
+@pytest.mark.parametrize("make_config", [tiny_config, lstm_config], ids=["transformer", "lstm"])
+def test_remote_code_loads_in_a_clean_process(make_config, tmp_path):
     torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(tiny_config()).eval()
+    model = AutoModelForCausalLM.from_config(make_config()).eval()
     model.save_pretrained(tmp_path / "saved")
     with torch.no_grad():
         logits = model(input_ids=sample_ids()).logits
@@ -129,7 +135,9 @@ def test_remote_code_loads_in_a_clean_process(tmp_path):
         print("OK", type(model).__module__)
     """, isolated, {"HF_HUB_OFFLINE": "1"})
     assert "OK transformers_modules" in proc.stdout
-    assert (isolated / "resaved" / "momentum_core.py").read_text() == (isolated / "model" / "momentum_core.py").read_text()
+    for core in ("momentum_core.py", "momentum_rnn_core.py"):
+        if (isolated / "model" / core).exists():
+            assert (isolated / "resaved" / core).read_text() == (isolated / "model" / core).read_text()
 
 
 class LocalHub(BaseHTTPRequestHandler):

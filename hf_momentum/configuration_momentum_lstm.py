@@ -1,0 +1,62 @@
+"""Configuration of the MomentumLSTM language model (model_type "momentum_lstm")."""
+from transformers import PreTrainedConfig
+
+from .configuration_momentum_transformer import (check_choice, check_positive_int, check_positive_number,
+                                                 check_unit_interval)
+
+CELLS = ("lstm", "momentum", "adam", "rmsprop", "nag", "sr")
+
+
+class MomentumLSTMConfig(PreTrainedConfig):
+    r"""Embedding → `plugins.rnn.MomentumLSTM` stack → linear head (momentum_rnn.md).
+
+    `cell`: "lstm" (plain), "momentum" (eq. 9: μ = `momentum` ∈ [0, 1), s = `step_size` > 0),
+    "adam" / "rmsprop" (eq. 15, with `beta` ∈ [0, 1) and `eps` > 0), "nag", "sr" (Section 2.4;
+    "sr" needs `restart`, an integer ≥ 1). `dropout` between LSTM layers and
+    `embedding_dropout` on the embeddings and the output, in [0, 1). Tied embeddings need
+    `embedding_size` == `hidden_size` (default: equal).
+    """
+
+    model_type = "momentum_lstm"
+    keys_to_ignore_at_inference = ["past_key_values"]
+
+    vocab_size: int = 10000
+    embedding_size: int | None = None
+    hidden_size: int = 256
+    num_hidden_layers: int = 2
+    cell: str = "momentum"
+    momentum: float = 0.6
+    step_size: float = 1.0
+    beta: float = 0.9
+    eps: float = 1e-8
+    restart: int | None = None
+    dropout: float = 0.0
+    embedding_dropout: float = 0.0
+    initializer_range: float = 0.02
+    use_cache: bool = True
+    pad_token_id: int | None = None
+    bos_token_id: int | None = None
+    eos_token_id: int | list[int] | None = None
+    tie_word_embeddings: bool = True
+
+    def __post_init__(self, **kwargs):
+        if self.embedding_size is None:
+            self.embedding_size = self.hidden_size
+        for name in ("vocab_size", "embedding_size", "hidden_size", "num_hidden_layers"):
+            check_positive_int(getattr(self, name), name)
+        check_choice(self.cell, "cell", CELLS)
+        check_unit_interval(self.momentum, "momentum")
+        check_positive_number(self.step_size, "step_size")
+        check_unit_interval(self.beta, "beta")
+        check_positive_number(self.eps, "eps")
+        if self.restart is not None:
+            check_positive_int(self.restart, "restart")
+        if self.cell == "sr" and self.restart is None:
+            raise ValueError("restart must be an integer >= 1 when cell='sr'")
+        check_unit_interval(self.dropout, "dropout")
+        check_unit_interval(self.embedding_dropout, "embedding_dropout")
+        check_positive_number(self.initializer_range, "initializer_range")
+        if self.tie_word_embeddings and self.embedding_size != self.hidden_size:
+            raise ValueError(f"tie_word_embeddings needs embedding_size ({self.embedding_size}) == "
+                             f"hidden_size ({self.hidden_size})")
+        super().__post_init__(**kwargs)

@@ -1,0 +1,15 @@
+"""The `plugins.rnn` objects the MomentumLSTM model uses, re-exported for its modeling file.
+
+Same mechanism as `momentum_core`: in the package this re-exports `plugins.rnn`; a saved model
+gets the generated, self-contained copy that `bundled_source()` returns.
+"""
+from plugins.rnn import MomentumLSTM, RecurrentState
+
+BUNDLED_MODULES = ("plugins.rnn.layers",)
+EXPORTS = ("MomentumLSTM", "RecurrentState")
+
+
+def bundled_source() -> str:
+    """Source of the self-contained file that replaces this one in a saved model."""
+    from hf_momentum.flatten import flatten_modules
+    return flatten_modules(BUNDLED_MODULES, EXPORTS)

@@ -1,0 +1,126 @@
+"""MomentumLSTMForCausalLM: config validation, wiring against plugins.rnn.MomentumLSTM, padded
+rows equal to sequences alone, recurrent-cache generation equal to use_cache=False (greedy,
+beam), left-padded batch generation equal to each prompt alone, save/load round trip."""
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import pytest
+import torch
+from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
+
+import hf_momentum
+from hf_momentum import MomentumLSTMCache, MomentumLSTMForCausalLM, MomentumLSTMModel
+from plugins.rnn import MomentumLSTM
+
+PAD = 0
+CELLS = ["lstm", "momentum", "adam", "nag", "sr"]
+
+
+def tiny(**kwargs):
+    base = dict(vocab_size=100, hidden_size=16, num_hidden_layers=2, cell="momentum", momentum=0.5,
+                step_size=0.7, restart=3, pad_token_id=PAD, bos_token_id=1, eos_token_id=2, initializer_range=0.5)
+    base.update(kwargs)
+    return AutoConfig.for_model("momentum_lstm", **base)
+
+
+@pytest.mark.parametrize("kwargs, argument", [
+    (dict(cell="gru"), "cell"), (dict(momentum=1.0), "momentum"), (dict(step_size=0.0), "step_size"),
+    (dict(beta=1.2), "beta"), (dict(eps=0.0), "eps"), (dict(restart=0), "restart"),
+    (dict(cell="sr", restart=None), "restart"), (dict(dropout=1.0), "dropout"),
+    (dict(embedding_size=8), "tie_word_embeddings"), (dict(num_hidden_layers=0), "num_hidden_layers"),
+])
+def test_bad_config_values_raise(kwargs, argument):
+    with pytest.raises(ValueError, match=argument):
+        tiny(**kwargs)
+
+
+def test_auto_classes_are_registered():
+    assert type(AutoModel.from_config(tiny())) is MomentumLSTMModel
+    assert type(AutoModelForCausalLM.from_config(tiny())) is MomentumLSTMForCausalLM
+
+
+def padded(generator, lengths, total, side):
+    ids = torch.randint(3, 100, (len(lengths), total), generator=generator)
+    mask = torch.zeros(len(lengths), total, dtype=torch.long)
+    for row, n in enumerate(lengths):
+        if side == "left":
+            mask[row, total - n:] = 1
+        else:
+            mask[row, :n] = 1
+    ids[mask == 0] = PAD
+    return ids, mask
+
+
+@pytest.mark.parametrize("cell", CELLS)
+@pytest.mark.parametrize("side", ["left", "right"])
+def test_forward_matches_plugins_layer_and_padding(cell, side, make_generator):
+    torch.manual_seed(0)
+    model = MomentumLSTMModel(tiny(cell=cell)).eval()
+    reference = MomentumLSTM(16, 16, 2, cell=cell, momentum=0.5, step_size=0.7, restart=3, batch_first=True)
+    reference.load_state_dict(model.lstm.state_dict())
+    ids, mask = padded(make_generator(), [7, 5, 2], 7, side)
+    with torch.no_grad():
+        batch = model(input_ids=ids, attention_mask=mask, use_cache=False).last_hidden_state
+        for row in range(3):
+            real = ids[row][mask[row].bool()][None]
+            alone = model(input_ids=real, use_cache=False).last_hidden_state[0]
+            expected, _ = reference(model.embed_tokens(real))
+            torch.testing.assert_close(alone, expected[0])
+            torch.testing.assert_close(batch[row][mask[row].bool()], alone, atol=1e-6, rtol=1e-5)
+
+
+def generate(model, **kwargs):
+    out = model.generate(max_new_tokens=6, min_new_tokens=6, output_scores=True, return_dict_in_generate=True,
+                         pad_token_id=PAD, **kwargs)
+    return out.sequences, torch.stack(out.scores, 1)
+
+
+def finite(t):
+    return torch.where(t.isfinite(), t, torch.zeros_like(t))
+
+
+@pytest.mark.parametrize("cell", CELLS)
+def test_generation_cache_padding_and_beams(cell, make_generator):
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(tiny(cell=cell)).eval()
+    ids, mask = padded(make_generator(), [6, 3], 6, "left")
+    with torch.no_grad():
+        seq, sc = generate(model, input_ids=ids, attention_mask=mask, do_sample=False)
+        seq_nc, sc_nc = generate(model, input_ids=ids, attention_mask=mask, do_sample=False, use_cache=False)
+        assert torch.equal(seq, seq_nc)
+        torch.testing.assert_close(finite(sc), finite(sc_nc), atol=1e-5, rtol=1e-4)
+        for row, n in enumerate([6, 3]):
+            alone_seq, alone_sc = generate(model, input_ids=ids[row:row + 1, 6 - n:], do_sample=False)
+            assert torch.equal(seq[row, 6:], alone_seq[0, n:])
+            torch.testing.assert_close(finite(sc[row]), finite(alone_sc[0]), atol=1e-5, rtol=1e-4)
+        beams = [generate(model, input_ids=ids, attention_mask=mask, num_beams=3, do_sample=False,
+                          use_cache=use_cache)[0] for use_cache in (True, False)]
+    assert torch.equal(*beams)
+
+
+def test_cache_holds_the_plugins_state_counting_real_tokens(make_generator):
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(tiny(cell="nag")).eval()
+    ids, mask = padded(make_generator(), [5, 2], 5, "left")
+    cache = MomentumLSTMCache(model.config)
+    with torch.no_grad():
+        model(input_ids=ids, attention_mask=mask, past_key_values=cache, use_cache=True)
+    state = cache.get_lstm_state()
+    assert state.step.tolist() == [5, 2] and state.m is None
+    assert state.h.shape == state.c.shape == (2, 2, 16) and state.v.shape == (2, 2, 64)
+    assert cache.get_seq_length() == 5
+
+
+def test_save_load_round_trip(tmp_path):
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(tiny(cell="adam")).eval()
+    model.save_pretrained(tmp_path)
+    assert {"modeling_momentum_lstm.py", "momentum_rnn_core.py", "configuration_momentum_lstm.py"} \
+        <= set(os.listdir(tmp_path))
+    assert "plugins.rnn.layers" in (tmp_path / "momentum_rnn_core.py").read_text()
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path).eval()
+    ids = torch.arange(3, 13)[None]
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(input_ids=ids).logits, model(input_ids=ids).logits, rtol=0, atol=0)
+    assert "MomentumRNN" in (tmp_path / "README.md").read_text()
