@@ -6,19 +6,15 @@ presets) takes every argument of fairseq's transformer_lm plus the momentum ones
 `linear_transformer_lm` is the same code with momentum 0 and step size 1 (eq. 7).
 """
 from fairseq.dataclass.utils import gen_parser_from_dataclass
-from fairseq.models.transformer import TransformerDecoder
+from fairseq.models.transformer import TransformerConfig
 from fairseq.models.transformer_lm import (TransformerLanguageModel, TransformerLanguageModelConfig,
                                            base_lm_architecture, transformer_lm_baevski_wiki103,
                                            transformer_lm_big, transformer_lm_gpt,
                                            transformer_lm_gpt2_small)
 
-from ..modules.momentum_transformer_layer import MomentumDecoderMixin
 from ..options import add_momentum_attention_args, momentum_attention_defaults
 from ..registry import architecture, model
-
-
-class MomentumTransformerDecoder(MomentumDecoderMixin, TransformerDecoder):
-    """fairseq's TransformerDecoder with momentum layers (incremental decoding included)."""
+from .momentum_transformer import MomentumTransformerDecoder
 
 
 @model("momentum_transformer_lm")
@@ -38,7 +34,8 @@ class MomentumTransformerLanguageModel(TransformerLanguageModel):
         is rebuilt with momentum layers around the same embedding."""
         momentum_attention_defaults(args)
         embed_tokens = super().build_model(args, task).decoder.embed_tokens
-        return cls(MomentumTransformerDecoder(args, task.target_dictionary, embed_tokens,
+        return cls(MomentumTransformerDecoder(TransformerConfig.from_namespace(args),
+                                              task.target_dictionary, embed_tokens,
                                               no_encoder_attn=True))
 
 
