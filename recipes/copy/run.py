@@ -1,0 +1,80 @@
+"""Copy task: softmax vs linear vs momentum vs momentum+connection vs adaptive transformers.
+
+    python -m recipes.copy.run [--full] [--out-dir outputs/copy] [--seeds 1 2 3] [--models ...]
+"""
+import argparse
+import json
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from .config import configure
+from .model import VARIANTS
+from .report import write_report
+from .train import train_copy_model
+
+
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
+
+
+def non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {value}")
+    return value
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(prog="python -m recipes.copy.run", description=__doc__.splitlines()[0])
+    p.add_argument("--full", action="store_true", help="Section 4.1 size (GPU hours, not CPU minutes)")
+    p.add_argument("--out-dir", type=Path, default=Path("outputs/copy"))
+    p.add_argument("--seeds", type=non_negative_int, nargs="+", default=[1])
+    p.add_argument("--models", nargs="+", choices=list(VARIANTS), default=list(VARIANTS))
+    p.add_argument("--steps", type=positive_int, help="override the number of iterations")
+    p.add_argument("--eval-every", type=positive_int, help="override iterations between evaluations")
+    p.add_argument("--max-length", type=positive_int, help="override the maximum sequence length")
+    p.add_argument("--threads", type=positive_int, default=1,
+                   help="torch CPU threads (default 1: small runs are latency-bound)")
+    p.add_argument("--no-progress", action="store_true")
+    args = p.parse_args(argv)
+    if args.max_length is not None and args.max_length < 8:
+        p.error(f"argument --max-length: must be at least 8, got {args.max_length}")
+    return args
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    torch.set_num_threads(args.threads)
+    config = configure(args.full, steps=args.steps, eval_every=args.eval_every,
+                       max_length=args.max_length)
+    args.out_dir.mkdir(parents=True, exist_ok=True)
+    runs = {name: [] for name in args.models}
+    started = time.perf_counter()
+    jobs = [(name, seed) for seed in args.seeds for name in args.models]
+    for name, seed in tqdm(jobs, desc="copy task runs", disable=args.no_progress):
+        runs[name].append(train_copy_model(name, config, seed, progress=not args.no_progress))
+    title = f"Copy task ({'full' if args.full else 'small'}, seeds {' '.join(map(str, args.seeds))})"
+    table = write_report(runs, args.seeds, args.out_dir, title)
+    (args.out_dir / "config.json").write_text(json.dumps(
+        {"config": asdict(config), "models": {m: asdict(VARIANTS[m]) for m in args.models},
+         "seeds": args.seeds, "threads": args.threads,
+         "wall_seconds": round(time.perf_counter() - started, 1)}, indent=2))
+    print(table)
+    print(f"wrote {args.out_dir}/results.md, results.csv, curves.csv and PNG plots")
+
+
+if __name__ == "__main__":
+    main()
