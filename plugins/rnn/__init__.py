@@ -1,10 +1,12 @@
 """MomentumRNN family (momentum_rnn.md): step-wise cells and nn.LSTM-style layers."""
 from .cells import AdamLSTMCell, MomentumLSTMCell, NAGLSTMCell, RMSPropLSTMCell, SRLSTMCell
 from .layers import MomentumLSTM, MomentumRNN
+from .orthogonal import OrthogonalMomentumRNN, OrthogonalRNNCell
 from .rnn_cells import MomentumRNNCell
 from .sequence import RecurrentState
 
 __all__ = [
     "AdamLSTMCell", "MomentumLSTMCell", "NAGLSTMCell", "RMSPropLSTMCell", "SRLSTMCell",
-    "MomentumRNNCell", "MomentumLSTM", "MomentumRNN", "RecurrentState",
+    "MomentumRNNCell", "MomentumLSTM", "MomentumRNN", "OrthogonalMomentumRNN",
+    "OrthogonalRNNCell", "RecurrentState",
 ]

@@ -95,15 +95,18 @@ class _MomentumLayers(nn.Module):
         self.cell, self.momentum, self.step_size = cell, momentum, step_size
         self.beta, self.eps, self.bias = beta, eps, bias
         self.batch_first, self.dropout = batch_first, dropout
-        width = self.gate_count * hidden_size
         for k in range(num_layers):
-            d = input_size if k == 0 else hidden_size
-            self.register_parameter(f"weight_ih_l{k}", nn.Parameter(torch.empty(width, d)))
-            self.register_parameter(f"weight_hh_l{k}", nn.Parameter(torch.empty(width, hidden_size)))
-            if bias:
-                self.register_parameter(f"bias_ih_l{k}", nn.Parameter(torch.empty(width)))
-                self.register_parameter(f"bias_hh_l{k}", nn.Parameter(torch.empty(width)))
+            self._register_layer(k, input_size if k == 0 else hidden_size)
         self.reset_parameters()
+
+    def _register_layer(self, k, d):
+        width = self.gate_count * self.hidden_size
+        self.register_parameter(f"weight_ih_l{k}", nn.Parameter(torch.empty(width, d)))
+        self.register_parameter(f"weight_hh_l{k}",
+                                nn.Parameter(torch.empty(width, self.hidden_size)))
+        if self.bias:
+            self.register_parameter(f"bias_ih_l{k}", nn.Parameter(torch.empty(width)))
+            self.register_parameter(f"bias_hh_l{k}", nn.Parameter(torch.empty(width)))
 
     def extra_repr(self):
         return (f"{self.input_size}, {self.hidden_size}, num_layers={self.num_layers}, "
