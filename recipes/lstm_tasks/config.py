@@ -33,10 +33,10 @@ FULL = {
 # Shorter sequences, smaller cells and a 5x larger learning rate, so that a few hundred
 # iterations show the early part of Figure 4's curves on a CPU.
 SMALL = {
-    "copying": TaskConfig("copying", length=50, hidden_size=64, batch_size=64, steps=300,
-                          optimizer="rmsprop", lr=1e-3, eval_every=25, eval_batches=4),
-    "adding": TaskConfig("adding", length=100, hidden_size=64, batch_size=50, steps=300,
-                         optimizer="adam", lr=1e-3, eval_every=25, eval_batches=4),
+    "copying": TaskConfig("copying", length=50, hidden_size=64, batch_size=32, steps=200,
+                          optimizer="rmsprop", lr=1e-3, eval_every=20, eval_batches=4),
+    "adding": TaskConfig("adding", length=100, hidden_size=64, batch_size=50, steps=200,
+                         optimizer="adam", lr=1e-3, eval_every=20, eval_batches=4),
 }
 
 
