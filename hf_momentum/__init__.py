@@ -15,8 +15,9 @@ from transformers import (AutoConfig, AutoModel, AutoModelForCausalLM,
                           AutoModelForSequenceClassification)
 
 from .attention_interface import (IGNORING_MODEL_TYPES, LINEAR, MOMENTUM, REJECTING_MODEL_TYPES,
-                                  SUPPORTED_MODEL_TYPES, check_model, linear_attention_forward,
-                                  momentum_attention_forward, register, set_momentum_attention)
+                                  SMOKE_TESTED_MODEL_TYPES, SUPPORTED_MODEL_TYPES, TESTED_MODEL_TYPES,
+                                  check_model, linear_attention_forward, momentum_attention_forward, register,
+                                  set_momentum_attention)
 from .configuration_momentum_lstm import MomentumLSTMConfig
 from .configuration_momentum_transformer import MomentumTransformerConfig
 from .modeling_momentum_lstm import (MomentumLSTMCache, MomentumLSTMForCausalLM, MomentumLSTMModel,
@@ -37,7 +38,7 @@ AutoModel.register(MomentumLSTMConfig, MomentumLSTMModel, exist_ok=True)
 AutoModelForCausalLM.register(MomentumLSTMConfig, MomentumLSTMForCausalLM, exist_ok=True)
 
 __all__ = [
-    "MOMENTUM", "LINEAR", "SUPPORTED_MODEL_TYPES", "REJECTING_MODEL_TYPES", "IGNORING_MODEL_TYPES",
+    "MOMENTUM", "LINEAR", "TESTED_MODEL_TYPES", "SMOKE_TESTED_MODEL_TYPES", "SUPPORTED_MODEL_TYPES", "REJECTING_MODEL_TYPES", "IGNORING_MODEL_TYPES",
     "set_momentum_attention", "check_model", "momentum_attention_forward", "linear_attention_forward", "register",
     "MomentumTransformerConfig", "MomentumTransformerPreTrainedModel", "MomentumTransformerModel",
     "MomentumTransformerForCausalLM", "MomentumTransformerForSequenceClassification", "MomentumCache",

@@ -20,6 +20,11 @@ What a stock model keeps and loses under these implementations:
   O(1) recurrent state of eq. 12 instead.
 - Sliding windows, packed sequences (several sequences in one row, found from position_ids)
   and 4D custom masks are not supported: the mask function only forwards padding.
+- Families: padding equivalence and generation are tested for TESTED_MODEL_TYPES; the forward
+  pass of SMOKE_TESTED_MODEL_TYPES is checked on right-padded batches. gpt_neo, gptj, falcon,
+  bloom, mpt and xlnet reject or mis-handle custom implementations (own attention classes or
+  own mask code) and deberta-v2 silently ignores them: `set_momentum_attention` and
+  `check_model` refuse these with a ValueError.
 - RoPE models: linear attention after RoPE depends on absolute positions, so left-padded
   batches match unpadded sequences only with position_ids taken from the mask (cumsum − 1),
   which `generate()` does.
@@ -39,12 +44,16 @@ DEFAULT_MOMENTUM = 0.6
 DEFAULT_STEP_SIZE = 1.0
 DEFAULT_FEATURE_MAP = "elu"
 
-SUPPORTED_MODEL_TYPES = (
-    "llama", "mistral", "qwen2", "qwen3", "gemma2", "phi3", "gpt_neox", "gpt2", "bert", "roberta",
-    "distilbert", "electra", "modernbert", "t5", "bart",
+TESTED_MODEL_TYPES = (
+    "llama", "mistral", "qwen2", "gpt2", "gpt_neox", "bert", "roberta", "t5", "bart",
 )
-REJECTING_MODEL_TYPES = ("gpt_neo", "gptj", "falcon")
-IGNORING_MODEL_TYPES = ("bloom", "deberta-v2", "xlnet")
+SMOKE_TESTED_MODEL_TYPES = (
+    "qwen3", "gemma", "gemma2", "phi", "phi3", "mixtral", "olmo", "stablelm", "starcoder2", "cohere", "opt",
+    "xlm-roberta", "albert", "distilbert", "electra", "modernbert", "mbart", "pegasus",
+)
+SUPPORTED_MODEL_TYPES = TESTED_MODEL_TYPES + SMOKE_TESTED_MODEL_TYPES
+REJECTING_MODEL_TYPES = ("gpt_neo", "gptj", "falcon", "bloom", "mpt", "xlnet")
+IGNORING_MODEL_TYPES = ("deberta-v2",)
 
 
 def set_momentum_attention(config, *, momentum: float = DEFAULT_MOMENTUM,
@@ -67,7 +76,7 @@ def set_momentum_attention(config, *, momentum: float = DEFAULT_MOMENTUM,
 def check_model_type(model_type: Optional[str]) -> None:
     """Refuse the families that are known not to route attention through AttentionInterface."""
     if model_type in REJECTING_MODEL_TYPES or model_type in IGNORING_MODEL_TYPES:
-        how = "rejects" if model_type in REJECTING_MODEL_TYPES else "silently ignores"
+        how = "rejects or mis-handles" if model_type in REJECTING_MODEL_TYPES else "silently ignores"
         raise ValueError(
             f"model_type {model_type!r} {how} custom attention implementations, so momentum attention "
             f"cannot be used with it; families known to work: {', '.join(SUPPORTED_MODEL_TYPES)}"

@@ -78,7 +78,7 @@ def test_defaults_and_sub_configs():
     assert (config.attention_momentum, config.attention_step_size, config.attention_feature_map) == (0.3, 1.0, "elu")
 
 
-@pytest.mark.parametrize("model_type", ["gpt_neo", "bloom"])
+@pytest.mark.parametrize("model_type", ["gpt_neo", "bloom", "mpt", "deberta-v2", "xlnet"])
 def test_refuses_families_that_bypass_the_interface(model_type):
     with pytest.raises(ValueError, match="custom attention"):
         hf_momentum.set_momentum_attention(AutoConfig.for_model(model_type))
@@ -204,3 +204,41 @@ def test_encoder_decoder_generate_with_padded_sources(model_type, make_generator
         softmax.load_state_dict(model.state_dict())
         diff = scores(softmax, input_ids=ids, attention_mask=mask)[1] - sc
         assert diff[diff.isfinite()].abs().max() > 1e-3
+
+
+def smoke_config(model_type):
+    config = AutoConfig.for_model(model_type, vocab_size=100, hidden_size=32, num_hidden_layers=2,
+                                  num_attention_heads=4, num_key_value_heads=2, head_dim=8, intermediate_size=64,
+                                  max_position_embeddings=64, pad_token_id=PAD)
+    sizes = dict(d_model=32, embedding_size=32, encoder_layers=1, decoder_layers=1, encoder_attention_heads=4,
+                 decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64, num_local_experts=2)
+    for key, value in sizes.items():
+        if hasattr(config, key):
+            setattr(config, key, value)
+    return hf_momentum.set_momentum_attention(config, momentum=BETA, step_size=GAMMA)
+
+
+@pytest.mark.parametrize("model_type", hf_momentum.SMOKE_TESTED_MODEL_TYPES)
+def test_smoke_families_use_the_kernel_and_ignore_padding(model_type, monkeypatch, make_generator):
+    calls = []
+    kernel = ai._forward
+    monkeypatch.setattr(ai, "_forward", lambda *a: calls.append(a[4]) or kernel(*a))
+    torch.manual_seed(0)
+    model = AutoModel.from_config(smoke_config(model_type), attn_implementation="momentum").eval()
+    run = model.get_encoder() if model.config.is_encoder_decoder else model
+    ids, mask = padded(make_generator(), [6, 4], 6, "right")
+    with torch.no_grad():
+        batch = run(input_ids=ids, attention_mask=mask).last_hidden_state
+        alone = run(input_ids=ids[1:, :4]).last_hidden_state[0]
+    assert calls and any(m is not None and m.dim() == 2 for m in calls)
+    torch.testing.assert_close(batch[1, :4], alone, atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("model_type", ["mpt", "deberta-v2", "gptj"])
+def test_check_model_refuses_instances(model_type):
+    model = AutoModel.from_config(AutoConfig.for_model(model_type, vocab_size=100, hidden_size=32, d_model=32,
+                                                       n_embd=32, num_hidden_layers=1, n_layer=1, n_layers=1,
+                                                       num_attention_heads=4, n_head=4, n_heads=4,
+                                                       intermediate_size=64))
+    with pytest.raises(ValueError, match="custom attention"):
+        hf_momentum.check_model(model)
