@@ -14,6 +14,7 @@ REQ_HASH := $(shell cat $(LOCK) setup.cfg pyproject.toml | sha256sum | cut -c1-1
 # with --no-deps (its metadata pulls a CUDA torchaudio that breaks torch and transformers).
 FAIRSEQ_RUNTIME := cffi hydra-core omegaconf regex tqdm bitarray scikit-learn packaging sacrebleu
 PYTEST_ARGS ?=
+DEMO_ARGS ?=
 
 .PHONY: venv test demo bench lock clean
 
@@ -34,6 +35,10 @@ _build-venv:
 
 test: venv
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# The main job: momentum vs baseline LMs on the offline Austen corpus through fairseq-train.
+demo: venv
+	$(BIN)/python -m recipes.demo.run $(DEMO_ARGS)
 
 bench: venv
 	$(BIN)/python benchmarks/attention.py

@@ -193,9 +193,11 @@ def download_ptb(out_dir: Path) -> Dict[str, Path]:
 
 
 def build_lm_corpus(documents: List[Tuple[str, int, List[str]]], out_dir: Path, *, vocab_size: int = 10_000,
-                    max_train_tokens: int = 0, period: int = 14) -> Dict[str, Path]:
+                    max_train_tokens: int = 0, max_eval_tokens: int = 0, period: int = 14) -> Dict[str, Path]:
     """Tokenise documents PTB-style, split them by chapter, cap the vocabulary with <unk>
-    (counted on train only) and write {train,valid,test}.txt, one sentence per line."""
+    (counted on train only) and write {train,valid,test}.txt, one sentence per line.
+    max_train_tokens / max_eval_tokens (0 = no limit) keep the first sentences of train /
+    of valid and test, for small runs."""
     splits: Dict[str, List[List[str]]] = {"train": [], "valid": [], "test": []}
     for _, index, lines in documents:
         split = assign_split(index, period)
@@ -204,14 +206,10 @@ def build_lm_corpus(documents: List[Tuple[str, int, List[str]]], out_dir: Path, 
                 tokens = ptb_tokenize(sentence)
                 if tokens:
                     splits[split].append(tokens)
-    if max_train_tokens:
-        kept, total = [], 0
-        for s in splits["train"]:
-            if total >= max_train_tokens:
-                break
-            kept.append(s)
-            total += len(s)
-        splits["train"] = kept
+    for split in splits:
+        limit = max_train_tokens if split == "train" else max_eval_tokens
+        if limit:
+            splits[split] = _first_tokens(splits[split], limit)
     counts = Counter(t for s in splits["train"] for t in s)
     vocab = {t for t, _ in counts.most_common(vocab_size - 1)}
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -223,6 +221,16 @@ def build_lm_corpus(documents: List[Tuple[str, int, List[str]]], out_dir: Path, 
                 f.write(" ".join(t if t in vocab else "<unk>" for t in s) + "\n")
         paths[split] = path
     return paths
+
+
+def _first_tokens(sents: List[List[str]], limit: int) -> List[List[str]]:
+    kept, total = [], 0
+    for s in sents:
+        if total >= limit:
+            break
+        kept.append(s)
+        total += len(s)
+    return kept
 
 
 def lm_corpus(source: str, cache: Path, out_dir: Path, **kwargs) -> Tuple[str, Dict[str, Path]]:

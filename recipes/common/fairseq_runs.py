@@ -49,7 +49,7 @@ def preprocess_lm(paths: Dict[str, Path], dest: Path, workers: int = 2) -> Path:
 class TrainResult:
     name: str
     seconds: float
-    train: List[dict] = field(default_factory=list)       # train_inner records: update, loss, wall
+    train: List[dict] = field(default_factory=list)       # train_inner records: num_updates, loss, wall
     valid: List[dict] = field(default_factory=list)       # one record per validation
     save_dir: Optional[Path] = None
 
@@ -81,13 +81,17 @@ def train(name: str, data_bin: Path, save_dir: Path, args: Sequence[str]) -> Tra
     return TrainResult(name, seconds, records["train_inner"], records["valid"], save_dir)
 
 
-def eval_lm(data_bin: Path, checkpoint: Path, subset: str = "test", extra: Sequence[str] = ()) -> float:
-    """Perplexity from fairseq-eval-lm."""
+def eval_lm(data_bin: Path, checkpoint: Path, tokens_per_sample: int, subset: str = "test",
+            extra: Sequence[str] = ()) -> float:
+    """Perplexity from fairseq-eval-lm, in blocks of the training length (eval-lm's own default of
+    1024 tokens exceeds small models' max_positions and would skip every sample)."""
     output = run([tool("fairseq-eval-lm"), data_bin, "--user-dir", USER_DIR, "--path", checkpoint,
-                  "--gen-subset", subset, "--cpu", *extra])
+                  "--gen-subset", subset, "--cpu", "--tokens-per-sample", str(tokens_per_sample),
+                  "--sample-break-mode", "none", *extra])
+    evaluated = re.search(r"Evaluated ([0-9,]+) tokens", output)
     match = re.search(r"Perplexity: ([0-9.]+)", output)
-    if not match:
-        raise RuntimeError(f"no perplexity in fairseq-eval-lm output:\n{output[-2000:]}")
+    if not match or not evaluated or int(evaluated.group(1).replace(",", "")) == 0:
+        raise RuntimeError(f"fairseq-eval-lm evaluated no tokens:\n{output[-2000:]}")
     return float(match.group(1))
 
 

@@ -1,0 +1,83 @@
+"""Word-level language modelling with MomentumLSTM variants (momentum_rnn.md §3.4, Table 3).
+
+LSTM vs MomentumLSTM vs SRLSTM (and Adam/RMSProp LSTMs) through `fairseq-train --user-dir
+fairseq_momentum --arch momentum_lstm_lm`. `--full` is the paper's setting (3 layers, 1150
+hidden, 400 embedding, AWD-LSTM regularisation, SGD lr 30, batch 20, BPTT 70, 500 epochs; Appendix
+A.3, Tables 6–7) on Penn Treebank; the default is a small model for 2 CPU cores on the offline
+Jane Austen corpus (PTB-style tokens, 10k vocabulary).
+
+    .venv/bin/python -m recipes.ptb.run                      # small, Austen, ~10 min on 2 cores
+    .venv/bin/python -m recipes.ptb.run --corpus ptb --full  # the paper's run (GPU, days)
+"""
+import argparse
+import sys
+from pathlib import Path
+
+from recipes.common.corpora import lm_corpus
+from recipes.common.fairseq_runs import REPO, preprocess_lm
+from recipes.common.lm_experiment import plot_lm_runs, summarize, train_lm_models
+
+# Table 7: MomentumLSTM on PTB uses μ = 0, s = 0.6; SRLSTM restarts every 2 steps with s = 0.6.
+# The paper reports Adam/RMSProp LSTM perplexities on PTB (§3.5) without their constants; we use
+# μ = 0 / s = 0.6 as for MomentumLSTM and β = 0.999 as in its other Adam/RMSProp runs (Tables 8–9).
+CELLS = {
+    "LSTM": ["--lstm-cell", "lstm"],
+    "MomentumLSTM": ["--lstm-cell", "momentum", "--lstm-momentum", "0.0", "--lstm-step-size", "0.6"],
+    "SRLSTM": ["--lstm-cell", "sr", "--lstm-restart", "2", "--lstm-step-size", "0.6"],
+    "AdamLSTM": ["--lstm-cell", "adam", "--lstm-momentum", "0.0", "--lstm-step-size", "0.6", "--lstm-beta", "0.999"],
+    "RMSPropLSTM": ["--lstm-cell", "rmsprop", "--lstm-step-size", "0.6", "--lstm-beta", "0.999"],
+}
+FULL = ["--arch", "momentum_lstm_lm_ptb", "--optimizer", "sgd", "--lr", "30", "--clip-norm", "0.25",
+        "--weight-decay", "1.2e-6", "--batch-size", "20", "--max-epoch", "500", "--lr-scheduler", "fixed"]
+SMALL = ["--arch", "momentum_lstm_lm", "--decoder-embed-dim", "200", "--decoder-hidden-size", "400",
+         "--decoder-out-embed-dim", "200", "--decoder-layers", "2", "--share-decoder-input-output-embed",
+         "--decoder-dropout-in", "0.3", "--decoder-dropout-hidden", "0.2", "--decoder-dropout-out", "0.3",
+         "--weight-drop", "0.2", "--optimizer", "sgd", "--lr", "20", "--clip-norm", "0.25",
+         "--lr-scheduler", "reduce_lr_on_plateau", "--lr-shrink", "0.25", "--batch-size", "20"]
+COMMON = ["--task", "language_modeling", "--cpu", "--sample-break-mode", "none", "--log-interval", "20",
+          "--num-workers", "0", "--no-epoch-checkpoints", "--no-last-checkpoints"]
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--corpus", choices=["austen", "ptb", "shakespeare"], default="austen",
+                        help="ptb downloads Penn Treebank (needs internet); austen/shakespeare are offline")
+    parser.add_argument("--full", action="store_true", help="the paper's model and schedule (Tables 6–7)")
+    parser.add_argument("--models", nargs="+", choices=list(CELLS), default=["LSTM", "MomentumLSTM", "SRLSTM"])
+    parser.add_argument("--seeds", nargs="+", type=int, default=[1])
+    parser.add_argument("--epochs", type=int, default=None, help="override the number of epochs (small: 4)")
+    parser.add_argument("--max-train-tokens", type=int, default=0, help="first N training tokens (0 = all)")
+    parser.add_argument("--out-dir", type=Path, default=REPO / "outputs" / "ptb")
+    parser.add_argument("--cache-dir", type=Path, default=Path.home() / ".cache" / "momentum_plugins")
+    parser.add_argument("--gpu", action="store_true", help="train on the GPU (drops --cpu)")
+    args = parser.parse_args(argv)
+    if args.epochs is not None and args.epochs < 1:
+        parser.error(f"--epochs must be >= 1, got {args.epochs}")
+    if args.max_train_tokens < 0:
+        parser.error(f"--max-train-tokens must be >= 0, got {args.max_train_tokens}")
+    return args
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    log = lambda msg: print(f"[ptb] {msg}", flush=True)  # noqa: E731
+    source, paths = lm_corpus(args.corpus, args.cache_dir, args.out_dir / f"text-{args.corpus}",
+                              **({} if args.corpus == "ptb" else {"max_train_tokens": args.max_train_tokens}))
+    data_bin = preprocess_lm(paths, args.out_dir / f"data-bin-{source}")
+    common = [c for c in COMMON if not (args.gpu and c == "--cpu")]
+    schedule = FULL if args.full else [*SMALL, "--max-epoch", "4"]
+    if args.epochs is not None:
+        schedule = [*schedule, "--max-epoch", str(args.epochs)]
+    models = {name: CELLS[name] for name in args.models}
+    log(f"{len(models)} models × {len(args.seeds)} seeds on {source} ({'full' if args.full else 'small'} setting)")
+    runs = train_lm_models(models, data_bin, args.out_dir, [*common, *schedule], tokens_per_sample=70,
+                           seeds=args.seeds, log=log)
+    table = summarize(runs, args.out_dir, f"Word-level LM on {source} ({'full' if args.full else 'small'} setting)")
+    plots = plot_lm_runs(runs, args.out_dir, source)
+    print(f"\n{table}\n")
+    log(f"results: {args.out_dir / 'results.md'}; plots: {', '.join(map(str, plots))}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
