@@ -48,24 +48,37 @@ class RemoteCodeMixin:
     card_hyperparameters: tuple = ()
     card_papers: tuple = ()
 
-    def save_pretrained(self, save_directory, *args, is_main_process: bool = True, **kwargs):
+    def save_pretrained(self, save_directory, *args, is_main_process: bool = True, push_to_hub: bool = False,
+                        **kwargs):
+        """transformers' save_pretrained, then the remote code and the model card. With
+        push_to_hub=True the finished folder is uploaded (to `repo_id`, default its name)."""
+        repo_id = kwargs.pop("repo_id", None)
+        token = kwargs.pop("token", None)
         self.config.auto_map = dict(self.auto_map)
         super().save_pretrained(save_directory, *args, is_main_process=is_main_process, **kwargs)
-        if is_main_process:
-            write_remote_code(type(self), save_directory)
-            card = Path(save_directory) / "README.md"
-            if not card.exists():
-                card.write_text(model_card(self), encoding="utf-8")
+        if not is_main_process:
+            return
+        write_remote_code(type(self), save_directory)
+        card = Path(save_directory) / "README.md"
+        if not card.exists():
+            card.write_text(model_card(self), encoding="utf-8")
+        if push_to_hub:
+            upload(save_directory, repo_id or Path(save_directory).name, token=token)
 
-    def push_to_hub(self, repo_id: str, *, commit_message: str = "Upload model", private=None, token=None,
-                    revision=None, create_pr: bool = False, max_shard_size="50GB", **kwargs):
-        """Create `repo_id` if needed and upload weights, config, remote code and model card."""
-        api = HfApi(token=token)
-        repo_id = api.create_repo(repo_id, private=private, exist_ok=True).repo_id
+    def push_to_hub(self, repo_id: str, *, commit_message: str = "Upload model", commit_description=None,
+                    private=None, token=None, revision=None, create_pr: bool = False, max_shard_size="50GB",
+                    **kwargs):
+        """Create `repo_id` if needed and upload weights, config, remote code and model card in one commit."""
         with tempfile.TemporaryDirectory() as folder:
             self.save_pretrained(folder, max_shard_size=max_shard_size)
-            return api.upload_folder(repo_id=repo_id, folder_path=folder, commit_message=commit_message,
-                                     revision=revision, create_pr=create_pr)
+            return upload(folder, repo_id, token=token, private=private, commit_message=commit_message,
+                          commit_description=commit_description, revision=revision, create_pr=create_pr)
+
+
+def upload(folder, repo_id: str, *, token=None, private=None, commit_message: str = "Upload model", **kwargs):
+    api = HfApi(token=token)
+    repo_id = api.create_repo(repo_id, private=private, exist_ok=True).repo_id
+    return api.upload_folder(repo_id=repo_id, folder_path=str(folder), commit_message=commit_message, **kwargs)
 
 
 def write_remote_code(model_class, save_directory) -> list:
