@@ -178,8 +178,16 @@ def test_lstm_tasks_entry_script(tmp_path):
 def test_mnist_entry_script(tmp_path):
     out = tmp_path / "mnist"
     mnist_run.main(["--out-dir", str(out), "--epochs", "3", "--train-limit", "256", "--side", "7",
-                    "--tasks", "pmnist", "--no-progress"])
-    assert_outputs(out, ["pmnist_train_loss_vs_epoch.png", "pmnist_test_accuracy_vs_time.png"])
+                    "--tasks", "pmnist", "--grad-every", "4", "--grad-batch", "8", "--no-progress"])
+    assert_outputs(out, ["pmnist_train_loss_vs_epoch.png", "pmnist_test_accuracy_vs_time.png",
+                         "pmnist_grad_norms_lstm.png", "pmnist_grad_norms_momentum.png",
+                         "pmnist_grad_norms_final.png"])
+    norms = read_curves(out / "pmnist_grad_norms.csv")
+    # 4 batches per epoch, 3 epochs: probes at iterations 0, 4, 8, 12, each over 49 steps
+    assert len(norms) == 2 * 4 * 49
+    values = [float(r["grad_norm"]) for r in norms]
+    assert all(0 <= v < float("inf") for v in values)  # early steps may vanish to exactly 0
+    assert all(float(r["grad_norm"]) > 0 for r in norms if r["t"] == "49")
     rows = read_curves(out / "curves.csv")
     for model in ("lstm", "momentum"):
         first, last = first_and_last_loss([r for r in rows if r["model"] == model])

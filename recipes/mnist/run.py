@@ -17,6 +17,7 @@ from recipes.lstm_tasks.cli import non_negative_int, positive_int
 from .config import TASKS, configure
 from .data import DATASETS, limit_training_set, load_images
 from .report import curve_rows, plot_task, summary_rows, write_tables
+from .gradients import GradientProbe, save_gradient_figures
 from .sequences import pixel_sequences
 from .train import train_classifier
 from .variants import MODELS, cell_specs
@@ -41,6 +42,10 @@ def parse_args(argv=None):
     p.add_argument("--hidden-size", type=positive_int, help="override the cell size")
     p.add_argument("--side", type=positive_int, help="override the image side (sequence = side²)")
     p.add_argument("--train-limit", type=positive_int, help="train on a fixed random subset of n images")
+    p.add_argument("--grad-every", type=non_negative_int, default=25,
+                   help="PMNIST, first seed: record ‖∂L/∂h_t‖ (Fig. 2) every n iterations (0: off)")
+    p.add_argument("--grad-batch", type=positive_int, default=32,
+                   help="test images in the fixed Fig. 2 probe batch")
     p.add_argument("--threads", type=positive_int, default=1,
                    help="torch CPU threads (default 1: small runs are latency-bound)")
     p.add_argument("--no-progress", action="store_true")
@@ -69,13 +74,20 @@ def main(argv=None):
         train_x = pixel_sequences(images.train_images, config.side, permuted)
         test_x = pixel_sequences(images.test_images, config.side, permuted)
         train_y, test_y = images.train_labels, images.test_labels
-        runs = {name: [] for name in args.models}
+        runs, probes = {name: [] for name in args.models}, {}
         for seed in args.seeds:
             for name in args.models:
+                probe = None
+                if permuted and args.grad_every and seed == args.seeds[0]:
+                    probe = probes[name] = GradientProbe(test_x[:args.grad_batch],
+                                                         test_y[:args.grad_batch], args.grad_every)
                 history, _ = train_classifier(name, task, config, train_x, train_y, test_x,
-                                              test_y, seed, progress=not args.no_progress)
+                                              test_y, seed, progress=not args.no_progress,
+                                              on_step=probe)
                 runs[name].append(history)
                 jobs.update()
+        if probes:
+            save_gradient_figures(task, probes, args.out_dir)
         rows += summary_rows(task, runs)
         curves += curve_rows(task, runs, args.seeds)
         plot_task(task, runs, args.out_dir,

@@ -35,13 +35,17 @@ def evaluate(model, x, y, batch_size: int):
 
 
 def train_classifier(name: str, task: str, config: MnistConfig, train_x, train_y, test_x, test_y,
-                     seed: int, progress: bool = True):
-    """Returns (History, trained model). x: (N, T, 1) float, y: (N,) long."""
+                     seed: int, progress: bool = True, on_step=None):
+    """Returns (History, trained model). x: (N, T, 1) float, y: (N,) long. on_step(iteration,
+    model) is called before training (iteration 0) and after every optimiser step; its time
+    is not counted as training time."""
     torch.manual_seed(seed)
     model = PixelClassifier(cell_specs(task, config.hidden_size)[name], config.hidden_size)
     optimizer = torch.optim.RMSprop(model.parameters(), lr=config.lr, alpha=config.rmsprop_alpha)
     generator = torch.Generator().manual_seed(seed)
-    history, elapsed = History(), 0.0
+    history, elapsed, iteration = History(), 0.0, 0
+    if on_step is not None:
+        on_step(0, model)
     batches = (len(train_x) + config.batch_size - 1) // config.batch_size
     bar = tqdm(total=config.epochs * batches, desc=f"{task} {name} seed {seed}",
                disable=not progress, leave=False)
@@ -57,6 +61,9 @@ def train_classifier(name: str, task: str, config: MnistConfig, train_x, train_y
             torch.nn.utils.clip_grad_norm_(model.parameters(), config.clip_norm)
             optimizer.step()
             elapsed += time.perf_counter() - begin
+            iteration += 1
+            if on_step is not None:
+                on_step(iteration, model)
             total += loss.item() * len(idx)
             bar.update()
         test_loss, test_acc = evaluate(model, test_x, test_y, 4 * config.batch_size)
