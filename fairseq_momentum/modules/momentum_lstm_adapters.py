@@ -1,0 +1,133 @@
+"""`plugins.rnn.MomentumLSTM` in the two slots of fairseq's attentional LSTM translation
+model (fairseq/models/lstm.py), so the rest of that model (embeddings, attention, input
+feeding, caching, beam search) is used unchanged.
+
+- `MomentumLSTMEncoderRNN` replaces the encoder's `nn.LSTM`: same call, same outputs
+  (packed output, (h_n, c_n) laid out as nn.LSTM's, bidirectional included).
+- `MomentumLSTMDecoderCell` replaces each decoder `nn.LSTMCell`. fairseq's decoder carries
+  (h, c) per layer between time steps, caches them in `incremental_state` and reorders
+  rows for beam search; the momentum state has to follow the same path, so it travels
+  inside the cell slot: c_slot = [c | v | m | step] (v for momentum cells, m for
+  adam/rmsprop, step = time steps so far, stored as a float). A slot of width
+  hidden_size (fairseq's zero or encoder-initialised cell) starts a fresh momentum state.
+  One time step is computed with the step-wise equations of `plugins.rnn` (eq. 9, 15,
+  Section 2.4) on the MomentumLSTM's own parameters, which avoids the sequence layer's
+  per-call set-up (about 10x a LSTMCell step); tests check it equals the sequence layer.
+"""
+from typing import Tuple
+
+import torch
+from torch import Tensor, nn
+from torch.nn import functional as F
+from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence, pad_packed_sequence
+
+from plugins.rnn import MomentumLSTM, RecurrentState
+from plugins.rnn.cells import lstm_update
+from plugins.rnn.filters import adam_step, momentum_step, nag_momentum, restart_index
+
+
+def _reverse_within_lengths(x: Tensor, lengths: Tensor) -> Tensor:
+    """x (T, B, C): reverse the first lengths[b] steps of each column b (padding stays)."""
+    steps = torch.arange(x.size(0))[:, None]
+    lengths = lengths.cpu()[None, :]
+    index = torch.where(steps < lengths, lengths - 1 - steps, steps).to(x.device)
+    return x.gather(0, index[:, :, None].expand_as(x))
+
+
+class MomentumLSTMEncoderRNN(nn.Module):
+    """Drop-in for the encoder's nn.LSTM(input_size, hidden_size, num_layers, dropout,
+    bidirectional) on packed input, with the MomentumLSTM cell given by `cell_kwargs`."""
+
+    def __init__(self, input_size, hidden_size, num_layers, *, dropout=0.0, bidirectional=False,
+                 **cell_kwargs):
+        super().__init__()
+        self.hidden_size, self.num_layers = hidden_size, num_layers
+        self.bidirectional, self.dropout = bidirectional, dropout
+        directions = 2 if bidirectional else 1
+        self.layers = nn.ModuleList(
+            MomentumLSTM(input_size if i < directions else hidden_size * directions, hidden_size, 1,
+                         **cell_kwargs)
+            for i in range(num_layers * directions))
+
+    @classmethod
+    def like(cls, module: nn.LSTM, **cell_kwargs):
+        return cls(module.input_size, module.hidden_size, module.num_layers, dropout=module.dropout,
+                   bidirectional=module.bidirectional, **cell_kwargs)
+
+    def forward(self, packed: PackedSequence, hx: Tuple[Tensor, Tensor]):
+        x, lengths = pad_packed_sequence(packed)
+        h0, c0 = hx
+        directions = 2 if self.bidirectional else 1
+        finals_h, finals_c = [], []
+        for k in range(self.num_layers):
+            if k > 0 and self.training and self.dropout > 0:
+                x = nn.functional.dropout(x, self.dropout, True)
+            outs = []
+            for d in range(directions):
+                i = k * directions + d
+                inp = x if d == 0 else _reverse_within_lengths(x, lengths)
+                out, state = self.layers[i](pack_padded_sequence(inp, lengths), (h0[i:i + 1], c0[i:i + 1]))
+                out, _ = pad_packed_sequence(out, total_length=x.size(0))
+                outs.append(out if d == 0 else _reverse_within_lengths(out, lengths))
+                finals_h.append(state.h)
+                finals_c.append(state.c)
+            x = torch.cat(outs, -1)
+        return pack_padded_sequence(x, lengths), (torch.cat(finals_h), torch.cat(finals_c))
+
+
+class MomentumLSTMDecoderCell(nn.Module):
+    """Drop-in for a decoder nn.LSTMCell: forward(input (B, D), (h, c_slot)) -> (h, c_slot)
+    with c_slot = [c | v | m | step] as described in the module docstring."""
+
+    def __init__(self, input_size, hidden_size, **cell_kwargs):
+        super().__init__()
+        self.rnn = MomentumLSTM(input_size, hidden_size, 1, **cell_kwargs)
+        self.input_size, self.hidden_size = input_size, hidden_size
+        width = 4 * hidden_size
+        self.widths = [hidden_size, width if self.rnn._has_v else 0,
+                       width if cell_kwargs.get("cell") in ("adam", "rmsprop") else 0, 1]
+
+    @classmethod
+    def like(cls, module: nn.LSTMCell, **cell_kwargs):
+        return cls(module.input_size, module.hidden_size, **cell_kwargs)
+
+    def unpack(self, slot: Tensor) -> RecurrentState:
+        """The cell slot as a RecurrentState (h left empty)."""
+        if slot.size(1) == self.hidden_size:
+            return RecurrentState(None, slot, None, None, None)
+        c, v, m, step = slot.split(self.widths, dim=1)
+        return RecurrentState(None, c, v if v.numel() else None, m if m.numel() else None,
+                              step[:, 0].round().long())
+
+    def pack(self, state: RecurrentState) -> Tensor:
+        parts = [state.c] + [t for t in (state.v, state.m) if t is not None]
+        return torch.cat(parts + [state.step[:, None].to(state.c.dtype)], dim=1)
+
+    def forward(self, input: Tensor, hx: Tuple[Tensor, Tensor]) -> Tuple[Tensor, Tensor]:
+        h, slot = hx
+        _, c, v, m, step = self.unpack(slot)
+        h, state = self.step(input, RecurrentState(h, c, v, m, step))
+        return h, self.pack(state)
+
+    def step(self, x: Tensor, state: RecurrentState) -> Tuple[Tensor, RecurrentState]:
+        """One time step from state (h, c, v, m, step), each (batch, ...) with v, m, step
+        None for a fresh momentum state."""
+        rnn = self.rnn
+        w_ih, w_hh, b_ih, b_hh = rnn.layer_parameters(0)
+        h, c, v, m, step = state
+        g = F.linear(x, w_ih, b_ih)
+        step = (torch.zeros(x.size(0), dtype=torch.long, device=x.device) if step is None else step) + 1
+        if rnn._has_v and v is None:
+            v = torch.zeros_like(g)
+        if rnn.cell in ("adam", "rmsprop"):
+            m = torch.zeros_like(g) if m is None else m
+            momentum = rnn.momentum if rnn.cell == "adam" else 0.0
+            pre, v, m = adam_step(v, m, g, momentum, rnn.step_size, rnn.beta, rnn.eps)
+        elif rnn.cell == "lstm":
+            pre = g
+        else:
+            momentum = rnn.momentum if rnn.cell == "momentum" else \
+                nag_momentum(restart_index(step, rnn.restart).to(x.dtype))[:, None]
+            pre = v = momentum_step(v, g, momentum, rnn.step_size)
+        h, c = lstm_update(pre + F.linear(h, w_hh, b_hh), c)
+        return h, RecurrentState(h, c, v, m, step)
