@@ -65,3 +65,14 @@ def test_resume_from_checkpoint_ends_like_an_uninterrupted_run(text_file, tmp_pa
                  "m = AutoModelForCausalLM.from_pretrained(sys.argv[1]); print(type(m).__name__)",
                  str(tmp_path / "resumed" / "final")], tmp_path)
     assert "MomentumTransformerForCausalLM" in check.stdout
+
+
+def test_stock_model_with_momentum_attention_trains(text_file, tmp_path):
+    proc = run([sys.executable, str(SCRIPT), "--train_file", str(text_file), "--model_type", "llama",
+                "--attn_implementation", "linear_attention", "--max_train_steps", "2",
+                "--output_dir", str(tmp_path / "out"), *TINY], tmp_path)
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["step"] == 2 and result["valid_perplexity"] > 1
+    config = json.loads((tmp_path / "out" / "final" / "config.json").read_text())
+    assert config["model_type"] == "llama" and config["hidden_size"] == 32
+    assert config["attention_momentum"] == 0.6

@@ -110,12 +110,13 @@ def build_model(args, tokenizer):
             attention_momentum=args.attention_momentum, attention_step_size=args.attention_step_size,
             connection=args.connection, hidden_dropout=args.dropout, **common)
         return AutoModelForCausalLM.from_config(config)
-    config = AutoConfig.for_model(args.model_type, **common)
-    for name, value in (("hidden_size", args.hidden_size), ("num_hidden_layers", args.num_layers),
-                        ("num_attention_heads", args.num_heads), ("intermediate_size", 4 * args.hidden_size),
-                        ("max_position_embeddings", args.block_size)):
-        if hasattr(config, name):
-            setattr(config, name, value)
+    sizes = {"hidden_size": args.hidden_size, "num_hidden_layers": args.num_layers,
+             "num_attention_heads": args.num_heads, "num_key_value_heads": args.num_heads,
+             "head_dim": args.hidden_size // args.num_heads, "intermediate_size": 4 * args.hidden_size,
+             "max_position_embeddings": args.block_size}
+    defaults = AutoConfig.for_model(args.model_type)
+    config = AutoConfig.for_model(args.model_type, **common,
+                                  **{k: v for k, v in sizes.items() if hasattr(defaults, k)})
     hf_momentum.set_momentum_attention(config, momentum=args.attention_momentum, step_size=args.attention_step_size)
     model = AutoModelForCausalLM.from_config(config, attn_implementation=args.attn_implementation)
     hf_momentum.check_model(model)
