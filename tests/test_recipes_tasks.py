@@ -126,6 +126,8 @@ def test_fashion_mnist_from_debian():
     (tasks_run.main, ["--tasks", "sorting"], "--tasks"),
     (mnist_run.main, ["--side", "30"], "--side"),
     (mnist_run.main, ["--dataset", "cifar"], "--dataset"),
+    (mnist_run.main, ["--device", "gpu"], "--device"),
+    (tasks_run.main, ["--device", "mps"], "--device"),
 ])
 def test_bad_cli_input_names_the_argument(main, argv, argument, capsys):
     with pytest.raises(SystemExit):

@@ -11,30 +11,12 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
+from recipes.lstm_tasks.cli import available_device, non_negative_int, positive_int
+
 from .config import configure
 from .model import VARIANTS
 from .report import write_report
 from .train import train_copy_model
-
-
-def positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
-    return value
-
-
-def non_negative_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {value}")
-    return value
 
 
 def parse_args(argv=None):
@@ -46,6 +28,8 @@ def parse_args(argv=None):
     p.add_argument("--steps", type=positive_int, help="override the number of iterations")
     p.add_argument("--eval-every", type=positive_int, help="override iterations between evaluations")
     p.add_argument("--max-length", type=positive_int, help="override the maximum sequence length")
+    p.add_argument("--device", type=available_device, default=torch.device("cpu"),
+                   help="cpu (default) or cuda[:n]")
     p.add_argument("--threads", type=positive_int, default=1,
                    help="torch CPU threads (default 1: small runs are latency-bound)")
     p.add_argument("--no-progress", action="store_true")
@@ -65,12 +49,13 @@ def main(argv=None):
     started = time.perf_counter()
     jobs = [(name, seed) for seed in args.seeds for name in args.models]
     for name, seed in tqdm(jobs, desc="copy task runs", disable=args.no_progress):
-        runs[name].append(train_copy_model(name, config, seed, progress=not args.no_progress))
+        runs[name].append(train_copy_model(name, config, seed, progress=not args.no_progress,
+                                               device=args.device))
     title = f"Copy task ({'full' if args.full else 'small'}, seeds {' '.join(map(str, args.seeds))})"
     table = write_report(runs, args.seeds, args.out_dir, title)
     (args.out_dir / "config.json").write_text(json.dumps(
         {"config": asdict(config), "models": {m: asdict(VARIANTS[m]) for m in args.models},
-         "seeds": args.seeds, "threads": args.threads,
+         "seeds": args.seeds, "threads": args.threads, "device": str(args.device),
          "wall_seconds": round(time.perf_counter() - started, 1)}, indent=2))
     print(table)
     print(f"wrote {args.out_dir}/results.md, results.csv, curves.csv and PNG plots")

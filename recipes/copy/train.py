@@ -32,10 +32,20 @@ def masked_loss_and_accuracy(logits, batch: CopyBatch):
     return loss, accuracy
 
 
-def test_set(config: CopyConfig, seed: int) -> List[CopyBatch]:
+def to_device(batch: CopyBatch, device) -> CopyBatch:
+    return CopyBatch(*(t.to(device) for t in batch))
+
+
+def synchronize(device) -> None:
+    """Wait for queued GPU work so that wall-clock times measure it."""
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def test_set(config: CopyConfig, seed: int, device="cpu") -> List[CopyBatch]:
     generator = torch.Generator().manual_seed(seed + TEST_SEED_OFFSET)
-    return [copy_batch(config.batch_size, config.max_length, config.n_symbols, generator)
-            for _ in range(config.eval_batches)]
+    return [to_device(copy_batch(config.batch_size, config.max_length, config.n_symbols,
+                                 generator), device) for _ in range(config.eval_batches)]
 
 
 @torch.no_grad()
@@ -46,27 +56,31 @@ def evaluate(model, batches: List[CopyBatch]):
     return float(torch.stack(losses).mean()), float(torch.stack(accs).mean())
 
 
-def train_copy_model(name: str, config: CopyConfig, seed: int, progress: bool = True) -> History:
+def train_copy_model(name: str, config: CopyConfig, seed: int, progress: bool = True,
+                     device="cpu") -> History:
     torch.manual_seed(seed)
     model = CopyTransformer(VARIANTS[name], n_symbols=config.n_symbols,
                             max_length=config.max_length, layers=config.layers,
-                            heads=config.heads, head_dim=config.head_dim, dropout=config.dropout)
+                            heads=config.heads, head_dim=config.head_dim, dropout=config.dropout).to(device)
     optimizer = torch.optim.RAdam(model.parameters(), lr=config.lr)
     schedule = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda step: 1.0 if step < config.lr_drop_step else 0.1)
     generator = torch.Generator().manual_seed(seed)
-    tests = test_set(config, seed)
+    tests = test_set(config, seed, device)
     history, elapsed, window = History(), 0.0, []
     bar = tqdm(range(1, config.steps + 1), desc=f"{name} seed {seed}", disable=not progress,
                leave=False)
     for step in bar:
-        batch = copy_batch(config.batch_size, config.max_length, config.n_symbols, generator)
+        batch = to_device(copy_batch(config.batch_size, config.max_length, config.n_symbols,
+                                     generator), device)
+        synchronize(device)
         start = time.perf_counter()
         loss, _ = masked_loss_and_accuracy(model(batch.tokens), batch)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
         schedule.step()
+        synchronize(device)
         elapsed += time.perf_counter() - start
         window.append(loss.item())
         if step % config.eval_every == 0 or step == config.steps:

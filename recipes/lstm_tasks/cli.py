@@ -1,5 +1,7 @@
-"""argparse value types shared by the MomentumLSTM recipes (lstm_tasks, mnist)."""
+"""argparse value types shared by the recipes copy, lstm_tasks and mnist."""
 import argparse
+
+import torch
 
 
 def bounded_int(text: str, minimum: int) -> int:
@@ -18,3 +20,16 @@ def positive_int(text: str) -> int:
 
 def non_negative_int(text: str) -> int:
     return bounded_int(text, 0)
+
+
+def available_device(text: str) -> torch.device:
+    """A torch device string that this machine can use ("cpu", "cuda", "cuda:1", …)."""
+    try:
+        device = torch.device(text)
+    except RuntimeError as error:
+        raise argparse.ArgumentTypeError(f"not a torch device: {text!r} ({error})") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise argparse.ArgumentTypeError(f"{text!r} requested but CUDA is not available")
+    if device.type not in ("cpu", "cuda"):
+        raise argparse.ArgumentTypeError(f"expected cpu or cuda[:n], got {text!r}")
+    return device

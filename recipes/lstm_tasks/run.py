@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from .cli import non_negative_int, positive_int
+from .cli import available_device, non_negative_int, positive_int
 from .config import TASKS, configure
 from .data import ADDING_BASELINE_MSE, copying_baseline_loss
 from .report import curve_rows, plot_task, summary_rows, write_tables
@@ -32,6 +32,8 @@ def parse_args(argv=None):
     p.add_argument("--length", type=positive_int,
                    help="override the copying delay L / the adding length T")
     p.add_argument("--eval-every", type=positive_int, help="override iterations between evaluations")
+    p.add_argument("--device", type=available_device, default=torch.device("cpu"),
+                   help="cpu (default) or cuda[:n]")
     p.add_argument("--threads", type=positive_int, default=1,
                    help="torch CPU threads (default 1: small runs are latency-bound)")
     p.add_argument("--no-progress", action="store_true")
@@ -59,7 +61,8 @@ def main(argv=None):
     started = time.perf_counter()
     for task, name, seed in tqdm(jobs, desc="lstm task runs", disable=args.no_progress):
         runs[task][name].append(train_task_model(name, configs[task], seed,
-                                                 progress=not args.no_progress))
+                                                 progress=not args.no_progress,
+                                                 device=args.device))
     rows, curves = [], []
     for task in args.tasks:
         config = configs[task]
@@ -73,7 +76,7 @@ def main(argv=None):
                     for m in args.models} for task in args.tasks}
     (args.out_dir / "config.json").write_text(json.dumps(
         {"configs": {t: asdict(c) for t, c in configs.items()}, "cells": specs,
-         "seeds": args.seeds, "threads": args.threads,
+         "seeds": args.seeds, "threads": args.threads, "device": str(args.device),
          "wall_seconds": round(time.perf_counter() - started, 1)}, indent=2))
     print(table)
     print(f"wrote {args.out_dir}/results.md, results.csv, curves.csv and PNG plots")

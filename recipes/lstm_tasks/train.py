@@ -23,11 +23,19 @@ class History:
     test_loss: List[float] = field(default_factory=list)
 
 
-def make_batch(config: TaskConfig, generator: torch.Generator):
+def make_batch(config: TaskConfig, generator: torch.Generator, device="cpu"):
     if config.task == "copying":
-        return copying_batch(config.batch_size, symbols=config.symbols, delay=config.length,
-                             n_symbols=config.n_symbols, generator=generator)
-    return adding_batch(config.batch_size, length=config.length, generator=generator)
+        batch = copying_batch(config.batch_size, symbols=config.symbols, delay=config.length,
+                              n_symbols=config.n_symbols, generator=generator)
+    else:
+        batch = adding_batch(config.batch_size, length=config.length, generator=generator)
+    return type(batch)(*(t.to(device) for t in batch))
+
+
+def synchronize(device) -> None:
+    """Wait for queued GPU work so that wall-clock times measure it."""
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 def build_model(name: str, config: TaskConfig):
@@ -57,23 +65,26 @@ def evaluate(model, batches, task: str) -> float:
     return float(torch.stack([task_loss(model, b, task) for b in batches]).mean())
 
 
-def train_task_model(name: str, config: TaskConfig, seed: int, progress: bool = True) -> History:
+def train_task_model(name: str, config: TaskConfig, seed: int, progress: bool = True,
+                     device="cpu") -> History:
     torch.manual_seed(seed)
-    model = build_model(name, config)
+    model = build_model(name, config).to(device)
     optimizer = make_optimizer(config, model.parameters())
     generator = torch.Generator().manual_seed(seed)
     held_out = torch.Generator().manual_seed(seed + TEST_SEED_OFFSET)
-    tests = [make_batch(config, held_out) for _ in range(config.eval_batches)]
+    tests = [make_batch(config, held_out, device) for _ in range(config.eval_batches)]
     history, elapsed, window = History(), 0.0, []
     bar = tqdm(range(1, config.steps + 1), desc=f"{config.task} {name} seed {seed}",
                disable=not progress, leave=False)
     for step in bar:
-        batch = make_batch(config, generator)
+        batch = make_batch(config, generator, device)
+        synchronize(device)
         start = time.perf_counter()
         loss = task_loss(model, batch, config.task)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
+        synchronize(device)
         elapsed += time.perf_counter() - start
         window.append(loss.item())
         if step % config.eval_every == 0 or step == config.steps:

@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from recipes.lstm_tasks.cli import non_negative_int, positive_int
+from recipes.lstm_tasks.cli import available_device, non_negative_int, positive_int
 
 from .config import TASKS, configure
 from .data import DATASETS, limit_training_set, load_images
@@ -46,6 +46,8 @@ def parse_args(argv=None):
                    help="PMNIST, first seed: record ‖∂L/∂h_t‖ (Fig. 2) every n iterations (0: off)")
     p.add_argument("--grad-batch", type=positive_int, default=32,
                    help="test images in the fixed Fig. 2 probe batch")
+    p.add_argument("--device", type=available_device, default=torch.device("cpu"),
+                   help="cpu (default) or cuda[:n]")
     p.add_argument("--threads", type=positive_int, default=1,
                    help="torch CPU threads (default 1: small runs are latency-bound)")
     p.add_argument("--no-progress", action="store_true")
@@ -71,9 +73,10 @@ def main(argv=None):
                 disable=args.no_progress)
     for task in args.tasks:
         permuted = task == "pmnist"
-        train_x = pixel_sequences(images.train_images, config.side, permuted)
-        test_x = pixel_sequences(images.test_images, config.side, permuted)
-        train_y, test_y = images.train_labels, images.test_labels
+        train_x = pixel_sequences(images.train_images, config.side, permuted).to(args.device)
+        test_x = pixel_sequences(images.test_images, config.side, permuted).to(args.device)
+        train_y = images.train_labels.to(args.device)
+        test_y = images.test_labels.to(args.device)
         runs, probes = {name: [] for name in args.models}, {}
         for seed in args.seeds:
             for name in args.models:
@@ -100,7 +103,7 @@ def main(argv=None):
         {"config": asdict(config), "dataset": args.dataset,
          "cells": {t: {m: asdict(cell_specs(t, config.hidden_size)[m]) for m in args.models}
                    for t in args.tasks},
-         "seeds": args.seeds, "threads": args.threads,
+         "seeds": args.seeds, "threads": args.threads, "device": str(args.device),
          "wall_seconds": round(time.perf_counter() - started, 1)}, indent=2))
     print(table)
     print(f"wrote {args.out_dir}/results.md, results.csv, curves.csv and PNG plots")

@@ -21,6 +21,12 @@ class History:
     test_accuracy: List[float] = field(default_factory=list)
 
 
+def synchronize(device) -> None:
+    """Wait for queued GPU work so that wall-clock times measure it."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 @torch.no_grad()
 def evaluate(model, x, y, batch_size: int):
     model.eval()
@@ -36,11 +42,13 @@ def evaluate(model, x, y, batch_size: int):
 
 def train_classifier(name: str, task: str, config: MnistConfig, train_x, train_y, test_x, test_y,
                      seed: int, progress: bool = True, on_step=None):
-    """Returns (History, trained model). x: (N, T, 1) float, y: (N,) long. on_step(iteration,
+    """Returns (History, trained model). x: (N, T, 1) float, y: (N,) long, on the device the
+    model should train on. on_step(iteration,
     model) is called before training (iteration 0) and after every optimiser step; its time
     is not counted as training time."""
     torch.manual_seed(seed)
-    model = PixelClassifier(cell_specs(task, config.hidden_size)[name], config.hidden_size)
+    device = train_x.device
+    model = PixelClassifier(cell_specs(task, config.hidden_size)[name], config.hidden_size).to(device)
     optimizer = torch.optim.RMSprop(model.parameters(), lr=config.lr, alpha=config.rmsprop_alpha)
     generator = torch.Generator().manual_seed(seed)
     history, elapsed, iteration = History(), 0.0, 0
@@ -53,13 +61,15 @@ def train_classifier(name: str, task: str, config: MnistConfig, train_x, train_y
         order = torch.randperm(len(train_x), generator=generator)
         total = 0.0
         for start in range(0, len(order), config.batch_size):
-            idx = order[start:start + config.batch_size]
+            idx = order[start:start + config.batch_size].to(device)
+            synchronize(device)
             begin = time.perf_counter()
             loss = F.cross_entropy(model(train_x[idx]), train_y[idx])
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), config.clip_norm)
             optimizer.step()
+            synchronize(device)
             elapsed += time.perf_counter() - begin
             iteration += 1
             if on_step is not None:
