@@ -38,7 +38,8 @@ AutoModel.register(MomentumLSTMConfig, MomentumLSTMModel, exist_ok=True)
 AutoModelForCausalLM.register(MomentumLSTMConfig, MomentumLSTMForCausalLM, exist_ok=True)
 
 __all__ = [
-    "MOMENTUM", "LINEAR", "TESTED_MODEL_TYPES", "SMOKE_TESTED_MODEL_TYPES", "SUPPORTED_MODEL_TYPES", "REJECTING_MODEL_TYPES", "IGNORING_MODEL_TYPES",
+    "MOMENTUM", "LINEAR", "TESTED_MODEL_TYPES", "SMOKE_TESTED_MODEL_TYPES", "SUPPORTED_MODEL_TYPES",
+    "REJECTING_MODEL_TYPES", "IGNORING_MODEL_TYPES",
     "set_momentum_attention", "check_model", "momentum_attention_forward", "linear_attention_forward", "register",
     "MomentumTransformerConfig", "MomentumTransformerPreTrainedModel", "MomentumTransformerModel",
     "MomentumTransformerForCausalLM", "MomentumTransformerForSequenceClassification", "MomentumCache",
