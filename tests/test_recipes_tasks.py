@@ -128,6 +128,8 @@ def test_fashion_mnist_from_debian():
     (mnist_run.main, ["--dataset", "cifar"], "--dataset"),
     (mnist_run.main, ["--device", "gpu"], "--device"),
     (tasks_run.main, ["--device", "mps"], "--device"),
+    (copy_run.main, ["--seeds", "1", "1"], "--seeds"),
+    (mnist_run.main, ["--models", "lstm", "lstm"], "--models"),
 ])
 def test_bad_cli_input_names_the_argument(main, argv, argument, capsys):
     with pytest.raises(SystemExit):

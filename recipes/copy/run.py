@@ -11,7 +11,8 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from recipes.lstm_tasks.cli import available_device, non_negative_int, positive_int
+from recipes.lstm_tasks.cli import (available_device, non_negative_int, positive_int,
+                                   require_distinct)
 
 from .config import configure
 from .model import VARIANTS
@@ -34,6 +35,7 @@ def parse_args(argv=None):
                    help="torch CPU threads (default 1: small runs are latency-bound)")
     p.add_argument("--no-progress", action="store_true")
     args = p.parse_args(argv)
+    require_distinct(p, args, "seeds", "models")
     if args.max_length is not None and args.max_length < 8:
         p.error(f"argument --max-length: must be at least 8, got {args.max_length}")
     return args
@@ -50,7 +52,7 @@ def main(argv=None):
     jobs = [(name, seed) for seed in args.seeds for name in args.models]
     for name, seed in tqdm(jobs, desc="copy task runs", disable=args.no_progress):
         runs[name].append(train_copy_model(name, config, seed, progress=not args.no_progress,
-                                               device=args.device))
+                                           device=args.device))
     title = f"Copy task ({'full' if args.full else 'small'}, seeds {' '.join(map(str, args.seeds))})"
     table = write_report(runs, args.seeds, args.out_dir, title)
     (args.out_dir / "config.json").write_text(json.dumps(

@@ -33,3 +33,12 @@ def available_device(text: str) -> torch.device:
     if device.type not in ("cpu", "cuda"):
         raise argparse.ArgumentTypeError(f"expected cpu or cuda[:n], got {text!r}")
     return device
+
+
+def require_distinct(parser: argparse.ArgumentParser, args: argparse.Namespace, *names: str) -> None:
+    """Exit with an argparse error if a list option (--seeds, --models, …) repeats a value:
+    repeats would be averaged as if they were independent runs."""
+    for name in names:
+        values = getattr(args, name)
+        if len(set(values)) != len(values):
+            parser.error(f"argument --{name}: values must be distinct, got {' '.join(map(str, values))}")

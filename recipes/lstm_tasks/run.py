@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from .cli import available_device, non_negative_int, positive_int
+from .cli import available_device, non_negative_int, positive_int, require_distinct
 from .config import TASKS, configure
 from .data import ADDING_BASELINE_MSE, copying_baseline_loss
 from .report import curve_rows, plot_task, summary_rows, write_tables
@@ -38,6 +38,7 @@ def parse_args(argv=None):
                    help="torch CPU threads (default 1: small runs are latency-bound)")
     p.add_argument("--no-progress", action="store_true")
     args = p.parse_args(argv)
+    require_distinct(p, args, "seeds", "tasks", "models")
     if args.length is not None and "adding" in args.tasks and args.length < 2:
         p.error(f"argument --length: the adding task needs at least 2 steps, got {args.length}")
     return args

@@ -12,7 +12,8 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from recipes.lstm_tasks.cli import available_device, non_negative_int, positive_int
+from recipes.lstm_tasks.cli import (available_device, non_negative_int, positive_int,
+                                   require_distinct)
 
 from .config import TASKS, configure
 from .data import DATASETS, limit_training_set, load_images
@@ -52,6 +53,7 @@ def parse_args(argv=None):
                    help="torch CPU threads (default 1: small runs are latency-bound)")
     p.add_argument("--no-progress", action="store_true")
     args = p.parse_args(argv)
+    require_distinct(p, args, "seeds", "tasks", "models")
     if args.side is not None and args.side > 28:
         p.error(f"argument --side: at most 28 (the images are 28x28), got {args.side}")
     return args
