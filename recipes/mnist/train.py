@@ -42,10 +42,9 @@ def evaluate(model, x, y, batch_size: int):
 
 def train_classifier(name: str, task: str, config: MnistConfig, train_x, train_y, test_x, test_y,
                      seed: int, progress: bool = True, on_step=None):
-    """Returns (History, trained model). x: (N, T, 1) float, y: (N,) long, on the device the
-    model should train on. on_step(iteration,
-    model) is called before training (iteration 0) and after every optimiser step; its time
-    is not counted as training time."""
+    """Returns (History, trained model). x: (N, T, 1) float, y: (N,) long, both on the device
+    to train on. on_step(iteration, model) is called before training (iteration 0) and after
+    every optimiser step; its time is not counted as training time."""
     torch.manual_seed(seed)
     device = train_x.device
     model = PixelClassifier(cell_specs(task, config.hidden_size)[name], config.hidden_size).to(device)
