@@ -1,0 +1,77 @@
+"""Training plumbing: 2-rank CPU data parallelism through recipes/launch_cpu_ddp.sh, and
+resuming from checkpoint_last.pt."""
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from test_fairseq_support import (BIN, REPO, USER_DIR, cli_env, preprocess_lm,
+                                  train, train_losses, write_lm_text)
+
+LSTM_LM = ["--task", "language_modeling", "--arch", "momentum_lstm_lm", "--decoder-layers", "2",
+           "--decoder-embed-dim", "16", "--decoder-hidden-size", "24",
+           "--share-decoder-input-output-embed", "--dropout", "0.2", "--weight-drop", "0.3",
+           "--decoder-embed-dropout", "0.1", "--lstm-cell", "momentum", "--lstm-momentum", "0.5",
+           "--tokens-per-sample", "16", "--batch-size", "8", "--optimizer", "adam", "--lr", "0.003"]
+
+# fairseq saves checkpoints on rank 0 only; to compare the ranks' parameters, this wrapper
+# makes every rank save, under a rank suffix.
+EVERY_RANK_SAVES = """
+import sys
+from fairseq.trainer import Trainer
+Trainer.should_save_checkpoint_on_current_rank = property(lambda self: True)
+Trainer.checkpoint_suffix = property(lambda self: f"-rank{self.data_parallel_rank}")
+from fairseq_cli.train import cli_main
+sys.exit(cli_main())
+"""
+
+
+@pytest.fixture(scope="module")
+def lm_data(tmp_path_factory):
+    root = tmp_path_factory.mktemp("train_lm")
+    return preprocess_lm(write_lm_text(root / "text", seed=11), root / "bin")
+
+
+def test_two_cpu_ranks_train_the_same_model(lm_data, tmp_path):
+    wrapper = tmp_path / "train_every_rank_saves.py"
+    wrapper.write_text(EVERY_RANK_SAVES)
+    save, logs = tmp_path / "ckpt", tmp_path / "logs"
+    env = cli_env(FAIRSEQ_TRAIN=f"{sys.executable} {wrapper}", LOG_DIR=str(logs),
+                  PATH=f"{BIN}:{os.environ['PATH']}")
+    cmd = [str(REPO / "recipes" / "launch_cpu_ddp.sh"), "2", str(lm_data), "--user-dir", USER_DIR,
+           "--save-dir", str(save), *LSTM_LM, "--max-update", "6", "--num-workers", "0",
+           "--log-format", "simple", "--log-interval", "1", "--seed", "3", "--no-epoch-checkpoints",
+           "--required-batch-size-multiple", "1"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=400)
+    assert proc.returncode == 0, proc.stderr[-3000:] + "".join(
+        p.read_text()[-3000:] for p in logs.glob("rank*.log"))
+    for rank in (0, 1):
+        assert f"distributed init (rank {rank})" in (logs / f"rank{rank}.log").read_text()
+    rank0 = (logs / "rank0.log").read_text()
+    assert "distributed_world_size': 2" in rank0 and "done training" in rank0
+    checkpoints = [torch.load(save / f"checkpoint_last-rank{r}.pt", weights_only=False) for r in (0, 1)]
+    assert [c["optimizer_history"][-1]["num_updates"] for c in checkpoints] == [6, 6]
+    states = [c["model"] for c in checkpoints]
+    assert states[0].keys() == states[1].keys()
+    for name in states[0]:
+        assert torch.equal(states[0][name], states[1][name]), name
+
+
+def test_resume_from_checkpoint_last_reproduces_the_losses(lm_data, tmp_path):
+    common = [*LSTM_LM, "--max-update", "10"]
+    whole = train(lm_data, tmp_path / "whole", *common)
+    expected = train_losses(whole.stdout + whole.stderr)
+    assert sorted(expected) == list(range(1, 11))
+    first = train(lm_data, tmp_path / "split", *LSTM_LM, "--max-update", "5")
+    assert sorted(train_losses(first.stdout + first.stderr)) == list(range(1, 6))
+    second = train(lm_data, tmp_path / "split", *common)
+    log = second.stdout + second.stderr
+    assert re.search(r"Loaded checkpoint .*checkpoint_last\.pt \(epoch \d+ @ 5 updates\)", log)
+    resumed = train_losses(log)
+    assert sorted(resumed) == list(range(6, 11))
+    for update, loss in resumed.items():
+        assert loss == pytest.approx(expected[update], abs=2e-3), update
+    assert len(set(expected.values())) > 3
