@@ -75,6 +75,7 @@ def tanh_step(weight_hh):
 class _MomentumLayers(nn.Module):
     plain = "lstm"
     gate_count = 4
+    filters_input_for_adam = True
 
     def __init__(self, input_size, hidden_size, num_layers=1, *, cell="momentum", momentum=0.6,
                  step_size=1.0, beta=0.9, eps=1e-8, restart=None, bias=True, batch_first=False,
@@ -130,6 +131,8 @@ class _MomentumLayers(nn.Module):
         if self.cell in (self.plain, "rmsprop") or (self.cell in ("momentum", "adam")
                                                     and self.momentum == 0):
             return None
+        if self.cell == "adam" and not self.filters_input_for_adam:
+            return None
         if self.cell in ("momentum", "adam"):
             return constant_decay(steps, self.momentum)
         start = start_step.cpu()
@@ -181,6 +184,7 @@ class MomentumLSTM(_MomentumLayers):
 
     plain = "lstm"
     gate_count = 4
+    filters_input_for_adam = False  # its Adam recurrence forms v itself
 
     def reset_parameters(self):
         for k in range(self.num_layers):
