@@ -34,7 +34,7 @@ _build-venv:
 	echo "$(REQ_HASH)" > $(STAMP)
 
 test: venv
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m pytest --timeout 900 $(PYTEST_ARGS)
 
 # The main job: momentum vs baseline LMs on the offline Austen corpus through fairseq-train.
 demo: venv

@@ -12,17 +12,20 @@ def plot_curves(curves: Dict[str, Sequence[tuple]], path: Path, *, xlabel: str, 
                 logy: bool = False) -> Path:
     """One line per model: curves[name] = [(x, y), …]."""
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    for name, points in curves.items():
-        if points:
-            xs, ys = zip(*points)
-            ax.plot(xs, ys, marker="o" if len(xs) < 15 else None, label=name)
+    drawn = [(name, points) for name, points in curves.items() if points]
+    for name, points in drawn:
+        xs, ys = zip(*points)
+        ax.plot(xs, ys, marker="o" if len(xs) < 15 else None, label=name)
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     ax.set_title(title)
     if logy:
         ax.set_yscale("log")
     ax.grid(alpha=0.3)
-    ax.legend()
+    if drawn:
+        ax.legend()
+    else:
+        ax.text(0.5, 0.5, "no points logged", ha="center", va="center", transform=ax.transAxes)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=120)
