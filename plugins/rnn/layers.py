@@ -6,9 +6,10 @@ Fast path. The momentum of every cell depends on the input only (filters.py), so
   M[t, 0]·e_b whose input weights are v_0 itself. Then v_t = [W, b_ih, v_0ᵀ]·[x̃_t, c_t,
   M[t, 0] e_b] exactly, and the recurrence runs in torch's fused LSTM / tanh-RNN kernel
   with that input weight, at the cost of nn.LSTM with d + 1 (+ B) inputs.
-- adam / rmsprop: the normalised pre-activation v_t/√(m_t + ε) of eq. 15 is formed for all
-  steps before the recurrence (v as above, m by a cheap loop over (B, 4H) tensors), then
-  each time step is one fused `lstm_cell` call (the input projection is already done).
+- adam / rmsprop (LSTM): the input projection g = W x + b is one matrix product for all
+  steps; v, m and the normalised pre-activation of eq. 15 are formed inside one fused
+  per-step recurrence with a hand-written backward (recurrence.py). The tanh RNN forms
+  v/√(m + ε) for all steps first and loops over its cheap tanh steps under autograd.
 Dropout between layers as in nn.LSTM.
 """
 import math
