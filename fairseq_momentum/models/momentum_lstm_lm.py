@@ -6,7 +6,6 @@ the `--lstm-*` cell options are added. `--lstm-cell lstm` is the AWD-LSTM baseli
 """
 from typing import List, Optional
 
-import torch
 from fairseq.models import FairseqIncrementalDecoder, FairseqLanguageModel
 from torch import Tensor, nn
 

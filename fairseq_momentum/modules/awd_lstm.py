@@ -9,7 +9,6 @@ Appendix A.3) around `plugins.rnn.MomentumLSTM` layers.
 """
 from typing import List, Optional
 
-import torch
 from torch import Tensor, nn
 from torch.func import functional_call
 from torch.nn import functional as F
