@@ -4,6 +4,7 @@ uninterrupted run ends; the saved model reloads."""
 import json
 import os
 import random
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -38,8 +39,15 @@ def records(folder):
     return {int(p.stem[4:]): json.loads(p.read_text()) for p in Path(folder).glob("rank*.json")}
 
 
+def free_port():
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
 def test_two_cpu_ranks_split_data_and_agree(text_file, tmp_path):
     run([str(ACCELERATE), "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
+         "--main_process_ip", "127.0.0.1", "--main_process_port", str(free_port()),
          "--mixed_precision", "no", "--dynamo_backend", "no", str(SCRIPT), "--train_file", str(text_file),
          "--output_dir", str(tmp_path / "out"), "--max_train_steps", "3", "--gradient_accumulation_steps", "2",
          "--record_dir", str(tmp_path / "rec"), *TINY], tmp_path)
