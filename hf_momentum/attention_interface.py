@@ -15,8 +15,8 @@ keys leave every sum, and a padded batch gives each sequence its unpadded output
 What a stock model keeps and loses under these implementations:
 - Softmax scaling, attention-probability dropout, `output_attentions` and additive position
   biases (T5's relative bias) have no counterpart in linear attention and are ignored.
-- Stock models keep their KV cache, so `generate()` costs O(N) per new token (the whole
-  prefix is re-read by the kernel). The native `MomentumTransformerForCausalLM` carries the
+- Stock models keep their KV cache (dynamic or static), so `generate()` costs O(N) per new
+  token (the whole prefix is re-read by the kernel). The native `MomentumTransformerForCausalLM` carries the
   O(1) recurrent state of eq. 12 instead.
 - Sliding windows, packed sequences (several sequences in one row, found from position_ids)
   and 4D custom masks are not supported: the mask function only forwards padding.
@@ -118,19 +118,27 @@ def linear_attention_forward(module, query: torch.Tensor, key: torch.Tensor, val
     return _forward(module, query, key, value, attention_mask, is_causal, 0.0, 1.0, phi)
 
 
-def padding_mask_function(batch_size: int, q_length: int, kv_length: int, q_offset: int = 0,
-                          kv_offset: int = 0, attention_mask: Optional[torch.Tensor] = None,
-                          device=None, **kwargs) -> Optional[torch.Tensor]:
-    """AttentionMaskInterface function: the (batch, kv_length) bool padding mask, or None when
-    there is no padding. Causality is applied by the kernel, not by the mask."""
-    if attention_mask is None:
-        return None
-    mask = attention_mask.to(device=device, dtype=torch.bool)
-    missing = kv_offset + kv_length - mask.shape[-1]
-    if missing > 0:
-        mask = torch.nn.functional.pad(mask, (0, missing), value=False)
-    mask = mask[:, kv_offset:kv_offset + kv_length]
-    return None if bool(mask.all()) else mask
+def padding_mask_function(batch_size: int, q_length: int, kv_length: int, q_offset=0, kv_offset: int = 0,
+                          mask_function=None, attention_mask: Optional[torch.Tensor] = None, device=None,
+                          **kwargs) -> Optional[torch.Tensor]:
+    """AttentionMaskInterface function: the (batch, kv_length) bool mask of keys that exist and
+    are not padding, or None when all are. For causal masks, cache slots after the newest query
+    (a StaticCache's unfilled tail) are marked absent too. Causality itself is applied by the
+    kernel, not by the mask."""
+    mask = None
+    if attention_mask is not None:
+        mask = attention_mask.to(device=device, dtype=torch.bool)
+        missing = kv_offset + kv_length - mask.shape[-1]
+        if missing > 0:
+            mask = torch.nn.functional.pad(mask, (0, missing), value=False)
+        mask = mask[:, kv_offset:kv_offset + kv_length]
+    if mask_function is not None and _is_causal(mask_function):
+        positions = torch.arange(kv_offset, kv_offset + kv_length, device=device)
+        filled = positions < torch.as_tensor(q_offset, device=device) + q_length
+        if not bool(filled.all()):
+            filled = filled.expand(batch_size, kv_length)
+            mask = filled if mask is None else mask & filled
+    return None if mask is None or bool(mask.all()) else mask
 
 
 def register() -> None:
@@ -150,14 +158,39 @@ def _forward(module, query, key, value, attention_mask, is_causal, beta, gamma, 
         value = value.repeat_interleave(groups, dim=1)
     mask = _padding_mask(attention_mask, query.shape[0], key.shape[2])
     q_len, kv_len = query.shape[2], key.shape[2]
+    rows = None
     if is_causal and q_len != kv_len:
         if q_len > kv_len:
             raise ValueError(f"causal momentum attention got {q_len} queries for {kv_len} keys")
-        query = torch.cat([query.new_zeros(*query.shape[:2], kv_len - q_len, query.shape[3]), query], 2)
+        rows = _query_rows(mask, q_len, kv_len, query.shape[0], query.device)
+        full = query.new_zeros(*query.shape[:2], kv_len, query.shape[3])
+        query = full.scatter(2, _expand(rows, query), query)
     out = momentum_attention(query, key, value, momentum=beta, step_size=gamma, causal=bool(is_causal),
                              feature_map=phi, padding_mask=mask)
-    out = out[:, :, out.shape[2] - q_len:]
+    if rows is not None:
+        out = out.gather(2, _expand(rows, out))
     return out.transpose(1, 2).contiguous(), None
+
+
+def _query_rows(mask, q_len: int, kv_len: int, batch: int, device) -> torch.Tensor:
+    """Key positions of the queries when a cache supplies more keys than queries: the q_len
+    positions ending at each row's last present key (the newest token is never padding)."""
+    if mask is None:
+        end = torch.full((batch,), kv_len, device=device)
+    else:
+        last = torch.where(mask, torch.arange(kv_len, device=device), -1).amax(-1)
+        end = torch.clamp(last + 1, min=q_len)
+    return end[:, None] - q_len + torch.arange(q_len, device=device)
+
+
+def _expand(rows: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    return rows[:, None, :, None].expand(like.shape[0], like.shape[1], rows.shape[1], like.shape[3])
+
+
+def _is_causal(mask_function) -> bool:
+    """Whether a transformers mask_function forbids a query from seeing the next key."""
+    zero, one = torch.tensor(0), torch.tensor(1)
+    return not bool(mask_function(zero, zero, zero, one))
 
 
 def _padding_mask(attention_mask, batch: int, kv_len: int) -> Optional[torch.Tensor]:

@@ -1,6 +1,7 @@
 """hf_momentum's registered "momentum" / "linear_attention" implementations in stock models:
 kernel calls against the quadratic plugins references, padding equivalence (a padded row equals
-its sequence alone), generation (cache == no cache, left-padded batch == each prompt alone)."""
+its sequence alone), generation (dynamic and static KV cache == no cache, left-padded batch ==
+each prompt alone)."""
 import os
 from types import SimpleNamespace
 
@@ -10,7 +11,8 @@ import pytest
 import torch
 from transformers import (AttentionInterface, AutoConfig, AutoModel, AutoModelForCausalLM,
                           AutoModelForSeq2SeqLM)
-from transformers.masking_utils import AttentionMaskInterface
+from transformers.masking_utils import (AttentionMaskInterface, bidirectional_mask_function,
+                                        causal_mask_function)
 
 import hf_momentum
 from hf_momentum import attention_interface as ai
@@ -172,6 +174,21 @@ def scores(model, **kwargs):
     return out.sequences, torch.stack(out.scores, 1)
 
 
+def finite(t):
+    return torch.where(t.isfinite(), t, torch.zeros_like(t))
+
+
+def test_mask_function_marks_unfilled_static_cache_slots():
+    padding = torch.tensor([[0, 1, 1, 1], [1, 1, 1, 1]])
+    causal = ai.padding_mask_function(2, 1, 8, q_offset=3, mask_function=causal_mask_function,
+                                      attention_mask=padding)
+    assert causal.tolist() == [[False, True, True, True] + [False] * 4, [True] * 4 + [False] * 4]
+    both = ai.padding_mask_function(2, 1, 8, q_offset=3, mask_function=bidirectional_mask_function,
+                                    attention_mask=padding)
+    assert both.tolist() == [[False] + [True] * 3 + [False] * 4, [True] * 4 + [False] * 4]
+    assert ai.padding_mask_function(2, 4, 4, mask_function=causal_mask_function) is None
+
+
 @pytest.mark.parametrize("model_type", DECODERS)
 def test_generate_left_padded_and_cache_free(model_type, make_generator):
     torch.manual_seed(0)
@@ -182,6 +199,9 @@ def test_generate_left_padded_and_cache_free(model_type, make_generator):
         seq_nc, sc_nc = scores(model, input_ids=ids, attention_mask=mask, use_cache=False)
         torch.testing.assert_close(sc, sc_nc, atol=1e-5, rtol=1e-4)
         assert torch.equal(seq, seq_nc)
+        seq_st, sc_st = scores(model, input_ids=ids, attention_mask=mask, cache_implementation="static")
+        torch.testing.assert_close(finite(sc), finite(sc_st), atol=1e-5, rtol=1e-4)
+        assert torch.equal(seq, seq_st)
         for row in range(2):
             alone_seq, alone_sc = scores(model, input_ids=real(ids[row], mask[row])[None])
             torch.testing.assert_close(sc[row], alone_sc[0], atol=1e-5, rtol=1e-4)
