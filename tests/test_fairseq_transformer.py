@@ -110,6 +110,11 @@ def test_bad_arguments_fail_at_parsing(capsys, flag, value, message):
     assert f"argument {flag}" in err and message in err
 
 
+def test_connection_with_activation_checkpointing_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="--checkpoint-activations"):
+        small_model(tmp_path, "--connection", "momentum", "--checkpoint-activations")
+
+
 @pytest.fixture(scope="module")
 def mt_data(tmp_path_factory):
     root = tmp_path_factory.mktemp("mt")

@@ -151,6 +151,10 @@ def _as_config(cfg):
 def _wrap_layer(layer, cfg):
     """fairseq's activation checkpointing and FSDP wrapping, as in build_*_layer."""
     checkpoint = cfg.checkpoint_activations
+    if checkpoint and layer.connection is not None:
+        raise ValueError(f"--connection {cfg.connection} carries a velocity across layers, which "
+                         "activation checkpointing would recompute wrongly: drop "
+                         "--checkpoint-activations or use --connection none")
     if checkpoint:
         layer = checkpoint_wrapper(layer, offload_to_cpu=cfg.offload_activations)
     min_params_to_wrap = cfg.min_params_to_wrap if not checkpoint else 0
