@@ -202,6 +202,8 @@ def test_generate_left_padded_and_cache_free(model_type, make_generator):
         seq_st, sc_st = scores(model, input_ids=ids, attention_mask=mask, cache_implementation="static")
         torch.testing.assert_close(finite(sc), finite(sc_st), atol=1e-5, rtol=1e-4)
         assert torch.equal(seq, seq_st)
+        seq_ch, sc_ch = scores(model, input_ids=ids, attention_mask=mask, prefill_chunk_size=2)
+        torch.testing.assert_close(finite(sc), finite(sc_ch), atol=1e-5, rtol=1e-4)
         for row in range(2):
             alone_seq, alone_sc = scores(model, input_ids=real(ids[row], mask[row])[None])
             torch.testing.assert_close(sc[row], alone_sc[0], atol=1e-5, rtol=1e-4)

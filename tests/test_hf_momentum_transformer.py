@@ -228,3 +228,18 @@ def test_loss_is_next_token_cross_entropy(make_generator):
     expected = F.cross_entropy(out.logits[:, :-1].reshape(-1, 100), ids[:, 1:].reshape(-1))
     torch.testing.assert_close(out.loss, expected)
     assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
+
+
+def test_chunked_prefill_equals_one_shot(make_generator):
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(tiny(connection="adaptive")).eval()
+    ids = torch.randint(3, 100, (2, 9), generator=make_generator())
+    mask = torch.ones(2, 9, dtype=torch.long)
+    mask[1, :4] = 0
+    ids[mask == 0] = PAD
+    with torch.no_grad():
+        seq, sc = generate(model, input_ids=ids, attention_mask=mask, do_sample=False)
+        seq_chunked, sc_chunked = generate(model, input_ids=ids, attention_mask=mask, do_sample=False,
+                                           prefill_chunk_size=4)
+    assert torch.equal(seq, seq_chunked)
+    torch.testing.assert_close(finite(sc), finite(sc_chunked), atol=1e-5, rtol=1e-4)
