@@ -1,6 +1,6 @@
 """MomentumLSTMForCausalLM: config validation, wiring against plugins.rnn.MomentumLSTM, padded
 rows equal to sequences alone, recurrent-cache generation equal to use_cache=False (greedy,
-beam), left-padded batch generation equal to each prompt alone, save/load round trip."""
+sampling, beam), left-padded batch generation equal to each prompt alone, save/load round trip."""
 import os
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -96,7 +96,13 @@ def test_generation_cache_padding_and_beams(cell, make_generator):
             torch.testing.assert_close(finite(sc[row]), finite(alone_sc[0]), atol=1e-5, rtol=1e-4)
         beams = [generate(model, input_ids=ids, attention_mask=mask, num_beams=3, do_sample=False,
                           use_cache=use_cache)[0] for use_cache in (True, False)]
+        samples = []
+        for use_cache in (True, False):
+            torch.manual_seed(1)
+            samples.append(generate(model, input_ids=ids, attention_mask=mask, do_sample=True, top_k=0,
+                                    use_cache=use_cache)[0])
     assert torch.equal(*beams)
+    assert torch.equal(*samples)
 
 
 def test_cache_holds_the_plugins_state_counting_real_tokens(make_generator):
