@@ -5,8 +5,10 @@ autograd loop over `lstm_cell` spends most of its time in autograd bookkeeping. 
 Function runs eq. 15 step by step on (B, 4H) tensors with in-place ops and
 back-propagates through time by hand: the usual LSTM BPTT plus the v_t and m_t
 recursions. Only the input pre-activation g = W x + b enters as a whole sequence; v and m
-are formed inside the loop, where their (B, 4H) slices stay in cache, and the gate
-derivatives are recomputed in the backward pass instead of being stored.
+are formed inside the loop. Fresh (T, B, 4H) buffers are the main cost at small batch
+sizes (every new page is a page fault), so the gate activations are recomputed in the
+backward pass from v_t, r_t and h_{t-1} rather than stored, and the weight gradient is
+accumulated step by step; per-step temporaries live in reused (B, 4H) scratch tensors.
 
 Gates are laid out (i, f, o, g) here so that one sigmoid covers three of them; callers
 permute the rows of their weights (`gate_order`). Packed sequences use the batch_sizes
@@ -46,6 +48,15 @@ class AdamLSTMRecurrence(torch.autograd.Function):
     """
 
     @staticmethod
+    def _activations(a, v_t, r, h_prev, bias, w_t, scale, hidden):
+        """Gate activations of one step into a: sigmoid(i, f, o), tanh(c̃)."""
+        torch.addcmul(bias, v_t, r, value=scale, out=a)
+        a.addmm_(h_prev, w_t)
+        a[:, :3 * hidden].sigmoid_()
+        a[:, 3 * hidden:].tanh_()
+        return a.split(hidden, 1)
+
+    @staticmethod
     def forward(ctx, g, v0, h0, c0, m0, weight_hh, bias_hh, momentum, step_size, beta, eps,
                 batch_sizes):
         steps, batch, width = g.shape
@@ -55,8 +66,6 @@ class AdamLSTMRecurrence(torch.autograd.Function):
         alloc = torch.empty if batch_sizes is None else torch.zeros
         hs = alloc((steps + 1, batch, hidden), dtype=g.dtype, device=g.device)
         cs = torch.empty_like(hs)
-        tanh_c = torch.empty_like(hs[1:])
-        acts = torch.empty_like(g)
         rs = torch.empty_like(g)
         vs = None
         if momentum:
@@ -67,34 +76,31 @@ class AdamLSTMRecurrence(torch.autograd.Function):
         bias = g.new_zeros(width) if bias_hh is None else bias_hh
         w_t = weight_hh.t()
         scale = 1.0 if momentum else step_size
-        for t, views in enumerate(zip(g.unbind(0), acts.unbind(0), rs.unbind(0),
-                                      tanh_c.unbind(0))):
+        acts, tanh_c = torch.empty_like(g[0]), torch.empty_like(hs[0])
+        for t, (g_t, r) in enumerate(zip(g.unbind(0), rs.unbind(0))):
             n = sizes[t]
-            g_t, a, r, tc = _rows(views, n, batch)
-            m_n, h_prev, c_prev, c, h = _rows((m, hs[t], cs[t], cs[t + 1], hs[t + 1]), n, batch)
+            g_t, r, a, tc, m_n, h_prev, c_prev, c, h = _rows(
+                (g_t, r, acts, tanh_c, m, hs[t], cs[t], cs[t + 1], hs[t + 1]), n, batch)
             m_n.mul_(beta).addcmul_(g_t, g_t, value=1.0 - beta)
             torch.add(m_n, eps, out=r).rsqrt_()
             v_t = g_t
             if momentum:
                 v_prev, v_t = _rows((vs[t], vs[t + 1]), n, batch)
                 torch.mul(v_prev, momentum, out=v_t).add_(g_t, alpha=step_size)
-            torch.addcmul(bias, v_t, r, value=scale, out=a)
-            a.addmm_(h_prev, w_t)
-            i, f, o, c_tilde = a.split(hidden, 1)
-            a[:, :3 * hidden].sigmoid_()
-            c_tilde.tanh_()
+            i, f, o, c_tilde = AdamLSTMRecurrence._activations(a, v_t, r, h_prev, bias, w_t,
+                                                               scale, hidden)
             torch.mul(f, c_prev, out=c).addcmul_(i, c_tilde)
             torch.mul(o, torch.tanh(c, out=tc), out=h)
-        ctx.save_for_backward(g, vs, weight_hh, hs, cs, acts, tanh_c, rs)
-        ctx.config = (sizes, momentum, step_size, beta, bias_hh is not None)
+        ctx.save_for_backward(g, vs, weight_hh, bias_hh, hs, cs, rs)
+        ctx.config = (sizes, momentum, step_size, beta)
         c_final = _final(cs, sizes, batch)
         v_final = None if vs is None else _final(vs, sizes, batch)
         return hs, c_final, v_final, m
 
     @staticmethod
     def backward(ctx, grad_hs, grad_c, grad_v, grad_m):
-        g, vs, weight_hh, hs, cs, acts, tanh_c, rs = ctx.saved_tensors
-        sizes, momentum, step_size, beta, has_bias = ctx.config
+        g, vs, weight_hh, bias_hh, hs, cs, rs = ctx.saved_tensors
+        sizes, momentum, step_size, beta = ctx.config
         steps, batch, width = g.shape
         hidden = width // 4
         # final-state gradients enter each row at its last step: later steps never touch it
@@ -104,16 +110,24 @@ class AdamLSTMRecurrence(torch.autograd.Function):
         dv = None
         if momentum:
             dv = torch.zeros_like(g[0]) if grad_v is None else grad_v.clone()
-        alloc = torch.empty_like if sizes[-1] == batch else torch.zeros_like
-        dgates, dg = alloc(acts), alloc(g)
-        scratch = torch.empty_like(g[0])
+        dg = (torch.empty_like if sizes[-1] == batch else torch.zeros_like)(g)
+        grad_w = torch.zeros_like(weight_hh)
+        d_sum = torch.zeros_like(g[0])
+        bias = g.new_zeros(width) if bias_hh is None else bias_hh
+        w_t = weight_hh.t()
         scale = 1.0 if momentum else step_size
+        acts, dgates, scratch, tanh_c = (torch.empty_like(g[0]), torch.empty_like(g[0]),
+                                         torch.empty_like(g[0]), torch.empty_like(hs[0]))
         for t in reversed(range(steps)):
             n = sizes[t]
-            dh_n, dc_n, dm_n, tmp = _rows((dh, dc, dm, scratch), n, batch)
-            a, d, r, tc, h, c_prev, g_t, dg_t = _rows(
-                (acts[t], dgates[t], rs[t], tanh_c[t], hs[t + 1], cs[t], g[t], dg[t]), n, batch)
-            i, f, o, c_tilde = a.split(hidden, 1)
+            dh_n, dc_n, dm_n, tmp, d, a, tc, d_acc = _rows(
+                (dh, dc, dm, scratch, dgates, acts, tanh_c, d_sum), n, batch)
+            r, h, h_prev, c, c_prev, g_t, dg_t = _rows(
+                (rs[t], hs[t + 1], hs[t], cs[t + 1], cs[t], g[t], dg[t]), n, batch)
+            v_t = g_t if vs is None else vs[t + 1, :n]
+            i, f, o, c_tilde = AdamLSTMRecurrence._activations(a, v_t, r, h_prev, bias, w_t,
+                                                               scale, hidden)
+            torch.tanh(c, out=tc)
             di, df, do, dc_tilde = d.split(hidden, 1)
             dh_n += grad_hs[t + 1, :n]
             torch.mul(dh_n, tc, out=do)
@@ -127,6 +141,8 @@ class AdamLSTMRecurrence(torch.autograd.Function):
             d_sig, a_sig = d[:, :3 * hidden], a[:, :3 * hidden]
             d_sig.mul_(a_sig).addcmul_(d_sig, a_sig, value=-1.0)
             dc_tilde.addcmul_(dc_tilde * c_tilde, c_tilde, value=-1.0)
+            grad_w.addmm_(d.t(), h_prev)
+            d_acc += d
             torch.mm(d, weight_hh, out=dh_n)
             # gates = σ v⊙r + …, r = (m + ε)^(−1/2): ∂/∂v = σ r, ∂/∂m = −½ σ v r³
             torch.mul(d, r, out=tmp)
@@ -135,15 +151,12 @@ class AdamLSTMRecurrence(torch.autograd.Function):
                 dv_n.add_(tmp)
                 torch.mul(dv_n, step_size, out=dg_t)
                 dv_n.mul_(momentum)
-                v_t = vs[t + 1, :n]
             else:
                 torch.mul(tmp, step_size, out=dg_t)
-                v_t = g_t
             tmp.mul_(v_t).mul_(r)
             dm_n.addcmul_(tmp, r, value=-0.5 * scale)
             dg_t.addcmul_(dm_n, g_t, value=2.0 * (1.0 - beta))
             dm_n.mul_(beta)
-        grad_w = torch.mm(dgates.view(-1, width).t(), hs[:-1].reshape(-1, hidden))
-        grad_b = dgates.sum((0, 1)) if has_bias else None
+        grad_b = d_sum.sum(0) if bias_hh is not None else None
         return (dg, dv, dh + grad_hs[0], dc, dm, grad_w, grad_b,
                 None, None, None, None, None)
