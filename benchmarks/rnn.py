@@ -3,16 +3,18 @@
 Shapes: pixel-MNIST (T=784, input 1, B=32, H=128 and 256) and PTB (T=70, B=20, input 400,
 H=1150), float32. Variants: the Appendix-F cell stepped in a Python loop (the authors'
 code, tests/reference_appendix_f.py), torch.nn.LSTM, and every cell of
-plugins.rnn.MomentumLSTM. Loss = sum of all outputs.
+plugins.rnn.MomentumLSTM (μ = 0.6, s = 1, β = 0.9; sr with F = 2). Loss = sum of outputs.
 
-Each (shape, variant) runs in its own subprocess, so peak memory can be read from the
-process's peak resident set size: peak = ru_maxrss after one forward+backward minus the
-resident size just before it (model, input and torch already loaded). Time is the best of
---repeats runs after that first one (the machine may be shared; the best run is the least
-disturbed). Usage:
+Time: one process per shape builds all variants and runs them round-robin, keeping each
+variant's best forward+backward time, so load from other processes hits every variant
+alike (the Appendix-F loop takes part in the first --loop-repeats rounds only).
+Peak memory: one process per (shape, variant), so it can be read from the process's peak
+resident set size: peak = ru_maxrss after one forward+backward minus the resident size
+just before it (model, input and torch already loaded). Usage:
 
-    python benchmarks/rnn.py            # all shapes, ~3-5 min on 2 cores
-    python benchmarks/rnn.py --quick    # MNIST H=128 only, fewer repeats
+    python benchmarks/rnn.py                # all shapes, about 3 min on 2 idle cores
+    python benchmarks/rnn.py --quick        # MNIST H=128 only, 2 rounds
+    python benchmarks/rnn.py --threads 1    # torch.set_num_threads(1) in every worker
 """
 import argparse
 import importlib.util
@@ -40,6 +42,7 @@ def current_rss_kib():
 
 
 def build(variant, T, B, D, H):
+    """A closure running one forward+backward of `variant` at the given shape."""
     import torch
 
     sys.path.insert(0, str(ROOT))
@@ -70,27 +73,43 @@ def build(variant, T, B, D, H):
     return lambda: layer(x)[0].sum().backward()
 
 
-def worker(shape, variant, repeats):
+def setup_threads(threads):
     import warnings
 
+    import torch
+
     warnings.simplefilter("ignore")
+    if threads:
+        torch.set_num_threads(threads)
+
+
+def memory_worker(shape, variant, threads):
+    setup_threads(threads)
     run = build(variant, **SHAPES[shape])
     before = current_rss_kib()
-    start = time.perf_counter()
     run()
-    first = time.perf_counter() - start
     peak_mib = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024
-    times = [first]
-    for _ in range(repeats):
-        start = time.perf_counter()
+    print(json.dumps(dict(peak_mib=peak_mib)))
+
+
+def time_worker(shape, repeats, loop_repeats, threads):
+    setup_threads(threads)
+    runs = {variant: build(variant, **SHAPES[shape]) for variant in VARIANTS}
+    best = dict.fromkeys(VARIANTS, float("inf"))
+    for run in runs.values():
         run()
-        times.append(time.perf_counter() - start)
-    best = min(times[1:]) if repeats else first
-    print(json.dumps(dict(shape=shape, variant=variant, seconds=best, peak_mib=peak_mib)))
+    for round_ in range(repeats):
+        for variant, run in runs.items():
+            if variant == "appendix-f" and round_ >= loop_repeats:
+                continue
+            start = time.perf_counter()
+            run()
+            best[variant] = min(best[variant], time.perf_counter() - start)
+    print(json.dumps(best))
 
 
-def measure(shape, variant, repeats):
-    cmd = [sys.executable, __file__, "--worker", shape, variant, "--repeats", str(repeats)]
+def subprocess_json(*args):
+    cmd = [sys.executable, __file__, *map(str, args)]
     out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
     return json.loads(out.strip().splitlines()[-1])
 
@@ -102,8 +121,8 @@ def table(results):
         rows = {r["variant"]: r for r in results if r["shape"] == shape}
         base, loop = rows["nn.LSTM"]["seconds"], rows["appendix-f"]["seconds"]
         for variant, r in rows.items():
-            name = "Appendix-F loop" if variant == "appendix-f" else variant
-            name = "torch nn.LSTM" if variant == "nn.LSTM" else name
+            name = {"appendix-f": "Appendix-F loop", "nn.LSTM": "torch nn.LSTM"}.get(variant,
+                                                                                   variant)
             lines.append(f"| {shape} | {name} | {r['seconds']:.3f} | {r['seconds'] / base:.2f} "
                          f"| {r['seconds'] / loop:.2f} | {r['peak_mib']:.0f} |")
     return "\n".join(lines)
@@ -111,27 +130,36 @@ def table(results):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="MNIST H=128 only, 2 repeats")
+    parser.add_argument("--quick", action="store_true", help="MNIST H=128 only, 2 rounds")
     parser.add_argument("--shapes", nargs="+", choices=list(SHAPES), default=None)
     parser.add_argument("--repeats", type=int, default=None,
-                        help="timed runs after the first (default 3, --quick 2)")
-    parser.add_argument("--loop-repeats", type=int, default=None,
-                        help="timed runs for the slow Appendix-F loop (default 1)")
-    parser.add_argument("--worker", nargs=2, metavar=("SHAPE", "VARIANT"), help=argparse.SUPPRESS)
+                        help="timed rounds after a warm-up round (default 3, --quick 2)")
+    parser.add_argument("--loop-repeats", type=int, default=1,
+                        help="rounds in which the slow Appendix-F loop is timed (default 1)")
+    parser.add_argument("--threads", type=int, default=0,
+                        help="torch.set_num_threads in each worker (default: torch's default)")
+    parser.add_argument("--memory-worker", nargs=2, help=argparse.SUPPRESS)
+    parser.add_argument("--time-worker", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.worker:
-        worker(*args.worker, args.repeats)
-        return
     repeats = args.repeats if args.repeats is not None else (2 if args.quick else 3)
-    loop_repeats = args.loop_repeats if args.loop_repeats is not None else 1
+    if args.memory_worker:
+        memory_worker(*args.memory_worker, args.threads)
+        return
+    if args.time_worker:
+        time_worker(args.time_worker, repeats, args.loop_repeats, args.threads)
+        return
     shapes = args.shapes or (["mnist-128"] if args.quick else list(SHAPES))
     results = []
     for shape in shapes:
+        best = subprocess_json("--time-worker", shape, "--repeats", repeats,
+                               "--loop-repeats", args.loop_repeats, "--threads", args.threads)
         for variant in VARIANTS:
-            r = measure(shape, variant, loop_repeats if variant == "appendix-f" else repeats)
-            print(f"{shape:10s} {variant:11s} {r['seconds']:8.3f} s {r['peak_mib']:8.0f} MiB",
+            peak = subprocess_json("--memory-worker", shape, variant,
+                                   "--threads", args.threads)["peak_mib"]
+            results.append(dict(shape=shape, variant=variant, seconds=best[variant],
+                                peak_mib=peak))
+            print(f"{shape:10s} {variant:11s} {best[variant]:8.3f} s {peak:8.0f} MiB",
                   file=sys.stderr, flush=True)
-            results.append(r)
     print(table(results))
 
 

@@ -6,7 +6,7 @@ import torch
 
 from plugins.rnn import (AdamLSTMCell, MomentumLSTMCell, MomentumRNNCell, NAGLSTMCell,
                          RMSPropLSTMCell, SRLSTMCell)
-from plugins.rnn.filters import constant_decay, nag_decay
+from plugins.rnn.filters import constant_decay, filter_sequence, nag_decay
 from reference_appendix_f import MomentumLSTMCell as AppendixFCell
 
 D, H, B, T = 3, 4, 5, 7
@@ -222,6 +222,26 @@ def test_constant_decay_literal():
         for k in range(7):
             assert decay[t, k].item() == pytest.approx(0.3 ** (t - k) if k <= t else 0.0,
                                                        rel=1e-14)
+
+
+@pytest.mark.parametrize("decay", [
+    constant_decay(11, 0.7),
+    nag_decay(11, torch.tensor([0]), None),
+    nag_decay(11, torch.tensor([3, 0, 5]), 4),
+])
+def test_filter_sequence_literal_and_chunked(decay, make_generator):
+    """x̃_t = μ_t x̃_{t-1} + s x_t step by step, vs the dense and the chunked parallel forms."""
+    gen = make_generator()
+    x = torch.randn(11, 3, 2, generator=gen, dtype=torch.float64)
+    s = 0.8
+    literal, acc = [], torch.zeros(3, 2, dtype=torch.float64)
+    for t in range(1, 12):
+        mu = decay[:, t, t - 1].reshape(-1, 1)  # M[t, t-1] = μ_t
+        acc = mu * acc + s * x[t - 1]
+        literal.append(acc)
+    literal = torch.stack(literal)
+    for chunk in (128, 4, 1):
+        assert torch.allclose(filter_sequence(x, decay, s, chunk), literal, rtol=1e-13, atol=1e-14)
 
 
 @pytest.mark.parametrize("make,match", [

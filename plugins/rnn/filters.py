@@ -100,15 +100,31 @@ def nag_decay(length, start_step, restart, dtype=torch.float64, device=None):
     return decay.to(dtype)
 
 
-def filter_sequence(seq, decay, step_size):
+def filter_sequence(seq, decay, step_size, chunk=128):
     """Parallel form of eq. 9's filter without the carried state: s Σ_{k≤t} M[t, k] seq_k.
 
-    seq (T, B, D), decay (G, T+1, T+1) with G ∈ {1, B}; returns (T, B, D).
+    seq (T, B, D), decay (G, T+1, T+1) with G ∈ {1, B}; returns (T, B, D). Runs in chunks
+    of `chunk` steps (cost T·chunk·B·D instead of T²·B·D): inside a chunk starting after
+    step a the sum is dense, and the part before it enters through M[t, a] x̃_a, since the
+    products of μ factor as M[t, k] = M[t, a] M[a, k] for k ≤ a ≤ t.
     """
-    weights = step_size * decay[:, 1:, 1:].to(seq.dtype)
-    if weights.size(0) == 1:
-        return torch.matmul(weights[0], seq.reshape(seq.size(0), -1)).view_as(seq)
-    return torch.einsum("btk,kbd->tbd", weights, seq)
+    steps = seq.size(0)
+    weights = step_size * decay.to(seq.dtype)
+    outs, prev = [], None
+    for a in range(0, steps, chunk):
+        b = min(a + chunk, steps)
+        block = weights[:, a + 1:b + 1, a + 1:b + 1]
+        part = seq[a:b]
+        if block.size(0) == 1:
+            y = torch.matmul(block[0], part.reshape(b - a, -1)).view_as(part)
+        else:
+            y = torch.einsum("btk,kbd->tbd", block, part)
+        if prev is not None:
+            carry = decay[:, a + 1:b + 1, a].to(seq.dtype).transpose(0, 1).unsqueeze(-1)
+            y = y + carry * prev
+        prev = y[-1]
+        outs.append(y)
+    return torch.cat(outs)
 
 
 def carried_weight(decay, batch):
