@@ -10,7 +10,8 @@ variant's best forward+backward time, so load from other processes hits every va
 alike (the Appendix-F loop takes part in the first --loop-repeats rounds only).
 Peak memory: one process per (shape, variant), so it can be read from the process's peak
 resident set size: peak = ru_maxrss after one forward+backward minus the resident size
-just before it (model, input and torch already loaded). Usage:
+just before it (model, input and torch already loaded, torch's lazy initialisation done by
+a 2-step warm-up). Usage:
 
     python benchmarks/rnn.py                # all shapes, about 3 min on 2 idle cores
     python benchmarks/rnn.py --quick        # MNIST H=128 only, 2 rounds
@@ -85,6 +86,7 @@ def setup_threads(threads):
 
 def memory_worker(shape, variant, threads):
     setup_threads(threads)
+    build(variant, **dict(SHAPES[shape], T=2))()  # one-off lazy initialisation of torch
     run = build(variant, **SHAPES[shape])
     before = current_rss_kib()
     run()

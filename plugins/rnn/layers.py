@@ -18,7 +18,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from .cells import appendix_f_init_, check_sizes
+from .cells import check_sizes
 from .filters import (bias_channel, carried_weight, check_beta, check_eps, check_momentum,
                       check_restart, check_step_size, constant_decay, filter_sequence,
                       nag_decay, second_moment)
