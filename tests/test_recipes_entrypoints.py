@@ -9,13 +9,15 @@ from recipes.ptb import run as ptb
 
 
 @pytest.mark.parametrize("module,argv,needle", [
-    (demo, ["--epochs", "0"], "--epochs must be >= 1"),
-    (demo, ["--max-train-tokens", "-5"], "--max-train-tokens must be >= 0"),
+    (demo, ["--epochs", "0"], "argument --epochs: expected an integer >= 1, got 0"),
+    (demo, ["--max-train-tokens", "-5"], "argument --max-train-tokens: expected an integer >= 0, got -5"),
     (demo, ["--models", "GRU"], "invalid choice"),
-    (ptb, ["--epochs", "0"], "--epochs must be >= 1"),
+    (demo, ["--models", "LSTM", "LSTM"], "argument --models: values must be distinct"),
+    (ptb, ["--epochs", "0"], "argument --epochs: expected an integer >= 1, got 0"),
     (ptb, ["--corpus", "wikitext"], "invalid choice"),
-    (iwslt, ["--bpe-size", "10"], "--bpe-size must be >= 100"),
-    (iwslt, ["--max-train-pairs", "-1"], "--max-train-pairs must be >= 0"),
+    (ptb, ["--seeds", "1", "1"], "argument --seeds: values must be distinct"),
+    (iwslt, ["--bpe-size", "10"], "argument --bpe-size: expected an integer >= 100, got 10"),
+    (iwslt, ["--max-train-pairs", "-1"], "argument --max-train-pairs: expected an integer >= 0, got -1"),
 ])
 def test_bad_arguments_are_refused(module, argv, needle, capsys):
     with pytest.raises(SystemExit):

@@ -1,12 +1,12 @@
 """Train several fairseq language models on one binarised corpus and summarise them: the
 shared core of the demo and the PTB recipe."""
-import statistics
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Sequence
 
 from .fairseq_runs import TrainResult, eval_lm, train
 from .plots import markdown_table, plot_curves, write_csv
+from .stats import mean_std
 
 
 @dataclass
@@ -35,12 +35,6 @@ def train_lm_models(models: Dict[str, List[str]], data_bin: Path, out: Path, com
     return runs
 
 
-def _mean_std(values: List[float]) -> str:
-    if len(values) == 1:
-        return f"{values[0]:.1f}"
-    return f"{statistics.mean(values):.1f} ± {statistics.stdev(values):.1f}"
-
-
 def summarize(runs: List[LMRun], out: Path, title: str) -> str:
     """Markdown table (mean ± std over seeds) written to out/results.{md,csv}; returns the table."""
     names = list(dict.fromkeys(r.name for r in runs))
@@ -48,8 +42,8 @@ def summarize(runs: List[LMRun], out: Path, title: str) -> str:
     rows = []
     for name in names:
         mine = [r for r in runs if r.name == name]
-        rows.append([name, len(mine), _mean_std([r.result.best_valid_ppl for r in mine]),
-                     _mean_std([r.test_ppl for r in mine]), _mean_std([r.result.seconds for r in mine])])
+        rows.append([name, len(mine), mean_std([r.result.best_valid_ppl for r in mine], 1),
+                     mean_std([r.test_ppl for r in mine], 1), mean_std([r.result.seconds for r in mine], 0)])
     table = markdown_table(headers, rows)
     write_csv(headers, rows, out / "results.csv")
     (out / "results.md").write_text(f"# {title}\n\n{table}\n")

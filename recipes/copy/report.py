@@ -1,9 +1,9 @@
 """Tables and Figure-1 plots for the copy task from the per-seed histories."""
-import statistics
 from pathlib import Path
 from typing import Dict, List
 
 from recipes.common.plots import markdown_table, plot_curves, write_csv
+from recipes.common.stats import mean_curve, mean_std
 
 from .train import History
 
@@ -12,13 +12,6 @@ SUMMARY_HEADERS = ["model", "seeds", "final train loss", "final test loss", "fin
 CURVE_HEADERS = ["model", "seed", "step", "train_seconds", "train_loss", "test_loss",
                  "test_accuracy"]
 ACCURACY_TARGET = 0.9
-
-
-def mean_std(values: List[float], digits: int = 3) -> str:
-    if not values:
-        return "n/a"
-    std = statistics.stdev(values) if len(values) > 1 else 0.0
-    return f"{statistics.mean(values):.{digits}f} ± {std:.{digits}f}"
 
 
 def steps_to_accuracy(history: History, target: float = ACCURACY_TARGET):
@@ -50,13 +43,6 @@ def curve_rows(runs: Dict[str, List[History]], seeds: List[int]) -> List[List]:
                      for s, t, tr, te, a in zip(h.steps, h.seconds, h.train_loss, h.test_loss,
                                                 h.test_accuracy)]
     return rows
-
-
-def mean_curve(histories: List[History], x: str, y: str):
-    """Seed-averaged (x, y) points; all seeds share the evaluation steps."""
-    columns = [list(zip(getattr(h, x), getattr(h, y))) for h in histories]
-    return [(statistics.mean(p[0] for p in pts), statistics.mean(p[1] for p in pts))
-            for pts in zip(*columns)]
 
 
 def write_report(runs: Dict[str, List[History]], seeds: List[int], out_dir: Path,

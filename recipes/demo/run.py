@@ -12,6 +12,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from recipes.common.cli import non_negative_int, positive_int, require_distinct
 from recipes.common.corpora import lm_corpus
 from recipes.common.fairseq_runs import REPO, preprocess_lm, sample_lm
 from recipes.common.lm_experiment import plot_lm_runs, summarize, train_lm_models
@@ -41,19 +42,15 @@ def parse_args(argv=None):
     parser.add_argument("--out-dir", type=Path, default=REPO / "outputs" / "demo")
     parser.add_argument("--corpus", choices=["austen", "shakespeare"], default="austen")
     parser.add_argument("--cache-dir", type=Path, default=Path.home() / ".cache" / "momentum_plugins")
-    parser.add_argument("--epochs", type=int, default=3, help="training epochs per model (>= 1)")
-    parser.add_argument("--max-train-tokens", type=int, default=200_000,
+    parser.add_argument("--epochs", type=positive_int, default=3, help="training epochs per model (>= 1)")
+    parser.add_argument("--max-train-tokens", type=non_negative_int, default=200_000,
                         help="train on the first N tokens of the training split (0 = all)")
-    parser.add_argument("--max-eval-tokens", type=int, default=20_000,
+    parser.add_argument("--max-eval-tokens", type=non_negative_int, default=20_000,
                         help="validate and test on the first N tokens of those splits (0 = all)")
     parser.add_argument("--models", nargs="+", choices=list(MODELS), default=list(MODELS))
     parser.add_argument("--seed", type=int, default=1)
     args = parser.parse_args(argv)
-    if args.epochs < 1:
-        parser.error(f"--epochs must be >= 1, got {args.epochs}")
-    for name in ("max_train_tokens", "max_eval_tokens"):
-        if getattr(args, name) < 0:
-            parser.error(f"--{name.replace('_', '-')} must be >= 0, got {getattr(args, name)}")
+    require_distinct(parser, args, "models")
     return args
 
 

@@ -15,6 +15,7 @@ import re
 import sys
 from pathlib import Path
 
+from recipes.common.cli import bounded_int, non_negative_int, positive_int, require_distinct
 from recipes.common.fairseq_runs import REPO, run, tool, train
 from recipes.common.parallel import parallel_corpus
 from recipes.common.plots import markdown_table, plot_curves, write_csv
@@ -44,20 +45,16 @@ def parse_args(argv=None):
     parser.add_argument("--corpus", choices=["bible", "iwslt14"], default="bible")
     parser.add_argument("--full", action="store_true", help="IWSLT presets and schedule (GPU-sized)")
     parser.add_argument("--models", nargs="+", choices=list(MODELS), default=list(MODELS))
-    parser.add_argument("--epochs", type=int, default=None, help="max epochs (small default: 4, full: 60)")
-    parser.add_argument("--max-train-pairs", type=int, default=0, help="first N training pairs (0 = all)")
-    parser.add_argument("--bpe-size", type=int, default=8000)
-    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--epochs", type=positive_int, default=None, help="max epochs (small default: 4, full: 60)")
+    parser.add_argument("--max-train-pairs", type=non_negative_int, default=0, help="first N training pairs (0 = all)")
+    parser.add_argument("--bpe-size", type=lambda text: bounded_int(text, 100), default=8000,
+                        help="sentencepiece vocabulary size (>= 100)")
+    parser.add_argument("--seed", type=non_negative_int, default=1)
     parser.add_argument("--out-dir", type=Path, default=REPO / "outputs" / "iwslt")
     parser.add_argument("--cache-dir", type=Path, default=Path.home() / ".cache" / "momentum_plugins")
     parser.add_argument("--gpu", action="store_true", help="train and generate on the GPU (drops --cpu)")
     args = parser.parse_args(argv)
-    if args.epochs is not None and args.epochs < 1:
-        parser.error(f"--epochs must be >= 1, got {args.epochs}")
-    if args.max_train_pairs < 0:
-        parser.error(f"--max-train-pairs must be >= 0, got {args.max_train_pairs}")
-    if args.bpe_size < 100:
-        parser.error(f"--bpe-size must be >= 100, got {args.bpe_size}")
+    require_distinct(parser, args, "models")
     return args
 
 
@@ -92,6 +89,7 @@ def generate(data_bin, checkpoint, src, tgt, references, gpu, beam=5):
 
     output = run([tool("fairseq-generate"), data_bin, "--user-dir", REPO / "fairseq_momentum", "--path", checkpoint,
                   "--gen-subset", "test", "--beam", str(beam), "--batch-size", "64", "--post-process", "sentencepiece",
+                  "--max-len-a", "1.2", "--max-len-b", "10",
                   "--source-lang", src, "--target-lang", tgt, *([] if gpu else ["--cpu"])])
     hyps = {}
     for line in output.splitlines():

@@ -1,29 +1,15 @@
 """Tables and Figure-4 style loss plots for the copying and adding tasks."""
-import statistics
 from pathlib import Path
 from typing import Dict, List
 
 from recipes.common.plots import markdown_table, plot_curves, write_csv
+from recipes.common.stats import mean_curve, mean_std
 
 from .train import History
 
 SUMMARY_HEADERS = ["task", "model", "seeds", "final train loss", "final test loss",
                    "memoryless baseline", "train time (s)"]
 CURVE_HEADERS = ["task", "model", "seed", "step", "train_seconds", "train_loss", "test_loss"]
-
-
-def mean_std(values: List[float], digits: int = 4) -> str:
-    if not values:
-        return "n/a"
-    std = statistics.stdev(values) if len(values) > 1 else 0.0
-    return f"{statistics.mean(values):.{digits}f} ± {std:.{digits}f}"
-
-
-def mean_curve(histories: List[History], x: str, y: str):
-    """Seed-averaged (x, y) points; all seeds share the evaluation steps."""
-    columns = [list(zip(getattr(h, x), getattr(h, y))) for h in histories]
-    return [(statistics.mean(p[0] for p in pts), statistics.mean(p[1] for p in pts))
-            for pts in zip(*columns)]
 
 
 def summary_rows(task: str, runs: Dict[str, List[History]], baseline: float) -> List[List]:

@@ -3,7 +3,7 @@ from pathlib import Path
 from typing import Dict, List
 
 from recipes.common.plots import markdown_table, plot_curves, write_csv
-from recipes.lstm_tasks.report import mean_curve, mean_std
+from recipes.common.stats import mean_curve, mean_std
 
 from .train import History
 

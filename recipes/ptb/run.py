@@ -13,6 +13,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from recipes.common.cli import non_negative_int, positive_int, require_distinct
 from recipes.common.corpora import lm_corpus
 from recipes.common.fairseq_runs import REPO, preprocess_lm
 from recipes.common.lm_experiment import plot_lm_runs, summarize, train_lm_models
@@ -44,17 +45,14 @@ def parse_args(argv=None):
                         help="ptb downloads Penn Treebank (needs internet); austen/shakespeare are offline")
     parser.add_argument("--full", action="store_true", help="the paper's model and schedule (Tables 6–7)")
     parser.add_argument("--models", nargs="+", choices=list(CELLS), default=["LSTM", "MomentumLSTM", "SRLSTM"])
-    parser.add_argument("--seeds", nargs="+", type=int, default=[1])
-    parser.add_argument("--epochs", type=int, default=None, help="override the number of epochs (small: 4)")
-    parser.add_argument("--max-train-tokens", type=int, default=0, help="first N training tokens (0 = all)")
+    parser.add_argument("--seeds", nargs="+", type=non_negative_int, default=[1])
+    parser.add_argument("--epochs", type=positive_int, default=None, help="override the number of epochs (small: 4)")
+    parser.add_argument("--max-train-tokens", type=non_negative_int, default=0, help="first N training tokens (0 = all)")
     parser.add_argument("--out-dir", type=Path, default=REPO / "outputs" / "ptb")
     parser.add_argument("--cache-dir", type=Path, default=Path.home() / ".cache" / "momentum_plugins")
     parser.add_argument("--gpu", action="store_true", help="train on the GPU (drops --cpu)")
     args = parser.parse_args(argv)
-    if args.epochs is not None and args.epochs < 1:
-        parser.error(f"--epochs must be >= 1, got {args.epochs}")
-    if args.max_train_tokens < 0:
-        parser.error(f"--max-train-tokens must be >= 0, got {args.max_train_tokens}")
+    require_distinct(parser, args, "models", "seeds")
     return args
 
 

@@ -1,4 +1,4 @@
-"""argparse value types shared by the recipes copy, lstm_tasks and mnist."""
+"""argparse value types shared by the recipes."""
 import argparse
 
 import torch
