@@ -23,7 +23,8 @@ class MomentumLSTMLMDecoder(FairseqIncrementalDecoder):
 
     `forward_with_state(tokens, state)` runs a chunk from a carried state (truncated
     BPTT across batches, as in AWD-LSTM); incremental decoding keeps the same state in
-    `incremental_state` and reorders it for beam search.
+    `incremental_state` and reorders it for beam search. A single token in eval mode takes
+    the step-wise path (modules/momentum_lstm_step.py).
     """
 
     def __init__(self, args, dictionary):
@@ -48,6 +49,9 @@ class MomentumLSTMLMDecoder(FairseqIncrementalDecoder):
 
     def forward_with_state(self, tokens: Tensor, state: Optional[List[RecurrentState]] = None):
         """tokens (B, T) -> (features (B, T, out_embed_dim), state after the chunk)."""
+        if not self.training and tokens.size(1) == 1:
+            x, state = self.rnn.step(self.embed_tokens(tokens[:, 0]), state)
+            return x[:, None], state
         x = embedding_dropout(self.embed_tokens, tokens, self.embed_dropout, self.training)
         x = locked_dropout(x.transpose(0, 1), self.dropout_in, self.training)
         x, state = self.rnn(x, state)

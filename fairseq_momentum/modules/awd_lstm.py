@@ -15,6 +15,8 @@ from torch.nn import functional as F
 
 from plugins.rnn import MomentumLSTM, RecurrentState
 
+from .momentum_lstm_step import momentum_lstm_step
+
 
 def locked_dropout(x: Tensor, p: float, training: bool) -> Tensor:
     """x (T, B, C): one Bernoulli mask per (batch, channel), shared by every time step."""
@@ -65,3 +67,21 @@ class AWDMomentumLSTM(nn.Module):
                 x, state = layer(x, state)
             new_states.append(state)
         return x, new_states
+
+    def step(self, x: Tensor, states: Optional[List[Optional[RecurrentState]]] = None):
+        """One time step in eval mode (no dropout): x (B, sizes[0]) -> (h (B, sizes[-1]),
+        new states), the states as `forward` returns them."""
+        states = states if states is not None else [None] * len(self.layers)
+        new_states = []
+        for layer, state in zip(self.layers, states):
+            if state is None:
+                zeros = x.new_zeros(x.size(0), layer.hidden_size)
+                state = RecurrentState(zeros[None], zeros[None], None, None, None)
+            x, state = momentum_lstm_step(layer, x, _map_layers(state, lambda t: t[0]))
+            new_states.append(_map_layers(state, lambda t: t[None]))
+        return x, new_states
+
+
+def _map_layers(state: RecurrentState, fn) -> RecurrentState:
+    """Apply fn to h, c, v, m (those with a layer dimension); step is per sequence."""
+    return RecurrentState(*(None if t is None else fn(t) for t in state[:4]), state.step)

@@ -10,20 +10,17 @@ feeding, caching, beam search) is used unchanged.
   inside the cell slot: c_slot = [c | v | m | step] (v for momentum cells, m for
   adam/rmsprop, step = time steps so far, stored as a float). A slot of width
   hidden_size (fairseq's zero or encoder-initialised cell) starts a fresh momentum state.
-  One time step is computed with the step-wise equations of `plugins.rnn` (eq. 9, 15,
-  Section 2.4) on the MomentumLSTM's own parameters, which avoids the sequence layer's
-  per-call set-up (about 10x a LSTMCell step); tests check it equals the sequence layer.
+  One time step is `momentum_lstm_step` (tests check it equals the sequence layer).
 """
 from typing import Tuple
 
 import torch
 from torch import Tensor, nn
-from torch.nn import functional as F
 from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence, pad_packed_sequence
 
 from plugins.rnn import MomentumLSTM, RecurrentState
-from plugins.rnn.cells import lstm_update
-from plugins.rnn.filters import adam_step, momentum_step, nag_momentum, restart_index
+
+from .momentum_lstm_step import momentum_lstm_step
 
 
 def _reverse_within_lengths(x: Tensor, lengths: Tensor) -> Tensor:
@@ -106,28 +103,5 @@ class MomentumLSTMDecoderCell(nn.Module):
     def forward(self, input: Tensor, hx: Tuple[Tensor, Tensor]) -> Tuple[Tensor, Tensor]:
         h, slot = hx
         _, c, v, m, step = self.unpack(slot)
-        h, state = self.step(input, RecurrentState(h, c, v, m, step))
+        h, state = momentum_lstm_step(self.rnn, input, RecurrentState(h, c, v, m, step))
         return h, self.pack(state)
-
-    def step(self, x: Tensor, state: RecurrentState) -> Tuple[Tensor, RecurrentState]:
-        """One time step from state (h, c, v, m, step), each (batch, ...) with v, m, step
-        None for a fresh momentum state."""
-        rnn = self.rnn
-        w_ih, w_hh, b_ih, b_hh = rnn.layer_parameters(0)
-        h, c, v, m, step = state
-        g = F.linear(x, w_ih, b_ih)
-        step = (torch.zeros(x.size(0), dtype=torch.long, device=x.device) if step is None else step) + 1
-        if rnn._has_v and v is None:
-            v = torch.zeros_like(g)
-        if rnn.cell in ("adam", "rmsprop"):
-            m = torch.zeros_like(g) if m is None else m
-            momentum = rnn.momentum if rnn.cell == "adam" else 0.0
-            pre, v, m = adam_step(v, m, g, momentum, rnn.step_size, rnn.beta, rnn.eps)
-        elif rnn.cell == "lstm":
-            pre = g
-        else:
-            momentum = rnn.momentum if rnn.cell == "momentum" else \
-                nag_momentum(restart_index(step, rnn.restart).to(x.dtype))[:, None]
-            pre = v = momentum_step(v, g, momentum, rnn.step_size)
-        h, c = lstm_update(pre + F.linear(h, w_hh, b_hh), c)
-        return h, RecurrentState(h, c, v, m, step)
