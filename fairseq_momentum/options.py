@@ -129,6 +129,8 @@ def check_lstm_cell_args(args):
     """Cross-argument checks argparse cannot do alone."""
     if args.lstm_cell == "sr" and args.lstm_restart is None:
         raise ValueError("--lstm-cell sr needs --lstm-restart F (the restart frequency)")
+    if args.lstm_restart is not None and args.lstm_cell not in ("nag", "sr"):
+        raise ValueError(f"--lstm-restart applies to --lstm-cell nag or sr, not {args.lstm_cell}")
 
 
 def lstm_cell_kwargs(args):

@@ -95,6 +95,7 @@ def test_bad_arguments_fail_at_parsing(capsys, flag, value, message):
 
 @pytest.mark.parametrize("extra,message", [
     (["--lstm-cell", "sr"], "--lstm-restart"),
+    (["--lstm-cell", "momentum", "--lstm-restart", "4"], "--lstm-restart applies to"),
     (["--share-decoder-input-output-embed", "--decoder-out-embed-dim", "8"], "--decoder-out-embed-dim"),
 ])
 def test_inconsistent_arguments_fail_at_model_build(tmp_path, extra, message):
