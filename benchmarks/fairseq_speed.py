@@ -134,7 +134,8 @@ def main():
     parser.add_argument("--quick", action="store_true", help="lengths 64 and 256, 2 repeats")
     parser.add_argument("--lengths", type=int, nargs="+", help="source lengths of the transformer rows")
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--threads", type=int, default=torch.get_num_threads())
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch threads (1: on a shared, oversubscribed machine 2 threads stall)")
     a = parser.parse_args()
     torch.set_num_threads(a.threads)
     lengths = a.lengths or ([64, 256] if a.quick else [64, 128, 256, 512, 1024, 2048])
