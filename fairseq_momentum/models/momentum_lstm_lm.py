@@ -7,6 +7,7 @@ the `--lstm-*` cell options are added. `--lstm-cell lstm` is the AWD-LSTM baseli
 from typing import List, Optional
 
 from fairseq.models import FairseqIncrementalDecoder, FairseqLanguageModel
+from fairseq.models.lstm import DEFAULT_MAX_TARGET_POSITIONS
 from torch import Tensor, nn
 
 from plugins.rnn import RecurrentState
@@ -45,7 +46,7 @@ class MomentumLSTMLMDecoder(FairseqIncrementalDecoder):
             self.output_projection.weight = self.embed_tokens.weight
         else:
             nn.init.uniform_(self.output_projection.weight, -0.1, 0.1)
-        self.max_target_positions = args.tokens_per_sample
+        self.max_target_positions = DEFAULT_MAX_TARGET_POSITIONS
 
     def forward_with_state(self, tokens: Tensor, state: Optional[List[RecurrentState]] = None):
         """tokens (B, T) -> (features (B, T, out_embed_dim), state after the chunk)."""
@@ -125,8 +126,6 @@ class MomentumLSTMLanguageModel(FairseqLanguageModel):
             raise ValueError(
                 "--share-decoder-input-output-embed needs --decoder-out-embed-dim "
                 f"({args.decoder_out_embed_dim}) equal to --decoder-embed-dim ({args.decoder_embed_dim})")
-        if getattr(args, "tokens_per_sample", None) is None:
-            args.tokens_per_sample = 1024
         return cls(MomentumLSTMLMDecoder(args, task.target_dictionary))
 
 
