@@ -43,7 +43,7 @@ def parse_args(argv=None):
     parser.add_argument("--corpus", choices=["austen", "shakespeare"], default="austen")
     parser.add_argument("--cache-dir", type=Path, default=Path.home() / ".cache" / "momentum_plugins")
     parser.add_argument("--epochs", type=positive_int, default=3, help="training epochs per model (>= 1)")
-    parser.add_argument("--max-train-tokens", type=non_negative_int, default=200_000,
+    parser.add_argument("--max-train-tokens", type=non_negative_int, default=120_000,
                         help="train on the first N tokens of the training split (0 = all)")
     parser.add_argument("--max-eval-tokens", type=non_negative_int, default=20_000,
                         help="validate and test on the first N tokens of those splits (0 = all)")
