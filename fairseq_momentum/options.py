@@ -65,26 +65,30 @@ def add_momentum_attention_args(parser, *, cross_attention=True):
     group = parser
     group.add_argument("--attention-momentum", type=momentum_value, metavar="B",
                        help="momentum beta of momentum attention (eq. 12-14), in [0, 1); "
-                            "0 with step size 1 is linear attention")
+                            "0 with step size 1 is linear attention (default 0.6; 0 for linear_* presets)")
     group.add_argument("--attention-step-size", type=positive_float, metavar="G",
-                       help="step size gamma > 0 of momentum attention (eq. 12-14)")
+                       help="step size gamma > 0 of momentum attention (eq. 12-14) "
+                            "(default 1; 0.6 for the NAT presets, Table 1)")
     group.add_argument("--feature-map", choices=FEATURE_MAP_CHOICES,
-                       help="feature map phi of linear attention (eq. 5); elu = elu(x) + 1")
+                       help="feature map phi of linear attention (eq. 5); elu = elu(x) + 1 (default)")
     group.add_argument("--attention-chunk-size", type=positive_int, metavar="N",
-                       help="block length of the chunked causal kernel (speed only)")
+                       help="block length of the chunked causal kernel, speed only (default 64)")
     group.add_argument("--connection", choices=CONNECTION_CHOICES,
                        help="residual of the self-attention block: none (x + A), momentum "
-                            "(eq. 15, constant momentum) or adaptive (eq. 15 with eq. 18)")
+                            "(eq. 15, constant momentum) or adaptive (eq. 15 with eq. 18) (default none)")
     group.add_argument("--connection-momentum", type=momentum_value, metavar="MU",
-                       help="momentum of the momentum connection (eq. 15), in [0, 1)")
+                       help="momentum of the momentum connection (eq. 15), in [0, 1) "
+                            "(default 0.3, Table 1)")
     group.add_argument("--connection-step-size", type=positive_float, metavar="G",
-                       help="step size of the momentum / adaptive connection (eq. 15)")
+                       help="step size of the momentum / adaptive connection (eq. 15) "
+                            "(default 0.9, Table 1)")
     group.add_argument("--connection-delta", type=delta_value, metavar="D",
-                       help="adaptive momentum is clamped to [0, 1 - delta] (eq. 18)")
+                       help="adaptive momentum is clamped to [0, 1 - delta] (eq. 18) (default 1e-3)")
     if cross_attention:
         group.add_argument("--cross-attention", choices=CROSS_ATTENTION_CHOICES,
                            help="decoder attention over the encoder: softmax (fairseq's), "
-                                "linear (eq. 5) or momentum (eq. 14)")
+                                "linear (eq. 5) or momentum (eq. 14) (default momentum; "
+                                "linear for linear_* presets)")
 
 
 def momentum_attention_defaults(args, *, momentum=0.6, step_size=1.0, cross_attention="momentum"):
@@ -105,13 +109,15 @@ def add_lstm_cell_args(parser):
     group = parser
     group.add_argument("--lstm-cell", choices=LSTM_CELL_CHOICES,
                        help="recurrent cell: lstm (plain), momentum (eq. 9), adam (eq. 15), "
-                            "rmsprop (eq. 15 with mu = 0), nag or sr (Section 2.4)")
+                            "rmsprop (eq. 15 with mu = 0), nag or sr (Section 2.4) (default momentum)")
     group.add_argument("--lstm-momentum", type=momentum_value, metavar="MU",
-                       help="momentum mu of the momentum / adam cells (eq. 9, 15), in [0, 1)")
+                       help="momentum mu of the momentum / adam cells (eq. 9, 15), in [0, 1) "
+                            "(default 0.6; 0 in momentum_lstm_lm_ptb, Table 7)")
     group.add_argument("--lstm-step-size", type=positive_float, metavar="S",
-                       help="step size s > 0 of the momentum cells (eq. 9, 15)")
+                       help="step size s > 0 of the momentum cells (eq. 9, 15) "
+                            "(default 1; 0.6 in momentum_lstm_lm_ptb, Table 7)")
     group.add_argument("--lstm-beta", type=momentum_value, metavar="B",
-                       help="decay beta of the second moment of adam / rmsprop cells (eq. 15)")
+                       help="decay beta of the second moment of adam / rmsprop cells (eq. 15) (default 0.9)")
     group.add_argument("--lstm-restart", type=positive_int, metavar="F",
                        help="restart frequency F of nag / sr cells (Section 2.4); "
                             "required by sr, optional for nag (default: no restart)")
