@@ -11,8 +11,8 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from recipes.lstm_tasks.cli import (available_device, non_negative_int, positive_int,
-                                   require_distinct)
+from recipes.common.cli import (available_device, non_negative_int, positive_int,
+                                require_distinct)
 
 from .config import configure
 from .model import VARIANTS
