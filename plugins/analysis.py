@@ -38,11 +38,12 @@ def hidden_gradient_norms(rnn, inputs, loss_fn, state=None):
     return torch.stack([g.norm() for g in grads]).detach()
 
 
-def save_gradient_heatmap(norms, path, *, title=None, log_scale=True, dpi=100):
+def save_gradient_heatmap(norms, path, *, iterations=None, title=None, log_scale=True, dpi=100):
     """Save a PNG heat map of ‖∂L/∂h_t‖₂: rows are training iterations, columns time steps.
 
     norms: (iterations, T) array-like of non-negative values (e.g. stacked outputs of
-    hidden_gradient_norms). log_scale plots log10 of the norms (zeros as the minimum).
+    hidden_gradient_norms). iterations: the training iteration of each row, used as the row
+    labels (default 0, 1, …). log_scale plots log10 of the norms (zeros as the minimum).
     """
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
@@ -53,6 +54,9 @@ def save_gradient_heatmap(norms, path, *, title=None, log_scale=True, dpi=100):
                          f"{tuple(values.shape)}")
     if bool((values < 0).any()) or not bool(torch.isfinite(values).all()):
         raise ValueError("norms must be finite and non-negative")
+    if iterations is not None and len(iterations) != values.size(0):
+        raise ValueError(f"iterations must give one number per row of norms ({values.size(0)}), "
+                         f"got {len(iterations)}")
     label = "‖∂L/∂h_t‖₂"
     if log_scale:
         positive = values[values > 0]
@@ -66,6 +70,9 @@ def save_gradient_heatmap(norms, path, *, title=None, log_scale=True, dpi=100):
                       extent=(0.5, values.size(1) + 0.5, -0.5, values.size(0) - 0.5))
     ax.set_xlabel("time step t")
     ax.set_ylabel("training iteration")
+    if iterations is not None:
+        rows = range(0, values.size(0), max(1, values.size(0) // 8))
+        ax.set_yticks(list(rows), [str(iterations[r]) for r in rows])
     if title:
         ax.set_title(title)
     fig.colorbar(image, ax=ax, label=label)

@@ -77,6 +77,13 @@ def test_heatmap_png(tmp_path, make_generator):
     assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 1000
 
 
+def test_heatmap_labels_rows_with_iterations(tmp_path):
+    path = save_gradient_heatmap(torch.rand(3, T), tmp_path / "g.png", iterations=[0, 25, 50])
+    assert path.read_bytes()[:4] == b"\x89PNG"
+    with pytest.raises(ValueError, match="iterations must give one number per row"):
+        save_gradient_heatmap(torch.rand(3, T), tmp_path / "g.png", iterations=[0, 25])
+
+
 @pytest.mark.parametrize("bad", [torch.ones(T), torch.ones(0, T), -torch.ones(2, T),
                                  torch.full((2, T), float("nan"))])
 def test_heatmap_rejects_bad_norms(bad, tmp_path):

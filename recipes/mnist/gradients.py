@@ -34,9 +34,8 @@ def save_gradient_figures(task: str, probes: dict, out_dir: Path) -> List[Path]:
     paths = []
     for name, probe in probes.items():
         path = out_dir / f"{task}_grad_norms_{name}.png"
-        # the helper numbers rows 0, 1, …; the title says how many iterations a row is
-        save_gradient_heatmap(torch.stack(probe.norms), path,
-                              title=f"{task}, {name}: row k = iteration {probe.every}·k")
+        save_gradient_heatmap(torch.stack(probe.norms), path, iterations=probe.iterations,
+                              title=f"{task}, {name}: ‖∂L/∂h_t‖ during training")
         paths.append(path)
     last = {name: [(t + 1, float(v)) for t, v in enumerate(p.norms[-1])] for name, p in probes.items()}
     paths.append(plot_curves(last, out_dir / f"{task}_grad_norms_final.png", xlabel="time step t",
