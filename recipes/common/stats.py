@@ -4,11 +4,12 @@ from typing import List, Sequence
 
 
 def mean_std(values: Sequence[float], digits: int = 3) -> str:
-    """"mean ± std" over seeds (std 0 for one seed), "n/a" for none."""
+    """"mean ± std" over seeds, the value alone for one seed (no spread was measured), "n/a" for none."""
     if not values:
         return "n/a"
-    std = statistics.stdev(values) if len(values) > 1 else 0.0
-    return f"{statistics.mean(values):.{digits}f} ± {std:.{digits}f}"
+    if len(values) == 1:
+        return f"{values[0]:.{digits}f}"
+    return f"{statistics.mean(values):.{digits}f} ± {statistics.stdev(values):.{digits}f}"
 
 
 def mean_curve(histories: List, x: str, y: str):

@@ -19,11 +19,11 @@ from recipes.common.lm_experiment import plot_lm_runs, summarize, train_lm_model
 
 COMMON = ["--task", "language_modeling", "--cpu", "--optimizer", "adam", "--adam-betas", "(0.9, 0.98)",
           "--clip-norm", "0.25", "--sample-break-mode", "none",
-          "--batch-size", "32", "--log-interval", "10", "--num-workers", "0",
+          "--batch-size", "16", "--log-interval", "10", "--num-workers", "0",
           "--no-epoch-checkpoints", "--no-last-checkpoints", "--keep-best-checkpoints", "-1"]
 LSTM = ["--arch", "momentum_lstm_lm", "--decoder-embed-dim", "128", "--decoder-hidden-size", "256",
         "--decoder-out-embed-dim", "128", "--decoder-layers", "2", "--share-decoder-input-output-embed",
-        "--lr", "0.003", "--lr-scheduler", "fixed"]
+        "--lr", "0.01", "--lr-scheduler", "fixed"]
 TRANSFORMER = ["--arch", "momentum_transformer_lm", "--decoder-embed-dim", "128", "--decoder-ffn-embed-dim", "512",
                "--decoder-layers", "2", "--decoder-attention-heads", "4", "--share-decoder-input-output-embed",
                "--dropout", "0.1", "--lr", "0.002", "--lr-scheduler", "inverse_sqrt", "--warmup-updates", "50",
@@ -43,7 +43,7 @@ def parse_args(argv=None):
     parser.add_argument("--corpus", choices=["austen", "shakespeare"], default="austen")
     parser.add_argument("--cache-dir", type=Path, default=Path.home() / ".cache" / "momentum_plugins")
     parser.add_argument("--epochs", type=positive_int, default=3, help="training epochs per model (>= 1)")
-    parser.add_argument("--max-train-tokens", type=non_negative_int, default=120_000,
+    parser.add_argument("--max-train-tokens", type=non_negative_int, default=240_000,
                         help="train on the first N tokens of the training split (0 = all)")
     parser.add_argument("--max-eval-tokens", type=non_negative_int, default=20_000,
                         help="validate and test on the first N tokens of those splits (0 = all)")
