@@ -47,6 +47,8 @@ def parse_args(argv=None):
     parser.add_argument("--models", nargs="+", choices=list(MODELS), default=list(MODELS))
     parser.add_argument("--epochs", type=positive_int, default=None, help="max epochs (small default: 4, full: 60)")
     parser.add_argument("--max-train-pairs", type=non_negative_int, default=0, help="first N training pairs (0 = all)")
+    parser.add_argument("--max-test-pairs", type=non_negative_int, default=0,
+                        help="generate and score the first N test pairs only (0 = all)")
     parser.add_argument("--bpe-size", type=lambda text: bounded_int(text, 100), default=8000,
                         help="sentencepiece vocabulary size (>= 100)")
     parser.add_argument("--seed", type=non_negative_int, default=1)
@@ -58,15 +60,20 @@ def parse_args(argv=None):
     return args
 
 
-def apply_bpe(prefixes, src, tgt, out, vocab_size, max_train_pairs):
+def keep_first(prefix, langs, n):
+    """Cut both sides of a split to its first n pairs (n = 0 keeps all)."""
+    if not n:
+        return
+    for lang in langs:
+        path = Path(f"{prefix}.{lang}")
+        lines = path.read_text(encoding="utf-8").splitlines(keepends=True)[:n]
+        path.write_text("".join(lines), encoding="utf-8")
+
+
+def apply_bpe(prefixes, src, tgt, out, vocab_size):
     """Joint sentencepiece BPE trained on the training split; returns the encoded prefixes."""
     import sentencepiece as spm
 
-    if max_train_pairs:
-        for lang in (src, tgt):
-            path = Path(f"{prefixes['train']}.{lang}")
-            lines = path.read_text(encoding="utf-8").splitlines(keepends=True)[:max_train_pairs]
-            path.write_text("".join(lines), encoding="utf-8")
     model = out / "spm"
     spm.SentencePieceTrainer.train(input=[f"{prefixes['train']}.{src}", f"{prefixes['train']}.{tgt}"],
                                    model_prefix=str(model), vocab_size=vocab_size, model_type="bpe",
@@ -107,7 +114,9 @@ def main(argv=None):
     out = args.out_dir
     log = lambda msg: print(f"[iwslt] {msg}", flush=True)  # noqa: E731
     source, src, tgt, prefixes = parallel_corpus(args.corpus, args.cache_dir, out / f"raw-{args.corpus}")
-    encoded = apply_bpe(prefixes, src, tgt, out, args.bpe_size, args.max_train_pairs)
+    keep_first(prefixes["train"], (src, tgt), args.max_train_pairs)
+    keep_first(prefixes["test"], (src, tgt), args.max_test_pairs)
+    encoded = apply_bpe(prefixes, src, tgt, out, args.bpe_size)
     data_bin = out / f"data-bin-{source}"
     if not (data_bin / f"dict.{src}.txt").exists():
         run([tool("fairseq-preprocess"), "--source-lang", src, "--target-lang", tgt, "--trainpref", encoded["train"],
