@@ -116,6 +116,7 @@ def test_state_reorder_selects_beams(make_generator):
 def test_padded_single_token_step_keeps_state(make_generator):
     gen = make_generator()
     q, k, v = (torch.randn(2, 2, 1, 4, generator=gen, dtype=torch.float64) for _ in range(3))
+    q[1], k[1], v[1] = float("nan"), float("nan"), float("nan")     # garbage in the padded row
     state = MomentumAttentionState.zeros(2, 2, 4, 4, dtype=torch.float64, device=torch.device("cpu"))
     state.s.normal_(generator=gen)
     out, new = momentum_attention_step(q, k, v, state, momentum=0.5,

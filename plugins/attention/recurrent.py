@@ -24,5 +24,5 @@ def fused_recurrent_step(fq: torch.Tensor, fk: torch.Tensor, v: torch.Tensor,
         m = torch.where(keep[..., None, None], m, state.m)
         s = torch.where(keep[..., None, None], s, state.s)
         z = torch.where(keep[..., None], z, state.z)
-        out = out * keep[..., None].to(out.dtype)
+        out = torch.where(keep[..., None], out, torch.zeros((), dtype=out.dtype, device=out.device))
     return out, MomentumAttentionState(s=s, z=z, m=m)
