@@ -2,9 +2,10 @@
 import pytest
 import torch
 
-from plugins.attention import (MomentumAttentionState, momentum_attention, momentum_attention_step,
-                               naive_causal_momentum_attention, naive_noncausal_momentum_attention,
-                               naive_recurrent_momentum_attention)
+from plugins.attention import (MomentumAttentionState, attend_summary, momentum_attention,
+                               momentum_attention_step, naive_causal_momentum_attention,
+                               naive_noncausal_momentum_attention, naive_recurrent_momentum_attention,
+                               summarize_keys)
 
 TOL = dict(rtol=1e-9, atol=1e-10)
 LENGTHS = [37, 64, 5]           # real tokens per row; the padded length is 70
@@ -124,3 +125,32 @@ def test_padded_single_token_step_keeps_state(make_generator):
     assert (out[1] == 0).all()
     torch.testing.assert_close(new.s[1], state.s[1])
     assert not torch.allclose(new.s[0], state.s[0])
+
+
+@pytest.mark.parametrize("momentum,step_size", [(0.0, 1.0), (0.6, 0.6), (0.99, 2.0)])
+def test_key_summary_equals_noncausal_attention(make_generator, momentum, step_size):
+    """Cross-attention during decoding: summarise padded encoder keys once, attend per step."""
+    gen = make_generator()
+    q = torch.randn(3, 2, 9, 8, generator=gen, dtype=torch.float64)
+    k = torch.randn(3, 2, 40, 8, generator=gen, dtype=torch.float64)
+    v = torch.randn(3, 2, 40, 6, generator=gen, dtype=torch.float64)
+    mask = torch.rand(3, 40, generator=gen) > 0.3
+    k[~mask[:, None, :, None].expand_as(k)] = float("nan")
+    kw = dict(momentum=momentum, step_size=step_size)
+    summary = summarize_keys(k, v, padding_mask=mask, **kw)
+    expected = naive_noncausal_momentum_attention(q, torch.nan_to_num(k), v, padding_mask=mask, **kw)
+    torch.testing.assert_close(attend_summary(q, summary), expected, **TOL)
+    steps = torch.cat([attend_summary(q[:, :, i:i + 1], summary) for i in range(9)], dim=2)
+    torch.testing.assert_close(steps, expected, **TOL)
+    index = torch.tensor([2, 0, 0])
+    torch.testing.assert_close(attend_summary(q[index], summary.reorder(index)), expected[index], **TOL)
+
+
+def test_key_summary_rejects_mismatched_queries(make_generator):
+    gen = make_generator()
+    k, v = torch.randn(2, 2, 5, 4, generator=gen), torch.randn(2, 2, 5, 4, generator=gen)
+    summary = summarize_keys(k, v, momentum=0.5)
+    with pytest.raises(ValueError, match="does not match the summary"):
+        attend_summary(torch.randn(2, 2, 3, 5), summary)
+    with pytest.raises(ValueError, match=r"momentum must be in \[0, 1\)"):
+        summarize_keys(k, v, momentum=1.0)

@@ -11,7 +11,8 @@ import torch
 from fairseq.incremental_decoding_utils import with_incremental_state
 from torch import Tensor, nn
 
-from plugins.attention import MomentumAttentionState, momentum_attention, momentum_attention_step
+from plugins.attention import (MomentumAttentionState, NonCausalSummary, attend_summary, momentum_attention,
+                               momentum_attention_step, summarize_keys)
 
 _STATE_KEYS = ("s", "z", "m")
 
@@ -84,10 +85,8 @@ class MomentumMultiheadAttention(nn.Module):
             k, v = self._heads(self.k_proj(key)), self._heads(self.v_proj(value))
             out = self._causal(q, k, v, real, incremental_state)
         else:
-            k, v, real = self._keys_values(key, value, real, incremental_state, static_kv)
-            out = momentum_attention(q, k, v, momentum=self.momentum, step_size=self.step_size,
-                                     causal=False, feature_map=self.feature_map,
-                                     padding_mask=real)
+            summary = self._key_summary(key, value, real, incremental_state, static_kv)
+            out = attend_summary(q, summary, feature_map=self.feature_map)
         out = out.permute(2, 0, 1, 3).reshape(tgt_len, bsz, self.embed_dim)
         return self.out_proj(out), None
 
@@ -102,18 +101,18 @@ class MomentumMultiheadAttention(nn.Module):
         self._set_input_buffer(incremental_state, {"s": state.s, "z": state.z, "m": state.m})
         return out
 
-    def _keys_values(self, key, value, real, incremental_state, static_kv):
-        """Projected keys/values; during decoding, encoder ones are computed once and cached."""
+    def _key_summary(self, key, value, real, incremental_state, static_kv):
+        """Eq. 14's key/value sums; during decoding the encoder's are computed once and cached,
+        so each decoding step costs O(1) in the source length."""
         saved = self._get_input_buffer(incremental_state) if static_kv else {}
-        if "prev_key" in saved:
-            return saved["prev_key"], saved["prev_value"], saved.get("prev_real")
+        if "kv" in saved:
+            return NonCausalSummary(saved["kv"], saved["z"])
         k, v = self._heads(self.k_proj(key)), self._heads(self.v_proj(value))
+        summary = summarize_keys(k, v, momentum=self.momentum, step_size=self.step_size,
+                                 feature_map=self.feature_map, padding_mask=real)
         if incremental_state is not None and static_kv:
-            buffer = {"prev_key": k, "prev_value": v}
-            if real is not None:
-                buffer["prev_real"] = real
-            self._set_input_buffer(incremental_state, buffer)
-        return k, v, real
+            self._set_input_buffer(incremental_state, {"kv": summary.kv, "z": summary.z})
+        return summary
 
     def reorder_incremental_state(self, incremental_state: Dict[str, Dict[str, Optional[Tensor]]],
                                   new_order: Tensor):

@@ -4,14 +4,16 @@ eq. 14, and plain linear attention as the β = 0 case.
 Layout after flash-linear-attention: `naive` (literal quadratic / token-by-token references),
 `chunk` (the O(N) training path), `recurrent` (the fused decoding step), `api` (validation,
 padding and dispatch)."""
-from .api import linear_attention, momentum_attention, momentum_attention_step
+from .api import (attend_summary, linear_attention, momentum_attention, momentum_attention_step,
+                  summarize_keys)
 from .feature_maps import FEATURE_MAPS, elu_plus_one
 from .naive import (naive_causal_momentum_attention, naive_noncausal_momentum_attention,
                     naive_recurrent_momentum_attention)
-from .state import MomentumAttentionState
+from .state import MomentumAttentionState, NonCausalSummary
 
 __all__ = [
     "momentum_attention", "momentum_attention_step", "linear_attention", "MomentumAttentionState",
+    "summarize_keys", "attend_summary", "NonCausalSummary",
     "FEATURE_MAPS", "elu_plus_one", "naive_causal_momentum_attention",
     "naive_noncausal_momentum_attention", "naive_recurrent_momentum_attention",
 ]

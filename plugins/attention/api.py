@@ -7,9 +7,9 @@ from .checks import (check_chunk_size, check_momentum, check_padding_mask, check
                      check_qkv, compute_dtype)
 from .chunk import chunk_causal_momentum_attention
 from .feature_maps import FeatureMap, resolve_feature_map
-from .noncausal import noncausal_momentum_attention
+from .noncausal import apply_noncausal_summary, noncausal_summary
 from .recurrent import fused_recurrent_step
-from .state import MomentumAttentionState
+from .state import MomentumAttentionState, NonCausalSummary
 
 Output = Union[torch.Tensor, Tuple[torch.Tensor, MomentumAttentionState]]
 
@@ -56,14 +56,52 @@ def momentum_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, mom
     with torch.autocast(device_type=q.device.type, enabled=False):
         q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
         if not causal:
-            fq, fk, v = phi(q), _mask_keys(phi(_mask_keys(k, mask)), mask), _mask_keys(v, mask)
-            out = noncausal_momentum_attention(fq, fk, v, momentum=momentum, step_size=step_size,
-                                               eps=eps, key_mask=mask)
-            return out.to(out_dtype)
+            fk, v = _mask_keys(phi(_mask_keys(k, mask)), mask), _mask_keys(v, mask)
+            kv, z = noncausal_summary(fk, v, momentum=momentum, step_size=step_size, key_mask=mask)
+            return apply_noncausal_summary(phi(q), kv, z, eps=eps).to(out_dtype)
         out, state = _causal(q, k, v, phi, mask, momentum, step_size, eps, chunk_size,
                              initial_state, return_state)
     out = out.to(out_dtype)
     return (out, state) if return_state else out
+
+
+def summarize_keys(k: torch.Tensor, v: torch.Tensor, *, momentum: float, step_size: float = 1.0,
+                   feature_map: FeatureMap = "elu",
+                   padding_mask: Optional[torch.Tensor] = None) -> NonCausalSummary:
+    """The key/value sums of eq. 14 for k (B, H, Nk, Dk), v (B, H, Nk, Dv), padding_mask (B, Nk)
+    True = real key: computed once, e.g. over an encoder's output, then applied to any number of
+    queries with `attend_summary` — `attend_summary(q, summarize_keys(k, v, …))` equals
+    `momentum_attention(q, k, v, causal=False, …)`. Sums in float32 (float64 for float64 input)."""
+    check_qkv(k[:, :, :0], k, v, causal=False)
+    momentum = check_momentum(momentum)
+    step_size = check_positive(step_size, "step_size")
+    phi = resolve_feature_map(feature_map)
+    mask = check_padding_mask(padding_mask, k.shape[0], k.shape[2], k.device)
+    dtype = compute_dtype(k, v)
+    with torch.autocast(device_type=k.device.type, enabled=False):
+        k, v = k.to(dtype), v.to(dtype)
+        fk, v = _mask_keys(phi(_mask_keys(k, mask)), mask), _mask_keys(v, mask)
+        kv, z = noncausal_summary(fk, v, momentum=momentum, step_size=step_size, key_mask=mask)
+    return NonCausalSummary(kv=kv, z=z)
+
+
+def attend_summary(q: torch.Tensor, summary: NonCausalSummary, *, feature_map: FeatureMap = "elu",
+                   eps: float = 1e-6) -> torch.Tensor:
+    """Eq. 14 for queries q (B, H, Nq, Dk) against keys summarised by `summarize_keys`;
+    output (B, H, Nq, Dv) in q's dtype. O(Nq) whatever the number of keys."""
+    if not isinstance(summary, NonCausalSummary):
+        raise ValueError(f"summary must be a NonCausalSummary, got {type(summary).__name__}")
+    if not isinstance(q, torch.Tensor) or q.dim() != 4 or not q.is_floating_point():
+        raise ValueError("q must be a floating-point tensor of shape (batch, heads, length, dim)")
+    if q.shape[:2] != summary.kv.shape[:2] or q.shape[3] != summary.kv.shape[2]:
+        raise ValueError(f"q {tuple(q.shape)} does not match the summary's (batch, heads, Dk) = "
+                         f"{tuple(summary.kv.shape[:3])}")
+    eps = check_positive(eps, "eps")
+    phi = resolve_feature_map(feature_map)
+    with torch.autocast(device_type=q.device.type, enabled=False):
+        fq = phi(q.to(summary.kv.dtype))
+        out = apply_noncausal_summary(fq, summary.kv, summary.z, eps=eps)
+    return out.to(q.dtype)
 
 
 def linear_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = True,

@@ -48,3 +48,17 @@ class MomentumAttentionState:
             got = tuple(getattr(self, name).shape)
             if got != shape:
                 raise ValueError(f"state.{name} must have shape {shape} for these inputs, got {got}")
+
+
+@dataclass
+class NonCausalSummary:
+    """Keys and values of eq. 14 reduced to two sums, for reuse by many queries (cross-attention
+    during decoding): kv = γ Σ_j (1−β^(N−j+1))/(1−β) φ(k_j)v_jᵀ (B, H, Dk, Dv), z = Σ_j φ(k_j)
+    (B, H, Dk)."""
+
+    kv: torch.Tensor
+    z: torch.Tensor
+
+    def reorder(self, index: torch.Tensor) -> "NonCausalSummary":
+        index = index.to(self.kv.device)
+        return NonCausalSummary(self.kv.index_select(0, index), self.z.index_select(0, index))

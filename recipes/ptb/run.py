@@ -46,8 +46,9 @@ def parse_args(argv=None):
     parser.add_argument("--full", action="store_true", help="the paper's model and schedule (Tables 6–7)")
     parser.add_argument("--models", nargs="+", choices=list(CELLS), default=["LSTM", "MomentumLSTM", "SRLSTM"])
     parser.add_argument("--seeds", nargs="+", type=non_negative_int, default=[1])
-    parser.add_argument("--epochs", type=positive_int, default=None, help="override the number of epochs (small: 4)")
-    parser.add_argument("--max-train-tokens", type=non_negative_int, default=0, help="first N training tokens (0 = all)")
+    parser.add_argument("--epochs", type=positive_int, default=None, help="override the number of epochs (small: 3)")
+    parser.add_argument("--max-train-tokens", type=non_negative_int, default=None,
+                        help="first N training tokens, 0 = all (small default: 240k; --full: all)")
     parser.add_argument("--out-dir", type=Path, default=REPO / "outputs" / "ptb")
     parser.add_argument("--cache-dir", type=Path, default=Path.home() / ".cache" / "momentum_plugins")
     parser.add_argument("--gpu", action="store_true", help="train on the GPU (drops --cpu)")
@@ -59,11 +60,12 @@ def parse_args(argv=None):
 def main(argv=None):
     args = parse_args(argv)
     log = lambda msg: print(f"[ptb] {msg}", flush=True)  # noqa: E731
+    max_train_tokens = args.max_train_tokens if args.max_train_tokens is not None else (0 if args.full else 240_000)
     source, paths = lm_corpus(args.corpus, args.cache_dir, args.out_dir / f"text-{args.corpus}",
-                              **({} if args.corpus == "ptb" else {"max_train_tokens": args.max_train_tokens}))
+                              **({} if args.corpus == "ptb" else {"max_train_tokens": max_train_tokens}))
     data_bin = preprocess_lm(paths, args.out_dir / f"data-bin-{source}")
     common = [c for c in COMMON if not (args.gpu and c == "--cpu")]
-    schedule = FULL if args.full else [*SMALL, "--max-epoch", "4"]
+    schedule = FULL if args.full else [*SMALL, "--max-epoch", "3"]
     if args.epochs is not None:
         schedule = [*schedule, "--max-epoch", str(args.epochs)]
     models = {name: CELLS[name] for name in args.models}
