@@ -5,7 +5,7 @@ from pathlib import Path
 from typing import Dict, List, Sequence
 
 from .fairseq_runs import TrainResult, eval_lm, train
-from .plots import markdown_table, plot_curves, write_csv
+from .plots import plot_curves, write_results
 from .stats import mean_std
 
 
@@ -44,10 +44,7 @@ def summarize(runs: List[LMRun], out: Path, title: str) -> str:
         mine = [r for r in runs if r.name == name]
         rows.append([name, len(mine), mean_std([r.result.best_valid_ppl for r in mine], 1),
                      mean_std([r.test_ppl for r in mine], 1), mean_std([r.result.seconds for r in mine], 0)])
-    table = markdown_table(headers, rows)
-    write_csv(headers, rows, out / "results.csv")
-    (out / "results.md").write_text(f"# {title}\n\n{table}\n")
-    return table
+    return write_results(out, title, headers, rows)
 
 
 def plot_lm_runs(runs: List[LMRun], out: Path, corpus: str) -> List[Path]:

@@ -47,3 +47,16 @@ def write_csv(headers: List[str], rows: List[List], path: Path) -> Path:
         writer.writerow(headers)
         writer.writerows(rows)
     return path
+
+
+def write_results(out_dir: Path, title: str, headers: List[str], rows: List[List],
+                  curve_headers: Sequence[str] = (), curve_rows: Sequence[Sequence] = ()) -> str:
+    """A recipe's results: `results.md` (title + Markdown table), `results.csv`, and
+    `curves.csv` when curve rows are given. Returns the Markdown table."""
+    table = markdown_table(headers, rows)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "results.md").write_text(f"# {title}\n\n{table}\n")
+    write_csv(headers, rows, out_dir / "results.csv")
+    if curve_rows:
+        write_csv(list(curve_headers), list(curve_rows), out_dir / "curves.csv")
+    return table

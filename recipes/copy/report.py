@@ -2,7 +2,7 @@
 from pathlib import Path
 from typing import Dict, List
 
-from recipes.common.plots import markdown_table, plot_curves, write_csv
+from recipes.common.plots import plot_curves, write_results
 from recipes.common.stats import mean_curve, mean_std
 
 from .train import History
@@ -48,10 +48,7 @@ def curve_rows(runs: Dict[str, List[History]], seeds: List[int]) -> List[List]:
 def write_report(runs: Dict[str, List[History]], seeds: List[int], out_dir: Path,
                  title: str) -> str:
     rows = summary_rows(runs)
-    table = markdown_table(SUMMARY_HEADERS, rows)
-    (out_dir / "results.md").write_text(f"# {title}\n\n{table}\n")
-    write_csv(SUMMARY_HEADERS, rows, out_dir / "results.csv")
-    write_csv(CURVE_HEADERS, curve_rows(runs, seeds), out_dir / "curves.csv")
+    table = write_results(out_dir, title, SUMMARY_HEADERS, rows, CURVE_HEADERS, curve_rows(runs, seeds))
     for y, label, logy in [("train_loss", "training loss", True),
                            ("test_accuracy", "test accuracy", False)]:
         for x, xlabel in [("steps", "iteration"), ("seconds", "training time (s)")]:

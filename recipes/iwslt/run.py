@@ -18,7 +18,7 @@ from pathlib import Path
 from recipes.common.cli import bounded_int, non_negative_int, positive_int, require_distinct
 from recipes.common.fairseq_runs import REPO, run, tool, train
 from recipes.common.parallel import parallel_corpus
-from recipes.common.plots import markdown_table, plot_curves, write_csv
+from recipes.common.plots import plot_curves, write_results
 
 MODELS = {
     "momentum transformer": ("momentum_transformer", "momentum_transformer_iwslt_de_en", ["--attention-momentum", "0.6"]),
@@ -138,9 +138,7 @@ def main(argv=None):
         rows.append([name, f"{bleu:.2f}", f"{float(result.valid[-1]['valid_loss']):.3f}", f"{speed:.0f}", f"{result.seconds:.0f}"])
         curves[name] = [(float(v["epoch"]), float(v["valid_loss"])) for v in result.valid]
     headers = ["model", "test BLEU", "valid loss", "generate tokens/s", "train time (s)"]
-    table = markdown_table(headers, rows)
-    write_csv(headers, rows, out / "results.csv")
-    (out / "results.md").write_text(f"# Translation {src}→{tgt} on {source} ({'full' if args.full else 'small'})\n\n{table}\n")
+    table = write_results(out, f"Translation {src}→{tgt} on {source} ({'full' if args.full else 'small'})", headers, rows)
     plot = plot_curves(curves, out / "valid_loss.png", xlabel="epoch", ylabel="validation loss",
                        title=f"{src}→{tgt} on {source}: validation loss")
     print(f"\n{table}\n")

@@ -2,7 +2,7 @@
 from pathlib import Path
 from typing import Dict, List
 
-from recipes.common.plots import markdown_table, plot_curves, write_csv
+from recipes.common.plots import plot_curves, write_results
 from recipes.common.stats import mean_curve, mean_std
 
 from .train import History
@@ -33,8 +33,4 @@ def plot_task(task: str, runs: Dict[str, List[History]], out_dir: Path, title: s
 
 
 def write_tables(rows: List[List], curves: List[List], out_dir: Path, title: str) -> str:
-    table = markdown_table(SUMMARY_HEADERS, rows)
-    (out_dir / "results.md").write_text(f"# {title}\n\n{table}\n")
-    write_csv(SUMMARY_HEADERS, rows, out_dir / "results.csv")
-    write_csv(CURVE_HEADERS, curves, out_dir / "curves.csv")
-    return table
+    return write_results(out_dir, title, SUMMARY_HEADERS, rows, CURVE_HEADERS, curves)
