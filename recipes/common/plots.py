@@ -60,3 +60,17 @@ def write_results(out_dir: Path, title: str, headers: List[str], rows: List[List
     if curve_rows:
         write_csv(list(curve_headers), list(curve_rows), out_dir / "curves.csv")
     return table
+
+
+def write_run_config(args, started: float, settings: dict) -> Path:
+    """`config.json` beside a recipe's results: its settings plus the run's seeds, threads,
+    device and wall time (`started` from time.perf_counter() at the beginning)."""
+    import json
+    import time
+
+    path = args.out_dir / "config.json"
+    path.write_text(json.dumps({**settings, "seeds": args.seeds, "threads": args.threads,
+                                "device": str(args.device),
+                                "wall_seconds": round(time.perf_counter() - started, 1)}, indent=2))
+    print(f"wrote {args.out_dir}/results.md, results.csv, curves.csv and PNG plots")
+    return path

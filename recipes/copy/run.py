@@ -3,7 +3,6 @@
     python -m recipes.copy.run [--full] [--out-dir outputs/copy] [--seeds 1 2 3] [--models ...]
 """
 import argparse
-import json
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -13,6 +12,7 @@ from tqdm import tqdm
 
 from recipes.common.cli import (available_device, non_negative_int, positive_int,
                                 require_distinct)
+from recipes.common.plots import write_run_config
 
 from .config import configure
 from .model import VARIANTS
@@ -55,12 +55,9 @@ def main(argv=None):
                                            device=args.device))
     title = f"Copy task ({'full' if args.full else 'small'}, seeds {' '.join(map(str, args.seeds))})"
     table = write_report(runs, args.seeds, args.out_dir, title)
-    (args.out_dir / "config.json").write_text(json.dumps(
-        {"config": asdict(config), "models": {m: asdict(VARIANTS[m]) for m in args.models},
-         "seeds": args.seeds, "threads": args.threads, "device": str(args.device),
-         "wall_seconds": round(time.perf_counter() - started, 1)}, indent=2))
     print(table)
-    print(f"wrote {args.out_dir}/results.md, results.csv, curves.csv and PNG plots")
+    write_run_config(args, started, {"config": asdict(config),
+                                     "models": {m: asdict(VARIANTS[m]) for m in args.models}})
 
 
 if __name__ == "__main__":

@@ -4,7 +4,6 @@
         [--tasks copying adding] [--models lstm momentum adam rmsprop nag sr]
 """
 import argparse
-import json
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -13,6 +12,7 @@ import torch
 from tqdm import tqdm
 
 from recipes.common.cli import available_device, non_negative_int, positive_int, require_distinct
+from recipes.common.plots import write_run_config
 from .config import TASKS, configure
 from .data import ADDING_BASELINE_MSE, copying_baseline_loss
 from .report import curve_rows, plot_task, summary_rows, write_tables
@@ -75,12 +75,8 @@ def main(argv=None):
     table = write_tables(rows, curves, args.out_dir, title)
     specs = {task: {m: asdict((copying_specs(configs[task].length) if task == "copying" else ADDING)[m])
                     for m in args.models} for task in args.tasks}
-    (args.out_dir / "config.json").write_text(json.dumps(
-        {"configs": {t: asdict(c) for t, c in configs.items()}, "cells": specs,
-         "seeds": args.seeds, "threads": args.threads, "device": str(args.device),
-         "wall_seconds": round(time.perf_counter() - started, 1)}, indent=2))
     print(table)
-    print(f"wrote {args.out_dir}/results.md, results.csv, curves.csv and PNG plots")
+    write_run_config(args, started, {"configs": {t: asdict(c) for t, c in configs.items()}, "cells": specs})
 
 
 if __name__ == "__main__":

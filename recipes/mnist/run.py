@@ -4,7 +4,6 @@
         [--out-dir outputs/mnist] [--seeds 1 2 3] [--tasks mnist pmnist] [--models ...]
 """
 import argparse
-import json
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -14,6 +13,7 @@ from tqdm import tqdm
 
 from recipes.common.cli import (available_device, non_negative_int, positive_int,
                                    require_distinct)
+from recipes.common.plots import write_run_config
 
 from .config import TASKS, configure
 from .data import DATASETS, limit_training_set, load_images
@@ -105,14 +105,10 @@ def main(argv=None):
     title = (f"Sequential MNIST / PMNIST ({args.dataset}: {len(images.train_labels)} train / "
              f"{len(images.test_labels)} test, {size}, seeds {' '.join(map(str, args.seeds))})")
     table = write_tables(rows, curves, args.out_dir, title)
-    (args.out_dir / "config.json").write_text(json.dumps(
-        {"config": asdict(config), "dataset": args.dataset,
-         "cells": {t: {m: asdict(cell_specs(t, config.hidden_size)[m]) for m in args.models}
-                   for t in args.tasks},
-         "seeds": args.seeds, "threads": args.threads, "device": str(args.device),
-         "wall_seconds": round(time.perf_counter() - started, 1)}, indent=2))
     print(table)
-    print(f"wrote {args.out_dir}/results.md, results.csv, curves.csv and PNG plots")
+    write_run_config(args, started, {
+        "config": asdict(config), "dataset": args.dataset,
+        "cells": {t: {m: asdict(cell_specs(t, config.hidden_size)[m]) for m in args.models} for t in args.tasks}})
 
 
 if __name__ == "__main__":
