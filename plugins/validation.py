@@ -1,0 +1,87 @@
+"""Argument checks shared by attention, connections, recurrent cells and both integrations.
+
+One rule set everywhere: numbers are real ints/floats (or 0-d tensors / numpy scalars),
+never bools and never NaN/inf; every failure is a ValueError that names the argument and
+the allowed range. Each check returns the value converted to a plain Python type.
+"""
+import math
+import numbers
+from typing import Iterable, Optional
+
+# A step counter or length beyond this would wrap negative in int64 arithmetic.
+MAX_INT = 2 ** 62
+
+
+def _plain(value, name: str):
+    """Unwrap a 0-d tensor / numpy scalar; refuse bools and non-numbers."""
+    if hasattr(value, "numel") and hasattr(value, "item"):
+        if value.numel() != 1:
+            raise ValueError(f"{name} must be a scalar, got a tensor of shape {tuple(value.shape)}")
+        value = value.item()
+    elif hasattr(value, "item") and getattr(value, "shape", None) == ():
+        value = value.item()
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise ValueError(f"{name} must be a number, got {type(value).__name__} {value!r}")
+    return value
+
+
+def check_number(value, name: str, *, low: Optional[float] = None, high: Optional[float] = None,
+                 low_open: bool = False, high_open: bool = False) -> float:
+    """A finite real number in the interval given by low/high (closed unless *_open)."""
+    value = float(_plain(value, name))
+    if not math.isfinite(value):
+        raise ValueError(f"{name} must be a finite number, got {value}")
+    below = low is not None and (value <= low if low_open else value < low)
+    above = high is not None and (value >= high if high_open else value > high)
+    if below or above:
+        left = "(" if low_open else "["
+        right = ")" if high_open else "]"
+        lo = "-inf" if low is None else f"{low:g}"
+        hi = "inf" if high is None else f"{high:g}"
+        raise ValueError(f"{name} must be in {left}{lo}, {hi}{right}, got {value:g}")
+    return value
+
+
+def check_momentum(value, name: str = "momentum") -> float:
+    """A momentum / decay coefficient: [0, 1)."""
+    return check_number(value, name, low=0.0, high=1.0, high_open=True)
+
+
+def check_positive(value, name: str) -> float:
+    """A finite number > 0 (step sizes, eps, learning rates)."""
+    return check_number(value, name, low=0.0, low_open=True)
+
+
+def check_probability(value, name: str) -> float:
+    """A dropout-like probability: [0, 1)."""
+    return check_number(value, name, low=0.0, high=1.0, high_open=True)
+
+
+def check_int(value, name: str, *, low: Optional[int] = None, high: Optional[int] = None) -> int:
+    """An integer (not a bool, not a float) in [low, high]; never beyond ±2^62."""
+    value = _plain(value, name)
+    if not isinstance(value, numbers.Integral):
+        raise ValueError(f"{name} must be an integer, got {type(value).__name__} {value!r}")
+    value = int(value)
+    lo = -MAX_INT if low is None else low
+    hi = MAX_INT if high is None else min(high, MAX_INT)
+    if not lo <= value <= hi:
+        raise ValueError(f"{name} must be an integer in [{lo}, {hi}], got {value}")
+    return value
+
+
+def check_bool(value, name: str) -> bool:
+    """A real bool: a string such as "false" is refused, not read as True."""
+    if hasattr(value, "item") and getattr(value, "shape", None) in ((), None):
+        value = value.item()
+    if not isinstance(value, bool):
+        raise ValueError(f"{name} must be True or False, got {type(value).__name__} {value!r}")
+    return value
+
+
+def check_choice(value, name: str, choices: Iterable[str]) -> str:
+    """One of a fixed set of names."""
+    choices = tuple(choices)
+    if not isinstance(value, str) or value not in choices:
+        raise ValueError(f"{name} must be one of {', '.join(map(repr, choices))}; got {value!r}")
+    return value

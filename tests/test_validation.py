@@ -1,0 +1,56 @@
+"""plugins.validation: one rule set for every argument check."""
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from plugins import validation as V
+
+
+@pytest.mark.parametrize("bad", [True, False, "0.5", None, math.nan, math.inf, -math.inf,
+                                 torch.tensor([0.1, 0.2])])
+def test_numbers_refuse_bools_strings_and_non_finite(bad):
+    with pytest.raises(ValueError, match="momentum"):
+        V.check_momentum(bad)
+
+
+@pytest.mark.parametrize("value", [0, 0.0, 0.5, 0.999, torch.tensor(0.3), np.float32(0.25)])
+def test_momentum_accepts_unit_interval_scalars(value):
+    assert V.check_momentum(value) == pytest.approx(float(value))
+    assert type(V.check_momentum(value)) is float
+
+
+@pytest.mark.parametrize("bad", [1.0, -1e-9, 2])
+def test_momentum_range_named(bad):
+    with pytest.raises(ValueError, match=r"momentum must be in \[0, 1\)"):
+        V.check_momentum(bad)
+
+
+def test_positive_and_probability():
+    assert V.check_positive(1e-6, "eps") == 1e-6
+    for bad in (0, -1.0, math.inf):
+        with pytest.raises(ValueError, match="eps"):
+            V.check_positive(bad, "eps")
+    assert V.check_probability(0.0, "dropout") == 0.0
+    for bad in (1.0, True, -0.1):
+        with pytest.raises(ValueError, match="dropout"):
+            V.check_probability(bad, "dropout")
+
+
+def test_int_refuses_bools_floats_and_wrapping_values():
+    assert V.check_int(np.int64(7), "restart", low=1) == 7
+    assert V.check_int(torch.tensor(3), "restart", low=1) == 3
+    for bad in (True, 2.0, "3", 0, 2 ** 63):
+        with pytest.raises(ValueError, match="restart"):
+            V.check_int(bad, "restart", low=1)
+
+
+def test_bool_and_choice():
+    assert V.check_bool(False, "is_causal") is False
+    for bad in ("false", 0, 1, None):
+        with pytest.raises(ValueError, match="is_causal"):
+            V.check_bool(bad, "is_causal")
+    assert V.check_choice("pre", "layer_norm", ("pre", "post")) == "pre"
+    with pytest.raises(ValueError, match="layer_norm must be one of 'pre', 'post'"):
+        V.check_choice("mid", "layer_norm", ("pre", "post"))
