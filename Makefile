@@ -16,7 +16,7 @@ FAIRSEQ_RUNTIME := cffi hydra-core omegaconf regex tqdm bitarray scikit-learn pa
 PYTEST_ARGS ?=
 DEMO_ARGS ?=
 
-.PHONY: venv test demo bench lock clean
+.PHONY: venv lint test demo bench lock clean
 
 venv:
 	@if [ "$$(cat $(STAMP) 2>/dev/null)" != "$(REQ_HASH)" ]; then \
@@ -33,7 +33,11 @@ _build-venv:
 	$(BIN)/python -c "import torch, fairseq, transformers, accelerate; print('torch', torch.__version__, '| fairseq', fairseq.__version__, '| transformers', transformers.__version__)"
 	echo "$(REQ_HASH)" > $(STAMP)
 
-test: venv
+# ruff's configuration is in pyproject.toml ([tool.ruff]).
+lint: venv
+	$(BIN)/ruff check .
+
+test: venv lint
 	$(BIN)/python -m pytest --timeout 900 $(PYTEST_ARGS)
 
 # The main job: momentum vs baseline LMs on the offline Austen corpus through fairseq-train.
