@@ -1,0 +1,156 @@
+"""Chunked causal momentum attention (Momentum Transformer, eq. 13) in Triton: the launchers of
+the forward and backward kernels and the public entry point.
+
+Memory: the forward keeps q, k, v, the output and one float per position (the denominator); the
+states entering each chunk (2·nchunks·Dk·Dv floats) exist only during a kernel pair and are
+recomputed in the backward, so nothing of size N·Dk·Dv is ever stored."""
+from typing import Callable, Optional, Tuple
+
+import torch
+import triton
+
+from ..state import MomentumAttentionState
+from . import chunk_kernels as K
+from .utils import accumulator_dtype, block, chunk_block, kernel_flags, params
+
+Launch = Callable  # identity in eager code, torch.library.wrap_triton inside the registered op
+
+NUM_WARPS = 4
+
+
+def _plain(kernel):
+    return kernel
+
+
+def _shapes(fq, v, chunk):
+    B, H, N, DK = fq.shape
+    DV = v.shape[-1]
+    BT = chunk_block(chunk)
+    return B, H, N, DK, DV, BT, triton.cdiv(N, BT), block(DK), block(DV)
+
+
+def _meta(fq, momentum, lengths, BK, BV, BT, DK, DV):
+    return dict(DK=DK, DV=DV, BT=BT, BK=BK, BV=BV, MOMENTUM=momentum > 0.0,
+                HAS_LEN=lengths is not None, **kernel_flags(fq.dtype))
+
+
+def states_entering_chunks(fk, v, s0, z0, m0, lengths, coef, meta, NT, launch: Launch = _plain):
+    """S, M' and Z entering each chunk (fp32/fp64) and the final state (s, z, m with m = −M')."""
+    B, H, N, DK = fk.shape
+    DV = v.shape[-1]
+    acc = coef.dtype
+    h_s = fk.new_empty(B * H, NT, DK, DV, dtype=acc)
+    h_m = fk.new_empty(B * H, NT, DK, DV, dtype=acc) if meta["MOMENTUM"] else h_s
+    h_z = fk.new_empty(B * H, NT, DK, dtype=acc)
+    s = fk.new_empty(B, H, DK, DV, dtype=acc)
+    m = fk.new_empty(B, H, DK, DV, dtype=acc)
+    z = fk.new_empty(B, H, DK, dtype=acc)
+    use_init = s0 is not None
+    grid = (triton.cdiv(DK, meta["BK"]) * triton.cdiv(DV, meta["BV"]), B * H)
+    launch(K.fwd_h)[grid](fk, v, h_s, h_m, h_z, s0 if use_init else s, m0 if use_init else m,
+                          z0 if use_init else z, s, m, z, lengths if lengths is not None else z, coef,
+                          N, H, NT, USE_INIT=use_init, num_warps=NUM_WARPS, **meta)
+    return h_s, h_m, h_z, s, z, m
+
+
+def chunk_forward(fq, fk, v, s0, z0, m0, lengths, momentum: float, step_size: float, eps: float,
+                  chunk: int, launch: Launch = _plain):
+    """out (input dtype), den (B, H, N) accumulator dtype, and the final s, z, m."""
+    B, H, N, DK, DV, BT, NT, BK, BV = _shapes(fq, v, chunk)
+    coef = params(momentum, step_size, eps, accumulator_dtype(fq.dtype), fq.device)
+    meta = _meta(fq, momentum, lengths, BK, BV, BT, DK, DV)
+    h_s, h_m, h_z, s, z, m = states_entering_chunks(fk, v, s0, z0, m0, lengths, coef, meta, NT, launch)
+    out = torch.empty_like(v)
+    den = fq.new_empty(B, H, N, dtype=coef.dtype)
+    grid = (triton.cdiv(DV, BV), NT, B * H)
+    launch(K.fwd_o)[grid](fq, fk, v, h_s, h_m, h_z, out, den, lengths if lengths is not None else den,
+                          coef, N, H, NT, num_warps=NUM_WARPS, **meta)
+    return out, den, s, z, m
+
+
+def chunk_backward(fq, fk, v, out, den, do, s0, z0, m0, ds, dz, dm, lengths, momentum: float,
+                   step_size: float, eps: float, chunk: int, launch: Launch = _plain):
+    """Gradients of fq, fk, v (input dtype) and of the initial s, z, m (accumulator dtype), given
+    the output gradient do and the final state's gradients ds, dz, dm (None = 0)."""
+    B, H, N, DK, DV, BT, NT, BK, BV = _shapes(fq, v, chunk)
+    coef = params(momentum, step_size, eps, accumulator_dtype(fq.dtype), fq.device)
+    meta = _meta(fq, momentum, lengths, BK, BV, BT, DK, DV)
+    lens = lengths if lengths is not None else den
+    h_s, h_m, h_z, _s, _z, _m = states_entering_chunks(fk, v, s0, z0, m0, lengths, coef, meta, NT, launch)
+
+    dden = torch.empty_like(den)
+    launch(K.bwd_prep)[(NT, B * H)](out, do, den, dden, lens, N, H, DV=DV, BT=BT,
+                                    BDV=triton.next_power_of_2(DV), HAS_LEN=lengths is not None,
+                                    num_warps=NUM_WARPS)
+
+    acc = coef.dtype
+    has_final = ds is not None
+    dh_s = torch.empty_like(h_s)
+    dh_m = torch.empty_like(h_m) if meta["MOMENTUM"] else dh_s
+    dh_z = torch.empty_like(h_z)
+    ds0 = fq.new_empty(B, H, DK, DV, dtype=acc)
+    dm0 = fq.new_empty(B, H, DK, DV, dtype=acc)
+    dz0 = fq.new_empty(B, H, DK, dtype=acc)
+    grid = (triton.cdiv(DK, BK) * triton.cdiv(DV, BV), B * H)
+    launch(K.bwd_dh)[grid](fq, do, den, dden, dh_s, dh_m, dh_z, ds if has_final else ds0,
+                           dm if has_final else dm0, dz if has_final else dz0, ds0, dm0, dz0, lens,
+                           coef, N, H, NT, HAS_FINAL_GRAD=has_final, num_warps=NUM_WARPS, **meta)
+
+    dv = torch.empty_like(v)
+    launch(K.bwd_dv)[(triton.cdiv(DV, BV), NT, B * H)](fq, fk, do, den, dh_s, dh_m, dv, lens, coef,
+                                                       N, H, NT, num_warps=NUM_WARPS, **meta)
+    dq = torch.empty_like(fq)
+    dk = torch.empty_like(fk)
+    launch(K.bwd_dqk)[(triton.cdiv(DK, BK), NT, B * H)](fq, fk, v, do, den, dden, h_s, h_m, h_z, dh_s,
+                                                        dh_m, dh_z, dq, dk, lens, coef, N, H, NT,
+                                                        num_warps=NUM_WARPS, **meta)
+    return dq, dk, dv, ds0, dz0, dm0
+
+
+def chunk_momentum_attention(
+    fq: torch.Tensor, fk: torch.Tensor, v: torch.Tensor, *, momentum: float, step_size: float,
+    eps: float, chunk_size: int, initial_state: Optional[MomentumAttentionState] = None,
+    lengths: Optional[torch.Tensor] = None, return_state: bool = False,
+) -> Tuple[torch.Tensor, Optional[MomentumAttentionState]]:
+    """Eq. 13 on feature-mapped fq, fk (B, H, N, Dk) and v (B, H, N, Dv) of one dtype (bf16, fp16,
+    fp32 or fp64), padding on the right with `lengths` (B,) real tokens per row (None = all).
+    Returns the output (B, H, N, Dv) in the input dtype, 0 at padded positions, and, if asked, the
+    state after each row's last real token (s, z, m in fp32, fp64 for fp64 input). Differentiable
+    in fq, fk, v and the initial state."""
+    from .op import chunk_momentum_attention_op
+
+    acc = accumulator_dtype(fq.dtype)
+    if initial_state is None:
+        s0 = z0 = m0 = None
+    else:
+        s0, z0, m0 = (t.to(acc).contiguous() for t in (initial_state.s, initial_state.z, initial_state.m))
+    if lengths is not None:
+        lengths = lengths.to(device=fq.device, dtype=torch.int32).contiguous()
+    fq, fk, v = (t.contiguous() for t in (fq, fk, v))
+    if fq.numel() == 0 or v.numel() == 0:
+        out = v.new_zeros(v.shape)
+        state = initial_state if initial_state is not None else MomentumAttentionState.zeros(
+            fq.shape[0], fq.shape[1], fq.shape[3], v.shape[3], dtype=acc, device=fq.device)
+        return out, (state if return_state else None)
+    out, s, z, m = chunk_momentum_attention_op(fq, fk, v, s0, z0, m0, lengths, float(momentum),
+                                               float(step_size), float(eps), int(chunk_size))
+    if not return_state:
+        return out, None
+    if momentum == 0.0:
+        m = _last_momentum(fk, v, lengths, m0)
+    return out, MomentumAttentionState(s=s, z=z, m=m)
+
+
+def _last_momentum(fk, v, lengths, m0):
+    """At β = 0 eq. 12's momentum is m_L = −φ(k_L)v_Lᵀ, the last real token's (m₀ if there is
+    none): the one-state kernels do not carry it, so it is gathered here (differentiably)."""
+    B, H, N, DK = fk.shape
+    acc = accumulator_dtype(fk.dtype)
+    count = torch.full((B,), N, device=fk.device) if lengths is None else lengths.long()
+    last = (count - 1).clamp(min=0)[:, None, None, None]
+    k_last = fk.gather(2, last.expand(B, H, 1, DK))[:, :, 0].to(acc)
+    v_last = v.gather(2, last.expand(B, H, 1, v.shape[3]))[:, :, 0].to(acc)
+    m = -(k_last[..., :, None] * v_last[..., None, :])
+    empty = (count == 0)[:, None, None, None]
+    fallback = torch.zeros_like(m) if m0 is None else m0
+    return torch.where(empty, fallback, m)

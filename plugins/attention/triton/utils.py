@@ -1,0 +1,79 @@
+"""Shared pieces of the Triton kernels: the β-power coefficients of eq. 12/13, computed in-kernel
+without cancellation, and a matmul helper that keeps carried states in full precision."""
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def expm1(x):
+    """exp(x) − 1 without cancellation near 0 (Kahan's trick: (u − 1)·x / log u with u = exp x),
+    from exp and log only, so it runs the same on GPU and in the interpreter."""
+    u = tl.exp(x)
+    um1 = u - 1.0
+    return tl.where(um1 == 0.0, x, tl.where(um1 == -1.0, -1.0, um1 * x / tl.log(u)))
+
+
+@triton.jit
+def geometric(n, log_beta, inv_one_minus_beta):
+    """(1 − β^n)/(1 − β) = Σ_{t<n} β^t for β in (0, 1), from log β: −expm1(n log β)/(1 − β)."""
+    return -expm1(n * log_beta) * inv_one_minus_beta
+
+
+@triton.jit
+def mixed_dot(a, b, LOW: tl.constexpr, IEEE: tl.constexpr):
+    """a @ b where one side holds fp32 (fp64) values: bf16 inputs cast both to bf16 (the fla
+    convention; bf16 has fp32's range), otherwise both go in fp32/fp64 so fp16 states cannot
+    overflow (tf32 for fp16 inputs, exact fp32 for fp32 inputs)."""
+    if LOW:
+        return tl.dot(a.to(tl.bfloat16), b.to(tl.bfloat16))
+    elif IEEE:
+        acc = tl.float64 if a.dtype == tl.float64 or b.dtype == tl.float64 else tl.float32
+        return tl.dot(a.to(acc), b.to(acc), input_precision="ieee")
+    else:
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="tf32")
+
+
+@triton.jit
+def raw_dot(a, b, IEEE: tl.constexpr):
+    """a @ b of two input tensors in their own dtype (tensor cores for bf16/fp16), fp32 accumulate."""
+    if IEEE:
+        return tl.dot(a, b, input_precision="ieee")
+    else:
+        return tl.dot(a, b)
+
+
+@triton.jit
+def finite(x):
+    return tl.abs(x) < float("inf")
+
+
+def params(momentum: float, step_size: float, eps: float, dtype: torch.dtype,
+           device: torch.device) -> torch.Tensor:
+    """[log β, 1/(1 − β), γ, eps, β] as a small tensor in the accumulator dtype (scalar kernel
+    arguments would be rounded to fp32)."""
+    log_beta = math.log(momentum) if momentum > 0 else 0.0
+    return torch.tensor([log_beta, 1.0 / (1.0 - momentum), step_size, eps, momentum], dtype=dtype,
+                        device=device)
+
+
+def accumulator_dtype(dtype: torch.dtype) -> torch.dtype:
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def kernel_flags(dtype: torch.dtype) -> dict:
+    """LOW: derived fp32 operands are cast to bf16 for the tensor cores; IEEE: exact fp32/fp64 dots."""
+    return dict(LOW=dtype == torch.bfloat16, IEEE=dtype in (torch.float32, torch.float64))
+
+
+def block(dim: int, cap: int = 64) -> int:
+    """Tile size along a head dimension: a power of two, at least 16 (tl.dot's minimum)."""
+    return max(16, min(cap, triton.next_power_of_2(dim)))
+
+
+def chunk_block(chunk_size: int) -> int:
+    """The kernels' chunk length: chunk_size rounded up to a power of two in [16, 64]. The result
+    does not depend on it beyond rounding (eq. 13 is computed exactly for any chunk)."""
+    return max(16, min(64, triton.next_power_of_2(chunk_size)))
