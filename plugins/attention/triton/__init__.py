@@ -28,4 +28,4 @@ def fused_recurrent_step(fq, fk, v, state, **kwargs):
     return impl(fq, fk, v, state, **kwargs)
 
 
-__all__ = ["is_available", "chunk_momentum_attention", "fused_recurrent_step"]
+__all__ = ["chunk_momentum_attention", "fused_recurrent_step", "is_available"]

@@ -4,7 +4,7 @@ the forward and backward kernels and the public entry point.
 Memory: the forward keeps q, k, v, the output and one float per position (the denominator); the
 states entering each chunk (2·nchunks·Dk·Dv floats) exist only during a kernel pair and are
 recomputed in the backward, so nothing of size N·Dk·Dv is ever stored."""
-from typing import Callable, Optional, Tuple
+import os
 
 import torch
 import triton
@@ -13,13 +13,7 @@ from ..state import MomentumAttentionState
 from . import chunk_kernels as K
 from .utils import accumulator_dtype, block, chunk_block, kernel_flags, params
 
-Launch = Callable  # identity in eager code, torch.library.wrap_triton inside the registered op
-
 NUM_WARPS = 4
-
-
-def _plain(kernel):
-    return kernel
 
 
 def _shapes(fq, v, chunk):
@@ -34,7 +28,7 @@ def _meta(fq, momentum, lengths, BK, BV, BT, DK, DV):
                 HAS_LEN=lengths is not None, **kernel_flags(fq.dtype))
 
 
-def states_entering_chunks(fk, v, s0, z0, m0, lengths, coef, meta, NT, launch: Launch = _plain):
+def states_entering_chunks(fk, v, s0, z0, m0, lengths, coef, meta, NT):
     """S, M' and Z entering each chunk (fp32/fp64) and the final state (s, z, m with m = −M')."""
     B, H, N, DK = fk.shape
     DV = v.shape[-1]
@@ -47,39 +41,39 @@ def states_entering_chunks(fk, v, s0, z0, m0, lengths, coef, meta, NT, launch: L
     z = fk.new_empty(B, H, DK, dtype=acc)
     use_init = s0 is not None
     grid = (triton.cdiv(DK, meta["BK"]) * triton.cdiv(DV, meta["BV"]), B * H)
-    launch(K.fwd_h)[grid](fk, v, h_s, h_m, h_z, s0 if use_init else s, m0 if use_init else m,
+    K.fwd_h[grid](fk, v, h_s, h_m, h_z, s0 if use_init else s, m0 if use_init else m,
                           z0 if use_init else z, s, m, z, lengths if lengths is not None else z, coef,
                           N, H, NT, USE_INIT=use_init, num_warps=NUM_WARPS, **meta)
     return h_s, h_m, h_z, s, z, m
 
 
 def chunk_forward(fq, fk, v, s0, z0, m0, lengths, momentum: float, step_size: float, eps: float,
-                  chunk: int, launch: Launch = _plain):
+                  chunk: int):
     """out (input dtype), den (B, H, N) accumulator dtype, and the final s, z, m."""
     B, H, N, DK, DV, BT, NT, BK, BV = _shapes(fq, v, chunk)
     coef = params(momentum, step_size, eps, accumulator_dtype(fq.dtype), fq.device)
     meta = _meta(fq, momentum, lengths, BK, BV, BT, DK, DV)
-    h_s, h_m, h_z, s, z, m = states_entering_chunks(fk, v, s0, z0, m0, lengths, coef, meta, NT, launch)
+    h_s, h_m, h_z, s, z, m = states_entering_chunks(fk, v, s0, z0, m0, lengths, coef, meta, NT)
     out = torch.empty_like(v)
     den = fq.new_empty(B, H, N, dtype=coef.dtype)
     grid = (triton.cdiv(DV, BV), NT, B * H)
-    launch(K.fwd_o)[grid](fq, fk, v, h_s, h_m, h_z, out, den, lengths if lengths is not None else den,
+    K.fwd_o[grid](fq, fk, v, h_s, h_m, h_z, out, den, lengths if lengths is not None else den,
                           coef, N, H, NT, num_warps=NUM_WARPS, **meta)
     return out, den, s, z, m
 
 
 def chunk_backward(fq, fk, v, out, den, do, s0, z0, m0, ds, dz, dm, lengths, momentum: float,
-                   step_size: float, eps: float, chunk: int, launch: Launch = _plain):
+                   step_size: float, eps: float, chunk: int):
     """Gradients of fq, fk, v (input dtype) and of the initial s, z, m (accumulator dtype), given
     the output gradient do and the final state's gradients ds, dz, dm (None = 0)."""
     B, H, N, DK, DV, BT, NT, BK, BV = _shapes(fq, v, chunk)
     coef = params(momentum, step_size, eps, accumulator_dtype(fq.dtype), fq.device)
     meta = _meta(fq, momentum, lengths, BK, BV, BT, DK, DV)
     lens = lengths if lengths is not None else den
-    h_s, h_m, h_z, _s, _z, _m = states_entering_chunks(fk, v, s0, z0, m0, lengths, coef, meta, NT, launch)
+    h_s, h_m, h_z, _s, _z, _m = states_entering_chunks(fk, v, s0, z0, m0, lengths, coef, meta, NT)
 
     dden = torch.empty_like(den)
-    launch(K.bwd_prep)[(NT, B * H)](out, do, den, dden, lens, N, H, DV=DV, BT=BT,
+    K.bwd_prep[(NT, B * H)](out, do, den, dden, lens, N, H, DV=DV, BT=BT,
                                     BDV=triton.next_power_of_2(DV), HAS_LEN=lengths is not None,
                                     num_warps=NUM_WARPS)
 
@@ -92,26 +86,34 @@ def chunk_backward(fq, fk, v, out, den, do, s0, z0, m0, ds, dz, dm, lengths, mom
     dm0 = fq.new_empty(B, H, DK, DV, dtype=acc)
     dz0 = fq.new_empty(B, H, DK, dtype=acc)
     grid = (triton.cdiv(DK, BK) * triton.cdiv(DV, BV), B * H)
-    launch(K.bwd_dh)[grid](fq, do, den, dden, dh_s, dh_m, dh_z, ds if has_final else ds0,
+    K.bwd_dh[grid](fq, do, den, dden, dh_s, dh_m, dh_z, ds if has_final else ds0,
                            dm if has_final else dm0, dz if has_final else dz0, ds0, dm0, dz0, lens,
                            coef, N, H, NT, HAS_FINAL_GRAD=has_final, num_warps=NUM_WARPS, **meta)
 
     dv = torch.empty_like(v)
-    launch(K.bwd_dv)[(triton.cdiv(DV, BV), NT, B * H)](fq, fk, do, den, dh_s, dh_m, dv, lens, coef,
+    K.bwd_dv[(triton.cdiv(DV, BV), NT, B * H)](fq, fk, do, den, dh_s, dh_m, dv, lens, coef,
                                                        N, H, NT, num_warps=NUM_WARPS, **meta)
     dq = torch.empty_like(fq)
     dk = torch.empty_like(fk)
-    launch(K.bwd_dqk)[(triton.cdiv(DK, BK), NT, B * H)](fq, fk, v, do, den, dden, h_s, h_m, h_z, dh_s,
+    K.bwd_dqk[(triton.cdiv(DK, BK), NT, B * H)](fq, fk, v, do, den, dden, h_s, h_m, h_z, dh_s,
                                                         dh_m, dh_z, dq, dk, lens, coef, N, H, NT,
                                                         num_warps=NUM_WARPS, **meta)
     return dq, dk, dv, ds0, dz0, dm0
 
 
+def interpreter_safe(t: torch.Tensor) -> torch.Tensor:
+    """Triton's interpreter stores bf16 as raw 16-bit integers and its tl.dot multiplies those, so
+    under TRITON_INTERPRET bf16 inputs run in fp32 (the bf16 kernels are exercised on GPU only)."""
+    if t.dtype == torch.bfloat16 and os.environ.get("TRITON_INTERPRET") == "1":
+        return t.float()
+    return t
+
+
 def chunk_momentum_attention(
     fq: torch.Tensor, fk: torch.Tensor, v: torch.Tensor, *, momentum: float, step_size: float,
-    eps: float, chunk_size: int, initial_state: Optional[MomentumAttentionState] = None,
-    lengths: Optional[torch.Tensor] = None, return_state: bool = False,
-) -> Tuple[torch.Tensor, Optional[MomentumAttentionState]]:
+    eps: float, chunk_size: int, initial_state: MomentumAttentionState | None = None,
+    lengths: torch.Tensor | None = None, return_state: bool = False,
+) -> tuple[torch.Tensor, MomentumAttentionState | None]:
     """Eq. 13 on feature-mapped fq, fk (B, H, N, Dk) and v (B, H, N, Dv) of one dtype (bf16, fp16,
     fp32 or fp64), padding on the right with `lengths` (B,) real tokens per row (None = all).
     Returns the output (B, H, N, Dv) in the input dtype, 0 at padded positions, and, if asked, the
@@ -126,7 +128,8 @@ def chunk_momentum_attention(
         s0, z0, m0 = (t.to(acc).contiguous() for t in (initial_state.s, initial_state.z, initial_state.m))
     if lengths is not None:
         lengths = lengths.to(device=fq.device, dtype=torch.int32).contiguous()
-    fq, fk, v = (t.contiguous() for t in (fq, fk, v))
+    out_dtype = v.dtype
+    fq, fk, v = (interpreter_safe(t).contiguous() for t in (fq, fk, v))
     if fq.numel() == 0 or v.numel() == 0:
         out = v.new_zeros(v.shape)
         state = initial_state if initial_state is not None else MomentumAttentionState.zeros(
@@ -134,6 +137,7 @@ def chunk_momentum_attention(
         return out, (state if return_state else None)
     out, s, z, m = chunk_momentum_attention_op(fq, fk, v, s0, z0, m0, lengths, float(momentum),
                                                float(step_size), float(eps), int(chunk_size))
+    out = out.to(out_dtype)
     if not return_state:
         return out, None
     if momentum == 0.0:

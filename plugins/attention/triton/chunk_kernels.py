@@ -102,7 +102,7 @@ def fwd_h(k, v, h_s, h_m, h_z, s0, m0, z0, s_out, m_out, z_out, lengths, params,
             M -= tl.load(m0 + i_bh * DK * DV + state_off, mask=state_mask, other=0.0).to(ACC)
         Z += tl.load(z0 + i_bh * DK + o_k, mask=mk, other=0.0).to(ACC)
 
-    for c in range(0, tl.cdiv(L, BT)):
+    for c in range(tl.cdiv(L, BT)):
         chunk = i_bh * NT + c
         tl.store(h_s + chunk * DK * DV + state_off, S, mask=state_mask)
         if MOMENTUM:
@@ -163,7 +163,7 @@ def fwd_o(q, k, v, h_s, h_m, h_z, o, den, lengths, params,
         o_m = tl.zeros([BT, BV], dtype=ACC)
         qz = tl.zeros([BT], dtype=ACC)
         bad = tl.zeros([BT], dtype=tl.int32)
-        for i_k in range(0, tl.cdiv(DK, BK)):
+        for i_k in range(tl.cdiv(DK, BK)):
             o_k = i_k * BK + tl.arange(0, BK)
             mk = o_k < DK
             row_mask = real[:, None] & mk[None, :]
@@ -251,10 +251,10 @@ def bwd_dh(q, do, den, dden, dh_s, dh_m, dh_z, ds_fin, dm_fin, dz_fin, ds0, dm0,
         if MOMENTUM:
             dM -= tl.load(dm_fin + i_bh * DK * DV + state_off, mask=state_mask, other=0.0).to(ACC)
         dZ += tl.load(dz_fin + i_bh * DK + o_k, mask=mk, other=0.0).to(ACC)
-    W, carry, causal = _intra_weights(rows, log_beta, inv, gamma, MOMENTUM)
+    _W, carry, _causal = _intra_weights(rows, log_beta, inv, gamma, MOMENTUM)
 
     n_chunks = tl.cdiv(L, BT)
-    for i in range(0, n_chunks):
+    for i in range(n_chunks):
         c = n_chunks - 1 - i
         chunk = i_bh * NT + c
         tl.store(dh_s + chunk * DK * DV + state_off, dS, mask=state_mask)
@@ -313,7 +313,7 @@ def bwd_dv(q, k, do, den, dh_s, dh_m, dv, lengths, params,
         w_s, w_m, _carry_end, _decay = _end_weights(rows, Lc, log_beta, inv, gamma, MOMENTUM)
         A = tl.zeros([BT, BT], dtype=ACC)
         acc = tl.zeros([BT, BV], dtype=ACC)
-        for i_k in range(0, tl.cdiv(DK, BK)):
+        for i_k in range(tl.cdiv(DK, BK)):
             o_k = i_k * BK + tl.arange(0, BK)
             mk = o_k < DK
             row_mask = real[:, None] & mk[None, :]
@@ -373,7 +373,7 @@ def bwd_dqk(q, k, v, do, den, dden, h_s, h_m, h_z, dh_s, dh_m, dh_z, dq, dk, len
         dq_s = tl.zeros([BT, BK], dtype=ACC)
         dq_m = tl.zeros([BT, BK], dtype=ACC)
         dk_acc = tl.zeros([BT, BK], dtype=ACC)
-        for i_v in range(0, tl.cdiv(DV, BV)):
+        for i_v in range(tl.cdiv(DV, BV)):
             o_v = i_v * BV + tl.arange(0, BV)
             mv = o_v < DV
             row_mask = real[:, None] & mv[None, :]

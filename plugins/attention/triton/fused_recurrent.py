@@ -1,6 +1,5 @@
 """One decoding step of causal momentum attention (Momentum Transformer, eq. 12) as one Triton
 launch: the m, s, z updates and the normalised output together."""
-from typing import Optional, Tuple
 
 import torch
 import triton
@@ -52,8 +51,7 @@ def step_kernel(q, k, v, s, z, m, real, s_new, z_new, m_new, o, params,
     tl.store(o + i_bh * DV + o_v, out.to(o.dtype.element_ty), mask=mv)
 
 
-def recurrent_step(fq, fk, v, s, z, m, real, momentum: float, step_size: float, eps: float,
-                   launch=lambda kernel: kernel):
+def recurrent_step(fq, fk, v, s, z, m, real, momentum: float, step_size: float, eps: float):
     """Launch the step on contiguous (B, H, Dk) / (B, H, Dv) inputs and fp32/fp64 states;
     `real` (B·H,) int8 or None. Returns (out, s, z, m), new tensors."""
     B, H, DK = fq.shape
@@ -63,7 +61,7 @@ def recurrent_step(fq, fk, v, s, z, m, real, momentum: float, step_size: float, 
     out = torch.empty_like(v)
     BK = max(16, triton.next_power_of_2(DK))
     BV = max(16, min(64, triton.next_power_of_2(DV)))
-    launch(step_kernel)[(triton.cdiv(DV, BV), B * H)](
+    step_kernel[(triton.cdiv(DV, BV), B * H)](
         fq, fk, v, s, z, m, real if real is not None else z, s_new, z_new, m_new, out, coef,
         DK=DK, DV=DV, BK=BK, BV=BV, HAS_REAL=real is not None)
     return out, s_new, z_new, m_new
@@ -71,8 +69,8 @@ def recurrent_step(fq, fk, v, s, z, m, real, momentum: float, step_size: float, 
 
 def fused_recurrent_step(fq: torch.Tensor, fk: torch.Tensor, v: torch.Tensor,
                          state: MomentumAttentionState, *, momentum: float, step_size: float, eps: float,
-                         real: Optional[torch.Tensor] = None,
-                         ) -> Tuple[torch.Tensor, MomentumAttentionState]:
+                         real: torch.Tensor | None = None,
+                         ) -> tuple[torch.Tensor, MomentumAttentionState]:
     """Eq. 12 for one new position: fq, fk (B, H, Dk), v (B, H, Dv) in any float dtype; the state
     in fp32 (fp64 for fp64 input). `real` (B,) bool: rows where it is False keep their state and
     output 0. Returns the output (B, H, Dv) in v's dtype and the new state (not differentiable:

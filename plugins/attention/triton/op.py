@@ -1,37 +1,58 @@
-"""The Triton forms registered as torch.library ops (`torch.library.triton_op`), with autograd, so
-that torch.compile traces through them (Inductor sees the Triton kernels themselves, launched
-through `wrap_triton`) instead of breaking the graph around an opaque call."""
-from typing import Optional, Tuple
+"""The Triton forms registered as torch.library custom ops with fake (shape) implementations and
+autograd, so that torch.compile keeps a model that calls them in one graph (the op is one opaque
+node; no graph break). `torch.library.triton_op` would also expose the kernels to Inductor, but its
+tracing cannot run under TRITON_INTERPRET (wrap_triton hands back the interpreted function, which
+fake tensors cannot run), so the one path that CPU tests can check is the opaque op."""
 
 import torch
 from torch import Tensor
-from torch.library import register_autograd, triton_op, wrap_triton
+from torch.library import custom_op, register_autograd
 
 from .chunk import chunk_backward, chunk_forward
 from .fused_recurrent import recurrent_step
+from .utils import accumulator_dtype
 
 NAMESPACE = "momentum_plugins"
 
 
-@triton_op(f"{NAMESPACE}::chunk_momentum_attention", mutates_args=())
+@custom_op(f"{NAMESPACE}::chunk_momentum_attention", mutates_args=())
 def chunk_momentum_attention_forward(
-    fq: Tensor, fk: Tensor, v: Tensor, s0: Optional[Tensor], z0: Optional[Tensor], m0: Optional[Tensor],
-    lengths: Optional[Tensor], momentum: float, step_size: float, eps: float, chunk: int,
-) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    fq: Tensor, fk: Tensor, v: Tensor, s0: Tensor | None, z0: Tensor | None, m0: Tensor | None,
+    lengths: Tensor | None, momentum: float, step_size: float, eps: float, chunk: int,
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     """(out, den, s, z, m): eq. 13's output, its denominator (kept for the backward) and the final
     state."""
-    return chunk_forward(fq, fk, v, s0, z0, m0, lengths, momentum, step_size, eps, chunk, launch=wrap_triton)
+    return chunk_forward(fq, fk, v, s0, z0, m0, lengths, momentum, step_size, eps, chunk)
 
 
-@triton_op(f"{NAMESPACE}::chunk_momentum_attention_backward", mutates_args=())
+@chunk_momentum_attention_forward.register_fake
+def _(fq, fk, v, s0, z0, m0, lengths, momentum, step_size, eps, chunk):
+    B, H, N, DK = fq.shape
+    DV = v.shape[-1]
+    acc = accumulator_dtype(fq.dtype)
+    return (torch.empty_like(v), fq.new_empty(B, H, N, dtype=acc), fq.new_empty(B, H, DK, DV, dtype=acc),
+            fq.new_empty(B, H, DK, dtype=acc), fq.new_empty(B, H, DK, DV, dtype=acc))
+
+
+@custom_op(f"{NAMESPACE}::chunk_momentum_attention_backward", mutates_args=())
 def chunk_momentum_attention_backward(
-    fq: Tensor, fk: Tensor, v: Tensor, out: Tensor, den: Tensor, do: Tensor, s0: Optional[Tensor],
-    z0: Optional[Tensor], m0: Optional[Tensor], ds: Optional[Tensor], dz: Optional[Tensor],
-    dm: Optional[Tensor], lengths: Optional[Tensor], momentum: float, step_size: float, eps: float,
+    fq: Tensor, fk: Tensor, v: Tensor, out: Tensor, den: Tensor, do: Tensor, s0: Tensor | None,
+    z0: Tensor | None, m0: Tensor | None, ds: Tensor | None, dz: Tensor | None,
+    dm: Tensor | None, lengths: Tensor | None, momentum: float, step_size: float, eps: float,
     chunk: int,
-) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     return chunk_backward(fq, fk, v, out, den, do, s0, z0, m0, ds, dz, dm, lengths, momentum, step_size,
-                          eps, chunk, launch=wrap_triton)
+                          eps, chunk)
+
+
+@chunk_momentum_attention_backward.register_fake
+def _(fq, fk, v, out, den, do, s0, z0, m0, ds, dz, dm, lengths, momentum, step_size, eps, chunk):
+    B, H, _, DK = fq.shape
+    DV = v.shape[-1]
+    acc = den.dtype
+    return (torch.empty_like(fq), torch.empty_like(fk), torch.empty_like(v),
+            fq.new_empty(B, H, DK, DV, dtype=acc), fq.new_empty(B, H, DK, dtype=acc),
+            fq.new_empty(B, H, DK, DV, dtype=acc))
 
 
 def _setup_context(ctx, inputs, output):
@@ -46,15 +67,14 @@ def _backward(ctx, d_out, d_den, d_s, d_z, d_m):
     fq, fk, v, out, den, s0, z0, m0, lengths = ctx.saved_tensors
     if d_out is None:
         d_out = torch.zeros_like(out)
+    B, H, _, DK = fq.shape
+    DV = v.shape[-1]
     final = (d_s, d_z, d_m)
     if all(g is None for g in final):
         final = (None, None, None)
     else:
-        final = tuple(torch.zeros(shape, dtype=den.dtype, device=den.device) if g is None
-                      else g.to(den.dtype).contiguous()
-                      for g, shape in zip(final, (fq.shape[:2] + (fq.shape[3], v.shape[3]),
-                                                  fq.shape[:2] + (fq.shape[3],),
-                                                  fq.shape[:2] + (fq.shape[3], v.shape[3]))))
+        final = tuple(den.new_zeros(shape) if g is None else g.to(den.dtype).contiguous()
+                      for g, shape in zip(final, ((B, H, DK, DV), (B, H, DK), (B, H, DK, DV))))
     dq, dk, dv, ds0, dz0, dm0 = chunk_momentum_attention_backward(
         fq, fk, v, out, den, d_out.contiguous(), s0, z0, m0, *final, lengths, *ctx.hyper)
     if not ctx.has_init:
@@ -72,10 +92,15 @@ def chunk_momentum_attention_op(fq, fk, v, s0, z0, m0, lengths, momentum, step_s
     return out, s, z, m
 
 
-@triton_op(f"{NAMESPACE}::momentum_attention_step", mutates_args=())
+@custom_op(f"{NAMESPACE}::momentum_attention_step", mutates_args=())
 def momentum_attention_step_op(
-    fq: Tensor, fk: Tensor, v: Tensor, s: Tensor, z: Tensor, m: Tensor, real: Optional[Tensor],
+    fq: Tensor, fk: Tensor, v: Tensor, s: Tensor, z: Tensor, m: Tensor, real: Tensor | None,
     momentum: float, step_size: float, eps: float,
-) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """(out, s, z, m) after one decoding step (eq. 12); no autograd (generation only)."""
-    return recurrent_step(fq, fk, v, s, z, m, real, momentum, step_size, eps, launch=wrap_triton)
+    return recurrent_step(fq, fk, v, s, z, m, real, momentum, step_size, eps)
+
+
+@momentum_attention_step_op.register_fake
+def _(fq, fk, v, s, z, m, real, momentum, step_size, eps):
+    return torch.empty_like(v), torch.empty_like(s), torch.empty_like(z), torch.empty_like(m)

@@ -65,7 +65,7 @@ def accumulator_dtype(dtype: torch.dtype) -> torch.dtype:
 
 def kernel_flags(dtype: torch.dtype) -> dict:
     """LOW: derived fp32 operands are cast to bf16 for the tensor cores; IEEE: exact fp32/fp64 dots."""
-    return dict(LOW=dtype == torch.bfloat16, IEEE=dtype in (torch.float32, torch.float64))
+    return {"LOW": dtype == torch.bfloat16, "IEEE": dtype in (torch.float32, torch.float64)}
 
 
 def block(dim: int, cap: int = 64) -> int:
