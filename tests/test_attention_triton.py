@@ -264,3 +264,23 @@ def test_compiles_without_graph_break(make_generator):
     expected = torch.autograd.grad(loss(*leaves), leaves)
     for a, b in zip(got, expected):
         torch.testing.assert_close(a, b)
+
+
+def test_backward_keeps_no_per_position_states(make_generator):
+    """What autograd keeps is O(N·D) (inputs, output, denominators), never the N·Dk·Dv per-position
+    states nor the nchunks·Dk·Dv chunk states (the backward recomputes those)."""
+    tri = triton_ops()
+    gen = make_generator()
+    N, D = 256, 16
+    fq, fk, v, _ = make_inputs(gen, 1, 1, N, D, D, torch.tensor([N]))
+    leaves = [t.float().requires_grad_() for t in (fq, fk, v)]
+    saved = []
+
+    def pack(t):
+        saved.append(t.numel())
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        tri.chunk_momentum_attention(*leaves, momentum=0.6, step_size=1.0, eps=1e-6, chunk_size=16,
+                                     initial_state=None, lengths=None, return_state=False)
+    assert sum(saved) <= 4 * N * D + N, f"saved {sum(saved)} elements for N·D = {N * D}"

@@ -13,8 +13,6 @@ from ..state import MomentumAttentionState
 from . import chunk_kernels as K
 from .utils import accumulator_dtype, block, chunk_block, kernel_flags, params
 
-NUM_WARPS = 4
-
 
 def _shapes(fq, v, chunk):
     B, H, N, DK = fq.shape
@@ -42,8 +40,8 @@ def states_entering_chunks(fk, v, s0, z0, m0, lengths, coef, meta, NT):
     use_init = s0 is not None
     grid = (triton.cdiv(DK, meta["BK"]) * triton.cdiv(DV, meta["BV"]), B * H)
     K.fwd_h[grid](fk, v, h_s, h_m, h_z, s0 if use_init else s, m0 if use_init else m,
-                          z0 if use_init else z, s, m, z, lengths if lengths is not None else z, coef,
-                          N, H, NT, USE_INIT=use_init, num_warps=NUM_WARPS, **meta)
+                  z0 if use_init else z, s, m, z, lengths if lengths is not None else z, coef,
+                  N, H, NT, USE_INIT=use_init, **meta)
     return h_s, h_m, h_z, s, z, m
 
 
@@ -58,7 +56,7 @@ def chunk_forward(fq, fk, v, s0, z0, m0, lengths, momentum: float, step_size: fl
     den = fq.new_empty(B, H, N, dtype=coef.dtype)
     grid = (triton.cdiv(DV, BV), NT, B * H)
     K.fwd_o[grid](fq, fk, v, h_s, h_m, h_z, out, den, lengths if lengths is not None else den,
-                          coef, N, H, NT, num_warps=NUM_WARPS, **meta)
+                  coef, N, H, NT, **meta)
     return out, den, s, z, m
 
 
@@ -73,9 +71,8 @@ def chunk_backward(fq, fk, v, out, den, do, s0, z0, m0, ds, dz, dm, lengths, mom
     h_s, h_m, h_z, _s, _z, _m = states_entering_chunks(fk, v, s0, z0, m0, lengths, coef, meta, NT)
 
     dden = torch.empty_like(den)
-    K.bwd_prep[(NT, B * H)](out, do, den, dden, lens, N, H, DV=DV, BT=BT,
-                                    BDV=triton.next_power_of_2(DV), HAS_LEN=lengths is not None,
-                                    num_warps=NUM_WARPS)
+    K.bwd_prep[(NT, B * H)](out, do, den, dden, lens, N, H, DV=DV, BT=BT, BDV=triton.next_power_of_2(DV),
+                            HAS_LEN=lengths is not None)
 
     acc = coef.dtype
     has_final = ds is not None
@@ -87,17 +84,16 @@ def chunk_backward(fq, fk, v, out, den, do, s0, z0, m0, ds, dz, dm, lengths, mom
     dz0 = fq.new_empty(B, H, DK, dtype=acc)
     grid = (triton.cdiv(DK, BK) * triton.cdiv(DV, BV), B * H)
     K.bwd_dh[grid](fq, do, den, dden, dh_s, dh_m, dh_z, ds if has_final else ds0,
-                           dm if has_final else dm0, dz if has_final else dz0, ds0, dm0, dz0, lens,
-                           coef, N, H, NT, HAS_FINAL_GRAD=has_final, num_warps=NUM_WARPS, **meta)
+                   dm if has_final else dm0, dz if has_final else dz0, ds0, dm0, dz0, lens,
+                   coef, N, H, NT, HAS_FINAL_GRAD=has_final, **meta)
 
     dv = torch.empty_like(v)
     K.bwd_dv[(triton.cdiv(DV, BV), NT, B * H)](fq, fk, do, den, dh_s, dh_m, dv, lens, coef,
-                                                       N, H, NT, num_warps=NUM_WARPS, **meta)
+                                               N, H, NT, **meta)
     dq = torch.empty_like(fq)
     dk = torch.empty_like(fk)
     K.bwd_dqk[(triton.cdiv(DK, BK), NT, B * H)](fq, fk, v, do, den, dden, h_s, h_m, h_z, dh_s,
-                                                        dh_m, dh_z, dq, dk, lens, coef, N, H, NT,
-                                                        num_warps=NUM_WARPS, **meta)
+                                                dh_m, dh_z, dq, dk, lens, coef, N, H, NT, **meta)
     return dq, dk, dv, ds0, dz0, dm0
 
 

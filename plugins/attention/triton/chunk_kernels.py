@@ -15,7 +15,9 @@ With MOMENTUM = False (β = 0) only S is carried.
 import triton
 import triton.language as tl
 
-from .utils import finite, geometric, mixed_dot, raw_dot
+from .utils import finite, geometric, mixed_dot, raw_dot, tuning_configs
+
+TUNING_KEY = ["DK", "DV", "BT", "MOMENTUM", "LOW", "IEEE"]
 
 
 @triton.jit
@@ -68,6 +70,7 @@ def _intra_weights(rows, log_beta, inv, gamma, MOMENTUM: tl.constexpr):
     return W, carry, causal
 
 
+@triton.autotune(configs=tuning_configs(), key=TUNING_KEY)
 @triton.jit
 def fwd_h(k, v, h_s, h_m, h_z, s0, m0, z0, s_out, m_out, z_out, lengths, params,
           N, H, NT,
@@ -82,6 +85,18 @@ def fwd_h(k, v, h_s, h_m, h_z, s0, m0, z0, s_out, m_out, z_out, lengths, params,
     i_k = i_kv // NV
     i_v = i_kv % NV
     L = _row_length(lengths, i_bh // H, N, HAS_LEN)
+    bh = i_bh.to(tl.int64)  # whole-tensor offsets in int64; offsets within a row stay int32
+    k += bh * N * DK
+    v += bh * N * DV
+    h_s += bh * NT * DK * DV
+    h_m += bh * NT * DK * DV
+    h_z += bh * NT * DK
+    s0 += bh * DK * DV
+    m0 += bh * DK * DV
+    s_out += bh * DK * DV
+    m_out += bh * DK * DV
+    z0 += bh * DK
+    z_out += bh * DK
     log_beta, inv, gamma, _eps, _beta = _load_params(params)
     ACC: tl.constexpr = params.dtype.element_ty
 
@@ -97,13 +112,13 @@ def fwd_h(k, v, h_s, h_m, h_z, s0, m0, z0, s_out, m_out, z_out, lengths, params,
     M = tl.zeros([BK, BV], dtype=ACC)
     Z = tl.zeros([BK], dtype=ACC)
     if USE_INIT:
-        S += tl.load(s0 + i_bh * DK * DV + state_off, mask=state_mask, other=0.0).to(ACC)
+        S += tl.load(s0 + state_off, mask=state_mask, other=0.0).to(ACC)
         if MOMENTUM:
-            M -= tl.load(m0 + i_bh * DK * DV + state_off, mask=state_mask, other=0.0).to(ACC)
-        Z += tl.load(z0 + i_bh * DK + o_k, mask=mk, other=0.0).to(ACC)
+            M -= tl.load(m0 + state_off, mask=state_mask, other=0.0).to(ACC)
+        Z += tl.load(z0 + o_k, mask=mk, other=0.0).to(ACC)
 
     for c in range(tl.cdiv(L, BT)):
-        chunk = i_bh * NT + c
+        chunk = c
         tl.store(h_s + chunk * DK * DV + state_off, S, mask=state_mask)
         if MOMENTUM:
             tl.store(h_m + chunk * DK * DV + state_off, M, mask=state_mask)
@@ -112,9 +127,9 @@ def fwd_h(k, v, h_s, h_m, h_z, s0, m0, z0, s_out, m_out, z_out, lengths, params,
         Lc = tl.minimum(L - c * BT, BT)
         t = c * BT + rows
         real = rows < Lc
-        kk = tl.load(k + (i_bh * N + t[:, None]) * DK + o_k[None, :], mask=real[:, None] & mk[None, :],
+        kk = tl.load(k + t[:, None] * DK + o_k[None, :], mask=real[:, None] & mk[None, :],
                      other=0.0)
-        vv = tl.load(v + (i_bh * N + t[:, None]) * DV + o_v[None, :], mask=real[:, None] & mv[None, :],
+        vv = tl.load(v + t[:, None] * DV + o_v[None, :], mask=real[:, None] & mv[None, :],
                      other=0.0)
         w_s, w_m, carry_end, decay = _end_weights(rows, Lc, log_beta, inv, gamma, MOMENTUM)
         kt = tl.trans(kk.to(ACC))
@@ -124,12 +139,13 @@ def fwd_h(k, v, h_s, h_m, h_z, s0, m0, z0, s_out, m_out, z_out, lengths, params,
             M = decay * M + mixed_dot(kt * w_m[None, :], vv, LOW, IEEE)
         Z += tl.sum(kk.to(ACC), axis=0)
 
-    tl.store(s_out + i_bh * DK * DV + state_off, S, mask=state_mask)
-    tl.store(m_out + i_bh * DK * DV + state_off, -M, mask=state_mask)
+    tl.store(s_out + state_off, S, mask=state_mask)
+    tl.store(m_out + state_off, -M, mask=state_mask)
     if i_v == 0:
-        tl.store(z_out + i_bh * DK + o_k, Z, mask=mk)
+        tl.store(z_out + o_k, Z, mask=mk)
 
 
+@triton.autotune(configs=tuning_configs(), key=TUNING_KEY)
 @triton.jit
 def fwd_o(q, k, v, h_s, h_m, h_z, o, den, lengths, params,
           N, H, NT,
@@ -142,6 +158,15 @@ def fwd_o(q, k, v, h_s, h_m, h_z, o, den, lengths, params,
     i_t = tl.program_id(1)
     i_bh = tl.program_id(2)
     L = _row_length(lengths, i_bh // H, N, HAS_LEN)
+    bh = i_bh.to(tl.int64)  # whole-tensor offsets in int64; offsets within a row stay int32
+    q += bh * N * DK
+    k += bh * N * DK
+    v += bh * N * DV
+    o += bh * N * DV
+    den += bh * N
+    h_s += bh * NT * DK * DV
+    h_m += bh * NT * DK * DV
+    h_z += bh * NT * DK
     log_beta, inv, gamma, eps, _beta = _load_params(params)
     ACC: tl.constexpr = params.dtype.element_ty
 
@@ -149,15 +174,15 @@ def fwd_o(q, k, v, h_s, h_m, h_z, o, den, lengths, params,
     t = i_t * BT + rows
     o_v = i_v * BV + tl.arange(0, BV)
     mv = o_v < DV
-    out_ptr = o + (i_bh * N + t[:, None]) * DV + o_v[None, :]
+    out_ptr = o + t[:, None] * DV + o_v[None, :]
     out_mask = (t < N)[:, None] & mv[None, :]
     if i_t * BT >= L:
         tl.store(out_ptr, tl.zeros([BT, BV], dtype=o.dtype.element_ty), mask=out_mask)
         if i_v == 0:
-            tl.store(den + i_bh * N + t, tl.full([BT], 1.0, dtype=ACC), mask=t < N)
+            tl.store(den + t, tl.full([BT], 1.0, dtype=ACC), mask=t < N)
     else:
         real = t < L
-        chunk = i_bh * NT + i_t
+        chunk = i_t
         A = tl.zeros([BT, BT], dtype=ACC)
         o_s = tl.zeros([BT, BV], dtype=ACC)
         o_m = tl.zeros([BT, BV], dtype=ACC)
@@ -167,8 +192,8 @@ def fwd_o(q, k, v, h_s, h_m, h_z, o, den, lengths, params,
             o_k = i_k * BK + tl.arange(0, BK)
             mk = o_k < DK
             row_mask = real[:, None] & mk[None, :]
-            qq = tl.load(q + (i_bh * N + t[:, None]) * DK + o_k[None, :], mask=row_mask, other=0.0)
-            kk = tl.load(k + (i_bh * N + t[:, None]) * DK + o_k[None, :], mask=row_mask, other=0.0)
+            qq = tl.load(q + t[:, None] * DK + o_k[None, :], mask=row_mask, other=0.0)
+            kk = tl.load(k + t[:, None] * DK + o_k[None, :], mask=row_mask, other=0.0)
             bad = tl.maximum(bad, tl.max(tl.where(finite(kk), 0, 1), axis=1))
             A += raw_dot(qq, tl.trans(kk), IEEE)
             state_off = chunk * DK * DV + o_k[:, None] * DV + o_v[None, :]
@@ -178,7 +203,7 @@ def fwd_o(q, k, v, h_s, h_m, h_z, o, den, lengths, params,
                 o_m += mixed_dot(qq, tl.load(h_m + state_off, mask=state_mask, other=0.0), LOW, IEEE)
             zz = tl.load(h_z + chunk * DK + o_k, mask=mk, other=0.0)
             qz += tl.sum(qq.to(ACC) * zz[None, :], axis=1)
-        vv = tl.load(v + (i_bh * N + t[:, None]) * DV + o_v[None, :], mask=real[:, None] & mv[None, :],
+        vv = tl.load(v + t[:, None] * DV + o_v[None, :], mask=real[:, None] & mv[None, :],
                      other=0.0)
         bad = tl.maximum(bad, tl.max(tl.where(finite(vv), 0, 1), axis=1))
         first_bad = tl.min(tl.where(bad > 0, rows, BT), axis=0)
@@ -195,7 +220,7 @@ def fwd_o(q, k, v, h_s, h_m, h_z, o, den, lengths, params,
         out = tl.where(real[:, None], out, 0.0)
         tl.store(out_ptr, out.to(o.dtype.element_ty), mask=out_mask)
         if i_v == 0:
-            tl.store(den + i_bh * N + t, tl.where(real, dn, 1.0), mask=t < N)
+            tl.store(den + t, tl.where(real, dn, 1.0), mask=t < N)
 
 
 @triton.jit
@@ -205,17 +230,23 @@ def bwd_prep(o, do, den, dden, lengths, N, H,
     i_t = tl.program_id(0)
     i_bh = tl.program_id(1)
     L = _row_length(lengths, i_bh // H, N, HAS_LEN)
+    bh = i_bh.to(tl.int64)  # whole-tensor offsets in int64; offsets within a row stay int32
+    o += bh * N * DV
+    do += bh * N * DV
+    den += bh * N
+    dden += bh * N
     t = i_t * BT + tl.arange(0, BT)
     o_v = tl.arange(0, BDV)
     real = t < L
     mask = real[:, None] & (o_v < DV)[None, :]
     ACC: tl.constexpr = den.dtype.element_ty
-    oo = tl.load(o + (i_bh * N + t[:, None]) * DV + o_v[None, :], mask=mask, other=0.0).to(ACC)
-    dd = tl.load(do + (i_bh * N + t[:, None]) * DV + o_v[None, :], mask=mask, other=0.0).to(ACC)
-    dn = tl.load(den + i_bh * N + t, mask=real, other=1.0)
-    tl.store(dden + i_bh * N + t, tl.where(real, -tl.sum(oo * dd, axis=1) / dn, 0.0), mask=t < N)
+    oo = tl.load(o + t[:, None] * DV + o_v[None, :], mask=mask, other=0.0).to(ACC)
+    dd = tl.load(do + t[:, None] * DV + o_v[None, :], mask=mask, other=0.0).to(ACC)
+    dn = tl.load(den + t, mask=real, other=1.0)
+    tl.store(dden + t, tl.where(real, -tl.sum(oo * dd, axis=1) / dn, 0.0), mask=t < N)
 
 
+@triton.autotune(configs=tuning_configs(), key=TUNING_KEY)
 @triton.jit
 def bwd_dh(q, do, den, dden, dh_s, dh_m, dh_z, ds_fin, dm_fin, dz_fin, ds0, dm0, dz0, lengths, params,
            N, H, NT,
@@ -232,6 +263,20 @@ def bwd_dh(q, do, den, dden, dh_s, dh_m, dh_z, ds_fin, dm_fin, dz_fin, ds0, dm0,
     i_k = i_kv // NV
     i_v = i_kv % NV
     L = _row_length(lengths, i_bh // H, N, HAS_LEN)
+    bh = i_bh.to(tl.int64)  # whole-tensor offsets in int64; offsets within a row stay int32
+    q += bh * N * DK
+    do += bh * N * DV
+    den += bh * N
+    dden += bh * N
+    dh_s += bh * NT * DK * DV
+    dh_m += bh * NT * DK * DV
+    dh_z += bh * NT * DK
+    ds_fin += bh * DK * DV
+    dm_fin += bh * DK * DV
+    ds0 += bh * DK * DV
+    dm0 += bh * DK * DV
+    dz_fin += bh * DK
+    dz0 += bh * DK
     log_beta, inv, gamma, _eps, _beta = _load_params(params)
     ACC: tl.constexpr = params.dtype.element_ty
 
@@ -247,16 +292,16 @@ def bwd_dh(q, do, den, dden, dh_s, dh_m, dh_z, ds_fin, dm_fin, dz_fin, ds0, dm0,
     dM = tl.zeros([BK, BV], dtype=ACC)
     dZ = tl.zeros([BK], dtype=ACC)
     if HAS_FINAL_GRAD:
-        dS += tl.load(ds_fin + i_bh * DK * DV + state_off, mask=state_mask, other=0.0).to(ACC)
+        dS += tl.load(ds_fin + state_off, mask=state_mask, other=0.0).to(ACC)
         if MOMENTUM:
-            dM -= tl.load(dm_fin + i_bh * DK * DV + state_off, mask=state_mask, other=0.0).to(ACC)
-        dZ += tl.load(dz_fin + i_bh * DK + o_k, mask=mk, other=0.0).to(ACC)
+            dM -= tl.load(dm_fin + state_off, mask=state_mask, other=0.0).to(ACC)
+        dZ += tl.load(dz_fin + o_k, mask=mk, other=0.0).to(ACC)
     _W, carry, _causal = _intra_weights(rows, log_beta, inv, gamma, MOMENTUM)
 
     n_chunks = tl.cdiv(L, BT)
     for i in range(n_chunks):
         c = n_chunks - 1 - i
-        chunk = i_bh * NT + c
+        chunk = c
         tl.store(dh_s + chunk * DK * DV + state_off, dS, mask=state_mask)
         if MOMENTUM:
             tl.store(dh_m + chunk * DK * DV + state_off, dM, mask=state_mask)
@@ -265,12 +310,12 @@ def bwd_dh(q, do, den, dden, dh_s, dh_m, dh_z, ds_fin, dm_fin, dz_fin, ds0, dm0,
         Lc = tl.minimum(L - c * BT, BT)
         t = c * BT + rows
         real = rows < Lc
-        qq = tl.load(q + (i_bh * N + t[:, None]) * DK + o_k[None, :], mask=real[:, None] & mk[None, :],
+        qq = tl.load(q + t[:, None] * DK + o_k[None, :], mask=real[:, None] & mk[None, :],
                      other=0.0)
-        dd = tl.load(do + (i_bh * N + t[:, None]) * DV + o_v[None, :], mask=real[:, None] & mv[None, :],
+        dd = tl.load(do + t[:, None] * DV + o_v[None, :], mask=real[:, None] & mv[None, :],
                      other=0.0).to(ACC)
-        dn = tl.load(den + i_bh * N + t, mask=real, other=1.0)
-        ddn = tl.load(dden + i_bh * N + t, mask=real, other=0.0)
+        dn = tl.load(den + t, mask=real, other=1.0)
+        ddn = tl.load(dden + t, mask=real, other=0.0)
         dnum = dd / dn[:, None]
         qt = tl.trans(qq.to(ACC))
         if MOMENTUM:
@@ -279,12 +324,13 @@ def bwd_dh(q, do, den, dden, dh_s, dh_m, dh_z, ds_fin, dm_fin, dz_fin, ds0, dm0,
         dS += mixed_dot(qt, dnum, LOW, IEEE)
         dZ += tl.sum(qt * ddn[None, :], axis=1)
 
-    tl.store(ds0 + i_bh * DK * DV + state_off, dS, mask=state_mask)
-    tl.store(dm0 + i_bh * DK * DV + state_off, -dM, mask=state_mask)
+    tl.store(ds0 + state_off, dS, mask=state_mask)
+    tl.store(dm0 + state_off, -dM, mask=state_mask)
     if i_v == 0:
-        tl.store(dz0 + i_bh * DK + o_k, dZ, mask=mk)
+        tl.store(dz0 + o_k, dZ, mask=mk)
 
 
+@triton.autotune(configs=tuning_configs(), key=TUNING_KEY)
 @triton.jit
 def bwd_dv(q, k, do, den, dh_s, dh_m, dv, lengths, params,
            N, H, NT,
@@ -295,6 +341,14 @@ def bwd_dv(q, k, do, den, dh_s, dh_m, dv, lengths, params,
     i_t = tl.program_id(1)
     i_bh = tl.program_id(2)
     L = _row_length(lengths, i_bh // H, N, HAS_LEN)
+    bh = i_bh.to(tl.int64)  # whole-tensor offsets in int64; offsets within a row stay int32
+    q += bh * N * DK
+    k += bh * N * DK
+    do += bh * N * DV
+    dv += bh * N * DV
+    den += bh * N
+    dh_s += bh * NT * DK * DV
+    dh_m += bh * NT * DK * DV
     log_beta, inv, gamma, _eps, _beta = _load_params(params)
     ACC: tl.constexpr = params.dtype.element_ty
 
@@ -302,14 +356,14 @@ def bwd_dv(q, k, do, den, dh_s, dh_m, dv, lengths, params,
     t = i_t * BT + rows
     o_v = i_v * BV + tl.arange(0, BV)
     mv = o_v < DV
-    dv_ptr = dv + (i_bh * N + t[:, None]) * DV + o_v[None, :]
+    dv_ptr = dv + t[:, None] * DV + o_v[None, :]
     dv_mask = (t < N)[:, None] & mv[None, :]
     if i_t * BT >= L:
         tl.store(dv_ptr, tl.zeros([BT, BV], dtype=dv.dtype.element_ty), mask=dv_mask)
     else:
         real = t < L
         Lc = tl.minimum(L - i_t * BT, BT)
-        chunk = i_bh * NT + i_t
+        chunk = i_t
         w_s, w_m, _carry_end, _decay = _end_weights(rows, Lc, log_beta, inv, gamma, MOMENTUM)
         A = tl.zeros([BT, BT], dtype=ACC)
         acc = tl.zeros([BT, BV], dtype=ACC)
@@ -317,8 +371,8 @@ def bwd_dv(q, k, do, den, dh_s, dh_m, dv, lengths, params,
             o_k = i_k * BK + tl.arange(0, BK)
             mk = o_k < DK
             row_mask = real[:, None] & mk[None, :]
-            qq = tl.load(q + (i_bh * N + t[:, None]) * DK + o_k[None, :], mask=row_mask, other=0.0)
-            kk = tl.load(k + (i_bh * N + t[:, None]) * DK + o_k[None, :], mask=row_mask, other=0.0)
+            qq = tl.load(q + t[:, None] * DK + o_k[None, :], mask=row_mask, other=0.0)
+            kk = tl.load(k + t[:, None] * DK + o_k[None, :], mask=row_mask, other=0.0)
             A += raw_dot(qq, tl.trans(kk), IEEE)
             state_off = chunk * DK * DV + o_k[:, None] * DV + o_v[None, :]
             state_mask = mk[:, None] & mv[None, :]
@@ -328,9 +382,9 @@ def bwd_dv(q, k, do, den, dh_s, dh_m, dv, lengths, params,
             if MOMENTUM:
                 acc += mixed_dot(kf * w_m[:, None], tl.load(dh_m + state_off, mask=state_mask, other=0.0),
                                  LOW, IEEE)
-        dd = tl.load(do + (i_bh * N + t[:, None]) * DV + o_v[None, :], mask=real[:, None] & mv[None, :],
+        dd = tl.load(do + t[:, None] * DV + o_v[None, :], mask=real[:, None] & mv[None, :],
                      other=0.0).to(ACC)
-        dn = tl.load(den + i_bh * N + t, mask=real, other=1.0)
+        dn = tl.load(den + t, mask=real, other=1.0)
         dnum = dd / dn[:, None]
         W, _carry, causal = _intra_weights(rows, log_beta, inv, gamma, MOMENTUM)
         Aw = tl.where(causal, A * W, 0.0)
@@ -338,6 +392,7 @@ def bwd_dv(q, k, do, den, dh_s, dh_m, dv, lengths, params,
         tl.store(dv_ptr, tl.where(real[:, None], acc, 0.0).to(dv.dtype.element_ty), mask=dv_mask)
 
 
+@triton.autotune(configs=tuning_configs(), key=TUNING_KEY)
 @triton.jit
 def bwd_dqk(q, k, v, do, den, dden, h_s, h_m, h_z, dh_s, dh_m, dh_z, dq, dk, lengths, params,
             N, H, NT,
@@ -350,6 +405,21 @@ def bwd_dqk(q, k, v, do, den, dden, h_s, h_m, h_z, dh_s, dh_m, dh_z, dq, dk, len
     i_t = tl.program_id(1)
     i_bh = tl.program_id(2)
     L = _row_length(lengths, i_bh // H, N, HAS_LEN)
+    bh = i_bh.to(tl.int64)  # whole-tensor offsets in int64; offsets within a row stay int32
+    q += bh * N * DK
+    k += bh * N * DK
+    dq += bh * N * DK
+    dk += bh * N * DK
+    v += bh * N * DV
+    do += bh * N * DV
+    den += bh * N
+    dden += bh * N
+    h_s += bh * NT * DK * DV
+    h_m += bh * NT * DK * DV
+    dh_s += bh * NT * DK * DV
+    dh_m += bh * NT * DK * DV
+    h_z += bh * NT * DK
+    dh_z += bh * NT * DK
     log_beta, inv, gamma, _eps, _beta = _load_params(params)
     ACC: tl.constexpr = params.dtype.element_ty
 
@@ -357,7 +427,7 @@ def bwd_dqk(q, k, v, do, den, dden, h_s, h_m, h_z, dh_s, dh_m, dh_z, dq, dk, len
     t = i_t * BT + rows
     o_k = i_k * BK + tl.arange(0, BK)
     mk = o_k < DK
-    off_k = (i_bh * N + t[:, None]) * DK + o_k[None, :]
+    off_k = t[:, None] * DK + o_k[None, :]
     out_mask = (t < N)[:, None] & mk[None, :]
     if i_t * BT >= L:
         tl.store(dq + off_k, tl.zeros([BT, BK], dtype=dq.dtype.element_ty), mask=out_mask)
@@ -365,10 +435,10 @@ def bwd_dqk(q, k, v, do, den, dden, h_s, h_m, h_z, dh_s, dh_m, dh_z, dq, dk, len
     else:
         real = t < L
         Lc = tl.minimum(L - i_t * BT, BT)
-        chunk = i_bh * NT + i_t
+        chunk = i_t
         w_s, w_m, _carry_end, _decay = _end_weights(rows, Lc, log_beta, inv, gamma, MOMENTUM)
-        dn = tl.load(den + i_bh * N + t, mask=real, other=1.0)
-        ddn = tl.load(dden + i_bh * N + t, mask=real, other=0.0)
+        dn = tl.load(den + t, mask=real, other=1.0)
+        ddn = tl.load(dden + t, mask=real, other=0.0)
         dNV = tl.zeros([BT, BT], dtype=ACC)
         dq_s = tl.zeros([BT, BK], dtype=ACC)
         dq_m = tl.zeros([BT, BK], dtype=ACC)
@@ -377,8 +447,8 @@ def bwd_dqk(q, k, v, do, den, dden, h_s, h_m, h_z, dh_s, dh_m, dh_z, dq, dk, len
             o_v = i_v * BV + tl.arange(0, BV)
             mv = o_v < DV
             row_mask = real[:, None] & mv[None, :]
-            vv = tl.load(v + (i_bh * N + t[:, None]) * DV + o_v[None, :], mask=row_mask, other=0.0)
-            dd = tl.load(do + (i_bh * N + t[:, None]) * DV + o_v[None, :], mask=row_mask, other=0.0)
+            vv = tl.load(v + t[:, None] * DV + o_v[None, :], mask=row_mask, other=0.0)
+            dd = tl.load(do + t[:, None] * DV + o_v[None, :], mask=row_mask, other=0.0)
             dnum = dd.to(ACC) / dn[:, None]
             dNV += mixed_dot(dnum, tl.trans(vv), LOW, IEEE)
             state_off = chunk * DK * DV + o_k[None, :] * DV + o_v[:, None]         # (BV, BK): Sᵀ

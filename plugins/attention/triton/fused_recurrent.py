@@ -17,7 +17,7 @@ def step_kernel(q, k, v, s, z, m, real, s_new, z_new, m_new, o, params,
     m ← βm − φ(k)vᵀ;  s ← s − γm;  z ← z + φ(k);  out = φ(q)ᵀs / (φ(q)ᵀz + eps).
     A row whose `real` flag is False keeps its state and outputs 0."""
     i_v = tl.program_id(0)
-    i_bh = tl.program_id(1)
+    i_bh = tl.program_id(1).to(tl.int64)
     ACC: tl.constexpr = params.dtype.element_ty
     beta = tl.load(params + 4)
     gamma = tl.load(params + 2)

@@ -1,6 +1,7 @@
 """Shared pieces of the Triton kernels: the β-power coefficients of eq. 12/13, computed in-kernel
 without cancellation, and a matmul helper that keeps carried states in full precision."""
 import math
+import os
 
 import torch
 import triton
@@ -77,3 +78,11 @@ def chunk_block(chunk_size: int) -> int:
     """The kernels' chunk length: chunk_size rounded up to a power of two in [16, 64]. The result
     does not depend on it beyond rounding (eq. 13 is computed exactly for any chunk)."""
     return max(16, min(64, triton.next_power_of_2(chunk_size)))
+
+
+def tuning_configs() -> list:
+    """Launch configurations autotuned per shape on GPU; one under the interpreter, where timing
+    means nothing. Every kernel overwrites its outputs, so repeated tuning runs are harmless."""
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        return [triton.Config({}, num_warps=4)]
+    return [triton.Config({}, num_warps=w, num_stages=s) for w in (2, 4, 8) for s in (1, 2, 3)]
