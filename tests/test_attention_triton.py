@@ -284,3 +284,28 @@ def test_backward_keeps_no_per_position_states(make_generator):
         tri.chunk_momentum_attention(*leaves, momentum=0.6, step_size=1.0, eps=1e-6, chunk_size=16,
                                      initial_state=None, lengths=None, return_state=False)
     assert sum(saved) <= 4 * N * D + N, f"saved {sum(saved)} elements for N·D = {N * D}"
+
+
+def test_decoding_step_gradients_match_the_torch_step(make_generator):
+    tri = triton_ops()
+    gen = make_generator()
+    B, H, Dk, Dv = 3, 2, 16, 24
+    fq, fk, v, _ = make_inputs(gen, B, H, 3, Dk, Dv, torch.full((B,), 3))
+    state0 = random_state(gen, B, H, Dk, Dv)
+    real = torch.tensor([True, False, True])
+    ups = [torch.randn(B, H, Dv, generator=gen, dtype=torch.float64)] + [
+        torch.randn(t.shape, generator=gen, dtype=torch.float64) for t in (state0.s, state0.z, state0.m)]
+
+    def run(step, dtype):
+        leaves = [t.to(dtype).requires_grad_() for t in (fq, fk, v, state0.s, state0.z, state0.m)]
+        state = MomentumAttentionState(*leaves[3:])
+        loss = 0
+        for i in range(3):                         # through a chain of steps
+            out, state = step(leaves[0][:, :, i], leaves[1][:, :, i], leaves[2][:, :, i], state, momentum=0.9,
+                              step_size=0.6, eps=1e-6, real=real if i == 1 else None)
+            loss = loss + (out * ups[0].to(dtype)).sum()
+        loss = loss + loss_of(out, state, [u.to(dtype) for u in ups]) - (out * ups[0].to(dtype)).sum()
+        return torch.autograd.grad(loss, leaves)
+
+    for got, expected in zip(run(tri.fused_recurrent_step, torch.float32), run(torch_step, torch.float64)):
+        assert rel_rms(got, expected) <= TOL

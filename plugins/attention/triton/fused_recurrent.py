@@ -73,8 +73,8 @@ def fused_recurrent_step(fq: torch.Tensor, fk: torch.Tensor, v: torch.Tensor,
                          ) -> tuple[torch.Tensor, MomentumAttentionState]:
     """Eq. 12 for one new position: fq, fk (B, H, Dk), v (B, H, Dv) in any float dtype; the state
     in fp32 (fp64 for fp64 input). `real` (B,) bool: rows where it is False keep their state and
-    output 0. Returns the output (B, H, Dv) in v's dtype and the new state (not differentiable:
-    for generation)."""
+    output 0. Returns the output (B, H, Dv) in v's dtype and the new state; differentiable in the
+    inputs and the state (the backward is a few PyTorch ops)."""
     from .op import momentum_attention_step_op
 
     acc = accumulator_dtype(fq.dtype)

@@ -97,10 +97,50 @@ def momentum_attention_step_op(
     fq: Tensor, fk: Tensor, v: Tensor, s: Tensor, z: Tensor, m: Tensor, real: Tensor | None,
     momentum: float, step_size: float, eps: float,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """(out, s, z, m) after one decoding step (eq. 12); no autograd (generation only)."""
+    """(out, s, z, m) after one decoding step (eq. 12)."""
     return recurrent_step(fq, fk, v, s, z, m, real, momentum, step_size, eps)
 
 
 @momentum_attention_step_op.register_fake
 def _(fq, fk, v, s, z, m, real, momentum, step_size, eps):
     return torch.empty_like(v), torch.empty_like(s), torch.empty_like(z), torch.empty_like(m)
+
+
+def _step_setup_context(ctx, inputs, output):
+    fq, fk, v, _s, _z, _m, real, momentum, step_size, eps = inputs
+    ctx.save_for_backward(fq, fk, v, output[1], output[2], real)
+    ctx.hyper = (momentum, step_size, eps)
+
+
+def _step_backward(ctx, d_out, d_s, d_z, d_m):
+    """Eq. 12's step differentiated (a handful of (B, H, Dk, Dv) ops, in the state dtype):
+    out = φ(q)ᵀs₁/(φ(q)ᵀz₁ + eps), s₁ = s − γm₁, m₁ = βm − φ(k)vᵀ, z₁ = z + φ(k)."""
+    fq, fk, v, s1, z1, real = ctx.saved_tensors
+    beta, gamma, eps = ctx.hyper
+    acc = s1.dtype
+    q, k, x = fq.to(acc), fk.to(acc), v.to(acc)
+    zeros = torch.zeros_like
+    d_out = zeros(x) if d_out is None else d_out.to(acc)
+    d_s = zeros(s1) if d_s is None else d_s
+    d_z = zeros(z1) if d_z is None else d_z
+    d_m = zeros(s1) if d_m is None else d_m
+    den = (q * z1).sum(-1, keepdim=True) + eps
+    out = (q[..., None, :] @ s1)[..., 0, :] / den
+    d_num = d_out / den
+    d_den = -(d_out * out).sum(-1, keepdim=True) / den
+    dq = (s1 @ d_num[..., None])[..., 0] + d_den * z1
+    ds_total = d_s + q[..., :, None] * d_num[..., None, :]
+    dz_total = d_z + d_den * q
+    dm_total = d_m - gamma * ds_total
+    dk = -(dm_total @ x[..., None])[..., 0] + dz_total
+    dv = -(k[..., None, :] @ dm_total)[..., 0, :]
+    ds0, dz0, dm0 = ds_total, dz_total, beta * dm_total
+    if real is not None:
+        keep = real.view(fq.shape[:2]).bool()
+        k2, k3 = keep[..., None], keep[..., None, None]
+        dq, dk, dv = (torch.where(k2, g, zeros(g)) for g in (dq, dk, dv))
+        ds0, dz0, dm0 = torch.where(k3, ds0, d_s), torch.where(k2, dz0, d_z), torch.where(k3, dm0, d_m)
+    return (dq.to(fq.dtype), dk.to(fk.dtype), dv.to(v.dtype), ds0, dz0, dm0, None, None, None, None)
+
+
+register_autograd(momentum_attention_step_op, _step_backward, setup_context=_step_setup_context)
