@@ -309,3 +309,14 @@ def test_decoding_step_gradients_match_the_torch_step(make_generator):
 
     for got, expected in zip(run(tri.fused_recurrent_step, torch.float32), run(torch_step, torch.float64)):
         assert rel_rms(got, expected) <= TOL
+
+
+def test_cpu_tensors_without_the_interpreter_are_refused(monkeypatch):
+    tri = triton_ops()
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    x = torch.ones(1, 1, 4, 16)
+    with pytest.raises(ValueError, match="TRITON_INTERPRET"):
+        tri.chunk_momentum_attention(x, x, x, momentum=0.5, step_size=1.0, eps=1e-6, chunk_size=16)
+    with pytest.raises(ValueError, match="TRITON_INTERPRET"):
+        tri.fused_recurrent_step(x[:, :, 0], x[:, :, 0], x[:, :, 0], MomentumAttentionState.zeros(
+            1, 1, 16, 16, dtype=torch.float32, device=x.device), momentum=0.5, step_size=1.0, eps=1e-6)
