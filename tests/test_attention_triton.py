@@ -320,3 +320,26 @@ def test_cpu_tensors_without_the_interpreter_are_refused(monkeypatch):
     with pytest.raises(ValueError, match="TRITON_INTERPRET"):
         tri.fused_recurrent_step(x[:, :, 0], x[:, :, 0], x[:, :, 0], MomentumAttentionState.zeros(
             1, 1, 16, 16, dtype=torch.float32, device=x.device), momentum=0.5, step_size=1.0, eps=1e-6)
+
+
+@pytest.mark.parametrize("beta", [0.0, 0.6])
+def test_non_finite_padding_is_a_masked_no_op(make_generator, beta):
+    """Padded positions are never read: NaN there changes no output, state or gradient."""
+    tri = triton_ops()
+    gen = make_generator()
+    lengths = torch.tensor([20, 9, 0])
+    fq, fk, v, real = make_inputs(gen, 3, 1, 20, 16, 16, lengths)
+    pad = ~real[:, None, :, None]
+    up = torch.randn(3, 1, 20, 16, generator=gen, dtype=torch.float64).float()
+
+    def run(fill):
+        leaves = [torch.where(pad, torch.full((), fill), t).float().requires_grad_() for t in (fq, fk, v)]
+        out, state = tri.chunk_momentum_attention(*leaves, momentum=beta, step_size=1.0, eps=1e-6,
+                                                  chunk_size=16, initial_state=None, lengths=lengths,
+                                                  return_state=True)
+        grads = torch.autograd.grad((out * up).sum() + state.s.sum() + state.m.sum(), leaves)
+        return [out, state.s, state.z, state.m, *grads]
+
+    for clean, poisoned in zip(run(0.0), run(float("nan"))):
+        torch.testing.assert_close(poisoned, clean, rtol=0, atol=0)
+    assert torch.all(run(float("nan"))[4][pad.expand(-1, -1, -1, 16)] == 0)

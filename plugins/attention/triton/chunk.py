@@ -148,9 +148,11 @@ def _last_momentum(fk, v, lengths, m0):
     acc = accumulator_dtype(fk.dtype)
     count = torch.full((B,), N, device=fk.device) if lengths is None else lengths.long()
     last = (count - 1).clamp(min=0)[:, None, None, None]
-    k_last = fk.gather(2, last.expand(B, H, 1, DK))[:, :, 0].to(acc)
-    v_last = v.gather(2, last.expand(B, H, 1, v.shape[3]))[:, :, 0].to(acc)
+    empty = (count == 0)[:, None, None]
+    zero = torch.zeros((), dtype=acc, device=fk.device)
+    # a row without real tokens gathers a padded one: masked before the product, not after it
+    k_last = torch.where(empty, zero, fk.gather(2, last.expand(B, H, 1, DK))[:, :, 0].to(acc))
+    v_last = torch.where(empty, zero, v.gather(2, last.expand(B, H, 1, v.shape[3]))[:, :, 0].to(acc))
     m = -(k_last[..., :, None] * v_last[..., None, :])
-    empty = (count == 0)[:, None, None, None]
     fallback = torch.zeros_like(m) if m0 is None else m0
-    return torch.where(empty, fallback, m)
+    return torch.where(empty[..., None], fallback, m)

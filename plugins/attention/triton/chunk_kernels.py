@@ -153,7 +153,7 @@ def fwd_o(q, k, v, h_s, h_m, h_z, o, den, lengths, params,
           MOMENTUM: tl.constexpr, HAS_LEN: tl.constexpr, LOW: tl.constexpr, IEEE: tl.constexpr):
     """Grid (cdiv(DV, BV), NT, B·H): outputs of one chunk; den (B·H, N) = φ(q)ᵀz + eps for the
     backward (1 at padded positions). A key that is not finite is cut out of the chunk's matmuls
-    with `where`, so the outputs before it stay exact; outputs from it on are NaN."""
+    with `where`, so the outputs before it stay exact; outputs from it on are not finite."""
     i_v = tl.program_id(0)
     i_t = tl.program_id(1)
     i_bh = tl.program_id(2)
