@@ -111,7 +111,8 @@ def measure(fn, B, H, D, T, backward):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true")
     args = parser.parse_args()
     if not torch.cuda.is_available():
@@ -132,8 +133,8 @@ def main():
                     results[name, (B, H, D, T), backward] = None
                 torch.cuda.empty_cache()
             r = results[name, (B, H, D, T), True]
-            print(f"  {B}-{H}-{D}-{T} {name:16s} " + ("OOM" if r is None else f"{r[0]:8.2f} ms {r[1]:9.1f} MiB"),
-                  file=sys.stderr)
+            cell = "OOM" if r is None else f"{r[0]:8.2f} ms {r[1]:9.1f} MiB"
+            print(f"  {B}-{H}-{D}-{T} {name:16s} {cell}", file=sys.stderr)
 
     print(f"# Causal attention, bf16, {torch.cuda.get_device_name()}, torch {torch.__version__}, "
           f"β = {BETA}, chunk {CHUNK}; {date.today()}")
@@ -147,8 +148,9 @@ def main():
             if (name, shape, True) not in results:
                 continue
             fwd, both = results[name, shape, False], results[name, shape, True]
-            print(f"| {'-'.join(map(str, shape))} | {name} | {_ms(fwd)} | {_ms(both)} | "
-                  f"{'OOM' if both is None else f'{both[1]:.0f}'} | {_ratio(both, fla)} | {_ratio(both, sdpa)} |")
+            memory = "OOM" if both is None else f"{both[1]:.0f}"
+            print(f"| {'-'.join(map(str, shape))} | {name} | {_ms(fwd)} | {_ms(both)} | {memory} | "
+                  f"{_ratio(both, fla)} | {_ratio(both, sdpa)} |")
 
 
 def _ms(result):

@@ -71,7 +71,8 @@ def measure(make_model, T, tokens, steps, warmup):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--lengths", type=int, nargs="+", default=[2048, 8192])
     parser.add_argument("--tokens", type=int, default=16384, help="tokens per step")
     parser.add_argument("--steps", type=int, default=10)
@@ -81,9 +82,9 @@ def main():
         sys.exit("gpu_train.py needs a CUDA GPU")
     from plugins.attention import triton as attention_triton
     backend = "triton kernels importable" if attention_triton.is_available() else "PyTorch path (no triton)"
-    print(f"# Training step, bf16 autocast + AdamW, {torch.cuda.get_device_name()}, torch {torch.__version__}, "
-          f"{LAYERS} layers, d {HIDDEN}, {HEADS} heads, {args.tokens} tokens/step; momentum attention: "
-          f"{backend}; {date.today()}")
+    print(f"# Training step, bf16 autocast + AdamW, {torch.cuda.get_device_name()}, "
+          f"torch {torch.__version__}, {LAYERS} layers, d {HIDDEN}, {HEADS} heads, "
+          f"{args.tokens} tokens/step; momentum attention: {backend}; {date.today()}")
     print()
     print("| T | batch | momentum tok/s | Llama-SDPA tok/s | momentum / Llama | momentum MiB | Llama MiB | "
           "params momentum / Llama |")
@@ -91,8 +92,9 @@ def main():
     for T in args.lengths:
         mom = measure(momentum_model, T, args.tokens, args.steps, args.warmup)
         llama = measure(llama_model, T, args.tokens, args.steps, args.warmup)
-        print(f"| {T} | {max(1, args.tokens // T)} | {mom[0]:.0f} | {llama[0]:.0f} | {mom[0] / llama[0]:.2f} | "
-              f"{mom[1]:.0f} | {llama[1]:.0f} | {mom[2] / 1e6:.1f}M / {llama[2] / 1e6:.1f}M |")
+        print(f"| {T} | {max(1, args.tokens // T)} | {mom[0]:.0f} | {llama[0]:.0f} | "
+              f"{mom[0] / llama[0]:.2f} | {mom[1]:.0f} | {llama[1]:.0f} | "
+              f"{mom[2] / 1e6:.1f}M / {llama[2] / 1e6:.1f}M |")
 
 
 if __name__ == "__main__":

@@ -57,8 +57,8 @@ def test_triton_matches_float64_torch_path(shape, momentum, dtype):
     B, H, N, D = shape
     tensors = inputs(N + D, B, H, N, D)
     upstream = torch.randn(B, H, N, D, device="cuda")
-    ref, ref_grads = value_and_grads(lambda *t: torch_attention(*t, momentum=momentum), tensors, torch.float64,
-                                     upstream.double())
+    ref, ref_grads = value_and_grads(lambda *t: torch_attention(*t, momentum=momentum), tensors,
+                                     torch.float64, upstream.double())
     out, grads = value_and_grads(lambda *t: triton_attention(*t, momentum=momentum), tensors, dtype, upstream)
     assert out.dtype == dtype
     assert rel_rms(out, ref) <= TOL[dtype]

@@ -80,7 +80,7 @@ def test_chunk_forward_gradients_and_state_match_float64_references(make_generat
     tri = triton_ops()
     gen = make_generator()
     B, H, Dk, Dv = 2, 1, D, D - 8                             # Dv not a power of two
-    lengths = torch.tensor([N, max(N // 2, 0) if padded else N]) if N > 1 else torch.tensor([1, 0 if padded else 1])
+    lengths = torch.tensor([N, N // 2 if padded else N])                # N = 1 padded: a row of length 0
     fq, fk, v, real = make_inputs(gen, B, H, N, Dk, Dv, lengths)
     state0 = random_state(gen, B, H, Dk, Dv) if init else None
     ups = [torch.randn(B, H, N, Dv, generator=gen, dtype=torch.float64),
@@ -92,7 +92,8 @@ def test_chunk_forward_gradients_and_state_match_float64_references(make_generat
         leaves = [t.to(dtype).requires_grad_() for t in (fq, fk, v)]
         st = None
         if init:
-            st = MomentumAttentionState(*(t.to(dtype).requires_grad_() for t in (state0.s, state0.z, state0.m)))
+            st = MomentumAttentionState(*(t.to(dtype).requires_grad_()
+                                          for t in (state0.s, state0.z, state0.m)))
             leaves += [st.s, st.z, st.m]
         out, state = fn(*leaves[:3], st)
         grads = torch.autograd.grad(loss_of(out, state, [u.to(dtype) for u in ups]), leaves)

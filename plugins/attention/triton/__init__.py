@@ -31,7 +31,8 @@ def chunk_momentum_attention(fq: torch.Tensor, fk: torch.Tensor, v: torch.Tensor
                 initial_state=initial_state, lengths=lengths, return_state=return_state)
 
 
-def fused_recurrent_step(fq: torch.Tensor, fk: torch.Tensor, v: torch.Tensor, state: MomentumAttentionState, *,
+def fused_recurrent_step(fq: torch.Tensor, fk: torch.Tensor, v: torch.Tensor,
+                         state: MomentumAttentionState, *,
                          momentum: float, step_size: float, eps: float, real: torch.Tensor | None = None,
                          ) -> tuple[torch.Tensor, MomentumAttentionState]:
     """One step of eq. 12; see `plugins.attention.triton.fused_recurrent.fused_recurrent_step`."""
@@ -44,8 +45,8 @@ def _check_device(t: torch.Tensor) -> None:
     if importlib.util.find_spec("triton") is None:
         raise RuntimeError("the Triton kernels need triton (pip install triton)")
     if not t.is_cuda and os.environ.get("TRITON_INTERPRET") != "1":
-        raise ValueError(f"the Triton kernels run on CUDA tensors, got {t.device}; CPU tensors run "
-                         "through Triton's interpreter only with TRITON_INTERPRET=1 set before triton is imported")
+        raise ValueError(f"the Triton kernels run on CUDA tensors, got {t.device}; CPU tensors run through "
+                         "Triton's interpreter only with TRITON_INTERPRET=1 set before triton is imported")
 
 
 __all__ = ["chunk_momentum_attention", "fused_recurrent_step", "is_available"]

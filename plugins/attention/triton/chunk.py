@@ -11,18 +11,28 @@ import triton
 
 from ..state import MomentumAttentionState
 from . import chunk_kernels as K
-from .utils import accumulator_dtype, block, chunk_block, kernel_flags, params
+from .utils import accumulator_dtype, chunk_block, kernel_flags, params
 
 
 def _shapes(fq, v, chunk):
     B, H, N, DK = fq.shape
     DV = v.shape[-1]
     BT = chunk_block(chunk)
-    return B, H, N, DK, DV, BT, triton.cdiv(N, BT), block(DK), block(DV)
+    return B, H, N, DK, DV, BT, triton.cdiv(N, BT)
 
 
-def _meta(fq, momentum, lengths, BK, BV, BT, DK, DV):
-    return dict(DK=DK, DV=DV, BT=BT, BK=BK, BV=BV, MOMENTUM=momentum > 0.0,
+def _state_grid(B, H, DK, DV):
+    """State scans: one program per (Dk block, Dv block, batch·head)."""
+    return lambda meta: (triton.cdiv(DK, meta["BK"]) * triton.cdiv(DV, meta["BV"]), B * H)
+
+
+def _chunk_grid(tile, dim, NT, B, H):
+    """Per-chunk kernels: one program per (block of `dim`, chunk, batch·head)."""
+    return lambda meta: (triton.cdiv(dim, meta[tile]), NT, B * H)
+
+
+def _meta(fq, momentum, lengths, BT, DK, DV):
+    return dict(DK=DK, DV=DV, BT=BT, MOMENTUM=momentum > 0.0,
                 HAS_LEN=lengths is not None, **kernel_flags(fq.dtype))
 
 
@@ -38,8 +48,7 @@ def states_entering_chunks(fk, v, s0, z0, m0, lengths, coef, meta, NT):
     m = fk.new_empty(B, H, DK, DV, dtype=acc)
     z = fk.new_empty(B, H, DK, dtype=acc)
     use_init = s0 is not None
-    grid = (triton.cdiv(DK, meta["BK"]) * triton.cdiv(DV, meta["BV"]), B * H)
-    K.fwd_h[grid](fk, v, h_s, h_m, h_z, s0 if use_init else s, m0 if use_init else m,
+    K.fwd_h[_state_grid(B, H, DK, DV)](fk, v, h_s, h_m, h_z, s0 if use_init else s, m0 if use_init else m,
                   z0 if use_init else z, s, m, z, lengths if lengths is not None else z, coef,
                   N, H, NT, USE_INIT=use_init, **meta)
     return h_s, h_m, h_z, s, z, m
@@ -48,15 +57,14 @@ def states_entering_chunks(fk, v, s0, z0, m0, lengths, coef, meta, NT):
 def chunk_forward(fq, fk, v, s0, z0, m0, lengths, momentum: float, step_size: float, eps: float,
                   chunk: int):
     """out (input dtype), den (B, H, N) accumulator dtype, and the final s, z, m."""
-    B, H, N, DK, DV, BT, NT, BK, BV = _shapes(fq, v, chunk)
+    B, H, N, DK, DV, BT, NT = _shapes(fq, v, chunk)
     coef = params(momentum, step_size, eps, accumulator_dtype(fq.dtype), fq.device)
-    meta = _meta(fq, momentum, lengths, BK, BV, BT, DK, DV)
+    meta = _meta(fq, momentum, lengths, BT, DK, DV)
     h_s, h_m, h_z, s, z, m = states_entering_chunks(fk, v, s0, z0, m0, lengths, coef, meta, NT)
     out = torch.empty_like(v)
     den = fq.new_empty(B, H, N, dtype=coef.dtype)
-    grid = (triton.cdiv(DV, BV), NT, B * H)
-    K.fwd_o[grid](fq, fk, v, h_s, h_m, h_z, out, den, lengths if lengths is not None else den,
-                  coef, N, H, NT, **meta)
+    K.fwd_o[_chunk_grid("BV", DV, NT, B, H)](fq, fk, v, h_s, h_m, h_z, out, den,
+                                             lengths if lengths is not None else den, coef, N, H, NT, **meta)
     return out, den, s, z, m
 
 
@@ -64,9 +72,9 @@ def chunk_backward(fq, fk, v, out, den, do, s0, z0, m0, ds, dz, dm, lengths, mom
                    step_size: float, eps: float, chunk: int):
     """Gradients of fq, fk, v (input dtype) and of the initial s, z, m (accumulator dtype), given
     the output gradient do and the final state's gradients ds, dz, dm (None = 0)."""
-    B, H, N, DK, DV, BT, NT, BK, BV = _shapes(fq, v, chunk)
+    B, H, N, DK, DV, BT, NT = _shapes(fq, v, chunk)
     coef = params(momentum, step_size, eps, accumulator_dtype(fq.dtype), fq.device)
-    meta = _meta(fq, momentum, lengths, BK, BV, BT, DK, DV)
+    meta = _meta(fq, momentum, lengths, BT, DK, DV)
     lens = lengths if lengths is not None else den
     h_s, h_m, h_z, _s, _z, _m = states_entering_chunks(fk, v, s0, z0, m0, lengths, coef, meta, NT)
 
@@ -82,18 +90,17 @@ def chunk_backward(fq, fk, v, out, den, do, s0, z0, m0, ds, dz, dm, lengths, mom
     ds0 = fq.new_empty(B, H, DK, DV, dtype=acc)
     dm0 = fq.new_empty(B, H, DK, DV, dtype=acc)
     dz0 = fq.new_empty(B, H, DK, dtype=acc)
-    grid = (triton.cdiv(DK, BK) * triton.cdiv(DV, BV), B * H)
-    K.bwd_dh[grid](fq, do, den, dden, dh_s, dh_m, dh_z, ds if has_final else ds0,
-                   dm if has_final else dm0, dz if has_final else dz0, ds0, dm0, dz0, lens,
-                   coef, N, H, NT, HAS_FINAL_GRAD=has_final, **meta)
+    K.bwd_dh[_state_grid(B, H, DK, DV)](fq, do, den, dden, dh_s, dh_m, dh_z, ds if has_final else ds0,
+                                        dm if has_final else dm0, dz if has_final else dz0, ds0, dm0,
+                                        dz0, lens, coef, N, H, NT, HAS_FINAL_GRAD=has_final, **meta)
 
     dv = torch.empty_like(v)
-    K.bwd_dv[(triton.cdiv(DV, BV), NT, B * H)](fq, fk, do, den, dh_s, dh_m, dv, lens, coef,
-                                               N, H, NT, **meta)
+    K.bwd_dv[_chunk_grid("BV", DV, NT, B, H)](fq, fk, do, den, dh_s, dh_m, dv, lens, coef, N, H, NT,
+                                              **meta)
     dq = torch.empty_like(fq)
     dk = torch.empty_like(fk)
-    K.bwd_dqk[(triton.cdiv(DK, BK), NT, B * H)](fq, fk, v, do, den, dden, h_s, h_m, h_z, dh_s,
-                                                dh_m, dh_z, dq, dk, lens, coef, N, H, NT, **meta)
+    K.bwd_dqk[_chunk_grid("BK", DK, NT, B, H)](fq, fk, v, do, den, dden, h_s, h_m, h_z, dh_s, dh_m, dh_z,
+                                               dq, dk, lens, coef, N, H, NT, **meta)
     return dq, dk, dv, ds0, dz0, dm0
 
 

@@ -81,8 +81,20 @@ def chunk_block(chunk_size: int) -> int:
 
 
 def tuning_configs() -> list:
-    """Launch configurations autotuned per shape on GPU; one under the interpreter, where timing
-    means nothing. Every kernel overwrites its outputs, so repeated tuning runs are harmless."""
+    """Tile sizes BK, BV and launch settings, autotuned per shape on GPU (`prune` drops tiles
+    larger than the head dimension); under the interpreter, where timing means nothing, `prune`
+    keeps the one config whose tiles fit the head dimension. Every kernel overwrites its outputs,
+    so repeated tuning runs are harmless."""
     if os.environ.get("TRITON_INTERPRET") == "1":
-        return [triton.Config({}, num_warps=4)]
-    return [triton.Config({}, num_warps=w, num_stages=s) for w in (2, 4, 8) for s in (1, 2, 3)]
+        return [triton.Config({"BK": bk, "BV": bv}, num_warps=4)
+                for bk in (16, 32, 64) for bv in (16, 32, 64)]
+    return [triton.Config({"BK": bk, "BV": bv}, num_warps=w, num_stages=s)
+            for bk in (32, 64) for bv in (32, 64) for w in (4, 8) for s in (2, 3)]
+
+
+def prune(configs, named_args, **kwargs) -> list:
+    dk, dv = kwargs["DK"], kwargs["DV"]
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        return [c for c in configs if c.kwargs["BK"] == block(dk) and c.kwargs["BV"] == block(dv)]
+    fitting = [c for c in configs if c.kwargs["BK"] <= block(dk) and c.kwargs["BV"] <= block(dv)]
+    return fitting or [c for c in configs if c.kwargs["BK"] == 32 and c.kwargs["BV"] == 32]
