@@ -35,7 +35,7 @@ def _row_length(lengths, i_b, N, HAS_LEN: tl.constexpr):
 
 
 @triton.jit
-def _end_weights(rows, Lc, log_beta, inv, gamma, MOMENTUM: tl.constexpr):
+def _end_weights(rows, Lc, log_beta, inv, gamma, beta, MOMENTUM: tl.constexpr):
     """Weights of φ(k_j)v_jᵀ on S and on M' at the end of a chunk of Lc real tokens, the weight of
     the entering M' on the leaving S, and M's decay over the chunk."""
     ACC: tl.constexpr = log_beta.dtype
@@ -44,7 +44,6 @@ def _end_weights(rows, Lc, log_beta, inv, gamma, MOMENTUM: tl.constexpr):
         n_s = (Lc - rows).to(ACC)
         w_s = tl.where(real, gamma * geometric(n_s, log_beta, inv), 0.0)
         w_m = tl.where(real, tl.exp((Lc - 1 - rows).to(ACC) * log_beta), 0.0)
-        beta = tl.exp(log_beta)
         carry_end = gamma * beta * geometric(Lc.to(ACC), log_beta, inv)
         decay = tl.exp(Lc.to(ACC) * log_beta)
     else:
@@ -56,14 +55,14 @@ def _end_weights(rows, Lc, log_beta, inv, gamma, MOMENTUM: tl.constexpr):
 
 
 @triton.jit
-def _intra_weights(rows, log_beta, inv, gamma, MOMENTUM: tl.constexpr):
+def _intra_weights(rows, log_beta, inv, gamma, beta, MOMENTUM: tl.constexpr):
     """W[a, j] = γ(1 − β^(a−j+1))/(1 − β) for j ≤ a (0 above the diagonal) and carry[a]."""
     ACC: tl.constexpr = log_beta.dtype
     causal = rows[:, None] >= rows[None, :]
     if MOMENTUM:
         d = (rows[:, None] - rows[None, :] + 1).to(ACC)
         W = tl.where(causal, gamma * geometric(d, log_beta, inv), 0.0)
-        carry = gamma * tl.exp(log_beta) * geometric((rows + 1).to(ACC), log_beta, inv)
+        carry = gamma * beta * geometric((rows + 1).to(ACC), log_beta, inv)
     else:
         W = tl.where(causal, gamma, 0.0).to(ACC)
         carry = tl.zeros([rows.shape[0]], dtype=ACC)
@@ -97,7 +96,7 @@ def fwd_h(k, v, h_s, h_m, h_z, s0, m0, z0, s_out, m_out, z_out, lengths, params,
     m_out += bh * DK * DV
     z0 += bh * DK
     z_out += bh * DK
-    log_beta, inv, gamma, _eps, _beta = _load_params(params)
+    log_beta, inv, gamma, _eps, beta = _load_params(params)
     ACC: tl.constexpr = params.dtype.element_ty
 
     rows = tl.arange(0, BT)
@@ -131,7 +130,7 @@ def fwd_h(k, v, h_s, h_m, h_z, s0, m0, z0, s_out, m_out, z_out, lengths, params,
                      other=0.0)
         vv = tl.load(v + t[:, None] * DV + o_v[None, :], mask=real[:, None] & mv[None, :],
                      other=0.0)
-        w_s, w_m, carry_end, decay = _end_weights(rows, Lc, log_beta, inv, gamma, MOMENTUM)
+        w_s, w_m, carry_end, decay = _end_weights(rows, Lc, log_beta, inv, gamma, beta, MOMENTUM)
         kt = tl.trans(kk.to(ACC))
         S += mixed_dot(kt * w_s[None, :], vv, LOW, IEEE)
         if MOMENTUM:
@@ -167,7 +166,7 @@ def fwd_o(q, k, v, h_s, h_m, h_z, o, den, lengths, params,
     h_s += bh * NT * DK * DV
     h_m += bh * NT * DK * DV
     h_z += bh * NT * DK
-    log_beta, inv, gamma, eps, _beta = _load_params(params)
+    log_beta, inv, gamma, eps, beta = _load_params(params)
     ACC: tl.constexpr = params.dtype.element_ty
 
     rows = tl.arange(0, BT)
@@ -208,7 +207,7 @@ def fwd_o(q, k, v, h_s, h_m, h_z, o, den, lengths, params,
         bad = tl.maximum(bad, tl.max(tl.where(finite(vv), 0, 1), axis=1))
         first_bad = tl.min(tl.where(bad > 0, rows, BT), axis=0)
         before_bad = rows < first_bad
-        W, carry, causal = _intra_weights(rows, log_beta, inv, gamma, MOMENTUM)
+        W, carry, causal = _intra_weights(rows, log_beta, inv, gamma, beta, MOMENTUM)
         keep = causal & before_bad[None, :]
         Aw = tl.where(keep, A * W, 0.0)
         num = o_s + mixed_dot(Aw, tl.where(before_bad[:, None], vv, 0.0), LOW, IEEE)
@@ -277,7 +276,7 @@ def bwd_dh(q, do, den, dden, dh_s, dh_m, dh_z, ds_fin, dm_fin, dz_fin, ds0, dm0,
     dm0 += bh * DK * DV
     dz_fin += bh * DK
     dz0 += bh * DK
-    log_beta, inv, gamma, _eps, _beta = _load_params(params)
+    log_beta, inv, gamma, _eps, beta = _load_params(params)
     ACC: tl.constexpr = params.dtype.element_ty
 
     rows = tl.arange(0, BT)
@@ -296,7 +295,7 @@ def bwd_dh(q, do, den, dden, dh_s, dh_m, dh_z, ds_fin, dm_fin, dz_fin, ds0, dm0,
         if MOMENTUM:
             dM -= tl.load(dm_fin + state_off, mask=state_mask, other=0.0).to(ACC)
         dZ += tl.load(dz_fin + o_k, mask=mk, other=0.0).to(ACC)
-    _W, carry, _causal = _intra_weights(rows, log_beta, inv, gamma, MOMENTUM)
+    _W, carry, _causal = _intra_weights(rows, log_beta, inv, gamma, beta, MOMENTUM)
 
     n_chunks = tl.cdiv(L, BT)
     for i in range(n_chunks):
@@ -319,7 +318,7 @@ def bwd_dh(q, do, den, dden, dh_s, dh_m, dh_z, ds_fin, dm_fin, dz_fin, ds0, dm0,
         dnum = dd / dn[:, None]
         qt = tl.trans(qq.to(ACC))
         if MOMENTUM:
-            _w_s, _w_m, carry_end, decay = _end_weights(rows, Lc, log_beta, inv, gamma, MOMENTUM)
+            _w_s, _w_m, carry_end, decay = _end_weights(rows, Lc, log_beta, inv, gamma, beta, MOMENTUM)
             dM = decay * dM + carry_end * dS + mixed_dot(qt, dnum * carry[:, None], LOW, IEEE)
         dS += mixed_dot(qt, dnum, LOW, IEEE)
         dZ += tl.sum(qt * ddn[None, :], axis=1)
@@ -349,7 +348,7 @@ def bwd_dv(q, k, do, den, dh_s, dh_m, dv, lengths, params,
     den += bh * N
     dh_s += bh * NT * DK * DV
     dh_m += bh * NT * DK * DV
-    log_beta, inv, gamma, _eps, _beta = _load_params(params)
+    log_beta, inv, gamma, _eps, beta = _load_params(params)
     ACC: tl.constexpr = params.dtype.element_ty
 
     rows = tl.arange(0, BT)
@@ -364,7 +363,7 @@ def bwd_dv(q, k, do, den, dh_s, dh_m, dv, lengths, params,
         real = t < L
         Lc = tl.minimum(L - i_t * BT, BT)
         chunk = i_t
-        w_s, w_m, _carry_end, _decay = _end_weights(rows, Lc, log_beta, inv, gamma, MOMENTUM)
+        w_s, w_m, _carry_end, _decay = _end_weights(rows, Lc, log_beta, inv, gamma, beta, MOMENTUM)
         A = tl.zeros([BT, BT], dtype=ACC)
         acc = tl.zeros([BT, BV], dtype=ACC)
         for i_k in range(tl.cdiv(DK, BK)):
@@ -386,7 +385,7 @@ def bwd_dv(q, k, do, den, dh_s, dh_m, dv, lengths, params,
                      other=0.0).to(ACC)
         dn = tl.load(den + t, mask=real, other=1.0)
         dnum = dd / dn[:, None]
-        W, _carry, causal = _intra_weights(rows, log_beta, inv, gamma, MOMENTUM)
+        W, _carry, causal = _intra_weights(rows, log_beta, inv, gamma, beta, MOMENTUM)
         Aw = tl.where(causal, A * W, 0.0)
         acc += mixed_dot(tl.trans(Aw), dnum, LOW, IEEE)
         tl.store(dv_ptr, tl.where(real[:, None], acc, 0.0).to(dv.dtype.element_ty), mask=dv_mask)
@@ -420,7 +419,7 @@ def bwd_dqk(q, k, v, do, den, dden, h_s, h_m, h_z, dh_s, dh_m, dh_z, dq, dk, len
     dh_m += bh * NT * DK * DV
     h_z += bh * NT * DK
     dh_z += bh * NT * DK
-    log_beta, inv, gamma, _eps, _beta = _load_params(params)
+    log_beta, inv, gamma, _eps, beta = _load_params(params)
     ACC: tl.constexpr = params.dtype.element_ty
 
     rows = tl.arange(0, BT)
@@ -436,7 +435,7 @@ def bwd_dqk(q, k, v, do, den, dden, h_s, h_m, h_z, dh_s, dh_m, dh_z, dq, dk, len
         real = t < L
         Lc = tl.minimum(L - i_t * BT, BT)
         chunk = i_t
-        w_s, w_m, _carry_end, _decay = _end_weights(rows, Lc, log_beta, inv, gamma, MOMENTUM)
+        w_s, w_m, _carry_end, _decay = _end_weights(rows, Lc, log_beta, inv, gamma, beta, MOMENTUM)
         dn = tl.load(den + t, mask=real, other=1.0)
         ddn = tl.load(dden + t, mask=real, other=0.0)
         dNV = tl.zeros([BT, BT], dtype=ACC)
@@ -464,7 +463,7 @@ def bwd_dqk(q, k, v, do, den, dden, h_s, h_m, h_z, dh_s, dh_m, dh_z, dq, dk, len
         row_mask = real[:, None] & mk[None, :]
         qq = tl.load(q + off_k, mask=row_mask, other=0.0)
         kk = tl.load(k + off_k, mask=row_mask, other=0.0)
-        W, carry, causal = _intra_weights(rows, log_beta, inv, gamma, MOMENTUM)
+        W, carry, causal = _intra_weights(rows, log_beta, inv, gamma, beta, MOMENTUM)
         dA = tl.where(causal, dNV * W + ddn[:, None], 0.0)
         zz = tl.load(h_z + chunk * DK + o_k, mask=mk, other=0.0)
         dzz = tl.load(dh_z + chunk * DK + o_k, mask=mk, other=0.0)

@@ -7,14 +7,20 @@ import torch
 import triton
 import triton.language as tl
 
+EXPM1_TERMS = tl.constexpr(18)
+
 
 @triton.jit
 def expm1(x):
-    """exp(x) − 1 without cancellation near 0 (Kahan's trick: (u − 1)·x / log u with u = exp x),
-    from exp and log only, so it runs the same on GPU and in the interpreter."""
-    u = tl.exp(x)
-    um1 = u - 1.0
-    return tl.where(um1 == 0.0, x, tl.where(um1 == -1.0, -1.0, um1 * x / tl.log(u)))
+    """exp(x) − 1 without cancellation, from exp alone (which may be a fast approximation on GPU):
+    for |x| < 1/2 the Taylor series x(1 + x/2(1 + x/3(1 + …))) to 18 terms (truncation below
+    fp64 rounding), beyond it exp(x) − 1, where nothing cancels."""
+    small = tl.abs(x) < 0.5
+    xs = tl.where(small, x, 0.0)
+    series = tl.full(x.shape, 1.0, x.dtype)
+    for i in tl.static_range(EXPM1_TERMS - 1):
+        series = 1.0 + xs * series * (1.0 / (EXPM1_TERMS - i))
+    return tl.where(small, xs * series, tl.exp(x) - 1.0)
 
 
 @triton.jit
