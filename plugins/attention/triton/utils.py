@@ -1,5 +1,9 @@
 """Shared pieces of the Triton kernels: the β-power coefficients of eq. 12/13, computed in-kernel
-without cancellation, and a matmul helper that keeps carried states in full precision."""
+without cancellation, and the matmul precision rules. States, denominators and all matmul
+accumulators are fp32 (fp64 for fp64 input). Matmul operands: φ(q)φ(k)ᵀ in the input dtype;
+operands holding fp32 values (states, weighted keys, scaled gradients) in bf16 for bf16 inputs
+(bf16 has fp32's range), in fp32 as tf32 for fp16 inputs (fp16 would overflow on long sequences),
+exact fp32/fp64 for fp32/fp64 inputs."""
 import math
 import os
 
