@@ -1,0 +1,52 @@
+"""Triton kernels of momentum attention (Momentum Transformer, eq. 12/13), one module per form
+after flash-linear-attention: `chunk` (training / prefill, forward and backward), `fused_recurrent`
+(one decoding step), `op` (torch.library registration, so torch.compile keeps one graph).
+
+Importing this package never fails: `is_available()` says whether the kernels can run (triton
+importable, and CUDA present or TRITON_INTERPRET=1 for CPU tensors through the interpreter); the
+kernels' modules are imported on first use."""
+import importlib.util
+import os
+
+import torch
+
+from ..state import MomentumAttentionState
+
+
+def is_available() -> bool:
+    if importlib.util.find_spec("triton") is None:
+        return False
+    return torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def chunk_momentum_attention(fq: torch.Tensor, fk: torch.Tensor, v: torch.Tensor, *, momentum: float,
+                             step_size: float, eps: float, chunk_size: int,
+                             initial_state: MomentumAttentionState | None = None,
+                             lengths: torch.Tensor | None = None, return_state: bool = False,
+                             ) -> tuple[torch.Tensor, MomentumAttentionState | None]:
+    """Eq. 13 on feature-mapped inputs; see `plugins.attention.triton.chunk.chunk_momentum_attention`."""
+    _check_device(fq)
+    from .chunk import chunk_momentum_attention as impl
+    return impl(fq, fk, v, momentum=momentum, step_size=step_size, eps=eps, chunk_size=chunk_size,
+                initial_state=initial_state, lengths=lengths, return_state=return_state)
+
+
+def fused_recurrent_step(fq: torch.Tensor, fk: torch.Tensor, v: torch.Tensor,
+                         state: MomentumAttentionState, *,
+                         momentum: float, step_size: float, eps: float, real: torch.Tensor | None = None,
+                         ) -> tuple[torch.Tensor, MomentumAttentionState]:
+    """One step of eq. 12; see `plugins.attention.triton.fused_recurrent.fused_recurrent_step`."""
+    _check_device(fq)
+    from .fused_recurrent import fused_recurrent_step as impl
+    return impl(fq, fk, v, state, momentum=momentum, step_size=step_size, eps=eps, real=real)
+
+
+def _check_device(t: torch.Tensor) -> None:
+    if importlib.util.find_spec("triton") is None:
+        raise RuntimeError("the Triton kernels need triton (pip install triton)")
+    if not t.is_cuda and os.environ.get("TRITON_INTERPRET") != "1":
+        raise ValueError(f"the Triton kernels run on CUDA tensors, got {t.device}; CPU tensors run through "
+                         "Triton's interpreter only with TRITON_INTERPRET=1 set before triton is imported")
+
+
+__all__ = ["chunk_momentum_attention", "fused_recurrent_step", "is_available"]

@@ -1,0 +1,165 @@
+"""Chunked causal momentum attention (Momentum Transformer, eq. 13) in Triton: the launchers of
+the forward and backward kernels and the public entry point.
+
+Memory: the forward keeps q, k, v, the output and one float per position (the denominator); the
+states entering each chunk (2·nchunks·Dk·Dv floats) exist only during a kernel pair and are
+recomputed in the backward, so nothing of size N·Dk·Dv is ever stored."""
+import os
+
+import torch
+import triton
+
+from ..state import MomentumAttentionState
+from . import chunk_kernels as K
+from .utils import accumulator_dtype, chunk_block, kernel_flags, params
+
+
+def _shapes(fq, v, chunk):
+    B, H, N, DK = fq.shape
+    DV = v.shape[-1]
+    BT = chunk_block(chunk)
+    return B, H, N, DK, DV, BT, triton.cdiv(N, BT)
+
+
+def _state_grid(B, H, DK, DV):
+    """State scans: one program per (Dk block, Dv block, batch·head)."""
+    return lambda meta: (triton.cdiv(DK, meta["BK"]) * triton.cdiv(DV, meta["BV"]), B * H)
+
+
+def _chunk_grid(tile, dim, NT, B, H):
+    """Per-chunk kernels: one program per (block of `dim`, chunk, batch·head)."""
+    return lambda meta: (triton.cdiv(dim, meta[tile]), NT, B * H)
+
+
+def _meta(fq, momentum, lengths, BT, DK, DV):
+    return dict(DK=DK, DV=DV, BT=BT, MOMENTUM=momentum > 0.0,
+                HAS_LEN=lengths is not None, **kernel_flags(fq.dtype))
+
+
+def states_entering_chunks(fk, v, s0, z0, m0, lengths, coef, meta, NT):
+    """S, M' and Z entering each chunk (fp32/fp64) and the final state (s, z, m with m = −M')."""
+    B, H, N, DK = fk.shape
+    DV = v.shape[-1]
+    acc = coef.dtype
+    h_s = fk.new_empty(B * H, NT, DK, DV, dtype=acc)
+    h_m = fk.new_empty(B * H, NT, DK, DV, dtype=acc) if meta["MOMENTUM"] else h_s
+    h_z = fk.new_empty(B * H, NT, DK, dtype=acc)
+    s = fk.new_empty(B, H, DK, DV, dtype=acc)
+    m = fk.new_empty(B, H, DK, DV, dtype=acc)
+    z = fk.new_empty(B, H, DK, dtype=acc)
+    use_init = s0 is not None
+    K.fwd_h[_state_grid(B, H, DK, DV)](fk, v, h_s, h_m, h_z, s0 if use_init else s, m0 if use_init else m,
+                  z0 if use_init else z, s, m, z, lengths if lengths is not None else z, coef,
+                  N, H, NT, USE_INIT=use_init, **meta)
+    return h_s, h_m, h_z, s, z, m
+
+
+def chunk_forward(fq, fk, v, s0, z0, m0, lengths, momentum: float, step_size: float, eps: float,
+                  chunk: int):
+    """out (input dtype), den (B, H, N) accumulator dtype, and the final s, z, m."""
+    B, H, N, DK, DV, BT, NT = _shapes(fq, v, chunk)
+    coef = params(momentum, step_size, eps, accumulator_dtype(fq.dtype), fq.device)
+    meta = _meta(fq, momentum, lengths, BT, DK, DV)
+    h_s, h_m, h_z, s, z, m = states_entering_chunks(fk, v, s0, z0, m0, lengths, coef, meta, NT)
+    out = torch.empty_like(v)
+    den = fq.new_empty(B, H, N, dtype=coef.dtype)
+    K.fwd_o[_chunk_grid("BV", DV, NT, B, H)](fq, fk, v, h_s, h_m, h_z, out, den,
+                                             lengths if lengths is not None else den, coef, N, H, NT, **meta)
+    return out, den, s, z, m
+
+
+def chunk_backward(fq, fk, v, out, den, do, s0, z0, m0, ds, dz, dm, lengths, momentum: float,
+                   step_size: float, eps: float, chunk: int):
+    """Gradients of fq, fk, v (input dtype) and of the initial s, z, m (accumulator dtype), given
+    the output gradient do and the final state's gradients ds, dz, dm (None = 0)."""
+    B, H, N, DK, DV, BT, NT = _shapes(fq, v, chunk)
+    coef = params(momentum, step_size, eps, accumulator_dtype(fq.dtype), fq.device)
+    meta = _meta(fq, momentum, lengths, BT, DK, DV)
+    lens = lengths if lengths is not None else den
+    h_s, h_m, h_z, _s, _z, _m = states_entering_chunks(fk, v, s0, z0, m0, lengths, coef, meta, NT)
+
+    dden = torch.empty_like(den)
+    K.bwd_prep[(NT, B * H)](out, do, den, dden, lens, N, H, DV=DV, BT=BT, BDV=triton.next_power_of_2(DV),
+                            HAS_LEN=lengths is not None)
+
+    acc = coef.dtype
+    has_final = ds is not None
+    dh_s = torch.empty_like(h_s)
+    dh_m = torch.empty_like(h_m) if meta["MOMENTUM"] else dh_s
+    dh_z = torch.empty_like(h_z)
+    ds0 = fq.new_empty(B, H, DK, DV, dtype=acc)
+    dm0 = fq.new_empty(B, H, DK, DV, dtype=acc)
+    dz0 = fq.new_empty(B, H, DK, dtype=acc)
+    K.bwd_dh[_state_grid(B, H, DK, DV)](fq, do, den, dden, dh_s, dh_m, dh_z, ds if has_final else ds0,
+                                        dm if has_final else dm0, dz if has_final else dz0, ds0, dm0,
+                                        dz0, lens, coef, N, H, NT, HAS_FINAL_GRAD=has_final, **meta)
+
+    dv = torch.empty_like(v)
+    K.bwd_dv[_chunk_grid("BV", DV, NT, B, H)](fq, fk, do, den, dh_s, dh_m, dv, lens, coef, N, H, NT,
+                                              **meta)
+    dq = torch.empty_like(fq)
+    dk = torch.empty_like(fk)
+    K.bwd_dqk[_chunk_grid("BK", DK, NT, B, H)](fq, fk, v, do, den, dden, h_s, h_m, h_z, dh_s, dh_m, dh_z,
+                                               dq, dk, lens, coef, N, H, NT, **meta)
+    return dq, dk, dv, ds0, dz0, dm0
+
+
+def interpreter_safe(t: torch.Tensor) -> torch.Tensor:
+    """Triton's interpreter stores bf16 as raw 16-bit integers and its tl.dot multiplies those, so
+    under TRITON_INTERPRET bf16 inputs run in fp32 (the bf16 kernels are exercised on GPU only)."""
+    if t.dtype == torch.bfloat16 and os.environ.get("TRITON_INTERPRET") == "1":
+        return t.float()
+    return t
+
+
+def chunk_momentum_attention(
+    fq: torch.Tensor, fk: torch.Tensor, v: torch.Tensor, *, momentum: float, step_size: float,
+    eps: float, chunk_size: int, initial_state: MomentumAttentionState | None = None,
+    lengths: torch.Tensor | None = None, return_state: bool = False,
+) -> tuple[torch.Tensor, MomentumAttentionState | None]:
+    """Eq. 13 on feature-mapped fq, fk (B, H, N, Dk) and v (B, H, N, Dv) of one dtype (bf16, fp16,
+    fp32 or fp64), padding on the right with `lengths` (B,) real tokens per row (None = all).
+    Returns the output (B, H, N, Dv) in the input dtype, 0 at padded positions, and, if asked, the
+    state after each row's last real token (s, z, m in fp32, fp64 for fp64 input). Differentiable
+    in fq, fk, v and the initial state."""
+    from .op import chunk_momentum_attention_op
+
+    acc = accumulator_dtype(fq.dtype)
+    if initial_state is None:
+        s0 = z0 = m0 = None
+    else:
+        s0, z0, m0 = (t.to(acc).contiguous() for t in (initial_state.s, initial_state.z, initial_state.m))
+    if lengths is not None:
+        lengths = lengths.to(device=fq.device, dtype=torch.int32).contiguous()
+    out_dtype = v.dtype
+    fq, fk, v = (interpreter_safe(t).contiguous() for t in (fq, fk, v))
+    if fq.numel() == 0 or v.numel() == 0:
+        out = v.new_zeros(v.shape)
+        state = initial_state if initial_state is not None else MomentumAttentionState.zeros(
+            fq.shape[0], fq.shape[1], fq.shape[3], v.shape[3], dtype=acc, device=fq.device)
+        return out, (state if return_state else None)
+    out, s, z, m = chunk_momentum_attention_op(fq, fk, v, s0, z0, m0, lengths, float(momentum),
+                                               float(step_size), float(eps), int(chunk_size))
+    out = out.to(out_dtype)
+    if not return_state:
+        return out, None
+    if momentum == 0.0:
+        m = _last_momentum(fk, v, lengths, m0)
+    return out, MomentumAttentionState(s=s, z=z, m=m)
+
+
+def _last_momentum(fk, v, lengths, m0):
+    """At β = 0 eq. 12's momentum is m_L = −φ(k_L)v_Lᵀ, the last real token's (m₀ if there is
+    none): the one-state kernels do not carry it, so it is gathered here (differentiably)."""
+    B, H, N, DK = fk.shape
+    acc = accumulator_dtype(fk.dtype)
+    count = torch.full((B,), N, device=fk.device) if lengths is None else lengths.long()
+    last = (count - 1).clamp(min=0)[:, None, None, None]
+    empty = (count == 0)[:, None, None]
+    zero = torch.zeros((), dtype=acc, device=fk.device)
+    # a row without real tokens gathers a padded one: masked before the product, not after it
+    k_last = torch.where(empty, zero, fk.gather(2, last.expand(B, H, 1, DK))[:, :, 0].to(acc))
+    v_last = torch.where(empty, zero, v.gather(2, last.expand(B, H, 1, v.shape[3]))[:, :, 0].to(acc))
+    m = -(k_last[..., :, None] * v_last[..., None, :])
+    fallback = torch.zeros_like(m) if m0 is None else m0
+    return torch.where(empty[..., None], fallback, m)

@@ -1,0 +1,475 @@
+"""Triton kernels of chunked causal momentum attention (Momentum Transformer, eq. 13 ≡ eq. 12).
+
+Per (batch, head) and chunk of BT positions (local index a, key index j), with m' = −m:
+  s_a  = S + carry[a]·M' + Σ_{j≤a} W[a, j] φ(k_j)v_jᵀ,   W[a, j] = γ(1 − β^(a−j+1))/(1 − β),
+  carry[a] = γβ(1 − β^(a+1))/(1 − β),   out_a = φ(q_a)ᵀs_a / (φ(q_a)ᵀ(Z + Σ_{j≤a} φ(k_j)) + eps),
+and over a chunk of Lc real tokens the carried states move as
+  M' ← β^Lc M' + Σ_j β^(Lc−1−j) φ(k_j)v_jᵀ,   S ← S + carry[Lc−1]·M' + Σ_j W[Lc−1, j] φ(k_j)v_jᵀ,
+  Z ← Z + Σ_j φ(k_j).
+Kernels (after flash-linear-attention's chunk_h / chunk_o split): `fwd_h` scans the states across
+chunks and stores the ones entering each chunk; `fwd_o` computes every chunk's outputs in
+parallel; `bwd_dh` scans the state gradients backwards; `bwd_dv` / `bwd_dqk` give the input
+gradients per chunk. Chunks past a row's length do no work; positions past it are masked loads.
+With MOMENTUM = False (β = 0) only S is carried.
+"""
+import triton
+import triton.language as tl
+
+from .utils import finite, geometric, mixed_dot, prune, raw_dot, tuning_configs
+
+TUNING_KEY = ["DK", "DV", "BT", "MOMENTUM", "LOW", "IEEE"]
+
+
+@triton.jit
+def _load_params(params):
+    return (tl.load(params + 0), tl.load(params + 1), tl.load(params + 2), tl.load(params + 3),
+            tl.load(params + 4))
+
+
+@triton.jit
+def _row_length(lengths, i_b, N, HAS_LEN: tl.constexpr):
+    if HAS_LEN:
+        return tl.load(lengths + i_b).to(tl.int32)
+    else:
+        return N
+
+
+@triton.jit
+def _end_weights(rows, Lc, log_beta, inv, gamma, beta, MOMENTUM: tl.constexpr):
+    """Weights of φ(k_j)v_jᵀ on S and on M' at the end of a chunk of Lc real tokens, the weight of
+    the entering M' on the leaving S, and M's decay over the chunk."""
+    ACC: tl.constexpr = log_beta.dtype
+    real = rows < Lc
+    if MOMENTUM:
+        n_s = (Lc - rows).to(ACC)
+        w_s = tl.where(real, gamma * geometric(n_s, log_beta, inv), 0.0)
+        w_m = tl.where(real, tl.exp((Lc - 1 - rows).to(ACC) * log_beta), 0.0)
+        carry_end = gamma * beta * geometric(Lc.to(ACC), log_beta, inv)
+        decay = tl.exp(Lc.to(ACC) * log_beta)
+    else:
+        w_s = tl.where(real, gamma, 0.0).to(ACC)
+        w_m = w_s
+        carry_end = gamma * 0.0
+        decay = gamma * 0.0
+    return w_s, w_m, carry_end, decay
+
+
+@triton.jit
+def _intra_weights(rows, log_beta, inv, gamma, beta, MOMENTUM: tl.constexpr):
+    """W[a, j] = γ(1 − β^(a−j+1))/(1 − β) for j ≤ a (0 above the diagonal) and carry[a]."""
+    ACC: tl.constexpr = log_beta.dtype
+    causal = rows[:, None] >= rows[None, :]
+    if MOMENTUM:
+        d = (rows[:, None] - rows[None, :] + 1).to(ACC)
+        W = tl.where(causal, gamma * geometric(d, log_beta, inv), 0.0)
+        carry = gamma * beta * geometric((rows + 1).to(ACC), log_beta, inv)
+    else:
+        W = tl.where(causal, gamma, 0.0).to(ACC)
+        carry = tl.zeros([rows.shape[0]], dtype=ACC)
+    return W, carry, causal
+
+
+@triton.autotune(configs=tuning_configs(), key=TUNING_KEY, prune_configs_by={"early_config_prune": prune})
+@triton.jit
+def fwd_h(k, v, h_s, h_m, h_z, s0, m0, z0, s_out, m_out, z_out, lengths, params,
+          N, H, NT,
+          DK: tl.constexpr, DV: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+          MOMENTUM: tl.constexpr, HAS_LEN: tl.constexpr, USE_INIT: tl.constexpr,
+          LOW: tl.constexpr, IEEE: tl.constexpr):
+    """Grid (cdiv(DK, BK)·cdiv(DV, BV), B·H): S, M' (and Z for the first DV block) entering each
+    chunk into h_s, h_m (B·H, NT, DK, DV), h_z (B·H, NT, DK); the final state into s/m/z_out."""
+    i_kv = tl.program_id(0)
+    i_bh = tl.program_id(1)
+    NV = tl.cdiv(DV, BV)
+    i_k = i_kv // NV
+    i_v = i_kv % NV
+    L = _row_length(lengths, i_bh // H, N, HAS_LEN)
+    bh = i_bh.to(tl.int64)  # whole-tensor offsets in int64; offsets within a row stay int32
+    k += bh * N * DK
+    v += bh * N * DV
+    h_s += bh * NT * DK * DV
+    h_m += bh * NT * DK * DV
+    h_z += bh * NT * DK
+    s0 += bh * DK * DV
+    m0 += bh * DK * DV
+    s_out += bh * DK * DV
+    m_out += bh * DK * DV
+    z0 += bh * DK
+    z_out += bh * DK
+    log_beta, inv, gamma, _eps, beta = _load_params(params)
+    ACC: tl.constexpr = params.dtype.element_ty
+
+    rows = tl.arange(0, BT)
+    o_k = i_k * BK + tl.arange(0, BK)
+    o_v = i_v * BV + tl.arange(0, BV)
+    mk = o_k < DK
+    mv = o_v < DV
+    state_off = o_k[:, None] * DV + o_v[None, :]
+    state_mask = mk[:, None] & mv[None, :]
+
+    S = tl.zeros([BK, BV], dtype=ACC)
+    M = tl.zeros([BK, BV], dtype=ACC)
+    Z = tl.zeros([BK], dtype=ACC)
+    if USE_INIT:
+        S += tl.load(s0 + state_off, mask=state_mask, other=0.0).to(ACC)
+        if MOMENTUM:
+            M -= tl.load(m0 + state_off, mask=state_mask, other=0.0).to(ACC)
+        Z += tl.load(z0 + o_k, mask=mk, other=0.0).to(ACC)
+
+    for c in range(tl.cdiv(L, BT)):
+        chunk = c
+        tl.store(h_s + chunk * DK * DV + state_off, S, mask=state_mask)
+        if MOMENTUM:
+            tl.store(h_m + chunk * DK * DV + state_off, M, mask=state_mask)
+        if i_v == 0:
+            tl.store(h_z + chunk * DK + o_k, Z, mask=mk)
+        Lc = tl.minimum(L - c * BT, BT)
+        t = c * BT + rows
+        real = rows < Lc
+        kk = tl.load(k + t[:, None] * DK + o_k[None, :], mask=real[:, None] & mk[None, :],
+                     other=0.0)
+        vv = tl.load(v + t[:, None] * DV + o_v[None, :], mask=real[:, None] & mv[None, :],
+                     other=0.0)
+        w_s, w_m, carry_end, decay = _end_weights(rows, Lc, log_beta, inv, gamma, beta, MOMENTUM)
+        kt = tl.trans(kk.to(ACC))
+        S += mixed_dot(kt * w_s[None, :], vv, LOW, IEEE)
+        if MOMENTUM:
+            S += carry_end * M
+            M = decay * M + mixed_dot(kt * w_m[None, :], vv, LOW, IEEE)
+        Z += tl.sum(kk.to(ACC), axis=0)
+
+    tl.store(s_out + state_off, S, mask=state_mask)
+    tl.store(m_out + state_off, -M, mask=state_mask)
+    if i_v == 0:
+        tl.store(z_out + o_k, Z, mask=mk)
+
+
+@triton.autotune(configs=tuning_configs(), key=TUNING_KEY, prune_configs_by={"early_config_prune": prune})
+@triton.jit
+def fwd_o(q, k, v, h_s, h_m, h_z, o, den, lengths, params,
+          N, H, NT,
+          DK: tl.constexpr, DV: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+          MOMENTUM: tl.constexpr, HAS_LEN: tl.constexpr, LOW: tl.constexpr, IEEE: tl.constexpr):
+    """Grid (cdiv(DV, BV), NT, B·H): outputs of one chunk; den (B·H, N) = φ(q)ᵀz + eps for the
+    backward (1 at padded positions). A key that is not finite is cut out of the chunk's matmuls
+    with `where`, so the outputs before it stay exact; outputs from it on are not finite."""
+    i_v = tl.program_id(0)
+    i_t = tl.program_id(1)
+    i_bh = tl.program_id(2)
+    L = _row_length(lengths, i_bh // H, N, HAS_LEN)
+    bh = i_bh.to(tl.int64)  # whole-tensor offsets in int64; offsets within a row stay int32
+    q += bh * N * DK
+    k += bh * N * DK
+    v += bh * N * DV
+    o += bh * N * DV
+    den += bh * N
+    h_s += bh * NT * DK * DV
+    h_m += bh * NT * DK * DV
+    h_z += bh * NT * DK
+    log_beta, inv, gamma, eps, beta = _load_params(params)
+    ACC: tl.constexpr = params.dtype.element_ty
+
+    rows = tl.arange(0, BT)
+    t = i_t * BT + rows
+    o_v = i_v * BV + tl.arange(0, BV)
+    mv = o_v < DV
+    out_ptr = o + t[:, None] * DV + o_v[None, :]
+    out_mask = (t < N)[:, None] & mv[None, :]
+    if i_t * BT >= L:
+        tl.store(out_ptr, tl.zeros([BT, BV], dtype=o.dtype.element_ty), mask=out_mask)
+        if i_v == 0:
+            tl.store(den + t, tl.full([BT], 1.0, dtype=ACC), mask=t < N)
+    else:
+        real = t < L
+        chunk = i_t
+        A = tl.zeros([BT, BT], dtype=ACC)
+        o_s = tl.zeros([BT, BV], dtype=ACC)
+        o_m = tl.zeros([BT, BV], dtype=ACC)
+        qz = tl.zeros([BT], dtype=ACC)
+        bad = tl.zeros([BT], dtype=tl.int32)
+        for i_k in range(tl.cdiv(DK, BK)):
+            o_k = i_k * BK + tl.arange(0, BK)
+            mk = o_k < DK
+            row_mask = real[:, None] & mk[None, :]
+            qq = tl.load(q + t[:, None] * DK + o_k[None, :], mask=row_mask, other=0.0)
+            kk = tl.load(k + t[:, None] * DK + o_k[None, :], mask=row_mask, other=0.0)
+            bad = tl.maximum(bad, tl.max(tl.where(finite(kk), 0, 1), axis=1))
+            A += raw_dot(qq, tl.trans(kk), IEEE)
+            state_off = chunk * DK * DV + o_k[:, None] * DV + o_v[None, :]
+            state_mask = mk[:, None] & mv[None, :]
+            o_s += mixed_dot(qq, tl.load(h_s + state_off, mask=state_mask, other=0.0), LOW, IEEE)
+            if MOMENTUM:
+                o_m += mixed_dot(qq, tl.load(h_m + state_off, mask=state_mask, other=0.0), LOW, IEEE)
+            zz = tl.load(h_z + chunk * DK + o_k, mask=mk, other=0.0)
+            qz += tl.sum(qq.to(ACC) * zz[None, :], axis=1)
+        vv = tl.load(v + t[:, None] * DV + o_v[None, :], mask=real[:, None] & mv[None, :],
+                     other=0.0)
+        bad = tl.maximum(bad, tl.max(tl.where(finite(vv), 0, 1), axis=1))
+        first_bad = tl.min(tl.where(bad > 0, rows, BT), axis=0)
+        before_bad = rows < first_bad
+        W, carry, causal = _intra_weights(rows, log_beta, inv, gamma, beta, MOMENTUM)
+        keep = causal & before_bad[None, :]
+        Aw = tl.where(keep, A * W, 0.0)
+        num = o_s + mixed_dot(Aw, tl.where(before_bad[:, None], vv, 0.0), LOW, IEEE)
+        if MOMENTUM:
+            num += carry[:, None] * o_m
+        dn = qz + tl.sum(tl.where(keep, A, 0.0), axis=1) + eps
+        out = num / dn[:, None]
+        out = tl.where(before_bad[:, None], out, float("nan"))
+        out = tl.where(real[:, None], out, 0.0)
+        tl.store(out_ptr, out.to(o.dtype.element_ty), mask=out_mask)
+        if i_v == 0:
+            tl.store(den + t, tl.where(real, dn, 1.0), mask=t < N)
+
+
+@triton.jit
+def bwd_prep(o, do, den, dden, lengths, N, H,
+             DV: tl.constexpr, BT: tl.constexpr, BDV: tl.constexpr, HAS_LEN: tl.constexpr):
+    """Grid (NT, B·H): dden = −(dO·out)/den, the gradient of each output's denominator."""
+    i_t = tl.program_id(0)
+    i_bh = tl.program_id(1)
+    L = _row_length(lengths, i_bh // H, N, HAS_LEN)
+    bh = i_bh.to(tl.int64)  # whole-tensor offsets in int64; offsets within a row stay int32
+    o += bh * N * DV
+    do += bh * N * DV
+    den += bh * N
+    dden += bh * N
+    t = i_t * BT + tl.arange(0, BT)
+    o_v = tl.arange(0, BDV)
+    real = t < L
+    mask = real[:, None] & (o_v < DV)[None, :]
+    ACC: tl.constexpr = den.dtype.element_ty
+    oo = tl.load(o + t[:, None] * DV + o_v[None, :], mask=mask, other=0.0).to(ACC)
+    dd = tl.load(do + t[:, None] * DV + o_v[None, :], mask=mask, other=0.0).to(ACC)
+    dn = tl.load(den + t, mask=real, other=1.0)
+    tl.store(dden + t, tl.where(real, -tl.sum(oo * dd, axis=1) / dn, 0.0), mask=t < N)
+
+
+@triton.autotune(configs=tuning_configs(), key=TUNING_KEY, prune_configs_by={"early_config_prune": prune})
+@triton.jit
+def bwd_dh(q, do, den, dden, dh_s, dh_m, dh_z, ds_fin, dm_fin, dz_fin, ds0, dm0, dz0, lengths, params,
+           N, H, NT,
+           DK: tl.constexpr, DV: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+           MOMENTUM: tl.constexpr, HAS_LEN: tl.constexpr, HAS_FINAL_GRAD: tl.constexpr,
+           LOW: tl.constexpr, IEEE: tl.constexpr):
+    """Grid (cdiv(DK, BK)·cdiv(DV, BV), B·H): backwards over the chunks, the gradients of the
+    states leaving each chunk (dS, dM' into dh_s, dh_m; dZ into dh_z) and of the initial state:
+      dS_in = dS_out + Qᵀ dNum,   dZ_in = dZ_out + Qᵀ dden,
+      dM'_in = β^Lc dM'_out + carry[Lc−1]·dS_out + Qᵀ diag(carry) dNum,   dNum = dO / den."""
+    i_kv = tl.program_id(0)
+    i_bh = tl.program_id(1)
+    NV = tl.cdiv(DV, BV)
+    i_k = i_kv // NV
+    i_v = i_kv % NV
+    L = _row_length(lengths, i_bh // H, N, HAS_LEN)
+    bh = i_bh.to(tl.int64)  # whole-tensor offsets in int64; offsets within a row stay int32
+    q += bh * N * DK
+    do += bh * N * DV
+    den += bh * N
+    dden += bh * N
+    dh_s += bh * NT * DK * DV
+    dh_m += bh * NT * DK * DV
+    dh_z += bh * NT * DK
+    ds_fin += bh * DK * DV
+    dm_fin += bh * DK * DV
+    ds0 += bh * DK * DV
+    dm0 += bh * DK * DV
+    dz_fin += bh * DK
+    dz0 += bh * DK
+    log_beta, inv, gamma, _eps, beta = _load_params(params)
+    ACC: tl.constexpr = params.dtype.element_ty
+
+    rows = tl.arange(0, BT)
+    o_k = i_k * BK + tl.arange(0, BK)
+    o_v = i_v * BV + tl.arange(0, BV)
+    mk = o_k < DK
+    mv = o_v < DV
+    state_off = o_k[:, None] * DV + o_v[None, :]
+    state_mask = mk[:, None] & mv[None, :]
+
+    dS = tl.zeros([BK, BV], dtype=ACC)
+    dM = tl.zeros([BK, BV], dtype=ACC)
+    dZ = tl.zeros([BK], dtype=ACC)
+    if HAS_FINAL_GRAD:
+        dS += tl.load(ds_fin + state_off, mask=state_mask, other=0.0).to(ACC)
+        if MOMENTUM:
+            dM -= tl.load(dm_fin + state_off, mask=state_mask, other=0.0).to(ACC)
+        dZ += tl.load(dz_fin + o_k, mask=mk, other=0.0).to(ACC)
+    _W, carry, _causal = _intra_weights(rows, log_beta, inv, gamma, beta, MOMENTUM)
+
+    n_chunks = tl.cdiv(L, BT)
+    for i in range(n_chunks):
+        c = n_chunks - 1 - i
+        chunk = c
+        tl.store(dh_s + chunk * DK * DV + state_off, dS, mask=state_mask)
+        if MOMENTUM:
+            tl.store(dh_m + chunk * DK * DV + state_off, dM, mask=state_mask)
+        if i_v == 0:
+            tl.store(dh_z + chunk * DK + o_k, dZ, mask=mk)
+        Lc = tl.minimum(L - c * BT, BT)
+        t = c * BT + rows
+        real = rows < Lc
+        qq = tl.load(q + t[:, None] * DK + o_k[None, :], mask=real[:, None] & mk[None, :],
+                     other=0.0)
+        dd = tl.load(do + t[:, None] * DV + o_v[None, :], mask=real[:, None] & mv[None, :],
+                     other=0.0).to(ACC)
+        dn = tl.load(den + t, mask=real, other=1.0)
+        ddn = tl.load(dden + t, mask=real, other=0.0)
+        dnum = dd / dn[:, None]
+        qt = tl.trans(qq.to(ACC))
+        if MOMENTUM:
+            _w_s, _w_m, carry_end, decay = _end_weights(rows, Lc, log_beta, inv, gamma, beta, MOMENTUM)
+            dM = decay * dM + carry_end * dS + mixed_dot(qt, dnum * carry[:, None], LOW, IEEE)
+        dS += mixed_dot(qt, dnum, LOW, IEEE)
+        dZ += tl.sum(qt * ddn[None, :], axis=1)
+
+    tl.store(ds0 + state_off, dS, mask=state_mask)
+    tl.store(dm0 + state_off, -dM, mask=state_mask)
+    if i_v == 0:
+        tl.store(dz0 + o_k, dZ, mask=mk)
+
+
+@triton.autotune(configs=tuning_configs(), key=TUNING_KEY, prune_configs_by={"early_config_prune": prune})
+@triton.jit
+def bwd_dv(q, k, do, den, dh_s, dh_m, dv, lengths, params,
+           N, H, NT,
+           DK: tl.constexpr, DV: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+           MOMENTUM: tl.constexpr, HAS_LEN: tl.constexpr, LOW: tl.constexpr, IEEE: tl.constexpr):
+    """Grid (cdiv(DV, BV), NT, B·H): dV = (A⊙W)ᵀ dNum + diag(w_s) K dS_out + diag(w_m) K dM'_out."""
+    i_v = tl.program_id(0)
+    i_t = tl.program_id(1)
+    i_bh = tl.program_id(2)
+    L = _row_length(lengths, i_bh // H, N, HAS_LEN)
+    bh = i_bh.to(tl.int64)  # whole-tensor offsets in int64; offsets within a row stay int32
+    q += bh * N * DK
+    k += bh * N * DK
+    do += bh * N * DV
+    dv += bh * N * DV
+    den += bh * N
+    dh_s += bh * NT * DK * DV
+    dh_m += bh * NT * DK * DV
+    log_beta, inv, gamma, _eps, beta = _load_params(params)
+    ACC: tl.constexpr = params.dtype.element_ty
+
+    rows = tl.arange(0, BT)
+    t = i_t * BT + rows
+    o_v = i_v * BV + tl.arange(0, BV)
+    mv = o_v < DV
+    dv_ptr = dv + t[:, None] * DV + o_v[None, :]
+    dv_mask = (t < N)[:, None] & mv[None, :]
+    if i_t * BT >= L:
+        tl.store(dv_ptr, tl.zeros([BT, BV], dtype=dv.dtype.element_ty), mask=dv_mask)
+    else:
+        real = t < L
+        Lc = tl.minimum(L - i_t * BT, BT)
+        chunk = i_t
+        w_s, w_m, _carry_end, _decay = _end_weights(rows, Lc, log_beta, inv, gamma, beta, MOMENTUM)
+        A = tl.zeros([BT, BT], dtype=ACC)
+        acc = tl.zeros([BT, BV], dtype=ACC)
+        for i_k in range(tl.cdiv(DK, BK)):
+            o_k = i_k * BK + tl.arange(0, BK)
+            mk = o_k < DK
+            row_mask = real[:, None] & mk[None, :]
+            qq = tl.load(q + t[:, None] * DK + o_k[None, :], mask=row_mask, other=0.0)
+            kk = tl.load(k + t[:, None] * DK + o_k[None, :], mask=row_mask, other=0.0)
+            A += raw_dot(qq, tl.trans(kk), IEEE)
+            state_off = chunk * DK * DV + o_k[:, None] * DV + o_v[None, :]
+            state_mask = mk[:, None] & mv[None, :]
+            kf = kk.to(ACC)
+            acc += mixed_dot(kf * w_s[:, None], tl.load(dh_s + state_off, mask=state_mask, other=0.0),
+                             LOW, IEEE)
+            if MOMENTUM:
+                acc += mixed_dot(kf * w_m[:, None], tl.load(dh_m + state_off, mask=state_mask, other=0.0),
+                                 LOW, IEEE)
+        dd = tl.load(do + t[:, None] * DV + o_v[None, :], mask=real[:, None] & mv[None, :],
+                     other=0.0).to(ACC)
+        dn = tl.load(den + t, mask=real, other=1.0)
+        dnum = dd / dn[:, None]
+        W, _carry, causal = _intra_weights(rows, log_beta, inv, gamma, beta, MOMENTUM)
+        Aw = tl.where(causal, A * W, 0.0)
+        acc += mixed_dot(tl.trans(Aw), dnum, LOW, IEEE)
+        tl.store(dv_ptr, tl.where(real[:, None], acc, 0.0).to(dv.dtype.element_ty), mask=dv_mask)
+
+
+@triton.autotune(configs=tuning_configs(), key=TUNING_KEY, prune_configs_by={"early_config_prune": prune})
+@triton.jit
+def bwd_dqk(q, k, v, do, den, dden, h_s, h_m, h_z, dh_s, dh_m, dh_z, dq, dk, lengths, params,
+            N, H, NT,
+            DK: tl.constexpr, DV: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+            MOMENTUM: tl.constexpr, HAS_LEN: tl.constexpr, LOW: tl.constexpr, IEEE: tl.constexpr):
+    """Grid (cdiv(DK, BK), NT, B·H), with dA = (dNum Vᵀ)⊙W + dden·1ᵀ on j ≤ a:
+    dQ = dA K + dNum Sᵀ + diag(carry) dNum M'ᵀ + dden zᵀ;
+    dK = dAᵀ Q + diag(w_s) V dS_outᵀ + diag(w_m) V dM'_outᵀ + 1 dZ_outᵀ."""
+    i_k = tl.program_id(0)
+    i_t = tl.program_id(1)
+    i_bh = tl.program_id(2)
+    L = _row_length(lengths, i_bh // H, N, HAS_LEN)
+    bh = i_bh.to(tl.int64)  # whole-tensor offsets in int64; offsets within a row stay int32
+    q += bh * N * DK
+    k += bh * N * DK
+    dq += bh * N * DK
+    dk += bh * N * DK
+    v += bh * N * DV
+    do += bh * N * DV
+    den += bh * N
+    dden += bh * N
+    h_s += bh * NT * DK * DV
+    h_m += bh * NT * DK * DV
+    dh_s += bh * NT * DK * DV
+    dh_m += bh * NT * DK * DV
+    h_z += bh * NT * DK
+    dh_z += bh * NT * DK
+    log_beta, inv, gamma, _eps, beta = _load_params(params)
+    ACC: tl.constexpr = params.dtype.element_ty
+
+    rows = tl.arange(0, BT)
+    t = i_t * BT + rows
+    o_k = i_k * BK + tl.arange(0, BK)
+    mk = o_k < DK
+    off_k = t[:, None] * DK + o_k[None, :]
+    out_mask = (t < N)[:, None] & mk[None, :]
+    if i_t * BT >= L:
+        tl.store(dq + off_k, tl.zeros([BT, BK], dtype=dq.dtype.element_ty), mask=out_mask)
+        tl.store(dk + off_k, tl.zeros([BT, BK], dtype=dk.dtype.element_ty), mask=out_mask)
+    else:
+        real = t < L
+        Lc = tl.minimum(L - i_t * BT, BT)
+        chunk = i_t
+        w_s, w_m, _carry_end, _decay = _end_weights(rows, Lc, log_beta, inv, gamma, beta, MOMENTUM)
+        dn = tl.load(den + t, mask=real, other=1.0)
+        ddn = tl.load(dden + t, mask=real, other=0.0)
+        dNV = tl.zeros([BT, BT], dtype=ACC)
+        dq_s = tl.zeros([BT, BK], dtype=ACC)
+        dq_m = tl.zeros([BT, BK], dtype=ACC)
+        dk_acc = tl.zeros([BT, BK], dtype=ACC)
+        for i_v in range(tl.cdiv(DV, BV)):
+            o_v = i_v * BV + tl.arange(0, BV)
+            mv = o_v < DV
+            row_mask = real[:, None] & mv[None, :]
+            vv = tl.load(v + t[:, None] * DV + o_v[None, :], mask=row_mask, other=0.0)
+            dd = tl.load(do + t[:, None] * DV + o_v[None, :], mask=row_mask, other=0.0)
+            dnum = dd.to(ACC) / dn[:, None]
+            dNV += mixed_dot(dnum, tl.trans(vv), LOW, IEEE)
+            state_off = chunk * DK * DV + o_k[None, :] * DV + o_v[:, None]         # (BV, BK): Sᵀ
+            state_mask = mk[None, :] & mv[:, None]
+            dq_s += mixed_dot(dnum, tl.load(h_s + state_off, mask=state_mask, other=0.0), LOW, IEEE)
+            vf = vv.to(ACC)
+            dk_acc += mixed_dot(vf * w_s[:, None], tl.load(dh_s + state_off, mask=state_mask, other=0.0),
+                                LOW, IEEE)
+            if MOMENTUM:
+                dq_m += mixed_dot(dnum, tl.load(h_m + state_off, mask=state_mask, other=0.0), LOW, IEEE)
+                dk_acc += mixed_dot(vf * w_m[:, None],
+                                    tl.load(dh_m + state_off, mask=state_mask, other=0.0), LOW, IEEE)
+        row_mask = real[:, None] & mk[None, :]
+        qq = tl.load(q + off_k, mask=row_mask, other=0.0)
+        kk = tl.load(k + off_k, mask=row_mask, other=0.0)
+        W, carry, causal = _intra_weights(rows, log_beta, inv, gamma, beta, MOMENTUM)
+        dA = tl.where(causal, dNV * W + ddn[:, None], 0.0)
+        zz = tl.load(h_z + chunk * DK + o_k, mask=mk, other=0.0)
+        dzz = tl.load(dh_z + chunk * DK + o_k, mask=mk, other=0.0)
+        dq_acc = mixed_dot(dA, kk, LOW, IEEE) + dq_s + ddn[:, None] * zz[None, :]
+        if MOMENTUM:
+            dq_acc += carry[:, None] * dq_m
+        dk_acc += mixed_dot(tl.trans(dA), qq, LOW, IEEE) + dzz[None, :]
+        tl.store(dq + off_k, tl.where(real[:, None], dq_acc, 0.0).to(dq.dtype.element_ty), mask=out_mask)
+        tl.store(dk + off_k, tl.where(real[:, None], dk_acc, 0.0).to(dk.dtype.element_ty), mask=out_mask)

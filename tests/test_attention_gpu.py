@@ -1,0 +1,132 @@
+"""Triton kernels of momentum attention on a CUDA GPU (marker `gpu`; skipped with a reason where
+there is none): bf16 / fp16 / fp32 on real shapes up to T = 65,536 against the PyTorch chunked
+path (float64 where it fits), finite gradients, padding, states, decoding and torch.compile."""
+import importlib.util
+
+import pytest
+import torch
+
+from plugins.attention.chunk import chunk_causal_momentum_attention
+from plugins.attention.recurrent import fused_recurrent_step as torch_step
+from plugins.attention.state import MomentumAttentionState
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton not installed")]
+
+# relative RMS against float64: the input rounding of each dtype dominates
+TOL = {torch.float32: 1e-4, torch.float16: 1e-2, torch.bfloat16: 3e-2}
+
+
+def rel_rms(got, expected):
+    got, expected = got.detach().double(), expected.detach().double()
+    return ((got - expected).pow(2).mean().sqrt() / expected.pow(2).mean().sqrt()).item()
+
+
+def inputs(seed, B, H, N, D, device="cuda"):
+    gen = torch.Generator(device=device).manual_seed(seed)
+    fq = torch.nn.functional.elu(torch.randn(B, H, N, D, generator=gen, device=device)) + 1
+    fk = torch.nn.functional.elu(torch.randn(B, H, N, D, generator=gen, device=device)) + 1
+    v = torch.randn(B, H, N, D, generator=gen, device=device)
+    return fq, fk, v
+
+
+def triton_attention(fq, fk, v, **kw):
+    from plugins.attention.triton import chunk_momentum_attention
+    kw = {"momentum": 0.9, "step_size": 1.0, "eps": 1e-6, "chunk_size": 64, "initial_state": None,
+          "lengths": None, "return_state": False, **kw}
+    return chunk_momentum_attention(fq, fk, v, **kw)
+
+
+def torch_attention(fq, fk, v, **kw):
+    kw = {"momentum": 0.9, "step_size": 1.0, "eps": 1e-6, "chunk_size": 64, "initial_state": None,
+          "lengths": None, "return_state": False, **kw}
+    return chunk_causal_momentum_attention(fq, fk, v, **kw)
+
+
+def value_and_grads(fn, tensors, dtype, upstream):
+    leaves = [t.to(dtype).requires_grad_() for t in tensors]
+    out, _ = fn(*leaves)
+    grads = torch.autograd.grad((out.float() * upstream).sum(), leaves)
+    return out, grads
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("momentum", [0.0, 0.9, 0.999])
+@pytest.mark.parametrize("shape", [(4, 16, 1024, 64), (2, 8, 4096, 128)])
+def test_triton_matches_float64_torch_path(shape, momentum, dtype):
+    B, H, N, D = shape
+    tensors = inputs(N + D, B, H, N, D)
+    upstream = torch.randn(B, H, N, D, device="cuda")
+    ref, ref_grads = value_and_grads(lambda *t: torch_attention(*t, momentum=momentum), tensors,
+                                     torch.float64, upstream.double())
+    out, grads = value_and_grads(lambda *t: triton_attention(*t, momentum=momentum), tensors, dtype, upstream)
+    assert out.dtype == dtype
+    assert rel_rms(out, ref) <= TOL[dtype]
+    for got, expected in zip(grads, ref_grads):
+        assert torch.isfinite(got).all()
+        assert rel_rms(got, expected) <= 3 * TOL[dtype]
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_long_sequence_is_finite_and_close_to_fp32(dtype):
+    B, H, N, D = 1, 4, 65536, 64
+    tensors = inputs(7, B, H, N, D)
+    upstream = torch.randn(B, H, N, D, device="cuda")
+    ref, ref_grads = value_and_grads(lambda *t: torch_attention(*t, momentum=0.99), tensors, torch.float32,
+                                     upstream)
+    out, grads = value_and_grads(lambda *t: triton_attention(*t, momentum=0.99), tensors, dtype, upstream)
+    assert torch.isfinite(out).all() and all(torch.isfinite(g).all() for g in grads)
+    assert rel_rms(out, ref) <= TOL[dtype]
+    for got, expected in zip(grads, ref_grads):
+        assert rel_rms(got, expected) <= 3 * TOL[dtype]
+
+
+def test_padding_and_states_match_torch_path():
+    B, H, N, D = 3, 4, 1000, 64
+    fq, fk, v = (t.double() for t in inputs(3, B, H, N, D))
+    lengths = torch.tensor([1000, 517, 0], device="cuda")
+    real = (torch.arange(N, device="cuda") < lengths[:, None])[:, None, :, None]
+    fk, v = fk * real, v * real
+    gen = torch.Generator(device="cuda").manual_seed(5)
+    state = MomentumAttentionState(*(torch.randn(*s, generator=gen, device="cuda", dtype=torch.float64)
+                                     for s in ((B, H, D, D), (B, H, D), (B, H, D, D))))
+    kw = {"momentum": 0.9, "initial_state": state, "lengths": lengths, "return_state": True}
+    ref, ref_state = torch_attention(fq, fk, v, **kw)
+    out, got_state = triton_attention(fq.float(), fk.float(), v.float(), **kw)
+    assert torch.all(out[~real.expand_as(out)] == 0)
+    assert rel_rms(out * real, ref * real) <= 1e-4
+    for name in ("s", "z", "m"):
+        assert rel_rms(getattr(got_state, name), getattr(ref_state, name)) <= 1e-4
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_decoding_step_matches_torch_step(dtype):
+    B, H, D = 8, 16, 64
+    from plugins.attention.triton import fused_recurrent_step
+    fq, fk, v = inputs(11, B, H, 5, D)
+    state = MomentumAttentionState.zeros(B, H, D, D, dtype=torch.float32, device="cuda")
+    ref_state = state
+    real = torch.tensor([True, False] * (B // 2), device="cuda")
+    for i in range(5):
+        args = (fq[:, :, i], fk[:, :, i], v[:, :, i])
+        out, state = fused_recurrent_step(*(t.to(dtype) for t in args), state, momentum=0.9, step_size=1.0,
+                                          eps=1e-6, real=real)
+        ref, ref_state = torch_step(*args, ref_state, momentum=0.9, step_size=1.0, eps=1e-6, real=real)
+        assert out.dtype == dtype
+        assert rel_rms(out, ref) <= TOL[dtype]
+    assert rel_rms(state.s, ref_state.s) <= TOL[dtype]
+
+
+def test_compile_fullgraph_with_inductor():
+    fq, fk, v = (t.bfloat16().requires_grad_() for t in inputs(13, 2, 4, 512, 64))
+
+    def loss(q, k, x):
+        out, _ = triton_attention(torch.relu(q) + 1e-3, k, x)
+        return out.float().pow(2).sum()
+
+    torch._dynamo.reset()
+    compiled = torch.compile(loss, fullgraph=True)
+    got = torch.autograd.grad(compiled(fq, fk, v), (fq, fk, v))
+    expected = torch.autograd.grad(loss(fq, fk, v), (fq, fk, v))
+    for a, b in zip(got, expected):
+        assert rel_rms(a, b) <= 1e-3

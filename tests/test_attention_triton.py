@@ -1,0 +1,372 @@
+"""Triton kernels of momentum attention vs the float64 references (eq. 13 quadratic, eq. 12 token
+loop), forward and every gradient. Without a GPU they run on CPU tensors through Triton's
+interpreter (TRITON_INTERPRET=1, set by conftest.py), which is slow: the grid N × D × chunk × β × γ
+× padding × initial state is covered by a representative set of cases (each value of each
+factor at least once, mixed) rather than its full product."""
+import importlib.util
+import math
+
+import pytest
+import torch
+
+from plugins.attention.naive import (
+    naive_causal_momentum_attention,
+    naive_recurrent_momentum_attention,
+)
+from plugins.attention.recurrent import fused_recurrent_step as torch_step
+from plugins.attention.state import MomentumAttentionState
+
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton not installed")
+
+TOL = 1e-4                                   # relative RMS, fp32 kernels vs float64 references
+
+
+def triton_ops():
+    from plugins.attention import triton as tri
+    if not tri.is_available():
+        pytest.skip("Triton kernels need CUDA or TRITON_INTERPRET=1")
+    return tri
+
+
+def rel_rms(got, expected):
+    got, expected = got.detach().double(), expected.detach().double()
+    return ((got - expected).pow(2).mean().sqrt() / expected.pow(2).mean().sqrt().clamp(min=1e-30)).item()
+
+
+def features(gen, B, H, N, D, dtype=torch.float64):
+    """Positive features as an elu+1 map would give (the kernels take feature-mapped inputs)."""
+    return torch.nn.functional.elu(torch.randn(B, H, N, D, generator=gen, dtype=dtype)) + 1
+
+
+def make_inputs(gen, B, H, N, Dk, Dv, lengths):
+    fq, fk = features(gen, B, H, N, Dk), features(gen, B, H, N, Dk)
+    v = torch.randn(B, H, N, Dv, generator=gen, dtype=torch.float64)
+    real = torch.arange(N)[None, :] < lengths[:, None]
+    keep = real[:, None, :, None]
+    fq, fk, v = (torch.where(keep, t, torch.zeros(())) for t in (fq, fk, v))   # padded tokens are 0
+    return fq, fk, v, real
+
+
+def random_state(gen, B, H, Dk, Dv):
+    return MomentumAttentionState(s=torch.randn(B, H, Dk, Dv, generator=gen, dtype=torch.float64),
+                                  z=torch.rand(B, H, Dk, generator=gen, dtype=torch.float64) * 3,
+                                  m=torch.randn(B, H, Dk, Dv, generator=gen, dtype=torch.float64))
+
+
+def loss_of(out, state, ups):
+    loss = (out * ups[0]).sum()
+    if state is not None:
+        loss = loss + (state.s * ups[1]).sum() + (state.z * ups[2]).sum() + (state.m * ups[3]).sum()
+    return loss
+
+
+# (N, D, chunk, β, γ, padded, initial state)
+CASES = [
+    (1, 16, 16, 0.6, 1.0, False, True),
+    (1, 32, 32, 0.0, 0.6, True, True),     # one token and no state: dq, dk are O(eps), all cancellation
+    (17, 32, 16, 0.99, 0.6, True, False),
+    (17, 16, 32, 0.0, 1.0, False, True),
+    (64, 16, 32, 0.0, 0.6, True, True),
+    (64, 32, 16, 0.6, 1.0, False, False),
+    (65, 16, 16, 0.6, 0.6, True, True),
+    (65, 32, 32, 0.99, 1.0, False, True),
+    (130, 16, 32, 0.99, 1.0, True, True),
+    (130, 32, 16, 0.0, 1.0, False, False),
+]
+
+
+@pytest.mark.parametrize("N,D,chunk,beta,gamma,padded,init", CASES)
+def test_chunk_forward_gradients_and_state_match_float64_references(make_generator, N, D, chunk, beta,
+                                                                    gamma, padded, init):
+    tri = triton_ops()
+    gen = make_generator()
+    B, H, Dk, Dv = 2, 1, D, D - 8                             # Dv not a power of two
+    lengths = torch.tensor([N, N // 2 if padded else N])                # N = 1 padded: a row of length 0
+    fq, fk, v, real = make_inputs(gen, B, H, N, Dk, Dv, lengths)
+    state0 = random_state(gen, B, H, Dk, Dv) if init else None
+    ups = [torch.randn(B, H, N, Dv, generator=gen, dtype=torch.float64),
+           torch.randn(B, H, Dk, Dv, generator=gen, dtype=torch.float64),
+           torch.randn(B, H, Dk, generator=gen, dtype=torch.float64),
+           torch.randn(B, H, Dk, Dv, generator=gen, dtype=torch.float64)]
+
+    def run(fn, dtype):
+        leaves = [t.to(dtype).requires_grad_() for t in (fq, fk, v)]
+        st = None
+        if init:
+            st = MomentumAttentionState(*(t.to(dtype).requires_grad_()
+                                          for t in (state0.s, state0.z, state0.m)))
+            leaves += [st.s, st.z, st.m]
+        out, state = fn(*leaves[:3], st)
+        grads = torch.autograd.grad(loss_of(out, state, [u.to(dtype) for u in ups]), leaves)
+        return out, state, grads
+
+    def reference(q, k, x, st):
+        # eq. 12 token by token (it is what continues from a state); eq. 13 quadratic below
+        return naive_recurrent_momentum_attention(q, k, x, st, momentum=beta, step_size=gamma,
+                                                  feature_map="identity", padding_mask=real)
+
+    def kernel(q, k, x, st):
+        return tri.chunk_momentum_attention(q, k, x, momentum=beta, step_size=gamma, eps=1e-6,
+                                            chunk_size=chunk, initial_state=st, lengths=lengths,
+                                            return_state=True)
+
+    ref_out, ref_state, ref_grads = run(reference, torch.float64)
+    out, state, grads = run(kernel, torch.float32)
+    assert out.dtype == torch.float32 and state.s.dtype == torch.float32
+    assert torch.all(out[~real[:, None, :, None].expand_as(out)] == 0), "padded outputs must be 0"
+    assert rel_rms(out, ref_out) <= TOL
+    for name in ("s", "z", "m"):
+        assert rel_rms(getattr(state, name), getattr(ref_state, name)) <= TOL, f"state.{name}"
+    names = ["fq", "fk", "v", "s0", "z0", "m0"][:len(grads)]
+    for name, got, expected in zip(names, grads, ref_grads):
+        assert rel_rms(got, expected) <= TOL, f"d{name}: {rel_rms(got, expected):.2e}"
+    if not init:
+        quadratic = naive_causal_momentum_attention(fq, fk, v, momentum=beta, step_size=gamma,
+                                                    feature_map="identity", padding_mask=real)
+        assert rel_rms(out, quadratic) <= TOL
+
+
+def test_float64_through_the_interpreter(make_generator):
+    tri = triton_ops()
+    gen = make_generator()
+    lengths = torch.tensor([40, 23])
+    fq, fk, v, real = make_inputs(gen, 2, 1, 40, 16, 16, lengths)
+    out, state = tri.chunk_momentum_attention(fq, fk, v, momentum=0.9, step_size=0.6, eps=1e-6, chunk_size=16,
+                                              initial_state=None, lengths=lengths, return_state=True)
+    ref, ref_state = naive_recurrent_momentum_attention(fq, fk, v, momentum=0.9, step_size=0.6,
+                                                        feature_map="identity", padding_mask=real)
+    assert out.dtype == torch.float64 and state.m.dtype == torch.float64
+    assert rel_rms(out, ref) <= 1e-12
+    assert rel_rms(state.m, ref_state.m) <= 1e-12 and rel_rms(state.s, ref_state.s) <= 1e-12
+
+
+def test_momentum_close_to_one_is_stable(make_generator):
+    """β = 0.999: weights up to γ·1000 in the states; nothing is obtained by subtracting them."""
+    tri = triton_ops()
+    gen = make_generator()
+    lengths = torch.tensor([150, 150])
+    fq, fk, v, _ = make_inputs(gen, 2, 1, 150, 16, 16, lengths)
+    q32, k32, v32 = (t.float().requires_grad_() for t in (fq, fk, v))
+    out, _ = tri.chunk_momentum_attention(q32, k32, v32, momentum=0.999, step_size=1.0, eps=1e-6,
+                                          chunk_size=16, initial_state=None, lengths=None, return_state=False)
+    up = torch.randn(out.shape, generator=gen, dtype=torch.float64)
+    grads = torch.autograd.grad((out * up.float()).sum(), (q32, k32, v32))
+    leaves = [t.clone().requires_grad_() for t in (fq, fk, v)]
+    ref = naive_causal_momentum_attention(*leaves, momentum=0.999, step_size=1.0, feature_map="identity")
+    ref_grads = torch.autograd.grad((ref * up).sum(), leaves)
+    assert torch.isfinite(out).all()
+    assert rel_rms(out, ref) <= TOL
+    for got, expected in zip(grads, ref_grads):
+        assert rel_rms(got, expected) <= TOL
+
+
+@pytest.mark.parametrize("where", ["k", "v"])
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_non_finite_real_token_does_not_reach_earlier_outputs(make_generator, where, bad):
+    """An output at position i depends on positions ≤ i only, non-finite values included."""
+    tri = triton_ops()
+    gen = make_generator()
+    fq, fk, v, _ = make_inputs(gen, 1, 2, 20, 16, 16, torch.tensor([20]))
+    fq, fk, v = fq.float(), fk.float(), v.float()
+    poisoned = {"k": fk.clone(), "v": v.clone()}
+    poisoned[where][:, :, 3] = bad
+    out, _ = tri.chunk_momentum_attention(fq, poisoned["k"], poisoned["v"], momentum=0.6, step_size=1.0,
+                                          eps=1e-6, chunk_size=16, initial_state=None, lengths=None,
+                                          return_state=False)
+    clean, _ = tri.chunk_momentum_attention(fq, fk, v, momentum=0.6, step_size=1.0, eps=1e-6, chunk_size=16,
+                                            initial_state=None, lengths=None, return_state=False)
+    assert torch.isfinite(out[:, :, :3]).all()
+    torch.testing.assert_close(out[:, :, :3], clean[:, :, :3], rtol=0, atol=0)
+    assert not torch.isfinite(out[:, :, 3]).all()
+
+
+@pytest.mark.parametrize("beta,gamma", [(0.0, 1.0), (0.6, 0.6), (0.99, 2.0)])
+def test_decoding_step_matches_eq12_and_the_torch_step(make_generator, beta, gamma):
+    tri = triton_ops()
+    gen = make_generator()
+    B, H, Dk, Dv, steps = 3, 2, 16, 24, 5
+    fq, fk, v, _ = make_inputs(gen, B, H, steps, Dk, Dv, torch.full((B,), steps))
+    real = torch.rand(B, steps, generator=gen) < 0.7
+    real[:, 0] = True
+    state0 = random_state(gen, B, H, Dk, Dv)
+    ref_out, ref_state = naive_recurrent_momentum_attention(fq, fk, v, state0, momentum=beta, step_size=gamma,
+                                                            feature_map="identity", padding_mask=real)
+    state = MomentumAttentionState(state0.s.float(), state0.z.float(), state0.m.float())
+    torch_state = state
+    for i in range(steps):
+        args = (fq[:, :, i].float(), fk[:, :, i].float(), v[:, :, i].float())
+        out, state = tri.fused_recurrent_step(*args, state, momentum=beta, step_size=gamma, eps=1e-6,
+                                              real=real[:, i])
+        torch_out, torch_state = torch_step(*args, torch_state, momentum=beta, step_size=gamma, eps=1e-6,
+                                            real=real[:, i])
+        assert out.dtype == torch.float32
+        assert rel_rms(out, ref_out[:, :, i]) <= TOL
+        torch.testing.assert_close(out, torch_out, rtol=1e-5, atol=1e-6)
+        assert torch.all(out[~real[:, i]] == 0)
+    for name in ("s", "z", "m"):
+        assert rel_rms(getattr(state, name), getattr(ref_state, name)) <= TOL
+        torch.testing.assert_close(getattr(state, name), getattr(torch_state, name), rtol=1e-5, atol=1e-5)
+
+
+def test_prefill_then_decode_equals_one_pass(make_generator):
+    tri = triton_ops()
+    gen = make_generator()
+    fq, fk, v, _ = make_inputs(gen, 2, 2, 37, 16, 16, torch.tensor([37, 37]))
+    fq, fk, v = fq.float(), fk.float(), v.float()
+    kw = {"momentum": 0.9, "step_size": 0.6, "eps": 1e-6}
+    full, _ = tri.chunk_momentum_attention(fq, fk, v, chunk_size=16, initial_state=None, lengths=None,
+                                           return_state=False, **kw)
+    out, state = tri.chunk_momentum_attention(fq[:, :, :33], fk[:, :, :33], v[:, :, :33], chunk_size=16,
+                                              initial_state=None, lengths=None, return_state=True, **kw)
+    outs = [out]
+    for i in range(33, 37):
+        step, state = tri.fused_recurrent_step(fq[:, :, i], fk[:, :, i], v[:, :, i], state, real=None, **kw)
+        outs.append(step[:, :, None])
+    torch.testing.assert_close(torch.cat(outs, dim=2), full, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_precision_inputs_keep_their_dtype(make_generator, dtype):
+    """Half in, half out; states in fp32; accuracy that of the input rounding. fp16 runs its own
+    kernels here (fp16 dots, tf32-style state dots); the interpreter cannot run bf16 dots, so bf16
+    is computed in fp32 here and its kernels are checked by tests/test_attention_gpu.py."""
+    tri = triton_ops()
+    gen = make_generator()
+    fq, fk, v, _ = make_inputs(gen, 1, 2, 40, 16, 16, torch.tensor([40]))
+    leaves = [t.to(dtype).requires_grad_() for t in (fq, fk, v)]
+    out, state = tri.chunk_momentum_attention(*leaves, momentum=0.9, step_size=1.0, eps=1e-6, chunk_size=16,
+                                              initial_state=None, lengths=None, return_state=True)
+    grads = torch.autograd.grad(out.float().sum(), leaves)
+    ref_leaves = [t.clone().requires_grad_() for t in (fq, fk, v)]
+    ref = naive_causal_momentum_attention(*ref_leaves, momentum=0.9, feature_map="identity")
+    ref_grads = torch.autograd.grad(ref.sum(), ref_leaves)
+    assert out.dtype == dtype and state.s.dtype == torch.float32
+    assert all(g.dtype == dtype for g in grads)
+    assert rel_rms(out, ref) <= 2e-2
+    for got, expected in zip(grads, ref_grads):
+        assert rel_rms(got, expected) <= 5e-2
+
+
+def test_compiles_without_graph_break(make_generator):
+    """The registered triton_op traces under torch.compile(fullgraph=True), forward and backward
+    (aot_eager on CPU: the kernels themselves still run through the interpreter)."""
+    tri = triton_ops()
+    gen = make_generator()
+    fq, fk, v, _ = make_inputs(gen, 1, 2, 20, 16, 16, torch.tensor([20]))
+    leaves = [t.float().requires_grad_() for t in (fq, fk, v)]
+
+    def loss(q, k, x):
+        out, _ = tri.chunk_momentum_attention(q, k, x, momentum=0.6, step_size=1.0, eps=1e-6, chunk_size=16,
+                                              initial_state=None, lengths=None, return_state=False)
+        return (out * out).sum()
+
+    torch._dynamo.reset()
+    compiled = torch.compile(loss, backend="aot_eager", fullgraph=True)
+    got = torch.autograd.grad(compiled(*leaves), leaves)
+    expected = torch.autograd.grad(loss(*leaves), leaves)
+    for a, b in zip(got, expected):
+        torch.testing.assert_close(a, b)
+
+
+def test_backward_keeps_no_per_position_states(make_generator):
+    """What autograd keeps is O(N·D) (inputs, output, denominators), never the N·Dk·Dv per-position
+    states nor the nchunks·Dk·Dv chunk states (the backward recomputes those)."""
+    tri = triton_ops()
+    gen = make_generator()
+    N, D = 256, 16
+    fq, fk, v, _ = make_inputs(gen, 1, 1, N, D, D, torch.tensor([N]))
+    leaves = [t.float().requires_grad_() for t in (fq, fk, v)]
+    saved = []
+
+    def pack(t):
+        saved.append(t.numel())
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        tri.chunk_momentum_attention(*leaves, momentum=0.6, step_size=1.0, eps=1e-6, chunk_size=16,
+                                     initial_state=None, lengths=None, return_state=False)
+    assert sum(saved) <= 4 * N * D + N, f"saved {sum(saved)} elements for N·D = {N * D}"
+
+
+def test_decoding_step_gradients_match_the_torch_step(make_generator):
+    tri = triton_ops()
+    gen = make_generator()
+    B, H, Dk, Dv = 3, 2, 16, 24
+    fq, fk, v, _ = make_inputs(gen, B, H, 3, Dk, Dv, torch.full((B,), 3))
+    state0 = random_state(gen, B, H, Dk, Dv)
+    real = torch.tensor([True, False, True])
+    ups = [torch.randn(B, H, Dv, generator=gen, dtype=torch.float64)] + [
+        torch.randn(t.shape, generator=gen, dtype=torch.float64) for t in (state0.s, state0.z, state0.m)]
+
+    def run(step, dtype):
+        leaves = [t.to(dtype).requires_grad_() for t in (fq, fk, v, state0.s, state0.z, state0.m)]
+        state = MomentumAttentionState(*leaves[3:])
+        loss = 0
+        for i in range(3):                         # through a chain of steps
+            out, state = step(leaves[0][:, :, i], leaves[1][:, :, i], leaves[2][:, :, i], state, momentum=0.9,
+                              step_size=0.6, eps=1e-6, real=real if i == 1 else None)
+            loss = loss + (out * ups[0].to(dtype)).sum()
+        loss = loss + loss_of(out, state, [u.to(dtype) for u in ups]) - (out * ups[0].to(dtype)).sum()
+        return torch.autograd.grad(loss, leaves)
+
+    for got, expected in zip(run(tri.fused_recurrent_step, torch.float32), run(torch_step, torch.float64)):
+        assert rel_rms(got, expected) <= TOL
+
+
+def test_cpu_tensors_without_the_interpreter_are_refused(monkeypatch):
+    tri = triton_ops()
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    x = torch.ones(1, 1, 4, 16)
+    with pytest.raises(ValueError, match="TRITON_INTERPRET"):
+        tri.chunk_momentum_attention(x, x, x, momentum=0.5, step_size=1.0, eps=1e-6, chunk_size=16)
+    with pytest.raises(ValueError, match="TRITON_INTERPRET"):
+        tri.fused_recurrent_step(x[:, :, 0], x[:, :, 0], x[:, :, 0], MomentumAttentionState.zeros(
+            1, 1, 16, 16, dtype=torch.float32, device=x.device), momentum=0.5, step_size=1.0, eps=1e-6)
+
+
+@pytest.mark.parametrize("beta", [0.0, 0.6])
+def test_non_finite_padding_is_a_masked_no_op(make_generator, beta):
+    """Padded positions are never read: NaN there changes no output, state or gradient."""
+    tri = triton_ops()
+    gen = make_generator()
+    lengths = torch.tensor([20, 9, 0])
+    fq, fk, v, real = make_inputs(gen, 3, 1, 20, 16, 16, lengths)
+    pad = ~real[:, None, :, None]
+    up = torch.randn(3, 1, 20, 16, generator=gen, dtype=torch.float64).float()
+
+    def run(fill):
+        leaves = [torch.where(pad, torch.full((), fill), t).float().requires_grad_() for t in (fq, fk, v)]
+        out, state = tri.chunk_momentum_attention(*leaves, momentum=beta, step_size=1.0, eps=1e-6,
+                                                  chunk_size=16, initial_state=None, lengths=lengths,
+                                                  return_state=True)
+        grads = torch.autograd.grad((out * up).sum() + state.s.sum() + state.m.sum(), leaves)
+        return [out, state.s, state.z, state.m, *grads]
+
+    poisoned = run(float("nan"))
+    for got, clean in zip(poisoned, run(0.0)):
+        torch.testing.assert_close(got, clean, rtol=0, atol=0)
+    assert torch.all(poisoned[4][pad.expand(-1, -1, -1, 16)] == 0)
+
+
+if importlib.util.find_spec("triton") is not None:
+    import triton
+    import triton.language as tl
+
+    from plugins.attention.triton.utils import geometric
+
+    @triton.jit
+    def geometric_kernel(n_ptr, out_ptr, log_beta, inv, BLOCK: tl.constexpr):
+        offs = tl.arange(0, BLOCK)
+        tl.store(out_ptr + offs, geometric(tl.load(n_ptr + offs), log_beta, inv))
+
+
+@pytest.mark.parametrize("beta", [0.5, 0.99, 0.999, 0.9999])
+def test_geometric_coefficients_have_no_cancellation(beta):
+    """(1 − β^n)/(1 − β) in fp32, in-kernel, to a few ulp of the float64 value for n = 1 … 4096
+    (for β near 1 and small n, 1 − β^n is tiny: a plain 1 − exp(n log β) would lose it)."""
+    triton_ops()
+    n = torch.arange(1, 4097, dtype=torch.float32)
+    out = torch.empty_like(n)
+    geometric_kernel[(1,)](n, out, math.log(beta), 1.0 / (1.0 - beta), BLOCK=4096)
+    exact = (1 - torch.tensor(beta, dtype=torch.float64) ** n.double()) / (1 - beta)
+    assert ((out.double() - exact).abs() / exact).max().item() <= 2e-6
