@@ -53,7 +53,7 @@ class MomentumLSTMConfig(PreTrainedConfig):
 
     def check_momentum_fields(self) -> None:
         """ValueError naming the first field out of its range (bools and non-finite numbers refused)."""
-        for name in ("vocab_size", "embedding_size", "hidden_size", "num_hidden_layers"):
+        for name in ("vocab_size", "hidden_size", "num_hidden_layers", "embedding_size"):
             check_int(getattr(self, name), name, low=1)
         check_choice(self.cell, "cell", CELLS)
         check_momentum(self.momentum, "momentum")

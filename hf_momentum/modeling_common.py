@@ -1,6 +1,6 @@
 """What the native families share: output flags, the cache rules of `forward`, and one mixin
 for both `...ForCausalLM` classes (embedding accessors, logits slicing, loss and output,
-`_prepare_cache_for_generation`). A flat sibling of the modeling files (imported with
+`_prepare_cache_for_generation`, refusing empty prompts in generate()). A flat sibling of the modeling files (imported with
 `from .modeling_common import ...`), so a saved model's remote code carries it.
 """
 import warnings
@@ -110,6 +110,15 @@ class RecurrentCausalLMMixin:
         out = CausalLMOutputWithPast(loss=loss, logits=logits, past_key_values=outputs.past_key_values,
                                      hidden_states=outputs.hidden_states)
         return out if return_dict is not False else out.to_tuple()
+
+    def generate(self, inputs=None, *args, **kwargs):
+        """transformers' generate(), after refusing an empty prompt (it would fail reading the
+        last prompt token, which an empty prompt does not have)."""
+        ids = inputs if inputs is not None else kwargs.get("input_ids")
+        if isinstance(ids, torch.Tensor) and ids.dim() == 2 and ids.shape[1] == 0:
+            raise ValueError("generate() needs a prompt of at least one token (input_ids has length 0); start "
+                             "from the bos token, e.g. input_ids=torch.full((batch, 1), config.bos_token_id)")
+        return super().generate(inputs, *args, **kwargs)
 
     def _prepare_cache_for_generation(self, generation_config, model_kwargs, *args, **kwargs):
         """generate() would build a DynamicCache; install this model's recurrent cache instead."""
