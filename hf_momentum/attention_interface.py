@@ -1,5 +1,5 @@
 """Momentum / linear attention as `attn_implementation`s of any transformers model that
-dispatches through `AttentionInterface` (momentum_transformer.md, Section 3.1).
+dispatches through `AttentionInterface` (Momentum Transformer, Section 3.1).
 
 `register()` (run by `import hf_momentum`) adds two names to both registries:
 

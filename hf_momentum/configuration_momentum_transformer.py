@@ -17,9 +17,9 @@ LAYER_NORMS = ("pre", "post")
 def check_attention_hyperparameters(momentum, step_size, feature_map):
     """β ∈ [0, 1), γ > 0, φ a non-negative named feature map (Momentum Transformer, eq. 12–14)."""
     if feature_map == "identity":
-        raise ValueError("attention_feature_map 'identity' is refused: the q, k projections of a transformers "
-                         "model can be negative, which makes the attention's denominator negative; use "
-                         "'elu' (elu+1, the paper's) or 'relu'")
+        raise ValueError("attention_feature_map 'identity' is refused: the q, k projections of a "
+                         "transformers model can be negative, which makes the attention's denominator "
+                         "negative; use 'elu' (elu+1, the paper's) or 'relu'")
     return (check_momentum(momentum, "attention_momentum"),
             check_positive(step_size, "attention_step_size"),
             check_choice(feature_map, "attention_feature_map", FEATURE_MAP_NAMES))

@@ -1,7 +1,8 @@
 """What the native families share: output flags, the cache rules of `forward`, and one mixin
 for both `...ForCausalLM` classes (embedding accessors, logits slicing, loss and output,
-`_prepare_cache_for_generation`, refusing empty prompts in generate()). A flat sibling of the modeling files (imported with
-`from .modeling_common import ...`), so a saved model's remote code carries it.
+`_prepare_cache_for_generation`, refusing empty prompts in generate()). A flat sibling of the
+modeling files (imported with `from .modeling_common import ...`), so a saved model's remote
+code carries it.
 """
 import warnings
 from typing import Optional
@@ -38,7 +39,8 @@ def resolve_cache(model, past_key_values, use_cache, cache_class, *, can_cache: 
     only decides whether a fresh cache is started. `use_cache=None` means the config's, for
     models that can cache. Training with gradient checkpointing cannot carry a cache."""
     if past_key_values is not None and not isinstance(past_key_values, cache_class):
-        raise ValueError(f"past_key_values must be a {cache_class.__name__}, got {type(past_key_values).__name__}")
+        raise ValueError(f"past_key_values must be a {cache_class.__name__}, "
+                         f"got {type(past_key_values).__name__}")
     if use_cache is not None:
         use_cache = check_bool(use_cache, "use_cache")
     if not can_cache:
@@ -70,8 +72,9 @@ def check_attention_mask(attention_mask, batch: int, past: int, length: int) -> 
         raise ValueError("attention_mask must be a 2D tensor (batch, cached + new tokens), got "
                          f"{getattr(attention_mask, 'shape', type(attention_mask).__name__)}")
     if tuple(attention_mask.shape) != (batch, past + length):
-        raise ValueError(f"attention_mask must have shape (batch, cached + new tokens) = ({batch}, {past + length}) "
-                         f"with {past} cached and {length} new tokens, got {tuple(attention_mask.shape)}")
+        raise ValueError("attention_mask must have shape (batch, cached + new tokens) = "
+                         f"({batch}, {past + length}) with {past} cached and {length} new tokens, "
+                         f"got {tuple(attention_mask.shape)}")
     return attention_mask.bool()
 
 
@@ -106,7 +109,8 @@ class RecurrentCausalLMMixin:
         logits = self.lm_head(outputs.last_hidden_state[:, keep])
         loss = None
         if labels is not None:
-            loss = self.loss_function(logits=logits, labels=labels, vocab_size=self.config.vocab_size, **loss_kwargs)
+            loss = self.loss_function(logits=logits, labels=labels, vocab_size=self.config.vocab_size,
+                                      **loss_kwargs)
         out = CausalLMOutputWithPast(loss=loss, logits=logits, past_key_values=outputs.past_key_values,
                                      hidden_states=outputs.hidden_states)
         return out if return_dict is not False else out.to_tuple()
@@ -116,8 +120,9 @@ class RecurrentCausalLMMixin:
         last prompt token, which an empty prompt does not have)."""
         ids = inputs if inputs is not None else kwargs.get("input_ids")
         if isinstance(ids, torch.Tensor) and ids.dim() == 2 and ids.shape[1] == 0:
-            raise ValueError("generate() needs a prompt of at least one token (input_ids has length 0); start "
-                             "from the bos token, e.g. input_ids=torch.full((batch, 1), config.bos_token_id)")
+            raise ValueError("generate() needs a prompt of at least one token (input_ids has length 0); "
+                             "start from the bos token, e.g. "
+                             "input_ids=torch.full((batch, 1), config.bos_token_id)")
         return super().generate(inputs, *args, **kwargs)
 
     def _prepare_cache_for_generation(self, generation_config, model_kwargs, *args, **kwargs):
@@ -125,7 +130,8 @@ class RecurrentCausalLMMixin:
         cache = model_kwargs.get("past_key_values")
         if cache is not None:
             if not isinstance(cache, self.cache_class):
-                raise ValueError(f"past_key_values must be a {self.cache_class.__name__}, got {type(cache).__name__}")
+                raise ValueError(f"past_key_values must be a {self.cache_class.__name__}, "
+                                 f"got {type(cache).__name__}")
             if generation_config.use_cache is False:
                 raise ValueError("generate(use_cache=False) with past_key_values: without a cache every step "
                                  "re-reads the whole sequence, which the given cache has already absorbed")

@@ -1,4 +1,4 @@
-"""MomentumLSTM language model over `plugins.rnn.MomentumLSTM` (momentum_rnn.md).
+"""MomentumLSTM language model over `plugins.rnn.MomentumLSTM` (MomentumRNN).
 
 Generation keeps the recurrent state (h, c, momentum v, second moment m, step counter) in a
 `RecurrentCache`, so each new token costs one LSTM step. Padding: the real tokens of each row
@@ -91,7 +91,8 @@ class MomentumLSTMModel(MomentumLSTMPreTrainedModel):
         self.embed_tokens = value
 
     def forward(self, input_ids=None, attention_mask=None, past_key_values=None, inputs_embeds=None,
-                use_cache=None, output_hidden_states=None, output_attentions=None, return_dict=None, **kwargs):
+                use_cache=None, output_hidden_states=None, output_attentions=None, return_dict=None,
+                **kwargs):
         """attention_mask: (batch, past + length), 1 for real tokens; padded tokens leave the
         state unchanged and get zero outputs. A given `past_key_values` is continued even with
         use_cache=False. hidden_states: the (dropped-out) embeddings, then the output of the
@@ -104,8 +105,9 @@ class MomentumLSTMModel(MomentumLSTMPreTrainedModel):
         output_hidden_states = resolve_flag(output_hidden_states, self.config, "output_hidden_states")
         warn_no_attention_weights(self, output_attentions, "an LSTM")
         cache = resolve_cache(self, past_key_values, use_cache, MomentumLSTMCache)
-        mask = check_attention_mask(attention_mask, batch, cache.get_seq_length() if cache is not None else 0, length)
-        mask = None if mask is None else mask[:, mask.shape[1] - length:].to(x.device)
+        past = cache.get_seq_length() if cache is not None else 0
+        mask = check_attention_mask(attention_mask, batch, past, length)
+        mask = None if mask is None else mask[:, past:].to(x.device)
         state = cache.get_lstm_state() if cache is not None else None
         if length == 0:
             out = x.new_zeros(batch, 0, self.config.hidden_size)
@@ -119,7 +121,8 @@ class MomentumLSTMModel(MomentumLSTMPreTrainedModel):
             cache.advance(length)
         out = self.dropout(out)
         hidden_states = (x, out) if output_hidden_states else None
-        result = BaseModelOutputWithPast(last_hidden_state=out, past_key_values=cache, hidden_states=hidden_states)
+        result = BaseModelOutputWithPast(last_hidden_state=out, past_key_values=cache,
+                                         hidden_states=hidden_states)
         return result if return_dict is not False else result.to_tuple()
 
     def _run(self, x, mask, state):
@@ -156,12 +159,12 @@ class MomentumLSTMForCausalLM(RecurrentCausalLMMixin, MomentumLSTMPreTrainedMode
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.post_init()
 
-    def forward(self, input_ids=None, attention_mask=None, past_key_values=None, inputs_embeds=None, labels=None,
-                use_cache=None, output_hidden_states=None, output_attentions=None, return_dict=None,
-                logits_to_keep=0, **kwargs):
+    def forward(self, input_ids=None, attention_mask=None, past_key_values=None, inputs_embeds=None,
+                labels=None, use_cache=None, output_hidden_states=None, output_attentions=None,
+                return_dict=None, logits_to_keep=0, **kwargs):
         kwargs.pop("position_ids", None)
-        outputs = self.model(input_ids=input_ids, attention_mask=attention_mask, past_key_values=past_key_values,
-                             inputs_embeds=inputs_embeds, use_cache=use_cache,
-                             output_hidden_states=output_hidden_states, output_attentions=output_attentions,
-                             return_dict=True)
+        outputs = self.model(input_ids=input_ids, attention_mask=attention_mask,
+                             past_key_values=past_key_values, inputs_embeds=inputs_embeds,
+                             use_cache=use_cache, output_hidden_states=output_hidden_states,
+                             output_attentions=output_attentions, return_dict=True)
         return self.causal_lm_output(outputs, labels, logits_to_keep, return_dict, **kwargs)

@@ -1,4 +1,4 @@
-"""Native momentum transformer (momentum_transformer.md, Section 3): causal momentum attention
+"""Native momentum transformer (Momentum Transformer, Section 3): causal momentum attention
 (eq. 13, recurrent eq. 12 when generating), bidirectional eq. 14 with `is_causal=False`, and the
 momentum / adaptive momentum connection (eq. 15, eq. 18) around attention.
 
@@ -28,7 +28,8 @@ AUTO_MAP = {
     "AutoConfig": "configuration_momentum_transformer.MomentumTransformerConfig",
     "AutoModel": "modeling_momentum_transformer.MomentumTransformerModel",
     "AutoModelForCausalLM": "modeling_momentum_transformer.MomentumTransformerForCausalLM",
-    "AutoModelForSequenceClassification": "modeling_momentum_transformer.MomentumTransformerForSequenceClassification",
+    "AutoModelForSequenceClassification":
+        "modeling_momentum_transformer.MomentumTransformerForSequenceClassification",
 }
 
 
@@ -117,7 +118,8 @@ class MomentumTransformerLayer(GradientCheckpointingLayer):
         elif config.connection == "none":
             self.connection = None
         else:
-            raise ValueError(f"connection must be one of 'none', 'momentum', 'adaptive'; got {config.connection!r}")
+            raise ValueError(f"connection must be one of 'none', 'momentum', 'adaptive'; "
+                             f"got {config.connection!r}")
 
     def forward(self, hidden_states, velocity=None, previous_update=None, padding_mask=None,
                 past_key_values=None):
@@ -148,8 +150,9 @@ class MomentumTransformerPreTrainedModel(RemoteCodeMixin, PreTrainedModel):
     _no_split_modules = ["MomentumTransformerLayer"]
     _skip_keys_device_placement = ["past_key_values"]
     auto_map = AUTO_MAP
-    card_hyperparameters = ("attention_momentum", "attention_step_size", "attention_feature_map", "connection",
-                            "connection_momentum", "connection_step_size", "adaptive_delta", "is_causal")
+    card_hyperparameters = ("attention_momentum", "attention_step_size", "attention_feature_map",
+                            "connection", "connection_momentum", "connection_step_size", "adaptive_delta",
+                            "is_causal")
     card_papers = ("momentum_transformer",)
 
     def __init__(self, config: MomentumTransformerConfig, *inputs, **kwargs):
@@ -163,7 +166,8 @@ class MomentumTransformerModel(MomentumTransformerPreTrainedModel):
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size, config.pad_token_id)
         self.embed_positions = nn.Embedding(config.max_position_embeddings, config.hidden_size)
         self.dropout = nn.Dropout(config.embedding_dropout)
-        self.layers = nn.ModuleList(MomentumTransformerLayer(config, i) for i in range(config.num_hidden_layers))
+        self.layers = nn.ModuleList(MomentumTransformerLayer(config, i)
+                                    for i in range(config.num_hidden_layers))
         if config.layer_norm == "pre":
             self.norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         elif config.layer_norm == "post":
@@ -194,7 +198,8 @@ class MomentumTransformerModel(MomentumTransformerPreTrainedModel):
         batch, length = inputs_embeds.shape[:2]
         output_hidden_states = resolve_flag(output_hidden_states, self.config, "output_hidden_states")
         warn_no_attention_weights(self, output_attentions, "linear (momentum) attention")
-        cache = resolve_cache(self, past_key_values, use_cache, MomentumCache, can_cache=self.config.is_causal)
+        cache = resolve_cache(self, past_key_values, use_cache, MomentumCache,
+                              can_cache=self.config.is_causal)
         past = cache.get_seq_length() if cache is not None else 0
         mask = check_attention_mask(attention_mask, batch, past, length)
         if mask is not None:
@@ -204,8 +209,8 @@ class MomentumTransformerModel(MomentumTransformerPreTrainedModel):
             if mask is not None:
                 position_ids = (mask.long().cumsum(-1) - 1).clamp(min=0)[:, past:]
             elif cache is not None and cache.has_padding:
-                raise ValueError("the cache has absorbed padded tokens: pass the attention_mask over all cached "
-                                 "and new tokens so that positions count real tokens")
+                raise ValueError("the cache has absorbed padded tokens: pass the attention_mask over all "
+                                 "cached and new tokens so that positions count real tokens")
             else:
                 position_ids = torch.arange(past, past + length, device=inputs_embeds.device)[None]
         position_ids = position_ids.to(inputs_embeds.device)
@@ -224,13 +229,15 @@ class MomentumTransformerModel(MomentumTransformerPreTrainedModel):
                 all_hidden.append(hidden)
         if cache is not None:
             cache.advance(length)
-            cache.has_padding = cache.has_padding or (padding_mask is not None and not bool(padding_mask.all()))
+            padded = padding_mask is not None and not bool(padding_mask.all())
+            cache.has_padding = cache.has_padding or padded
         out = BaseModelOutputWithPast(last_hidden_state=hidden, past_key_values=cache,
                                       hidden_states=None if all_hidden is None else tuple(all_hidden))
         return out if return_dict is not False else out.to_tuple()
 
 
-class MomentumTransformerForCausalLM(RecurrentCausalLMMixin, MomentumTransformerPreTrainedModel, GenerationMixin):
+class MomentumTransformerForCausalLM(RecurrentCausalLMMixin, MomentumTransformerPreTrainedModel,
+                                     GenerationMixin):
     _tied_weights_keys = {"lm_head.weight": "model.embed_tokens.weight"}
     cache_class = MomentumCache
 
@@ -243,12 +250,12 @@ class MomentumTransformerForCausalLM(RecurrentCausalLMMixin, MomentumTransformer
         self.post_init()
 
     def forward(self, input_ids=None, attention_mask=None, position_ids=None, past_key_values=None,
-                inputs_embeds=None, labels=None, use_cache=None, output_hidden_states=None, output_attentions=None,
-                return_dict=None, logits_to_keep=0, **kwargs):
+                inputs_embeds=None, labels=None, use_cache=None, output_hidden_states=None,
+                output_attentions=None, return_dict=None, logits_to_keep=0, **kwargs):
         outputs = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                             past_key_values=past_key_values, inputs_embeds=inputs_embeds, use_cache=use_cache,
-                             output_hidden_states=output_hidden_states, output_attentions=output_attentions,
-                             return_dict=True)
+                             past_key_values=past_key_values, inputs_embeds=inputs_embeds,
+                             use_cache=use_cache, output_hidden_states=output_hidden_states,
+                             output_attentions=output_attentions, return_dict=True)
         return self.causal_lm_output(outputs, labels, logits_to_keep, return_dict, **kwargs)
 
 

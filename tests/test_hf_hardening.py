@@ -20,9 +20,10 @@ FAMILIES = ["transformer", "lstm"]
 
 def config(family, **kwargs):
     if family == "transformer":
-        base = dict(vocab_size=60, hidden_size=16, num_hidden_layers=2, num_attention_heads=2, intermediate_size=32,
-                    max_position_embeddings=64, hidden_dropout=0.0, attention_momentum=0.5, connection="adaptive",
-                    pad_token_id=PAD, bos_token_id=1, eos_token_id=2)
+        base = dict(vocab_size=60, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
+                    intermediate_size=32, max_position_embeddings=64, hidden_dropout=0.0,
+                    attention_momentum=0.5, connection="adaptive", pad_token_id=PAD, bos_token_id=1,
+                    eos_token_id=2)
         return AutoConfig.for_model("momentum_transformer", **{**base, **kwargs})
     base = dict(vocab_size=60, hidden_size=16, num_hidden_layers=2, cell="momentum", momentum=0.5,
                 pad_token_id=PAD, bos_token_id=1, eos_token_id=2, initializer_range=0.5)
@@ -62,10 +63,11 @@ def test_mask_over_the_new_tokens_only_is_refused(family, make_generator):
     ids, mask = left_padded(make_generator(), [6, 3], 7)
     with torch.no_grad():
         cache = model(input_ids=ids[:, :-1], attention_mask=mask[:, :-1]).past_key_values
-        with pytest.raises(ValueError, match=r"attention_mask must have shape .*\(2, 7\).* 6 cached and 1 new"):
+        with pytest.raises(ValueError, match=r"attention_mask must have shape .*\(2, 7\).* 6 cached and 1"):
             model(input_ids=ids[:, -1:], attention_mask=mask[:, -1:], past_key_values=cache)
         with pytest.raises(ValueError, match="attention_mask"):
-            model(input_ids=ids[:, -1:], attention_mask=torch.ones(2, 9, dtype=torch.long), past_key_values=cache)
+            model(input_ids=ids[:, -1:], attention_mask=torch.ones(2, 9, dtype=torch.long),
+                  past_key_values=cache)
         with pytest.raises(ValueError, match="attention_mask must be a 2D"):
             model(input_ids=ids, attention_mask=mask[:, None, None])
 
@@ -194,8 +196,8 @@ def test_identity_feature_map_is_refused_everywhere():
         config("transformer", attention_feature_map="identity")
     with pytest.raises(ValueError, match="attention_feature_map 'identity'"):
         hf_momentum.set_momentum_attention(AutoConfig.for_model("llama"), feature_map="identity")
-    stock = AutoConfig.for_model("llama", vocab_size=60, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
-                                 num_attention_heads=2)
+    stock = AutoConfig.for_model("llama", vocab_size=60, hidden_size=16, intermediate_size=32,
+                                 num_hidden_layers=1, num_attention_heads=2)
     model = AutoModelForCausalLM.from_config(stock, attn_implementation="momentum").eval()
     model.config.attention_feature_map = "identity"
     with pytest.raises(ValueError, match="attention_feature_map 'identity'"):
@@ -271,8 +273,8 @@ def test_logits_to_keep_int_and_tensor(family, make_generator):
 
 def test_causal_lm_glue_is_one_mixin():
     from hf_momentum.modeling_common import RecurrentCausalLMMixin
-    for name in ("get_input_embeddings", "set_input_embeddings", "get_output_embeddings", "set_output_embeddings",
-                 "causal_lm_output", "_prepare_cache_for_generation", "generate"):
+    for name in ("get_input_embeddings", "set_input_embeddings", "get_output_embeddings",
+                 "set_output_embeddings", "causal_lm_output", "_prepare_cache_for_generation", "generate"):
         assert getattr(MomentumTransformerForCausalLM, name) is getattr(RecurrentCausalLMMixin, name)
         assert getattr(MomentumLSTMForCausalLM, name) is getattr(RecurrentCausalLMMixin, name)
     for family in FAMILIES:

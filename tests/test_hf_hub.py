@@ -134,7 +134,8 @@ def test_remote_code_loads_in_a_clean_process(make_config, tmp_path):
         assert type(model).__module__.startswith("transformers_modules"), type(model).__module__
         model.save_pretrained("resaved")
         try:
-            AutoModelForCausalLM.from_pretrained("model", trust_remote_code=True, initializer_range=float("inf"))
+            AutoModelForCausalLM.from_pretrained("model", trust_remote_code=True,
+                                                 initializer_range=float("inf"))
             raise SystemExit("a non-finite override was accepted")
         except ValueError as error:
             assert "initializer_range" in str(error), error
@@ -268,8 +269,8 @@ def test_push_to_hub_then_from_pretrained_with_remote_code(local_hub, tmp_path):
 
 def stock_llama(attn_implementation, **hyperparameters):
     torch.manual_seed(0)
-    config = AutoConfig.for_model("llama", vocab_size=100, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                  num_attention_heads=4, num_key_value_heads=2)
+    config = AutoConfig.for_model("llama", vocab_size=100, hidden_size=32, intermediate_size=64,
+                                  num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2)
     if hyperparameters:
         hf_momentum.set_momentum_attention(config, **hyperparameters)
     return AutoModelForCausalLM.from_config(config, attn_implementation=attn_implementation).eval()
@@ -297,15 +298,16 @@ def test_stock_model_records_default_hyperparameters_of_linear_attention(tmp_pat
     model = stock_llama("linear_attention")
     model.save_pretrained(tmp_path)
     saved = json.loads((tmp_path / "config.json").read_text())
-    assert saved["attn_implementation"].startswith("linear_attention ") and saved["attention_feature_map"] == "elu"
+    assert saved["attn_implementation"].startswith("linear_attention ")
+    assert saved["attention_feature_map"] == "elu"
     assert "attention_momentum" not in saved
     sdpa = stock_llama("sdpa")
     sdpa.save_pretrained(tmp_path / "sdpa")
     assert "attn_implementation" not in json.loads((tmp_path / "sdpa" / "config.json").read_text())
     loaded = AutoModelForCausalLM.from_pretrained(tmp_path).eval()
     with torch.no_grad():
-        torch.testing.assert_close(loaded(input_ids=sample_ids()).logits, model(input_ids=sample_ids()).logits,
-                                   rtol=0, atol=0)
+        torch.testing.assert_close(loaded(input_ids=sample_ids()).logits,
+                                   model(input_ids=sample_ids()).logits, rtol=0, atol=0)
 
 
 def test_stock_model_without_the_package_refuses_to_load(tmp_path):

@@ -36,8 +36,8 @@ class ModelTester:
             self.expected_num_hidden_layers = self.num_hidden_layers + 1
 
     def prepare_config_and_inputs_for_common(self):
-        config = AutoConfig.for_model(self.model_type, vocab_size=self.vocab_size, hidden_size=self.hidden_size,
-                                      num_hidden_layers=self.num_hidden_layers,
+        config = AutoConfig.for_model(self.model_type, vocab_size=self.vocab_size,
+                                      hidden_size=self.hidden_size, num_hidden_layers=self.num_hidden_layers,
                                       # not 0: the padding row of a tied embedding is zero, and so
                                       # would be logit 0, the output whose gradient is checked
                                       pad_token_id=self.vocab_size - 1,
@@ -49,8 +49,8 @@ class ModelTester:
         return config, {"input_ids": ids, "attention_mask": mask}
 
 
-TRANSFORMER = ModelTester("momentum_transformer", dict(num_attention_heads=2, intermediate_size=32,
-                                                       connection="momentum"))
+TRANSFORMER = ModelTester("momentum_transformer",
+                          dict(num_attention_heads=2, intermediate_size=32, connection="momentum"))
 # plugins.rnn.MomentumLSTM runs its layers as one fused stack: the LSTM models return the
 # embeddings and the stack's output (a tester sets expected_num_hidden_layers for such models).
 LSTM = ModelTester("momentum_lstm", dict(cell="adam"), expected_num_hidden_layers=2)
@@ -128,6 +128,13 @@ def test_output_attentions_warns_once_per_model(tester, model_classes):
         model(**inputs_dict)
 
 
+def counting(function, calls):
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return function(*args, **kwargs)
+    return counted
+
+
 @pytest.mark.parametrize("use_reentrant", [False, True])
 @pytest.mark.parametrize("model_class, tester", [(MomentumTransformerForCausalLM, TRANSFORMER),
                                                  (MomentumLSTMForCausalLM, LSTM)], ids=IDS)
@@ -147,8 +154,7 @@ def test_training_gradient_checkpointing(model_class, tester, use_reentrant):
             model.activation_checkpointing_enable({"use_reentrant": use_reentrant})
             for module in model.modules():
                 if getattr(module, "gradient_checkpointing", False):
-                    inner = module._gradient_checkpointing_func
-                    module._gradient_checkpointing_func = lambda *a, _f=inner, **k: calls.append(1) or _f(*a, **k)
+                    module._gradient_checkpointing_func = counting(module._gradient_checkpointing_func, calls)
         model.zero_grad()
         loss = model(**inputs_dict, labels=ids).loss
         loss.backward()
