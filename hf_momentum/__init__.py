@@ -4,6 +4,8 @@
 - attention implementations "momentum" and "linear_attention" (with mask functions) for stock
   models: `AutoModel.from_config(cfg, attn_implementation="momentum")` after
   `hf_momentum.set_momentum_attention(cfg, momentum=..., step_size=..., feature_map=...)`;
+  a model running them records the implementation and its β, γ, φ in its saved config.json, so
+  `from_pretrained` restores it here and refuses (naming this package) where it is not imported;
 - model_type "momentum_transformer" (MomentumTransformerConfig, ...Model, ...ForCausalLM,
   ...ForSequenceClassification) with AutoConfig / AutoModel / AutoModelForCausalLM /
   AutoModelForSequenceClassification;
@@ -31,8 +33,8 @@ register()
 AutoConfig.register(MomentumTransformerConfig.model_type, MomentumTransformerConfig, exist_ok=True)
 AutoModel.register(MomentumTransformerConfig, MomentumTransformerModel, exist_ok=True)
 AutoModelForCausalLM.register(MomentumTransformerConfig, MomentumTransformerForCausalLM, exist_ok=True)
-AutoModelForSequenceClassification.register(MomentumTransformerConfig, MomentumTransformerForSequenceClassification,
-                                            exist_ok=True)
+AutoModelForSequenceClassification.register(MomentumTransformerConfig,
+                                            MomentumTransformerForSequenceClassification, exist_ok=True)
 AutoConfig.register(MomentumLSTMConfig.model_type, MomentumLSTMConfig, exist_ok=True)
 AutoModel.register(MomentumLSTMConfig, MomentumLSTMModel, exist_ok=True)
 AutoModelForCausalLM.register(MomentumLSTMConfig, MomentumLSTMForCausalLM, exist_ok=True)
@@ -40,7 +42,8 @@ AutoModelForCausalLM.register(MomentumLSTMConfig, MomentumLSTMForCausalLM, exist
 __all__ = [
     "MOMENTUM", "LINEAR", "TESTED_MODEL_TYPES", "SMOKE_TESTED_MODEL_TYPES", "SUPPORTED_MODEL_TYPES",
     "REJECTING_MODEL_TYPES", "IGNORING_MODEL_TYPES",
-    "set_momentum_attention", "check_model", "momentum_attention_forward", "linear_attention_forward", "register",
+    "set_momentum_attention", "check_model", "momentum_attention_forward", "linear_attention_forward",
+    "register",
     "MomentumTransformerConfig", "MomentumTransformerPreTrainedModel", "MomentumTransformerModel",
     "MomentumTransformerForCausalLM", "MomentumTransformerForSequenceClassification", "MomentumCache",
     "RecurrentCache", "MomentumLSTMConfig", "MomentumLSTMPreTrainedModel", "MomentumLSTMModel",

@@ -1,5 +1,5 @@
 """Momentum / linear attention as `attn_implementation`s of any transformers model that
-dispatches through `AttentionInterface` (momentum_transformer.md, Section 3.1).
+dispatches through `AttentionInterface` (Momentum Transformer, Section 3.1).
 
 `register()` (run by `import hf_momentum`) adds two names to both registries:
 
@@ -28,11 +28,19 @@ What a stock model keeps and loses under these implementations:
 - RoPE models: linear attention after RoPE depends on absolute positions, so left-padded
   batches match unpadded sequences only with position_ids taken from the mask (cumsum − 1),
   which `generate()` does.
+- Saving: transformers does not serialize a model's attention implementation, so a stock model
+  would come back from `from_pretrained` as softmax attention. `register()` therefore makes
+  every config whose model runs "momentum" / "linear_attention" write `attn_implementation` and
+  the β, γ, φ it runs with into its dict (config.json). The recorded name is a registered
+  alias whose text is the instruction (`RECORDED_NAMES`): with `import hf_momentum` loading
+  restores the attention; without it transformers refuses the unknown implementation and its
+  error shows the name, i.e. to `pip install momentum-plugins` and `import hf_momentum`.
 """
+import functools
 from typing import Optional
 
 import torch
-from transformers import AttentionInterface
+from transformers import AttentionInterface, PreTrainedConfig
 from transformers.masking_utils import AttentionMaskInterface
 
 from .configuration_momentum_transformer import check_attention_hyperparameters
@@ -43,6 +51,13 @@ LINEAR = "linear_attention"
 DEFAULT_MOMENTUM = 0.6
 DEFAULT_STEP_SIZE = 1.0
 DEFAULT_FEATURE_MAP = "elu"
+# What a saved config.json records as its attn_implementation (registered as aliases).
+RECORDED_NAMES = {
+    MOMENTUM: "momentum (needs: pip install momentum-plugins, then import hf_momentum)",
+    LINEAR: "linear_attention (needs: pip install momentum-plugins, then import hf_momentum)",
+}
+IMPLEMENTATION_OF = {**{name: name for name in RECORDED_NAMES},
+                     **{recorded: name for name, recorded in RECORDED_NAMES.items()}}
 
 TESTED_MODEL_TYPES = (
     "llama", "mistral", "qwen2", "gpt2", "gpt_neox", "bert", "roberta", "t5", "bart",
@@ -61,7 +76,8 @@ def set_momentum_attention(config, *, momentum: float = DEFAULT_MOMENTUM,
                            feature_map: str = DEFAULT_FEATURE_MAP):
     """Store the momentum-attention hyperparameters on `config` (and its sub-configs):
     `attention_momentum` β ∈ [0, 1) (default 0.6), `attention_step_size` γ > 0 (default 1.0),
-    `attention_feature_map` φ ∈ {"elu", "relu", "identity"} (default "elu", elu+1 as in the paper).
+    `attention_feature_map` φ ∈ {"elu", "relu"} (default "elu", elu+1 as in the paper; "identity"
+    is refused: q, k projections can be negative, and so could the attention's denominator).
     Raises ValueError for bad values and for model families known to ignore or reject
     custom attention implementations. Returns the config."""
     momentum, step_size, feature_map = check_attention_hyperparameters(momentum, step_size, feature_map)
@@ -103,9 +119,10 @@ def momentum_attention_forward(module, query: torch.Tensor, key: torch.Tensor, v
     positions are run with zero queries and dropped (O(Lk) per step). Bidirectional (eq. 14):
     N is each sequence's number of real keys, Lq may differ from Lk (cross-attention)."""
     config = getattr(module, "config", None)
-    beta = getattr(config, "attention_momentum", DEFAULT_MOMENTUM)
-    gamma = getattr(config, "attention_step_size", DEFAULT_STEP_SIZE)
-    phi = getattr(config, "attention_feature_map", DEFAULT_FEATURE_MAP)
+    beta, gamma, phi = check_attention_hyperparameters(
+        getattr(config, "attention_momentum", DEFAULT_MOMENTUM),
+        getattr(config, "attention_step_size", DEFAULT_STEP_SIZE),
+        getattr(config, "attention_feature_map", DEFAULT_FEATURE_MAP))
     return _forward(module, query, key, value, attention_mask, is_causal, beta, gamma, phi)
 
 
@@ -114,7 +131,8 @@ def linear_attention_forward(module, query: torch.Tensor, key: torch.Tensor, val
                              is_causal: Optional[bool] = None, **kwargs):
     """AttentionInterface function for "linear_attention": eq. 7 (causal) / eq. 5, i.e.
     momentum attention with β = 0, γ = 1, feature map from `attention_feature_map`."""
-    phi = getattr(getattr(module, "config", None), "attention_feature_map", DEFAULT_FEATURE_MAP)
+    phi = check_attention_hyperparameters(
+        0.0, 1.0, getattr(getattr(module, "config", None), "attention_feature_map", DEFAULT_FEATURE_MAP))[2]
     return _forward(module, query, key, value, attention_mask, is_causal, 0.0, 1.0, phi)
 
 
@@ -142,11 +160,35 @@ def padding_mask_function(batch_size: int, q_length: int, kv_length: int, q_offs
 
 
 def register() -> None:
-    """Register "momentum" and "linear_attention" (idempotent)."""
-    AttentionInterface.register(MOMENTUM, momentum_attention_forward)
-    AttentionInterface.register(LINEAR, linear_attention_forward)
-    AttentionMaskInterface.register(MOMENTUM, padding_mask_function)
-    AttentionMaskInterface.register(LINEAR, padding_mask_function)
+    """Register "momentum" and "linear_attention" and their recorded names, and make configs
+    record them when saved (idempotent)."""
+    for name, forward in ((MOMENTUM, momentum_attention_forward), (LINEAR, linear_attention_forward)):
+        for alias in (name, RECORDED_NAMES[name]):
+            AttentionInterface.register(alias, forward)
+            AttentionMaskInterface.register(alias, padding_mask_function)
+    if not getattr(PreTrainedConfig.to_dict, "records_momentum_attention", False):
+        PreTrainedConfig.to_dict = _recording_to_dict(PreTrainedConfig.to_dict)
+
+
+def _recording_to_dict(to_dict):
+    """`PreTrainedConfig.to_dict` that also writes the momentum attention a config's model runs
+    (its recorded name and the β, γ, φ in effect, defaults included) — to_diff_dict, to_json
+    and save_pretrained all go through it."""
+
+    @functools.wraps(to_dict)
+    def recording_to_dict(self):
+        out = to_dict(self)
+        name = IMPLEMENTATION_OF.get(getattr(self, "_attn_implementation_internal", None))
+        if name is not None:
+            out["attn_implementation"] = RECORDED_NAMES[name]
+            out["attention_feature_map"] = getattr(self, "attention_feature_map", DEFAULT_FEATURE_MAP)
+            if name == MOMENTUM:
+                out["attention_momentum"] = getattr(self, "attention_momentum", DEFAULT_MOMENTUM)
+                out["attention_step_size"] = getattr(self, "attention_step_size", DEFAULT_STEP_SIZE)
+        return out
+
+    recording_to_dict.records_momentum_attention = True
+    return recording_to_dict
 
 
 def _forward(module, query, key, value, attention_mask, is_causal, beta, gamma, phi):

@@ -1,20 +1,21 @@
 """Configuration of the MomentumLSTM language model (model_type "momentum_lstm")."""
 from transformers import PreTrainedConfig
 
-from .configuration_momentum_transformer import (check_choice, check_positive_int, check_positive_number,
-                                                 check_unit_interval)
+from .validation import check_bool, check_choice, check_int, check_momentum, check_positive, check_probability
 
 CELLS = ("lstm", "momentum", "adam", "rmsprop", "nag", "sr")
 
 
 class MomentumLSTMConfig(PreTrainedConfig):
-    r"""Embedding → `plugins.rnn.MomentumLSTM` stack → linear head (momentum_rnn.md).
+    r"""Embedding → `plugins.rnn.MomentumLSTM` stack → linear head (MomentumRNN).
 
     `cell`: "lstm" (plain), "momentum" (eq. 9: μ = `momentum` ∈ [0, 1), s = `step_size` > 0),
     "adam" / "rmsprop" (eq. 15, with `beta` ∈ [0, 1) and `eps` > 0), "nag", "sr" (Section 2.4;
     "sr" needs `restart`, an integer ≥ 1). `dropout` between LSTM layers and
     `embedding_dropout` on the embeddings and the output, in [0, 1). Tied embeddings need
-    `embedding_size` == `hidden_size` (default: equal).
+    `embedding_size` == `hidden_size` (default: equal). Every value is checked when the config is
+    built and again when a model is built from it (`validate()`), so keyword overrides of
+    `from_pretrained` are checked too.
     """
 
     model_type = "momentum_lstm"
@@ -42,21 +43,32 @@ class MomentumLSTMConfig(PreTrainedConfig):
     def __post_init__(self, **kwargs):
         if self.embedding_size is None:
             self.embedding_size = self.hidden_size
-        for name in ("vocab_size", "embedding_size", "hidden_size", "num_hidden_layers"):
-            check_positive_int(getattr(self, name), name)
+        self.check_momentum_fields()
+        super().__post_init__(**kwargs)
+
+    def validate(self):
+        """transformers' checks, then this family's (run by save_pretrained and by the models)."""
+        super().validate()
+        self.check_momentum_fields()
+
+    def check_momentum_fields(self) -> None:
+        """ValueError naming the first field out of its range (bools and non-finite numbers refused)."""
+        for name in ("vocab_size", "hidden_size", "num_hidden_layers", "embedding_size"):
+            check_int(getattr(self, name), name, low=1)
         check_choice(self.cell, "cell", CELLS)
-        check_unit_interval(self.momentum, "momentum")
-        check_positive_number(self.step_size, "step_size")
-        check_unit_interval(self.beta, "beta")
-        check_positive_number(self.eps, "eps")
+        check_momentum(self.momentum, "momentum")
+        check_positive(self.step_size, "step_size")
+        check_momentum(self.beta, "beta")
+        check_positive(self.eps, "eps")
         if self.restart is not None:
-            check_positive_int(self.restart, "restart")
+            check_int(self.restart, "restart", low=1)
         if self.cell == "sr" and self.restart is None:
             raise ValueError("restart must be an integer >= 1 when cell='sr'")
-        check_unit_interval(self.dropout, "dropout")
-        check_unit_interval(self.embedding_dropout, "embedding_dropout")
-        check_positive_number(self.initializer_range, "initializer_range")
+        check_probability(self.dropout, "dropout")
+        check_probability(self.embedding_dropout, "embedding_dropout")
+        check_positive(self.initializer_range, "initializer_range")
+        check_bool(self.use_cache, "use_cache")
+        check_bool(self.tie_word_embeddings, "tie_word_embeddings")
         if self.tie_word_embeddings and self.embedding_size != self.hidden_size:
             raise ValueError(f"tie_word_embeddings needs embedding_size ({self.embedding_size}) == "
                              f"hidden_size ({self.hidden_size})")
-        super().__post_init__(**kwargs)

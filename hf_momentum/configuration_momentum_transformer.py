@@ -1,52 +1,37 @@
 """Configuration of the native momentum transformer family (model_type "momentum_transformer")."""
 from transformers import PreTrainedConfig
+from transformers.activations import ACT2FN
 
-FEATURE_MAP_NAMES = ("elu", "identity", "relu")
+from .validation import (check_bool, check_choice, check_int, check_momentum, check_number, check_positive,
+                         check_probability)
+
+# φ for the q, k projections of a transformers model. "identity" is not offered: q and k are raw
+# linear projections, so φ(q)ᵀΣφ(k) can be negative or near zero and the normalisation of
+# eq. 12–14 divides by it (a probe found half of the denominators negative). Both maps here are
+# non-negative, so every denominator is at least the kernel's eps > 0.
+FEATURE_MAP_NAMES = ("elu", "relu")
 CONNECTIONS = ("none", "momentum", "adaptive")
 LAYER_NORMS = ("pre", "post")
 
 
-def check_unit_interval(value, name: str, *, closed_right: bool = False) -> float:
-    """`value` in [0, 1) (or [0, 1] with closed_right), else ValueError naming `name`."""
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-    ok = ok and (0.0 <= value <= 1.0 if closed_right else 0.0 <= value < 1.0)
-    if not ok:
-        raise ValueError(f"{name} must be a number in [0, {'1]' if closed_right else '1)'}, got {value!r}")
-    return float(value)
-
-
-def check_positive_number(value, name: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0.0:
-        raise ValueError(f"{name} must be a number > 0, got {value!r}")
-    return float(value)
-
-
-def check_positive_int(value, name: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
-    return value
-
-
-def check_choice(value, name: str, choices) -> str:
-    if value not in choices:
-        raise ValueError(f"{name} must be one of {list(choices)}, got {value!r}")
-    return value
-
-
 def check_attention_hyperparameters(momentum, step_size, feature_map):
-    """β ∈ [0, 1), γ > 0, φ a named feature map (eq. 12–14)."""
-    return (check_unit_interval(momentum, "attention_momentum"),
-            check_positive_number(step_size, "attention_step_size"),
+    """β ∈ [0, 1), γ > 0, φ a non-negative named feature map (Momentum Transformer, eq. 12–14)."""
+    if feature_map == "identity":
+        raise ValueError("attention_feature_map 'identity' is refused: the q, k projections of a "
+                         "transformers model can be negative, which makes the attention's denominator "
+                         "negative; use 'elu' (elu+1, the paper's) or 'relu'")
+    return (check_momentum(momentum, "attention_momentum"),
+            check_positive(step_size, "attention_step_size"),
             check_choice(feature_map, "attention_feature_map", FEATURE_MAP_NAMES))
 
 
 class MomentumTransformerConfig(PreTrainedConfig):
-    r"""Momentum transformer (momentum_transformer.md, Section 3).
+    r"""Momentum transformer (Momentum Transformer, Section 3).
 
     Attention: causal momentum attention eq. 13 (recurrent form eq. 12 for generation) or, with
     `is_causal=False`, eq. 14; `attention_momentum` β ∈ [0, 1), `attention_step_size` γ > 0,
-    `attention_feature_map` φ in {"elu" (elu+1, the paper's), "relu", "identity"}. β = 0, γ = 1
-    is the linear transformer.
+    `attention_feature_map` φ in {"elu" (elu+1, the paper's), "relu"}. β = 0, γ = 1 is the
+    linear transformer.
 
     Residual around attention: `connection` "none" (x + A(x)), "momentum" (eq. 15 with
     `connection_momentum` μ_r ∈ [0, 1), `connection_step_size` γ_r > 0) or "adaptive" (eq. 15
@@ -54,7 +39,11 @@ class MomentumTransformerConfig(PreTrainedConfig):
 
     `layer_norm` "pre" or "post"; dropouts `embedding_dropout`, `attention_dropout` (on the
     attention block output), `hidden_dropout` (feed-forward) in [0, 1); learned absolute
-    positions up to `max_position_embeddings`.
+    positions up to `max_position_embeddings`. `use_cache` applies to causal models only: an
+    encoder (`is_causal=False`) runs without a cache unless one is asked for, which raises.
+
+    Every value is checked when the config is built and again when a model is built from it
+    (`validate()`), so keyword overrides of `from_pretrained` are checked too.
     """
 
     model_type = "momentum_transformer"
@@ -88,27 +77,36 @@ class MomentumTransformerConfig(PreTrainedConfig):
     tie_word_embeddings: bool = True
 
     def __post_init__(self, **kwargs):
+        if self.intermediate_size is None:
+            self.intermediate_size = 4 * self.hidden_size
+        self.check_momentum_fields()
+        super().__post_init__(**kwargs)
+
+    def validate(self):
+        """transformers' checks, then this family's (run by save_pretrained and by the models)."""
+        super().validate()
+        self.check_momentum_fields()
+
+    def check_momentum_fields(self) -> None:
+        """ValueError naming the first field out of its range (bools and non-finite numbers refused)."""
         for name in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
-                     "max_position_embeddings"):
-            check_positive_int(getattr(self, name), name)
+                     "max_position_embeddings", "intermediate_size"):
+            check_int(getattr(self, name), name, low=1)
         if self.hidden_size % self.num_attention_heads:
             raise ValueError(f"hidden_size ({self.hidden_size}) must be divisible by "
                              f"num_attention_heads ({self.num_attention_heads})")
-        if self.intermediate_size is None:
-            self.intermediate_size = 4 * self.hidden_size
-        check_positive_int(self.intermediate_size, "intermediate_size")
+        check_choice(self.hidden_act, "hidden_act", ACT2FN)
         check_attention_hyperparameters(self.attention_momentum, self.attention_step_size,
                                         self.attention_feature_map)
         check_choice(self.connection, "connection", CONNECTIONS)
-        check_unit_interval(self.connection_momentum, "connection_momentum")
-        check_positive_number(self.connection_step_size, "connection_step_size")
-        if check_positive_number(self.adaptive_delta, "adaptive_delta") > 1.0:
-            raise ValueError(f"adaptive_delta must be a number in (0, 1], got {self.adaptive_delta!r}")
+        check_momentum(self.connection_momentum, "connection_momentum")
+        check_positive(self.connection_step_size, "connection_step_size")
+        check_number(self.adaptive_delta, "adaptive_delta", low=0.0, high=1.0, low_open=True)
         for name in ("embedding_dropout", "attention_dropout", "hidden_dropout"):
-            check_unit_interval(getattr(self, name), name)
+            check_probability(getattr(self, name), name)
         check_choice(self.layer_norm, "layer_norm", LAYER_NORMS)
-        check_positive_number(self.layer_norm_eps, "layer_norm_eps")
-        check_positive_number(self.initializer_range, "initializer_range")
-        if not isinstance(self.is_causal, bool):
-            raise ValueError(f"is_causal must be True or False, got {self.is_causal!r}")
-        super().__post_init__(**kwargs)
+        check_positive(self.layer_norm_eps, "layer_norm_eps")
+        check_positive(self.initializer_range, "initializer_range")
+        check_bool(self.is_causal, "is_causal")
+        check_bool(self.use_cache, "use_cache")
+        check_bool(self.tie_word_embeddings, "tie_word_embeddings")

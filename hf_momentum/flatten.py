@@ -122,7 +122,8 @@ def _is_package(name: str) -> bool:
 
 
 def _is_docstring(node: ast.stmt) -> bool:
-    return isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str)
+    return (isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant)
+            and isinstance(node.value.value, str))
 
 
 def _top_level_names(node: ast.stmt) -> List[str]:

@@ -1,4 +1,4 @@
-"""MomentumLSTM language model over `plugins.rnn.MomentumLSTM` (momentum_rnn.md).
+"""MomentumLSTM language model over `plugins.rnn.MomentumLSTM` (MomentumRNN).
 
 Generation keeps the recurrent state (h, c, momentum v, second moment m, step counter) in a
 `RecurrentCache`, so each new token costs one LSTM step. Padding: the real tokens of each row
@@ -11,9 +11,11 @@ import torch
 from torch import nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 from transformers import GenerationMixin, PreTrainedModel
-from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
+from transformers.modeling_outputs import BaseModelOutputWithPast
 
 from .configuration_momentum_lstm import MomentumLSTMConfig
+from .modeling_common import (RecurrentCausalLMMixin, check_attention_mask, resolve_cache, resolve_flag,
+                              warn_no_attention_weights)
 from .momentum_rnn_core import MomentumLSTM, RecurrentState
 from .recurrent_cache import RecurrentCache
 from .saving import RemoteCodeMixin
@@ -53,10 +55,15 @@ class MomentumLSTMPreTrainedModel(RemoteCodeMixin, PreTrainedModel):
     config: MomentumLSTMConfig
     base_model_prefix = "model"
     _no_split_modules = ["MomentumLSTM"]
+    supports_gradient_checkpointing = True
     _skip_keys_device_placement = ["past_key_values"]
     auto_map = AUTO_MAP
     card_hyperparameters = ("cell", "momentum", "step_size", "beta", "eps", "restart", "num_hidden_layers")
     card_papers = ("momentum_rnn",)
+
+    def __init__(self, config: MomentumLSTMConfig, *inputs, **kwargs):
+        config.validate()
+        super().__init__(config, *inputs, **kwargs)
 
     def _init_weights(self, module):
         if isinstance(module, MomentumLSTM):
@@ -74,6 +81,7 @@ class MomentumLSTMModel(MomentumLSTMPreTrainedModel):
                                  cell=config.cell, momentum=config.momentum, step_size=config.step_size,
                                  beta=config.beta, eps=config.eps, restart=config.restart,
                                  batch_first=True, dropout=config.dropout)
+        self.gradient_checkpointing = False
         self.post_init()
 
     def get_input_embeddings(self):
@@ -83,31 +91,49 @@ class MomentumLSTMModel(MomentumLSTMPreTrainedModel):
         self.embed_tokens = value
 
     def forward(self, input_ids=None, attention_mask=None, past_key_values=None, inputs_embeds=None,
-                use_cache=None, return_dict=None, **kwargs):
+                use_cache=None, output_hidden_states=None, output_attentions=None, return_dict=None,
+                **kwargs):
         """attention_mask: (batch, past + length), 1 for real tokens; padded tokens leave the
-        state unchanged and get zero outputs."""
+        state unchanged and get zero outputs. A given `past_key_values` is continued even with
+        use_cache=False. hidden_states: the (dropped-out) embeddings, then the output of the
+        LSTM stack (`plugins.rnn.MomentumLSTM` runs its layers as one fused stack, so the
+        outputs of the inner layers are not exposed)."""
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("pass exactly one of input_ids and inputs_embeds")
         x = self.dropout(self.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds)
-        length = x.shape[1]
-        use_cache = self.config.use_cache if use_cache is None else use_cache
-        if past_key_values is not None and not isinstance(past_key_values, MomentumLSTMCache):
-            raise ValueError(f"past_key_values must be a MomentumLSTMCache, got {type(past_key_values).__name__}")
-        cache = past_key_values if use_cache else None
-        if use_cache and cache is None:
-            cache = MomentumLSTMCache(self.config)
+        batch, length = x.shape[:2]
+        output_hidden_states = resolve_flag(output_hidden_states, self.config, "output_hidden_states")
+        warn_no_attention_weights(self, output_attentions, "an LSTM")
+        cache = resolve_cache(self, past_key_values, use_cache, MomentumLSTMCache)
+        past = cache.get_seq_length() if cache is not None else 0
+        mask = check_attention_mask(attention_mask, batch, past, length)
+        mask = None if mask is None else mask[:, past:].to(x.device)
         state = cache.get_lstm_state() if cache is not None else None
-        mask = None if attention_mask is None else attention_mask[:, -length:].to(x.device).bool()
-        if mask is None or bool(mask.all()):
-            out, state = self.lstm(x, state)
+        if length == 0:
+            out = x.new_zeros(batch, 0, self.config.hidden_size)
+        elif self.gradient_checkpointing and self.training:
+            out = self._gradient_checkpointing_func(self._run_without_state, x, mask)
         else:
-            out, state = self._packed(x, mask, state)
+            out, state = self._run(x, mask, state)
+            if cache is not None:
+                cache.set_lstm_state(state)
         if cache is not None:
-            cache.set_lstm_state(state)
             cache.advance(length)
         out = self.dropout(out)
-        result = BaseModelOutputWithPast(last_hidden_state=out, past_key_values=cache)
+        hidden_states = (x, out) if output_hidden_states else None
+        result = BaseModelOutputWithPast(last_hidden_state=out, past_key_values=cache,
+                                         hidden_states=hidden_states)
         return result if return_dict is not False else result.to_tuple()
+
+    def _run(self, x, mask, state):
+        if mask is None or bool(mask.all()):
+            return self.lstm(x, state)
+        return self._packed(x, mask, state)
+
+    def _run_without_state(self, x, mask):
+        """The stack from a zero state, outputs only: what gradient checkpointing recomputes
+        (tensors in, one tensor out, so either checkpoint implementation tracks it)."""
+        return self._run(x, mask, None)[0]
 
     def _packed(self, x, mask, state):
         lengths = mask.sum(-1)
@@ -123,8 +149,9 @@ class MomentumLSTMModel(MomentumLSTMPreTrainedModel):
         return out * mask[..., None].to(out.dtype), state
 
 
-class MomentumLSTMForCausalLM(MomentumLSTMPreTrainedModel, GenerationMixin):
+class MomentumLSTMForCausalLM(RecurrentCausalLMMixin, MomentumLSTMPreTrainedModel, GenerationMixin):
     _tied_weights_keys = {"lm_head.weight": "model.embed_tokens.weight"}
+    cache_class = MomentumLSTMCache
 
     def __init__(self, config: MomentumLSTMConfig):
         super().__init__(config)
@@ -132,41 +159,12 @@ class MomentumLSTMForCausalLM(MomentumLSTMPreTrainedModel, GenerationMixin):
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.post_init()
 
-    def get_input_embeddings(self):
-        return self.model.embed_tokens
-
-    def set_input_embeddings(self, value):
-        self.model.embed_tokens = value
-
-    def get_output_embeddings(self):
-        return self.lm_head
-
-    def set_output_embeddings(self, value):
-        self.lm_head = value
-
-    def forward(self, input_ids=None, attention_mask=None, past_key_values=None, inputs_embeds=None, labels=None,
-                use_cache=None, return_dict=None, logits_to_keep=0, **kwargs):
+    def forward(self, input_ids=None, attention_mask=None, past_key_values=None, inputs_embeds=None,
+                labels=None, use_cache=None, output_hidden_states=None, output_attentions=None,
+                return_dict=None, logits_to_keep=0, **kwargs):
         kwargs.pop("position_ids", None)
-        outputs = self.model(input_ids=input_ids, attention_mask=attention_mask, past_key_values=past_key_values,
-                             inputs_embeds=inputs_embeds, use_cache=use_cache, return_dict=True)
-        hidden = outputs.last_hidden_state
-        if isinstance(logits_to_keep, int) and logits_to_keep > 0:
-            hidden = hidden[:, -logits_to_keep:]
-        logits = self.lm_head(hidden)
-        loss = None
-        if labels is not None:
-            loss = self.loss_function(logits=logits, labels=labels, vocab_size=self.config.vocab_size, **kwargs)
-        out = CausalLMOutputWithPast(loss=loss, logits=logits, past_key_values=outputs.past_key_values)
-        return out if return_dict is not False else out.to_tuple()
-
-    def _prepare_cache_for_generation(self, generation_config, model_kwargs, *args, **kwargs):
-        """generate() would build a DynamicCache; install the recurrent MomentumLSTMCache instead."""
-        cache = model_kwargs.get("past_key_values")
-        if cache is not None:
-            if not isinstance(cache, MomentumLSTMCache):
-                raise ValueError(f"past_key_values must be a MomentumLSTMCache, got {type(cache).__name__}")
-            cache._is_user_defined = True
-            return
-        if generation_config.use_cache is False:
-            return
-        model_kwargs["past_key_values"] = MomentumLSTMCache(self.config)
+        outputs = self.model(input_ids=input_ids, attention_mask=attention_mask,
+                             past_key_values=past_key_values, inputs_embeds=inputs_embeds,
+                             use_cache=use_cache, output_hidden_states=output_hidden_states,
+                             output_attentions=output_attentions, return_dict=True)
+        return self.causal_lm_output(outputs, labels, logits_to_keep, return_dict, **kwargs)

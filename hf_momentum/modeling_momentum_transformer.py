@@ -1,4 +1,4 @@
-"""Native momentum transformer (momentum_transformer.md, Section 3): causal momentum attention
+"""Native momentum transformer (Momentum Transformer, Section 3): causal momentum attention
 (eq. 13, recurrent eq. 12 when generating), bidirectional eq. 14 with `is_causal=False`, and the
 momentum / adaptive momentum connection (eq. 15, eq. 18) around attention.
 
@@ -14,10 +14,11 @@ from torch import nn
 from transformers import GenerationMixin, PreTrainedModel
 from transformers.activations import ACT2FN
 from transformers.modeling_layers import GradientCheckpointingLayer
-from transformers.modeling_outputs import (BaseModelOutputWithPast, CausalLMOutputWithPast,
-                                           SequenceClassifierOutput)
+from transformers.modeling_outputs import BaseModelOutputWithPast, SequenceClassifierOutput
 
 from .configuration_momentum_transformer import MomentumTransformerConfig
+from .modeling_common import (RecurrentCausalLMMixin, check_attention_mask, resolve_cache, resolve_flag,
+                              warn_no_attention_weights)
 from .momentum_core import (AdaptiveMomentumConnection, ConnectionState, MomentumAttentionState,
                             MomentumConnection, momentum_attention, momentum_attention_step)
 from .recurrent_cache import RecurrentCache
@@ -27,15 +28,23 @@ AUTO_MAP = {
     "AutoConfig": "configuration_momentum_transformer.MomentumTransformerConfig",
     "AutoModel": "modeling_momentum_transformer.MomentumTransformerModel",
     "AutoModelForCausalLM": "modeling_momentum_transformer.MomentumTransformerForCausalLM",
-    "AutoModelForSequenceClassification": "modeling_momentum_transformer.MomentumTransformerForSequenceClassification",
+    "AutoModelForSequenceClassification":
+        "modeling_momentum_transformer.MomentumTransformerForSequenceClassification",
 }
 
 
 class MomentumCache(RecurrentCache):
-    """Per layer the three tensors of `MomentumAttentionState` (S, z, m of eq. 12)."""
+    """Per layer the three tensors of `MomentumAttentionState` (S, z, m of eq. 12). `has_padding`
+    records that a padded token was absorbed: positions then count real tokens per row, which
+    only the attention_mask over all cached tokens can tell."""
 
     def __init__(self, config: MomentumTransformerConfig):
         super().__init__(config.num_hidden_layers, 3)
+        self.has_padding = False
+
+    def reset(self) -> None:
+        super().reset()
+        self.has_padding = False
 
     def get_attention_state(self, layer_idx: int) -> Optional[MomentumAttentionState]:
         states = self.get_states(layer_idx)
@@ -71,7 +80,7 @@ class MomentumTransformerAttention(nn.Module):
             cache.set_attention_state(self.layer_idx, state)
         else:
             out = momentum_attention(q, k, v, causal=self.config.is_causal, **kwargs)
-        out = out.transpose(1, 2).reshape(batch, length, -1)
+        out = out.transpose(1, 2).reshape(batch, length, self.num_heads * self.head_dim)
         return self.dropout(self.o_proj(out))
 
 
@@ -95,6 +104,8 @@ class MomentumTransformerLayer(GradientCheckpointingLayer):
 
     def __init__(self, config: MomentumTransformerConfig, layer_idx: int):
         super().__init__()
+        if config.layer_norm not in ("pre", "post"):
+            raise ValueError(f"layer_norm must be 'pre' or 'post', got {config.layer_norm!r}")
         self.pre_norm = config.layer_norm == "pre"
         self.attn_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         self.attention = MomentumTransformerAttention(config, layer_idx)
@@ -104,8 +115,11 @@ class MomentumTransformerLayer(GradientCheckpointingLayer):
             self.connection = MomentumConnection(config.connection_momentum, config.connection_step_size)
         elif config.connection == "adaptive":
             self.connection = AdaptiveMomentumConnection(config.connection_step_size, config.adaptive_delta)
-        else:
+        elif config.connection == "none":
             self.connection = None
+        else:
+            raise ValueError(f"connection must be one of 'none', 'momentum', 'adaptive'; "
+                             f"got {config.connection!r}")
 
     def forward(self, hidden_states, velocity=None, previous_update=None, padding_mask=None,
                 past_key_values=None):
@@ -126,6 +140,9 @@ class MomentumTransformerLayer(GradientCheckpointingLayer):
 
 
 class MomentumTransformerPreTrainedModel(RemoteCodeMixin, PreTrainedModel):
+    """Checks the config when a model is built, so values set after the config was validated
+    (keyword overrides of `from_pretrained`, attribute assignment) are refused too."""
+
     config_class = MomentumTransformerConfig
     config: MomentumTransformerConfig
     base_model_prefix = "model"
@@ -133,9 +150,14 @@ class MomentumTransformerPreTrainedModel(RemoteCodeMixin, PreTrainedModel):
     _no_split_modules = ["MomentumTransformerLayer"]
     _skip_keys_device_placement = ["past_key_values"]
     auto_map = AUTO_MAP
-    card_hyperparameters = ("attention_momentum", "attention_step_size", "attention_feature_map", "connection",
-                            "connection_momentum", "connection_step_size", "adaptive_delta", "is_causal")
+    card_hyperparameters = ("attention_momentum", "attention_step_size", "attention_feature_map",
+                            "connection", "connection_momentum", "connection_step_size", "adaptive_delta",
+                            "is_causal")
     card_papers = ("momentum_transformer",)
+
+    def __init__(self, config: MomentumTransformerConfig, *inputs, **kwargs):
+        config.validate()
+        super().__init__(config, *inputs, **kwargs)
 
 
 class MomentumTransformerModel(MomentumTransformerPreTrainedModel):
@@ -144,9 +166,14 @@ class MomentumTransformerModel(MomentumTransformerPreTrainedModel):
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size, config.pad_token_id)
         self.embed_positions = nn.Embedding(config.max_position_embeddings, config.hidden_size)
         self.dropout = nn.Dropout(config.embedding_dropout)
-        self.layers = nn.ModuleList(MomentumTransformerLayer(config, i) for i in range(config.num_hidden_layers))
-        self.norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps) if config.layer_norm == "pre" \
-            else nn.Identity()
+        self.layers = nn.ModuleList(MomentumTransformerLayer(config, i)
+                                    for i in range(config.num_hidden_layers))
+        if config.layer_norm == "pre":
+            self.norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        elif config.layer_norm == "post":
+            self.norm = nn.Identity()
+        else:
+            raise ValueError(f"layer_norm must be 'pre' or 'post', got {config.layer_norm!r}")
         self.gradient_checkpointing = False
         self.post_init()
 
@@ -157,33 +184,33 @@ class MomentumTransformerModel(MomentumTransformerPreTrainedModel):
         self.embed_tokens = value
 
     def forward(self, input_ids=None, attention_mask=None, position_ids=None, past_key_values=None,
-                inputs_embeds=None, use_cache=None, output_hidden_states=None, return_dict=None, **kwargs):
+                inputs_embeds=None, use_cache=None, output_hidden_states=None, output_attentions=None,
+                return_dict=None, **kwargs):
         """attention_mask: (batch, past + length) with 1 for real tokens. position_ids default to
-        the count of real tokens before each position, so padding does not shift positions."""
+        the count of real tokens before each position, so padding does not shift positions.
+        A given `past_key_values` is continued even with use_cache=False; an encoder
+        (is_causal=False) runs without a cache. hidden_states: the embeddings, then each layer's
+        output (the last one after the final norm)."""
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("pass exactly one of input_ids and inputs_embeds")
         if inputs_embeds is None:
             inputs_embeds = self.embed_tokens(input_ids)
         batch, length = inputs_embeds.shape[:2]
-        use_cache = self.config.use_cache if use_cache is None else use_cache
-        if self.gradient_checkpointing and self.training:
-            use_cache = False
-        if use_cache and not self.config.is_causal:
-            raise ValueError("use_cache needs is_causal=True: bidirectional attention (eq. 14) has no recurrent form")
-        if past_key_values is not None and not isinstance(past_key_values, MomentumCache):
-            raise ValueError(f"past_key_values must be a MomentumCache, got {type(past_key_values).__name__}")
-        cache = past_key_values if use_cache else None
-        if use_cache and cache is None:
-            cache = MomentumCache(self.config)
+        output_hidden_states = resolve_flag(output_hidden_states, self.config, "output_hidden_states")
+        warn_no_attention_weights(self, output_attentions, "linear (momentum) attention")
+        cache = resolve_cache(self, past_key_values, use_cache, MomentumCache,
+                              can_cache=self.config.is_causal)
         past = cache.get_seq_length() if cache is not None else 0
-        padding_mask = None
-        if attention_mask is not None:
-            if attention_mask.dim() != 2:
-                raise ValueError(f"attention_mask must be 2D (batch, past + length), got {tuple(attention_mask.shape)}")
-            padding_mask = attention_mask[:, -length:].to(device=inputs_embeds.device, dtype=torch.bool)
+        mask = check_attention_mask(attention_mask, batch, past, length)
+        if mask is not None:
+            mask = mask.to(inputs_embeds.device)
+        padding_mask = None if mask is None else mask[:, past:]
         if position_ids is None:
-            if attention_mask is not None:
-                position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)[:, -length:]
+            if mask is not None:
+                position_ids = (mask.long().cumsum(-1) - 1).clamp(min=0)[:, past:]
+            elif cache is not None and cache.has_padding:
+                raise ValueError("the cache has absorbed padded tokens: pass the attention_mask over all "
+                                 "cached and new tokens so that positions count real tokens")
             else:
                 position_ids = torch.arange(past, past + length, device=inputs_embeds.device)[None]
         position_ids = position_ids.to(inputs_embeds.device)
@@ -191,25 +218,28 @@ class MomentumTransformerModel(MomentumTransformerPreTrainedModel):
             raise ValueError(f"position {int(position_ids.max())} is beyond max_position_embeddings "
                              f"({self.config.max_position_embeddings})")
         hidden = self.dropout(inputs_embeds + self.embed_positions(position_ids))
-        all_hidden = [] if output_hidden_states else None
+        all_hidden = [hidden] if output_hidden_states else None
         velocity = update = None
-        for layer in self.layers:
-            if all_hidden is not None:
-                all_hidden.append(hidden)
+        for i, layer in enumerate(self.layers):
             hidden, velocity, update = layer(hidden, velocity, update, padding_mask=padding_mask,
                                              past_key_values=cache)
-        hidden = self.norm(hidden)
-        if all_hidden is not None:
-            all_hidden.append(hidden)
+            if i == len(self.layers) - 1:
+                hidden = self.norm(hidden)
+            if all_hidden is not None:
+                all_hidden.append(hidden)
         if cache is not None:
             cache.advance(length)
+            padded = padding_mask is not None and not bool(padding_mask.all())
+            cache.has_padding = cache.has_padding or padded
         out = BaseModelOutputWithPast(last_hidden_state=hidden, past_key_values=cache,
                                       hidden_states=None if all_hidden is None else tuple(all_hidden))
         return out if return_dict is not False else out.to_tuple()
 
 
-class MomentumTransformerForCausalLM(MomentumTransformerPreTrainedModel, GenerationMixin):
+class MomentumTransformerForCausalLM(RecurrentCausalLMMixin, MomentumTransformerPreTrainedModel,
+                                     GenerationMixin):
     _tied_weights_keys = {"lm_head.weight": "model.embed_tokens.weight"}
+    cache_class = MomentumCache
 
     def __init__(self, config: MomentumTransformerConfig):
         super().__init__(config)
@@ -219,48 +249,14 @@ class MomentumTransformerForCausalLM(MomentumTransformerPreTrainedModel, Generat
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.post_init()
 
-    def get_input_embeddings(self):
-        return self.model.embed_tokens
-
-    def set_input_embeddings(self, value):
-        self.model.embed_tokens = value
-
-    def get_output_embeddings(self):
-        return self.lm_head
-
-    def set_output_embeddings(self, value):
-        self.lm_head = value
-
     def forward(self, input_ids=None, attention_mask=None, position_ids=None, past_key_values=None,
-                inputs_embeds=None, labels=None, use_cache=None, output_hidden_states=None, return_dict=None,
-                logits_to_keep=0, **kwargs):
+                inputs_embeds=None, labels=None, use_cache=None, output_hidden_states=None,
+                output_attentions=None, return_dict=None, logits_to_keep=0, **kwargs):
         outputs = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                             past_key_values=past_key_values, inputs_embeds=inputs_embeds, use_cache=use_cache,
-                             output_hidden_states=output_hidden_states, return_dict=True)
-        hidden = outputs.last_hidden_state
-        if isinstance(logits_to_keep, int) and logits_to_keep > 0:
-            hidden = hidden[:, -logits_to_keep:]
-        elif isinstance(logits_to_keep, torch.Tensor):
-            hidden = hidden[:, logits_to_keep]
-        logits = self.lm_head(hidden)
-        loss = None
-        if labels is not None:
-            loss = self.loss_function(logits=logits, labels=labels, vocab_size=self.config.vocab_size, **kwargs)
-        out = CausalLMOutputWithPast(loss=loss, logits=logits, past_key_values=outputs.past_key_values,
-                                     hidden_states=outputs.hidden_states)
-        return out if return_dict is not False else out.to_tuple()
-
-    def _prepare_cache_for_generation(self, generation_config, model_kwargs, *args, **kwargs):
-        """generate() would build a DynamicCache; install the recurrent MomentumCache instead."""
-        cache = model_kwargs.get("past_key_values")
-        if cache is not None:
-            if not isinstance(cache, MomentumCache):
-                raise ValueError(f"past_key_values must be a MomentumCache, got {type(cache).__name__}")
-            cache._is_user_defined = True
-            return
-        if generation_config.use_cache is False:
-            return
-        model_kwargs["past_key_values"] = MomentumCache(self.config)
+                             past_key_values=past_key_values, inputs_embeds=inputs_embeds,
+                             use_cache=use_cache, output_hidden_states=output_hidden_states,
+                             output_attentions=output_attentions, return_dict=True)
+        return self.causal_lm_output(outputs, labels, logits_to_keep, return_dict, **kwargs)
 
 
 class MomentumTransformerForSequenceClassification(MomentumTransformerPreTrainedModel):
@@ -281,10 +277,11 @@ class MomentumTransformerForSequenceClassification(MomentumTransformerPreTrained
         self.model.embed_tokens = value
 
     def forward(self, input_ids=None, attention_mask=None, position_ids=None, inputs_embeds=None, labels=None,
-                output_hidden_states=None, return_dict=None, **kwargs):
+                output_hidden_states=None, output_attentions=None, return_dict=None, **kwargs):
         outputs = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                              inputs_embeds=inputs_embeds, use_cache=False,
-                             output_hidden_states=output_hidden_states, return_dict=True)
+                             output_hidden_states=output_hidden_states, output_attentions=output_attentions,
+                             return_dict=True)
         hidden = outputs.last_hidden_state
         if attention_mask is None:
             pooled = hidden.mean(1)

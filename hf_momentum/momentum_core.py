@@ -5,7 +5,8 @@ remote code needs this one flat sibling. In the package it re-exports `plugins`;
 time `bundled_source()` writes a generated, self-contained copy of the needed `plugins`
 modules under this file's name next to the saved modeling file (see `hf_momentum.flatten`).
 """
-from plugins.attention import FEATURE_MAPS, MomentumAttentionState, momentum_attention, momentum_attention_step
+from plugins.attention import (FEATURE_MAPS, MomentumAttentionState, momentum_attention,
+                               momentum_attention_step)
 from plugins.connection import AdaptiveMomentumConnection, ConnectionState, MomentumConnection
 
 BUNDLED_MODULES = ("plugins.attention.api", "plugins.connection")

@@ -21,7 +21,8 @@ class RecurrentCache(Cache):
     is_croppable = False
 
     def __init__(self, num_layers: int, num_states: int):
-        super().__init__(layers=[LinearAttentionLayer(number_of_states=num_states) for _ in range(num_layers)])
+        super().__init__(layers=[LinearAttentionLayer(number_of_states=num_states)
+                                 for _ in range(num_layers)])
         self.num_states = num_states
         self.seen_tokens = 0
 

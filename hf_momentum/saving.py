@@ -24,7 +24,8 @@ from transformers.dynamic_module_utils import get_relative_import_files
 
 CITATIONS = {
     "momentum_transformer": """@inproceedings{nguyen2022momentumtransformer,
-  title     = {Momentum Transformer: Closing the Performance Gap Between Self-attention and Its Linearization},
+  title     = {Momentum Transformer: Closing the Performance Gap Between Self-attention and
+               Its Linearization},
   author    = {Nguyen, Tan and Baraniuk, Richard G. and Kirby, Robert M. and Osher, Stanley J. and Wang, Bao},
   booktitle = {Mathematical and Scientific Machine Learning},
   series    = {Proceedings of Machine Learning Research},
@@ -32,7 +33,8 @@ CITATIONS = {
 }""",
     "momentum_rnn": """@inproceedings{nguyen2020momentumrnn,
   title     = {MomentumRNN: Integrating Momentum into Recurrent Neural Networks},
-  author    = {Nguyen, Tan M. and Baraniuk, Richard G. and Bertozzi, Andrea L. and Osher, Stanley J. and Wang, Bao},
+  author    = {Nguyen, Tan M. and Baraniuk, Richard G. and Bertozzi, Andrea L. and Osher, Stanley J. and
+               Wang, Bao},
   booktitle = {Advances in Neural Information Processing Systems},
   volume    = {33},
   year      = {2020}
@@ -78,7 +80,8 @@ class RemoteCodeMixin:
 def upload(folder, repo_id: str, *, token=None, private=None, commit_message: str = "Upload model", **kwargs):
     api = HfApi(token=token)
     repo_id = api.create_repo(repo_id, private=private, exist_ok=True).repo_id
-    return api.upload_folder(repo_id=repo_id, folder_path=str(folder), commit_message=commit_message, **kwargs)
+    return api.upload_folder(repo_id=repo_id, folder_path=str(folder), commit_message=commit_message,
+                             **kwargs)
 
 
 def write_remote_code(model_class, save_directory) -> list:

@@ -85,7 +85,8 @@ def test_save_load_round_trip_is_exact(auto_class, kwargs, tmp_path):
     files = set(os.listdir(tmp_path))
     assert {"config.json", "model.safetensors", "README.md", "modeling_momentum_transformer.py",
             "configuration_momentum_transformer.py", "momentum_core.py", "recurrent_cache.py",
-            "saving.py"} <= files
+            "saving.py", "modeling_common.py", "validation.py"} <= files
+    assert GENERATED_MARK in (tmp_path / "validation.py").read_text()
     config = json.loads((tmp_path / "config.json").read_text())
     assert set(config["auto_map"]) == {"AutoConfig", "AutoModel", "AutoModelForCausalLM",
                                        "AutoModelForSequenceClassification"}
@@ -132,10 +133,16 @@ def test_remote_code_loads_in_a_clean_process(make_config, tmp_path):
         assert torch.equal(tokens, expected["tokens"])
         assert type(model).__module__.startswith("transformers_modules"), type(model).__module__
         model.save_pretrained("resaved")
+        try:
+            AutoModelForCausalLM.from_pretrained("model", trust_remote_code=True,
+                                                 initializer_range=float("inf"))
+            raise SystemExit("a non-finite override was accepted")
+        except ValueError as error:
+            assert "initializer_range" in str(error), error
         print("OK", type(model).__module__)
     """, isolated, {"HF_HUB_OFFLINE": "1"})
     assert "OK transformers_modules" in proc.stdout
-    for core in ("momentum_core.py", "momentum_rnn_core.py"):
+    for core in ("momentum_core.py", "momentum_rnn_core.py", "validation.py"):
         if (isolated / "model" / core).exists():
             assert (isolated / "resaved" / core).read_text() == (isolated / "model" / core).read_text()
 
@@ -258,3 +265,60 @@ def test_push_to_hub_then_from_pretrained_with_remote_code(local_hub, tmp_path):
         print("PULLED", model.config.connection)
     """, tmp_path, env)
     assert "PULLED momentum" in proc.stdout
+
+
+def stock_llama(attn_implementation, **hyperparameters):
+    torch.manual_seed(0)
+    config = AutoConfig.for_model("llama", vocab_size=100, hidden_size=32, intermediate_size=64,
+                                  num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2)
+    if hyperparameters:
+        hf_momentum.set_momentum_attention(config, **hyperparameters)
+    return AutoModelForCausalLM.from_config(config, attn_implementation=attn_implementation).eval()
+
+
+def test_stock_model_records_and_restores_momentum_attention(tmp_path):
+    model = stock_llama("momentum", momentum=0.3, step_size=0.7, feature_map="relu")
+    model.save_pretrained(tmp_path)
+    saved = json.loads((tmp_path / "config.json").read_text())
+    assert saved["attn_implementation"] == hf_momentum.attention_interface.RECORDED_NAMES["momentum"]
+    assert (saved["attention_momentum"], saved["attention_step_size"], saved["attention_feature_map"]) == \
+        (0.3, 0.7, "relu")
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path).eval()
+    softmax = AutoModelForCausalLM.from_pretrained(tmp_path, attn_implementation="sdpa").eval()
+    with torch.no_grad():
+        expected = model(input_ids=sample_ids()).logits
+        torch.testing.assert_close(loaded(input_ids=sample_ids()).logits, expected, rtol=0, atol=0)
+        assert not torch.allclose(softmax(input_ids=sample_ids()).logits, expected, atol=1e-3)
+    loaded.save_pretrained(tmp_path / "again")
+    assert json.loads((tmp_path / "again" / "config.json").read_text())["attn_implementation"] == \
+        saved["attn_implementation"]
+
+
+def test_stock_model_records_default_hyperparameters_of_linear_attention(tmp_path):
+    model = stock_llama("linear_attention")
+    model.save_pretrained(tmp_path)
+    saved = json.loads((tmp_path / "config.json").read_text())
+    assert saved["attn_implementation"].startswith("linear_attention ")
+    assert saved["attention_feature_map"] == "elu"
+    assert "attention_momentum" not in saved
+    sdpa = stock_llama("sdpa")
+    sdpa.save_pretrained(tmp_path / "sdpa")
+    assert "attn_implementation" not in json.loads((tmp_path / "sdpa" / "config.json").read_text())
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path).eval()
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(input_ids=sample_ids()).logits,
+                                   model(input_ids=sample_ids()).logits, rtol=0, atol=0)
+
+
+def test_stock_model_without_the_package_refuses_to_load(tmp_path):
+    stock_llama("momentum", momentum=0.3).save_pretrained(tmp_path / "model")
+    proc = run_clean("""
+        from transformers import AutoModelForCausalLM
+        try:
+            AutoModelForCausalLM.from_pretrained("model")
+            raise SystemExit("loaded without hf_momentum")
+        except ValueError as error:
+            print("REFUSED", error)
+    """, tmp_path, {"HF_HUB_OFFLINE": "1"})
+    assert "REFUSED" in proc.stdout
+    assert "pip install momentum-plugins" in proc.stdout and "import hf_momentum" in proc.stdout

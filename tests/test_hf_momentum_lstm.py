@@ -125,6 +125,9 @@ def test_save_load_round_trip(tmp_path):
     assert {"modeling_momentum_lstm.py", "momentum_rnn_core.py", "configuration_momentum_lstm.py"} \
         <= set(os.listdir(tmp_path))
     assert "plugins.rnn.layers" in (tmp_path / "momentum_rnn_core.py").read_text()
+    # the LSTM family's code does not pull in the transformer's configuration
+    assert "configuration_momentum_transformer.py" not in os.listdir(tmp_path)
+    assert "plugins/validation.py" in (tmp_path / "validation.py").read_text()
     loaded = AutoModelForCausalLM.from_pretrained(tmp_path).eval()
     ids = torch.arange(3, 13)[None]
     with torch.no_grad():

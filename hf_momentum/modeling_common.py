@@ -1,0 +1,142 @@
+"""What the native families share: output flags, the cache rules of `forward`, and one mixin
+for both `...ForCausalLM` classes (embedding accessors, logits slicing, loss and output,
+`_prepare_cache_for_generation`, refusing empty prompts in generate()). A flat sibling of the
+modeling files (imported with `from .modeling_common import ...`), so a saved model's remote
+code carries it.
+"""
+import warnings
+from typing import Optional
+
+import torch
+from transformers.modeling_outputs import CausalLMOutputWithPast
+from transformers.utils import logging
+
+from .validation import check_bool, check_int
+
+logger = logging.get_logger(__name__)
+
+
+def resolve_flag(value, config, name: str) -> bool:
+    """A per-call flag (`output_hidden_states`, `output_attentions`) or, when None, the config's."""
+    if value is None:
+        value = getattr(config, name, False)
+    return False if value is None else check_bool(value, name)
+
+
+def warn_no_attention_weights(model, output_attentions, what: str) -> None:
+    """`output_attentions=True` (argument or config) asks for attention matrices that `what`
+    never forms: say so once per model instead of returning nothing silently."""
+    if resolve_flag(output_attentions, model.config, "output_attentions") and \
+            not getattr(model, "_warned_no_attention_weights", False):
+        model._warned_no_attention_weights = True
+        warnings.warn(f"output_attentions=True is ignored: {what} forms no attention matrix, so "
+                      "`attentions` is None", UserWarning, stacklevel=3)
+
+
+def resolve_cache(model, past_key_values, use_cache, cache_class, *, can_cache: bool = True):
+    """The cache `forward` runs with. A given `past_key_values` is always used (whatever
+    `use_cache` says: dropping it would give the logits of a different prefix); `use_cache`
+    only decides whether a fresh cache is started. `use_cache=None` means the config's, for
+    models that can cache. Training with gradient checkpointing cannot carry a cache."""
+    if past_key_values is not None and not isinstance(past_key_values, cache_class):
+        raise ValueError(f"past_key_values must be a {cache_class.__name__}, "
+                         f"got {type(past_key_values).__name__}")
+    if use_cache is not None:
+        use_cache = check_bool(use_cache, "use_cache")
+    if not can_cache:
+        if use_cache or past_key_values is not None:
+            raise ValueError("use_cache / past_key_values need is_causal=True: bidirectional attention "
+                             "(Momentum Transformer, eq. 14) has no recurrent form")
+        return None
+    if use_cache is None:
+        use_cache = bool(model.config.use_cache)
+    if getattr(model, "gradient_checkpointing", False) and model.training:
+        if past_key_values is not None:
+            raise ValueError("past_key_values cannot be carried through gradient checkpointing in training "
+                             "(the recomputed layers would update it twice); call model.eval() or pass none")
+        if use_cache:
+            logger.warning_once("use_cache=True is incompatible with gradient checkpointing in training; "
+                                "running without a cache")
+        return None
+    if past_key_values is not None:
+        return past_key_values
+    return cache_class(model.config) if use_cache else None
+
+
+def check_attention_mask(attention_mask, batch: int, past: int, length: int) -> Optional[torch.Tensor]:
+    """The (batch, past + length) padding mask as bool, 1/True for real tokens. A mask of any
+    other length is refused: one covering only the new tokens would restart positions at 0."""
+    if attention_mask is None:
+        return None
+    if not isinstance(attention_mask, torch.Tensor) or attention_mask.dim() != 2:
+        raise ValueError("attention_mask must be a 2D tensor (batch, cached + new tokens), got "
+                         f"{getattr(attention_mask, 'shape', type(attention_mask).__name__)}")
+    if tuple(attention_mask.shape) != (batch, past + length):
+        raise ValueError("attention_mask must have shape (batch, cached + new tokens) = "
+                         f"({batch}, {past + length}) with {past} cached and {length} new tokens, "
+                         f"got {tuple(attention_mask.shape)}")
+    return attention_mask.bool()
+
+
+class RecurrentCausalLMMixin:
+    """For a `...ForCausalLM` with `self.model` (embedding `embed_tokens`), `self.lm_head` and a
+    `cache_class` (a RecurrentCache built from the config)."""
+
+    cache_class = None
+
+    def get_input_embeddings(self):
+        return self.model.embed_tokens
+
+    def set_input_embeddings(self, value):
+        self.model.embed_tokens = value
+
+    def get_output_embeddings(self):
+        return self.lm_head
+
+    def set_output_embeddings(self, value):
+        self.lm_head = value
+
+    def causal_lm_output(self, outputs, labels=None, logits_to_keep=0, return_dict=None, **loss_kwargs):
+        """Logits of the kept positions (`logits_to_keep`: an int, the last n, 0 = all; or a 1D
+        tensor of positions), the next-token loss when `labels` are given, and the output."""
+        if isinstance(logits_to_keep, torch.Tensor):
+            if logits_to_keep.dim() != 1 or logits_to_keep.is_floating_point():
+                raise ValueError("logits_to_keep as a tensor must hold 1D integer positions, got "
+                                 f"{logits_to_keep.dtype} of shape {tuple(logits_to_keep.shape)}")
+            keep = logits_to_keep.to(outputs.last_hidden_state.device)
+        else:
+            keep = slice(-check_int(logits_to_keep, "logits_to_keep", low=0), None)
+        logits = self.lm_head(outputs.last_hidden_state[:, keep])
+        loss = None
+        if labels is not None:
+            loss = self.loss_function(logits=logits, labels=labels, vocab_size=self.config.vocab_size,
+                                      **loss_kwargs)
+        out = CausalLMOutputWithPast(loss=loss, logits=logits, past_key_values=outputs.past_key_values,
+                                     hidden_states=outputs.hidden_states)
+        return out if return_dict is not False else out.to_tuple()
+
+    def generate(self, inputs=None, *args, **kwargs):
+        """transformers' generate(), after refusing an empty prompt (it would fail reading the
+        last prompt token, which an empty prompt does not have)."""
+        ids = inputs if inputs is not None else kwargs.get("input_ids")
+        if isinstance(ids, torch.Tensor) and ids.dim() == 2 and ids.shape[1] == 0:
+            raise ValueError("generate() needs a prompt of at least one token (input_ids has length 0); "
+                             "start from the bos token, e.g. "
+                             "input_ids=torch.full((batch, 1), config.bos_token_id)")
+        return super().generate(inputs, *args, **kwargs)
+
+    def _prepare_cache_for_generation(self, generation_config, model_kwargs, *args, **kwargs):
+        """generate() would build a DynamicCache; install this model's recurrent cache instead."""
+        cache = model_kwargs.get("past_key_values")
+        if cache is not None:
+            if not isinstance(cache, self.cache_class):
+                raise ValueError(f"past_key_values must be a {self.cache_class.__name__}, "
+                                 f"got {type(cache).__name__}")
+            if generation_config.use_cache is False:
+                raise ValueError("generate(use_cache=False) with past_key_values: without a cache every step "
+                                 "re-reads the whole sequence, which the given cache has already absorbed")
+            cache._is_user_defined = True
+            return
+        if generation_config.use_cache is False:
+            return
+        model_kwargs["past_key_values"] = self.cache_class(self.config)
