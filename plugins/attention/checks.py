@@ -6,7 +6,7 @@ from typing import Optional
 
 import torch
 
-from plugins.validation import check_choice, check_int, check_momentum, check_positive
+from ..validation import check_choice, check_int, check_momentum, check_positive
 
 __all__ = ["check_momentum", "check_positive", "check_chunk_size", "check_backend", "check_qkv",
            "check_padding_mask", "check_feature_dims", "compute_dtype", "BACKENDS"]
