@@ -18,8 +18,8 @@ from transformers.modeling_outputs import (BaseModelOutputWithPast, CausalLMOutp
                                            SequenceClassifierOutput)
 
 from .configuration_momentum_transformer import MomentumTransformerConfig
-from .momentum_core import (AdaptiveMomentumConnection, ConnectionState, MomentumAttentionState,
-                            MomentumConnection, momentum_attention, momentum_attention_step)
+from .momentum_core import (ConnectionState, MomentumAttentionState, build_connection, momentum_attention,
+                            momentum_attention_step)
 from .recurrent_cache import RecurrentCache
 from .saving import RemoteCodeMixin
 
@@ -100,12 +100,8 @@ class MomentumTransformerLayer(GradientCheckpointingLayer):
         self.attention = MomentumTransformerAttention(config, layer_idx)
         self.mlp_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         self.mlp = MomentumTransformerMLP(config)
-        if config.connection == "momentum":
-            self.connection = MomentumConnection(config.connection_momentum, config.connection_step_size)
-        elif config.connection == "adaptive":
-            self.connection = AdaptiveMomentumConnection(config.connection_step_size, config.adaptive_delta)
-        else:
-            self.connection = None
+        self.connection = build_connection(config.connection, momentum=config.connection_momentum,
+                                           step_size=config.connection_step_size, delta=config.adaptive_delta)
 
     def forward(self, hidden_states, velocity=None, previous_update=None, padding_mask=None,
                 past_key_values=None):

@@ -12,7 +12,7 @@ from fairseq.models.transformer import TransformerConfig
 from fairseq.modules.checkpoint_activations import checkpoint_wrapper
 from fairseq.modules.transformer_layer import TransformerDecoderLayerBase, TransformerEncoderLayerBase
 
-from plugins.connection import AdaptiveMomentumConnection, MomentumConnection
+from plugins.connection import build_connection
 
 from .momentum_attention import MomentumMultiheadAttention
 
@@ -31,15 +31,6 @@ def shared_carrier(owner):
     return owner.__dict__["_connection_carrier"]
 
 
-def build_connection(cfg):
-    """The residual of eq. 15 chosen by --connection, or None for the plain residual."""
-    if cfg.connection == "momentum":
-        return MomentumConnection(cfg.connection_momentum, cfg.connection_step_size)
-    if cfg.connection == "adaptive":
-        return AdaptiveMomentumConnection(cfg.connection_step_size, cfg.connection_delta)
-    return None
-
-
 def build_momentum_attention(embed_dim, num_heads, cfg, *, causal, cross=False):
     """Self-attention (eq. 13 causal / eq. 14), or cross-attention per --cross-attention."""
     linear = cross and cfg.cross_attention == "linear"
@@ -56,7 +47,10 @@ class _MomentumResidual:
     """Replaces the first residual of a layer (the self-attention one) by the connection."""
 
     def _init_connection(self, cfg, carrier):
-        self.connection = build_connection(cfg)
+        """The residual of eq. 15 chosen by --connection (None: the plain residual), built by
+        the builder the HF integration uses too."""
+        self.connection = build_connection(cfg.connection, momentum=cfg.connection_momentum,
+                                           step_size=cfg.connection_step_size, delta=cfg.connection_delta)
         self._carrier = carrier
         self._attention_residual_pending = False
 
