@@ -17,6 +17,11 @@ from plugins.connection import build_connection
 from .momentum_attention import MomentumMultiheadAttention
 
 
+PRINT_ALIGNMENT_NEEDS_SOFTMAX = (
+    "--print-alignment needs --cross-attention softmax: linear/momentum cross-attention has no "
+    "attention matrix, so there are no alignment weights to print")
+
+
 class ConnectionCarrier:
     """The `plugins.connection.ConnectionState` passed from layer ℓ to layer ℓ + 1."""
 
@@ -98,6 +103,13 @@ class MomentumTransformerDecoderLayer(_MomentumResidual, TransformerDecoderLayer
             return super().build_encoder_attention(embed_dim, cfg)
         return build_momentum_attention(embed_dim, cfg.decoder.attention_heads, cfg,
                                         causal=False, cross=True)
+
+    def make_generation_fast_(self, need_attn: bool = False, **kwargs):
+        """fairseq asks for attention weights here (need_attn = --print-alignment) before
+        generating; linear/momentum cross-attention has none to give."""
+        if need_attn and isinstance(self.encoder_attn, MomentumMultiheadAttention):
+            raise ValueError(PRINT_ALIGNMENT_NEEDS_SOFTMAX)
+        super().make_generation_fast_(need_attn=need_attn, **kwargs)
 
 
 class MomentumEncoderMixin:
