@@ -6,8 +6,9 @@ time `bundled_source()` writes a generated, self-contained copy of the needed `p
 modules under this file's name next to the saved modeling file (see `hf_momentum.flatten`).
 """
 from plugins.attention import FEATURE_MAPS, MomentumAttentionState, momentum_attention, momentum_attention_step
-from plugins.connection import (DEFAULT_ADAPTIVE_DELTA, DEFAULT_CONNECTION_MOMENTUM, DEFAULT_CONNECTION_STEP_SIZE,
-                                AdaptiveMomentumConnection, ConnectionState, MomentumConnection, build_connection)
+from plugins.connection import (DEFAULT_ADAPTIVE_DELTA, DEFAULT_CONNECTION_MOMENTUM,
+                                DEFAULT_CONNECTION_STEP_SIZE, AdaptiveMomentumConnection, ConnectionState,
+                                MomentumConnection, build_connection)
 
 BUNDLED_MODULES = ("plugins.attention.api", "plugins.connection")
 EXPORTS = ("FEATURE_MAPS", "MomentumAttentionState", "momentum_attention", "momentum_attention_step",

@@ -123,7 +123,8 @@ def test_bad_values(make, needle):
 
 def test_defaults_are_table_1():
     conn = build_connection("momentum")
-    assert (conn.momentum, conn.step_size) == (TABLE_1_NAT_CONNECTION_MOMENTUM, TABLE_1_NAT_CONNECTION_STEP_SIZE)
+    assert conn.momentum == TABLE_1_NAT_CONNECTION_MOMENTUM
+    assert conn.step_size == TABLE_1_NAT_CONNECTION_STEP_SIZE
     adaptive = build_connection("adaptive")
     assert (adaptive.step_size, adaptive.delta) == (TABLE_1_NAT_CONNECTION_STEP_SIZE, SECTION_3_2_1_DELTA)
     assert (MomentumConnection().momentum, AdaptiveMomentumConnection().step_size) == (0.3, 0.9)
@@ -161,14 +162,16 @@ def _fairseq_and_hf_connections(tmp_path, kind, values):
     from hf_momentum import MomentumTransformerConfig, MomentumTransformerModel
     flags = {"momentum": "--connection-momentum", "step_size": "--connection-step-size",
              "delta": "--connection-delta"}
-    fields = {"momentum": "connection_momentum", "step_size": "connection_step_size", "delta": "adaptive_delta"}
+    fields = {"momentum": "connection_momentum", "step_size": "connection_step_size",
+              "delta": "adaptive_delta"}
     extra = [a for k, v in values.items() for a in (flags[k], str(v))]
-    task_args, arch_args = lm_args("momentum_transformer_lm", "--decoder-layers", "2", "--decoder-embed-dim", "16",
-                                   "--decoder-ffn-embed-dim", "32", "--decoder-attention-heads", "2",
-                                   "--connection", kind, *extra)
+    task_args, arch_args = lm_args("momentum_transformer_lm", "--decoder-layers", "2",
+                                   "--decoder-embed-dim", "16", "--decoder-ffn-embed-dim", "32",
+                                   "--decoder-attention-heads", "2", "--connection", kind, *extra)
     fairseq_model, _, _ = build_model(tmp_path, task_args, arch_args)
-    config = MomentumTransformerConfig(vocab_size=50, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
-                                       connection=kind, **{fields[k]: v for k, v in values.items()})
+    config = MomentumTransformerConfig(vocab_size=50, hidden_size=16, num_hidden_layers=2,
+                                       num_attention_heads=2, connection=kind,
+                                       **{fields[k]: v for k, v in values.items()})
     return fairseq_model.decoder.layers[0].connection, MomentumTransformerModel(config).layers[0].connection
 
 

@@ -151,9 +151,9 @@ def test_cli_train_generate_interactive(mt_data, tmp_path):
                   "--max-len-b", "12")
     hyps = re.findall(r"^H-(\d+)\t", out.stdout, re.M)
     assert len(hyps) == 40 and "BLEU4" in out.stdout
-    refused = run_cli("generate", mt_data, "--user-dir", USER_DIR, *TASK, "--path", save / "checkpoint_last.pt",
-                      "--cpu", "--beam", "2", "--batch-size", "8", "--gen-subset", "test", "--max-len-b", "5",
-                      "--print-alignment", check=False)
+    refused = run_cli("generate", mt_data, "--user-dir", USER_DIR, *TASK, "--path",
+                      save / "checkpoint_last.pt", "--cpu", "--beam", "2", "--batch-size", "8",
+                      "--gen-subset", "test", "--max-len-b", "5", "--print-alignment", check=False)
     assert refused.returncode != 0 and PRINT_ALIGNMENT_MESSAGE in refused.stderr, refused.stderr[-3000:]
     assert "IndexError" not in refused.stderr
     out = run_cli("interactive", mt_data, "--user-dir", USER_DIR, *TASK, "--path",
