@@ -3,12 +3,10 @@ MomentumLSTM (LM, MT).
 
     fairseq-train DATA --user-dir "$(python -m fairseq_momentum)" --arch momentum_transformer_lm ...
 
-Importing it sets TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1 (unless already set): torch >= 2.6
-loads checkpoints with weights_only=True, which cannot read the argparse Namespace that
-fairseq stores in them, so fairseq-generate / eval-lm / resume would fail.
+Importing it lets torch's safe (weights_only) unpickler read fairseq checkpoints by allowlisting
+the few types fairseq saves in them, and makes an unreadable checkpoint fail with its name
+(fairseq_momentum/checkpoints.py). torch.load stays safe for everything else in the process.
 """
-import os
+from . import checkpoints, models  # noqa: F401  (models registers the architectures)
 
-os.environ.setdefault("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", "1")
-
-from . import models  # noqa: E402,F401  (registers the architectures)
+checkpoints.install()

@@ -7,8 +7,11 @@ argument parsing with fairseq's usual message, e.g.
 import argparse
 import math
 
+from plugins.connection import (CONNECTIONS, DEFAULT_ADAPTIVE_DELTA, DEFAULT_CONNECTION_MOMENTUM,
+                                DEFAULT_CONNECTION_STEP_SIZE)
+
 FEATURE_MAP_CHOICES = ("elu", "relu")
-CONNECTION_CHOICES = ("none", "momentum", "adaptive")
+CONNECTION_CHOICES = CONNECTIONS
 CROSS_ATTENTION_CHOICES = ("softmax", "linear", "momentum")
 LSTM_CELL_CHOICES = ("lstm", "momentum", "adam", "rmsprop", "nag", "sr")
 
@@ -78,12 +81,13 @@ def add_momentum_attention_args(parser, *, cross_attention=True):
                             "(eq. 15, constant momentum) or adaptive (eq. 15 with eq. 18) (default none)")
     group.add_argument("--connection-momentum", type=momentum_value, metavar="MU",
                        help="momentum of the momentum connection (eq. 15), in [0, 1) "
-                            "(default 0.3, Table 1)")
+                            f"(default {DEFAULT_CONNECTION_MOMENTUM}, Table 1)")
     group.add_argument("--connection-step-size", type=positive_float, metavar="G",
                        help="step size of the momentum / adaptive connection (eq. 15) "
-                            "(default 0.9, Table 1)")
+                            f"(default {DEFAULT_CONNECTION_STEP_SIZE}, Table 1)")
     group.add_argument("--connection-delta", type=delta_value, metavar="D",
-                       help="adaptive momentum is clamped to [0, 1 - delta] (eq. 18) (default 1e-3)")
+                       help="adaptive momentum is clamped to [0, 1 - delta] (eq. 18) "
+                            f"(default {DEFAULT_ADAPTIVE_DELTA:g})")
     if cross_attention:
         group.add_argument("--cross-attention", choices=CROSS_ATTENTION_CHOICES,
                            help="decoder attention over the encoder: softmax (fairseq's), "
@@ -91,17 +95,22 @@ def add_momentum_attention_args(parser, *, cross_attention=True):
                                 "linear for linear_* presets)")
 
 
-def momentum_attention_defaults(args, *, momentum=0.6, step_size=1.0, cross_attention="momentum"):
-    """Fill the momentum arguments an architecture preset left unset."""
-    args.attention_momentum = getattr(args, "attention_momentum", None)
-    if args.attention_momentum is None:
-        args.attention_momentum = momentum
-    for name, value in (("attention_step_size", step_size), ("feature_map", "elu"),
-                        ("attention_chunk_size", 64), ("connection", "none"),
-                        ("connection_momentum", 0.3), ("connection_step_size", 0.9),
-                        ("connection_delta", 1e-3), ("cross_attention", cross_attention)):
+def fill_unset(args, **defaults):
+    """Set each argument that the command line (or an earlier preset) left unset (absent or
+    None) to its default; the one rule of every architecture preset here."""
+    for name, value in defaults.items():
         if getattr(args, name, None) is None:
             setattr(args, name, value)
+    return args
+
+
+def momentum_attention_defaults(args, *, momentum=0.6, step_size=1.0, cross_attention="momentum"):
+    """Fill the momentum arguments an architecture preset left unset."""
+    fill_unset(args, attention_momentum=momentum, attention_step_size=step_size, feature_map="elu",
+               attention_chunk_size=64, connection="none",
+               connection_momentum=DEFAULT_CONNECTION_MOMENTUM,
+               connection_step_size=DEFAULT_CONNECTION_STEP_SIZE,
+               connection_delta=DEFAULT_ADAPTIVE_DELTA, cross_attention=cross_attention)
 
 
 def add_lstm_cell_args(parser):
@@ -124,11 +133,8 @@ def add_lstm_cell_args(parser):
 
 
 def lstm_cell_defaults(args, *, cell="momentum", momentum=0.6, step_size=1.0):
-    for name, value in (("lstm_cell", cell), ("lstm_momentum", momentum),
-                        ("lstm_step_size", step_size), ("lstm_beta", 0.9),
-                        ("lstm_restart", None)):
-        if getattr(args, name, None) is None:
-            setattr(args, name, value)
+    fill_unset(args, lstm_cell=cell, lstm_momentum=momentum, lstm_step_size=step_size, lstm_beta=0.9,
+               lstm_restart=None)
 
 
 def check_lstm_cell_args(args):

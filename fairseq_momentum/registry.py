@@ -3,9 +3,11 @@
 fairseq imports a user-dir by path (`--user-dir`), and a test or script may also import
 it as the installed package, which runs every `register_model_architecture` twice and
 raises "Cannot register duplicate model architecture". These wrappers register a name
-only once.
+only once. `momentum_preset` is the one way the transformer families declare a preset.
 """
 from fairseq.models import ARCH_MODEL_REGISTRY, MODEL_REGISTRY, register_model, register_model_architecture
+
+from .options import momentum_attention_defaults
 
 
 def model(name):
@@ -22,3 +24,16 @@ def architecture(model_name, arch_name):
             return fn
         return register_model_architecture(model_name, arch_name)(fn)
     return wrap
+
+
+def momentum_preset(model_name, arch_name, base, **momentum):
+    """Register architecture `arch_name` of `model_name`: the momentum-attention arguments the
+    command line left unset get `momentum` (keywords of options.momentum_attention_defaults:
+    momentum, step_size, cross_attention), then fairseq's `base` preset fills the rest."""
+
+    def preset(args):
+        momentum_attention_defaults(args, **momentum)
+        base(args)
+
+    preset.__name__ = preset.__qualname__ = arch_name
+    return architecture(model_name, arch_name)(preset)

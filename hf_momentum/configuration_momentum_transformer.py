@@ -2,6 +2,7 @@
 from transformers import PreTrainedConfig
 from transformers.activations import ACT2FN
 
+from .momentum_core import DEFAULT_ADAPTIVE_DELTA, DEFAULT_CONNECTION_MOMENTUM, DEFAULT_CONNECTION_STEP_SIZE
 from .validation import (check_bool, check_choice, check_int, check_momentum, check_number, check_positive,
                          check_probability)
 
@@ -35,7 +36,8 @@ class MomentumTransformerConfig(PreTrainedConfig):
 
     Residual around attention: `connection` "none" (x + A(x)), "momentum" (eq. 15 with
     `connection_momentum` μ_r ∈ [0, 1), `connection_step_size` γ_r > 0) or "adaptive" (eq. 15
-    with μ_r from eq. 18 per token, clamped to [0, 1 − `adaptive_delta`], δ ∈ (0, 1]).
+    with μ_r from eq. 18 per token, clamped to [0, 1 − `adaptive_delta`], δ ∈ (0, 1]); defaults
+    μ_r = 0.3, γ_r = 0.9 (Table 1), δ = 1e-3, shared with fairseq (`plugins.connection`).
 
     `layer_norm` "pre" or "post"; dropouts `embedding_dropout`, `attention_dropout` (on the
     attention block output), `hidden_dropout` (feed-forward) in [0, 1); learned absolute
@@ -59,9 +61,9 @@ class MomentumTransformerConfig(PreTrainedConfig):
     attention_step_size: float = 1.0
     attention_feature_map: str = "elu"
     connection: str = "none"
-    connection_momentum: float = 0.6
-    connection_step_size: float = 1.0
-    adaptive_delta: float = 1e-3
+    connection_momentum: float = DEFAULT_CONNECTION_MOMENTUM
+    connection_step_size: float = DEFAULT_CONNECTION_STEP_SIZE
+    adaptive_delta: float = DEFAULT_ADAPTIVE_DELTA
     max_position_embeddings: int = 2048
     embedding_dropout: float = 0.0
     attention_dropout: float = 0.0

@@ -19,8 +19,8 @@ from transformers.modeling_outputs import BaseModelOutputWithPast, SequenceClass
 from .configuration_momentum_transformer import MomentumTransformerConfig
 from .modeling_common import (RecurrentCausalLMMixin, check_attention_mask, resolve_cache, resolve_flag,
                               warn_no_attention_weights)
-from .momentum_core import (AdaptiveMomentumConnection, ConnectionState, MomentumAttentionState,
-                            MomentumConnection, momentum_attention, momentum_attention_step)
+from .momentum_core import (ConnectionState, MomentumAttentionState, build_connection, momentum_attention,
+                            momentum_attention_step)
 from .recurrent_cache import RecurrentCache
 from .saving import RemoteCodeMixin
 
@@ -111,15 +111,8 @@ class MomentumTransformerLayer(GradientCheckpointingLayer):
         self.attention = MomentumTransformerAttention(config, layer_idx)
         self.mlp_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         self.mlp = MomentumTransformerMLP(config)
-        if config.connection == "momentum":
-            self.connection = MomentumConnection(config.connection_momentum, config.connection_step_size)
-        elif config.connection == "adaptive":
-            self.connection = AdaptiveMomentumConnection(config.connection_step_size, config.adaptive_delta)
-        elif config.connection == "none":
-            self.connection = None
-        else:
-            raise ValueError(f"connection must be one of 'none', 'momentum', 'adaptive'; "
-                             f"got {config.connection!r}")
+        self.connection = build_connection(config.connection, momentum=config.connection_momentum,
+                                           step_size=config.connection_step_size, delta=config.adaptive_delta)
 
     def forward(self, hidden_states, velocity=None, previous_update=None, padding_mask=None,
                 past_key_values=None):

@@ -1,4 +1,4 @@
-"""Momentum connection (eq. 15) and adaptive momentum (eq. 18), momentum_transformer.md §3.2.
+"""Momentum connection (Momentum Transformer, eq. 15, Section 3.2) and adaptive momentum (eq. 18).
 
 Parameterisation (the authors' code, which the paper's Table 1 names by both constants): a
 velocity v is carried from layer to layer, starting at v_0 = 0,
@@ -10,13 +10,26 @@ with A_ℓ the attention block's output. μ_r = 0, γ_r = 1 is the plain residua
 Where it sits in a block (only the attention residual changes; the feed-forward residual stays):
 - pre-LN:  A_ℓ = Attn(LN(x_ℓ)); h = x_ℓ − γ_r v_ℓ; x_{ℓ+1} = h + FFN(LN(h)).
 - post-LN: A_ℓ = Attn(x_ℓ);     h = LN(x_ℓ − γ_r v_ℓ); x_{ℓ+1} = LN(h + FFN(h)).
+
+`build_connection` is the one constructor both integrations (fairseq's `--connection*`
+arguments, the HF config's `connection*` fields) call, with the defaults below.
 """
 from typing import NamedTuple, Optional, Tuple
 
 import torch
 from torch import nn
 
-from .attention.checks import check_momentum, check_positive
+from .validation import check_choice, check_momentum, check_number, check_positive
+
+CONNECTIONS = ("none", "momentum", "adaptive")
+
+# Defaults from the Momentum Transformer paper, Table 1, rows "Non-Autoregressive Machine
+# Translation" (the one language task with a momentum connection): "Momentum in Momentum
+# Connection" μ_r = 0.3 and "Stepsize in Momentum Connection" γ_r = 0.9 (the adaptive row uses
+# the same γ_r). δ = 10^-3 is Section 3.2.1's threshold of eq. 17-18.
+DEFAULT_CONNECTION_MOMENTUM = 0.3
+DEFAULT_CONNECTION_STEP_SIZE = 0.9
+DEFAULT_ADAPTIVE_DELTA = 1e-3
 
 
 class ConnectionState(NamedTuple):
@@ -55,7 +68,8 @@ def adaptive_momentum(update: torch.Tensor, previous_update: torch.Tensor, *, de
 class MomentumConnection(nn.Module):
     """Eq. 15 with constant μ_r ∈ [0, 1) and γ_r > 0 (see the module docstring for placement)."""
 
-    def __init__(self, momentum: float = 0.6, step_size: float = 1.0):
+    def __init__(self, momentum: float = DEFAULT_CONNECTION_MOMENTUM,
+                 step_size: float = DEFAULT_CONNECTION_STEP_SIZE):
         super().__init__()
         self.momentum = check_momentum(momentum, "momentum")
         self.step_size = check_positive(step_size, "step_size")
@@ -78,13 +92,11 @@ class AdaptiveMomentumConnection(nn.Module):
     there explicitly (state=None) instead of testing the inputs for all-zeros as the authors'
     code does — an all-zero update in a later layer then still gets eq. 18."""
 
-    def __init__(self, step_size: float = 1.0, delta: float = 1e-3, eps: float = 1e-6):
+    def __init__(self, step_size: float = DEFAULT_CONNECTION_STEP_SIZE,
+                 delta: float = DEFAULT_ADAPTIVE_DELTA, eps: float = 1e-6):
         super().__init__()
         self.step_size = check_positive(step_size, "step_size")
-        delta = check_positive(delta, "delta")
-        if delta > 1.0:
-            raise ValueError(f"delta must be in (0, 1], got {delta}")
-        self.delta = delta
+        self.delta = check_delta(delta, "delta")
         self.eps = check_positive(eps, "eps")
 
     def forward(self, x: torch.Tensor, update: torch.Tensor,
@@ -99,3 +111,25 @@ class AdaptiveMomentumConnection(nn.Module):
 
     def extra_repr(self) -> str:
         return f"step_size={self.step_size}, delta={self.delta}"
+
+
+def check_delta(value, name: str = "delta") -> float:
+    """The threshold δ of eq. 17-18: adaptive momentum is clamped to [0, 1 − δ], δ ∈ (0, 1]."""
+    return check_number(value, name, low=0.0, high=1.0, low_open=True)
+
+
+def build_connection(kind: str, *, momentum=DEFAULT_CONNECTION_MOMENTUM,
+                     step_size=DEFAULT_CONNECTION_STEP_SIZE, delta=DEFAULT_ADAPTIVE_DELTA):
+    """The residual around attention: None for "none" (the plain x + A(x)), MomentumConnection
+    (eq. 15, constant μ_r = `momentum`, γ_r = `step_size`) or AdaptiveMomentumConnection (eq. 15
+    with μ_r from eq. 18, clamped to [0, 1 − `delta`]). Every value is checked, also those the
+    chosen kind does not use, so a bad one is refused whichever kind is chosen."""
+    kind = check_choice(kind, "connection", CONNECTIONS)
+    momentum = check_momentum(momentum, "connection_momentum")
+    step_size = check_positive(step_size, "connection_step_size")
+    delta = check_delta(delta, "connection_delta")
+    if kind == "momentum":
+        return MomentumConnection(momentum, step_size)
+    if kind == "adaptive":
+        return AdaptiveMomentumConnection(step_size, delta)
+    return None

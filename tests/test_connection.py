@@ -1,4 +1,5 @@
-"""Momentum connection (eq. 15) and adaptive momentum (eq. 18) vs literal transcriptions."""
+"""Momentum connection (eq. 15) and adaptive momentum (eq. 18) vs literal transcriptions; the one
+builder and its defaults, shared by the fairseq and HF integrations."""
 import itertools
 import math
 
@@ -6,7 +7,14 @@ import pytest
 import torch
 
 from plugins.connection import (AdaptiveMomentumConnection, MomentumConnection, adaptive_momentum,
-                                momentum_connection)
+                                build_connection, momentum_connection)
+
+# Momentum Transformer paper, Table 1, "Non-Autoregressive Machine Translation" rows: "Momentum in
+# Momentum Connection" 0.3, "Stepsize in Momentum Connection" 0.9 (momentum and adaptive rows);
+# Section 3.2.1 chooses the threshold δ = 10^-3.
+TABLE_1_NAT_CONNECTION_MOMENTUM = 0.3
+TABLE_1_NAT_CONNECTION_STEP_SIZE = 0.9
+SECTION_3_2_1_DELTA = 1e-3
 
 
 def literal_stack(x, updates, mu, gamma):
@@ -104,10 +112,89 @@ def test_padding_does_not_reach_real_tokens(make_generator):
 @pytest.mark.parametrize("make,needle", [
     (lambda: MomentumConnection(momentum=1.0), r"momentum must be in \[0, 1\)"),
     (lambda: MomentumConnection(momentum=0.5, step_size=0.0), "step_size must be > 0"),
-    (lambda: AdaptiveMomentumConnection(delta=0.0), "delta must be > 0"),
+    (lambda: AdaptiveMomentumConnection(delta=0.0), r"delta must be in \(0, 1\]"),
     (lambda: AdaptiveMomentumConnection(delta=2.0), r"delta must be in \(0, 1\]"),
     (lambda: AdaptiveMomentumConnection(step_size=-1.0), "step_size must be > 0"),
 ])
 def test_bad_values(make, needle):
     with pytest.raises(ValueError, match=needle):
         make()
+
+
+def test_defaults_are_table_1():
+    conn = build_connection("momentum")
+    assert conn.momentum == TABLE_1_NAT_CONNECTION_MOMENTUM
+    assert conn.step_size == TABLE_1_NAT_CONNECTION_STEP_SIZE
+    adaptive = build_connection("adaptive")
+    assert (adaptive.step_size, adaptive.delta) == (TABLE_1_NAT_CONNECTION_STEP_SIZE, SECTION_3_2_1_DELTA)
+    assert (MomentumConnection().momentum, AdaptiveMomentumConnection().step_size) == (0.3, 0.9)
+
+
+def test_build_connection_kinds():
+    assert build_connection("none") is None
+    conn = build_connection("momentum", momentum=0.45, step_size=0.7)
+    assert type(conn) is MomentumConnection and (conn.momentum, conn.step_size) == (0.45, 0.7)
+    conn = build_connection("adaptive", step_size=0.5, delta=0.2)
+    assert type(conn) is AdaptiveMomentumConnection and (conn.step_size, conn.delta) == (0.5, 0.2)
+
+
+@pytest.mark.parametrize("kwargs,needle", [
+    (dict(kind="bogus"), r"connection must be one of 'none', 'momentum', 'adaptive'; got 'bogus'"),
+    (dict(kind=None), "connection must be one of"),
+    (dict(kind="none", momentum=1.0), r"connection_momentum must be in \[0, 1\)"),
+    (dict(kind="adaptive", momentum=float("nan")), "connection_momentum must be a finite number"),
+    (dict(kind="momentum", step_size=True), "connection_step_size must be a number, got bool"),
+    (dict(kind="momentum", step_size=float("inf")), "connection_step_size must be a finite number"),
+    (dict(kind="adaptive", delta=0.0), r"connection_delta must be in \(0, 1\]"),
+    (dict(kind="adaptive", delta="0.1"), "connection_delta must be a number"),
+])
+def test_build_connection_refuses_bad_values(kwargs, needle):
+    kind = kwargs.pop("kind")
+    with pytest.raises(ValueError, match=needle):
+        build_connection(kind, **kwargs)
+
+
+def _fairseq_and_hf_connections(tmp_path, kind, values):
+    """The first layer's connection of a fairseq momentum_transformer_lm and of an HF
+    MomentumTransformerModel given the same values (None = the integration's default)."""
+    from test_fairseq_support import build_model, lm_args
+
+    from hf_momentum import MomentumTransformerConfig, MomentumTransformerModel
+    flags = {"momentum": "--connection-momentum", "step_size": "--connection-step-size",
+             "delta": "--connection-delta"}
+    fields = {"momentum": "connection_momentum", "step_size": "connection_step_size",
+              "delta": "adaptive_delta"}
+    extra = [a for k, v in values.items() for a in (flags[k], str(v))]
+    task_args, arch_args = lm_args("momentum_transformer_lm", "--decoder-layers", "2",
+                                   "--decoder-embed-dim", "16", "--decoder-ffn-embed-dim", "32",
+                                   "--decoder-attention-heads", "2", "--connection", kind, *extra)
+    fairseq_model, _, _ = build_model(tmp_path, task_args, arch_args)
+    config = MomentumTransformerConfig(vocab_size=50, hidden_size=16, num_hidden_layers=2,
+                                       num_attention_heads=2, connection=kind,
+                                       **{fields[k]: v for k, v in values.items()})
+    return fairseq_model.decoder.layers[0].connection, MomentumTransformerModel(config).layers[0].connection
+
+
+@pytest.mark.parametrize("kind,values", [
+    ("momentum", {}), ("adaptive", {}), ("momentum", dict(momentum=0.45, step_size=0.7)),
+    ("adaptive", dict(step_size=0.5, delta=0.2)),
+])
+def test_fairseq_and_hf_build_the_same_connection(tmp_path, make_generator, kind, values):
+    fairseq_conn, hf_conn = _fairseq_and_hf_connections(tmp_path, kind, values)
+    assert type(fairseq_conn) is type(hf_conn)
+    assert fairseq_conn.extra_repr() == hf_conn.extra_repr()
+    if not values:
+        assert fairseq_conn.step_size == TABLE_1_NAT_CONNECTION_STEP_SIZE
+        if kind == "momentum":
+            assert fairseq_conn.momentum == TABLE_1_NAT_CONNECTION_MOMENTUM
+    gen = make_generator()
+    x, a1, a2 = (torch.randn(2, 3, 16, generator=gen, dtype=torch.float64) for _ in range(3))
+    outs = []
+    for conn in (fairseq_conn, hf_conn):
+        h, state = conn(x, a1)
+        outs.append(conn(h, a2, state)[0])
+    torch.testing.assert_close(outs[0], outs[1], rtol=0, atol=0)
+
+
+def test_connection_none_gives_no_module_in_either_integration(tmp_path):
+    assert _fairseq_and_hf_connections(tmp_path, "none", {}) == (None, None)

@@ -1,5 +1,6 @@
-"""User-dir plumbing: importing twice and the torch>=2.6 load setting (the printed --user-dir
-is exercised by test_fairseq_transformer_lm's CLI test)."""
+"""User-dir plumbing: importing twice registers once and leaves torch.load's safe default alone
+(the printed --user-dir is exercised by test_fairseq_transformer_lm's CLI test; checkpoint
+loading by test_fairseq_checkpoints)."""
 import subprocess
 import sys
 
@@ -17,13 +18,16 @@ import importlib, os
 from argparse import Namespace
 assert "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD" not in os.environ
 import fairseq_momentum
-assert os.environ["TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD"] == "1"
-from fairseq import utils
+assert "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD" not in os.environ
+from fairseq import checkpoint_utils, utils
 from fairseq.models import ARCH_MODEL_REGISTRY
 utils.import_user_module(Namespace(user_dir={USER_DIR!r}))
 for name in ("momentum_transformer", "momentum_transformer_lm", "momentum_lstm_lm",
              "momentum_lstm", "momentum_nat"):
     importlib.reload(importlib.import_module("fairseq_momentum.models." + name))
+importlib.reload(fairseq_momentum)
+loader = checkpoint_utils.load_checkpoint_to_cpu
+assert loader.checks_checkpoints and not getattr(loader.__wrapped__, "checks_checkpoints", False)
 print(" ".join(sorted(a for a in ARCH_MODEL_REGISTRY if "momentum" in a or a.startswith("linear_"))))
 """
 

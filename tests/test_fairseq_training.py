@@ -1,5 +1,6 @@
-"""Training plumbing: 2-rank CPU data parallelism through recipes/launch_cpu_ddp.sh, and
-resuming from checkpoint_last.pt."""
+"""Training plumbing: 2-rank CPU data parallelism through recipes/launch_cpu_ddp.sh (training and
+resuming), and resuming from checkpoint_last.pt. Checkpoints are read with torch's default
+weights_only=True, as fairseq does."""
 import os
 import re
 import subprocess
@@ -7,6 +8,8 @@ import sys
 
 import pytest
 import torch
+
+import fairseq_momentum  # noqa: F401  (allowlists fairseq's checkpoint types for torch.load)
 
 from test_fairseq_support import (BIN, REPO, USER_DIR, cli_env, preprocess_lm,
                                   train, train_losses, write_lm_text)
@@ -35,29 +38,37 @@ def lm_data(tmp_path_factory):
     return preprocess_lm(write_lm_text(root / "text", seed=11), root / "bin")
 
 
-def test_two_cpu_ranks_train_the_same_model(lm_data, tmp_path):
+def run_two_ranks(lm_data, tmp_path, save, logs, max_update):
     wrapper = tmp_path / "train_every_rank_saves.py"
     wrapper.write_text(EVERY_RANK_SAVES)
-    save, logs = tmp_path / "ckpt", tmp_path / "logs"
     env = cli_env(FAIRSEQ_TRAIN=f"{sys.executable} {wrapper}", LOG_DIR=str(logs),
                   PATH=f"{BIN}:{os.environ['PATH']}")
     cmd = [str(REPO / "recipes" / "launch_cpu_ddp.sh"), "2", str(lm_data), "--user-dir", USER_DIR,
-           "--save-dir", str(save), *LSTM_LM, "--max-update", "6", "--num-workers", "0",
+           "--save-dir", str(save), *LSTM_LM, "--max-update", str(max_update), "--num-workers", "0",
            "--log-format", "simple", "--log-interval", "1", "--seed", "3", "--no-epoch-checkpoints",
            "--required-batch-size-multiple", "1"]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=400)
     assert proc.returncode == 0, proc.stderr[-3000:] + "".join(
         p.read_text()[-3000:] for p in logs.glob("rank*.log"))
-    for rank in (0, 1):
-        assert f"distributed init (rank {rank})" in (logs / f"rank{rank}.log").read_text()
-    rank0 = (logs / "rank0.log").read_text()
-    assert "distributed_world_size': 2" in rank0 and "done training" in rank0
-    checkpoints = [torch.load(save / f"checkpoint_last-rank{r}.pt", weights_only=False) for r in (0, 1)]
-    assert [c["optimizer_history"][-1]["num_updates"] for c in checkpoints] == [6, 6]
+    checkpoints = [torch.load(save / f"checkpoint_last-rank{r}.pt") for r in (0, 1)]
+    assert [c["optimizer_history"][-1]["num_updates"] for c in checkpoints] == [max_update] * 2
     states = [c["model"] for c in checkpoints]
     assert states[0].keys() == states[1].keys()
     for name in states[0]:
         assert torch.equal(states[0][name], states[1][name]), name
+    return (logs / "rank0.log").read_text()
+
+
+def test_two_cpu_ranks_train_the_same_model_and_resume(lm_data, tmp_path):
+    """The resume loads rank 0's checkpoint and broadcasts it (torch.save / torch.load of the
+    loaded state, omegaconf config included) to rank 1, under torch's safe unpickler."""
+    save = tmp_path / "ckpt"
+    rank0 = run_two_ranks(lm_data, tmp_path, save, tmp_path / "logs", 6)
+    for rank in (0, 1):
+        assert f"distributed init (rank {rank})" in (tmp_path / "logs" / f"rank{rank}.log").read_text()
+    assert "distributed_world_size': 2" in rank0 and "done training" in rank0
+    rank0 = run_two_ranks(lm_data, tmp_path, save, tmp_path / "logs_resumed", 8)
+    assert re.search(r"Loaded checkpoint .*checkpoint_last-rank0\.pt \(epoch \d+ @ 6 updates\)", rank0)
 
 
 def test_resume_from_checkpoint_last_reproduces_the_losses(lm_data, tmp_path):

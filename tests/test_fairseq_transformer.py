@@ -1,6 +1,8 @@
 """momentum_transformer (translation): padding invariance, incremental decoding with beam
-reordering, presets, argument checks, and fairseq-train / -generate / -interactive."""
+reordering, presets, argument checks, --print-alignment, and fairseq-train / -generate /
+-interactive."""
 import re
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -115,6 +117,23 @@ def test_connection_with_activation_checkpointing_is_refused(tmp_path):
         small_model(tmp_path, "--connection", "momentum", "--checkpoint-activations")
 
 
+PRINT_ALIGNMENT_MESSAGE = "--print-alignment needs --cross-attention softmax"
+
+
+@pytest.mark.parametrize("cross", ["momentum", "linear", "softmax"])
+def test_print_alignment_needs_softmax_cross_attention(tmp_path, cross):
+    """fairseq-generate --print-alignment reaches the model as need_attn in prepare_for_inference_."""
+    model, _ = small_model(tmp_path, "--cross-attention", cross)
+    cfg = SimpleNamespace(generation=SimpleNamespace(print_alignment="hard", beam=4, no_beamable_mm=False,
+                                                     retain_dropout=False))
+    if cross == "softmax":
+        model.prepare_for_inference_(cfg)
+        assert all(layer.need_attn for layer in model.decoder.layers)
+    else:
+        with pytest.raises(ValueError, match=re.escape(PRINT_ALIGNMENT_MESSAGE)):
+            model.prepare_for_inference_(cfg)
+
+
 @pytest.fixture(scope="module")
 def mt_data(tmp_path_factory):
     root = tmp_path_factory.mktemp("mt")
@@ -132,6 +151,11 @@ def test_cli_train_generate_interactive(mt_data, tmp_path):
                   "--max-len-b", "12")
     hyps = re.findall(r"^H-(\d+)\t", out.stdout, re.M)
     assert len(hyps) == 40 and "BLEU4" in out.stdout
+    refused = run_cli("generate", mt_data, "--user-dir", USER_DIR, *TASK, "--path",
+                      save / "checkpoint_last.pt", "--cpu", "--beam", "2", "--batch-size", "8",
+                      "--gen-subset", "test", "--max-len-b", "5", "--print-alignment", check=False)
+    assert refused.returncode != 0 and PRINT_ALIGNMENT_MESSAGE in refused.stderr, refused.stderr[-3000:]
+    assert "IndexError" not in refused.stderr
     out = run_cli("interactive", mt_data, "--user-dir", USER_DIR, *TASK, "--path",
                   save / "checkpoint_last.pt", "--cpu", "--beam", "3", "--max-len-b", "12",
                   stdin="the cat sees a dog\nred tree\n")

@@ -14,7 +14,7 @@ from plugins.rnn import RecurrentState
 
 from ..modules.awd_lstm import AWDMomentumLSTM, embedding_dropout, locked_dropout
 from ..modules.recurrent_state import buffer_to_states, reorder_buffer, states_to_buffer
-from ..options import (add_lstm_cell_args, check_lstm_cell_args, lstm_cell_defaults,
+from ..options import (add_lstm_cell_args, check_lstm_cell_args, fill_unset, lstm_cell_defaults,
                        lstm_cell_kwargs, positive_int, probability)
 from ..registry import architecture, model
 
@@ -131,23 +131,13 @@ class MomentumLSTMLanguageModel(FairseqLanguageModel):
 
 @architecture("momentum_lstm_lm", "momentum_lstm_lm")
 def base_architecture(args):
-    args.dropout = getattr(args, "dropout", None)
-    if args.dropout is None:
-        args.dropout = 0.1
-    args.decoder_embed_dim = getattr(args, "decoder_embed_dim", None) or 512
-    args.decoder_hidden_size = getattr(args, "decoder_hidden_size", None) or args.decoder_embed_dim
-    args.decoder_layers = getattr(args, "decoder_layers", None) or 1
-    if getattr(args, "share_decoder_input_output_embed", None) is None:
-        args.share_decoder_input_output_embed = False
-    if getattr(args, "decoder_out_embed_dim", None) is None:
-        args.decoder_out_embed_dim = (args.decoder_embed_dim if args.share_decoder_input_output_embed
-                                      else args.decoder_hidden_size)
-    for name in ("decoder_dropout_in", "decoder_dropout_hidden", "decoder_dropout_out"):
-        if getattr(args, name, None) is None:
-            setattr(args, name, args.dropout)
-    for name in ("decoder_embed_dropout", "weight_drop"):
-        if getattr(args, name, None) is None:
-            setattr(args, name, 0.0)
+    fill_unset(args, dropout=0.1, decoder_embed_dim=512, decoder_layers=1,
+               share_decoder_input_output_embed=False)
+    fill_unset(args, decoder_hidden_size=args.decoder_embed_dim)
+    fill_unset(args, decoder_out_embed_dim=(args.decoder_embed_dim if args.share_decoder_input_output_embed
+                                            else args.decoder_hidden_size),
+               decoder_dropout_in=args.dropout, decoder_dropout_hidden=args.dropout,
+               decoder_dropout_out=args.dropout, decoder_embed_dropout=0.0, weight_drop=0.0)
     lstm_cell_defaults(args)
 
 
@@ -155,11 +145,8 @@ def base_architecture(args):
 def momentum_lstm_lm_ptb(args):
     """PTB (momentum_rnn.md Appendix A.3, Tables 6-7): 3 layers, 1150 hidden, 400-dim tied
     embeddings, AWD-LSTM's PTB regularisation, MomentumLSTM with mu = 0, s = 0.6."""
-    for name, value in (("decoder_embed_dim", 400), ("decoder_hidden_size", 1150),
-                        ("decoder_layers", 3), ("share_decoder_input_output_embed", True),
-                        ("decoder_dropout_in", 0.4), ("decoder_dropout_hidden", 0.25),
-                        ("decoder_dropout_out", 0.4), ("decoder_embed_dropout", 0.1),
-                        ("weight_drop", 0.5), ("lstm_momentum", 0.0), ("lstm_step_size", 0.6)):
-        if getattr(args, name, None) is None:
-            setattr(args, name, value)
+    fill_unset(args, decoder_embed_dim=400, decoder_hidden_size=1150, decoder_layers=3,
+               share_decoder_input_output_embed=True, decoder_dropout_in=0.4, decoder_dropout_hidden=0.25,
+               decoder_dropout_out=0.4, decoder_embed_dropout=0.1, weight_drop=0.5, lstm_momentum=0.0,
+               lstm_step_size=0.6)
     base_architecture(args)

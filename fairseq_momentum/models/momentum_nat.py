@@ -14,8 +14,8 @@ from fairseq.models.nat.nonautoregressive_transformer import NATransformerDecode
 from fairseq.modules.transformer_sentence_encoder import init_bert_params
 
 from ..modules.momentum_transformer_layer import MomentumDecoderMixin, MomentumEncoderMixin
-from ..options import add_momentum_attention_args, momentum_attention_defaults
-from ..registry import architecture, model
+from ..options import add_momentum_attention_args, fill_unset, momentum_attention_defaults
+from ..registry import model, momentum_preset
 
 
 class MomentumNATEncoder(MomentumEncoderMixin, FairseqNATEncoder):
@@ -58,26 +58,17 @@ class MomentumIterNATModel(IterNATransformerModel):
 def _iwslt16_sizes(args):
     """The small model of Lee et al. (2018) used in Section 4.4: d_model 278, d_hidden 507,
     5 layers, 2 heads, dropout 0.1."""
-    for name, value in (("encoder_embed_dim", 278), ("encoder_ffn_embed_dim", 507),
-                        ("encoder_layers", 5), ("encoder_attention_heads", 2),
-                        ("decoder_embed_dim", 278), ("decoder_ffn_embed_dim", 507),
-                        ("decoder_layers", 5), ("decoder_attention_heads", 2), ("dropout", 0.1)):
-        if getattr(args, name, None) is None:
-            setattr(args, name, value)
+    fill_unset(args, encoder_embed_dim=278, encoder_ffn_embed_dim=507, encoder_layers=5,
+               encoder_attention_heads=2, decoder_embed_dim=278, decoder_ffn_embed_dim=507,
+               decoder_layers=5, decoder_attention_heads=2, dropout=0.1)
     inat_base_architecture(args)
 
 
-def _preset(arch, base, **momentum):
-    @architecture("momentum_iterative_nat", arch)
-    def preset(args):
-        momentum_attention_defaults(args, **momentum)
-        base(args)
-    preset.__name__ = arch
-    return preset
-
-
+MODEL = "momentum_iterative_nat"
 TABLE_1 = dict(momentum=0.6, step_size=0.6)
 LINEAR = dict(momentum=0.0, step_size=1.0, cross_attention="linear")
-momentum_iterative_nat = _preset("momentum_iterative_nat", inat_base_architecture, **TABLE_1)
-momentum_iterative_nat_iwslt16 = _preset("momentum_iterative_nat_iwslt16", _iwslt16_sizes, **TABLE_1)
-linear_iterative_nat_iwslt16 = _preset("linear_iterative_nat_iwslt16", _iwslt16_sizes, **LINEAR)
+momentum_iterative_nat = momentum_preset(MODEL, "momentum_iterative_nat", inat_base_architecture, **TABLE_1)
+momentum_iterative_nat_iwslt16 = momentum_preset(MODEL, "momentum_iterative_nat_iwslt16", _iwslt16_sizes,
+                                                 **TABLE_1)
+linear_iterative_nat_iwslt16 = momentum_preset(MODEL, "linear_iterative_nat_iwslt16", _iwslt16_sizes,
+                                               **LINEAR)

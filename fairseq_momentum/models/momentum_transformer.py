@@ -13,7 +13,7 @@ from fairseq.models.transformer.transformer_legacy import base_architecture, tra
 
 from ..modules.momentum_transformer_layer import MomentumDecoderMixin, MomentumEncoderMixin
 from ..options import add_momentum_attention_args, momentum_attention_defaults
-from ..registry import architecture, model
+from ..registry import model, momentum_preset
 
 
 class MomentumTransformerEncoder(MomentumEncoderMixin, TransformerEncoderBase):
@@ -51,18 +51,11 @@ class MomentumTransformerModel(TransformerModel):
                                           no_encoder_attn=cfg.no_cross_attention)
 
 
-def _preset(arch, base, **momentum):
-    @architecture("momentum_transformer", arch)
-    def preset(args):
-        momentum_attention_defaults(args, **momentum)
-        base(args)
-    preset.__name__ = arch
-    return preset
-
-
+MODEL = "momentum_transformer"
 LINEAR = dict(momentum=0.0, step_size=1.0, cross_attention="linear")
-momentum_transformer = _preset("momentum_transformer", base_architecture)
-momentum_transformer_iwslt_de_en = _preset("momentum_transformer_iwslt_de_en", transformer_iwslt_de_en)
-linear_transformer = _preset("linear_transformer", base_architecture, **LINEAR)
-linear_transformer_iwslt_de_en = _preset("linear_transformer_iwslt_de_en", transformer_iwslt_de_en,
-                                         **LINEAR)
+momentum_transformer = momentum_preset(MODEL, "momentum_transformer", base_architecture)
+momentum_transformer_iwslt_de_en = momentum_preset(MODEL, "momentum_transformer_iwslt_de_en",
+                                                   transformer_iwslt_de_en)
+linear_transformer = momentum_preset(MODEL, "linear_transformer", base_architecture, **LINEAR)
+linear_transformer_iwslt_de_en = momentum_preset(MODEL, "linear_transformer_iwslt_de_en",
+                                                 transformer_iwslt_de_en, **LINEAR)

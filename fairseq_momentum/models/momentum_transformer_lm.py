@@ -13,7 +13,7 @@ from fairseq.models.transformer_lm import (TransformerLanguageModel, Transformer
                                            transformer_lm_gpt2_small)
 
 from ..options import add_momentum_attention_args, momentum_attention_defaults
-from ..registry import architecture, model
+from ..registry import model, momentum_preset
 from .momentum_transformer import MomentumTransformerDecoder
 
 
@@ -39,21 +39,13 @@ class MomentumTransformerLanguageModel(TransformerLanguageModel):
                                               no_encoder_attn=True))
 
 
-def _preset(arch, base, **momentum):
-    @architecture("momentum_transformer_lm", arch)
-    def preset(args):
-        momentum_attention_defaults(args, **momentum)
-        base(args)
-    preset.__name__ = arch
-    return preset
-
-
-momentum_transformer_lm = _preset("momentum_transformer_lm", base_lm_architecture)
-momentum_transformer_lm_big = _preset("momentum_transformer_lm_big", transformer_lm_big)
-momentum_transformer_lm_wiki103 = _preset("momentum_transformer_lm_wiki103",
-                                          transformer_lm_baevski_wiki103)
-momentum_transformer_lm_gpt = _preset("momentum_transformer_lm_gpt", transformer_lm_gpt)
-momentum_transformer_lm_gpt2_small = _preset("momentum_transformer_lm_gpt2_small",
-                                             transformer_lm_gpt2_small)
-linear_transformer_lm = _preset("linear_transformer_lm", base_lm_architecture,
-                                momentum=0.0, step_size=1.0)
+MODEL = "momentum_transformer_lm"
+momentum_transformer_lm = momentum_preset(MODEL, "momentum_transformer_lm", base_lm_architecture)
+momentum_transformer_lm_big = momentum_preset(MODEL, "momentum_transformer_lm_big", transformer_lm_big)
+momentum_transformer_lm_wiki103 = momentum_preset(MODEL, "momentum_transformer_lm_wiki103",
+                                                  transformer_lm_baevski_wiki103)
+momentum_transformer_lm_gpt = momentum_preset(MODEL, "momentum_transformer_lm_gpt", transformer_lm_gpt)
+momentum_transformer_lm_gpt2_small = momentum_preset(MODEL, "momentum_transformer_lm_gpt2_small",
+                                                     transformer_lm_gpt2_small)
+linear_transformer_lm = momentum_preset(MODEL, "linear_transformer_lm", base_lm_architecture,
+                                        momentum=0.0, step_size=1.0)

@@ -12,9 +12,14 @@ from fairseq.models.transformer import TransformerConfig
 from fairseq.modules.checkpoint_activations import checkpoint_wrapper
 from fairseq.modules.transformer_layer import TransformerDecoderLayerBase, TransformerEncoderLayerBase
 
-from plugins.connection import AdaptiveMomentumConnection, MomentumConnection
+from plugins.connection import build_connection
 
 from .momentum_attention import MomentumMultiheadAttention
+
+
+PRINT_ALIGNMENT_NEEDS_SOFTMAX = (
+    "--print-alignment needs --cross-attention softmax: linear/momentum cross-attention has no "
+    "attention matrix, so there are no alignment weights to print")
 
 
 class ConnectionCarrier:
@@ -29,15 +34,6 @@ def shared_carrier(owner):
     if "_connection_carrier" not in owner.__dict__:
         owner.__dict__["_connection_carrier"] = ConnectionCarrier()
     return owner.__dict__["_connection_carrier"]
-
-
-def build_connection(cfg):
-    """The residual of eq. 15 chosen by --connection, or None for the plain residual."""
-    if cfg.connection == "momentum":
-        return MomentumConnection(cfg.connection_momentum, cfg.connection_step_size)
-    if cfg.connection == "adaptive":
-        return AdaptiveMomentumConnection(cfg.connection_step_size, cfg.connection_delta)
-    return None
 
 
 def build_momentum_attention(embed_dim, num_heads, cfg, *, causal, cross=False):
@@ -56,7 +52,10 @@ class _MomentumResidual:
     """Replaces the first residual of a layer (the self-attention one) by the connection."""
 
     def _init_connection(self, cfg, carrier):
-        self.connection = build_connection(cfg)
+        """The residual of eq. 15 chosen by --connection (None: the plain residual), built by
+        the builder the HF integration uses too."""
+        self.connection = build_connection(cfg.connection, momentum=cfg.connection_momentum,
+                                           step_size=cfg.connection_step_size, delta=cfg.connection_delta)
         self._carrier = carrier
         self._attention_residual_pending = False
 
@@ -104,6 +103,13 @@ class MomentumTransformerDecoderLayer(_MomentumResidual, TransformerDecoderLayer
             return super().build_encoder_attention(embed_dim, cfg)
         return build_momentum_attention(embed_dim, cfg.decoder.attention_heads, cfg,
                                         causal=False, cross=True)
+
+    def make_generation_fast_(self, need_attn: bool = False, **kwargs):
+        """fairseq asks for attention weights here (need_attn = --print-alignment) before
+        generating; linear/momentum cross-attention has none to give."""
+        if need_attn and isinstance(self.encoder_attn, MomentumMultiheadAttention):
+            raise ValueError(PRINT_ALIGNMENT_NEEDS_SOFTMAX)
+        super().make_generation_fast_(need_attn=need_attn, **kwargs)
 
 
 class MomentumEncoderMixin:
