@@ -68,8 +68,9 @@ def _adam_lstm_forward_step(g_ptr, pre_ptr, bias_ptr, m_ptr, v_prev_ptr, v_ptr, 
                    mask=(col < hidden)[None, :, None], other=0.0).to(COMPUTE)
     z = drive + bias + tl.load(pre_ptr + wide, mask=mask3, other=0.0).to(COMPUTE)
     # sigmoid for i, f, o; tanh(z) = 2 sigmoid(2z) − 1 for the candidate c̃
-    two = tl.where(gate == 3, 2.0, 1.0)
-    a = 1.0 / (1.0 + tl.exp(-two * z))
+    z = tl.where(gate == 3, 2.0 * z, z)
+    e = tl.exp(-tl.abs(z))  # sigmoid without overflow: e^{-|z|} ≤ 1
+    a = tl.where(z >= 0, 1.0 / (1.0 + e), e / (1.0 + e))
     a = tl.where(gate == 3, 2.0 * a - 1.0, a)
     # gate k = 2p + q: split q (even: i, o; odd: f, c̃), then p
     even, odd = tl.split(tl.reshape(a, (BLOCK_B, BLOCK_H, 2, 2)))
@@ -78,7 +79,8 @@ def _adam_lstm_forward_step(g_ptr, pre_ptr, bias_ptr, m_ptr, v_prev_ptr, v_ptr, 
 
     c_prev = tl.load(c_prev_ptr + narrow, mask=mask2, other=0.0).to(COMPUTE)
     c = f * c_prev + i * c_tilde
-    tanh_c = 2.0 / (1.0 + tl.exp(-2.0 * c)) - 1.0
+    e = tl.exp(-2.0 * tl.abs(c))
+    tanh_c = tl.where(c >= 0, 1.0, -1.0) * (1.0 - e) / (1.0 + e)
     tl.store(c_ptr + narrow, c.to(c_ptr.dtype.element_ty), mask=mask2)
     tl.store(h_ptr + narrow, (o * tanh_c).to(h_ptr.dtype.element_ty), mask=mask2)
 
@@ -120,15 +122,17 @@ def _adam_lstm_backward_step(delta_ptr, g_ptr, v_ptr, r_ptr, bias_ptr, c_prev_pt
     bias = tl.load(bias_ptr + gate * hidden + col[None, :, None],
                    mask=(col < hidden)[None, :, None], other=0.0).to(COMPUTE)
     z = drive + bias + tl.load(delta_ptr + wide, mask=mask3, other=0.0).to(COMPUTE)
-    two = tl.where(gate == 3, 2.0, 1.0)
-    a = 1.0 / (1.0 + tl.exp(-two * z))
+    z = tl.where(gate == 3, 2.0 * z, z)
+    e = tl.exp(-tl.abs(z))
+    a = tl.where(z >= 0, 1.0 / (1.0 + e), e / (1.0 + e))
     a = tl.where(gate == 3, 2.0 * a - 1.0, a)
     even, odd = tl.split(tl.reshape(a, (BLOCK_B, BLOCK_H, 2, 2)))
     i, o = tl.split(even)
     f, c_tilde = tl.split(odd)
     c_prev = tl.load(c_prev_ptr + narrow, mask=mask2, other=0.0).to(COMPUTE)
     c = tl.load(c_ptr + narrow, mask=mask2, other=0.0).to(COMPUTE)
-    tanh_c = 2.0 / (1.0 + tl.exp(-2.0 * c)) - 1.0
+    e = tl.exp(-2.0 * tl.abs(c))
+    tanh_c = tl.where(c >= 0, 1.0, -1.0) * (1.0 - e) / (1.0 + e)
 
     # eq. 2 backwards: h = o tanh(c), c = f c_prev + i c̃
     dh = (tl.load(dh_ptr + narrow, mask=mask2, other=0.0).to(COMPUTE)
