@@ -199,9 +199,11 @@ def test_gpu_triton_matches_torch_at_benchmark_shapes(shape, cell):
             out.sum().backward()
         results[backend] = [out.detach(), state.c.detach()] + [p.grad.clone()
                                                                for p in layer.parameters()]
+    # float32 rounding differs between the paths (fused vs separate ops) and compounds over
+    # T steps; a wrong kernel is off by O(1)
     for a, b in zip(results["triton"], results["torch"]):
         assert torch.isfinite(a).all()
-        assert relative_error(a, b) < 1e-4
+        assert relative_error(a, b) < 1e-3
 
 
 @pytest.mark.gpu

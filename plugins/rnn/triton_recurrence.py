@@ -18,6 +18,7 @@ Kernels run compiled on CUDA tensors and through Triton's interpreter on CPU ten
 also whenever TRITON_INTERPRET=1). The math is done in float32 (float64 for float64 tensors)
 and stored in the tensors' dtype.
 """
+import contextlib
 import functools
 
 import torch
@@ -174,11 +175,22 @@ def _kernel(fn, interpret):
     return triton.jit(fn)
 
 
-def _launch(fn, device, rows, hidden, *args, **meta):
-    kernel = _kernel(fn, device.type != "cuda")
-    block_b = min(16, triton.next_power_of_2(max(rows, 1)))
-    grid = (triton.cdiv(rows, block_b), triton.cdiv(hidden, BLOCK_H))
-    kernel[grid](*args, BLOCK_B=block_b, BLOCK_H=BLOCK_H, **meta)
+class _StepKernel:
+    """Launches of one step kernel over a recurrence: kernel, tile and device fixed once.
+
+    BLOCK_B follows the full batch, so packed steps with fewer rows reuse the same compiled
+    kernel (only the grid shrinks)."""
+
+    def __init__(self, fn, g, meta):
+        self.kernel = _kernel(fn, g.device.type != "cuda")
+        batch, hidden = g.shape[1], g.shape[2] // 4
+        self.block_b = min(16, triton.next_power_of_2(batch))
+        self.columns = triton.cdiv(hidden, BLOCK_H)
+        self.meta = dict(meta, BLOCK_B=self.block_b, BLOCK_H=BLOCK_H)
+        self.device = torch.cuda.device(g.device) if g.is_cuda else contextlib.nullcontext()
+
+    def __call__(self, rows, *args):
+        self.kernel[(triton.cdiv(rows, self.block_b), self.columns)](*args, **self.meta)
 
 
 def _constants(g, momentum, step_size, beta, eps):
@@ -221,13 +233,15 @@ class TritonAdamLSTMRecurrence(torch.autograd.Function):
         w_t = weight_hh.t()
         pre = torch.empty_like(g[0])
         hyper, meta = _constants(g, momentum, step_size, beta, eps)
-        for t in range(steps):
-            n = sizes[t]
-            torch.mm(hs[t, :n], w_t, out=pre[:n])
-            v_prev, v_t = (g, g) if vs is None else (vs[t], vs[t + 1])
-            _launch(_adam_lstm_forward_step, g.device, n, hidden,
-                    g[t], pre, bias, m, v_prev, v_t, rs[t], cs[t], cs[t + 1], hs[t + 1],
-                    hyper, n, hidden, **meta)
+        step = _StepKernel(_adam_lstm_forward_step, g, meta)
+        h_seq, c_seq = hs.unbind(0), cs.unbind(0)
+        v_seq = [g] * (steps + 1) if vs is None else vs.unbind(0)
+        with step.device:
+            for t, (g_t, r_t) in enumerate(zip(g.unbind(0), rs.unbind(0))):
+                n = sizes[t]
+                torch.mm(h_seq[t][:n], w_t, out=pre[:n])
+                step(n, g_t, pre, bias, m, v_seq[t], v_seq[t + 1], r_t, c_seq[t], c_seq[t + 1],
+                     h_seq[t + 1], hyper, n, hidden)
         ctx.save_for_backward(g, vs, weight_hh, bias_hh, hs, cs, rs)
         ctx.config = (sizes, momentum, step_size, beta, eps)
         c_final = _final(cs, sizes, batch)
@@ -253,13 +267,17 @@ class TritonAdamLSTMRecurrence(torch.autograd.Function):
         h_prev = hs[:-1].reshape(steps * batch, hidden)
         delta = torch.mm(h_prev, weight_hh.t()).view(steps, batch, width)
         hyper, meta = _constants(g, momentum, step_size, beta, eps)
-        for t in reversed(range(steps)):
-            n = sizes[t]
-            v_t = g if vs is None else vs[t + 1]
-            _launch(_adam_lstm_backward_step, g.device, batch, hidden,
-                    delta[t], g[t], v_t, rs[t], bias, cs[t], cs[t + 1], dh, grad_hs[t + 1], dc, dm,
-                    g if dv is None else dv, dg[t], hyper, n, batch, hidden, **meta)
-            torch.mm(delta[t, :n], weight_hh, out=dh[:n])
+        step = _StepKernel(_adam_lstm_backward_step, g, meta)
+        g_seq, r_seq, c_seq, d_seq = g.unbind(0), rs.unbind(0), cs.unbind(0), delta.unbind(0)
+        v_seq = g_seq if vs is None else vs.unbind(0)[1:]
+        grad_h_seq, dg_seq = grad_hs.unbind(0), dg.unbind(0)
+        with step.device:
+            for t in reversed(range(steps)):
+                n = sizes[t]
+                step(batch, d_seq[t], g_seq[t], v_seq[t], r_seq[t], bias, c_seq[t], c_seq[t + 1],
+                     dh, grad_h_seq[t + 1], dc, dm, g if dv is None else dv, dg_seq[t], hyper, n,
+                     batch, hidden)
+                torch.mm(d_seq[t][:n], weight_hh, out=dh[:n])
         delta = delta.view(steps * batch, width)
         grad_w = torch.mm(delta.t(), h_prev)
         grad_b = delta.sum(0) if bias_hh is not None else None
