@@ -138,19 +138,22 @@ def test_triton_backward_twice_with_retain_graph(make_generator):
 
 @pytest.mark.parametrize("cell", ["adam", "rmsprop"])
 def test_layer_on_triton_matches_torch_packed_two_layers(cell, make_generator):
-    """MomentumLSTM routes its Adam/RMSProp layers through AdamLSTMRecurrence.apply."""
+    """MomentumLSTM routes its Adam/RMSProp layers through AdamLSTMRecurrence.apply; two calls
+    chained by the carried state, packed unsorted lengths, gradients of inputs and weights."""
     gen = make_generator()
     torch.manual_seed(0)
     layer = MomentumLSTM(3, 6, num_layers=2, cell=cell).double()
-    x = torch.randn(11, 4, 3, generator=gen, dtype=torch.float64)
-    packed = pack_padded_sequence(x, torch.tensor([11, 4, 9, 1]), enforce_sorted=False)
+    xs = [torch.randn(11, 4, 3, generator=gen, dtype=torch.float64, requires_grad=True)
+          for _ in range(2)]
+    lengths = [torch.tensor([11, 4, 9, 1]), torch.tensor([2, 11, 5, 7])]
     results = {}
     for backend in ("torch", "triton"):
-        layer.zero_grad()
+        state = None
         with recurrence_backend(backend):
-            out, state = layer(packed)
+            for x, n in zip(xs, lengths):
+                out, state = layer(pack_padded_sequence(x, n, enforce_sorted=False), state)
         outputs = [out.data, state.h, state.c, state.m] + ([state.v] if cell == "adam" else [])
-        results[backend] = results_and_grads(outputs, list(layer.parameters()),
+        results[backend] = results_and_grads(outputs, xs + list(layer.parameters()),
                                              make_generator("probe"))
     assert_all_close(results["triton"][0], results["torch"][0], F64)
     assert_all_close(results["triton"][1], results["torch"][1], F64, rtol=1e-10)
