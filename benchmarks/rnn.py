@@ -1,9 +1,13 @@
-"""Forward+backward time and peak memory of the MomentumRNN layers on CPU.
+"""Forward+backward time and peak memory of the MomentumRNN layers on CPU or CUDA.
 
-Shapes: pixel-MNIST (T=784, input 1, B=32, H=128 and 256) and PTB (T=70, B=20, input 400,
-H=1150), float32. Variants: the Appendix-F cell stepped in a Python loop (the authors'
-code, tests/reference_appendix_f.py), torch.nn.LSTM, and every cell of
-plugins.rnn.MomentumLSTM (μ = 0.6, s = 1, β = 0.9; sr with F = 2). Loss = sum of outputs.
+Shapes on CPU: pixel-MNIST (T=784, input 1, B=32, H=128 and 256) and PTB (T=70, B=20,
+input 400, H=1150), one layer; on CUDA (--device cuda): PTB 3 layers × 1150 (T=70, B=20,
+input 400) and PMNIST 1 × 256 (T=784, B=128, input 1). float32. Variants: the Appendix-F
+cell stepped in a Python loop (the authors' code, tests/reference_appendix_f.py; stacked
+for several layers), torch.nn.LSTM (cuDNN on CUDA), and every cell of
+plugins.rnn.MomentumLSTM (μ = 0.6, s = 1, β = 0.9; sr with F = 2); on CUDA also adam and
+rmsprop forced onto the torch loop (adam-torch, rmsprop-torch) beside their default Triton
+recurrence. Loss = sum of outputs.
 
 Time: one process per shape builds all variants and runs them round-robin, keeping each
 variant's best forward+backward time, so load from other processes hits every variant
@@ -11,11 +15,17 @@ alike (the Appendix-F loop takes part in the first --loop-repeats rounds only).
 Peak memory: one process per (shape, variant), so it can be read from the process's peak
 resident set size: peak = ru_maxrss after one forward+backward minus the resident size
 just before it (model, input and torch already loaded, torch's lazy initialisation done by
-a 2-step warm-up). Usage:
+a 2-step warm-up).
 
-    python benchmarks/rnn.py                # all shapes, about 3 min on 2 idle cores
+On CUDA everything runs in one process: after a warm-up round (Triton compilation, cuDNN
+set-up) the variants run round-robin, each round timed with CUDA events, and the median is
+reported; peak memory = torch.cuda.max_memory_allocated during one forward+backward minus
+the memory allocated just before it. Usage:
+
+    python benchmarks/rnn.py                # all CPU shapes, about 3 min on 2 idle cores
     python benchmarks/rnn.py --quick        # MNIST H=128 only, 2 rounds
     python benchmarks/rnn.py --threads 1    # torch.set_num_threads(1) in every worker
+    python benchmarks/rnn.py --device cuda  # the two GPU shapes, median of 20 rounds
 """
 import argparse
 import importlib.util
@@ -32,8 +42,13 @@ SHAPES = {
     "mnist-128": dict(T=784, B=32, D=1, H=128),
     "mnist-256": dict(T=784, B=32, D=1, H=256),
     "ptb-1150": dict(T=70, B=20, D=400, H=1150),
+    "ptb-3x1150": dict(T=70, B=20, D=400, H=1150, L=3),
+    "pmnist-256": dict(T=784, B=128, D=1, H=256),
 }
+DEFAULT_SHAPES = {"cpu": ["mnist-128", "mnist-256", "ptb-1150"],
+                  "cuda": ["ptb-3x1150", "pmnist-256"]}
 VARIANTS = ["appendix-f", "nn.LSTM", "lstm", "momentum", "nag", "sr", "adam", "rmsprop"]
+CUDA_VARIANTS = VARIANTS + ["adam-torch", "rmsprop-torch"]
 HYPER = dict(momentum=0.6, step_size=1.0, beta=0.9, eps=1e-8)
 
 
@@ -42,36 +57,47 @@ def current_rss_kib():
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") // 1024
 
 
-def build(variant, T, B, D, H):
+def build(variant, T, B, D, H, L=1, device="cpu"):
     """A closure running one forward+backward of `variant` at the given shape."""
     import torch
 
     sys.path.insert(0, str(ROOT))
     from plugins.rnn import MomentumLSTM
+    from plugins.rnn.recurrence import recurrence_backend
 
     torch.manual_seed(0)
-    x = torch.randn(T, B, D)
+    x = torch.randn(T, B, D, device=device)
     if variant == "nn.LSTM":
-        lstm = torch.nn.LSTM(D, H)
+        lstm = torch.nn.LSTM(D, H, num_layers=L).to(device)
         return lambda: lstm(x)[0].sum().backward()
     if variant == "appendix-f":
         spec = importlib.util.spec_from_file_location(
             "reference_appendix_f", ROOT / "tests" / "reference_appendix_f.py")
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
-        cell = module.MomentumLSTMCell(D, H, HYPER["momentum"], HYPER["step_size"])
+        cells = [module.MomentumLSTMCell(D if k == 0 else H, H, HYPER["momentum"],
+                                         HYPER["step_size"]).to(device) for k in range(L)]
 
         def run():
-            h = c = x.new_zeros(B, H)
-            v = x.new_zeros(B, 4 * H)
-            outs = []
-            for x_t in x:
-                h, (h, c), v = cell(x_t, (h, c), v)
-                outs.append(h)
-            torch.stack(outs).sum().backward()
+            seq = x
+            for cell in cells:
+                h = c = x.new_zeros(B, H)
+                v = x.new_zeros(B, 4 * H)
+                outs = []
+                for x_t in seq:
+                    _, (h, c), v = cell(x_t, (h, c), v)
+                    outs.append(h)
+                seq = torch.stack(outs)
+            seq.sum().backward()
         return run
-    layer = MomentumLSTM(D, H, cell=variant, restart=2 if variant == "sr" else None, **HYPER)
-    return lambda: layer(x)[0].sum().backward()
+    cell, _, backend = variant.partition("-")
+    layer = MomentumLSTM(D, H, num_layers=L, cell=cell, restart=2 if cell == "sr" else None,
+                         **HYPER).to(device)
+
+    def run():
+        with recurrence_backend(backend or "auto"):
+            layer(x)[0].sum().backward()
+    return run
 
 
 def setup_threads(threads):
@@ -116,26 +142,66 @@ def subprocess_json(*args):
     return json.loads(out.strip().splitlines()[-1])
 
 
-def table(results):
-    lines = ["| shape | variant | fwd+bwd (s) | × nn.LSTM | × Appendix-F loop | peak memory (MiB) |",
+def cuda_times(shape, repeats, loop_repeats):
+    """Median CUDA-event time and peak allocated memory of every variant, in one process."""
+    import statistics
+
+    import torch
+
+    runs = {variant: build(variant, **SHAPES[shape], device="cuda") for variant in CUDA_VARIANTS}
+    for run in runs.values():
+        run()
+    times = {variant: [] for variant in runs}
+    for round_ in range(repeats):
+        for variant, run in runs.items():
+            if variant == "appendix-f" and round_ >= loop_repeats:
+                continue
+            start, end = (torch.cuda.Event(enable_timing=True) for _ in range(2))
+            start.record()
+            run()
+            end.record()
+            end.synchronize()
+            times[variant].append(start.elapsed_time(end) / 1000)
+    results = []
+    for variant, run in runs.items():
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        before = torch.cuda.memory_allocated()
+        run()
+        torch.cuda.synchronize()
+        peak_mib = (torch.cuda.max_memory_allocated() - before) / 2 ** 20
+        results.append({"shape": shape, "variant": variant, "peak_mib": peak_mib,
+                        "seconds": statistics.median(times[variant])})
+        print(f"{shape:10s} {variant:13s} {results[-1]['seconds'] * 1e3:8.2f} ms "
+              f"{peak_mib:8.0f} MiB", file=sys.stderr, flush=True)
+    return results
+
+
+def table(results, unit="s"):
+    scale = 1e3 if unit == "ms" else 1.0
+    lines = [f"| shape | variant | fwd+bwd ({unit}) | × nn.LSTM | × Appendix-F loop | peak memory (MiB) |",
              "|---|---|---:|---:|---:|---:|"]
     for shape in dict.fromkeys(r["shape"] for r in results):
         rows = {r["variant"]: r for r in results if r["shape"] == shape}
         base, loop = rows["nn.LSTM"]["seconds"], rows["appendix-f"]["seconds"]
         for variant, r in rows.items():
-            name = {"appendix-f": "Appendix-F loop", "nn.LSTM": "torch nn.LSTM"}.get(variant,
-                                                                                   variant)
-            lines.append(f"| {shape} | {name} | {r['seconds']:.3f} | {r['seconds'] / base:.2f} "
+            name = {"appendix-f": "Appendix-F loop", "nn.LSTM": "torch nn.LSTM",
+                    "adam-torch": "adam, torch loop",
+                    "rmsprop-torch": "rmsprop, torch loop"}.get(variant, variant)
+            lines.append(f"| {shape} | {name} | {r['seconds'] * scale:.3f} | {r['seconds'] / base:.2f} "
                          f"| {r['seconds'] / loop:.2f} | {r['peak_mib']:.0f} |")
     return "\n".join(lines)
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="MNIST H=128 only, 2 rounds")
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                        help="cpu (default) or cuda: the GPU shapes, CUDA events, medians")
+    parser.add_argument("--quick", action="store_true",
+                        help="MNIST H=128 only (cuda: PMNIST 1×256), 2 rounds")
     parser.add_argument("--shapes", nargs="+", choices=list(SHAPES), default=None)
     parser.add_argument("--repeats", type=int, default=None,
-                        help="timed rounds after a warm-up round (default 3, --quick 2)")
+                        help="timed rounds after a warm-up round (default 3, cuda 20, --quick 2)")
     parser.add_argument("--loop-repeats", type=int, default=1,
                         help="rounds in which the slow Appendix-F loop is timed (default 1)")
     parser.add_argument("--threads", type=int, default=0,
@@ -143,14 +209,19 @@ def main():
     parser.add_argument("--memory-worker", nargs=2, help=argparse.SUPPRESS)
     parser.add_argument("--time-worker", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    repeats = args.repeats if args.repeats is not None else (2 if args.quick else 3)
+    default_repeats = 2 if args.quick else (20 if args.device == "cuda" else 3)
+    repeats = args.repeats if args.repeats is not None else default_repeats
     if args.memory_worker:
         memory_worker(*args.memory_worker, args.threads)
         return
     if args.time_worker:
         time_worker(args.time_worker, repeats, args.loop_repeats, args.threads)
         return
-    shapes = args.shapes or (["mnist-128"] if args.quick else list(SHAPES))
+    if args.device == "cuda":
+        cuda_main(args.shapes or (["pmnist-256"] if args.quick else DEFAULT_SHAPES["cuda"]),
+                  repeats, args.loop_repeats)
+        return
+    shapes = args.shapes or (["mnist-128"] if args.quick else DEFAULT_SHAPES["cpu"])
     results = []
     for shape in shapes:
         best = subprocess_json("--time-worker", shape, "--repeats", repeats,
@@ -163,6 +234,17 @@ def main():
             print(f"{shape:10s} {variant:11s} {best[variant]:8.3f} s {peak:8.0f} MiB",
                   file=sys.stderr, flush=True)
     print(table(results))
+
+
+def cuda_main(shapes, repeats, loop_repeats):
+    import torch
+
+    if not torch.cuda.is_available():
+        raise SystemExit("--device cuda: torch sees no CUDA device")
+    results = [r for shape in shapes for r in cuda_times(shape, repeats, loop_repeats)]
+    print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, float32, median of "
+          f"{repeats} rounds (Appendix-F loop: {min(repeats, loop_repeats)})")
+    print(table(results, unit="ms"))
 
 
 if __name__ == "__main__":

@@ -14,8 +14,46 @@ Gates are laid out (i, f, o, g) here so that one sigmoid covers three of them; c
 permute the rows of their weights (`gate_order`). Packed sequences use the batch_sizes
 convention of torch's kernels: the batch is sorted by decreasing length and step t only
 touches the first batch_sizes[t] rows, so finished rows keep their state.
+
+On CUDA tensors `AdamLSTMRecurrence.apply` runs the same recurrence as one GEMM and one fused
+Triton kernel per step (triton_recurrence.py) when triton is installed; `recurrence_backend`
+forces either implementation.
 """
+import contextlib
+import functools
+import importlib.util
+
 import torch
+
+from ..validation import check_choice
+
+BACKENDS = ("auto", "torch", "triton")
+_backend = "auto"
+
+
+@contextlib.contextmanager
+def recurrence_backend(name):
+    """Inside the block eq. 15 runs on `name`: "torch" (AdamLSTMRecurrence's own loop),
+    "triton" (triton_recurrence: compiled on CUDA tensors, Triton's interpreter on CPU
+    tensors) or "auto" (triton for CUDA tensors when it is installed, else torch)."""
+    global _backend
+    previous, _backend = _backend, check_choice(name, "backend", BACKENDS)
+    try:
+        yield
+    finally:
+        _backend = previous
+
+
+@functools.cache
+def triton_available():
+    return importlib.util.find_spec("triton") is not None
+
+
+def _uses_triton(g):
+    if _backend == "triton" and not triton_available():
+        raise RuntimeError("recurrence backend 'triton' needs the triton package "
+                           "(pip install momentum-plugins[triton])")
+    return _backend == "triton" or (_backend == "auto" and g.is_cuda and triton_available())
 
 
 def gate_order(hidden):
@@ -46,6 +84,16 @@ class AdamLSTMRecurrence(torch.autograd.Function):
     (T+1, B, H) (hs[0] = h0; rows past a sequence's end are 0) and each sequence's final
     c (B, H), v (B, 4H; None when μ = 0) and m (B, 4H).
     """
+
+    @classmethod
+    def apply(cls, g, *args):
+        """This Function, or the fused Triton steps (same arguments and results): see
+        `recurrence_backend`."""
+        if _uses_triton(g):
+            from .triton_recurrence import TritonAdamLSTMRecurrence
+
+            return TritonAdamLSTMRecurrence.apply(g, *args)
+        return super().apply(g, *args)
 
     @staticmethod
     def _activations(a, v_t, r, h_prev, bias, w_t, scale, hidden):
