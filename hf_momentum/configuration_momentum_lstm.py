@@ -1,18 +1,17 @@
 """Configuration of the MomentumLSTM language model (model_type "momentum_lstm")."""
 from transformers import PreTrainedConfig
 
-from .configuration_momentum_transformer import (check_choice, check_positive_int, check_positive_number,
-                                                 check_unit_interval)
-
-CELLS = ("lstm", "momentum", "adam", "rmsprop", "nag", "sr")
+from .configuration_momentum_transformer import check_positive_int, check_positive_number, check_unit_interval
+from .momentum_rnn_core import check_hyper
 
 
 class MomentumLSTMConfig(PreTrainedConfig):
     r"""Embedding → `plugins.rnn.MomentumLSTM` stack → linear head (momentum_rnn.md).
 
-    `cell`: "lstm" (plain), "momentum" (eq. 9: μ = `momentum` ∈ [0, 1), s = `step_size` > 0),
-    "adam" / "rmsprop" (eq. 15, with `beta` ∈ [0, 1) and `eps` > 0), "nag", "sr" (Section 2.4;
-    "sr" needs `restart`, an integer ≥ 1). `dropout` between LSTM layers and
+    `cell`: a cell of `plugins.rnn.variants` for the LSTM family: "lstm" (plain), "momentum"
+    (eq. 9: μ = `momentum` ∈ [0, 1), s = `step_size` > 0), "adam" / "rmsprop" (eq. 15, with
+    `beta` ∈ [0, 1) and `eps` > 0), "nag", "sr" (Section 2.4; "sr" needs `restart`, an integer
+    ≥ 1, "nag" takes one optionally, the other cells refuse it). `dropout` between LSTM layers and
     `embedding_dropout` on the embeddings and the output, in [0, 1). Tied embeddings need
     `embedding_size` == `hidden_size` (default: equal).
     """
@@ -44,15 +43,7 @@ class MomentumLSTMConfig(PreTrainedConfig):
             self.embedding_size = self.hidden_size
         for name in ("vocab_size", "embedding_size", "hidden_size", "num_hidden_layers"):
             check_positive_int(getattr(self, name), name)
-        check_choice(self.cell, "cell", CELLS)
-        check_unit_interval(self.momentum, "momentum")
-        check_positive_number(self.step_size, "step_size")
-        check_unit_interval(self.beta, "beta")
-        check_positive_number(self.eps, "eps")
-        if self.restart is not None:
-            check_positive_int(self.restart, "restart")
-        if self.cell == "sr" and self.restart is None:
-            raise ValueError("restart must be an integer >= 1 when cell='sr'")
+        check_hyper(self.cell, "lstm", self.momentum, self.step_size, self.beta, self.eps, self.restart)
         check_unit_interval(self.dropout, "dropout")
         check_unit_interval(self.embedding_dropout, "embedding_dropout")
         check_positive_number(self.initializer_range, "initializer_range")

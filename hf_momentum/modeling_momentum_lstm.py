@@ -1,7 +1,8 @@
 """MomentumLSTM language model over `plugins.rnn.MomentumLSTM` (momentum_rnn.md).
 
 Generation keeps the recurrent state (h, c, momentum v, second moment m, step counter) in a
-`RecurrentCache`, so each new token costs one LSTM step. Padding: the real tokens of each row
+`RecurrentCache`, so each new token costs one LSTM step (`MomentumLSTM.step`, whatever the
+prompt length). Padding: the real tokens of each row
 are moved to the front and run as a packed sequence, so a padded row (left or right) gets the
 outputs and the final state of its sequence alone, and NAG/SR step counters count real tokens.
 """
@@ -98,7 +99,10 @@ class MomentumLSTMModel(MomentumLSTMPreTrainedModel):
             cache = MomentumLSTMCache(self.config)
         state = cache.get_lstm_state() if cache is not None else None
         mask = None if attention_mask is None else attention_mask[:, -length:].to(x.device).bool()
-        if mask is None or bool(mask.all()):
+        if length == 1 and (mask is None or bool(mask.all())):
+            h, state = self.lstm.step(x[:, 0], state)  # one generated token: a cell step
+            out = h[:, None]
+        elif mask is None or bool(mask.all()):
             out, state = self.lstm(x, state)
         else:
             out, state = self._packed(x, mask, state)
