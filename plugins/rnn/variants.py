@@ -128,7 +128,7 @@ def check_restart(cell: str, restart, flag: str = "restart") -> Optional[int]:
     """The sr/restart rule: "sr" needs an integer F ≥ 1, "nag" takes one optionally (None or
     math.inf: no restart), every other cell refuses it. `flag` names the argument in errors."""
     rule = VARIANTS[cell].restart
-    if restart is not None and restart == float("inf") and rule != "required":
+    if isinstance(restart, float) and restart == float("inf"):
         restart = None
     if restart is None:
         if rule == "required":
