@@ -6,12 +6,19 @@ import math
 
 import pytest
 import torch
+from rnn_literal import LITERAL_DRIVES, lstm_literal
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
-from plugins.rnn import (VARIANTS, MomentumLSTM, MomentumRNN, OrthogonalMomentumRNN, OrthogonalRNNCell,
-                         RecurrentState, cell_names)
-from plugins.rnn import filters
-from rnn_literal import LITERAL_DRIVES, lstm_literal
+from plugins.rnn import (
+    VARIANTS,
+    MomentumLSTM,
+    MomentumRNN,
+    OrthogonalMomentumRNN,
+    OrthogonalRNNCell,
+    RecurrentState,
+    cell_names,
+    filters,
+)
 
 D, H = 4, 3
 HP = dict(mu=0.6, s=0.7, beta=0.8, eps=1e-6, restart=3)
@@ -147,7 +154,7 @@ def test_step_equals_forward_for_50_steps(case, make_generator):
     x = torch.randn(50, batch, D, generator=gen, dtype=torch.float64)
     with torch.no_grad():
         whole, whole_state = layer(x, state)
-        one, one_state = layer(x[:1], state)
+        _, one_state = layer(x[:1], state)
         stepped = state
         for t in range(50):
             h, stepped = layer.step(x[t], stepped)

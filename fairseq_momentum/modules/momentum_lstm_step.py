@@ -5,14 +5,13 @@ LSTMCell step; decoding calls it once per token and layer. `MomentumLSTM.step` r
 step of every cell of the table in `plugins.rnn.variants` on the layer's own parameters;
 this adapts fairseq's per-layer states (no layer dimension) to it.
 """
-from typing import Tuple
 
 from torch import Tensor
 
 from plugins.rnn import MomentumLSTM, RecurrentState
 
 
-def momentum_lstm_step(rnn: MomentumLSTM, x: Tensor, state: RecurrentState) -> Tuple[Tensor, RecurrentState]:
+def momentum_lstm_step(rnn: MomentumLSTM, x: Tensor, state: RecurrentState) -> tuple[Tensor, RecurrentState]:
     """x (batch, input_size); state fields (batch, ...) without the layer dimension, v, m,
     step None for a fresh momentum state. Returns (h, new state)."""
     layered = RecurrentState(*(None if t is None else t[None] for t in state[:4]), state.step)

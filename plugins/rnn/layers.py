@@ -1,11 +1,18 @@
 """Multi-layer MomentumLSTM / MomentumRNN with the nn.LSTM calling convention.
 
+Every cell comes from the table in variants.py: which states it carries, its momentum
+filter for the whole-sequence form and its one-step drive (used by `step`).
+
 Fast path. The momentum of every cell depends on the input only (filters.py), so:
+- plain cell ("lstm" / "rnn"): all layers in one call of torch's fused multi-layer kernel
+  on the module's own parameter tensors, exactly nn.LSTM / nn.RNN's call (dropout between
+  layers in training runs layer by layer).
 - momentum / nag / sr: the whole filtered sequence is formed first, in input space, as
   x̃_t = s Σ_k M[t, k] x_k plus a bias channel c_t and, for a carried-in v_0, B channels
   M[t, 0]·e_b whose input weights are v_0 itself. Then v_t = [W, b_ih, v_0ᵀ]·[x̃_t, c_t,
   M[t, 0] e_b] exactly, and the recurrence runs in torch's fused LSTM / tanh-RNN kernel
-  with that input weight, at the cost of nn.LSTM with d + 1 (+ B) inputs.
+  with that input weight, at the cost of nn.LSTM with d + 1 (+ B) inputs. With μ ≡ 0 the
+  step size is folded into the input and the kernel gets the module's own weight.
 - adam / rmsprop (LSTM): the input projection g = W x + b is one matrix product for all
   steps; v, m and the normalised pre-activation of eq. 15 are formed inside one fused
   per-step recurrence with a hand-written backward (recurrence.py). The tanh RNN forms
@@ -22,8 +29,15 @@ from ..validation import check_bool, check_int, check_probability
 from .cells import check_sizes, lstm_update
 from .filters import bias_channel, carried_weight, filter_sequence, second_moment
 from .recurrence import AdamLSTMRecurrence, gate_order
-from .sequence import (RecurrentState, as_output, as_sequence, fused_recurrence, initial_state,
-                       last_step, valid_mask)
+from .sequence import (
+    RecurrentState,
+    as_output,
+    as_sequence,
+    fused_recurrence,
+    initial_state,
+    last_step,
+    valid_mask,
+)
 from .variants import Hyper, check_hyper
 
 
@@ -162,9 +176,8 @@ class _MomentumLayers(nn.Module):
         for k in range(self.num_layers):
             if k > 0 and self.dropout > 0 and self.training:
                 x = F.dropout(x, self.dropout, True)
-            pick = lambda t: None if t is None else t[k]
-            x, final = self._layer(k, x, lengths, decay, st.h[k], pick(st.c), pick(st.v), pick(st.m),
-                                   carries_v)
+            c0, v0, m0 = (None if t is None else t[k] for t in (st.c, st.v, st.m))
+            x, final = self._layer(k, x, lengths, decay, st.h[k], c0, v0, m0, carries_v)
             finals.append(final)
         stack = lambda i: None if finals[0][i] is None else torch.stack([f[i] for f in finals])
         new_state = RecurrentState(stack(0), stack(1), stack(2), stack(3), st.step + advanced)
@@ -198,10 +211,9 @@ class _MomentumLayers(nn.Module):
         for k in range(self.num_layers):
             if k > 0 and self.dropout > 0 and self.training:
                 x = F.dropout(x, self.dropout, True)
-            pick = lambda t: None if t is None else t[k]
-            pre, v, m = self.variant.drive(self._input_projection(k, x), pick(st.v), pick(st.m), step,
-                                           hyper)
-            x, c = self._recurrent_update(k, pre, st.h[k], pick(st.c))
+            c0, v0, m0 = (None if t is None else t[k] for t in (st.c, st.v, st.m))
+            pre, v, m = self.variant.drive(self._input_projection(k, x), v0, m0, step, hyper)
+            x, c = self._recurrent_update(k, pre, st.h[k], c0)
             finals.append((x, c, v, m))
         stack = lambda i: None if finals[0][i] is None else torch.stack([f[i] for f in finals])
         return x, RecurrentState(stack(0), stack(1), stack(2), stack(3), step)

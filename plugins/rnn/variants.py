@@ -11,14 +11,21 @@ drive function, and the tests (which iterate over `VARIANTS`) cover it.
 The plain recurrences ("lstm" for the LSTM family, "rnn" for the tanh and orthogonal
 RNNs) are entries too: no v, no m, the drive is g_t itself.
 """
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable, NamedTuple, Optional, Tuple
+from typing import NamedTuple
 
-import torch
 from torch import Tensor
 
 from ..validation import check_choice, check_int, check_momentum, check_positive
-from .filters import ConstantDecay, NAGDecay, adam_step, momentum_step, nag_momentum, restart_index
+from .filters import (
+    ConstantDecay,
+    NAGDecay,
+    adam_step,
+    momentum_step,
+    nag_momentum,
+    restart_index,
+)
 
 
 class Hyper(NamedTuple):
@@ -27,7 +34,7 @@ class Hyper(NamedTuple):
     step_size: float
     beta: float
     eps: float
-    restart: Optional[int]
+    restart: int | None
 
 
 @dataclass(frozen=True)
@@ -42,9 +49,9 @@ class CellVariant:
     decay: Callable
     # drive(g, v, m, step, hyper) -> (pre-activation, v, m) for one time step; step (B,) is
     # the 1-based index of this step (the NAG/SR schedule), v, m None where the cell has none.
-    drive: Callable[..., Tuple[Tensor, Optional[Tensor], Optional[Tensor]]]
+    drive: Callable[..., tuple[Tensor, Tensor | None, Tensor | None]]
     plain: bool = False
-    fixed_momentum: Optional[float] = None  # μ of a cell that has no momentum argument
+    fixed_momentum: float | None = None  # μ of a cell that has no momentum argument
 
     def hyper(self, momentum, step_size, beta, eps, restart) -> Hyper:
         """The hyperparameters as this cell's equations use them."""
@@ -113,7 +120,7 @@ VARIANTS = {variant.name: variant for variant in _TABLE}
 MOMENTUM_CELLS = tuple(v.name for v in _TABLE if not v.plain)
 
 
-def cell_names(plain: str) -> Tuple[str, ...]:
+def cell_names(plain: str) -> tuple[str, ...]:
     """Cells a layer family accepts: its plain recurrence ("lstm" or "rnn") and every
     momentum cell."""
     return (plain,) + MOMENTUM_CELLS
@@ -124,7 +131,7 @@ def get_variant(cell, plain: str) -> CellVariant:
     return VARIANTS[check_choice(cell, "cell", cell_names(plain))]
 
 
-def check_restart(cell: str, restart, flag: str = "restart") -> Optional[int]:
+def check_restart(cell: str, restart, flag: str = "restart") -> int | None:
     """The sr/restart rule: "sr" needs an integer F ≥ 1, "nag" takes one optionally (None or
     math.inf: no restart), every other cell refuses it. `flag` names the argument in errors."""
     rule = VARIANTS[cell].restart
@@ -140,7 +147,7 @@ def check_restart(cell: str, restart, flag: str = "restart") -> Optional[int]:
     return check_int(restart, flag, low=1)
 
 
-def check_hyper(cell, plain, momentum, step_size, beta, eps, restart) -> Tuple[CellVariant, Hyper]:
+def check_hyper(cell, plain, momentum, step_size, beta, eps, restart) -> tuple[CellVariant, Hyper]:
     """Validate a cell name and its hyperparameters (plugins.validation rules)."""
     variant = get_variant(cell, plain)
     hyper = Hyper(check_momentum(momentum, "momentum"), check_positive(step_size, "step_size"),
