@@ -39,7 +39,7 @@ def worker(cell, length, grad):
     torch.manual_seed(0)
     layer = MomentumLSTM(4, 8, cell=cell, momentum=0.999, restart=2 if cell == "sr" else None)
     state = RecurrentState(torch.zeros(1, 2, 8), torch.zeros(1, 2, 8),
-                           torch.randn(1, 2, 32) if layer.variant.has_v else None, None,
+                           None if cell == "lstm" else torch.randn(1, 2, 32), None,
                            torch.tensor([0, 5]))
     layer(torch.randn(8, 2, 4), state)[0].sum().backward()
     x = torch.randn(length, 2, 4)
