@@ -102,19 +102,20 @@ def nag_schedule_decay(hyper, length, start_step):
 
 
 _TABLE = (
-    CellVariant("lstm", "plain LSTM (eq. 2)", False, False, "refused", no_decay, plain_drive, True),
-    CellVariant("rnn", "plain tanh / orthogonal RNN", False, False, "refused", no_decay, plain_drive,
-                True),
-    CellVariant("momentum", "heavy-ball momentum, eq. 9", True, False, "refused",
-                constant_momentum_decay, momentum_drive),
-    CellVariant("adam", "Adam-style momentum, eq. 15", True, True, "refused",
-                constant_momentum_decay, adaptive_drive),
-    CellVariant("rmsprop", "RMSProp-style, eq. 15 with μ = 0", True, True, "refused",
-                constant_momentum_decay, adaptive_drive, fixed_momentum=0.0),
-    CellVariant("nag", "NAG momentum μ_t = (k−1)/(k+2), Section 2.4", True, False, "optional",
-                nag_schedule_decay, nag_drive),
-    CellVariant("sr", "NAG with scheduled restart every F steps, Section 2.4", True, False,
-                "required", nag_schedule_decay, nag_drive),
+    CellVariant("lstm", "plain LSTM (eq. 2)", has_v=False, has_m=False, restart="refused",
+                decay=no_decay, drive=plain_drive, plain=True),
+    CellVariant("rnn", "plain tanh / orthogonal RNN", has_v=False, has_m=False, restart="refused",
+                decay=no_decay, drive=plain_drive, plain=True),
+    CellVariant("momentum", "heavy-ball momentum, eq. 9", has_v=True, has_m=False, restart="refused",
+                decay=constant_momentum_decay, drive=momentum_drive),
+    CellVariant("adam", "Adam-style momentum, eq. 15", has_v=True, has_m=True, restart="refused",
+                decay=constant_momentum_decay, drive=adaptive_drive),
+    CellVariant("rmsprop", "RMSProp-style, eq. 15 with μ = 0", has_v=True, has_m=True, restart="refused",
+                decay=constant_momentum_decay, drive=adaptive_drive, fixed_momentum=0.0),
+    CellVariant("nag", "NAG momentum μ_t = (k−1)/(k+2), Section 2.4", has_v=True, has_m=False,
+                restart="optional", decay=nag_schedule_decay, drive=nag_drive),
+    CellVariant("sr", "NAG with a scheduled restart every F steps, Section 2.4", has_v=True, has_m=False,
+                restart="required", decay=nag_schedule_decay, drive=nag_drive),
 )
 VARIANTS = {variant.name: variant for variant in _TABLE}
 MOMENTUM_CELLS = tuple(v.name for v in _TABLE if not v.plain)
@@ -134,7 +135,7 @@ def get_variant(cell, plain: str) -> CellVariant:
 def check_restart(cell: str, restart, flag: str = "restart") -> int | None:
     """The sr/restart rule: "sr" needs an integer F ≥ 1, "nag" takes one optionally (None or
     math.inf: no restart), every other cell refuses it. `flag` names the argument in errors."""
-    rule = VARIANTS[cell].restart
+    rule = VARIANTS[check_choice(cell, "cell", VARIANTS)].restart
     if isinstance(restart, float) and restart == float("inf"):
         restart = None
     if restart is None:
