@@ -123,3 +123,18 @@ def test_cli_train_generate_interactive(tmp_path):
     out = run_cli("interactive", data, "--user-dir", USER_DIR, *TASK, "--path", ckpt, "--cpu",
                   "--beam", "2", "--nbest", "2", "--max-len-b", "10", stdin="big red fox\n")
     assert len(re.findall(r"^H-0\t", out.stdout, re.M)) == 2
+
+
+@pytest.mark.parametrize("extra,message", [
+    (["--lstm-cell", "sr"], "--lstm-restart must be an integer >= 1 when cell='sr'"),
+    (["--lstm-cell", "adam", "--lstm-restart", "2"], "--lstm-restart applies to cell 'nag', 'sr' only"),
+])
+def test_cell_restart_rule_fails_at_parsing(capsys, extra, message):
+    with pytest.raises(SystemExit) as exit_info:
+        parse_namespace("momentum_lstm", *extra, task="translation")
+    assert exit_info.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_cell_choices_are_the_registry():
+    from fairseq_momentum.options import LSTM_CELL_CHOICES
+    assert LSTM_CELL_CHOICES == cell_names("lstm")
