@@ -6,6 +6,10 @@ argument parsing with fairseq's usual message, e.g.
 """
 import argparse
 import math
+import sys
+
+from plugins import validation
+from plugins.rnn.variants import cell_names, check_restart
 
 from plugins.connection import (CONNECTIONS, DEFAULT_ADAPTIVE_DELTA, DEFAULT_CONNECTION_MOMENTUM,
                                 DEFAULT_CONNECTION_STEP_SIZE)
@@ -13,7 +17,7 @@ from plugins.connection import (CONNECTIONS, DEFAULT_ADAPTIVE_DELTA, DEFAULT_CON
 FEATURE_MAP_CHOICES = ("elu", "relu")
 CONNECTION_CHOICES = CONNECTIONS
 CROSS_ATTENTION_CHOICES = ("softmax", "linear", "momentum")
-LSTM_CELL_CHOICES = ("lstm", "momentum", "adam", "rmsprop", "nag", "sr")
+LSTM_CELL_CHOICES = cell_names("lstm")
 
 
 def _number(text, kind=float):
@@ -60,6 +64,19 @@ def positive_int(text):
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {value}")
     return value
+
+
+def validated(check, kind=float, **limits):
+    """An argparse type running a `plugins.validation` check on the parsed number, so a bad
+    value is refused at parsing with the library's own rule and message."""
+    def parse(text):
+        number = _number(text, kind)
+        try:
+            return check(number, "value", **limits)
+        except ValueError as error:
+            raise argparse.ArgumentTypeError(str(error).removeprefix("value "))
+    parse.__name__ = check.__name__.removeprefix("check_")
+    return parse
 
 
 def add_momentum_attention_args(parser, *, cross_attention=True):
@@ -117,32 +134,44 @@ def add_lstm_cell_args(parser):
     """Arguments of the MomentumLSTM family (momentum_rnn.md eq. 9, 15 and Section 2.4)."""
     group = parser
     group.add_argument("--lstm-cell", choices=LSTM_CELL_CHOICES,
-                       help="recurrent cell: lstm (plain), momentum (eq. 9), adam (eq. 15), "
-                            "rmsprop (eq. 15 with mu = 0), nag or sr (Section 2.4) (default momentum)")
-    group.add_argument("--lstm-momentum", type=momentum_value, metavar="MU",
+                       help="recurrent cell (plugins.rnn.variants): lstm (plain), momentum (eq. 9), "
+                            "adam (eq. 15), rmsprop (eq. 15 with mu = 0), nag or sr (Section 2.4) "
+                            "(default momentum)")
+    group.add_argument("--lstm-momentum", type=validated(validation.check_momentum), metavar="MU",
                        help="momentum mu of the momentum / adam cells (eq. 9, 15), in [0, 1) "
                             "(default 0.6; 0 in momentum_lstm_lm_ptb, Table 7)")
-    group.add_argument("--lstm-step-size", type=positive_float, metavar="S",
+    group.add_argument("--lstm-step-size", type=validated(validation.check_positive), metavar="S",
                        help="step size s > 0 of the momentum cells (eq. 9, 15) "
                             "(default 1; 0.6 in momentum_lstm_lm_ptb, Table 7)")
-    group.add_argument("--lstm-beta", type=momentum_value, metavar="B",
+    group.add_argument("--lstm-beta", type=validated(validation.check_momentum), metavar="B",
                        help="decay beta of the second moment of adam / rmsprop cells (eq. 15) (default 0.9)")
-    group.add_argument("--lstm-restart", type=positive_int, metavar="F",
+    group.add_argument("--lstm-restart", type=validated(validation.check_int, int, low=1), metavar="F",
                        help="restart frequency F of nag / sr cells (Section 2.4); "
-                            "required by sr, optional for nag (default: no restart)")
+                            "required by sr, optional for nag, refused by the other cells "
+                            "(default: no restart)")
 
 
 def lstm_cell_defaults(args, *, cell="momentum", momentum=0.6, step_size=1.0):
+    """Fill the cell arguments a preset left unset, then apply the cell/restart rule.
+
+    fairseq calls the architecture function (and so this) inside `parse_args_and_arch`, so a
+    restart given to the wrong cell stops the command at parsing, like argparse's own errors:
+    usage line, `error: --lstm-restart ...`, exit status 2."""
     fill_unset(args, lstm_cell=cell, lstm_momentum=momentum, lstm_step_size=step_size, lstm_beta=0.9,
                lstm_restart=None)
+    try:
+        check_lstm_cell_args(args)
+    except ValueError as error:
+        prog = argparse.ArgumentParser().prog
+        print(f"usage: {prog} [...] --lstm-cell CELL [--lstm-restart F]\n"
+              f"{prog}: error: {error}", file=sys.stderr)
+        raise SystemExit(2)
 
 
 def check_lstm_cell_args(args):
-    """Cross-argument checks argparse cannot do alone."""
-    if args.lstm_cell == "sr" and args.lstm_restart is None:
-        raise ValueError("--lstm-cell sr needs --lstm-restart F (the restart frequency)")
-    if args.lstm_restart is not None and args.lstm_cell not in ("nag", "sr"):
-        raise ValueError(f"--lstm-restart applies to --lstm-cell nag or sr, not {args.lstm_cell}")
+    """The cell/restart rule of plugins.rnn.variants (sr needs --lstm-restart, only nag and sr
+    take one); ValueError otherwise."""
+    check_restart(args.lstm_cell, args.lstm_restart, flag="--lstm-restart")
 
 
 def lstm_cell_kwargs(args):

@@ -1,17 +1,17 @@
 """Configuration of the MomentumLSTM language model (model_type "momentum_lstm")."""
 from transformers import PreTrainedConfig
 
-from .validation import check_bool, check_choice, check_int, check_momentum, check_positive, check_probability
-
-CELLS = ("lstm", "momentum", "adam", "rmsprop", "nag", "sr")
+from .momentum_rnn_core import check_hyper
+from .validation import check_bool, check_int, check_positive, check_probability
 
 
 class MomentumLSTMConfig(PreTrainedConfig):
     r"""Embedding → `plugins.rnn.MomentumLSTM` stack → linear head (MomentumRNN).
 
-    `cell`: "lstm" (plain), "momentum" (eq. 9: μ = `momentum` ∈ [0, 1), s = `step_size` > 0),
-    "adam" / "rmsprop" (eq. 15, with `beta` ∈ [0, 1) and `eps` > 0), "nag", "sr" (Section 2.4;
-    "sr" needs `restart`, an integer ≥ 1). `dropout` between LSTM layers and
+    `cell`: a cell of `plugins.rnn.variants` for the LSTM family: "lstm" (plain), "momentum"
+    (eq. 9: μ = `momentum` ∈ [0, 1), s = `step_size` > 0), "adam" / "rmsprop" (eq. 15, with
+    `beta` ∈ [0, 1) and `eps` > 0), "nag", "sr" (Section 2.4; "sr" needs `restart`, an integer
+    ≥ 1, "nag" takes one optionally, the other cells refuse it). `dropout` between LSTM layers and
     `embedding_dropout` on the embeddings and the output, in [0, 1). Tied embeddings need
     `embedding_size` == `hidden_size` (default: equal). Every value is checked when the config is
     built and again when a model is built from it (`validate()`), so keyword overrides of
@@ -55,15 +55,7 @@ class MomentumLSTMConfig(PreTrainedConfig):
         """ValueError naming the first field out of its range (bools and non-finite numbers refused)."""
         for name in ("vocab_size", "hidden_size", "num_hidden_layers", "embedding_size"):
             check_int(getattr(self, name), name, low=1)
-        check_choice(self.cell, "cell", CELLS)
-        check_momentum(self.momentum, "momentum")
-        check_positive(self.step_size, "step_size")
-        check_momentum(self.beta, "beta")
-        check_positive(self.eps, "eps")
-        if self.restart is not None:
-            check_int(self.restart, "restart", low=1)
-        if self.cell == "sr" and self.restart is None:
-            raise ValueError("restart must be an integer >= 1 when cell='sr'")
+        check_hyper(self.cell, "lstm", self.momentum, self.step_size, self.beta, self.eps, self.restart)
         check_probability(self.dropout, "dropout")
         check_probability(self.embedding_dropout, "embedding_dropout")
         check_positive(self.initializer_range, "initializer_range")

@@ -1,7 +1,8 @@
 """MomentumLSTM language model over `plugins.rnn.MomentumLSTM` (MomentumRNN).
 
 Generation keeps the recurrent state (h, c, momentum v, second moment m, step counter) in a
-`RecurrentCache`, so each new token costs one LSTM step. Padding: the real tokens of each row
+`RecurrentCache`, so each new token costs one LSTM step (`MomentumLSTM.step`, whatever the
+prompt length). Padding: the real tokens of each row
 are moved to the front and run as a packed sequence, so a padded row (left or right) gets the
 outputs and the final state of its sequence alone, and NAG/SR step counters count real tokens.
 """
@@ -127,6 +128,9 @@ class MomentumLSTMModel(MomentumLSTMPreTrainedModel):
 
     def _run(self, x, mask, state):
         if mask is None or bool(mask.all()):
+            if x.shape[1] == 1:
+                h, state = self.lstm.step(x[:, 0], state)  # one generated token: a cell step
+                return h[:, None], state
             return self.lstm(x, state)
         return self._packed(x, mask, state)
 

@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from fairseq_momentum.modules.momentum_lstm_adapters import MomentumLSTMDecoderCell
+from plugins.rnn import VARIANTS, cell_names
 from test_fairseq_support import (USER_DIR, build_model, parse_namespace, preprocess_translation,
                                   run_cli, train, write_parallel_text)
 
@@ -12,12 +13,15 @@ TASK = ["--task", "translation", "--source-lang", "src", "--target-lang", "tgt"]
 SMALL = ["--encoder-embed-dim", "16", "--decoder-embed-dim", "16", "--encoder-hidden-size", "12",
          "--decoder-hidden-size", "12", "--decoder-out-embed-dim", "16", "--encoder-layers", "2",
          "--decoder-layers", "2"]
-CELLS = {
-    "lstm": ["--lstm-cell", "lstm"],
-    "momentum": ["--lstm-cell", "momentum", "--lstm-momentum", "0.6", "--lstm-step-size", "0.7"],
-    "adam": ["--lstm-cell", "adam", "--lstm-momentum", "0.5", "--lstm-beta", "0.8"],
-    "sr": ["--lstm-cell", "sr", "--lstm-restart", "3"],
-}
+
+
+def cell_flags(cell):
+    """Command-line flags of a registry cell; a restart wherever the cell takes one."""
+    flags = ["--lstm-cell", cell, "--lstm-momentum", "0.6", "--lstm-step-size", "0.7", "--lstm-beta", "0.8"]
+    return flags + (["--lstm-restart", "3"] if VARIANTS[cell].restart != "refused" else [])
+
+
+CELLS = {cell: cell_flags(cell) for cell in cell_names("lstm")}
 
 
 def small_model(tmp_path, *extra):
@@ -34,11 +38,11 @@ def sentences(dictionary, lengths, generator):
     return out
 
 
-@pytest.mark.parametrize("cell", ["lstm", "momentum", "adam", "rmsprop", "nag", "sr"])
+@pytest.mark.parametrize("cell", cell_names("lstm"))
 def test_decoder_cell_steps_equal_the_sequence_layer(make_generator, cell):
     g = make_generator()
     step = MomentumLSTMDecoderCell(6, 5, cell=cell, momentum=0.6, step_size=0.7, beta=0.8,
-                                   restart=3 if cell == "sr" else None).double()
+                                   restart=3 if VARIANTS[cell].restart != "refused" else None).double()
     with torch.no_grad():
         for p in step.parameters():
             p.normal_(0, 0.5, generator=g)
@@ -96,7 +100,7 @@ def test_wiseman_preset_mirrors_fairseq():
 
 @pytest.mark.parametrize("flag,value,message", [
     ("--lstm-cell", "gru", "invalid choice"),
-    ("--lstm-step-size", "0", "must be > 0"),
+    ("--lstm-step-size", "0", "must be > 0, got"),
 ])
 def test_bad_arguments_fail_at_parsing(capsys, flag, value, message):
     with pytest.raises(SystemExit):
@@ -119,3 +123,18 @@ def test_cli_train_generate_interactive(tmp_path):
     out = run_cli("interactive", data, "--user-dir", USER_DIR, *TASK, "--path", ckpt, "--cpu",
                   "--beam", "2", "--nbest", "2", "--max-len-b", "10", stdin="big red fox\n")
     assert len(re.findall(r"^H-0\t", out.stdout, re.M)) == 2
+
+
+@pytest.mark.parametrize("extra,message", [
+    (["--lstm-cell", "sr"], "--lstm-restart must be an integer >= 1 when cell='sr'"),
+    (["--lstm-cell", "adam", "--lstm-restart", "2"], "--lstm-restart applies to cell 'nag', 'sr' only"),
+])
+def test_cell_restart_rule_fails_at_parsing(capsys, extra, message):
+    with pytest.raises(SystemExit) as exit_info:
+        parse_namespace("momentum_lstm", *extra, task="translation")
+    assert exit_info.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_cell_choices_are_the_registry():
+    from fairseq_momentum.options import LSTM_CELL_CHOICES
+    assert LSTM_CELL_CHOICES == cell_names("lstm")

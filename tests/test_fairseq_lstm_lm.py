@@ -4,19 +4,15 @@ import re
 import pytest
 import torch
 
+from plugins.rnn import cell_names
+from test_fairseq_lstm import cell_flags
 from test_fairseq_support import (build_model, lm_args, parse_namespace, preprocess_lm,
                                   random_tokens, run_cli, train, write_lm_text, USER_DIR)
 
 SMALL = ["--decoder-layers", "2", "--decoder-embed-dim", "16", "--decoder-hidden-size", "24",
          "--share-decoder-input-output-embed", "--dropout", "0.2", "--weight-drop", "0.3",
          "--decoder-embed-dropout", "0.1"]
-CELLS = [
-    ["--lstm-cell", "lstm"],
-    ["--lstm-cell", "momentum", "--lstm-momentum", "0.6", "--lstm-step-size", "0.7"],
-    ["--lstm-cell", "adam", "--lstm-momentum", "0.5", "--lstm-beta", "0.8"],
-    ["--lstm-cell", "rmsprop"],
-    ["--lstm-cell", "sr", "--lstm-restart", "3"],
-]
+CELLS = [cell_flags(cell) for cell in cell_names("lstm")]
 
 
 def small_lm(tmp_path, *extra):
@@ -80,10 +76,12 @@ def test_ptb_preset_is_the_papers_model():
 
 @pytest.mark.parametrize("flag,value,message", [
     ("--lstm-cell", "gru", "invalid choice"),
-    ("--lstm-momentum", "1", "must be in [0, 1), got 1.0"),
-    ("--lstm-step-size", "-1", "must be > 0"),
+    ("--lstm-momentum", "1", "must be in [0, 1), got 1"),
+    ("--lstm-momentum", "nan", "must be finite"),
+    ("--lstm-step-size", "-1", "must be > 0, got"),
     ("--lstm-beta", "1.2", "must be in [0, 1)"),
-    ("--lstm-restart", "0", "must be an integer >= 1"),
+    ("--lstm-restart", "0", "must be an integer in [1,"),
+    ("--lstm-restart", "2.5", "expected an integer"),
     ("--weight-drop", "1.5", "must be in [0, 1]"),
 ])
 def test_bad_arguments_fail_at_parsing(capsys, flag, value, message):
@@ -94,8 +92,18 @@ def test_bad_arguments_fail_at_parsing(capsys, flag, value, message):
 
 
 @pytest.mark.parametrize("extra,message", [
-    (["--lstm-cell", "sr"], "--lstm-restart"),
-    (["--lstm-cell", "momentum", "--lstm-restart", "4"], "--lstm-restart applies to"),
+    (["--lstm-cell", "sr"], "--lstm-restart must be an integer >= 1 when cell='sr'"),
+    (["--lstm-cell", "momentum", "--lstm-restart", "4"], "--lstm-restart applies to cell 'nag', 'sr' only"),
+    (["--lstm-cell", "lstm", "--lstm-restart", "4"], "not cell='lstm'"),
+])
+def test_cell_restart_rule_fails_at_parsing(capsys, extra, message):
+    with pytest.raises(SystemExit) as exit_info:
+        parse_namespace("momentum_lstm_lm", *extra)
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("extra,message", [
     (["--share-decoder-input-output-embed", "--decoder-out-embed-dim", "8"], "--decoder-out-embed-dim"),
 ])
 def test_inconsistent_arguments_fail_at_model_build(tmp_path, extra, message):

@@ -11,16 +11,21 @@ from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
 
 import hf_momentum
 from hf_momentum import MomentumLSTMCache, MomentumLSTMForCausalLM, MomentumLSTMModel
-from plugins.rnn import MomentumLSTM
+from plugins.rnn import VARIANTS, MomentumLSTM, cell_names
 
 PAD = 0
-CELLS = ["lstm", "momentum", "adam", "nag", "sr"]
+CELLS = cell_names("lstm")
+
+
+def restart_for(cell):
+    return 3 if cell in VARIANTS and VARIANTS[cell].restart != "refused" else None
 
 
 def tiny(**kwargs):
     base = dict(vocab_size=100, hidden_size=16, num_hidden_layers=2, cell="momentum", momentum=0.5,
-                step_size=0.7, restart=3, pad_token_id=PAD, bos_token_id=1, eos_token_id=2, initializer_range=0.5)
+                step_size=0.7, pad_token_id=PAD, bos_token_id=1, eos_token_id=2, initializer_range=0.5)
     base.update(kwargs)
+    base.setdefault("restart", restart_for(base["cell"]))
     return AutoConfig.for_model("momentum_lstm", **base)
 
 
@@ -28,6 +33,8 @@ def tiny(**kwargs):
     (dict(cell="gru"), "cell"), (dict(momentum=1.0), "momentum"), (dict(step_size=0.0), "step_size"),
     (dict(beta=1.2), "beta"), (dict(eps=0.0), "eps"), (dict(restart=0), "restart"),
     (dict(cell="sr", restart=None), "restart"), (dict(dropout=1.0), "dropout"),
+    (dict(cell="momentum", restart=3), "restart"), (dict(cell="lstm", restart=3), "restart"),
+    (dict(momentum=False), "momentum"), (dict(eps=float("inf")), "eps"), (dict(cell="sr", restart=True), "restart"),
     (dict(embedding_size=8), "tie_word_embeddings"), (dict(num_hidden_layers=0), "num_hidden_layers"),
 ])
 def test_bad_config_values_raise(kwargs, argument):
@@ -57,7 +64,8 @@ def padded(generator, lengths, total, side):
 def test_forward_matches_plugins_layer_and_padding(cell, side, make_generator):
     torch.manual_seed(0)
     model = MomentumLSTMModel(tiny(cell=cell)).eval()
-    reference = MomentumLSTM(16, 16, 2, cell=cell, momentum=0.5, step_size=0.7, restart=3, batch_first=True)
+    reference = MomentumLSTM(16, 16, 2, cell=cell, momentum=0.5, step_size=0.7, restart=restart_for(cell),
+                             batch_first=True)
     reference.load_state_dict(model.lstm.state_dict())
     ids, mask = padded(make_generator(), [7, 5, 2], 7, side)
     with torch.no_grad():
@@ -133,3 +141,31 @@ def test_save_load_round_trip(tmp_path):
     with torch.no_grad():
         torch.testing.assert_close(loaded(input_ids=ids).logits, model(input_ids=ids).logits, rtol=0, atol=0)
     assert "MomentumRNN" in (tmp_path / "README.md").read_text()
+
+
+def test_unknown_cell_lists_the_registry():
+    with pytest.raises(ValueError, match="cell must be one of") as error:
+        tiny(cell="gru")
+    assert all(repr(cell) in str(error.value) for cell in cell_names("lstm"))
+
+
+@pytest.mark.parametrize("cell", CELLS)
+def test_cached_token_is_one_cell_step(cell, make_generator, monkeypatch):
+    """A generated token runs MomentumLSTM.step (the sequence layer is not called) and gives
+    the logits and state of one forward over the whole sequence."""
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(tiny(cell=cell)).eval()
+    ids = torch.randint(3, 100, (2, 9), generator=make_generator())
+    cache = MomentumLSTMCache(model.config)
+    with torch.no_grad():
+        full = model(input_ids=ids, use_cache=False).logits
+        model(input_ids=ids[:, :5], past_key_values=cache, use_cache=True)
+
+        def refuse(*args, **kwargs):
+            raise AssertionError("the sequence layer ran for a single cached token")
+
+        monkeypatch.setattr(model.model.lstm, "forward", refuse)
+        for t in range(5, 9):
+            logits = model(input_ids=ids[:, t:t + 1], past_key_values=cache, use_cache=True).logits
+            torch.testing.assert_close(logits[:, 0], full[:, t], atol=1e-5, rtol=1e-5)
+    assert cache.get_lstm_state().step.tolist() == [9, 9]

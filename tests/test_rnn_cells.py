@@ -6,7 +6,7 @@ import torch
 
 from plugins.rnn import (AdamLSTMCell, MomentumLSTMCell, MomentumRNNCell, NAGLSTMCell,
                          RMSPropLSTMCell, SRLSTMCell)
-from plugins.rnn.filters import constant_decay, filter_sequence, nag_decay
+from plugins.rnn.filters import ConstantDecay, NAGDecay, bias_channel, carried_weight, filter_sequence
 from reference_appendix_f import MomentumLSTMCell as AppendixFCell
 
 D, H, B, T = 3, 4, 5, 7
@@ -195,6 +195,12 @@ def test_momentum_rnn_cell_eq9_literal_and_eq10_equivalence(make_generator):
         assert torch.allclose(h10, h, rtol=0, atol=1e-10)
 
 
+def dense(decay):
+    """The whole (G, T+1, T+1) decay matrix (small T only)."""
+    tau = torch.arange(decay.length + 1)
+    return decay.matrix(tau, tau)
+
+
 def literal_product(mus, t, k):
     return math.prod(mus[j] for j in range(k + 1, t + 1))
 
@@ -207,7 +213,7 @@ def test_nag_decay_matrix_literal(start, restart):
         t = start + j
         k = t if restart is None else (t - 1) % restart + 1
         mus[j] = (k - 1) / (k + 2)
-    decay = nag_decay(steps, torch.tensor([start]), restart)[0]
+    decay = dense(NAGDecay(torch.tensor([start]), restart, steps))[0]
     for t in range(steps + 1):
         for k in range(steps + 1):
             expected = literal_product(mus, t, k) if k <= t else 0.0
@@ -217,7 +223,7 @@ def test_nag_decay_matrix_literal(start, restart):
 
 
 def test_constant_decay_literal():
-    decay = constant_decay(6, 0.3)[0]
+    decay = dense(ConstantDecay(0.3, 6))[0]
     for t in range(7):
         for k in range(7):
             assert decay[t, k].item() == pytest.approx(0.3 ** (t - k) if k <= t else 0.0,
@@ -225,23 +231,33 @@ def test_constant_decay_literal():
 
 
 @pytest.mark.parametrize("decay", [
-    constant_decay(11, 0.7),
-    nag_decay(11, torch.tensor([0]), None),
-    nag_decay(11, torch.tensor([3, 0, 5]), 4),
-])
+    ConstantDecay(0.7, 11),
+    NAGDecay(torch.tensor([0]), None, 11),
+    NAGDecay(torch.tensor([3, 0, 5]), 4, 11),
+], ids=["constant", "nag", "sr-groups"])
 def test_filter_sequence_literal_and_chunked(decay, make_generator):
-    """x̃_t = μ_t x̃_{t-1} + s x_t step by step, vs the dense and the chunked parallel forms."""
+    """x̃_t = μ_t x̃_{t-1} + s x_t step by step, vs the chunked parallel form; the bias channel
+    and the carried weight against the same recursion."""
     gen = make_generator()
     x = torch.randn(11, 3, 2, generator=gen, dtype=torch.float64)
     s = 0.8
-    literal, acc = [], torch.zeros(3, 2, dtype=torch.float64)
+    full = dense(decay)
+    literal, acc, ones, carried = [], torch.zeros(3, 2, dtype=torch.float64), [], []
+    c = torch.zeros(3, dtype=torch.float64)
+    w0 = torch.ones(3, dtype=torch.float64)
     for t in range(1, 12):
-        mu = decay[:, t, t - 1].reshape(-1, 1)  # M[t, t-1] = μ_t
-        acc = mu * acc + s * x[t - 1]
+        mu = full[:, t, t - 1].expand(3)  # M[t, t-1] = μ_t
+        acc = mu[:, None] * acc + s * x[t - 1]
+        c, w0 = mu * c + s, mu * w0
         literal.append(acc)
+        ones.append(c)
+        carried.append(w0)
     literal = torch.stack(literal)
     for chunk in (128, 4, 1):
         assert torch.allclose(filter_sequence(x, decay, s, chunk), literal, rtol=1e-13, atol=1e-14)
+    channel = bias_channel(decay, s, 3, torch.float64, x.device)
+    assert torch.allclose(channel, torch.stack(ones), rtol=1e-13, atol=1e-14)
+    assert torch.allclose(carried_weight(decay, 3), torch.stack(carried), rtol=1e-13, atol=1e-300)
 
 
 @pytest.mark.parametrize("make,match", [
@@ -256,6 +272,11 @@ def test_filter_sequence_literal_and_chunked(decay, make_generator):
     (lambda: NAGLSTMCell(D, H, 1.0, restart=0), "restart"),
     (lambda: SRLSTMCell(D, H, 1.0, restart=None), "restart"),
     (lambda: MomentumRNNCell(D, H, 0.5, 1.0, parameterization="eq11"), "parameterization"),
+    (lambda: MomentumLSTMCell(D, H, False, 1.0), "momentum"),
+    (lambda: MomentumLSTMCell(D, H, 0.5, True), "step_size"),
+    (lambda: AdamLSTMCell(D, H, 0.5, 1.0, 0.9, eps=math.inf), "eps"),
+    (lambda: AdamLSTMCell(D, H, 0.5, math.nan, 0.9), "step_size"),
+    (lambda: SRLSTMCell(D, H, 1.0, restart=True), "restart"),
 ])
 def test_bad_hyperparameters(make, match):
     with pytest.raises(ValueError, match=match):
@@ -269,3 +290,14 @@ def test_bad_step_input():
         cell(torch.zeros(B, D + 1), (h, h), torch.zeros(B, 4 * H))
     with pytest.raises(ValueError, match="input"):
         cell(torch.zeros(T, B, D), (h, h), torch.zeros(B, 4 * H))
+
+
+@pytest.mark.parametrize("step", [-5, -1, 2 ** 63 - 1, 2 ** 62, 2.0])
+def test_nag_cell_refuses_bad_step_counters(step):
+    cell = NAGLSTMCell(D, H, 1.0)
+    h = torch.zeros(B, H)
+    with pytest.raises(ValueError, match="step"):
+        cell(torch.zeros(B, D), (h, h), torch.zeros(B, 4 * H), step)
+    if isinstance(step, int) and abs(step) < 2 ** 63:
+        with pytest.raises(ValueError, match="step"):
+            cell(torch.zeros(B, D), (h, h), torch.zeros(B, 4 * H), torch.full((B,), step))

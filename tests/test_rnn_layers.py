@@ -4,12 +4,13 @@ import torch
 from torch import nn
 from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence, pad_packed_sequence
 
-from plugins.rnn import (AdamLSTMCell, MomentumLSTM, MomentumLSTMCell, MomentumRNN, NAGLSTMCell,
-                         RecurrentState, RMSPropLSTMCell, SRLSTMCell)
+from plugins.rnn import (VARIANTS, AdamLSTMCell, MomentumLSTM, MomentumLSTMCell, MomentumRNN, NAGLSTMCell,
+                         RecurrentState, RMSPropLSTMCell, SRLSTMCell, cell_names)
+from rnn_literal import LITERAL_DRIVES
 
 T, B, D, H = 6, 3, 4, 5
 MU, S, BETA, EPS, F = 0.6, 0.7, 0.8, 1e-8, 3
-KINDS = ["lstm", "momentum", "adam", "rmsprop", "nag", "sr"]
+KINDS = cell_names("lstm")
 TOL = 1e-10
 
 
@@ -26,12 +27,12 @@ def random_state(layer, gen, batch=B):
     width = (4 if isinstance(layer, MomentumLSTM) else 1) * H
     shape = (layer.num_layers, batch)
     rnd = lambda n: torch.randn(shape + (n,), generator=gen, dtype=torch.float64).requires_grad_()
-    kind = layer.cell
+    variant = VARIANTS[layer.cell]
     return RecurrentState(
         rnd(H), rnd(H) if isinstance(layer, MomentumLSTM) else None,
-        None if kind in ("lstm", "rnn") else rnd(width),
+        rnd(width) if variant.has_v else None,
         (torch.rand(shape + (width,), generator=gen, dtype=torch.float64).requires_grad_()
-         if kind in ("adam", "rmsprop") else None),
+         if variant.has_m else None),
         torch.randint(0, 8, (batch,), generator=gen))
 
 
@@ -90,21 +91,10 @@ def tanh_reference(layer, x, state):
         m = state.m[k] if state.m is not None else None
         step = state.step.clone()
         outs = []
+        hp = dict(mu=MU, s=S, beta=BETA, eps=EPS, restart=F if kind == "sr" else None)
         for xt in x:
-            g = xt @ W.T + b
             step = step + 1
-            if kind == "rnn":
-                pre = g
-            elif kind == "momentum":
-                v = pre = MU * v + S * g
-            elif kind in ("nag", "sr"):
-                kk = (step if kind == "nag" else (step - 1) % F + 1).double()
-                v = pre = ((kk - 1) / (kk + 2))[:, None] * v + S * g
-            else:
-                mu = MU if kind == "adam" else 0.0
-                v = mu * v + S * g
-                m = BETA * m + (1 - BETA) * g * g
-                pre = v / torch.sqrt(m + EPS)
+            pre, v, m = LITERAL_DRIVES[kind](xt @ W.T + b, v, m, step, hp)
             h = torch.tanh(pre + h @ U.T + c_b)
             outs.append(h)
         x = torch.stack(outs)
@@ -151,7 +141,7 @@ def test_lstm_layer_matches_cells(kind, num_layers, batch_first, make_generator)
     check_against(layer, out, new_state, ref_out, ref_finals, leaves, gen)
 
 
-@pytest.mark.parametrize("kind", ["rnn", "momentum", "adam", "rmsprop", "nag", "sr"])
+@pytest.mark.parametrize("kind", cell_names("rnn"))
 @pytest.mark.parametrize("num_layers", [1, 2])
 def test_tanh_layer_matches_literal(kind, num_layers, make_generator):
     gen = make_generator()

@@ -5,12 +5,13 @@ import pytest
 import torch
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
-from plugins.rnn import OrthogonalMomentumRNN, OrthogonalRNNCell, RecurrentState
+from plugins.rnn import VARIANTS, OrthogonalMomentumRNN, OrthogonalRNNCell, RecurrentState, cell_names
 from plugins.rnn.orthogonal import cayley_skew, henaff_skew, modrelu
+from rnn_literal import LITERAL_DRIVES
 
 T, B, D, H = 6, 3, 4, 6
 MU, S, BETA, EPS, F = 0.6, 0.7, 0.8, 1e-8, 3
-KINDS = ["rnn", "momentum", "adam", "rmsprop", "nag", "sr"]
+KINDS = cell_names("rnn")
 TOL = 1e-10
 
 
@@ -43,20 +44,9 @@ def make_cell(kind, gen, orthogonal_map="matrix_exp", init="cayley"):
 
 
 def literal_drive(kind, g, v, m, step):
-    """The input drive of each variant: DTRIV, eq. 9, eq. 15, Section 2.4."""
-    if kind == "rnn":
-        return g, v, m
-    if kind == "momentum":
-        v = MU * v + S * g
-        return v, v, m
-    if kind in ("nag", "sr"):
-        k = step if kind == "nag" else (step - 1) % F + 1
-        v = (k - 1) / (k + 2) * v + S * g
-        return v, v, m
-    mu = MU if kind == "adam" else 0.0
-    v = mu * v + S * g
-    m = BETA * m + (1 - BETA) * g * g
-    return v / torch.sqrt(m + EPS), v, m
+    """The input drive of each variant (DTRIV, eq. 9, eq. 15, Section 2.4), tests/rnn_literal.py."""
+    hp = dict(mu=MU, s=S, beta=BETA, eps=EPS, restart=F if kind == "sr" else None)
+    return LITERAL_DRIVES[kind](g, v, m, torch.as_tensor(step).reshape(-1), hp)
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -127,10 +117,10 @@ def randomise(layer, gen):
 def random_state(layer, gen, batch):
     shape = (layer.num_layers, batch, H)
     rnd = lambda: torch.randn(shape, generator=gen, dtype=torch.float64).requires_grad_()
-    kind = layer.cell
-    return RecurrentState(rnd(), None, None if kind == "rnn" else rnd(),
+    variant = VARIANTS[layer.cell]
+    return RecurrentState(rnd(), None, rnd() if variant.has_v else None,
                           (torch.rand(shape, generator=gen, dtype=torch.float64).requires_grad_()
-                           if kind in ("adam", "rmsprop") else None),
+                           if variant.has_m else None),
                           torch.randint(0, 8, (batch,), generator=gen))
 
 

@@ -54,3 +54,10 @@ def test_bool_and_choice():
     assert V.check_choice("pre", "layer_norm", ("pre", "post")) == "pre"
     with pytest.raises(ValueError, match="layer_norm must be one of 'pre', 'post'"):
         V.check_choice("mid", "layer_norm", ("pre", "post"))
+
+
+def test_one_sided_ranges_do_not_read_as_allowing_inf():
+    with pytest.raises(ValueError, match=r"step_size must be > 0, got 0"):
+        V.check_positive(0, "step_size")
+    with pytest.raises(ValueError, match=r"x must be <= 1, got 2"):
+        V.check_number(2, "x", high=1.0)

@@ -81,8 +81,8 @@ class MomentumLSTMDecoderCell(nn.Module):
         self.rnn = MomentumLSTM(input_size, hidden_size, 1, **cell_kwargs)
         self.input_size, self.hidden_size = input_size, hidden_size
         width = 4 * hidden_size
-        self.widths = [hidden_size, width if self.rnn._has_v else 0,
-                       width if cell_kwargs.get("cell") in ("adam", "rmsprop") else 0, 1]
+        variant = self.rnn.variant
+        self.widths = [hidden_size, width if variant.has_v else 0, width if variant.has_m else 0, 1]
 
     @classmethod
     def like(cls, module: nn.LSTMCell, **cell_kwargs):

@@ -4,9 +4,10 @@ from .layers import MomentumLSTM, MomentumRNN
 from .orthogonal import OrthogonalMomentumRNN, OrthogonalRNNCell
 from .rnn_cells import MomentumRNNCell
 from .sequence import RecurrentState
+from .variants import VARIANTS, CellVariant, cell_names, get_variant
 
 __all__ = [
     "AdamLSTMCell", "MomentumLSTMCell", "NAGLSTMCell", "RMSPropLSTMCell", "SRLSTMCell",
     "MomentumRNNCell", "MomentumLSTM", "MomentumRNN", "OrthogonalMomentumRNN",
-    "OrthogonalRNNCell", "RecurrentState",
+    "OrthogonalRNNCell", "RecurrentState", "VARIANTS", "CellVariant", "cell_names", "get_variant",
 ]

@@ -7,8 +7,9 @@ same thing on torch's fused kernels.
 import torch
 from torch import nn
 
-from .filters import (adam_step, check_beta, check_eps, check_momentum, check_restart,
-                      check_step_size, momentum_step, nag_momentum, restart_index)
+from ..validation import MAX_INT, check_int, check_momentum, check_positive
+from .filters import adam_step, momentum_step, nag_momentum, restart_index
+from .variants import check_restart
 
 
 def lstm_update(gates, c):
@@ -36,8 +37,19 @@ def appendix_f_init_(x2h, h2h, hidden_size, forget_bias=1.0):
 
 def check_sizes(input_size, hidden_size):
     for name, value in (("input_size", input_size), ("hidden_size", hidden_size)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+        check_int(value, name, low=1)
+
+
+def check_step_counter(step, name="step"):
+    """Time steps processed so far: integers in [0, 2^62 − 1] (an int64 counter never wraps)."""
+    if isinstance(step, torch.Tensor):
+        if step.is_floating_point() or step.dtype == torch.bool:
+            raise ValueError(f"{name} must be an integer tensor, got {step.dtype}")
+        if step.numel() and (bool((step < 0).any()) or bool((step >= MAX_INT).any())):
+            raise ValueError(f"{name} must be in [0, {MAX_INT - 1}], got min {int(step.min())}, "
+                             f"max {int(step.max())}")
+        return step
+    return check_int(step, name, low=0, high=MAX_INT - 1)
 
 
 def check_step_input(x, input_size):
@@ -67,14 +79,12 @@ class MomentumLSTMCell(_LSTMCellBase):
 
     forward(x, (h, c), v) -> (h, (h, c), v); v has shape (batch, 4*hidden_size).
     μ = 0 gives the authors' PTB "MomentumLSTM" (an LSTM whose input pre-activation is
-    scaled by s; ANCHORS fact 6).
+    scaled by s).
     """
 
     def __init__(self, input_size, hidden_size, momentum, step_size, bias=True):
-        check_momentum(momentum)
-        check_step_size(step_size)
-        self.momentum = momentum
-        self.step_size = step_size
+        self.momentum = check_momentum(momentum)
+        self.step_size = check_positive(step_size, "step_size")
         super().__init__(input_size, hidden_size, bias)
 
     def forward(self, x, hidden, v):
@@ -86,7 +96,7 @@ class MomentumLSTMCell(_LSTMCellBase):
 
 
 class AdamLSTMCell(_LSTMCellBase):
-    """AdamLSTM cell, eq. 15 as the authors coded it (ANCHORS fact 8).
+    """AdamLSTM cell, eq. 15 as the authors coded it.
 
         g = W x_t + b_ih;  v_t = μ v + s g;  m_t = β m + (1−β) g⊙g;
         gates = v_t / √(m_t + ε) + U h_{t-1} + b_hh
@@ -96,14 +106,10 @@ class AdamLSTMCell(_LSTMCellBase):
     """
 
     def __init__(self, input_size, hidden_size, momentum, step_size, beta, eps=1e-8, bias=True):
-        check_momentum(momentum)
-        check_step_size(step_size)
-        check_beta(beta)
-        check_eps(eps)
-        self.momentum = momentum
-        self.step_size = step_size
-        self.beta = beta
-        self.eps = eps
+        self.momentum = check_momentum(momentum)
+        self.step_size = check_positive(step_size, "step_size")
+        self.beta = check_momentum(beta, "beta")
+        self.eps = check_positive(eps, "eps")
         super().__init__(input_size, hidden_size, bias)
 
     def forward(self, x, hidden, v, m):
@@ -128,23 +134,24 @@ class NAGLSTMCell(_LSTMCellBase):
     Heavy-ball momentum of eq. 9 with μ_t = (k−1)/(k+2), k = ((t−1) mod F) + 1 the
     position of step t in its restart block: v_t = μ_t v_{t-1} + s (W x_t + b_ih). F = None
     is plain NAG. k counts time steps and the coefficient is 0 at k = 1. The authors coded
-    SR in two ways (their MNIST code extrapolates the whole pre-activation; ANCHORS fact 7);
+    SR in two ways (their MNIST code extrapolates the whole pre-activation);
     this follows the paper's Section 2.4, which their PTB code also does.
 
     forward(x, (h, c), v, step) -> (h, (h, c), v, step + 1), step being the number of time
     steps already processed (int or a (batch,) integer tensor).
     """
 
+    cell = "nag"
+
     def __init__(self, input_size, hidden_size, step_size, restart=None, bias=True):
-        check_step_size(step_size)
-        self.restart = check_restart(restart)
-        self.step_size = step_size
+        self.restart = check_restart(self.cell, restart)
+        self.step_size = check_positive(step_size, "step_size")
         super().__init__(input_size, hidden_size, bias)
 
     def forward(self, x, hidden, v, step):
         check_step_input(x, self.input_size)
         h, c = hidden
-        step = torch.as_tensor(step, device=x.device) + 1
+        step = torch.as_tensor(check_step_counter(step), device=x.device) + 1
         mu = nag_momentum(restart_index(step, self.restart).to(x.dtype))
         if mu.dim() == 1:
             mu = mu[:, None]
@@ -156,7 +163,7 @@ class NAGLSTMCell(_LSTMCellBase):
 class SRLSTMCell(NAGLSTMCell):
     """SRLSTM cell: NAGLSTMCell with a finite restart frequency F (Section 2.4)."""
 
+    cell = "sr"
+
     def __init__(self, input_size, hidden_size, step_size, restart, bias=True):
-        if check_restart(restart) is None:
-            raise ValueError(f"restart must be an integer >= 1 for SRLSTMCell, got {restart!r}")
         super().__init__(input_size, hidden_size, step_size, restart, bias)

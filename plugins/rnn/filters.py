@@ -6,43 +6,13 @@ hidden state. For eq. 9, with g_t = W x_t + b the input pre-activation,
     v_t = μ_t v_{t-1} + s g_t  =  s Σ_{k≤t} (Π_{j=k+1..t} μ_j) g_k + (Π_{j≤t} μ_j) v_0,
 
 so the momenta of all T steps come from one lower-triangular (T+1, T+1) *decay matrix*
-M[t, k] = Π_{j=k+1..t} μ_j (column 0 weights the carried-in v_0). Because g is linear in
-x, the filter can also run on x itself (ANCHORS, "Useful identities"): v_t = W x̃_t + b c_t
+M[t, k] = Π_{j=k+1..t} μ_j (column 0 weights the carried-in v_0), of which only
+(chunk × chunk) blocks are ever formed (`filter_sequence`). Because g is linear in
+x, the filter can also run on x itself: v_t = W x̃_t + b c_t
 + M[t, 0] v_0 with x̃_t = s Σ_k M[t, k] x_k and c_t = s Σ_k M[t, k]. The decay matrices
 are built from their closed forms, never by dividing by small powers of μ.
 """
-import math
-
 import torch
-
-
-def check_momentum(momentum):
-    if not (isinstance(momentum, (int, float)) and 0.0 <= momentum < 1.0):
-        raise ValueError(f"momentum must be a number in [0, 1), got {momentum!r}")
-
-
-def check_step_size(step_size):
-    if not (isinstance(step_size, (int, float)) and step_size > 0 and math.isfinite(step_size)):
-        raise ValueError(f"step_size must be a finite number > 0, got {step_size!r}")
-
-
-def check_beta(beta):
-    if not (isinstance(beta, (int, float)) and 0.0 <= beta < 1.0):
-        raise ValueError(f"beta must be a number in [0, 1), got {beta!r}")
-
-
-def check_eps(eps):
-    if not (isinstance(eps, (int, float)) and eps > 0):
-        raise ValueError(f"eps must be a number > 0, got {eps!r}")
-
-
-def check_restart(restart):
-    """restart F is an integer ≥ 1, or None / math.inf for no restart (plain NAG)."""
-    if restart is None or restart == math.inf:
-        return None
-    if isinstance(restart, bool) or not isinstance(restart, int) or restart < 1:
-        raise ValueError(f"restart must be an integer >= 1, None or math.inf, got {restart!r}")
-    return restart
 
 
 def restart_index(step, restart):
@@ -73,68 +43,84 @@ def adam_step(v, m, g, momentum, step_size, beta, eps):
     return v / torch.sqrt(m + eps), v, m
 
 
-def constant_decay(length, momentum, dtype=torch.float64, device=None):
-    """Decay matrix of eq. 9 with constant μ: M[t, k] = μ^(t−k) for k ≤ t, shape (1, T+1, T+1)."""
-    t = torch.arange(length + 1, dtype=torch.float64, device=device)
-    lag = t[:, None] - t[None, :]
-    decay = torch.where(lag >= 0, torch.tensor(float(momentum), dtype=torch.float64,
-                                               device=device) ** lag.clamp(min=0), 0.0)
-    return decay.to(dtype).unsqueeze(0)
+class ConstantDecay:
+    """Decay of eq. 9 with constant μ: M[t, k] = μ^(t−k) for k ≤ t (one group)."""
+
+    def __init__(self, momentum, length):
+        self.momentum, self.length, self.groups = float(momentum), length, 1
+
+    def matrix(self, rows, cols):
+        """M[rows, cols] as a float64 (1, len(rows), len(cols)) tensor, from the closed form."""
+        lag = (rows[:, None] - cols[None, :]).to(torch.float64)
+        mu = torch.tensor(self.momentum, dtype=torch.float64)
+        return torch.where(lag >= 0, mu ** lag.clamp(min=0), 0.0).unsqueeze(0)
 
 
-def nag_decay(length, start_step, restart, dtype=torch.float64, device=None):
-    """Decay matrix of the NAG/SR momentum (Section 2.4), shape (G, T+1, T+1).
+class NAGDecay:
+    """Decay of the NAG/SR momentum (Section 2.4), one group per distinct start step.
 
     start_step (G,) holds the number of steps each sequence has already processed. Inside
     a restart block k runs a, a+1, …, b and the product telescopes:
     Π_{j=a+1..b} (j−1)/(j+2) = a(a+1)(a+2) / (b(b+1)(b+2)); across a restart it is 0.
     """
-    tau = torch.arange(length + 1, device=device)
-    k = restart_index(start_step.to(device)[:, None] + tau[None, :], restart).to(torch.float64)
-    cube = k * (k + 1) * (k + 2)
-    same_block = (k[:, :, None] - k[:, None, :]) == (tau[:, None] - tau[None, :]).to(k)
-    causal = tau[:, None] >= tau[None, :]
-    ratio = cube[:, None, :] / cube[:, :, None].clamp(min=1.0)
-    decay = torch.where(same_block & causal, ratio, 0.0)
-    decay[:, tau, tau] = 1.0
-    return decay.to(dtype)
+
+    def __init__(self, start_step, restart, length):
+        self.start, self.restart, self.length = start_step.cpu(), restart, length
+        self.groups = self.start.numel()
+
+    def matrix(self, rows, cols):
+        """M[rows, cols] as a float64 (G, len(rows), len(cols)) tensor, from the closed form."""
+        k_r, k_c = (restart_index(self.start[:, None] + i[None, :], self.restart).to(torch.float64)
+                    for i in (rows, cols))
+        lag = (rows[:, None] - cols[None, :]).to(torch.float64)
+        same_block = (k_r[:, :, None] - k_c[:, None, :]) == lag
+        cube = lambda k: k * (k + 1) * (k + 2)
+        ratio = cube(k_c)[:, None, :] / cube(k_r)[:, :, None].clamp(min=1.0)
+        decay = torch.where(same_block & (lag >= 0), ratio, 0.0)
+        return torch.where(lag == 0, 1.0, decay)
 
 
 def filter_sequence(seq, decay, step_size, chunk=128):
-    """Parallel form of eq. 9's filter without the carried state: s Σ_{k≤t} M[t, k] seq_k.
+    """Parallel form of eq. 9's filter without the carried state: s Σ_{1≤k≤t} M[t, k] seq_k.
 
-    seq (T, B, D), decay (G, T+1, T+1) with G ∈ {1, B}; returns (T, B, D). Runs in chunks
-    of `chunk` steps (cost T·chunk·B·D instead of T²·B·D): inside a chunk starting after
-    step a the sum is dense, and the part before it enters through M[t, a] x̃_a, since the
-    products of μ factor as M[t, k] = M[t, a] M[a, k] for k ≤ a ≤ t.
+    seq (T, B, D), decay a ConstantDecay / NAGDecay with G ∈ {1, B} groups; returns
+    (T, B, D). Runs in chunks of `chunk` steps, each chunk's (chunk × chunk) block formed
+    from the decay's closed form, so memory is O(T·chunk) and time O(T·chunk·B·D), never a
+    T × T matrix: inside a chunk starting after step a the sum is dense, and the part before
+    it enters through M[t, a] x̃_a, since the products of μ factor as M[t, k] = M[t, a] M[a, k]
+    for k ≤ a ≤ t.
     """
     steps = seq.size(0)
-    weights = step_size * decay.to(seq.dtype)
     outs, prev = [], None
     for a in range(0, steps, chunk):
         b = min(a + chunk, steps)
-        block = weights[:, a + 1:b + 1, a + 1:b + 1]
+        tau = torch.arange(a + 1, b + 1)
+        block = (step_size * decay.matrix(tau, tau)).to(device=seq.device, dtype=seq.dtype)
         part = seq[a:b]
         if block.size(0) == 1:
             y = torch.matmul(block[0], part.reshape(b - a, -1)).view_as(part)
         else:
             y = torch.einsum("btk,kbd->tbd", block, part)
         if prev is not None:
-            carry = decay[:, a + 1:b + 1, a].to(seq.dtype).transpose(0, 1).unsqueeze(-1)
-            y = y + carry * prev
+            carry = decay.matrix(tau, torch.tensor([a]))[:, :, 0]
+            y = y + carry.to(device=seq.device, dtype=seq.dtype).t().unsqueeze(-1) * prev
         prev = y[-1]
         outs.append(y)
     return torch.cat(outs)
 
 
 def carried_weight(decay, batch):
-    """Weight M[t, 0] of the carried-in v_0 in v_t, as a (T, B) tensor."""
-    return decay[:, 1:, 0].transpose(0, 1).expand(-1, batch)
+    """Weight M[t, 0] of the carried-in v_0 in v_t for t = 1..T, as a float64 (T, B) tensor."""
+    rows = torch.arange(1, decay.length + 1)
+    return decay.matrix(rows, torch.zeros(1, dtype=torch.long))[:, :, 0].t().expand(-1, batch)
 
 
-def bias_channel(decay, step_size, batch):
-    """c_t = s Σ_{1≤k≤t} M[t, k]: how much of the input bias b the momentum v_t holds, (T, B)."""
-    return step_size * decay[:, 1:, 1:].sum(-1).transpose(0, 1).expand(-1, batch)
+def bias_channel(decay, step_size, batch, dtype, device):
+    """c_t = s Σ_{1≤k≤t} M[t, k]: how much of the input bias b the momentum v_t holds, (T, B).
+
+    The filter of a constant 1 (chunked like every filter, O(T·chunk))."""
+    ones = torch.ones(decay.length, decay.groups, 1, dtype=dtype, device=device)
+    return filter_sequence(ones, decay, step_size)[..., 0].expand(-1, batch)
 
 
 def second_moment(g_squared, m0, beta):

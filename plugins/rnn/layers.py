@@ -1,11 +1,18 @@
 """Multi-layer MomentumLSTM / MomentumRNN with the nn.LSTM calling convention.
 
+Every cell comes from the table in variants.py: which states it carries, its momentum
+filter for the whole-sequence form and its one-step drive (used by `step`).
+
 Fast path. The momentum of every cell depends on the input only (filters.py), so:
+- plain cell ("lstm" / "rnn"): all layers in one call of torch's fused multi-layer kernel
+  on the module's own parameter tensors, exactly nn.LSTM / nn.RNN's call (dropout between
+  layers in training runs layer by layer).
 - momentum / nag / sr: the whole filtered sequence is formed first, in input space, as
   x̃_t = s Σ_k M[t, k] x_k plus a bias channel c_t and, for a carried-in v_0, B channels
   M[t, 0]·e_b whose input weights are v_0 itself. Then v_t = [W, b_ih, v_0ᵀ]·[x̃_t, c_t,
   M[t, 0] e_b] exactly, and the recurrence runs in torch's fused LSTM / tanh-RNN kernel
-  with that input weight, at the cost of nn.LSTM with d + 1 (+ B) inputs.
+  with that input weight, at the cost of nn.LSTM with d + 1 (+ B) inputs. With μ ≡ 0 the
+  step size is folded into the input and the kernel gets the module's own weight.
 - adam / rmsprop (LSTM): the input projection g = W x + b is one matrix product for all
   steps; v, m and the normalised pre-activation of eq. 15 are formed inside one fused
   per-step recurrence with a hand-written backward (recurrence.py). The tanh RNN forms
@@ -15,39 +22,55 @@ Dropout between layers as in nn.LSTM.
 import math
 
 import torch
-from torch import nn
+from torch import Tensor, nn
 from torch.nn import functional as F
 
-from .cells import check_sizes
-from .filters import (bias_channel, carried_weight, check_beta, check_eps, check_momentum,
-                      check_restart, check_step_size, constant_decay, filter_sequence,
-                      nag_decay, second_moment)
+from ..validation import check_bool, check_int, check_probability
+from .cells import check_sizes, lstm_update
+from .filters import bias_channel, carried_weight, filter_sequence, second_moment
 from .recurrence import AdamLSTMRecurrence, gate_order
-from .sequence import (CELLS, RecurrentState, as_output, as_sequence, check_cell,
-                       check_dropout, check_num_layers, fused_recurrence, initial_state,
-                       last_step, valid_mask)
-
-ADAPTIVE = ("adam", "rmsprop")
+from .sequence import (
+    RecurrentState,
+    as_output,
+    as_sequence,
+    fused_recurrence,
+    initial_state,
+    last_step,
+    valid_mask,
+)
+from .variants import Hyper, check_hyper
 
 
 def input_map(x, decay, step_size, weight, bias, v0):
     """(inp, w, b) such that the momentum of eq. 9 is v_t = w·inp_t + b for every step.
 
-    decay None means μ ≡ 0 (v_t = s g_t). See the module docstring for the channels.
+    decay None means μ ≡ 0 (v_t = s g_t): s is folded into the input, so w and b are the
+    layer's own parameters when s = 1 (the plain cell), and torch's fused kernels (cuDNN on
+    GPU) receive the module's tensors. Otherwise the filtered input gains a bias channel
+    and, for a carried-in v_0 (None: none carried), B channels; see the module docstring.
     """
     if decay is None:
-        return x, step_size * weight, None if bias is None else step_size * bias
+        if step_size == 1:
+            return x, weight, bias
+        return step_size * x, weight, None if bias is None else step_size * bias
     batch = x.size(1)
-    carried = carried_weight(decay, batch)
-    decay = decay.to(device=x.device, dtype=x.dtype)
     cols, wcols = [filter_sequence(x, decay, step_size)], [weight]
     if bias is not None:
-        cols.append(bias_channel(decay, step_size, batch).unsqueeze(-1))
+        cols.append(bias_channel(decay, step_size, batch, x.dtype, x.device).unsqueeze(-1))
         wcols.append(bias.unsqueeze(1))
-    if v0 is not None and bool(carried.any()):
-        cols.append(torch.diag_embed(carried.to(device=x.device, dtype=x.dtype)))
-        wcols.append(v0.t())
+    if v0 is not None:
+        carried = carried_weight(decay, batch)
+        if bool(carried.any()):
+            cols.append(torch.diag_embed(carried.to(device=x.device, dtype=x.dtype)))
+            wcols.append(v0.t())
     return torch.cat(cols, -1), torch.cat(wcols, 1), None
+
+
+def fused_weights(w, w_hh, b, b_hh, has_biases):
+    """Weight list of one layer of torch's fused kernel (input bias zero when folded in w)."""
+    if not has_biases:
+        return [w, w_hh]
+    return [w, w_hh, torch.zeros_like(b_hh) if b is None else b, b_hh]
 
 
 def recurrence_loop(step, pre, lengths, state):
@@ -83,23 +106,22 @@ class _MomentumLayers(nn.Module):
                  dropout=0.0):
         super().__init__()
         check_sizes(input_size, hidden_size)
-        check_num_layers(num_layers)
-        check_cell(cell, (self.plain,) + CELLS)
-        check_momentum(momentum)
-        check_step_size(step_size)
-        check_beta(beta)
-        check_eps(eps)
-        check_dropout(dropout)
-        self.restart = check_restart(restart)
-        if cell == "sr" and self.restart is None:
-            raise ValueError("restart must be an integer >= 1 when cell='sr'")
-        self.input_size, self.hidden_size, self.num_layers = input_size, hidden_size, num_layers
-        self.cell, self.momentum, self.step_size = cell, momentum, step_size
-        self.beta, self.eps, self.bias = beta, eps, bias
-        self.batch_first, self.dropout = batch_first, dropout
-        for k in range(num_layers):
+        self.variant, hyper = check_hyper(cell, self.plain, momentum, step_size, beta, eps, restart)
+        self.input_size, self.hidden_size = input_size, hidden_size
+        self.num_layers = check_int(num_layers, "num_layers", low=1)
+        self.cell = self.variant.name
+        self.momentum, self.step_size, self.beta, self.eps, self.restart = hyper
+        self.bias = check_bool(bias, "bias")
+        self.batch_first = check_bool(batch_first, "batch_first")
+        self.dropout = check_probability(dropout, "dropout")
+        for k in range(self.num_layers):
             self._register_layer(k, input_size if k == 0 else hidden_size)
         self.reset_parameters()
+
+    @property
+    def hyper(self) -> Hyper:
+        """The cell's hyperparameters as its equations use them (rmsprop: μ = 0)."""
+        return self.variant.hyper(self.momentum, self.step_size, self.beta, self.eps, self.restart)
 
     def _register_layer(self, k, d):
         width = self.gate_count * self.hidden_size
@@ -119,27 +141,12 @@ class _MomentumLayers(nn.Module):
         get = lambda name: getattr(self, f"{name}_l{k}", None)
         return get("weight_ih"), get("weight_hh"), get("bias_ih"), get("bias_hh")
 
-    @property
-    def _has_v(self):
-        return self.cell != self.plain
-
-    @property
-    def _effective_step_size(self):
-        return 1.0 if self.cell == self.plain else self.step_size
-
     def _decay(self, steps, start_step):
-        """Decay matrix of this cell's momentum (filters.py); None when μ ≡ 0."""
-        if self.cell in (self.plain, "rmsprop") or (self.cell in ("momentum", "adam")
-                                                    and self.momentum == 0):
+        """Momentum filter of this cell for the whole-sequence form (filters.py); None when
+        μ ≡ 0 or when the layer forms v inside its own recurrence."""
+        if self.variant.has_m and not self.filters_input_for_adam:
             return None
-        if self.cell == "adam" and not self.filters_input_for_adam:
-            return None
-        if self.cell in ("momentum", "adam"):
-            return constant_decay(steps, self.momentum)
-        start = start_step.cpu()
-        if bool((start == start[0]).all()):
-            start = start[:1]
-        return nag_decay(steps, start, self.restart)
+        return self.variant.decay(self.hyper, steps, start_step)
 
     def _adaptive_drive(self, x, inp, w, b, weight_ih, bias_ih, m0, lengths):
         """Normalised pre-activation of eq. 15 for all steps, with its last v and m."""
@@ -148,27 +155,72 @@ class _MomentumLayers(nn.Module):
         m = second_moment(g * g, m0, self.beta)
         return v / torch.sqrt(m + self.eps), last_step(v, lengths), last_step(m, lengths)
 
+    def _state(self, state, batch, ref, steps):
+        return initial_state(state, num_layers=self.num_layers, batch=batch, hidden=self.hidden_size,
+                             width=self.gate_count * self.hidden_size, has_c=self.gate_count == 4,
+                             has_v=self.variant.has_v, has_m=self.variant.has_m, ref=ref, steps=steps)
+
     def forward(self, input, state=None):
         seq = as_sequence(input, self.input_size, self.batch_first)
         x, lengths = seq.x, seq.lengths
         steps, batch = x.shape[:2]
-        has_c = self.gate_count == 4
-        st = initial_state(state, num_layers=self.num_layers, batch=batch, hidden=self.hidden_size,
-                           width=self.gate_count * self.hidden_size, has_c=has_c,
-                           has_v=self._has_v, has_m=self.cell in ADAPTIVE, ref=x)
+        carries_v = isinstance(state, RecurrentState) and state.v is not None
+        st = self._state(state, batch, x, steps)
+        advanced = steps if lengths is None else lengths.to(st.step.device)
+        if self._all_layers_fused():
+            out, (h, *c) = self._fused_stack(x, lengths, st)
+            new_state = RecurrentState(h, c[0] if c else None, None, None, st.step + advanced)
+            return as_output(seq, out, self.batch_first), new_state
         decay = self._decay(steps, st.step)
         finals = []
         for k in range(self.num_layers):
             if k > 0 and self.dropout > 0 and self.training:
                 x = F.dropout(x, self.dropout, True)
-            pick = lambda t: None if t is None else t[k]
-            x, final = self._layer(k, x, lengths, decay, st.h[k], pick(st.c), pick(st.v),
-                                   pick(st.m))
+            c0, v0, m0 = (None if t is None else t[k] for t in (st.c, st.v, st.m))
+            x, final = self._layer(k, x, lengths, decay, st.h[k], c0, v0, m0, carries_v)
             finals.append(final)
         stack = lambda i: None if finals[0][i] is None else torch.stack([f[i] for f in finals])
-        advanced = steps if lengths is None else lengths.to(st.step.device)
         new_state = RecurrentState(stack(0), stack(1), stack(2), stack(3), st.step + advanced)
         return as_output(seq, x, self.batch_first), new_state
+
+    def _all_layers_fused(self):
+        """The plain cell without dropout between layers is one call of torch's fused
+        multi-layer kernel on the module's own parameters, exactly nn.LSTM / nn.RNN."""
+        return (self.variant.plain and self.fused_kind is not None
+                and (self.dropout == 0 or not self.training or self.num_layers == 1))
+
+    def _fused_stack(self, x, lengths, st):
+        weights = []
+        for k in range(self.num_layers):
+            weights += [p for p in self.layer_parameters(k) if p is not None]
+        hx = (st.h, st.c) if self.gate_count == 4 else st.h
+        return fused_recurrence(self.fused_kind, x, lengths, hx, weights, self.bias, self.training,
+                                num_layers=self.num_layers)
+
+    def step(self, input, state=None):
+        """One time step of every layer: input (batch, input_size) -> (output (batch,
+        hidden_size), RecurrentState). Equal to `forward` on a length-1 sequence with the same
+        state, at the cost of a cell step: the drive of each cell comes from the table of
+        variants.py, the recurrence from the layer family. For decoding."""
+        if not isinstance(input, Tensor) or input.dim() != 2 or input.size(1) != self.input_size:
+            shape = tuple(input.shape) if isinstance(input, Tensor) else type(input).__name__
+            raise ValueError(f"input must have shape (batch, {self.input_size}), got {shape}")
+        st = self._state(state, input.size(0), input, 1)
+        step = st.step + 1
+        x, finals, hyper = input, [], self.hyper
+        for k in range(self.num_layers):
+            if k > 0 and self.dropout > 0 and self.training:
+                x = F.dropout(x, self.dropout, True)
+            c0, v0, m0 = (None if t is None else t[k] for t in (st.c, st.v, st.m))
+            pre, v, m = self.variant.drive(self._input_projection(k, x), v0, m0, step, hyper)
+            x, c = self._recurrent_update(k, pre, st.h[k], c0)
+            finals.append((x, c, v, m))
+        stack = lambda i: None if finals[0][i] is None else torch.stack([f[i] for f in finals])
+        return x, RecurrentState(stack(0), stack(1), stack(2), stack(3), step)
+
+    def _input_projection(self, k, x):
+        w_ih, _, b_ih, _ = self.layer_parameters(k)
+        return F.linear(x, w_ih, b_ih)
 
 
 class MomentumLSTM(_MomentumLayers):
@@ -185,6 +237,7 @@ class MomentumLSTM(_MomentumLayers):
 
     plain = "lstm"
     gate_count = 4
+    fused_kind = "lstm"
     filters_input_for_adam = False  # its Adam recurrence forms v itself
 
     def reset_parameters(self):
@@ -198,23 +251,25 @@ class MomentumLSTM(_MomentumLayers):
                         b.zero_()
                         b[self.hidden_size:2 * self.hidden_size].fill_(1.0)
 
-    def _layer(self, k, x, lengths, decay, h0, c0, v0, m0):
+    def _layer(self, k, x, lengths, decay, h0, c0, v0, m0, carries_v):
         w_ih, w_hh, b_ih, b_hh = self.layer_parameters(k)
-        if self.cell in ADAPTIVE:
+        if self.variant.has_m:
             return self._adaptive_layer(x, lengths, w_ih, w_hh, b_ih, b_hh, h0, c0, v0, m0)
-        inp, w, b = input_map(x, decay, self._effective_step_size, w_ih, b_ih, v0)
-        weights = [w, w_hh]
-        if self.bias:
-            weights += [torch.zeros_like(b_hh) if b is None else b, b_hh]
-        out, (h, c) = fused_recurrence("lstm", inp, lengths, (h0[None], c0[None]), weights,
-                                       self.bias, self.training)
-        v = F.linear(last_step(inp, lengths), w, b) if self._has_v else None
+        inp, w, b = input_map(x, decay, self.variant.input_scale(self.hyper), w_ih, b_ih,
+                              v0 if carries_v else None)
+        out, (h, c) = fused_recurrence("lstm", inp, lengths, (h0[None], c0[None]),
+                                       fused_weights(w, w_hh, b, b_hh, self.bias), self.bias,
+                                       self.training)
+        v = F.linear(last_step(inp, lengths), w, b) if self.variant.has_v else None
         return out, (h[0], c[0], v, None)
 
+    def _recurrent_update(self, k, pre, h, c):
+        _, w_hh, _, b_hh = self.layer_parameters(k)
+        return lstm_update(pre + F.linear(h, w_hh, b_hh), c)
 
     def _adaptive_layer(self, x, lengths, w_ih, w_hh, b_ih, b_hh, h0, c0, v0, m0):
         """Adam/RMSProp layer: eq. 15 on the fused recurrence of recurrence.py."""
-        momentum = self.momentum if self.cell == "adam" else 0.0
+        momentum = self.hyper.momentum
         v_last = None
         if not momentum:
             v_last = self.step_size * F.linear(last_step(x, lengths), w_ih, b_ih)
@@ -253,25 +308,29 @@ class MomentumRNN(_MomentumLayers):
 
     plain = "rnn"
     gate_count = 1
+    fused_kind = "rnn_tanh"
 
     def reset_parameters(self):
         bound = 1.0 / math.sqrt(self.hidden_size)
         for p in self.parameters():
             nn.init.uniform_(p, -bound, bound)
 
-    def _layer(self, k, x, lengths, decay, h0, c0, v0, m0):
+    def _layer(self, k, x, lengths, decay, h0, c0, v0, m0, carries_v):
         w_ih, w_hh, b_ih, b_hh = self.layer_parameters(k)
-        inp, w, b = input_map(x, decay, self._effective_step_size, w_ih, b_ih, v0)
-        if self.cell in ADAPTIVE:
+        inp, w, b = input_map(x, decay, self.variant.input_scale(self.hyper), w_ih, b_ih,
+                              v0 if carries_v else None)
+        if self.variant.has_m:
             pre, v, m = self._adaptive_drive(x, inp, w, b, w_ih, b_ih, m0, lengths)
             if b_hh is not None:
                 pre = pre + b_hh
             out, (h,) = recurrence_loop(tanh_step(w_hh), pre, lengths, (h0,))
             return out, (h, None, v, m)
-        weights = [w, w_hh]
-        if self.bias:
-            weights += [torch.zeros_like(b_hh) if b is None else b, b_hh]
-        out, (h,) = fused_recurrence("rnn_tanh", inp, lengths, h0[None], weights, self.bias,
+        out, (h,) = fused_recurrence("rnn_tanh", inp, lengths, h0[None],
+                                     fused_weights(w, w_hh, b, b_hh, self.bias), self.bias,
                                      self.training)
-        v = F.linear(last_step(inp, lengths), w, b) if self._has_v else None
+        v = F.linear(last_step(inp, lengths), w, b) if self.variant.has_v else None
         return out, (h[0], None, v, None)
+
+    def _recurrent_update(self, k, pre, h, c):
+        _, w_hh, _, b_hh = self.layer_parameters(k)
+        return torch.tanh(pre + F.linear(h, w_hh, b_hh)), None

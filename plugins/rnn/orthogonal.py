@@ -14,11 +14,11 @@ from torch import nn
 from torch.nn import functional as F
 from torch.nn.utils.parametrizations import orthogonal
 
-from .cells import check_sizes, check_step_input
-from .filters import (adam_step, check_beta, check_eps, check_momentum, check_restart,
-                      check_step_size, momentum_step, nag_momentum, restart_index)
+from ..validation import check_choice, check_int
+from .cells import check_sizes, check_step_counter, check_step_input
 from .layers import _MomentumLayers, input_map, recurrence_loop
-from .sequence import CELLS, check_cell, last_step
+from .sequence import last_step
+from .variants import check_hyper
 
 MAPS = ("matrix_exp", "cayley")
 INITS = ("henaff", "cayley")
@@ -51,10 +51,8 @@ def cayley_skew(n, generator=None, dtype=torch.float32):
 
 def make_orthogonal_(module, name, orthogonal_map, init):
     """Parametrize module.<name> as B = B₀ φ(A), starting from B₀ = I and the given skew A."""
-    if orthogonal_map not in MAPS:
-        raise ValueError(f"orthogonal_map must be one of {MAPS}, got {orthogonal_map!r}")
-    if init not in INITS:
-        raise ValueError(f"init must be one of {INITS}, got {init!r}")
+    check_choice(orthogonal_map, "orthogonal_map", MAPS)
+    check_choice(init, "init", INITS)
     weight = getattr(module, name)
     skew = (henaff_skew if init == "henaff" else cayley_skew)(weight.size(0), dtype=weight.dtype)
     orthogonal(module, name, orthogonal_map=orthogonal_map, use_trivialization=True)
@@ -72,10 +70,7 @@ def rebase_(module, name):
 def check_trivialization_steps(steps):
     if steps is None or steps == math.inf:
         return None
-    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
-        raise ValueError(f"trivialization_steps must be an integer >= 1, None or math.inf, "
-                         f"got {steps!r}")
-    return steps
+    return check_int(steps, "trivialization_steps", low=1)
 
 
 class OrthogonalRNNCell(nn.Module):
@@ -94,16 +89,9 @@ class OrthogonalRNNCell(nn.Module):
                  beta=0.9, eps=1e-8, restart=None, orthogonal_map="matrix_exp", init="cayley"):
         super().__init__()
         check_sizes(input_size, hidden_size)
-        check_cell(cell, ("rnn",) + CELLS)
-        check_momentum(momentum)
-        check_step_size(step_size)
-        check_beta(beta)
-        check_eps(eps)
-        self.restart = check_restart(restart)
-        if cell == "sr" and self.restart is None:
-            raise ValueError("restart must be an integer >= 1 when cell='sr'")
-        self.input_size, self.hidden_size, self.cell = input_size, hidden_size, cell
-        self.momentum, self.step_size, self.beta, self.eps = momentum, step_size, beta, eps
+        self.variant, hyper = check_hyper(cell, "rnn", momentum, step_size, beta, eps, restart)
+        self.input_size, self.hidden_size, self.cell = input_size, hidden_size, self.variant.name
+        self.momentum, self.step_size, self.beta, self.eps, self.restart = hyper
         self.input_kernel = nn.Linear(input_size, hidden_size, bias=False)
         self.recurrent_kernel = nn.Linear(hidden_size, hidden_size, bias=False)
         self.bias = nn.Parameter(torch.empty(hidden_size))
@@ -115,21 +103,11 @@ class OrthogonalRNNCell(nn.Module):
         check_step_input(x, self.input_size)
         v, m, step = state if state is not None else (None, None, 0)
         g = self.input_kernel(x)
-        v = torch.zeros_like(g) if v is None else v
-        m = torch.zeros_like(g) if m is None else m
-        step = torch.as_tensor(step, device=x.device) + 1
-        if self.cell == "rnn":
-            drive, v, m = g, None, None
-        elif self.cell == "momentum":
-            drive = v = momentum_step(v, g, self.momentum, self.step_size)
-            m = None
-        elif self.cell in ("nag", "sr"):
-            mu = nag_momentum(restart_index(step, self.restart).to(x.dtype))
-            drive = v = momentum_step(v, g, mu[:, None] if mu.dim() else mu, self.step_size)
-            m = None
-        else:
-            mu = self.momentum if self.cell == "adam" else 0.0
-            drive, v, m = adam_step(v, m, g, mu, self.step_size, self.beta, self.eps)
+        v = torch.zeros_like(g) if v is None and self.variant.has_v else v
+        m = torch.zeros_like(g) if m is None and self.variant.has_m else m
+        step = torch.as_tensor(check_step_counter(step), device=x.device) + 1
+        hyper = self.variant.hyper(self.momentum, self.step_size, self.beta, self.eps, self.restart)
+        drive, v, m = self.variant.drive(g, v, m, step, hyper)
         h = modrelu(self.recurrent_kernel(h) + drive, self.bias)
         return h, (v, m, step)
 
@@ -156,6 +134,7 @@ class OrthogonalMomentumRNN(_MomentumLayers):
 
     plain = "rnn"
     gate_count = 1
+    fused_kind = None
 
     def __init__(self, input_size, hidden_size, num_layers=1, *, cell="momentum", momentum=0.6,
                  step_size=1.0, beta=0.9, eps=1e-8, restart=None, batch_first=False,
@@ -187,14 +166,22 @@ class OrthogonalMomentumRNN(_MomentumLayers):
             for k in range(self.num_layers):
                 rebase_(self, f"weight_hh_l{k}")
 
-    def _layer(self, k, x, lengths, decay, h0, c0, v0, m0):
+    def _layer(self, k, x, lengths, decay, h0, c0, v0, m0, carries_v):
         w_ih, bias = getattr(self, f"weight_ih_l{k}"), getattr(self, f"bias_l{k}")
         w_hh = getattr(self, f"weight_hh_l{k}")
-        inp, w, b = input_map(x, decay, self._effective_step_size, w_ih, None, v0)
-        if self.cell in ("adam", "rmsprop"):
+        inp, w, b = input_map(x, decay, self.variant.input_scale(self.hyper), w_ih, None,
+                              v0 if carries_v else None)
+        if self.variant.has_m:
             drive, v, m = self._adaptive_drive(x, inp, w, b, w_ih, None, m0, lengths)
         else:
             drive, m = F.linear(inp, w, b), None
-            v = None if self.cell == "rnn" else last_step(drive, lengths)
+            v = last_step(drive, lengths) if self.variant.has_v else None
         out, (h,) = recurrence_loop(modrelu_step(w_hh, bias), drive, lengths, (h0,))
         return out, (h, None, v, m)
+
+    def _input_projection(self, k, x):
+        return F.linear(x, getattr(self, f"weight_ih_l{k}"))
+
+    def _recurrent_update(self, k, pre, h, c):
+        w_hh, bias = getattr(self, f"weight_hh_l{k}"), getattr(self, f"bias_l{k}")
+        return modrelu(torch.addmm(pre, h, w_hh.t()), bias), None

@@ -2,8 +2,9 @@
 import torch
 from torch import nn
 
+from ..validation import check_choice, check_momentum, check_positive
 from .cells import check_sizes, check_step_input
-from .filters import check_momentum, check_step_size, momentum_step
+from .filters import momentum_step
 
 PARAMETERIZATIONS = ("eq9", "eq10")
 
@@ -24,16 +25,11 @@ class MomentumRNNCell(nn.Module):
                  parameterization="eq9"):
         super().__init__()
         check_sizes(input_size, hidden_size)
-        check_momentum(momentum)
-        check_step_size(step_size)
-        if parameterization not in PARAMETERIZATIONS:
-            raise ValueError(f"parameterization must be one of {PARAMETERIZATIONS}, "
-                             f"got {parameterization!r}")
         self.input_size = input_size
         self.hidden_size = hidden_size
-        self.momentum = momentum
-        self.step_size = step_size
-        self.parameterization = parameterization
+        self.momentum = check_momentum(momentum)
+        self.step_size = check_positive(step_size, "step_size")
+        self.parameterization = check_choice(parameterization, "parameterization", PARAMETERIZATIONS)
         self.x2h = nn.Linear(input_size, hidden_size, bias=bias)
         self.h2h = nn.Linear(hidden_size, hidden_size, bias=bias)
         self.reset_parameters()

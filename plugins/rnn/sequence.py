@@ -5,8 +5,7 @@ import torch
 from torch import Tensor, _VF
 from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence, pad_packed_sequence
 
-CELLS = ("momentum", "adam", "rmsprop", "nag", "sr")
-
+from ..validation import MAX_INT
 
 class RecurrentState(NamedTuple):
     """State carried between calls (truncated BPTT).
@@ -26,21 +25,6 @@ class Sequence(NamedTuple):
     x: Tensor                         # (T, B, D), time-major, batch in caller's order
     lengths: Optional[Tensor]         # (B,) int64 on CPU, None when all have length T
     packed: Optional[PackedSequence]  # the caller's packed input, for its metadata
-
-
-def check_cell(cell, allowed):
-    if cell not in allowed:
-        raise ValueError(f"cell must be one of {allowed}, got {cell!r}")
-
-
-def check_num_layers(num_layers):
-    if isinstance(num_layers, bool) or not isinstance(num_layers, int) or num_layers < 1:
-        raise ValueError(f"num_layers must be an integer >= 1, got {num_layers!r}")
-
-
-def check_dropout(dropout):
-    if not (isinstance(dropout, (int, float)) and 0.0 <= dropout <= 1.0):
-        raise ValueError(f"dropout must be a number in [0, 1], got {dropout!r}")
 
 
 def as_sequence(input, input_size, batch_first):
@@ -85,15 +69,16 @@ def valid_mask(lengths, steps, batch, device):
     return (t[:, None] < lengths[None, :]).to(device).view(steps, batch, 1)
 
 
-def fused_recurrence(kind, x, lengths, hx, weights, has_biases, training):
-    """One layer of torch's fused LSTM / tanh-RNN kernel (oneDNN/aten on CPU, cuDNN on GPU).
+def fused_recurrence(kind, x, lengths, hx, weights, has_biases, training, num_layers=1):
+    """`num_layers` layers of torch's fused LSTM / tanh-RNN kernel (oneDNN/aten on CPU, cuDNN
+    on GPU), without dropout between them.
 
-    x (T, B, D) padded in caller order; hx a (h, c) pair (lstm) or h (tanh), each (1, B, H).
+    x (T, B, D) padded in caller order; hx a (h, c) pair (lstm) or h (tanh), each (L, B, H).
     Returns (output (T, B, H) with zeros past each length, final states in caller order).
     """
     fn = _VF.lstm if kind == "lstm" else _VF.rnn_tanh
     if lengths is None:
-        out = fn(x, hx, weights, has_biases, 1, 0.0, training, False, False)
+        out = fn(x, hx, weights, has_biases, num_layers, 0.0, training, False, False)
         return out[0], out[1:]
     packed = pack_padded_sequence(x, lengths, enforce_sorted=False)
     order, inverse = packed.sorted_indices, packed.unsorted_indices
@@ -101,14 +86,16 @@ def fused_recurrence(kind, x, lengths, hx, weights, has_biases, training):
         hx = tuple(t.index_select(1, order) for t in hx)
     else:
         hx = hx.index_select(1, order)
-    res = fn(packed.data, packed.batch_sizes, hx, weights, has_biases, 1, 0.0, training, False)
+    res = fn(packed.data, packed.batch_sizes, hx, weights, has_biases, num_layers, 0.0, training,
+             False)
     out, _ = pad_packed_sequence(PackedSequence(res[0], packed.batch_sizes, order, inverse),
                                  total_length=x.size(0))
     return out, tuple(t.index_select(1, inverse) for t in res[1:])
 
 
-def initial_state(state, *, num_layers, batch, hidden, width, has_c, has_v, has_m, ref):
-    """Fill a missing or partial carried state with zeros and check its shapes."""
+def initial_state(state, *, num_layers, batch, hidden, width, has_c, has_v, has_m, ref, steps=1):
+    """Fill a missing or partial carried state with zeros and check its shapes; the step
+    counter must stay below 2^62 after `steps` more steps (int64 never wraps)."""
     zeros = lambda n: ref.new_zeros(num_layers, batch, n)
     if state is None:
         state = RecurrentState(zeros(hidden), None, None, None, None)
@@ -129,7 +116,11 @@ def initial_state(state, *, num_layers, batch, hidden, width, has_c, has_v, has_
         if value is not None and tuple(value.shape) != (num_layers, batch, n):
             raise ValueError(f"state.{name} must have shape {(num_layers, batch, n)}, "
                              f"got {tuple(value.shape)}")
-    step = torch.as_tensor(step, device=ref.device).long().expand(batch).contiguous()
-    if (step < 0).any():
-        raise ValueError("state.step must be >= 0")
+    step = torch.as_tensor(step, device=ref.device)
+    if step.is_floating_point() or step.dtype == torch.bool:
+        raise ValueError(f"state.step must be an integer tensor, got {step.dtype}")
+    step = step.long().expand(batch).contiguous()
+    if bool((step < 0).any()) or bool((step > MAX_INT - steps).any()):
+        raise ValueError(f"state.step must be in [0, {MAX_INT - steps}] for {steps} more steps, "
+                         f"got min {int(step.min())}, max {int(step.max())}")
     return RecurrentState(h, c, v, m, step)

@@ -1,0 +1,157 @@
+"""The one table of MomentumRNN cells: every cell of the family is described here once.
+
+A `CellVariant` says which states the cell carries (the momentum v, the second moment m),
+whether it takes a restart frequency, how the momentum filter of its whole-sequence form
+is built (`decay`, filters.py) and what one time step does to the input pre-activation
+g_t = W x_t + b (`drive`). The layers (MomentumLSTM, MomentumRNN, OrthogonalMomentumRNN),
+their `step`, the HF config and the fairseq options all read this table; a name that is
+not in it is refused with the list of known cells. Adding a cell = one entry here with its
+drive function, and the tests (which iterate over `VARIANTS`) cover it.
+
+The plain recurrences ("lstm" for the LSTM family, "rnn" for the tanh and orthogonal
+RNNs) are entries too: no v, no m, the drive is g_t itself.
+"""
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import NamedTuple
+
+from torch import Tensor
+
+from ..validation import check_choice, check_int, check_momentum, check_positive
+from .filters import (
+    ConstantDecay,
+    NAGDecay,
+    adam_step,
+    momentum_step,
+    nag_momentum,
+    restart_index,
+)
+
+
+class Hyper(NamedTuple):
+    """Hyperparameters of a cell, already validated (`check_hyper`)."""
+    momentum: float
+    step_size: float
+    beta: float
+    eps: float
+    restart: int | None
+
+
+@dataclass(frozen=True)
+class CellVariant:
+    name: str
+    summary: str
+    has_v: bool
+    has_m: bool
+    restart: str  # "required", "optional" or "refused"
+    # decay(hyper, length, start_step (B,) int64) -> ConstantDecay / NAGDecay / None (μ ≡ 0):
+    # the filter M[t, k] of v_t = Σ_k M[t, k] s g_k + M[t, 0] v_0 (filters.py).
+    decay: Callable
+    # drive(g, v, m, step, hyper) -> (pre-activation, v, m) for one time step; step (B,) is
+    # the 1-based index of this step (the NAG/SR schedule), v, m None where the cell has none.
+    drive: Callable[..., tuple[Tensor, Tensor | None, Tensor | None]]
+    plain: bool = False
+    fixed_momentum: float | None = None  # μ of a cell that has no momentum argument
+
+    def hyper(self, momentum, step_size, beta, eps, restart) -> Hyper:
+        """The hyperparameters as this cell's equations use them."""
+        momentum = momentum if self.fixed_momentum is None else self.fixed_momentum
+        return Hyper(momentum, step_size, beta, eps, restart)
+
+    def input_scale(self, hyper: Hyper) -> float:
+        """Factor of g in the momentum: s, or 1 for the plain recurrence."""
+        return 1.0 if self.plain else hyper.step_size
+
+
+def plain_drive(g, v, m, step, hyper):
+    return g, None, None
+
+
+def momentum_drive(g, v, m, step, hyper):
+    """Eq. 9: v_t = μ v_{t-1} + s g_t; the drive is v_t."""
+    v = momentum_step(v, g, hyper.momentum, hyper.step_size)
+    return v, v, None
+
+
+def nag_drive(g, v, m, step, hyper):
+    """Section 2.4: eq. 9 with μ_t = (k−1)/(k+2), k the position of step t in its restart block."""
+    mu = nag_momentum(restart_index(step, hyper.restart).to(g.dtype))
+    v = momentum_step(v, g, mu[:, None] if mu.dim() == 1 else mu, hyper.step_size)
+    return v, v, None
+
+
+def adaptive_drive(g, v, m, step, hyper):
+    """Eq. 15 as the authors coded it: v_t = μ v + s g; m_t = β m + (1−β) g⊙g; drive
+    v_t / √(m_t + ε) (ε inside the root, no bias correction)."""
+    return adam_step(v, m, g, hyper.momentum, hyper.step_size, hyper.beta, hyper.eps)
+
+
+def no_decay(hyper, length, start_step):
+    return None
+
+
+def constant_momentum_decay(hyper, length, start_step):
+    return None if hyper.momentum == 0 else ConstantDecay(hyper.momentum, length)
+
+
+def nag_schedule_decay(hyper, length, start_step):
+    start = start_step.cpu()
+    if bool((start == start[0]).all()):
+        start = start[:1]
+    return NAGDecay(start, hyper.restart, length)
+
+
+_TABLE = (
+    CellVariant("lstm", "plain LSTM (eq. 2)", has_v=False, has_m=False, restart="refused",
+                decay=no_decay, drive=plain_drive, plain=True),
+    CellVariant("rnn", "plain tanh / orthogonal RNN", has_v=False, has_m=False, restart="refused",
+                decay=no_decay, drive=plain_drive, plain=True),
+    CellVariant("momentum", "heavy-ball momentum, eq. 9", has_v=True, has_m=False, restart="refused",
+                decay=constant_momentum_decay, drive=momentum_drive),
+    CellVariant("adam", "Adam-style momentum, eq. 15", has_v=True, has_m=True, restart="refused",
+                decay=constant_momentum_decay, drive=adaptive_drive),
+    CellVariant("rmsprop", "RMSProp-style, eq. 15 with μ = 0", has_v=True, has_m=True, restart="refused",
+                decay=constant_momentum_decay, drive=adaptive_drive, fixed_momentum=0.0),
+    CellVariant("nag", "NAG momentum μ_t = (k−1)/(k+2), Section 2.4", has_v=True, has_m=False,
+                restart="optional", decay=nag_schedule_decay, drive=nag_drive),
+    CellVariant("sr", "NAG with a scheduled restart every F steps, Section 2.4", has_v=True, has_m=False,
+                restart="required", decay=nag_schedule_decay, drive=nag_drive),
+)
+VARIANTS = {variant.name: variant for variant in _TABLE}
+MOMENTUM_CELLS = tuple(v.name for v in _TABLE if not v.plain)
+
+
+def cell_names(plain: str) -> tuple[str, ...]:
+    """Cells a layer family accepts: its plain recurrence ("lstm" or "rnn") and every
+    momentum cell."""
+    return (plain,) + MOMENTUM_CELLS
+
+
+def get_variant(cell, plain: str) -> CellVariant:
+    """The table entry of `cell`; ValueError listing the known cells otherwise."""
+    return VARIANTS[check_choice(cell, "cell", cell_names(plain))]
+
+
+def check_restart(cell: str, restart, flag: str = "restart") -> int | None:
+    """The sr/restart rule: "sr" needs an integer F ≥ 1, "nag" takes one optionally (None or
+    math.inf: no restart), every other cell refuses it. `flag` names the argument in errors."""
+    rule = VARIANTS[check_choice(cell, "cell", VARIANTS)].restart
+    if isinstance(restart, float) and restart == float("inf"):
+        restart = None
+    if restart is None:
+        if rule == "required":
+            raise ValueError(f"{flag} must be an integer >= 1 when cell={cell!r} (the restart frequency F)")
+        return None
+    if rule == "refused":
+        allowed = ", ".join(repr(v.name) for v in _TABLE if v.restart != "refused")
+        raise ValueError(f"{flag} applies to cell {allowed} only, not cell={cell!r}; got {restart!r}")
+    return check_int(restart, flag, low=1)
+
+
+def check_hyper(cell, plain, momentum, step_size, beta, eps, restart) -> tuple[CellVariant, Hyper]:
+    """Validate a cell name and its hyperparameters (plugins.validation rules)."""
+    variant = get_variant(cell, plain)
+    hyper = Hyper(check_momentum(momentum, "momentum"), check_positive(step_size, "step_size"),
+                  check_momentum(beta, "beta"), check_positive(eps, "eps"),
+                  check_restart(variant.name, restart))
+    return variant, hyper

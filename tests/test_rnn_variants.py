@@ -1,0 +1,281 @@
+"""Every cell of the table in plugins.rnn.variants, in every layer family: forward and
+gradients vs a float64 transcription of the paper's equations (1–3 layers, packed input,
+carried state), `step` ≡ `forward` over 50 consecutive steps, the cell/restart rule and
+argument checks, and long sequences without a T × T decay matrix."""
+import math
+
+import pytest
+import torch
+from rnn_literal import LITERAL_DRIVES, lstm_literal
+from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
+
+from plugins.rnn import (
+    VARIANTS,
+    MomentumLSTM,
+    MomentumRNN,
+    OrthogonalMomentumRNN,
+    OrthogonalRNNCell,
+    RecurrentState,
+    cell_names,
+    filters,
+)
+
+D, H = 4, 3
+HP = dict(mu=0.6, s=0.7, beta=0.8, eps=1e-6, restart=3)
+TOL = 1e-10
+FAMILIES = {MomentumLSTM: "lstm", MomentumRNN: "rnn", OrthogonalMomentumRNN: "rnn"}
+CASES = [(cls, cell) for cls, plain in FAMILIES.items() for cell in cell_names(plain)]
+
+
+def case_id(case):
+    return f"{case[0].__name__}-{case[1]}" if isinstance(case, tuple) else str(case)
+
+
+def takes_restart(cell):
+    return VARIANTS[cell].restart != "refused"
+
+
+def make(cls, cell, num_layers, gen):
+    layer = cls(D, H, num_layers, cell=cell, momentum=HP["mu"], step_size=HP["s"], beta=HP["beta"],
+                eps=HP["eps"], restart=HP["restart"] if takes_restart(cell) else None).double()
+    with torch.no_grad():
+        for name, p in layer.named_parameters():
+            p.copy_((0.3 if "original" in name else 0.5) * torch.randn(p.shape, generator=gen, dtype=p.dtype))
+    return layer
+
+
+def width(layer):
+    return (4 if isinstance(layer, MomentumLSTM) else 1) * H
+
+
+def random_state(layer, gen, batch):
+    shape = (layer.num_layers, batch)
+    variant = VARIANTS[layer.cell]
+    rnd = lambda n: torch.randn(shape + (n,), generator=gen, dtype=torch.float64).requires_grad_()
+    return RecurrentState(
+        rnd(H), rnd(H) if isinstance(layer, MomentumLSTM) else None,
+        rnd(width(layer)) if variant.has_v else None,
+        torch.rand(shape + (width(layer),), generator=gen, dtype=torch.float64).requires_grad_()
+        if variant.has_m else None,
+        torch.randint(0, 8, (batch,), generator=gen))
+
+
+def literal_modrelu(z, b):
+    return torch.sign(z) * torch.clamp(torch.abs(z) + b, min=0.0)
+
+
+def literal(layer, x, state):
+    """The layer as a float64 loop over the paper's equations: x (T, B, D) one row per
+    sequence length; returns outputs and the final (h, c, v, m) of every layer."""
+    drive = LITERAL_DRIVES[layer.cell]
+    finals = []
+    for k in range(layer.num_layers):
+        w_ih = getattr(layer, f"weight_ih_l{k}")
+        w_hh = getattr(layer, f"weight_hh_l{k}")
+        h = state.h[k]
+        c = None if state.c is None else state.c[k]
+        v = None if state.v is None else state.v[k]
+        m = None if state.m is None else state.m[k]
+        step = state.step.clone()
+        outs = []
+        for xt in x:
+            step = step + 1
+            if isinstance(layer, OrthogonalMomentumRNN):
+                pre, v, m = drive(xt @ w_ih.T, v, m, step, HP)
+                h = literal_modrelu(pre + h @ w_hh.T, getattr(layer, f"bias_l{k}"))
+            else:
+                b_ih, b_hh = getattr(layer, f"bias_ih_l{k}"), getattr(layer, f"bias_hh_l{k}")
+                pre, v, m = drive(xt @ w_ih.T + b_ih, v, m, step, HP)
+                if isinstance(layer, MomentumLSTM):
+                    h, c = lstm_literal(pre, h, c, w_hh, b_hh)
+                else:
+                    h = torch.tanh(pre + h @ w_hh.T + b_hh)
+            outs.append(h)
+        x = torch.stack(outs)
+        finals.append((h, c, v, m))
+    return x, finals
+
+
+def test_every_cell_has_a_literal_transcription_and_a_family():
+    assert set(LITERAL_DRIVES) == set(VARIANTS)
+    assert {cell for _, cell in CASES} == set(VARIANTS)
+    for variant in VARIANTS.values():
+        assert variant.restart in ("required", "optional", "refused")
+        assert not (variant.plain and (variant.has_v or variant.has_m))
+
+
+@pytest.mark.parametrize("case", CASES, ids=case_id)
+@pytest.mark.parametrize("num_layers,packed", [(1, False), (2, True), (3, False)])
+def test_layer_matches_literal_equations(case, num_layers, packed, make_generator):
+    cls, cell = case
+    gen = make_generator()
+    layer = make(cls, cell, num_layers, gen)
+    lengths = [5, 7, 1, 4] if packed else [7, 7, 7]
+    steps, batch = max(lengths), len(lengths)
+    x = torch.randn(steps, batch, D, generator=gen, dtype=torch.float64, requires_grad=True)
+    state = random_state(layer, gen, batch)
+    if packed:
+        out, new = layer(pack_padded_sequence(x, torch.tensor(lengths), enforce_sorted=False), state)
+        out = pad_packed_sequence(out)[0]
+    else:
+        out, new = layer(x, state)
+    assert torch.equal(new.step, state.step + torch.tensor(lengths))
+    probe = torch.randn(out.shape, generator=gen, dtype=torch.float64)
+    loss = (out * probe).sum() + sum((t * t).sum() for t in new[:4] if t is not None)
+    ref_loss = 0.0
+    for b, n in enumerate(lengths):
+        row = RecurrentState(*[None if t is None else t[:, b:b + 1] for t in state[:4]], state.step[b:b + 1])
+        ref_out, finals = literal(layer, x[:n, b:b + 1], row)
+        torch.testing.assert_close(out[:n, b:b + 1], ref_out, rtol=0, atol=TOL)
+        assert torch.all(out[n:, b] == 0)
+        for i in range(4):
+            assert (new[i] is None) == (finals[0][i] is None), i
+            if new[i] is not None:
+                ref = torch.stack([f[i] for f in finals])
+                torch.testing.assert_close(new[i][:, b:b + 1], ref, rtol=0, atol=TOL)
+                ref_loss = ref_loss + (ref * ref).sum()
+        ref_loss = ref_loss + (ref_out * probe[:n, b:b + 1]).sum()
+    leaves = [x] + list(layer.parameters()) + [t for t in state[:4] if t is not None]
+    ours = torch.autograd.grad(loss, leaves, allow_unused=True)
+    theirs = torch.autograd.grad(ref_loss, leaves, allow_unused=True)
+    for leaf, a, b_ in zip(leaves, ours, theirs):
+        zero = torch.zeros_like(leaf)  # v_0 is unused where μ_1 = 0 (NAG/SR block starts)
+        torch.testing.assert_close(zero if a is None else a, zero if b_ is None else b_, rtol=1e-9, atol=TOL)
+
+
+@pytest.mark.parametrize("case", CASES, ids=case_id)
+def test_step_equals_forward_for_50_steps(case, make_generator):
+    cls, cell = case
+    gen = make_generator()
+    layer = make(cls, cell, 2, gen)
+    batch = 3
+    state = RecurrentState(*[None if t is None else t.detach() for t in random_state(layer, gen, batch)[:4]],
+                           torch.randint(0, 8, (batch,), generator=gen))
+    x = torch.randn(50, batch, D, generator=gen, dtype=torch.float64)
+    with torch.no_grad():
+        whole, whole_state = layer(x, state)
+        _, one_state = layer(x[:1], state)
+        stepped = state
+        for t in range(50):
+            h, stepped = layer.step(x[t], stepped)
+            torch.testing.assert_close(h, whole[t], rtol=0, atol=TOL)
+            if t == 0:
+                for a, b in zip(stepped, one_state):
+                    assert (a is None) == (b is None)
+                    if a is not None:
+                        torch.testing.assert_close(a, b, rtol=0, atol=TOL)
+    for a, b in zip(stepped, whole_state):
+        assert (a is None) == (b is None)
+        if a is not None:
+            torch.testing.assert_close(a, b, rtol=0, atol=TOL)
+
+
+def test_step_backpropagates_like_forward(make_generator):
+    gen = make_generator()
+    layer = make(MomentumLSTM, "sr", 2, gen)
+    x = torch.randn(4, 2, D, generator=gen, dtype=torch.float64, requires_grad=True)
+    out, _ = layer(x)
+    state, outs = None, []
+    for t in range(4):
+        h, state = layer.step(x[t], state)
+        outs.append(h)
+    grads = [torch.autograd.grad(o.sum(), [x] + list(layer.parameters())) for o in (out, torch.stack(outs))]
+    for a, b in zip(*grads):
+        torch.testing.assert_close(a, b, rtol=0, atol=TOL)
+
+
+@pytest.mark.parametrize("make_layer", [
+    lambda cell: MomentumLSTM(D, H, cell=cell), lambda cell: MomentumRNN(D, H, cell=cell),
+    lambda cell: OrthogonalMomentumRNN(D, H, cell=cell), lambda cell: OrthogonalRNNCell(D, H, cell=cell),
+], ids=["MomentumLSTM", "MomentumRNN", "OrthogonalMomentumRNN", "OrthogonalRNNCell"])
+@pytest.mark.parametrize("cell", ["gru", "LSTM", "", None, 3])
+def test_unknown_cells_are_refused_with_the_known_list(make_layer, cell):
+    with pytest.raises(ValueError, match="cell must be one of") as error:
+        make_layer(cell)
+    assert all(repr(name) in str(error.value) for name in VARIANTS if not VARIANTS[name].plain)
+
+
+def test_plain_cell_of_the_other_family_is_refused():
+    with pytest.raises(ValueError, match="cell"):
+        MomentumLSTM(D, H, cell="rnn")
+    with pytest.raises(ValueError, match="cell"):
+        MomentumRNN(D, H, cell="lstm")
+
+
+@pytest.mark.parametrize("case", CASES, ids=case_id)
+def test_restart_rule(case):
+    cls, cell = case
+    rule = VARIANTS[cell].restart
+    if rule == "refused":
+        with pytest.raises(ValueError, match="restart applies to cell 'nag', 'sr' only"):
+            cls(D, H, cell=cell, restart=3)
+    else:
+        assert cls(D, H, cell=cell, restart=3).restart == 3
+    if rule == "required":
+        for missing in (None, math.inf):
+            with pytest.raises(ValueError, match="restart must be an integer >= 1"):
+                cls(D, H, cell=cell, restart=missing)
+    for bad in (0, -2, 2.5, True, "3"):
+        if rule != "refused":
+            with pytest.raises(ValueError, match="restart"):
+                cls(D, H, cell=cell, restart=bad)
+
+
+@pytest.mark.parametrize("cls", list(FAMILIES))
+@pytest.mark.parametrize("kwargs,name", [
+    (dict(momentum=False), "momentum"), (dict(momentum=True), "momentum"),
+    (dict(momentum=math.nan), "momentum"), (dict(step_size=True), "step_size"),
+    (dict(step_size=math.inf), "step_size"), (dict(eps=math.inf), "eps"), (dict(eps=0.0), "eps"),
+    (dict(beta=math.nan), "beta"), (dict(dropout=True), "dropout"), (dict(dropout=1.0), "dropout"),
+    (dict(dropout=-0.1), "dropout"), (dict(num_layers=2.0), "num_layers"), (dict(num_layers=True), "num_layers"),
+    (dict(batch_first="yes"), "batch_first"),
+])
+def test_bad_arguments_are_refused(cls, kwargs, name):
+    kwargs = dict(kwargs)
+    layers = kwargs.pop("num_layers", 1)
+    with pytest.raises(ValueError, match=name):
+        cls(D, H, layers, **kwargs)
+
+
+@pytest.mark.parametrize("cls", list(FAMILIES))
+def test_step_counter_cannot_wrap(cls, make_generator):
+    layer = cls(D, H, 1, cell="nag").double()
+    x = torch.randn(5, 2, D, generator=make_generator(), dtype=torch.float64)
+    h = torch.zeros(1, 2, H, dtype=torch.float64)
+    c = h if cls is MomentumLSTM else None
+    for step, message in ((torch.tensor([0, 2 ** 62 - 3]), "state.step must be in"),
+                          (torch.tensor([0, -5]), "state.step must be in"),
+                          (torch.tensor([0.0, 1.0]), "integer")):
+        with pytest.raises(ValueError, match=message):
+            layer(x, RecurrentState(h, c, None, None, step))
+    with pytest.raises(ValueError, match="state.step must be in"):
+        layer.step(x[0], RecurrentState(h, c, None, None, torch.tensor([0, 2 ** 62])))
+    near = torch.tensor([2 ** 62 - 6, 3])
+    out, state = layer(x, RecurrentState(h, c, None, None, near))
+    assert state.step.tolist() == [2 ** 62 - 1, 8] and torch.isfinite(out).all()
+
+
+@pytest.mark.parametrize("cell", ["momentum", "sr"])
+def test_long_sequence_forms_no_t_by_t_matrix(cell, monkeypatch, make_generator):
+    """T = 50,000 at μ = 0.999 (a T × T float64 decay matrix would be 20 GB): every piece of
+    the decay matrix formed is a chunk × chunk block or one (T, 1) column, and the output
+    stays finite. Peak memory is measured in benchmarks/rnn_filter_memory.py."""
+    steps, chunk = 50_000, 128
+    largest = []
+    for name in ("ConstantDecay", "NAGDecay"):
+        decay_class = getattr(filters, name)
+        original = decay_class.matrix
+
+        def recording(self, rows, cols, original=original):
+            largest.append(rows.numel() * cols.numel())
+            return original(self, rows, cols)
+
+        monkeypatch.setattr(decay_class, "matrix", recording)
+    layer = MomentumLSTM(4, 8, cell=cell, momentum=0.999, restart=HP["restart"] if takes_restart(cell) else None)
+    x = torch.randn(steps, 2, 4, generator=make_generator())
+    state = RecurrentState(torch.zeros(1, 2, 8), torch.zeros(1, 2, 8), torch.randn(1, 2, 32, generator=make_generator()),
+                           None, torch.tensor([0, 5]))
+    with torch.no_grad():
+        out, new = layer(x, state)
+    assert largest and max(largest) <= max(chunk * chunk, steps)
+    assert torch.isfinite(out).all() and torch.equal(new.step, torch.tensor([steps, steps + 5]))
