@@ -34,12 +34,18 @@ def check_number(value, name: str, *, low: Optional[float] = None, high: Optiona
     below = low is not None and (value <= low if low_open else value < low)
     above = high is not None and (value >= high if high_open else value > high)
     if below or above:
-        left = "(" if low_open else "["
-        right = ")" if high_open else "]"
-        lo = "-inf" if low is None else f"{low:g}"
-        hi = "inf" if high is None else f"{high:g}"
-        raise ValueError(f"{name} must be in {left}{lo}, {hi}{right}, got {value:g}")
+        raise ValueError(f"{name} must be {_interval(low, high, low_open, high_open)}, got {value:g}")
     return value
+
+
+def _interval(low, high, low_open: bool, high_open: bool) -> str:
+    """"in [0, 1)" for two bounds; "> 0" or "<= 1" for one (an open end at ±inf would read
+    as if inf were allowed)."""
+    if high is None:
+        return f"{'>' if low_open else '>='} {low:g}"
+    if low is None:
+        return f"{'<' if high_open else '<='} {high:g}"
+    return f"in {'(' if low_open else '['}{low:g}, {high:g}{')' if high_open else ']'}"
 
 
 def check_momentum(value, name: str = "momentum") -> float:

@@ -1,29 +1,25 @@
-"""Argument validation shared by every form of momentum attention: bad input fails early,
-naming the argument and the allowed range."""
-import math
+"""Tensor checks shared by every form of momentum attention: bad input fails early, naming the
+argument and the allowed shapes. Number checks (momentum, step sizes, eps, chunk sizes, backend
+names) are `plugins.validation`'s, the project's one rule set; `check_momentum` and
+`check_positive` are re-exported here for the modules that import them from this one."""
 from typing import Optional
 
 import torch
 
+from plugins.validation import check_choice, check_int, check_momentum, check_positive
 
-def check_momentum(momentum: float, name: str = "momentum") -> float:
-    momentum = _as_float(momentum, name)
-    if not 0.0 <= momentum < 1.0:
-        raise ValueError(f"{name} must be in [0, 1), got {momentum}")
-    return momentum
+__all__ = ["check_momentum", "check_positive", "check_chunk_size", "check_backend", "check_qkv",
+           "check_padding_mask", "check_feature_dims", "compute_dtype", "BACKENDS"]
 
-
-def check_positive(value: float, name: str) -> float:
-    value = _as_float(value, name)
-    if not value > 0.0:
-        raise ValueError(f"{name} must be > 0, got {value}")
-    return value
+BACKENDS = ("auto", "torch", "triton")
 
 
 def check_chunk_size(chunk_size: int) -> int:
-    if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
-        raise ValueError(f"chunk_size must be an integer >= 1, got {chunk_size!r}")
-    return chunk_size
+    return check_int(chunk_size, "chunk_size", low=1)
+
+
+def check_backend(backend: str) -> str:
+    return check_choice(backend, "backend", BACKENDS)
 
 
 def check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool) -> None:
@@ -50,9 +46,24 @@ def check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
         )
 
 
+def check_feature_dims(fq: torch.Tensor, fk: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> int:
+    """The feature map may change the last dimension (Dk → D′) but nothing else, and must map
+    q and k alike. Returns D′, the size of the states' key dimension."""
+    for name, mapped, raw in (("q", fq, q), ("k", fk, k)):
+        if not isinstance(mapped, torch.Tensor) or mapped.shape[:-1] != raw.shape[:-1]:
+            got = tuple(mapped.shape) if isinstance(mapped, torch.Tensor) else type(mapped).__name__
+            raise ValueError(f"feature_map must return a tensor of shape {tuple(raw.shape[:-1])} + (D′,) "
+                             f"for {name} {tuple(raw.shape)}, got {got}")
+    if fq.shape[-1] != fk.shape[-1]:
+        raise ValueError(f"feature_map gives q and k different last dimensions: {fq.shape[-1]} and {fk.shape[-1]}")
+    return fk.shape[-1]
+
+
 def check_padding_mask(padding_mask: Optional[torch.Tensor], batch: int, length: int,
                        device: torch.device) -> Optional[torch.Tensor]:
-    """(B, N) bool, True = real token. Returns None when every token is real."""
+    """(B, N) bool, True = real token. Returns None when every token is real (checked in eager
+    mode only: under torch.compile a data-dependent branch would break the graph, and the
+    masked path is exact for a full mask too)."""
     if padding_mask is None:
         return None
     if not isinstance(padding_mask, torch.Tensor) or padding_mask.dtype != torch.bool:
@@ -64,7 +75,7 @@ def check_padding_mask(padding_mask: Optional[torch.Tensor], batch: int, length:
         )
     if padding_mask.device != device:
         raise ValueError(f"padding_mask is on {padding_mask.device} but the inputs are on {device}")
-    if bool(padding_mask.all()):
+    if not torch.compiler.is_compiling() and bool(padding_mask.all()):
         return None
     return padding_mask
 
@@ -73,16 +84,3 @@ def compute_dtype(*tensors: torch.Tensor) -> torch.dtype:
     """States and denominators accumulate in float32 (float64 when an input is float64),
     whatever the input precision."""
     return torch.float64 if any(t.dtype == torch.float64 for t in tensors) else torch.float32
-
-
-def _as_float(value, name: str) -> float:
-    if isinstance(value, torch.Tensor):
-        if value.numel() != 1:
-            raise ValueError(f"{name} must be a scalar, got a tensor of shape {tuple(value.shape)}")
-        value = value.item()
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ValueError(f"{name} must be a number, got {type(value).__name__}")
-    value = float(value)
-    if not math.isfinite(value):
-        raise ValueError(f"{name} must be finite, got {value}")
-    return value
