@@ -1,0 +1,55 @@
+"""Which kernels run causal momentum attention: the PyTorch chunked form (`chunk.py`,
+`recurrent.py`; any device, the reference) or the fused Triton kernels of
+`plugins.attention.triton` (CUDA, or CPU tensors under Triton's interpreter). The Triton
+package is imported only when a call may use it, so CPU-only installs never load it."""
+import importlib
+import os
+from types import ModuleType
+
+import torch
+
+_FAILED = {}      # the import error of plugins.attention.triton, once it has failed
+
+
+def use_triton(backend: str, device: torch.device, float64: bool) -> bool:
+    """backend is one of checks.BACKENDS: "torch" never, "auto" for CUDA tensors when the
+    kernels are available, "triton" always — or a ValueError saying why it cannot run here.
+    float64 (inputs or state) stays on the PyTorch reference path."""
+    if backend == "torch":
+        return False
+    if backend == "auto":
+        return device.type == "cuda" and not float64 and _available()
+    if float64:
+        raise ValueError("backend='triton' runs bfloat16, float16 and float32 inputs and states; "
+                         "for float64 use backend='torch' or 'auto'")
+    if device.type == "cpu":
+        if os.environ.get("TRITON_INTERPRET") != "1":
+            raise ValueError("backend='triton' on CPU tensors needs Triton's interpreter: set "
+                             "TRITON_INTERPRET=1 before triton is imported, or use backend='torch' or 'auto'")
+        triton_kernels()
+        return True
+    if device.type != "cuda":
+        raise ValueError(f"backend='triton' needs CUDA tensors (or CPU tensors under TRITON_INTERPRET=1), "
+                         f"got {device}; use backend='torch' or 'auto'")
+    if not triton_kernels().is_available():
+        raise ValueError("backend='triton': the Triton kernels are not available on this machine "
+                         "(plugins.attention.triton.is_available() is False); use backend='torch' or 'auto'")
+    return True
+
+
+def triton_kernels() -> ModuleType:
+    """plugins.attention.triton, or a ValueError naming why it does not import."""
+    if "error" not in _FAILED:
+        try:
+            return importlib.import_module(".triton", __package__)
+        except ImportError as error:
+            _FAILED["error"] = error
+    raise ValueError("backend='triton' needs plugins.attention.triton, which does not import here "
+                     f"({_FAILED['error']}); use backend='torch' or 'auto'")
+
+
+def _available() -> bool:
+    try:
+        return bool(triton_kernels().is_available())
+    except ValueError:
+        return False
