@@ -190,8 +190,8 @@ def _causal(q, k, v, phi, mask, *, kernel, state_dtype, momentum, step_size, eps
     if initial_state is not None:
         _check_state(initial_state, B, H, D, Dv, q.device)
         initial_state = initial_state.to(state_dtype)
-    if B * H * N == 0:
-        out = v.new_zeros(B, H, N, Dv)
+    if B * H * N == 0:                  # nothing to compute; the empty sums keep the autograd graph
+        out = v.new_zeros(B, H, N, Dv) + (fq.sum() + fk.sum() + v.sum())
         if return_state and initial_state is None:
             initial_state = MomentumAttentionState.zeros(B, H, D, Dv, dtype=state_dtype, device=q.device)
         return out, initial_state

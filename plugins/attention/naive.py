@@ -66,13 +66,15 @@ def naive_recurrent_momentum_attention(q, k, v, state: Optional[MomentumAttentio
     m_i = βm_{i−1} − φ(k_i)v_iᵀ;  s_i = s_{i−1} − γm_i;  z_i = z_{i−1} + φ(k_i);  v̂_i = φ(q_i)ᵀs_i / (φ(q_i)ᵀz_i + eps).
     A padded token leaves the state unchanged and outputs 0."""
     phi = resolve_feature_map(feature_map)
-    B, H, N, Dk = q.shape
+    B, H, N = q.shape[:3]
+    fq_all, fk_all = phi(q), phi(k)                             # the map may change Dk
     if state is None:
-        state = MomentumAttentionState.zeros(B, H, Dk, v.shape[-1], dtype=q.dtype, device=q.device)
+        state = MomentumAttentionState.zeros(B, H, fk_all.shape[-1], v.shape[-1], dtype=q.dtype,
+                                             device=q.device)
     s, z, m = state.s, state.z, state.m
     outputs = []
     for i in range(N):
-        fq, fk, vi = phi(q[:, :, i]), phi(k[:, :, i]), v[:, :, i]
+        fq, fk, vi = fq_all[:, :, i], fk_all[:, :, i], v[:, :, i]
         m_new = momentum * m - fk[..., :, None] * vi[..., None, :]
         s_new = s - step_size * m_new
         z_new = z + fk
