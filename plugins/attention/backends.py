@@ -8,7 +8,7 @@ from types import ModuleType
 
 import torch
 
-_FAILED = {}      # the import error of plugins.attention.triton, once it has failed
+_FAILED = {}      # the import error of plugins.attention.triton, once "auto" has met it
 
 
 def use_triton(backend: str, device: torch.device, float64: bool) -> bool:
@@ -39,17 +39,20 @@ def use_triton(backend: str, device: torch.device, float64: bool) -> bool:
 
 def triton_kernels() -> ModuleType:
     """plugins.attention.triton, or a ValueError naming why it does not import."""
-    if "error" not in _FAILED:
-        try:
-            return importlib.import_module(".triton", __package__)
-        except ImportError as error:
-            _FAILED["error"] = error
-    raise ValueError("backend='triton' needs plugins.attention.triton, which does not import here "
-                     f"({_FAILED['error']}); use backend='torch' or 'auto'")
+    try:
+        return importlib.import_module(".triton", __package__)
+    except ImportError as error:
+        raise ValueError("backend='triton' needs plugins.attention.triton, which does not import here "
+                         f"({error}); use backend='torch' or 'auto'") from error
 
 
 def _available() -> bool:
+    """For "auto": whether the kernels import and run here. A failed import is remembered, so
+    that CUDA machines without Triton do not retry it on every call."""
+    if _FAILED:
+        return False
     try:
         return bool(triton_kernels().is_available())
-    except ValueError:
+    except ValueError as error:
+        _FAILED["import"] = error
         return False
