@@ -12,6 +12,7 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")     # read when the kernels are first imported
 
+import plugins.attention
 from plugins.attention import (linear_attention, momentum_attention, momentum_attention_step,
                                naive_causal_momentum_attention, naive_recurrent_momentum_attention)
 from plugins.attention.backends import use_triton
@@ -42,8 +43,17 @@ def fake_kernels(calls, available=True):
     return module
 
 
+def install(monkeypatch, module):
+    """Make `from plugins.attention import triton` give `module` (None: an ImportError)."""
+    monkeypatch.setitem(sys.modules, KERNELS, module)
+    if module is None:
+        monkeypatch.delattr(plugins.attention, "triton", raising=False)
+    else:
+        monkeypatch.setattr(plugins.attention, "triton", module, raising=False)
+
+
 def broken(monkeypatch):
-    monkeypatch.setitem(sys.modules, KERNELS, None)            # any import of it now fails
+    install(monkeypatch, None)
 
 
 def test_torch_and_auto_on_cpu_never_need_the_kernels(monkeypatch):
@@ -58,17 +68,17 @@ def test_torch_and_auto_on_cpu_never_need_the_kernels(monkeypatch):
 
 def test_auto_picks_triton_for_cuda_tensors_only_when_available(monkeypatch):
     monkeypatch.setattr("plugins.attention.backends._FAILED", {})
-    monkeypatch.setitem(sys.modules, KERNELS, fake_kernels([]))
+    install(monkeypatch, fake_kernels([]))
     assert use_triton("auto", CUDA, float64=False)
     assert not use_triton("auto", CUDA, float64=True)           # float64 stays on the reference path
-    monkeypatch.setitem(sys.modules, KERNELS, fake_kernels([], available=False))
+    install(monkeypatch, fake_kernels([], available=False))
     assert not use_triton("auto", CUDA, float64=False)
     broken(monkeypatch)
     assert not use_triton("auto", CUDA, float64=False)
 
 
 def test_triton_refuses_clearly_where_it_cannot_run(monkeypatch):
-    monkeypatch.setitem(sys.modules, KERNELS, fake_kernels([]))
+    install(monkeypatch, fake_kernels([]))
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     with pytest.raises(ValueError, match=r"backend='triton' on CPU tensors needs Triton's interpreter: set "
                                          r"TRITON_INTERPRET=1"):
@@ -79,7 +89,7 @@ def test_triton_refuses_clearly_where_it_cannot_run(monkeypatch):
         use_triton("triton", CPU, float64=True)
     with pytest.raises(ValueError, match="backend='triton' needs CUDA tensors"):
         use_triton("triton", torch.device("meta"), float64=False)
-    monkeypatch.setitem(sys.modules, KERNELS, fake_kernels([], available=False))
+    install(monkeypatch, fake_kernels([], available=False))
     with pytest.raises(ValueError, match=r"is_available\(\) is False"):
         use_triton("triton", CUDA, float64=False)
     broken(monkeypatch)
@@ -106,7 +116,7 @@ def test_dispatch_hands_the_kernels_inputs_in_their_dtype(monkeypatch, make_gene
     """Padding (gathered), initial state, NaN marks and the returned state go through the same
     code for both backends; only the kernel and the inputs' dtype differ."""
     calls = []
-    monkeypatch.setitem(sys.modules, KERNELS, fake_kernels(calls))
+    install(monkeypatch, fake_kernels(calls))
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     gen = make_generator()
     q, k, v = (torch.randn(2, 2, 30, 8, generator=gen).to(dtype) for _ in range(3))

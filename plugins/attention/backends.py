@@ -2,7 +2,6 @@
 `recurrent.py`; any device, the reference) or the fused Triton kernels of
 `plugins.attention.triton` (CUDA, or CPU tensors under Triton's interpreter). The Triton
 package is imported only when a call may use it, so CPU-only installs never load it."""
-import importlib
 import os
 from types import ModuleType
 
@@ -40,10 +39,11 @@ def use_triton(backend: str, device: torch.device, float64: bool) -> bool:
 def triton_kernels() -> ModuleType:
     """plugins.attention.triton, or a ValueError naming why it does not import."""
     try:
-        return importlib.import_module(".triton", __package__)
+        from . import triton as kernels         # an import statement: torch.compile traces it
     except ImportError as error:
         raise ValueError("backend='triton' needs plugins.attention.triton, which does not import here "
                          f"({error}); use backend='torch' or 'auto'") from error
+    return kernels
 
 
 def _available() -> bool:
