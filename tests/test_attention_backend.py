@@ -13,8 +13,13 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")     # read when the kernels are first imported
 
 import plugins.attention
-from plugins.attention import (linear_attention, momentum_attention, momentum_attention_step,
-                               naive_causal_momentum_attention, naive_recurrent_momentum_attention)
+from plugins.attention import (
+    linear_attention,
+    momentum_attention,
+    momentum_attention_step,
+    naive_causal_momentum_attention,
+    naive_recurrent_momentum_attention,
+)
 from plugins.attention.backends import use_triton
 from plugins.attention.chunk import chunk_causal_momentum_attention
 from plugins.attention.recurrent import fused_recurrent_step
@@ -218,7 +223,8 @@ def test_triton_padding_and_initial_state_gradients(triton_device, make_generato
     leaves32 = [t.detach().float().to(triton_device).requires_grad_() for t in leaves]
     out = run(leaves32[:3], leaves32[3:], backend="triton")
     got = torch.autograd.grad(torch.where(real.to(triton_device), out, 0.0).sum(), leaves32)
-    assert rel_rms(torch.where(real, out.detach().cpu().double(), zero), torch.where(real, expected, zero)) <= 1e-4
+    got_real = torch.where(real, out.detach().cpu().double(), zero)
+    assert rel_rms(got_real, torch.where(real, expected, zero)) <= 1e-4
     assert (out.detach().cpu()[~mask[:, None, :, None].expand_as(out)] == 0).all()
     for name, g, w in zip(["q", "k", "v", "s0", "z0", "m0"], got, want):
         g = torch.where(torch.isfinite(w), g.cpu().double(), zero)

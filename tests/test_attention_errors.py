@@ -2,8 +2,12 @@
 import pytest
 import torch
 
-from plugins.attention import (MomentumAttentionState, linear_attention, momentum_attention,
-                               momentum_attention_step)
+from plugins.attention import (
+    MomentumAttentionState,
+    linear_attention,
+    momentum_attention,
+    momentum_attention_step,
+)
 
 
 def qkv(B=2, H=2, N=5, D=4):
@@ -21,7 +25,8 @@ def qkv(B=2, H=2, N=5, D=4):
     (dict(momentum=0.5, chunk_size=0), r"chunk_size must be an integer in \[1, "),
     (dict(momentum=0.5, feature_map="softmax"), "feature_map must be one of"),
     (dict(momentum=0.5, padding_mask=torch.ones(2, 5)), "padding_mask must be a bool tensor"),
-    (dict(momentum=0.5, padding_mask=torch.ones(2, 4, dtype=torch.bool)), r"padding_mask must have shape \(batch, length\)"),
+    (dict(momentum=0.5, padding_mask=torch.ones(2, 4, dtype=torch.bool)),
+     r"padding_mask must have shape \(batch, length\)"),
     (dict(momentum=0.5, causal=False, return_state=True), "need causal=True"),
 ])
 def test_bad_arguments(kwargs, needle):

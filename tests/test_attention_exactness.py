@@ -5,9 +5,14 @@ import itertools
 import pytest
 import torch
 
-from plugins.attention import (linear_attention, momentum_attention, momentum_attention_step,
-                               naive_causal_momentum_attention, naive_noncausal_momentum_attention,
-                               naive_recurrent_momentum_attention)
+from plugins.attention import (
+    linear_attention,
+    momentum_attention,
+    momentum_attention_step,
+    naive_causal_momentum_attention,
+    naive_noncausal_momentum_attention,
+    naive_recurrent_momentum_attention,
+)
 from plugins.attention.feature_maps import elu_plus_one
 
 LENGTHS = [1, 63, 64, 65, 500]
@@ -59,7 +64,8 @@ def literal_eq14(q, k, v, beta, gamma, eps):
     out = torch.zeros(B, H, q.shape[2], v.shape[-1], dtype=q.dtype)
     fq, fk = elu_plus_one(q), elu_plus_one(k)
     for b, h, i in itertools.product(range(B), range(H), range(q.shape[2])):
-        num = sum(gamma * (1 - beta ** (N - j)) / (1 - beta) * torch.dot(fq[b, h, i], fk[b, h, j]) * v[b, h, j]
+        num = sum(gamma * (1 - beta ** (N - j)) / (1 - beta) * torch.dot(fq[b, h, i], fk[b, h, j])
+                  * v[b, h, j]
                   for j in range(N))
         den = sum(torch.dot(fq[b, h, i], fk[b, h, j]) for j in range(N))
         out[b, h, i] = num / (den + eps)
@@ -86,7 +92,8 @@ def test_chunked_matches_naive(make_generator, N, chunk_size, causal, momentum, 
     q, k, v = random_qkv(make_generator(), N=N)
     upstream = torch.randn(2, 2, N, 6, generator=make_generator("up"), dtype=torch.float64)
     naive = naive_causal_momentum_attention if causal else naive_noncausal_momentum_attention
-    expected = value_and_grads(lambda *a: naive(*a, momentum=momentum, step_size=step_size), q, k, v, upstream)
+    expected = value_and_grads(lambda *a: naive(*a, momentum=momentum, step_size=step_size),
+                               q, k, v, upstream)
     got = value_and_grads(lambda *a: momentum_attention(*a, momentum=momentum, step_size=step_size,
                                                         causal=causal, chunk_size=chunk_size),
                           q, k, v, upstream)

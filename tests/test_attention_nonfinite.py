@@ -6,8 +6,12 @@ import math
 import pytest
 import torch
 
-from plugins.attention import (momentum_attention, momentum_attention_step,
-                               naive_causal_momentum_attention, naive_noncausal_momentum_attention)
+from plugins.attention import (
+    momentum_attention,
+    momentum_attention_step,
+    naive_causal_momentum_attention,
+    naive_noncausal_momentum_attention,
+)
 
 TOL = dict(rtol=1e-9, atol=1e-10)
 BAD_AT = 3
@@ -71,7 +75,8 @@ def test_prefill_and_decoding_agree_with_a_nonfinite_input(make_generator, name,
     finite = torch.isfinite(steps)
     torch.testing.assert_close(parallel[finite], steps[finite], **TOL)
     for part in ("s", "z", "m"):
-        assert torch.equal(torch.isfinite(getattr(state, part)), torch.isfinite(getattr(step_state, part))), part
+        finite, step_finite = torch.isfinite(getattr(state, part)), torch.isfinite(getattr(step_state, part))
+        assert torch.equal(finite, step_finite), part
 
 
 @pytest.mark.parametrize("chunk_size", [1, 16])

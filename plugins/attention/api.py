@@ -4,8 +4,16 @@ from typing import Optional, Tuple, Union
 import torch
 
 from .backends import triton_kernels, use_triton
-from .checks import (check_backend, check_chunk_size, check_feature_dims, check_momentum,
-                     check_padding_mask, check_positive, check_qkv, compute_dtype)
+from .checks import (
+    check_backend,
+    check_chunk_size,
+    check_feature_dims,
+    check_momentum,
+    check_padding_mask,
+    check_positive,
+    check_qkv,
+    compute_dtype,
+)
 from .chunk import chunk_causal_momentum_attention
 from .feature_maps import FeatureMap, resolve_feature_map
 from .noncausal import apply_noncausal_summary, noncausal_summary

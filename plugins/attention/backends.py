@@ -39,7 +39,7 @@ def use_triton(backend: str, device: torch.device, float64: bool) -> bool:
 def triton_kernels() -> ModuleType:
     """plugins.attention.triton, or a ValueError naming why it does not import."""
     try:
-        from . import triton as kernels         # an import statement: torch.compile traces it
+        from . import triton as kernels  # an import statement: torch.compile traces it
     except ImportError as error:
         raise ValueError("backend='triton' needs plugins.attention.triton, which does not import here "
                          f"({error}); use backend='torch' or 'auto'") from error

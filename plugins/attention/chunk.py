@@ -39,7 +39,8 @@ def chunk_causal_momentum_attention(
     nc = -(-N // C)
     pad = nc * C - N
     coef = ChunkCoefficients.build(momentum, step_size, C, fq.dtype, fq.device)
-    Q, K, V = ((F.pad(t, (0, 0, 0, pad)) if pad else t).reshape(B, H, nc, C, t.shape[-1]) for t in (fq, fk, v))
+    Q, K, V = ((F.pad(t, (0, 0, 0, pad)) if pad else t).reshape(B, H, nc, C, t.shape[-1])
+               for t in (fq, fk, v))
     init = initial_state
 
     scores = Q @ K.transpose(-1, -2)                                 # φ(q_i)ᵀφ(k_j) in a chunk
@@ -120,7 +121,8 @@ def decayed_exclusive_scan(x: torch.Tensor, decay: float, start: Optional[torch.
     within = _exclusive_recurrence(blocks.transpose(2, 3), decay).transpose(2, 3)  # from a zero start
     to_end = _powers(decay, G, x.dtype, x.device).flip(0)                       # decay^(G−1−c')
     totals = (blocks * to_end[:, None]).sum(3)                                  # state after each block
-    entering = decayed_exclusive_scan(totals, decay ** G, None if start is None else start.reshape(B, H, width))
+    start = None if start is None else start.reshape(B, H, width)
+    entering = decayed_exclusive_scan(totals, decay ** G, start)
     y = within + _powers(decay, G, x.dtype, x.device)[:, None] * entering[:, :, :, None]
     return y.reshape(B, H, ng * G, width)[:, :, :n].reshape(x.shape)
 
@@ -135,7 +137,8 @@ def _exclusive_recurrence(x: torch.Tensor, decay: float) -> torch.Tensor:
 
 
 def _powers(decay: float, n: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    return (torch.tensor(decay, dtype=torch.float64) ** torch.arange(n, dtype=torch.float64)).to(dtype=dtype, device=device)
+    powers = torch.tensor(decay, dtype=torch.float64) ** torch.arange(n, dtype=torch.float64)
+    return powers.to(dtype=dtype, device=device)
 
 
 def _exclusive_cumsum(local: torch.Tensor, start: Optional[torch.Tensor]) -> torch.Tensor:
