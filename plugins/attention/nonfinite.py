@@ -8,7 +8,8 @@ the kernels therefore see only finite parts (non-finite entries replaced by 0 wi
 and each result gets its NaN back afterwards exactly where eq. 12 would carry a non-finite
 value: output i from q_i and from k_j, v_j with j ≤ i (causal) or any real j (eq. 14); a v entry
 only reaches its own value column. The marks are tensors of 0 and NaN, so adding them is exact
-and costs no data-dependent branch (torch.compile traces it whole)."""
+and needs no data-dependent branch: under torch.compile they are always computed (and fused);
+in eager mode one sum per input first tells whether there is anything to mark."""
 from dataclasses import dataclass
 
 import torch
@@ -27,6 +28,25 @@ def split_finite(t: torch.Tensor):
     return torch.nan_to_num(t, nan=0.0, posinf=0.0, neginf=0.0), t.detach() * 0
 
 
+def all_finite(*tensors: torch.Tensor) -> bool:
+    """Eager shortcut: True when no entry is NaN or inf (one sum per tensor, accumulated in at
+    least float32; a sum that overflows only sends the call down the exact marked path)."""
+    sums = [t.sum(dtype=torch.promote_types(t.dtype, torch.float32)) for t in tensors]
+    return bool(torch.isfinite(torch.stack(sums)).all())
+
+
+class FiniteInputs:
+    """The marks of inputs known to be finite: every result stays as it is."""
+
+    def causal(self, out: torch.Tensor) -> torch.Tensor:
+        return out
+
+    step = noncausal = causal
+
+    def state(self, state: MomentumAttentionState) -> MomentumAttentionState:
+        return state
+
+
 @dataclass
 class NonFiniteMarks:
     """0/NaN marks of q and φ(q) per query (B, H, Nq, 1), of k and φ(k) per key (B, H, Nk, 1),
@@ -41,6 +61,11 @@ class NonFiniteMarks:
     def feature_map(cls, phi, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
         """φ on the finite parts of q and k: returns finite φ(q), φ(k), v and the marks. A
         non-finite entry of q or k marks every feature of its position (φ may mix them)."""
+        if not torch.compiler.is_compiling() and all_finite(q, k, v):
+            fq, fk = phi(q), phi(k)
+            check_feature_dims(fq, fk, q, k)
+            if phi in FINITE_MAPS or all_finite(fq, fk):
+                return fq, fk, v, FiniteInputs()
         q, q_marks = split_finite(q)
         k, k_marks = split_finite(k)
         v, value = split_finite(v)
