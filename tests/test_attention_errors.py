@@ -2,7 +2,12 @@
 import pytest
 import torch
 
-from plugins.attention import MomentumAttentionState, momentum_attention, momentum_attention_step
+from plugins.attention import (
+    MomentumAttentionState,
+    linear_attention,
+    momentum_attention,
+    momentum_attention_step,
+)
 
 
 def qkv(B=2, H=2, N=5, D=4):
@@ -20,7 +25,8 @@ def qkv(B=2, H=2, N=5, D=4):
     (dict(momentum=0.5, chunk_size=0), r"chunk_size must be an integer in \[1, "),
     (dict(momentum=0.5, feature_map="softmax"), "feature_map must be one of"),
     (dict(momentum=0.5, padding_mask=torch.ones(2, 5)), "padding_mask must be a bool tensor"),
-    (dict(momentum=0.5, padding_mask=torch.ones(2, 4, dtype=torch.bool)), r"padding_mask must have shape \(batch, length\)"),
+    (dict(momentum=0.5, padding_mask=torch.ones(2, 4, dtype=torch.bool)),
+     r"padding_mask must have shape \(batch, length\)"),
     (dict(momentum=0.5, causal=False, return_state=True), "need causal=True"),
 ])
 def test_bad_arguments(kwargs, needle):
@@ -53,3 +59,40 @@ def test_step_rejects_a_state_of_the_wrong_shape():
         momentum_attention_step(q, k, v, state, momentum=0.5)
     with pytest.raises(ValueError, match=r"momentum must be in \[0, 1\)"):
         momentum_attention_step(q, k, v, None, momentum=1.5)
+
+
+@pytest.mark.parametrize("form", ["step", "multi-token step", "initial_state"])
+def test_a_tuple_state_is_refused_clearly(form):
+    q, k, v = qkv()
+    _, state = momentum_attention(q, k, v, momentum=0.5, return_state=True)
+    as_tuple = (state.s, state.z, state.m)
+    with pytest.raises(ValueError, match=r"state must be a MomentumAttentionState or None, got tuple.*"
+                                         r"MomentumAttentionState\(s=\.\.\., z=\.\.\., m=\.\.\.\)"):
+        if form == "step":
+            momentum_attention_step(q[:, :, :1], k[:, :, :1], v[:, :, :1], as_tuple, momentum=0.5)
+        elif form == "multi-token step":
+            momentum_attention_step(q, k, v, as_tuple, momentum=0.5)
+        else:
+            momentum_attention(q, k, v, momentum=0.5, initial_state=as_tuple)
+
+
+@pytest.mark.parametrize("n", [1, 5])
+def test_unknown_backend_is_named(n):
+    q, k, v = (t[:, :, :n] for t in qkv())
+    needle = r"backend must be one of 'auto', 'torch', 'triton'; got 'cuda'"
+    with pytest.raises(ValueError, match=needle):
+        momentum_attention(q, k, v, momentum=0.5, backend="cuda")
+    with pytest.raises(ValueError, match=needle):
+        momentum_attention(q, k, v, momentum=0.5, causal=False, backend="cuda")
+    with pytest.raises(ValueError, match=needle):
+        linear_attention(q, k, v, backend="cuda")
+    with pytest.raises(ValueError, match=needle):
+        momentum_attention_step(q, k, v, None, momentum=0.5, backend="cuda")
+
+
+def test_feature_map_must_keep_batch_heads_and_length():
+    with pytest.raises(ValueError, match=r"feature_map must return a tensor of shape \(2, 2, 5\) \+ \(D′,\)"):
+        momentum_attention(*qkv(), momentum=0.5, feature_map=lambda x: x.mean(2, keepdim=True))
+    with pytest.raises(ValueError, match="feature_map must return a tensor"):
+        momentum_attention_step(*(t[:, :, :1] for t in qkv()), None, momentum=0.5,
+                                feature_map=lambda x: x[0])

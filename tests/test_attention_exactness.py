@@ -5,9 +5,14 @@ import itertools
 import pytest
 import torch
 
-from plugins.attention import (linear_attention, momentum_attention, momentum_attention_step,
-                               naive_causal_momentum_attention, naive_noncausal_momentum_attention,
-                               naive_recurrent_momentum_attention)
+from plugins.attention import (
+    linear_attention,
+    momentum_attention,
+    momentum_attention_step,
+    naive_causal_momentum_attention,
+    naive_noncausal_momentum_attention,
+    naive_recurrent_momentum_attention,
+)
 from plugins.attention.feature_maps import elu_plus_one
 
 LENGTHS = [1, 63, 64, 65, 500]
@@ -59,7 +64,8 @@ def literal_eq14(q, k, v, beta, gamma, eps):
     out = torch.zeros(B, H, q.shape[2], v.shape[-1], dtype=q.dtype)
     fq, fk = elu_plus_one(q), elu_plus_one(k)
     for b, h, i in itertools.product(range(B), range(H), range(q.shape[2])):
-        num = sum(gamma * (1 - beta ** (N - j)) / (1 - beta) * torch.dot(fq[b, h, i], fk[b, h, j]) * v[b, h, j]
+        num = sum(gamma * (1 - beta ** (N - j)) / (1 - beta) * torch.dot(fq[b, h, i], fk[b, h, j])
+                  * v[b, h, j]
                   for j in range(N))
         den = sum(torch.dot(fq[b, h, i], fk[b, h, j]) for j in range(N))
         out[b, h, i] = num / (den + eps)
@@ -86,7 +92,8 @@ def test_chunked_matches_naive(make_generator, N, chunk_size, causal, momentum, 
     q, k, v = random_qkv(make_generator(), N=N)
     upstream = torch.randn(2, 2, N, 6, generator=make_generator("up"), dtype=torch.float64)
     naive = naive_causal_momentum_attention if causal else naive_noncausal_momentum_attention
-    expected = value_and_grads(lambda *a: naive(*a, momentum=momentum, step_size=step_size), q, k, v, upstream)
+    expected = value_and_grads(lambda *a: naive(*a, momentum=momentum, step_size=step_size),
+                               q, k, v, upstream)
     got = value_and_grads(lambda *a: momentum_attention(*a, momentum=momentum, step_size=step_size,
                                                         causal=causal, chunk_size=chunk_size),
                           q, k, v, upstream)
@@ -166,3 +173,48 @@ def test_empty_and_single_token(make_generator):
     for causal in (True, False):
         expected = literal_eq13(q, k, v, 0.5, 1.0, 1e-6)    # one token: eq. 13 = eq. 14
         torch.testing.assert_close(momentum_attention(q, k, v, momentum=0.5, causal=causal), expected, **TOL)
+
+
+def test_empty_batch():
+    """Batch size 0 (e.g. an empty shard): empty outputs, states and gradients, every form."""
+    q, k, v = random_qkv(torch.Generator().manual_seed(0), B=0, N=9)
+    for causal in (True, False):
+        out = momentum_attention(q, k, v, momentum=0.5, causal=causal, chunk_size=4)
+        assert out.shape == (0, 2, 9, 6)
+        out.sum().backward()
+        assert q.grad.shape == q.shape
+    out, state = momentum_attention(q, k, v, momentum=0.5, return_state=True,
+                                    padding_mask=torch.ones(0, 9, dtype=torch.bool))
+    assert out.shape == (0, 2, 9, 6) and state.s.shape == (0, 2, 8, 6) and state.z.shape == (0, 2, 8)
+    for n in (1, 3):
+        out, new = momentum_attention_step(q[:, :, :n], k[:, :, :n], v[:, :, :n], state, momentum=0.5)
+        assert out.shape == (0, 2, n, 6) and new.m.shape == (0, 2, 8, 6)
+
+
+def doubling_map(x):
+    """A feature map that changes the dimension: Dk → 2·Dk (both signs, as in Performer-style maps)."""
+    return torch.cat([elu_plus_one(x), elu_plus_one(-x)], dim=-1)
+
+
+@pytest.mark.parametrize("momentum,step_size", [(0.0, 1.0), (0.6, 0.6)])
+def test_feature_map_changing_the_dimension(make_generator, momentum, step_size):
+    """Parallel, token-by-token and prefill-then-decode forms agree; states are (…, 2·Dk, Dv)."""
+    q, k, v = (t.detach() for t in random_qkv(make_generator(), N=21))
+    kw = dict(momentum=momentum, step_size=step_size, feature_map=doubling_map)
+    expected = naive_causal_momentum_attention(q, k, v, **kw)
+    parallel, state = momentum_attention(q, k, v, chunk_size=8, return_state=True, **kw)
+    torch.testing.assert_close(parallel, expected, **TOL)
+    assert state.s.shape == (2, 2, 16, 6) and state.z.shape == (2, 2, 16)
+    _, ref_state = naive_recurrent_momentum_attention(q, k, v, **kw)
+    torch.testing.assert_close(state.s, ref_state.s, **TOL)
+    outs, step_state = [], None
+    for i in range(21):
+        out, step_state = momentum_attention_step(q[:, :, i:i + 1], k[:, :, i:i + 1], v[:, :, i:i + 1],
+                                                  step_state, **kw)
+        outs.append(out)
+    torch.testing.assert_close(torch.cat(outs, 2), expected, **TOL)
+    _, pre = momentum_attention(q[:, :, :10], k[:, :, :10], v[:, :, :10], return_state=True, **kw)
+    rest, _ = momentum_attention_step(q[:, :, 10:], k[:, :, 10:], v[:, :, 10:], pre, chunk_size=4, **kw)
+    torch.testing.assert_close(rest, expected[:, :, 10:], **TOL)
+    noncausal = momentum_attention(q, k, v, causal=False, **kw)
+    torch.testing.assert_close(noncausal, naive_noncausal_momentum_attention(q, k, v, **kw), **TOL)

@@ -36,7 +36,7 @@ def test_states_stay_float32_under_autocast(make_generator):
         out, state = momentum_attention(q, k, v, momentum=0.9, return_state=True)
         step_out, state = momentum_attention_step(q[:, :, :1], k[:, :, :1], v[:, :, :1], state, momentum=0.9)
     assert out.dtype == torch.bfloat16 and step_out.dtype == torch.bfloat16
-    assert state.s.dtype == torch.float32 and state.z.dtype == torch.float32 and state.m.dtype == torch.float32
+    assert state.s.dtype == state.z.dtype == state.m.dtype == torch.float32
     reference = momentum_attention(q.double(), k.double(), v.double(), momentum=0.9)
     assert rel_rms(out, reference) < 1e-2
 

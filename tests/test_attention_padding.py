@@ -2,10 +2,16 @@
 import pytest
 import torch
 
-from plugins.attention import (MomentumAttentionState, attend_summary, momentum_attention,
-                               momentum_attention_step, naive_causal_momentum_attention,
-                               naive_noncausal_momentum_attention, naive_recurrent_momentum_attention,
-                               summarize_keys)
+from plugins.attention import (
+    MomentumAttentionState,
+    attend_summary,
+    momentum_attention,
+    momentum_attention_step,
+    naive_causal_momentum_attention,
+    naive_noncausal_momentum_attention,
+    naive_recurrent_momentum_attention,
+    summarize_keys,
+)
 
 TOL = dict(rtol=1e-9, atol=1e-10)
 LENGTHS = [37, 64, 5]           # real tokens per row; the padded length is 70
@@ -95,7 +101,8 @@ def test_prefill_then_decode_equals_parallel(make_generator, prefix, side, momen
     outs = [pre]
     split = prefix + (N - prefix) // 2
     for i in range(prefix, split):              # one token at a time (fused step)
-        out, state = momentum_attention_step(q[:, :, i:i + 1], k[:, :, i:i + 1], v[:, :, i:i + 1], state, **kw)
+        out, state = momentum_attention_step(q[:, :, i:i + 1], k[:, :, i:i + 1], v[:, :, i:i + 1], state,
+                                             **kw)
         outs.append(out)
     out, state = momentum_attention_step(q[:, :, split:], k[:, :, split:], v[:, :, split:], state,
                                          chunk_size=16, **kw)       # the rest as one multi-token step

@@ -2,13 +2,17 @@
 eq. 14, and plain linear attention as the β = 0 case.
 
 Layout after flash-linear-attention: `naive` (literal quadratic / token-by-token references),
-`chunk` (the O(N) training path), `recurrent` (the fused decoding step), `api` (validation,
-padding and dispatch)."""
-from .api import (attend_summary, linear_attention, momentum_attention, momentum_attention_step,
-                  summarize_keys)
+`chunk` (the O(N) training path), `recurrent` (the fused decoding step), `noncausal` (eq. 14's
+two sums), `nonfinite` (NaN/inf kept causal), `backends` (PyTorch or the Triton kernels of
+`plugins.attention.triton`, imported only when used), `api` (validation, padding and
+dispatch)."""
+from .api import attend_summary, linear_attention, momentum_attention, momentum_attention_step, summarize_keys
 from .feature_maps import FEATURE_MAPS, elu_plus_one
-from .naive import (naive_causal_momentum_attention, naive_noncausal_momentum_attention,
-                    naive_recurrent_momentum_attention)
+from .naive import (
+    naive_causal_momentum_attention,
+    naive_noncausal_momentum_attention,
+    naive_recurrent_momentum_attention,
+)
 from .state import MomentumAttentionState, NonCausalSummary
 
 __all__ = [

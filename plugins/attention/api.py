@@ -3,11 +3,21 @@ from typing import Optional, Tuple, Union
 
 import torch
 
-from .checks import (check_chunk_size, check_momentum, check_padding_mask, check_positive,
-                     check_qkv, compute_dtype)
+from .backends import triton_kernels, use_triton
+from .checks import (
+    check_backend,
+    check_chunk_size,
+    check_feature_dims,
+    check_momentum,
+    check_padding_mask,
+    check_positive,
+    check_qkv,
+    compute_dtype,
+)
 from .chunk import chunk_causal_momentum_attention
 from .feature_maps import FeatureMap, resolve_feature_map
 from .noncausal import apply_noncausal_summary, noncausal_summary
+from .nonfinite import NonFiniteMarks, split_finite
 from .recurrent import fused_recurrent_step
 from .state import MomentumAttentionState, NonCausalSummary
 
@@ -18,7 +28,7 @@ def momentum_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, mom
                        step_size: float = 1.0, causal: bool = True, feature_map: FeatureMap = "elu",
                        padding_mask: Optional[torch.Tensor] = None, eps: float = 1e-6,
                        chunk_size: int = 64, initial_state: Optional[MomentumAttentionState] = None,
-                       return_state: bool = False) -> Output:
+                       return_state: bool = False, backend: str = "auto") -> Output:
     """Momentum attention, O(N) time and memory.
 
     q, k: (B, H, Nq, Dk); v: (B, H, Nk, Dv) → (B, H, Nq, Dv) in the inputs' dtype.
@@ -27,40 +37,47 @@ def momentum_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, mom
     causal=False is eq. 14 with N each sequence's number of real keys (Nq may differ from Nk).
     momentum β ∈ [0, 1), step_size γ > 0; β = 0, γ = 1 is plain linear attention (eq. 7).
     feature_map: "elu" (elu+1, the paper's), "relu", "identity" (inputs already mapped) or a
-    callable, applied to q and k here. padding_mask: (B, Nk) bool, True = real token, any
-    pattern: padded keys are removed from every sum and from the momentum's step count, so
-    each row equals its sequence alone. Causal outputs at padded positions are 0; non-causal
-    queries at padded positions still attend to the real keys.
-    initial_state / return_state (causal only): continue from a state and/or return the state
-    after each row's last real token, to prefill in parallel and decode with
+    callable, applied to q and k here; a callable may change the last dimension (Dk → D′, the
+    states' key dimension). padding_mask: (B, Nk) bool, True = real token, any pattern:
+    padded keys are removed from every sum and from the momentum's step count, so each row
+    equals its sequence alone. Causal outputs at padded positions are 0; non-causal queries at
+    padded positions still attend to the real keys.
+    initial_state / return_state (causal only): continue from a `MomentumAttentionState` and/or
+    return the state after each row's last real token, to prefill in parallel and decode with
     `momentum_attention_step`.
-    States and denominators are accumulated in float32 (float64 for float64 inputs), autocast
-    or not.
+    backend (causal only; eq. 14 is two batched matmuls and always runs in PyTorch): "torch" the
+    chunked PyTorch form; "triton" the fused kernels of `plugins.attention.triton` (CUDA tensors,
+    or CPU tensors under TRITON_INTERPRET=1); "auto" Triton for CUDA tensors when available,
+    PyTorch otherwise (and always for float64).
+    A NaN or inf in q, k or v reaches only the outputs that depend on it (causal: at or after
+    its position), forward and backward. States and denominators are accumulated in float32
+    (float64 for float64 inputs), autocast or not.
     """
     check_qkv(q, k, v, causal=causal)
     momentum = check_momentum(momentum)
     step_size = check_positive(step_size, "step_size")
     eps = check_positive(eps, "eps")
     chunk_size = check_chunk_size(chunk_size)
+    backend = check_backend(backend)
     phi = resolve_feature_map(feature_map)
-    B, H, Nk, Dk = k.shape
-    mask = check_padding_mask(padding_mask, B, Nk, k.device)
+    mask = check_padding_mask(padding_mask, k.shape[0], k.shape[2], k.device)
+    _check_state_type(initial_state, "initial_state")
     if not causal and (initial_state is not None or return_state):
         raise ValueError("initial_state and return_state need causal=True (eq. 14 has no recurrent form)")
     out_dtype = torch.promote_types(torch.promote_types(q.dtype, k.dtype), v.dtype)
-    dtype = _state_dtype(initial_state, compute_dtype(q, k, v))
-    if initial_state is not None:
-        _check_state(initial_state, B, H, Dk, v.shape[-1], k.device)
-        initial_state = initial_state.to(dtype)
+    if not causal:
+        return _noncausal(q, k, v, phi, mask, momentum, step_size, eps).to(out_dtype)
 
+    state_dtype = _state_dtype(initial_state, compute_dtype(q, k, v))
+    if use_triton(backend, q.device, float64=state_dtype == torch.float64):
+        kernel, run_dtype = triton_kernels().chunk_momentum_attention, out_dtype
+    else:
+        kernel, run_dtype = chunk_causal_momentum_attention, state_dtype
     with torch.autocast(device_type=q.device.type, enabled=False):
-        q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
-        if not causal:
-            fk, v = _mask_keys(phi(_mask_keys(k, mask)), mask), _mask_keys(v, mask)
-            kv, z = noncausal_summary(fk, v, momentum=momentum, step_size=step_size, key_mask=mask)
-            return apply_noncausal_summary(phi(q), kv, z, eps=eps).to(out_dtype)
-        out, state = _causal(q, k, v, phi, mask, momentum, step_size, eps, chunk_size,
-                             initial_state, return_state)
+        out, state = _causal(q.to(run_dtype), k.to(run_dtype), v.to(run_dtype), phi, mask,
+                             kernel=kernel, state_dtype=state_dtype, momentum=momentum,
+                             step_size=step_size, eps=eps, chunk_size=chunk_size,
+                             initial_state=initial_state, return_state=return_state)
     out = out.to(out_dtype)
     return (out, state) if return_state else out
 
@@ -81,6 +98,7 @@ def summarize_keys(k: torch.Tensor, v: torch.Tensor, *, momentum: float, step_si
     with torch.autocast(device_type=k.device.type, enabled=False):
         k, v = k.to(dtype), v.to(dtype)
         fk, v = _mask_keys(phi(_mask_keys(k, mask)), mask), _mask_keys(v, mask)
+        check_feature_dims(fk, fk, k, k)
         kv, z = noncausal_summary(fk, v, momentum=momentum, step_size=step_size, key_mask=mask)
     return NonCausalSummary(kv=kv, z=z)
 
@@ -88,94 +106,125 @@ def summarize_keys(k: torch.Tensor, v: torch.Tensor, *, momentum: float, step_si
 def attend_summary(q: torch.Tensor, summary: NonCausalSummary, *, feature_map: FeatureMap = "elu",
                    eps: float = 1e-6) -> torch.Tensor:
     """Eq. 14 for queries q (B, H, Nq, Dk) against keys summarised by `summarize_keys`;
-    output (B, H, Nq, Dv) in q's dtype. O(Nq) whatever the number of keys."""
+    output (B, H, Nq, Dv) in q's dtype. O(Nq) whatever the number of keys. A non-finite query
+    makes its own output NaN and nothing else (not the summary's gradients either)."""
     if not isinstance(summary, NonCausalSummary):
         raise ValueError(f"summary must be a NonCausalSummary, got {type(summary).__name__}")
     if not isinstance(q, torch.Tensor) or q.dim() != 4 or not q.is_floating_point():
         raise ValueError("q must be a floating-point tensor of shape (batch, heads, length, dim)")
-    if q.shape[:2] != summary.kv.shape[:2] or q.shape[3] != summary.kv.shape[2]:
-        raise ValueError(f"q {tuple(q.shape)} does not match the summary's (batch, heads, Dk) = "
-                         f"{tuple(summary.kv.shape[:3])}")
     eps = check_positive(eps, "eps")
     phi = resolve_feature_map(feature_map)
     with torch.autocast(device_type=q.device.type, enabled=False):
         fq = phi(q.to(summary.kv.dtype))
-        out = apply_noncausal_summary(fq, summary.kv, summary.z, eps=eps)
+        if fq.shape[:2] != summary.kv.shape[:2] or fq.shape[3] != summary.kv.shape[2]:
+            raise ValueError(f"q {tuple(q.shape)} (feature-mapped {tuple(fq.shape)}) does not match the "
+                             f"summary's (batch, heads, D′) = {tuple(summary.kv.shape[:3])}")
+        fq, marks = split_finite(fq)
+        out = apply_noncausal_summary(fq, summary.kv, summary.z, eps=eps) + marks.sum(-1, keepdim=True)
     return out.to(q.dtype)
 
 
 def linear_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = True,
                      feature_map: FeatureMap = "elu", padding_mask: Optional[torch.Tensor] = None,
-                     eps: float = 1e-6, chunk_size: int = 64) -> torch.Tensor:
-    """Plain linear attention (eq. 5, causal eq. 7): momentum attention with β = 0, γ = 1."""
+                     eps: float = 1e-6, chunk_size: int = 64, backend: str = "auto") -> torch.Tensor:
+    """Plain linear attention (eq. 5, causal eq. 7): momentum attention with β = 0, γ = 1 (the
+    kernels then carry the one state s)."""
     return momentum_attention(q, k, v, momentum=0.0, step_size=1.0, causal=causal,
                               feature_map=feature_map, padding_mask=padding_mask, eps=eps,
-                              chunk_size=chunk_size)
+                              chunk_size=chunk_size, backend=backend)
 
 
 def momentum_attention_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                             state: Optional[MomentumAttentionState], *, momentum: float,
                             step_size: float = 1.0, feature_map: FeatureMap = "elu",
                             eps: float = 1e-6, padding_mask: Optional[torch.Tensor] = None,
-                            chunk_size: int = 64) -> Tuple[torch.Tensor, MomentumAttentionState]:
+                            chunk_size: int = 64, backend: str = "auto",
+                            ) -> Tuple[torch.Tensor, MomentumAttentionState]:
     """Recurrent form eq. 12 for decoding: q, k (B, H, n, Dk), v (B, H, n, Dv) are n ≥ 1 new
-    positions; state=None starts fresh. Returns (out (B, H, n, Dv), new_state). One position
-    runs the fused single-token update; several run the chunked form from `state`."""
+    positions; state is a `MomentumAttentionState` (a plain (s, z, m) tuple is refused: build
+    `MomentumAttentionState(s=…, z=…, m=…)`, which names its parts) or None to start fresh.
+    Returns (out (B, H, n, Dv), new_state). One position runs the fused single-token update;
+    several run the chunked form from `state`. backend as in `momentum_attention`."""
     check_qkv(q, k, v, causal=True)
+    _check_state_type(state, "state")
     if q.shape[2] != 1:
         return momentum_attention(q, k, v, momentum=momentum, step_size=step_size, causal=True,
                                   feature_map=feature_map, padding_mask=padding_mask, eps=eps,
-                                  chunk_size=chunk_size, initial_state=state, return_state=True)
+                                  chunk_size=chunk_size, initial_state=state, return_state=True,
+                                  backend=backend)
     momentum = check_momentum(momentum)
     step_size = check_positive(step_size, "step_size")
     eps = check_positive(eps, "eps")
+    backend = check_backend(backend)
     phi = resolve_feature_map(feature_map)
-    B, H, _, Dk = k.shape
-    Dv = v.shape[-1]
+    B, H, Dv = q.shape[0], q.shape[1], v.shape[-1]
     real = check_padding_mask(padding_mask, B, 1, k.device)
     dtype = _state_dtype(state, compute_dtype(q, k, v))
-    if state is None:
-        state = MomentumAttentionState.zeros(B, H, Dk, Dv, dtype=dtype, device=k.device)
-    else:
-        _check_state(state, B, H, Dk, Dv, k.device)
-        state = state.to(dtype)
+    step = fused_recurrent_step
+    if use_triton(backend, q.device, float64=dtype == torch.float64):
+        step = triton_kernels().fused_recurrent_step
     out_dtype = torch.promote_types(torch.promote_types(q.dtype, k.dtype), v.dtype)
     with torch.autocast(device_type=q.device.type, enabled=False):
-        fq, fk = phi(q[:, :, 0].to(dtype)), phi(k[:, :, 0].to(dtype))
-        out, state = fused_recurrent_step(fq, fk, v[:, :, 0].to(dtype), state, momentum=momentum,
-                                          step_size=step_size, eps=eps,
-                                          real=None if real is None else real[:, 0])
-    return out[:, :, None].to(out_dtype), state
+        q, k, v = (_mask_keys(t.to(dtype), real) for t in (q, k, v))
+        fq, fk, v, marks = NonFiniteMarks.feature_map(phi, q, k, v)
+        D = fk.shape[-1]
+        if state is None:
+            state = MomentumAttentionState.zeros(B, H, D, Dv, dtype=dtype, device=k.device)
+        else:
+            _check_state(state, B, H, D, Dv, k.device)
+            state = state.to(dtype)
+        out, state = step(fq[:, :, 0], fk[:, :, 0], v[:, :, 0], state, momentum=momentum,
+                          step_size=step_size, eps=eps, real=None if real is None else real[:, 0])
+    return marks.step(out)[:, :, None].to(out_dtype), marks.state(state)
 
 
-def _causal(q, k, v, phi, mask, momentum, step_size, eps, chunk_size, initial_state, return_state):
+def _causal(q, k, v, phi, mask, *, kernel, state_dtype, momentum, step_size, eps, chunk_size,
+            initial_state, return_state):
     """Causal form on any padding pattern: real tokens are moved to the front of their row
-    (a stable gather), run right-padded through the chunked kernel, and moved back."""
-    B, N = q.shape[0], q.shape[2]
-    if N == 0:
-        out = q.new_zeros(*q.shape[:3], v.shape[-1])
-        state = initial_state
-        if return_state and state is None:
-            state = MomentumAttentionState.zeros(B, q.shape[1], q.shape[-1], v.shape[-1],
-                                                 dtype=q.dtype, device=q.device)
-        return out, state
+    (a stable gather), run right-padded through `kernel` on finite inputs, and moved back."""
+    B, H, N, Dv = *q.shape[:3], v.shape[-1]
     lengths, order = None, None
     if mask is not None:
         lengths = mask.sum(-1)
-        if not bool((mask[:, 1:] <= mask[:, :-1]).all()):
+        # Eager mode skips the gather when the padding is already on the right; under
+        # torch.compile the (exact) gather always runs rather than branch on data.
+        if torch.compiler.is_compiling() or not bool((mask[:, 1:] <= mask[:, :-1]).all()):
             order = torch.argsort((~mask).to(torch.int8), dim=-1, stable=True)
             q, k, v = (_gather(t, order) for t in (q, k, v))
         mask = torch.arange(N, device=q.device) < lengths[:, None]
     q, k, v = (_mask_keys(t, mask) for t in (q, k, v))
-    fq, fk = phi(q), _mask_keys(phi(k), mask)
-    out, state = chunk_causal_momentum_attention(
-        fq, fk, v, momentum=momentum, step_size=step_size, eps=eps, chunk_size=chunk_size,
-        initial_state=initial_state, lengths=lengths, return_state=return_state)
+    fq, fk, v, marks = NonFiniteMarks.feature_map(phi, q, k, v)
+    fk, D = _mask_keys(fk, mask), fk.shape[-1]
+    if initial_state is not None:
+        _check_state(initial_state, B, H, D, Dv, q.device)
+        initial_state = initial_state.to(state_dtype)
+    if B * H * N == 0:                  # nothing to compute; the empty sums keep the autograd graph
+        out = v.new_zeros(B, H, N, Dv) + (fq.sum() + fk.sum() + v.sum())
+        if return_state and initial_state is None:
+            initial_state = MomentumAttentionState.zeros(B, H, D, Dv, dtype=state_dtype, device=q.device)
+        return out, initial_state
+    out, state = kernel(fq, fk, v, momentum=momentum, step_size=step_size, eps=eps,
+                        chunk_size=chunk_size, initial_state=initial_state, lengths=lengths,
+                        return_state=return_state)
+    out = marks.causal(out)
+    if return_state:
+        state = marks.state(state)
     if mask is not None:
         out = _mask_keys(out, mask)
     if order is not None:
         out = _gather(out, torch.argsort(order, dim=-1))
     return out, state
+
+
+def _noncausal(q, k, v, phi, mask, momentum, step_size, eps):
+    """Eq. 14 as two sums over the real keys, in float32 (float64 for float64 inputs)."""
+    dtype = compute_dtype(q, k, v)
+    with torch.autocast(device_type=q.device.type, enabled=False):
+        q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
+        fq, fk, v, marks = NonFiniteMarks.feature_map(phi, q, _mask_keys(k, mask), _mask_keys(v, mask))
+        fk = _mask_keys(fk, mask)
+        kv, z = noncausal_summary(fk, v, momentum=momentum, step_size=step_size, key_mask=mask)
+        return marks.noncausal(apply_noncausal_summary(fq, kv, z, eps=eps))
 
 
 def _mask_keys(t: torch.Tensor, mask: Optional[torch.Tensor]) -> torch.Tensor:
@@ -196,10 +245,14 @@ def _state_dtype(state: Optional[MomentumAttentionState], dtype: torch.dtype) ->
     return dtype
 
 
+def _check_state_type(state, name: str) -> None:
+    if state is not None and not isinstance(state, MomentumAttentionState):
+        raise ValueError(f"{name} must be a MomentumAttentionState or None, got {type(state).__name__}; "
+                         "wrap the tensors as MomentumAttentionState(s=..., z=..., m=...) (eq. 12's S, z, m)")
+
+
 def _check_state(state: MomentumAttentionState, B: int, H: int, Dk: int, Dv: int,
                  device: torch.device) -> None:
-    if not isinstance(state, MomentumAttentionState):
-        raise ValueError(f"state must be a MomentumAttentionState or None, got {type(state).__name__}")
     state.check(B, H, Dk, Dv)
     if state.s.device != device:
         raise ValueError(f"state is on {state.s.device} but the inputs are on {device}")

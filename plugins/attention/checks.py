@@ -55,7 +55,8 @@ def check_feature_dims(fq: torch.Tensor, fk: torch.Tensor, q: torch.Tensor, k: t
             raise ValueError(f"feature_map must return a tensor of shape {tuple(raw.shape[:-1])} + (D′,) "
                              f"for {name} {tuple(raw.shape)}, got {got}")
     if fq.shape[-1] != fk.shape[-1]:
-        raise ValueError(f"feature_map gives q and k different last dimensions: {fq.shape[-1]} and {fk.shape[-1]}")
+        raise ValueError("feature_map gives q and k different last dimensions: "
+                         f"{fq.shape[-1]} and {fk.shape[-1]}")
     return fk.shape[-1]
 
 
@@ -71,7 +72,8 @@ def check_padding_mask(padding_mask: Optional[torch.Tensor], batch: int, length:
         raise ValueError(f"padding_mask must be a bool tensor (True = real token), got {got}")
     if tuple(padding_mask.shape) != (batch, length):
         raise ValueError(
-            f"padding_mask must have shape (batch, length) = {(batch, length)}, got {tuple(padding_mask.shape)}"
+            f"padding_mask must have shape (batch, length) = {(batch, length)}, "
+            f"got {tuple(padding_mask.shape)}"
         )
     if padding_mask.device != device:
         raise ValueError(f"padding_mask is on {padding_mask.device} but the inputs are on {device}")

@@ -21,7 +21,7 @@ class ChunkCoefficients:
     carry[a]     γβ(1 − β^(a+1))/(1 − β) — weight of the momentum m' entering the chunk on s_a;
     to_end_m[j]  β^(C−1−j) — weight of φ(k_j)v_jᵀ on m' at the chunk's end;
     to_end_s[j]  intra[C−1, j] — its weight on s at the chunk's end;
-    causal[a, j] 1 for j ≤ a (the denominator's plain key sum);
+    causal[a, j] True for j ≤ a (bool: later keys are removed with `where`, not weight 0);
     decay        β^C — decay of m' over a whole chunk.
     """
 
@@ -43,7 +43,7 @@ class ChunkCoefficients:
         to_end_m = torch.tensor(beta, dtype=torch.float64) ** (chunk - 1 - a)
         return cls(
             intra=intra.to(dtype=dtype, device=device),
-            causal=(distance >= 0).to(dtype=dtype, device=device),
+            causal=(distance >= 0).to(device=device),
             carry=carry.to(dtype=dtype, device=device),
             to_end_m=to_end_m.to(dtype=dtype, device=device),
             to_end_s=intra[-1].to(dtype=dtype, device=device),

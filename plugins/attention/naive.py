@@ -22,13 +22,15 @@ def naive_causal_momentum_attention(q, k, v, *, momentum: float, step_size: floa
                                     feature_map: FeatureMap = "elu",
                                     padding_mask: Optional[torch.Tensor] = None,
                                     eps: float = 1e-6) -> torch.Tensor:
-    """Eq. 13, quadratic: v̂_i = γφ(q_i)ᵀ Σ_{j≤i} (1−β^(i−j+1))/(1−β) φ(k_j)v_jᵀ / (φ(q_i)ᵀ Σ_{j≤i} φ(k_j) + eps)."""
+    """Eq. 13, quadratic:
+    v̂_i = γφ(q_i)ᵀ Σ_{j≤i} (1−β^(i−j+1))/(1−β) φ(k_j)v_jᵀ / (φ(q_i)ᵀ Σ_{j≤i} φ(k_j) + eps)."""
     phi = resolve_feature_map(feature_map)
     B, H, N, _ = q.shape
     mask = torch.ones(B, N, dtype=torch.bool, device=q.device) if padding_mask is None else padding_mask
     count = mask.cumsum(-1)                                     # real tokens in [0, i]
     distance = count[:, :, None] - count[:, None, :]            # real tokens in (j, i]
-    allowed = mask[:, :, None] & mask[:, None, :] & (distance >= 0) & torch.ones(N, N, dtype=torch.bool, device=q.device).tril()
+    lower = torch.ones(N, N, dtype=torch.bool, device=q.device).tril()
+    allowed = mask[:, :, None] & mask[:, None, :] & (distance >= 0) & lower
     weight = torch.where(allowed, momentum_weight(distance, momentum, step_size).to(q.dtype),
                          torch.zeros((), dtype=q.dtype, device=q.device))
     fq, fk = phi(q), phi(k)
@@ -63,16 +65,19 @@ def naive_recurrent_momentum_attention(q, k, v, state: Optional[MomentumAttentio
                                        padding_mask: Optional[torch.Tensor] = None,
                                        eps: float = 1e-6) -> Tuple[torch.Tensor, MomentumAttentionState]:
     """Eq. 12, one token at a time:
-    m_i = βm_{i−1} − φ(k_i)v_iᵀ;  s_i = s_{i−1} − γm_i;  z_i = z_{i−1} + φ(k_i);  v̂_i = φ(q_i)ᵀs_i / (φ(q_i)ᵀz_i + eps).
+    m_i = βm_{i−1} − φ(k_i)v_iᵀ;  s_i = s_{i−1} − γm_i;  z_i = z_{i−1} + φ(k_i);
+    v̂_i = φ(q_i)ᵀs_i / (φ(q_i)ᵀz_i + eps).
     A padded token leaves the state unchanged and outputs 0."""
     phi = resolve_feature_map(feature_map)
-    B, H, N, Dk = q.shape
+    B, H, N = q.shape[:3]
+    fq_all, fk_all = phi(q), phi(k)                             # the map may change Dk
     if state is None:
-        state = MomentumAttentionState.zeros(B, H, Dk, v.shape[-1], dtype=q.dtype, device=q.device)
+        state = MomentumAttentionState.zeros(B, H, fk_all.shape[-1], v.shape[-1], dtype=q.dtype,
+                                             device=q.device)
     s, z, m = state.s, state.z, state.m
     outputs = []
     for i in range(N):
-        fq, fk, vi = phi(q[:, :, i]), phi(k[:, :, i]), v[:, :, i]
+        fq, fk, vi = fq_all[:, :, i], fk_all[:, :, i], v[:, :, i]
         m_new = momentum * m - fk[..., :, None] * vi[..., None, :]
         s_new = s - step_size * m_new
         z_new = z + fk

@@ -27,7 +27,8 @@ def noncausal_summary(fk: torch.Tensor, v: torch.Tensor, *, momentum: float, ste
     return kv, fk.sum(2)
 
 
-def apply_noncausal_summary(fq: torch.Tensor, kv: torch.Tensor, z: torch.Tensor, *, eps: float) -> torch.Tensor:
+def apply_noncausal_summary(fq: torch.Tensor, kv: torch.Tensor, z: torch.Tensor, *,
+                            eps: float) -> torch.Tensor:
     """Eq. 14's output for feature-mapped queries fq (B, H, Nq, Dk): φ(q_i)ᵀkv / (φ(q_i)ᵀz + eps)."""
     denominator = (fq * z[:, :, None, :]).sum(-1, keepdim=True) + eps
     return (fq @ kv) / denominator

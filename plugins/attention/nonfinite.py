@@ -1,0 +1,102 @@
+"""NaN and inf in q, k, v (or made by the feature map) reach only the outputs that depend on them.
+
+A matmul multiplies every entry, so a non-finite φ(k_j) or v_j would turn the zero weight it
+gets at an earlier query into NaN (0 × NaN), and a non-finite q_i would do the same to the key
+gradients through a zero upstream gradient (and leave NaN in its own gradient, hence in the
+projection weights' gradients, even with its output left out of the loss). The feature map and
+the kernels therefore see only finite parts (non-finite entries replaced by 0 with `where`),
+and each result gets its NaN back afterwards exactly where eq. 12 would carry a non-finite
+value: output i from q_i and from k_j, v_j with j ≤ i (causal) or any real j (eq. 14); a v entry
+only reaches its own value column. The marks are tensors of 0 and NaN, so adding them is exact
+and needs no data-dependent branch: under torch.compile they are always computed (and fused);
+in eager mode one sum per input first tells whether there is anything to mark."""
+from dataclasses import dataclass
+
+import torch
+
+from .checks import check_feature_dims
+from .feature_maps import FEATURE_MAPS
+from .state import MomentumAttentionState
+
+# The built-in maps send finite inputs to finite features.
+FINITE_MAPS = tuple(FEATURE_MAPS.values())
+
+
+def split_finite(t: torch.Tensor):
+    """(finite part, marks): non-finite entries → 0 in the first (whose gradient there is 0),
+    NaN in the second (t·0: 0 where t is finite)."""
+    return torch.nan_to_num(t, nan=0.0, posinf=0.0, neginf=0.0), t.detach() * 0
+
+
+def all_finite(*tensors: torch.Tensor) -> bool:
+    """Eager shortcut: True when no entry is NaN or inf (one sum per tensor, accumulated in at
+    least float32; a sum that overflows only sends the call down the exact marked path)."""
+    sums = [t.sum(dtype=torch.promote_types(t.dtype, torch.float32)) for t in tensors]
+    return bool(torch.isfinite(torch.stack(sums)).all())
+
+
+class FiniteInputs:
+    """The marks of inputs known to be finite: every result stays as it is."""
+
+    def causal(self, out: torch.Tensor) -> torch.Tensor:
+        return out
+
+    step = noncausal = causal
+
+    def state(self, state: MomentumAttentionState) -> MomentumAttentionState:
+        return state
+
+
+@dataclass
+class NonFiniteMarks:
+    """0/NaN marks of q and φ(q) per query (B, H, Nq, 1), of k and φ(k) per key (B, H, Nk, 1),
+    or per key and feature (B, H, Nk, D′) when φ may overflow, and of v per key and value
+    column (B, H, Nk, Dv)."""
+
+    query: torch.Tensor
+    key: torch.Tensor
+    value: torch.Tensor
+
+    @classmethod
+    def feature_map(cls, phi, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
+        """φ on the finite parts of q and k: returns finite φ(q), φ(k), v and the marks. A
+        non-finite entry of q or k marks every feature of its position (φ may mix them)."""
+        if not torch.compiler.is_compiling() and all_finite(q, k, v):
+            fq, fk = phi(q), phi(k)
+            check_feature_dims(fq, fk, q, k)
+            if phi in FINITE_MAPS or all_finite(fq, fk):
+                return fq, fk, v, FiniteInputs()
+        q, q_marks = split_finite(q)
+        k, k_marks = split_finite(k)
+        v, value = split_finite(v)
+        fq, fk = phi(q), phi(k)
+        check_feature_dims(fq, fk, q, k)
+        query, key = q_marks.sum(-1, keepdim=True), k_marks.sum(-1, keepdim=True)
+        if phi not in FINITE_MAPS:                      # a callable may overflow: mark that too
+            fq, fq_marks = split_finite(fq)
+            fk, fk_marks = split_finite(fk)
+            query, key = query + fq_marks.sum(-1, keepdim=True), key + fk_marks
+        return fq, fk, v, cls(query, key, value)
+
+    def _per_key(self) -> torch.Tensor:
+        return self.key.sum(-1, keepdim=True) + self.value             # (B, H, Nk, Dv)
+
+    def causal(self, out: torch.Tensor) -> torch.Tensor:
+        """Output i is marked by query i and by every key/value j ≤ i."""
+        return out + (self.query + self._per_key().cumsum(2)).to(out.dtype)
+
+    def step(self, out: torch.Tensor) -> torch.Tensor:
+        """One new position (out (B, H, Dv), marks of length 1); earlier ones are in the state."""
+        return out + (self.query + self._per_key())[:, :, 0].to(out.dtype)
+
+    def noncausal(self, out: torch.Tensor) -> torch.Tensor:
+        """Every output is marked by every (real) key/value; padded keys were zeroed before."""
+        return out + (self.query + self._per_key().sum(2, keepdim=True)).to(out.dtype)
+
+    def state(self, state: MomentumAttentionState) -> MomentumAttentionState:
+        """Eq. 12's state after the keys: a key feature marks its row of S and m and its entry
+        of z; a value column marks its column of S and m."""
+        key = self.key.sum(2).to(state.s.dtype)                       # (B, H, D′)
+        value = self.value.sum(2).to(state.s.dtype)                   # (B, H, Dv)
+        both = key[..., :, None] + value[..., None, :]
+        return MomentumAttentionState(s=state.s + both, z=state.z + key, m=state.m + both)
