@@ -67,8 +67,31 @@ def flatten_modules(roots: Iterable[str], exports: Sequence[str]) -> str:
 
 def _parse(name: str) -> Tuple[Path, ast.Module, str]:
     path = Path(importlib.import_module(name).__file__)
-    source = path.read_text(encoding="utf-8")
+    source = _absolute_nested_imports(name, path.read_text(encoding="utf-8"))
     return path, ast.parse(source), source
+
+
+def _absolute_nested_imports(name: str, source: str) -> str:
+    """Relative imports inside functions load optional fast paths (the Triton kernels), which
+    are not bundled: in the flat file they name the installed package instead, so they work
+    where it is installed and raise ImportError (which the callers turn into the PyTorch path)
+    where it is not. They must sit in a try block, where transformers' remote-code import check
+    does not read them."""
+    tree = ast.parse(source)
+    top = {id(node) for node in tree.body}
+    lines = source.splitlines(keepends=True)
+    package = name if _is_package(name) else name.rsplit(".", 1)[0]
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.level > 0 and id(node) not in top:
+            base = package.split(".")[:len(package.split(".")) - (node.level - 1)]
+            target = ".".join(base + ([node.module] if node.module else []))
+            line = lines[node.lineno - 1]
+            relative = "from " + "." * node.level + (node.module or "") + " import"
+            if node.lineno != node.end_lineno or relative not in line:
+                raise ValueError(f"cannot flatten {name}: nested relative import at line {node.lineno} "
+                                 "must be one line")
+            lines[node.lineno - 1] = line.replace(relative, f"from {target} import", 1)
+    return "".join(lines)
 
 
 def _relative_targets(name: str, tree: ast.Module) -> List[str]:

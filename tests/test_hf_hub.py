@@ -71,8 +71,8 @@ def test_flatten_bundle_is_self_contained_and_refuses_collisions():
     from plugins.attention import momentum_attention
     torch.testing.assert_close(namespace["momentum_attention"](q, q, q, momentum=0.3),
                                momentum_attention(q, q, q, momentum=0.3))
-    with pytest.raises(ValueError, match="check_momentum"):
-        flatten_modules(("plugins.connection", "plugins.rnn.filters"), ())
+    with pytest.raises(ValueError, match="'BACKENDS' is defined in both"):
+        flatten_modules(("plugins.attention.api", "plugins.rnn.layers"), ())
 
 
 @pytest.mark.parametrize("auto_class, kwargs", [
@@ -322,3 +322,13 @@ def test_stock_model_without_the_package_refuses_to_load(tmp_path):
     """, tmp_path, {"HF_HUB_OFFLINE": "1"})
     assert "REFUSED" in proc.stdout
     assert "pip install momentum-plugins" in proc.stdout and "import hf_momentum" in proc.stdout
+
+
+def test_flatten_points_nested_fast_path_imports_at_the_installed_package():
+    """The Triton paths are imported inside functions; the bundle names the installed package there
+    (inside a try block, so transformers' remote-code check does not require it) and keeps no
+    relative import that transformers would try to copy as a sibling file."""
+    for roots, line in ((("plugins.attention.api",), "from plugins.attention import triton as kernels"),
+                        (("plugins.rnn.layers",), "from plugins.rnn.triton_recurrence import")):
+        text = flatten_modules(roots, ())
+        assert "from ." not in text and line in text

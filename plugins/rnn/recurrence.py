@@ -45,8 +45,20 @@ def recurrence_backend(name):
 
 
 @functools.cache
+def _triton_recurrence():
+    """TritonAdamLSTMRecurrence, or None where triton is not installed (or, in a saved model's
+    bundled code, where the kernels of this package are not importable)."""
+    if importlib.util.find_spec("triton") is None:
+        return None
+    try:
+        from .triton_recurrence import TritonAdamLSTMRecurrence
+    except ImportError:
+        return None
+    return TritonAdamLSTMRecurrence
+
+
 def triton_available():
-    return importlib.util.find_spec("triton") is not None
+    return _triton_recurrence() is not None
 
 
 def _uses_triton(g):
@@ -90,9 +102,7 @@ class AdamLSTMRecurrence(torch.autograd.Function):
         """This Function, or the fused Triton steps (same arguments and results): see
         `recurrence_backend`."""
         if _uses_triton(g):
-            from .triton_recurrence import TritonAdamLSTMRecurrence
-
-            return TritonAdamLSTMRecurrence.apply(g, *args)
+            return _triton_recurrence().apply(g, *args)
         return super().apply(g, *args)
 
     @staticmethod
