@@ -59,11 +59,11 @@ def main(argv=None):
     out = args.out_dir
     log = lambda msg: print(f"[demo] {msg}", flush=True)  # noqa: E731
     log(f"corpus: {args.corpus} (offline), output: {out}")
-    source, paths = lm_corpus(args.corpus, args.cache_dir, out / "text", max_train_tokens=args.max_train_tokens,
+    source, paths = lm_corpus(args.corpus, args.cache_dir, out, log=log, max_train_tokens=args.max_train_tokens,
                               max_eval_tokens=args.max_eval_tokens)
     tokens = {k: sum(len(line.split()) for line in p.read_text().splitlines()) for k, p in paths.items()}
     log(f"{source}: {tokens['train']:,} train / {tokens['valid']:,} valid / {tokens['test']:,} test tokens")
-    data_bin = preprocess_lm(paths, out / "data-bin")
+    data_bin = preprocess_lm(paths, out, log=log)
 
     models = {name: MODELS[name] for name in args.models}
     runs = train_lm_models(models, data_bin, out, [*COMMON, "--max-epoch", str(args.epochs)],
