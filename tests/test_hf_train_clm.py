@@ -115,21 +115,24 @@ def test_saved_tokenizer_and_model_generate_through_a_pipeline_with_curves(text_
     generation runs past --block_size; the CSV tracker logged train and eval losses and they are
     plotted."""
     run([sys.executable, str(SCRIPT), "--train_file", str(text_file), "--max_train_steps", "4",
-         "--logging_steps", "2", "--eval_steps", "2", "--output_dir", str(tmp_path / "out"), *TINY], tmp_path)
+         "--logging_steps", "2", "--eval_steps", "2", "--output_dir", str(tmp_path / "out"), *TINY],
+        tmp_path)
     final = tmp_path / "out" / "final"
     code = ("import sys, hf_momentum\nfrom transformers import pipeline\n"
             "generate = pipeline('text-generation', model=sys.argv[1])\n"
             "prompt = 'momentum attention'\n"
             "ids = generate.tokenizer(prompt, add_special_tokens=False)['input_ids']\n"
             "assert generate.tokenizer.decode(ids) == prompt, ids\n"
-            "out = generate(prompt, max_new_tokens=60, min_new_tokens=60, do_sample=False)[0]['generated_text']\n"
+            "out = generate(prompt, max_new_tokens=60, min_new_tokens=60, do_sample=False)\n"
+            "out = out[0]['generated_text']\n"
             "assert out.startswith(prompt) and len(out.encode()) > len(prompt) + 32, out\n"
             "print('GENERATED', len(out))")
     check = run([sys.executable, "-c", code, str(final)], tmp_path)
     assert "GENERATED" in check.stdout
     with open(tmp_path / "out" / "logs" / "train_clm" / "metrics.csv") as f:
         rows = list(csv.DictReader(f))
-    steps = {metric: [int(r["step"]) for r in rows if r["metric"] == metric] for metric in ("train/loss", "eval/loss")}
+    steps = {metric: [int(r["step"]) for r in rows if r["metric"] == metric]
+             for metric in ("train/loss", "eval/loss")}
     assert steps == {"train/loss": [2, 4], "eval/loss": [2, 4]}
     assert all(float(r["value"]) > 0 for r in rows if r["metric"].endswith("loss"))
     assert (tmp_path / "out" / "curves.png").read_bytes()[:4] == b"\x89PNG"

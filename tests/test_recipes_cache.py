@@ -14,7 +14,7 @@ from recipes.iwslt import run as iwslt
 
 def documents(prefix):
     """Synthetic chapters: every word carries `prefix`, so the corpora differ in content."""
-    return [(prefix, i, [f"{prefix}a{i % 5} {prefix}b{i % 3} {prefix}c. {prefix}d{i % 7} {prefix}e {prefix}f."])
+    return [(prefix, i, [f"{prefix}a{i % 5} {prefix}b{i % 3} {prefix}c. {prefix}d{i % 7} {prefix}e."])
             for i in range(28)]
 
 
@@ -73,7 +73,8 @@ def test_interrupted_or_edited_artefacts_are_rebuilt(tmp_path, counted_runs):
 
 def test_translation_bpe_size_and_pairs_rekey_the_pipeline(tmp_path, counted_runs, monkeypatch):
     rng = random.Random(0)
-    words = ["".join(rng.choice(string.ascii_lowercase) for _ in range(rng.randint(2, 8))) for _ in range(300)]
+    letters = string.ascii_lowercase
+    words = ["".join(rng.choice(letters) for _ in range(rng.randint(2, 8))) for _ in range(300)]
 
     def sentence():
         return " ".join(rng.choice(words) for _ in range(8))

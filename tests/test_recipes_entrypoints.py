@@ -26,21 +26,25 @@ def test_bad_arguments_are_refused(module, argv, needle, capsys):
     assert needle in capsys.readouterr().err
 
 
+TINY_MNIST = "--epochs 1 --train-limit 128 --side 7 --hidden-size 8 --grad-every 0 --no-progress"
+
+
 def test_demo_end_to_end_tiny(tmp_path, capsys):
     """One LM pair and PMNIST, one seed, on a few thousand Austen tokens and 128 digits: table, CSV,
     plots, samples, the device line and one verdict per pair (the verdict's arithmetic is tested in
     test_recipes_verdict.py)."""
     out = tmp_path / "demo"
     assert demo.main(["--out-dir", str(out), "--device", "cpu", "--seeds", "1", "--epochs", "1",
-                      "--max-train-tokens", "4000", "--max-eval-tokens", "1500", "--models", "LSTM", "MomentumLSTM",
-                      "--mnist-args", "--epochs 1 --train-limit 128 --side 7 --hidden-size 8 --grad-every 0 "
-                                      "--no-progress"]) == 0
+                      "--max-train-tokens", "4000", "--max-eval-tokens", "1500",
+                      "--models", "LSTM", "MomentumLSTM",
+                      "--mnist-args", TINY_MNIST]) == 0
     with open(out / "results.csv") as f:
         rows = list(csv.DictReader(f))
     assert [(r["model"], r["seeds"]) for r in rows] == [("LSTM", "1"), ("MomentumLSTM", "1")]
     for r in rows:
         assert 1.0 < float(r["valid ppl"]) < 20_000 and 1.0 < float(r["test ppl"]) < 20_000
-    for plot in ("convergence.png", "convergence_wall.png", "valid_ppl.png", "pmnist/pmnist_test_accuracy_vs_epoch.png"):
+    for plot in ("convergence.png", "convergence_wall.png", "valid_ppl.png",
+                 "pmnist/pmnist_test_accuracy_vs_epoch.png"):
         assert (out / plot).read_bytes()[:4] == b"\x89PNG"
     printed = capsys.readouterr().out
     assert "[demo] device: cpu" in printed and "| MomentumLSTM |" in printed

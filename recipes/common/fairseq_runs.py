@@ -78,7 +78,8 @@ def preprocess_lm(paths: Dict[str, Path], parent: Path, workers: int = 2, log=pr
 def checkpoint_dir(parent: Path, name: str, data_bin: Path, args: Sequence[str]) -> Path:
     """`parent/<name>-<key>`, keyed by the data-bin and the training arguments, so checkpoints of
     different data or settings never share a folder (fairseq would resume from them)."""
-    return keyed_dir(parent, name.replace(" ", "_"), {"data": Path(data_bin).name, "args": [str(a) for a in args]})
+    params = {"data": Path(data_bin).name, "args": [str(a) for a in args]}
+    return keyed_dir(parent, name.replace(" ", "_"), params)
 
 
 @dataclass
@@ -157,7 +158,8 @@ def sample_lm(data_bin: Path, checkpoint: Path, prompts: Sequence[str], max_toke
               seed: int = 1, topk: int = 10, cpu: bool = True) -> List[str]:
     """Continue each prompt with top-k sampling through fairseq-interactive."""
     output = run([tool("fairseq-interactive"), data_bin, "--user-dir", USER_DIR, "--task", "language_modeling",
-                  "--path", checkpoint, *(["--cpu"] if cpu else []), "--sampling", "--sampling-topk", str(topk), "--beam", "1",
+                  "--path", checkpoint, *(["--cpu"] if cpu else []), "--sampling",
+                  "--sampling-topk", str(topk), "--beam", "1",
                   "--nbest", "1", "--max-len-b", str(max_tokens), "--seed", str(seed)],
                  stdin="\n".join(prompts) + "\n")
     return [line.split("\t")[2] for line in output.splitlines() if line.startswith("H-")]

@@ -90,7 +90,8 @@ def parse_args(argv=None):
     parser.add_argument("--corpus", choices=["austen", "shakespeare"], default="austen")
     parser.add_argument("--cache-dir", type=Path, default=Path.home() / ".cache" / "momentum_plugins")
     parser.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
-                        help="auto: cuda with the GPU-size configuration when a CUDA device is present, else cpu")
+                        help="auto: cuda with the GPU-size configuration when a CUDA device is present, "
+                             "else cpu")
     parser.add_argument("--experiments", nargs="+", choices=EXPERIMENTS, default=None,
                         help="default: lm pmnist on CPU, lm pmnist copy on CUDA")
     parser.add_argument("--seeds", nargs="+", type=non_negative_int, default=None, help="default: 1 2 3")
@@ -104,11 +105,13 @@ def parse_args(argv=None):
     parser.add_argument("--models", nargs="+", choices=list(MODELS), default=list(MODELS))
     parser.add_argument("--mnist-args", default=None,
                         help="extra arguments for recipes.mnist.run, as one string (e.g. \"--epochs 2\")")
-    parser.add_argument("--copy-args", default=None, help="extra arguments for recipes.copy.run, as one string")
+    parser.add_argument("--copy-args", default=None,
+                        help="extra arguments for recipes.copy.run, as one string")
     args = parser.parse_args(argv)
     if args.device == "cuda" and not torch.cuda.is_available():
         parser.error("argument --device: cuda requested but no CUDA device is available")
-    device = "cuda" if args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available()) else "cpu"
+    use_cuda = args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
+    device = "cuda" if use_cuda else "cpu"
     size = SIZES[device]
     args.device = device
     args.epochs = args.epochs or size.epochs
@@ -131,8 +134,8 @@ def device_line(device: str) -> str:
 def run_lm(args, log) -> List[str]:
     """The fairseq LMs; returns the verdict lines."""
     out = args.out_dir
-    source, paths = lm_corpus(args.corpus, args.cache_dir, out, log=log, max_train_tokens=args.max_train_tokens,
-                              max_eval_tokens=args.max_eval_tokens)
+    source, paths = lm_corpus(args.corpus, args.cache_dir, out, log=log,
+                              max_train_tokens=args.max_train_tokens, max_eval_tokens=args.max_eval_tokens)
     tokens = {k: sum(len(line.split()) for line in p.read_text().splitlines()) for k, p in paths.items()}
     log(f"{source}: {tokens['train']:,} train / {tokens['valid']:,} valid / {tokens['test']:,} test tokens")
     data_bin = preprocess_lm(paths, out, log=log)
@@ -194,7 +197,8 @@ def run_copy(args, log) -> List[str]:
     copy_run.main(argv)
     accuracy = per_seed(out / "curves.csv", "model", "test_accuracy", best=False)
     accuracy = {name: [100 * a for a in values] for name, values in accuracy.items()}
-    return [verdict(a, accuracy[a], b, accuracy[b], metric="final copy test accuracy (%)", lower_is_better=False)
+    return [verdict(a, accuracy[a], b, accuracy[b], metric="final copy test accuracy (%)",
+                    lower_is_better=False)
             for a, b in COPY_PAIRS if a in accuracy and b in accuracy]
 
 

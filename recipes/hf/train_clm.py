@@ -73,9 +73,11 @@ def parse_args(argv=None):
                    help="default: what accelerate launch was given")
     p.add_argument("--checkpointing_steps", type=int, default=None)
     p.add_argument("--resume_from_checkpoint", default=None, help='a checkpoint folder or "latest"')
-    p.add_argument("--logging_steps", type=int, default=10, help="log the training loss every N optimizer steps")
+    p.add_argument("--logging_steps", type=int, default=10,
+                   help="log the training loss every N optimizer steps")
     p.add_argument("--eval_steps", type=int, default=None,
-                   help="evaluate every N optimizer steps (default: at the end of each epoch); always at the end")
+                   help="evaluate every N optimizer steps (default: at the end of each epoch); "
+                        "always at the end")
     p.add_argument("--report_to", nargs="+", default=["csv"],
                    help='accelerate trackers: "csv" (OUTPUT/logs/<run>/metrics.csv, no extra package), '
                         '"tensorboard", "wandb", ... (need their package), or "all"')
@@ -88,8 +90,8 @@ def parse_args(argv=None):
     args = p.parse_args(argv)
     if args.push_to_hub and not args.hub_model_id:
         p.error("argument --push_to_hub: needs --hub_model_id user/name")
-    for name in ("block_size", "max_position_embeddings", "per_device_batch_size", "gradient_accumulation_steps",
-                 "num_epochs", "logging_steps"):
+    for name in ("block_size", "max_position_embeddings", "per_device_batch_size",
+                 "gradient_accumulation_steps", "num_epochs", "logging_steps"):
         if getattr(args, name) < 1:
             p.error(f"argument --{name}: expected an integer >= 1, got {getattr(args, name)}")
     for name in ("max_train_steps", "checkpointing_steps", "eval_steps"):
@@ -174,7 +176,8 @@ class Tokenizer:
             self.pad = self.eos
 
     def encode(self, text: str):
-        return self.hf(text, add_special_tokens=False)["input_ids"] + ([self.eos] if self.eos is not None else [])
+        ids = self.hf(text, add_special_tokens=False)["input_ids"]
+        return ids + ([self.eos] if self.eos is not None else [])
 
 
 def blocks(files, tokenizer, block_size):
@@ -235,8 +238,9 @@ def main(argv=None):
     accelerator = Accelerator(gradient_accumulation_steps=args.gradient_accumulation_steps, log_with=log_with,
                               project_config=ProjectConfiguration(project_dir=str(output),
                                                                   logging_dir=str(output / "logs")), **kwargs)
-    accelerator.init_trackers(args.run_name, config={k: v if isinstance(v, (bool, int, float, str)) or v is None
-                                                     else str(v) for k, v in vars(args).items()})
+    # trackers accept bool/int/float/str/None values only
+    accelerator.init_trackers(args.run_name, config={
+        k: v if v is None or isinstance(v, (bool, int, float, str)) else str(v) for k, v in vars(args).items()})
     set_seed(args.seed)
     tokenizer = Tokenizer(args.tokenizer)
     data = blocks(args.train_file, tokenizer, args.block_size)

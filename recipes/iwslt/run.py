@@ -121,8 +121,9 @@ def prepare_data(args, log=print):
         keep_first(written["train"], (src, tgt), args.max_train_pairs)
         keep_first(written["test"], (src, tgt), args.max_test_pairs)
 
-    raw = build_once(out, f"raw-{args.corpus}", {"source": args.corpus, "max_train_pairs": args.max_train_pairs,
-                                                 "max_test_pairs": args.max_test_pairs}, build_raw, log=log)
+    raw_params = {"source": args.corpus, "max_train_pairs": args.max_train_pairs,
+                  "max_test_pairs": args.max_test_pairs}
+    raw = build_once(out, f"raw-{args.corpus}", raw_params, build_raw, log=log)
     prefixes = {split: raw / split for split in SPLITS}
     raw_files = [Path(f"{prefixes[split]}.{lang}") for split in SPLITS for lang in (src, tgt)]
     bpe = build_once(out, "bpe", {"bpe_size": args.bpe_size, "inputs": inputs_digest(raw_files)},
@@ -130,13 +131,15 @@ def prepare_data(args, log=print):
     encoded = {split: bpe / f"{split}.bpe" for split in SPLITS}
 
     def binarize(folder: Path) -> None:
-        run([tool("fairseq-preprocess"), "--source-lang", src, "--target-lang", tgt, "--trainpref", encoded["train"],
-             "--validpref", encoded["valid"], "--testpref", encoded["test"], "--destdir", folder,
+        run([tool("fairseq-preprocess"), "--source-lang", src, "--target-lang", tgt,
+             "--trainpref", encoded["train"], "--validpref", encoded["valid"], "--testpref", encoded["test"],
+             "--destdir", folder,
              "--joined-dictionary", "--workers", "2"], log=folder / "preprocess.log")
 
     bpe_files = [Path(f"{encoded[split]}.{lang}") for split in SPLITS for lang in (src, tgt)]
     data_bin = build_once(out, f"data-bin-{args.corpus}",
-                          {"tool": "fairseq-preprocess --joined-dictionary", "inputs": inputs_digest(bpe_files)},
+                          {"tool": "fairseq-preprocess --joined-dictionary",
+                           "inputs": inputs_digest(bpe_files)},
                           binarize, log=log)
     return src, tgt, prefixes, data_bin
 
@@ -156,7 +159,8 @@ def main(argv=None):
         log(f"({i}/{len(args.models)}) training {name} for {epochs} epochs …")
         train_args = [*COMMON, *arch, *extra, "--max-epoch", str(epochs), "--seed", str(args.seed),
                       *([] if args.gpu else ["--cpu"])]
-        result = train(name, data_bin, checkpoint_dir(out / "checkpoints", name, data_bin, train_args), train_args)
+        save_dir = checkpoint_dir(out / "checkpoints", name, data_bin, train_args)
+        result = train(name, data_bin, save_dir, train_args)
         bleu, speed = generate(data_bin, result.save_dir / "checkpoint_best.pt", src, tgt, references, args.gpu)
         log(f"    BLEU {bleu:.2f}, generation {speed:.0f} tokens/s, training {result.seconds:.0f} s")
         rows.append([name, f"{bleu:.2f}", f"{float(result.valid[-1]['valid_loss']):.3f}", f"{speed:.0f}", f"{result.seconds:.0f}"])
