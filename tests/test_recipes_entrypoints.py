@@ -68,3 +68,15 @@ def test_demo_defaults_follow_the_device():
             demo.parse_args(["--device", "cuda"])
     size = demo.SIZES["cuda"]
     assert "copy" in size.experiments and "--full" in size.copy_args and len(size.seeds) >= 3
+
+
+def test_demo_copy_part_gives_a_verdict_per_pair(tmp_path, capsys):
+    """The copy-task part (run by default only with CUDA), tiny, on the CPU."""
+    out = tmp_path / "demo"
+    assert demo.main(["--out-dir", str(out), "--device", "cpu", "--experiments", "copy", "--seeds", "1", "2",
+                      "--copy-args", "--steps 4 --eval-every 2 --max-length 16 --no-progress "
+                                     "--models linear momentum adaptive"]) == 0
+    verdicts = (out / "verdicts.md").read_text().splitlines()[2:]
+    assert [line.split(":")[0] for line in verdicts] == ["- momentum vs linear", "- adaptive vs linear"]
+    assert all("final copy test accuracy" in line and "seed spread" in line for line in verdicts)
+    assert (out / "copy" / "test_accuracy_vs_step.png").read_bytes()[:4] == b"\x89PNG"

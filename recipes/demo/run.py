@@ -206,6 +206,7 @@ def main(argv=None):
     args = parse_args(argv)
     log = lambda msg: print(f"[demo] {msg}", flush=True)  # noqa: E731
     started = time.perf_counter()
+    args.out_dir.mkdir(parents=True, exist_ok=True)
     log(device_line(args.device))
     log(f"corpus: {args.corpus} (offline), seeds: {' '.join(map(str, args.seeds))}, "
         f"experiments: {' '.join(args.experiments)}, output: {args.out_dir}")
