@@ -10,9 +10,6 @@ STAMP := $(VENV)/.requirements-hash
 export PIP_CONSTRAINT := $(abspath $(LOCK))
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 REQ_HASH := $(shell cat $(LOCK) setup.cfg pyproject.toml | sha256sum | cut -c1-16)
-# fairseq's import-time dependencies, installed by hand because fairseq-fixed is installed
-# with --no-deps (its metadata pulls a CUDA torchaudio that breaks torch and transformers).
-FAIRSEQ_RUNTIME := cffi hydra-core omegaconf regex tqdm bitarray scikit-learn packaging sacrebleu
 PYTEST_ARGS ?=
 DEMO_ARGS ?=
 
@@ -23,13 +20,14 @@ venv:
 		$(MAKE) --no-print-directory _build-venv; \
 	else echo ".venv is up to date"; fi
 
+# fairseq-fixed is installed with --no-deps (its metadata pulls a CUDA torchaudio that breaks torch
+# and transformers); its import-time dependencies and numpy<2 come with setup.cfg's `fairseq` extra.
 _build-venv:
 	rm -rf $(VENV)
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q torch==2.13.0 numpy cython setuptools wheel
 	$(BIN)/pip install -q --no-deps --no-build-isolation fairseq-fixed==0.12.3.1
-	$(BIN)/pip install -q $(FAIRSEQ_RUNTIME)
-	$(BIN)/pip install -q --no-build-isolation -e '.[hf,recipes,test]'
+	$(BIN)/pip install -q --no-build-isolation -e '.[hf,recipes,test,fairseq]'
 	$(BIN)/python -c "import torch, fairseq, transformers, accelerate; print('torch', torch.__version__, '| fairseq', fairseq.__version__, '| transformers', transformers.__version__)"
 	echo "$(REQ_HASH)" > $(STAMP)
 

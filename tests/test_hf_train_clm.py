@@ -1,6 +1,7 @@
 """recipes/hf/train_clm.py: two real CPU ranks under `accelerate launch` train on different
 batches and end with equal parameters; a run resumed from a checkpoint ends where the
 uninterrupted run ends; the saved model reloads."""
+import csv
 import json
 import os
 import random
@@ -84,3 +85,54 @@ def test_stock_model_with_momentum_attention_trains(text_file, tmp_path):
     config = json.loads((tmp_path / "out" / "final" / "config.json").read_text())
     assert config["model_type"] == "llama" and config["hidden_size"] == 32
     assert config["attention_momentum"] == 0.6
+
+
+def load_script():
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("train_clm", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_arguments_checked_at_parse_time_and_help_shows_defaults(capsys):
+    script = load_script()
+    with pytest.raises(SystemExit):
+        script.parse_args(["--train_file", "a.txt", "--output_dir", "out", "--push_to_hub"])
+    assert "--push_to_hub: needs --hub_model_id" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        script.parse_args(["--train_file", "a.txt", "--output_dir", "out", "--block_size", "512",
+                           "--max_position_embeddings", "256"])
+    assert "--max_position_embeddings: must be >= --block_size (512)" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        script.parse_args(["--help"])
+    help_text = " ".join(capsys.readouterr().out.split())
+    assert "training sequence length (default: 128)" in help_text and "(default: 2048)" in help_text
+
+
+def test_saved_tokenizer_and_model_generate_through_a_pipeline_with_curves(text_file, tmp_path):
+    """The output folder holds the byte-level tokenizer, so `pipeline("text-generation")` loads it;
+    generation runs past --block_size; the CSV tracker logged train and eval losses and they are
+    plotted."""
+    run([sys.executable, str(SCRIPT), "--train_file", str(text_file), "--max_train_steps", "4",
+         "--logging_steps", "2", "--eval_steps", "2", "--output_dir", str(tmp_path / "out"), *TINY],
+        tmp_path)
+    final = tmp_path / "out" / "final"
+    code = ("import sys, hf_momentum\nfrom transformers import pipeline\n"
+            "generate = pipeline('text-generation', model=sys.argv[1])\n"
+            "prompt = 'momentum attention'\n"
+            "ids = generate.tokenizer(prompt, add_special_tokens=False)['input_ids']\n"
+            "assert generate.tokenizer.decode(ids) == prompt, ids\n"
+            "out = generate(prompt, max_new_tokens=60, min_new_tokens=60, do_sample=False)\n"
+            "out = out[0]['generated_text']\n"
+            "assert out.startswith(prompt) and len(out.encode()) > len(prompt) + 32, out\n"
+            "print('GENERATED', len(out))")
+    check = run([sys.executable, "-c", code, str(final)], tmp_path)
+    assert "GENERATED" in check.stdout
+    with open(tmp_path / "out" / "logs" / "train_clm" / "metrics.csv") as f:
+        rows = list(csv.DictReader(f))
+    steps = {metric: [int(r["step"]) for r in rows if r["metric"] == metric]
+             for metric in ("train/loss", "eval/loss")}
+    assert steps == {"train/loss": [2, 4], "eval/loss": [2, 4]}
+    assert all(float(r["value"]) > 0 for r in rows if r["metric"].endswith("loss"))
+    assert (tmp_path / "out" / "curves.png").read_bytes()[:4] == b"\x89PNG"

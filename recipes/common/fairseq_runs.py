@@ -11,10 +11,13 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence
+from typing import Callable, Dict, List, Optional, Sequence
+
+from .cache import build_once, fresh_dir, inputs_digest, keyed_dir
 
 REPO = Path(__file__).resolve().parents[2]
 USER_DIR = REPO / "fairseq_momentum"
+SPLITS = ("train", "valid", "test")
 LOG_LINE = re.compile(r"\| (train_inner|train|valid) \| (\{.*\})\s*$")
 
 
@@ -24,25 +27,59 @@ def tool(name: str) -> str:
     return str(path) if path.exists() else name
 
 
-def run(cmd: Sequence[str], log: Optional[Path] = None, stdin: Optional[str] = None) -> str:
-    """Run a command from the repo root; on failure show the end of its output."""
+def run(cmd: Sequence[str], log: Optional[Path] = None, stdin: Optional[str] = None,
+        echo: Optional[Callable[[str], None]] = None) -> str:
+    """Run a command from the repo root, streaming its output (stdout and stderr together) line by
+    line into `log` as it comes and through `echo` (e.g. a progress printer); on failure raise with
+    the end of its output. Returns the whole output."""
     env = dict(os.environ, PYTHONUNBUFFERED="1")
-    result = subprocess.run([str(c) for c in cmd], cwd=REPO, env=env, input=stdin, capture_output=True, text=True)
-    output = result.stdout + result.stderr
+    lines = []
+    log_file = None
     if log is not None:
         log.parent.mkdir(parents=True, exist_ok=True)
-        log.write_text(output)
-    if result.returncode != 0:
-        raise RuntimeError(f"command failed ({result.returncode}): {' '.join(map(str, cmd))}\n{output[-3000:]}")
+        log_file = open(log, "w", encoding="utf-8")
+    try:
+        with subprocess.Popen([str(c) for c in cmd], cwd=REPO, env=env, text=True, bufsize=1,
+                              stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT) as proc:
+            if stdin is not None:
+                proc.stdin.write(stdin)
+                proc.stdin.close()
+            for line in proc.stdout:
+                lines.append(line)
+                if log_file is not None:
+                    log_file.write(line)
+                    log_file.flush()
+                if echo is not None:
+                    echo(line.rstrip("\n"))
+            returncode = proc.wait()
+    finally:
+        if log_file is not None:
+            log_file.close()
+    output = "".join(lines)
+    if returncode != 0:
+        raise RuntimeError(f"command failed ({returncode}): {' '.join(map(str, cmd))}\n{output[-3000:]}")
     return output
 
 
-def preprocess_lm(paths: Dict[str, Path], dest: Path, workers: int = 2) -> Path:
-    if (dest / "dict.txt").exists():
-        return dest
-    run([tool("fairseq-preprocess"), "--only-source", "--trainpref", paths["train"], "--validpref", paths["valid"],
-         "--testpref", paths["test"], "--destdir", dest, "--workers", str(workers)], log=dest / "preprocess.log")
-    return dest
+def preprocess_lm(paths: Dict[str, Path], parent: Path, workers: int = 2, log=print) -> Path:
+    """fairseq-preprocess the text splits into `parent/data-bin-<key>`, keyed by the content of
+    the text files (reused only when they are unchanged)."""
+    params = {"tool": "fairseq-preprocess --only-source", "inputs": inputs_digest(paths[s] for s in SPLITS)}
+
+    def build(dest: Path) -> None:
+        run([tool("fairseq-preprocess"), "--only-source", "--trainpref", paths["train"], "--validpref",
+             paths["valid"], "--testpref", paths["test"], "--destdir", dest, "--workers", str(workers)],
+            log=dest / "preprocess.log")
+
+    return build_once(parent, "data-bin", params, build, log=log)
+
+
+def checkpoint_dir(parent: Path, name: str, data_bin: Path, args: Sequence[str]) -> Path:
+    """`parent/<name>-<key>`, keyed by the data-bin and the training arguments, so checkpoints of
+    different data or settings never share a folder (fairseq would resume from them)."""
+    params = {"data": Path(data_bin).name, "args": [str(a) for a in args]}
+    return keyed_dir(parent, name.replace(" ", "_"), params)
 
 
 @dataclass
@@ -68,12 +105,34 @@ def parse_log(text: str) -> Dict[str, List[dict]]:
     return records
 
 
-def train(name: str, data_bin: Path, save_dir: Path, args: Sequence[str]) -> TrainResult:
-    """fairseq-train with the user-dir; returns the parsed log and the wall time."""
+def progress_printer(name: str, start: float) -> Callable[[str], None]:
+    """Prints one short line per fairseq log record (loss every --log-interval updates, each
+    validation) and any error lines, as fairseq writes them."""
+    def echo(line: str) -> None:
+        match = LOG_LINE.search(line)
+        if match:
+            kind, record = match.group(1), json.loads(match.group(2))
+            elapsed = time.perf_counter() - start
+            if kind == "train_inner":
+                print(f"    {name}: epoch {record.get('epoch')} update {record.get('num_updates')} "
+                      f"loss {record.get('loss')} ({elapsed:.0f} s)", flush=True)
+            elif kind == "valid":
+                print(f"    {name}: epoch {record.get('epoch')} valid loss {record.get('valid_loss')} "
+                      f"ppl {record.get('valid_ppl')} ({elapsed:.0f} s)", flush=True)
+        elif "Traceback" in line or "Error" in line:
+            print(f"    {name}: {line}", flush=True)
+    return echo
+
+
+def train(name: str, data_bin: Path, save_dir: Path, args: Sequence[str], echo: bool = True) -> TrainResult:
+    """fairseq-train with the user-dir into an emptied `save_dir`, its output teed to
+    save_dir/train.log and its progress printed as it comes; returns the parsed log and the wall
+    time."""
     cmd = [tool("fairseq-train"), data_bin, "--user-dir", USER_DIR, "--save-dir", save_dir,
            "--log-format", "json", "--no-progress-bar", *args]
+    fresh_dir(save_dir)
     start = time.perf_counter()
-    output = run(cmd, log=save_dir / "train.log")
+    output = run(cmd, log=save_dir / "train.log", echo=progress_printer(name, start) if echo else None)
     seconds = time.perf_counter() - start
     records = parse_log(output)
     if not records["valid"]:
@@ -96,10 +155,11 @@ def eval_lm(data_bin: Path, checkpoint: Path, tokens_per_sample: int, subset: st
 
 
 def sample_lm(data_bin: Path, checkpoint: Path, prompts: Sequence[str], max_tokens: int = 30,
-              seed: int = 1, topk: int = 10) -> List[str]:
+              seed: int = 1, topk: int = 10, cpu: bool = True) -> List[str]:
     """Continue each prompt with top-k sampling through fairseq-interactive."""
     output = run([tool("fairseq-interactive"), data_bin, "--user-dir", USER_DIR, "--task", "language_modeling",
-                  "--path", checkpoint, "--cpu", "--sampling", "--sampling-topk", str(topk), "--beam", "1",
+                  "--path", checkpoint, *(["--cpu"] if cpu else []), "--sampling",
+                  "--sampling-topk", str(topk), "--beam", "1",
                   "--nbest", "1", "--max-len-b", str(max_tokens), "--seed", str(seed)],
                  stdin="\n".join(prompts) + "\n")
     return [line.split("\t")[2] for line in output.splitlines() if line.startswith("H-")]

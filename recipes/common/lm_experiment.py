@@ -4,7 +4,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Sequence
 
-from .fairseq_runs import TrainResult, eval_lm, train
+from .fairseq_runs import TrainResult, checkpoint_dir, eval_lm, train
 from .plots import plot_curves, write_results
 from .stats import mean_std
 
@@ -26,9 +26,9 @@ def train_lm_models(models: Dict[str, List[str]], data_bin: Path, out: Path, com
     for name, model_args in models.items():
         for seed in seeds:
             log(f"({len(runs) + 1}/{total}) training {name}, seed {seed} …")
-            save_dir = out / "checkpoints" / f"{name.replace(' ', '_')}.seed{seed}"
-            result = train(name, data_bin, save_dir, [*common, "--tokens-per-sample", str(tokens_per_sample),
-                                                      *model_args, "--seed", str(seed)])
+            args = [*common, "--tokens-per-sample", str(tokens_per_sample), *model_args, "--seed", str(seed)]
+            save_dir = checkpoint_dir(out / "checkpoints", f"{name}.seed{seed}", data_bin, args)
+            result = train(name, data_bin, save_dir, args)
             test_ppl = eval_lm(data_bin, save_dir / "checkpoint_best.pt", tokens_per_sample)
             log(f"    valid ppl {result.best_valid_ppl:.1f}, test ppl {test_ppl:.1f}, {result.seconds:.0f} s")
             runs.append(LMRun(name, seed, result, test_ppl))

@@ -23,6 +23,7 @@ IWSLT14_URL = "http://dl.fbaipublicfiles.com/fairseq/data/iwslt14/de-en.tgz"
 SWORD_PACKAGES = {"en": ("sword-text-kjv", "engKJV2006eb"), "es": ("sword-text-sparv", "spaRV1909eb")}
 VALID_BOOKS = {"Ruth", "Esther", "Jonah", "Galatians", "Philippians", "James", "I Peter"}
 TEST_BOOKS = {"Mark", "Romans"}
+LANGUAGES = {"bible": ("en", "es"), "iwslt14": ("de", "en")}     # (source, target) of each corpus
 
 
 def fetch_sword(cache: Path) -> Path:

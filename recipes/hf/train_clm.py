@@ -2,8 +2,10 @@
 
 The model is a native MomentumTransformerForCausalLM (default) or any stock transformers causal
 LM built from its config with `attn_implementation="momentum"` / `"linear_attention"`
-(`--model_type llama`). Text is tokenized to UTF-8 bytes (no download) or with a local
-tokenizer (`--tokenizer PATH`), concatenated and cut into blocks of `--block_size` tokens.
+(`--model_type llama`). Text is tokenized to UTF-8 bytes with transformers' byte-level
+`ByT5Tokenizer` (no download) or with a local tokenizer (`--tokenizer PATH`), concatenated and cut
+into blocks of `--block_size` tokens. The tokenizer is saved beside the model, so
+`pipeline("text-generation", model=OUTPUT/final)` works.
 
 Single process:   python recipes/hf/train_clm.py --train_file a.txt --output_dir out
 Several processes (CPU ranks shown; on GPUs drop ACCELERATE_USE_CPU):
@@ -13,10 +15,13 @@ Several processes (CPU ranks shown; on GPUs drop ACCELERATE_USE_CPU):
 Features: gradient accumulation, `--mixed_precision {no,fp16,bf16}`, checkpoints every
 `--checkpointing_steps` steps (`accelerator.save_state`) and `--resume_from_checkpoint
 {PATH,latest}`, tqdm progress on the main process, evaluation perplexity (losses gathered
-over ranks), final `save_pretrained` and optional `--push_to_hub --hub_model_id user/name`.
-`--record_dir` writes per-rank JSON (batch fingerprints, final parameter digest) for tests.
+over ranks), training/evaluation curves through accelerate's trackers (`--report_to`, default a
+CSV file, plotted to OUTPUT/curves.png), final `save_pretrained` of model and tokenizer, and
+optional `--push_to_hub --hub_model_id user/name`. `--record_dir` writes per-rank JSON (batch
+fingerprints, final parameter digest) for tests.
 """
 import argparse
+import csv
 import hashlib
 import json
 import math
@@ -25,23 +30,24 @@ from pathlib import Path
 
 import torch
 from accelerate import Accelerator
-from accelerate.utils import set_seed
+from accelerate.tracking import GeneralTracker, on_main_process
+from accelerate.utils import ProjectConfiguration, set_seed
 from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
-from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, get_scheduler
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, ByT5Tokenizer, get_scheduler
 
 import hf_momentum
 
-BYTE_SPECIALS = {"pad": 256, "bos": 257, "eos": 258}
-
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--train_file", nargs="+", required=True)
     p.add_argument("--validation_file", nargs="*", default=None,
                    help="default: the last --validation_split of the training tokens")
     p.add_argument("--validation_split", type=float, default=0.05)
-    p.add_argument("--tokenizer", default="bytes", help='"bytes" or a local tokenizer path')
+    p.add_argument("--tokenizer", default="bytes",
+                   help='"bytes" (transformers.ByT5Tokenizer, UTF-8 bytes) or a local tokenizer path')
     p.add_argument("--model_type", default="momentum_transformer",
                    help="momentum_transformer or a stock causal-LM model_type (llama, gpt2, ...)")
     p.add_argument("--attn_implementation", default="momentum", choices=["momentum", "linear_attention"],
@@ -53,7 +59,9 @@ def parse_args(argv=None):
     p.add_argument("--attention_step_size", type=float, default=1.0)
     p.add_argument("--connection", default="none", choices=["none", "momentum", "adaptive"])
     p.add_argument("--dropout", type=float, default=0.1)
-    p.add_argument("--block_size", type=int, default=128)
+    p.add_argument("--block_size", type=int, default=128, help="training sequence length")
+    p.add_argument("--max_position_embeddings", type=int, default=2048,
+                   help="longest sequence the model accepts (prompt + generated tokens); >= --block_size")
     p.add_argument("--per_device_batch_size", type=int, default=8)
     p.add_argument("--gradient_accumulation_steps", type=int, default=1)
     p.add_argument("--learning_rate", type=float, default=3e-4)
@@ -65,29 +73,111 @@ def parse_args(argv=None):
                    help="default: what accelerate launch was given")
     p.add_argument("--checkpointing_steps", type=int, default=None)
     p.add_argument("--resume_from_checkpoint", default=None, help='a checkpoint folder or "latest"')
+    p.add_argument("--logging_steps", type=int, default=10,
+                   help="log the training loss every N optimizer steps")
+    p.add_argument("--eval_steps", type=int, default=None,
+                   help="evaluate every N optimizer steps (default: at the end of each epoch); "
+                        "always at the end")
+    p.add_argument("--report_to", nargs="+", default=["csv"],
+                   help='accelerate trackers: "csv" (OUTPUT/logs/<run>/metrics.csv, no extra package), '
+                        '"tensorboard", "wandb", ... (need their package), or "all"')
+    p.add_argument("--run_name", default="train_clm", help="tracker run (project) name")
     p.add_argument("--output_dir", required=True)
     p.add_argument("--push_to_hub", action="store_true")
-    p.add_argument("--hub_model_id", default=None)
+    p.add_argument("--hub_model_id", default=None, help="user/name on the Hub; required by --push_to_hub")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--record_dir", default=None)
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.push_to_hub and not args.hub_model_id:
+        p.error("argument --push_to_hub: needs --hub_model_id user/name")
+    for name in ("block_size", "max_position_embeddings", "per_device_batch_size",
+                 "gradient_accumulation_steps", "num_epochs", "logging_steps"):
+        if getattr(args, name) < 1:
+            p.error(f"argument --{name}: expected an integer >= 1, got {getattr(args, name)}")
+    for name in ("max_train_steps", "checkpointing_steps", "eval_steps"):
+        if getattr(args, name) is not None and getattr(args, name) < 1:
+            p.error(f"argument --{name}: expected an integer >= 1, got {getattr(args, name)}")
+    if args.max_position_embeddings < args.block_size:
+        p.error(f"argument --max_position_embeddings: must be >= --block_size ({args.block_size}), "
+                f"got {args.max_position_embeddings}")
+    if not 0 < args.validation_split < 1:
+        p.error(f"argument --validation_split: expected a number in (0, 1), got {args.validation_split}")
+    return args
+
+
+class CSVTracker(GeneralTracker):
+    """An accelerate tracker writing `step,metric,value` rows to `<logging_dir>/<run>/metrics.csv`
+    (and the run's configuration to hparams.json), with no package beyond accelerate."""
+    name = "csv"
+    requires_logging_directory = True
+    main_process_only = True
+
+    def __init__(self, run_name: str, logging_dir):
+        super().__init__()
+        self.folder = Path(logging_dir) / run_name
+        self.path = self.folder / "metrics.csv"
+
+    @property
+    def tracker(self):
+        return self.path
+
+    @on_main_process
+    def store_init_configuration(self, values: dict):
+        self.folder.mkdir(parents=True, exist_ok=True)
+        (self.folder / "hparams.json").write_text(json.dumps(values, indent=2, default=str))
+
+    @on_main_process
+    def log(self, values: dict, step=None, **kwargs):
+        self.folder.mkdir(parents=True, exist_ok=True)
+        new = not self.path.exists()
+        with open(self.path, "a", newline="") as f:
+            writer = csv.writer(f)
+            if new:
+                writer.writerow(["step", "metric", "value"])
+            writer.writerows([step, name, value] for name, value in values.items())
+
+
+def plot_metrics(csv_path: Path, png_path: Path) -> Path:
+    """Training and evaluation loss vs optimizer step from a CSVTracker file."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    curves = {}
+    with open(csv_path) as f:
+        for row in csv.DictReader(f):
+            if row["metric"].endswith("loss"):
+                curves.setdefault(row["metric"], []).append((int(row["step"]), float(row["value"])))
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for name, points in curves.items():
+        xs, ys = zip(*sorted(points))
+        ax.plot(xs, ys, marker="o" if len(xs) < 15 else None, label=name)
+    ax.set_xlabel("optimizer step")
+    ax.set_ylabel("loss (nats per token)")
+    ax.set_title("train_clm.py: training and evaluation loss")
+    ax.grid(alpha=0.3)
+    if curves:
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(png_path, dpi=120)
+    plt.close(fig)
+    return png_path
 
 
 class Tokenizer:
-    """UTF-8 bytes plus pad/bos/eos, or a local transformers tokenizer."""
+    """A transformers tokenizer (byte-level ByT5Tokenizer for "bytes") and the ids the model needs;
+    `encode` gives a document's ids followed by one end-of-sequence token."""
 
     def __init__(self, name: str):
-        self.hf = None if name == "bytes" else AutoTokenizer.from_pretrained(name)
-        if self.hf is None:
-            self.vocab_size, self.pad, self.bos, self.eos = 259, *BYTE_SPECIALS.values()
-        else:
-            self.vocab_size, self.pad = len(self.hf), self.hf.pad_token_id
-            self.bos, self.eos = self.hf.bos_token_id, self.hf.eos_token_id
+        self.hf = ByT5Tokenizer() if name == "bytes" else AutoTokenizer.from_pretrained(name)
+        self.vocab_size, self.pad = len(self.hf), self.hf.pad_token_id
+        self.bos, self.eos = self.hf.bos_token_id, self.hf.eos_token_id
+        if self.pad is None:
+            self.pad = self.eos
 
     def encode(self, text: str):
-        if self.hf is None:
-            return list(text.encode("utf-8")) + [self.eos]
-        return self.hf(text)["input_ids"] + ([self.eos] if self.eos is not None else [])
+        ids = self.hf(text, add_special_tokens=False)["input_ids"]
+        return ids + ([self.eos] if self.eos is not None else [])
 
 
 def blocks(files, tokenizer, block_size):
@@ -106,14 +196,14 @@ def build_model(args, tokenizer):
     if args.model_type == "momentum_transformer":
         config = AutoConfig.for_model(
             "momentum_transformer", hidden_size=args.hidden_size, num_hidden_layers=args.num_layers,
-            num_attention_heads=args.num_heads, max_position_embeddings=args.block_size,
+            num_attention_heads=args.num_heads, max_position_embeddings=args.max_position_embeddings,
             attention_momentum=args.attention_momentum, attention_step_size=args.attention_step_size,
             connection=args.connection, hidden_dropout=args.dropout, **common)
         return AutoModelForCausalLM.from_config(config)
     sizes = {"hidden_size": args.hidden_size, "num_hidden_layers": args.num_layers,
              "num_attention_heads": args.num_heads, "num_key_value_heads": args.num_heads,
              "head_dim": args.hidden_size // args.num_heads, "intermediate_size": 4 * args.hidden_size,
-             "max_position_embeddings": args.block_size}
+             "max_position_embeddings": args.max_position_embeddings}
     defaults = AutoConfig.for_model(args.model_type)
     config = AutoConfig.for_model(args.model_type, **common,
                                   **{k: v for k, v in sizes.items() if hasattr(defaults, k)})
@@ -142,7 +232,15 @@ def evaluate(model, loader, accelerator):
 def main(argv=None):
     args = parse_args(argv)
     kwargs = {} if args.mixed_precision is None else {"mixed_precision": args.mixed_precision}
-    accelerator = Accelerator(gradient_accumulation_steps=args.gradient_accumulation_steps, **kwargs)
+    output = Path(args.output_dir)
+    csv_tracker = CSVTracker(args.run_name, output / "logs")
+    log_with = [csv_tracker if name == "csv" else name for name in args.report_to]
+    accelerator = Accelerator(gradient_accumulation_steps=args.gradient_accumulation_steps, log_with=log_with,
+                              project_config=ProjectConfiguration(project_dir=str(output),
+                                                                  logging_dir=str(output / "logs")), **kwargs)
+    # trackers accept bool/int/float/str/None values only
+    accelerator.init_trackers(args.run_name, config={
+        k: v if v is None or isinstance(v, (bool, int, float, str)) else str(v) for k, v in vars(args).items()})
     set_seed(args.seed)
     tokenizer = Tokenizer(args.tokenizer)
     data = blocks(args.train_file, tokenizer, args.block_size)
@@ -168,7 +266,6 @@ def main(argv=None):
     model, optimizer, train_loader, valid_loader, scheduler = accelerator.prepare(
         model, optimizer, train_loader, valid_loader, scheduler)
 
-    output = Path(args.output_dir)
     step, start_epoch, skip = 0, 0, 0
     if args.resume_from_checkpoint:
         path = Path(args.resume_from_checkpoint)
@@ -186,6 +283,13 @@ def main(argv=None):
     record = {"rank": accelerator.process_index, "batches": []}
     progress = tqdm(total=max_steps, initial=step, disable=not accelerator.is_local_main_process, desc="train")
     model.train()
+    interval_losses = []
+
+    def log_evaluation():
+        valid_loss, perplexity = evaluate(model, valid_loader, accelerator)
+        accelerator.log({"eval/loss": valid_loss, "eval/perplexity": perplexity}, step=step)
+        return valid_loss, perplexity
+
     for epoch in range(start_epoch, epochs):
         train_loader.set_epoch(epoch)
         loader = accelerator.skip_first_batches(train_loader, skip) if skip else train_loader
@@ -202,15 +306,26 @@ def main(argv=None):
                 step += 1
                 progress.update(1)
                 progress.set_postfix(loss=f"{loss.item():.3f}")
+                interval_losses.append(loss.item())
+                if step % args.logging_steps == 0:
+                    accelerator.log({"train/loss": sum(interval_losses) / len(interval_losses),
+                                     "train/learning_rate": scheduler.get_last_lr()[0]}, step=step)
+                    interval_losses = []
+                if args.eval_steps and step % args.eval_steps == 0 and step < max_steps:
+                    log_evaluation()
                 if args.checkpointing_steps and step % args.checkpointing_steps == 0:
                     accelerator.save_state(str(output / f"step_{step}"))
                 if step >= max_steps:
                     break
         if step >= max_steps:
             break
+        if not args.eval_steps:
+            log_evaluation()
     progress.close()
 
-    valid_loss, perplexity = evaluate(model, valid_loader, accelerator)
+    valid_loss, perplexity = log_evaluation()
+    if accelerator.is_main_process and csv_tracker.path.exists():
+        accelerator.print(f"curves: {plot_metrics(csv_tracker.path, output / 'curves.png')}")
     accelerator.print(json.dumps({"step": step, "valid_loss": round(valid_loss, 4),
                                   "valid_perplexity": round(perplexity, 3)}))
     accelerator.wait_for_everyone()
@@ -222,11 +337,12 @@ def main(argv=None):
         Path(args.record_dir, f"rank{accelerator.process_index}.json").write_text(json.dumps(record))
     unwrapped.save_pretrained(output / "final", is_main_process=accelerator.is_main_process,
                               save_function=accelerator.save)
-    if args.push_to_hub and accelerator.is_main_process:
-        if not args.hub_model_id:
-            raise ValueError("--push_to_hub needs --hub_model_id")
-        unwrapped.push_to_hub(args.hub_model_id)
     accelerator.end_training()
+    if accelerator.is_main_process:
+        tokenizer.hf.save_pretrained(output / "final")
+        if args.push_to_hub:
+            unwrapped.push_to_hub(args.hub_model_id)
+            tokenizer.hf.push_to_hub(args.hub_model_id)
 
 
 if __name__ == "__main__":

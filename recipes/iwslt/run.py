@@ -16,8 +16,9 @@ import sys
 from pathlib import Path
 
 from recipes.common.cli import bounded_int, non_negative_int, positive_int, require_distinct
-from recipes.common.fairseq_runs import REPO, run, tool, train
-from recipes.common.parallel import parallel_corpus
+from recipes.common.cache import build_once, inputs_digest
+from recipes.common.fairseq_runs import REPO, SPLITS, checkpoint_dir, run, tool, train
+from recipes.common.parallel import LANGUAGES, parallel_corpus
 from recipes.common.plots import plot_curves, write_results
 
 MODELS = {
@@ -109,19 +110,45 @@ def generate(data_bin, checkpoint, src, tgt, references, gpu, beam=5):
     return sacrebleu.corpus_bleu(hypotheses, [references]).score, tokens_per_s
 
 
+def prepare_data(args, log=print):
+    """Raw pairs → sentencepiece BPE → fairseq-preprocess, each step in a folder of `--out-dir` keyed
+    by its arguments and inputs (reused only when they match). Returns (src, tgt, raw prefixes, data-bin)."""
+    out = args.out_dir
+    src, tgt = LANGUAGES[args.corpus]
+
+    def build_raw(folder: Path) -> None:
+        _, _, _, written = parallel_corpus(args.corpus, args.cache_dir, folder)
+        keep_first(written["train"], (src, tgt), args.max_train_pairs)
+        keep_first(written["test"], (src, tgt), args.max_test_pairs)
+
+    raw_params = {"source": args.corpus, "max_train_pairs": args.max_train_pairs,
+                  "max_test_pairs": args.max_test_pairs}
+    raw = build_once(out, f"raw-{args.corpus}", raw_params, build_raw, log=log)
+    prefixes = {split: raw / split for split in SPLITS}
+    raw_files = [Path(f"{prefixes[split]}.{lang}") for split in SPLITS for lang in (src, tgt)]
+    bpe = build_once(out, "bpe", {"bpe_size": args.bpe_size, "inputs": inputs_digest(raw_files)},
+                     lambda folder: apply_bpe(prefixes, src, tgt, folder, args.bpe_size), log=log)
+    encoded = {split: bpe / f"{split}.bpe" for split in SPLITS}
+
+    def binarize(folder: Path) -> None:
+        run([tool("fairseq-preprocess"), "--source-lang", src, "--target-lang", tgt,
+             "--trainpref", encoded["train"], "--validpref", encoded["valid"], "--testpref", encoded["test"],
+             "--destdir", folder,
+             "--joined-dictionary", "--workers", "2"], log=folder / "preprocess.log")
+
+    bpe_files = [Path(f"{encoded[split]}.{lang}") for split in SPLITS for lang in (src, tgt)]
+    data_bin = build_once(out, f"data-bin-{args.corpus}",
+                          {"tool": "fairseq-preprocess --joined-dictionary",
+                           "inputs": inputs_digest(bpe_files)},
+                          binarize, log=log)
+    return src, tgt, prefixes, data_bin
+
+
 def main(argv=None):
     args = parse_args(argv)
     out = args.out_dir
     log = lambda msg: print(f"[iwslt] {msg}", flush=True)  # noqa: E731
-    source, src, tgt, prefixes = parallel_corpus(args.corpus, args.cache_dir, out / f"raw-{args.corpus}")
-    keep_first(prefixes["train"], (src, tgt), args.max_train_pairs)
-    keep_first(prefixes["test"], (src, tgt), args.max_test_pairs)
-    encoded = apply_bpe(prefixes, src, tgt, out, args.bpe_size)
-    data_bin = out / f"data-bin-{source}"
-    if not (data_bin / f"dict.{src}.txt").exists():
-        run([tool("fairseq-preprocess"), "--source-lang", src, "--target-lang", tgt, "--trainpref", encoded["train"],
-             "--validpref", encoded["valid"], "--testpref", encoded["test"], "--destdir", data_bin,
-             "--joined-dictionary", "--workers", "2"])
+    src, tgt, prefixes, data_bin = prepare_data(args, log)
     references = Path(f"{prefixes['test']}.{tgt}").read_text(encoding="utf-8").splitlines()
     epochs = args.epochs or (60 if args.full else 4)
     rows, curves = [], {}
@@ -130,17 +157,18 @@ def main(argv=None):
         sizes = SMALL_LSTM if "lstm" in small_arch else SMALL_TRANSFORMER
         arch = ["--arch", full_arch] if args.full else ["--arch", small_arch, *sizes]
         log(f"({i}/{len(args.models)}) training {name} for {epochs} epochs …")
-        result = train(name, data_bin, out / "checkpoints" / name.replace(" ", "_"),
-                       [*COMMON, *arch, *extra, "--max-epoch", str(epochs), "--seed", str(args.seed),
-                        *([] if args.gpu else ["--cpu"])])
+        train_args = [*COMMON, *arch, *extra, "--max-epoch", str(epochs), "--seed", str(args.seed),
+                      *([] if args.gpu else ["--cpu"])]
+        save_dir = checkpoint_dir(out / "checkpoints", name, data_bin, train_args)
+        result = train(name, data_bin, save_dir, train_args)
         bleu, speed = generate(data_bin, result.save_dir / "checkpoint_best.pt", src, tgt, references, args.gpu)
         log(f"    BLEU {bleu:.2f}, generation {speed:.0f} tokens/s, training {result.seconds:.0f} s")
         rows.append([name, f"{bleu:.2f}", f"{float(result.valid[-1]['valid_loss']):.3f}", f"{speed:.0f}", f"{result.seconds:.0f}"])
         curves[name] = [(float(v["epoch"]), float(v["valid_loss"])) for v in result.valid]
     headers = ["model", "test BLEU", "valid loss", "generate tokens/s", "train time (s)"]
-    table = write_results(out, f"Translation {src}→{tgt} on {source} ({'full' if args.full else 'small'})", headers, rows)
+    table = write_results(out, f"Translation {src}→{tgt} on {args.corpus} ({'full' if args.full else 'small'})", headers, rows)
     plot = plot_curves(curves, out / "valid_loss.png", xlabel="epoch", ylabel="validation loss",
-                       title=f"{src}→{tgt} on {source}: validation loss")
+                       title=f"{src}→{tgt} on {args.corpus}: validation loss")
     print(f"\n{table}\n")
     log(f"results: {out / 'results.md'}; plot: {plot}")
     return 0

@@ -61,9 +61,9 @@ def main(argv=None):
     args = parse_args(argv)
     log = lambda msg: print(f"[ptb] {msg}", flush=True)  # noqa: E731
     max_train_tokens = args.max_train_tokens if args.max_train_tokens is not None else (0 if args.full else 240_000)
-    source, paths = lm_corpus(args.corpus, args.cache_dir, args.out_dir / f"text-{args.corpus}",
+    source, paths = lm_corpus(args.corpus, args.cache_dir, args.out_dir, log=log,
                               **({} if args.corpus == "ptb" else {"max_train_tokens": max_train_tokens}))
-    data_bin = preprocess_lm(paths, args.out_dir / f"data-bin-{source}")
+    data_bin = preprocess_lm(paths, args.out_dir, log=log)
     common = [c for c in COMMON if not (args.gpu and c == "--cpu")]
     schedule = FULL if args.full else [*SMALL, "--max-epoch", "3"]
     if args.epochs is not None:
