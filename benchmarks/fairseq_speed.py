@@ -29,9 +29,10 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-import fairseq_momentum  # noqa: E402
 from fairseq import options, tasks  # noqa: E402
 from fairseq.sequence_generator import SequenceGenerator  # noqa: E402
+
+import fairseq_momentum  # noqa: E402
 
 VOCAB, BATCH, GEN_LEN, BEAM = 8000, 4, 32, 4
 TRANSFORMER = ["--encoder-layers", "2", "--decoder-layers", "2", "--encoder-embed-dim", "256",

@@ -43,7 +43,7 @@ class TokenClock(BaseStreamer):
 
 
 def build(kind: str, args):
-    import hf_momentum  # registers model_type "momentum_transformer"
+    import hf_momentum  # noqa: F401  (registers model_type "momentum_transformer")
     torch.manual_seed(0)
     positions = max(args.contexts) + args.new_tokens + 8
     if kind == "momentum":
@@ -92,6 +92,7 @@ def latency_worker(args) -> list:
     load from other processes hits every cell alike; the minimum over `--latency_repeats`."""
     torch.set_num_threads(args.threads)
     from transformers import DynamicCache
+
     from hf_momentum import MomentumCache
     models = {kind: build(kind, args) for kind in args.models}
     caches, token = {}, torch.ones(1, 1, dtype=torch.long)

@@ -9,10 +9,13 @@ import math
 import sys
 
 from plugins import validation
+from plugins.connection import (
+    CONNECTIONS,
+    DEFAULT_ADAPTIVE_DELTA,
+    DEFAULT_CONNECTION_MOMENTUM,
+    DEFAULT_CONNECTION_STEP_SIZE,
+)
 from plugins.rnn.variants import cell_names, check_restart
-
-from plugins.connection import (CONNECTIONS, DEFAULT_ADAPTIVE_DELTA, DEFAULT_CONNECTION_MOMENTUM,
-                                DEFAULT_CONNECTION_STEP_SIZE)
 
 FEATURE_MAP_CHOICES = ("elu", "relu")
 CONNECTION_CHOICES = CONNECTIONS
@@ -81,7 +84,7 @@ def validated(check, kind=float, **limits):
 
 def add_momentum_attention_args(parser, *, cross_attention=True):
     """Arguments of momentum attention and the momentum connection
-    (momentum_transformer.md eq. 12-15, 18)."""
+    (Momentum Transformer, eq. 12-15, 18; docs/equations.md)."""
     group = parser
     group.add_argument("--attention-momentum", type=momentum_value, metavar="B",
                        help="momentum beta of momentum attention (eq. 12-14), in [0, 1); "
@@ -131,7 +134,7 @@ def momentum_attention_defaults(args, *, momentum=0.6, step_size=1.0, cross_atte
 
 
 def add_lstm_cell_args(parser):
-    """Arguments of the MomentumLSTM family (momentum_rnn.md eq. 9, 15 and Section 2.4)."""
+    """Arguments of the MomentumLSTM family (MomentumRNN, eq. 9, 15 and Section 2.4; docs/equations.md)."""
     group = parser
     group.add_argument("--lstm-cell", choices=LSTM_CELL_CHOICES,
                        help="recurrent cell (plugins.rnn.variants): lstm (plain), momentum (eq. 9), "

@@ -13,20 +13,37 @@
   with AutoConfig / AutoModel / AutoModelForCausalLM.
 Saved models carry their code and load with `trust_remote_code=True` without this package.
 """
-from transformers import (AutoConfig, AutoModel, AutoModelForCausalLM,
-                          AutoModelForSequenceClassification)
+from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoModelForSequenceClassification
 
-from .attention_interface import (IGNORING_MODEL_TYPES, LINEAR, MOMENTUM, REJECTING_MODEL_TYPES,
-                                  SMOKE_TESTED_MODEL_TYPES, SUPPORTED_MODEL_TYPES, TESTED_MODEL_TYPES,
-                                  check_model, linear_attention_forward, momentum_attention_forward, register,
-                                  set_momentum_attention)
+from .attention_interface import (
+    IGNORING_MODEL_TYPES,
+    LINEAR,
+    MOMENTUM,
+    REJECTING_MODEL_TYPES,
+    SMOKE_TESTED_MODEL_TYPES,
+    SUPPORTED_MODEL_TYPES,
+    TESTED_MODEL_TYPES,
+    check_model,
+    linear_attention_forward,
+    momentum_attention_forward,
+    register,
+    set_momentum_attention,
+)
 from .configuration_momentum_lstm import MomentumLSTMConfig
 from .configuration_momentum_transformer import MomentumTransformerConfig
-from .modeling_momentum_lstm import (MomentumLSTMCache, MomentumLSTMForCausalLM, MomentumLSTMModel,
-                                     MomentumLSTMPreTrainedModel)
-from .modeling_momentum_transformer import (MomentumCache, MomentumTransformerForCausalLM,
-                                            MomentumTransformerForSequenceClassification,
-                                            MomentumTransformerModel, MomentumTransformerPreTrainedModel)
+from .modeling_momentum_lstm import (
+    MomentumLSTMCache,
+    MomentumLSTMForCausalLM,
+    MomentumLSTMModel,
+    MomentumLSTMPreTrainedModel,
+)
+from .modeling_momentum_transformer import (
+    MomentumCache,
+    MomentumTransformerForCausalLM,
+    MomentumTransformerForSequenceClassification,
+    MomentumTransformerModel,
+    MomentumTransformerPreTrainedModel,
+)
 from .recurrent_cache import RecurrentCache
 
 register()

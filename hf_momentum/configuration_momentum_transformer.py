@@ -3,8 +3,15 @@ from transformers import PreTrainedConfig
 from transformers.activations import ACT2FN
 
 from .momentum_core import DEFAULT_ADAPTIVE_DELTA, DEFAULT_CONNECTION_MOMENTUM, DEFAULT_CONNECTION_STEP_SIZE
-from .validation import (check_bool, check_choice, check_int, check_momentum, check_number, check_positive,
-                         check_probability)
+from .validation import (
+    check_bool,
+    check_choice,
+    check_int,
+    check_momentum,
+    check_number,
+    check_positive,
+    check_probability,
+)
 
 # φ for the q, k projections of a transformers model. "identity" is not offered: q and k are raw
 # linear projections, so φ(q)ᵀΣφ(k) can be negative or near zero and the normalisation of

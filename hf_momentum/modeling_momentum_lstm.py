@@ -15,8 +15,13 @@ from transformers import GenerationMixin, PreTrainedModel
 from transformers.modeling_outputs import BaseModelOutputWithPast
 
 from .configuration_momentum_lstm import MomentumLSTMConfig
-from .modeling_common import (RecurrentCausalLMMixin, check_attention_mask, resolve_cache, resolve_flag,
-                              warn_no_attention_weights)
+from .modeling_common import (
+    RecurrentCausalLMMixin,
+    check_attention_mask,
+    resolve_cache,
+    resolve_flag,
+    warn_no_attention_weights,
+)
 from .momentum_rnn_core import MomentumLSTM, RecurrentState
 from .recurrent_cache import RecurrentCache
 from .saving import RemoteCodeMixin

@@ -17,10 +17,20 @@ from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import BaseModelOutputWithPast, SequenceClassifierOutput
 
 from .configuration_momentum_transformer import MomentumTransformerConfig
-from .modeling_common import (RecurrentCausalLMMixin, check_attention_mask, resolve_cache, resolve_flag,
-                              warn_no_attention_weights)
-from .momentum_core import (ConnectionState, MomentumAttentionState, build_connection, momentum_attention,
-                            momentum_attention_step)
+from .modeling_common import (
+    RecurrentCausalLMMixin,
+    check_attention_mask,
+    resolve_cache,
+    resolve_flag,
+    warn_no_attention_weights,
+)
+from .momentum_core import (
+    ConnectionState,
+    MomentumAttentionState,
+    build_connection,
+    momentum_attention,
+    momentum_attention_step,
+)
 from .recurrent_cache import RecurrentCache
 from .saving import RemoteCodeMixin
 

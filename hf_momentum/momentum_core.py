@@ -5,10 +5,21 @@ remote code needs this one flat sibling. In the package it re-exports `plugins`;
 time `bundled_source()` writes a generated, self-contained copy of the needed `plugins`
 modules under this file's name next to the saved modeling file (see `hf_momentum.flatten`).
 """
-from plugins.attention import FEATURE_MAPS, MomentumAttentionState, momentum_attention, momentum_attention_step
-from plugins.connection import (DEFAULT_ADAPTIVE_DELTA, DEFAULT_CONNECTION_MOMENTUM,
-                                DEFAULT_CONNECTION_STEP_SIZE, AdaptiveMomentumConnection, ConnectionState,
-                                MomentumConnection, build_connection)
+from plugins.attention import (
+    FEATURE_MAPS,
+    MomentumAttentionState,
+    momentum_attention,
+    momentum_attention_step,
+)
+from plugins.connection import (
+    DEFAULT_ADAPTIVE_DELTA,
+    DEFAULT_CONNECTION_MOMENTUM,
+    DEFAULT_CONNECTION_STEP_SIZE,
+    AdaptiveMomentumConnection,
+    ConnectionState,
+    MomentumConnection,
+    build_connection,
+)
 
 BUNDLED_MODULES = ("plugins.attention.api", "plugins.connection")
 EXPORTS = ("FEATURE_MAPS", "MomentumAttentionState", "momentum_attention", "momentum_attention_step",

@@ -1,4 +1,4 @@
-"""Vanishing-gradient diagnostics of momentum_rnn.md Section 2.3 (eq. 11–13, Fig. 2).
+"""Vanishing-gradient diagnostics of MomentumRNN, Section 2.3 (eq. 11–13, Fig. 2).
 
 `hidden_gradient_norms` measures ‖∂L/∂h_t‖₂ for every time step t of a batch: the total
 derivative of the loss with respect to the (top-layer) hidden state, through all later

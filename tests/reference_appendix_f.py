@@ -1,4 +1,4 @@
-"""MomentumLSTM cell as printed in momentum_rnn.md, Appendix F (the authors' code).
+"""MomentumLSTM cell as printed in MomentumRNN (arXiv:2006.06919), Appendix F (the authors' code).
 
 Kept verbatim (only the indentation lost in the paper's two-column print is restored) as
 the reference that plugins.rnn.MomentumLSTMCell is tested against. Note its

@@ -6,8 +6,13 @@ import math
 import pytest
 import torch
 
-from plugins.connection import (AdaptiveMomentumConnection, MomentumConnection, adaptive_momentum,
-                                build_connection, momentum_connection)
+from plugins.connection import (
+    AdaptiveMomentumConnection,
+    MomentumConnection,
+    adaptive_momentum,
+    build_connection,
+    momentum_connection,
+)
 
 # Momentum Transformer paper, Table 1, "Non-Autoregressive Machine Translation" rows: "Momentum in
 # Momentum Connection" 0.3, "Stepsize in Momentum Connection" 0.9 (momentum and adaptive rows);

@@ -8,7 +8,6 @@ import textwrap
 
 import pytest
 import torch
-
 from test_fairseq_support import REPO, cli_env, preprocess_lm, train, train_losses, write_lm_text
 
 LOAD_AFTER_IMPORT = """
@@ -73,8 +72,9 @@ def test_import_keeps_torch_load_safe_here_and_in_children(malicious_checkpoint)
 
 
 def test_fairseq_loader_explains_a_refused_type(tmp_path):
-    import fairseq_momentum  # noqa: F401  (wraps fairseq's loader)
     from fairseq import checkpoint_utils
+
+    import fairseq_momentum  # noqa: F401  (wraps fairseq's loader)
     from fairseq_momentum.checkpoints import CheckpointReadError
     path = tmp_path / "checkpoint_9_9.pt"
     torch.save({"model": {}, "cfg": None, "odd": fractions.Fraction(1, 3)}, path)
@@ -86,8 +86,9 @@ def test_fairseq_loader_explains_a_refused_type(tmp_path):
 
 @pytest.mark.parametrize("content", [b"", b"PK\x03\x04" + b"\x00" * 64], ids=["empty", "garbage"])
 def test_fairseq_loader_names_an_unreadable_file(tmp_path, content):
-    import fairseq_momentum  # noqa: F401
     from fairseq import checkpoint_utils
+
+    import fairseq_momentum  # noqa: F401
     from fairseq_momentum.checkpoints import CheckpointReadError
     path = tmp_path / "checkpoint_last.pt"
     path.write_bytes(content)

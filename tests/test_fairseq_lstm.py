@@ -3,11 +3,18 @@ import re
 
 import pytest
 import torch
+from test_fairseq_support import (
+    USER_DIR,
+    build_model,
+    parse_namespace,
+    preprocess_translation,
+    run_cli,
+    train,
+    write_parallel_text,
+)
 
 from fairseq_momentum.modules.momentum_lstm_adapters import MomentumLSTMDecoderCell
 from plugins.rnn import VARIANTS, cell_names
-from test_fairseq_support import (USER_DIR, build_model, parse_namespace, preprocess_translation,
-                                  run_cli, train, write_parallel_text)
 
 TASK = ["--task", "translation", "--source-lang", "src", "--target-lang", "tgt"]
 SMALL = ["--encoder-embed-dim", "16", "--decoder-embed-dim", "16", "--encoder-hidden-size", "12",

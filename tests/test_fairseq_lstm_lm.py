@@ -3,11 +3,20 @@ import re
 
 import pytest
 import torch
+from test_fairseq_lstm import cell_flags
+from test_fairseq_support import (
+    USER_DIR,
+    build_model,
+    lm_args,
+    parse_namespace,
+    preprocess_lm,
+    random_tokens,
+    run_cli,
+    train,
+    write_lm_text,
+)
 
 from plugins.rnn import cell_names
-from test_fairseq_lstm import cell_flags
-from test_fairseq_support import (build_model, lm_args, parse_namespace, preprocess_lm,
-                                  random_tokens, run_cli, train, write_lm_text, USER_DIR)
 
 SMALL = ["--decoder-layers", "2", "--decoder-embed-dim", "16", "--decoder-hidden-size", "24",
          "--share-decoder-input-output-embed", "--dropout", "0.2", "--weight-drop", "0.3",

@@ -4,9 +4,15 @@ import re
 
 import pytest
 import torch
-
-from test_fairseq_support import (USER_DIR, build_model, parse_namespace, preprocess_translation,
-                                  run_cli, train, write_parallel_text)
+from test_fairseq_support import (
+    USER_DIR,
+    build_model,
+    parse_namespace,
+    preprocess_translation,
+    run_cli,
+    train,
+    write_parallel_text,
+)
 
 TASK = ["--task", "translation_lev", "--source-lang", "src", "--target-lang", "tgt"]
 SMALL = ["--encoder-layers", "2", "--decoder-layers", "2", "--encoder-embed-dim", "32",

@@ -8,11 +8,18 @@ import sys
 
 import pytest
 import torch
+from test_fairseq_support import (
+    BIN,
+    REPO,
+    USER_DIR,
+    cli_env,
+    preprocess_lm,
+    train,
+    train_losses,
+    write_lm_text,
+)
 
 import fairseq_momentum  # noqa: F401  (allowlists fairseq's checkpoint types for torch.load)
-
-from test_fairseq_support import (BIN, REPO, USER_DIR, cli_env, preprocess_lm,
-                                  train, train_losses, write_lm_text)
 
 LSTM_LM = ["--task", "language_modeling", "--arch", "momentum_lstm_lm", "--decoder-layers", "2",
            "--decoder-embed-dim", "16", "--decoder-hidden-size", "24",

@@ -6,9 +6,15 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-
-from test_fairseq_support import (USER_DIR, build_model, parse_namespace, preprocess_translation,
-                                  run_cli, train, write_parallel_text)
+from test_fairseq_support import (
+    USER_DIR,
+    build_model,
+    parse_namespace,
+    preprocess_translation,
+    run_cli,
+    train,
+    write_parallel_text,
+)
 
 TASK = ["--task", "translation", "--source-lang", "src", "--target-lang", "tgt"]
 SMALL = ["--encoder-layers", "2", "--decoder-layers", "2", "--encoder-embed-dim", "32",

@@ -5,10 +5,19 @@ import sys
 
 import pytest
 import torch
+from test_fairseq_support import (
+    USER_DIR,
+    build_model,
+    lm_args,
+    parse_namespace,
+    preprocess_lm,
+    random_tokens,
+    run_cli,
+    train,
+    write_lm_text,
+)
 
 from plugins.attention import naive_causal_momentum_attention, naive_noncausal_momentum_attention
-from test_fairseq_support import (USER_DIR, build_model, lm_args, parse_namespace, preprocess_lm,
-                                  random_tokens, run_cli, train, write_lm_text)
 
 SMALL = ["--decoder-layers", "2", "--decoder-embed-dim", "32", "--decoder-ffn-embed-dim", "64",
          "--decoder-attention-heads", "4", "--dropout", "0.1"]

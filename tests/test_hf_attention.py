@@ -9,16 +9,27 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import pytest
 import torch
-from transformers import (AttentionInterface, AutoConfig, AutoModel, AutoModelForCausalLM,
-                          AutoModelForSeq2SeqLM)
-from transformers.masking_utils import (AttentionMaskInterface, bidirectional_mask_function,
-                                        causal_mask_function)
+from transformers import (
+    AttentionInterface,
+    AutoConfig,
+    AutoModel,
+    AutoModelForCausalLM,
+    AutoModelForSeq2SeqLM,
+)
+from transformers.masking_utils import (
+    AttentionMaskInterface,
+    bidirectional_mask_function,
+    causal_mask_function,
+)
 
 import hf_momentum
 from hf_momentum import attention_interface as ai
 from hf_momentum.configuration_momentum_transformer import FEATURE_MAP_NAMES
-from plugins.attention import (FEATURE_MAPS, naive_causal_momentum_attention,
-                               naive_noncausal_momentum_attention)
+from plugins.attention import (
+    FEATURE_MAPS,
+    naive_causal_momentum_attention,
+    naive_noncausal_momentum_attention,
+)
 
 BETA, GAMMA = 0.5, 0.8
 PAD = 0

@@ -10,8 +10,14 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
 import hf_momentum
-from hf_momentum import (MomentumCache, MomentumLSTMCache, MomentumLSTMForCausalLM, MomentumLSTMModel,
-                         MomentumTransformerForCausalLM, MomentumTransformerModel)
+from hf_momentum import (
+    MomentumCache,
+    MomentumLSTMCache,
+    MomentumLSTMForCausalLM,
+    MomentumLSTMModel,
+    MomentumTransformerForCausalLM,
+    MomentumTransformerModel,
+)
 from hf_momentum.modeling_momentum_transformer import MomentumTransformerLayer
 
 PAD = 0

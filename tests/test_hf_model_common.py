@@ -15,8 +15,13 @@ import torch
 from transformers import AutoConfig
 
 import hf_momentum  # noqa: F401  (registers the model types)
-from hf_momentum import (MomentumLSTMForCausalLM, MomentumLSTMModel, MomentumTransformerForCausalLM,
-                         MomentumTransformerForSequenceClassification, MomentumTransformerModel)
+from hf_momentum import (
+    MomentumLSTMForCausalLM,
+    MomentumLSTMModel,
+    MomentumTransformerForCausalLM,
+    MomentumTransformerForSequenceClassification,
+    MomentumTransformerModel,
+)
 
 
 @dataclass

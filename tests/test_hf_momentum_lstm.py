@@ -9,7 +9,6 @@ import pytest
 import torch
 from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
 
-import hf_momentum
 from hf_momentum import MomentumLSTMCache, MomentumLSTMForCausalLM, MomentumLSTMModel
 from plugins.rnn import VARIANTS, MomentumLSTM, cell_names
 

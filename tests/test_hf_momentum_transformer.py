@@ -9,12 +9,15 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import pytest
 import torch
 import torch.nn.functional as F
-from transformers import (AutoConfig, AutoModel, AutoModelForCausalLM,
-                          AutoModelForSequenceClassification)
+from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoModelForSequenceClassification
 
-import hf_momentum
-from hf_momentum import (MomentumCache, MomentumTransformerConfig, MomentumTransformerForCausalLM,
-                         MomentumTransformerForSequenceClassification, MomentumTransformerModel)
+from hf_momentum import (
+    MomentumCache,
+    MomentumTransformerConfig,
+    MomentumTransformerForCausalLM,
+    MomentumTransformerForSequenceClassification,
+    MomentumTransformerModel,
+)
 from plugins.attention import naive_causal_momentum_attention, naive_noncausal_momentum_attention
 from plugins.connection import AdaptiveMomentumConnection, MomentumConnection
 

@@ -3,8 +3,16 @@ from pathlib import Path
 
 import pytest
 
-from recipes.common.corpora import (CorpusUnavailable, assign_split, austen_documents, build_lm_corpus,
-                                    paragraphs, ptb_tokenize, sentences, split_chapters)
+from recipes.common.corpora import (
+    CorpusUnavailable,
+    assign_split,
+    austen_documents,
+    build_lm_corpus,
+    paragraphs,
+    ptb_tokenize,
+    sentences,
+    split_chapters,
+)
 
 
 def test_ptb_tokenize():

@@ -4,8 +4,14 @@ from pathlib import Path
 import pytest
 
 from recipes.common.corpora import CorpusUnavailable
-from recipes.common.parallel import (TEST_BOOKS, VALID_BOOKS, _read_bible_pairs, clean_verse, split_by_book,
-                                     write_parallel)
+from recipes.common.parallel import (
+    TEST_BOOKS,
+    VALID_BOOKS,
+    _read_bible_pairs,
+    clean_verse,
+    split_by_book,
+    write_parallel,
+)
 
 
 def test_clean_verse():

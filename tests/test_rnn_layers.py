@@ -1,12 +1,22 @@
 """MomentumLSTM / MomentumRNN layers (fused fast paths) vs the step-wise cells, float64."""
 import pytest
 import torch
+from rnn_literal import LITERAL_DRIVES
 from torch import nn
 from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence, pad_packed_sequence
 
-from plugins.rnn import (VARIANTS, AdamLSTMCell, MomentumLSTM, MomentumLSTMCell, MomentumRNN, NAGLSTMCell,
-                         RecurrentState, RMSPropLSTMCell, SRLSTMCell, cell_names)
-from rnn_literal import LITERAL_DRIVES
+from plugins.rnn import (
+    VARIANTS,
+    AdamLSTMCell,
+    MomentumLSTM,
+    MomentumLSTMCell,
+    MomentumRNN,
+    NAGLSTMCell,
+    RecurrentState,
+    RMSPropLSTMCell,
+    SRLSTMCell,
+    cell_names,
+)
 
 T, B, D, H = 6, 3, 4, 5
 MU, S, BETA, EPS, F = 0.6, 0.7, 0.8, 1e-8, 3

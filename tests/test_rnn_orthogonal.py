@@ -3,11 +3,11 @@ import math
 
 import pytest
 import torch
+from rnn_literal import LITERAL_DRIVES
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from plugins.rnn import VARIANTS, OrthogonalMomentumRNN, OrthogonalRNNCell, RecurrentState, cell_names
 from plugins.rnn.orthogonal import cayley_skew, henaff_skew, modrelu
-from rnn_literal import LITERAL_DRIVES
 
 T, B, D, H = 6, 3, 4, 6
 MU, S, BETA, EPS, F = 0.6, 0.7, 0.8, 1e-8, 3

@@ -1,5 +1,5 @@
 """Attentional LSTM translation model with MomentumLSTM encoder and decoder
-(momentum_rnn.md eq. 9, 15 and Section 2.4) for `--task translation`.
+(MomentumRNN, eq. 9, 15 and Section 2.4; docs/equations.md) for `--task translation`.
 
 fairseq's `lstm` model with every argument it has (embeddings, attention, input
 feeding, bidirectional encoder, ...) plus the `--lstm-*` cell options; the recurrent
@@ -11,8 +11,7 @@ from fairseq.models.lstm import LSTMModel, base_architecture, lstm_wiseman_iwslt
 from torch import nn
 
 from ..modules.momentum_lstm_adapters import MomentumLSTMDecoderCell, MomentumLSTMEncoderRNN
-from ..options import (add_lstm_cell_args, check_lstm_cell_args, lstm_cell_defaults,
-                       lstm_cell_kwargs)
+from ..options import add_lstm_cell_args, check_lstm_cell_args, lstm_cell_defaults, lstm_cell_kwargs
 from ..registry import architecture, model
 
 

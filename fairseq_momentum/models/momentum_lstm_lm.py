@@ -1,5 +1,6 @@
 """AWD-style MomentumLSTM language model for `--task language_modeling`
-(momentum_rnn.md eq. 9, 15, Section 2.4; PTB setup of Appendix A.3, Tables 6-7).
+(MomentumRNN, eq. 9, 15, Section 2.4; PTB setup of Appendix A.3, Tables 6-7;
+docs/equations.md, D6).
 
 Argument names follow fairseq's lstm_lm where they exist; the AWD-LSTM regularisers and
 the `--lstm-*` cell options are added. `--lstm-cell lstm` is the AWD-LSTM baseline.
@@ -14,8 +15,15 @@ from plugins.rnn import RecurrentState
 
 from ..modules.awd_lstm import AWDMomentumLSTM, embedding_dropout, locked_dropout
 from ..modules.recurrent_state import buffer_to_states, reorder_buffer, states_to_buffer
-from ..options import (add_lstm_cell_args, check_lstm_cell_args, fill_unset, lstm_cell_defaults,
-                       lstm_cell_kwargs, positive_int, probability)
+from ..options import (
+    add_lstm_cell_args,
+    check_lstm_cell_args,
+    fill_unset,
+    lstm_cell_defaults,
+    lstm_cell_kwargs,
+    positive_int,
+    probability,
+)
 from ..registry import architecture, model
 
 
@@ -143,7 +151,7 @@ def base_architecture(args):
 
 @architecture("momentum_lstm_lm", "momentum_lstm_lm_ptb")
 def momentum_lstm_lm_ptb(args):
-    """PTB (momentum_rnn.md Appendix A.3, Tables 6-7): 3 layers, 1150 hidden, 400-dim tied
+    """PTB (MomentumRNN, Appendix A.3, Tables 6-7): 3 layers, 1150 hidden, 400-dim tied
     embeddings, AWD-LSTM's PTB regularisation, MomentumLSTM with mu = 0, s = 0.6."""
     fill_unset(args, decoder_embed_dim=400, decoder_hidden_size=1150, decoder_layers=3,
                share_decoder_input_output_embed=True, decoder_dropout_in=0.4, decoder_dropout_hidden=0.25,

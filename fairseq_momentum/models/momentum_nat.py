@@ -1,6 +1,6 @@
 """Momentum variant of fairseq's iterative-refinement non-autoregressive transformer
-(Lee et al. 2018; `--task translation_lev`), the setting of momentum_transformer.md
-Section 4.4 / Table 5 (ANCHORS fact 10).
+(Lee et al. 2018; `--task translation_lev`), the setting of Momentum Transformer,
+Section 4.4 / Table 5 (docs/equations.md, D10).
 
 Every attention is replaced: encoder and decoder self-attention by non-causal momentum
 attention (eq. 14; the decoder refines all positions at once, so nothing is causal), and
@@ -8,8 +8,10 @@ cross-attention per `--cross-attention`. Length prediction, refinement steps and
 denoising objective are fairseq's `iterative_nonautoregressive_transformer`.
 """
 from fairseq.models.nat.fairseq_nat_model import FairseqNATEncoder
-from fairseq.models.nat.iterative_nonautoregressive_transformer import (IterNATransformerModel,
-                                                                        inat_base_architecture)
+from fairseq.models.nat.iterative_nonautoregressive_transformer import (
+    IterNATransformerModel,
+    inat_base_architecture,
+)
 from fairseq.models.nat.nonautoregressive_transformer import NATransformerDecoder
 from fairseq.modules.transformer_sentence_encoder import init_bert_params
 

@@ -1,5 +1,5 @@
 """Encoder-decoder momentum transformer for `--task translation`
-(momentum_transformer.md Section 3).
+(Momentum Transformer, Section 3; docs/equations.md).
 
 Encoder self-attention: non-causal momentum attention (eq. 14, padding-aware); decoder
 self-attention: causal (eq. 13, recurrent eq. 12 in incremental decoding); decoder
@@ -7,8 +7,12 @@ cross-attention: `--cross-attention softmax | linear | momentum`. Every argument
 fairseq's `transformer` applies. `linear_transformer*` presets are the same code with
 momentum 0, step size 1 and linear cross-attention (the paper's linear baseline).
 """
-from fairseq.models.transformer import (TransformerConfig, TransformerDecoderBase,
-                                        TransformerEncoderBase, TransformerModel)
+from fairseq.models.transformer import (
+    TransformerConfig,
+    TransformerDecoderBase,
+    TransformerEncoderBase,
+    TransformerModel,
+)
 from fairseq.models.transformer.transformer_legacy import base_architecture, transformer_iwslt_de_en
 
 from ..modules.momentum_transformer_layer import MomentumDecoderMixin, MomentumEncoderMixin

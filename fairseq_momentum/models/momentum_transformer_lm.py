@@ -1,5 +1,5 @@
 """Decoder-only momentum transformer for `--task language_modeling`
-(causal momentum attention, momentum_transformer.md eq. 12/13).
+(causal momentum attention, Momentum Transformer eq. 12/13; docs/equations.md).
 
 `--arch momentum_transformer_lm` (and the `_big`, `_wiki103`, `_gpt`, `_gpt2_small`
 presets) takes every argument of fairseq's transformer_lm plus the momentum ones;
@@ -7,10 +7,15 @@ presets) takes every argument of fairseq's transformer_lm plus the momentum ones
 """
 from fairseq.dataclass.utils import gen_parser_from_dataclass
 from fairseq.models.transformer import TransformerConfig
-from fairseq.models.transformer_lm import (TransformerLanguageModel, TransformerLanguageModelConfig,
-                                           base_lm_architecture, transformer_lm_baevski_wiki103,
-                                           transformer_lm_big, transformer_lm_gpt,
-                                           transformer_lm_gpt2_small)
+from fairseq.models.transformer_lm import (
+    TransformerLanguageModel,
+    TransformerLanguageModelConfig,
+    base_lm_architecture,
+    transformer_lm_baevski_wiki103,
+    transformer_lm_big,
+    transformer_lm_gpt,
+    transformer_lm_gpt2_small,
+)
 
 from ..options import add_momentum_attention_args, momentum_attention_defaults
 from ..registry import model, momentum_preset

@@ -1,4 +1,4 @@
-"""AWD-LSTM regularisation (Merity et al. 2018, the PTB setup of momentum_rnn.md
+"""AWD-LSTM regularisation (Merity et al. 2018, the PTB setup of MomentumRNN,
 Appendix A.3) around `plugins.rnn.MomentumLSTM` layers.
 
 - weight drop: DropConnect on each layer's hidden-to-hidden matrix, sampled once per

@@ -1,5 +1,5 @@
 """fairseq-facing multi-head momentum attention: the projections of fairseq's
-MultiheadAttention around `plugins.attention` (momentum_transformer.md eq. 12-14).
+MultiheadAttention around `plugins.attention` (Momentum Transformer, eq. 12-14; docs/equations.md).
 
 fairseq passes time-first tensors (T, B, C) and `key_padding_mask` with True = PAD; the
 plugin takes (B, H, N, D) and True = real token. The equations live in the plugin only.
@@ -11,8 +11,14 @@ import torch
 from fairseq.incremental_decoding_utils import with_incremental_state
 from torch import Tensor, nn
 
-from plugins.attention import (MomentumAttentionState, NonCausalSummary, attend_summary, momentum_attention,
-                               momentum_attention_step, summarize_keys)
+from plugins.attention import (
+    MomentumAttentionState,
+    NonCausalSummary,
+    attend_summary,
+    momentum_attention,
+    momentum_attention_step,
+    summarize_keys,
+)
 
 _STATE_KEYS = ("s", "z", "m")
 

@@ -1,5 +1,5 @@
 """Transformer layers with momentum attention and the momentum connection, as subclasses
-of fairseq's layers (momentum_transformer.md Section 3).
+of fairseq's layers (Momentum Transformer, Section 3; docs/equations.md, D3-D4).
 
 Only the attention modules and the self-attention residual change; layer norms, the
 feed-forward block, dropout and pre-/post-LN placement are fairseq's. The momentum
@@ -15,7 +15,6 @@ from fairseq.modules.transformer_layer import TransformerDecoderLayerBase, Trans
 from plugins.connection import build_connection
 
 from .momentum_attention import MomentumMultiheadAttention
-
 
 PRINT_ALIGNMENT_NEEDS_SOFTMAX = (
     "--print-alignment needs --cross-attention softmax: linear/momentum cross-attention has no "

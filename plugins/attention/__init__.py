@@ -1,4 +1,4 @@
-"""Momentum attention (momentum_transformer.md, Section 3): causal eq. 12/13, non-causal
+"""Momentum attention (Momentum Transformer, Section 3; docs/equations.md): causal eq. 12/13, non-causal
 eq. 14, and plain linear attention as the β = 0 case.
 
 Layout after flash-linear-attention: `naive` (literal quadratic / token-by-token references),

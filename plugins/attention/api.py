@@ -1,4 +1,4 @@
-"""Public entry points of momentum attention (momentum_transformer.md, Section 3.1)."""
+"""Public entry points of momentum attention (Momentum Transformer, Section 3.1; docs/equations.md)."""
 from typing import Optional, Tuple, Union
 
 import torch

@@ -1,4 +1,4 @@
-"""Feature maps φ for linear attention (paper: momentum_transformer.md, eq. 5)."""
+"""Feature maps φ for linear attention (Momentum Transformer, eq. 5)."""
 from typing import Callable, Union
 
 import torch

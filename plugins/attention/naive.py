@@ -1,5 +1,5 @@
 """Literal references for momentum attention: the quadratic forms eq. 13 / eq. 14 and the
-recurrence eq. 12 (momentum_transformer.md, Section 3.1). O(N²) or one token at a time; used
+recurrence eq. 12 (Momentum Transformer, Section 3.1). O(N²) or one token at a time; used
 by the tests (in float64) and by the benchmark as the naive baseline. Padding follows the
 fast path's contract: padded tokens are removed from the sequence, so exponents count real
 tokens only, and outputs at padded causal positions are 0."""

@@ -1,4 +1,4 @@
-"""MomentumRNN family (momentum_rnn.md): step-wise cells and nn.LSTM-style layers."""
+"""MomentumRNN family (MomentumRNN; docs/equations.md): step-wise cells and nn.LSTM-style layers."""
 from .cells import AdamLSTMCell, MomentumLSTMCell, NAGLSTMCell, RMSPropLSTMCell, SRLSTMCell
 from .layers import MomentumLSTM, MomentumRNN
 from .orthogonal import OrthogonalMomentumRNN, OrthogonalRNNCell

@@ -1,4 +1,4 @@
-"""Step-wise MomentumLSTM cells (momentum_rnn.md Section 2.2–2.4 and Appendix F).
+"""Step-wise MomentumLSTM cells (MomentumRNN, Section 2.2–2.4 and Appendix F).
 
 These are the readable references: one time step per call, the Appendix-F calling
 convention and initialisation. The sequence layers in `plugins.rnn.layers` compute the

@@ -1,4 +1,4 @@
-"""Momentum filters of MomentumRNN (momentum_rnn.md), step-wise and for a whole sequence.
+"""Momentum filters of MomentumRNN (eq. 9, 15, Section 2.4), step-wise and for a whole sequence.
 
 Every momentum cell feeds its recurrence a filtered input that does not depend on the
 hidden state. For eq. 9, with g_t = W x_t + b the input pre-activation,

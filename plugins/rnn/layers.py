@@ -224,7 +224,7 @@ class _MomentumLayers(nn.Module):
 
 
 class MomentumLSTM(_MomentumLayers):
-    """Stack of MomentumLSTM-family layers (momentum_rnn.md Sections 2.2–2.4), nn.LSTM-like.
+    """Stack of MomentumLSTM-family layers (MomentumRNN, Sections 2.2–2.4), nn.LSTM-like.
 
     cell: "lstm" (plain LSTM), "momentum" (eq. 9), "adam" (eq. 15), "rmsprop" (eq. 15 with
     μ = 0), "nag" (Section 2.4, F = ∞ unless restart is given), "sr" (NAG with restart F).

@@ -1,4 +1,4 @@
-"""Orthogonal RNN (DTRIV) and its momentum variants (momentum_rnn.md Appendix A, Tables 6–10).
+"""Orthogonal RNN (DTRIV) and its momentum variants (MomentumRNN, §4, Appendix A, Tables 6–10).
 
 DTRIV (Casado 2019): h_t = modrelu(B h_{t-1} + W x_t) with B orthogonal, B = B₀ φ(A) for
 a skew-symmetric A, φ = matrix exponential or Cayley map, and the base B₀ moved to the

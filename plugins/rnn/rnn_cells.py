@@ -1,4 +1,4 @@
-"""Step-wise MomentumRNN cell with a tanh recurrence (momentum_rnn.md Section 2.2)."""
+"""Step-wise MomentumRNN cell with a tanh recurrence (MomentumRNN, Section 2.2)."""
 import torch
 from torch import nn
 

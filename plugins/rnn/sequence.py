@@ -2,10 +2,11 @@
 from typing import NamedTuple, Optional
 
 import torch
-from torch import Tensor, _VF
+from torch import _VF, Tensor
 from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence, pad_packed_sequence
 
 from ..validation import MAX_INT
+
 
 class RecurrentState(NamedTuple):
     """State carried between calls (truncated BPTT).

@@ -1,1 +1,1 @@
-"""Copy task for causal transformers (momentum_transformer.md Section 4.1, Figure 1)."""
+"""Copy task for causal transformers (Momentum Transformer, Section 4.1, Figure 1)."""

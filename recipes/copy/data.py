@@ -1,4 +1,4 @@
-"""Copy-task batches `0 w 0 w` (momentum_transformer.md Section 4.1).
+"""Copy-task batches `0 w 0 w` (Momentum Transformer, Section 4.1).
 
 Layout of one row (length `max_length`, symbols 1..n_symbols, 0 = separator and padding):
     x = w_1 … w_n 0 w_1 … w_n 0 0 …,   y_t = x_{t+1} (next-token targets),

@@ -1,5 +1,5 @@
 """Small causal decoder-only transformer for the copy task, in the five variants of
-momentum_transformer.md Figure 1 / Table 1.
+Momentum Transformer, Figure 1 / Table 1.
 
 The attention equations come from `plugins.attention` (linear eq. 7, momentum eq. 13) and
 `torch.nn.functional.scaled_dot_product_attention` (softmax); the residual around attention

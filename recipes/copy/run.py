@@ -10,8 +10,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from recipes.common.cli import (available_device, non_negative_int, positive_int,
-                                require_distinct)
+from recipes.common.cli import available_device, non_negative_int, positive_int, require_distinct
 from recipes.common.plots import write_run_config
 
 from .config import configure

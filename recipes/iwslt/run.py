@@ -15,8 +15,8 @@ import re
 import sys
 from pathlib import Path
 
-from recipes.common.cli import bounded_int, non_negative_int, positive_int, require_distinct
 from recipes.common.cache import build_once, inputs_digest
+from recipes.common.cli import bounded_int, non_negative_int, positive_int, require_distinct
 from recipes.common.fairseq_runs import REPO, SPLITS, checkpoint_dir, run, tool, train
 from recipes.common.parallel import LANGUAGES, parallel_corpus
 from recipes.common.plots import plot_curves, write_results

@@ -1,1 +1,1 @@
-"""Copying and adding tasks for LSTM and the MomentumLSTM family (momentum_rnn.md A.4)."""
+"""Copying and adding tasks for LSTM and the MomentumLSTM family (MomentumRNN, Appendix A.4)."""

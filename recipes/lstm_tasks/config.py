@@ -1,4 +1,4 @@
-"""Small (CPU, minutes) and full (momentum_rnn.md Table 6, A.4) task configurations."""
+"""Small (CPU, minutes) and full (MomentumRNN, Table 6, Appendix A.4) task configurations."""
 from dataclasses import dataclass, replace
 
 TASKS = ("copying", "adding")

@@ -1,4 +1,4 @@
-"""Copying and adding task batches (momentum_rnn.md Appendix A.4).
+"""Copying and adding task batches (MomentumRNN, Appendix A.4).
 
 Copying: alphabet symbols 1..N, <blank> = 0, <start> = N + 1. Input: K symbols, L blanks,
 <start>, K − 1 blanks (length L + 2K); target: K + L blanks, then the K symbols.

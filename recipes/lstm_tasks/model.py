@@ -1,4 +1,4 @@
-"""One MomentumLSTM-family layer plus a linear read-out (momentum_rnn.md A.4: one cell)."""
+"""One MomentumLSTM-family layer plus a linear read-out (MomentumRNN, Appendix A.4: one cell)."""
 import torch
 from torch import nn
 from torch.nn import functional as F

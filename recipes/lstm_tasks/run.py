@@ -13,6 +13,7 @@ from tqdm import tqdm
 
 from recipes.common.cli import available_device, non_negative_int, positive_int, require_distinct
 from recipes.common.plots import write_run_config
+
 from .config import TASKS, configure
 from .data import ADDING_BASELINE_MSE, copying_baseline_loss
 from .report import curve_rows, plot_task, summary_rows, write_tables

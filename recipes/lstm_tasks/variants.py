@@ -1,4 +1,4 @@
-"""Cell hyperparameters of LSTM and the MomentumLSTM family per task (momentum_rnn.md
+"""Cell hyperparameters of LSTM and the MomentumLSTM family per task (MomentumRNN,
 Tables 7–10: MomentumLSTM, AdamLSTM, RMSPropLSTM, SRLSTM). The paper reports no NAG LSTM
 for these tasks; "nag" here is SR without restart (F = ∞) at SR's step size."""
 from dataclasses import asdict, dataclass

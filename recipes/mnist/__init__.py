@@ -1,1 +1,1 @@
-"""Pixel-by-pixel MNIST and permuted MNIST with the MomentumLSTM family (momentum_rnn.md §3.1)."""
+"""Pixel-by-pixel MNIST and permuted MNIST with the MomentumLSTM family (MomentumRNN, §3.1)."""

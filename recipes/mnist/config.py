@@ -1,4 +1,4 @@
-"""Small (CPU, minutes) and full (momentum_rnn.md Table 6, A.1) (P)MNIST configurations."""
+"""Small (CPU, minutes) and full (MomentumRNN, Table 6, Appendix A.1) (P)MNIST configurations."""
 from dataclasses import dataclass, replace
 from typing import Optional
 

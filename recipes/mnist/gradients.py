@@ -1,4 +1,4 @@
-"""Figure 2 of momentum_rnn.md: ‖∂L/∂h_t‖₂ per time step t, recorded on a fixed probe batch
+"""Figure 2 of MomentumRNN: ‖∂L/∂h_t‖₂ per time step t, recorded on a fixed probe batch
 during training, measured and drawn by `plugins.analysis`."""
 from pathlib import Path
 from typing import List

@@ -1,5 +1,5 @@
 """One MomentumLSTM-family cell over the pixel sequence, a linear classifier on the last
-hidden state (momentum_rnn.md A.1)."""
+hidden state (MomentumRNN, Appendix A.1)."""
 import torch
 from torch import nn
 

@@ -11,14 +11,13 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from recipes.common.cli import (available_device, non_negative_int, positive_int,
-                                   require_distinct)
+from recipes.common.cli import available_device, non_negative_int, positive_int, require_distinct
 from recipes.common.plots import write_run_config
 
 from .config import TASKS, configure
 from .data import DATASETS, limit_training_set, load_images
-from .report import curve_rows, plot_task, summary_rows, write_tables
 from .gradients import GradientProbe, save_gradient_figures
+from .report import curve_rows, plot_task, summary_rows, write_tables
 from .sequences import pixel_sequences
 from .train import train_classifier
 from .variants import MODELS, cell_specs

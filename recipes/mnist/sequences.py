@@ -1,5 +1,5 @@
 """Images → pixel sequences for sequential MNIST (row by row) and PMNIST (one fixed
-permutation of the pixel order, applied to train and test alike; momentum_rnn.md §3.1)."""
+permutation of the pixel order, applied to train and test alike; MomentumRNN, §3.1)."""
 import torch
 from torch.nn import functional as F
 

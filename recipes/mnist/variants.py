@@ -1,4 +1,4 @@
-"""Cell hyperparameters for (P)MNIST (momentum_rnn.md Tables 7–10, rows MNIST / PMNIST).
+"""Cell hyperparameters for (P)MNIST (MomentumRNN, Tables 7–10, rows MNIST / PMNIST).
 
 Where a table gives values per hidden size (RMSPropLSTM β on MNIST, SRLSTM on PMNIST) the
 N = 256 values are used for hidden sizes ≥ 192 and the N = 128 ones below. No NAG LSTM is

@@ -1,4 +1,4 @@
-"""Word-level language modelling with MomentumLSTM variants (momentum_rnn.md §3.4, Table 3).
+"""Word-level language modelling with MomentumLSTM variants (MomentumRNN, §3.4, Table 3).
 
 LSTM vs MomentumLSTM vs SRLSTM (and Adam/RMSProp LSTMs) through `fairseq-train --user-dir
 fairseq_momentum --arch momentum_lstm_lm`. `--full` is the paper's setting (3 layers, 1150
