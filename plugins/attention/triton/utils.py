@@ -122,34 +122,43 @@ def chunk_block(chunk_size: int) -> int:
     return max(16, min(64, triton.next_power_of_2(chunk_size)))
 
 
-def tuning_configs(scan: bool) -> list:
-    """Tile sizes BK, BV and launch settings, autotuned per shape on GPU (`prune` keeps the tiles
-    that fit the head dimension); under the interpreter, where timing means nothing, `prune` keeps
-    the one config whose tiles fit the head dimension. Every config is compiled on first use, for
-    each kernel and each combination of key values, so the sets are small and follow the
-    kernels' register needs on sm_90 (ptxas): the chunk-parallel kernels hold several (BT, BT)
-    and (BT, BV) fp32 tiles and spill with 4 warps at BT = 64, so they get 8; the state scans
-    (`scan`) hold two (BK, BV) states and fit in 4 warps up to 32 × 32. Every kernel overwrites
-    its outputs, so repeated tuning runs are harmless (no reset_to_zero / restore_value)."""
+def tuning_configs() -> list:
+    """Tile sizes BK, BV and warps, autotuned per shape on GPU among the few that `prune_scan` /
+    `prune_chunk` keep; under the interpreter, where timing means nothing, the one config whose
+    tiles fit the head dimension. Every kernel overwrites its outputs, so repeated tuning runs
+    are harmless (no reset_to_zero / restore_value)."""
     if os.environ.get("TRITON_INTERPRET") == "1":
         return [triton.Config({"BK": bk, "BV": bv}, num_warps=4)
                 for bk in (16, 32, 64) for bv in (16, 32, 64)]
-    warps, other = (4, 8) if scan else (8, 4)
-    tiles = [(bk, bv, warps) for bk in (16, 32, 64) for bv in (16, 32, 64)]
-    tiles += [(64, 64, other)] if scan else [(bk, bv, other) for bk in (16, 32) for bv in (16, 32)]
-    return [triton.Config({"BK": bk, "BV": bv}, num_warps=w, num_stages=2) for bk, bv, w in tiles]
+    return [triton.Config({"BK": bk, "BV": bv}, num_warps=w, num_stages=2)
+            for bk in (16, 32, 64) for bv in (16, 32, 64) for w in (4, 8)]
 
 
-def prune(configs, named_args, **kwargs) -> list:
-    """Tiles no larger than the head dimension's block, at least 32 where it allows. fp32/fp64
-    inputs (exact dots on CUDA cores, slow to compile, fp64 tiles heavy in shared memory) get one
-    config: tiles of min(32, block), 4 warps."""
+def _prune(configs, kwargs, warps: int, other: tuple) -> list:
+    """Each config is compiled on first use, for each kernel and each combination of key values,
+    so few are kept, chosen from the kernels' register needs on sm_90 (ptxas -v): tiles no larger
+    than the head dimension's block and at least 32 where it allows, with `warps`, plus the
+    (BK, BV, warps) in `other`. fp32/fp64 inputs (exact dots on CUDA cores: slow to compile, and
+    with 4 warps kilobytes of spills) get one: tiles of min(32, block), 8 warps."""
     dk, dv = block(kwargs["DK"]), block(kwargs["DV"])
     if os.environ.get("TRITON_INTERPRET") == "1":
         return [c for c in configs if c.kwargs["BK"] == dk and c.kwargs["BV"] == dv]
-    if kwargs["IEEE"]:
-        bk, bv = min(32, dk), min(32, dv)
-        return [c for c in configs if c.kwargs["BK"] == bk and c.kwargs["BV"] == bv and c.num_warps == 4]
     low_k, low_v = min(32, dk), min(32, dv)
-    return [c for c in configs
-            if low_k <= c.kwargs["BK"] <= dk and low_v <= c.kwargs["BV"] <= dv]
+    if kwargs["IEEE"]:
+        keep = {(low_k, low_v, 8)}
+    else:
+        keep = {(bk, bv, warps) for bk in (16, 32, 64) for bv in (16, 32, 64)
+                if low_k <= bk <= dk and low_v <= bv <= dv}
+        keep |= {(min(bk, dk), min(bv, dv), w) for bk, bv, w in other}
+    return [c for c in configs if (c.kwargs["BK"], c.kwargs["BV"], c.num_warps) in keep]
+
+
+def prune_scan(configs, named_args, **kwargs) -> list:
+    """The state scans hold two (BK, BV) fp32 states: 4 warps, and 64 × 64 with 8 (4 spill)."""
+    return _prune(configs, kwargs, 4, ((64, 64, 8),))
+
+
+def prune_chunk(configs, named_args, **kwargs) -> list:
+    """The chunk-parallel kernels hold several (BT, BT) and (BT, BV) fp32 tiles and spill with 4
+    warps at BT = 64 (255 registers): 8 warps, and 32 × 32 with 4."""
+    return _prune(configs, kwargs, 8, ((32, 32, 4),))
