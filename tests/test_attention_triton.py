@@ -370,3 +370,78 @@ def test_geometric_coefficients_have_no_cancellation(beta):
     geometric_kernel[(1,)](n, out, math.log(beta), 1.0 / (1.0 - beta), BLOCK=4096)
     exact = (1 - torch.tensor(beta, dtype=torch.float64) ** n.double()) / (1 - beta)
     assert ((out.double() - exact).abs() / exact).max().item() <= 2e-6
+
+
+COMPILE_FOR_SM90 = r'''
+import sys
+import time
+
+from triton.backends import backends
+
+if "nvidia" not in backends:
+    sys.exit(77)
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from triton.runtime.autotuner import Autotuner
+
+from plugins.attention.triton import chunk_kernels as K
+from plugins.attention.triton import fused_recurrent as F
+from plugins.attention.triton.utils import prune_chunk, prune_scan, tuning_configs
+
+INPUTS = {"q", "k", "v", "o", "do", "dq", "dk", "dv"}
+
+
+def compile_for_sm90(kernel, dtype, consts, num_warps=4):
+    """Compile to a cubin for an H100 (no GPU needed), with the pointer types the launchers pass."""
+    fn = kernel.fn if isinstance(kernel, Autotuner) else kernel
+    acc = "fp64" if dtype == "fp64" else "fp32"
+    types = {}
+    for name in fn.arg_names:
+        if name in consts:
+            types[name] = "constexpr"
+        elif name in ("N", "H", "NT"):
+            types[name] = "i32"
+        else:
+            element = {"lengths": "i32", "real": "i8"}.get(name, dtype if name in INPUTS else acc)
+            if name in ("h_s", "h_m", "dh_s", "dh_m") and dtype == "bf16":
+                element = "bf16"
+            types[name] = "*" + element
+    triton.compile(ASTSource(fn, types, constexprs=consts), target=GPUTarget("cuda", 90, 32),
+                   options={"num_warps": num_warps, "num_stages": 2})
+
+
+DK, DV, BT = 32, 24, 32
+for dtype, momentum in (("bf16", True), ("bf16", False), ("fp16", True), ("fp32", True)):
+    flags = {"LOW": dtype == "bf16", "IEEE": dtype == "fp32"}
+    meta = dict(DK=DK, DV=DV, BT=BT, MOMENTUM=momentum, HAS_LEN=True, **flags)
+    for kernel, prune, extra in ((K.fwd_h, prune_scan, {"USE_INIT": True}), (K.fwd_o, prune_chunk, {}),
+                                 (K.bwd_dh, prune_scan, {"HAS_FINAL_GRAD": True}),
+                                 (K.bwd_dv, prune_chunk, {}), (K.bwd_dqk, prune_chunk, {})):
+        config = prune(tuning_configs(), {}, **meta)[-1]
+        start = time.time()
+        compile_for_sm90(kernel, dtype, {**meta, **extra, **config.kwargs}, config.num_warps)
+        print(dtype, momentum, kernel.fn.__name__, config, f"{time.time() - start:.1f}s")
+compile_for_sm90(K.bwd_prep, "bf16", dict(DV=DV, BT=BT, BDV=32, HAS_LEN=True))
+compile_for_sm90(F.step_kernel, "bf16", dict(DK=DK, DV=DV, BK=32, BV=32, HAS_REAL=True))
+'''
+
+
+def test_kernels_compile_for_an_h100():
+    """The interpreter accepts what the compiler may refuse (dot shapes and dtypes, constexpr
+    rules, layouts): every kernel is compiled to an sm_90 cubin, without a GPU, for bf16 (one and
+    two states), fp16 and fp32, with the launch settings the autotuner would keep."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    triton_ops()
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    root = Path(__file__).resolve().parents[1]
+    env["PYTHONPATH"] = os.pathsep.join([str(root), env.get("PYTHONPATH", "")])
+    done = subprocess.run([sys.executable, "-c", COMPILE_FOR_SM90], env=env, cwd=root, capture_output=True,
+                          text=True, timeout=600)
+    if done.returncode == 77:
+        pytest.skip("this triton has no NVIDIA backend")
+    assert done.returncode == 0, done.stderr[-4000:]
