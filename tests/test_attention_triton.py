@@ -324,6 +324,22 @@ def test_cpu_tensors_without_the_interpreter_are_refused(monkeypatch):
             1, 1, 16, 16, dtype=torch.float32, device=x.device), momentum=0.5, step_size=1.0, eps=1e-6)
 
 
+def test_mixed_dtypes_run_in_the_promoted_one_and_lengths_are_clamped(make_generator):
+    """tl.dot takes one dtype: fp32 features with fp64 values run in fp64 (output in v's dtype);
+    a length past N or below 0 reads nothing outside its row (as N and 0)."""
+    tri = triton_ops()
+    gen = make_generator()
+    fq, fk, v, _ = make_inputs(gen, 2, 1, 20, 16, 16, torch.tensor([20, 20]))
+    kw = {"momentum": 0.6, "step_size": 1.0, "eps": 1e-6, "chunk_size": 16, "initial_state": None,
+          "return_state": True}
+    out, state = tri.chunk_momentum_attention(fq.float(), fk.float(), v, lengths=torch.tensor([25, -3]), **kw)
+    ref, ref_state = tri.chunk_momentum_attention(fq.float().double(), fk.float().double(), v,
+                                                  lengths=torch.tensor([20, 0]), **kw)
+    assert out.dtype == torch.float64 and state.s.dtype == torch.float64
+    torch.testing.assert_close(out, ref, rtol=0, atol=0)
+    torch.testing.assert_close(state.m, ref_state.m, rtol=0, atol=0)
+
+
 @pytest.mark.parametrize("beta", [0.0, 0.6])
 def test_non_finite_padding_is_a_masked_no_op(make_generator, beta):
     """Padded positions are never read: NaN there changes no output, state or gradient."""
