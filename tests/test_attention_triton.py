@@ -340,6 +340,17 @@ def test_mixed_dtypes_run_in_the_promoted_one_and_lengths_are_clamped(make_gener
     torch.testing.assert_close(state.m, ref_state.m, rtol=0, atol=0)
 
 
+def test_launches_past_cuda_grid_limits_are_refused_clearly():
+    """batch·heads and the chunk count go on grid dimensions CUDA limits to 65,535."""
+    triton_ops()
+    from plugins.attention.triton.utils import check_grid
+    check_grid(65535, 65535)
+    with pytest.raises(ValueError, match="batch size × heads = 65536"):
+        check_grid(65536)
+    with pytest.raises(ValueError, match="65536 chunks"):
+        check_grid(1, 65536)
+
+
 @pytest.mark.parametrize("beta", [0.0, 0.6])
 def test_non_finite_padding_is_a_masked_no_op(make_generator, beta):
     """Padded positions are never read: NaN there changes no output, state or gradient."""

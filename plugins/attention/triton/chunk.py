@@ -11,6 +11,7 @@ from ..state import MomentumAttentionState
 from . import chunk_kernels as K
 from .utils import (
     accumulator_dtype,
+    check_grid,
     chunk_block,
     chunk_state_dtype,
     device_of,
@@ -70,6 +71,7 @@ def chunk_forward(fq, fk, v, s0, z0, m0, lengths, momentum: float, step_size: fl
 
 def _chunk_forward(fq, fk, v, s0, z0, m0, lengths, momentum, step_size, eps, chunk):
     B, H, N, DK, DV, BT, NT = _shapes(fq, v, chunk)
+    check_grid(B * H, NT)
     coef = params(momentum, step_size, eps, accumulator_dtype(fq.dtype), fq.device)
     meta = _meta(fq, momentum, lengths, BT, DK, DV)
     h_s, h_m, h_z, s, z, m = states_entering_chunks(fk, v, s0, z0, m0, lengths, coef, meta, NT)

@@ -6,7 +6,7 @@ import triton
 import triton.language as tl
 
 from ..state import MomentumAttentionState
-from .utils import accumulator_dtype, device_of, kernel_inputs, params
+from .utils import accumulator_dtype, check_grid, device_of, kernel_inputs, params
 
 
 @triton.jit
@@ -56,6 +56,7 @@ def recurrent_step(fq, fk, v, s, z, m, real, momentum: float, step_size: float, 
     `real` (B·H,) int8 or None. Returns (out, s, z, m), new tensors."""
     B, H, DK = fq.shape
     DV = v.shape[-1]
+    check_grid(B * H)
     coef = params(momentum, step_size, eps, s.dtype, s.device)
     s_new, m_new, z_new = torch.empty_like(s), torch.empty_like(m), torch.empty_like(z)
     out = torch.empty_like(v)

@@ -116,6 +116,20 @@ def block(dim: int, cap: int = 64) -> int:
     return max(16, min(cap, triton.next_power_of_2(dim)))
 
 
+GRID_LIMIT = 65535            # CUDA's limit on a grid's second and third dimensions
+
+
+def check_grid(batch_heads: int, chunks: int = 1) -> None:
+    """The kernels put batch·head and the chunk index on those dimensions: a clear error before a
+    launch CUDA would refuse."""
+    if batch_heads > GRID_LIMIT:
+        raise ValueError(f"batch size × heads = {batch_heads} is more than one launch of the Triton kernels "
+                         f"covers ({GRID_LIMIT}); split the batch")
+    if chunks > GRID_LIMIT:
+        raise ValueError(f"the sequence has {chunks} chunks, more than one launch of the Triton kernels "
+                         f"covers ({GRID_LIMIT}); use chunk_size 64 or split the sequence with initial_state")
+
+
 def chunk_block(chunk_size: int) -> int:
     """The kernels' chunk length: chunk_size rounded up to a power of two in [16, 64]. The result
     does not depend on it beyond rounding (eq. 13 is computed exactly for any chunk)."""
