@@ -2,8 +2,9 @@
 the forward and backward kernels and the public entry point.
 
 Memory: the forward keeps q, k, v, the output and one float per position (the denominator); the
-states entering each chunk (2·nchunks·Dk·Dv floats) exist only during a kernel pair and are
-recomputed in the backward, so nothing of size N·Dk·Dv is ever stored."""
+states entering each chunk (2·nchunks·Dk·Dv values, bf16 for bf16 inputs, fp32/fp64 otherwise)
+exist only during a kernel pair and are recomputed in the backward, so nothing of size N·Dk·Dv is
+ever stored. Launches run on the inputs' CUDA device."""
 import torch
 import triton
 
@@ -149,7 +150,7 @@ def chunk_momentum_attention(
         # clamped on the device (no sync): a length past N would make the kernels read the next row
         lengths = lengths.to(device=fq.device, dtype=torch.int32).clamp(0, fq.shape[2]).contiguous()
     if fq.numel() == 0 or v.numel() == 0:
-        out = v.new_zeros(v.shape)
+        out = v.new_zeros(v.shape, dtype=out_dtype)
         state = initial_state if initial_state is not None else MomentumAttentionState.zeros(
             fq.shape[0], fq.shape[1], fq.shape[3], v.shape[3], dtype=acc, device=fq.device)
         return out, (state if return_state else None)
