@@ -131,9 +131,12 @@ def main():
                     results[name, (B, H, D, T), backward] = measure(fn, B, H, D, T, backward)
                 except torch.cuda.OutOfMemoryError:
                     results[name, (B, H, D, T), backward] = None
+                except Exception as error:  # one method failing (e.g. a kernel compile) keeps the others
+                    print(f"  {B}-{H}-{D}-{T} {name}: {type(error).__name__}: {error}", file=sys.stderr)
+                    results[name, (B, H, D, T), backward] = "error"
                 torch.cuda.empty_cache()
             r = results[name, (B, H, D, T), True]
-            cell = "OOM" if r is None else f"{r[0]:8.2f} ms {r[1]:9.1f} MiB"
+            cell = _ms(r) if r is None or r == "error" else f"{r[0]:8.2f} ms {r[1]:9.1f} MiB"
             print(f"  {B}-{H}-{D}-{T} {name:16s} {cell}", file=sys.stderr)
 
     print(f"# Causal attention, bf16, {torch.cuda.get_device_name()}, torch {torch.__version__}, "
@@ -148,17 +151,23 @@ def main():
             if (name, shape, True) not in results:
                 continue
             fwd, both = results[name, shape, False], results[name, shape, True]
-            memory = "OOM" if both is None else f"{both[1]:.0f}"
+            memory = _ms(both) if both is None or both == "error" else f"{both[1]:.0f}"
             print(f"| {'-'.join(map(str, shape))} | {name} | {_ms(fwd)} | {_ms(both)} | {memory} | "
                   f"{_ratio(both, fla)} | {_ratio(both, sdpa)} |")
 
 
 def _ms(result):
-    return "OOM" if result is None else f"{result[0]:.2f}"
+    """None: out of memory; "error": the method raised (printed while measuring)."""
+    if result is None or result == "error":
+        return "OOM" if result is None else "error"
+    return f"{result[0]:.2f}"
 
 
 def _ratio(result, reference):
-    return "—" if result is None or reference is None else f"{result[0] / reference[0]:.2f}"
+    if any(r is None or r == "error" for r in (result, reference)):
+        return "—"
+    return f"{result[0] / reference[0]:.2f}"
+
 
 if __name__ == "__main__":
     main()

@@ -80,8 +80,7 @@ def main():
     args = parser.parse_args()
     if not torch.cuda.is_available():
         sys.exit("gpu_train.py needs a CUDA GPU")
-    from plugins.attention import triton as attention_triton
-    backend = "triton kernels importable" if attention_triton.is_available() else "PyTorch path (no triton)"
+    backend = attention_backend()
     print(f"# Training step, bf16 autocast + AdamW, {torch.cuda.get_device_name()}, "
           f"torch {torch.__version__}, {LAYERS} layers, d {HIDDEN}, {HEADS} heads, "
           f"{args.tokens} tokens/step; momentum attention: {backend}; {date.today()}")
@@ -90,11 +89,41 @@ def main():
           "params momentum / Llama |")
     print("|---|---|---|---|---|---|---|---|")
     for T in args.lengths:
-        mom = measure(momentum_model, T, args.tokens, args.steps, args.warmup)
-        llama = measure(llama_model, T, args.tokens, args.steps, args.warmup)
+        mom = measure_or_oom(momentum_model, T, args)
+        llama = measure_or_oom(llama_model, T, args)
+        if mom is None or llama is None:
+            print(f"| {T} | {max(1, args.tokens // T)} | {_cell(mom, 0, '.0f')} | {_cell(llama, 0, '.0f')} "
+                  f"| — | {_cell(mom, 1, '.0f')} | {_cell(llama, 1, '.0f')} | — |")
+            continue
         print(f"| {T} | {max(1, args.tokens // T)} | {mom[0]:.0f} | {llama[0]:.0f} | "
               f"{mom[0] / llama[0]:.2f} | {mom[1]:.0f} | {llama[1]:.0f} | "
               f"{mom[2] / 1e6:.1f}M / {llama[2] / 1e6:.1f}M |")
+
+
+def attention_backend() -> str:
+    """What the momentum model's attention runs on: the Triton kernels only once
+    `momentum_attention` dispatches (has a `backend` argument) and triton is usable."""
+    import inspect
+
+    from plugins.attention import momentum_attention
+    from plugins.attention import triton as attention_triton
+    if "backend" not in inspect.signature(momentum_attention).parameters:
+        return "PyTorch path (momentum_attention has no Triton dispatch)"
+    return "auto: Triton kernels" if attention_triton.is_available() else "auto: PyTorch path (no triton)"
+
+
+def measure_or_oom(make_model, T, args):
+    """measure(), or None when the step does not fit in GPU memory (printed as OOM)."""
+    try:
+        return measure(make_model, T, args.tokens, args.steps, args.warmup)
+    except torch.cuda.OutOfMemoryError:
+        return None
+    finally:
+        torch.cuda.empty_cache()
+
+
+def _cell(result, index, spec):
+    return "OOM" if result is None else format(result[index], spec)
 
 
 if __name__ == "__main__":

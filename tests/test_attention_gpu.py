@@ -22,11 +22,11 @@ def rel_rms(got, expected):
     return ((got - expected).pow(2).mean().sqrt() / expected.pow(2).mean().sqrt()).item()
 
 
-def inputs(seed, B, H, N, D, device="cuda"):
+def inputs(seed, B, H, N, D, Dv=None, device="cuda"):
     gen = torch.Generator(device=device).manual_seed(seed)
     fq = torch.nn.functional.elu(torch.randn(B, H, N, D, generator=gen, device=device)) + 1
     fk = torch.nn.functional.elu(torch.randn(B, H, N, D, generator=gen, device=device)) + 1
-    v = torch.randn(B, H, N, D, generator=gen, device=device)
+    v = torch.randn(B, H, N, Dv or D, generator=gen, device=device)
     return fq, fk, v
 
 
@@ -52,11 +52,14 @@ def value_and_grads(fn, tensors, dtype, upstream):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("momentum", [0.0, 0.9, 0.999])
-@pytest.mark.parametrize("shape", [(4, 16, 1024, 64), (2, 8, 4096, 128)])
+@pytest.mark.parametrize("shape", [(4, 16, 1024, 64, 64), (2, 8, 4096, 128, 128), (2, 4, 777, 32, 24),
+                                   (3, 2, 300, 16, 16)])
 def test_triton_matches_float64_torch_path(shape, momentum, dtype):
-    B, H, N, D = shape
-    tensors = inputs(N + D, B, H, N, D)
-    upstream = torch.randn(B, H, N, D, device="cuda")
+    """Head sizes 16 … 128 (tiles of 16, 32, 64 and masked columns: Dv = 24), N not a multiple of
+    the chunk."""
+    B, H, N, D, Dv = shape
+    tensors = inputs(N + D, B, H, N, D, Dv)
+    upstream = torch.randn(B, H, N, Dv, device="cuda")
     ref, ref_grads = value_and_grads(lambda *t: torch_attention(*t, momentum=momentum), tensors,
                                      torch.float64, upstream.double())
     out, grads = value_and_grads(lambda *t: triton_attention(*t, momentum=momentum), tensors, dtype, upstream)
@@ -130,3 +133,33 @@ def test_compile_fullgraph_with_inductor():
     expected = torch.autograd.grad(loss(fq, fk, v), (fq, fk, v))
     for a, b in zip(got, expected):
         assert rel_rms(a, b) <= 1e-3
+
+
+def test_float64_on_gpu_matches_the_torch_path():
+    """fp64 runs through the kernels too (exact dots on the CUDA cores; slow, for checking)."""
+    fq, fk, v = (t.double() for t in inputs(17, 2, 2, 200, 32))
+    lengths = torch.tensor([200, 77], device="cuda")
+    real = (torch.arange(200, device="cuda") < lengths[:, None])[:, None, :, None]
+    fk, v = fk * real, v * real                       # the torch path wants padded keys zeroed
+    kw = {"lengths": lengths, "return_state": True}
+    out, state = triton_attention(fq, fk, v, **kw)
+    ref, ref_state = torch_attention(fq, fk, v, **kw)
+    assert out.dtype == torch.float64
+    assert rel_rms(out * real, ref * real) <= 1e-12
+    assert rel_rms(state.s, ref_state.s) <= 1e-12 and rel_rms(state.m, ref_state.m) <= 1e-12
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA devices")
+def test_tensors_on_a_second_device_while_the_first_is_current():
+    """Launches follow the tensors' device, not the current one (a model on cuda:1)."""
+    torch.cuda.set_device(0)
+    tensors = inputs(19, 2, 4, 300, 64)
+    ref, ref_grads = value_and_grads(triton_attention, tensors, torch.bfloat16,
+                                     torch.ones(2, 4, 300, 64, device="cuda"))
+    moved = [t.to("cuda:1") for t in tensors]
+    out, grads = value_and_grads(triton_attention, moved, torch.bfloat16,
+                                 torch.ones(2, 4, 300, 64, device="cuda:1"))
+    assert out.device == torch.device("cuda:1")
+    torch.testing.assert_close(out.cpu(), ref.cpu(), rtol=0, atol=0)
+    for got, expected in zip(grads, ref_grads):
+        torch.testing.assert_close(got.cpu(), expected.cpu(), rtol=0, atol=0)

@@ -324,6 +324,33 @@ def test_cpu_tensors_without_the_interpreter_are_refused(monkeypatch):
             1, 1, 16, 16, dtype=torch.float32, device=x.device), momentum=0.5, step_size=1.0, eps=1e-6)
 
 
+def test_mixed_dtypes_run_in_the_promoted_one_and_lengths_are_clamped(make_generator):
+    """tl.dot takes one dtype: fp32 features with fp64 values run in fp64 (output in v's dtype);
+    a length past N or below 0 reads nothing outside its row (as N and 0)."""
+    tri = triton_ops()
+    gen = make_generator()
+    fq, fk, v, _ = make_inputs(gen, 2, 1, 20, 16, 16, torch.tensor([20, 20]))
+    kw = {"momentum": 0.6, "step_size": 1.0, "eps": 1e-6, "chunk_size": 16, "initial_state": None,
+          "return_state": True}
+    out, state = tri.chunk_momentum_attention(fq.float(), fk.float(), v, lengths=torch.tensor([25, -3]), **kw)
+    ref, ref_state = tri.chunk_momentum_attention(fq.float().double(), fk.float().double(), v,
+                                                  lengths=torch.tensor([20, 0]), **kw)
+    assert out.dtype == torch.float64 and state.s.dtype == torch.float64
+    torch.testing.assert_close(out, ref, rtol=0, atol=0)
+    torch.testing.assert_close(state.m, ref_state.m, rtol=0, atol=0)
+
+
+def test_launches_past_cuda_grid_limits_are_refused_clearly():
+    """batch·heads and the chunk count go on grid dimensions CUDA limits to 65,535."""
+    triton_ops()
+    from plugins.attention.triton.utils import check_grid
+    check_grid(65535, 65535)
+    with pytest.raises(ValueError, match="batch size × heads = 65536"):
+        check_grid(65536)
+    with pytest.raises(ValueError, match="65536 chunks"):
+        check_grid(1, 65536)
+
+
 @pytest.mark.parametrize("beta", [0.0, 0.6])
 def test_non_finite_padding_is_a_masked_no_op(make_generator, beta):
     """Padded positions are never read: NaN there changes no output, state or gradient."""
@@ -370,3 +397,78 @@ def test_geometric_coefficients_have_no_cancellation(beta):
     geometric_kernel[(1,)](n, out, math.log(beta), 1.0 / (1.0 - beta), BLOCK=4096)
     exact = (1 - torch.tensor(beta, dtype=torch.float64) ** n.double()) / (1 - beta)
     assert ((out.double() - exact).abs() / exact).max().item() <= 2e-6
+
+
+COMPILE_FOR_SM90 = r'''
+import sys
+import time
+
+from triton.backends import backends
+
+if "nvidia" not in backends:
+    sys.exit(77)
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from triton.runtime.autotuner import Autotuner
+
+from plugins.attention.triton import chunk_kernels as K
+from plugins.attention.triton import fused_recurrent as F
+from plugins.attention.triton.utils import prune_chunk, prune_scan, tuning_configs
+
+INPUTS = {"q", "k", "v", "o", "do", "dq", "dk", "dv"}
+
+
+def compile_for_sm90(kernel, dtype, consts, num_warps=4):
+    """Compile to a cubin for an H100 (no GPU needed), with the pointer types the launchers pass."""
+    fn = kernel.fn if isinstance(kernel, Autotuner) else kernel
+    acc = "fp64" if dtype == "fp64" else "fp32"
+    types = {}
+    for name in fn.arg_names:
+        if name in consts:
+            types[name] = "constexpr"
+        elif name in ("N", "H", "NT"):
+            types[name] = "i32"
+        else:
+            element = {"lengths": "i32", "real": "i8"}.get(name, dtype if name in INPUTS else acc)
+            if name in ("h_s", "h_m", "dh_s", "dh_m") and dtype == "bf16":
+                element = "bf16"
+            types[name] = "*" + element
+    triton.compile(ASTSource(fn, types, constexprs=consts), target=GPUTarget("cuda", 90, 32),
+                   options={"num_warps": num_warps, "num_stages": 2})
+
+
+DK, DV, BT = 32, 24, 32
+for dtype, momentum in (("bf16", True), ("bf16", False), ("fp16", True), ("fp32", True)):
+    flags = {"LOW": dtype == "bf16", "IEEE": dtype == "fp32"}
+    meta = dict(DK=DK, DV=DV, BT=BT, MOMENTUM=momentum, HAS_LEN=True, **flags)
+    for kernel, prune, extra in ((K.fwd_h, prune_scan, {"USE_INIT": True}), (K.fwd_o, prune_chunk, {}),
+                                 (K.bwd_dh, prune_scan, {"HAS_FINAL_GRAD": True}),
+                                 (K.bwd_dv, prune_chunk, {}), (K.bwd_dqk, prune_chunk, {})):
+        config = prune(tuning_configs(), {}, **meta)[-1]
+        start = time.time()
+        compile_for_sm90(kernel, dtype, {**meta, **extra, **config.kwargs}, config.num_warps)
+        print(dtype, momentum, kernel.fn.__name__, config, f"{time.time() - start:.1f}s")
+compile_for_sm90(K.bwd_prep, "bf16", dict(DV=DV, BT=BT, BDV=32, HAS_LEN=True))
+compile_for_sm90(F.step_kernel, "bf16", dict(DK=DK, DV=DV, BK=32, BV=32, HAS_REAL=True))
+'''
+
+
+def test_kernels_compile_for_an_h100():
+    """The interpreter accepts what the compiler may refuse (dot shapes and dtypes, constexpr
+    rules, layouts): every kernel is compiled to an sm_90 cubin, without a GPU, for bf16 (one and
+    two states), fp16 and fp32, with the launch settings the autotuner would keep."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    triton_ops()
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    root = Path(__file__).resolve().parents[1]
+    env["PYTHONPATH"] = os.pathsep.join([str(root), env.get("PYTHONPATH", "")])
+    done = subprocess.run([sys.executable, "-c", COMPILE_FOR_SM90], env=env, cwd=root, capture_output=True,
+                          text=True, timeout=600)
+    if done.returncode == 77:
+        pytest.skip("this triton has no NVIDIA backend")
+    assert done.returncode == 0, done.stderr[-4000:]

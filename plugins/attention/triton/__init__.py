@@ -12,9 +12,12 @@ import torch
 
 from ..state import MomentumAttentionState
 
+# looked up once: a module search on every call would also be traced by torch.compile
+HAS_TRITON = importlib.util.find_spec("triton") is not None
+
 
 def is_available() -> bool:
-    if importlib.util.find_spec("triton") is None:
+    if not HAS_TRITON:
         return False
     return torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1"
 
@@ -42,7 +45,7 @@ def fused_recurrent_step(fq: torch.Tensor, fk: torch.Tensor, v: torch.Tensor,
 
 
 def _check_device(t: torch.Tensor) -> None:
-    if importlib.util.find_spec("triton") is None:
+    if not HAS_TRITON:
         raise RuntimeError("the Triton kernels need triton (pip install triton)")
     if not t.is_cuda and os.environ.get("TRITON_INTERPRET") != "1":
         raise ValueError(f"the Triton kernels run on CUDA tensors, got {t.device}; CPU tensors run through "

@@ -2,16 +2,24 @@
 the forward and backward kernels and the public entry point.
 
 Memory: the forward keeps q, k, v, the output and one float per position (the denominator); the
-states entering each chunk (2·nchunks·Dk·Dv floats) exist only during a kernel pair and are
-recomputed in the backward, so nothing of size N·Dk·Dv is ever stored."""
-import os
-
+states entering each chunk (2·nchunks·Dk·Dv values, bf16 for bf16 inputs, fp32/fp64 otherwise)
+exist only during a kernel pair and are recomputed in the backward, so nothing of size N·Dk·Dv is
+ever stored. Launches run on the inputs' CUDA device."""
 import torch
 import triton
 
 from ..state import MomentumAttentionState
 from . import chunk_kernels as K
-from .utils import accumulator_dtype, chunk_block, kernel_flags, params
+from .utils import (
+    accumulator_dtype,
+    check_grid,
+    chunk_block,
+    chunk_state_dtype,
+    device_of,
+    kernel_flags,
+    kernel_inputs,
+    params,
+)
 
 
 def _shapes(fq, v, chunk):
@@ -37,12 +45,13 @@ def _meta(fq, momentum, lengths, BT, DK, DV):
 
 
 def states_entering_chunks(fk, v, s0, z0, m0, lengths, coef, meta, NT):
-    """S, M' and Z entering each chunk (fp32/fp64) and the final state (s, z, m with m = −M')."""
+    """S, M' (in `chunk_state_dtype`) and Z (fp32/fp64) entering each chunk and the final state
+    (s, z, m with m = −M', fp32/fp64)."""
     B, H, N, DK = fk.shape
     DV = v.shape[-1]
     acc = coef.dtype
-    h_s = fk.new_empty(B * H, NT, DK, DV, dtype=acc)
-    h_m = fk.new_empty(B * H, NT, DK, DV, dtype=acc) if meta["MOMENTUM"] else h_s
+    h_s = fk.new_empty(B * H, NT, DK, DV, dtype=chunk_state_dtype(fk.dtype))
+    h_m = torch.empty_like(h_s) if meta["MOMENTUM"] else h_s
     h_z = fk.new_empty(B * H, NT, DK, dtype=acc)
     s = fk.new_empty(B, H, DK, DV, dtype=acc)
     m = fk.new_empty(B, H, DK, DV, dtype=acc)
@@ -57,7 +66,13 @@ def states_entering_chunks(fk, v, s0, z0, m0, lengths, coef, meta, NT):
 def chunk_forward(fq, fk, v, s0, z0, m0, lengths, momentum: float, step_size: float, eps: float,
                   chunk: int):
     """out (input dtype), den (B, H, N) accumulator dtype, and the final s, z, m."""
+    with device_of(fq):
+        return _chunk_forward(fq, fk, v, s0, z0, m0, lengths, momentum, step_size, eps, chunk)
+
+
+def _chunk_forward(fq, fk, v, s0, z0, m0, lengths, momentum, step_size, eps, chunk):
     B, H, N, DK, DV, BT, NT = _shapes(fq, v, chunk)
+    check_grid(B * H, NT)
     coef = params(momentum, step_size, eps, accumulator_dtype(fq.dtype), fq.device)
     meta = _meta(fq, momentum, lengths, BT, DK, DV)
     h_s, h_m, h_z, s, z, m = states_entering_chunks(fk, v, s0, z0, m0, lengths, coef, meta, NT)
@@ -72,6 +87,13 @@ def chunk_backward(fq, fk, v, out, den, do, s0, z0, m0, ds, dz, dm, lengths, mom
                    step_size: float, eps: float, chunk: int):
     """Gradients of fq, fk, v (input dtype) and of the initial s, z, m (accumulator dtype), given
     the output gradient do and the final state's gradients ds, dz, dm (None = 0)."""
+    with device_of(fq):
+        return _chunk_backward(fq, fk, v, out, den, do, s0, z0, m0, ds, dz, dm, lengths, momentum,
+                               step_size, eps, chunk)
+
+
+def _chunk_backward(fq, fk, v, out, den, do, s0, z0, m0, ds, dz, dm, lengths, momentum, step_size,
+                    eps, chunk):
     B, H, N, DK, DV, BT, NT = _shapes(fq, v, chunk)
     coef = params(momentum, step_size, eps, accumulator_dtype(fq.dtype), fq.device)
     meta = _meta(fq, momentum, lengths, BT, DK, DV)
@@ -104,37 +126,31 @@ def chunk_backward(fq, fk, v, out, den, do, s0, z0, m0, ds, dz, dm, lengths, mom
     return dq, dk, dv, ds0, dz0, dm0
 
 
-def interpreter_safe(t: torch.Tensor) -> torch.Tensor:
-    """Triton's interpreter stores bf16 as raw 16-bit integers and its tl.dot multiplies those, so
-    under TRITON_INTERPRET bf16 inputs run in fp32 (the bf16 kernels are exercised on GPU only)."""
-    if t.dtype == torch.bfloat16 and os.environ.get("TRITON_INTERPRET") == "1":
-        return t.float()
-    return t
-
-
 def chunk_momentum_attention(
     fq: torch.Tensor, fk: torch.Tensor, v: torch.Tensor, *, momentum: float, step_size: float,
     eps: float, chunk_size: int, initial_state: MomentumAttentionState | None = None,
     lengths: torch.Tensor | None = None, return_state: bool = False,
 ) -> tuple[torch.Tensor, MomentumAttentionState | None]:
     """Eq. 13 on feature-mapped fq, fk (B, H, N, Dk) and v (B, H, N, Dv) of one dtype (bf16, fp16,
-    fp32 or fp64), padding on the right with `lengths` (B,) real tokens per row (None = all).
+    fp32 or fp64; mixed dtypes run in the promoted one), padding on the right with `lengths` (B,)
+    real tokens per row (None = all; clamped to [0, N]).
     Returns the output (B, H, N, Dv) in the input dtype, 0 at padded positions, and, if asked, the
     state after each row's last real token (s, z, m in fp32, fp64 for fp64 input). Differentiable
     in fq, fk, v and the initial state."""
     from .op import chunk_momentum_attention_op
 
+    out_dtype = v.dtype
+    fq, fk, v = kernel_inputs(fq, fk, v)
     acc = accumulator_dtype(fq.dtype)
     if initial_state is None:
         s0 = z0 = m0 = None
     else:
         s0, z0, m0 = (t.to(acc).contiguous() for t in (initial_state.s, initial_state.z, initial_state.m))
     if lengths is not None:
-        lengths = lengths.to(device=fq.device, dtype=torch.int32).contiguous()
-    out_dtype = v.dtype
-    fq, fk, v = (interpreter_safe(t).contiguous() for t in (fq, fk, v))
+        # clamped on the device (no sync): a length past N would make the kernels read the next row
+        lengths = lengths.to(device=fq.device, dtype=torch.int32).clamp(0, fq.shape[2]).contiguous()
     if fq.numel() == 0 or v.numel() == 0:
-        out = v.new_zeros(v.shape)
+        out = v.new_zeros(v.shape, dtype=out_dtype)
         state = initial_state if initial_state is not None else MomentumAttentionState.zeros(
             fq.shape[0], fq.shape[1], fq.shape[3], v.shape[3], dtype=acc, device=fq.device)
         return out, (state if return_state else None)

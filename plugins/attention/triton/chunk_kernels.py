@@ -15,9 +15,15 @@ With MOMENTUM = False (β = 0) only S is carried.
 import triton
 import triton.language as tl
 
-from .utils import finite, geometric, mixed_dot, prune, raw_dot, tuning_configs
+from .utils import finite, geometric, mixed_dot, prune_chunk, prune_scan, raw_dot, tuning_configs
 
 TUNING_KEY = ["DK", "DV", "BT", "MOMENTUM", "LOW", "IEEE"]
+
+
+def autotuned(prune):
+    """Autotuned over the configs that `prune` (utils.prune_scan / prune_chunk) keeps."""
+    return triton.autotune(configs=tuning_configs(), key=TUNING_KEY,
+                           prune_configs_by={"early_config_prune": prune})
 
 
 @triton.jit
@@ -69,7 +75,7 @@ def _intra_weights(rows, log_beta, inv, gamma, beta, MOMENTUM: tl.constexpr):
     return W, carry, causal
 
 
-@triton.autotune(configs=tuning_configs(), key=TUNING_KEY, prune_configs_by={"early_config_prune": prune})
+@autotuned(prune_scan)
 @triton.jit
 def fwd_h(k, v, h_s, h_m, h_z, s0, m0, z0, s_out, m_out, z_out, lengths, params,
           N, H, NT,
@@ -144,7 +150,7 @@ def fwd_h(k, v, h_s, h_m, h_z, s0, m0, z0, s_out, m_out, z_out, lengths, params,
         tl.store(z_out + o_k, Z, mask=mk)
 
 
-@triton.autotune(configs=tuning_configs(), key=TUNING_KEY, prune_configs_by={"early_config_prune": prune})
+@autotuned(prune_chunk)
 @triton.jit
 def fwd_o(q, k, v, h_s, h_m, h_z, o, den, lengths, params,
           N, H, NT,
@@ -245,7 +251,7 @@ def bwd_prep(o, do, den, dden, lengths, N, H,
     tl.store(dden + t, tl.where(real, -tl.sum(oo * dd, axis=1) / dn, 0.0), mask=t < N)
 
 
-@triton.autotune(configs=tuning_configs(), key=TUNING_KEY, prune_configs_by={"early_config_prune": prune})
+@autotuned(prune_scan)
 @triton.jit
 def bwd_dh(q, do, den, dden, dh_s, dh_m, dh_z, ds_fin, dm_fin, dz_fin, ds0, dm0, dz0, lengths, params,
            N, H, NT,
@@ -329,7 +335,7 @@ def bwd_dh(q, do, den, dden, dh_s, dh_m, dh_z, ds_fin, dm_fin, dz_fin, ds0, dm0,
         tl.store(dz0 + o_k, dZ, mask=mk)
 
 
-@triton.autotune(configs=tuning_configs(), key=TUNING_KEY, prune_configs_by={"early_config_prune": prune})
+@autotuned(prune_chunk)
 @triton.jit
 def bwd_dv(q, k, do, den, dh_s, dh_m, dv, lengths, params,
            N, H, NT,
@@ -391,7 +397,7 @@ def bwd_dv(q, k, do, den, dh_s, dh_m, dv, lengths, params,
         tl.store(dv_ptr, tl.where(real[:, None], acc, 0.0).to(dv.dtype.element_ty), mask=dv_mask)
 
 
-@triton.autotune(configs=tuning_configs(), key=TUNING_KEY, prune_configs_by={"early_config_prune": prune})
+@autotuned(prune_chunk)
 @triton.jit
 def bwd_dqk(q, k, v, do, den, dden, h_s, h_m, h_z, dh_s, dh_m, dh_z, dq, dk, lengths, params,
             N, H, NT,

@@ -6,7 +6,7 @@ import triton
 import triton.language as tl
 
 from ..state import MomentumAttentionState
-from .utils import accumulator_dtype, params
+from .utils import accumulator_dtype, check_grid, device_of, kernel_inputs, params
 
 
 @triton.jit
@@ -56,14 +56,17 @@ def recurrent_step(fq, fk, v, s, z, m, real, momentum: float, step_size: float, 
     `real` (B·H,) int8 or None. Returns (out, s, z, m), new tensors."""
     B, H, DK = fq.shape
     DV = v.shape[-1]
+    check_grid(B * H)
     coef = params(momentum, step_size, eps, s.dtype, s.device)
     s_new, m_new, z_new = torch.empty_like(s), torch.empty_like(m), torch.empty_like(z)
     out = torch.empty_like(v)
     BK = max(16, triton.next_power_of_2(DK))
-    BV = max(16, min(64, triton.next_power_of_2(DV)))
-    step_kernel[(triton.cdiv(DV, BV), B * H)](
-        fq, fk, v, s, z, m, real if real is not None else z, s_new, z_new, m_new, out, coef,
-        DK=DK, DV=DV, BK=BK, BV=BV, HAS_REAL=real is not None)
+    # a program holds a few (BK, BV) fp32 tiles in registers: at most 4096 elements each
+    BV = max(16, min(64, 4096 // BK, triton.next_power_of_2(DV)))
+    with device_of(fq):
+        step_kernel[(triton.cdiv(DV, BV), B * H)](
+            fq, fk, v, s, z, m, real if real is not None else z, s_new, z_new, m_new, out, coef,
+            DK=DK, DV=DV, BK=BK, BV=BV, HAS_REAL=real is not None)
     return out, s_new, z_new, m_new
 
 
@@ -77,6 +80,8 @@ def fused_recurrent_step(fq: torch.Tensor, fk: torch.Tensor, v: torch.Tensor,
     inputs and the state (the backward is a few PyTorch ops)."""
     from .op import momentum_attention_step_op
 
+    out_dtype = v.dtype
+    fq, fk, v = kernel_inputs(fq, fk, v)
     acc = accumulator_dtype(fq.dtype)
     B, H = fq.shape[:2]
     s, z, m = (t.to(acc).contiguous() for t in (state.s, state.z, state.m))
@@ -84,7 +89,7 @@ def fused_recurrent_step(fq: torch.Tensor, fk: torch.Tensor, v: torch.Tensor,
     if real is not None:
         flags = real.to(device=fq.device, dtype=torch.bool)[:, None].expand(B, H).to(torch.int8).contiguous()
     if fq.numel() == 0 or v.numel() == 0:
-        return v.new_zeros(v.shape), MomentumAttentionState(s=s, z=z, m=m)
-    out, s, z, m = momentum_attention_step_op(fq.contiguous(), fk.contiguous(), v.contiguous(), s, z, m,
-                                              flags, float(momentum), float(step_size), float(eps))
-    return out, MomentumAttentionState(s=s, z=z, m=m)
+        return v.new_zeros(v.shape, dtype=out_dtype), MomentumAttentionState(s=s, z=z, m=m)
+    out, s, z, m = momentum_attention_step_op(fq, fk, v, s, z, m, flags, float(momentum), float(step_size),
+                                              float(eps))
+    return out.to(out_dtype), MomentumAttentionState(s=s, z=z, m=m)

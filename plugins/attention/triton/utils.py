@@ -4,6 +4,8 @@ accumulators are fp32 (fp64 for fp64 input). Matmul operands: φ(q)φ(k)ᵀ in t
 operands holding fp32 values (states, weighted keys, scaled gradients) in bf16 for bf16 inputs
 (bf16 has fp32's range), in fp32 as tf32 for fp16 inputs (fp16 would overflow on long sequences),
 exact fp32/fp64 for fp32/fp64 inputs."""
+import contextlib
+import functools
 import math
 import os
 
@@ -11,19 +13,19 @@ import torch
 import triton
 import triton.language as tl
 
-EXPM1_TERMS = tl.constexpr(18)
-
 
 @triton.jit
 def expm1(x):
     """exp(x) − 1 without cancellation, from exp alone (which may be a fast approximation on GPU):
-    for |x| < 1/2 the Taylor series x(1 + x/2(1 + x/3(1 + …))) to 18 terms (truncation below
-    fp64 rounding), beyond it exp(x) − 1, where nothing cancels."""
+    for |x| < 1/2 the Taylor series x(1 + x/2(1 + x/3(1 + …))), to 18 terms in fp64 and 10 in
+    fp32 (truncation 0.5⁹/10! ≈ 5e-10, below fp32 rounding; every term is work on each of the
+    BT² weights, so fp32 does not pay for fp64's), beyond it exp(x) − 1, where nothing cancels."""
+    TERMS: tl.constexpr = 18 if x.dtype == tl.float64 else 10
     small = tl.abs(x) < 0.5
     xs = tl.where(small, x, 0.0)
     series = tl.full(x.shape, 1.0, x.dtype)
-    for i in tl.static_range(EXPM1_TERMS - 1):
-        series = 1.0 + xs * series * (1.0 / (EXPM1_TERMS - i))
+    for i in tl.static_range(TERMS - 1):
+        series = 1.0 + xs * series * (1.0 / (TERMS - i))
     return tl.where(small, xs * series, tl.exp(x) - 1.0)
 
 
@@ -61,10 +63,13 @@ def finite(x):
     return tl.abs(x) < float("inf")
 
 
+@functools.lru_cache(maxsize=64)
 def params(momentum: float, step_size: float, eps: float, dtype: torch.dtype,
            device: torch.device) -> torch.Tensor:
     """[log β, 1/(1 − β), γ, eps, β] as a small tensor in the accumulator dtype (scalar kernel
-    arguments would be rounded to fp32)."""
+    arguments would be rounded to fp32). Cached per value and device: building it is a host to
+    device copy, which synchronises the host with the GPU (no queueing ahead) and cannot be
+    captured in a CUDA graph; the kernels only read it."""
     log_beta = math.log(momentum) if momentum > 0 else 0.0
     return torch.tensor([log_beta, 1.0 / (1.0 - momentum), step_size, eps, momentum], dtype=dtype,
                         device=device)
@@ -74,14 +79,55 @@ def accumulator_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
+def kernel_inputs(*tensors: torch.Tensor) -> tuple:
+    """The tensors in their promoted dtype (the kernels' matmuls take two operands of one dtype),
+    contiguous (the kernels assume it). Under TRITON_INTERPRET bf16 runs in fp32: the interpreter
+    stores bf16 as raw 16-bit integers and its tl.dot multiplies those (the bf16 kernels are
+    exercised on GPU only)."""
+    dtype = tensors[0].dtype
+    for t in tensors[1:]:
+        dtype = torch.promote_types(dtype, t.dtype)
+    if dtype == torch.bfloat16 and os.environ.get("TRITON_INTERPRET") == "1":
+        dtype = torch.float32
+    return tuple(t.to(dtype).contiguous() for t in tensors)
+
+
 def kernel_flags(dtype: torch.dtype) -> dict:
     """LOW: derived fp32 operands are cast to bf16 for the tensor cores; IEEE: exact fp32/fp64 dots."""
     return {"LOW": dtype == torch.bfloat16, "IEEE": dtype in (torch.float32, torch.float64)}
 
 
+def chunk_state_dtype(dtype: torch.dtype) -> torch.dtype:
+    """Storage of the per-chunk states and their gradients between kernels: bf16 for bf16 inputs,
+    since every kernel reading them casts them to bf16 for its matmul (the LOW rule), so storing
+    them rounded changes no result and halves their memory and traffic; the accumulator dtype
+    otherwise."""
+    return torch.bfloat16 if dtype == torch.bfloat16 else accumulator_dtype(dtype)
+
+
+def device_of(t: torch.Tensor):
+    """Launches go to the stream of the current CUDA device: make it the tensors' device (a model
+    on cuda:1 while cuda:0 is current)."""
+    return torch.cuda.device(t.device) if t.is_cuda else contextlib.nullcontext()
+
+
 def block(dim: int, cap: int = 64) -> int:
     """Tile size along a head dimension: a power of two, at least 16 (tl.dot's minimum)."""
     return max(16, min(cap, triton.next_power_of_2(dim)))
+
+
+GRID_LIMIT = 65535            # CUDA's limit on a grid's second and third dimensions
+
+
+def check_grid(batch_heads: int, chunks: int = 1) -> None:
+    """The kernels put batch·head and the chunk index on those dimensions: a clear error before a
+    launch CUDA would refuse."""
+    if batch_heads > GRID_LIMIT:
+        raise ValueError(f"batch size × heads = {batch_heads} is more than one launch of the Triton kernels "
+                         f"covers ({GRID_LIMIT}); split the batch")
+    if chunks > GRID_LIMIT:
+        raise ValueError(f"the sequence has {chunks} chunks, more than one launch of the Triton kernels "
+                         f"covers ({GRID_LIMIT}); use chunk_size 64 or split the sequence with initial_state")
 
 
 def chunk_block(chunk_size: int) -> int:
@@ -91,20 +137,42 @@ def chunk_block(chunk_size: int) -> int:
 
 
 def tuning_configs() -> list:
-    """Tile sizes BK, BV and launch settings, autotuned per shape on GPU (`prune` drops tiles
-    larger than the head dimension); under the interpreter, where timing means nothing, `prune`
-    keeps the one config whose tiles fit the head dimension. Every kernel overwrites its outputs,
-    so repeated tuning runs are harmless."""
+    """Tile sizes BK, BV and warps, autotuned per shape on GPU among the few that `prune_scan` /
+    `prune_chunk` keep; under the interpreter, where timing means nothing, the one config whose
+    tiles fit the head dimension. Every kernel overwrites its outputs, so repeated tuning runs
+    are harmless (no reset_to_zero / restore_value)."""
     if os.environ.get("TRITON_INTERPRET") == "1":
         return [triton.Config({"BK": bk, "BV": bv}, num_warps=4)
                 for bk in (16, 32, 64) for bv in (16, 32, 64)]
-    return [triton.Config({"BK": bk, "BV": bv}, num_warps=w, num_stages=s)
-            for bk in (32, 64) for bv in (32, 64) for w in (4, 8) for s in (2, 3)]
+    return [triton.Config({"BK": bk, "BV": bv}, num_warps=w, num_stages=2)
+            for bk in (16, 32, 64) for bv in (16, 32, 64) for w in (4, 8)]
 
 
-def prune(configs, named_args, **kwargs) -> list:
-    dk, dv = kwargs["DK"], kwargs["DV"]
+def _prune(configs, kwargs, warps: int, other: tuple) -> list:
+    """Each config is compiled on first use, for each kernel and each combination of key values,
+    so few are kept, chosen from the kernels' register needs on sm_90 (ptxas -v): tiles no larger
+    than the head dimension's block and at least 32 where it allows, with `warps`, plus the
+    (BK, BV, warps) in `other`. fp32/fp64 inputs (exact dots on CUDA cores: slow to compile, and
+    with 4 warps kilobytes of spills) get one: tiles of min(32, block), 8 warps."""
+    dk, dv = block(kwargs["DK"]), block(kwargs["DV"])
     if os.environ.get("TRITON_INTERPRET") == "1":
-        return [c for c in configs if c.kwargs["BK"] == block(dk) and c.kwargs["BV"] == block(dv)]
-    fitting = [c for c in configs if c.kwargs["BK"] <= block(dk) and c.kwargs["BV"] <= block(dv)]
-    return fitting or [c for c in configs if c.kwargs["BK"] == 32 and c.kwargs["BV"] == 32]
+        return [c for c in configs if c.kwargs["BK"] == dk and c.kwargs["BV"] == dv]
+    low_k, low_v = min(32, dk), min(32, dv)
+    if kwargs["IEEE"]:
+        keep = {(low_k, low_v, 8)}
+    else:
+        keep = {(bk, bv, warps) for bk in (16, 32, 64) for bv in (16, 32, 64)
+                if low_k <= bk <= dk and low_v <= bv <= dv}
+        keep |= {(min(bk, dk), min(bv, dv), w) for bk, bv, w in other}
+    return [c for c in configs if (c.kwargs["BK"], c.kwargs["BV"], c.num_warps) in keep]
+
+
+def prune_scan(configs, named_args, **kwargs) -> list:
+    """The state scans hold two (BK, BV) fp32 states: 4 warps, and 64 × 64 with 8 (4 spill)."""
+    return _prune(configs, kwargs, 4, ((64, 64, 8),))
+
+
+def prune_chunk(configs, named_args, **kwargs) -> list:
+    """The chunk-parallel kernels hold several (BT, BT) and (BT, BV) fp32 tiles and spill with 4
+    warps at BT = 64 (255 registers): 8 warps, and 32 × 32 with 4."""
+    return _prune(configs, kwargs, 8, ((32, 32, 4),))
