@@ -33,42 +33,6 @@ def _number(text, kind=float):
     return value
 
 
-def momentum_value(text):
-    """A momentum constant β, μ ∈ [0, 1)."""
-    value = _number(text)
-    if not 0.0 <= value < 1.0:
-        raise argparse.ArgumentTypeError(f"must be in [0, 1), got {value}")
-    return value
-
-
-def positive_float(text):
-    value = _number(text)
-    if value <= 0.0:
-        raise argparse.ArgumentTypeError(f"must be > 0, got {value}")
-    return value
-
-
-def probability(text):
-    value = _number(text)
-    if not 0.0 <= value <= 1.0:
-        raise argparse.ArgumentTypeError(f"must be in [0, 1], got {value}")
-    return value
-
-
-def delta_value(text):
-    value = _number(text)
-    if not 0.0 < value <= 1.0:
-        raise argparse.ArgumentTypeError(f"must be in (0, 1], got {value}")
-    return value
-
-
-def positive_int(text):
-    value = _number(text, int)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {value}")
-    return value
-
-
 def validated(check, kind=float, **limits):
     """An argparse type running a `plugins.validation` check on the parsed number, so a bad
     value is refused at parsing with the library's own rule and message."""
@@ -80,6 +44,14 @@ def validated(check, kind=float, **limits):
             raise argparse.ArgumentTypeError(str(error).removeprefix("value "))
     parse.__name__ = check.__name__.removeprefix("check_")
     return parse
+
+
+# The argument types: plugins.validation's rules and messages, applied at parsing.
+momentum_value = validated(validation.check_momentum)
+positive_float = validated(validation.check_positive)
+positive_int = validated(validation.check_int, int, low=1)
+probability = validated(validation.check_number, low=0.0, high=1.0)
+delta_value = validated(validation.check_number, low=0.0, high=1.0, low_open=True)
 
 
 def add_momentum_attention_args(parser, *, cross_attention=True):
@@ -140,15 +112,15 @@ def add_lstm_cell_args(parser):
                        help="recurrent cell (plugins.rnn.variants): lstm (plain), momentum (eq. 9), "
                             "adam (eq. 15), rmsprop (eq. 15 with mu = 0), nag or sr (Section 2.4) "
                             "(default momentum)")
-    group.add_argument("--lstm-momentum", type=validated(validation.check_momentum), metavar="MU",
+    group.add_argument("--lstm-momentum", type=momentum_value, metavar="MU",
                        help="momentum mu of the momentum / adam cells (eq. 9, 15), in [0, 1) "
                             "(default 0.6; 0 in momentum_lstm_lm_ptb, Table 7)")
-    group.add_argument("--lstm-step-size", type=validated(validation.check_positive), metavar="S",
+    group.add_argument("--lstm-step-size", type=positive_float, metavar="S",
                        help="step size s > 0 of the momentum cells (eq. 9, 15) "
                             "(default 1; 0.6 in momentum_lstm_lm_ptb, Table 7)")
-    group.add_argument("--lstm-beta", type=validated(validation.check_momentum), metavar="B",
+    group.add_argument("--lstm-beta", type=momentum_value, metavar="B",
                        help="decay beta of the second moment of adam / rmsprop cells (eq. 15) (default 0.9)")
-    group.add_argument("--lstm-restart", type=validated(validation.check_int, int, low=1), metavar="F",
+    group.add_argument("--lstm-restart", type=positive_int, metavar="F",
                        help="restart frequency F of nag / sr cells (Section 2.4); "
                             "required by sr, optional for nag, refused by the other cells "
                             "(default: no restart)")

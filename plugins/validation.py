@@ -72,6 +72,8 @@ def check_int(value, name: str, *, low: Optional[int] = None, high: Optional[int
     lo = -MAX_INT if low is None else low
     hi = MAX_INT if high is None else min(high, MAX_INT)
     if not lo <= value <= hi:
+        if high is None:
+            raise ValueError(f"{name} must be an integer >= {lo}, got {value}")
         raise ValueError(f"{name} must be an integer in [{lo}, {hi}], got {value}")
     return value
 

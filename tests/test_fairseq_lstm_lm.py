@@ -89,7 +89,7 @@ def test_ptb_preset_is_the_papers_model():
     ("--lstm-momentum", "nan", "must be finite"),
     ("--lstm-step-size", "-1", "must be > 0, got"),
     ("--lstm-beta", "1.2", "must be in [0, 1)"),
-    ("--lstm-restart", "0", "must be an integer in [1,"),
+    ("--lstm-restart", "0", "must be an integer >= 1, got 0"),
     ("--lstm-restart", "2.5", "expected an integer"),
     ("--weight-drop", "1.5", "must be in [0, 1]"),
 ])

@@ -78,7 +78,7 @@ def test_presets_follow_section_4_4_and_table_1():
 def test_bad_momentum_fails_at_parsing(capsys):
     with pytest.raises(SystemExit):
         parse_namespace("momentum_iterative_nat", "--attention-momentum", "2", task="translation_lev")
-    assert "argument --attention-momentum: must be in [0, 1), got 2.0" in capsys.readouterr().err
+    assert "argument --attention-momentum: must be in [0, 1), got 2" in capsys.readouterr().err
 
 
 def test_cli_train_and_iterative_generate(tmp_path):

@@ -89,7 +89,7 @@ def test_attention_module_matches_the_plugin_reference(tmp_path, make_generator)
 
 
 @pytest.mark.parametrize("flag,value,message", [
-    ("--attention-momentum", "1.0", "must be in [0, 1), got 1.0"),
+    ("--attention-momentum", "1.0", "must be in [0, 1), got 1"),
     ("--attention-momentum", "-0.1", "must be in [0, 1)"),
     ("--attention-step-size", "0", "must be > 0"),
     ("--connection-momentum", "1.5", "must be in [0, 1)"),
