@@ -123,8 +123,10 @@ def chunked_flops(N, momentum):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--worker", nargs=4, metavar=("METHOD", "N", "REPEATS", "THREADS"), help=argparse.SUPPRESS)
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--worker", nargs=4, metavar=("METHOD", "N", "REPEATS", "THREADS"),
+                        help=argparse.SUPPRESS)
     parser.add_argument("--threads", type=int, default=0, help="torch threads (default: torch's choice)")
     parser.add_argument("--quick", action="store_true", help="N up to 4096, fewer repeats")
     parser.add_argument("--repeats", type=int, default=5)
@@ -170,7 +172,8 @@ def main():
     for N in lengths:
         if 8 * N in lengths:
             print(f"| {N} → {8 * N} | " + " | ".join(
-                f"{results[m, 8 * N]['ms'] / results[m, N]['ms']:.1f}" for m in ("momentum", "linear", "sdpa")) + " |")
+                f"{results[m, 8 * N]['ms'] / results[m, N]['ms']:.1f}"
+                for m in ("momentum", "linear", "sdpa")) + " |")
 
 
 if __name__ == "__main__":

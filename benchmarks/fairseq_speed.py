@@ -155,7 +155,8 @@ def main():
             r = row(data, "momentum_transformer", [
                 (TRANSLATION, ["--arch", "transformer", *TRANSFORMER]),
                 (TRANSLATION, ["--arch", "momentum_transformer", *TRANSFORMER]),
-                (TRANSLATION, ["--arch", "momentum_transformer", *TRANSFORMER, "--cross-attention", "softmax"]),
+                (TRANSLATION, ["--arch", "momentum_transformer", *TRANSFORMER,
+                               "--cross-attention", "softmax"]),
             ], True, n, tgt, repeats)
             print(fmt(r, 3), flush=True)
         print("\n| model (vs baseline) | src len | train wps: baseline | momentum | ratio "

@@ -48,9 +48,10 @@ def build(kind: str, args):
     positions = max(args.contexts) + args.new_tokens + 8
     if kind == "momentum":
         config = AutoConfig.for_model(
-            "momentum_transformer", vocab_size=args.vocab, hidden_size=args.hidden, num_hidden_layers=args.layers,
-            num_attention_heads=args.heads, intermediate_size=4 * args.hidden, max_position_embeddings=positions,
-            hidden_dropout=0.0, attention_momentum=0.6, connection="adaptive")
+            "momentum_transformer", vocab_size=args.vocab, hidden_size=args.hidden,
+            num_hidden_layers=args.layers, num_attention_heads=args.heads, intermediate_size=4 * args.hidden,
+            max_position_embeddings=positions, hidden_dropout=0.0, attention_momentum=0.6,
+            connection="adaptive")
         return AutoModelForCausalLM.from_config(config).eval()
     config = AutoConfig.for_model("gpt2", vocab_size=args.vocab, n_embd=args.hidden, n_layer=args.layers,
                                   n_head=args.heads, n_inner=4 * args.hidden, n_positions=positions,
@@ -77,7 +78,8 @@ def worker(kind: str, context: int, args) -> dict:
         for _ in range(args.repeats):
             clock = TokenClock()
             out = model.generate(prompt, max_new_tokens=args.new_tokens, min_new_tokens=args.new_tokens,
-                                 do_sample=False, pad_token_id=0, streamer=clock, return_dict_in_generate=True)
+                                 do_sample=False, pad_token_id=0, streamer=clock,
+                                 return_dict_in_generate=True)
             runs.append([b - a for a, b in zip(clock.times[1:], clock.times[2:])])
     steps = min(runs, key=sum)
     return {"model": kind, "context": context, "tokens_per_s": len(steps) / sum(steps),
@@ -100,7 +102,8 @@ def latency_worker(args) -> list:
         for kind, model in models.items():
             for n in args.contexts:
                 prompt = torch.randint(1, args.vocab, (1, n), generator=torch.Generator().manual_seed(n))
-                cache = MomentumCache(model.config) if kind == "momentum" else DynamicCache(config=model.config)
+                cache = (MomentumCache(model.config) if kind == "momentum"
+                         else DynamicCache(config=model.config))
                 model(input_ids=prompt, past_key_values=cache, use_cache=True)
                 caches[kind, n] = cache
         best = {key: float("inf") for key in caches}
@@ -175,8 +178,9 @@ def main(argv=None):
     if not args.skip_generate:
         for context in args.contexts:
             for kind in args.models:
-                proc = subprocess.run([sys.executable, __file__, "--worker", kind, str(context), *passthrough],
-                                      capture_output=True, text=True, check=True)
+                proc = subprocess.run(
+                    [sys.executable, __file__, "--worker", kind, str(context), *passthrough],
+                    capture_output=True, text=True, check=True)
                 rows.append(json.loads(proc.stdout.strip().splitlines()[-1]))
                 print(json.dumps(rows[-1]), file=sys.stderr)
         print(table(rows, min(args.contexts)))

@@ -5,8 +5,15 @@ Same mechanism as `momentum_core`: in the package this re-exports `plugins.valid
 model gets the generated, self-contained copy that `bundled_source()` returns, so its remote
 code loads where only torch and transformers are installed.
 """
-from plugins.validation import (check_bool, check_choice, check_int, check_momentum, check_number,
-                                check_positive, check_probability)
+from plugins.validation import (
+    check_bool,
+    check_choice,
+    check_int,
+    check_momentum,
+    check_number,
+    check_positive,
+    check_probability,
+)
 
 BUNDLED_MODULES = ("plugins.validation",)
 EXPORTS = ("check_bool", "check_choice", "check_int", "check_momentum", "check_number", "check_positive",

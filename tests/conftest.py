@@ -22,7 +22,8 @@ def pytest_collection_modifyitems(config, items):
     """Tests marked `gpu` need a CUDA device; elsewhere they are skipped with the reason shown."""
     if torch.cuda.is_available():
         return
-    skip = pytest.mark.skip(reason="needs a CUDA GPU (none on this machine); runs where torch.cuda.is_available()")
+    skip = pytest.mark.skip(reason="needs a CUDA GPU (none on this machine); "
+                                   "runs where torch.cuda.is_available()")
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)

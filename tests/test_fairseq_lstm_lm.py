@@ -72,7 +72,7 @@ def test_awd_regularisation_is_active_in_training_only(tmp_path, make_generator)
     with torch.no_grad():
         torch.testing.assert_close(model.decoder(tokens)[0], model.decoder(tokens)[0])
     assert model.decoder.output_projection.weight is model.decoder.embed_tokens.weight
-    assert [l.hidden_size for l in model.decoder.rnn.layers] == [24, 16]
+    assert [layer.hidden_size for layer in model.decoder.rnn.layers] == [24, 16]
 
 
 def test_ptb_preset_is_the_papers_model():

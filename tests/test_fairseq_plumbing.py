@@ -7,7 +7,8 @@ import sys
 from test_fairseq_support import USER_DIR, cli_env
 
 ARCHS = ["momentum_transformer", "momentum_transformer_iwslt_de_en", "linear_transformer",
-         "linear_transformer_iwslt_de_en", "momentum_transformer_lm", "momentum_transformer_lm_big", "momentum_transformer_lm_wiki103",
+         "linear_transformer_iwslt_de_en", "momentum_transformer_lm", "momentum_transformer_lm_big",
+         "momentum_transformer_lm_wiki103",
          "momentum_transformer_lm_gpt", "momentum_transformer_lm_gpt2_small", "linear_transformer_lm",
          "momentum_lstm_lm", "momentum_lstm_lm_ptb", "momentum_lstm",
          "momentum_lstm_wiseman_iwslt_de_en", "momentum_iterative_nat",

@@ -79,8 +79,8 @@ def preprocess_translation(text_dir, dest):
     return dest
 
 
-COMMON_TRAIN = ["--cpu", "--num-workers", "0", "--required-batch-size-multiple", "1", "--log-format", "simple", "--log-interval", "1",
-                "--seed", "1", "--no-epoch-checkpoints"]
+COMMON_TRAIN = ["--cpu", "--num-workers", "0", "--required-batch-size-multiple", "1",
+                "--log-format", "simple", "--log-interval", "1", "--seed", "1", "--no-epoch-checkpoints"]
 
 
 def train(data, save_dir, *args, **kwargs):

@@ -91,7 +91,8 @@ def test_attention_kinds_follow_the_arguments(tmp_path):
     dec = model.decoder.layers[1]
     assert (enc_attn.causal, enc_attn.momentum) == (False, 0.4)
     assert (dec.self_attn.causal, dec.self_attn.momentum) == (True, 0.4)
-    assert (dec.encoder_attn.causal, dec.encoder_attn.momentum, dec.encoder_attn.step_size) == (False, 0.0, 1.0)
+    assert ((dec.encoder_attn.causal, dec.encoder_attn.momentum, dec.encoder_attn.step_size)
+            == (False, 0.0, 1.0))
     softmax, _ = small_model(tmp_path, "--cross-attention", "softmax")
     assert type(softmax.decoder.layers[0].encoder_attn).__name__ == "MultiheadAttention"
 
@@ -99,7 +100,8 @@ def test_attention_kinds_follow_the_arguments(tmp_path):
 def test_presets():
     iwslt = parse_namespace("momentum_transformer_iwslt_de_en", task="translation")
     assert (iwslt.encoder_embed_dim, iwslt.encoder_ffn_embed_dim, iwslt.encoder_attention_heads,
-            iwslt.decoder_layers, iwslt.attention_momentum, iwslt.cross_attention) == (512, 1024, 4, 6, 0.6, "momentum")
+            iwslt.decoder_layers, iwslt.attention_momentum,
+            iwslt.cross_attention) == (512, 1024, 4, 6, 0.6, "momentum")
     linear = parse_namespace("linear_transformer_iwslt_de_en", task="translation")
     assert (linear.attention_momentum, linear.attention_step_size, linear.cross_attention,
             linear.encoder_ffn_embed_dim) == (0.0, 1.0, "linear", 1024)

@@ -89,7 +89,8 @@ def test_set_momentum_attention_rejects_bad_values(kwargs, argument):
 
 def test_defaults_and_sub_configs():
     config = hf_momentum.set_momentum_attention(tiny_config("t5"), momentum=0.3)
-    assert (config.attention_momentum, config.attention_step_size, config.attention_feature_map) == (0.3, 1.0, "elu")
+    assert ((config.attention_momentum, config.attention_step_size, config.attention_feature_map)
+            == (0.3, 1.0, "elu"))
 
 
 @pytest.mark.parametrize("model_type", ["gpt_neo", "bloom", "mpt", "deberta-v2", "xlnet"])
@@ -242,8 +243,8 @@ def test_encoder_decoder_generate_with_padded_sources(model_type, make_generator
 
 def smoke_config(model_type):
     config = AutoConfig.for_model(model_type, vocab_size=100, hidden_size=32, num_hidden_layers=2,
-                                  num_attention_heads=4, num_key_value_heads=2, head_dim=8, intermediate_size=64,
-                                  max_position_embeddings=64, pad_token_id=PAD)
+                                  num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+                                  intermediate_size=64, max_position_embeddings=64, pad_token_id=PAD)
     sizes = dict(d_model=32, embedding_size=32, encoder_layers=1, decoder_layers=1, encoder_attention_heads=4,
                  decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64, num_local_experts=2)
     for key, value in sizes.items():

@@ -41,9 +41,10 @@ except ModuleNotFoundError:
 
 
 def tiny_config(**kwargs):
-    base = dict(vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
-                max_position_embeddings=64, hidden_dropout=0.0, attention_momentum=0.4, attention_step_size=0.7,
-                connection="adaptive", pad_token_id=0, bos_token_id=1, eos_token_id=2)
+    base = dict(vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                intermediate_size=64, max_position_embeddings=64, hidden_dropout=0.0,
+                attention_momentum=0.4, attention_step_size=0.7, connection="adaptive",
+                pad_token_id=0, bos_token_id=1, eos_token_id=2)
     base.update(kwargs)
     return AutoConfig.for_model("momentum_transformer", **base)
 
@@ -105,8 +106,8 @@ def test_save_load_round_trip_is_exact(auto_class, kwargs, tmp_path):
 
 
 def lstm_config():
-    return AutoConfig.for_model("momentum_lstm", vocab_size=100, hidden_size=16, num_hidden_layers=2, cell="sr",
-                                restart=4, momentum=0.5, pad_token_id=0, initializer_range=0.5)
+    return AutoConfig.for_model("momentum_lstm", vocab_size=100, hidden_size=16, num_hidden_layers=2,
+                                cell="sr", restart=4, momentum=0.5, pad_token_id=0, initializer_range=0.5)
 
 
 @pytest.mark.parametrize("make_config", [tiny_config, lstm_config], ids=["transformer", "lstm"])
@@ -183,8 +184,8 @@ class LocalHub(BaseHTTPRequestHandler):
             return self._send(200, {"errors": [], "warnings": []})
         if parts[:2] == ["api", "models"] and parts[4] == "preupload":
             files = json.loads(self._body())["files"]
-            return self._send(200, {"files": [{"path": f["path"], "uploadMode": "regular", "shouldIgnore": False}
-                                              for f in files]})
+            return self._send(200, {"files": [
+                {"path": f["path"], "uploadMode": "regular", "shouldIgnore": False} for f in files]})
         if parts[:2] == ["api", "models"] and parts[4] == "commit":
             repo = self.repos[f"{parts[2]}/{parts[3]}"]
             for line in self._body().decode().splitlines():
@@ -193,7 +194,8 @@ class LocalHub(BaseHTTPRequestHandler):
                     repo["files"][item["value"]["path"]] = base64.b64decode(item["value"]["content"])
             repo["sha"] = hashlib.sha1(repr(sorted(repo["files"].items())).encode()).hexdigest()
             return self._send(200, {"commitUrl": f"http://{self.headers['Host']}/{parts[2]}/{parts[3]}/commit/"
-                                                 f"{repo['sha']}", "commitOid": repo["sha"], "pullRequestUrl": None})
+                                                 f"{repo['sha']}",
+                                    "commitOid": repo["sha"], "pullRequestUrl": None})
         self._send(404, {"error": f"unsupported {path}"})
 
     def do_HEAD(self):
@@ -240,8 +242,9 @@ def test_push_to_hub_then_from_pretrained_with_remote_code(local_hub, tmp_path):
         import torch, hf_momentum
         from transformers import AutoConfig, AutoModelForCausalLM
         torch.manual_seed(0)
-        config = AutoConfig.for_model("momentum_transformer", vocab_size=100, hidden_size=32, num_hidden_layers=2,
-                                      num_attention_heads=4, intermediate_size=64, max_position_embeddings=64,
+        config = AutoConfig.for_model("momentum_transformer", vocab_size=100, hidden_size=32,
+                                      num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
+                                      max_position_embeddings=64,
                                       attention_momentum=0.4, connection="momentum", hidden_dropout=0.0)
         model = AutoModelForCausalLM.from_config(config).eval()
         model.push_to_hub("user/tiny-momentum")

@@ -33,7 +33,8 @@ def tiny(**kwargs):
     (dict(beta=1.2), "beta"), (dict(eps=0.0), "eps"), (dict(restart=0), "restart"),
     (dict(cell="sr", restart=None), "restart"), (dict(dropout=1.0), "dropout"),
     (dict(cell="momentum", restart=3), "restart"), (dict(cell="lstm", restart=3), "restart"),
-    (dict(momentum=False), "momentum"), (dict(eps=float("inf")), "eps"), (dict(cell="sr", restart=True), "restart"),
+    (dict(momentum=False), "momentum"), (dict(eps=float("inf")), "eps"),
+    (dict(cell="sr", restart=True), "restart"),
     (dict(embedding_size=8), "tie_word_embeddings"), (dict(num_hidden_layers=0), "num_hidden_layers"),
 ])
 def test_bad_config_values_raise(kwargs, argument):

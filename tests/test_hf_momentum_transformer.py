@@ -33,8 +33,10 @@ def tiny(**kwargs):
 
 
 @pytest.mark.parametrize("kwargs, argument", [
-    (dict(attention_momentum=1.0), "attention_momentum"), (dict(attention_momentum=-0.5), "attention_momentum"),
-    (dict(attention_step_size=0), "attention_step_size"), (dict(attention_feature_map="exp"), "attention_feature_map"),
+    (dict(attention_momentum=1.0), "attention_momentum"),
+    (dict(attention_momentum=-0.5), "attention_momentum"),
+    (dict(attention_step_size=0), "attention_step_size"),
+    (dict(attention_feature_map="exp"), "attention_feature_map"),
     (dict(connection="nesterov"), "connection"), (dict(connection_momentum=1.5), "connection_momentum"),
     (dict(connection_step_size=-1.0), "connection_step_size"), (dict(adaptive_delta=0.0), "adaptive_delta"),
     (dict(adaptive_delta=2.0), "adaptive_delta"), (dict(hidden_dropout=1.0), "hidden_dropout"),
@@ -73,7 +75,8 @@ def reference_forward(model, ids, mask=None):
     for layer in model.layers:
         att = layer.attention
         inp = layer.attn_norm(x) if config.layer_norm == "pre" else x
-        q, k, v = (p(inp).view(*ids.shape, heads, dim).transpose(1, 2) for p in (att.q_proj, att.k_proj, att.v_proj))
+        q, k, v = (p(inp).view(*ids.shape, heads, dim).transpose(1, 2)
+                   for p in (att.q_proj, att.k_proj, att.v_proj))
         naive = naive_causal_momentum_attention if causal else naive_noncausal_momentum_attention
         a = naive(q, k, v, momentum=config.attention_momentum, step_size=config.attention_step_size,
                   padding_mask=padding)

@@ -50,7 +50,8 @@ def test_two_cpu_ranks_split_data_and_agree(text_file, tmp_path):
     run([str(ACCELERATE), "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
          "--main_process_ip", "127.0.0.1", "--main_process_port", str(free_port()),
          "--mixed_precision", "no", "--dynamo_backend", "no", str(SCRIPT), "--train_file", str(text_file),
-         "--output_dir", str(tmp_path / "out"), "--max_train_steps", "3", "--gradient_accumulation_steps", "2",
+         "--output_dir", str(tmp_path / "out"), "--max_train_steps", "3",
+         "--gradient_accumulation_steps", "2",
          "--record_dir", str(tmp_path / "rec"), *TINY], tmp_path)
     ranks = records(tmp_path / "rec")
     assert sorted(ranks) == [0, 1]
@@ -70,7 +71,8 @@ def test_resume_from_checkpoint_ends_like_an_uninterrupted_run(text_file, tmp_pa
     full, resumed = records(tmp_path / "full_rec")[0], records(tmp_path / "resumed_rec")[0]
     assert resumed["batches"] == full["batches"][2:]
     assert resumed["params"] == full["params"] and resumed["step"] == 4
-    check = run([sys.executable, "-c", "import sys, hf_momentum; from transformers import AutoModelForCausalLM; "
+    check = run([sys.executable, "-c",
+                 "import sys, hf_momentum; from transformers import AutoModelForCausalLM; "
                  "m = AutoModelForCausalLM.from_pretrained(sys.argv[1]); print(type(m).__name__)",
                  str(tmp_path / "resumed" / "final")], tmp_path)
     assert "MomentumTransformerForCausalLM" in check.stdout

@@ -41,7 +41,8 @@ def test_assign_split_proportions():
 
 
 def test_build_lm_corpus_caps_vocabulary_and_keeps_chapters_apart(tmp_path):
-    docs = [("book", i, [f"Chapter text number{i} alpha beta{i % 3}. Second sentence here."]) for i in range(28)]
+    docs = [("book", i, [f"Chapter text number{i} alpha beta{i % 3}. Second sentence here."])
+            for i in range(28)]
     paths = build_lm_corpus(docs, tmp_path, vocab_size=6)
     train = paths["train"].read_text().split()
     vocab = set(train)
@@ -60,7 +61,8 @@ def test_austen_corpus_from_debian(tmp_path_factory):
     except CorpusUnavailable as err:
         pytest.fail(f"Debian's r-cran-janeaustenr could not be fetched: {err}")
     books = {b for b, _, _ in docs}
-    assert books == {"sensesensibility", "prideprejudice", "mansfieldpark", "emma", "northangerabbey", "persuasion"}
+    assert books == {"sensesensibility", "prideprejudice", "mansfieldpark", "emma", "northangerabbey",
+                     "persuasion"}
     pride = [lines for b, _, lines in docs if b == "prideprejudice"]
     assert len(pride) == 61
     assert "It is a truth universally acknowledged" in " ".join(pride[0])

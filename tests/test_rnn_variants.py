@@ -227,7 +227,8 @@ def test_restart_rule(case):
     (dict(momentum=math.nan), "momentum"), (dict(step_size=True), "step_size"),
     (dict(step_size=math.inf), "step_size"), (dict(eps=math.inf), "eps"), (dict(eps=0.0), "eps"),
     (dict(beta=math.nan), "beta"), (dict(dropout=True), "dropout"), (dict(dropout=1.0), "dropout"),
-    (dict(dropout=-0.1), "dropout"), (dict(num_layers=2.0), "num_layers"), (dict(num_layers=True), "num_layers"),
+    (dict(dropout=-0.1), "dropout"), (dict(num_layers=2.0), "num_layers"),
+    (dict(num_layers=True), "num_layers"),
     (dict(batch_first="yes"), "batch_first"),
 ])
 def test_bad_arguments_are_refused(cls, kwargs, name):
@@ -271,10 +272,11 @@ def test_long_sequence_forms_no_t_by_t_matrix(cell, monkeypatch, make_generator)
             return original(self, rows, cols)
 
         monkeypatch.setattr(decay_class, "matrix", recording)
-    layer = MomentumLSTM(4, 8, cell=cell, momentum=0.999, restart=HP["restart"] if takes_restart(cell) else None)
+    layer = MomentumLSTM(4, 8, cell=cell, momentum=0.999,
+                         restart=HP["restart"] if takes_restart(cell) else None)
     x = torch.randn(steps, 2, 4, generator=make_generator())
-    state = RecurrentState(torch.zeros(1, 2, 8), torch.zeros(1, 2, 8), torch.randn(1, 2, 32, generator=make_generator()),
-                           None, torch.tensor([0, 5]))
+    state = RecurrentState(torch.zeros(1, 2, 8), torch.zeros(1, 2, 8),
+                           torch.randn(1, 2, 32, generator=make_generator()), None, torch.tensor([0, 5]))
     with torch.no_grad():
         out, new = layer(x, state)
     assert largest and max(largest) <= max(chunk * chunk, steps)

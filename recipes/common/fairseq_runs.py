@@ -157,9 +157,9 @@ def eval_lm(data_bin: Path, checkpoint: Path, tokens_per_sample: int, subset: st
 def sample_lm(data_bin: Path, checkpoint: Path, prompts: Sequence[str], max_tokens: int = 30,
               seed: int = 1, topk: int = 10, cpu: bool = True) -> List[str]:
     """Continue each prompt with top-k sampling through fairseq-interactive."""
-    output = run([tool("fairseq-interactive"), data_bin, "--user-dir", USER_DIR, "--task", "language_modeling",
-                  "--path", checkpoint, *(["--cpu"] if cpu else []), "--sampling",
-                  "--sampling-topk", str(topk), "--beam", "1",
+    output = run([tool("fairseq-interactive"), data_bin, "--user-dir", USER_DIR,
+                  "--task", "language_modeling", "--path", checkpoint, *(["--cpu"] if cpu else []),
+                  "--sampling", "--sampling-topk", str(topk), "--beam", "1",
                   "--nbest", "1", "--max-len-b", str(max_tokens), "--seed", str(seed)],
                  stdin="\n".join(prompts) + "\n")
     return [line.split("\t")[2] for line in output.splitlines() if line.startswith("H-")]

@@ -52,9 +52,11 @@ def plot_lm_runs(runs: List[LMRun], out: Path, corpus: str) -> List[Path]:
     first = {}
     for r in runs:
         first.setdefault(r.name, r)
-    train = {n: [(float(t["num_updates"]), float(t["loss"])) for t in r.result.train] for n, r in first.items()}
+    train = {n: [(float(t["num_updates"]), float(t["loss"])) for t in r.result.train]
+             for n, r in first.items()}
     wall = {n: [(float(t["wall"]), float(t["loss"])) for t in r.result.train] for n, r in first.items()}
-    valid = {n: [(float(v["epoch"]), float(v["valid_ppl"])) for v in r.result.valid] for n, r in first.items()}
+    valid = {n: [(float(v["epoch"]), float(v["valid_ppl"])) for v in r.result.valid]
+             for n, r in first.items()}
     return [
         plot_curves(train, out / "convergence.png", xlabel="update", ylabel="train loss (base 2)",
                     title=f"Language models on {corpus}: training loss"),

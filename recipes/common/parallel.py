@@ -34,12 +34,15 @@ def fetch_sword(cache: Path) -> Path:
     root.mkdir(parents=True, exist_ok=True)
     packages = [pkg for pkg, _ in SWORD_PACKAGES.values()]
     with tempfile.TemporaryDirectory() as tmp:
-        result = subprocess.run(["apt-get", "download", *packages], cwd=tmp, capture_output=True, text=True)
+        result = subprocess.run(["apt-get", "download", *packages], cwd=tmp, capture_output=True,
+                                text=True)
         if result.returncode != 0:
             subprocess.run(["apt-get", "update", "-qq"], capture_output=True)
-            result = subprocess.run(["apt-get", "download", *packages], cwd=tmp, capture_output=True, text=True)
+            result = subprocess.run(["apt-get", "download", *packages], cwd=tmp, capture_output=True,
+                                    text=True)
         if result.returncode != 0:
-            raise CorpusUnavailable(f"apt-get download {' '.join(packages)} failed: {result.stderr.strip()[-300:]}")
+            raise CorpusUnavailable(
+                f"apt-get download {' '.join(packages)} failed: {result.stderr.strip()[-300:]}")
         for deb in Path(tmp).glob("*.deb"):
             subprocess.run(["dpkg", "-x", str(deb), str(root)], check=True)
     return root / "usr/share/sword"
@@ -60,7 +63,8 @@ def bible_pairs(cache: Path, src: str = "en", tgt: str = "es") -> List[Tuple[str
     return pairs
 
 
-def _read_bible_pairs(cache: Path, src: str, tgt: str, books: Optional[Set[str]] = None) -> List[Tuple[str, str, str]]:
+def _read_bible_pairs(cache: Path, src: str, tgt: str,
+                      books: Optional[Set[str]] = None) -> List[Tuple[str, str, str]]:
     from pysword.modules import SwordModules
 
     modules = SwordModules(str(fetch_sword(cache)))
@@ -87,7 +91,8 @@ def split_by_book(pairs: List[Tuple[str, str, str]]) -> Dict[str, List[Tuple[str
     return splits
 
 
-def write_parallel(splits: Dict[str, List[Tuple[str, str]]], out_dir: Path, src: str, tgt: str) -> Dict[str, Path]:
+def write_parallel(splits: Dict[str, List[Tuple[str, str]]], out_dir: Path, src: str,
+                   tgt: str) -> Dict[str, Path]:
     """Raw text files {split}.{src} / {split}.{tgt}; returns the prefix path of each split."""
     out_dir.mkdir(parents=True, exist_ok=True)
     prefixes = {}
@@ -100,7 +105,8 @@ def write_parallel(splits: Dict[str, List[Tuple[str, str]]], out_dir: Path, src:
     return prefixes
 
 
-def prepare_iwslt14(out_dir: Path, cache: Path, src: str = "de", tgt: str = "en", seed: int = 1) -> Dict[str, Path]:
+def prepare_iwslt14(out_dir: Path, cache: Path, src: str = "de", tgt: str = "en",
+                    seed: int = 1) -> Dict[str, Path]:
     """IWSLT'14 de-en as in fairseq's prepare-iwslt14.sh (needs internet): train from
     train.tags.*, test = IWSLT14.TED.{dev2010,tst2010-2012} + TEDX.{dev2012}, valid = every
     23rd training pair (≈4%)."""
@@ -116,15 +122,19 @@ def prepare_iwslt14(out_dir: Path, cache: Path, src: str = "de", tgt: str = "en"
             return tar.extractfile(files[name]).read().decode("utf-8").splitlines()
 
         def talks(lang: str) -> List[str]:
-            return [line.strip() for line in read(f"train.tags.{src}-{tgt}.{lang}") if not line.lstrip().startswith("<")]
+            return [line.strip() for line in read(f"train.tags.{src}-{tgt}.{lang}")
+                    if not line.lstrip().startswith("<")]
 
         train = list(zip(talks(src), talks(tgt)))
-        test_sets = [n for n in files if re.match(rf"IWSLT14\.(TED\.(dev2010|tst201[0-2])|TEDX\.dev2012)\.{src}-{tgt}\.{src}\.xml", n)]
+        test_sets = [n for n in files
+                     if re.match(rf"IWSLT14\.(TED\.(dev2010|tst201[0-2])|TEDX\.dev2012)"
+                                 rf"\.{src}-{tgt}\.{src}\.xml", n)]
         test = []
         for name in sorted(test_sets):
             seg = re.compile(r"<seg[^>]*>\s*(.*?)\s*</seg>")
-            s_lines = [seg.search(l).group(1) for l in read(name) if "<seg" in l]
-            t_lines = [seg.search(l).group(1) for l in read(name.replace(f".{src}.xml", f".{tgt}.xml")) if "<seg" in l]
+            s_lines = [seg.search(line).group(1) for line in read(name) if "<seg" in line]
+            t_lines = [seg.search(line).group(1)
+                       for line in read(name.replace(f".{src}.xml", f".{tgt}.xml")) if "<seg" in line]
             test += list(zip(s_lines, t_lines))
     train = [(s, t) for s, t in train if s and t]
     valid = [p for i, p in enumerate(train) if i % 23 == 0]

@@ -42,10 +42,10 @@ COMMON = ["--task", "language_modeling", "--optimizer", "adam", "--adam-betas", 
 LSTM = ["--arch", "momentum_lstm_lm", "--decoder-embed-dim", "128", "--decoder-hidden-size", "256",
         "--decoder-out-embed-dim", "128", "--decoder-layers", "2", "--share-decoder-input-output-embed",
         "--lr", "0.01", "--lr-scheduler", "fixed"]
-TRANSFORMER = ["--arch", "momentum_transformer_lm", "--decoder-embed-dim", "128", "--decoder-ffn-embed-dim", "512",
-               "--decoder-layers", "2", "--decoder-attention-heads", "4", "--share-decoder-input-output-embed",
-               "--dropout", "0.1", "--lr", "0.002", "--lr-scheduler", "inverse_sqrt", "--warmup-updates", "50",
-               "--warmup-init-lr", "1e-5"]
+TRANSFORMER = ["--arch", "momentum_transformer_lm", "--decoder-embed-dim", "128",
+               "--decoder-ffn-embed-dim", "512", "--decoder-layers", "2", "--decoder-attention-heads", "4",
+               "--share-decoder-input-output-embed", "--dropout", "0.1", "--lr", "0.002",
+               "--lr-scheduler", "inverse_sqrt", "--warmup-updates", "50", "--warmup-init-lr", "1e-5"]
 MODELS = {
     "LSTM": LSTM + ["--lstm-cell", "lstm"],
     "MomentumLSTM": LSTM + ["--lstm-cell", "momentum", "--lstm-momentum", "0.6", "--lstm-step-size", "0.6"],
@@ -85,7 +85,8 @@ SIZES = {
 
 
 def parse_args(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out-dir", type=Path, default=REPO / "outputs" / "demo")
     parser.add_argument("--corpus", choices=["austen", "shakespeare"], default="austen")
     parser.add_argument("--cache-dir", type=Path, default=Path.home() / ".cache" / "momentum_plugins")

@@ -68,7 +68,8 @@ def parse_args(argv=None):
     p.add_argument("--weight_decay", type=float, default=0.01)
     p.add_argument("--warmup_steps", type=int, default=0)
     p.add_argument("--num_epochs", type=int, default=1)
-    p.add_argument("--max_train_steps", type=int, default=None, help="optimizer steps; overrides --num_epochs")
+    p.add_argument("--max_train_steps", type=int, default=None,
+                   help="optimizer steps; overrides --num_epochs")
     p.add_argument("--mixed_precision", default=None, choices=["no", "fp16", "bf16"],
                    help="default: what accelerate launch was given")
     p.add_argument("--checkpointing_steps", type=int, default=None)
@@ -207,7 +208,8 @@ def build_model(args, tokenizer):
     defaults = AutoConfig.for_model(args.model_type)
     config = AutoConfig.for_model(args.model_type, **common,
                                   **{k: v for k, v in sizes.items() if hasattr(defaults, k)})
-    hf_momentum.set_momentum_attention(config, momentum=args.attention_momentum, step_size=args.attention_step_size)
+    hf_momentum.set_momentum_attention(config, momentum=args.attention_momentum,
+                                       step_size=args.attention_step_size)
     model = AutoModelForCausalLM.from_config(config, attn_implementation=args.attn_implementation)
     hf_momentum.check_model(model)
     return model
@@ -240,7 +242,8 @@ def main(argv=None):
                                                                   logging_dir=str(output / "logs")), **kwargs)
     # trackers accept bool/int/float/str/None values only
     accelerator.init_trackers(args.run_name, config={
-        k: v if v is None or isinstance(v, (bool, int, float, str)) else str(v) for k, v in vars(args).items()})
+        k: v if v is None or isinstance(v, (bool, int, float, str)) else str(v)
+        for k, v in vars(args).items()})
     set_seed(args.seed)
     tokenizer = Tokenizer(args.tokenizer)
     data = blocks(args.train_file, tokenizer, args.block_size)
@@ -261,7 +264,8 @@ def main(argv=None):
                                   / args.gradient_accumulation_steps)
     max_steps = args.max_train_steps or args.num_epochs * updates_per_epoch
     epochs = math.ceil(max_steps / updates_per_epoch)
-    scheduler = get_scheduler("linear", optimizer, num_warmup_steps=args.warmup_steps * accelerator.num_processes,
+    scheduler = get_scheduler("linear", optimizer,
+                              num_warmup_steps=args.warmup_steps * accelerator.num_processes,
                               num_training_steps=max_steps * accelerator.num_processes)
     model, optimizer, train_loader, valid_loader, scheduler = accelerator.prepare(
         model, optimizer, train_loader, valid_loader, scheduler)
@@ -281,7 +285,8 @@ def main(argv=None):
         accelerator.print(f"resumed from {path} at step {step}")
 
     record = {"rank": accelerator.process_index, "batches": []}
-    progress = tqdm(total=max_steps, initial=step, disable=not accelerator.is_local_main_process, desc="train")
+    progress = tqdm(total=max_steps, initial=step, disable=not accelerator.is_local_main_process,
+                    desc="train")
     model.train()
     interval_losses = []
 

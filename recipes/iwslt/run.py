@@ -22,32 +22,38 @@ from recipes.common.parallel import LANGUAGES, parallel_corpus
 from recipes.common.plots import plot_curves, write_results
 
 MODELS = {
-    "momentum transformer": ("momentum_transformer", "momentum_transformer_iwslt_de_en", ["--attention-momentum", "0.6"]),
+    "momentum transformer": ("momentum_transformer", "momentum_transformer_iwslt_de_en",
+                             ["--attention-momentum", "0.6"]),
     "linear transformer": ("linear_transformer", "linear_transformer_iwslt_de_en", []),
     "softmax transformer": ("transformer", "transformer_iwslt_de_en", []),
     "MomentumLSTM": ("momentum_lstm", "momentum_lstm_wiseman_iwslt_de_en",
                      ["--lstm-cell", "momentum", "--lstm-momentum", "0.6", "--lstm-step-size", "0.6"]),
     "LSTM": ("lstm", "lstm_wiseman_iwslt_de_en", []),
 }
-SMALL_TRANSFORMER = ["--encoder-embed-dim", "128", "--decoder-embed-dim", "128", "--encoder-ffn-embed-dim", "256",
-                     "--decoder-ffn-embed-dim", "256", "--encoder-layers", "2", "--decoder-layers", "2",
+SMALL_TRANSFORMER = ["--encoder-embed-dim", "128", "--decoder-embed-dim", "128",
+                     "--encoder-ffn-embed-dim", "256", "--decoder-ffn-embed-dim", "256",
+                     "--encoder-layers", "2", "--decoder-layers", "2",
                      "--encoder-attention-heads", "4", "--decoder-attention-heads", "4"]
 SMALL_LSTM = ["--encoder-embed-dim", "128", "--decoder-embed-dim", "128", "--encoder-hidden-size", "256",
               "--decoder-hidden-size", "256", "--decoder-out-embed-dim", "128"]
-COMMON = ["--task", "translation", "--share-all-embeddings", "--optimizer", "adam", "--adam-betas", "(0.9, 0.98)",
-          "--clip-norm", "0.0", "--lr-scheduler", "inverse_sqrt", "--warmup-updates", "4000", "--lr", "5e-4",
+COMMON = ["--task", "translation", "--share-all-embeddings", "--optimizer", "adam",
+          "--adam-betas", "(0.9, 0.98)", "--clip-norm", "0.0", "--lr-scheduler", "inverse_sqrt",
+          "--warmup-updates", "4000", "--lr", "5e-4",
           "--dropout", "0.3", "--weight-decay", "0.0001", "--criterion", "label_smoothed_cross_entropy",
           "--label-smoothing", "0.1", "--max-tokens", "4096", "--num-workers", "0", "--log-interval", "20",
           "--no-epoch-checkpoints", "--no-last-checkpoints"]
 
 
 def parse_args(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--corpus", choices=["bible", "iwslt14"], default="bible")
     parser.add_argument("--full", action="store_true", help="IWSLT presets and schedule (GPU-sized)")
     parser.add_argument("--models", nargs="+", choices=list(MODELS), default=list(MODELS))
-    parser.add_argument("--epochs", type=positive_int, default=None, help="max epochs (small default: 4, full: 60)")
-    parser.add_argument("--max-train-pairs", type=non_negative_int, default=0, help="first N training pairs (0 = all)")
+    parser.add_argument("--epochs", type=positive_int, default=None,
+                        help="max epochs (small default: 4, full: 60)")
+    parser.add_argument("--max-train-pairs", type=non_negative_int, default=0,
+                        help="first N training pairs (0 = all)")
     parser.add_argument("--max-test-pairs", type=non_negative_int, default=0,
                         help="generate and score the first N test pairs only (0 = all)")
     parser.add_argument("--bpe-size", type=lambda text: bounded_int(text, 100), default=8000,
@@ -85,7 +91,8 @@ def apply_bpe(prefixes, src, tgt, out, vocab_size):
         for lang in (src, tgt):
             lines = Path(f"{prefix}.{lang}").read_text(encoding="utf-8").splitlines()
             pieces = sp.encode(lines, out_type=str)
-            Path(out / f"{split}.bpe.{lang}").write_text("".join(" ".join(p) + "\n" for p in pieces), encoding="utf-8")
+            Path(out / f"{split}.bpe.{lang}").write_text("".join(" ".join(p) + "\n" for p in pieces),
+                                                         encoding="utf-8")
         encoded[split] = out / f"{split}.bpe"
     return encoded
 
@@ -95,9 +102,9 @@ def generate(data_bin, checkpoint, src, tgt, references, gpu, beam=5):
     fairseq reports it."""
     import sacrebleu
 
-    output = run([tool("fairseq-generate"), data_bin, "--user-dir", REPO / "fairseq_momentum", "--path", checkpoint,
-                  "--gen-subset", "test", "--beam", str(beam), "--batch-size", "64", "--post-process", "sentencepiece",
-                  "--max-len-a", "1.2", "--max-len-b", "10",
+    output = run([tool("fairseq-generate"), data_bin, "--user-dir", REPO / "fairseq_momentum",
+                  "--path", checkpoint, "--gen-subset", "test", "--beam", str(beam), "--batch-size", "64",
+                  "--post-process", "sentencepiece", "--max-len-a", "1.2", "--max-len-b", "10",
                   "--source-lang", src, "--target-lang", tgt, *([] if gpu else ["--cpu"])])
     hyps = {}
     for line in output.splitlines():
@@ -105,7 +112,8 @@ def generate(data_bin, checkpoint, src, tgt, references, gpu, beam=5):
             idx, _, text = line[2:].split("\t", 2)
             hyps[int(idx)] = text
     hypotheses = [hyps.get(i, "") for i in range(len(references))]
-    speed = re.search(r"Translated ([0-9,]+) sentences \(([0-9,]+) tokens\) in ([0-9.]+)s \(([0-9.]+) sentences/s, ([0-9.]+) tokens/s\)", output)
+    speed = re.search(r"Translated ([0-9,]+) sentences \(([0-9,]+) tokens\) in ([0-9.]+)s "
+                      r"\(([0-9.]+) sentences/s, ([0-9.]+) tokens/s\)", output)
     tokens_per_s = float(speed.group(5)) if speed else float("nan")
     return sacrebleu.corpus_bleu(hypotheses, [references]).score, tokens_per_s
 
@@ -161,12 +169,15 @@ def main(argv=None):
                       *([] if args.gpu else ["--cpu"])]
         save_dir = checkpoint_dir(out / "checkpoints", name, data_bin, train_args)
         result = train(name, data_bin, save_dir, train_args)
-        bleu, speed = generate(data_bin, result.save_dir / "checkpoint_best.pt", src, tgt, references, args.gpu)
+        bleu, speed = generate(data_bin, result.save_dir / "checkpoint_best.pt", src, tgt, references,
+                               args.gpu)
         log(f"    BLEU {bleu:.2f}, generation {speed:.0f} tokens/s, training {result.seconds:.0f} s")
-        rows.append([name, f"{bleu:.2f}", f"{float(result.valid[-1]['valid_loss']):.3f}", f"{speed:.0f}", f"{result.seconds:.0f}"])
+        rows.append([name, f"{bleu:.2f}", f"{float(result.valid[-1]['valid_loss']):.3f}", f"{speed:.0f}",
+                     f"{result.seconds:.0f}"])
         curves[name] = [(float(v["epoch"]), float(v["valid_loss"])) for v in result.valid]
     headers = ["model", "test BLEU", "valid loss", "generate tokens/s", "train time (s)"]
-    table = write_results(out, f"Translation {src}→{tgt} on {args.corpus} ({'full' if args.full else 'small'})", headers, rows)
+    table = write_results(
+        out, f"Translation {src}→{tgt} on {args.corpus} ({'full' if args.full else 'small'})", headers, rows)
     plot = plot_curves(curves, out / "valid_loss.png", xlabel="epoch", ylabel="validation loss",
                        title=f"{src}→{tgt} on {args.corpus}: validation loss")
     print(f"\n{table}\n")

@@ -107,7 +107,8 @@ def main(argv=None):
     print(table)
     write_run_config(args, started, {
         "config": asdict(config), "dataset": args.dataset,
-        "cells": {t: {m: asdict(cell_specs(t, config.hidden_size)[m]) for m in args.models} for t in args.tasks}})
+        "cells": {t: {m: asdict(cell_specs(t, config.hidden_size)[m]) for m in args.models}
+                  for t in args.tasks}})
 
 
 if __name__ == "__main__":

@@ -25,7 +25,8 @@ CELLS = {
     "LSTM": ["--lstm-cell", "lstm"],
     "MomentumLSTM": ["--lstm-cell", "momentum", "--lstm-momentum", "0.0", "--lstm-step-size", "0.6"],
     "SRLSTM": ["--lstm-cell", "sr", "--lstm-restart", "2", "--lstm-step-size", "0.6"],
-    "AdamLSTM": ["--lstm-cell", "adam", "--lstm-momentum", "0.0", "--lstm-step-size", "0.6", "--lstm-beta", "0.999"],
+    "AdamLSTM": ["--lstm-cell", "adam", "--lstm-momentum", "0.0", "--lstm-step-size", "0.6",
+                 "--lstm-beta", "0.999"],
     "RMSPropLSTM": ["--lstm-cell", "rmsprop", "--lstm-step-size", "0.6", "--lstm-beta", "0.999"],
 }
 FULL = ["--arch", "momentum_lstm_lm_ptb", "--optimizer", "sgd", "--lr", "30", "--clip-norm", "0.25",
@@ -40,13 +41,16 @@ COMMON = ["--task", "language_modeling", "--cpu", "--sample-break-mode", "none",
 
 
 def parse_args(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--corpus", choices=["austen", "ptb", "shakespeare"], default="austen",
                         help="ptb downloads Penn Treebank (needs internet); austen/shakespeare are offline")
     parser.add_argument("--full", action="store_true", help="the paper's model and schedule (Tables 6–7)")
-    parser.add_argument("--models", nargs="+", choices=list(CELLS), default=["LSTM", "MomentumLSTM", "SRLSTM"])
+    parser.add_argument("--models", nargs="+", choices=list(CELLS),
+                        default=["LSTM", "MomentumLSTM", "SRLSTM"])
     parser.add_argument("--seeds", nargs="+", type=non_negative_int, default=[1])
-    parser.add_argument("--epochs", type=positive_int, default=None, help="override the number of epochs (small: 3)")
+    parser.add_argument("--epochs", type=positive_int, default=None,
+                        help="override the number of epochs (small: 3)")
     parser.add_argument("--max-train-tokens", type=non_negative_int, default=None,
                         help="first N training tokens, 0 = all (small default: 240k; --full: all)")
     parser.add_argument("--out-dir", type=Path, default=REPO / "outputs" / "ptb")
@@ -60,7 +64,8 @@ def parse_args(argv=None):
 def main(argv=None):
     args = parse_args(argv)
     log = lambda msg: print(f"[ptb] {msg}", flush=True)  # noqa: E731
-    max_train_tokens = args.max_train_tokens if args.max_train_tokens is not None else (0 if args.full else 240_000)
+    max_train_tokens = (args.max_train_tokens if args.max_train_tokens is not None
+                        else (0 if args.full else 240_000))
     source, paths = lm_corpus(args.corpus, args.cache_dir, args.out_dir, log=log,
                               **({} if args.corpus == "ptb" else {"max_train_tokens": max_train_tokens}))
     data_bin = preprocess_lm(paths, args.out_dir, log=log)
@@ -69,10 +74,12 @@ def main(argv=None):
     if args.epochs is not None:
         schedule = [*schedule, "--max-epoch", str(args.epochs)]
     models = {name: CELLS[name] for name in args.models}
-    log(f"{len(models)} models × {len(args.seeds)} seeds on {source} ({'full' if args.full else 'small'} setting)")
+    log(f"{len(models)} models × {len(args.seeds)} seeds on {source} "
+        f"({'full' if args.full else 'small'} setting)")
     runs = train_lm_models(models, data_bin, args.out_dir, [*common, *schedule], tokens_per_sample=70,
                            seeds=args.seeds, log=log)
-    table = summarize(runs, args.out_dir, f"Word-level LM on {source} ({'full' if args.full else 'small'} setting)")
+    table = summarize(runs, args.out_dir,
+                      f"Word-level LM on {source} ({'full' if args.full else 'small'} setting)")
     plots = plot_lm_runs(runs, args.out_dir, source)
     print(f"\n{table}\n")
     log(f"results: {args.out_dir / 'results.md'}; plots: {', '.join(map(str, plots))}")
