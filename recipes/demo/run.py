@@ -208,7 +208,8 @@ def main(argv=None):
     log = lambda msg: print(f"[demo] {msg}", flush=True)  # noqa: E731
     started = time.perf_counter()
     args.out_dir.mkdir(parents=True, exist_ok=True)
-    log(device_line(args.device))
+    device = device_line(args.device)  # once: the MNIST part changes torch's thread count
+    log(device)
     log(f"corpus: {args.corpus} (offline), seeds: {' '.join(map(str, args.seeds))}, "
         f"experiments: {' '.join(args.experiments)}, output: {args.out_dir}")
     verdicts = []
@@ -217,7 +218,7 @@ def main(argv=None):
             verdicts += experiment(args, log)
     minutes = (time.perf_counter() - started) / 60
     summary = "".join(f"- {line}\n" for line in verdicts)
-    (args.out_dir / "verdicts.md").write_text(f"# Demo verdicts ({device_line(args.device)}, "
+    (args.out_dir / "verdicts.md").write_text(f"# Demo verdicts ({device}, "
                                               f"{minutes:.1f} min)\n\n{summary}")
     print(f"\nVerdicts ({args.device}, {minutes:.1f} min):\n{summary}", flush=True)
     return 0
