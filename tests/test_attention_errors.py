@@ -22,7 +22,7 @@ def qkv(B=2, H=2, N=5, D=4):
     (dict(momentum=0.5, step_size=0.0), "step_size must be > 0"),
     (dict(momentum=0.5, step_size=-1.0), "step_size must be > 0"),
     (dict(momentum=0.5, eps=0.0), "eps must be > 0"),
-    (dict(momentum=0.5, chunk_size=0), r"chunk_size must be an integer in \[1, "),
+    (dict(momentum=0.5, chunk_size=0), r"chunk_size must be an integer >= 1, got 0"),
     (dict(momentum=0.5, feature_map="softmax"), "feature_map must be one of"),
     (dict(momentum=0.5, padding_mask=torch.ones(2, 5)), "padding_mask must be a bool tensor"),
     (dict(momentum=0.5, padding_mask=torch.ones(2, 4, dtype=torch.bool)),
