@@ -85,6 +85,27 @@ def _final(seq, sizes, batch):
     return seq[lengths.to(seq.device), torch.arange(batch, device=seq.device)]
 
 
+def forward_buffers(g, v0, h0, c0, m0, bias_hh, momentum, batch_sizes):
+    """What both forward passes (this loop and the Triton steps) fill: the step sizes, hs, cs
+    (T+1, B, H) from h0, c0; rs (T, B, 4H); vs (T+1, B, 4H) from v0, or None when μ = 0; a
+    contiguous working copy of m0; and b_hh (zeros when absent)."""
+    steps, batch, width = g.shape
+    sizes = batch_sizes or [batch] * steps
+    # rows past a sequence's end must read as 0 (padded output, weight gradient)
+    alloc = torch.empty if batch_sizes is None else torch.zeros
+    hs = alloc((steps + 1, batch, width // 4), dtype=g.dtype, device=g.device)
+    cs = torch.empty_like(hs)
+    rs = torch.empty_like(g)
+    vs = None
+    if momentum:
+        vs = torch.empty((steps + 1, batch, width), dtype=g.dtype, device=g.device)
+        vs[0] = v0
+    hs[0], cs[0] = h0, c0
+    m = m0.clone(memory_format=torch.contiguous_format)
+    bias = g.new_zeros(width) if bias_hh is None else bias_hh.contiguous()
+    return sizes, hs, cs, rs, vs, m, bias
+
+
 class AdamLSTMRecurrence(torch.autograd.Function):
     """For t = 1..T (eq. 15 with eq. 2; gate rows ordered i, f, o, g):
 
@@ -119,19 +140,8 @@ class AdamLSTMRecurrence(torch.autograd.Function):
                 batch_sizes):
         steps, batch, width = g.shape
         hidden = width // 4
-        sizes = batch_sizes or [batch] * steps
-        # rows past a sequence's end must read as 0 (padded output, weight gradient)
-        alloc = torch.empty if batch_sizes is None else torch.zeros
-        hs = alloc((steps + 1, batch, hidden), dtype=g.dtype, device=g.device)
-        cs = torch.empty_like(hs)
-        rs = torch.empty_like(g)
-        vs = None
-        if momentum:
-            vs = torch.empty((steps + 1, batch, width), dtype=g.dtype, device=g.device)
-            vs[0] = v0
-        hs[0], cs[0] = h0, c0
-        m = m0.clone()
-        bias = g.new_zeros(width) if bias_hh is None else bias_hh
+        sizes, hs, cs, rs, vs, m, bias = forward_buffers(g, v0, h0, c0, m0, bias_hh, momentum,
+                                                         batch_sizes)
         w_t = weight_hh.t()
         scale = 1.0 if momentum else step_size
         acts, tanh_c = torch.empty_like(g[0]), torch.empty_like(hs[0])

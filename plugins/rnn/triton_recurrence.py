@@ -25,6 +25,8 @@ import torch
 import triton
 import triton.language as tl
 
+from .recurrence import forward_buffers
+
 BLOCK_H = 32
 
 
@@ -217,19 +219,8 @@ class TritonAdamLSTMRecurrence(torch.autograd.Function):
         g = g.contiguous()
         steps, batch, width = g.shape
         hidden = width // 4
-        sizes = batch_sizes or [batch] * steps
-        # rows past a sequence's end must read as 0 (padded output, weight gradient)
-        alloc = torch.empty if batch_sizes is None else torch.zeros
-        hs = alloc((steps + 1, batch, hidden), dtype=g.dtype, device=g.device)
-        cs = torch.empty_like(hs)
-        rs = torch.empty_like(g)
-        vs = None
-        if momentum:
-            vs = torch.empty((steps + 1, batch, width), dtype=g.dtype, device=g.device)
-            vs[0] = v0
-        hs[0], cs[0] = h0, c0
-        m = m0.contiguous().clone()
-        bias = g.new_zeros(width) if bias_hh is None else bias_hh.contiguous()
+        sizes, hs, cs, rs, vs, m, bias = forward_buffers(g, v0, h0, c0, m0, bias_hh, momentum,
+                                                         batch_sizes)
         w_t = weight_hh.t()
         pre = torch.empty_like(g[0])
         hyper, meta = _constants(g, momentum, step_size, beta, eps)
