@@ -10,9 +10,18 @@ M[t, k] = Π_{j=k+1..t} μ_j (column 0 weights the carried-in v_0), of which onl
 (chunk × chunk) blocks are ever formed (`filter_sequence`). Because g is linear in
 x, the filter can also run on x itself: v_t = W x̃_t + b c_t
 + M[t, 0] v_0 with x̃_t = s Σ_k M[t, k] x_k and c_t = s Σ_k M[t, k]. The decay matrices
-are built from their closed forms, never by dividing by small powers of μ.
+are built from their closed forms, never by dividing by small powers of μ, in float64 on
+the sequence's device: no block is copied from the host, so on a GPU the forward pass
+never makes the host wait for the device.
 """
 import torch
+
+
+def closed_form_device(device):
+    """Where the float64 closed forms are evaluated: the sequence's own device, except MPS,
+    which has no float64 (there they are formed on the CPU and copied)."""
+    device = torch.device(device)
+    return torch.device("cpu") if device.type == "mps" else device
 
 
 def restart_index(step, restart):
@@ -46,14 +55,14 @@ def adam_step(v, m, g, momentum, step_size, beta, eps):
 class ConstantDecay:
     """Decay of eq. 9 with constant μ: M[t, k] = μ^(t−k) for k ≤ t (one group)."""
 
-    def __init__(self, momentum, length):
+    def __init__(self, momentum, length, device="cpu"):
         self.momentum, self.length, self.groups = float(momentum), length, 1
+        self.device = closed_form_device(device)
 
     def matrix(self, rows, cols):
-        """M[rows, cols] as a float64 (1, len(rows), len(cols)) tensor, from the closed form."""
+        """M[rows, cols] as a float64 (1, len(rows), len(cols)) tensor on rows' device."""
         lag = (rows[:, None] - cols[None, :]).to(torch.float64)
-        mu = torch.tensor(self.momentum, dtype=torch.float64)
-        return torch.where(lag >= 0, mu ** lag.clamp(min=0), 0.0).unsqueeze(0)
+        return torch.where(lag >= 0, torch.pow(self.momentum, lag.clamp(min=0)), 0.0).unsqueeze(0)
 
 
 class NAGDecay:
@@ -65,12 +74,14 @@ class NAGDecay:
     """
 
     def __init__(self, start_step, restart, length):
-        self.start, self.restart, self.length = start_step.cpu(), restart, length
+        self.device = closed_form_device(start_step.device)
+        self.start, self.restart, self.length = start_step.to(self.device), restart, length
         self.groups = self.start.numel()
 
     def matrix(self, rows, cols):
-        """M[rows, cols] as a float64 (G, len(rows), len(cols)) tensor, from the closed form."""
-        k_r, k_c = (restart_index(self.start[:, None] + i[None, :], self.restart).to(torch.float64)
+        """M[rows, cols] as a float64 (G, len(rows), len(cols)) tensor on rows' device."""
+        start = self.start.to(rows.device)
+        k_r, k_c = (restart_index(start[:, None] + i[None, :], self.restart).to(torch.float64)
                     for i in (rows, cols))
         lag = (rows[:, None] - cols[None, :]).to(torch.float64)
         same_block = (k_r[:, :, None] - k_c[:, None, :]) == lag
@@ -94,7 +105,7 @@ def filter_sequence(seq, decay, step_size, chunk=128):
     outs, prev = [], None
     for a in range(0, steps, chunk):
         b = min(a + chunk, steps)
-        tau = torch.arange(a + 1, b + 1)
+        tau = torch.arange(a + 1, b + 1, device=decay.device)
         block = (step_size * decay.matrix(tau, tau)).to(device=seq.device, dtype=seq.dtype)
         part = seq[a:b]
         if block.size(0) == 1:
@@ -102,7 +113,7 @@ def filter_sequence(seq, decay, step_size, chunk=128):
         else:
             y = torch.einsum("btk,kbd->tbd", block, part)
         if prev is not None:
-            carry = decay.matrix(tau, torch.tensor([a]))[:, :, 0]
+            carry = decay.matrix(tau, tau[:1] - 1)[:, :, 0]
             y = y + carry.to(device=seq.device, dtype=seq.dtype).t().unsqueeze(-1) * prev
         prev = y[-1]
         outs.append(y)
@@ -110,9 +121,10 @@ def filter_sequence(seq, decay, step_size, chunk=128):
 
 
 def carried_weight(decay, batch):
-    """Weight M[t, 0] of the carried-in v_0 in v_t for t = 1..T, as a float64 (T, B) tensor."""
-    rows = torch.arange(1, decay.length + 1)
-    return decay.matrix(rows, torch.zeros(1, dtype=torch.long))[:, :, 0].t().expand(-1, batch)
+    """Weight M[t, 0] of the carried-in v_0 in v_t for t = 1..T, as a float64 (T, B) tensor
+    on the decay's device."""
+    rows = torch.arange(decay.length + 1, device=decay.device)
+    return decay.matrix(rows[1:], rows[:1])[:, :, 0].t().expand(-1, batch)
 
 
 def bias_channel(decay, step_size, batch, dtype, device):

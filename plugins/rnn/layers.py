@@ -5,8 +5,8 @@ filter for the whole-sequence form and its one-step drive (used by `step`).
 
 Fast path. The momentum of every cell depends on the input only (filters.py), so:
 - plain cell ("lstm" / "rnn"): all layers in one call of torch's fused multi-layer kernel
-  on the module's own parameter tensors, exactly nn.LSTM / nn.RNN's call (dropout between
-  layers in training runs layer by layer).
+  on the module's own parameter tensors, dropout between layers included, exactly nn.LSTM /
+  nn.RNN's call; on CUDA the parameters live in one cuDNN buffer (`flatten_parameters`).
 - momentum / nag / sr: the whole filtered sequence is formed first, in input space, as
   x̃_t = s Σ_k M[t, k] x_k plus a bias channel c_t and, for a carried-in v_0, B channels
   M[t, 0]·e_b whose input weights are v_0 itself. Then v_t = [W, b_ih, v_0ᵀ]·[x̃_t, c_t,
@@ -60,7 +60,9 @@ def input_map(x, decay, step_size, weight, bias, v0):
         wcols.append(bias.unsqueeze(1))
     if v0 is not None:
         carried = carried_weight(decay, batch)
-        if bool(carried.any()):
+        # Zero weights (e.g. NAG's μ_1 = 0) drop the B channels; asking whether they are all
+        # zero would make the host wait for an accelerator, so only the CPU asks.
+        if carried.device.type != "cpu" or bool(carried.any()):
             cols.append(torch.diag_embed(carried.to(device=x.device, dtype=x.dtype)))
             wcols.append(v0.t())
     return torch.cat(cols, -1), torch.cat(wcols, 1), None
@@ -117,6 +119,7 @@ class _MomentumLayers(nn.Module):
         for k in range(self.num_layers):
             self._register_layer(k, input_size if k == 0 else hidden_size)
         self.reset_parameters()
+        self.flatten_parameters()
 
     @property
     def hyper(self) -> Hyper:
@@ -171,7 +174,9 @@ class _MomentumLayers(nn.Module):
             out, (h, *c) = self._fused_stack(x, lengths, st)
             new_state = RecurrentState(h, c[0] if c else None, None, None, st.step + advanced)
             return as_output(seq, out, self.batch_first), new_state
-        decay = self._decay(steps, st.step)
+        # A fresh counter is all zeros: one start step, known without reading the device.
+        fresh = not isinstance(state, RecurrentState) or state.step is None
+        decay = self._decay(steps, st.step[:1] if fresh else st.step)
         finals = []
         for k in range(self.num_layers):
             if k > 0 and self.dropout > 0 and self.training:
@@ -184,18 +189,50 @@ class _MomentumLayers(nn.Module):
         return as_output(seq, x, self.batch_first), new_state
 
     def _all_layers_fused(self):
-        """The plain cell without dropout between layers is one call of torch's fused
-        multi-layer kernel on the module's own parameters, exactly nn.LSTM / nn.RNN."""
-        return (self.variant.plain and self.fused_kind is not None
-                and (self.dropout == 0 or not self.training or self.num_layers == 1))
+        """The plain cell is one call of torch's fused multi-layer kernel on the module's own
+        parameters, dropout between layers included: exactly nn.LSTM / nn.RNN's call."""
+        return self.variant.plain and self.fused_kind is not None
+
+    def _stack_weights(self):
+        return [p for k in range(self.num_layers) for p in self.layer_parameters(k) if p is not None]
 
     def _fused_stack(self, x, lengths, st):
-        weights = []
-        for k in range(self.num_layers):
-            weights += [p for p in self.layer_parameters(k) if p is not None]
         hx = (st.h, st.c) if self.gate_count == 4 else st.h
-        return fused_recurrence(self.fused_kind, x, lengths, hx, weights, self.bias, self.training,
-                                num_layers=self.num_layers)
+        return fused_recurrence(self.fused_kind, x, lengths, hx, self._stack_weights(), self.bias,
+                                self.training, num_layers=self.num_layers, dropout=self.dropout)
+
+    def flatten_parameters(self):
+        """nn.LSTM.flatten_parameters for the plain cell: on CUDA, move every layer's weights
+        into one buffer in cuDNN's layout (the parameters become views of it; names, shapes
+        and values unchanged), so the fused call does not re-pack them on every forward.
+        Called after `.to()` / `.cuda()` like nn.LSTM's; a no-op elsewhere and for the
+        momentum cells, whose fused call takes a derived input weight (input_map)."""
+        if not self._all_layers_fused():
+            return
+        weights = self._stack_weights()
+        first = weights[0]
+        if any(not isinstance(w, Tensor) or w.dtype != first.dtype or not w.is_cuda
+               or not torch.backends.cudnn.is_acceptable(w) for w in weights):
+            return
+        if len({w.data_ptr() for w in weights}) != len(weights):
+            return
+        from torch.backends.cudnn import rnn as cudnn_rnn
+
+        mode = cudnn_rnn.get_cudnn_mode("LSTM" if self.fused_kind == "lstm" else "RNN_TANH")
+        with torch.cuda.device_of(first), torch.no_grad():
+            if torch._use_cudnn_rnn_flatten_weight():
+                torch._cudnn_rnn_flatten_weight(weights, 4 if self.bias else 2, self.input_size,
+                                                mode, self.hidden_size, 0, self.num_layers,
+                                                False, False)
+
+    def _apply(self, fn, recurse=True):
+        result = super()._apply(fn, recurse)
+        self.flatten_parameters()
+        return result
+
+    def __setstate__(self, state):
+        super().__setstate__(state)
+        self.flatten_parameters()
 
     def step(self, input, state=None):
         """One time step of every layer: input (batch, input_size) -> (output (batch,
@@ -281,7 +318,7 @@ class MomentumLSTM(_MomentumLayers):
             order = order.to(x.device)
             x = x.index_select(1, order)
             h0, c0, v0, m0 = (t.index_select(0, order) for t in (h0, c0, v0, m0))
-        forward, backward = (t.to(x.device) for t in gate_order(self.hidden_size))
+        forward, backward = gate_order(self.hidden_size, x.device)
         rows = lambda t: None if t is None else t.index_select(0, forward)
         g = F.linear(x, rows(w_ih), rows(b_ih))
         hs, c, v, m = AdamLSTMRecurrence.apply(

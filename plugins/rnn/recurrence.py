@@ -68,10 +68,11 @@ def _uses_triton(g):
     return _backend == "triton" or (_backend == "auto" and g.is_cuda and triton_available())
 
 
-def gate_order(hidden):
-    """Row permutation from torch's gate order (i, f, g, o) to (i, f, o, g), and back."""
-    rows = torch.arange(4 * hidden).view(4, hidden)
-    forward = rows[[0, 1, 3, 2]].reshape(-1)
+def gate_order(hidden, device=None):
+    """Row permutation from torch's gate order (i, f, g, o) to (i, f, o, g), and back; built
+    on `device` by slicing (a list index would be copied from the host)."""
+    i, f, g, o = torch.arange(4 * hidden, device=device).view(4, hidden)
+    forward = torch.cat([i, f, o, g])
     return forward, torch.argsort(forward)
 
 
@@ -79,8 +80,11 @@ def _rows(tensors, n, batch):
     return tensors if n == batch else [t[:n] for t in tensors]
 
 
-def _final(seq, sizes, batch):
-    """Each sequence's entry at its own length: seq (T+1, B, N) -> (B, N)."""
+def final_entries(seq, sizes, batch):
+    """Each sequence's entry at its own length: seq (T+1, B, N) -> (B, N). Equal lengths
+    take the last entry without building (and copying to the device) an index."""
+    if sizes[-1] == batch:
+        return seq[-1]
     lengths = (torch.tensor(sizes)[:, None] > torch.arange(batch)).sum(0)
     return seq[lengths.to(seq.device), torch.arange(batch, device=seq.device)]
 
@@ -161,8 +165,8 @@ class AdamLSTMRecurrence(torch.autograd.Function):
             torch.mul(o, torch.tanh(c, out=tc), out=h)
         ctx.save_for_backward(g, vs, weight_hh, bias_hh, hs, cs, rs)
         ctx.config = (sizes, momentum, step_size, beta)
-        c_final = _final(cs, sizes, batch)
-        v_final = None if vs is None else _final(vs, sizes, batch)
+        c_final = final_entries(cs, sizes, batch)
+        v_final = None if vs is None else final_entries(vs, sizes, batch)
         return hs, c_final, v_final, m
 
     @staticmethod

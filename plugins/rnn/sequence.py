@@ -70,16 +70,17 @@ def valid_mask(lengths, steps, batch, device):
     return (t[:, None] < lengths[None, :]).to(device).view(steps, batch, 1)
 
 
-def fused_recurrence(kind, x, lengths, hx, weights, has_biases, training, num_layers=1):
+def fused_recurrence(kind, x, lengths, hx, weights, has_biases, training, num_layers=1,
+                     dropout=0.0):
     """`num_layers` layers of torch's fused LSTM / tanh-RNN kernel (oneDNN/aten on CPU, cuDNN
-    on GPU), without dropout between them.
+    on GPU), with nn.LSTM's dropout between them (in training).
 
     x (T, B, D) padded in caller order; hx a (h, c) pair (lstm) or h (tanh), each (L, B, H).
     Returns (output (T, B, H) with zeros past each length, final states in caller order).
     """
     fn = _VF.lstm if kind == "lstm" else _VF.rnn_tanh
     if lengths is None:
-        out = fn(x, hx, weights, has_biases, num_layers, 0.0, training, False, False)
+        out = fn(x, hx, weights, has_biases, num_layers, dropout, training, False, False)
         return out[0], out[1:]
     packed = pack_padded_sequence(x, lengths, enforce_sorted=False)
     order, inverse = packed.sorted_indices, packed.unsorted_indices
@@ -87,8 +88,8 @@ def fused_recurrence(kind, x, lengths, hx, weights, has_biases, training, num_la
         hx = tuple(t.index_select(1, order) for t in hx)
     else:
         hx = hx.index_select(1, order)
-    res = fn(packed.data, packed.batch_sizes, hx, weights, has_biases, num_layers, 0.0, training,
-             False)
+    res = fn(packed.data, packed.batch_sizes, hx, weights, has_biases, num_layers, dropout,
+             training, False)
     out, _ = pad_packed_sequence(PackedSequence(res[0], packed.batch_sizes, order, inverse),
                                  total_length=x.size(0))
     return out, tuple(t.index_select(1, inverse) for t in res[1:])
@@ -112,7 +113,8 @@ def initial_state(state, *, num_layers, batch, hidden, width, has_c, has_v, has_
     c = zeros(hidden) if has_c and c is None else (c if has_c else None)
     v = zeros(width) if has_v and v is None else (v if has_v else None)
     m = zeros(width) if has_m and m is None else (m if has_m else None)
-    step = torch.zeros(batch, dtype=torch.long, device=ref.device) if step is None else step
+    fresh = step is None
+    step = torch.zeros(batch, dtype=torch.long, device=ref.device) if fresh else step
     for name, value, n in (("h", h, hidden), ("c", c, hidden), ("v", v, width), ("m", m, width)):
         if value is not None and tuple(value.shape) != (num_layers, batch, n):
             raise ValueError(f"state.{name} must have shape {(num_layers, batch, n)}, "
@@ -121,7 +123,8 @@ def initial_state(state, *, num_layers, batch, hidden, width, has_c, has_v, has_
     if step.is_floating_point() or step.dtype == torch.bool:
         raise ValueError(f"state.step must be an integer tensor, got {step.dtype}")
     step = step.long().expand(batch).contiguous()
-    if bool((step < 0).any()) or bool((step > MAX_INT - steps).any()):
+    # A carried counter is checked (one wait for an accelerator per call); a fresh one is 0.
+    if not fresh and (bool((step < 0).any()) or bool((step > MAX_INT - steps).any())):
         raise ValueError(f"state.step must be in [0, {MAX_INT - steps}] for {steps} more steps, "
                          f"got min {int(step.min())}, max {int(step.max())}")
     return RecurrentState(h, c, v, m, step)

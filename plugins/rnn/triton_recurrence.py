@@ -25,7 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .recurrence import forward_buffers
+from .recurrence import final_entries, forward_buffers
 
 BLOCK_H = 32
 
@@ -200,14 +200,11 @@ def _constants(g, momentum, step_size, beta, eps):
     compile-time switches: whether v is kept (μ > 0) and the dtype the math is done in."""
     wide = g.dtype == torch.float64
     hyper = torch.tensor([momentum, step_size, beta, 1.0 - beta, eps],
-                         dtype=torch.float64 if wide else torch.float32, device=g.device)
+                         dtype=torch.float64 if wide else torch.float32)
+    if g.is_cuda:
+        # from pinned memory the copy is queued behind the kernels instead of waiting for them
+        hyper = hyper.pin_memory().to(g.device, non_blocking=True)
     return hyper, {"HAS_V": bool(momentum), "COMPUTE": tl.float64 if wide else tl.float32}
-
-
-def _final(seq, sizes, batch):
-    """Each sequence's entry at its own length: seq (T+1, B, N) -> (B, N)."""
-    lengths = (torch.tensor(sizes)[:, None] > torch.arange(batch)).sum(0)
-    return seq[lengths.to(seq.device), torch.arange(batch, device=seq.device)]
 
 
 class TritonAdamLSTMRecurrence(torch.autograd.Function):
@@ -235,8 +232,8 @@ class TritonAdamLSTMRecurrence(torch.autograd.Function):
                      h_seq[t + 1], hyper, n, hidden)
         ctx.save_for_backward(g, vs, weight_hh, bias_hh, hs, cs, rs)
         ctx.config = (sizes, momentum, step_size, beta, eps)
-        c_final = _final(cs, sizes, batch)
-        v_final = None if vs is None else _final(vs, sizes, batch)
+        c_final = final_entries(cs, sizes, batch)
+        v_final = None if vs is None else final_entries(vs, sizes, batch)
         return hs, c_final, v_final, m
 
     @staticmethod

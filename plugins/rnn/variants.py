@@ -91,14 +91,16 @@ def no_decay(hyper, length, start_step):
 
 
 def constant_momentum_decay(hyper, length, start_step):
-    return None if hyper.momentum == 0 else ConstantDecay(hyper.momentum, length)
+    return None if hyper.momentum == 0 else ConstantDecay(hyper.momentum, length, start_step.device)
 
 
 def nag_schedule_decay(hyper, length, start_step):
-    start = start_step.cpu()
-    if bool((start == start[0]).all()):
-        start = start[:1]
-    return NAGDecay(start, hyper.restart, length)
+    """One decay group when every row starts at the same step. The rows are compared only
+    on the CPU: on an accelerator the comparison would make the host wait for the device,
+    so there each row keeps its group unless the caller passes a single start step."""
+    if start_step.device.type == "cpu" and bool((start_step == start_step[0]).all()):
+        start_step = start_step[:1]
+    return NAGDecay(start_step, hyper.restart, length)
 
 
 _TABLE = (

@@ -1,0 +1,147 @@
+"""The MomentumRNN layers on an accelerator: the host never waits for the device inside a
+forward or backward pass (no value read back, no block copied from the host), the plain
+cell is exactly nn.LSTM / nn.RNN's fused call (dropout between layers included), and on
+CUDA its weights live in one cuDNN buffer.
+
+Without a GPU the first property is checked on the `meta` device, where every tensor op
+runs shape-only: a read of a value (`.item()`, `bool()`) or a copy from a CPU tensor is
+recorded by a dispatch mode, exactly the operations that make a CUDA host wait.
+"""
+import warnings
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+
+from plugins.rnn import MomentumLSTM, MomentumRNN, OrthogonalMomentumRNN, RecurrentState, cell_names
+
+FAMILIES = {MomentumLSTM: "lstm", MomentumRNN: "rnn", OrthogonalMomentumRNN: "rnn"}
+CASES = [(cls, cell) for cls, plain in FAMILIES.items() for cell in cell_names(plain)]
+IDS = [f"{cls.__name__}-{cell}" for cls, cell in CASES]
+
+
+class HostWaits(TorchDispatchMode):
+    """Records reads of device values and copies from the host onto the device. A read is
+    answered with 0 (False), so that code paths behind a check can be followed on meta."""
+
+    def __init__(self):
+        super().__init__()
+        self.reads, self.copies = [], []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is torch.ops.aten._local_scalar_dense.default:
+            self.reads.append(func)
+            return 0
+        out = func(*args, **kwargs)
+        sources = {t.device.type for t in tree_leaves((args, kwargs))
+                   if isinstance(t, torch.Tensor) and t.dim() > 0}
+        targets = {t.device.type for t in tree_leaves(out) if isinstance(t, torch.Tensor)}
+        if "cpu" in sources and "meta" in targets:
+            self.copies.append(func)
+        return out
+
+
+def meta_layer(cls, cell, layers=2):
+    layer = cls(3, 5, layers, cell=cell, momentum=0.6, restart=3 if cell == "sr" else None,
+                dropout=0.1 if layers > 1 else 0.0)
+    return layer.to("meta")
+
+
+@pytest.mark.parametrize("cls,cell", CASES, ids=IDS)
+def test_fresh_state_forward_backward_never_waits_for_the_device(cls, cell):
+    layer = meta_layer(cls, cell)
+    x = torch.randn(130, 2, 3, device="meta", requires_grad=True)  # 2 chunks of the filter
+    with HostWaits() as watch:
+        out, state = layer(x)
+        (out.sum() + state.h.sum()).backward()
+    assert watch.reads == [] and watch.copies == []
+    assert state.step.device.type == "meta" and x.grad.shape == x.shape
+
+
+@pytest.mark.parametrize("cls,cell", CASES, ids=IDS)
+def test_carried_state_waits_only_for_the_step_counter_check(cls, cell):
+    """A carried counter is range-checked (two reads); nothing else reads the device, in the
+    whole-sequence forward and in the decoding step."""
+    layer = meta_layer(cls, cell)
+    with torch.no_grad():
+        _, state = layer(torch.randn(7, 2, 3, device="meta"))
+    state = RecurrentState(*(t if t is None else t.detach() for t in state))
+    with HostWaits() as watch:
+        out, _ = layer(torch.randn(130, 2, 3, device="meta"), state)
+        out.sum().backward()
+    assert len(watch.reads) == 2 and watch.copies == []
+    with HostWaits() as watch, torch.no_grad():
+        layer.step(torch.randn(2, 3, device="meta"), state)
+    assert len(watch.reads) == 2 and watch.copies == []
+
+
+@pytest.mark.parametrize("ours,theirs", [(MomentumLSTM, torch.nn.LSTM), (MomentumRNN, torch.nn.RNN)])
+def test_plain_cell_with_dropout_is_torchs_fused_call(ours, theirs, make_generator):
+    """Training with dropout between layers: the same outputs and gradients as nn.LSTM /
+    nn.RNN under the same seed, and different from the deterministic eval pass."""
+    gen = make_generator()
+    layer = ours(4, 6, 3, cell=ours.plain, dropout=0.4).double().train()
+    ref = theirs(4, 6, 3, dropout=0.4).double().train()
+    ref.load_state_dict(layer.state_dict())
+    x = torch.randn(9, 5, 4, generator=gen, dtype=torch.float64)
+    results = []
+    for module in (layer, ref):
+        torch.manual_seed(1234)
+        out = module(x)[0]
+        grads = torch.autograd.grad(out.square().sum(), list(module.parameters()))
+        results.append((out, grads))
+    (out, grads), (ref_out, ref_grads) = results
+    assert torch.equal(out, ref_out)
+    assert all(torch.equal(a, b) for a, b in zip(grads, ref_grads))
+    torch.manual_seed(1234)
+    assert not torch.equal(layer.eval()(x)[0], out)
+
+
+def test_flatten_parameters_is_a_no_op_off_cuda():
+    layer = MomentumLSTM(4, 6, 2, cell="lstm")
+    before = {name: (p.data_ptr(), p.detach().clone()) for name, p in layer.named_parameters()}
+    layer.flatten_parameters()
+    for name, p in layer.named_parameters():
+        assert p.data_ptr() == before[name][0] and torch.equal(p, before[name][1])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("ours,theirs", [(MomentumLSTM, torch.nn.LSTM), (MomentumRNN, torch.nn.RNN)])
+def test_plain_cell_weights_in_one_cudnn_buffer(ours, theirs):
+    """After .cuda() the plain cell's weights share one storage (cuDNN's flat buffer), the
+    fused call does not warn about re-packing them, and it equals nn.LSTM / nn.RNN."""
+    layer = ours(40, 64, 3, cell=ours.plain).cuda()
+    ref = theirs(40, 64, 3).cuda()
+    ref.load_state_dict(layer.state_dict())
+    storages = {p.untyped_storage().data_ptr() for p in layer.parameters()}
+    assert len(storages) == 1
+    x = torch.randn(30, 8, 40, device="cuda")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        out, _ = layer(x)
+        out.sum().backward()
+    assert torch.allclose(out, ref(x)[0], rtol=1e-5, atol=1e-6)
+    copy = ours(40, 64, 3, cell=ours.plain)
+    copy.load_state_dict({k: v.cpu() for k, v in layer.state_dict().items()})
+    assert all(torch.equal(a.cpu(), b) for a, b in zip(layer.parameters(), copy.parameters()))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("cls,cell", CASES, ids=IDS)
+def test_cuda_forward_backward_without_synchronisation(cls, cell):
+    """torch's sync debug mode raises on any host-device synchronisation; the first call
+    (Triton compilation and autotuning, cuDNN set-up) runs outside it."""
+    layer = cls(40, 64, 2, cell=cell, restart=3 if cell == "sr" else None).cuda()
+    x = torch.randn(300, 8, 40, device="cuda", requires_grad=True)
+    layer(x)[0].sum().backward()
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        out, state = layer(x)
+        (out.sum() + state.h.sum()).backward()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    torch.cuda.synchronize()
+    assert torch.isfinite(x.grad).all()
