@@ -266,6 +266,30 @@ def test_filter_sequence_literal_and_chunked(decay, make_generator):
     assert torch.allclose(carried_weight(decay, 3), torch.stack(carried), rtol=1e-13, atol=1e-300)
 
 
+class LoopedConstantDecay(ConstantDecay):
+    stationary = False  # forces filter_sequence's chunk loop
+
+
+@pytest.mark.parametrize("steps,chunk", [(1, 4), (9, 4), (12, 4), (257, 128), (300, 128)])
+def test_stationary_filter_matches_recursion_and_chunk_loop(steps, chunk, make_generator):
+    """Constant μ takes one matrix product for all chunks and one for the carry between
+    them: forward against x̃_t = μ x̃_{t-1} + s x_t, gradients against the chunk loop, at
+    lengths that are and are not multiples of the chunk."""
+    gen = make_generator()
+    mu, s = 0.95, 0.7
+    x = torch.randn(steps, 3, 2, generator=gen, dtype=torch.float64, requires_grad=True)
+    acc, literal = torch.zeros(3, 2, dtype=torch.float64), []
+    for x_t in x.detach():
+        acc = mu * acc + s * x_t
+        literal.append(acc)
+    fast = filter_sequence(x, ConstantDecay(mu, steps), s, chunk)
+    looped = filter_sequence(x, LoopedConstantDecay(mu, steps), s, chunk)
+    assert torch.allclose(fast, torch.stack(literal), rtol=1e-12, atol=1e-13)
+    cotangent = torch.randn(fast.shape, generator=gen, dtype=torch.float64)
+    (g_fast,), (g_loop,) = (torch.autograd.grad(y, x, cotangent) for y in (fast, looped))
+    assert torch.allclose(g_fast, g_loop, rtol=1e-12, atol=1e-13)
+
+
 @pytest.mark.parametrize("make,match", [
     (lambda: MomentumLSTMCell(D, H, -0.1, 1.0), "momentum"),
     (lambda: MomentumLSTMCell(D, H, 1.0, 1.0), "momentum"),

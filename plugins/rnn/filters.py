@@ -55,6 +55,8 @@ def adam_step(v, m, g, momentum, step_size, beta, eps):
 class ConstantDecay:
     """Decay of eq. 9 with constant μ: M[t, k] = μ^(t−k) for k ≤ t (one group)."""
 
+    stationary = True  # M[t, k] depends on t − k only
+
     def __init__(self, momentum, length, device="cpu"):
         self.momentum, self.length, self.groups = float(momentum), length, 1
         self.device = closed_form_device(device)
@@ -72,6 +74,8 @@ class NAGDecay:
     a restart block k runs a, a+1, …, b and the product telescopes:
     Π_{j=a+1..b} (j−1)/(j+2) = a(a+1)(a+2) / (b(b+1)(b+2)); across a restart it is 0.
     """
+
+    stationary = False
 
     def __init__(self, start_step, restart, length):
         self.device = closed_form_device(start_step.device)
@@ -101,6 +105,8 @@ def filter_sequence(seq, decay, step_size, chunk=128):
     it enters through M[t, a] x̃_a, since the products of μ factor as M[t, k] = M[t, a] M[a, k]
     for k ≤ a ≤ t.
     """
+    if decay.stationary:
+        return stationary_filter(seq, decay, step_size, chunk)
     steps = seq.size(0)
     outs, prev = [], None
     for a in range(0, steps, chunk):
@@ -118,6 +124,31 @@ def filter_sequence(seq, decay, step_size, chunk=128):
         prev = y[-1]
         outs.append(y)
     return torch.cat(outs)
+
+
+def stationary_filter(seq, decay, step_size, chunk=128):
+    """`filter_sequence` for a decay that depends on the lag t − k only (constant μ): every
+    chunk has the same (n × n) block, so all chunks go through one matrix product, and the
+    carry between chunks is one more: the last rows obey L_c = e_c + M[n, 0] L_{c−1} (e_c
+    the chunk's own part), i.e. L = A e with A[c, j] = M[c·n, j·n]. A fixed number of
+    kernels for any T (the chunk loop launched ~20 per chunk); memory O(T + n² + (T/n)²)."""
+    steps = seq.size(0)
+    n = min(chunk, steps)
+    chunks = -(-steps // n)
+    tau = torch.arange(n + 1, device=decay.device)
+    full = decay.matrix(tau, tau)[0]
+    block = (step_size * full[1:, 1:]).to(device=seq.device, dtype=seq.dtype)
+    x = torch.nn.functional.pad(seq.reshape(steps, -1), (0, 0, 0, chunks * n - steps))
+    x = x.view(chunks, n, -1).transpose(0, 1).reshape(n, -1)
+    y = torch.matmul(block, x).view(n, chunks, -1).transpose(0, 1)
+    if chunks > 1:
+        ends = torch.arange(chunks, device=decay.device) * n
+        across = decay.matrix(ends, ends)[0].to(device=seq.device, dtype=seq.dtype)
+        last = torch.matmul(across[:-1, :-1], y[:-1, -1])
+        carry = full[1:, 0].to(device=seq.device, dtype=seq.dtype)
+        shifted = torch.cat([torch.zeros_like(last[:1]), last])
+        y = y + carry[None, :, None] * shifted[:, None, :]
+    return y.reshape(chunks * n, *seq.shape[1:])[:steps]
 
 
 def carried_weight(decay, batch):
