@@ -169,3 +169,22 @@ def test_cached_token_is_one_cell_step(cell, make_generator, monkeypatch):
             logits = model(input_ids=ids[:, t:t + 1], past_key_values=cache, use_cache=True).logits
             torch.testing.assert_close(logits[:, 0], full[:, t], atol=1e-5, rtol=1e-5)
     assert cache.get_lstm_state().step.tolist() == [9, 9]
+
+
+def test_save_load_with_weights_in_one_buffer(tmp_path):
+    """On CUDA `flatten_parameters` makes the plain cell's weights views of one cuDNN buffer.
+    The same layout, built here by hand: safetensors saving (which refuses shared storage
+    unless transformers splits it) and loading keep every weight exactly."""
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(tiny(cell="lstm")).eval()
+    params = [p for m in model.modules() if isinstance(m, MomentumLSTM) for p in m.parameters()]
+    buffer = torch.cat([p.detach().reshape(-1) for p in params])
+    offset = 0
+    for p in params:
+        p.data = buffer[offset:offset + p.numel()].view_as(p)
+        offset += p.numel()
+    assert len({p.untyped_storage().data_ptr() for p in params}) == 1
+    model.save_pretrained(tmp_path)
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path).eval()
+    for (name, a), b in zip(model.state_dict().items(), loaded.state_dict().values()):
+        assert torch.equal(a, b), name

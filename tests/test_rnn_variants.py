@@ -260,7 +260,8 @@ def test_step_counter_cannot_wrap(cls, make_generator):
 def test_long_sequence_forms_no_t_by_t_matrix(cell, monkeypatch, make_generator):
     """T = 50,000 at μ = 0.999 (a T × T float64 decay matrix would be 20 GB): every piece of
     the decay matrix formed is a (chunk + 1)² block, one (T, 1) column or the (T / chunk)²
-    matrix between chunk ends, and the output stays finite. Peak memory is measured in benchmarks/rnn_filter_memory.py."""
+    matrix between chunk ends, and the output stays finite. Peak memory is measured in
+    benchmarks/rnn_filter_memory.py."""
     steps, chunk = 50_000, 128
     largest = []
     for name in ("ConstantDecay", "NAGDecay"):

@@ -48,6 +48,8 @@ def input_map(x, decay, step_size, weight, bias, v0):
     layer's own parameters when s = 1 (the plain cell), and torch's fused kernels (cuDNN on
     GPU) receive the module's tensors. Otherwise the filtered input gains a bias channel
     and, for a carried-in v_0 (None: none carried), B channels; see the module docstring.
+    That derived weight is new on every call, so on CUDA cuDNN copies it into its layout
+    (docs/benchmarks.md says why no persistent buffer holds it).
     """
     if decay is None:
         if step_size == 1:
