@@ -60,11 +60,21 @@ class ConstantDecay:
     def __init__(self, momentum, length, device="cpu"):
         self.momentum, self.length, self.groups = float(momentum), length, 1
         self.device = closed_form_device(device)
+        self._lag_blocks = {}
 
     def matrix(self, rows, cols):
         """M[rows, cols] as a float64 (1, len(rows), len(cols)) tensor on rows' device."""
         lag = (rows[:, None] - cols[None, :]).to(torch.float64)
         return torch.where(lag >= 0, torch.pow(self.momentum, lag.clamp(min=0)), 0.0).unsqueeze(0)
+
+    def lag_blocks(self, n, chunks):
+        """M[0..n, 0..n] and M[c·n, j·n] (c, j < chunks) as float64 matrices, built once per
+        decay: a forward pass shares one decay among its layers and their bias channels."""
+        if (n, chunks) not in self._lag_blocks:
+            tau = torch.arange(n + 1, device=self.device)
+            ends = torch.arange(chunks, device=self.device) * n
+            self._lag_blocks[n, chunks] = (self.matrix(tau, tau)[0], self.matrix(ends, ends)[0])
+        return self._lag_blocks[n, chunks]
 
 
 class NAGDecay:
@@ -84,8 +94,7 @@ class NAGDecay:
 
     def matrix(self, rows, cols):
         """M[rows, cols] as a float64 (G, len(rows), len(cols)) tensor on rows' device."""
-        start = self.start.to(rows.device)
-        k_r, k_c = (restart_index(start[:, None] + i[None, :], self.restart).to(torch.float64)
+        k_r, k_c = (restart_index(self.start[:, None] + i[None, :], self.restart).to(torch.float64)
                     for i in (rows, cols))
         lag = (rows[:, None] - cols[None, :]).to(torch.float64)
         same_block = (k_r[:, :, None] - k_c[:, None, :]) == lag
@@ -135,16 +144,14 @@ def stationary_filter(seq, decay, step_size, chunk=128):
     steps = seq.size(0)
     n = min(chunk, steps)
     chunks = -(-steps // n)
-    tau = torch.arange(n + 1, device=decay.device)
-    full = decay.matrix(tau, tau)[0]
+    full, across = decay.lag_blocks(n, chunks)
     block = (step_size * full[1:, 1:]).to(device=seq.device, dtype=seq.dtype)
     x = torch.nn.functional.pad(seq.reshape(steps, -1), (0, 0, 0, chunks * n - steps))
     x = x.view(chunks, n, -1).transpose(0, 1).reshape(n, -1)
     y = torch.matmul(block, x).view(n, chunks, -1).transpose(0, 1)
     if chunks > 1:
-        ends = torch.arange(chunks, device=decay.device) * n
-        across = decay.matrix(ends, ends)[0].to(device=seq.device, dtype=seq.dtype)
-        last = torch.matmul(across[:-1, :-1], y[:-1, -1])
+        across = across[:-1, :-1].to(device=seq.device, dtype=seq.dtype)
+        last = torch.matmul(across, y[:-1, -1])
         carry = full[1:, 0].to(device=seq.device, dtype=seq.dtype)
         shifted = torch.cat([torch.zeros_like(last[:1]), last])
         y = y + carry[None, :, None] * shifted[:, None, :]

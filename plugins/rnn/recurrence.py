@@ -110,6 +110,16 @@ def forward_buffers(g, v0, h0, c0, m0, bias_hh, momentum, batch_sizes):
     return sizes, hs, cs, rs, vs, m, bias
 
 
+def forward_results(ctx, config, g, vs, weight_hh, bias_hh, hs, cs, rs, m):
+    """How both forward passes end: save what the backward needs (config starts with the
+    step sizes), and return hs with each sequence's final c, v (None when μ = 0) and m."""
+    ctx.save_for_backward(g, vs, weight_hh, bias_hh, hs, cs, rs)
+    ctx.config = config
+    sizes, batch = config[0], g.size(1)
+    v_final = None if vs is None else final_entries(vs, sizes, batch)
+    return hs, final_entries(cs, sizes, batch), v_final, m
+
+
 class AdamLSTMRecurrence(torch.autograd.Function):
     """For t = 1..T (eq. 15 with eq. 2; gate rows ordered i, f, o, g):
 
@@ -163,11 +173,8 @@ class AdamLSTMRecurrence(torch.autograd.Function):
                                                                scale, hidden)
             torch.mul(f, c_prev, out=c).addcmul_(i, c_tilde)
             torch.mul(o, torch.tanh(c, out=tc), out=h)
-        ctx.save_for_backward(g, vs, weight_hh, bias_hh, hs, cs, rs)
-        ctx.config = (sizes, momentum, step_size, beta)
-        c_final = final_entries(cs, sizes, batch)
-        v_final = None if vs is None else final_entries(vs, sizes, batch)
-        return hs, c_final, v_final, m
+        return forward_results(ctx, (sizes, momentum, step_size, beta), g, vs, weight_hh, bias_hh,
+                               hs, cs, rs, m)
 
     @staticmethod
     def backward(ctx, grad_hs, grad_c, grad_v, grad_m):

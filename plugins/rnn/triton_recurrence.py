@@ -25,7 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .recurrence import final_entries, forward_buffers
+from .recurrence import forward_buffers, forward_results
 
 BLOCK_H = 32
 
@@ -214,7 +214,7 @@ class TritonAdamLSTMRecurrence(torch.autograd.Function):
     def forward(ctx, g, v0, h0, c0, m0, weight_hh, bias_hh, momentum, step_size, beta, eps,
                 batch_sizes):
         g = g.contiguous()
-        steps, batch, width = g.shape
+        steps, _, width = g.shape
         hidden = width // 4
         sizes, hs, cs, rs, vs, m, bias = forward_buffers(g, v0, h0, c0, m0, bias_hh, momentum,
                                                          batch_sizes)
@@ -230,11 +230,8 @@ class TritonAdamLSTMRecurrence(torch.autograd.Function):
                 torch.mm(h_seq[t][:n], w_t, out=pre[:n])
                 step(n, g_t, pre, bias, m, v_seq[t], v_seq[t + 1], r_t, c_seq[t], c_seq[t + 1],
                      h_seq[t + 1], hyper, n, hidden)
-        ctx.save_for_backward(g, vs, weight_hh, bias_hh, hs, cs, rs)
-        ctx.config = (sizes, momentum, step_size, beta, eps)
-        c_final = final_entries(cs, sizes, batch)
-        v_final = None if vs is None else final_entries(vs, sizes, batch)
-        return hs, c_final, v_final, m
+        return forward_results(ctx, (sizes, momentum, step_size, beta, eps), g, vs, weight_hh,
+                               bias_hh, hs, cs, rs, m)
 
     @staticmethod
     def backward(ctx, grad_hs, grad_c, grad_v, grad_m):
