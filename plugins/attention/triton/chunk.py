@@ -15,10 +15,10 @@ from .utils import (
     check_grid,
     chunk_block,
     chunk_state_dtype,
+    coefficients,
     device_of,
     kernel_flags,
     kernel_inputs,
-    params,
 )
 
 
@@ -73,7 +73,7 @@ def chunk_forward(fq, fk, v, s0, z0, m0, lengths, momentum: float, step_size: fl
 def _chunk_forward(fq, fk, v, s0, z0, m0, lengths, momentum, step_size, eps, chunk):
     B, H, N, DK, DV, BT, NT = _shapes(fq, v, chunk)
     check_grid(B * H, NT)
-    coef = params(momentum, step_size, eps, accumulator_dtype(fq.dtype), fq.device)
+    coef = coefficients(momentum, step_size, eps, accumulator_dtype(fq.dtype), fq.device)
     meta = _meta(fq, momentum, lengths, BT, DK, DV)
     h_s, h_m, h_z, s, z, m = states_entering_chunks(fk, v, s0, z0, m0, lengths, coef, meta, NT)
     out = torch.empty_like(v)
@@ -95,7 +95,7 @@ def chunk_backward(fq, fk, v, out, den, do, s0, z0, m0, ds, dz, dm, lengths, mom
 def _chunk_backward(fq, fk, v, out, den, do, s0, z0, m0, ds, dz, dm, lengths, momentum, step_size,
                     eps, chunk):
     B, H, N, DK, DV, BT, NT = _shapes(fq, v, chunk)
-    coef = params(momentum, step_size, eps, accumulator_dtype(fq.dtype), fq.device)
+    coef = coefficients(momentum, step_size, eps, accumulator_dtype(fq.dtype), fq.device)
     meta = _meta(fq, momentum, lengths, BT, DK, DV)
     lens = lengths if lengths is not None else den
     h_s, h_m, h_z, _s, _z, _m = states_entering_chunks(fk, v, s0, z0, m0, lengths, coef, meta, NT)

@@ -27,9 +27,9 @@ def autotuned(prune):
 
 
 @triton.jit
-def _load_params(params):
-    return (tl.load(params + 0), tl.load(params + 1), tl.load(params + 2), tl.load(params + 3),
-            tl.load(params + 4))
+def _load_coef(coef):
+    return (tl.load(coef + 0), tl.load(coef + 1), tl.load(coef + 2), tl.load(coef + 3),
+            tl.load(coef + 4))
 
 
 @triton.jit
@@ -77,7 +77,7 @@ def _intra_weights(rows, log_beta, inv, gamma, beta, MOMENTUM: tl.constexpr):
 
 @autotuned(prune_scan)
 @triton.jit
-def fwd_h(k, v, h_s, h_m, h_z, s0, m0, z0, s_out, m_out, z_out, lengths, params,
+def fwd_h(k, v, h_s, h_m, h_z, s0, m0, z0, s_out, m_out, z_out, lengths, coef,
           N, H, NT,
           DK: tl.constexpr, DV: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
           MOMENTUM: tl.constexpr, HAS_LEN: tl.constexpr, USE_INIT: tl.constexpr,
@@ -102,8 +102,8 @@ def fwd_h(k, v, h_s, h_m, h_z, s0, m0, z0, s_out, m_out, z_out, lengths, params,
     m_out += bh * DK * DV
     z0 += bh * DK
     z_out += bh * DK
-    log_beta, inv, gamma, _eps, beta = _load_params(params)
-    ACC: tl.constexpr = params.dtype.element_ty
+    log_beta, inv, gamma, _eps, beta = _load_coef(coef)
+    ACC: tl.constexpr = coef.dtype.element_ty
 
     rows = tl.arange(0, BT)
     o_k = i_k * BK + tl.arange(0, BK)
@@ -152,7 +152,7 @@ def fwd_h(k, v, h_s, h_m, h_z, s0, m0, z0, s_out, m_out, z_out, lengths, params,
 
 @autotuned(prune_chunk)
 @triton.jit
-def fwd_o(q, k, v, h_s, h_m, h_z, o, den, lengths, params,
+def fwd_o(q, k, v, h_s, h_m, h_z, o, den, lengths, coef,
           N, H, NT,
           DK: tl.constexpr, DV: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
           MOMENTUM: tl.constexpr, HAS_LEN: tl.constexpr, LOW: tl.constexpr, IEEE: tl.constexpr):
@@ -172,8 +172,8 @@ def fwd_o(q, k, v, h_s, h_m, h_z, o, den, lengths, params,
     h_s += bh * NT * DK * DV
     h_m += bh * NT * DK * DV
     h_z += bh * NT * DK
-    log_beta, inv, gamma, eps, beta = _load_params(params)
-    ACC: tl.constexpr = params.dtype.element_ty
+    log_beta, inv, gamma, eps, beta = _load_coef(coef)
+    ACC: tl.constexpr = coef.dtype.element_ty
 
     rows = tl.arange(0, BT)
     t = i_t * BT + rows
@@ -253,7 +253,7 @@ def bwd_prep(o, do, den, dden, lengths, N, H,
 
 @autotuned(prune_scan)
 @triton.jit
-def bwd_dh(q, do, den, dden, dh_s, dh_m, dh_z, ds_fin, dm_fin, dz_fin, ds0, dm0, dz0, lengths, params,
+def bwd_dh(q, do, den, dden, dh_s, dh_m, dh_z, ds_fin, dm_fin, dz_fin, ds0, dm0, dz0, lengths, coef,
            N, H, NT,
            DK: tl.constexpr, DV: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
            MOMENTUM: tl.constexpr, HAS_LEN: tl.constexpr, HAS_FINAL_GRAD: tl.constexpr,
@@ -282,8 +282,8 @@ def bwd_dh(q, do, den, dden, dh_s, dh_m, dh_z, ds_fin, dm_fin, dz_fin, ds0, dm0,
     dm0 += bh * DK * DV
     dz_fin += bh * DK
     dz0 += bh * DK
-    log_beta, inv, gamma, _eps, beta = _load_params(params)
-    ACC: tl.constexpr = params.dtype.element_ty
+    log_beta, inv, gamma, _eps, beta = _load_coef(coef)
+    ACC: tl.constexpr = coef.dtype.element_ty
 
     rows = tl.arange(0, BT)
     o_k = i_k * BK + tl.arange(0, BK)
@@ -337,7 +337,7 @@ def bwd_dh(q, do, den, dden, dh_s, dh_m, dh_z, ds_fin, dm_fin, dz_fin, ds0, dm0,
 
 @autotuned(prune_chunk)
 @triton.jit
-def bwd_dv(q, k, do, den, dh_s, dh_m, dv, lengths, params,
+def bwd_dv(q, k, do, den, dh_s, dh_m, dv, lengths, coef,
            N, H, NT,
            DK: tl.constexpr, DV: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
            MOMENTUM: tl.constexpr, HAS_LEN: tl.constexpr, LOW: tl.constexpr, IEEE: tl.constexpr):
@@ -354,8 +354,8 @@ def bwd_dv(q, k, do, den, dh_s, dh_m, dv, lengths, params,
     den += bh * N
     dh_s += bh * NT * DK * DV
     dh_m += bh * NT * DK * DV
-    log_beta, inv, gamma, _eps, beta = _load_params(params)
-    ACC: tl.constexpr = params.dtype.element_ty
+    log_beta, inv, gamma, _eps, beta = _load_coef(coef)
+    ACC: tl.constexpr = coef.dtype.element_ty
 
     rows = tl.arange(0, BT)
     t = i_t * BT + rows
@@ -399,7 +399,7 @@ def bwd_dv(q, k, do, den, dh_s, dh_m, dv, lengths, params,
 
 @autotuned(prune_chunk)
 @triton.jit
-def bwd_dqk(q, k, v, do, den, dden, h_s, h_m, h_z, dh_s, dh_m, dh_z, dq, dk, lengths, params,
+def bwd_dqk(q, k, v, do, den, dden, h_s, h_m, h_z, dh_s, dh_m, dh_z, dq, dk, lengths, coef,
             N, H, NT,
             DK: tl.constexpr, DV: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
             MOMENTUM: tl.constexpr, HAS_LEN: tl.constexpr, LOW: tl.constexpr, IEEE: tl.constexpr):
@@ -425,8 +425,8 @@ def bwd_dqk(q, k, v, do, den, dden, h_s, h_m, h_z, dh_s, dh_m, dh_z, dq, dk, len
     dh_m += bh * NT * DK * DV
     h_z += bh * NT * DK
     dh_z += bh * NT * DK
-    log_beta, inv, gamma, _eps, beta = _load_params(params)
-    ACC: tl.constexpr = params.dtype.element_ty
+    log_beta, inv, gamma, _eps, beta = _load_coef(coef)
+    ACC: tl.constexpr = coef.dtype.element_ty
 
     rows = tl.arange(0, BT)
     t = i_t * BT + rows

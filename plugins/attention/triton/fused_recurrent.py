@@ -6,11 +6,11 @@ import triton
 import triton.language as tl
 
 from ..state import MomentumAttentionState
-from .utils import accumulator_dtype, check_grid, device_of, kernel_inputs, params
+from .utils import accumulator_dtype, check_grid, coefficients, device_of, kernel_inputs
 
 
 @triton.jit
-def step_kernel(q, k, v, s, z, m, real, s_new, z_new, m_new, o, params,
+def step_kernel(q, k, v, s, z, m, real, s_new, z_new, m_new, o, coef,
                 DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                 HAS_REAL: tl.constexpr):
     """Grid (cdiv(DV, BV), B·H), over one (batch, head) and a block of value columns:
@@ -18,10 +18,10 @@ def step_kernel(q, k, v, s, z, m, real, s_new, z_new, m_new, o, params,
     A row whose `real` flag is False keeps its state and outputs 0."""
     i_v = tl.program_id(0)
     i_bh = tl.program_id(1).to(tl.int64)
-    ACC: tl.constexpr = params.dtype.element_ty
-    beta = tl.load(params + 4)
-    gamma = tl.load(params + 2)
-    eps = tl.load(params + 3)
+    ACC: tl.constexpr = coef.dtype.element_ty
+    beta = tl.load(coef + 4)
+    gamma = tl.load(coef + 2)
+    eps = tl.load(coef + 3)
     o_k = tl.arange(0, BK)
     o_v = i_v * BV + tl.arange(0, BV)
     mk = o_k < DK
@@ -57,7 +57,7 @@ def recurrent_step(fq, fk, v, s, z, m, real, momentum: float, step_size: float, 
     B, H, DK = fq.shape
     DV = v.shape[-1]
     check_grid(B * H)
-    coef = params(momentum, step_size, eps, s.dtype, s.device)
+    coef = coefficients(momentum, step_size, eps, s.dtype, s.device)
     s_new, m_new, z_new = torch.empty_like(s), torch.empty_like(m), torch.empty_like(z)
     out = torch.empty_like(v)
     BK = max(16, triton.next_power_of_2(DK))

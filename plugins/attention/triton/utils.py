@@ -64,7 +64,7 @@ def finite(x):
 
 
 @functools.lru_cache(maxsize=64)
-def params(momentum: float, step_size: float, eps: float, dtype: torch.dtype,
+def coefficients(momentum: float, step_size: float, eps: float, dtype: torch.dtype,
            device: torch.device) -> torch.Tensor:
     """[log β, 1/(1 − β), γ, eps, β] as a small tensor in the accumulator dtype (scalar kernel
     arguments would be rounded to fp32). Cached per value and device: building it is a host to

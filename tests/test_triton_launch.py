@@ -1,0 +1,76 @@
+"""Every Triton kernel through Triton's real launch path, without a GPU (tests/triton_standin.py):
+the binder, the autotuner over every config it keeps, compilation for an H100 (sm_90) and an
+A100 (sm_80) with the bundled ptxas, and the shared-memory check. The interpreter and a direct
+`triton.compile` skip the binder, which is where a kernel argument named `params` crashed every
+first GPU launch."""
+import ast
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+# The binder Triton generates for each kernel (triton.runtime.jit.create_function_from_signature)
+# binds these names itself; a kernel argument with one of them is overwritten before it is used.
+BINDER_NAMES = {"params", "specialization", "options", "backend", "specialize_impl", "JITCallable"}
+
+
+def _has_nvidia_backend() -> bool:
+    done = subprocess.run([sys.executable, "-c", "from triton.backends import backends; "
+                           "raise SystemExit(0 if 'nvidia' in backends else 77)"],
+                          env=_compiled_env(None), capture_output=True)
+    return done.returncode == 0
+
+
+def _compiled_env(cache_dir):
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
+    env["TRITON_DEFAULT_FP_FUSION"] = "1"
+    if cache_dir is not None:
+        env["TRITON_CACHE_DIR"] = str(cache_dir)      # compile for real, not from an earlier run's cache
+    return env
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("arch", [90, 80])
+def test_public_api_launches_through_the_compiled_path(arch, tmp_path):
+    """Attention forward + backward (padding, initial and final state), linear attention, a
+    decoding step and the Adam/RMSProp LSTM recurrences, in bf16, fp16 and fp32 at head sizes 64
+    and 128: two processes (one per dtype group) share the two cores."""
+    pytest.importorskip("triton")
+    if not _has_nvidia_backend():
+        pytest.skip("this triton has no NVIDIA backend")
+    groups = (["bf16", "fp32"], ["fp16"])
+    runs = [subprocess.Popen([sys.executable, str(ROOT / "tests" / "triton_launch_check.py"), "--arch",
+                              str(arch), "--dtypes", *dtypes], env=_compiled_env(tmp_path / str(i)), cwd=ROOT,
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            for i, dtypes in enumerate(groups)]
+    for run, dtypes in zip(runs, groups):
+        output, _ = run.communicate(timeout=900)
+        assert run.returncode == 0, f"sm_{arch} {dtypes}:\n{output[-6000:]}"
+        for dtype in dtypes:
+            for dim in (64, 128):
+                assert f"sm_{arch} {dtype} D={dim}:" in output
+
+
+def _jit_kernels():
+    """(file, kernel name, argument names) of every @triton.jit function under plugins/."""
+    for path in sorted((ROOT / "plugins").rglob("*.py")):
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.FunctionDef):
+                names = {ast.unparse(d).split("(")[0] for d in node.decorator_list}
+                if names & {"triton.jit", "jit"} or path.name == "triton_recurrence.py" and \
+                        node.name.endswith("_step") and node.name.startswith("_adam"):
+                    yield path.relative_to(ROOT), node.name, [a.arg for a in node.args.args]
+
+
+def test_no_kernel_argument_is_shadowed_by_the_binder():
+    """A fast guard beside the launch test: no kernel argument uses a name of the binder's."""
+    kernels = list(_jit_kernels())
+    assert len(kernels) >= 10
+    clashes = [(str(path), name, sorted(set(args) & BINDER_NAMES)) for path, name, args in kernels
+               if set(args) & BINDER_NAMES]
+    assert not clashes, f"kernel arguments that Triton's binder overwrites: {clashes}"

@@ -1,0 +1,169 @@
+"""Drive the public API through Triton's real launch path for one GPU target, on CPU tensors, with
+the stand-in driver of `triton_standin` (compiled kernels, no-op launches):
+
+    python tests/triton_launch_check.py --arch 90 [--dtypes bf16 fp16 fp32] [--dims 64 128] [--table]
+
+Per dtype and head size: momentum attention forward + backward (padding, initial state, the final
+state's gradient), plain linear attention (the one-state kernels), a decoding step, and the
+Adam/RMSProp LSTM recurrences. Every kernel the autotuner keeps is compiled for the target and
+bound by the launcher. Exit 0 when everything launched; `--table` prints registers and spills
+(ptxas -v) of every compiled kernel as a markdown table. Must run with TRITON_INTERPRET unset."""
+import argparse
+import os
+import sys
+from pathlib import Path
+
+if os.environ.get("TRITON_INTERPRET") == "1":
+    sys.exit("run without TRITON_INTERPRET: the interpreter skips the launcher this script checks")
+
+sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parents[1])]
+
+import triton_standin  # noqa: E402  (the stand-in must be active before any kernel is used)
+
+LSTM_KERNELS = []           # the Adam/RMSProp step kernels, compiled
+DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+
+
+def allow_cpu_tensors():
+    """The library sends only CUDA tensors (or CPU tensors under the interpreter) to Triton: let
+    CPU tensors through to the compiled kernels, the one thing the stand-in changes."""
+    from plugins.attention import api, backends
+    from plugins.attention import triton as attention_kernels
+    from plugins.rnn import triton_recurrence
+
+    def use_triton(backend, device, float64):
+        return backend == "triton"
+
+    backends.use_triton = api.use_triton = use_triton
+    attention_kernels._check_device = lambda t: None
+    compiled = triton_recurrence._kernel
+
+    def jit_kernel(fn, interpret):
+        kernel = compiled(fn, False)
+        if kernel not in LSTM_KERNELS:
+            LSTM_KERNELS.append(kernel)
+        return kernel
+
+    triton_recurrence._kernel = jit_kernel
+
+
+def attention(dtype, D):
+    import torch
+
+    from plugins.attention import (
+        MomentumAttentionState,
+        linear_attention,
+        momentum_attention,
+        momentum_attention_step,
+    )
+
+    gen = torch.Generator().manual_seed(0)
+    B, H, N = 2, 2, 150                     # N past two chunks and not a multiple of the chunk
+
+    def leaf(*shape, dt=dtype):
+        return torch.randn(*shape, generator=gen).to(dt).requires_grad_()
+
+    q, k, v = (leaf(B, H, N, D) for _ in range(3))
+    mask = torch.ones(B, N, dtype=torch.bool)
+    mask[1, 100:] = False
+    init = MomentumAttentionState(s=leaf(B, H, D, D, dt=torch.float32), z=leaf(B, H, D, dt=torch.float32),
+                                  m=leaf(B, H, D, D, dt=torch.float32))
+    out, state = momentum_attention(q, k, v, momentum=0.6, step_size=0.8, padding_mask=mask,
+                                    initial_state=init, return_state=True, backend="triton")
+    loss = out.float().sum() + state.s.sum() + state.z.sum() + state.m.sum()
+    loss.backward()
+    # the one-state kernels (β = 0), without padding, initial state or final-state gradient
+    linear_attention(q, k, v, backend="triton").float().sum().backward()
+    q1, k1, v1 = (leaf(B, H, 1, D) for _ in range(3))
+    step_state = MomentumAttentionState(s=state.s.detach(), z=state.z.detach(), m=state.m.detach())
+    out1, _ = momentum_attention_step(q1, k1, v1, step_state, momentum=0.6, padding_mask=mask[:, :1],
+                                      backend="triton")
+    out1.float().sum().backward()
+
+
+def lstm_recurrences(dtype, hidden):
+    import torch
+
+    from plugins.rnn import MomentumLSTM
+    from plugins.rnn.recurrence import recurrence_backend
+
+    gen = torch.Generator().manual_seed(1)
+    for cell in ("adam", "rmsprop"):
+        model = MomentumLSTM(16, hidden, num_layers=1, cell=cell).to(dtype)
+        x = torch.randn(9, 3, 16, generator=gen).to(dtype).requires_grad_()
+        with recurrence_backend("triton"):
+            out, _ = model(x)
+            out.float().sum().backward()
+
+
+def kernel_dtype(kernel) -> str:
+    """The dtype of the kernel's first tensor argument: its input dtype."""
+    first = next(t for t in kernel.src.signature.values() if t.startswith("*"))
+    return first.lstrip("*")
+
+
+def resource_table(kernels) -> list[str]:
+    rows = ["| kernel | dtype | constants | warps | stages | registers | spill stores / loads (B) "
+            "| shared (B) |",
+            "|---|---|---|---|---|---|---|---|"]
+    seen = set()
+    for name, dtype, kernel in kernels:
+        names = kernel.src.fn.arg_names
+        consts = {names[k[0]] if isinstance(k, tuple) else k: v for k, v in kernel.src.constants.items()}
+        shown = {k: v for k, v in consts.items()
+                 if k in ("DK", "DV", "BT", "BK", "BV", "MOMENTUM", "BLOCK_B", "BLOCK_H")}
+        key = (name, dtype, str(shown.items()), kernel.metadata.num_warps)
+        if key in seen:
+            continue
+        seen.add(key)
+        regs, stores, loads = triton_standin.registers_and_spills(kernel)
+        text = " ".join(f"{k}={int(v) if isinstance(v, bool) else v}" for k, v in shown.items())
+        meta = kernel.metadata
+        rows.append(f"| {name} | {dtype} | {text} | {meta.num_warps} | {meta.num_stages} "
+                    f"| {regs} | {stores} / {loads} | {meta.shared} |")
+    return rows
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--arch", type=int, choices=sorted(triton_standin.DEVICES), default=90)
+    parser.add_argument("--dtypes", nargs="+", choices=sorted(DTYPES), default=["bf16", "fp16", "fp32"])
+    parser.add_argument("--dims", nargs="+", type=int, default=[64, 128])
+    parser.add_argument("--table", action="store_true", help="print registers and spills per kernel")
+    args = parser.parse_args()
+    stand_in = triton_standin.activate(args.arch)
+
+    import torch
+
+    from plugins.attention.triton import chunk_kernels, fused_recurrent
+    allow_cpu_tensors()
+
+    compiled = []
+    for name in args.dtypes:
+        dtype = getattr(torch, DTYPES[name])
+        for D in args.dims:
+            before = triton_standin._NoLaunch.launches
+            attention(dtype, D)
+            lstm_recurrences(dtype, D)
+            print(f"sm_{args.arch} {name} D={D}: {triton_standin._NoLaunch.launches - before} launches",
+                  flush=True)
+    kernels = [chunk_kernels.fwd_h, chunk_kernels.fwd_o, chunk_kernels.bwd_prep, chunk_kernels.bwd_dh,
+               chunk_kernels.bwd_dv, chunk_kernels.bwd_dqk, fused_recurrent.step_kernel]
+    kernels += LSTM_KERNELS
+    for kernel in kernels:
+        name = kernel.fn.__name__ if hasattr(kernel, "configs") else kernel.__name__.lstrip("_")
+        count = sum(1 for _ in triton_standin.compiled_kernels(kernel))
+        if count == 0:
+            print(f"kernel {name} was never compiled", file=sys.stderr)
+            return 1
+        for ck in triton_standin.compiled_kernels(kernel):
+            compiled.append((name, kernel_dtype(ck), ck))
+    print(f"sm_{args.arch}: {len(compiled)} attention kernels compiled, {len(stand_in.utils.loaded)} loaded; "
+          f"largest shared memory {max(s for _, s in stand_in.utils.loaded)} B")
+    if args.table:
+        print("\n".join(resource_table(compiled)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
