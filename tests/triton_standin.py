@@ -142,7 +142,8 @@ def registers_and_spills(kernel) -> tuple[int, int, int]:
         ptx = Path(tmp) / "k.ptx"
         ptx.write_text(kernel.asm["ptx"])
         gpu = f"sm_{arch}{'a' if arch == 90 else ''}"
-        done = subprocess.run([_ptxas(arch), "-v", f"--gpu-name={gpu}", str(ptx), "-o", str(Path(tmp) / "k.cubin")],
+        cubin = str(Path(tmp) / "k.cubin")
+        done = subprocess.run([_ptxas(arch), "-v", f"--gpu-name={gpu}", str(ptx), "-o", cubin],
                               capture_output=True, text=True, check=True)
     log = done.stderr
     regs = int(log.split("Used ")[1].split(" registers")[0])
