@@ -1,12 +1,12 @@
 """Figure 2 of MomentumRNN: ‖∂L/∂h_t‖₂ per time step t, recorded on a fixed probe batch
-during training, measured and drawn by `plugins.analysis`."""
+during training, measured and drawn by `plugins.gradient_norms`."""
 from pathlib import Path
 from typing import List
 
 import torch
 from torch.nn import functional as F
 
-from plugins.analysis import hidden_gradient_norms, save_gradient_heatmap
+from plugins.gradient_norms import hidden_gradient_norms, save_gradient_heatmap
 from recipes.common.plots import plot_curves, write_csv
 
 

@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from plugins.analysis import hidden_gradient_norms, save_gradient_heatmap
+from plugins.gradient_norms import hidden_gradient_norms, save_gradient_heatmap
 from plugins.rnn import AdamLSTMCell, MomentumLSTM, MomentumRNN, MomentumRNNCell
 
 T, B, D, H = 7, 3, 2, 4
