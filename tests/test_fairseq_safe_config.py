@@ -256,3 +256,15 @@ def test_clean_checkpoint_loads_with_its_literal_config(lm):
     model = tasks.setup_task(cfg.task).build_model(cfg.model)
     widths = [conv.kernel_size[0] for conv in model.decoder.embed_tokens.convolutions]
     assert widths == [1, 2]
+
+
+def test_the_error_names_a_way_out_that_works(lm, tmp_path):
+    """The message suggests overriding the field; an override replaces the stored string before
+    the check, so the user's own file loads and nothing from it runs."""
+    from fairseq import checkpoint_utils
+    path, marker = tampered(lm, tmp_path / "evil.pt", "momentum_transformer_lm", {"character_filters": "P"})
+    with pytest.raises(UnsafeConfigError, match="arg_overrides"):
+        checkpoint_utils.load_model_ensemble_and_task([str(path)])
+    _, cfg, _ = checkpoint_utils.load_model_ensemble_and_task(
+        [str(path)], arg_overrides={"character_filters": "[(1, 4)]"})
+    assert cfg.model.character_filters == "[(1, 4)]" and not marker.exists()
