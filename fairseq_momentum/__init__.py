@@ -6,7 +6,11 @@ MomentumLSTM (LM, MT).
 Importing it lets torch's safe (weights_only) unpickler read fairseq checkpoints by allowlisting
 the few types fairseq saves in them, and makes an unreadable checkpoint fail with its name
 (fairseq_momentum/checkpoints.py). torch.load stays safe for everything else in the process.
+It also makes fairseq read the config strings it would `eval` (character_filters, adam_betas,
+eval_str_list / eval_bool fields, ...) as literals only: a checkpoint whose config holds code there
+is refused before its model is built (fairseq_momentum/safe_config.py).
 """
-from . import checkpoints, models  # noqa: F401  (models registers the architectures)
+from . import checkpoints, models, safe_config  # noqa: F401  (models registers the architectures)
 
 checkpoints.install()
+safe_config.install()

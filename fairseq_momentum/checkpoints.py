@@ -16,7 +16,8 @@ generate, eval-lm and two-rank resume tests of the other fairseq test files).
 
 `load_checkpoint_to_cpu` replaces fairseq's function of that name: an empty or truncated file
 (an interrupted save) stops with an error naming it and the readable checkpoints beside it for
-`--restore-file`, and a checkpoint holding a type outside the allowlist says how to allow it.
+`--restore-file`, a checkpoint holding a type outside the allowlist says how to allow it, and one
+whose config holds code where fairseq evaluates a literal is refused with its name (safe_config.py).
 """
 import argparse
 import collections
@@ -34,6 +35,8 @@ from fairseq import checkpoint_utils
 from fairseq.distributed.utils import _TensorPlaceholder
 from omegaconf import base as omegaconf_base
 from omegaconf import nodes as omegaconf_nodes
+
+from .safe_config import UnsafeConfigError
 
 _NUMPY_DTYPES = [type(np.dtype(t)) for t in (np.bool_, np.int8, np.int16, np.int32, np.int64, np.uint8,
                                              np.uint16, np.uint32, np.uint64, np.float16, np.float32,
@@ -122,6 +125,9 @@ def checked_loader(load):
             return load(path, *args, **kwargs)
         except (FileNotFoundError, PermissionError):
             raise
+        except UnsafeConfigError as error:
+            # The config check (safe_config) sees the state, not the file: name it here.
+            raise UnsafeConfigError(f"checkpoint {path}: {error}") from None
         except Exception as error:
             local = Path(path)
             if local.is_file() and (not _is_intact(local) or isinstance(error, EOFError)):

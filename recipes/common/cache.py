@@ -1,28 +1,42 @@
 """Cached artefacts (text, sentencepiece models, data-bins, checkpoints) keyed by what produced them.
 
 Each artefact lives in a folder named `<stem>-<key>`, where the key is a hash of the arguments
-that produced it and of the content of its input files, and holds a `manifest.json` written
-only after the artefact is complete. A folder is reused only when its manifest records exactly
-the same arguments and inputs; anything else (other arguments, changed inputs, an interrupted
-build) is rebuilt from scratch. Changing the corpus, a token budget or the BPE size therefore
-gives a new folder instead of silently reusing the old one.
+that produced it and of the content of its input files, and holds a `manifest.json` with those
+arguments and the sha256 of every file the build wrote. A folder is reused only when its
+manifest records exactly the same arguments and every file still has its recorded digest;
+anything else (other arguments, changed inputs, an output edited or truncated since) is rebuilt
+from scratch, and a changed output is named in the log. Changing the corpus, a token budget or
+the BPE size therefore gives a new folder instead of silently reusing the old one.
+
+Builds are atomic and run once: `build_once` takes a file lock per artefact (`filelock`, an
+flock the kernel releases when its holder dies, even by SIGKILL), builds into a fresh temporary
+folder beside the target, writes the manifest there and renames the folder into place (a rename
+within one filesystem is atomic). A second process asking for the same artefact waits on the lock
+and then reuses the result; a reader never sees a half-written folder; and a build killed at any
+point leaves only a temporary folder, which the next build of that artefact deletes under the
+lock (no process can still own it). Child processes of a build die with it
+(recipes/common/children.py).
 """
 import hashlib
 import json
+import os
 import shutil
+import uuid
 from pathlib import Path
-from typing import Callable, Dict, Iterable, Mapping
+from typing import Callable, Dict, Iterable, Mapping, Optional
+
+from filelock import FileLock, Timeout
 
 MANIFEST = "manifest.json"
 
 
-def file_digest(path: Path) -> str:
-    """sha256 of a file's bytes (first 16 hex digits)."""
+def file_digest(path: Path, full: bool = False) -> str:
+    """sha256 of a file's bytes (its first 16 hex digits, or all 64 with `full`)."""
     h = hashlib.sha256()
     with open(path, "rb") as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):
             h.update(chunk)
-    return h.hexdigest()[:16]
+    return h.hexdigest() if full else h.hexdigest()[:16]
 
 
 def inputs_digest(paths: Iterable[Path]) -> Dict[str, str]:
@@ -47,22 +61,106 @@ def read_manifest(folder: Path):
         return None
 
 
-def is_complete(folder: Path, params: Mapping) -> bool:
-    manifest = read_manifest(folder)
+def _output_digests(folder: Path) -> Dict[str, str]:
+    """{path relative to the folder: full sha256} of every file of a built artefact."""
+    return {p.relative_to(folder).as_posix(): file_digest(p, full=True)
+            for p in sorted(folder.rglob("*")) if p.is_file() and p.name != MANIFEST}
+
+
+def changed_outputs(folder: Path, manifest: Mapping) -> Dict[str, str]:
+    """{file: what is wrong} for the outputs that differ from the manifest's digests (files added
+    later, such as a user's notes, are no part of the artefact and are left alone)."""
+    recorded = manifest.get("files")
+    if not isinstance(recorded, dict):
+        return {MANIFEST: "records no output digests (written by an older version)"}
+    found = _output_digests(folder) if folder.is_dir() else {}
+    problems = {name: "is missing" for name in recorded if name not in found}
+    problems.update({name: f"has sha256 {found[name][:16]}…, the manifest recorded {digest[:16]}…"
+                     for name, digest in recorded.items() if name in found and found[name] != digest})
+    return problems
+
+
+def _same_params(manifest, params: Mapping) -> bool:
     return manifest is not None and manifest.get("params") == json.loads(json.dumps(params, default=str))
 
 
-def build_once(parent: Path, stem: str, params: Mapping, build: Callable[[Path], None], log=None) -> Path:
-    """The folder `<parent>/<stem>-<key(params)>`, built by `build(folder)` unless a complete
-    build with the same params is already there (then it is reused and `log` says so)."""
+def is_complete(folder: Path, params: Mapping) -> bool:
+    """The folder holds a finished build with these params whose outputs are unchanged."""
+    manifest = read_manifest(folder)
+    return _same_params(manifest, params) and not changed_outputs(Path(folder), manifest)
+
+
+def _reusable(folder: Path, params: Mapping, log: Callable[[str], None]) -> bool:
+    manifest = read_manifest(folder)
+    if not _same_params(manifest, params):
+        return False
+    problems = changed_outputs(folder, manifest)
+    for name, problem in problems.items():
+        log(f"rebuilding {folder}: {folder / name} {problem}")
+    return not problems
+
+
+def _temporaries(folder: Path):
+    """Temporary folders of builds of this artefact (ours or of a killed process)."""
+    return [p for kind in ("tmp", "old") for p in folder.parent.glob(f".{folder.name}.{kind}-*")]
+
+
+def _new_temporary(folder: Path, kind: str) -> Path:
+    """An empty `.<name>.<kind>-<pid>-<random>` beside `folder`, made with the usual permissions
+    (tempfile.mkdtemp's 0700 would stay on the renamed artefact)."""
+    path = folder.parent / f".{folder.name}.{kind}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    path.mkdir()
+    return path
+
+
+def _put_in_place(built: Path, folder: Path) -> None:
+    """Rename `built` to `folder`. A directory cannot be renamed over a non-empty one, so an
+    outdated folder is first renamed aside: a reader sees the old folder, none, or the new one."""
+    if folder.exists():
+        aside = _new_temporary(folder, "old")
+        os.replace(folder, aside / folder.name)
+        os.replace(built, folder)
+        shutil.rmtree(aside, ignore_errors=True)
+    else:
+        os.replace(built, folder)
+
+
+def _lock(folder: Path, log: Callable[[str], None]) -> FileLock:
+    lock = FileLock(str(folder.parent / f".{folder.name}.lock"))
+    try:
+        lock.acquire(timeout=0)
+    except Timeout:
+        log(f"waiting for another process building {folder}")
+        lock.acquire()
+    return lock
+
+
+def build_once(parent: Path, stem: str, params: Mapping, build: Callable[[Path], None],
+               log: Optional[Callable[[str], None]] = None) -> Path:
+    """The folder `<parent>/<stem>-<key(params)>`, built by `build(folder)` unless a complete,
+    unchanged build with the same params is already there (then it is reused and `log` says so).
+    `build` receives a temporary folder beside the target; it must write its outputs there."""
+    say = log if log is not None else print       # a rebuild or a wait is always said
     folder = keyed_dir(parent, stem, params)
-    if is_complete(folder, params):
-        if log is not None:
-            log(f"reusing {folder} (same arguments and inputs)")
-        return folder
-    fresh_dir(folder)
-    build(folder)
-    (folder / MANIFEST).write_text(json.dumps({"params": params}, indent=2, sort_keys=True, default=str))
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    lock = _lock(folder, say)
+    try:
+        if _reusable(folder, params, say):
+            if log is not None:
+                log(f"reusing {folder} (same arguments and inputs)")
+            return folder
+        for stale in _temporaries(folder):
+            shutil.rmtree(stale, ignore_errors=True)
+        work = _new_temporary(folder, "tmp")
+        try:
+            build(work)
+            manifest = {"params": params, "files": _output_digests(work)}
+            (work / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True, default=str))
+            _put_in_place(work, folder)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+    finally:
+        lock.release()
     return folder
 
 

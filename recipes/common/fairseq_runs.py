@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence
 
 from .cache import build_once, fresh_dir, inputs_digest, keyed_dir
+from .children import popen_kwargs
 
 REPO = Path(__file__).resolve().parents[2]
 USER_DIR = REPO / "fairseq_momentum"
@@ -31,7 +32,8 @@ def run(cmd: Sequence[str], log: Optional[Path] = None, stdin: Optional[str] = N
         echo: Optional[Callable[[str], None]] = None) -> str:
     """Run a command from the repo root, streaming its output (stdout and stderr together) line by
     line into `log` as it comes and through `echo` (e.g. a progress printer); on failure raise with
-    the end of its output. Returns the whole output."""
+    the end of its output. Returns the whole output. The command dies with this process, even
+    when it is killed with SIGKILL (children.py), so no fairseq-preprocess outlives its build."""
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     lines = []
     log_file = None
@@ -41,7 +43,7 @@ def run(cmd: Sequence[str], log: Optional[Path] = None, stdin: Optional[str] = N
     try:
         with subprocess.Popen([str(c) for c in cmd], cwd=REPO, env=env, text=True, bufsize=1,
                               stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT) as proc:
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, **popen_kwargs()) as proc:
             if stdin is not None:
                 proc.stdin.write(stdin)
                 proc.stdin.close()
