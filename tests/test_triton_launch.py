@@ -62,7 +62,7 @@ def _jit_kernels():
         for node in ast.walk(tree):
             if isinstance(node, ast.FunctionDef):
                 names = {ast.unparse(d).split("(")[0] for d in node.decorator_list}
-                if names & {"triton.jit", "jit"} or path.name == "triton_recurrence.py" and \
+                if names & {"triton.jit", "jit"} or path.name == "adam_recurrence_triton.py" and \
                         node.name.endswith("_step") and node.name.startswith("_adam"):
                     yield path.relative_to(ROOT), node.name, [a.arg for a in node.args.args]
 

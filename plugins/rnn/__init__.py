@@ -1,9 +1,9 @@
 """MomentumRNN family (MomentumRNN; docs/equations.md): step-wise cells and nn.LSTM-style layers."""
-from .cells import AdamLSTMCell, MomentumLSTMCell, NAGLSTMCell, RMSPropLSTMCell, SRLSTMCell
 from .layers import MomentumLSTM, MomentumRNN
+from .lstm_cells import AdamLSTMCell, MomentumLSTMCell, NAGLSTMCell, RMSPropLSTMCell, SRLSTMCell
 from .orthogonal import OrthogonalMomentumRNN, OrthogonalRNNCell
-from .rnn_cells import MomentumRNNCell
 from .sequence import RecurrentState
+from .tanh_rnn_cell import MomentumRNNCell
 from .variants import VARIANTS, CellVariant, cell_names, get_variant
 
 __all__ = [

@@ -15,7 +15,7 @@ Fast path. The momentum of every cell depends on the input only (filters.py), so
   step size is folded into the input and the kernel gets the module's own weight.
 - adam / rmsprop (LSTM): the input projection g = W x + b is one matrix product for all
   steps; v, m and the normalised pre-activation of eq. 15 are formed inside one fused
-  per-step recurrence with a hand-written backward (recurrence.py). The tanh RNN forms
+  per-step recurrence with a hand-written backward (adam_recurrence.py). The tanh RNN forms
   v/√(m + ε) for all steps first and loops over its cheap tanh steps under autograd.
 Dropout between layers as in nn.LSTM.
 """
@@ -26,9 +26,10 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 
 from ..validation import check_bool, check_int, check_probability
-from .cells import check_sizes, lstm_update
+from .adam_recurrence import AdamLSTMRecurrence, gate_order
+from .checks import check_sizes
 from .filters import bias_channel, carried_weight, filter_sequence, second_moment
-from .recurrence import AdamLSTMRecurrence, gate_order
+from .lstm_cells import lstm_update
 from .sequence import (
     RecurrentState,
     as_output,
@@ -307,7 +308,7 @@ class MomentumLSTM(_MomentumLayers):
         return lstm_update(pre + F.linear(h, w_hh, b_hh), c)
 
     def _adaptive_layer(self, x, lengths, w_ih, w_hh, b_ih, b_hh, h0, c0, v0, m0):
-        """Adam/RMSProp layer: eq. 15 on the fused recurrence of recurrence.py."""
+        """Adam/RMSProp layer: eq. 15 on the fused recurrence of adam_recurrence.py."""
         momentum = self.hyper.momentum
         v_last = None
         if not momentum:

@@ -15,7 +15,7 @@ from torch.nn import functional as F
 from torch.nn.utils.parametrizations import orthogonal
 
 from ..validation import check_choice, check_int
-from .cells import check_sizes, check_step_counter, check_step_input
+from .checks import check_sizes, check_step_counter, check_step_input
 from .layers import _MomentumLayers, input_map, recurrence_loop
 from .sequence import last_step
 from .variants import check_hyper
