@@ -266,8 +266,8 @@ class _MomentumLayers(nn.Module):
 class MomentumLSTM(_MomentumLayers):
     """Stack of MomentumLSTM-family layers (MomentumRNN, Sections 2.2–2.4), nn.LSTM-like.
 
-    cell: "lstm" (plain LSTM), "momentum" (eq. 9), "adam" (eq. 15), "rmsprop" (eq. 15 with
-    μ = 0), "nag" (Section 2.4, F = ∞ unless restart is given), "sr" (NAG with restart F).
+    cell: "lstm" (plain LSTM) or any momentum cell of the table in variants.py (docs/cells.md;
+    restart F for the cells that take one).
     Parameters are named and ordered as nn.LSTM's (gates i, f, g, o), initialised as in
     Appendix F. forward(input, state=None) -> (output, RecurrentState); input is
     (T, B, input_size) (batch_first: (B, T, input_size)) or a PackedSequence; state may also

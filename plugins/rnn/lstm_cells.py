@@ -1,16 +1,16 @@
 """Step-wise MomentumLSTM cells (MomentumRNN, Section 2.2–2.4 and Appendix F).
 
 These are the readable references: one time step per call, the Appendix-F calling
-convention and initialisation. The sequence layers in `plugins.rnn.layers` compute the
-same thing on torch's fused kernels.
+convention and initialisation. `LSTMStepCell` runs any LSTM-family cell of the table in
+variants.py (its `drive`, the same function `MomentumLSTM.step` uses); the named classes
+below only fix its cell and keep the paper's positional arguments. The sequence layers in
+`plugins.rnn.layers` compute the same thing on torch's fused kernels.
 """
 import torch
 from torch import nn
 
-from ..validation import check_momentum, check_positive
 from .checks import check_sizes, check_step_counter, check_step_input
-from .filters import adam_step, momentum_step, nag_momentum, restart_index
-from .variants import check_restart
+from .variants import Hyper, check_hyper
 
 
 def lstm_update(gates, c):
@@ -36,10 +36,26 @@ def appendix_f_init_(x2h, h2h, hidden_size, forget_bias=1.0):
                 linear.bias[hidden_size:2 * hidden_size].fill_(forget_bias)
 
 
-class _LSTMCellBase(nn.Module):
-    def __init__(self, input_size, hidden_size, bias=True):
+class LSTMStepCell(nn.Module):
+    """One time step of any LSTM-family cell of the table (variants.py), eq. 2 driven by the
+    cell's input drive (eq. 9, eq. 15 or Section 2.4):
+
+        pre, v_t, m_t = drive(W x_t + b_ih, v_{t-1}, m_{t-1}, t);   gates = pre + U h_{t-1} + b_hh
+
+    forward(x, (h, c), *states) -> (h, (h, c), *states): the states the cell carries, in the
+    order of its `step_states` (v; m for the eq.-15 cells; for the cells with a schedule in t
+    the number of time steps already processed, an int or a (batch,) integer tensor, returned
+    advanced by one). v and m have shape (batch, 4*hidden_size). Weights as in Appendix F
+    (`appendix_f_init_`).
+    """
+
+    def __init__(self, input_size, hidden_size, cell="momentum", *, momentum=0.6, step_size=1.0,
+                 beta=0.9, eps=1e-8, restart=None, bias=True):
         super().__init__()
         check_sizes(input_size, hidden_size)
+        self.variant, hyper = check_hyper(cell, "lstm", momentum, step_size, beta, eps, restart)
+        self.cell = self.variant.name
+        self.momentum, self.step_size, self.beta, self.eps, self.restart = hyper
         self.input_size = input_size
         self.hidden_size = hidden_size
         self.bias = bias
@@ -47,11 +63,32 @@ class _LSTMCellBase(nn.Module):
         self.h2h = nn.Linear(hidden_size, 4 * hidden_size, bias=bias)
         self.reset_parameters()
 
+    @property
+    def hyper(self) -> Hyper:
+        """The hyperparameters as the cell's equations use them (rmsprop: μ = 0)."""
+        return self.variant.hyper(self.momentum, self.step_size, self.beta, self.eps, self.restart)
+
     def reset_parameters(self):
         appendix_f_init_(self.x2h, self.h2h, self.hidden_size)
 
+    def forward(self, x, hidden, *states):
+        names = self.variant.step_states
+        if len(states) != len(names):
+            raise TypeError(f"cell {self.cell!r} takes (x, (h, c){''.join(', ' + n for n in names)}), "
+                            f"got {len(states)} state(s) after (h, c)")
+        check_step_input(x, self.input_size)
+        h, c = hidden
+        given = dict(zip(names, states))
+        step = None
+        if self.variant.counts_steps:
+            step = torch.as_tensor(check_step_counter(given["step"]), device=x.device) + 1
+        pre, v, m = self.variant.drive(self.x2h(x), given.get("v"), given.get("m"), step, self.hyper)
+        h, c = lstm_update(pre + self.h2h(h), c)
+        new = {"v": v, "m": m, "step": step}
+        return (h, (h, c), *(new[n] for n in names))
 
-class MomentumLSTMCell(_LSTMCellBase):
+
+class MomentumLSTMCell(LSTMStepCell):
     """MomentumLSTM cell: eq. 9 applied to the LSTM pre-activation (Remark 3, Appendix F).
 
         v_t = μ v_{t-1} + s (W x_t + b_ih);  gates = v_t + U h_{t-1} + b_hh
@@ -62,19 +99,11 @@ class MomentumLSTMCell(_LSTMCellBase):
     """
 
     def __init__(self, input_size, hidden_size, momentum, step_size, bias=True):
-        self.momentum = check_momentum(momentum)
-        self.step_size = check_positive(step_size, "step_size")
-        super().__init__(input_size, hidden_size, bias)
-
-    def forward(self, x, hidden, v):
-        check_step_input(x, self.input_size)
-        h, c = hidden
-        v = momentum_step(v, self.x2h(x), self.momentum, self.step_size)
-        h, c = lstm_update(v + self.h2h(h), c)
-        return h, (h, c), v
+        super().__init__(input_size, hidden_size, "momentum", momentum=momentum, step_size=step_size,
+                         bias=bias)
 
 
-class AdamLSTMCell(_LSTMCellBase):
+class AdamLSTMCell(LSTMStepCell):
     """AdamLSTM cell, eq. 15 as the authors coded it.
 
         g = W x_t + b_ih;  v_t = μ v + s g;  m_t = β m + (1−β) g⊙g;
@@ -85,29 +114,20 @@ class AdamLSTMCell(_LSTMCellBase):
     """
 
     def __init__(self, input_size, hidden_size, momentum, step_size, beta, eps=1e-8, bias=True):
-        self.momentum = check_momentum(momentum)
-        self.step_size = check_positive(step_size, "step_size")
-        self.beta = check_momentum(beta, "beta")
-        self.eps = check_positive(eps, "eps")
-        super().__init__(input_size, hidden_size, bias)
-
-    def forward(self, x, hidden, v, m):
-        check_step_input(x, self.input_size)
-        h, c = hidden
-        pre, v, m = adam_step(v, m, self.x2h(x), self.momentum, self.step_size, self.beta,
-                              self.eps)
-        h, c = lstm_update(pre + self.h2h(h), c)
-        return h, (h, c), v, m
+        super().__init__(input_size, hidden_size, "adam", momentum=momentum, step_size=step_size,
+                         beta=beta, eps=eps, bias=bias)
 
 
-class RMSPropLSTMCell(AdamLSTMCell):
-    """RMSPropLSTM cell: AdamLSTM (eq. 15) with μ = 0 (Section 2.4)."""
+class RMSPropLSTMCell(LSTMStepCell):
+    """RMSPropLSTM cell: AdamLSTM (eq. 15) with μ = 0 (Section 2.4).
+    forward(x, (h, c), v, m) -> (h, (h, c), v, m)."""
 
     def __init__(self, input_size, hidden_size, step_size, beta, eps=1e-8, bias=True):
-        super().__init__(input_size, hidden_size, 0.0, step_size, beta, eps, bias)
+        super().__init__(input_size, hidden_size, "rmsprop", momentum=0.0, step_size=step_size,
+                         beta=beta, eps=eps, bias=bias)
 
 
-class NAGLSTMCell(_LSTMCellBase):
+class NAGLSTMCell(LSTMStepCell):
     """NAG / scheduled-restart (SR) LSTM cell (Section 2.4).
 
     Heavy-ball momentum of eq. 9 with μ_t = (k−1)/(k+2), k = ((t−1) mod F) + 1 the
@@ -120,29 +140,13 @@ class NAGLSTMCell(_LSTMCellBase):
     steps already processed (int or a (batch,) integer tensor).
     """
 
-    cell = "nag"
-
     def __init__(self, input_size, hidden_size, step_size, restart=None, bias=True):
-        self.restart = check_restart(self.cell, restart)
-        self.step_size = check_positive(step_size, "step_size")
-        super().__init__(input_size, hidden_size, bias)
-
-    def forward(self, x, hidden, v, step):
-        check_step_input(x, self.input_size)
-        h, c = hidden
-        step = torch.as_tensor(check_step_counter(step), device=x.device) + 1
-        mu = nag_momentum(restart_index(step, self.restart).to(x.dtype))
-        if mu.dim() == 1:
-            mu = mu[:, None]
-        v = momentum_step(v, self.x2h(x), mu, self.step_size)
-        h, c = lstm_update(v + self.h2h(h), c)
-        return h, (h, c), v, step
+        super().__init__(input_size, hidden_size, "nag", step_size=step_size, restart=restart, bias=bias)
 
 
-class SRLSTMCell(NAGLSTMCell):
-    """SRLSTM cell: NAGLSTMCell with a finite restart frequency F (Section 2.4)."""
-
-    cell = "sr"
+class SRLSTMCell(LSTMStepCell):
+    """SRLSTM cell: NAGLSTMCell with a finite restart frequency F (Section 2.4).
+    forward(x, (h, c), v, step) -> (h, (h, c), v, step + 1)."""
 
     def __init__(self, input_size, hidden_size, step_size, restart, bias=True):
-        super().__init__(input_size, hidden_size, step_size, restart, bias)
+        super().__init__(input_size, hidden_size, "sr", step_size=step_size, restart=restart, bias=bias)

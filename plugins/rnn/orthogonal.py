@@ -122,7 +122,7 @@ def modrelu_step(weight_hh, bias):
 class OrthogonalMomentumRNN(_MomentumLayers):
     """Stack of DTRIV layers and their momentum variants, nn.RNN calling convention.
 
-    cell: "rnn" (DTRIV), "momentum", "adam", "rmsprop", "nag", "sr". Parameters per layer:
+    cell: "rnn" (DTRIV) or any momentum cell of variants.py (docs/cells.md). Parameters per layer:
     weight_ih_l{k} (kaiming-normal, no input bias), weight_hh_l{k} (orthogonal, through
     torch's parametrization; orthogonal_map "matrix_exp" or "cayley"; init "henaff" or
     "cayley" skew matrices), bias_l{k} (modReLU bias, U(−0.01, 0.01)).
