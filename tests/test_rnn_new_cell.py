@@ -120,6 +120,9 @@ def test_registering_refuses_taken_names_and_plain_cells():
     with pytest.raises(ValueError, match="plain"):
         register_cell(CellVariant("plain2", "", has_v=False, has_m=False, restart="refused", decay=toy_decay,
                                   drive=toy_drive, plain=True))
+    with pytest.raises(ValueError, match="eq. 15"):
+        register_cell(CellVariant("adam2", "", has_v=True, has_m=True, restart="refused", decay=toy_decay,
+                                  drive=toy_drive))
     with pytest.raises(TypeError):
         register_cell("momentum")
-    assert "plain2" not in VARIANTS
+    assert "plain2" not in VARIANTS and "adam2" not in VARIANTS

@@ -154,6 +154,9 @@ def register_cell(variant: CellVariant) -> CellVariant:
         raise ValueError(f"the plain recurrences {PLAIN_CELLS} are fixed; {variant.name!r} cannot be plain")
     if variant.restart not in ("required", "optional", "refused"):
         raise ValueError(f"restart must be 'required', 'optional' or 'refused', got {variant.restart!r}")
+    if variant.has_m and variant.drive is not adaptive_drive:
+        # the layers' whole-sequence form of a cell with m is eq. 15 (the fused Adam recurrence)
+        raise ValueError(f"cell {variant.name!r} carries m, so its drive must be eq. 15's adaptive_drive")
     VARIANTS[variant.name] = variant
     return variant
 
@@ -194,7 +197,6 @@ def check_hyper(cell, plain, momentum, step_size, beta, eps, restart) -> tuple[C
     return variant, hyper
 
 
-
 def cells_markdown() -> str:
     """docs/cells.md, generated from the table (tests/test_rnn_layout.py checks the file)."""
     families = {"lstm": "MomentumLSTM", "rnn": "MomentumRNN, OrthogonalMomentumRNN"}
@@ -207,7 +209,7 @@ def cells_markdown() -> str:
         "layer family, the step-wise cells, the HF config (`cell`) and fairseq (`--lstm-cell`)",
         "accept these names. Equations: docs/equations.md (MomentumRNN eq. 9, eq. 15, Section 2.4).",
         "",
-        "| cell | what it is | states of a step-wise cell | restart F | layer families |",
+        "| cell | what it is | states of LSTMStepCell | restart F | layer families |",
         "|---|---|---|---|---|",
         *rows,
         "",
