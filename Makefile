@@ -13,7 +13,7 @@ REQ_HASH := $(shell cat $(LOCK) setup.cfg pyproject.toml | sha256sum | cut -c1-1
 PYTEST_ARGS ?=
 DEMO_ARGS ?=
 
-.PHONY: venv lint test demo bench lock clean
+.PHONY: venv lint test demo bench lock clean cells-doc
 
 venv:
 	@if [ "$$(cat $(STAMP) 2>/dev/null)" != "$(REQ_HASH)" ]; then \
@@ -44,6 +44,11 @@ demo: venv
 
 bench: venv
 	$(BIN)/python benchmarks/attention.py
+
+# docs/cells.md from the cell table (tests/test_rnn_layout.py fails while the two differ).
+cells-doc: venv
+	$(BIN)/python -c "from plugins.rnn.variants import cells_markdown; print(cells_markdown(), end='')" \
+		> docs/cells.md
 
 # Re-resolve and rewrite the lock from what is installed in .venv (then commit it).
 lock: venv

@@ -63,7 +63,7 @@ def build(variant, T, B, D, H, L=1, device="cpu"):
 
     sys.path.insert(0, str(ROOT))
     from plugins.rnn import MomentumLSTM
-    from plugins.rnn.recurrence import recurrence_backend
+    from plugins.rnn.adam_recurrence import recurrence_backend
 
     torch.manual_seed(0)
     x = torch.randn(T, B, D, device=device)

@@ -15,12 +15,11 @@ from plugins.connection import (
     DEFAULT_CONNECTION_MOMENTUM,
     DEFAULT_CONNECTION_STEP_SIZE,
 )
-from plugins.rnn.variants import cell_names, check_restart
+from plugins.rnn.variants import VARIANTS, cell_names, check_restart
 
 FEATURE_MAP_CHOICES = ("elu", "relu")
 CONNECTION_CHOICES = CONNECTIONS
 CROSS_ATTENTION_CHOICES = ("softmax", "linear", "momentum")
-LSTM_CELL_CHOICES = cell_names("lstm")
 
 
 def _number(text, kind=float):
@@ -106,13 +105,19 @@ def momentum_attention_defaults(args, *, momentum=0.6, step_size=1.0, cross_atte
                connection_delta=DEFAULT_ADAPTIVE_DELTA, cross_attention=cross_attention)
 
 
+def lstm_cells():
+    """Table entries of the cells --lstm-cell accepts, in the table's order."""
+    return [VARIANTS[name] for name in cell_names("lstm")]
+
+
 def add_lstm_cell_args(parser):
     """Arguments of the MomentumLSTM family (MomentumRNN, eq. 9, 15 and Section 2.4; docs/equations.md)."""
     group = parser
-    group.add_argument("--lstm-cell", choices=LSTM_CELL_CHOICES,
-                       help="recurrent cell (plugins.rnn.variants): lstm (plain), momentum (eq. 9), "
-                            "adam (eq. 15), rmsprop (eq. 15 with mu = 0), nag or sr (Section 2.4) "
-                            "(default momentum)")
+    # choices and help are read from the cell table when the parser is built
+    group.add_argument("--lstm-cell", choices=cell_names("lstm"),
+                       help="recurrent cell of the table plugins.rnn.variants: "
+                            + "; ".join(f"{v.name} ({v.summary})" for v in lstm_cells())
+                            + " (default momentum)")
     group.add_argument("--lstm-momentum", type=momentum_value, metavar="MU",
                        help="momentum mu of the momentum / adam cells (eq. 9, 15), in [0, 1) "
                             "(default 0.6; 0 in momentum_lstm_lm_ptb, Table 7)")

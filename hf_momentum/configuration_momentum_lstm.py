@@ -8,10 +8,10 @@ from .validation import check_bool, check_int, check_positive, check_probability
 class MomentumLSTMConfig(PreTrainedConfig):
     r"""Embedding → `plugins.rnn.MomentumLSTM` stack → linear head (MomentumRNN).
 
-    `cell`: a cell of `plugins.rnn.variants` for the LSTM family: "lstm" (plain), "momentum"
-    (eq. 9: μ = `momentum` ∈ [0, 1), s = `step_size` > 0), "adam" / "rmsprop" (eq. 15, with
-    `beta` ∈ [0, 1) and `eps` > 0), "nag", "sr" (Section 2.4; "sr" needs `restart`, an integer
-    ≥ 1, "nag" takes one optionally, the other cells refuse it). `dropout` between LSTM layers and
+    `cell`: "lstm" (plain) or a momentum cell of the table `plugins.rnn.variants` (docs/cells.md),
+    read when the config is checked: μ = `momentum` ∈ [0, 1) and s = `step_size` > 0 (eq. 9),
+    `beta` ∈ [0, 1) and `eps` > 0 (eq. 15), `restart` an integer ≥ 1 for the cells that take one
+    (required by "sr", Section 2.4). `dropout` between LSTM layers and
     `embedding_dropout` on the embeddings and the output, in [0, 1). Tied embeddings need
     `embedding_size` == `hidden_size` (default: equal). Every value is checked when the config is
     built and again when a model is built from it (`validate()`), so keyword overrides of

@@ -1,4 +1,5 @@
 """momentum_lstm (translation): MomentumLSTM cells in fairseq's attentional LSTM model."""
+import argparse
 import re
 
 import pytest
@@ -14,6 +15,7 @@ from test_fairseq_support import (
 )
 
 from fairseq_momentum.modules.momentum_lstm_adapters import MomentumLSTMDecoderCell
+from fairseq_momentum.options import add_lstm_cell_args
 from plugins.rnn import VARIANTS, cell_names
 
 TASK = ["--task", "translation", "--source-lang", "src", "--target-lang", "tgt"]
@@ -143,5 +145,7 @@ def test_cell_restart_rule_fails_at_parsing(capsys, extra, message):
 
 
 def test_cell_choices_are_the_registry():
-    from fairseq_momentum.options import LSTM_CELL_CHOICES
-    assert LSTM_CELL_CHOICES == cell_names("lstm")
+    parser = argparse.ArgumentParser()
+    add_lstm_cell_args(parser)
+    action = next(a for a in parser._actions if "--lstm-cell" in a.option_strings)
+    assert tuple(action.choices) == cell_names("lstm")

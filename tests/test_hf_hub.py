@@ -332,6 +332,6 @@ def test_flatten_points_nested_fast_path_imports_at_the_installed_package():
     (inside a try block, so transformers' remote-code check does not require it) and keeps no
     relative import that transformers would try to copy as a sibling file."""
     for roots, line in ((("plugins.attention.api",), "from plugins.attention import triton as kernels"),
-                        (("plugins.rnn.layers",), "from plugins.rnn.triton_recurrence import")):
+                        (("plugins.rnn.layers",), "from plugins.rnn.adam_recurrence_triton import")):
         text = flatten_modules(roots, ())
         assert "from ." not in text and line in text

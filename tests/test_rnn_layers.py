@@ -7,14 +7,10 @@ from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence, pad_packed_
 
 from plugins.rnn import (
     VARIANTS,
-    AdamLSTMCell,
+    LSTMStepCell,
     MomentumLSTM,
-    MomentumLSTMCell,
     MomentumRNN,
-    NAGLSTMCell,
     RecurrentState,
-    RMSPropLSTMCell,
-    SRLSTMCell,
     cell_names,
 )
 
@@ -26,7 +22,7 @@ TOL = 1e-10
 
 def make_layer(cls, kind, num_layers, gen, batch_first=False, momentum=MU):
     layer = cls(D, H, num_layers, cell=kind, momentum=momentum, step_size=S, beta=BETA, eps=EPS,
-                restart=F if kind == "sr" else None, batch_first=batch_first).double()
+                restart=F if VARIANTS[kind].restart == "required" else None, batch_first=batch_first).double()
     with torch.no_grad():
         for p in layer.parameters():
             p.copy_(0.5 * torch.randn(p.shape, generator=gen, dtype=p.dtype))
@@ -47,17 +43,12 @@ def random_state(layer, gen, batch=B):
 
 
 def lstm_cells(layer):
-    """Step-wise cells sharing the layer's Parameter objects."""
+    """Step-wise cells of the layer's cell sharing the layer's Parameter objects."""
     cells = []
     for k in range(layer.num_layers):
         d = D if k == 0 else H
-        kind = layer.cell
-        cell = {"lstm": lambda: MomentumLSTMCell(d, H, 0.0, 1.0),
-                "momentum": lambda: MomentumLSTMCell(d, H, layer.momentum, S),
-                "adam": lambda: AdamLSTMCell(d, H, layer.momentum, S, BETA, EPS),
-                "rmsprop": lambda: RMSPropLSTMCell(d, H, S, BETA, EPS),
-                "nag": lambda: NAGLSTMCell(d, H, S),
-                "sr": lambda: SRLSTMCell(d, H, S, F)}[kind]().double()
+        cell = LSTMStepCell(d, H, layer.cell, momentum=layer.momentum, step_size=S, beta=BETA, eps=EPS,
+                            restart=layer.restart).double()
         cell.x2h.weight, cell.h2h.weight = layer.weight_ih_l0 if k == 0 else getattr(
             layer, f"weight_ih_l{k}"), getattr(layer, f"weight_hh_l{k}")
         cell.x2h.bias, cell.h2h.bias = getattr(layer, f"bias_ih_l{k}"), getattr(layer, f"bias_hh_l{k}")
@@ -68,24 +59,19 @@ def lstm_cells(layer):
 def reference_lstm(layer, x, state):
     """Run the cells step by step. x (T, B, D) time-major; returns out and final states."""
     cells = lstm_cells(layer)
-    kind = layer.cell
     finals = []
     for k, cell in enumerate(cells):
         h, c = state.h[k], state.c[k]
-        v = state.v[k] if state.v is not None else x.new_zeros(x.size(1), 4 * H)
-        m = state.m[k] if state.m is not None else None
-        step = state.step
+        states = {"v": None if state.v is None else state.v[k], "m": None if state.m is None else state.m[k],
+                  "step": state.step}
+        names = cell.variant.step_states
         outs = []
         for xt in x:
-            if kind in ("lstm", "momentum"):
-                h, (h, c), v = cell(xt, (h, c), v)
-            elif kind in ("adam", "rmsprop"):
-                h, (h, c), v, m = cell(xt, (h, c), v, m)
-            else:
-                h, (h, c), v, step = cell(xt, (h, c), v, step)
+            h, (h, c), *new = cell(xt, (h, c), *(states[n] for n in names))
+            states.update(zip(names, new))
             outs.append(h)
         x = torch.stack(outs)
-        finals.append((h, c, None if kind == "lstm" else v, m))
+        finals.append((h, c, states["v"], states["m"]))
     return x, finals
 
 
@@ -101,7 +87,7 @@ def tanh_reference(layer, x, state):
         m = state.m[k] if state.m is not None else None
         step = state.step.clone()
         outs = []
-        hp = dict(mu=MU, s=S, beta=BETA, eps=EPS, restart=F if kind == "sr" else None)
+        hp = dict(mu=MU, s=S, beta=BETA, eps=EPS, restart=F if VARIANTS[kind].restart == "required" else None)
         for xt in x:
             step = step + 1
             pre, v, m = LITERAL_DRIVES[kind](xt @ W.T + b, v, m, step, hp)

@@ -1,7 +1,7 @@
 """The fused Triton recurrence of the Adam/RMSProp LSTM (MomentumRNN, eq. 15 with eq. 2).
 
 CPU tests run the kernels through Triton's interpreter on CPU tensors and compare them with a
-float64 transcription of eq. 15 and with the torch Function (recurrence.AdamLSTMRecurrence):
+float64 transcription of eq. 15 and with the torch Function (adam_recurrence.AdamLSTMRecurrence):
 outputs, final states and the gradients of every input, for μ = 0 (RMSProp) and μ > 0 (Adam),
 packed batches with unequal lengths and carried states. Tests marked `gpu` run the compiled
 kernels at the benchmark shapes against the torch path.
@@ -12,8 +12,8 @@ import pytest
 import torch
 from torch.nn.utils.rnn import pack_padded_sequence
 
-from plugins.rnn import MomentumLSTM, recurrence
-from plugins.rnn.recurrence import AdamLSTMRecurrence, recurrence_backend
+from plugins.rnn import MomentumLSTM, adam_recurrence
+from plugins.rnn.adam_recurrence import AdamLSTMRecurrence, recurrence_backend
 
 pytest.importorskip("triton")
 
@@ -161,17 +161,17 @@ def test_layer_on_triton_matches_torch_packed_two_layers(cell, make_generator):
 
 def test_dispatch(monkeypatch):
     g = torch.zeros(2, 1, 4)
-    assert not recurrence._uses_triton(g)  # auto: CPU tensors take the torch loop
+    assert not adam_recurrence._uses_triton(g)  # auto: CPU tensors take the torch loop
     with recurrence_backend("triton"):
-        assert recurrence._uses_triton(g)
+        assert adam_recurrence._uses_triton(g)
         with recurrence_backend("torch"):
-            assert not recurrence._uses_triton(g)
-        assert recurrence._uses_triton(g)
+            assert not adam_recurrence._uses_triton(g)
+        assert adam_recurrence._uses_triton(g)
     with pytest.raises(ValueError, match="backend"), recurrence_backend("cuda"):
         pass
-    monkeypatch.setattr(recurrence, "triton_available", lambda: False)
+    monkeypatch.setattr(adam_recurrence, "triton_available", lambda: False)
     with recurrence_backend("triton"), pytest.raises(RuntimeError, match="triton"):
-        recurrence._uses_triton(g)
+        adam_recurrence._uses_triton(g)
 
 
 GPU_SHAPES = {  # layers, hidden, steps, batch, input

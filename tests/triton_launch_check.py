@@ -29,14 +29,14 @@ def allow_cpu_tensors():
     CPU tensors through to the compiled kernels, the one thing the stand-in changes."""
     from plugins.attention import api, backends
     from plugins.attention import triton as attention_kernels
-    from plugins.rnn import triton_recurrence
+    from plugins.rnn import adam_recurrence_triton
 
     def use_triton(backend, device, float64):
         return backend == "triton"
 
     backends.use_triton = api.use_triton = use_triton
     attention_kernels._check_device = lambda t: None
-    compiled = triton_recurrence._kernel
+    compiled = adam_recurrence_triton._kernel
 
     def jit_kernel(fn, interpret):
         kernel = compiled(fn, False)
@@ -44,7 +44,7 @@ def allow_cpu_tensors():
             LSTM_KERNELS.append(kernel)
         return kernel
 
-    triton_recurrence._kernel = jit_kernel
+    adam_recurrence_triton._kernel = jit_kernel
 
 
 def attention(dtype, D):
@@ -85,7 +85,7 @@ def lstm_recurrences(dtype, hidden):
     import torch
 
     from plugins.rnn import MomentumLSTM
-    from plugins.rnn.recurrence import recurrence_backend
+    from plugins.rnn.adam_recurrence import recurrence_backend
 
     gen = torch.Generator().manual_seed(1)
     for cell in ("adam", "rmsprop"):

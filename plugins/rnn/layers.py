@@ -11,11 +11,12 @@ Fast path. The momentum of every cell depends on the input only (filters.py), so
   x̃_t = s Σ_k M[t, k] x_k plus a bias channel c_t and, for a carried-in v_0, B channels
   M[t, 0]·e_b whose input weights are v_0 itself. Then v_t = [W, b_ih, v_0ᵀ]·[x̃_t, c_t,
   M[t, 0] e_b] exactly, and the recurrence runs in torch's fused LSTM / tanh-RNN kernel
-  with that input weight, at the cost of nn.LSTM with d + 1 (+ B) inputs. With μ ≡ 0 the
-  step size is folded into the input and the kernel gets the module's own weight.
+  with that input weight, at the cost of nn.LSTM with d + 1 (+ B) inputs; [W, b_ih] is kept
+  between calls while no gradient is recorded (JoinedWeightCache). With μ ≡ 0 the step size
+  is folded into the input and the kernel gets the module's own weight.
 - adam / rmsprop (LSTM): the input projection g = W x + b is one matrix product for all
   steps; v, m and the normalised pre-activation of eq. 15 are formed inside one fused
-  per-step recurrence with a hand-written backward (recurrence.py). The tanh RNN forms
+  per-step recurrence with a hand-written backward (adam_recurrence.py). The tanh RNN forms
   v/√(m + ε) for all steps first and loops over its cheap tanh steps under autograd.
 Dropout between layers as in nn.LSTM.
 """
@@ -26,9 +27,10 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 
 from ..validation import check_bool, check_int, check_probability
-from .cells import check_sizes, lstm_update
+from .adam_recurrence import AdamLSTMRecurrence, gate_order
+from .checks import check_sizes
 from .filters import bias_channel, carried_weight, filter_sequence, second_moment
-from .recurrence import AdamLSTMRecurrence, gate_order
+from .lstm_cells import lstm_update
 from .sequence import (
     RecurrentState,
     as_output,
@@ -41,14 +43,15 @@ from .sequence import (
 from .variants import Hyper, check_hyper
 
 
-def input_map(x, decay, step_size, weight, bias, v0):
+def input_map(x, decay, step_size, weight, bias, v0, joined=None):
     """(inp, w, b) such that the momentum of eq. 9 is v_t = w·inp_t + b for every step.
 
     decay None means μ ≡ 0 (v_t = s g_t): s is folded into the input, so w and b are the
     layer's own parameters when s = 1 (the plain cell), and torch's fused kernels (cuDNN on
     GPU) receive the module's tensors. Otherwise the filtered input gains a bias channel
     and, for a carried-in v_0 (None: none carried), B channels; see the module docstring.
-    That derived weight is new on every call, so on CUDA cuDNN copies it into its layout
+    The input weight is then [W | b_ih] (`joined`, or formed here by `join_input_weight`),
+    with v_0ᵀ appended when v_0 is carried; on CUDA cuDNN copies it into its layout
     (docs/benchmarks.md says why no persistent buffer holds it).
     """
     if decay is None:
@@ -56,18 +59,60 @@ def input_map(x, decay, step_size, weight, bias, v0):
             return x, weight, bias
         return step_size * x, weight, None if bias is None else step_size * bias
     batch = x.size(1)
-    cols, wcols = [filter_sequence(x, decay, step_size)], [weight]
+    cols = [filter_sequence(x, decay, step_size)]
     if bias is not None:
         cols.append(bias_channel(decay, step_size, batch, x.dtype, x.device).unsqueeze(-1))
-        wcols.append(bias.unsqueeze(1))
+    w = join_input_weight(weight, bias) if joined is None else joined
     if v0 is not None:
         carried = carried_weight(decay, batch)
         # Zero weights (e.g. NAG's μ_1 = 0) drop the B channels; asking whether they are all
         # zero would make the host wait for an accelerator, so only the CPU asks.
         if carried.device.type != "cpu" or bool(carried.any()):
             cols.append(torch.diag_embed(carried.to(device=x.device, dtype=x.dtype)))
-            wcols.append(v0.t())
-    return torch.cat(cols, -1), torch.cat(wcols, 1), None
+            w = torch.cat([w, v0.t()], 1)
+    return torch.cat(cols, -1), w, None
+
+
+def join_input_weight(weight, bias):
+    """[W | b_ih]: the input weight of the filtered input and its bias channel (eq. 9:
+    v_t = W x̃_t + b_ih c_t); W itself when the layer has no input bias."""
+    return weight if bias is None else torch.cat([weight, bias.unsqueeze(1)], 1)
+
+
+class JoinedWeightCache:
+    """[W | b_ih] of each layer (`join_input_weight`), formed once per weight change while no
+    gradient is recorded (evaluation, `torch.no_grad`, `torch.inference_mode`).
+
+    An entry is reused only for the same parameter objects with the same storage, dtype,
+    device and version counters (`Tensor._version`, bumped by every in-place change made
+    through the tensor, optimiser steps and `load_state_dict` included). Under autograd the
+    weight is formed on every call and the cache is emptied: training optimisers that write
+    through `.data` (fairseq's Adam does) bump no version counter, so a cache kept across
+    training steps could hand out stale weights, and the saved weight's graph would tie
+    successive forward passes together. The next evaluation after a training step therefore
+    re-forms it. An in-place change through `.data` between two no-grad calls is not seen:
+    call `clear()` after one.
+    """
+
+    def __init__(self):
+        self.entries = {}
+
+    def clear(self):
+        self.entries.clear()
+
+    def get(self, k, weight, bias):
+        if torch.is_grad_enabled():
+            self.entries.clear()
+            return join_input_weight(weight, bias)
+        tensors = (weight, bias)
+        if any(t is not None and t.is_inference() for t in tensors):
+            return join_input_weight(weight, bias)  # inference tensors have no version counter
+        key = tuple(None if t is None else (t.data_ptr(), t._version, t.dtype, t.device) for t in tensors)
+        entry = self.entries.get(k)
+        if entry is None or entry[0] is not weight or entry[1] is not bias or entry[2] != key:
+            entry = (weight, bias, key, join_input_weight(weight, bias))
+            self.entries[k] = entry
+        return entry[3]
 
 
 def fused_weights(w, w_hh, b, b_hh, has_biases):
@@ -118,6 +163,7 @@ class _MomentumLayers(nn.Module):
         self.bias = check_bool(bias, "bias")
         self.batch_first = check_bool(batch_first, "batch_first")
         self.dropout = check_probability(dropout, "dropout")
+        self.joined_weights = JoinedWeightCache()
         for k in range(self.num_layers):
             self._register_layer(k, input_size if k == 0 else hidden_size)
         self.reset_parameters()
@@ -152,6 +198,10 @@ class _MomentumLayers(nn.Module):
         if self.variant.has_m and not self.filters_input_for_adam:
             return None
         return self.variant.decay(self.hyper, steps, start_step)
+
+    def _joined_input_weight(self, k, decay, weight, bias):
+        """[W | b_ih] of layer k for input_map (None where it takes the plain weight: μ ≡ 0)."""
+        return None if decay is None else self.joined_weights.get(k, weight, bias)
 
     def _adaptive_drive(self, x, inp, w, b, weight_ih, bias_ih, m0, lengths):
         """Normalised pre-activation of eq. 15 for all steps, with its last v and m."""
@@ -229,11 +279,20 @@ class _MomentumLayers(nn.Module):
 
     def _apply(self, fn, recurse=True):
         result = super()._apply(fn, recurse)
+        self.joined_weights.clear()
         self.flatten_parameters()
         return result
 
+    def __getstate__(self):
+        # pickles and deep copies carry the parameters, not tensors derived from them
+        state = self.__dict__.copy()
+        state["joined_weights"] = JoinedWeightCache()
+        return state
+
     def __setstate__(self, state):
         super().__setstate__(state)
+        if "joined_weights" not in self.__dict__:  # pickled before the cache existed
+            self.joined_weights = JoinedWeightCache()
         self.flatten_parameters()
 
     def step(self, input, state=None):
@@ -265,8 +324,8 @@ class _MomentumLayers(nn.Module):
 class MomentumLSTM(_MomentumLayers):
     """Stack of MomentumLSTM-family layers (MomentumRNN, Sections 2.2–2.4), nn.LSTM-like.
 
-    cell: "lstm" (plain LSTM), "momentum" (eq. 9), "adam" (eq. 15), "rmsprop" (eq. 15 with
-    μ = 0), "nag" (Section 2.4, F = ∞ unless restart is given), "sr" (NAG with restart F).
+    cell: "lstm" (plain LSTM) or any momentum cell of the table in variants.py (docs/cells.md;
+    restart F for the cells that take one).
     Parameters are named and ordered as nn.LSTM's (gates i, f, g, o), initialised as in
     Appendix F. forward(input, state=None) -> (output, RecurrentState); input is
     (T, B, input_size) (batch_first: (B, T, input_size)) or a PackedSequence; state may also
@@ -295,7 +354,7 @@ class MomentumLSTM(_MomentumLayers):
         if self.variant.has_m:
             return self._adaptive_layer(x, lengths, w_ih, w_hh, b_ih, b_hh, h0, c0, v0, m0)
         inp, w, b = input_map(x, decay, self.variant.input_scale(self.hyper), w_ih, b_ih,
-                              v0 if carries_v else None)
+                              v0 if carries_v else None, self._joined_input_weight(k, decay, w_ih, b_ih))
         out, (h, c) = fused_recurrence("lstm", inp, lengths, (h0[None], c0[None]),
                                        fused_weights(w, w_hh, b, b_hh, self.bias), self.bias,
                                        self.training)
@@ -307,7 +366,7 @@ class MomentumLSTM(_MomentumLayers):
         return lstm_update(pre + F.linear(h, w_hh, b_hh), c)
 
     def _adaptive_layer(self, x, lengths, w_ih, w_hh, b_ih, b_hh, h0, c0, v0, m0):
-        """Adam/RMSProp layer: eq. 15 on the fused recurrence of recurrence.py."""
+        """Adam/RMSProp layer: eq. 15 on the fused recurrence of adam_recurrence.py."""
         momentum = self.hyper.momentum
         v_last = None
         if not momentum:
@@ -357,7 +416,7 @@ class MomentumRNN(_MomentumLayers):
     def _layer(self, k, x, lengths, decay, h0, c0, v0, m0, carries_v):
         w_ih, w_hh, b_ih, b_hh = self.layer_parameters(k)
         inp, w, b = input_map(x, decay, self.variant.input_scale(self.hyper), w_ih, b_ih,
-                              v0 if carries_v else None)
+                              v0 if carries_v else None, self._joined_input_weight(k, decay, w_ih, b_ih))
         if self.variant.has_m:
             pre, v, m = self._adaptive_drive(x, inp, w, b, w_ih, b_ih, m0, lengths)
             if b_hh is not None:

@@ -15,7 +15,7 @@ from torch.nn import functional as F
 from torch.nn.utils.parametrizations import orthogonal
 
 from ..validation import check_choice, check_int
-from .cells import check_sizes, check_step_counter, check_step_input
+from .checks import check_sizes, check_step_counter, check_step_input
 from .layers import _MomentumLayers, input_map, recurrence_loop
 from .sequence import last_step
 from .variants import check_hyper
@@ -122,7 +122,7 @@ def modrelu_step(weight_hh, bias):
 class OrthogonalMomentumRNN(_MomentumLayers):
     """Stack of DTRIV layers and their momentum variants, nn.RNN calling convention.
 
-    cell: "rnn" (DTRIV), "momentum", "adam", "rmsprop", "nag", "sr". Parameters per layer:
+    cell: "rnn" (DTRIV) or any momentum cell of variants.py (docs/cells.md). Parameters per layer:
     weight_ih_l{k} (kaiming-normal, no input bias), weight_hh_l{k} (orthogonal, through
     torch's parametrization; orthogonal_map "matrix_exp" or "cayley"; init "henaff" or
     "cayley" skew matrices), bias_l{k} (modReLU bias, U(−0.01, 0.01)).

@@ -1,12 +1,18 @@
 """The one table of MomentumRNN cells: every cell of the family is described here once.
 
-A `CellVariant` says which states the cell carries (the momentum v, the second moment m),
-whether it takes a restart frequency, how the momentum filter of its whole-sequence form
-is built (`decay`, filters.py) and what one time step does to the input pre-activation
-g_t = W x_t + b (`drive`). The layers (MomentumLSTM, MomentumRNN, OrthogonalMomentumRNN),
-their `step`, the HF config and the fairseq options all read this table; a name that is
-not in it is refused with the list of known cells. Adding a cell = one entry here with its
-drive function, and the tests (which iterate over `VARIANTS`) cover it.
+A `CellVariant` says which states the cell carries (the momentum v, the second moment m, a
+time-step counter), whether it takes a restart frequency, how the momentum filter of its
+whole-sequence form is built (`decay`, filters.py) and what one time step does to the input
+pre-activation g_t = W x_t + b (`drive`). Everything else reads this table when it is used,
+not when it is imported: the step-wise cells (lstm_cells.LSTMStepCell, the orthogonal cell),
+the layers (MomentumLSTM, MomentumRNN, OrthogonalMomentumRNN) and their `step`, the HF
+config's allowed values, fairseq's `--lstm-cell` choices and help, the tests' parametrisations
+and the cell list of docs/cells.md (`cells_markdown`). A name that is not in it is refused with
+the list of known cells.
+
+Adding a cell: one `CellVariant` (with its drive, and a decay from filters.py) appended to
+`_TABLE` here or passed to `register_cell`; its float64 transcription in tests/rnn_literal.py;
+docs/cells.md regenerated (`make cells-doc`).
 
 The plain recurrences ("lstm" for the LSTM family, "rnn" for the tanh and orthogonal
 RNNs) are entries too: no v, no m, the drive is g_t itself.
@@ -39,6 +45,13 @@ class Hyper(NamedTuple):
 
 @dataclass(frozen=True)
 class CellVariant:
+    """One cell of the family. The layers' whole-sequence form takes two shapes, chosen by
+    `has_m`: without m the pre-activation is v_t itself, formed by the linear filter `decay`
+    (eq. 9 and its schedules), so `drive` must return (v_t, v_t, None) with the v_t of that
+    filter; with m it is eq. 15 (`adaptive_drive`, the fused Adam recurrence). A new cell of
+    another shape needs its own layer path; tests/test_rnn_variants.py checks every entry's
+    layers against its literal transcription and `step`."""
+
     name: str
     summary: str
     has_v: bool
@@ -48,10 +61,17 @@ class CellVariant:
     # the filter M[t, k] of v_t = Σ_k M[t, k] s g_k + M[t, 0] v_0 (filters.py).
     decay: Callable
     # drive(g, v, m, step, hyper) -> (pre-activation, v, m) for one time step; step (B,) is
-    # the 1-based index of this step (the NAG/SR schedule), v, m None where the cell has none.
+    # the 1-based index of this step (read only by cells that count steps), v, m None where
+    # the cell has none.
     drive: Callable[..., tuple[Tensor, Tensor | None, Tensor | None]]
     plain: bool = False
     fixed_momentum: float | None = None  # μ of a cell that has no momentum argument
+    counts_steps: bool = False  # its drive reads the time-step counter (a schedule in t)
+
+    @property
+    def step_states(self) -> tuple[str, ...]:
+        """States a step-wise cell takes and returns after (h, c), in this order."""
+        return (("v",) * self.has_v + ("m",) * self.has_m + ("step",) * self.counts_steps)
 
     def hyper(self, momentum, step_size, beta, eps, restart) -> Hyper:
         """The hyperparameters as this cell's equations use them."""
@@ -115,18 +135,36 @@ _TABLE = (
     CellVariant("rmsprop", "RMSProp-style, eq. 15 with μ = 0", has_v=True, has_m=True, restart="refused",
                 decay=constant_momentum_decay, drive=adaptive_drive, fixed_momentum=0.0),
     CellVariant("nag", "NAG momentum μ_t = (k−1)/(k+2), Section 2.4", has_v=True, has_m=False,
-                restart="optional", decay=nag_schedule_decay, drive=nag_drive),
+                restart="optional", decay=nag_schedule_decay, drive=nag_drive, counts_steps=True),
     CellVariant("sr", "NAG with a scheduled restart every F steps, Section 2.4", has_v=True, has_m=False,
-                restart="required", decay=nag_schedule_decay, drive=nag_drive),
+                restart="required", decay=nag_schedule_decay, drive=nag_drive, counts_steps=True),
 )
+PLAIN_CELLS = ("lstm", "rnn")
 VARIANTS = {variant.name: variant for variant in _TABLE}
-MOMENTUM_CELLS = tuple(v.name for v in _TABLE if not v.plain)
+
+
+def register_cell(variant: CellVariant) -> CellVariant:
+    """Add a momentum cell to the table: from then on every layer family, the step-wise cells,
+    the HF config and fairseq's --lstm-cell accept its name. A name already taken is refused."""
+    if not isinstance(variant, CellVariant):
+        raise TypeError(f"register_cell takes a CellVariant, got {type(variant).__name__}")
+    if variant.name in VARIANTS:
+        raise ValueError(f"cell {variant.name!r} is already in the table")
+    if variant.plain:
+        raise ValueError(f"the plain recurrences {PLAIN_CELLS} are fixed; {variant.name!r} cannot be plain")
+    if variant.restart not in ("required", "optional", "refused"):
+        raise ValueError(f"restart must be 'required', 'optional' or 'refused', got {variant.restart!r}")
+    if variant.has_m and variant.drive is not adaptive_drive:
+        # the layers' whole-sequence form of a cell with m is eq. 15 (the fused Adam recurrence)
+        raise ValueError(f"cell {variant.name!r} carries m, so its drive must be eq. 15's adaptive_drive")
+    VARIANTS[variant.name] = variant
+    return variant
 
 
 def cell_names(plain: str) -> tuple[str, ...]:
     """Cells a layer family accepts: its plain recurrence ("lstm" or "rnn") and every
-    momentum cell."""
-    return (plain,) + MOMENTUM_CELLS
+    momentum cell of the table, read now (so registered cells are included)."""
+    return (plain,) + tuple(name for name, v in VARIANTS.items() if not v.plain)
 
 
 def get_variant(cell, plain: str) -> CellVariant:
@@ -145,7 +183,7 @@ def check_restart(cell: str, restart, flag: str = "restart") -> int | None:
             raise ValueError(f"{flag} must be an integer >= 1 when cell={cell!r} (the restart frequency F)")
         return None
     if rule == "refused":
-        allowed = ", ".join(repr(v.name) for v in _TABLE if v.restart != "refused")
+        allowed = ", ".join(repr(v.name) for v in VARIANTS.values() if v.restart != "refused")
         raise ValueError(f"{flag} applies to cell {allowed} only, not cell={cell!r}; got {restart!r}")
     return check_int(restart, flag, low=1)
 
@@ -157,3 +195,22 @@ def check_hyper(cell, plain, momentum, step_size, beta, eps, restart) -> tuple[C
                   check_momentum(beta, "beta"), check_positive(eps, "eps"),
                   check_restart(variant.name, restart))
     return variant, hyper
+
+
+def cells_markdown() -> str:
+    """docs/cells.md, generated from the table (tests/test_rnn_layout.py checks the file)."""
+    families = {"lstm": "MomentumLSTM", "rnn": "MomentumRNN, OrthogonalMomentumRNN"}
+    rows = [f"| `{v.name}` | {v.summary} | {', '.join(v.step_states) or '—'} | {v.restart} | "
+            f"{families.get(v.name, 'all three')} |" for v in VARIANTS.values()]
+    return "\n".join([
+        "# MomentumRNN cells",
+        "",
+        "Generated from the cell table `plugins/rnn/variants.py` by `make cells-doc`; every",
+        "layer family, the step-wise cells, the HF config (`cell`) and fairseq (`--lstm-cell`)",
+        "accept these names. Equations: docs/equations.md (MomentumRNN eq. 9, eq. 15, Section 2.4).",
+        "",
+        "| cell | what it is | states of LSTMStepCell | restart F | layer families |",
+        "|---|---|---|---|---|",
+        *rows,
+        "",
+    ])

@@ -3,7 +3,7 @@ import torch
 from torch import nn
 
 from ..validation import check_choice, check_momentum, check_positive
-from .cells import check_sizes, check_step_input
+from .checks import check_sizes, check_step_input
 from .filters import momentum_step
 
 PARAMETERIZATIONS = ("eq9", "eq10")

@@ -1,0 +1,73 @@
+"""The layout of plugins.rnn: imports between its modules run one way (no cycle, counting the
+imports inside functions that load the optional Triton path); the cell list of the docs is the
+table's (docs/cells.md generated from it, no hand-written list of the family elsewhere)."""
+import ast
+import re
+from pathlib import Path
+
+import plugins.rnn
+from plugins.rnn.variants import VARIANTS, cells_markdown
+
+PACKAGE = Path(plugins.rnn.__file__).parent
+ROOT = PACKAGE.parent.parent
+# Where the cell family is documented for users; recipes/ and benchmarks/ name the cells they run.
+DOCUMENTED = ["README.md", "hf_momentum/README.md", "fairseq_momentum/README.md", "docs/equations.md",
+              "plugins/**/*.py", "hf_momentum/*.py", "fairseq_momentum/**/*.py"]
+
+
+def relative_imports(path):
+    """Modules of plugins.rnn that `path` imports, at top level or inside functions."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.ImportFrom) and node.level == 1:
+            if node.module:
+                found.add(node.module.split(".")[0])
+            else:
+                found.update(alias.name for alias in node.names)
+    return found - {"__init__"}
+
+
+def test_plugins_rnn_imports_form_no_cycle():
+    graph = {p.stem: relative_imports(p) for p in PACKAGE.glob("*.py") if p.stem != "__init__"}
+    done, path = set(), []
+
+    def visit(name):
+        if name in path:
+            raise AssertionError("import cycle: " + " -> ".join(path[path.index(name):] + [name]))
+        if name in done:
+            return
+        path.append(name)
+        for dep in sorted(graph.get(name, ())):
+            visit(dep)
+        path.pop()
+        done.add(name)
+
+    for name in sorted(graph):
+        visit(name)
+    assert "adam_recurrence" not in graph["adam_recurrence_triton"]
+
+
+def test_models_saved_before_the_rename_find_the_triton_path():
+    """Their bundled code imports plugins.rnn.triton_recurrence inside a try block."""
+    from plugins.rnn import adam_recurrence_triton, triton_recurrence
+
+    assert triton_recurrence.TritonAdamLSTMRecurrence is adam_recurrence_triton.TritonAdamLSTMRecurrence
+
+
+def test_docs_cell_list_is_generated_from_the_table():
+    """After a change of the table: `make cells-doc`."""
+    assert (ROOT / "docs/cells.md").read_text(encoding="utf-8") == cells_markdown()
+
+
+def test_no_hand_written_list_of_the_cell_family():
+    """A line naming three or more of the momentum cells is a list that would miss a new cell:
+    point at docs/cells.md (or read the table) instead."""
+    names = [name for name, v in VARIANTS.items() if not v.plain and name != "momentum"]
+    word = re.compile(r"(?<![\w-])(" + "|".join(names) + r")(?![\w-])")
+    found = []
+    for pattern in DOCUMENTED:
+        for path in sorted(ROOT.glob(pattern)):
+            for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+                if len(set(word.findall(line))) >= 3:
+                    found.append(f"{path.relative_to(ROOT)}:{number}: {line.strip()}")
+    assert not found, "\n".join(found)
