@@ -10,6 +10,7 @@ with the same assertions:
 - `test_training`, `test_training_gradient_checkpointing` and its `use_reentrant_false` /
   `use_reentrant_true` scenarios (the checkpointed layers really recompute; the same loss and
   gradients, hence the same set of non-zero gradients, as without checkpointing),
+- `test_enable_input_require_grads_with_gradient_checkpointing` (frozen embeddings, as with PEFT),
 - `test_sequence_classification_model{,_for_single_label,_for_multi_label}` and regression;
 plus what linear attention and the LSTM do with `output_attentions` (one warning, no matrices)
 and gradient checkpointing through `transformers.Trainer`."""
@@ -243,6 +244,30 @@ def test_training_gradient_checkpointing(model_class, tester, kwargs):
         torch.testing.assert_close(grads_ckpt[name], grads[name], atol=1e-6, rtol=1e-5)
 
 
+@pytest.mark.parametrize("model_class, tester", HEADS, ids=HEAD_IDS)
+def test_enable_input_require_grads_with_gradient_checkpointing(model_class, tester):
+    """transformers' test of the same name, in the case it exists for (PEFT: frozen embeddings,
+    reentrant checkpointing, which only back-propagates into inputs that require grad): the
+    trainable parameters get the gradients they get without checkpointing."""
+    config, inputs_dict = tester.prepare_config_and_inputs_for_common()
+    config.use_cache = False
+    inputs = prepare_for_class(tester, inputs_dict, model_class, return_labels=True)
+    torch.manual_seed(0)
+    model = model_class(config).train()
+    model.get_input_embeddings().weight.requires_grad_(False)
+    grads = []
+    for checkpointing in (False, True):
+        if checkpointing:
+            model.activation_checkpointing_enable({"use_reentrant": True})
+        model.zero_grad()
+        torch.manual_seed(42)  # the same dropout masks
+        model(**inputs).loss.backward()
+        grads.append({n: p.grad.clone() for n, p in model.named_parameters() if p.requires_grad})
+    assert all(g is not None for g in grads[1].values()), [n for n, g in grads[1].items() if g is None]
+    for name in grads[0]:
+        torch.testing.assert_close(grads[1][name], grads[0][name], atol=1e-6, rtol=1e-5, msg=name)
+
+
 @pytest.mark.parametrize("problem_type", [None, "single_label_classification", "multi_label_classification",
                                           "regression"])
 @pytest.mark.parametrize("tester, model_classes", CASES, ids=IDS)
@@ -301,7 +326,7 @@ def train_steps(model_class, tester, checkpointing, output_dir):
     recorder = GradientRecorder()
     args = TrainingArguments(output_dir=str(output_dir), max_steps=3, per_device_train_batch_size=4,
                              learning_rate=0.1, optim="sgd", lr_scheduler_type="constant", logging_steps=1,
-                             gradient_checkpointing=checkpointing, report_to=[], save_strategy="no",
+                             activation_checkpointing=checkpointing, report_to=[], save_strategy="no",
                              use_cpu=True, seed=0, dataloader_num_workers=0, disable_tqdm=True)
     trainer = Trainer(model=model, args=args, train_dataset=TokenDataset(tester, model_class),
                       callbacks=[recorder])
@@ -312,8 +337,8 @@ def train_steps(model_class, tester, checkpointing, output_dir):
 
 @pytest.mark.parametrize("model_class, tester", HEADS, ids=HEAD_IDS)
 def test_trainer_with_gradient_checkpointing(model_class, tester, tmp_path):
-    """TrainingArguments(gradient_checkpointing=True): finite losses, and every step's gradients
-    equal to those of the same run without checkpointing."""
+    """TrainingArguments(activation_checkpointing=True) (formerly gradient_checkpointing): finite
+    losses, and every step's gradients equal to those of the same run without checkpointing."""
     plain, plain_losses = train_steps(model_class, tester, False, tmp_path / "plain")
     checkpointed, losses = train_steps(model_class, tester, True, tmp_path / "checkpointed")
     assert len(losses) == 3 and all(map(math.isfinite, losses))
