@@ -292,3 +292,25 @@ def test_sequence_classification_save_load_round_trip(tmp_path):
     ids = torch.arange(3, 13)[None]
     with torch.no_grad():
         torch.testing.assert_close(loaded(input_ids=ids).logits, model(input_ids=ids).logits, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("use_reentrant", [True, False])
+def test_gradient_checkpointing_with_hidden_states_and_dropout(use_reentrant, make_generator):
+    """Checkpointing the stack run layer by layer (hidden states in the loss) with dropout
+    between layers on a padded batch: the recompute draws the same masks, so the gradients are
+    those of the run without checkpointing."""
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(tiny(cell="nag", num_hidden_layers=3, dropout=0.3)).train()
+    ids, mask = padded(make_generator(), [6, 4], 6, "left")
+    grads = []
+    for checkpointing in (False, True):
+        if checkpointing:
+            model.activation_checkpointing_enable({"use_reentrant": use_reentrant})
+        model.zero_grad()
+        torch.manual_seed(1)
+        out = model(input_ids=ids, attention_mask=mask, labels=ids, output_hidden_states=True)
+        (out.loss + sum(h.sum() for h in out.hidden_states[1:-1])).backward()
+        grads.append({n: p.grad.clone() for n, p in model.named_parameters()})
+    assert model.model.stack_run.gradient_checkpointing
+    for name in grads[0]:
+        torch.testing.assert_close(grads[1][name], grads[0][name], atol=1e-6, rtol=1e-5, msg=name)
