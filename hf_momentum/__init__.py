@@ -9,8 +9,9 @@
 - model_type "momentum_transformer" (MomentumTransformerConfig, ...Model, ...ForCausalLM,
   ...ForSequenceClassification) with AutoConfig / AutoModel / AutoModelForCausalLM /
   AutoModelForSequenceClassification;
-- model_type "momentum_lstm" (MomentumLSTMConfig, MomentumLSTMModel, MomentumLSTMForCausalLM)
-  with AutoConfig / AutoModel / AutoModelForCausalLM.
+- model_type "momentum_lstm" (MomentumLSTMConfig, MomentumLSTMModel, MomentumLSTMForCausalLM,
+  MomentumLSTMForSequenceClassification) with AutoConfig / AutoModel / AutoModelForCausalLM /
+  AutoModelForSequenceClassification.
 Saved models carry their code and load with `trust_remote_code=True` without this package.
 """
 from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoModelForSequenceClassification
@@ -34,6 +35,7 @@ from .configuration_momentum_transformer import MomentumTransformerConfig
 from .modeling_momentum_lstm import (
     MomentumLSTMCache,
     MomentumLSTMForCausalLM,
+    MomentumLSTMForSequenceClassification,
     MomentumLSTMModel,
     MomentumLSTMPreTrainedModel,
 )
@@ -55,6 +57,8 @@ AutoModelForSequenceClassification.register(MomentumTransformerConfig,
 AutoConfig.register(MomentumLSTMConfig.model_type, MomentumLSTMConfig, exist_ok=True)
 AutoModel.register(MomentumLSTMConfig, MomentumLSTMModel, exist_ok=True)
 AutoModelForCausalLM.register(MomentumLSTMConfig, MomentumLSTMForCausalLM, exist_ok=True)
+AutoModelForSequenceClassification.register(MomentumLSTMConfig, MomentumLSTMForSequenceClassification,
+                                            exist_ok=True)
 
 __all__ = [
     "MOMENTUM", "LINEAR", "TESTED_MODEL_TYPES", "SMOKE_TESTED_MODEL_TYPES", "SUPPORTED_MODEL_TYPES",
@@ -64,5 +68,5 @@ __all__ = [
     "MomentumTransformerConfig", "MomentumTransformerPreTrainedModel", "MomentumTransformerModel",
     "MomentumTransformerForCausalLM", "MomentumTransformerForSequenceClassification", "MomentumCache",
     "RecurrentCache", "MomentumLSTMConfig", "MomentumLSTMPreTrainedModel", "MomentumLSTMModel",
-    "MomentumLSTMForCausalLM", "MomentumLSTMCache",
+    "MomentumLSTMForCausalLM", "MomentumLSTMForSequenceClassification", "MomentumLSTMCache",
 ]

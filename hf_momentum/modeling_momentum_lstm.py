@@ -1,18 +1,27 @@
-"""MomentumLSTM language model over `plugins.rnn.MomentumLSTM` (MomentumRNN).
+"""MomentumLSTM language model and sequence classifier over `plugins.rnn.MomentumLSTM`
+(MomentumRNN).
 
 Generation keeps the recurrent state (h, c, momentum v, second moment m, step counter) in a
 `RecurrentCache`, so each new token costs one LSTM step (`MomentumLSTM.step`, whatever the
 prompt length). Padding: the real tokens of each row
 are moved to the front and run as a packed sequence, so a padded row (left or right) gets the
 outputs and the final state of its sequence alone, and NAG/SR step counters count real tokens.
+
+The stack runs as one `MomentumLSTM` call (the plain cell as one fused multi-layer kernel)
+unless `output_hidden_states` asks for every layer's output: then its layers run one at a
+time, each as a one-layer stack of the same cell on that layer's parameters, which computes
+exactly what the stack computes.
 """
+from functools import partial
 from typing import Optional
 
 import torch
 from torch import nn
-from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
+from torch.nn import functional as F
+from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence, pad_packed_sequence
 from transformers import GenerationMixin, PreTrainedModel
-from transformers.modeling_outputs import BaseModelOutputWithPast
+from transformers.modeling_layers import GradientCheckpointingLayer
+from transformers.modeling_outputs import BaseModelOutputWithPast, SequenceClassifierOutput
 
 from .configuration_momentum_lstm import MomentumLSTMConfig
 from .modeling_common import (
@@ -30,6 +39,7 @@ AUTO_MAP = {
     "AutoConfig": "configuration_momentum_lstm.MomentumLSTMConfig",
     "AutoModel": "modeling_momentum_lstm.MomentumLSTMModel",
     "AutoModelForCausalLM": "modeling_momentum_lstm.MomentumLSTMForCausalLM",
+    "AutoModelForSequenceClassification": "modeling_momentum_lstm.MomentumLSTMForSequenceClassification",
 }
 STATE_FIELDS = ("h", "c", "v", "m", "step")
 
@@ -78,6 +88,78 @@ class MomentumLSTMPreTrainedModel(RemoteCodeMixin, PreTrainedModel):
             super()._init_weights(module)
 
 
+PARAMETER_NAMES = ("weight_ih", "weight_hh", "bias_ih", "bias_hh")  # order of layer_parameters(k)
+
+
+class OneLayerView(MomentumLSTM):
+    """A one-layer stack of another stack's cell, built on the meta device (it holds no memory):
+    called through `run_layers` with layer k's parameters, it computes layer k of that stack."""
+
+    def forward(self, input, state=None, one_step=False):
+        """The stack's `step` (input: one token, (batch, features)) when one_step, else its forward."""
+        return self.step(input, state) if one_step else super().forward(input, state)
+
+
+def layer_views(lstm: MomentumLSTM) -> dict:
+    """One-layer stacks of `lstm`'s cell by input size (the first layer's, the other layers')."""
+    with torch.device("meta"):
+        return {size: OneLayerView(size, lstm.hidden_size, 1, cell=lstm.cell, momentum=lstm.momentum,
+                                   step_size=lstm.step_size, beta=lstm.beta, eps=lstm.eps,
+                                   restart=lstm.restart, bias=lstm.bias, batch_first=lstm.batch_first)
+                for size in (lstm.input_size, lstm.hidden_size)}
+
+
+def layer_state(state: Optional[RecurrentState], k: int) -> Optional[RecurrentState]:
+    """Layer k's part of a stack's state (None: a zero state); the step counter is shared."""
+    if state is None:
+        return None
+    return RecurrentState(*(t if t is None or name == "step" else t[k:k + 1]
+                            for name, t in zip(RecurrentState._fields, state)))
+
+
+def stack_states(finals) -> RecurrentState:
+    """The stack's state from its layers' one-layer states."""
+    fields = [None if t is None else torch.cat([f[i] for f in finals]) for i, t in enumerate(finals[0][:4])]
+    return RecurrentState(*fields, finals[0].step)
+
+
+def dropout_between_layers(inputs, p: float):
+    """nn.LSTM's dropout on a layer's input (a tensor or a PackedSequence's data)."""
+    if isinstance(inputs, PackedSequence):
+        return inputs._replace(data=F.dropout(inputs.data, p, True))
+    return F.dropout(inputs, p, True)
+
+
+def run_layers(lstm: MomentumLSTM, views: dict, inputs, state, one_step: bool = False):
+    """Every layer's output of `lstm` and its final state, one layer at a time: layer k is the
+    one-layer view of its cell called with layer k's parameters (torch.func.functional_call),
+    the same computation as inside the stack. Dropout between layers (training) is nn.LSTM's,
+    with masks drawn apart from the stack's."""
+    outputs, finals = [], []
+    for k in range(lstm.num_layers):
+        if k > 0 and lstm.dropout > 0 and lstm.training:
+            inputs = dropout_between_layers(inputs, lstm.dropout)
+        view = views[lstm.input_size if k == 0 else lstm.hidden_size]
+        if view.training != lstm.training:
+            view.train(lstm.training)  # cuDNN keeps what its backward needs only in training
+        params = {f"{name}_l0": p for name, p in zip(PARAMETER_NAMES, lstm.layer_parameters(k))
+                  if p is not None}
+        inputs, final = torch.func.functional_call(view, params, (inputs, layer_state(state, k), one_step))
+        outputs.append(inputs)
+        finals.append(final)
+    return tuple(outputs), stack_states(finals)
+
+
+class MomentumLSTMStackRun(GradientCheckpointingLayer):
+    """The unit that gradient checkpointing recomputes: the LSTM stack from a zero state,
+    tensors in and tensors out (what both checkpoint implementations track). It holds no
+    parameters, so the stack stays `model.lstm` (saved models keep their parameter names);
+    the model passes its run function in."""
+
+    def forward(self, x, mask, run):
+        return run(x, mask)
+
+
 class MomentumLSTMModel(MomentumLSTMPreTrainedModel):
     def __init__(self, config: MomentumLSTMConfig):
         super().__init__(config)
@@ -87,6 +169,9 @@ class MomentumLSTMModel(MomentumLSTMPreTrainedModel):
                                  cell=config.cell, momentum=config.momentum, step_size=config.step_size,
                                  beta=config.beta, eps=config.eps, restart=config.restart,
                                  batch_first=True, dropout=config.dropout)
+        self.stack_run = MomentumLSTMStackRun()
+        # a plain dict keeps the views out of the module tree: no parameters, nothing in the state dict
+        self.layer_views = layer_views(self.lstm)
         self.gradient_checkpointing = False
         self.post_init()
 
@@ -101,9 +186,8 @@ class MomentumLSTMModel(MomentumLSTMPreTrainedModel):
                 **kwargs):
         """attention_mask: (batch, past + length), 1 for real tokens; padded tokens leave the
         state unchanged and get zero outputs. A given `past_key_values` is continued even with
-        use_cache=False. hidden_states: the (dropped-out) embeddings, then the output of the
-        LSTM stack (`plugins.rnn.MomentumLSTM` runs its layers as one fused stack, so the
-        outputs of the inner layers are not exposed)."""
+        use_cache=False. hidden_states: the (dropped-out) embeddings, then each layer's output
+        (the last one after the output dropout, i.e. last_hidden_state)."""
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("pass exactly one of input_ids and inputs_embeds")
         x = self.dropout(self.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds)
@@ -114,48 +198,60 @@ class MomentumLSTMModel(MomentumLSTMPreTrainedModel):
         past = cache.get_seq_length() if cache is not None else 0
         mask = check_attention_mask(attention_mask, batch, past, length)
         mask = None if mask is None else mask[:, past:].to(x.device)
-        state = cache.get_lstm_state() if cache is not None else None
         if length == 0:
-            out = x.new_zeros(batch, 0, self.config.hidden_size)
-        elif self.gradient_checkpointing and self.training:
-            out = self._gradient_checkpointing_func(self._run_without_state, x, mask)
+            empty = x.new_zeros(batch, 0, self.config.hidden_size)
+            outputs = (empty,) * (self.lstm.num_layers if output_hidden_states else 1)
+        elif cache is None:
+            # no state in or out: what gradient checkpointing may recompute
+            outputs = self.stack_run(x, mask, run=partial(self._outputs, all_layers=output_hidden_states))
         else:
-            out, state = self._run(x, mask, state)
-            if cache is not None:
-                cache.set_lstm_state(state)
+            outputs, state = self._run(x, mask, cache.get_lstm_state(), output_hidden_states)
+            cache.set_lstm_state(state)
         if cache is not None:
             cache.advance(length)
-        out = self.dropout(out)
-        hidden_states = (x, out) if output_hidden_states else None
+        out = self.dropout(outputs[-1])
+        hidden_states = (x, *outputs[:-1], out) if output_hidden_states else None
         result = BaseModelOutputWithPast(last_hidden_state=out, past_key_values=cache,
                                          hidden_states=hidden_states)
         return result if return_dict is not False else result.to_tuple()
 
-    def _run(self, x, mask, state):
-        if mask is None or bool(mask.all()):
-            if x.shape[1] == 1:
-                h, state = self.lstm.step(x[:, 0], state)  # one generated token: a cell step
-                return h[:, None], state
-            return self.lstm(x, state)
-        return self._packed(x, mask, state)
+    def _outputs(self, x, mask, all_layers=False):
+        return self._run(x, mask, None, all_layers)[0]
 
-    def _run_without_state(self, x, mask):
-        """The stack from a zero state, outputs only: what gradient checkpointing recomputes
-        (tensors in, one tensor out, so either checkpoint implementation tracks it)."""
-        return self._run(x, mask, None)[0]
+    def _run(self, x, mask, state, all_layers=False):
+        """(outputs, final state): a tuple of the last layer's output or, with all_layers,
+        of every layer's, each (batch, length, hidden)."""
+        if mask is not None and not bool(mask.all()):
+            return self._packed(x, mask, state, all_layers)
+        if x.shape[1] == 1:  # one generated token: a cell step
+            outputs, state = self._stack(x[:, 0], state, all_layers, one_step=True)
+            return tuple(out[:, None] for out in outputs), state
+        return self._stack(x, state, all_layers)
 
-    def _packed(self, x, mask, state):
+    def _stack(self, inputs, state, all_layers, one_step=False):
+        """The stack as one call or, with all_layers, layer by layer (run_layers)."""
+        if all_layers:
+            return run_layers(self.lstm, self.layer_views, inputs, state, one_step)
+        out, state = self.lstm.step(inputs, state) if one_step else self.lstm(inputs, state)
+        return (out,), state
+
+    def _packed(self, x, mask, state, all_layers):
         lengths = mask.sum(-1)
         if bool((lengths == 0).any()):
             raise ValueError("every row needs at least one real token in attention_mask")
         order = torch.argsort((~mask).to(torch.int8), dim=-1, stable=True)
         front = x.gather(1, order[..., None].expand_as(x))
         packed = pack_padded_sequence(front, lengths.cpu(), batch_first=True, enforce_sorted=False)
-        out, state = self.lstm(packed, state)
-        out, _ = pad_packed_sequence(out, batch_first=True, total_length=x.shape[1])
+        outputs, state = self._stack(packed, state, all_layers)
         back = torch.argsort(order, dim=-1)
-        out = out.gather(1, back[..., None].expand_as(out))
-        return out * mask[..., None].to(out.dtype), state
+        return tuple(unpack(out, back, mask) for out in outputs), state
+
+
+def unpack(packed, back, mask):
+    """A packed output of `_packed` in the input's positions, zero at padded tokens."""
+    out, _ = pad_packed_sequence(packed, batch_first=True, total_length=mask.shape[1])
+    out = out.gather(1, back[..., None].expand_as(out))
+    return out * mask[..., None].to(out.dtype)
 
 
 class MomentumLSTMForCausalLM(RecurrentCausalLMMixin, MomentumLSTMPreTrainedModel, GenerationMixin):
@@ -177,3 +273,54 @@ class MomentumLSTMForCausalLM(RecurrentCausalLMMixin, MomentumLSTMPreTrainedMode
                              use_cache=use_cache, output_hidden_states=output_hidden_states,
                              output_attentions=output_attentions, return_dict=True)
         return self.causal_lm_output(outputs, labels, logits_to_keep, return_dict, **kwargs)
+
+
+def last_real_positions(attention_mask, input_ids, pad_token_id, batch: int, length: int, device):
+    """(batch,) position of each row's last real token: the last 1 of attention_mask (left or
+    right padding); without a mask the last token that is not pad_token_id (as
+    LlamaForSequenceClassification does), else the last position."""
+    if attention_mask is not None:
+        real = attention_mask.to(device).bool()
+    elif input_ids is not None and pad_token_id is not None:
+        real = input_ids.to(device) != pad_token_id
+    else:
+        return torch.full((batch,), length - 1, device=device)
+    return (torch.arange(length, device=device) * real).argmax(-1)
+
+
+class MomentumLSTMForSequenceClassification(MomentumLSTMPreTrainedModel):
+    """The output at each row's last real token (`last_real_positions`), then a linear
+    classifier: a unidirectional LSTM's summary of the whole sequence (the bidirectional
+    MomentumTransformer classifier averages over real tokens instead, which here would weigh
+    outputs that saw only a prefix)."""
+
+    def __init__(self, config: MomentumLSTMConfig):
+        super().__init__(config)
+        self.num_labels = config.num_labels
+        self.model = MomentumLSTMModel(config)
+        self.score = nn.Linear(config.hidden_size, config.num_labels)
+        self.post_init()
+
+    def get_input_embeddings(self):
+        return self.model.embed_tokens
+
+    def set_input_embeddings(self, value):
+        self.model.embed_tokens = value
+
+    def forward(self, input_ids=None, attention_mask=None, inputs_embeds=None, labels=None,
+                output_hidden_states=None, output_attentions=None, return_dict=None, **kwargs):
+        outputs = self.model(input_ids=input_ids, attention_mask=attention_mask, inputs_embeds=inputs_embeds,
+                             use_cache=False, output_hidden_states=output_hidden_states,
+                             output_attentions=output_attentions, return_dict=True)
+        hidden = outputs.last_hidden_state
+        batch, length = hidden.shape[:2]
+        if length == 0:
+            raise ValueError("sequence classification needs at least one token per row")
+        last = last_real_positions(attention_mask, input_ids, self.config.pad_token_id, batch, length,
+                                   hidden.device)
+        logits = self.score(hidden[torch.arange(batch, device=hidden.device), last])
+        loss = None
+        if labels is not None:
+            loss = self.loss_function(labels=labels, pooled_logits=logits, config=self.config)
+        out = SequenceClassifierOutput(loss=loss, logits=logits, hidden_states=outputs.hidden_states)
+        return out if return_dict is not False else out.to_tuple()

@@ -148,6 +148,36 @@ def test_remote_code_loads_in_a_clean_process(make_config, tmp_path):
             assert (isolated / "resaved" / core).read_text() == (isolated / "model" / core).read_text()
 
 
+def test_lstm_classifier_remote_code_loads_in_a_clean_process(tmp_path):
+    """MomentumLSTMForSequenceClassification saves an auto_map entry for every Auto class and
+    loads with its remote code where our packages cannot be imported, hidden states included
+    (the layer-by-layer path)."""
+    torch.manual_seed(0)
+    model = AutoModelForSequenceClassification.from_config(lstm_config()).eval()
+    model.save_pretrained(tmp_path / "model")
+    config = json.loads((tmp_path / "model" / "config.json").read_text())
+    assert set(config["auto_map"]) == {"AutoConfig", "AutoModel", "AutoModelForCausalLM",
+                                       "AutoModelForSequenceClassification"}
+    with torch.no_grad():
+        out = model(input_ids=sample_ids(), output_hidden_states=True)
+    torch.save({"logits": out.logits, "hidden": out.hidden_states}, tmp_path / "expected.pt")
+    proc = run_clean("""
+        import torch
+        from transformers import AutoModelForSequenceClassification
+        model = AutoModelForSequenceClassification.from_pretrained("model", trust_remote_code=True).eval()
+        expected = torch.load("expected.pt")
+        ids = torch.arange(3, 3 + 2 * 9).remainder(97).add(3).view(2, 9)
+        with torch.no_grad():
+            out = model(input_ids=ids, output_hidden_states=True)
+        torch.testing.assert_close(out.logits, expected["logits"], rtol=0, atol=0)
+        assert len(out.hidden_states) == len(expected["hidden"]) == 3
+        for got, want in zip(out.hidden_states, expected["hidden"]):
+            torch.testing.assert_close(got, want, rtol=0, atol=0)
+        print("OK", type(model).__name__, type(model).__module__)
+    """, tmp_path, {"HF_HUB_OFFLINE": "1"})
+    assert "OK MomentumLSTMForSequenceClassification transformers_modules" in proc.stdout
+
+
 class LocalHub(BaseHTTPRequestHandler):
     """The few Hub API routes push_to_hub and from_pretrained use, backed by a dict."""
 

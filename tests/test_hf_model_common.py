@@ -1,9 +1,21 @@
-"""transformers' common model tests (tests/test_modeling_common.py, ModelTesterMixin) replicated
-for every native model class — that test suite is not installed with transformers:
-`test_hidden_states_output` (hidden states asked for by argument and by the config),
-`test_retain_grad_hidden_states_attentions` (hidden_states[0] is in the graph of the first
-output), plus what linear attention and the LSTM do with `output_attentions` (one warning, no
-matrices) and gradient checkpointing of both causal LMs."""
+"""transformers' common model tests (tests/test_modeling_common.py: ModelTesterMixin, and
+CausalLMModelTest's sequence classification tests) replicated for every native model class —
+that test suite is not installed with transformers (and is ~280k characters of mostly
+unrelated cases: vision, audio, encoder-decoder, attention matrices, hub, GPU). Replicated,
+with the same assertions:
+- `test_hidden_states_output` (num_hidden_layers + 1 hidden states, by argument and by config),
+- `test_retain_grad_hidden_states_attentions` (hidden_states[0] is in the graph of the output),
+- `test_gradient_checkpointing_backward_compatibility`, `test_gradient_checkpointing_enable_disable`
+  (a GradientCheckpointingLayer exists; every module's flag follows enable / disable),
+- `test_training`, `test_training_gradient_checkpointing` and its `use_reentrant_false` /
+  `use_reentrant_true` scenarios (the checkpointed layers really recompute; the same loss and
+  gradients, hence the same set of non-zero gradients, as without checkpointing),
+- `test_enable_input_require_grads_with_gradient_checkpointing` (frozen embeddings, as with PEFT),
+- `test_sequence_classification_model{,_for_single_label,_for_multi_label}` and regression;
+plus what linear attention and the LSTM do with `output_attentions` (one warning, no matrices)
+and gradient checkpointing through `transformers.Trainer`."""
+import copy
+import math
 import os
 import warnings
 from dataclasses import dataclass
@@ -12,11 +24,14 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import pytest
 import torch
-from transformers import AutoConfig
+from torch.utils.data import Dataset
+from transformers import AutoConfig, Trainer, TrainerCallback, TrainingArguments
+from transformers.modeling_layers import GradientCheckpointingLayer
 
 import hf_momentum  # noqa: F401  (registers the model types)
 from hf_momentum import (
     MomentumLSTMForCausalLM,
+    MomentumLSTMForSequenceClassification,
     MomentumLSTMModel,
     MomentumTransformerForCausalLM,
     MomentumTransformerForSequenceClassification,
@@ -34,18 +49,18 @@ class ModelTester:
     vocab_size: int = 60
     hidden_size: int = 16
     num_hidden_layers: int = 3
-    expected_num_hidden_layers: int = None
+    num_labels: int = 3
 
-    def __post_init__(self):
-        if self.expected_num_hidden_layers is None:
-            self.expected_num_hidden_layers = self.num_hidden_layers + 1
+    @property
+    def expected_num_hidden_layers(self):
+        return self.num_hidden_layers + 1
 
     def prepare_config_and_inputs_for_common(self):
         config = AutoConfig.for_model(self.model_type, vocab_size=self.vocab_size,
                                       hidden_size=self.hidden_size, num_hidden_layers=self.num_hidden_layers,
                                       # not 0: the padding row of a tied embedding is zero, and so
                                       # would be logit 0, the output whose gradient is checked
-                                      pad_token_id=self.vocab_size - 1,
+                                      pad_token_id=self.vocab_size - 1, num_labels=self.num_labels,
                                       **self.config_kwargs)
         generator = torch.Generator().manual_seed(0)
         ids = torch.randint(0, self.vocab_size - 1, (self.batch_size, self.seq_length), generator=generator)
@@ -56,15 +71,25 @@ class ModelTester:
 
 TRANSFORMER = ModelTester("momentum_transformer",
                           dict(num_attention_heads=2, intermediate_size=32, connection="momentum"))
-# plugins.rnn.MomentumLSTM runs its layers as one fused stack: the LSTM models return the
-# embeddings and the stack's output (a tester sets expected_num_hidden_layers for such models).
-LSTM = ModelTester("momentum_lstm", dict(cell="adam"), expected_num_hidden_layers=2)
+LSTM = ModelTester("momentum_lstm", dict(cell="adam"))
 CASES = [
     (TRANSFORMER, [MomentumTransformerModel, MomentumTransformerForCausalLM,
                    MomentumTransformerForSequenceClassification]),
-    (LSTM, [MomentumLSTMModel, MomentumLSTMForCausalLM]),
+    (LSTM, [MomentumLSTMModel, MomentumLSTMForCausalLM, MomentumLSTMForSequenceClassification]),
 ]
 IDS = ["transformer", "lstm"]
+HEADS = [(model_class, tester) for tester, classes in CASES for model_class in classes[1:]]
+HEAD_IDS = [model_class.__name__ for model_class, _ in HEADS]
+
+
+def prepare_for_class(tester, inputs_dict, model_class, return_labels=False):
+    """transformers' `_prepare_for_class`: zero labels of the head's shape."""
+    inputs_dict = copy.deepcopy(inputs_dict)
+    if return_labels:
+        shape = (tester.batch_size,) if model_class.__name__.endswith("ForSequenceClassification") \
+            else (tester.batch_size, tester.seq_length)
+        inputs_dict["labels"] = torch.zeros(shape, dtype=torch.long)
+    return inputs_dict
 
 
 @pytest.mark.parametrize("tester, model_classes", CASES, ids=IDS)
@@ -133,41 +158,194 @@ def test_output_attentions_warns_once_per_model(tester, model_classes):
         model(**inputs_dict)
 
 
-def counting(function, calls):
-    def counted(*args, **kwargs):
-        calls.append(1)
-        return function(*args, **kwargs)
-    return counted
+def counting_checkpoint(checkpoint, calls):
+    """A checkpoint function that counts the calls of what it checkpoints (forward, recompute)."""
+    def counted_checkpoint(function, *args, **kwargs):
+        def counted(*inner, **inner_kwargs):
+            calls.append(1)
+            return function(*inner, **inner_kwargs)
+        return checkpoint(counted, *args, **kwargs)
+    return counted_checkpoint
 
 
-@pytest.mark.parametrize("use_reentrant", [False, True])
-@pytest.mark.parametrize("model_class, tester", [(MomentumTransformerForCausalLM, TRANSFORMER),
-                                                 (MomentumLSTMForCausalLM, LSTM)], ids=IDS)
-def test_training_gradient_checkpointing(model_class, tester, use_reentrant):
-    """Same loss and gradients with and without checkpointing, and the checkpoint function is
-    really called (a model that ignored the switch would not call it)."""
+@pytest.mark.parametrize("tester, model_classes", CASES, ids=IDS)
+def test_gradient_checkpointing_backward_compatibility(tester, model_classes):
+    config, _ = tester.prepare_config_and_inputs_for_common()
+    for model_class in model_classes:
+        assert model_class.supports_gradient_checkpointing, model_class.__name__
+        config.gradient_checkpointing = True
+        assert model_class(copy.deepcopy(config)).is_activation_checkpointing, model_class.__name__
+
+
+@pytest.mark.parametrize("tester, model_classes", CASES, ids=IDS)
+def test_gradient_checkpointing_enable_disable(tester, model_classes):
+    config, _ = tester.prepare_config_and_inputs_for_common()
+    for model_class in model_classes:
+        model = model_class(copy.deepcopy(config))
+        assert not model.is_activation_checkpointing
+        assert [m for m in model.modules() if isinstance(m, GradientCheckpointingLayer)], model_class.__name__
+        with pytest.warns(FutureWarning, match="deprecated"):
+            model.gradient_checkpointing_enable()
+        assert model.is_activation_checkpointing
+        for name, module in model.named_modules():
+            if hasattr(module, "gradient_checkpointing"):
+                assert module.gradient_checkpointing, f"{model_class.__name__}.{name}"
+        with pytest.warns(FutureWarning, match="deprecated"):
+            model.gradient_checkpointing_disable()
+        assert not model.is_activation_checkpointing
+        for name, module in model.named_modules():
+            if hasattr(module, "gradient_checkpointing"):
+                assert not module.gradient_checkpointing, f"{model_class.__name__}.{name}"
+
+
+@pytest.mark.parametrize("model_class, tester", HEADS, ids=HEAD_IDS)
+def test_training(model_class, tester):
     config, inputs_dict = tester.prepare_config_and_inputs_for_common()
-    config.hidden_dropout = 0.0
-    assert model_class.supports_gradient_checkpointing
-    torch.manual_seed(0)
     model = model_class(config).train()
-    ids = inputs_dict["input_ids"]
+    loss = model(**prepare_for_class(tester, inputs_dict, model_class, return_labels=True)).loss
+    loss.backward()
+    assert torch.isfinite(loss)
+
+
+@pytest.mark.parametrize("kwargs", [None, {"use_reentrant": False}, {"use_reentrant": True}],
+                         ids=["default", "use_reentrant_false", "use_reentrant_true"])
+@pytest.mark.parametrize("model_class, tester", HEADS, ids=HEAD_IDS)
+def test_training_gradient_checkpointing(model_class, tester, kwargs):
+    """transformers' check_training_gradient_checkpointing, and beyond it the same loss and
+    gradients as without checkpointing; every GradientCheckpointingLayer's forward runs twice
+    (forward, recompute), so a model that ignored the switch would fail."""
+    config, inputs_dict = tester.prepare_config_and_inputs_for_common()
+    config.use_cache = False
+    inputs = prepare_for_class(tester, inputs_dict, model_class, return_labels=True)
+    torch.manual_seed(42)
+    model = model_class(config).train()
     results = []
     for checkpointing in (False, True):
         calls = []
         if checkpointing:
-            model.activation_checkpointing_enable({"use_reentrant": use_reentrant})
-            for module in model.modules():
-                if getattr(module, "gradient_checkpointing", False):
-                    module._gradient_checkpointing_func = counting(module._gradient_checkpointing_func, calls)
+            model.activation_checkpointing_enable(kwargs)
+            layers = [m for m in model.modules() if isinstance(m, GradientCheckpointingLayer)]
+            for layer in layers:
+                layer._gradient_checkpointing_func = counting_checkpoint(layer._gradient_checkpointing_func,
+                                                                         calls)
         model.zero_grad()
-        loss = model(**inputs_dict, labels=ids).loss
+        torch.manual_seed(42)
+        loss = model(**inputs).loss
         loss.backward()
         results.append((loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters()
-                                         if p.grad is not None}, len(calls)))
-    (loss, grads, _), (loss_ckpt, grads_ckpt, calls) = results
-    assert calls > 0
+                                         if p.grad is not None}))
+    assert len(calls) == 2 * len(layers) > 0
+    (loss, grads), (loss_ckpt, grads_ckpt) = results
     torch.testing.assert_close(loss_ckpt, loss)
     assert grads.keys() == grads_ckpt.keys() and len(grads) >= 5
+    assert {n for n, g in grads.items() if g.abs().sum() > 0} == {n for n, g in grads_ckpt.items()
+                                                                if g.abs().sum() > 0}
     for name in grads:
         torch.testing.assert_close(grads_ckpt[name], grads[name], atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("model_class, tester", HEADS, ids=HEAD_IDS)
+def test_enable_input_require_grads_with_gradient_checkpointing(model_class, tester):
+    """transformers' test of the same name, in the case it exists for (PEFT: frozen embeddings,
+    reentrant checkpointing, which only back-propagates into inputs that require grad): the
+    trainable parameters get the gradients they get without checkpointing."""
+    config, inputs_dict = tester.prepare_config_and_inputs_for_common()
+    config.use_cache = False
+    inputs = prepare_for_class(tester, inputs_dict, model_class, return_labels=True)
+    torch.manual_seed(0)
+    model = model_class(config).train()
+    model.get_input_embeddings().weight.requires_grad_(False)
+    grads = []
+    for checkpointing in (False, True):
+        if checkpointing:
+            model.activation_checkpointing_enable({"use_reentrant": True})
+        model.zero_grad()
+        torch.manual_seed(42)  # the same dropout masks
+        model(**inputs).loss.backward()
+        grads.append({n: p.grad.clone() for n, p in model.named_parameters() if p.requires_grad})
+    assert all(g is not None for g in grads[1].values()), [n for n, g in grads[1].items() if g is None]
+    for name in grads[0]:
+        torch.testing.assert_close(grads[1][name], grads[0][name], atol=1e-6, rtol=1e-5, msg=name)
+
+
+@pytest.mark.parametrize("problem_type", [None, "single_label_classification", "multi_label_classification",
+                                          "regression"])
+@pytest.mark.parametrize("tester, model_classes", CASES, ids=IDS)
+def test_sequence_classification_model(tester, model_classes, problem_type):
+    """CausalLMModelTest.test_sequence_classification_model{,_for_single_label,_for_multi_label}
+    (mask from `input_ids != 1`), and regression with one label."""
+    config, inputs_dict = tester.prepare_config_and_inputs_for_common()
+    ids = inputs_dict["input_ids"]
+    generator = torch.Generator().manual_seed(1)
+    labels = torch.randint(0, tester.num_labels, (tester.batch_size,), generator=generator)
+    if problem_type == "multi_label_classification":
+        labels = torch.rand(tester.batch_size, tester.num_labels, generator=generator).round()
+    elif problem_type == "regression":
+        config.num_labels = 1
+        labels = torch.rand(tester.batch_size, generator=generator)
+    config.problem_type = problem_type
+    model = model_classes[-1](config).eval()
+    result = model(input_ids=ids, attention_mask=ids.ne(1), labels=labels)
+    assert result.logits.shape == (tester.batch_size, config.num_labels)
+    assert result.loss.dim() == 0 and torch.isfinite(result.loss)
+
+
+class TokenDataset(Dataset):
+    """A few rows of token ids with the labels each head wants."""
+
+    def __init__(self, tester, model_class, rows=8):
+        generator = torch.Generator().manual_seed(3)
+        self.ids = torch.randint(0, tester.vocab_size - 1, (rows, tester.seq_length), generator=generator)
+        self.classify = model_class.__name__.endswith("ForSequenceClassification")
+        self.labels = self.ids[:, 0] % tester.num_labels if self.classify else self.ids
+
+    def __len__(self):
+        return len(self.ids)
+
+    def __getitem__(self, i):
+        return {"input_ids": self.ids[i], "attention_mask": torch.ones_like(self.ids[i]),
+                "labels": self.labels[i]}
+
+
+class GradientRecorder(TrainerCallback):
+    """Keeps every step's gradients, as the optimizer is about to use them."""
+
+    def __init__(self):
+        self.steps = []
+
+    def on_pre_optimizer_step(self, args, state, control, model=None, **kwargs):
+        self.steps.append({n: p.grad.detach().clone() for n, p in model.named_parameters()
+                           if p.grad is not None})
+
+
+def train_steps(model_class, tester, checkpointing, output_dir):
+    """Three SGD steps of transformers.Trainer from one seed; the gradients of every step and the losses."""
+    config, _ = tester.prepare_config_and_inputs_for_common()
+    torch.manual_seed(0)
+    model = model_class(config)
+    recorder = GradientRecorder()
+    args = TrainingArguments(output_dir=str(output_dir), max_steps=3, per_device_train_batch_size=4,
+                             learning_rate=0.1, optim="sgd", lr_scheduler_type="constant", logging_steps=1,
+                             activation_checkpointing=checkpointing, report_to=[], save_strategy="no",
+                             use_cpu=True, seed=0, dataloader_num_workers=0, disable_tqdm=True)
+    trainer = Trainer(model=model, args=args, train_dataset=TokenDataset(tester, model_class),
+                      callbacks=[recorder])
+    trainer.train()
+    assert model.is_activation_checkpointing == checkpointing
+    return recorder.steps, [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
+
+
+@pytest.mark.parametrize("model_class, tester", HEADS, ids=HEAD_IDS)
+def test_trainer_with_gradient_checkpointing(model_class, tester, tmp_path):
+    """TrainingArguments(activation_checkpointing=True) (formerly gradient_checkpointing): finite
+    losses, and every step's gradients equal to those of the same run without checkpointing."""
+    plain, plain_losses = train_steps(model_class, tester, False, tmp_path / "plain")
+    checkpointed, losses = train_steps(model_class, tester, True, tmp_path / "checkpointed")
+    assert len(losses) == 3 and all(map(math.isfinite, losses))
+    assert len(checkpointed) == len(plain) == 3
+    for step, (expected, got) in enumerate(zip(plain, checkpointed)):
+        assert expected.keys() == got.keys(), step
+        for name in expected:
+            torch.testing.assert_close(got[name], expected[name], atol=1e-6, rtol=1e-5,
+                                       msg=f"step {step} {name}")
+    assert losses == pytest.approx(plain_losses, rel=1e-5)

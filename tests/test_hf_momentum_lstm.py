@@ -1,15 +1,22 @@
 """MomentumLSTMForCausalLM: config validation, wiring against plugins.rnn.MomentumLSTM, padded
 rows equal to sequences alone, recurrent-cache generation equal to use_cache=False (greedy,
-sampling, beam), left-padded batch generation equal to each prompt alone, save/load round trip."""
+sampling, beam), left-padded batch generation equal to each prompt alone, save/load round trip;
+every layer's hidden state (layer by layer, exactly equal to the single stack call);
+torch.compile of every cell; MomentumLSTMForSequenceClassification."""
 import os
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import pytest
 import torch
-from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
+from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoModelForSequenceClassification
 
-from hf_momentum import MomentumLSTMCache, MomentumLSTMForCausalLM, MomentumLSTMModel
+from hf_momentum import (
+    MomentumLSTMCache,
+    MomentumLSTMForCausalLM,
+    MomentumLSTMForSequenceClassification,
+    MomentumLSTMModel,
+)
 from plugins.rnn import VARIANTS, MomentumLSTM, cell_names
 
 PAD = 0
@@ -45,6 +52,8 @@ def test_bad_config_values_raise(kwargs, argument):
 def test_auto_classes_are_registered():
     assert type(AutoModel.from_config(tiny())) is MomentumLSTMModel
     assert type(AutoModelForCausalLM.from_config(tiny())) is MomentumLSTMForCausalLM
+    assert type(AutoModelForSequenceClassification.from_config(tiny())) \
+        is MomentumLSTMForSequenceClassification
 
 
 def padded(generator, lengths, total, side):
@@ -188,3 +197,120 @@ def test_save_load_with_weights_in_one_buffer(tmp_path):
     loaded = AutoModelForCausalLM.from_pretrained(tmp_path).eval()
     for (name, a), b in zip(model.state_dict().items(), loaded.state_dict().values()):
         assert torch.equal(a, b), name
+
+
+def states_equal(a, b):
+    return all((x is None and y is None) or torch.equal(x, y) for x, y in zip(a, b))
+
+
+@pytest.mark.parametrize("cell", CELLS)
+def test_hidden_states_layer_by_layer_equal_the_stack(cell, make_generator):
+    """output_hidden_states runs the layers one at a time: the embeddings, then each layer's
+    output, the last one bit for bit the stack's (unpadded, padded, and cached tokens one by
+    one, with the same cache state); each layer equals a one-layer MomentumLSTM on its weights."""
+    torch.manual_seed(0)
+    model = MomentumLSTMModel(tiny(cell=cell, num_hidden_layers=3, embedding_size=12,
+                                   tie_word_embeddings=False)).eval()
+    ids, mask = padded(make_generator(), [7, 4, 7], 7, "left")
+    with torch.no_grad():
+        for kwargs in ({"attention_mask": mask}, {}):
+            fast = model(input_ids=ids, use_cache=False, **kwargs).last_hidden_state
+            out = model(input_ids=ids, use_cache=False, output_hidden_states=True, **kwargs)
+            assert len(out.hidden_states) == 4
+            assert torch.equal(out.last_hidden_state, fast) and out.hidden_states[-1] is out.last_hidden_state
+        reference = MomentumLSTM(12, 16, 1, cell=cell, momentum=0.5, step_size=0.7, restart=restart_for(cell),
+                                 batch_first=True)
+        reference.load_state_dict({f"{name[:-1]}0": p for name, p in model.lstm.named_parameters()
+                                   if name.endswith("_l0")})
+        torch.testing.assert_close(out.hidden_states[1], reference(out.hidden_states[0])[0], rtol=0, atol=0)
+        caches = {layers: MomentumLSTMCache(model.config) for layers in (False, True)}
+        for t in range(3, 7):  # a prefill of 4 tokens, then one token at a time
+            start = 0 if t == 3 else t
+            step = {layers: model(input_ids=ids[:, start:t + 1], attention_mask=mask[:, :t + 1],
+                                  past_key_values=cache, output_hidden_states=layers).last_hidden_state
+                    for layers, cache in caches.items()}
+            assert torch.equal(step[False], step[True]), t
+            assert states_equal(caches[False].get_lstm_state(), caches[True].get_lstm_state()), t
+
+
+@pytest.mark.parametrize("cell, backend, padding", [(cell, "eager", False) for cell in CELLS]
+                         + [("adam", "aot_eager", True)])
+def test_torch_compile_matches_eager(cell, backend, padding, make_generator):
+    """torch.compile(fullgraph=False) of the causal LM, forward and backward: eager's loss,
+    logits and gradients (bit for bit with dynamo's eager backend; aot_eager re-traces forward
+    and backward through AOTAutograd, here on a left-padded batch, the packed path). The
+    Adam/RMSProp recurrence runs as a graph break (plugins.rnn.recurrence: dynamo cannot trace
+    its dispatch). Inductor, the default backend, is left out for time (minutes per cell on
+    2 cores)."""
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(tiny(cell=cell, vocab_size=40, hidden_size=8)).train()
+    ids, mask = padded(make_generator(), [5, 3] if padding else [5, 5], 5, "left")
+    ids = ids % 40
+    results = []
+    for run in (model, torch.compile(model, backend=backend, fullgraph=False)):
+        model.zero_grad()
+        out = run(input_ids=ids, attention_mask=mask, labels=ids, use_cache=False)
+        out.loss.backward()
+        results.append((out.loss.detach(), out.logits.detach(),
+                        {n: p.grad.clone() for n, p in model.named_parameters()}))
+    (loss, logits, grads), (compiled_loss, compiled_logits, compiled_grads) = results
+    exact = dict(rtol=0, atol=0) if backend == "eager" else dict(rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(compiled_loss, loss, **exact)
+    torch.testing.assert_close(compiled_logits, logits, **exact)
+    for name in grads:
+        torch.testing.assert_close(compiled_grads[name], grads[name], **exact, msg=name)
+
+
+@pytest.mark.parametrize("side", ["left", "right"])
+def test_sequence_classification_pools_the_last_real_token(side, make_generator):
+    torch.manual_seed(0)
+    model = AutoModelForSequenceClassification.from_config(tiny(num_labels=3)).eval()
+    ids, mask = padded(make_generator(), [6, 3], 6, side)
+    labels = torch.tensor([0, 2])
+    with torch.no_grad():
+        out = model(input_ids=ids, attention_mask=mask, labels=labels)
+        # without a mask, the last token that is not pad_token_id (LlamaForSequenceClassification)
+        unmasked = model(input_ids=ids).logits
+        for row, n in enumerate([6, 3]):
+            real = ids[row][mask[row].bool()][None]
+            alone = model(input_ids=real).logits
+            hidden = model.model(input_ids=real, use_cache=False).last_hidden_state
+            torch.testing.assert_close(out.logits[row], alone[0], atol=1e-6, rtol=1e-5)
+            torch.testing.assert_close(alone, model.score(hidden[:, -1]), rtol=0, atol=0)
+    torch.testing.assert_close(out.loss, torch.nn.functional.cross_entropy(out.logits, labels))
+    if side == "right":  # the pads come after the last real token, so they change nothing before it
+        torch.testing.assert_close(unmasked, out.logits, atol=1e-6, rtol=1e-5)
+
+
+def test_sequence_classification_save_load_round_trip(tmp_path):
+    torch.manual_seed(0)
+    model = AutoModelForSequenceClassification.from_config(tiny(cell="adam", num_labels=2)).eval()
+    model.save_pretrained(tmp_path)
+    loaded = AutoModelForSequenceClassification.from_pretrained(tmp_path).eval()
+    assert type(loaded) is MomentumLSTMForSequenceClassification
+    ids = torch.arange(3, 13)[None]
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(input_ids=ids).logits, model(input_ids=ids).logits, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("use_reentrant", [True, False])
+def test_gradient_checkpointing_with_hidden_states_and_dropout(use_reentrant, make_generator):
+    """Checkpointing the stack run layer by layer (hidden states in the loss) with dropout
+    between layers on a padded batch: the recompute draws the same masks, so the gradients are
+    those of the run without checkpointing."""
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(tiny(cell="nag", num_hidden_layers=3, dropout=0.3)).train()
+    ids, mask = padded(make_generator(), [6, 4], 6, "left")
+    grads = []
+    for checkpointing in (False, True):
+        if checkpointing:
+            model.activation_checkpointing_enable({"use_reentrant": use_reentrant})
+        model.zero_grad()
+        torch.manual_seed(1)
+        out = model(input_ids=ids, attention_mask=mask, labels=ids, output_hidden_states=True)
+        (out.loss + sum(h.sum() for h in out.hidden_states[1:-1])).backward()
+        grads.append({n: p.grad.clone() for n, p in model.named_parameters()})
+    assert model.model.stack_run.gradient_checkpointing
+    for name in grads[0]:
+        torch.testing.assert_close(grads[1][name], grads[0][name], atol=1e-6, rtol=1e-5, msg=name)

@@ -94,6 +94,7 @@ class AdamLSTMRecurrence(torch.autograd.Function):
     """
 
     @classmethod
+    @torch.compiler.disable  # dynamo cannot trace super().apply here: run eagerly (a graph break)
     def apply(cls, g, *args):
         """This Function, or the fused Triton steps (same arguments and results): see
         `recurrence_backend`."""
