@@ -111,8 +111,9 @@ def unavailable(name, device):
     return None
 
 
-def measure(fn, B, H, D, T, backward, dtype="bf16", device="cuda"):
-    """(median ms, peak MiB above the inputs or None off CUDA) of fn's forward, or forward+backward."""
+def measure(fn, B, H, D, T, backward, dtype="bf16", device="cuda", repeats=None):
+    """(median ms, peak MiB above the inputs or None off CUDA) of fn's forward, or forward+backward;
+    `repeats`: keyword arguments of timing.median_ms (warm-up and timed runs)."""
     gen = torch.Generator(device=device).manual_seed(T)
     q, k, v = (torch.randn(B, H, T, D, generator=gen, device=device, dtype=DTYPES[dtype])
                .requires_grad_(backward) for _ in range(3))
@@ -132,10 +133,10 @@ def measure(fn, B, H, D, T, backward, dtype="bf16", device="cuda"):
         step()
         torch.cuda.synchronize()
         peak = (torch.cuda.max_memory_allocated() - base) / 2 ** 20
-    return median_ms(step, device), peak
+    return median_ms(step, device, **(repeats or {})), peak
 
 
-def run_cases(shapes, dtypes, names, device="cuda", budget_s=None, log=None):
+def run_cases(shapes, dtypes, names, device="cuda", budget_s=None, log=None, repeats=None):
     """One row per (dtype, shape, method, pass), bf16 first and short sequences first, so that a
     budget (seconds; cases not started in time get status "budget") cuts the long fp32 tail."""
     start = time.monotonic()
@@ -150,16 +151,16 @@ def run_cases(shapes, dtypes, names, device="cuda", budget_s=None, log=None):
                     if budget_s is not None and time.monotonic() - start > budget_s:
                         row["status"] = "budget"
                     else:
-                        row.update(_measure_row(fn, B, H, D, T, backward, dtype, device))
+                        row.update(_measure_row(fn, (B, H, D, T), backward, dtype, device, repeats))
                     rows.append(row)
                     if log:
                         log(row)
     return rows
 
 
-def _measure_row(fn, B, H, D, T, backward, dtype, device):
+def _measure_row(fn, shape, backward, dtype, device, repeats):
     try:
-        ms, peak = measure(fn, B, H, D, T, backward, dtype, device)
+        ms, peak = measure(fn, *shape, backward, dtype, device, repeats)
         return {"ms": ms, "peak_mib": peak}
     except torch.cuda.OutOfMemoryError:
         return {"status": "OOM"}

@@ -4,7 +4,7 @@ the hardware it reached.
 
 Bytes (e = bytes per element, N = B·H·T tokens × heads, D key size, E value size):
   forward           read q, k, v, write out:                      e·N·(2D + 2E)
-  forward+backward  + read q, k, v, d_out, write dq, dk, dv:      e·N·(4D + 4E) more
+  forward+backward  + read q, k, v, d_out, write dq, dk, dv:      e·N·(4D + 3E) more
 Nothing else (states, scores, denominators) has to reach memory in an ideal kernel.
 
 Flops of eq. 13's chunked form, per (batch, head), chunk C, T tokens (every product counts 2 flops
@@ -69,7 +69,7 @@ def attention_bytes(method: str, B: int, H: int, T: int, D: int, E: int, dtype: 
     """Bytes an ideal kernel moves: the same for every method, since all compute the same function
     of the same tensors (`method` is taken for symmetry with attention_flops)."""
     tokens = B * H * T
-    passes = (2 * D + 2 * E) + ((4 * D + 4 * E) if backward else 0)
+    passes = (2 * D + 2 * E) + ((4 * D + 3 * E) if backward else 0)
     return DTYPE_BYTES[dtype] * tokens * passes
 
 

@@ -1,0 +1,140 @@
+"""`make gpu-check` without a GPU: the dry run drives every part on the CPU at tiny sizes and
+writes one section (to a temporary file here), a second run reuses the finished parts; and the
+roofline's counts agree with what the code does."""
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+from plugins.attention.chunk import chunk_causal_momentum_attention
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+import roofline  # noqa: E402
+
+CHECK = ROOT / "benchmarks" / "gpu_check.py"
+TITLES = ["### Tests (`pytest -m gpu`)", "### Causal attention: ours (Triton, torch) vs SDPA and fla",
+          "### MomentumRNN vs cuDNN nn.LSTM", "### HF end to end: training and generation tokens/s"]
+
+
+def dry_run(out_dir, doc, *extra):
+    proc = subprocess.run([sys.executable, str(CHECK), "--device", "cpu", "--out-dir", str(out_dir),
+                           "--doc", str(doc), *extra], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc.stdout
+
+
+@pytest.fixture(scope="module")
+def first_run(tmp_path_factory):
+    """One dry run of every part into a document that already has content."""
+    tmp = tmp_path_factory.mktemp("gpu-check")
+    doc = tmp / "benchmarks.md"
+    doc.write_text("# Benchmarks\n\nearlier results\n")
+    return tmp / "out", doc, dry_run(tmp / "out", doc)
+
+
+def test_dry_run_writes_one_section_with_every_part_and_resumes(first_run):
+    out_dir, doc, first = first_run
+    assert first.count(": running") == 4 and ": cached (" not in first
+    text = doc.read_text()
+    assert text.startswith("# Benchmarks\n\nearlier results\n")
+    assert text.count("<!-- gpu-check:") == 1 and text.count("<!-- /gpu-check -->") == 1
+    assert "\n- Device: CPU (" in text and "torch " + torch.__version__ in text
+    assert "GPU speed unmeasured" in text
+    positions = [text.index(title) for title in TITLES]
+    assert positions == sorted(positions)
+    assert text.count("Status: ok") == 4
+    assert " 0 failed, 0 errors, " in text and " skipped (" in text      # gpu tests collected, skipped here
+    for method in ("| momentum torch | fwd+bwd |", "| linear torch | fwd |", "| sdpa | fwd+bwd |"):
+        assert method in text
+    assert "| ideal MB | GFLOP | GB/s (% of BW) | TFLOP/s (% of peak) | % of floor (bound) |" in text
+    assert "unknown device" in text
+    assert "| tiny | torch nn.LSTM |" in text and "| tiny | adam |" in text
+    assert "momentum / Llama" in text and "| 16 |" in text
+
+    second = dry_run(out_dir, doc)
+    assert second.count(": cached (") == 4 and ": running" not in second
+    again = doc.read_text()
+    assert again.count("<!-- gpu-check:") == 1                    # replaced, not appended
+    assert "from earlier runs of the same code: tests, attention, rnn, hf" in again
+
+
+def test_force_reruns_a_cached_part(first_run, tmp_path):
+    out_dir, _, _ = first_run
+    out = dry_run(out_dir, tmp_path / "a.md", "--parts", "rnn", "--force")
+    assert "gpu-check: rnn: running" in out and ": cached (" not in out
+    assert (tmp_path / "a.md").read_text().count("\n### ") == 1
+
+
+def count_flops(fn, *args):
+    with FlopCounterMode(display=False) as counter:
+        fn(*args)
+    return counter.get_total_flops()
+
+
+@pytest.mark.parametrize("momentum", [0.0, 0.6])
+@pytest.mark.parametrize("T,C", [(256, 64), (192, 32)])
+def test_chunked_flops_formula_counts_the_torch_path(momentum, T, C, make_generator):
+    """The formula of roofline.attention_flops equals the matmul flops the PyTorch chunked path
+    does, forward and forward+backward (every product's two gradients)."""
+    B, H, D = 2, 3, 16
+    gen = make_generator()
+    fq, fk, v = (torch.rand(B, H, T, D, generator=gen, requires_grad=True) for _ in range(3))
+
+    def forward():
+        return chunk_causal_momentum_attention(fq, fk, v, momentum=momentum, step_size=1.0, eps=1e-6,
+                                               chunk_size=C)[0]
+
+    def forward_backward():
+        forward().sum().backward()
+
+    method = "momentum" if momentum else "linear"
+    assert count_flops(forward) == roofline.attention_flops(method, B, H, T, D, D, C, backward=False)
+    assert count_flops(forward_backward) == roofline.attention_flops(method, B, H, T, D, D, C, backward=True)
+
+
+def test_softmax_flops_are_the_causal_half_of_the_two_products(make_generator):
+    B, H, T, D = 1, 2, 128, 32
+    q, k, v = (torch.randn(B, H, T, D, generator=make_generator()) for _ in range(3))
+    full = count_flops(lambda: torch.softmax(q @ k.transpose(-1, -2), -1) @ v)
+    assert 2 * roofline.attention_flops("sdpa", B, H, T, D, D, 64, backward=False) == full
+
+
+def test_ideal_bytes_are_the_tensors_read_and_written():
+    B, H, T, D = 2, 3, 50, 16
+    one = torch.empty(B, H, T, D, dtype=torch.bfloat16).nbytes
+    assert roofline.attention_bytes("sdpa", B, H, T, D, D, "bf16", backward=False) == 4 * one   # q k v out
+    assert roofline.attention_bytes("momentum", B, H, T, D, D, "bf16", backward=True) == 11 * one
+    assert roofline.attention_bytes("linear", B, H, T, D, D, "fp32", backward=False) == 8 * one
+
+
+@pytest.mark.parametrize("name,label,tb_s", [
+    ("NVIDIA H100 80GB HBM3", "H100 SXM", 3.35), ("NVIDIA H100 PCIe", "H100 PCIe", 2.0),
+    ("NVIDIA H100 NVL", "H100 NVL", 3.9), ("NVIDIA H200", "H200 SXM", 4.8),
+    ("NVIDIA A100-SXM4-80GB", "A100 80GB SXM", 2.039), ("NVIDIA A100 80GB PCIe", "A100 80GB PCIe", 1.935),
+    ("NVIDIA A100-PCIE-40GB", "A100 40GB", 1.555)])
+def test_known_devices_by_name(name, label, tb_s):
+    limits = roofline.device_limits(name)
+    assert limits.label == label and limits.tb_s == tb_s
+    assert limits.tflops("bf16") > limits.tflops("fp32")
+
+
+@pytest.mark.parametrize("name", ["CPU", "NVIDIA GeForce RTX 4090", "", None])
+def test_unknown_devices_get_no_fractions(name):
+    assert roofline.device_limits(name) is None
+    cells = roofline.Roofline(bytes=10 ** 9, flops=10 ** 9, ms=2.0, limits=None, dtype="bf16").cells()
+    assert cells[-1] == "—" and not any("%" in c for c in cells)
+    assert cells[2] == "500.0" and cells[3] == "0.500"                   # GB/s and TFLOP/s still shown
+
+
+def test_a_case_at_its_floor_reads_100_percent_of_the_bound():
+    h100 = roofline.device_limits("NVIDIA H100 80GB HBM3")
+    memory = roofline.Roofline(bytes=3 * 10 ** 9, flops=10 ** 9, ms=0.0, limits=h100, dtype="bf16")
+    memory = roofline.Roofline(**{**memory.__dict__, "ms": memory.floor_ms()})
+    assert memory.cells()[-1] == "100% (memory)" and memory.cells()[2].endswith("(100%)")
+    compute = roofline.Roofline(bytes=10 ** 6, flops=10 ** 15, ms=0.0, limits=h100, dtype="fp32")
+    compute = roofline.Roofline(**{**compute.__dict__, "ms": 2 * compute.floor_ms()})
+    assert compute.cells()[-1] == "50% (compute)" and compute.cells()[3].endswith("(50%)")
