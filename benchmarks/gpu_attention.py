@@ -69,7 +69,7 @@ def torch_path_kwargs(fn):
 def fla_method():
     try:
         from fla.ops.linear_attn import chunk_linear_attn
-    except ImportError:
+    except Exception:                      # not installed, or its import fails (e.g. a triton mismatch)
         return None
     extra = {"head_first": False} if "head_first" in inspect.signature(chunk_linear_attn).parameters else {}
 

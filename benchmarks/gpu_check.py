@@ -119,6 +119,8 @@ def tests_worker(mode, device, budget_s, result_path):
     """pytest -m gpu over the files holding gpu-marked tests; counts and failures from JUnit XML."""
     files = [str(p.relative_to(ROOT)) for p in sorted((ROOT / "tests").glob("test_*.py"))
              if "mark.gpu" in p.read_text()]
+    if importlib.util.find_spec("pytest") is None:
+        return dict(status="skipped", markdown="Skipped: pytest is not installed.")
     import pytest
     xml = Path(str(result_path) + ".junit.xml")
     xml.unlink(missing_ok=True)
@@ -162,8 +164,11 @@ def attention_worker(mode, device, budget_s):
              if (reason := bench.unavailable(name, device))]
     rows = bench.run_cases(sizes["shapes"], sizes["dtypes"], bench.METHODS, device, budget_s=budget_s,
                            log=bench.log_row, repeats=sizes.get("repeats"))
-    errors = [f"{r['method']} {r['dtype']} T={r['T']} {'fwd+bwd' if r['backward'] else 'fwd'}: {r['error']}"
-              for r in rows if r["status"] == "error"]
+    errors = {}                                    # one line per distinct error, with the cases it hit
+    for r in rows:
+        if r["status"] == "error":
+            errors.setdefault(r["error"], []).append(
+                f"{r['method']} {r['dtype']} T={r['T']} {'fwd+bwd' if r['backward'] else 'fwd'}")
     header = (f"B-H-D-T as listed (H 16, D 64; B·T = 16k tokens up to T = 16k), β = {bench.BETA}, chunk "
               f"{bench.CHUNK}; median of CUDA-event-timed runs after warm-up runs (Triton autotuning and "
               "compilation happen there); peak MiB above the inputs. × SDPA / × fla: time over theirs in "
@@ -176,8 +181,13 @@ def attention_worker(mode, device, budget_s):
                                 if any(r["status"] == "budget" for r in rows) else [])
     markdown = "\n\n".join(parts) + "\n\n" + bench.markdown(rows, bench.device_name(device))
     if errors:
-        markdown += "\n\nErrors:\n" + "\n".join(f"- {e}" for e in errors)
+        markdown += "\n\nErrors:\n" + "\n".join(_error_line(error, cases) for error, cases in errors.items())
     return dict(status="ok", rows=rows, markdown=markdown)
+
+
+def _error_line(error, cases):
+    more = " …" if len(cases) > 4 else ""
+    return f"- {', '.join(cases[:4])}{more} ({len(cases)} cases): `{error}`"
 
 
 def rnn_worker(mode, device, budget_s):

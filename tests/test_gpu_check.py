@@ -1,6 +1,7 @@
 """`make gpu-check` without a GPU: the dry run drives every part on the CPU at tiny sizes and
 writes one section (to a temporary file here), a second run reuses the finished parts; and the
 roofline's counts agree with what the code does."""
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -20,9 +21,10 @@ TITLES = ["### Tests (`pytest -m gpu`)", "### Causal attention: ours (Triton, to
           "### MomentumRNN vs cuDNN nn.LSTM", "### HF end to end: training and generation tokens/s"]
 
 
-def dry_run(out_dir, doc, *extra):
+def dry_run(out_dir, doc, *extra, env=None):
     proc = subprocess.run([sys.executable, str(CHECK), "--device", "cpu", "--out-dir", str(out_dir),
-                           "--doc", str(doc), *extra], cwd=ROOT, capture_output=True, text=True, timeout=300)
+                           "--doc", str(doc), *extra], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                          env=env)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return proc.stdout
 
@@ -67,6 +69,16 @@ def test_force_reruns_a_cached_part(first_run, tmp_path):
     out = dry_run(out_dir, tmp_path / "a.md", "--parts", "rnn", "--force")
     assert "gpu-check: rnn: running" in out and ": cached (" not in out
     assert (tmp_path / "a.md").read_text().count("\n### ") == 1
+
+
+def test_a_part_whose_import_fails_is_skipped_with_the_reason(tmp_path):
+    fake = tmp_path / "site" / "transformers"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text("raise ImportError('transformers hidden by the test')\n")
+    dry_run(tmp_path / "out", tmp_path / "a.md", "--parts", "hf",
+            env={**os.environ, "PYTHONPATH": str(tmp_path / "site")})
+    text = (tmp_path / "a.md").read_text()
+    assert "Status: skipped" in text and "Skipped: ImportError: transformers hidden by the test" in text
 
 
 def count_flops(fn, *args):
@@ -138,3 +150,23 @@ def test_a_case_at_its_floor_reads_100_percent_of_the_bound():
     compute = roofline.Roofline(bytes=10 ** 6, flops=10 ** 15, ms=0.0, limits=h100, dtype="fp32")
     compute = roofline.Roofline(**{**compute.__dict__, "ms": 2 * compute.floor_ms()})
     assert compute.cells()[-1] == "50% (compute)" and compute.cells()[3].endswith("(50%)")
+
+
+def test_attention_table_marks_failed_cases_and_gives_fractions_on_a_known_device():
+    import gpu_attention
+
+    def row(method, status="ok", ms=None, backward=True):
+        return dict(method=method, B=4, H=16, D=64, T=4096, dtype="bf16", backward=backward, ms=ms,
+                    peak_mib=10.0 if ms else None, status=status)
+
+    rows = [row("momentum triton", "error"), row("momentum torch", "OOM"), row("linear torch", "budget"),
+            row("fla linear", ms=1.0), row("sdpa", ms=2.0), row("sdpa", ms=0.5, backward=False)]
+    lines = gpu_attention.markdown(rows, "NVIDIA H100 80GB HBM3").splitlines()
+    assert lines[0].startswith("roofline: H100 SXM published limits 3.35 TB/s")
+    table = {line.split(" | ")[2] + " " + line.split(" | ")[3]: line.split(" | ") for line in lines[4:]}
+    assert table["momentum triton fwd+bwd"][4:7] == ["error", "—", "—"]
+    assert table["momentum torch fwd+bwd"][4] == "OOM" and table["linear torch fwd+bwd"][4] == "budget"
+    assert table["fla linear fwd+bwd"][4:7] == ["1.000", "0.50", "1.00"]
+    assert table["sdpa fwd"][5] == "1.00" and table["sdpa fwd"][6] == "—"       # no fla fwd case
+    assert all("%" in cell for cell in table["sdpa fwd+bwd"][10:])       # GB/s, TFLOP/s, floor
+    assert table["momentum triton fwd+bwd"][8:] == ["—"] * 4 + ["— |"]
