@@ -57,7 +57,7 @@ SIZES = {
                 tokens=16384, steps=8, warmup=3, contexts=[512, 8192], new_tokens=64, repeats=3)),
     "dry-run": dict(
         attention=dict(shapes=[(1, 1, 16, 64)], dtypes=["bf16", "fp32"],
-                       repeats=dict(warmup=1, min_reps=1, max_reps=1)),
+                       repeats=dict(warmup=0, min_reps=1, max_reps=1)),
         rnn=dict(shapes=["tiny"], repeats=2),
         hf=dict(size=dict(layers=2, hidden=32, heads=2, ffn=64, vocab=100), lengths=[32],
                 tokens=64, steps=1, warmup=1, contexts=[16], new_tokens=4, repeats=1)),
