@@ -212,18 +212,17 @@ def hf_worker(mode, device, budget_s):
     import gpu_train
     sizes = SIZES[mode]["hf"]
     start = time.monotonic()
+    over = lambda: time.monotonic() - start > budget_s
     train = {}
     for T in sizes["lengths"]:
         for name, make in (("momentum", gpu_train.momentum_model), ("llama", gpu_train.llama_model)):
             args = (make, T, sizes["tokens"], sizes["steps"], sizes["warmup"], sizes["size"], device)
-            train[name, T] = guarded(lambda: gpu_train.measure(*args), device)
+            train[name, T] = "budget" if over() else guarded(lambda: gpu_train.measure(*args), device)
     generation = {}
     for context in sizes["contexts"]:
         for name in ("momentum", "llama"):
-            if time.monotonic() - start > budget_s:
-                generation[name, context] = "budget"
-                continue
-            generation[name, context] = guarded(lambda: decode_rate(name, context, sizes, device), device)
+            generation[name, context] = ("budget" if over() else
+                                         guarded(lambda: decode_rate(name, context, sizes, device), device))
     rows = dict(train={f"{k[0]}@{k[1]}": v for k, v in train.items()},
                 generation={f"{k[0]}@{k[1]}": v for k, v in generation.items()})
     return dict(status="ok", rows=rows, markdown=hf_markdown(train, generation, sizes, mode))
@@ -237,7 +236,7 @@ def guarded(fn, device):
     except torch.cuda.OutOfMemoryError:
         return "OOM"
     except Exception as error:
-        return f"error: {type(error).__name__}: {error}"[:300]
+        return " ".join(f"error: {type(error).__name__}: {error}".split())[:300]
     finally:
         if device == "cuda":
             torch.cuda.empty_cache()
@@ -310,14 +309,19 @@ def hf_markdown(train, generation, sizes, mode):
         m, ll = generation["momentum", context], generation["llama", context]
         ratio = "—" if isinstance(m, str) or isinstance(ll, str) else f"{m / ll:.2f}"
         lines.append(f"| {context} | {_cell(m)} | {_cell(ll)} | {ratio} |")
+    errors = [f"- {name} at {n}: `{value}`" for table in (train, generation)
+              for (name, n), value in table.items() if isinstance(value, str) and value.startswith("error")]
+    if errors:
+        lines += ["", "Errors:"] + errors
     if mode == "dry-run":
         lines.insert(0, "Tiny models on the CPU (bf16 autocast there): checks the plumbing, not speed.\n")
     return "\n".join(lines)
 
 
 def _cell(value):
+    """A number, or OOM / budget / error (each error is listed under the tables)."""
     if isinstance(value, str):
-        return value
+        return value.split(":")[0]
     return f"{value[0]:.0f}" if isinstance(value, (tuple, list)) else f"{value:.1f}"
 
 
