@@ -3,9 +3,10 @@ command of under 20 minutes, written as one dated section of docs/benchmarks.md.
 
 Parts, each in its own process with its own time budget (a part stops starting new cases when its
 budget is spent and is killed 30 s after it):
-  tests      pytest -m gpu over the test files that hold gpu-marked tests                  240 s
+  tests      pytest -m gpu over the test files that hold gpu-marked tests (xdist workers when
+             installed; tests not started 100 s before the budget ends are skipped)           300 s
   attention  benchmarks/gpu_attention.py's methods (ours on Triton and torch, SDPA, fla when
-             importable), fwd and fwd+bwd, bf16 and fp32, T = 1k … 64k, with the roofline     420 s
+             importable), fwd and fwd+bwd, bf16 and fp32, T = 1k … 64k, with the roofline     360 s
   rnn        benchmarks/rnn.py --device cuda: every MomentumLSTM cell vs cuDNN nn.LSTM        150 s
   hf         training tokens/s, momentum_transformer vs Llama-SDPA (small size), and greedy
              decoding tokens/s with the recurrent cache vs Llama's KV cache                   240 s
@@ -42,7 +43,9 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(HERE))
 
 PARTS = ["tests", "attention", "rnn", "hf"]
-BUDGET_S = {"tests": 240, "attention": 420, "rnn": 150, "hf": 240}
+BUDGET_S = {"tests": 300, "attention": 360, "rnn": 150, "hf": 240}
+TEST_TIMEOUT_S = 90          # per test (pytest-timeout), so that one hung test cannot eat the part
+TEST_START_S = 100           # tests start until this long before the part's budget ends
 GRACE_S = 30
 TITLES = {"tests": "Tests (`pytest -m gpu`)",
           "attention": "Causal attention: ours (Triton, torch) vs SDPA and fla, with the roofline",
@@ -124,24 +127,34 @@ def tests_worker(mode, device, budget_s, result_path):
     import pytest
     xml = Path(str(result_path) + ".junit.xml")
     xml.unlink(missing_ok=True)
-    args = ["-m", "gpu", "-q", "-p", "no:cacheprovider", f"--junitxml={xml}", *files]
+    # pytest_budget skips the tests not started by the deadline; xdist workers inherit the environment
+    os.environ["GPU_CHECK_DEADLINE"] = str(time.time() + budget_s - TEST_START_S)
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH")]))
+    args = ["-m", "gpu", "-q", "-p", "no:cacheprovider", "-p", "pytest_budget", f"--junitxml={xml}", *files]
     if importlib.util.find_spec("pytest_timeout"):
-        args.append("--timeout=150")             # one hung test must not take the whole budget
+        args.append(f"--timeout={TEST_TIMEOUT_S}")
+    if mode == "full" and importlib.util.find_spec("xdist"):
+        # Triton compiles every kernel × tile config × dtype × head size the tests meet, one at a time
+        # per process: workers compile in parallel (the GPU holds their small tensors easily)
+        args += ["-n", str(min(8, os.cpu_count() or 1))]
     code = pytest.main(args)                     # in this process: the orchestrator's timeout applies
     if not xml.exists():
         return dict(status="error", markdown=f"pytest exited with code {code} and wrote no report "
                     "(its output is in outputs/gpu-check/tests.log).")
     counts, failures = junit_summary(xml)
     lines = [f"`pytest -m gpu {' '.join(files)}`: {counts['passed']} passed, {counts['failed']} failed, "
-             f"{counts['errors']} errors, {counts['skipped']} skipped ({counts['seconds']:.0f} s)."]
+             f"{counts['errors']} errors, {counts['skipped']} skipped ({counts['seconds']:.0f} s)"
+             + (f", of which {counts['budget']} not started in the {budget_s:.0f} s budget"
+                if counts["budget"] else "") + "."]
     lines += [f"- FAILED `{name}`: {message}" for name, message in failures]
     return dict(status="ok", counts=counts, markdown="\n".join(lines))
 
 
 def junit_summary(path):
+    from pytest_budget import REASON
     root = ET.parse(path).getroot()
     suites = [root] if root.tag == "testsuite" else list(root)
-    counts = dict(tests=0, failed=0, errors=0, skipped=0, seconds=0.0)
+    counts = dict(tests=0, failed=0, errors=0, skipped=0, seconds=0.0, budget=0)
     failures = []
     for suite in suites:
         counts["tests"] += int(suite.get("tests", 0))
@@ -150,6 +163,8 @@ def junit_summary(path):
         counts["skipped"] += int(suite.get("skipped", 0))
         counts["seconds"] += float(suite.get("time", 0.0))
         for case in suite.iter("testcase"):
+            counts["budget"] += sum(REASON in (skip.get("message") or "")
+                                    for skip in case.findall("skipped"))
             for bad in list(case.findall("failure")) + list(case.findall("error")):
                 message = (bad.get("message") or "").splitlines()[0][:200] if bad.get("message") else ""
                 failures.append((f"{case.get('classname')}::{case.get('name')}", message))

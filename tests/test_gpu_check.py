@@ -170,3 +170,18 @@ def test_attention_table_marks_failed_cases_and_gives_fractions_on_a_known_devic
     assert table["sdpa fwd"][5] == "1.00" and table["sdpa fwd"][6] == "—"       # no fla fwd case
     assert all("%" in cell for cell in table["sdpa fwd+bwd"][10:])       # GB/s, TFLOP/s, floor
     assert table["momentum triton fwd+bwd"][8:] == ["—"] * 4 + ["— |"]
+
+
+def test_tests_part_stops_starting_tests_at_its_deadline_and_still_reports(tmp_path):
+    """pytest_budget skips what has not started once GPU_CHECK_DEADLINE has passed; the JUnit
+    report is written and counted (here with CPU tests and a deadline long past)."""
+    import gpu_check
+    xml = tmp_path / "report.xml"
+    env = {**os.environ, "GPU_CHECK_DEADLINE": "0", "PYTHONPATH": str(ROOT / "benchmarks")}
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "pytest_budget",
+           f"--junitxml={xml}", "tests/test_gpu_check.py", "-k", "test_known_devices"]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120, env=env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    counts, failures = gpu_check.junit_summary(xml)
+    assert counts["tests"] == counts["skipped"] == counts["budget"] == 7 and counts["passed"] == 0
+    assert failures == []
