@@ -107,7 +107,7 @@ def unavailable(name, device):
         if device == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
             return "Triton kernels on the CPU need TRITON_INTERPRET=1"
     if name == "fla linear" and fla_method() is None:
-        return "fla-core is not installed (pip install fla-core)"
+        return "fla-core is not installed or does not import (pip install fla-core)"
     return None
 
 

@@ -115,12 +115,12 @@ class Roofline:
         """Markdown cells: MB moved, GFLOP, achieved GB/s and TFLOP/s (with % of the device's
         bandwidth and peak where the device is known), and % of the floor with its bound."""
         if self.limits is None:
-            return [f"{self.bytes / 1e6:.1f}", f"{self.flops / 1e9:.2f}", f"{self.gb_s:.1f}",
-                    f"{self.tflop_s:.3f}", "—"]
+            return [f"{self.bytes / 1e6:.4g}", f"{self.flops / 1e9:.4g}", f"{self.gb_s:.4g}",
+                    f"{self.tflop_s:.4g}", "—"]
         bw = 100 * self.gb_s / (self.limits.tb_s * 1e3)
         peak = 100 * self.tflop_s / self.limits.tflops(self.dtype)
         floor = 100 * self.floor_ms() / self.ms
-        return [f"{self.bytes / 1e6:.1f}", f"{self.flops / 1e9:.2f}", f"{self.gb_s:.0f} ({bw:.0f}%)",
+        return [f"{self.bytes / 1e6:.4g}", f"{self.flops / 1e9:.4g}", f"{self.gb_s:.0f} ({bw:.0f}%)",
                 f"{self.tflop_s:.1f} ({peak:.0f}%)", f"{floor:.0f}% ({self.bound()})"]
 
 
