@@ -17,7 +17,8 @@ hf_momentum/, benchmarks/, tests/), the device and the mode are the same, unless
 It runs on whatever python it is started with (the machine's own: `make gpu-check` never builds
 .venv, whose torch is a CPU wheel), with the repo on PYTHONPATH. `--dry-run` (implied by
 `--device cpu`) runs every part at tiny sizes on the CPU and writes its section to
-outputs/gpu-check/section.md unless --doc says otherwise: it checks the orchestration, not speed.
+outputs/gpu-check-dry-run/section.md (its cache lives there too) unless --doc says otherwise: it
+checks the orchestration, not speed.
 
     make gpu-check                                    # on the GPU machine
     make gpu-check GPU_CHECK_ARGS="--parts attention --force"
@@ -453,7 +454,8 @@ def load_cached(path, key):
 def orchestrate(args):
     mode = "dry-run" if args.dry_run or args.device == "cpu" else "full"
     device = "cpu" if mode == "dry-run" else "cuda"
-    out_dir = Path(args.out_dir)
+    default_dir = ROOT / "outputs" / ("gpu-check" if mode == "full" else "gpu-check-dry-run")
+    out_dir = Path(args.out_dir or default_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     env = run_part("env", mode, device, out_dir, 120)
     if env["status"] != "ok":
@@ -491,7 +493,8 @@ def main():
     parser.add_argument("--dry-run", action="store_true", help="tiny sizes on the CPU (as --device cpu)")
     parser.add_argument("--parts", nargs="+", choices=PARTS, default=PARTS)
     parser.add_argument("--force", action="store_true", help="run the parts again even if cached")
-    parser.add_argument("--out-dir", default=str(ROOT / "outputs" / "gpu-check"))
+    parser.add_argument("--out-dir", help="cache and logs (default: outputs/gpu-check, dry run: "
+                                          "outputs/gpu-check-dry-run)")
     parser.add_argument("--doc", help="where the section goes (default: docs/benchmarks.md; dry run: "
                                       "OUT_DIR/section.md)")
     parser.add_argument("--worker", choices=["env"] + PARTS, help=argparse.SUPPRESS)
