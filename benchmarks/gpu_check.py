@@ -30,6 +30,7 @@ import importlib.util
 import json
 import os
 import platform
+import signal
 import subprocess
 import sys
 import time
@@ -371,22 +372,32 @@ def run_part(part, mode, device, out_dir, budget_s):
     cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", part, "--mode", mode,
            "--device", device, "--budget", str(budget_s), "--result", str(result_path)]
     started = time.monotonic()
-    try:
-        proc = subprocess.run(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                              text=True, timeout=budget_s + GRACE_S)
-        log = proc.stdout
-    except subprocess.TimeoutExpired as expired:
-        log = (expired.stdout or b"").decode(errors="replace") if isinstance(expired.stdout, bytes) \
-            else (expired.stdout or "")
-        result = dict(status="timeout",
-                      markdown=f"Killed after {budget_s + GRACE_S} s (budget {budget_s} s).")
-        return _finish(result, log, started, out_dir, part)
-    if result_path.exists():
+    returncode, log = run_group(cmd, env, budget_s + GRACE_S)
+    if returncode is None:
+        killed = f"Killed after {budget_s + GRACE_S} s (budget {budget_s} s); the end of its output:"
+        result = dict(status="timeout", markdown=killed + "\n\n```\n" + log[-1500:] + "\n```")
+    elif result_path.exists():
         result = json.loads(result_path.read_text())
     else:
-        result = dict(status="error", markdown=f"The worker exited with code {proc.returncode}:\n\n```\n"
+        result = dict(status="error", markdown=f"The worker exited with code {returncode}:\n\n```\n"
                       + log[-3000:] + "\n```")
     return _finish(result, log, started, out_dir, part)
+
+
+def run_group(cmd, env, timeout_s):
+    """(exit code, or None when killed at the timeout; output). The worker leads its own process
+    group, so a timeout or Ctrl-C also ends what it started (pytest-xdist's workers)."""
+    with subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                          start_new_session=True) as proc:
+        try:
+            log, _ = proc.communicate(timeout=timeout_s)
+            return proc.returncode, log
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            return None, proc.communicate()[0]
+        except BaseException:
+            os.killpg(proc.pid, signal.SIGKILL)
+            raise
 
 
 def _finish(result, log, started, out_dir, part):

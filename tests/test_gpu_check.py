@@ -4,6 +4,7 @@ roofline's counts agree with what the code does."""
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -185,3 +186,27 @@ def test_tests_part_stops_starting_tests_at_its_deadline_and_still_reports(tmp_p
     counts, failures = gpu_check.junit_summary(xml)
     assert counts["tests"] == counts["skipped"] == counts["budget"] == 7 and counts["passed"] == 0
     assert failures == []
+
+
+def test_a_timed_out_part_is_killed_with_the_processes_it_started():
+    """run_group ends the worker's whole process group (pytest-xdist's workers would otherwise keep
+    the GPU busy) and returns what it printed."""
+    import gpu_check
+    child = "import time; time.sleep(60)"
+    worker = (f"import subprocess, sys, time; p = subprocess.Popen([sys.executable, '-c', {child!r}]); "
+              "print(p.pid, flush=True); time.sleep(60)")
+    code, log = gpu_check.run_group([sys.executable, "-c", worker], dict(os.environ), timeout_s=5)
+    assert code is None
+    grandchild = int(log.split()[0])
+    deadline = time.monotonic() + 10
+    while alive(grandchild) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not alive(grandchild)
+
+
+def alive(pid):
+    try:
+        state = Path(f"/proc/{pid}/status").read_text()
+    except FileNotFoundError:
+        return False
+    return "\nState:\tZ" not in state
