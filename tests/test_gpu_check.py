@@ -195,8 +195,10 @@ def test_a_timed_out_part_is_killed_with_the_processes_it_started():
     child = "import time; time.sleep(60)"
     worker = (f"import subprocess, sys, time; p = subprocess.Popen([sys.executable, '-c', {child!r}]); "
               "print(p.pid, flush=True); time.sleep(60)")
+    start = time.monotonic()
     code, log = gpu_check.run_group([sys.executable, "-c", worker], dict(os.environ), timeout_s=5)
     assert code is None
+    assert time.monotonic() - start < 40          # a surviving grandchild would hold the pipe for 60 s
     grandchild = int(log.split()[0])
     deadline = time.monotonic() + 10
     while alive(grandchild) and time.monotonic() < deadline:
