@@ -4,7 +4,7 @@ command of under 20 minutes, written as one dated section of docs/benchmarks.md.
 Parts, each in its own process with its own time budget (a benchmark part starts no new case in
 the last 45 s of its budget; every part is killed, with what it started, 30 s after its budget):
   tests      pytest -m gpu over the test files that hold gpu-marked tests (xdist workers when
-             installed; tests not started 100 s before the budget ends are skipped)           300 s
+             installed; tests not started 120 s before the budget ends are skipped)           300 s
   attention  benchmarks/gpu_attention.py's methods (ours on Triton and torch, SDPA, fla when
              importable), fwd and fwd+bwd, bf16 and fp32, T = 1k … 64k, with the roofline     360 s
   rnn        benchmarks/rnn.py --device cuda: every MomentumLSTM cell vs cuDNN nn.LSTM        150 s
@@ -46,8 +46,8 @@ sys.path.insert(0, str(HERE))
 
 PARTS = ["tests", "attention", "rnn", "hf"]
 BUDGET_S = {"tests": 300, "attention": 360, "rnn": 150, "hf": 240}
-TEST_TIMEOUT_S = 90          # per test (pytest-timeout), so that one hung test cannot eat the part
-TEST_START_S = 100           # tests start until this long before the part's budget ends
+TEST_TIMEOUT_S = 120         # per test (pytest-timeout), so that one hung test cannot eat the part
+TEST_START_S = 120           # tests start until this long before the part's budget ends
 GRACE_S = 30
 CASE_MARGIN_S = 45           # benchmark parts start no new case this long before their budget ends
 TITLES = {"tests": "Tests (`pytest -m gpu`)",
