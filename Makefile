@@ -1,5 +1,6 @@
 # Two entry points (see README): `make demo` and `make test`.
-# Everything runs inside .venv at the repo root, built from constraints.txt (the lock).
+# Everything runs inside .venv at the repo root, built from constraints.txt (the lock), except
+# `make gpu-check`, which runs on the GPU machine's own python.
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -12,8 +13,9 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 REQ_HASH := $(shell cat $(LOCK) setup.cfg pyproject.toml | sha256sum | cut -c1-16)
 PYTEST_ARGS ?=
 DEMO_ARGS ?=
+GPU_CHECK_ARGS ?=
 
-.PHONY: venv lint test demo bench lock clean cells-doc
+.PHONY: venv lint test demo bench gpu-check lock clean cells-doc
 
 venv:
 	@if [ "$$(cat $(STAMP) 2>/dev/null)" != "$(REQ_HASH)" ]; then \
@@ -49,6 +51,13 @@ bench: venv
 cells-doc: venv
 	$(BIN)/python -c "from plugins.rnn.variants import cells_markdown; print(cells_markdown(), end='')" \
 		> docs/cells.md
+
+# On a CUDA machine, offline, in under 20 minutes: the gpu-marked tests, attention, RNN and HF
+# benchmarks, one dated section in docs/benchmarks.md (benchmarks/gpu_check.py; finished parts are
+# cached in outputs/gpu-check/). No .venv: its torch is a CPU wheel; the machine's python has CUDA.
+# GPU_CHECK_ARGS="--device cpu" is the tiny dry run, "--force" reruns cached parts.
+gpu-check:
+	PYTHONPATH="$(CURDIR)$${PYTHONPATH:+:$$PYTHONPATH}" $(PYTHON) benchmarks/gpu_check.py $(GPU_CHECK_ARGS)
 
 # Re-resolve and rewrite the lock from what is installed in .venv (then commit it).
 lock: venv

@@ -3,7 +3,8 @@
 Methods (B=1, H=4, D=64, fp32): chunked momentum attention (β=0.6), chunked linear attention
 (β=0), the naive quadratic eq. 13, and torch SDPA causal softmax. Prints a Markdown table with
 ratios measured in the same run, plus achieved GFLOP/s of the chunked kernels against a large
-matmul timed in the same run. Peak memory: each (method, N) runs in a fresh subprocess; a
+matmul timed in the same run and the roofline's ideal bytes (benchmarks/roofline.py; on the CPU
+no device limit, so no fraction of one). Peak memory: each (method, N) runs in a fresh subprocess; a
 thread samples its resident set size during the timed runs, and the peak above the size
 before the first run is reported (large tensors are mmap'd, so RSS falls when they are freed).
 
@@ -27,6 +28,9 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from roofline import attention_bytes, attention_flops  # noqa: E402
+
 from plugins.attention import momentum_attention, naive_causal_momentum_attention  # noqa: E402
 
 H, D, CHUNK, BETA = 4, 64, 64, 0.6
@@ -116,10 +120,13 @@ def matmul_gflops(n=2048, repeats=5):
 
 
 def chunked_flops(N, momentum):
-    """Matmul FLOPs of one forward of the chunked kernel; fwd+bwd ≈ 3× forward."""
-    intra = 4 * N * CHUNK * D
-    state = (8 if momentum else 4) * N * D * D
-    return 3 * H * (intra + state)
+    """Matmul FLOPs of the chunked kernel's forward+backward (formula in benchmarks/roofline.py)."""
+    return attention_flops("momentum" if momentum else "linear", 1, H, N, D, D, CHUNK, backward=True)
+
+
+def ideal_mb(N):
+    """MB an ideal fwd+bwd must move (q, k, v, out; q, k, v, d_out, dq, dk, dv), the same for every method."""
+    return attention_bytes("momentum", 1, H, N, D, D, "fp32", backward=True) / 1e6
 
 
 def main():
@@ -154,8 +161,9 @@ def main():
     print(f"# reference: {peak:.1f} GFLOP/s on a 2048² fp32 matmul")
     print()
     print("| N | momentum ms | linear ms | naive ms | SDPA ms | momentum/linear | naive/momentum | "
-          "SDPA/momentum | momentum GFLOP/s (% of matmul) | peak MB momentum / linear / naive / SDPA |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+          "SDPA/momentum | momentum GFLOP/s (% of matmul) | ideal MB (momentum GB/s) | "
+          "peak MB momentum / linear / naive / SDPA |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for N in lengths:
         r = {m: results.get((m, N)) for m in ("momentum", "linear", "naive", "sdpa")}
         mom = r["momentum"]["ms"]
@@ -164,7 +172,7 @@ def main():
         ratio = lambda x: "—" if x is None else f"{x['ms'] / mom:.2f}"   # noqa: E731
         print(f"| {N} | {mom:.1f} | {fmt(r['linear'])} | {fmt(r['naive'])} | {fmt(r['sdpa'])} | "
               f"{mom / r['linear']['ms']:.2f} | {ratio(r['naive'])} | {ratio(r['sdpa'])} | "
-              f"{gflops:.1f} ({100 * gflops / peak:.0f}%) | "
+              f"{gflops:.1f} ({100 * gflops / peak:.0f}%) | {ideal_mb(N):.1f} ({ideal_mb(N) / mom:.2f}) | "
               f"{' / '.join(fmt(r[m], 'peak_mb') for m in ('momentum', 'linear', 'naive', 'sdpa'))} |")
     print()
     print("| N → 8N | momentum time(8N)/time(N) | linear | SDPA |")

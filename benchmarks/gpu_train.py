@@ -21,52 +21,57 @@ from datetime import date
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 LAYERS, HIDDEN, HEADS, FFN, VOCAB = 12, 768, 12, 3072, 32000
+SIZE = dict(layers=LAYERS, hidden=HIDDEN, heads=HEADS, ffn=FFN, vocab=VOCAB)
 
 
-def momentum_model(T):
+def momentum_model(T, size=SIZE):
     from hf_momentum import MomentumTransformerConfig, MomentumTransformerForCausalLM
-    config = MomentumTransformerConfig(vocab_size=VOCAB, hidden_size=HIDDEN, num_hidden_layers=LAYERS,
-                                       num_attention_heads=HEADS, intermediate_size=FFN,
-                                       max_position_embeddings=T, hidden_dropout=0.0)
+    config = MomentumTransformerConfig(vocab_size=size["vocab"], hidden_size=size["hidden"],
+                                       num_hidden_layers=size["layers"], num_attention_heads=size["heads"],
+                                       intermediate_size=size["ffn"], max_position_embeddings=T,
+                                       hidden_dropout=0.0)
     return MomentumTransformerForCausalLM(config)
 
 
-def llama_model(T):
+def llama_model(T, size=SIZE):
     from transformers import LlamaConfig, LlamaForCausalLM
-    config = LlamaConfig(vocab_size=VOCAB, hidden_size=HIDDEN, num_hidden_layers=LAYERS,
-                         num_attention_heads=HEADS, num_key_value_heads=HEADS, intermediate_size=FFN,
-                         max_position_embeddings=T, tie_word_embeddings=True)
+    config = LlamaConfig(vocab_size=size["vocab"], hidden_size=size["hidden"],
+                         num_hidden_layers=size["layers"], num_attention_heads=size["heads"],
+                         num_key_value_heads=size["heads"],
+                         intermediate_size=size["ffn"], max_position_embeddings=T, tie_word_embeddings=True)
     config._attn_implementation = "sdpa"
     return LlamaForCausalLM(config)
 
 
-def measure(make_model, T, tokens, steps, warmup):
-    """(tokens/s, peak MiB, parameters) of training steps at sequence length T."""
+def measure(make_model, T, tokens, steps, warmup, size=SIZE, device="cuda"):
+    """(tokens/s, peak MiB (0 off CUDA), parameters) of training steps at sequence length T; the
+    warm-up steps (Triton autotuning, cuBLAS and allocator set-up) are not timed. The caller
+    empties the CUDA cache once the model is gone (measure_or_oom)."""
+    from timing import time_once_ms
+
     torch.manual_seed(0)
-    model = make_model(T).cuda()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
+    model = make_model(T, size).to(device)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=device == "cuda")
     B = max(1, tokens // T)
-    ids = torch.randint(0, VOCAB, (B, T), device="cuda")
-    times = []
-    torch.cuda.reset_peak_memory_stats()
-    for i in range(warmup + steps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        with torch.autocast("cuda", dtype=torch.bfloat16):
+    ids = torch.randint(0, size["vocab"], (B, T), device=device)
+
+    def step():
+        with torch.autocast(device, dtype=torch.bfloat16):
             loss = model(input_ids=ids, labels=ids).loss
         loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-        end.record()
-        torch.cuda.synchronize()
-        if i >= warmup:
-            times.append(start.elapsed_time(end) / 1e3)
-    peak = torch.cuda.max_memory_allocated() / 2 ** 20
+
+    for _ in range(warmup):
+        step()
+    if device == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+    times = [time_once_ms(step, device) / 1e3 for _ in range(steps)]
+    peak = torch.cuda.max_memory_allocated() / 2 ** 20 if device == "cuda" else 0.0
     params = sum(p.numel() for p in model.parameters())
-    del model, optimizer
-    torch.cuda.empty_cache()
     return B * T / statistics.median(times), peak, params
 
 

@@ -44,6 +44,7 @@ SHAPES = {
     "ptb-1150": dict(T=70, B=20, D=400, H=1150),
     "ptb-3x1150": dict(T=70, B=20, D=400, H=1150, L=3),
     "pmnist-256": dict(T=784, B=128, D=1, H=256),
+    "tiny": dict(T=12, B=2, D=3, H=8, L=2),           # benchmarks/gpu_check.py's CPU dry run
 }
 DEFAULT_SHAPES = {"cpu": ["mnist-128", "mnist-256", "ptb-1150"],
                   "cuda": ["ptb-3x1150", "pmnist-256"]}
@@ -142,13 +143,14 @@ def subprocess_json(*args):
     return json.loads(out.strip().splitlines()[-1])
 
 
-def cuda_times(shape, repeats, loop_repeats):
-    """Median CUDA-event time and peak allocated memory of every variant, in one process."""
+def cuda_times(shape, repeats, loop_repeats, device="cuda"):
+    """Median time (CUDA events on CUDA) and peak allocated memory (CUDA only, else 0) of every
+    variant, in one process."""
     import statistics
 
-    import torch
+    from timing import time_once_ms
 
-    runs = {variant: build(variant, **SHAPES[shape], device="cuda") for variant in CUDA_VARIANTS}
+    runs = {variant: build(variant, **SHAPES[shape], device=device) for variant in CUDA_VARIANTS}
     for run in runs.values():
         run()
     times = {variant: [] for variant in runs}
@@ -156,25 +158,27 @@ def cuda_times(shape, repeats, loop_repeats):
         for variant, run in runs.items():
             if variant == "appendix-f" and round_ >= loop_repeats:
                 continue
-            start, end = (torch.cuda.Event(enable_timing=True) for _ in range(2))
-            start.record()
-            run()
-            end.record()
-            end.synchronize()
-            times[variant].append(start.elapsed_time(end) / 1000)
+            times[variant].append(time_once_ms(run, device) / 1000)
     results = []
     for variant, run in runs.items():
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-        before = torch.cuda.memory_allocated()
-        run()
-        torch.cuda.synchronize()
-        peak_mib = (torch.cuda.max_memory_allocated() - before) / 2 ** 20
+        peak_mib = cuda_peak_mib(run) if device == "cuda" else 0.0
         results.append({"shape": shape, "variant": variant, "peak_mib": peak_mib,
                         "seconds": statistics.median(times[variant])})
         print(f"{shape:10s} {variant:13s} {results[-1]['seconds'] * 1e3:8.2f} ms "
               f"{peak_mib:8.0f} MiB", file=sys.stderr, flush=True)
     return results
+
+
+def cuda_peak_mib(run):
+    """torch.cuda.max_memory_allocated during one call, above the memory allocated before it."""
+    import torch
+
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated()
+    run()
+    torch.cuda.synchronize()
+    return (torch.cuda.max_memory_allocated() - before) / 2 ** 20
 
 
 def table(results, unit="s"):

@@ -1,0 +1,533 @@
+"""`make gpu-check`: everything a CUDA machine without network can tell about this project, in one
+command of under 20 minutes, written as one dated section of docs/benchmarks.md.
+
+Parts, each in its own process with its own time budget (a benchmark part starts no new case in
+the last 45 s of its budget; every part is killed, with what it started, 30 s after its budget):
+  tests      pytest -m gpu over the test files that hold gpu-marked tests (xdist workers when
+             installed; tests not started 120 s before the budget ends are skipped)           300 s
+  attention  benchmarks/gpu_attention.py's methods (ours on Triton and torch, SDPA, fla when
+             importable), fwd and fwd+bwd, bf16 and fp32, T = 1k … 64k, with the roofline     360 s
+  rnn        benchmarks/rnn.py --device cuda: every MomentumLSTM cell vs cuDNN nn.LSTM        150 s
+  hf         training tokens/s, momentum_transformer vs Llama-SDPA (small size), and greedy
+             decoding tokens/s with the recurrent cache vs Llama's KV cache                   240 s
+A part whose imports are missing is skipped with the reason. Results go to
+outputs/gpu-check/<part>.json; a finished part is not run again while the code (plugins/,
+hf_momentum/, benchmarks/, tests/), the device and the mode are the same, unless --force.
+
+It runs on whatever python it is started with (the machine's own: `make gpu-check` never builds
+.venv, whose torch is a CPU wheel), with the repo on PYTHONPATH. `--dry-run` (implied by
+`--device cpu`) runs every part at tiny sizes on the CPU and writes its section to
+outputs/gpu-check-dry-run/section.md (its cache lives there too) unless --doc says otherwise: it
+checks the orchestration, not speed.
+
+    make gpu-check                                    # on the GPU machine
+    make gpu-check GPU_CHECK_ARGS="--parts attention --force"
+    python benchmarks/gpu_check.py --device cpu       # the tiny dry run
+"""
+import argparse
+import hashlib
+import importlib.util
+import json
+import os
+import platform
+import signal
+import subprocess
+import sys
+import time
+import xml.etree.ElementTree as ET
+from datetime import date
+from importlib import metadata
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(HERE))
+
+PARTS = ["tests", "attention", "rnn", "hf"]
+BUDGET_S = {"tests": 300, "attention": 360, "rnn": 150, "hf": 240}
+TEST_TIMEOUT_S = 120         # per test (pytest-timeout), so that one hung test cannot eat the part
+TEST_START_S = 120           # tests start until this long before the part's budget ends
+GRACE_S = 30
+CASE_MARGIN_S = 45           # benchmark parts start no new case this long before their budget ends
+TITLES = {"tests": "Tests (`pytest -m gpu`)",
+          "attention": "Causal attention: ours (Triton, torch) vs SDPA and fla, with the roofline",
+          "rnn": "MomentumRNN vs cuDNN nn.LSTM (benchmarks/rnn.py)",
+          "hf": "HF end to end: training and generation tokens/s"}
+SIZES = {
+    "full": dict(
+        attention=dict(shapes=[(16, 16, 64, 1024), (4, 16, 64, 4096), (1, 16, 64, 16384), (1, 16, 64, 65536)],
+                       dtypes=["bf16", "fp32"]),
+        rnn=dict(shapes=["ptb-3x1150", "pmnist-256"], repeats=20),
+        hf=dict(size=dict(layers=4, hidden=512, heads=8, ffn=2048, vocab=32000), lengths=[2048, 8192],
+                tokens=16384, steps=8, warmup=3, contexts=[512, 8192], new_tokens=64, repeats=3)),
+    "dry-run": dict(
+        attention=dict(shapes=[(1, 1, 16, 64)], dtypes=["bf16", "fp32"],
+                       repeats=dict(warmup=0, min_reps=1, max_reps=1)),
+        rnn=dict(shapes=["tiny"], repeats=2),
+        hf=dict(size=dict(layers=2, hidden=32, heads=2, ffn=64, vocab=100), lengths=[32],
+                tokens=64, steps=1, warmup=1, contexts=[16], new_tokens=4, repeats=1)),
+}
+SOURCE_DIRS = ["plugins", "hf_momentum", "benchmarks", "tests"]
+
+
+def code_hash() -> str:
+    """Of every .py file a part's result depends on: cached results of older code are not reused."""
+    digest = hashlib.sha256()
+    for folder in SOURCE_DIRS:
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            digest.update(str(path.relative_to(ROOT)).encode())
+            digest.update(path.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+# ---------------------------------------------------------------- workers (one process each)
+
+def env_worker(mode, device, budget_s):
+    """The device line's facts, and two measured ceilings (a large copy and a large matmul)."""
+    import torch
+    info = dict(torch=torch.__version__, python=platform.python_version(),
+                triton=_version("triton"), transformers=_version("transformers"), fla=_version("fla-core"))
+    if device == "cuda":
+        props = torch.cuda.get_device_properties(0)
+        info.update(name=torch.cuda.get_device_name(), capability=f"{props.major}.{props.minor}",
+                    sms=props.multi_processor_count, memory_gib=props.total_memory / 2 ** 30,
+                    cuda=torch.version.cuda)
+    else:
+        info.update(name="CPU", cpu=platform.processor() or platform.machine(), cores=os.cpu_count())
+    info["ceilings"] = ceilings(device, mode)
+    return dict(status="ok", info=info)
+
+
+def _version(dist):
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def ceilings(device, mode):
+    """Copy bandwidth (bytes read + written) and bf16 / fp32 matmul rates, medians after warm-up."""
+    import torch
+    from timing import median_ms
+    n_copy, n_mm = (2 ** 28, 8192) if mode == "full" else (2 ** 20, 256)
+    src = torch.randn(n_copy, device=device)
+    dst = torch.empty_like(src)
+    copy_ms = median_ms(lambda: dst.copy_(src), device)
+    out = {"copy_tb_s": 2 * src.numel() * 4 / copy_ms / 1e9}
+    for dtype, name in ((torch.bfloat16, "bf16"), (torch.float32, "fp32")):
+        a, b = (torch.randn(n_mm, n_mm, device=device, dtype=dtype) for _ in range(2))
+        out[f"matmul_{name}_tflop_s"] = 2 * n_mm ** 3 / median_ms(lambda: a @ b, device) / 1e9
+    return out
+
+
+def tests_worker(mode, device, budget_s, result_path):
+    """pytest -m gpu over the files holding gpu-marked tests; counts and failures from JUnit XML."""
+    files = [str(p.relative_to(ROOT)) for p in sorted((ROOT / "tests").glob("test_*.py"))
+             if "mark.gpu" in p.read_text()]
+    if importlib.util.find_spec("pytest") is None:
+        return dict(status="skipped", markdown="Skipped: pytest is not installed.")
+    import pytest
+    xml = Path(str(result_path) + ".junit.xml")
+    xml.unlink(missing_ok=True)
+    # pytest_budget skips the tests not started by the deadline; xdist workers inherit the environment
+    os.environ["GPU_CHECK_DEADLINE"] = str(time.time() + budget_s - TEST_START_S)
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH")]))
+    args = ["-m", "gpu", "-q", "-p", "no:cacheprovider", "-p", "pytest_budget", f"--junitxml={xml}", *files]
+    if importlib.util.find_spec("pytest_timeout"):
+        args.append(f"--timeout={TEST_TIMEOUT_S}")
+    if mode == "full" and importlib.util.find_spec("xdist"):
+        # Triton compiles every kernel × tile config × dtype × head size the tests meet, one at a time
+        # per process: workers compile in parallel (the GPU holds their small tensors easily)
+        args += ["-n", str(min(8, os.cpu_count() or 1))]
+    code = pytest.main(args)                     # in this process: the orchestrator's timeout applies
+    if not xml.exists():
+        return dict(status="error", markdown=f"pytest exited with code {code} and wrote no report "
+                    "(its output is in outputs/gpu-check/tests.log).")
+    counts, failures = junit_summary(xml)
+    lines = [f"`pytest -m gpu {' '.join(files)}`: {counts['passed']} passed, {counts['failed']} failed, "
+             f"{counts['errors']} errors, {counts['skipped']} skipped ({counts['seconds']:.0f} s)"
+             + (f", of which {counts['budget']} not started in the {budget_s:.0f} s budget"
+                if counts["budget"] else "") + "."]
+    lines += [f"- FAILED `{name}`: {message}" for name, message in failures]
+    return dict(status="ok", counts=counts, markdown="\n".join(lines))
+
+
+def junit_summary(path):
+    from pytest_budget import REASON
+    root = ET.parse(path).getroot()
+    suites = [root] if root.tag == "testsuite" else list(root)
+    counts = dict(tests=0, failed=0, errors=0, skipped=0, seconds=0.0, budget=0)
+    failures = []
+    for suite in suites:
+        counts["tests"] += int(suite.get("tests", 0))
+        counts["failed"] += int(suite.get("failures", 0))
+        counts["errors"] += int(suite.get("errors", 0))
+        counts["skipped"] += int(suite.get("skipped", 0))
+        counts["seconds"] += float(suite.get("time", 0.0))
+        for case in suite.iter("testcase"):
+            counts["budget"] += sum(REASON in (skip.get("message") or "")
+                                    for skip in case.findall("skipped"))
+            for bad in list(case.findall("failure")) + list(case.findall("error")):
+                message = (bad.get("message") or "").splitlines()[0][:200] if bad.get("message") else ""
+                failures.append((f"{case.get('classname')}::{case.get('name')}", message))
+    counts["passed"] = counts["tests"] - counts["failed"] - counts["errors"] - counts["skipped"]
+    return counts, failures
+
+
+def attention_worker(mode, device, budget_s):
+    import gpu_attention as bench
+    sizes = SIZES[mode]["attention"]
+    notes = [f"{name}: not run, {reason}." for name in bench.METHODS
+             if (reason := bench.unavailable(name, device))]
+    rows = bench.run_cases(sizes["shapes"], sizes["dtypes"], bench.METHODS, device,
+                           budget_s=budget_s - CASE_MARGIN_S, log=bench.log_row, repeats=sizes.get("repeats"))
+    errors = {}                                    # one line per distinct error, with the cases it hit
+    for r in rows:
+        if r["status"] == "error":
+            errors.setdefault(r["error"], []).append(
+                f"{r['method']} {r['dtype']} T={r['T']} {'fwd+bwd' if r['backward'] else 'fwd'}")
+    header = (f"B-H-D-T as listed (H 16, D 64; B·T = 16k tokens up to T = 16k), β = {bench.BETA}, chunk "
+              f"{bench.CHUNK}; median of CUDA-event-timed runs after warm-up runs (Triton autotuning and "
+              "compilation happen there); peak MiB above the inputs. × SDPA / × fla: time over theirs in "
+              "the same case. Roofline columns: benchmarks/roofline.py (ideal bytes: read q, k, v and write "
+              "out, plus read q, k, v, d_out and write the three gradients for fwd+bwd; flops of eq. 13's "
+              "chunked form, SDPA's causal half).")
+    if mode == "dry-run":
+        header = "Tiny shapes on the CPU (Triton through its interpreter): checks the plumbing, not speed."
+    parts = [header] + notes + ([f"Cases not started within the {budget_s:.0f} s budget are marked `budget`."]
+                                if any(r["status"] == "budget" for r in rows) else [])
+    markdown = "\n\n".join(parts) + "\n\n" + bench.markdown(rows, bench.device_name(device))
+    if errors:
+        markdown += "\n\nErrors:\n" + "\n".join(_error_line(error, cases) for error, cases in errors.items())
+    return dict(status="ok", rows=rows, markdown=markdown)
+
+
+def _error_line(error, cases):
+    more = " …" if len(cases) > 4 else ""
+    return f"- {', '.join(cases[:4])}{more} ({len(cases)} cases): `{error}`"
+
+
+def rnn_worker(mode, device, budget_s):
+    import rnn
+    sizes = SIZES[mode]["rnn"]
+    results = [r for shape in sizes["shapes"] for r in rnn.cuda_times(shape, sizes["repeats"], 1, device)]
+    header = (f"float32 forward + backward; median of {sizes['repeats']} round-robin rounds after a warm-up "
+              "round (CUDA events), the Appendix-F loop timed in one round; peak = "
+              "torch.cuda.max_memory_allocated during one forward+backward. nn.LSTM is cuDNN.")
+    if mode == "dry-run":
+        header = "Tiny shape (T 12, B 2, input 3, hidden 8, 2 layers) on the CPU: checks the plumbing."
+    return dict(status="ok", rows=results, markdown=header + "\n\n" + rnn.table(results, unit="ms"))
+
+
+def hf_worker(mode, device, budget_s):
+    try:
+        import transformers  # noqa: F401
+
+        import hf_momentum  # noqa: F401
+    except ImportError as error:
+        return dict(status="skipped", markdown=f"Skipped: {type(error).__name__}: {error}")
+    import gpu_train
+    sizes = SIZES[mode]["hf"]
+    start = time.monotonic()
+    over = lambda: time.monotonic() - start > budget_s - CASE_MARGIN_S
+    train = {}
+    for T in sizes["lengths"]:
+        for name, make in (("momentum", gpu_train.momentum_model), ("llama", gpu_train.llama_model)):
+            args = (make, T, sizes["tokens"], sizes["steps"], sizes["warmup"], sizes["size"], device)
+            train[name, T] = "budget" if over() else guarded(lambda: gpu_train.measure(*args), device)
+    generation = {}
+    for context in sizes["contexts"]:
+        for name in ("momentum", "llama"):
+            generation[name, context] = ("budget" if over() else
+                                         guarded(lambda: decode_rate(name, context, sizes, device), device))
+    rows = dict(train={f"{k[0]}@{k[1]}": v for k, v in train.items()},
+                generation={f"{k[0]}@{k[1]}": v for k, v in generation.items()})
+    return dict(status="ok", rows=rows, markdown=hf_markdown(train, generation, sizes, mode))
+
+
+def guarded(fn, device):
+    """fn(), or the reason it failed as a string (OOM or the error), keeping the other cells."""
+    import torch
+    try:
+        return fn()
+    except torch.cuda.OutOfMemoryError:
+        return "OOM"
+    except Exception as error:
+        return " ".join(f"error: {type(error).__name__}: {error}".split())[:300]
+    finally:
+        if device == "cuda":
+            torch.cuda.empty_cache()
+
+
+def decode_rate(name, context, sizes, device):
+    """Greedy decoding tokens/s at batch 1 after a `context`-token prompt: prefill untimed, then
+    new_tokens cached forward steps (argmax fed back) timed as one region, median of repeats."""
+    import statistics
+
+    import gpu_train
+    import torch
+    from timing import time_once_ms
+
+    from hf_momentum import MomentumCache
+    torch.manual_seed(0)
+    make = gpu_train.momentum_model if name == "momentum" else gpu_train.llama_model
+    model = make(context + sizes["new_tokens"] + 1, sizes["size"]).to(device).eval()
+    prompt = torch.randint(0, sizes["size"]["vocab"], (1, context), device=device)
+
+    def decode():
+        cache = MomentumCache(model.config) if name == "momentum" else transformers_cache(model)
+        with torch.no_grad(), torch.autocast(device, dtype=torch.bfloat16):
+            token = model(input_ids=prompt, past_key_values=cache, use_cache=True).logits[:, -1:].argmax(-1)
+            return lambda: _decode_steps(model, cache, token, sizes["new_tokens"])
+
+    rates = []
+    for i in range(sizes["repeats"] + 1):
+        steps = decode()
+        ms = time_once_ms(steps, device)
+        if i:                                        # the first pass compiles and autotunes
+            rates.append(sizes["new_tokens"] / ms * 1e3)
+    return statistics.median(rates)
+
+
+def _decode_steps(model, cache, token, n):
+    import torch
+    with torch.no_grad(), torch.autocast(token.device.type, dtype=torch.bfloat16):
+        for _ in range(n):
+            token = model(input_ids=token, past_key_values=cache, use_cache=True).logits[:, -1:].argmax(-1)
+
+
+def transformers_cache(model):
+    from transformers import DynamicCache
+    return DynamicCache(config=model.config)
+
+
+def hf_markdown(train, generation, sizes, mode):
+    s = sizes["size"]
+    lines = [f"Both models {s['layers']} layers, hidden {s['hidden']}, {s['heads']} heads, FFN {s['ffn']}, "
+             f"vocabulary {s['vocab']}, random weights. Training: bf16 autocast + AdamW, {sizes['tokens']} "
+             f"tokens per step, median of {sizes['steps']} CUDA-event-timed steps after {sizes['warmup']} "
+             "warm-up steps (benchmarks/gpu_train.py's measure). Llama uses SDPA; the momentum model "
+             "whatever `momentum_attention` picks (Triton on CUDA).", "",
+             "| T | momentum tok/s | Llama-SDPA tok/s | momentum / Llama | momentum MiB | Llama MiB | params "
+             "momentum / Llama |", "|---:|---:|---:|---:|---:|---:|---|"]
+    for T in sizes["lengths"]:
+        m, ll = train["momentum", T], train["llama", T]
+        if isinstance(m, str) or isinstance(ll, str):
+            lines.append(f"| {T} | {_cell(m)} | {_cell(ll)} | — | — | — | — |")
+            continue
+        lines.append(f"| {T} | {m[0]:.0f} | {ll[0]:.0f} | {m[0] / ll[0]:.2f} | {m[1]:.0f} | {ll[1]:.0f} | "
+                     f"{m[2] / 1e6:.1f}M / {ll[2] / 1e6:.1f}M |")
+    lines += ["", f"Generation: batch 1, greedy, {sizes['new_tokens']} tokens after the prompt, one cached "
+              "forward per token under bf16 autocast (prefill not timed), median of "
+              f"{sizes['repeats']} after one untimed pass. Momentum: MomentumCache (O(1) state per layer); "
+              "Llama: DynamicCache (KV grows with the context).", "",
+              "| context | momentum tok/s | Llama tok/s | momentum / Llama |", "|---:|---:|---:|---:|"]
+    for context in sizes["contexts"]:
+        m, ll = generation["momentum", context], generation["llama", context]
+        ratio = "—" if isinstance(m, str) or isinstance(ll, str) else f"{m / ll:.2f}"
+        lines.append(f"| {context} | {_cell(m)} | {_cell(ll)} | {ratio} |")
+    errors = [f"- {name} at {n}: `{value}`" for table in (train, generation)
+              for (name, n), value in table.items() if isinstance(value, str) and value.startswith("error")]
+    if errors:
+        lines += ["", "Errors:"] + errors
+    if mode == "dry-run":
+        lines.insert(0, "Tiny models on the CPU (bf16 autocast there): checks the plumbing, not speed.\n")
+    return "\n".join(lines)
+
+
+def _cell(value):
+    """A number, or OOM / budget / error (each error is listed under the tables)."""
+    if isinstance(value, str):
+        return value.split(":")[0]
+    return f"{value[0]:.0f}" if isinstance(value, (tuple, list)) else f"{value:.1f}"
+
+
+WORKERS = {"attention": attention_worker, "rnn": rnn_worker, "hf": hf_worker}
+
+
+def worker_main(part, mode, device, budget_s, result_path):
+    started = time.monotonic()
+    if part == "env":
+        result = env_worker(mode, device, budget_s)
+    elif part == "tests":
+        result = tests_worker(mode, device, budget_s, result_path)
+    else:
+        result = WORKERS[part](mode, device, budget_s)
+    result["seconds"] = time.monotonic() - started
+    Path(result_path).write_text(json.dumps(result, indent=1, default=str))
+
+
+# ---------------------------------------------------------------- the orchestrator
+
+def run_part(part, mode, device, out_dir, budget_s):
+    """Runs `part` in a fresh process (a CUDA fault or a hang there leaves the others running)."""
+    result_path = out_dir / f"{part}.run.json"
+    result_path.unlink(missing_ok=True)
+    path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+    env = dict(os.environ, PYTHONPATH=path, PYTHONUNBUFFERED="1")
+    if device == "cpu":
+        # the Triton methods run through the interpreter; one thread, since the dry run shares the
+        # machine (several threads on busy cores stall at every hand-off)
+        env.update(TRITON_INTERPRET="1", OMP_NUM_THREADS="1")
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", part, "--mode", mode,
+           "--device", device, "--budget", str(budget_s), "--result", str(result_path)]
+    started = time.monotonic()
+    returncode, log = run_group(cmd, env, budget_s + GRACE_S)
+    if returncode is None:
+        killed = f"Killed after {budget_s + GRACE_S} s (budget {budget_s} s); the end of its output:"
+        result = dict(status="timeout", markdown=killed + "\n\n```\n" + log[-1500:] + "\n```")
+    elif result_path.exists():
+        result = json.loads(result_path.read_text())
+    else:
+        result = dict(status="error", markdown=f"The worker exited with code {returncode}:\n\n```\n"
+                      + log[-3000:] + "\n```")
+    return _finish(result, log, started, out_dir, part)
+
+
+def run_group(cmd, env, timeout_s):
+    """(exit code, or None when killed at the timeout; output). The worker leads its own process
+    group, so a timeout or Ctrl-C also ends what it started (pytest-xdist's workers)."""
+    with subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                          start_new_session=True) as proc:
+        try:
+            log, _ = proc.communicate(timeout=timeout_s)
+            return proc.returncode, log
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            return None, proc.communicate()[0]
+        except BaseException:
+            os.killpg(proc.pid, signal.SIGKILL)
+            raise
+
+
+def _finish(result, log, started, out_dir, part):
+    result.setdefault("seconds", time.monotonic() - started)
+    (out_dir / f"{part}.log").write_text(log)
+    return result
+
+
+def device_line(info, mode):
+    versions = (f"torch {info['torch']}" + (f" (CUDA {info['cuda']})" if info.get("cuda") else "")
+                + f", triton {info['triton'] or 'not installed'}, transformers "
+                f"{info['transformers'] or 'not installed'}, fla-core {info['fla'] or 'not installed'}, "
+                f"Python {info['python']}")
+    if info["name"] == "CPU":
+        return f"- Device: CPU ({info['cpu']}, {info['cores']} cores), no CUDA; {versions}."
+    return (f"- Device: {info['name']}, compute capability {info['capability']}, {info['sms']} SMs, "
+            f"{info['memory_gib']:.1f} GiB; {versions}.")
+
+
+def ceilings_line(ceil, mode):
+    size = "1 GiB copy, 8192³ matmuls" if mode == "full" else "4 MiB copy, 256³ matmuls"
+    return (f"- Measured ceilings ({size}, medians): copy {ceil['copy_tb_s'] * 1e3:.4g} GB/s (bytes read + "
+            f"written), bf16 matmul {ceil['matmul_bf16_tflop_s']:.4g} TFLOP/s, fp32 matmul "
+            f"{ceil['matmul_fp32_tflop_s']:.4g} TFLOP/s.")
+
+
+def section(info, results, mode, cached, marker):
+    title = (f"## GPU check, {date.today()}: {info['name']}" if mode == "full" else
+             f"## GPU check dry run, {date.today()}: CPU, tiny sizes (GPU speed unmeasured)")
+    total = sum(r.get("seconds", 0.0) for r in results.values())
+    lines = [f"<!-- gpu-check: {marker} -->", title, "", device_line(info, mode),
+             ceilings_line(info["ceilings"], mode),
+             f"- Command: `make gpu-check` (benchmarks/gpu_check.py, mode {mode}); parts took {total:.0f} s"
+             + (f" (from earlier runs of the same code: {', '.join(cached)})" if cached else "") + "."]
+    if mode == "dry-run":
+        lines.append("- A dry run on the CPU: every part at tiny sizes, to check the orchestration. "
+                     "**GPU speed unmeasured.**")
+    for part, result in results.items():
+        lines += ["", f"### {TITLES[part]}", "",
+                  f"Status: {result['status']} ({result.get('seconds', 0.0):.0f} s).", "", result["markdown"]]
+    lines.append("<!-- /gpu-check -->")
+    return "\n".join(lines) + "\n"
+
+
+def write_section(doc, text, marker):
+    """Replaces the section with the same marker (date, device, mode), else appends one."""
+    old = doc.read_text() if doc.exists() else ""
+    begin = old.find(f"<!-- gpu-check: {marker} -->")
+    if begin >= 0:
+        end = old.index("<!-- /gpu-check -->", begin) + len("<!-- /gpu-check -->\n")
+        new = old[:begin] + text + old[end:]
+    else:
+        new = old.rstrip("\n") + ("\n\n" if old else "") + text
+    doc.parent.mkdir(parents=True, exist_ok=True)
+    doc.write_text(new)
+
+
+def load_cached(path, key):
+    if not path.exists():
+        return None
+    cached = json.loads(path.read_text())
+    return cached if cached.get("status") == "ok" and cached.get("key") == key else None
+
+
+def orchestrate(args):
+    mode = "dry-run" if args.dry_run or args.device == "cpu" else "full"
+    device = "cpu" if mode == "dry-run" else "cuda"
+    default_dir = ROOT / "outputs" / ("gpu-check" if mode == "full" else "gpu-check-dry-run")
+    out_dir = Path(args.out_dir or default_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    env = run_part("env", mode, device, out_dir, 120)
+    if env["status"] != "ok":
+        sys.exit(f"gpu-check: could not read the device ({env['status']}):\n{env['markdown']}")
+    info = env["info"]
+    key = dict(mode=mode, device=info["name"], code=code_hash())
+    results, cached = {}, []
+    for part in args.parts:
+        path = out_dir / f"{part}.json"
+        result = None if args.force else load_cached(path, key)
+        if result is not None:
+            print(f"gpu-check: {part}: cached ({path}; --force runs it again)", flush=True)
+            cached.append(part)
+        else:
+            budget = BUDGET_S[part] if mode == "full" else 120
+            print(f"gpu-check: {part}: running (budget {budget} s)", flush=True)
+            result = dict(run_part(part, mode, device, out_dir, budget), key=key)
+            path.write_text(json.dumps(result, indent=1, default=str))
+            print(f"gpu-check: {part}: {result['status']} in {result['seconds']:.0f} s", flush=True)
+        results[part] = result
+    doc = Path(args.doc) if args.doc else (ROOT / "docs" / "benchmarks.md" if mode == "full"
+                                           else out_dir / "section.md")
+    marker = f"{date.today()} | {info['name']} | {mode}"
+    write_section(doc, section(info, results, mode, cached, marker), marker)
+    print(f"gpu-check: wrote the section to {doc}")
+    tests_failed = results.get("tests", {}).get("counts", {})
+    broken = tests_failed.get("failed", 0) + tests_failed.get("errors", 0)
+    return 0 if broken == 0 and all(r["status"] in ("ok", "skipped") for r in results.values()) else 1
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
+    parser.add_argument("--dry-run", action="store_true", help="tiny sizes on the CPU (as --device cpu)")
+    parser.add_argument("--parts", nargs="+", choices=PARTS, default=PARTS)
+    parser.add_argument("--force", action="store_true", help="run the parts again even if cached")
+    parser.add_argument("--out-dir", help="cache and logs (default: outputs/gpu-check, dry run: "
+                                          "outputs/gpu-check-dry-run)")
+    parser.add_argument("--doc", help="where the section goes (default: docs/benchmarks.md; dry run: "
+                                      "OUT_DIR/section.md)")
+    parser.add_argument("--worker", choices=["env"] + PARTS, help=argparse.SUPPRESS)
+    parser.add_argument("--mode", help=argparse.SUPPRESS)
+    parser.add_argument("--budget", type=float, help=argparse.SUPPRESS)
+    parser.add_argument("--result", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        worker_main(args.worker, args.mode, args.device, args.budget, args.result)
+        return 0
+    if args.device == "cuda" and not args.dry_run and not cuda_present():
+        sys.exit("gpu-check: torch sees no CUDA device here; `--device cpu` runs the tiny dry run")
+    return orchestrate(args)
+
+
+def cuda_present():
+    """Asked in a child process, so that this one never holds a CUDA context while the parts run."""
+    probe = subprocess.run([sys.executable, "-c", "import torch; print(torch.cuda.is_available())"],
+                           capture_output=True, text=True)
+    return probe.stdout.strip() == "True"
+
+
+if __name__ == "__main__":
+    sys.exit(main())

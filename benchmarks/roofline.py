@@ -1,0 +1,135 @@
+"""The floor under an attention benchmark's times: bytes an ideal implementation must move, flops
+it must do, and the device's published limits, so that each timed case can say what fraction of
+the hardware it reached.
+
+Bytes (e = bytes per element, N = B·H·T tokens × heads, D key size, E value size):
+  forward           read q, k, v, write out:                      e·N·(2D + 2E)
+  forward+backward  + read q, k, v, d_out, write dq, dk, dv:      e·N·(4D + 3E) more
+Nothing else (states, scores, denominators) has to reach memory in an ideal kernel.
+
+Flops of eq. 13's chunked form, per (batch, head), chunk C, T tokens (every product counts 2 flops
+per multiply-add; the C×C blocks are counted whole, as the kernels compute them):
+  intra-chunk  QKᵀ (C×D · D×C) and AV (C×C · C×E) per chunk:      2·T·C·(D + E)
+  state update KᵀV per chunk, one state (β = 0) or two (s, m′):   2·T·D·E · (1 or 2)
+  output from the states entering the chunk, Q·s (and Q·m′):      2·T·D·E · (1 or 2)
+  forward = 2·T·C·(D + E) + 4·T·D·E·(1 or 2);  backward = 2 × forward (each product's two
+  gradients), so forward+backward = 3 × forward. Denominators (O(T·D)) are left out.
+Causal softmax attention (SDPA): QKᵀ and PV over the lower triangle, T²·(D + E) per (batch, head)
+forward, 3 × that with the backward (recomputation inside flash kernels is not counted).
+"""
+from dataclasses import dataclass
+from typing import Optional
+
+# Dense (no 2:4 sparsity) peaks in TB/s and TFLOP/s, as published by NVIDIA; the datasheets quote
+# tensor rates with sparsity, halved here. fp32 cases are held to the FP32 CUDA-core rate: the Triton
+# kernels take exact fp32 dots for fp32 inputs (utils.kernel_flags: IEEE), torch's fp32 matmuls use
+# no TF32 unless asked, and SDPA's fp32 kernel runs on CUDA cores. TF32 is kept for the record.
+#   H100 SXM / PCIe / NVL: NVIDIA H100 Tensor Core GPU datasheet, nvidia.com/en-us/data-center/h100
+#     (SXM 3.35 TB/s, BF16 1,979*, TF32 989*, FP32 67; PCIe 2.0 TB/s, 1,513*, 756*, 51;
+#     NVL 3.9 TB/s, 1,671*, 835*, 60); SXM rates to one decimal from the H100 architecture whitepaper
+#   H200 SXM / NVL: NVIDIA H200 Tensor Core GPU datasheet, nvidia.com/en-us/data-center/h200
+#     (4.8 TB/s; SXM BF16 1,979*, TF32 989*, FP32 67; NVL 1,671*, 835*, 60)
+#   A100: NVIDIA A100 Tensor Core GPU datasheet (nvidia-a100-datasheet-us-nvidia-1758950-r4-web.pdf):
+#     BF16 312, TF32 156, FP32 19.5; 40GB SXM/PCIe 1.555 TB/s, 80GB PCIe 1.935, 80GB SXM 2.039
+DEVICES = [  # (words that must all appear in torch.cuda.get_device_name(), lower case), limits
+    (("h100", "pcie"), dict(label="H100 PCIe", tb_s=2.0, bf16=756.5, tf32=378.0, fp32=51.2)),
+    (("h100", "nvl"), dict(label="H100 NVL", tb_s=3.9, bf16=835.5, tf32=417.5, fp32=60.0)),
+    (("h100",), dict(label="H100 SXM", tb_s=3.35, bf16=989.4, tf32=494.7, fp32=66.9)),
+    (("h200", "nvl"), dict(label="H200 NVL", tb_s=4.8, bf16=835.5, tf32=417.5, fp32=60.0)),
+    (("h200",), dict(label="H200 SXM", tb_s=4.8, bf16=989.4, tf32=494.7, fp32=66.9)),
+    (("a100", "80gb", "pcie"), dict(label="A100 80GB PCIe", tb_s=1.935, bf16=312.0, tf32=156.0, fp32=19.5)),
+    (("a100", "80gb"), dict(label="A100 80GB SXM", tb_s=2.039, bf16=312.0, tf32=156.0, fp32=19.5)),
+    (("a100",), dict(label="A100 40GB", tb_s=1.555, bf16=312.0, tf32=156.0, fp32=19.5)),
+]
+DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
+
+
+@dataclass(frozen=True)
+class Limits:
+    label: str
+    tb_s: float      # memory bandwidth, TB/s
+    bf16: float      # dense tensor TFLOP/s, bf16/fp16 inputs
+    tf32: float      # dense TF32 tensor TFLOP/s
+    fp32: float      # FP32 CUDA-core TFLOP/s, the rate fp32 cases are held to
+
+    def tflops(self, dtype: str) -> float:
+        return self.fp32 if dtype == "fp32" else self.bf16
+
+
+def device_limits(name: Optional[str]) -> Optional[Limits]:
+    """The published limits of a CUDA device by its name; None for a CPU or an unknown device."""
+    lowered = (name or "").lower()
+    for words, limits in DEVICES:
+        if all(word in lowered for word in words):
+            return Limits(**limits)
+    return None
+
+
+def attention_bytes(method: str, B: int, H: int, T: int, D: int, E: int, dtype: str, backward: bool) -> int:
+    """Bytes an ideal kernel moves: the same for every method, since all compute the same function
+    of the same tensors (`method` is taken for symmetry with attention_flops)."""
+    tokens = B * H * T
+    passes = (2 * D + 2 * E) + ((4 * D + 3 * E) if backward else 0)
+    return DTYPE_BYTES[dtype] * tokens * passes
+
+
+def attention_flops(method: str, B: int, H: int, T: int, D: int, E: int, chunk: int, backward: bool) -> int:
+    """Flops of one forward (or forward+backward) of `method`: "sdpa" is causal softmax attention,
+    names starting "momentum" carry two states, every other method (linear, fla) one."""
+    if method == "sdpa":
+        forward = T * T * (D + E)
+    else:
+        states = 2 if method.startswith("momentum") else 1
+        forward = 2 * T * chunk * (D + E) + 4 * T * D * E * states
+    return B * H * forward * (3 if backward else 1)
+
+
+@dataclass(frozen=True)
+class Roofline:
+    bytes: int
+    flops: int
+    ms: float
+    limits: Optional[Limits]
+    dtype: str
+
+    @property
+    def gb_s(self) -> float:
+        return self.bytes / self.ms / 1e6
+
+    @property
+    def tflop_s(self) -> float:
+        return self.flops / self.ms / 1e9
+
+    def floor_ms(self) -> Optional[float]:
+        """The larger of the time to move the bytes and the time to do the flops at peak."""
+        if self.limits is None:
+            return None
+        return max(self.bytes / (self.limits.tb_s * 1e9), self.flops / (self.limits.tflops(self.dtype) * 1e9))
+
+    def bound(self) -> str:
+        memory = self.bytes / self.limits.tb_s
+        compute = self.flops / (self.limits.tflops(self.dtype) * 1e3)
+        return "memory" if memory >= compute else "compute"
+
+    def cells(self) -> list:
+        """Markdown cells: MB moved, GFLOP, achieved GB/s and TFLOP/s (with % of the device's
+        bandwidth and peak where the device is known), and % of the floor with its bound."""
+        if self.limits is None:
+            return [f"{self.bytes / 1e6:.4g}", f"{self.flops / 1e9:.4g}", f"{self.gb_s:.4g}",
+                    f"{self.tflop_s:.4g}", "—"]
+        bw = 100 * self.gb_s / (self.limits.tb_s * 1e3)
+        peak = 100 * self.tflop_s / self.limits.tflops(self.dtype)
+        floor = 100 * self.floor_ms() / self.ms
+        return [f"{self.bytes / 1e6:.4g}", f"{self.flops / 1e9:.4g}", f"{self.gb_s:.0f} ({bw:.0f}%)",
+                f"{self.tflop_s:.1f} ({peak:.0f}%)", f"{floor:.0f}% ({self.bound()})"]
+
+
+HEADER = ["ideal MB", "GFLOP", "GB/s (% of BW)", "TFLOP/s (% of peak)", "% of floor (bound)"]
+
+
+def limits_line(limits: Optional[Limits], name: str) -> str:
+    if limits is None:
+        return f"roofline: {name} is not in benchmarks/roofline.py's table (unknown device): no fractions"
+    return (f"roofline: {limits.label} published limits {limits.tb_s} TB/s, {limits.bf16} TFLOP/s bf16, "
+            f"{limits.tf32} tf32, {limits.fp32} fp32 (CUDA cores: the fp32 cases' limit); dense rates, "
+            "sources cited in benchmarks/roofline.py")
