@@ -472,3 +472,38 @@ def test_kernels_compile_for_an_h100():
     if done.returncode == 77:
         pytest.skip("this triton has no NVIDIA backend")
     assert done.returncode == 0, done.stderr[-4000:]
+
+
+def _package_imports(path):
+    """(imported module of plugins.attention.triton, whether the import is inside a function) of
+    every `from .x import …` / `from . import x` in one file of the package."""
+    import ast
+    tree = ast.parse(path.read_text())
+    inner = {id(n) for f in ast.walk(tree) if isinstance(f, ast.FunctionDef) for n in ast.walk(f)}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.level == 1:
+            names = [node.module] if node.module else [alias.name for alias in node.names]
+            for name in names:
+                yield name.split(".")[0], id(node) in inner
+
+
+def test_kernel_modules_import_one_way():
+    """entry_points → op → chunk / fused_recurrent → chunk_kernels / utils: no module of the
+    package imports one that imports it back, and only the package's __init__ imports inside a
+    function (its kernel modules on first use, so that importing the package never fails)."""
+    from pathlib import Path
+    package = Path(__file__).resolve().parents[1] / "plugins" / "attention" / "triton"
+    graph = {}
+    for path in sorted(package.glob("*.py")):
+        imports = list(_package_imports(path))
+        if path.stem != "__init__":
+            assert not any(inner for _, inner in imports), f"{path.name} imports inside a function"
+        graph[path.stem] = {name for name, _ in imports}
+
+    def reaches(start, target, seen=()):
+        return any(n == target or (n not in seen and reaches(n, target, (*seen, n)))
+                   for n in graph.get(start, ()))
+
+    assert graph["__init__"] == {"entry_points"}
+    for module in graph:
+        assert not reaches(module, module), f"{module} imports itself through {graph[module]}"

@@ -5,8 +5,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..state import MomentumAttentionState
-from .utils import accumulator_dtype, check_grid, coefficients, device_of, kernel_inputs
+from .utils import check_grid, coefficients, device_of
 
 
 @triton.jit
@@ -68,28 +67,3 @@ def recurrent_step(fq, fk, v, s, z, m, real, momentum: float, step_size: float, 
             fq, fk, v, s, z, m, real if real is not None else z, s_new, z_new, m_new, out, coef,
             DK=DK, DV=DV, BK=BK, BV=BV, HAS_REAL=real is not None)
     return out, s_new, z_new, m_new
-
-
-def fused_recurrent_step(fq: torch.Tensor, fk: torch.Tensor, v: torch.Tensor,
-                         state: MomentumAttentionState, *, momentum: float, step_size: float, eps: float,
-                         real: torch.Tensor | None = None,
-                         ) -> tuple[torch.Tensor, MomentumAttentionState]:
-    """Eq. 12 for one new position: fq, fk (B, H, Dk), v (B, H, Dv) in any float dtype; the state
-    in fp32 (fp64 for fp64 input). `real` (B,) bool: rows where it is False keep their state and
-    output 0. Returns the output (B, H, Dv) in v's dtype and the new state; differentiable in the
-    inputs and the state (the backward is a few PyTorch ops)."""
-    from .op import momentum_attention_step_op
-
-    out_dtype = v.dtype
-    fq, fk, v = kernel_inputs(fq, fk, v)
-    acc = accumulator_dtype(fq.dtype)
-    B, H = fq.shape[:2]
-    s, z, m = (t.to(acc).contiguous() for t in (state.s, state.z, state.m))
-    flags = None
-    if real is not None:
-        flags = real.to(device=fq.device, dtype=torch.bool)[:, None].expand(B, H).to(torch.int8).contiguous()
-    if fq.numel() == 0 or v.numel() == 0:
-        return v.new_zeros(v.shape, dtype=out_dtype), MomentumAttentionState(s=s, z=z, m=m)
-    out, s, z, m = momentum_attention_step_op(fq, fk, v, s, z, m, flags, float(momentum), float(step_size),
-                                              float(eps))
-    return out.to(out_dtype), MomentumAttentionState(s=s, z=z, m=m)
