@@ -340,6 +340,24 @@ def test_mixed_dtypes_run_in_the_promoted_one_and_lengths_are_clamped(make_gener
     torch.testing.assert_close(state.m, ref_state.m, rtol=0, atol=0)
 
 
+def test_autotuning_keys_on_shape_buckets_that_compile_nothing():
+    """The autotuner's choice is per power-of-two bucket of N and of B·H (capped), passed as plain
+    int arguments that, like N and NT, are not specialised on: a new bucket re-times the kept
+    configs without compiling (tests/triton_launch_check.py checks that on the compiled path)."""
+    triton_ops()
+    from plugins.attention.triton import chunk_kernels as K
+    from plugins.attention.triton.utils import tuning_buckets
+    assert tuning_buckets(1, 1) == {"N_BUCKET": 64, "BH_BUCKET": 1}
+    assert tuning_buckets(150, 6) == {"N_BUCKET": 256, "BH_BUCKET": 8}
+    assert tuning_buckets(256, 8) == {"N_BUCKET": 256, "BH_BUCKET": 8}
+    assert tuning_buckets(10 ** 6, 10 ** 4) == {"N_BUCKET": 16384, "BH_BUCKET": 1024}
+    for kernel in (K.fwd_h, K.fwd_o, K.bwd_dh, K.bwd_dv, K.bwd_dqk):
+        assert {"N_BUCKET", "BH_BUCKET"} <= set(kernel.keys)
+        jit = kernel.fn            # the interpreter keeps the jit options in `kwargs`
+        unspecialised = getattr(jit, "do_not_specialize", None) or jit.kwargs["do_not_specialize"]
+        assert {"N", "NT", "N_BUCKET", "BH_BUCKET"} <= set(unspecialised)
+
+
 def test_launches_past_cuda_grid_limits_are_refused_clearly():
     """batch·heads and the chunk count go on grid dimensions CUDA limits to 65,535."""
     triton_ops()
@@ -427,7 +445,7 @@ def compile_for_sm90(kernel, dtype, consts, num_warps=4):
     for name in fn.arg_names:
         if name in consts:
             types[name] = "constexpr"
-        elif name in ("N", "H", "NT"):
+        elif name in ("N", "H", "NT", "N_BUCKET", "BH_BUCKET"):
             types[name] = "i32"
         else:
             element = {"lengths": "i32", "real": "i8"}.get(name, dtype if name in INPUTS else acc)

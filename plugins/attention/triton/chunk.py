@@ -18,6 +18,7 @@ from .utils import (
     coefficients,
     device_of,
     kernel_flags,
+    tuning_buckets,
 )
 
 
@@ -39,8 +40,10 @@ def _chunk_grid(tile, dim, NT, B, H):
 
 
 def _meta(fq, momentum, lengths, BT, DK, DV):
-    return dict(DK=DK, DV=DV, BT=BT, MOMENTUM=momentum > 0.0,
-                HAS_LEN=lengths is not None, **kernel_flags(fq.dtype))
+    """The autotuned kernels' constants and tuning buckets."""
+    B, H, N, _ = fq.shape
+    return dict(DK=DK, DV=DV, BT=BT, MOMENTUM=momentum > 0.0, HAS_LEN=lengths is not None,
+                **kernel_flags(fq.dtype), **tuning_buckets(N, B * H))
 
 
 def states_entering_chunks(fk, v, s0, z0, m0, lengths, coef, meta, NT):

@@ -136,6 +136,20 @@ def chunk_block(chunk_size: int) -> int:
     return max(16, min(64, triton.next_power_of_2(chunk_size)))
 
 
+def power_of_two_bucket(n: int, low: int, high: int) -> int:
+    return max(low, min(high, triton.next_power_of_2(max(n, 1))))
+
+
+def tuning_buckets(n: int, batch_heads: int) -> dict:
+    """The shape part of the autotuning key: the sequence length and batch·heads, each rounded up
+    to a power of two, N in [64, 16384] (one chunk to 256) and B·H in [1, 1024]. The best tiles
+    change with them (how many programs fill the GPU, how long each scan runs), but not within a
+    factor of two, nor past the caps, where the grid fills the GPU many times over. A new pair of
+    buckets re-times the kept configs once (kernel arguments, not constants: nothing compiles)."""
+    return {"N_BUCKET": power_of_two_bucket(n, 64, 16384),
+            "BH_BUCKET": power_of_two_bucket(batch_heads, 1, 1024)}
+
+
 def tuning_configs() -> list:
     """Tile sizes BK, BV and warps, autotuned per shape on GPU among the few that `prune_scan` /
     `prune_chunk` keep; under the interpreter, where timing means nothing, the one config whose
