@@ -208,6 +208,28 @@ def test_decoding_step_matches_eq12_and_the_torch_step(make_generator, beta, gam
         torch.testing.assert_close(getattr(state, name), getattr(torch_state, name), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("Dk", [200, 16])
+def test_decoding_step_loops_over_key_blocks(make_generator, Dk):
+    """The step kernel takes Dk in blocks of at most 64 rows (Dk = 200: three full blocks and a
+    masked one; 16: one block), accumulating φ(q)ᵀs and φ(q)ᵀz over them; Dv = 72 gives two
+    value programs, of which only the first writes z. Against the float64 eq. 12 token loop."""
+    tri = triton_ops()
+    gen = make_generator()
+    B, H, Dv, steps = 2, 2, 72, 3
+    fq, fk, v, _ = make_inputs(gen, B, H, steps, Dk, Dv, torch.full((B,), steps))
+    real = torch.tensor([[True, True, True], [True, False, True]])
+    state0 = random_state(gen, B, H, Dk, Dv)
+    ref_out, ref_state = naive_recurrent_momentum_attention(fq, fk, v, state0, momentum=0.6, step_size=0.8,
+                                                            feature_map="identity", padding_mask=real)
+    state = MomentumAttentionState(state0.s.float(), state0.z.float(), state0.m.float())
+    for i in range(steps):
+        out, state = tri.fused_recurrent_step(fq[:, :, i].float(), fk[:, :, i].float(), v[:, :, i].float(),
+                                              state, momentum=0.6, step_size=0.8, eps=1e-6, real=real[:, i])
+        assert rel_rms(out, ref_out[:, :, i]) <= TOL
+    for name in ("s", "z", "m"):
+        assert rel_rms(getattr(state, name), getattr(ref_state, name)) <= TOL, name
+
+
 def test_prefill_then_decode_equals_one_pass(make_generator):
     tri = triton_ops()
     gen = make_generator()
