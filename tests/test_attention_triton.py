@@ -380,6 +380,76 @@ def test_autotuning_keys_on_shape_buckets_that_compile_nothing():
         assert {"N", "NT", "N_BUCKET", "BH_BUCKET"} <= set(unspecialised)
 
 
+TF32_TOL = {"out": 5e-3, "state": 5e-3, "grad": 1e-2}       # plugins/attention/triton/utils.py
+
+
+def truncated_to_tf32(x):
+    """fp32 values with the 13 low mantissa bits cleared: tf32 as a tensor core that truncates
+    its operands sees them (the worse of truncation and rounding)."""
+    import numpy as np
+    return (x.view(np.uint32) & np.uint32(0xFFFFE000)).view(np.float32)
+
+
+@pytest.fixture
+def tf32_dots(monkeypatch):
+    """The interpreter's tl.dot computes fp32 products exactly whatever precision it is asked
+    for: here each dot records the precision asked, and fp32 operands of a tf32 dot are truncated
+    to tf32 first. Restores torch's float32 matmul precision afterwards."""
+    import numpy as np
+    from triton._C.libtriton import ir
+    from triton.runtime import interpreter
+    asked = []
+    create_dot = interpreter.InterpreterBuilder.create_dot
+
+    def tf32_create_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
+        asked.append(input_precision)
+        if input_precision == ir.INPUT_PRECISION.TF32 and a.data.dtype == np.float32:
+            a = interpreter.TensorHandle(truncated_to_tf32(a.data), a.dtype)
+            b = interpreter.TensorHandle(truncated_to_tf32(b.data), b.dtype)
+        return create_dot(self, a, b, d, input_precision, max_num_imprecise_acc)
+
+    monkeypatch.setattr(interpreter.InterpreterBuilder, "create_dot", tf32_create_dot)
+    precision = torch.get_float32_matmul_precision()
+    yield asked, ir.INPUT_PRECISION
+    torch.set_float32_matmul_precision(precision)
+
+
+@pytest.mark.parametrize("precision", ["highest", "high", "medium"])
+def test_float32_takes_tf32_dots_where_torch_allows_them(make_generator, tf32_dots, precision):
+    """torch.set_float32_matmul_precision("high" / "medium") gives fp32 inputs tf32 dots, read at
+    each launch (forward and backward); "highest" (torch's default) exact fp32. Against the
+    float64 eq. 12 reference within the tolerances utils.py documents, with tf32 emulated."""
+    tri = triton_ops()
+    asked, kinds = tf32_dots
+    gen = make_generator()
+    B, H, N, Dk, Dv = 2, 1, 70, 32, 24
+    lengths = torch.tensor([N, 41])
+    fq, fk, v, real = make_inputs(gen, B, H, N, Dk, Dv, lengths)
+    state0 = random_state(gen, B, H, Dk, Dv)
+    ups = [torch.randn(B, H, N, Dv, generator=gen, dtype=torch.float64)] + [
+        torch.randn(t.shape, generator=gen, dtype=torch.float64) for t in (state0.s, state0.z, state0.m)]
+
+    def run(fn, dtype):
+        leaves = [t.to(dtype).requires_grad_() for t in (fq, fk, v, state0.s, state0.z, state0.m)]
+        out, state = fn(*leaves[:3], MomentumAttentionState(*leaves[3:]))
+        return out, state, torch.autograd.grad(loss_of(out, state, [u.to(dtype) for u in ups]), leaves)
+
+    ref_out, ref_state, ref_grads = run(lambda q, k, x, st: naive_recurrent_momentum_attention(
+        q, k, x, st, momentum=0.9, step_size=0.8, feature_map="identity", padding_mask=real), torch.float64)
+    torch.set_float32_matmul_precision(precision)
+    out, state, grads = run(lambda q, k, x, st: tri.chunk_momentum_attention(
+        q, k, x, momentum=0.9, step_size=0.8, eps=1e-6, chunk_size=32, initial_state=st, lengths=lengths,
+        return_state=True), torch.float32)
+    exact = precision == "highest"
+    assert set(asked) == {kinds.IEEE if exact else kinds.TF32}
+    tol = {key: TOL for key in TF32_TOL} if exact else TF32_TOL
+    assert rel_rms(out, ref_out) <= tol["out"]
+    for name in ("s", "z", "m"):
+        assert rel_rms(getattr(state, name), getattr(ref_state, name)) <= tol["state"], name
+    for name, got, expected in zip(["fq", "fk", "v", "s0", "z0", "m0"], grads, ref_grads):
+        assert rel_rms(got, expected) <= tol["grad"], f"d{name}: {rel_rms(got, expected):.2e}"
+
+
 def test_launches_past_cuda_grid_limits_are_refused_clearly():
     """batch·heads and the chunk count go on grid dimensions CUDA limits to 65,535."""
     triton_ops()
