@@ -517,6 +517,7 @@ from triton.backends import backends
 
 if "nvidia" not in backends:
     sys.exit(77)
+import torch
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
@@ -527,6 +528,7 @@ from plugins.attention.triton import fused_recurrent as F
 from plugins.attention.triton.utils import prune_chunk, prune_scan, tuning_configs
 
 INPUTS = {"q", "k", "v", "o", "do", "dq", "dk", "dv"}
+TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 
 def compile_for_sm90(kernel, dtype, consts, num_warps=4):
@@ -549,16 +551,19 @@ def compile_for_sm90(kernel, dtype, consts, num_warps=4):
 
 
 DK, DV, BT = 32, 24, 32
-for dtype, momentum in (("bf16", True), ("bf16", False), ("fp16", True), ("fp32", True)):
-    flags = {"LOW": dtype == "bf16", "IEEE": dtype == "fp32"}
+# (input dtype, momentum, exact dots): fp32 with IEEE False is fp32 under tf32 matmul precision
+for dtype, momentum, ieee in (("bf16", True, False), ("bf16", False, False), ("fp16", True, False),
+                              ("fp32", True, True), ("fp32", True, False)):
+    flags = {"LOW": dtype == "bf16", "IEEE": ieee}
     meta = dict(DK=DK, DV=DV, BT=BT, MOMENTUM=momentum, HAS_LEN=True, **flags)
     for kernel, prune, extra in ((K.fwd_h, prune_scan, {"USE_INIT": True}), (K.fwd_o, prune_chunk, {}),
                                  (K.bwd_dh, prune_scan, {"HAS_FINAL_GRAD": True}),
                                  (K.bwd_dv, prune_chunk, {}), (K.bwd_dqk, prune_chunk, {})):
-        config = prune(tuning_configs(), {}, **meta)[-1]
+        first = {"q": torch.empty(0, dtype=TORCH_DTYPES[dtype])}     # the pruning reads its dtype
+        config = prune(tuning_configs(), first, **meta)[-1]
         start = time.time()
         compile_for_sm90(kernel, dtype, {**meta, **extra, **config.kwargs}, config.num_warps)
-        print(dtype, momentum, kernel.fn.__name__, config, f"{time.time() - start:.1f}s")
+        print(dtype, momentum, ieee, kernel.fn.__name__, config, f"{time.time() - start:.1f}s")
 compile_for_sm90(K.bwd_prep, "bf16", dict(DV=DV, BT=BT, BDV=32, HAS_LEN=True))
 compile_for_sm90(F.step_kernel, "bf16", dict(DK=DK, DV=DV, BK=32, BV=32, HAS_REAL=True))
 '''
@@ -567,7 +572,8 @@ compile_for_sm90(F.step_kernel, "bf16", dict(DK=DK, DV=DV, BK=32, BV=32, HAS_REA
 def test_kernels_compile_for_an_h100():
     """The interpreter accepts what the compiler may refuse (dot shapes and dtypes, constexpr
     rules, layouts): every kernel is compiled to an sm_90 cubin, without a GPU, for bf16 (one and
-    two states), fp16 and fp32, with the launch settings the autotuner would keep."""
+    two states), fp16 and fp32 (exact and tf32 dots), with the launch settings the autotuner would
+    keep."""
     import os
     import subprocess
     import sys

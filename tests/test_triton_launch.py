@@ -37,12 +37,13 @@ def _compiled_env(cache_dir):
 @pytest.mark.parametrize("arch", [90, 80])
 def test_public_api_launches_through_the_compiled_path(arch, tmp_path):
     """Attention forward + backward (padding, initial and final state), linear attention, a
-    decoding step and the Adam/RMSProp LSTM recurrences, in bf16, fp16 and fp32 at head sizes 64
-    and 128: two processes (one per dtype group) share the two cores."""
+    decoding step and the Adam/RMSProp LSTM recurrences, in bf16, fp16, fp32 and fp32 with tf32
+    dots at head sizes 64 and 128, with no compilation for other autotuning buckets, and a
+    decoding step at Dk = 512: two processes (one per dtype group) share the two cores."""
     pytest.importorskip("triton")
     if not _has_nvidia_backend():
         pytest.skip("this triton has no NVIDIA backend")
-    groups = (["bf16", "fp32"], ["fp16"])
+    groups = (["bf16", "fp32"], ["fp16", "tf32"])
     runs = [subprocess.Popen([sys.executable, str(ROOT / "tests" / "triton_launch_check.py"), "--arch",
                               str(arch), "--dtypes", *dtypes], env=_compiled_env(tmp_path / str(i)), cwd=ROOT,
                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -53,6 +54,7 @@ def test_public_api_launches_through_the_compiled_path(arch, tmp_path):
         for dtype in dtypes:
             for dim in (64, 128):
                 assert f"sm_{arch} {dtype} D={dim}:" in output
+            assert f"sm_{arch} {dtype} step Dk=512: launched" in output
 
 
 def _jit_kernels():

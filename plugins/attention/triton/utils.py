@@ -191,12 +191,14 @@ def tuning_configs() -> list:
             for bk in (16, 32, 64) for bv in (16, 32, 64) for w in (4, 8)]
 
 
-def _prune(configs, kwargs, warps: int, other: tuple) -> list:
+def _prune(configs, named_args, kwargs, warps: int, other: tuple) -> list:
     """Each config is compiled on first use, for each kernel and each combination of key values,
     so few are kept, chosen from the kernels' register needs on sm_90 (ptxas -v): tiles no larger
     than the head dimension's block and at least 32 where it allows, with `warps`, plus the
-    (BK, BV, warps) in `other`. fp32/fp64 inputs (exact dots on CUDA cores: slow to compile, and
-    with 4 warps kilobytes of spills) get one: tiles of min(32, block), 8 warps."""
+    (BK, BV, warps) in `other`. fp32/fp64 inputs with exact dots (CUDA cores: slow to compile, and
+    with 4 warps kilobytes of spills) get one: tiles of min(32, block), 8 warps. fp32 inputs with
+    tf32 dots hold fp32 operand tiles, twice fp16's, and reach 255 registers or spill with 4
+    warps: the same tiles with 8 warps only."""
     dk, dv = block(kwargs["DK"]), block(kwargs["DV"])
     if os.environ.get("TRITON_INTERPRET") == "1":
         return [c for c in configs if c.kwargs["BK"] == dk and c.kwargs["BV"] == dv]
@@ -207,15 +209,18 @@ def _prune(configs, kwargs, warps: int, other: tuple) -> list:
         keep = {(bk, bv, warps) for bk in (16, 32, 64) for bv in (16, 32, 64)
                 if low_k <= bk <= dk and low_v <= bv <= dv}
         keep |= {(min(bk, dk), min(bv, dv), w) for bk, bv, w in other}
+        first = next(iter(named_args.values()), None)          # the kernel's first input
+        if getattr(first, "dtype", None) == torch.float32:
+            keep = {(bk, bv, 8) for bk, bv, _ in keep}
     return [c for c in configs if (c.kwargs["BK"], c.kwargs["BV"], c.num_warps) in keep]
 
 
 def prune_scan(configs, named_args, **kwargs) -> list:
     """The state scans hold two (BK, BV) fp32 states: 4 warps, and 64 × 64 with 8 (4 spill)."""
-    return _prune(configs, kwargs, 4, ((64, 64, 8),))
+    return _prune(configs, named_args, kwargs, 4, ((64, 64, 8),))
 
 
 def prune_chunk(configs, named_args, **kwargs) -> list:
     """The chunk-parallel kernels hold several (BT, BT) and (BT, BV) fp32 tiles and spill with 4
     warps at BT = 64 (255 registers): 8 warps, and 32 × 32 with 4."""
-    return _prune(configs, kwargs, 8, ((32, 32, 4),))
+    return _prune(configs, named_args, kwargs, 8, ((32, 32, 4),))
