@@ -6,6 +6,7 @@ import importlib.util
 import pytest
 import torch
 
+from plugins.attention import momentum_attention
 from plugins.attention.chunk import chunk_causal_momentum_attention
 from plugins.attention.recurrent import fused_recurrent_step as torch_step
 from plugins.attention.state import MomentumAttentionState
@@ -18,8 +19,9 @@ TOL = {torch.float32: 1e-4, torch.float16: 1e-2, torch.bfloat16: 3e-2}
 
 
 def rel_rms(got, expected):
+    """0 for two all-zero tensors (a gradient that is exactly 0, as m₀'s at β = 0)."""
     got, expected = got.detach().double(), expected.detach().double()
-    return ((got - expected).pow(2).mean().sqrt() / expected.pow(2).mean().sqrt()).item()
+    return ((got - expected).pow(2).mean().sqrt() / expected.pow(2).mean().sqrt().clamp(min=1e-30)).item()
 
 
 def inputs(seed, B, H, N, D, Dv=None, device="cuda"):
@@ -163,3 +165,95 @@ def test_tensors_on_a_second_device_while_the_first_is_current():
     torch.testing.assert_close(out.cpu(), ref.cpu(), rtol=0, atol=0)
     for got, expected in zip(grads, ref_grads):
         torch.testing.assert_close(got.cpu(), expected.cpu(), rtol=0, atol=0)
+
+
+# bf16 kernels against float64 on the same bf16 values, relative RMS (see the test's docstring)
+BF16_TOL = {"out": 1e-2, "state": 1e-2, "grad": 3e-2}
+# fp32 with tf32 dots (torch.set_float32_matmul_precision("high")): plugins/attention/triton/utils.py
+TF32_TOL = {"out": 5e-3, "state": 5e-3, "grad": 1e-2}
+
+
+def same_inputs_case(seed, N, dtype, B=2, H=4, Dk=64, Dv=48):
+    """Positive features, values, a padding mask (the second row ends at N // 2 + 3, past a chunk
+    boundary for N ≥ 128), an initial state and upstream gradients, on the GPU, with q, k, v
+    rounded to `dtype` once: the kernels and the float64 reference see the same values."""
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+
+    def randn(*shape):
+        return torch.randn(*shape, generator=gen, device="cuda", dtype=torch.float64)
+
+    fq = (torch.nn.functional.elu(randn(B, H, N, Dk)) + 1).to(dtype)
+    fk = (torch.nn.functional.elu(randn(B, H, N, Dk)) + 1).to(dtype)
+    v = randn(B, H, N, Dv).to(dtype)
+    mask = torch.arange(N, device="cuda")[None, :] < torch.tensor([N, N // 2 + 3], device="cuda")[:, None]
+    state = [randn(B, H, Dk, Dv).float(), (torch.rand(B, H, Dk, generator=gen, device="cuda",
+                                                       dtype=torch.float64) * 3).float(),
+             randn(B, H, Dk, Dv).float()]
+    ups = [randn(B, H, N, Dv), randn(B, H, Dk, Dv), randn(B, H, Dk), randn(B, H, Dk, Dv)]
+    return (fq, fk, v), mask, state, ups
+
+
+def attention_with_state(inputs, mask, state, ups, momentum, backend, dtype, state_dtype):
+    """Output, final state and the gradients of q, k, v, s₀, z₀, m₀ through the public API."""
+    leaves = [t.to(dtype).requires_grad_() for t in inputs] + [t.to(state_dtype).requires_grad_()
+                                                               for t in state]
+    out, final = momentum_attention(*leaves[:3], momentum=momentum, step_size=0.8, feature_map="identity",
+                                    padding_mask=mask, initial_state=MomentumAttentionState(*leaves[3:]),
+                                    return_state=True, backend=backend)
+    parts = (out, final.s, final.z, final.m)
+    loss = sum((part.double() * up).sum() for part, up in zip(parts, ups))
+    return out, final, torch.autograd.grad(loss, leaves)
+
+
+def check_against_float64(inputs, mask, state, ups, momentum, dtype, tol):
+    ref_out, ref_state, ref_grads = attention_with_state(inputs, mask, state, ups, momentum, "torch",
+                                                         torch.float64, torch.float64)
+    out, final, grads = attention_with_state(inputs, mask, state, ups, momentum, "triton", dtype,
+                                             torch.float32)
+    assert out.dtype == dtype and final.s.dtype == torch.float32
+    assert torch.all(out[~mask[:, None, :, None].expand_as(out)] == 0), "padded outputs must be 0"
+    assert rel_rms(out, ref_out) <= tol["out"], f"out: {rel_rms(out, ref_out):.2e}"
+    for name in ("s", "z", "m"):
+        error = rel_rms(getattr(final, name), getattr(ref_state, name))
+        assert error <= tol["state"], f"state.{name}: {error:.2e}"
+    for name, got, expected in zip(["q", "k", "v", "s0", "z0", "m0"], grads, ref_grads):
+        assert torch.isfinite(got).all(), f"d{name}"
+        assert rel_rms(got, expected) <= tol["grad"], f"d{name}: {rel_rms(got, expected):.2e}"
+
+
+@pytest.mark.parametrize("momentum", [0.0, 0.6, 0.99])
+@pytest.mark.parametrize("N", [100, 1000, 2053])
+def test_bf16_kernels_match_float64_on_the_same_inputs(N, momentum):
+    """bf16 q, k, v through backend="triton" (LOW mode: derived fp32 operands and the per-chunk
+    states in bf16, states and accumulators in fp32) against the float64 PyTorch path on the
+    same bf16 values; padding, an initial state, lengths that are no multiple of the chunk (64).
+    Tolerance, relative RMS: bf16 keeps 8 significant bits, a rounding error up to 2⁻⁹ ≈ 2e-3
+    relative (RMS about half). An output is the bf16 rounding of a ratio whose numerator went
+    through two or three dots of bf16-rounded operands (the chunk states, the weighted keys):
+    each adds an error of that size, so ~2–4e-3; the final states are fp32 sums of products of
+    bf16-rounded operands, ~2e-3. A gradient goes through up to six such dots and through the
+    cancellation between d(numerator) and d(denominator) terms (dq: φ(q)'s gradient is
+    (s − out zᵀ)·dO/den), so a few times more. With the kernels' dots emulated in the
+    interpreter (operands rounded to bf16, outputs and gradients stored in bf16), N = 300:
+    outputs 2.3e-3, states 1.8e-3, gradients 5.8e-3 at most; the tolerances are 1e-2 for outputs
+    and states and 3e-2 for gradients (≈ 4–5× those, for longer N and the GPU's own order of
+    accumulation)."""
+    inputs, mask, state, ups = same_inputs_case(N + int(100 * momentum), N, torch.bfloat16)
+    check_against_float64(inputs, mask, state, ups, momentum, torch.bfloat16, BF16_TOL)
+
+
+@pytest.mark.parametrize("N", [300, 4096])
+def test_fp32_takes_tf32_dots_where_torch_allows_them(N):
+    """fp32 inputs under torch.set_float32_matmul_precision("high"): tf32 dots, within the
+    tolerances plugins/attention/triton/utils.py states; "highest" (the default) stays within the
+    exact fp32 ones (1e-4, 3e-4 for gradients)."""
+    inputs, mask, state, ups = same_inputs_case(N, N, torch.float32)
+    precision = torch.get_float32_matmul_precision()
+    try:
+        torch.set_float32_matmul_precision("high")
+        check_against_float64(inputs, mask, state, ups, 0.9, torch.float32, TF32_TOL)
+        torch.set_float32_matmul_precision("highest")
+        check_against_float64(inputs, mask, state, ups, 0.9, torch.float32,
+                              {"out": 1e-4, "state": 1e-4, "grad": 3e-4})
+    finally:
+        torch.set_float32_matmul_precision(precision)

@@ -208,6 +208,28 @@ def test_decoding_step_matches_eq12_and_the_torch_step(make_generator, beta, gam
         torch.testing.assert_close(getattr(state, name), getattr(torch_state, name), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("Dk", [200, 16])
+def test_decoding_step_loops_over_key_blocks(make_generator, Dk):
+    """The step kernel takes Dk in blocks of at most 64 rows (Dk = 200: three full blocks and a
+    masked one; 16: one block), accumulating φ(q)ᵀs and φ(q)ᵀz over them; Dv = 72 gives two
+    value programs, of which only the first writes z. Against the float64 eq. 12 token loop."""
+    tri = triton_ops()
+    gen = make_generator()
+    B, H, Dv, steps = 2, 2, 72, 3
+    fq, fk, v, _ = make_inputs(gen, B, H, steps, Dk, Dv, torch.full((B,), steps))
+    real = torch.tensor([[True, True, True], [True, False, True]])
+    state0 = random_state(gen, B, H, Dk, Dv)
+    ref_out, ref_state = naive_recurrent_momentum_attention(fq, fk, v, state0, momentum=0.6, step_size=0.8,
+                                                            feature_map="identity", padding_mask=real)
+    state = MomentumAttentionState(state0.s.float(), state0.z.float(), state0.m.float())
+    for i in range(steps):
+        out, state = tri.fused_recurrent_step(fq[:, :, i].float(), fk[:, :, i].float(), v[:, :, i].float(),
+                                              state, momentum=0.6, step_size=0.8, eps=1e-6, real=real[:, i])
+        assert rel_rms(out, ref_out[:, :, i]) <= TOL
+    for name in ("s", "z", "m"):
+        assert rel_rms(getattr(state, name), getattr(ref_state, name)) <= TOL, name
+
+
 def test_prefill_then_decode_equals_one_pass(make_generator):
     tri = triton_ops()
     gen = make_generator()
@@ -340,6 +362,94 @@ def test_mixed_dtypes_run_in_the_promoted_one_and_lengths_are_clamped(make_gener
     torch.testing.assert_close(state.m, ref_state.m, rtol=0, atol=0)
 
 
+def test_autotuning_keys_on_shape_buckets_that_compile_nothing():
+    """The autotuner's choice is per power-of-two bucket of N and of B·H (capped), passed as plain
+    int arguments that, like N and NT, are not specialised on: a new bucket re-times the kept
+    configs without compiling (tests/triton_launch_check.py checks that on the compiled path)."""
+    triton_ops()
+    from plugins.attention.triton import chunk_kernels as K
+    from plugins.attention.triton.utils import tuning_buckets
+    assert tuning_buckets(1, 1) == {"N_BUCKET": 64, "BH_BUCKET": 1}
+    assert tuning_buckets(150, 6) == {"N_BUCKET": 256, "BH_BUCKET": 8}
+    assert tuning_buckets(256, 8) == {"N_BUCKET": 256, "BH_BUCKET": 8}
+    assert tuning_buckets(10 ** 6, 10 ** 4) == {"N_BUCKET": 16384, "BH_BUCKET": 1024}
+    for kernel in (K.fwd_h, K.fwd_o, K.bwd_dh, K.bwd_dv, K.bwd_dqk):
+        assert {"N_BUCKET", "BH_BUCKET"} <= set(kernel.keys)
+        jit = kernel.fn            # the interpreter keeps the jit options in `kwargs`
+        unspecialised = getattr(jit, "do_not_specialize", None) or jit.kwargs["do_not_specialize"]
+        assert {"N", "NT", "N_BUCKET", "BH_BUCKET"} <= set(unspecialised)
+
+
+TF32_TOL = {"out": 5e-3, "state": 5e-3, "grad": 1e-2}       # plugins/attention/triton/utils.py
+
+
+def truncated_to_tf32(x):
+    """fp32 values with the 13 low mantissa bits cleared: tf32 as a tensor core that truncates
+    its operands sees them (the worse of truncation and rounding)."""
+    import numpy as np
+    return (x.view(np.uint32) & np.uint32(0xFFFFE000)).view(np.float32)
+
+
+@pytest.fixture
+def tf32_dots(monkeypatch):
+    """The interpreter's tl.dot computes fp32 products exactly whatever precision it is asked
+    for: here each dot records the precision asked, and fp32 operands of a tf32 dot are truncated
+    to tf32 first. Restores torch's float32 matmul precision afterwards."""
+    import numpy as np
+    from triton._C.libtriton import ir
+    from triton.runtime import interpreter
+    asked = []
+    create_dot = interpreter.InterpreterBuilder.create_dot
+
+    def tf32_create_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
+        asked.append(input_precision)
+        if input_precision == ir.INPUT_PRECISION.TF32 and a.data.dtype == np.float32:
+            a = interpreter.TensorHandle(truncated_to_tf32(a.data), a.dtype)
+            b = interpreter.TensorHandle(truncated_to_tf32(b.data), b.dtype)
+        return create_dot(self, a, b, d, input_precision, max_num_imprecise_acc)
+
+    monkeypatch.setattr(interpreter.InterpreterBuilder, "create_dot", tf32_create_dot)
+    precision = torch.get_float32_matmul_precision()
+    yield asked, ir.INPUT_PRECISION
+    torch.set_float32_matmul_precision(precision)
+
+
+@pytest.mark.parametrize("precision", ["highest", "high", "medium"])
+def test_float32_takes_tf32_dots_where_torch_allows_them(make_generator, tf32_dots, precision):
+    """torch.set_float32_matmul_precision("high" / "medium") gives fp32 inputs tf32 dots, read at
+    each launch (forward and backward); "highest" (torch's default) exact fp32. Against the
+    float64 eq. 12 reference within the tolerances utils.py documents, with tf32 emulated."""
+    tri = triton_ops()
+    asked, kinds = tf32_dots
+    gen = make_generator()
+    B, H, N, Dk, Dv = 2, 1, 70, 32, 24
+    lengths = torch.tensor([N, 41])
+    fq, fk, v, real = make_inputs(gen, B, H, N, Dk, Dv, lengths)
+    state0 = random_state(gen, B, H, Dk, Dv)
+    ups = [torch.randn(B, H, N, Dv, generator=gen, dtype=torch.float64)] + [
+        torch.randn(t.shape, generator=gen, dtype=torch.float64) for t in (state0.s, state0.z, state0.m)]
+
+    def run(fn, dtype):
+        leaves = [t.to(dtype).requires_grad_() for t in (fq, fk, v, state0.s, state0.z, state0.m)]
+        out, state = fn(*leaves[:3], MomentumAttentionState(*leaves[3:]))
+        return out, state, torch.autograd.grad(loss_of(out, state, [u.to(dtype) for u in ups]), leaves)
+
+    ref_out, ref_state, ref_grads = run(lambda q, k, x, st: naive_recurrent_momentum_attention(
+        q, k, x, st, momentum=0.9, step_size=0.8, feature_map="identity", padding_mask=real), torch.float64)
+    torch.set_float32_matmul_precision(precision)
+    out, state, grads = run(lambda q, k, x, st: tri.chunk_momentum_attention(
+        q, k, x, momentum=0.9, step_size=0.8, eps=1e-6, chunk_size=32, initial_state=st, lengths=lengths,
+        return_state=True), torch.float32)
+    exact = precision == "highest"
+    assert set(asked) == {kinds.IEEE if exact else kinds.TF32}
+    tol = {key: TOL for key in TF32_TOL} if exact else TF32_TOL
+    assert rel_rms(out, ref_out) <= tol["out"]
+    for name in ("s", "z", "m"):
+        assert rel_rms(getattr(state, name), getattr(ref_state, name)) <= tol["state"], name
+    for name, got, expected in zip(["fq", "fk", "v", "s0", "z0", "m0"], grads, ref_grads):
+        assert rel_rms(got, expected) <= tol["grad"], f"d{name}: {rel_rms(got, expected):.2e}"
+
+
 def test_launches_past_cuda_grid_limits_are_refused_clearly():
     """batch·heads and the chunk count go on grid dimensions CUDA limits to 65,535."""
     triton_ops()
@@ -407,6 +517,7 @@ from triton.backends import backends
 
 if "nvidia" not in backends:
     sys.exit(77)
+import torch
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
@@ -417,6 +528,7 @@ from plugins.attention.triton import fused_recurrent as F
 from plugins.attention.triton.utils import prune_chunk, prune_scan, tuning_configs
 
 INPUTS = {"q", "k", "v", "o", "do", "dq", "dk", "dv"}
+TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 
 def compile_for_sm90(kernel, dtype, consts, num_warps=4):
@@ -427,7 +539,7 @@ def compile_for_sm90(kernel, dtype, consts, num_warps=4):
     for name in fn.arg_names:
         if name in consts:
             types[name] = "constexpr"
-        elif name in ("N", "H", "NT"):
+        elif name in ("N", "H", "NT", "N_BUCKET", "BH_BUCKET"):
             types[name] = "i32"
         else:
             element = {"lengths": "i32", "real": "i8"}.get(name, dtype if name in INPUTS else acc)
@@ -439,16 +551,19 @@ def compile_for_sm90(kernel, dtype, consts, num_warps=4):
 
 
 DK, DV, BT = 32, 24, 32
-for dtype, momentum in (("bf16", True), ("bf16", False), ("fp16", True), ("fp32", True)):
-    flags = {"LOW": dtype == "bf16", "IEEE": dtype == "fp32"}
+# (input dtype, momentum, exact dots): fp32 with IEEE False is fp32 under tf32 matmul precision
+for dtype, momentum, ieee in (("bf16", True, False), ("bf16", False, False), ("fp16", True, False),
+                              ("fp32", True, True), ("fp32", True, False)):
+    flags = {"LOW": dtype == "bf16", "IEEE": ieee}
     meta = dict(DK=DK, DV=DV, BT=BT, MOMENTUM=momentum, HAS_LEN=True, **flags)
     for kernel, prune, extra in ((K.fwd_h, prune_scan, {"USE_INIT": True}), (K.fwd_o, prune_chunk, {}),
                                  (K.bwd_dh, prune_scan, {"HAS_FINAL_GRAD": True}),
                                  (K.bwd_dv, prune_chunk, {}), (K.bwd_dqk, prune_chunk, {})):
-        config = prune(tuning_configs(), {}, **meta)[-1]
+        first = {"q": torch.empty(0, dtype=TORCH_DTYPES[dtype])}     # the pruning reads its dtype
+        config = prune(tuning_configs(), first, **meta)[-1]
         start = time.time()
         compile_for_sm90(kernel, dtype, {**meta, **extra, **config.kwargs}, config.num_warps)
-        print(dtype, momentum, kernel.fn.__name__, config, f"{time.time() - start:.1f}s")
+        print(dtype, momentum, ieee, kernel.fn.__name__, config, f"{time.time() - start:.1f}s")
 compile_for_sm90(K.bwd_prep, "bf16", dict(DV=DV, BT=BT, BDV=32, HAS_LEN=True))
 compile_for_sm90(F.step_kernel, "bf16", dict(DK=DK, DV=DV, BK=32, BV=32, HAS_REAL=True))
 '''
@@ -457,7 +572,8 @@ compile_for_sm90(F.step_kernel, "bf16", dict(DK=DK, DV=DV, BK=32, BV=32, HAS_REA
 def test_kernels_compile_for_an_h100():
     """The interpreter accepts what the compiler may refuse (dot shapes and dtypes, constexpr
     rules, layouts): every kernel is compiled to an sm_90 cubin, without a GPU, for bf16 (one and
-    two states), fp16 and fp32, with the launch settings the autotuner would keep."""
+    two states), fp16 and fp32 (exact and tf32 dots), with the launch settings the autotuner would
+    keep."""
     import os
     import subprocess
     import sys
@@ -472,3 +588,38 @@ def test_kernels_compile_for_an_h100():
     if done.returncode == 77:
         pytest.skip("this triton has no NVIDIA backend")
     assert done.returncode == 0, done.stderr[-4000:]
+
+
+def _package_imports(path):
+    """(imported module of plugins.attention.triton, whether the import is inside a function) of
+    every `from .x import …` / `from . import x` in one file of the package."""
+    import ast
+    tree = ast.parse(path.read_text())
+    inner = {id(n) for f in ast.walk(tree) if isinstance(f, ast.FunctionDef) for n in ast.walk(f)}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.level == 1:
+            names = [node.module] if node.module else [alias.name for alias in node.names]
+            for name in names:
+                yield name.split(".")[0], id(node) in inner
+
+
+def test_kernel_modules_import_one_way():
+    """entry_points → op → chunk / fused_recurrent → chunk_kernels / utils: no module of the
+    package imports one that imports it back, and only the package's __init__ imports inside a
+    function (its kernel modules on first use, so that importing the package never fails)."""
+    from pathlib import Path
+    package = Path(__file__).resolve().parents[1] / "plugins" / "attention" / "triton"
+    graph = {}
+    for path in sorted(package.glob("*.py")):
+        imports = list(_package_imports(path))
+        if path.stem != "__init__":
+            assert not any(inner for _, inner in imports), f"{path.name} imports inside a function"
+        graph[path.stem] = {name for name, _ in imports}
+
+    def reaches(start, target, seen=()):
+        return any(n == target or (n not in seen and reaches(n, target, (*seen, n)))
+                   for n in graph.get(start, ()))
+
+    assert graph["__init__"] == {"entry_points"}
+    for module in graph:
+        assert not reaches(module, module), f"{module} imports itself through {graph[module]}"

@@ -5,9 +5,12 @@ the stand-in driver of `triton_standin` (compiled kernels, no-op launches):
 
 Per dtype and head size: momentum attention forward + backward (padding, initial state, the final
 state's gradient), plain linear attention (the one-state kernels), a decoding step, and the
-Adam/RMSProp LSTM recurrences. Every kernel the autotuner keeps is compiled for the target and
-bound by the launcher. Exit 0 when everything launched; `--table` prints registers and spills
-(ptxas -v) of every compiled kernel as a markdown table. Must run with TRITON_INTERPRET unset."""
+Adam/RMSProp LSTM recurrences; then the attention again at other autotuning buckets of N and
+B·H, which must compile nothing new; per dtype, a decoding step at Dk = Dv = 512 (the step
+kernel loops over Dk blocks). "tf32" is fp32 inputs under torch.set_float32_matmul_precision
+("high"): tf32 dots. Every kernel the autotuner keeps is compiled for the target and bound by the
+launcher. Exit 0 when everything launched; `--table` prints registers and spills (ptxas -v) of
+every compiled kernel as a markdown table. Must run with TRITON_INTERPRET unset."""
 import argparse
 import os
 import sys
@@ -21,7 +24,8 @@ sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve
 import triton_standin  # noqa: E402  (the stand-in must be active before any kernel is used)
 
 LSTM_KERNELS = []           # the Adam/RMSProp step kernels, compiled
-DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32", "tf32": "float32"}
+LARGE_DK = 512
 
 
 def allow_cpu_tensors():
@@ -47,7 +51,8 @@ def allow_cpu_tensors():
     adam_recurrence_triton._kernel = jit_kernel
 
 
-def attention(dtype, D):
+def attention(dtype, D, B=2, H=2, N=150):
+    """N = 150: past two chunks and not a multiple of the chunk."""
     import torch
 
     from plugins.attention import (
@@ -58,7 +63,6 @@ def attention(dtype, D):
     )
 
     gen = torch.Generator().manual_seed(0)
-    B, H, N = 2, 2, 150                     # N past two chunks and not a multiple of the chunk
 
     def leaf(*shape, dt=dtype):
         return torch.randn(*shape, generator=gen).to(dt).requires_grad_()
@@ -79,6 +83,20 @@ def attention(dtype, D):
     out1, _ = momentum_attention_step(q1, k1, v1, step_state, momentum=0.6, padding_mask=mask[:, :1],
                                       backend="triton")
     out1.float().sum().backward()
+
+
+def large_step(dtype, D):
+    import torch
+
+    from plugins.attention import MomentumAttentionState, momentum_attention_step
+
+    q, k, v = (torch.randn(2, 2, 1, D).to(dtype) for _ in range(3))
+    state = MomentumAttentionState.zeros(2, 2, D, D, dtype=torch.float32, device=q.device)
+    momentum_attention_step(q, k, v, state, momentum=0.6, backend="triton")
+
+
+def compiled_count(kernels) -> int:
+    return sum(1 for kernel in kernels for _ in triton_standin.compiled_kernels(kernel))
 
 
 def lstm_recurrences(dtype, hidden):
@@ -111,7 +129,7 @@ def resource_table(kernels) -> list[str]:
         names = kernel.src.fn.arg_names
         consts = {names[k[0]] if isinstance(k, tuple) else k: v for k, v in kernel.src.constants.items()}
         shown = {k: v for k, v in consts.items()
-                 if k in ("DK", "DV", "BT", "BK", "BV", "MOMENTUM", "BLOCK_B", "BLOCK_H")}
+                 if k in ("DK", "DV", "BT", "BK", "BV", "MOMENTUM", "IEEE", "BLOCK_B", "BLOCK_H")}
         key = (name, dtype, str(shown.items()), kernel.metadata.num_warps)
         if key in seen:
             continue
@@ -138,17 +156,28 @@ def main() -> int:
     from plugins.attention.triton import chunk_kernels, fused_recurrent
     allow_cpu_tensors()
 
+    chunked = [chunk_kernels.fwd_h, chunk_kernels.fwd_o, chunk_kernels.bwd_prep, chunk_kernels.bwd_dh,
+               chunk_kernels.bwd_dv, chunk_kernels.bwd_dqk]
     compiled = []
     for name in args.dtypes:
+        torch.set_float32_matmul_precision("high" if name == "tf32" else "highest")
         dtype = getattr(torch, DTYPES[name])
         for D in args.dims:
             before = triton_standin._NoLaunch.launches
             attention(dtype, D)
             lstm_recurrences(dtype, D)
-            print(f"sm_{args.arch} {name} D={D}: {triton_standin._NoLaunch.launches - before} launches",
-                  flush=True)
-    kernels = [chunk_kernels.fwd_h, chunk_kernels.fwd_o, chunk_kernels.bwd_prep, chunk_kernels.bwd_dh,
-               chunk_kernels.bwd_dv, chunk_kernels.bwd_dqk, fused_recurrent.step_kernel]
+            kept = compiled_count(chunked)
+            attention(dtype, D, B=4, H=2, N=1024)            # other buckets of N and B·H
+            recompiled = compiled_count(chunked) - kept
+            print(f"sm_{args.arch} {name} D={D}: {triton_standin._NoLaunch.launches - before} launches, "
+                  f"{recompiled} kernels compiled for other shape buckets", flush=True)
+            if recompiled:
+                print("a new autotuning bucket compiled kernels: the buckets must stay unspecialised "
+                      "arguments", file=sys.stderr)
+                return 1
+        large_step(dtype, LARGE_DK)
+        print(f"sm_{args.arch} {name} step Dk={LARGE_DK}: launched", flush=True)
+    kernels = chunked + [fused_recurrent.step_kernel]
     kernels += LSTM_KERNELS
     for kernel in kernels:
         name = kernel.fn.__name__ if hasattr(kernel, "configs") else kernel.__name__.lstrip("_")

@@ -1,6 +1,8 @@
 """Triton kernels of momentum attention (Momentum Transformer, eq. 12/13), one module per form
-after flash-linear-attention: `chunk` (training / prefill, forward and backward), `fused_recurrent`
-(one decoding step), `op` (torch.library registration, so torch.compile keeps one graph).
+after flash-linear-attention: `chunk_kernels` and its launchers `chunk` (training / prefill,
+forward and backward), `fused_recurrent` (one decoding step and its launcher), `op` (the launchers
+registered as torch.library custom ops, so torch.compile keeps one graph) and `entry_points` (the
+public functions over the ops). Imports go one way, in that order from `entry_points` down.
 
 Importing this package never fails: `is_available()` says whether the kernels can run (triton
 importable, and CUDA present or TRITON_INTERPRET=1 for CPU tensors through the interpreter); the
@@ -27,9 +29,9 @@ def chunk_momentum_attention(fq: torch.Tensor, fk: torch.Tensor, v: torch.Tensor
                              initial_state: MomentumAttentionState | None = None,
                              lengths: torch.Tensor | None = None, return_state: bool = False,
                              ) -> tuple[torch.Tensor, MomentumAttentionState | None]:
-    """Eq. 13 on feature-mapped inputs; see `plugins.attention.triton.chunk.chunk_momentum_attention`."""
+    """Eq. 13 on feature-mapped inputs; see `entry_points.chunk_momentum_attention`."""
     _check_device(fq)
-    from .chunk import chunk_momentum_attention as impl
+    from .entry_points import chunk_momentum_attention as impl
     return impl(fq, fk, v, momentum=momentum, step_size=step_size, eps=eps, chunk_size=chunk_size,
                 initial_state=initial_state, lengths=lengths, return_state=return_state)
 
@@ -38,9 +40,9 @@ def fused_recurrent_step(fq: torch.Tensor, fk: torch.Tensor, v: torch.Tensor,
                          state: MomentumAttentionState, *,
                          momentum: float, step_size: float, eps: float, real: torch.Tensor | None = None,
                          ) -> tuple[torch.Tensor, MomentumAttentionState]:
-    """One step of eq. 12; see `plugins.attention.triton.fused_recurrent.fused_recurrent_step`."""
+    """One step of eq. 12; see `entry_points.fused_recurrent_step`."""
     _check_device(fq)
-    from .fused_recurrent import fused_recurrent_step as impl
+    from .entry_points import fused_recurrent_step as impl
     return impl(fq, fk, v, state, momentum=momentum, step_size=step_size, eps=eps, real=real)
 
 

@@ -1,5 +1,6 @@
 """Chunked causal momentum attention (Momentum Transformer, eq. 13) in Triton: the launchers of
-the forward and backward kernels and the public entry point.
+the forward and backward kernels, on prepared inputs (`op` registers them as custom ops,
+`entry_points` prepares the inputs).
 
 Memory: the forward keeps q, k, v, the output and one float per position (the denominator); the
 states entering each chunk (2·nchunks·Dk·Dv values, bf16 for bf16 inputs, fp32/fp64 otherwise)
@@ -8,7 +9,6 @@ ever stored. Launches run on the inputs' CUDA device."""
 import torch
 import triton
 
-from ..state import MomentumAttentionState
 from . import chunk_kernels as K
 from .utils import (
     accumulator_dtype,
@@ -18,7 +18,7 @@ from .utils import (
     coefficients,
     device_of,
     kernel_flags,
-    kernel_inputs,
+    tuning_buckets,
 )
 
 
@@ -40,8 +40,10 @@ def _chunk_grid(tile, dim, NT, B, H):
 
 
 def _meta(fq, momentum, lengths, BT, DK, DV):
-    return dict(DK=DK, DV=DV, BT=BT, MOMENTUM=momentum > 0.0,
-                HAS_LEN=lengths is not None, **kernel_flags(fq.dtype))
+    """The autotuned kernels' constants and tuning buckets."""
+    B, H, N, _ = fq.shape
+    return dict(DK=DK, DV=DV, BT=BT, MOMENTUM=momentum > 0.0, HAS_LEN=lengths is not None,
+                **kernel_flags(fq.dtype), **tuning_buckets(N, B * H))
 
 
 def states_entering_chunks(fk, v, s0, z0, m0, lengths, coef, meta, NT):
@@ -124,58 +126,3 @@ def _chunk_backward(fq, fk, v, out, den, do, s0, z0, m0, ds, dz, dm, lengths, mo
     K.bwd_dqk[_chunk_grid("BK", DK, NT, B, H)](fq, fk, v, do, den, dden, h_s, h_m, h_z, dh_s, dh_m, dh_z,
                                                dq, dk, lens, coef, N, H, NT, **meta)
     return dq, dk, dv, ds0, dz0, dm0
-
-
-def chunk_momentum_attention(
-    fq: torch.Tensor, fk: torch.Tensor, v: torch.Tensor, *, momentum: float, step_size: float,
-    eps: float, chunk_size: int, initial_state: MomentumAttentionState | None = None,
-    lengths: torch.Tensor | None = None, return_state: bool = False,
-) -> tuple[torch.Tensor, MomentumAttentionState | None]:
-    """Eq. 13 on feature-mapped fq, fk (B, H, N, Dk) and v (B, H, N, Dv) of one dtype (bf16, fp16,
-    fp32 or fp64; mixed dtypes run in the promoted one), padding on the right with `lengths` (B,)
-    real tokens per row (None = all; clamped to [0, N]).
-    Returns the output (B, H, N, Dv) in the input dtype, 0 at padded positions, and, if asked, the
-    state after each row's last real token (s, z, m in fp32, fp64 for fp64 input). Differentiable
-    in fq, fk, v and the initial state."""
-    from .op import chunk_momentum_attention_op
-
-    out_dtype = v.dtype
-    fq, fk, v = kernel_inputs(fq, fk, v)
-    acc = accumulator_dtype(fq.dtype)
-    if initial_state is None:
-        s0 = z0 = m0 = None
-    else:
-        s0, z0, m0 = (t.to(acc).contiguous() for t in (initial_state.s, initial_state.z, initial_state.m))
-    if lengths is not None:
-        # clamped on the device (no sync): a length past N would make the kernels read the next row
-        lengths = lengths.to(device=fq.device, dtype=torch.int32).clamp(0, fq.shape[2]).contiguous()
-    if fq.numel() == 0 or v.numel() == 0:
-        out = v.new_zeros(v.shape, dtype=out_dtype)
-        state = initial_state if initial_state is not None else MomentumAttentionState.zeros(
-            fq.shape[0], fq.shape[1], fq.shape[3], v.shape[3], dtype=acc, device=fq.device)
-        return out, (state if return_state else None)
-    out, s, z, m = chunk_momentum_attention_op(fq, fk, v, s0, z0, m0, lengths, float(momentum),
-                                               float(step_size), float(eps), int(chunk_size))
-    out = out.to(out_dtype)
-    if not return_state:
-        return out, None
-    if momentum == 0.0:
-        m = _last_momentum(fk, v, lengths, m0)
-    return out, MomentumAttentionState(s=s, z=z, m=m)
-
-
-def _last_momentum(fk, v, lengths, m0):
-    """At β = 0 eq. 12's momentum is m_L = −φ(k_L)v_Lᵀ, the last real token's (m₀ if there is
-    none): the one-state kernels do not carry it, so it is gathered here (differentiably)."""
-    B, H, N, DK = fk.shape
-    acc = accumulator_dtype(fk.dtype)
-    count = torch.full((B,), N, device=fk.device) if lengths is None else lengths.long()
-    last = (count - 1).clamp(min=0)[:, None, None, None]
-    empty = (count == 0)[:, None, None]
-    zero = torch.zeros((), dtype=acc, device=fk.device)
-    # a row without real tokens gathers a padded one: masked before the product, not after it
-    k_last = torch.where(empty, zero, fk.gather(2, last.expand(B, H, 1, DK))[:, :, 0].to(acc))
-    v_last = torch.where(empty, zero, v.gather(2, last.expand(B, H, 1, v.shape[3]))[:, :, 0].to(acc))
-    m = -(k_last[..., :, None] * v_last[..., None, :])
-    fallback = torch.zeros_like(m) if m0 is None else m0
-    return torch.where(empty[..., None], fallback, m)

@@ -17,7 +17,11 @@ import triton.language as tl
 
 from .utils import finite, geometric, mixed_dot, prune_chunk, prune_scan, raw_dot, tuning_configs
 
-TUNING_KEY = ["DK", "DV", "BT", "MOMENTUM", "LOW", "IEEE"]
+# The autotuner also keys on every tensor argument's dtype. N_BUCKET and BH_BUCKET (utils.tuning_buckets)
+# are plain int arguments the kernels do not read: a new bucket re-times the kept configs but,
+# being unspecialised like N and NT, compiles nothing new.
+TUNING_KEY = ["DK", "DV", "BT", "MOMENTUM", "LOW", "IEEE", "N_BUCKET", "BH_BUCKET"]
+UNSPECIALISED = ["N", "NT", "N_BUCKET", "BH_BUCKET"]
 
 
 def autotuned(prune):
@@ -76,9 +80,9 @@ def _intra_weights(rows, log_beta, inv, gamma, beta, MOMENTUM: tl.constexpr):
 
 
 @autotuned(prune_scan)
-@triton.jit
+@triton.jit(do_not_specialize=UNSPECIALISED)
 def fwd_h(k, v, h_s, h_m, h_z, s0, m0, z0, s_out, m_out, z_out, lengths, coef,
-          N, H, NT,
+          N, H, NT, N_BUCKET, BH_BUCKET,
           DK: tl.constexpr, DV: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
           MOMENTUM: tl.constexpr, HAS_LEN: tl.constexpr, USE_INIT: tl.constexpr,
           LOW: tl.constexpr, IEEE: tl.constexpr):
@@ -151,9 +155,9 @@ def fwd_h(k, v, h_s, h_m, h_z, s0, m0, z0, s_out, m_out, z_out, lengths, coef,
 
 
 @autotuned(prune_chunk)
-@triton.jit
+@triton.jit(do_not_specialize=UNSPECIALISED)
 def fwd_o(q, k, v, h_s, h_m, h_z, o, den, lengths, coef,
-          N, H, NT,
+          N, H, NT, N_BUCKET, BH_BUCKET,
           DK: tl.constexpr, DV: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
           MOMENTUM: tl.constexpr, HAS_LEN: tl.constexpr, LOW: tl.constexpr, IEEE: tl.constexpr):
     """Grid (cdiv(DV, BV), NT, B·H): outputs of one chunk; den (B·H, N) = φ(q)ᵀz + eps for the
@@ -228,7 +232,7 @@ def fwd_o(q, k, v, h_s, h_m, h_z, o, den, lengths, coef,
             tl.store(den + t, tl.where(real, dn, 1.0), mask=t < N)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["N"])
 def bwd_prep(o, do, den, dden, lengths, N, H,
              DV: tl.constexpr, BT: tl.constexpr, BDV: tl.constexpr, HAS_LEN: tl.constexpr):
     """Grid (NT, B·H): dden = −(dO·out)/den, the gradient of each output's denominator."""
@@ -252,9 +256,9 @@ def bwd_prep(o, do, den, dden, lengths, N, H,
 
 
 @autotuned(prune_scan)
-@triton.jit
+@triton.jit(do_not_specialize=UNSPECIALISED)
 def bwd_dh(q, do, den, dden, dh_s, dh_m, dh_z, ds_fin, dm_fin, dz_fin, ds0, dm0, dz0, lengths, coef,
-           N, H, NT,
+           N, H, NT, N_BUCKET, BH_BUCKET,
            DK: tl.constexpr, DV: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
            MOMENTUM: tl.constexpr, HAS_LEN: tl.constexpr, HAS_FINAL_GRAD: tl.constexpr,
            LOW: tl.constexpr, IEEE: tl.constexpr):
@@ -336,9 +340,9 @@ def bwd_dh(q, do, den, dden, dh_s, dh_m, dh_z, ds_fin, dm_fin, dz_fin, ds0, dm0,
 
 
 @autotuned(prune_chunk)
-@triton.jit
+@triton.jit(do_not_specialize=UNSPECIALISED)
 def bwd_dv(q, k, do, den, dh_s, dh_m, dv, lengths, coef,
-           N, H, NT,
+           N, H, NT, N_BUCKET, BH_BUCKET,
            DK: tl.constexpr, DV: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
            MOMENTUM: tl.constexpr, HAS_LEN: tl.constexpr, LOW: tl.constexpr, IEEE: tl.constexpr):
     """Grid (cdiv(DV, BV), NT, B·H): dV = (A⊙W)ᵀ dNum + diag(w_s) K dS_out + diag(w_m) K dM'_out."""
@@ -398,9 +402,9 @@ def bwd_dv(q, k, do, den, dh_s, dh_m, dv, lengths, coef,
 
 
 @autotuned(prune_chunk)
-@triton.jit
+@triton.jit(do_not_specialize=UNSPECIALISED)
 def bwd_dqk(q, k, v, do, den, dden, h_s, h_m, h_z, dh_s, dh_m, dh_z, dq, dk, lengths, coef,
-            N, H, NT,
+            N, H, NT, N_BUCKET, BH_BUCKET,
             DK: tl.constexpr, DV: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
             MOMENTUM: tl.constexpr, HAS_LEN: tl.constexpr, LOW: tl.constexpr, IEEE: tl.constexpr):
     """Grid (cdiv(DK, BK), NT, B·H), with dA = (dNum Vᵀ)⊙W + dden·1ᵀ on j ≤ a:

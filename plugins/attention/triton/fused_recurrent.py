@@ -5,49 +5,65 @@ import torch
 import triton
 import triton.language as tl
 
-from ..state import MomentumAttentionState
-from .utils import accumulator_dtype, check_grid, coefficients, device_of, kernel_inputs
+from .utils import block, check_grid, coefficients, device_of
+
+
+@triton.jit
+def _keeps(real, i_bh, HAS_REAL: tl.constexpr):
+    if HAS_REAL:
+        return tl.load(real + i_bh) != 0
+    else:
+        return True
 
 
 @triton.jit
 def step_kernel(q, k, v, s, z, m, real, s_new, z_new, m_new, o, coef,
                 DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                 HAS_REAL: tl.constexpr):
-    """Grid (cdiv(DV, BV), B·H), over one (batch, head) and a block of value columns:
-    m ← βm − φ(k)vᵀ;  s ← s − γm;  z ← z + φ(k);  out = φ(q)ᵀs / (φ(q)ᵀz + eps).
-    A row whose `real` flag is False keeps its state and outputs 0."""
+    """Grid (cdiv(DV, BV), B·H), over one (batch, head) and a block of value columns, eq. 12:
+    m ← βm − φ(k)vᵀ;  s ← s − γm;  z ← z + φ(k);  out = φ(q)ᵀs / (φ(q)ᵀz + eps),
+    over the key rows in blocks of BK (so a large Dk does not spill): each block's rows are
+    updated and stored, φ(q)ᵀs and φ(q)ᵀz accumulate over the blocks. z, shared by the value
+    blocks, is written by the first. A row whose `real` flag is False keeps its state and
+    outputs 0."""
     i_v = tl.program_id(0)
     i_bh = tl.program_id(1).to(tl.int64)
     ACC: tl.constexpr = coef.dtype.element_ty
     beta = tl.load(coef + 4)
     gamma = tl.load(coef + 2)
     eps = tl.load(coef + 3)
-    o_k = tl.arange(0, BK)
+    keep = _keeps(real, i_bh, HAS_REAL)
     o_v = i_v * BV + tl.arange(0, BV)
-    mk = o_k < DK
     mv = o_v < DV
-    off = i_bh * DK * DV + o_k[:, None] * DV + o_v[None, :]
-    mask = mk[:, None] & mv[None, :]
-    qq = tl.load(q + i_bh * DK + o_k, mask=mk, other=0.0).to(ACC)
-    kk = tl.load(k + i_bh * DK + o_k, mask=mk, other=0.0).to(ACC)
     vv = tl.load(v + i_bh * DV + o_v, mask=mv, other=0.0).to(ACC)
-    mm = tl.load(m + off, mask=mask, other=0.0)
-    ss = tl.load(s + off, mask=mask, other=0.0)
-    zz = tl.load(z + i_bh * DK + o_k, mask=mk, other=0.0)
-    m1 = beta * mm - kk[:, None] * vv[None, :]
-    s1 = ss - gamma * m1
-    z1 = zz + kk
-    out = tl.sum(qq[:, None] * s1, axis=0) / (tl.sum(qq * z1, axis=0) + eps)
+    num = tl.zeros([BV], dtype=ACC)
+    qz = tl.zeros([BK], dtype=ACC)
+    for i_k in range(tl.cdiv(DK, BK)):
+        o_k = i_k * BK + tl.arange(0, BK)
+        mk = o_k < DK
+        off = i_bh * DK * DV + o_k[:, None] * DV + o_v[None, :]
+        mask = mk[:, None] & mv[None, :]
+        qq = tl.load(q + i_bh * DK + o_k, mask=mk, other=0.0).to(ACC)
+        kk = tl.load(k + i_bh * DK + o_k, mask=mk, other=0.0).to(ACC)
+        mm = tl.load(m + off, mask=mask, other=0.0)
+        ss = tl.load(s + off, mask=mask, other=0.0)
+        zz = tl.load(z + i_bh * DK + o_k, mask=mk, other=0.0)
+        m1 = beta * mm - kk[:, None] * vv[None, :]
+        s1 = ss - gamma * m1
+        z1 = zz + kk
+        num += tl.sum(qq[:, None] * s1, axis=0)
+        qz += qq * z1
+        if HAS_REAL:
+            m1 = tl.where(keep, m1, mm)
+            s1 = tl.where(keep, s1, ss)
+            z1 = tl.where(keep, z1, zz)
+        tl.store(m_new + off, m1, mask=mask)
+        tl.store(s_new + off, s1, mask=mask)
+        if i_v == 0:
+            tl.store(z_new + i_bh * DK + o_k, z1, mask=mk)
+    out = num / (tl.sum(qz, axis=0) + eps)
     if HAS_REAL:
-        keep = tl.load(real + i_bh) != 0
-        m1 = tl.where(keep, m1, mm)
-        s1 = tl.where(keep, s1, ss)
-        z1 = tl.where(keep, z1, zz)
         out = tl.where(keep, out, 0.0)
-    tl.store(m_new + off, m1, mask=mask)
-    tl.store(s_new + off, s1, mask=mask)
-    if i_v == 0:
-        tl.store(z_new + i_bh * DK + o_k, z1, mask=mk)
     tl.store(o + i_bh * DV + o_v, out.to(o.dtype.element_ty), mask=mv)
 
 
@@ -60,36 +76,10 @@ def recurrent_step(fq, fk, v, s, z, m, real, momentum: float, step_size: float, 
     coef = coefficients(momentum, step_size, eps, s.dtype, s.device)
     s_new, m_new, z_new = torch.empty_like(s), torch.empty_like(m), torch.empty_like(z)
     out = torch.empty_like(v)
-    BK = max(16, triton.next_power_of_2(DK))
-    # a program holds a few (BK, BV) fp32 tiles in registers: at most 4096 elements each
-    BV = max(16, min(64, 4096 // BK, triton.next_power_of_2(DV)))
+    # a program holds a few (BK, BV) fp32 tiles in registers: at most 64 × 64 each, whatever Dk
+    BK, BV = block(DK), block(DV)
     with device_of(fq):
         step_kernel[(triton.cdiv(DV, BV), B * H)](
             fq, fk, v, s, z, m, real if real is not None else z, s_new, z_new, m_new, out, coef,
             DK=DK, DV=DV, BK=BK, BV=BV, HAS_REAL=real is not None)
     return out, s_new, z_new, m_new
-
-
-def fused_recurrent_step(fq: torch.Tensor, fk: torch.Tensor, v: torch.Tensor,
-                         state: MomentumAttentionState, *, momentum: float, step_size: float, eps: float,
-                         real: torch.Tensor | None = None,
-                         ) -> tuple[torch.Tensor, MomentumAttentionState]:
-    """Eq. 12 for one new position: fq, fk (B, H, Dk), v (B, H, Dv) in any float dtype; the state
-    in fp32 (fp64 for fp64 input). `real` (B,) bool: rows where it is False keep their state and
-    output 0. Returns the output (B, H, Dv) in v's dtype and the new state; differentiable in the
-    inputs and the state (the backward is a few PyTorch ops)."""
-    from .op import momentum_attention_step_op
-
-    out_dtype = v.dtype
-    fq, fk, v = kernel_inputs(fq, fk, v)
-    acc = accumulator_dtype(fq.dtype)
-    B, H = fq.shape[:2]
-    s, z, m = (t.to(acc).contiguous() for t in (state.s, state.z, state.m))
-    flags = None
-    if real is not None:
-        flags = real.to(device=fq.device, dtype=torch.bool)[:, None].expand(B, H).to(torch.int8).contiguous()
-    if fq.numel() == 0 or v.numel() == 0:
-        return v.new_zeros(v.shape, dtype=out_dtype), MomentumAttentionState(s=s, z=z, m=m)
-    out, s, z, m = momentum_attention_step_op(fq, fk, v, s, z, m, flags, float(momentum), float(step_size),
-                                              float(eps))
-    return out.to(out_dtype), MomentumAttentionState(s=s, z=z, m=m)

@@ -2,7 +2,9 @@
 autograd, so that torch.compile keeps a model that calls them in one graph (the op is one opaque
 node; no graph break). `torch.library.triton_op` would also expose the kernels to Inductor, but its
 tracing cannot run under TRITON_INTERPRET (wrap_triton hands back the interpreted function, which
-fake tensors cannot run), so the one path that CPU tests can check is the opaque op."""
+fake tensors cannot run), so the one path that CPU tests can check is the opaque op. The ops take
+prepared inputs (`entry_points` prepares them) and call the launchers of `chunk` and
+`fused_recurrent`, which import nothing from here."""
 
 import torch
 from torch import Tensor

@@ -3,7 +3,23 @@ without cancellation, and the matmul precision rules. States, denominators and a
 accumulators are fp32 (fp64 for fp64 input). Matmul operands: φ(q)φ(k)ᵀ in the input dtype;
 operands holding fp32 values (states, weighted keys, scaled gradients) in bf16 for bf16 inputs
 (bf16 has fp32's range), in fp32 as tf32 for fp16 inputs (fp16 would overflow on long sequences),
-exact fp32/fp64 for fp32/fp64 inputs."""
+exact fp32/fp64 for fp32/fp64 inputs — except that fp32 inputs take tf32 dots (tensor cores,
+every operand of every dot rounded to tf32) where torch allows it for its own float32 matmuls:
+`torch.get_float32_matmul_precision()` "high" or "medium", read when the kernels are launched
+(`kernel_flags`; torch's default "highest" keeps exact fp32).
+
+Tolerances against float64 on the same inputs, relative RMS: exact fp32 1e-4 (outputs, states
+and gradients; tests/test_attention_triton.py). tf32 keeps 10 of fp32's 23 mantissa bits: an
+operand error up to 2⁻¹¹ ≈ 4.9e-4 rounded, 2⁻¹⁰ and biased towards zero where the tensor cores
+truncate. An output passes through two or three such dots; the states entering late chunks add
+their own operands' error, so the error grows with the position towards ~3 × 2⁻¹¹ (truncated
+tf32 emulated in the interpreter: 1.0e-3 at N = 70, 1.4e-3 over the last quarter of N = 1024);
+a gradient passes through up to six, with cancellation between the numerator's and the
+denominator's terms. Stated tolerances: outputs and final states within 5e-3, gradients within
+1e-2 (tests/test_attention_triton.py with tf32 emulated, tests/test_attention_gpu.py on a GPU).
+bf16 inputs (8 significant bits, rounding error up to 2⁻⁹ ≈ 2e-3) against float64 on the same
+bf16 values: outputs and states within 1e-2, gradients within 3e-2 (derived in
+tests/test_attention_gpu.py::test_bf16_kernels_match_float64_on_the_same_inputs)."""
 import contextlib
 import functools
 import math
@@ -39,7 +55,8 @@ def geometric(n, log_beta, inv_one_minus_beta):
 def mixed_dot(a, b, LOW: tl.constexpr, IEEE: tl.constexpr):
     """a @ b where one side holds fp32 (fp64) values: bf16 inputs cast both to bf16 (the fla
     convention; bf16 has fp32's range), otherwise both go in fp32/fp64 so fp16 states cannot
-    overflow (tf32 for fp16 inputs, exact fp32 for fp32 inputs)."""
+    overflow (tf32 for fp16 inputs and for fp32 inputs where torch allows tf32, exact fp32
+    otherwise)."""
     if LOW:
         return tl.dot(a.to(tl.bfloat16), b.to(tl.bfloat16))
     elif IEEE:
@@ -51,9 +68,12 @@ def mixed_dot(a, b, LOW: tl.constexpr, IEEE: tl.constexpr):
 
 @triton.jit
 def raw_dot(a, b, IEEE: tl.constexpr):
-    """a @ b of two input tensors in their own dtype (tensor cores for bf16/fp16), fp32 accumulate."""
+    """a @ b of two input tensors in their own dtype (tensor cores for bf16/fp16; tf32 for fp32
+    unless IEEE, named here rather than left to TRITON_F32_DEFAULT), fp32 accumulate."""
     if IEEE:
         return tl.dot(a, b, input_precision="ieee")
+    elif a.dtype == tl.float32:
+        return tl.dot(a, b, input_precision="tf32")
     else:
         return tl.dot(a, b)
 
@@ -92,9 +112,18 @@ def kernel_inputs(*tensors: torch.Tensor) -> tuple:
     return tuple(t.to(dtype).contiguous() for t in tensors)
 
 
+def tf32_allowed() -> bool:
+    """Whether torch lets float32 matmuls use tf32 (torch.set_float32_matmul_precision)."""
+    return torch.get_float32_matmul_precision() in ("high", "medium")
+
+
 def kernel_flags(dtype: torch.dtype) -> dict:
-    """LOW: derived fp32 operands are cast to bf16 for the tensor cores; IEEE: exact fp32/fp64 dots."""
-    return {"LOW": dtype == torch.bfloat16, "IEEE": dtype in (torch.float32, torch.float64)}
+    """LOW: derived fp32 operands are cast to bf16 for the tensor cores; IEEE: exact fp32/fp64
+    dots, for fp64 and for fp32 unless `tf32_allowed()`, read here, when the launchers run (inside
+    the custom ops, which torch.compile does not trace): fp32 with IEEE False runs the fp16
+    inputs' rules, every dot in tf32."""
+    ieee = dtype == torch.float64 or (dtype == torch.float32 and not tf32_allowed())
+    return {"LOW": dtype == torch.bfloat16, "IEEE": ieee}
 
 
 def chunk_state_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -136,6 +165,20 @@ def chunk_block(chunk_size: int) -> int:
     return max(16, min(64, triton.next_power_of_2(chunk_size)))
 
 
+def power_of_two_bucket(n: int, low: int, high: int) -> int:
+    return max(low, min(high, triton.next_power_of_2(max(n, 1))))
+
+
+def tuning_buckets(n: int, batch_heads: int) -> dict:
+    """The shape part of the autotuning key: the sequence length and batch·heads, each rounded up
+    to a power of two, N in [64, 16384] (one chunk to 256) and B·H in [1, 1024]. The best tiles
+    change with them (how many programs fill the GPU, how long each scan runs), but not within a
+    factor of two, nor past the caps, where the grid fills the GPU many times over. A new pair of
+    buckets re-times the kept configs once (kernel arguments, not constants: nothing compiles)."""
+    return {"N_BUCKET": power_of_two_bucket(n, 64, 16384),
+            "BH_BUCKET": power_of_two_bucket(batch_heads, 1, 1024)}
+
+
 def tuning_configs() -> list:
     """Tile sizes BK, BV and warps, autotuned per shape on GPU among the few that `prune_scan` /
     `prune_chunk` keep; under the interpreter, where timing means nothing, the one config whose
@@ -148,12 +191,14 @@ def tuning_configs() -> list:
             for bk in (16, 32, 64) for bv in (16, 32, 64) for w in (4, 8)]
 
 
-def _prune(configs, kwargs, warps: int, other: tuple) -> list:
+def _prune(configs, named_args, kwargs, warps: int, other: tuple) -> list:
     """Each config is compiled on first use, for each kernel and each combination of key values,
     so few are kept, chosen from the kernels' register needs on sm_90 (ptxas -v): tiles no larger
     than the head dimension's block and at least 32 where it allows, with `warps`, plus the
-    (BK, BV, warps) in `other`. fp32/fp64 inputs (exact dots on CUDA cores: slow to compile, and
-    with 4 warps kilobytes of spills) get one: tiles of min(32, block), 8 warps."""
+    (BK, BV, warps) in `other`. fp32/fp64 inputs with exact dots (CUDA cores: slow to compile, and
+    with 4 warps kilobytes of spills) get one: tiles of min(32, block), 8 warps. fp32 inputs with
+    tf32 dots hold fp32 operand tiles, twice fp16's, and reach 255 registers or spill with 4
+    warps: the same tiles with 8 warps only."""
     dk, dv = block(kwargs["DK"]), block(kwargs["DV"])
     if os.environ.get("TRITON_INTERPRET") == "1":
         return [c for c in configs if c.kwargs["BK"] == dk and c.kwargs["BV"] == dv]
@@ -164,15 +209,18 @@ def _prune(configs, kwargs, warps: int, other: tuple) -> list:
         keep = {(bk, bv, warps) for bk in (16, 32, 64) for bv in (16, 32, 64)
                 if low_k <= bk <= dk and low_v <= bv <= dv}
         keep |= {(min(bk, dk), min(bv, dv), w) for bk, bv, w in other}
+        first = next(iter(named_args.values()), None)          # the kernel's first input
+        if getattr(first, "dtype", None) == torch.float32:
+            keep = {(bk, bv, 8) for bk, bv, _ in keep}
     return [c for c in configs if (c.kwargs["BK"], c.kwargs["BV"], c.num_warps) in keep]
 
 
 def prune_scan(configs, named_args, **kwargs) -> list:
     """The state scans hold two (BK, BV) fp32 states: 4 warps, and 64 × 64 with 8 (4 spill)."""
-    return _prune(configs, kwargs, 4, ((64, 64, 8),))
+    return _prune(configs, named_args, kwargs, 4, ((64, 64, 8),))
 
 
 def prune_chunk(configs, named_args, **kwargs) -> list:
     """The chunk-parallel kernels hold several (BT, BT) and (BT, BV) fp32 tiles and spill with 4
     warps at BT = 64 (255 registers): 8 warps, and 32 × 32 with 4."""
-    return _prune(configs, kwargs, 8, ((32, 32, 4),))
+    return _prune(configs, named_args, kwargs, 8, ((32, 32, 4),))

@@ -1,0 +1,86 @@
+"""The public entry points of the Triton forms of momentum attention (Momentum Transformer,
+eq. 13 chunked and eq. 12's decoding step): inputs promoted to one dtype and made contiguous,
+lengths clamped, empty inputs answered without a launch, the state wrapped, and the work done by
+the custom ops of `op` (which launch the kernels through `chunk` and `fused_recurrent`). Imports
+go one way: entry_points → op → chunk / fused_recurrent → chunk_kernels / utils."""
+import torch
+
+from ..state import MomentumAttentionState
+from .op import chunk_momentum_attention_op, momentum_attention_step_op
+from .utils import accumulator_dtype, kernel_inputs
+
+
+def chunk_momentum_attention(
+    fq: torch.Tensor, fk: torch.Tensor, v: torch.Tensor, *, momentum: float, step_size: float,
+    eps: float, chunk_size: int, initial_state: MomentumAttentionState | None = None,
+    lengths: torch.Tensor | None = None, return_state: bool = False,
+) -> tuple[torch.Tensor, MomentumAttentionState | None]:
+    """Eq. 13 on feature-mapped fq, fk (B, H, N, Dk) and v (B, H, N, Dv) of one dtype (bf16, fp16,
+    fp32 or fp64; mixed dtypes run in the promoted one), padding on the right with `lengths` (B,)
+    real tokens per row (None = all; clamped to [0, N]).
+    Returns the output (B, H, N, Dv) in the input dtype, 0 at padded positions, and, if asked, the
+    state after each row's last real token (s, z, m in fp32, fp64 for fp64 input). Differentiable
+    in fq, fk, v and the initial state."""
+    out_dtype = v.dtype
+    fq, fk, v = kernel_inputs(fq, fk, v)
+    acc = accumulator_dtype(fq.dtype)
+    if initial_state is None:
+        s0 = z0 = m0 = None
+    else:
+        s0, z0, m0 = (t.to(acc).contiguous() for t in (initial_state.s, initial_state.z, initial_state.m))
+    if lengths is not None:
+        # clamped on the device (no sync): a length past N would make the kernels read the next row
+        lengths = lengths.to(device=fq.device, dtype=torch.int32).clamp(0, fq.shape[2]).contiguous()
+    if fq.numel() == 0 or v.numel() == 0:
+        out = v.new_zeros(v.shape, dtype=out_dtype)
+        state = initial_state if initial_state is not None else MomentumAttentionState.zeros(
+            fq.shape[0], fq.shape[1], fq.shape[3], v.shape[3], dtype=acc, device=fq.device)
+        return out, (state if return_state else None)
+    out, s, z, m = chunk_momentum_attention_op(fq, fk, v, s0, z0, m0, lengths, float(momentum),
+                                               float(step_size), float(eps), int(chunk_size))
+    out = out.to(out_dtype)
+    if not return_state:
+        return out, None
+    if momentum == 0.0:
+        m = _last_momentum(fk, v, lengths, m0)
+    return out, MomentumAttentionState(s=s, z=z, m=m)
+
+
+def _last_momentum(fk, v, lengths, m0):
+    """At β = 0 eq. 12's momentum is m_L = −φ(k_L)v_Lᵀ, the last real token's (m₀ if there is
+    none): the one-state kernels do not carry it, so it is gathered here (differentiably)."""
+    B, H, N, DK = fk.shape
+    acc = accumulator_dtype(fk.dtype)
+    count = torch.full((B,), N, device=fk.device) if lengths is None else lengths.long()
+    last = (count - 1).clamp(min=0)[:, None, None, None]
+    empty = (count == 0)[:, None, None]
+    zero = torch.zeros((), dtype=acc, device=fk.device)
+    # a row without real tokens gathers a padded one: masked before the product, not after it
+    k_last = torch.where(empty, zero, fk.gather(2, last.expand(B, H, 1, DK))[:, :, 0].to(acc))
+    v_last = torch.where(empty, zero, v.gather(2, last.expand(B, H, 1, v.shape[3]))[:, :, 0].to(acc))
+    m = -(k_last[..., :, None] * v_last[..., None, :])
+    fallback = torch.zeros_like(m) if m0 is None else m0
+    return torch.where(empty[..., None], fallback, m)
+
+
+def fused_recurrent_step(fq: torch.Tensor, fk: torch.Tensor, v: torch.Tensor,
+                         state: MomentumAttentionState, *, momentum: float, step_size: float, eps: float,
+                         real: torch.Tensor | None = None,
+                         ) -> tuple[torch.Tensor, MomentumAttentionState]:
+    """Eq. 12 for one new position: fq, fk (B, H, Dk), v (B, H, Dv) in any float dtype; the state
+    in fp32 (fp64 for fp64 input). `real` (B,) bool: rows where it is False keep their state and
+    output 0. Returns the output (B, H, Dv) in v's dtype and the new state; differentiable in the
+    inputs and the state (the backward is a few PyTorch ops)."""
+    out_dtype = v.dtype
+    fq, fk, v = kernel_inputs(fq, fk, v)
+    acc = accumulator_dtype(fq.dtype)
+    B, H = fq.shape[:2]
+    s, z, m = (t.to(acc).contiguous() for t in (state.s, state.z, state.m))
+    flags = None
+    if real is not None:
+        flags = real.to(device=fq.device, dtype=torch.bool)[:, None].expand(B, H).to(torch.int8).contiguous()
+    if fq.numel() == 0 or v.numel() == 0:
+        return v.new_zeros(v.shape, dtype=out_dtype), MomentumAttentionState(s=s, z=z, m=m)
+    out, s, z, m = momentum_attention_step_op(fq, fk, v, s, z, m, flags, float(momentum), float(step_size),
+                                              float(eps))
+    return out.to(out_dtype), MomentumAttentionState(s=s, z=z, m=m)
