@@ -12,6 +12,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from plugins.attention import MomentumAttentionState, linear_attention, momentum_attention
+from plugins.attention.context_parallel import shard_sequence, slice_bounds
 
 B, H, DK, DV = 2, 2, 3, 4
 TOL = 1e-10
@@ -156,6 +157,8 @@ def _worker(rank, world, port, out_dir, seed):
         results["ignoring earlier ranks"] = _run_case(CASES[world][next(iter(CASES[world]))], seed, rank,
                                                       group, ignore_earlier_ranks=True)
         results["errors"] = _error_cases(rank, group)
+        piece, offset = shard_sequence(torch.arange(2 * 10).reshape(2, 10), group, dim=-1)
+        results["shard"] = {"offset": offset, "piece": piece.tolist()}
         with open(f"{out_dir}/rank{rank}.json", "w") as f:
             json.dump(results, f)
     finally:
@@ -211,6 +214,25 @@ def test_disagreeing_ranks_raise_the_same_value_error_naming_the_argument(ranks)
     good, bad = (result["errors"]["invalid eps on rank 1"] for result in results[:2])
     assert bad is not None and "eps" in bad
     assert good is not None and "rank(s) [1]" in good
+
+
+def test_shard_sequence_splits_in_rank_order_with_global_offsets(ranks):
+    world, results = ranks
+    whole = torch.arange(2 * 10).reshape(2, 10)
+    pieces = [torch.tensor(result["shard"]["piece"]).reshape(2, -1) for result in results]
+    assert torch.equal(torch.cat(pieces, dim=1), whole)
+    offsets = [result["shard"]["offset"] for result in results]
+    assert offsets == [sum(p.shape[1] for p in pieces[:r]) for r in range(world)]
+    assert max(p.shape[1] for p in pieces) - min(p.shape[1] for p in pieces) <= 1
+
+
+@pytest.mark.parametrize("length, world", [(10, 3), (2, 4), (0, 2), (7, 1)])
+def test_slice_bounds_cover_the_sequence_contiguously(length, world):
+    bounds = [slice_bounds(length, world, r) for r in range(world)]
+    assert bounds[0][0] == 0 and bounds[-1][1] == length
+    assert all(bounds[r][1] == bounds[r + 1][0] for r in range(world - 1))
+    sizes = [stop - start for start, stop in bounds]
+    assert max(sizes) - min(sizes) <= 1 and sizes == sorted(sizes, reverse=True)
 
 
 def test_process_group_must_be_a_process_group():

@@ -13,7 +13,7 @@ all-gather's backward (an all-reduce). Eq. 14 (causal=False) is one all-reduce o
 key-value sums, each rank weighting its keys by the real keys of the later ranks.
 """
 import zlib
-from typing import Callable, List, Optional
+from typing import Callable, List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
@@ -63,7 +63,7 @@ def context_parallel_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
                               chunk_size, initial_state, return_state, backend)
     except ValueError as raised:
         error = raised
-    table = _all_gather_descriptor(own, group, q.device)
+    table = _all_gather_descriptor(own, group)
     if error is not None:
         raise error
     _check_agreement(table)
@@ -97,6 +97,29 @@ def context_parallel_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
         out, state = result
         return _Attach.apply(out, gathered), state
     return _Attach.apply(result, gathered)
+
+
+def shard_sequence(x: torch.Tensor, process_group, dim: int = 1) -> Tuple[torch.Tensor, int]:
+    """This rank's contiguous slice of x along `dim` (e.g. input_ids (B, T) with dim=1) and its
+    global offset, the index of its first position in the whole sequence (position_ids of the
+    slice are offset + arange(len)). Slices in rank order, as even as possible: the first T mod R
+    ranks get one token more. A view of x, no copy."""
+    group = _check_group(process_group)
+    if not isinstance(x, torch.Tensor):
+        raise ValueError(f"x must be a torch.Tensor, got {type(x).__name__}")
+    if isinstance(dim, bool) or not isinstance(dim, int) or not -x.dim() <= dim < x.dim():
+        raise ValueError(f"dim must be an int in [{-x.dim()}, {x.dim()}) for x of shape {tuple(x.shape)}, "
+                         f"got {dim!r}")
+    start, stop = slice_bounds(x.shape[dim], dist.get_world_size(group), dist.get_rank(group))
+    return x.narrow(dim, start, stop - start), start
+
+
+def slice_bounds(length: int, world: int, rank: int) -> Tuple[int, int]:
+    """[start, stop) of rank `rank`'s slice when `length` positions are split over `world` ranks
+    (`shard_sequence`'s split)."""
+    base, extra = divmod(length, world)
+    start = rank * base + min(rank, extra)
+    return start, start + base + (rank < extra)
 
 
 def slice_state(fk: torch.Tensor, v: torch.Tensor, mask: Optional[torch.Tensor], *, momentum: float,
@@ -238,7 +261,12 @@ def _code(text: str) -> int:
     return zlib.crc32(text.encode())
 
 
-def _all_gather_descriptor(own: Optional[List[float]], group, device) -> torch.Tensor:
+def _all_gather_descriptor(own: Optional[List[float]], group) -> torch.Tensor:
+    """Every rank's descriptor (world, fields); a rank whose checks failed sends zeros (valid = 0).
+    On the device the backend needs, not the inputs' (which may be what failed the checks)."""
+    device = torch.device("cpu")
+    if dist.get_backend(group) == "nccl":
+        device = torch.device("cuda", torch.cuda.current_device())
     size = len(_AGREED) + len(_OWN)
     row = torch.tensor(own if own is not None else [0.0] * size, dtype=torch.float64, device=device)
     parts = [torch.empty_like(row) for _ in range(dist.get_world_size(group))]
