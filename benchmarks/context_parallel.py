@@ -6,9 +6,13 @@ holding all T tokens (no process group). Each configuration runs in fresh proces
 warms up on a 64-token slice, then reports its peak resident set size (the kernel's high-water
 mark, ru_maxrss) above its resident size before the full-size step, and counts the bytes its
 collectives carry (torch.distributed's all_gather / all_reduce wrapped: the size of each
-gathered or reduced result, forward and backward). The states exchanged are per (batch, head):
-s, m (D×D) and z (D), so the bytes should be O(B·H·D²·R) whatever T; ring attention would move
-the other ranks' keys and values instead, (T − T/R)·B·H·2D values, shown for comparison.
+gathered or reduced result, forward and backward). The ranks run with glibc's
+MALLOC_MMAP_THRESHOLD_=65536, so that a freed tensor leaves the resident set at once and the peak
+is the live tensors' (with the default, sliding threshold, tensors under 32 MB stay resident
+after they are freed and the peak jumps with N: ±20% between runs). The states exchanged are
+per (batch, head): s, m (D×D) and z (D), so the bytes should be O(B·H·D²·R) whatever T; ring
+attention would move the other ranks' keys and values instead, (T − T/R)·B·H·2D values, shown
+for comparison.
 Times on a shared 2-core CPU say little.
 
     .venv/bin/python benchmarks/context_parallel.py                       # T = 8192, 32768; R = 1, 2, 4
@@ -119,6 +123,7 @@ def main():
     parser.add_argument("--ranks", type=int, nargs="+", default=[1, 2, 4])
     parser.add_argument("--threads", type=int, default=1, help="torch threads per rank")
     args = parser.parse_args()
+    os.environ.setdefault("MALLOC_MMAP_THRESHOLD_", "65536")      # read by the spawned ranks' glibc
     state_bytes = B * H * (2 * D * D + D) * 4
     print(f"# context parallel, {date.today()}, torch {torch.__version__}, {os.cpu_count()} CPU cores, gloo, "
           f"B={B} H={H} D={D} fp32 β={BETA}, {args.threads} thread(s) per rank")
