@@ -26,6 +26,8 @@ CASES = {
         "initial_state on rank 0, return_state": dict(slices=[4, 6], momentum=0.9, step_size=1.3,
                                                       initial=True),
         "non-causal eq. 14 with padding": dict(slices=[5, 4], momentum=0.7, causal=False, mask="left"),
+        "packed: a segment across the ranks, an empty one": dict(slices=[7, 6], momentum=0.6,
+                                                                 cu=[0, 3, 10, 10, 11, 13]),
     },
     3: {
         "uneven with a 1-token slice": dict(slices=[3, 1, 6], momentum=0.8, step_size=0.5),
@@ -33,6 +35,13 @@ CASES = {
                                                            mask="scattered"),
         "beta=0 with padding": dict(slices=[2, 5, 3], momentum=0.0, mask="scattered"),
         "non-causal eq. 14": dict(slices=[2, 3, 4], momentum=0.3, causal=False),
+        "packed: a segment over all three ranks": dict(slices=[4, 1, 6], momentum=0.7, step_size=0.6,
+                                                       cu=[0, 2, 9, 11]),
+        "packed: boundaries at the slice ends, beta=0": dict(slices=[4, 1, 6], momentum=0.0,
+                                                             cu=[0, 1, 4, 5, 6, 11]),
+        "packed: an empty rank inside a segment": dict(slices=[3, 0, 5], momentum=0.5, cu=[0, 2, 7, 8]),
+        "packed: a segment starting inside the middle rank": dict(slices=[3, 4, 4], momentum=0.8,
+                                                                  cu=[0, 5, 11]),
     },
 }
 
@@ -41,28 +50,31 @@ def _case_inputs(case, seed):
     """The whole sequence's inputs, the same on every rank (seeded)."""
     g = torch.Generator().manual_seed(seed)
     N = sum(case["slices"])
-    q, k = (torch.randn(B, H, N, DK, generator=g, dtype=torch.float64) for _ in range(2))
-    v = torch.randn(B, H, N, DV, generator=g, dtype=torch.float64)
-    weight = torch.randn(B, H, N, DV, generator=g, dtype=torch.float64)
+    batch = 1 if "cu" in case else B           # packed rows are one row
+    q, k = (torch.randn(batch, H, N, DK, generator=g, dtype=torch.float64) for _ in range(2))
+    v = torch.randn(batch, H, N, DV, generator=g, dtype=torch.float64)
+    weight = torch.randn(batch, H, N, DV, generator=g, dtype=torch.float64)
     mask = None
     if case.get("mask") == "left":
-        mask = torch.ones(B, N, dtype=torch.bool)
+        mask = torch.ones(batch, N, dtype=torch.bool)
         mask[0, :3] = False                          # left padding inside rank 0's slice
         mask[1, :case["slices"][0]] = False          # row 1: rank 0's slice all padding
     elif case.get("mask") == "scattered":
-        mask = torch.rand(B, N, generator=g) > 0.3
+        mask = torch.rand(batch, N, generator=g) > 0.3
         mask[:, -1] = True
     initial = None
     if case.get("initial"):
-        initial = MomentumAttentionState(s=torch.randn(B, H, DK, DV, generator=g, dtype=torch.float64),
-                                         z=torch.rand(B, H, DK, generator=g, dtype=torch.float64),
-                                         m=torch.randn(B, H, DK, DV, generator=g, dtype=torch.float64))
+        initial = MomentumAttentionState(s=torch.randn(batch, H, DK, DV, generator=g, dtype=torch.float64),
+                                         z=torch.rand(batch, H, DK, generator=g, dtype=torch.float64),
+                                         m=torch.randn(batch, H, DK, DV, generator=g, dtype=torch.float64))
     return q, k, v, weight, mask, initial
 
 
 def _attention(case, q, k, v, mask, initial, group, return_state=False):
     kwargs = dict(causal=case.get("causal", True), padding_mask=mask, chunk_size=4, process_group=group,
                   backend="torch")
+    if "cu" in case:                    # the global offsets, the same on every rank
+        kwargs["cu_seqlens"] = torch.tensor(case["cu"])
     if case.get("linear"):
         return linear_attention(q, k, v, **kwargs)
     return momentum_attention(q, k, v, momentum=case["momentum"], step_size=case.get("step_size", 1.0),
@@ -126,11 +138,11 @@ def _error_cases(rank, group):
     v = torch.randn(B, H, 3, DV, dtype=torch.float64)
     messages = {}
 
-    def attempt(name, heads=H, override=()):
+    def attempt(name, heads=H, batch=B, override=()):
         args = dict(momentum=0.5, process_group=group)
         args.update(override)
         try:
-            momentum_attention(q[:, :heads], q[:, :heads], v[:, :heads], **args)
+            momentum_attention(q[:batch, :heads], q[:batch, :heads], v[:batch, :heads], **args)
             messages[name] = None
         except ValueError as error:
             messages[name] = str(error)
@@ -143,6 +155,12 @@ def _error_cases(rank, group):
         initial_state=MomentumAttentionState.zeros(B, H, DK, DV, dtype=torch.float64, device="cpu")
         if rank == 1 else None))
     attempt("invalid eps on rank 1", override=dict(eps=-1.0 if rank == 1 else 1e-6))
+    world = dist.get_world_size(group)
+    attempt("cu_seqlens differs", batch=1, override=dict(
+        cu_seqlens=torch.tensor([0, 1 + (rank == 1), 3 * world])))
+    attempt("cu_seqlens over the slice only", batch=1, override=dict(cu_seqlens=torch.tensor([0, 1, 3])))
+    attempt("cu_seqlens non-causal", batch=1, override=dict(cu_seqlens=torch.tensor([0, 3 * world]),
+                                                            causal=False))
     return messages
 
 
@@ -206,7 +224,8 @@ def test_disagreeing_ranks_raise_the_same_value_error_naming_the_argument(ranks)
     world, results = ranks
     expected = {"momentum differs": "momentum", "heads differ": "head count",
                 "feature_map differs": "feature_map", "causal differs": "causal",
-                "initial_state on rank 1": "initial_state"}
+                "initial_state on rank 1": "initial_state", "cu_seqlens differs": "cu_seqlens",
+                "cu_seqlens over the slice only": "whole row"}
     for name, word in expected.items():
         messages = [result["errors"][name] for result in results]
         for rank, message in enumerate(messages):
@@ -214,6 +233,7 @@ def test_disagreeing_ranks_raise_the_same_value_error_naming_the_argument(ranks)
     good, bad = (result["errors"]["invalid eps on rank 1"] for result in results[:2])
     assert bad is not None and "eps" in bad
     assert good is not None and "rank(s) [1]" in good
+    assert all("causal" in result["errors"]["cu_seqlens non-causal"] for result in results)
 
 
 def test_shard_sequence_splits_in_rank_order_with_global_offsets(ranks):

@@ -21,6 +21,14 @@ from .noncausal import apply_noncausal_summary, noncausal_summary
 from .nonfinite import NonFiniteMarks, split_finite
 from .recurrent import fused_recurrent_step
 from .state import MomentumAttentionState, NonCausalSummary
+from .varlen import (
+    check_cu_seqlens,
+    segment_of_tokens,
+    varlen_apply_summary,
+    varlen_causal_momentum_attention,
+    varlen_noncausal_momentum_attention,
+    varlen_noncausal_summary,
+)
 
 Output = Union[torch.Tensor, Tuple[torch.Tensor, MomentumAttentionState]]
 
@@ -29,7 +37,8 @@ def momentum_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, mom
                        step_size: float = 1.0, causal: bool = True, feature_map: FeatureMap = "elu",
                        padding_mask: Optional[torch.Tensor] = None, eps: float = 1e-6,
                        chunk_size: int = 64, initial_state: Optional[MomentumAttentionState] = None,
-                       return_state: bool = False, backend: str = "auto", process_group=None) -> Output:
+                       return_state: bool = False, backend: str = "auto",
+                       cu_seqlens: Optional[torch.Tensor] = None, process_group=None) -> Output:
     """Momentum attention, O(N) time and memory.
 
     q, k: (B, H, Nq, Dk); v: (B, H, Nk, Dv) → (B, H, Nq, Dv) in the inputs' dtype.
@@ -46,6 +55,11 @@ def momentum_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, mom
     initial_state / return_state (causal only): continue from a `MomentumAttentionState` and/or
     return the state after each row's last real token, to prefill in parallel and decode with
     `momentum_attention_step`.
+    cu_seqlens: packed sequences (flash-attention's / fla's convention): a 1-D int tensor of n + 1
+    offsets over one row (batch 1), cu[0] = 0, non-decreasing, cu[-1] = N; segment s is tokens
+    [cu[s], cu[s+1]) and is computed exactly as if it ran alone (causal and eq. 14). Its
+    initial_state and returned state have batch n, one per segment. padding_mask, if given, must
+    mark every token real.
     backend (causal only; eq. 14 is two batched matmuls and always runs in PyTorch): "torch" the
     chunked PyTorch form; "triton" the fused kernels of `plugins.attention.triton` (CUDA tensors,
     or CPU tensors under TRITON_INTERPRET=1); "auto" Triton for CUDA tensors when available,
@@ -62,7 +76,7 @@ def momentum_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, mom
             q, k, v, process_group=process_group, attend=momentum_attention, momentum=momentum,
             step_size=step_size, causal=causal, feature_map=feature_map, padding_mask=padding_mask,
             eps=eps, chunk_size=chunk_size, initial_state=initial_state, return_state=return_state,
-            backend=backend)
+            backend=backend, cu_seqlens=cu_seqlens)
     check_qkv(q, k, v, causal=causal)
     momentum = check_momentum(momentum)
     step_size = check_positive(step_size, "step_size")
@@ -71,78 +85,118 @@ def momentum_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, mom
     backend = check_backend(backend)
     phi = resolve_feature_map(feature_map)
     mask = check_padding_mask(padding_mask, k.shape[0], k.shape[2], k.device)
+    cu = None
+    if cu_seqlens is not None:
+        cu = check_cu_seqlens(cu_seqlens, k.shape[0], k.shape[2], k.device)
+        _check_packed_padding(padding_mask, mask)
+        if q.shape[2] != k.shape[2]:
+            raise ValueError(f"cu_seqlens splits queries and keys alike: q and k must have the same "
+                             f"length, got {q.shape[2]} and {k.shape[2]}")
     _check_state_type(initial_state, "initial_state")
     if not causal and (initial_state is not None or return_state):
         raise ValueError("initial_state and return_state need causal=True (eq. 14 has no recurrent form)")
     out_dtype = torch.promote_types(torch.promote_types(q.dtype, k.dtype), v.dtype)
     if not causal:
-        return _noncausal(q, k, v, phi, mask, momentum, step_size, eps).to(out_dtype)
+        return _noncausal(q, k, v, phi, mask, momentum, step_size, eps, cu, chunk_size).to(out_dtype)
 
     state_dtype = _state_dtype(initial_state, compute_dtype(q, k, v))
     if use_triton(backend, q.device, float64=state_dtype == torch.float64):
         kernel, run_dtype = triton_kernels().chunk_momentum_attention, out_dtype
     else:
         kernel, run_dtype = chunk_causal_momentum_attention, state_dtype
+        if cu is not None:
+            kernel = varlen_causal_momentum_attention
     with torch.autocast(device_type=q.device.type, enabled=False):
-        out, state = _causal(q.to(run_dtype), k.to(run_dtype), v.to(run_dtype), phi, mask,
-                             kernel=kernel, state_dtype=state_dtype, momentum=momentum,
-                             step_size=step_size, eps=eps, chunk_size=chunk_size,
-                             initial_state=initial_state, return_state=return_state)
+        q, k, v = q.to(run_dtype), k.to(run_dtype), v.to(run_dtype)
+        hyper = dict(state_dtype=state_dtype, momentum=momentum, step_size=step_size, eps=eps,
+                     chunk_size=chunk_size, initial_state=initial_state, return_state=return_state)
+        if cu is None:
+            out, state = _causal(q, k, v, phi, mask, kernel=kernel, **hyper)
+        else:
+            out, state = _causal_packed(q, k, v, phi, cu, kernel=kernel, **hyper)
     out = out.to(out_dtype)
     return (out, state) if return_state else out
 
 
 def summarize_keys(k: torch.Tensor, v: torch.Tensor, *, momentum: float, step_size: float = 1.0,
-                   feature_map: FeatureMap = "elu",
-                   padding_mask: Optional[torch.Tensor] = None) -> NonCausalSummary:
+                   feature_map: FeatureMap = "elu", padding_mask: Optional[torch.Tensor] = None,
+                   cu_seqlens: Optional[torch.Tensor] = None, chunk_size: int = 64) -> NonCausalSummary:
     """The key/value sums of eq. 14 for k (B, H, Nk, Dk), v (B, H, Nk, Dv), padding_mask (B, Nk)
     True = real key: computed once, e.g. over an encoder's output, then applied to any number of
     queries with `attend_summary` — `attend_summary(q, summarize_keys(k, v, …))` equals
-    `momentum_attention(q, k, v, causal=False, …)`. Sums in float32 (float64 for float64 input)."""
+    `momentum_attention(q, k, v, causal=False, …)`. Sums in float32 (float64 for float64 input).
+    cu_seqlens (packed keys of n sequences in one row, as in `momentum_attention`): one summary
+    row per sequence (batch n)."""
     check_qkv(k[:, :, :0], k, v, causal=False)
     momentum = check_momentum(momentum)
     step_size = check_positive(step_size, "step_size")
+    chunk_size = check_chunk_size(chunk_size)
     phi = resolve_feature_map(feature_map)
     mask = check_padding_mask(padding_mask, k.shape[0], k.shape[2], k.device)
+    cu = None
+    if cu_seqlens is not None:
+        cu = check_cu_seqlens(cu_seqlens, k.shape[0], k.shape[2], k.device)
+        _check_packed_padding(padding_mask, mask)
     dtype = compute_dtype(k, v)
     with torch.autocast(device_type=k.device.type, enabled=False):
         k, v = k.to(dtype), v.to(dtype)
         fk, v = _mask_keys(phi(_mask_keys(k, mask)), mask), _mask_keys(v, mask)
         check_feature_dims(fk, fk, k, k)
-        kv, z = noncausal_summary(fk, v, momentum=momentum, step_size=step_size, key_mask=mask)
+        if cu is not None:
+            kv, z = varlen_noncausal_summary(fk, v, cu_seqlens=cu, momentum=momentum, step_size=step_size,
+                                             chunk_size=chunk_size)
+        else:
+            kv, z = noncausal_summary(fk, v, momentum=momentum, step_size=step_size, key_mask=mask)
     return NonCausalSummary(kv=kv, z=z)
 
 
 def attend_summary(q: torch.Tensor, summary: NonCausalSummary, *, feature_map: FeatureMap = "elu",
-                   eps: float = 1e-6) -> torch.Tensor:
+                   eps: float = 1e-6, cu_seqlens: Optional[torch.Tensor] = None,
+                   chunk_size: int = 64) -> torch.Tensor:
     """Eq. 14 for queries q (B, H, Nq, Dk) against keys summarised by `summarize_keys`;
     output (B, H, Nq, Dv) in q's dtype. O(Nq) whatever the number of keys. A non-finite query
-    makes its own output NaN and nothing else (not the summary's gradients either)."""
+    makes its own output NaN and nothing else (not the summary's gradients either).
+    cu_seqlens: packed queries of n sequences in one row (batch 1); sequence s reads summary row s
+    (a summary of batch n, e.g. from packed keys)."""
     if not isinstance(summary, NonCausalSummary):
         raise ValueError(f"summary must be a NonCausalSummary, got {type(summary).__name__}")
     if not isinstance(q, torch.Tensor) or q.dim() != 4 or not q.is_floating_point():
         raise ValueError("q must be a floating-point tensor of shape (batch, heads, length, dim)")
     eps = check_positive(eps, "eps")
+    chunk_size = check_chunk_size(chunk_size)
     phi = resolve_feature_map(feature_map)
+    cu = None
+    if cu_seqlens is not None:
+        cu = check_cu_seqlens(cu_seqlens, q.shape[0], q.shape[2], q.device)
+        if summary.kv.shape[0] != cu.numel() - 1:
+            raise ValueError(f"with cu_seqlens the summary needs one row per packed sequence: batch "
+                             f"{cu.numel() - 1} (len(cu_seqlens) - 1), got {summary.kv.shape[0]}")
     with torch.autocast(device_type=q.device.type, enabled=False):
         fq = phi(q.to(summary.kv.dtype))
-        if fq.shape[:2] != summary.kv.shape[:2] or fq.shape[3] != summary.kv.shape[2]:
+        rows = fq.shape[:1] if cu is None else summary.kv.shape[:1]
+        if rows + fq.shape[1:2] != summary.kv.shape[:2] or fq.shape[3] != summary.kv.shape[2]:
             raise ValueError(f"q {tuple(q.shape)} (feature-mapped {tuple(fq.shape)}) does not match the "
                              f"summary's (batch, heads, D′) = {tuple(summary.kv.shape[:3])}")
         fq, marks = split_finite(fq)
-        out = apply_noncausal_summary(fq, summary.kv, summary.z, eps=eps) + marks.sum(-1, keepdim=True)
+        if cu is not None:
+            out = varlen_apply_summary(fq, summary.kv, summary.z, cu_seqlens=cu, eps=eps,
+                                       chunk_size=chunk_size)
+        else:
+            out = apply_noncausal_summary(fq, summary.kv, summary.z, eps=eps)
+        out = out + marks.sum(-1, keepdim=True)
     return out.to(q.dtype)
 
 
 def linear_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = True,
                      feature_map: FeatureMap = "elu", padding_mask: Optional[torch.Tensor] = None,
                      eps: float = 1e-6, chunk_size: int = 64, backend: str = "auto",
-                     process_group=None) -> torch.Tensor:
+                     cu_seqlens: Optional[torch.Tensor] = None, process_group=None) -> torch.Tensor:
     """Plain linear attention (eq. 5, causal eq. 7): momentum attention with β = 0, γ = 1 (the
-    kernels then carry the one state s). process_group as in `momentum_attention`."""
+    kernels then carry the one state s). cu_seqlens and process_group as in `momentum_attention`."""
     return momentum_attention(q, k, v, momentum=0.0, step_size=1.0, causal=causal,
                               feature_map=feature_map, padding_mask=padding_mask, eps=eps,
-                              chunk_size=chunk_size, backend=backend, process_group=process_group)
+                              chunk_size=chunk_size, backend=backend, cu_seqlens=cu_seqlens,
+                              process_group=process_group)
 
 
 def momentum_attention_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -150,19 +204,22 @@ def momentum_attention_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                             step_size: float = 1.0, feature_map: FeatureMap = "elu",
                             eps: float = 1e-6, padding_mask: Optional[torch.Tensor] = None,
                             chunk_size: int = 64, backend: str = "auto",
+                            cu_seqlens: Optional[torch.Tensor] = None,
                             ) -> Tuple[torch.Tensor, MomentumAttentionState]:
     """Recurrent form eq. 12 for decoding: q, k (B, H, n, Dk), v (B, H, n, Dv) are n ≥ 1 new
     positions; state is a `MomentumAttentionState` (a plain (s, z, m) tuple is refused: build
     `MomentumAttentionState(s=…, z=…, m=…)`, which names its parts) or None to start fresh.
     Returns (out (B, H, n, Dv), new_state). One position runs the fused single-token update;
-    several run the chunked form from `state`. backend as in `momentum_attention`."""
+    several run the chunked form from `state`. backend as in `momentum_attention`.
+    cu_seqlens: the new positions of n packed sequences in one row (batch 1), as in
+    `momentum_attention`; the state then has batch n (e.g. continuing a packed prefill)."""
     check_qkv(q, k, v, causal=True)
     _check_state_type(state, "state")
-    if q.shape[2] != 1:
+    if q.shape[2] != 1 or cu_seqlens is not None:
         return momentum_attention(q, k, v, momentum=momentum, step_size=step_size, causal=True,
                                   feature_map=feature_map, padding_mask=padding_mask, eps=eps,
                                   chunk_size=chunk_size, initial_state=state, return_state=True,
-                                  backend=backend)
+                                  backend=backend, cu_seqlens=cu_seqlens)
     momentum = check_momentum(momentum)
     step_size = check_positive(step_size, "step_size")
     eps = check_positive(eps, "eps")
@@ -227,12 +284,45 @@ def _causal(q, k, v, phi, mask, *, kernel, state_dtype, momentum, step_size, eps
     return out, state
 
 
-def _noncausal(q, k, v, phi, mask, momentum, step_size, eps):
-    """Eq. 14 as two sums over the real keys, in float32 (float64 for float64 inputs)."""
+def _causal_packed(q, k, v, phi, cu, *, kernel, state_dtype, momentum, step_size, eps, chunk_size,
+                   initial_state, return_state):
+    """Causal form on packed sequences (`cu` checked, batch 1): every segment restarts from its
+    own initial state; NaN marks stay inside their segment."""
+    H, N, Dv = q.shape[1], q.shape[2], v.shape[-1]
+    n = cu.numel() - 1
+    fq, fk, v, marks = NonFiniteMarks.feature_map(phi, q, k, v)
+    D = fk.shape[-1]
+    if initial_state is not None:
+        _check_state(initial_state, n, H, D, Dv, q.device, packed=True)
+        initial_state = initial_state.to(state_dtype)
+    if N == 0 or H == 0:
+        out = v.new_zeros(v.shape) + (fq.sum() + fk.sum() + v.sum())
+        if return_state and initial_state is None:
+            initial_state = MomentumAttentionState.zeros(n, H, D, Dv, dtype=state_dtype, device=q.device)
+        return out, initial_state
+    out, state = kernel(fq, fk, v, momentum=momentum, step_size=step_size, eps=eps,
+                        chunk_size=chunk_size, initial_state=initial_state, return_state=return_state,
+                        cu_seqlens=cu)
+    segments = segment_of_tokens(cu, N)
+    out = marks.causal(out, segments=segments)
+    if return_state:
+        state = marks.state(state, segments=segments, count=n)
+    return out, state
+
+
+def _noncausal(q, k, v, phi, mask, momentum, step_size, eps, cu, chunk_size):
+    """Eq. 14 as two sums over the real keys (per segment with cu_seqlens), in float32 (float64
+    for float64 inputs)."""
     dtype = compute_dtype(q, k, v)
     with torch.autocast(device_type=q.device.type, enabled=False):
         q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
         fq, fk, v, marks = NonFiniteMarks.feature_map(phi, q, _mask_keys(k, mask), _mask_keys(v, mask))
+        if cu is not None:
+            if q.shape[2] == 0:
+                return v.new_zeros(v.shape) + (fq.sum() + fk.sum())
+            out = varlen_noncausal_momentum_attention(fq, fk, v, cu_seqlens=cu, momentum=momentum,
+                                                      step_size=step_size, eps=eps, chunk_size=chunk_size)
+            return marks.noncausal(out, segments=segment_of_tokens(cu, q.shape[2]), count=cu.numel() - 1)
         fk = _mask_keys(fk, mask)
         kv, z = noncausal_summary(fk, v, momentum=momentum, step_size=step_size, key_mask=mask)
         return marks.noncausal(apply_noncausal_summary(fq, kv, z, eps=eps))
@@ -262,8 +352,18 @@ def _check_state_type(state, name: str) -> None:
                          "wrap the tensors as MomentumAttentionState(s=..., z=..., m=...) (eq. 12's S, z, m)")
 
 
+def _check_packed_padding(padding_mask, mask) -> None:
+    """cu_seqlens already says where every sequence is: a padding mask may only agree (all real)."""
+    if padding_mask is not None and (mask is not None or torch.compiler.is_compiling()):
+        raise ValueError("padding_mask marks padded tokens, but with cu_seqlens every token belongs to a "
+                         "sequence: drop the padding tokens from the packed row (or pass padding_mask=None)")
+
+
 def _check_state(state: MomentumAttentionState, B: int, H: int, Dk: int, Dv: int,
-                 device: torch.device) -> None:
+                 device: torch.device, packed: bool = False) -> None:
+    if packed and state.s.dim() == 4 and state.s.shape[0] != B:
+        raise ValueError(f"with cu_seqlens the state holds one row per packed sequence: batch {B} "
+                         f"(len(cu_seqlens) - 1), got {state.s.shape[0]}")
     state.check(B, H, Dk, Dv)
     if state.s.device != device:
         raise ValueError(f"state is on {state.s.device} but the inputs are on {device}")

@@ -11,6 +11,11 @@ state entering its slice and runs the ordinary causal attention from there
 (`initial_state=`); the gradients of the entering state reach the earlier ranks through the
 all-gather's backward (an all-reduce). Eq. 14 (causal=False) is one all-reduce of the
 key-value sums, each rank weighting its keys by the real keys of the later ranks.
+
+Packed sequences (`cu_seqlens`, the global offsets over all ranks' tokens, the same on every
+rank): a segment restarts from zero, so only the segment open at a slice's end carries state
+to the next rank; each rank contributes the map of its slice's last segment (the tokens after
+its last boundary), and the composition restarts at a rank that holds a boundary.
 """
 import zlib
 from typing import Callable, List, Optional, Tuple
@@ -32,10 +37,11 @@ from .coefficients import geometric
 from .feature_maps import FeatureMap, resolve_feature_map
 from .noncausal import apply_noncausal_summary
 from .state import MomentumAttentionState
+from .varlen import check_cu_seqlens
 
 # The fields every rank must agree on, in the order of the descriptor each rank all-gathers.
 _AGREED = ("batch", "heads", "key dim", "value dim", "dtype", "momentum", "step_size", "eps",
-           "feature_map", "causal", "requires_grad")
+           "feature_map", "causal", "requires_grad", "cu_seqlens")
 # Fields that may differ: validity, lengths, whether the rank has a padding mask or an
 # initial_state, whether its state runs in float64.
 _OWN = ("valid", "query length", "key length", "padding_mask", "initial_state", "float64 state")
@@ -46,7 +52,7 @@ def context_parallel_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
                                causal: bool, feature_map: FeatureMap,
                                padding_mask: Optional[torch.Tensor], eps: float, chunk_size: int,
                                initial_state: Optional[MomentumAttentionState], return_state: bool,
-                               backend: str):
+                               backend: str, cu_seqlens: Optional[torch.Tensor] = None):
     """`momentum_attention(..., process_group=group)` on this rank's slice q, k (B, H, N_r, Dk),
     v (B, H, N_r, Dv), padding_mask (B, N_r): the whole sequence's result on the slice, forward
     and backward. `attend` is the single-process entry point (`api.momentum_attention`). Every
@@ -54,19 +60,25 @@ def context_parallel_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     training, must back-propagate through its output (the backward exchanges the state
     gradients). initial_state is the state before the whole sequence: rank 0 only. With
     return_state, each rank gets the state after its own slice (the last rank's is the state
-    after the whole sequence)."""
+    after the whole sequence). cu_seqlens: the offsets of the packed sequences over the whole
+    row (every rank's tokens concatenated, batch 1), the same tensor on every rank; causal only,
+    without initial_state / return_state (their per-segment states are not split over ranks)."""
     group = _check_group(process_group)
     rank = dist.get_rank(group)
     error, mask, own = None, None, None
     try:
         mask, own = _describe(q, k, v, momentum, step_size, causal, feature_map, padding_mask, eps,
-                              chunk_size, initial_state, return_state, backend)
+                              chunk_size, initial_state, return_state, backend, cu_seqlens)
     except ValueError as raised:
         error = raised
     table = _all_gather_descriptor(own, group)
     if error is not None:
         raise error
     _check_agreement(table)
+    if cu_seqlens is not None:
+        return _packed(q, k, v, cu_seqlens, table, rank, group, attend=attend, momentum=momentum,
+                       step_size=step_size, feature_map=feature_map, eps=eps, chunk_size=chunk_size,
+                       backend=backend)
     lengths = _all_lengths(table, mask, k, group)
     state_dtype = torch.float64 if bool(table[:, -1].any()) else compute_dtype(q, k, v)
     phi = resolve_feature_map(feature_map)
@@ -220,7 +232,7 @@ def _check_group(process_group):
 
 
 def _describe(q, k, v, momentum, step_size, causal, feature_map, padding_mask, eps, chunk_size,
-              initial_state, return_state, backend):
+              initial_state, return_state, backend, cu_seqlens):
     """This rank's own checks, then its descriptor (_AGREED + _OWN) as float64 numbers."""
     check_qkv(q, k, v, causal=causal)
     momentum = check_momentum(momentum)
@@ -243,6 +255,9 @@ def _describe(q, k, v, momentum, step_size, causal, feature_map, padding_mask, e
         initial_state.check(k.shape[0], k.shape[1], D, v.shape[-1])
         if initial_state.s.device != k.device:
             raise ValueError(f"initial_state is on {initial_state.s.device} but the inputs are on {k.device}")
+    cu_code = 0
+    if cu_seqlens is not None:
+        cu_code = _check_packed(cu_seqlens, k, mask, causal, initial_state, return_state)
     name = feature_map if isinstance(feature_map, str) else getattr(feature_map, "__qualname__",
                                                                      type(feature_map).__name__)
     tensors = [q, k, v] + ([] if initial_state is None else [initial_state.s, initial_state.z,
@@ -251,9 +266,29 @@ def _describe(q, k, v, momentum, step_size, causal, feature_map, padding_mask, e
     dtypes = ",".join(str(t.dtype) for t in (q, k, v))
     float64_state = initial_state is not None and initial_state.s.dtype == torch.float64
     agreed = (q.shape[0], q.shape[1], q.shape[3], v.shape[3], _code(dtypes), momentum, step_size, eps,
-              _code(name), causal, grad)
+              _code(name), causal, grad, cu_code)
     own = (1, q.shape[2], k.shape[2], mask is not None, initial_state is not None, float64_state)
     return mask, [float(x) for x in agreed + own]
+
+
+def _check_packed(cu_seqlens, k, mask, causal, initial_state, return_state) -> int:
+    """This rank's checks of the global cu_seqlens (its end is checked against the total length
+    once every rank's length is known); returns a code of its values for the agreement check."""
+    claimed = -1
+    if isinstance(cu_seqlens, torch.Tensor) and cu_seqlens.dim() == 1 and cu_seqlens.numel() > 0:
+        claimed = int(cu_seqlens[-1])
+    cu = check_cu_seqlens(cu_seqlens, k.shape[0], claimed, k.device)
+    if mask is not None:
+        raise ValueError("padding_mask marks padded tokens, but with cu_seqlens every token belongs to a "
+                         "sequence: drop the padding from the packed row, or pass padding_mask=None")
+    if not causal:
+        raise ValueError("causal=False with cu_seqlens and process_group is not supported: eq. 14 per "
+                         "segment needs every rank's keys of the segments crossing it")
+    if initial_state is not None or return_state:
+        raise ValueError("initial_state and return_state with cu_seqlens and process_group are not "
+                         "supported: their states are per segment and segments cross ranks; run the "
+                         "prefill without process_group to get them")
+    return _code(",".join(str(x) for x in cu.tolist()))
 
 
 def _code(text: str) -> int:
@@ -297,13 +332,14 @@ def _check_agreement(table: torch.Tensor) -> None:
 def _argument(name: str) -> str:
     return {"batch": "q, k, v batch size", "heads": "q, k, v head count", "key dim": "q, k last dimension",
             "value dim": "v last dimension", "dtype": "q, k, v dtype",
-            "requires_grad": "requires_grad of q, k, v (all ranks train, or none)"}.get(name, name)
+            "requires_grad": "requires_grad of q, k, v (all ranks train, or none)",
+            "cu_seqlens": "cu_seqlens (the global offsets over all ranks' tokens)"}.get(name, name)
 
 
 def _show(name: str, value: float) -> str:
     if name in ("batch", "heads", "key dim", "value dim", "causal", "requires_grad"):
         return str(int(value)) if name not in ("causal", "requires_grad") else str(bool(value))
-    if name in ("dtype", "feature_map"):
+    if name in ("dtype", "feature_map", "cu_seqlens"):
         return f"name code {int(value)}"
     return f"{value:g}"
 
@@ -345,6 +381,54 @@ def _unpack(packed: torch.Tensor, dk: int, dv: int) -> MomentumAttentionState:
     B, H, n = packed.shape[0], packed.shape[1], dk * dv
     return MomentumAttentionState(s=packed[..., :n].reshape(B, H, dk, dv),
                                   m=packed[..., n:2 * n].reshape(B, H, dk, dv), z=packed[..., 2 * n:])
+
+
+def _packed(q, k, v, cu_seqlens, table, rank, group, *, attend, momentum, step_size, feature_map, eps,
+            chunk_size, backend):
+    """Causal attention on packed sequences whose segments may cross ranks. Rank i's slice is
+    [o_i, o_i + N_i) of the row; its last boundary b_i in (o_i, o_i + N_i], if any, restarts the
+    state. It contributes the zero-start state of its tokens [b_i, o_i + N_i) (all its tokens when
+    it holds no boundary); the state entering rank r's first segment composes the contributions
+    of ranks < r from the last one that holds a boundary (eq. 12 restarts at a segment start)."""
+    starts = [0] + table[:, len(_AGREED) + 2].to(torch.long).cumsum(0).tolist()
+    total = starts[-1]
+    cu = check_cu_seqlens(cu_seqlens, 1, int(cu_seqlens[-1]), k.device)
+    if int(cu[-1]) != total:
+        raise ValueError(f"cu_seqlens with process_group holds the offsets over the whole row (every rank's "
+                         f"tokens concatenated, {total} tokens), but it ends at {int(cu[-1])}")
+    boundaries = cu.tolist()
+    tails, restarts = [], []
+    for lo, hi in zip(starts[:-1], starts[1:]):
+        inside = [b for b in boundaries if lo < b <= hi]
+        tails.append((inside[-1] if inside else lo) - lo)
+        restarts.append(bool(inside))
+    lo, hi = starts[rank], starts[rank + 1]
+    phi = resolve_feature_map(feature_map)
+    state_dtype = compute_dtype(q, k, v)
+    with torch.autocast(device_type=q.device.type, enabled=False):
+        fk, vv = _feature_keys(phi, k, v, None, state_dtype)
+        tail = tails[rank]
+        local = slice_state(fk[:, :, tail:], vv[:, :, tail:], None, momentum=momentum, step_size=step_size)
+        gathered = _AllGather.apply(group, _pack(local))
+        states = [_unpack(g, fk.shape[-1], v.shape[-1]) for g in gathered.unbind(0)]
+        entering = None
+        for i in range(rank):
+            length = torch.full((1,), starts[i + 1] - starts[i] - tails[i], device=k.device)
+            if entering is None or restarts[i]:
+                entering = states[i]
+            else:
+                entering = advance(entering, states[i], length, momentum=momentum, step_size=step_size)
+        inner = [b - lo for b in boundaries if lo < b < hi]
+        local_cu = torch.tensor([0] + inner + [hi - lo], dtype=torch.long, device=k.device)
+        if entering is not None:
+            rest = MomentumAttentionState.zeros(len(inner), *entering.s.shape[1:3], entering.s.shape[3],
+                                                dtype=entering.s.dtype, device=k.device)
+            entering = MomentumAttentionState(*(torch.cat([a, b]) for a, b in (
+                (entering.s, rest.s), (entering.z, rest.z), (entering.m, rest.m))))
+    out = attend(q, k, v, momentum=momentum, step_size=step_size, causal=True, feature_map=feature_map,
+                 eps=eps, chunk_size=chunk_size, initial_state=entering, backend=backend,
+                 cu_seqlens=local_cu)
+    return _Attach.apply(out, gathered)
 
 
 def _noncausal(q, k, v, phi, mask, lengths, rank, group, *, momentum, step_size, eps, dtype):

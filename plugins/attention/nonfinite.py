@@ -11,6 +11,7 @@ only reaches its own value column. The marks are tensors of 0 and NaN, so adding
 and needs no data-dependent branch: under torch.compile they are always computed (and fused);
 in eager mode one sum per input first tells whether there is anything to mark."""
 from dataclasses import dataclass
+from typing import Optional
 
 import torch
 
@@ -38,12 +39,14 @@ def all_finite(*tensors: torch.Tensor) -> bool:
 class FiniteInputs:
     """The marks of inputs known to be finite: every result stays as it is."""
 
-    def causal(self, out: torch.Tensor) -> torch.Tensor:
+    def causal(self, out: torch.Tensor, segments: Optional[torch.Tensor] = None,
+               count: int = 0) -> torch.Tensor:
         return out
 
     step = noncausal = causal
 
-    def state(self, state: MomentumAttentionState) -> MomentumAttentionState:
+    def state(self, state: MomentumAttentionState, segments: Optional[torch.Tensor] = None,
+              count: int = 0) -> MomentumAttentionState:
         return state
 
 
@@ -81,22 +84,47 @@ class NonFiniteMarks:
     def _per_key(self) -> torch.Tensor:
         return self.key.sum(-1, keepdim=True) + self.value             # (B, H, Nk, Dv)
 
-    def causal(self, out: torch.Tensor) -> torch.Tensor:
-        """Output i is marked by query i and by every key/value j ≤ i."""
-        return out + (self.query + self._per_key().cumsum(2)).to(out.dtype)
+    def causal(self, out: torch.Tensor, segments: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """Output i is marked by query i and by every key/value j ≤ i (of its own segment, when
+        `segments` (N,) gives each position's packed sequence)."""
+        if segments is None:
+            return out + (self.query + self._per_key().cumsum(2)).to(out.dtype)
+        position = torch.arange(out.shape[2], device=out.device)
+        start = torch.searchsorted(segments, segments)                 # first position of each one's segment
+        flagged = torch.where(self._per_key().isnan(), position[:, None], -1)
+        last_flag = flagged.cummax(2).values                           # latest non-finite j ≤ i
+        nan = torch.full((), float("nan"), dtype=out.dtype, device=out.device)
+        marked = torch.where(last_flag >= start[:, None], nan, torch.zeros_like(nan))
+        return out + self.query.to(out.dtype) + marked
 
     def step(self, out: torch.Tensor) -> torch.Tensor:
         """One new position (out (B, H, Dv), marks of length 1); earlier ones are in the state."""
         return out + (self.query + self._per_key())[:, :, 0].to(out.dtype)
 
-    def noncausal(self, out: torch.Tensor) -> torch.Tensor:
-        """Every output is marked by every (real) key/value; padded keys were zeroed before."""
-        return out + (self.query + self._per_key().sum(2, keepdim=True)).to(out.dtype)
+    def noncausal(self, out: torch.Tensor, segments: Optional[torch.Tensor] = None,
+                  count: int = 0) -> torch.Tensor:
+        """Every output is marked by every (real) key/value (of its segment: `segments` (N,),
+        `count` segments); padded keys were zeroed before."""
+        if segments is None:
+            return out + (self.query + self._per_key().sum(2, keepdim=True)).to(out.dtype)
+        per_segment = _segment_sum(self._per_key(), segments, count)
+        return out + (self.query + per_segment[:, :, segments]).to(out.dtype)
 
-    def state(self, state: MomentumAttentionState) -> MomentumAttentionState:
+    def state(self, state: MomentumAttentionState, segments: Optional[torch.Tensor] = None,
+              count: int = 0) -> MomentumAttentionState:
         """Eq. 12's state after the keys: a key feature marks its row of S and m and its entry
-        of z; a value column marks its column of S and m."""
-        key = self.key.sum(2).to(state.s.dtype)                       # (B, H, D′)
-        value = self.value.sum(2).to(state.s.dtype)                   # (B, H, Dv)
+        of z; a value column marks its column of S and m. With `segments` (N,) of a packed row,
+        the state has one row per segment (`count` of them), marked by its own keys only."""
+        if segments is None:
+            key = self.key.sum(2).to(state.s.dtype)                   # (B, H, D′)
+            value = self.value.sum(2).to(state.s.dtype)               # (B, H, Dv)
+        else:
+            key = _segment_sum(self.key, segments, count)[0].transpose(0, 1).to(state.s.dtype)
+            value = _segment_sum(self.value, segments, count)[0].transpose(0, 1).to(state.s.dtype)
         both = key[..., :, None] + value[..., None, :]
         return MomentumAttentionState(s=state.s + both, z=state.z + key, m=state.m + both)
+
+
+def _segment_sum(marks: torch.Tensor, segments: torch.Tensor, count: int) -> torch.Tensor:
+    """(1, H, N, W) marks summed per segment → (1, H, count, W)."""
+    return marks.new_zeros(*marks.shape[:2], count, marks.shape[3]).index_add(2, segments, marks)
