@@ -25,12 +25,14 @@ import math
 import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
+from torch.nn.utils.rnn import PackedSequence
 
 from ..validation import check_bool, check_int, check_probability
 from .adam_recurrence import AdamLSTMRecurrence, gate_order
 from .checks import check_sizes
 from .filters import bias_channel, carried_weight, filter_sequence, second_moment
 from .lstm_cells import lstm_update
+from .segments import check_segment_offsets, offsets_from_starts, segment_layout
 from .sequence import (
     RecurrentState,
     as_output,
@@ -138,6 +140,18 @@ def recurrence_loop(step, pre, lengths, state):
     return (out if masks is None else out * masks), state
 
 
+def segment_rows(state, full, index):
+    """The initial state of the segments `index` (the non-empty ones): rows of `full` (the
+    validated state of all segments), with v and the step counter left None where the caller
+    gave none (no carried momentum channels, one NAG/SR decay group)."""
+    given = state if isinstance(state, RecurrentState) else None
+    rows = lambda t, dim=1: None if t is None else t.index_select(dim, index)
+    return RecurrentState(rows(full.h), rows(full.c),
+                          rows(full.v) if given is not None and given.v is not None else None,
+                          rows(full.m),
+                          rows(full.step, 0) if given is not None and given.step is not None else None)
+
+
 def tanh_step(weight_hh):
     """One tanh-RNN step h_t = tanh(p_t + U h_{t-1}) on a precomputed p (eq. 9, eq. 15)."""
     def step(p, state):
@@ -215,7 +229,49 @@ class _MomentumLayers(nn.Module):
                              width=self.gate_count * self.hidden_size, has_c=self.gate_count == 4,
                              has_v=self.variant.has_v, has_m=self.variant.has_m, ref=ref, steps=steps)
 
-    def forward(self, input, state=None):
+    def forward(self, input, state=None, *, cu_seqlens=None, segment_starts=None):
+        """input (T, B, input_size) (batch_first: (B, T, input_size)) or a PackedSequence;
+        state None, a RecurrentState, (h, c) or h. Returns (output, RecurrentState).
+
+        Packed rows (segments.py): `cu_seqlens` (n+1 offsets over a batch of one row) or
+        `segment_starts` ((batch, time) bool, True where a sequence begins, (batch, time)
+        whatever batch_first) split the input into n sequences that each run exactly as if
+        alone: h, c, the momentum v, the second moment m and the step counter all start
+        afresh (from `state`'s row of that segment) at every segment's first step. The state
+        then has batch n, one row per segment (row by row, left to right): the initial state
+        of each segment, and each segment's state after its last step."""
+        if cu_seqlens is None and segment_starts is None:
+            return self._forward_sequence(input, state)
+        return self._forward_segments(input, state, cu_seqlens, segment_starts)
+
+    def _forward_segments(self, input, state, cu_seqlens, segment_starts):
+        """The segments of a packed row as a batch of n sequences in torch's packed layout
+        (segments.py); empty segments keep their initial state."""
+        if cu_seqlens is not None and segment_starts is not None:
+            raise ValueError("pass cu_seqlens or segment_starts, not both (they say the same thing)")
+        name = "cu_seqlens" if cu_seqlens is not None else "segment_starts"
+        if isinstance(input, PackedSequence):
+            raise ValueError(f"{name} cannot be combined with a PackedSequence input, whose lengths "
+                             f"already separate its sequences: pass a tensor")
+        x = as_sequence(input, self.input_size, self.batch_first).x
+        steps, batch = x.shape[:2]
+        if cu_seqlens is not None:
+            offsets = check_segment_offsets(cu_seqlens, batch, steps, x.device)
+        else:
+            offsets = offsets_from_starts(segment_starts, batch, steps, x.device)
+        layout = segment_layout(offsets, x.device)
+        first = state
+        if layout.nonempty is not None:
+            full = self._state(state, layout.count, x, steps)
+            first = segment_rows(state, full, layout.nonempty)
+        out, final = self._forward_sequence(layout.pack(x.transpose(0, 1).reshape(batch * steps, -1)), first)
+        out = layout.unpack(out.data).view(batch, steps, -1)
+        if layout.nonempty is not None:
+            final = RecurrentState(*(None if f is None else a.index_copy(dim, layout.nonempty, f)
+                                     for a, f, dim in zip(full, final, (1, 1, 1, 1, 0))))
+        return (out if self.batch_first else out.transpose(0, 1)), final
+
+    def _forward_sequence(self, input, state):
         seq = as_sequence(input, self.input_size, self.batch_first)
         x, lengths = seq.x, seq.lengths
         steps, batch = x.shape[:2]
