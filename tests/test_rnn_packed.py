@@ -5,6 +5,7 @@ input, the weights and the per-segment initial states — in float64, both layou
 lengths with 1-step and empty segments; the two forms agree; bad offsets are refused by name."""
 import pytest
 import torch
+from rnn_literal import LITERAL_DRIVES
 
 from plugins.rnn import (
     VARIANTS,
@@ -15,6 +16,7 @@ from plugins.rnn import (
     cell_names,
 )
 from plugins.rnn.adam_recurrence import recurrence_backend
+from plugins.rnn.filters import SegmentDecay, filter_sequence
 
 D, H = 4, 3
 HP = dict(momentum=0.6, step_size=0.7, beta=0.8, eps=1e-6)
@@ -149,6 +151,34 @@ def test_packed_row_equals_each_segment_alone(case, batch_first, make_generator)
     x = torch.randn(int(cu[-1]), D, generator=gen, dtype=torch.float64, requires_grad=True)
     assert_same_run(layer, x, cu, random_state(layer, gen, lengths.numel()), gen)
     assert_same_run(layer, x, cu.int(), None, gen)
+
+
+@pytest.mark.parametrize("chunk", [1, 3, 4, 128])
+@pytest.mark.parametrize("cell", [name for name, v in VARIANTS.items() if v.has_v and not v.has_m])
+def test_segment_filter_equals_the_literal_momentum_of_each_segment(cell, chunk, make_generator):
+    """filters.SegmentDecay: the momentum of eq. 9 (and its NAG/SR schedules) over a packed row,
+    chunked across segment boundaries, ≡ the literal recurrence of each segment alone from its
+    own v_0 and start step (MomentumRNN, eq. 9, Section 2.4)."""
+    gen = make_generator()
+    variant = VARIANTS[cell]
+    hyper = variant.hyper(HP["momentum"], HP["step_size"], HP["beta"], HP["eps"],
+                          RESTART if variant.restart != "refused" else None)
+    lengths = random_lengths(gen)
+    cu = offsets(lengths)
+    start = torch.randint(0, 8, (lengths.numel(),), generator=gen)
+    g = torch.randn(int(cu[-1]), 1, 5, generator=gen, dtype=torch.float64)
+    v0 = torch.randn(lengths.numel(), 5, generator=gen, dtype=torch.float64)
+    decay = SegmentDecay(variant.decay(hyper, int(cu[-1]), torch.zeros(1, dtype=torch.long)), cu, start)
+    got = filter_sequence(g, decay, hyper.step_size, chunk)[:, 0] + decay.carried() @ v0
+    hp = dict(mu=hyper.momentum, s=hyper.step_size, beta=hyper.beta, eps=hyper.eps, restart=hyper.restart)
+    want = []
+    for s in range(lengths.numel()):
+        v = v0[s:s + 1]
+        for t in range(int(cu[s]), int(cu[s + 1])):
+            step = start[s:s + 1] + t - int(cu[s]) + 1
+            _, v, _ = LITERAL_DRIVES[cell](g[t], v, None, step, hp)
+            want.append(v)
+    torch.testing.assert_close(got, torch.cat(want), atol=TOL, rtol=0)
 
 
 @pytest.mark.parametrize("cell", cell_names("lstm"))

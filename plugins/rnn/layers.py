@@ -19,6 +19,16 @@ Fast path. The momentum of every cell depends on the input only (filters.py), so
   per-step recurrence with a hand-written backward (adam_recurrence.py). The tanh RNN forms
   v/√(m + ε) for all steps first and loops over its cheap tanh steps under autograd.
 Dropout between layers as in nn.LSTM.
+
+Packed rows (`forward(..., cu_seqlens=...)` or `segment_starts=...`, segments.py): every
+segment runs exactly as if alone. Plain and eq.-9 cells (MomentumLSTM, MomentumRNN) stay on
+the row without padding: each layer's filter uses a SegmentDecay (filters.py; no momentum
+crosses a segment start, NAG/SR count steps from each segment's start) and the fused kernel
+runs the segments as a batch in torch's packed layout (the row's steps gathered into it and
+scattered back by one index each). Cells with a second moment (eq. 15) and the orthogonal
+RNN take the segments as a PackedSequence through their usual lengths path (padded to the
+longest segment inside, as for any PackedSequence input): eq. 15's recurrence, torch loop or
+Triton steps, then starts every segment from its own state with no change to its kernels.
 """
 import math
 
@@ -30,13 +40,14 @@ from torch.nn.utils.rnn import PackedSequence
 from ..validation import check_bool, check_int, check_probability
 from .adam_recurrence import AdamLSTMRecurrence, gate_order
 from .checks import check_sizes
-from .filters import bias_channel, carried_weight, filter_sequence, second_moment
+from .filters import SegmentDecay, bias_channel, carried_channels, filter_sequence, second_moment
 from .lstm_cells import lstm_update
 from .segments import check_segment_offsets, offsets_from_starts, segment_layout
 from .sequence import (
     RecurrentState,
     as_output,
     as_sequence,
+    fused_packed,
     fused_recurrence,
     initial_state,
     last_step,
@@ -66,11 +77,11 @@ def input_map(x, decay, step_size, weight, bias, v0, joined=None):
         cols.append(bias_channel(decay, step_size, batch, x.dtype, x.device).unsqueeze(-1))
     w = join_input_weight(weight, bias) if joined is None else joined
     if v0 is not None:
-        carried = carried_weight(decay, batch)
+        carried = carried_channels(decay, batch)
         # Zero weights (e.g. NAG's μ_1 = 0) drop the B channels; asking whether they are all
         # zero would make the host wait for an accelerator, so only the CPU asks.
         if carried.device.type != "cpu" or bool(carried.any()):
-            cols.append(torch.diag_embed(carried.to(device=x.device, dtype=x.dtype)))
+            cols.append(carried.to(device=x.device, dtype=x.dtype))
             w = torch.cat([w, v0.t()], 1)
     return torch.cat(cols, -1), w, None
 
@@ -260,6 +271,8 @@ class _MomentumLayers(nn.Module):
         else:
             offsets = offsets_from_starts(segment_starts, batch, steps, x.device)
         layout = segment_layout(offsets, x.device)
+        if self.fused_kind is not None and not self.variant.has_m:
+            return self._row_segments(x, state, offsets, layout)
         first = state
         if layout.nonempty is not None:
             full = self._state(state, layout.count, x, steps)
@@ -270,6 +283,53 @@ class _MomentumLayers(nn.Module):
             final = RecurrentState(*(None if f is None else a.index_copy(dim, layout.nonempty, f)
                                      for a, f, dim in zip(full, final, (1, 1, 1, 1, 0))))
         return (out if self.batch_first else out.transpose(0, 1)), final
+
+    def _row_segments(self, x, state, offsets, layout):
+        """Packed row of a cell on torch's fused kernels (plain, eq. 9 and its NAG/SR
+        schedules), without padding: each layer's momentum filter runs over the whole row with
+        a SegmentDecay (filters.py: no momentum crosses a segment start, schedules count from
+        each segment's start step), then the row's steps are gathered into the segments'
+        packed layout for the fused kernel (cuDNN / oneDNN, one call per layer; the plain cell
+        one call for all layers, as nn.LSTM) and scattered back."""
+        steps, batch = x.shape[:2]
+        st = self._state(state, layout.count, x, steps)
+        keep = layout.nonempty
+        first = lambda t: t if keep is None else t.index_select(1, keep)
+        hx = lambda k: ((first(st.h[k]), first(st.c[k])) if self.gate_count == 4 else first(st.h[k]))
+        lengths = offsets.diff()
+        row = x.transpose(0, 1).reshape(batch * steps, -1)
+        if self._all_layers_fused():
+            data, (h, *c) = fused_packed(self.fused_kind, layout.pack(row), hx(slice(None)),
+                                         self._stack_weights(), self.bias, self.training,
+                                         self.num_layers, self.dropout)
+            finals = (h, c[0] if c else None, None)
+            row = layout.unpack(data)
+        else:
+            carries_v = isinstance(state, RecurrentState) and state.v is not None
+            base = self.variant.decay(self.hyper, steps * batch, st.step.new_zeros(1))
+            decay = None if base is None else SegmentDecay(base, offsets, st.step)
+            last = (offsets[1:] - 1)[lengths > 0].to(x.device)
+            layers = []
+            for k in range(self.num_layers):
+                if k > 0 and self.dropout > 0 and self.training:
+                    row = F.dropout(row, self.dropout, True)
+                w_ih, w_hh, b_ih, b_hh = self.layer_parameters(k)
+                inp, w, b = input_map(row[:, None], decay, self.variant.input_scale(self.hyper), w_ih,
+                                      b_ih, st.v[k] if carries_v else None,
+                                      self._joined_input_weight(k, decay, w_ih, b_ih))
+                data, (h, *c) = fused_packed(self.fused_kind, layout.pack(inp[:, 0]), hx(slice(k, k + 1)),
+                                             fused_weights(w, w_hh, b, b_hh, self.bias), self.bias,
+                                             self.training)
+                row = layout.unpack(data)
+                v = F.linear(inp[:, 0].index_select(0, last), w, b) if self.variant.has_v else None
+                layers.append((h[0], c[0][0] if c else None, v))
+            finals = tuple(None if layers[0][i] is None else torch.stack([f[i] for f in layers])
+                           for i in range(3))
+        merged = tuple(None if f is None else (f if keep is None else a.index_copy(1, keep, f))
+                       for a, f in zip(st[:3], finals))
+        out = row.view(batch, steps, -1)
+        new_state = RecurrentState(*merged, None, st.step + lengths.to(st.step.device))
+        return (out if self.batch_first else out.transpose(0, 1)), new_state
 
     def _forward_sequence(self, input, state):
         seq = as_sequence(input, self.input_size, self.batch_first)
@@ -387,6 +447,8 @@ class MomentumLSTM(_MomentumLayers):
     (T, B, input_size) (batch_first: (B, T, input_size)) or a PackedSequence; state may also
     be an (h, c) tuple. The returned state carries h, c, the momentum v (and m for
     adam/rmsprop) of every layer and the per-sequence time-step counter.
+    forward(input, state, cu_seqlens=...) or (..., segment_starts=...): many sequences packed
+    in one row, each run exactly as if alone, with one state row per sequence (`forward`).
     """
 
     plain = "lstm"

@@ -9,11 +9,12 @@ collator do:
   == 0), in that order whatever the layer's batch_first; each row's first step always begins a
   segment. Its segments are numbered row by row, left to right (row 0's first, then row 1's …).
 
-The layers run the n segments as a batch of n sequences in torch's packed layout (sorted by
-decreasing length, `batch_sizes`): the fused kernels (cuDNN / oneDNN), the momentum filters and
-eq. 15's recurrence then see each segment from its own first step, with its own initial state,
-exactly as a separate sequence, and the row's steps are gathered into that layout and back by one
-index each. Empty segments take no step: their final state is their initial state.
+The recurrences run the n segments as a batch of n sequences in torch's packed layout (sorted
+by decreasing length, `batch_sizes`; `Segments`): the fused kernels (cuDNN / oneDNN) and eq. 15's
+recurrence then see each segment from its own first step, with its own initial state, exactly as
+a separate sequence, and the row's steps are gathered into that layout and back by one index
+each (layers.py says which path filters the momentum on the row itself). Empty segments take no
+step: their final state is their initial state.
 """
 from typing import NamedTuple
 
