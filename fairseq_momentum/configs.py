@@ -9,6 +9,7 @@ each value, and its refusal of an unknown option. `check_model_section` applies 
 same rules and messages as the command line.
 """
 import argparse
+import importlib.util
 from functools import cache, partial
 
 import torch
@@ -17,7 +18,8 @@ from omegaconf import OmegaConf
 from . import options
 from .options import number
 
-HALF_PRECISION_FLAGS = ("fp16", "bf16", "memory_efficient_fp16", "memory_efficient_bf16")
+# the memory-efficient forms first: fairseq also sets --fp16 / --bf16 for them
+HALF_PRECISION_FLAGS = ("memory_efficient_fp16", "memory_efficient_bf16", "fp16", "bf16")
 
 
 def flag(name):
@@ -46,8 +48,13 @@ def _known_options(model_cls, preset):
 
 
 def check_model_section(cfg, model_cls, preset, arch):
-    """Refuse an unknown key or a bad value in a hydra `model:` section before the preset
-    fills it, with the message the command line would give (ValueError)."""
+    """Refuse an unknown key or a bad value in the `model:` section of a fairseq-hydra-train
+    job before the preset fills it, with the message the command line would give (ValueError).
+    A checkpoint's stored section is not checked: fairseq's presets fill some options with
+    values of another type (transformer_lm's base_shuffle = False), and it was checked when
+    it was trained."""
+    if hydra_training_config(cfg) is None:
+        return
     actions, filled = _known_options(model_cls, preset)
     for key, value in cfg.items():
         if key == "_name" or value is None:
@@ -71,9 +78,10 @@ def check_model_section(cfg, model_cls, preset, arch):
                 raise ValueError(f"model.{key}: {error}") from None
 
 
-def _hydra_training_config(cfg):
-    """The whole config of a running fairseq-hydra-train job, if `cfg` is its `model:` section
-    (a checkpoint's stored config read outside a hydra job is not one)."""
+def hydra_training_config(cfg):
+    """The whole config of a running fairseq-hydra-train job if `cfg` is its `model:` section,
+    else None (a command-line Namespace, or a checkpoint's stored config read outside a hydra
+    job)."""
     from hydra.core.hydra_config import HydraConfig
     if not (OmegaConf.is_config(cfg) and HydraConfig.initialized()):
         return None
@@ -82,9 +90,10 @@ def _hydra_training_config(cfg):
 
 
 def check_precision(args):
-    """--fp16 / --bf16 (and their memory-efficient forms) train on a CUDA GPU (or a TPU); without
-    one fairseq 0.12 crashes deep in its optimizer or in XLA. Refuse them early, naming the
-    flag and the fix (ValueError).
+    """--fp16 / --bf16 (and their memory-efficient forms) train on a CUDA GPU, and fairseq's
+    command line reads --bf16 as TPU training (it sets --tpu: XLA); without that hardware
+    fairseq 0.12 crashes deep in its optimizer or in XLA. Refuse them early, naming the flag and
+    the fix (ValueError).
 
     Runs on the command line being parsed (a Namespace fairseq has not yet named with `_name`)
     and on the config of a running fairseq-hydra-train job, never on a stored checkpoint config,
@@ -92,18 +101,22 @@ def check_precision(args):
     if isinstance(args, argparse.Namespace) and not hasattr(args, "_name"):
         common, prefix = args, "--"
     else:
-        root = _hydra_training_config(args)
+        root = hydra_training_config(args)
         if root is None:
             return
         common, prefix = root.common, "common."
     given = [name for name in HALF_PRECISION_FLAGS if getattr(common, name, False)]
-    if not given or getattr(common, "tpu", False):
+    if not given:
         return
-    name = flag(given[0]) if prefix == "--" else prefix + given[0]
-    cpu = flag("cpu") if prefix == "--" else prefix + "cpu"
+    name, cpu = (flag(given[0]), "--cpu") if prefix == "--" else (prefix + given[0], prefix + "cpu")
+    fix = f"drop {name} to train in float32 on the CPU"
+    if getattr(common, "tpu", False):
+        if importlib.util.find_spec("torch_xla") is None:
+            raise ValueError(f"{name}: fairseq trains bf16 on a TPU only (it sets --tpu), through "
+                             f"torch_xla, which is not installed: {fix}, or use --fp16 on a CUDA GPU")
+        return
     if getattr(common, "cpu", False):
-        raise ValueError(f"{name} with {cpu}: half precision trains on a CUDA GPU (or a TPU with "
-                         f"--tpu); drop {name} to train in float32 on the CPU")
+        raise ValueError(f"{name} with {cpu}: half precision trains on a CUDA GPU; {fix}")
     if not torch.cuda.is_available():
         raise ValueError(f"{name} needs a CUDA GPU and torch sees none (torch.cuda.is_available() "
-                         f"is False): drop {name} to train in float32 on the CPU (with {cpu})")
+                         f"is False): {fix} (with {cpu})")

@@ -37,8 +37,7 @@ def architecture(model_name, arch_name):
                 if OmegaConf.is_config(args):
                     raise
                 parser_error(error, "[--cpu | --fp16 | --bf16]")
-            if OmegaConf.is_config(args):
-                check_model_section(args, MODEL_REGISTRY[model_name], fn, arch_name)
+            check_model_section(args, MODEL_REGISTRY[model_name], fn, arch_name)
             fn(args)
 
         register_model_architecture(model_name, arch_name)(checked)

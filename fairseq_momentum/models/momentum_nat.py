@@ -15,8 +15,8 @@ from fairseq.models.nat.iterative_nonautoregressive_transformer import (
 from fairseq.models.nat.nonautoregressive_transformer import NATransformerDecoder
 from fairseq.modules.transformer_sentence_encoder import init_bert_params
 
-from ..modules.momentum_transformer_layer import MomentumDecoderMixin, MomentumEncoderMixin
 from ..configs import as_namespace
+from ..modules.momentum_transformer_layer import MomentumDecoderMixin, MomentumEncoderMixin
 from ..options import add_momentum_attention_args, fill_unset, momentum_attention_defaults
 from ..registry import model, momentum_preset
 

@@ -15,8 +15,8 @@ from fairseq.models.transformer import (
 )
 from fairseq.models.transformer.transformer_legacy import base_architecture, transformer_iwslt_de_en
 
-from ..modules.momentum_transformer_layer import MomentumDecoderMixin, MomentumEncoderMixin
 from ..configs import as_namespace
+from ..modules.momentum_transformer_layer import MomentumDecoderMixin, MomentumEncoderMixin
 from ..options import add_momentum_attention_args, momentum_attention_defaults
 from ..registry import model, momentum_preset
 
