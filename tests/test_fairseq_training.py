@@ -32,8 +32,8 @@ LSTM_LM = ["--task", "language_modeling", "--arch", "momentum_lstm_lm", "--decod
 EVERY_RANK_SAVES = """
 import os, sys
 import torch
-print(f"threads of this rank: OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS')} torch={torch.get_num_threads()}",
-      flush=True)
+omp = os.environ.get("OMP_NUM_THREADS")
+print(f"threads of this rank: OMP_NUM_THREADS={omp} torch={torch.get_num_threads()}", flush=True)
 from fairseq.trainer import Trainer
 Trainer.should_save_checkpoint_on_current_rank = property(lambda self: True)
 Trainer.checkpoint_suffix = property(lambda self: f"-rank{self.data_parallel_rank}")
