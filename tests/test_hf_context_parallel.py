@@ -202,7 +202,7 @@ def test_train_clm_context_parallel_under_torchrun(tmp_path):
            "--context-parallel", "2", "--max_train_steps", "3", "--hidden_size", "16", "--num_layers", "1",
            "--num_heads", "2", "--block_size", "33", "--per_device_batch_size", "2", "--dropout", "0"]
     env = dict(os.environ, HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false", OMP_NUM_THREADS="1",
-               ACCELERATE_USE_CPU="1")
+               ACCELERATE_USE_CPU="1", PYTHONPATH=str(repo))     # this checkout's hf_momentum
     proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     ranks = [json.loads((tmp_path / "rec" / f"rank{r}.json").read_text()) for r in range(2)]
