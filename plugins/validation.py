@@ -6,7 +6,9 @@ the allowed range. Each check returns the value converted to a plain Python type
 """
 import math
 import numbers
-from typing import Iterable, Optional
+from typing import Iterable, Mapping, Optional
+
+import torch
 
 # A step counter or length beyond this would wrap negative in int64 arithmetic.
 MAX_INT = 2 ** 62
@@ -93,3 +95,20 @@ def check_choice(value, name: str, choices: Iterable[str]) -> str:
     if not isinstance(value, str) or value not in choices:
         raise ValueError(f"{name} must be one of {', '.join(map(repr, choices))}; got {value!r}")
     return value
+
+
+def check_tensors(parts: Mapping[str, object], owner: str) -> None:
+    """The tensors of one state object (e.g. `state.s`, `state.z`, `state.m`): each a
+    floating-point torch.Tensor, all of one dtype and on one device. Shapes are the owner's to
+    check, since each state has its own layout."""
+    first = None
+    for name, value in parts.items():
+        if not isinstance(value, torch.Tensor):
+            raise ValueError(f"{owner}.{name} must be a torch.Tensor, got {type(value).__name__}")
+        if not value.is_floating_point():
+            raise ValueError(f"{owner}.{name} must be a floating-point tensor, got dtype {value.dtype}")
+        if first is None:
+            first = name, value
+        elif (value.dtype, value.device) != (first[1].dtype, first[1].device):
+            raise ValueError(f"{owner}.{first[0]} and {owner}.{name} must have one dtype and device, got "
+                             f"{first[1].dtype} on {first[1].device} and {value.dtype} on {value.device}")

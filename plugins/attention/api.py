@@ -6,6 +6,7 @@ import torch
 from .backends import triton_kernels, use_triton
 from .checks import (
     check_backend,
+    check_bool,
     check_chunk_size,
     check_feature_dims,
     check_momentum,
@@ -53,6 +54,8 @@ def momentum_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, mom
     its position), forward and backward. States and denominators are accumulated in float32
     (float64 for float64 inputs), autocast or not.
     """
+    causal = check_bool(causal, "causal")
+    return_state = check_bool(return_state, "return_state")
     check_qkv(q, k, v, causal=causal)
     momentum = check_momentum(momentum)
     step_size = check_positive(step_size, "step_size")

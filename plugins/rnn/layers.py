@@ -28,7 +28,7 @@ from torch.nn import functional as F
 
 from ..validation import check_bool, check_int, check_probability
 from .adam_recurrence import AdamLSTMRecurrence, gate_order
-from .checks import check_sizes
+from .checks import check_input_dtype, check_sizes
 from .filters import bias_channel, carried_weight, filter_sequence, second_moment
 from .lstm_cells import lstm_update
 from .sequence import (
@@ -218,6 +218,7 @@ class _MomentumLayers(nn.Module):
     def forward(self, input, state=None):
         seq = as_sequence(input, self.input_size, self.batch_first)
         x, lengths = seq.x, seq.lengths
+        check_input_dtype(x, self.weight_ih_l0)
         steps, batch = x.shape[:2]
         carries_v = isinstance(state, RecurrentState) and state.v is not None
         st = self._state(state, batch, x, steps)
@@ -303,6 +304,7 @@ class _MomentumLayers(nn.Module):
         if not isinstance(input, Tensor) or input.dim() != 2 or input.size(1) != self.input_size:
             shape = tuple(input.shape) if isinstance(input, Tensor) else type(input).__name__
             raise ValueError(f"input must have shape (batch, {self.input_size}), got {shape}")
+        check_input_dtype(input, self.weight_ih_l0)
         st = self._state(state, input.size(0), input, 1)
         step = st.step + 1
         x, finals, hyper = input, [], self.hyper
