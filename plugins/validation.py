@@ -89,6 +89,25 @@ def check_bool(value, name: str) -> bool:
     return value
 
 
+_BOOL_ANNOTATIONS = {"bool": False, "bool|None": True, "None|bool": True, "Optional[bool]": True}
+
+
+def check_bool_fields(obj) -> None:
+    """Every attribute that obj's class or a base annotates `bool` is a real bool (None too
+    where the annotation is `bool | None`): a config field set to "False", a truthy string, is
+    refused instead of read as True."""
+    for cls in type(obj).__mro__:
+        for name, annotation in vars(cls).get("__annotations__", {}).items():
+            text = annotation if isinstance(annotation, str) else getattr(annotation, "__name__",
+                                                                           str(annotation))
+            optional = _BOOL_ANNOTATIONS.get(text.replace(" ", "").replace("typing.", ""))
+            if optional is None or not hasattr(obj, name):
+                continue
+            value = getattr(obj, name)
+            if not (optional and value is None):
+                check_bool(value, name)
+
+
 def check_choice(value, name: str, choices: Iterable[str]) -> str:
     """One of a fixed set of names."""
     choices = tuple(choices)
