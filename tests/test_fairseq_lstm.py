@@ -144,6 +144,13 @@ def test_cell_restart_rule_fails_at_parsing(capsys, extra, message):
     assert exit_info.value.code == 2 and message in capsys.readouterr().err
 
 
+def test_a_flag_the_plain_cell_ignores_fails_at_parsing(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        parse_namespace("momentum_lstm", "--lstm-cell", "lstm", "--lstm-momentum", "0.9", task="translation")
+    assert exit_info.value.code == 2
+    assert "--lstm-momentum is not read by --lstm-cell lstm" in capsys.readouterr().err
+
+
 def test_cell_choices_are_the_registry():
     parser = argparse.ArgumentParser()
     add_lstm_cell_args(parser)
