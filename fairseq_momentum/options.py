@@ -15,7 +15,7 @@ from plugins.connection import (
     DEFAULT_CONNECTION_MOMENTUM,
     DEFAULT_CONNECTION_STEP_SIZE,
 )
-from plugins.rnn.variants import VARIANTS, cell_names, check_restart
+from plugins.rnn.variants import VARIANTS, cell_names, check_restart, unread_hyperparameters
 
 FEATURE_MAP_CHOICES = ("elu", "relu")
 CONNECTION_CHOICES = CONNECTIONS
@@ -132,14 +132,22 @@ def add_lstm_cell_args(parser):
                             "(default: no restart)")
 
 
-def lstm_cell_defaults(args, *, cell="momentum", momentum=0.6, step_size=1.0):
-    """Fill the cell arguments a preset left unset, then apply the cell/restart rule.
+LSTM_HYPERPARAMETER_FLAGS = {"momentum": "--lstm-momentum", "step_size": "--lstm-step-size",
+                              "beta": "--lstm-beta"}
 
-    fairseq calls the architecture function (and so this) inside `parse_args_and_arch`, so a
-    restart given to the wrong cell stops the command at parsing, like argparse's own errors:
-    usage line, `error: --lstm-restart ...`, exit status 2."""
-    fill_unset(args, lstm_cell=cell, lstm_momentum=momentum, lstm_step_size=step_size, lstm_beta=0.9,
-               lstm_restart=None)
+
+def lstm_cell_defaults(args, *, cell="momentum", momentum=0.6, step_size=1.0):
+    """Fill the cell arguments a preset left unset, then apply the cell rules.
+
+    A flag that the cell never reads (`--lstm-momentum` with `--lstm-cell lstm`, rmsprop, nag or
+    sr; `--lstm-beta` without a second moment) is refused and stays unset (None), so it is not
+    filled with a default either. fairseq calls the architecture function (and so this) inside
+    `parse_args_and_arch`, so a wrong combination stops the command at parsing, like argparse's
+    own errors: usage line, `error: --lstm-restart ...`, exit status 2."""
+    fill_unset(args, lstm_cell=cell, lstm_restart=None)
+    defaults = {"momentum": momentum, "step_size": step_size, "beta": 0.9}
+    unread = set(unread_hyperparameters(args.lstm_cell)) if args.lstm_cell in VARIANTS else set()
+    fill_unset(args, **{f"lstm_{name}": value for name, value in defaults.items() if name not in unread})
     try:
         check_lstm_cell_args(args)
     except ValueError as error:
@@ -155,12 +163,43 @@ def parser_error(error, usage):
 
 
 def check_lstm_cell_args(args):
-    """The cell/restart rule of plugins.rnn.variants (sr needs --lstm-restart, only nag and sr
-    take one); ValueError otherwise."""
+    """The cell rules of plugins.rnn.variants: sr needs --lstm-restart, only nag and sr take one,
+    and a hyperparameter flag must be one the cell reads; ValueError otherwise."""
     check_restart(args.lstm_cell, args.lstm_restart, flag="--lstm-restart")
+    for name in unread_hyperparameters(args.lstm_cell):
+        flag = LSTM_HYPERPARAMETER_FLAGS.get(name)
+        if flag is not None and getattr(args, f"lstm_{name}", None) is not None:
+            raise ValueError(f"{flag} is not read by --lstm-cell {args.lstm_cell} and would be ignored; "
+                             f"drop {flag} or choose a cell that uses it (docs/cells.md)")
 
 
 def lstm_cell_kwargs(args):
-    """Keyword arguments of plugins.rnn.MomentumLSTM from the parsed arguments."""
-    return dict(cell=args.lstm_cell, momentum=args.lstm_momentum, step_size=args.lstm_step_size,
-                beta=args.lstm_beta, restart=args.lstm_restart)
+    """Keyword arguments of plugins.rnn.MomentumLSTM from the parsed arguments (a hyperparameter
+    the cell does not read is unset and keeps the layer's default)."""
+    given = {name: getattr(args, f"lstm_{name}", None) for name in LSTM_HYPERPARAMETER_FLAGS}
+    return dict(cell=args.lstm_cell, restart=args.lstm_restart,
+                **{name: value for name, value in given.items() if value is not None})
+
+
+def clear_unread_lstm_flags(state) -> None:
+    """Checkpoints written before `check_lstm_cell_args` refused unread flags hold defaults for
+    them (e.g. lstm_beta=0.9 for the momentum cell): unset those in the loaded state (its `args`
+    and `cfg.model`: Namespace, dict or DictConfig), so the model builds as when it was trained."""
+    if not isinstance(state, dict):
+        return
+    cfg = state.get("cfg")
+    for config in (state.get("args"), None if cfg is None else cfg.get("model")):
+        cell = _field(config, "lstm_cell")
+        if not isinstance(cell, str) or cell not in VARIANTS:
+            continue
+        for name in unread_hyperparameters(cell):
+            key = f"lstm_{name}"
+            if name in LSTM_HYPERPARAMETER_FLAGS and _field(config, key) is not None:
+                if isinstance(config, dict):
+                    config[key] = None
+                else:
+                    setattr(config, key, None)
+
+
+def _field(config, key):
+    return config.get(key) if isinstance(config, dict) else getattr(config, key, None)

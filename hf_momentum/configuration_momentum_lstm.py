@@ -1,8 +1,8 @@
 """Configuration of the MomentumLSTM language model (model_type "momentum_lstm")."""
 from transformers import PreTrainedConfig
 
-from .momentum_rnn_core import check_hyper
-from .validation import check_bool, check_int, check_positive, check_probability
+from .momentum_rnn_core import check_hyper, unread_hyperparameters
+from .validation import check_bool, check_bool_fields, check_int, check_positive, check_probability
 
 
 class MomentumLSTMConfig(PreTrainedConfig):
@@ -56,11 +56,19 @@ class MomentumLSTMConfig(PreTrainedConfig):
         for name in ("vocab_size", "hidden_size", "num_hidden_layers", "embedding_size"):
             check_int(getattr(self, name), name, low=1)
         check_hyper(self.cell, "lstm", self.momentum, self.step_size, self.beta, self.eps, self.restart)
+        for name in unread_hyperparameters(self.cell):
+            default = getattr(type(self), name)
+            if getattr(self, name) != default:
+                raise ValueError(f"{name}={getattr(self, name)!r} is not read by cell={self.cell!r} and "
+                                 f"would be ignored; leave {name} at its default {default!r} or choose "
+                                 "a cell that uses it (docs/cells.md)")
         check_probability(self.dropout, "dropout")
         check_probability(self.embedding_dropout, "embedding_dropout")
         check_positive(self.initializer_range, "initializer_range")
         check_bool(self.use_cache, "use_cache")
         check_bool(self.tie_word_embeddings, "tie_word_embeddings")
+        check_bool_fields(self)         # transformers' own bool fields too (return_dict, ...)
+        check_bool(getattr(self, "output_attentions", False), "output_attentions")  # set after __post_init__
         if self.tie_word_embeddings and self.embedding_size != self.hidden_size:
             raise ValueError(f"tie_word_embeddings needs embedding_size ({self.embedding_size}) == "
                              f"hidden_size ({self.hidden_size})")

@@ -5,6 +5,7 @@ from transformers.activations import ACT2FN
 from .momentum_core import DEFAULT_ADAPTIVE_DELTA, DEFAULT_CONNECTION_MOMENTUM, DEFAULT_CONNECTION_STEP_SIZE
 from .validation import (
     check_bool,
+    check_bool_fields,
     check_choice,
     check_int,
     check_momentum,
@@ -119,3 +120,5 @@ class MomentumTransformerConfig(PreTrainedConfig):
         check_bool(self.is_causal, "is_causal")
         check_bool(self.use_cache, "use_cache")
         check_bool(self.tie_word_embeddings, "tie_word_embeddings")
+        check_bool_fields(self)         # transformers' own bool fields too (return_dict, ...)
+        check_bool(getattr(self, "output_attentions", False), "output_attentions")  # set after __post_init__

@@ -7,6 +7,7 @@ code loads where only torch and transformers are installed.
 """
 from plugins.validation import (
     check_bool,
+    check_bool_fields,
     check_choice,
     check_int,
     check_momentum,
@@ -16,8 +17,8 @@ from plugins.validation import (
 )
 
 BUNDLED_MODULES = ("plugins.validation",)
-EXPORTS = ("check_bool", "check_choice", "check_int", "check_momentum", "check_number", "check_positive",
-           "check_probability")
+EXPORTS = ("check_bool", "check_bool_fields", "check_choice", "check_int", "check_momentum", "check_number",
+           "check_positive", "check_probability")
 
 
 def bundled_source() -> str:

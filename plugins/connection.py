@@ -76,6 +76,7 @@ class MomentumConnection(nn.Module):
 
     def forward(self, x: torch.Tensor, update: torch.Tensor,
                 state: Optional[ConnectionState] = None) -> Tuple[torch.Tensor, ConnectionState]:
+        check_connection_inputs(x, update, state)
         velocity = None if state is None else state.velocity
         x_next, v = momentum_connection(x, update, velocity, momentum=self.momentum,
                                         step_size=self.step_size)
@@ -101,6 +102,7 @@ class AdaptiveMomentumConnection(nn.Module):
 
     def forward(self, x: torch.Tensor, update: torch.Tensor,
                 state: Optional[ConnectionState] = None) -> Tuple[torch.Tensor, ConnectionState]:
+        check_connection_inputs(x, update, state)
         if state is None:
             x_next, v = momentum_connection(x, update, None, momentum=0.0, step_size=self.step_size)
         else:
@@ -111,6 +113,28 @@ class AdaptiveMomentumConnection(nn.Module):
 
     def extra_repr(self) -> str:
         return f"step_size={self.step_size}, delta={self.delta}"
+
+
+def check_connection_inputs(x, update, state: Optional[ConnectionState]) -> None:
+    """x, the block output A_ℓ and the carried velocity and A_{ℓ−1} all have one shape: a state
+    from another batch or length would broadcast into a wrong result, not fail."""
+    for name, value in (("x", x), ("update", update)):
+        if not isinstance(value, torch.Tensor):
+            raise ValueError(f"{name} must be a torch.Tensor, got {type(value).__name__}")
+    if update.shape != x.shape:
+        raise ValueError(f"update must have the shape of x {tuple(x.shape)}, got {tuple(update.shape)}")
+    if state is None:
+        return
+    if not isinstance(state, ConnectionState):
+        raise ValueError(f"state must be a ConnectionState or None, got {type(state).__name__}; pass "
+                         "the state the previous layer returned, or build "
+                         "ConnectionState(velocity=..., update=...)")
+    for name in ConnectionState._fields:
+        value = getattr(state, name)
+        if not isinstance(value, torch.Tensor) or value.shape != x.shape:
+            got = tuple(value.shape) if isinstance(value, torch.Tensor) else type(value).__name__
+            raise ValueError(f"state.{name} must have the shape of x {tuple(x.shape)} (same batch and "
+                             f"length), got {got}")
 
 
 def check_delta(value, name: str = "delta") -> float:

@@ -6,7 +6,9 @@ the allowed range. Each check returns the value converted to a plain Python type
 """
 import math
 import numbers
-from typing import Iterable, Optional
+from typing import Iterable, Mapping, Optional
+
+import torch
 
 # A step counter or length beyond this would wrap negative in int64 arithmetic.
 MAX_INT = 2 ** 62
@@ -87,9 +89,45 @@ def check_bool(value, name: str) -> bool:
     return value
 
 
+_BOOL_ANNOTATIONS = {"bool": False, "bool|None": True, "None|bool": True, "Optional[bool]": True}
+
+
+def check_bool_fields(obj) -> None:
+    """Every attribute that obj's class or a base annotates `bool` is a real bool (None too
+    where the annotation is `bool | None`): a config field set to "False", a truthy string, is
+    refused instead of read as True."""
+    for cls in type(obj).__mro__:
+        for name, annotation in vars(cls).get("__annotations__", {}).items():
+            text = annotation if isinstance(annotation, str) else getattr(annotation, "__name__",
+                                                                           str(annotation))
+            optional = _BOOL_ANNOTATIONS.get(text.replace(" ", "").replace("typing.", ""))
+            if optional is None or not hasattr(obj, name):
+                continue
+            value = getattr(obj, name)
+            if not (optional and value is None):
+                check_bool(value, name)
+
+
 def check_choice(value, name: str, choices: Iterable[str]) -> str:
     """One of a fixed set of names."""
     choices = tuple(choices)
     if not isinstance(value, str) or value not in choices:
         raise ValueError(f"{name} must be one of {', '.join(map(repr, choices))}; got {value!r}")
     return value
+
+
+def check_tensors(parts: Mapping[str, object], owner: str) -> None:
+    """The tensors of one state object (e.g. `state.s`, `state.z`, `state.m`): each a
+    floating-point torch.Tensor, all of one dtype and on one device. Shapes are the owner's to
+    check, since each state has its own layout."""
+    first = None
+    for name, value in parts.items():
+        if not isinstance(value, torch.Tensor):
+            raise ValueError(f"{owner}.{name} must be a torch.Tensor, got {type(value).__name__}")
+        if not value.is_floating_point():
+            raise ValueError(f"{owner}.{name} must be a floating-point tensor, got dtype {value.dtype}")
+        if first is None:
+            first = name, value
+        elif (value.dtype, value.device) != (first[1].dtype, first[1].device):
+            raise ValueError(f"{owner}.{first[0]} and {owner}.{name} must have one dtype and device, got "
+                             f"{first[1].dtype} on {first[1].device} and {value.dtype} on {value.device}")

@@ -4,6 +4,7 @@ import torch
 
 from plugins.attention import (
     MomentumAttentionState,
+    NonCausalSummary,
     linear_attention,
     momentum_attention,
     momentum_attention_step,
@@ -96,3 +97,43 @@ def test_feature_map_must_keep_batch_heads_and_length():
     with pytest.raises(ValueError, match="feature_map must return a tensor"):
         momentum_attention_step(*(t[:, :, :1] for t in qkv()), None, momentum=0.5,
                                 feature_map=lambda x: x[0])
+
+
+@pytest.mark.parametrize("call", [
+    lambda q, k, v: momentum_attention(q, k, v, momentum=0.5, causal="False"),
+    lambda q, k, v: momentum_attention(q, k, v, momentum=0.5, return_state="no"),
+    lambda q, k, v: momentum_attention(q, k, v, momentum=0.5, causal=0),
+    lambda q, k, v: linear_attention(q, k, v, causal="False"),
+], ids=["causal-str", "return_state-str", "causal-int", "linear-causal-str"])
+def test_flags_must_be_bools(call):
+    """A string is truthy: causal="False" would run the causal form, return_state="no" would
+    return a tuple."""
+    with pytest.raises(ValueError, match=r"(causal|return_state) must be True or False, got (str|int)"):
+        call(*qkv())
+
+
+def _state_parts(B=2, H=2, Dk=4, Dv=3, dtype=torch.float32):
+    return dict(s=torch.zeros(B, H, Dk, Dv, dtype=dtype), z=torch.zeros(B, H, Dk, dtype=dtype),
+                m=torch.zeros(B, H, Dk, Dv, dtype=dtype))
+
+
+@pytest.mark.parametrize("change,needle", [
+    (dict(m=None), "state.m must be a torch.Tensor, got NoneType"),
+    (dict(s=[[0.0]]), "state.s must be a torch.Tensor, got list"),
+    (dict(z=torch.zeros(2, 2, 4, dtype=torch.long)), "state.z must be a floating-point tensor"),
+    (dict(m=torch.zeros(2, 2, 4, 3, dtype=torch.float64)), "state.s and state.m must have one dtype"),
+    (dict(z=torch.zeros(3, 2, 4)),
+     r"state must have s \(B, H, Dk, Dv\).*got s \(2, 2, 4, 3\), z \(3, 2, 4\)"),
+    (dict(m=torch.zeros(2, 2, 4, 5)), r"state must have s .*m \(2, 2, 4, 5\)"),
+    (dict(s=torch.zeros(2, 2, 4), m=torch.zeros(2, 2, 4)), "state must have s"),
+])
+def test_state_fields_are_checked_on_construction(change, needle):
+    with pytest.raises(ValueError, match=needle):
+        MomentumAttentionState(**{**_state_parts(), **change})
+
+
+def test_summary_fields_are_checked_on_construction():
+    with pytest.raises(ValueError, match="summary.z must be a torch.Tensor, got NoneType"):
+        NonCausalSummary(kv=torch.zeros(2, 2, 4, 3), z=None)
+    with pytest.raises(ValueError, match=r"summary must have kv \(B, H, Dk, Dv\) and z \(B, H, Dk\)"):
+        NonCausalSummary(kv=torch.zeros(2, 2, 4, 3), z=torch.zeros(1, 2, 4))

@@ -8,6 +8,7 @@ import torch
 
 from plugins.connection import (
     AdaptiveMomentumConnection,
+    ConnectionState,
     MomentumConnection,
     adaptive_momentum,
     build_connection,
@@ -203,3 +204,36 @@ def test_fairseq_and_hf_build_the_same_connection(tmp_path, make_generator, kind
 
 def test_connection_none_gives_no_module_in_either_integration(tmp_path):
     assert _fairseq_and_hf_connections(tmp_path, "none", {}) == (None, None)
+
+
+CONNECTION_MODULES = [lambda: MomentumConnection(0.6, 0.9), lambda: AdaptiveMomentumConnection(0.9)]
+
+
+@pytest.mark.parametrize("make", CONNECTION_MODULES, ids=["momentum", "adaptive"])
+def test_a_state_of_another_batch_or_length_is_refused(make):
+    """A velocity from a batch of 2 would broadcast over a batch of 1 (or of 1 over 2) and give
+    a wrong result without an error."""
+    conn = make()
+    x, a = torch.randn(2, 5, 8), torch.randn(2, 5, 8)
+    _, state = conn(x, a)
+    for rows in (slice(0, 1), slice(None)):
+        other = ConnectionState(state.velocity[rows, :1], state.update[rows, :1])
+        with pytest.raises(ValueError, match=r"state.velocity must have the shape of x \(2, 5, 8\)"):
+            conn(x, a, other)
+    with pytest.raises(ValueError, match=r"velocity must have the shape of x \(1, 5, 8\).*got \(2, 5, 8\)"):
+        conn(x[:1], a[:1], state)
+    with pytest.raises(ValueError, match=r"state.update must have the shape of x"):
+        conn(x, a, ConnectionState(state.velocity, state.update[:, :, :4]))
+    with pytest.raises(ValueError, match=r"update must have the shape of x \(2, 5, 8\), got \(1, 5, 8\)"):
+        conn(x, a[:1])
+
+
+@pytest.mark.parametrize("make", CONNECTION_MODULES, ids=["momentum", "adaptive"])
+def test_a_tuple_state_is_refused_clearly(make):
+    conn = make()
+    x, a = torch.randn(2, 5, 8), torch.randn(2, 5, 8)
+    _, state = conn(x, a)
+    with pytest.raises(ValueError, match=r"state must be a ConnectionState or None, got tuple"):
+        conn(x, a, (state.velocity, state.update))
+    with pytest.raises(ValueError, match=r"state.velocity must have the shape of x .* got NoneType"):
+        conn(x, a, ConnectionState(None, state.update))

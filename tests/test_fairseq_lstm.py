@@ -17,6 +17,7 @@ from test_fairseq_support import (
 from fairseq_momentum.modules.momentum_lstm_adapters import MomentumLSTMDecoderCell
 from fairseq_momentum.options import add_lstm_cell_args
 from plugins.rnn import VARIANTS, cell_names
+from plugins.rnn.variants import unread_hyperparameters
 
 TASK = ["--task", "translation", "--source-lang", "src", "--target-lang", "tgt"]
 SMALL = ["--encoder-embed-dim", "16", "--decoder-embed-dim", "16", "--encoder-hidden-size", "12",
@@ -25,8 +26,12 @@ SMALL = ["--encoder-embed-dim", "16", "--decoder-embed-dim", "16", "--encoder-hi
 
 
 def cell_flags(cell):
-    """Command-line flags of a registry cell; a restart wherever the cell takes one."""
-    flags = ["--lstm-cell", cell, "--lstm-momentum", "0.6", "--lstm-step-size", "0.7", "--lstm-beta", "0.8"]
+    """Command-line flags of a registry cell: the hyperparameters it reads (another is refused)
+    and a restart wherever the cell takes one."""
+    values = {"momentum": "0.6", "step_size": "0.7", "beta": "0.8"}
+    flags = ["--lstm-cell", cell]
+    for name in set(values) - set(unread_hyperparameters(cell)):
+        flags += [f"--lstm-{name.replace('_', '-')}", values[name]]
     return flags + (["--lstm-restart", "3"] if VARIANTS[cell].restart != "refused" else [])
 
 
@@ -142,6 +147,13 @@ def test_cell_restart_rule_fails_at_parsing(capsys, extra, message):
     with pytest.raises(SystemExit) as exit_info:
         parse_namespace("momentum_lstm", *extra, task="translation")
     assert exit_info.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_a_flag_the_plain_cell_ignores_fails_at_parsing(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        parse_namespace("momentum_lstm", "--lstm-cell", "lstm", "--lstm-momentum", "0.9", task="translation")
+    assert exit_info.value.code == 2
+    assert "--lstm-momentum is not read by --lstm-cell lstm" in capsys.readouterr().err
 
 
 def test_cell_choices_are_the_registry():

@@ -112,6 +112,43 @@ def test_cell_restart_rule_fails_at_parsing(capsys, extra, message):
     assert message in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("arch,cell,flag,value", [
+    ("momentum_lstm_lm", "lstm", "--lstm-momentum", "0.9"),
+    ("momentum_lstm_lm", "lstm", "--lstm-step-size", "0.5"),
+    ("momentum_lstm_lm", "lstm", "--lstm-beta", "0.5"),
+    ("momentum_lstm_lm_ptb", "lstm", "--lstm-momentum", "0.9"),
+    ("momentum_lstm_lm", "momentum", "--lstm-beta", "0.5"),
+    ("momentum_lstm_lm", "rmsprop", "--lstm-momentum", "0.3"),
+    ("momentum_lstm_lm", "nag", "--lstm-momentum", "0.3"),
+])
+def test_a_flag_the_cell_ignores_fails_at_parsing(capsys, arch, cell, flag, value):
+    """`--lstm-cell lstm --lstm-momentum 0.9` trained a plain LSTM and dropped the 0.9 silently."""
+    with pytest.raises(SystemExit) as exit_info:
+        parse_namespace(arch, "--lstm-cell", cell, flag, value)
+    assert exit_info.value.code == 2
+    assert f"{flag} is not read by --lstm-cell {cell} and would be ignored" in capsys.readouterr().err
+    args = parse_namespace(arch, "--lstm-cell", cell)        # the cell alone: the flag stays unset
+    assert getattr(args, flag[2:].replace("-", "_"), None) is None
+
+
+def test_a_checkpoint_holding_the_flags_older_versions_filled_still_loads(lm_data, tmp_path):
+    """Before the rule above, every unread flag was filled with a default (lstm_beta=0.9 for the
+    momentum cell); such a checkpoint loads and builds the same model."""
+    from fairseq import checkpoint_utils
+
+    save = tmp_path / "ckpt"
+    train(lm_data, save, "--task", "language_modeling", "--arch", "momentum_lstm_lm", *SMALL,
+          "--lstm-cell", "momentum", "--tokens-per-sample", "32", "--batch-size", "16", "--max-update", "2",
+          "--optimizer", "adam", "--lr", "0.01")
+    state = torch.load(save / "checkpoint_last.pt")
+    assert getattr(state["cfg"]["model"], "lstm_beta", None) is None
+    state["cfg"]["model"].lstm_beta = 0.9
+    torch.save(state, tmp_path / "legacy.pt")
+    models, _, _ = checkpoint_utils.load_model_ensemble_and_task([str(tmp_path / "legacy.pt")])
+    fresh, _, _ = checkpoint_utils.load_model_ensemble_and_task([str(save / "checkpoint_last.pt")])
+    assert repr(models[0]) == repr(fresh[0]) and "cell='momentum'" in repr(models[0])
+
+
 @pytest.mark.parametrize("extra,message", [
     (["--share-decoder-input-output-embed", "--decoder-out-embed-dim", "8"], "--decoder-out-embed-dim"),
 ])

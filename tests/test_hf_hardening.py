@@ -19,6 +19,7 @@ from hf_momentum import (
     MomentumTransformerModel,
 )
 from hf_momentum.modeling_momentum_transformer import MomentumTransformerLayer
+from plugins.rnn.variants import unread_hyperparameters
 
 PAD = 0
 FAMILIES = ["transformer", "lstm"]
@@ -33,6 +34,8 @@ def config(family, **kwargs):
         return AutoConfig.for_model("momentum_transformer", **{**base, **kwargs})
     base = dict(vocab_size=60, hidden_size=16, num_hidden_layers=2, cell="momentum", momentum=0.5,
                 pad_token_id=PAD, bos_token_id=1, eos_token_id=2, initializer_range=0.5)
+    if "momentum" in unread_hyperparameters(kwargs.get("cell", "momentum")):
+        del base["momentum"]       # a value the cell would ignore is refused
     return AutoConfig.for_model("momentum_lstm", **{**base, **kwargs})
 
 
@@ -165,6 +168,33 @@ def test_from_pretrained_overrides_are_validated(family, override, argument, tmp
 def test_configs_refuse_non_finite_numbers_and_bools(family, kwargs, argument):
     with pytest.raises(ValueError, match=argument):
         config(family, **kwargs)
+
+
+@pytest.mark.parametrize("field", ["output_hidden_states", "return_dict", "output_attentions",
+                                   "is_encoder_decoder"])
+@pytest.mark.parametrize("family", FAMILIES)
+def test_bool_fields_refuse_strings(family, field):
+    """transformers' own bool fields too: "False" is a truthy string, so return_dict="False"
+    would return a dict and output_hidden_states="False" the hidden states."""
+    with pytest.raises(ValueError, match=f"{field} must be True or False, got str 'False'"):
+        causal_lm(family, **{field: "False"})     # the config, or at the latest the model, refuses it
+    assert getattr(config(family, **{field: False}), field) is False
+
+
+@pytest.mark.parametrize("cell, field, value", [
+    ("lstm", "momentum", 0.9), ("lstm", "step_size", 0.5), ("lstm", "beta", 0.5), ("lstm", "eps", 1e-3),
+    ("momentum", "beta", 0.5), ("momentum", "eps", 1e-3), ("rmsprop", "momentum", 0.3),
+    ("nag", "momentum", 0.3), ("sr", "beta", 0.99),
+])
+def test_a_hyperparameter_the_cell_ignores_is_refused(cell, field, value):
+    """cell="lstm" with momentum=0.9 built a plain LSTM and dropped the 0.9 silently."""
+    restart = dict(restart=4) if cell == "sr" else {}
+    needle = rf"{field}={value!r} is not read by cell={cell!r} and would be ignored; leave {field} at"
+    with pytest.raises(ValueError, match=needle):
+        config("lstm", cell=cell, **{field: value}, **restart)
+    config("lstm", cell=cell, **restart)      # its default is fine
+    if cell == "lstm":
+        config("lstm", cell="adam", **{field: value})      # a cell that reads it takes it
 
 
 @pytest.mark.parametrize("family", FAMILIES)

@@ -107,7 +107,7 @@ def test_save_load_round_trip_is_exact(auto_class, kwargs, tmp_path):
 
 def lstm_config():
     return AutoConfig.for_model("momentum_lstm", vocab_size=100, hidden_size=16, num_hidden_layers=2,
-                                cell="sr", restart=4, momentum=0.5, pad_token_id=0, initializer_range=0.5)
+                                cell="sr", restart=4, step_size=0.5, pad_token_id=0, initializer_range=0.5)
 
 
 @pytest.mark.parametrize("make_config", [tiny_config, lstm_config], ids=["transformer", "lstm"])

@@ -18,6 +18,7 @@ from hf_momentum import (
     MomentumLSTMModel,
 )
 from plugins.rnn import VARIANTS, MomentumLSTM, cell_names
+from plugins.rnn.variants import unread_hyperparameters
 
 PAD = 0
 CELLS = cell_names("lstm")
@@ -32,6 +33,8 @@ def tiny(**kwargs):
                 step_size=0.7, pad_token_id=PAD, bos_token_id=1, eos_token_id=2, initializer_range=0.5)
     base.update(kwargs)
     base.setdefault("restart", restart_for(base["cell"]))
+    for name in set(unread_hyperparameters(base["cell"])) - set(kwargs):
+        base.pop(name, None)       # a value the cell would ignore is refused
     return AutoConfig.for_model("momentum_lstm", **base)
 
 

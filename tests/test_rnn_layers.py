@@ -10,6 +10,7 @@ from plugins.rnn import (
     LSTMStepCell,
     MomentumLSTM,
     MomentumRNN,
+    OrthogonalMomentumRNN,
     RecurrentState,
     cell_names,
 )
@@ -276,3 +277,60 @@ def test_bad_inputs(cls):
         layer(torch.zeros(T, B, D + 1))
     with pytest.raises(ValueError, match="state.h"):
         layer(torch.zeros(T, B, D), RecurrentState(torch.zeros(1, B, H), None, None, None, None))
+
+
+LAYER_CLASSES = [MomentumLSTM, MomentumRNN, OrthogonalMomentumRNN]
+
+
+@pytest.mark.parametrize("cell", ["lstm", "momentum", "adam"])
+@pytest.mark.parametrize("cls", LAYER_CLASSES)
+def test_input_of_another_dtype_is_refused_with_both_dtypes(cls, cell):
+    """nn.LSTM's rule: outside autocast, one message naming the input's and the weights' dtypes
+    and the fix (today torch fails inside a matrix product or oneDNN, naming neither); under
+    autocast the input may differ as before."""
+    cell = "rnn" if cell == "lstm" and cls is not MomentumLSTM else cell
+    layer = cls(D, H, 2, cell=cell)
+    needle = (r"input dtype torch.float64 does not match the weights' dtype torch.float32: .*"
+              r"input.to\(torch.float32\).*model.to\(torch.float64\)")
+    with pytest.raises(ValueError, match=needle):
+        layer(torch.zeros(T, B, D, dtype=torch.float64))
+    with pytest.raises(ValueError, match=needle):
+        layer.step(torch.zeros(B, D, dtype=torch.float64))
+    if cell == "momentum":
+        x = torch.randn(T, B, D, dtype=torch.bfloat16)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            out, state = layer(x)
+            layer(x, state)
+            layer.step(x[0], state)
+        assert torch.isfinite(out.float()).all()
+    out, _ = layer.double()(torch.zeros(T, B, D, dtype=torch.float64))     # the fix the message names
+    assert out.dtype == torch.float64
+
+
+@pytest.mark.parametrize("form", ["forward", "step"])
+@pytest.mark.parametrize("cls", LAYER_CLASSES)
+def test_a_state_of_another_batch_is_refused_on_use(cls, form):
+    layer = cls(D, H, 2, cell="nag")
+    _, state = layer(torch.randn(T, B, D))
+    run = (lambda x, s: layer(x, s)) if form == "forward" else (lambda x, s: layer.step(x[0], s))
+    x = torch.randn(T, B + 1, D)
+    with pytest.raises(ValueError, match=rf"state.h must have shape \(2, {B + 1}, {H}\) .*got \(2, {B}, "):
+        run(x, state)
+    # only the step counter from another batch (torch's expand failed with a RuntimeError)
+    fresh = state._replace(**{name: torch.zeros(2, B + 1, part.size(-1)) for name, part
+                              in zip(state._fields[:4], state[:4]) if part is not None})
+    with pytest.raises(ValueError, match=rf"state.step must have shape \(batch,\) = \({B + 1},\).*\({B},"):
+        run(x, fresh)
+
+
+@pytest.mark.parametrize("change,needle", [
+    (dict(h=[0.0]), r"state.h must be a tensor of shape \(1, 3, 5\), got list"),
+    (dict(v=torch.zeros(1, B, 4 * H, dtype=torch.float64)),
+     "state.v has dtype torch.float64 but the input has torch.float32"),
+    (dict(step=torch.zeros(B, 2, dtype=torch.long)), r"state.step must have shape \(batch,\)"),
+])
+def test_state_parts_of_the_wrong_kind_are_named(change, needle):
+    layer = MomentumLSTM(D, H, cell="momentum")
+    _, state = layer(torch.randn(T, B, D))
+    with pytest.raises(ValueError, match=needle):
+        layer(torch.randn(T, B, D), state._replace(**change))

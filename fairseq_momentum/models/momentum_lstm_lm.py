@@ -155,6 +155,6 @@ def momentum_lstm_lm_ptb(args):
     embeddings, AWD-LSTM's PTB regularisation, MomentumLSTM with mu = 0, s = 0.6."""
     fill_unset(args, decoder_embed_dim=400, decoder_hidden_size=1150, decoder_layers=3,
                share_decoder_input_output_embed=True, decoder_dropout_in=0.4, decoder_dropout_hidden=0.25,
-               decoder_dropout_out=0.4, decoder_embed_dropout=0.1, weight_drop=0.5, lstm_momentum=0.0,
-               lstm_step_size=0.6)
+               decoder_dropout_out=0.4, decoder_embed_dropout=0.1, weight_drop=0.5)
+    lstm_cell_defaults(args, momentum=0.0, step_size=0.6)
     base_architecture(args)

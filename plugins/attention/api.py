@@ -6,6 +6,7 @@ import torch
 from .backends import triton_kernels, use_triton
 from .checks import (
     check_backend,
+    check_bool,
     check_chunk_size,
     check_feature_dims,
     check_momentum,
@@ -71,6 +72,8 @@ def momentum_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, mom
     ranks in rank order, each passing its slice (`plugins.attention.context_parallel`,
     docs/context_parallel.md); the result on each rank is the whole sequence's on its slice.
     """
+    causal = check_bool(causal, "causal")
+    return_state = check_bool(return_state, "return_state")
     if process_group is not None:
         return context_parallel_attention(
             q, k, v, process_group=process_group, attend=momentum_attention, momentum=momentum,

@@ -3,6 +3,8 @@ from dataclasses import dataclass
 
 import torch
 
+from ..validation import check_tensors
+
 
 @dataclass
 class MomentumAttentionState:
@@ -13,11 +15,20 @@ class MomentumAttentionState:
     m: (B, H, Dk, Dv) the momentum m_i of eq. 12, with the paper's sign
                       (m_i = β m_{i-1} − φ(k_i) v_iᵀ).
     All three are float32, or float64 for float64 inputs, whatever the model's dtype.
+    Construction checks that they are floating-point tensors of one dtype and device with these
+    shapes (ValueError naming the part); the entry points check the sizes against their inputs.
     """
 
     s: torch.Tensor
     z: torch.Tensor
     m: torch.Tensor
+
+    def __post_init__(self):
+        check_tensors({"s": self.s, "z": self.z, "m": self.m}, "state")
+        s, z, m = (tuple(t.shape) for t in (self.s, self.z, self.m))
+        if len(s) != 4 or m != s or z != s[:3]:
+            raise ValueError("state must have s (B, H, Dk, Dv), z (B, H, Dk) and m (B, H, Dk, Dv), "
+                             f"got s {s}, z {z}, m {m}")
 
     @classmethod
     def zeros(cls, batch: int, heads: int, dk: int, dv: int, *, dtype: torch.dtype,
@@ -58,6 +69,12 @@ class NonCausalSummary:
 
     kv: torch.Tensor
     z: torch.Tensor
+
+    def __post_init__(self):
+        check_tensors({"kv": self.kv, "z": self.z}, "summary")
+        kv, z = tuple(self.kv.shape), tuple(self.z.shape)
+        if len(kv) != 4 or z != kv[:3]:
+            raise ValueError(f"summary must have kv (B, H, Dk, Dv) and z (B, H, Dk), got kv {kv}, z {z}")
 
     def reorder(self, index: torch.Tensor) -> "NonCausalSummary":
         index = index.to(self.kv.device)

@@ -24,3 +24,12 @@ def check_step_counter(step, name="step"):
 def check_step_input(x, input_size):
     if x.dim() != 2 or x.size(1) != input_size:
         raise ValueError(f"input must have shape (batch, {input_size}), got {tuple(x.shape)}")
+
+
+def check_input_dtype(x, weight):
+    """nn.LSTM's rule: outside autocast the input has the weights' dtype (the fused kernels and
+    matrix products would otherwise fail deep inside with a message naming neither)."""
+    if x.dtype != weight.dtype and not torch.is_autocast_enabled(x.device.type):
+        raise ValueError(f"input dtype {x.dtype} does not match the weights' dtype {weight.dtype}: convert "
+                         f"the input (input.to({weight.dtype})) or the model (model.to({x.dtype})), "
+                         "or run under torch.autocast")

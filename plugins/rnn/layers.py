@@ -39,7 +39,7 @@ from torch.nn.utils.rnn import PackedSequence
 
 from ..validation import check_bool, check_int, check_probability
 from .adam_recurrence import AdamLSTMRecurrence, gate_order
-from .checks import check_sizes
+from .checks import check_input_dtype, check_sizes
 from .filters import SegmentDecay, bias_channel, carried_channels, filter_sequence, second_moment
 from .lstm_cells import lstm_update
 from .segments import check_segment_offsets, offsets_from_starts, segment_layout
@@ -265,6 +265,7 @@ class _MomentumLayers(nn.Module):
             raise ValueError(f"{name} cannot be combined with a PackedSequence input, whose lengths "
                              f"already separate its sequences: pass a tensor")
         x = as_sequence(input, self.input_size, self.batch_first).x
+        check_input_dtype(x, self.weight_ih_l0)
         steps, batch = x.shape[:2]
         if cu_seqlens is not None:
             offsets = check_segment_offsets(cu_seqlens, batch, steps, x.device)
@@ -334,6 +335,7 @@ class _MomentumLayers(nn.Module):
     def _forward_sequence(self, input, state):
         seq = as_sequence(input, self.input_size, self.batch_first)
         x, lengths = seq.x, seq.lengths
+        check_input_dtype(x, self.weight_ih_l0)
         steps, batch = x.shape[:2]
         carries_v = isinstance(state, RecurrentState) and state.v is not None
         st = self._state(state, batch, x, steps)
@@ -419,6 +421,7 @@ class _MomentumLayers(nn.Module):
         if not isinstance(input, Tensor) or input.dim() != 2 or input.size(1) != self.input_size:
             shape = tuple(input.shape) if isinstance(input, Tensor) else type(input).__name__
             raise ValueError(f"input must have shape (batch, {self.input_size}), got {shape}")
+        check_input_dtype(input, self.weight_ih_l0)
         st = self._state(state, input.size(0), input, 1)
         step = st.step + 1
         x, finals, hyper = input, [], self.hyper

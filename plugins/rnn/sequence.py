@@ -99,6 +99,21 @@ def fused_packed(kind, packed, hx, weights, has_biases, training, num_layers=1, 
     return res[0], tuple(t.index_select(1, packed.unsorted_indices) for t in res[1:])
 
 
+def check_state_tensor(value, name, shape, ref):
+    """One tensor of a carried state: its shape for this input (batch included), the input's
+    device and, outside autocast, its dtype."""
+    if not isinstance(value, Tensor):
+        raise ValueError(f"{name} must be a tensor of shape {shape}, got {type(value).__name__}")
+    if tuple(value.shape) != shape:
+        raise ValueError(f"{name} must have shape {shape} (num_layers, batch, size) for this input, "
+                         f"got {tuple(value.shape)}")
+    if value.device != ref.device:
+        raise ValueError(f"{name} is on {value.device} but the input is on {ref.device}")
+    if value.dtype != ref.dtype and not torch.is_autocast_enabled(ref.device.type):
+        raise ValueError(f"{name} has dtype {value.dtype} but the input has {ref.dtype}: carry the state "
+                         "the layer returned, or convert it with .to(input.dtype)")
+
+
 def initial_state(state, *, num_layers, batch, hidden, width, has_c, has_v, has_m, ref, steps=1):
     """Fill a missing or partial carried state with zeros and check its shapes; the step
     counter must stay below 2^62 after `steps` more steps (int64 never wraps)."""
@@ -120,12 +135,14 @@ def initial_state(state, *, num_layers, batch, hidden, width, has_c, has_v, has_
     fresh = step is None
     step = torch.zeros(batch, dtype=torch.long, device=ref.device) if fresh else step
     for name, value, n in (("h", h, hidden), ("c", c, hidden), ("v", v, width), ("m", m, width)):
-        if value is not None and tuple(value.shape) != (num_layers, batch, n):
-            raise ValueError(f"state.{name} must have shape {(num_layers, batch, n)}, "
-                             f"got {tuple(value.shape)}")
+        if value is not None:
+            check_state_tensor(value, f"state.{name}", (num_layers, batch, n), ref)
     step = torch.as_tensor(step, device=ref.device)
     if step.is_floating_point() or step.dtype == torch.bool:
         raise ValueError(f"state.step must be an integer tensor, got {step.dtype}")
+    if step.dim() > 1 or step.numel() not in (1, batch):
+        raise ValueError(f"state.step must have shape (batch,) = ({batch},) (or be one count for every "
+                         f"row), got {tuple(step.shape)}")
     step = step.long().expand(batch).contiguous()
     # A carried counter is checked (one wait for an accelerator per call); a fresh one is 0.
     if not fresh and (bool((step < 0).any()) or bool((step > MAX_INT - steps).any())):

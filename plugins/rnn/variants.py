@@ -188,6 +188,18 @@ def check_restart(cell: str, restart, flag: str = "restart") -> int | None:
     return check_int(restart, flag, low=1)
 
 
+def unread_hyperparameters(cell) -> tuple[str, ...]:
+    """The hyperparameters among momentum, step_size, beta, eps that `cell`'s equations never
+    read: all four for a plain recurrence; momentum for rmsprop (μ fixed at 0) and for the cells
+    that count steps (nag, sr: μ_t from their schedule); beta and eps without a second moment.
+    The integrations refuse a value given for one of them (it would be ignored silently)."""
+    variant = VARIANTS[check_choice(cell, "cell", VARIANTS)]
+    if variant.plain:
+        return ("momentum", "step_size", "beta", "eps")
+    unread = ("momentum",) if variant.fixed_momentum is not None or variant.counts_steps else ()
+    return unread + (() if variant.has_m else ("beta", "eps"))
+
+
 def check_hyper(cell, plain, momentum, step_size, beta, eps, restart) -> tuple[CellVariant, Hyper]:
     """Validate a cell name and its hyperparameters (plugins.validation rules)."""
     variant = get_variant(cell, plain)
