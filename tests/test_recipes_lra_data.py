@@ -56,12 +56,17 @@ def test_cli_help_and_errors(capsys):
 
 def fake_novels():
     """Three 'novels' of 28 chapters, each chapter 10 lines of its own letter."""
-    return [(book, i, [(letter * 29) + f" {i}" for _ in range(10)])
+    return [(book, i, [(letter * 29) + f" {i:02d}" for _ in range(10)])
             for book, letter in (("alpha", "a"), ("beta", "b"), ("gamma", "c")) for i in range(28)]
 
 
+def letters(passage):
+    return {b for b in passage if chr(b).isalpha()}
+
+
 def test_text_substitute_on_a_fake_corpus():
-    books, splits = text.text_substitute(fake_novels(), passage_bytes=100, seed=0)
+    books, splits = text.text_substitute(fake_novels(), passage_bytes=100, seed=0, period=14,
+                                         train_stride=100)
     assert books == ["alpha", "beta", "gamma"]
     train = splits["train"]
     assert train.tokens.shape[1] == 100 and train.tokens.dtype == torch.int16
@@ -69,7 +74,10 @@ def test_text_substitute_on_a_fake_corpus():
     assert len(splits["val"].labels) == len(splits["test"].labels) == 18
     for row, label in zip(train.tokens, train.labels):
         passage = text.decode_bytes(row)
-        assert len(passage) == 100 and set(passage.replace(b"\n", b"").split()[0]) == {b"abc"[label]}
+        assert len(passage) == 100 and letters(passage) == {b"abc"[label]}
+    _, overlapping = text.book_passages(fake_novels(), passage_bytes=100, period=14, train_stride=25)
+    assert len(overlapping["train"]) == 3 * 24 * 10                 # (329 - 100) // 25 + 1 per chapter
+    assert len(overlapping["val"]) == 3 * 2 * 3
 
 
 def test_retrieval_substitute_pairs_are_balanced_and_right():
@@ -78,7 +86,7 @@ def test_retrieval_substitute_pairs_are_balanced_and_right():
         assert examples.tokens.shape[1:] == (2, 100)
         assert abs(2 * int(examples.labels.sum()) - len(examples.labels)) <= 1
         for pair, label in zip(examples.tokens, examples.labels):
-            first, second = (text.decode_bytes(t).split()[0][0] for t in pair)
+            first, second = (letters(text.decode_bytes(t)) for t in pair)
             assert (first == second) == bool(label)
 
 

@@ -6,8 +6,10 @@ b → b + 1, 0 = padding (vocabulary 257).
 
 Substitutes (the project has no IMDB or AAN offline) cut novels (Austen's six, from
 `recipes.common.corpora.austen_documents`) into consecutive passages of `passage_bytes` bytes,
-chapter by chapter, and split them by whole chapters (`assign_split`), so no passage crosses
-chapters or splits:
+chapter by chapter, and split them by whole chapters (`assign_split`, one chapter in PERIOD
+each to val and test), so no passage crosses chapters or splits; training passages start every
+passage_bytes // 4 bytes (overlapping), val and test ones do not overlap. On the six novels:
+Text 1,326 / 78 / 90 passages, Retrieval 2,228 / 120 / 118 pairs (train / val / test).
 - Text substitute: which novel a passage comes from (6 classes; each class capped at the smallest
   class's count per split, so chance is 1/6);
 - Retrieval substitute: whether two passages come from the same novel (the second passage of a
@@ -16,7 +18,7 @@ chapters or splits:
 import random
 from collections import defaultdict
 from pathlib import Path
-from typing import Dict, List, NamedTuple, Sequence, Tuple
+from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 import torch
 
@@ -25,6 +27,7 @@ from recipes.common.corpora import assign_split
 VOCAB_SIZE = 257
 MAX_LENGTH = 4000
 SPLITS = ("train", "val", "test")
+PERIOD = 7                         # one chapter in 7 to val, one to test (assign_split)
 CORPUS_SPLITS = {"train": "train", "valid": "val", "test": "test"}
 TEXT_SUBSTITUTE = "substitute for LRA Text (IMDB): which Austen novel a 4,000-byte passage is from"
 RETRIEVAL_SUBSTITUTE = "substitute for LRA Retrieval (AAN): are two 4,000-byte passages from one Austen novel"
@@ -71,25 +74,34 @@ class Passage(NamedTuple):
 
 
 def book_passages(documents: Sequence[Tuple[str, int, List[str]]], passage_bytes: int = MAX_LENGTH,
-                  period: int = 14) -> Tuple[List[str], Dict[str, List[Passage]]]:
+                  period: int = PERIOD, train_stride: Optional[int] = None
+                  ) -> Tuple[List[str], Dict[str, List[Passage]]]:
     """(book names, {split: passages}): each chapter's text (its lines joined by newlines, UTF-8)
-    cut into consecutive passages of exactly passage_bytes bytes (a shorter tail is dropped)."""
+    cut into passages of exactly passage_bytes bytes (a shorter tail is dropped), consecutive in
+    val and test, starting every train_stride bytes in train (None: passage_bytes, no overlap)."""
     if not isinstance(passage_bytes, int) or passage_bytes < 1:
         raise ValueError(f"passage_bytes must be a positive integer, got {passage_bytes!r}")
+    train_stride = passage_bytes if train_stride is None else train_stride
+    if not isinstance(train_stride, int) or not 1 <= train_stride <= passage_bytes:
+        raise ValueError(f"train_stride must be an integer in [1, passage_bytes = {passage_bytes}], "
+                         f"got {train_stride!r}")
     books = list(dict.fromkeys(book for book, _, _ in documents))
     splits: Dict[str, List[Passage]] = {s: [] for s in SPLITS}
     for book, index, lines in documents:
         data = "\n".join(line.strip() for line in lines if line.strip()).encode("utf-8")
         split = CORPUS_SPLITS[assign_split(index, period)]
-        for start in range(0, len(data) - passage_bytes + 1, passage_bytes):
+        stride = train_stride if split == "train" else passage_bytes
+        for start in range(0, len(data) - passage_bytes + 1, stride):
             splits[split].append(Passage(data[start:start + passage_bytes], books.index(book), index))
     return books, splits
 
 
-def text_substitute(documents, passage_bytes: int = MAX_LENGTH, seed: int = 0,
-                    period: int = 14) -> Tuple[List[str], Dict[str, Examples]]:
-    """(class names, {split: Examples}) of the Text substitute, classes balanced per split."""
-    books, splits = book_passages(documents, passage_bytes, period)
+def text_substitute(documents, passage_bytes: int = MAX_LENGTH, seed: int = 0, period: int = PERIOD,
+                    train_stride: Optional[int] = None) -> Tuple[List[str], Dict[str, Examples]]:
+    """(class names, {split: Examples}) of the Text substitute, classes balanced per split;
+    train_stride None: passage_bytes // 4 (training passages overlap by three quarters)."""
+    stride = max(1, passage_bytes // 4) if train_stride is None else train_stride
+    books, splits = book_passages(documents, passage_bytes, period, stride)
     rng = random.Random(seed)
     out = {}
     for split, passages in splits.items():
@@ -107,11 +119,12 @@ def text_substitute(documents, passage_bytes: int = MAX_LENGTH, seed: int = 0,
     return books, out
 
 
-def retrieval_substitute(documents, passage_bytes: int = MAX_LENGTH, seed: int = 0,
-                         period: int = 14) -> Dict[str, Examples]:
+def retrieval_substitute(documents, passage_bytes: int = MAX_LENGTH, seed: int = 0, period: int = PERIOD,
+                         train_stride: Optional[int] = None) -> Dict[str, Examples]:
     """{split: Examples with (N, 2, T) tokens}: one pair per passage, label 1 (same novel) for
-    every other pair."""
-    books, splits = book_passages(documents, passage_bytes, period)
+    every other pair; train_stride as in `text_substitute`."""
+    stride = max(1, passage_bytes // 4) if train_stride is None else train_stride
+    books, splits = book_passages(documents, passage_bytes, period, stride)
     rng = random.Random(seed)
     out = {}
     for split, passages in splits.items():
