@@ -5,6 +5,8 @@ flash-attention kwargs, seq_idx). Logits, the loss and every parameter gradient 
 equal those of each document run alone; each test also checks that the row run as one document
 differs, so an implementation that mixes the documents fails it."""
 import os
+import re
+from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -200,3 +202,17 @@ def test_document_starts_and_positions_follow_transformers_rule():
     assert document_positions(starts, mask)[mask].tolist() == [0, 1, 2, 0, 1, 0, 1, 2, 3, 0, 1]
     left_padded = torch.tensor([[1, 1, 0, 1, 2, 3, 4]])
     assert document_starts(1, 7, "cpu", padding_mask=mask[:1], position_ids=left_padded) is None
+
+
+def test_readme_trainer_example_trains_on_packed_documents(tmp_path, monkeypatch):
+    """The Trainer example of hf_momentum/README.md ("Packed documents") runs as written, with
+    max_steps shrunk; its loss is a finite next-token loss."""
+    text = (Path(__file__).resolve().parents[1] / "hf_momentum" / "README.md").read_text(encoding="utf-8")
+    code = re.search(r"```python\n(.*?)```", text.split("### Packed documents", 1)[1], re.S).group(1)
+    shrunk = code.replace("max_steps=20", "max_steps=2")
+    assert shrunk != code
+    monkeypatch.chdir(tmp_path)
+    namespace = {}
+    exec(compile(shrunk, "hf_momentum/README.md", "exec"), namespace)
+    history = namespace["trainer"].state.log_history
+    assert namespace["trainer"].state.global_step == 2 and 0 < history[-1]["train_loss"] < 10
