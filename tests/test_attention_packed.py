@@ -10,11 +10,13 @@ import torch
 
 from plugins.attention import (
     MomentumAttentionState,
+    attend_summary,
     linear_attention,
     momentum_attention,
     momentum_attention_step,
     naive_noncausal_momentum_attention,
     naive_recurrent_momentum_attention,
+    summarize_keys,
 )
 
 TOL = dict(rtol=1e-9, atol=1e-10)
@@ -228,3 +230,22 @@ def test_packing_needs_one_row_one_device_and_no_contradicting_mask():
     state = MomentumAttentionState.zeros(1, 2, 4, 4, dtype=torch.float32, device="cpu")
     with pytest.raises(ValueError, match="one row per packed sequence: batch 2"):
         momentum_attention(q[:1], q[:1], q[:1], momentum=0.5, cu_seqlens=cu, initial_state=state)
+
+
+def test_packed_summary_for_cross_attention(make_generator):
+    """summarize_keys / attend_summary on packed keys and packed queries: sequence s's queries
+    read only sequence s's keys (an encoder-decoder batch packed on both sides)."""
+    gen = make_generator()
+    key_lengths, query_lengths = [6, 1, 13], [3, 5, 1]
+    _, k, v, key_cu, _ = packed(gen, key_lengths, init=False)
+    q, _, _, query_cu, _ = packed(gen, query_lengths, init=False)
+    summary = summarize_keys(k, v, momentum=0.8, step_size=0.5, cu_seqlens=key_cu, chunk_size=4)
+    assert summary.kv.shape == (3, H, DK, DV)
+    out = attend_summary(q, summary, cu_seqlens=query_cu, chunk_size=4)
+    for s in range(3):
+        ka, kb, qa, qb = int(key_cu[s]), int(key_cu[s + 1]), int(query_cu[s]), int(query_cu[s + 1])
+        ref = naive_noncausal_momentum_attention(q[:, :, qa:qb], k[:, :, ka:kb], v[:, :, ka:kb],
+                                                 momentum=0.8, step_size=0.5)
+        torch.testing.assert_close(out[:, :, qa:qb], ref, **TOL)
+    with pytest.raises(ValueError, match="one row per packed sequence: batch 2"):
+        attend_summary(q[:, :, :8], summary, cu_seqlens=torch.tensor([0, 3, 8]))

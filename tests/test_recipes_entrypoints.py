@@ -48,6 +48,7 @@ def test_demo_end_to_end_tiny(tmp_path, capsys):
         assert (out / plot).read_bytes()[:4] == b"\x89PNG"
     printed = capsys.readouterr().out
     assert "[demo] device: cpu" in printed and "| MomentumLSTM |" in printed
+    assert "[demo] expected duration:" in printed and "[5/5 done" in printed and "ETA" in printed
     assert "Samples from the best model" in printed
     verdicts = (out / "verdicts.md").read_text().splitlines()[2:]
     assert len(verdicts) == 2
@@ -61,6 +62,10 @@ def test_demo_end_to_end_tiny(tmp_path, capsys):
 def test_demo_defaults_follow_the_device():
     args = demo.parse_args(["--device", "cpu"])
     assert args.seeds == [1, 2, 3] and args.experiments == ["lm", "pmnist"] and args.epochs == 2
+    assert args.lm_seeds == [1, 2] and demo.parse_args(["--device", "cpu", "--full"]).lm_seeds == [1, 2, 3]
+    expected = sum(seconds for _, seconds in demo.plan(args))
+    assert 10 * 60 <= expected <= 15 * 60          # the CPU default is sized for 15 minutes
+    assert sum(s for _, s in demo.plan(demo.parse_args(["--device", "cpu", "--full"]))) > expected
     assert demo.parse_args(["--device", "cpu", "--seeds", "4", "--epochs", "1"]).seeds == [4]
     if not torch.cuda.is_available():
         assert demo.parse_args([]).device == "cpu"

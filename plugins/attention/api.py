@@ -23,8 +23,10 @@ from .state import MomentumAttentionState, NonCausalSummary
 from .varlen import (
     check_cu_seqlens,
     segment_of_tokens,
+    varlen_apply_summary,
     varlen_causal_momentum_attention,
     varlen_noncausal_momentum_attention,
+    varlen_noncausal_summary,
 )
 
 Output = Union[torch.Tensor, Tuple[torch.Tensor, MomentumAttentionState]]
@@ -107,44 +109,71 @@ def momentum_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, mom
 
 
 def summarize_keys(k: torch.Tensor, v: torch.Tensor, *, momentum: float, step_size: float = 1.0,
-                   feature_map: FeatureMap = "elu",
-                   padding_mask: Optional[torch.Tensor] = None) -> NonCausalSummary:
+                   feature_map: FeatureMap = "elu", padding_mask: Optional[torch.Tensor] = None,
+                   cu_seqlens: Optional[torch.Tensor] = None, chunk_size: int = 64) -> NonCausalSummary:
     """The key/value sums of eq. 14 for k (B, H, Nk, Dk), v (B, H, Nk, Dv), padding_mask (B, Nk)
     True = real key: computed once, e.g. over an encoder's output, then applied to any number of
     queries with `attend_summary` — `attend_summary(q, summarize_keys(k, v, …))` equals
-    `momentum_attention(q, k, v, causal=False, …)`. Sums in float32 (float64 for float64 input)."""
+    `momentum_attention(q, k, v, causal=False, …)`. Sums in float32 (float64 for float64 input).
+    cu_seqlens (packed keys of n sequences in one row, as in `momentum_attention`): one summary
+    row per sequence (batch n)."""
     check_qkv(k[:, :, :0], k, v, causal=False)
     momentum = check_momentum(momentum)
     step_size = check_positive(step_size, "step_size")
+    chunk_size = check_chunk_size(chunk_size)
     phi = resolve_feature_map(feature_map)
     mask = check_padding_mask(padding_mask, k.shape[0], k.shape[2], k.device)
+    cu = None
+    if cu_seqlens is not None:
+        cu = check_cu_seqlens(cu_seqlens, k.shape[0], k.shape[2], k.device)
+        _check_packed_padding(padding_mask, mask)
     dtype = compute_dtype(k, v)
     with torch.autocast(device_type=k.device.type, enabled=False):
         k, v = k.to(dtype), v.to(dtype)
         fk, v = _mask_keys(phi(_mask_keys(k, mask)), mask), _mask_keys(v, mask)
         check_feature_dims(fk, fk, k, k)
-        kv, z = noncausal_summary(fk, v, momentum=momentum, step_size=step_size, key_mask=mask)
+        if cu is not None:
+            kv, z = varlen_noncausal_summary(fk, v, cu_seqlens=cu, momentum=momentum, step_size=step_size,
+                                             chunk_size=chunk_size)
+        else:
+            kv, z = noncausal_summary(fk, v, momentum=momentum, step_size=step_size, key_mask=mask)
     return NonCausalSummary(kv=kv, z=z)
 
 
 def attend_summary(q: torch.Tensor, summary: NonCausalSummary, *, feature_map: FeatureMap = "elu",
-                   eps: float = 1e-6) -> torch.Tensor:
+                   eps: float = 1e-6, cu_seqlens: Optional[torch.Tensor] = None,
+                   chunk_size: int = 64) -> torch.Tensor:
     """Eq. 14 for queries q (B, H, Nq, Dk) against keys summarised by `summarize_keys`;
     output (B, H, Nq, Dv) in q's dtype. O(Nq) whatever the number of keys. A non-finite query
-    makes its own output NaN and nothing else (not the summary's gradients either)."""
+    makes its own output NaN and nothing else (not the summary's gradients either).
+    cu_seqlens: packed queries of n sequences in one row (batch 1); sequence s reads summary row s
+    (a summary of batch n, e.g. from packed keys)."""
     if not isinstance(summary, NonCausalSummary):
         raise ValueError(f"summary must be a NonCausalSummary, got {type(summary).__name__}")
     if not isinstance(q, torch.Tensor) or q.dim() != 4 or not q.is_floating_point():
         raise ValueError("q must be a floating-point tensor of shape (batch, heads, length, dim)")
     eps = check_positive(eps, "eps")
+    chunk_size = check_chunk_size(chunk_size)
     phi = resolve_feature_map(feature_map)
+    cu = None
+    if cu_seqlens is not None:
+        cu = check_cu_seqlens(cu_seqlens, q.shape[0], q.shape[2], q.device)
+        if summary.kv.shape[0] != cu.numel() - 1:
+            raise ValueError(f"with cu_seqlens the summary needs one row per packed sequence: batch "
+                             f"{cu.numel() - 1} (len(cu_seqlens) - 1), got {summary.kv.shape[0]}")
     with torch.autocast(device_type=q.device.type, enabled=False):
         fq = phi(q.to(summary.kv.dtype))
-        if fq.shape[:2] != summary.kv.shape[:2] or fq.shape[3] != summary.kv.shape[2]:
+        rows = fq.shape[:1] if cu is None else summary.kv.shape[:1]
+        if rows + fq.shape[1:2] != summary.kv.shape[:2] or fq.shape[3] != summary.kv.shape[2]:
             raise ValueError(f"q {tuple(q.shape)} (feature-mapped {tuple(fq.shape)}) does not match the "
                              f"summary's (batch, heads, D′) = {tuple(summary.kv.shape[:3])}")
         fq, marks = split_finite(fq)
-        out = apply_noncausal_summary(fq, summary.kv, summary.z, eps=eps) + marks.sum(-1, keepdim=True)
+        if cu is not None:
+            out = varlen_apply_summary(fq, summary.kv, summary.z, cu_seqlens=cu, eps=eps,
+                                       chunk_size=chunk_size)
+        else:
+            out = apply_noncausal_summary(fq, summary.kv, summary.z, eps=eps)
+        out = out + marks.sum(-1, keepdim=True)
     return out.to(q.dtype)
 
 

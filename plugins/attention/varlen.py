@@ -215,22 +215,42 @@ def _recurrence(a: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
 def varlen_noncausal_momentum_attention(fq, fk, v, *, cu_seqlens: torch.Tensor, momentum: float,
                                         step_size: float, eps: float, chunk_size: int) -> torch.Tensor:
     """Eq. 14 per segment on feature-mapped fq, fk (1, H, N, Dk), v (1, H, N, Dv): each query
-    attends to the keys of its own segment with N the segment's length. The sums are built per
-    chunk of the chunk-aligned layout and added per segment."""
-    _, H, N, Dk = fq.shape
+    attends to the keys of its own segment, with N the segment's length."""
+    kv, z = varlen_noncausal_summary(fk, v, cu_seqlens=cu_seqlens, momentum=momentum, step_size=step_size,
+                                     chunk_size=chunk_size)
+    return varlen_apply_summary(fq, kv, z, cu_seqlens=cu_seqlens, eps=eps, chunk_size=chunk_size)
+
+
+def varlen_noncausal_summary(fk, v, *, cu_seqlens: torch.Tensor, momentum: float, step_size: float,
+                             chunk_size: int) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Eq. 14's two sums per segment: kv (n, H, Dk, Dv), z (n, H, Dk), from feature-mapped keys
+    fk (1, H, N, Dk) and v (1, H, N, Dv). Built per chunk of the chunk-aligned layout, then
+    added per segment (never an (N, Dk, Dv) tensor of outer products)."""
+    _, H, N, Dk = fk.shape
     Dv = v.shape[-1]
     n = cu_seqlens.numel() - 1
     layout = SegmentChunks.build(cu_seqlens, N, chunk_size)
-    tok_segment = segment_of_tokens(cu_seqlens, N)
-    after = cu_seqlens[1:][tok_segment] - 1 - torch.arange(N, device=fq.device)   # later keys in the segment
-    weight = (step_size * geometric(momentum, after + 1)).to(fk.dtype)
-    zero = torch.zeros((), dtype=fq.dtype, device=fq.device)
+    after = cu_seqlens[1:][segment_of_tokens(cu_seqlens, N)] - 1 - torch.arange(N, device=fk.device)
+    weight = (step_size * geometric(momentum, after + 1)).to(fk.dtype)   # later keys in the segment
+    zero = torch.zeros((), dtype=fk.dtype, device=fk.device)
     valid = layout.valid[None, None, :, :, None]
-    Q, K, V = (torch.where(valid, t[:, :, layout.token], zero) for t in (fq, fk, v))
+    K, V = (torch.where(valid, t[:, :, layout.token], zero) for t in (fk, v))
     W = torch.where(layout.valid, weight[layout.token], zero)
     kv_chunks = (K.transpose(-1, -2) * W[None, None, :, None, :]) @ V               # (1, H, T, Dk, Dv)
     kv = kv_chunks.new_zeros(1, H, n, Dk, Dv).index_add(2, layout.segment, kv_chunks)
     z = K.new_zeros(1, H, n, Dk).index_add(2, layout.segment, K.sum(3))
-    kv_t, z_t = kv[:, :, layout.segment], z[:, :, layout.segment]
+    return kv[0].transpose(0, 1), z[0].transpose(0, 1)
+
+
+def varlen_apply_summary(fq, kv, z, *, cu_seqlens: torch.Tensor, eps: float, chunk_size: int) -> torch.Tensor:
+    """Eq. 14's output for packed feature-mapped queries fq (1, H, N, Dk), segment s of them
+    against summary row s (kv (n, H, Dk, Dv), z (n, H, Dk))."""
+    _, H, N, Dk = fq.shape
+    Dv = kv.shape[-1]
+    layout = SegmentChunks.build(cu_seqlens, N, chunk_size)
+    zero = torch.zeros((), dtype=fq.dtype, device=fq.device)
+    Q = torch.where(layout.valid[None, None, :, :, None], fq[:, :, layout.token], zero)
+    kv_t = kv[layout.segment].transpose(0, 1)[None]                                 # (1, H, T, Dk, Dv)
+    z_t = z[layout.segment].transpose(0, 1)[None]
     out = (Q @ kv_t) / ((Q * z_t[:, :, :, None]).sum(-1, keepdim=True) + eps)
     return out.reshape(1, H, -1, Dv)[:, :, layout.slot]

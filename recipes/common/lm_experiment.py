@@ -18,9 +18,11 @@ class LMRun:
 
 
 def train_lm_models(models: Dict[str, List[str]], data_bin: Path, out: Path, common: Sequence[str],
-                    tokens_per_sample: int, seeds: Sequence[int] = (1,), log=print) -> List[LMRun]:
+                    tokens_per_sample: int, seeds: Sequence[int] = (1,), log=print,
+                    on_done=None) -> List[LMRun]:
     """fairseq-train each model once per seed (`common` must set --tokens-per-sample to
-    `tokens_per_sample`), then fairseq-eval-lm its best checkpoint on test."""
+    `tokens_per_sample`), then fairseq-eval-lm its best checkpoint on test; `on_done(name, seed)`
+    after each (progress reports)."""
     runs = []
     total = len(models) * len(seeds)
     for name, model_args in models.items():
@@ -32,6 +34,8 @@ def train_lm_models(models: Dict[str, List[str]], data_bin: Path, out: Path, com
             test_ppl = eval_lm(data_bin, save_dir / "checkpoint_best.pt", tokens_per_sample)
             log(f"    valid ppl {result.best_valid_ppl:.1f}, test ppl {test_ppl:.1f}, {result.seconds:.0f} s")
             runs.append(LMRun(name, seed, result, test_ppl))
+            if on_done is not None:
+                on_done(name, seed)
     return runs
 
 

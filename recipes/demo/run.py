@@ -11,8 +11,9 @@
 
 Each pair ends with a one-line verdict: which model is better and whether the difference of the
 means exceeds the seed spread. With a CUDA device (`--device auto`, the default) the demo runs the
-GPU-size configuration and says so; on CPU it runs a configuration sized for ≤ 20 minutes on two
-cores.
+GPU-size configuration and says so; on CPU it runs a configuration sized for ≤ 15 minutes on two
+cores (two LM seeds, three PMNIST seeds; `--full` for three LM seeds). It prints its expected
+duration first and an ETA after every finished run.
 
     .venv/bin/python -m recipes.demo.run [--out-dir outputs/demo] [--seeds 1 2 3] [--device cpu]
 """
@@ -29,6 +30,7 @@ import torch
 
 from recipes.common.cli import non_negative_int, positive_int, require_distinct
 from recipes.common.corpora import lm_corpus
+from recipes.common.eta import Schedule
 from recipes.common.fairseq_runs import REPO, preprocess_lm, sample_lm
 from recipes.common.lm_experiment import plot_lm_runs, summarize, train_lm_models
 from recipes.common.stats import verdict
@@ -65,6 +67,7 @@ class DemoSize:
     """What `make demo` runs on one kind of device (each field can be overridden on the command line)."""
     epochs: int
     max_train_tokens: int
+    lm_seeds: Tuple[int, ...]
     seeds: Tuple[int, ...]
     experiments: Tuple[str, ...]
     mnist_args: Tuple[str, ...]
@@ -72,13 +75,14 @@ class DemoSize:
 
 
 SIZES = {
-    # 2 CPU cores, ≤ 20 minutes in all: 3 seeds of 4 LMs at 200k tokens × 2 epochs, PMNIST at
-    # 14 × 14 (196 steps), 64 units, 4 epochs (docs/results.md has the measured times).
-    "cpu": DemoSize(epochs=2, max_train_tokens=200_000, seeds=(1, 2, 3), experiments=("lm", "pmnist"),
-                    mnist_args=(), copy_args=()),
+    # 2 CPU cores, ≤ 15 minutes in all: 2 seeds of 4 LMs at 200k tokens × 2 epochs (`--full`: 3),
+    # PMNIST at 14 × 14 (196 steps), 64 units, 4 epochs, 3 seeds (docs/results.md has the times).
+    "cpu": DemoSize(epochs=2, max_train_tokens=200_000, lm_seeds=(1, 2), seeds=(1, 2, 3),
+                    experiments=("lm", "pmnist"), mnist_args=(), copy_args=()),
     # One GPU: the whole Austen training split for 5 epochs, PMNIST at 28 × 28 (784 steps, as in
     # the paper) with 128 units for 10 epochs, and the copy task at §4.1 size (GPU time unmeasured).
-    "cuda": DemoSize(epochs=5, max_train_tokens=0, seeds=(1, 2, 3), experiments=EXPERIMENTS,
+    "cuda": DemoSize(epochs=5, max_train_tokens=0, lm_seeds=(1, 2, 3), seeds=(1, 2, 3),
+                     experiments=EXPERIMENTS,
                      mnist_args=("--side", "28", "--hidden-size", "128", "--epochs", "10"),
                      copy_args=("--full",)),
 }
@@ -95,7 +99,11 @@ def parse_args(argv=None):
                              "else cpu")
     parser.add_argument("--experiments", nargs="+", choices=EXPERIMENTS, default=None,
                         help="default: lm pmnist on CPU, lm pmnist copy on CUDA")
-    parser.add_argument("--seeds", nargs="+", type=non_negative_int, default=None, help="default: 1 2 3")
+    parser.add_argument("--seeds", nargs="+", type=non_negative_int, default=None,
+                        help="seeds of every experiment (default: LMs 1 2 on CPU, 1 2 3 on CUDA; "
+                             "PMNIST and copy 1 2 3)")
+    parser.add_argument("--full", action="store_true",
+                        help="on CPU, three LM seeds as on CUDA (~17 min on 2 quiet cores instead of ~13)")
     parser.add_argument("--epochs", type=positive_int, default=None,
                         help="LM training epochs per model (>= 1; default 2 on CPU, 5 on CUDA)")
     parser.add_argument("--max-train-tokens", type=non_negative_int, default=None,
@@ -117,6 +125,7 @@ def parse_args(argv=None):
     args.device = device
     args.epochs = args.epochs or size.epochs
     args.max_train_tokens = size.max_train_tokens if args.max_train_tokens is None else args.max_train_tokens
+    args.lm_seeds = args.seeds or list(size.seeds if args.full else size.lm_seeds)
     args.seeds = args.seeds or list(size.seeds)
     args.experiments = args.experiments or list(size.experiments)
     args.mnist_args = list(size.mnist_args) if args.mnist_args is None else shlex.split(args.mnist_args)
@@ -132,7 +141,29 @@ def device_line(device: str) -> str:
     return f"device: cpu ({torch.get_num_threads()} threads; {reason}), CPU-size configuration"
 
 
-def run_lm(args, log) -> List[str]:
+# Seconds per job on the reference machine (2 CPU cores, quiet; docs/results.md, 2026-11-23: about
+# 60-80 s per LM with its evaluation, 16-18 s per PMNIST run, the rest for the corpus and samples).
+REFERENCE = "2 quiet CPU cores"
+EXPECTED_S = {"setup": 40.0, "lm": 75.0, "samples": 10.0, "pmnist": 20.0}
+
+
+def plan(args) -> List[Tuple[str, float]]:
+    """The jobs of this demo with their expected seconds (CPU sizes; CUDA is untimed)."""
+    jobs = []
+    if "lm" in args.experiments:
+        jobs.append(("lm:setup", EXPECTED_S["setup"]))
+        jobs += [(f"lm:{name}:{seed}", EXPECTED_S["lm"] * args.epochs / 2
+                  * (args.max_train_tokens or 630_000) / 200_000)
+                 for name in args.models for seed in args.lm_seeds]
+        jobs.append(("lm:samples", EXPECTED_S["samples"]))
+    if "pmnist" in args.experiments:
+        jobs.append(("pmnist", EXPECTED_S["pmnist"] * 2 * len(args.seeds)))
+    if "copy" in args.experiments:
+        jobs.append(("copy", 60.0 * len(args.seeds)))
+    return jobs
+
+
+def run_lm(args, log, schedule: Schedule) -> List[str]:
     """The fairseq LMs; returns the verdict lines."""
     out = args.out_dir
     source, paths = lm_corpus(args.corpus, args.cache_dir, out, log=log,
@@ -140,9 +171,11 @@ def run_lm(args, log) -> List[str]:
     tokens = {k: sum(len(line.split()) for line in p.read_text().splitlines()) for k, p in paths.items()}
     log(f"{source}: {tokens['train']:,} train / {tokens['valid']:,} valid / {tokens['test']:,} test tokens")
     data_bin = preprocess_lm(paths, out, log=log)
+    schedule.finished("lm:setup")
     models = {name: MODELS[name] for name in args.models}
     common = [*COMMON, *(["--cpu"] if args.device == "cpu" else []), "--max-epoch", str(args.epochs)]
-    runs = train_lm_models(models, data_bin, out, common, tokens_per_sample=64, seeds=args.seeds, log=log)
+    runs = train_lm_models(models, data_bin, out, common, tokens_per_sample=64, seeds=args.lm_seeds, log=log,
+                           on_done=lambda name, seed: schedule.finished(f"lm:{name}:{seed}"))
     title = f"Demo: language models on {source} through fairseq-train --user-dir fairseq_momentum"
     table = summarize(runs, out, title)
     plots = plot_lm_runs(runs, out, source)
@@ -150,8 +183,9 @@ def run_lm(args, log) -> List[str]:
     verdicts = [verdict(a, test_ppl[a], b, test_ppl[b], metric="test perplexity", lower_is_better=True)
                 for a, b in PAIRS if a in test_ppl and b in test_ppl]
     best = min(runs, key=lambda r: r.result.best_valid_ppl)
-    samples = sample_lm(data_bin, best.result.save_dir / "checkpoint_best.pt", PROMPTS, seed=args.seeds[0],
+    samples = sample_lm(data_bin, best.result.save_dir / "checkpoint_best.pt", PROMPTS, seed=args.lm_seeds[0],
                         cpu=args.device == "cpu")
+    schedule.finished("lm:samples")
     with open(out / "results.md", "a") as f:
         f.write("\n" + "".join(f"- {line}\n" for line in verdicts))
         f.write(f"\nSamples from the best model ({best.name}), top-10 sampling:\n\n")
@@ -175,13 +209,14 @@ def per_seed(curves_csv: Path, key: str, value: str, best: bool) -> Dict[str, Li
     return out
 
 
-def run_pmnist(args, log) -> List[str]:
+def run_pmnist(args, log, schedule: Schedule) -> List[str]:
     """Permuted pixel-MNIST, LSTM vs MomentumLSTM, through recipes.mnist; returns the verdict line."""
     out = args.out_dir / "pmnist"
     argv = ["--tasks", "pmnist", "--models", "lstm", "momentum", "--seeds", *map(str, args.seeds),
             "--out-dir", str(out), "--device", args.device, *args.mnist_args]
     log(f"permuted MNIST: python -m recipes.mnist.run {' '.join(argv)}")
     mnist_run.main(argv)
+    schedule.finished("pmnist")
     accuracy = per_seed(out / "curves.csv", "model", "test_accuracy", best=True)
     accuracy = {name: [100 * a for a in values] for name, values in accuracy.items()}
     log(f"plots: {out / 'pmnist_test_accuracy_vs_epoch.png'}, {out / 'pmnist_train_loss_vs_epoch.png'}")
@@ -189,13 +224,14 @@ def run_pmnist(args, log) -> List[str]:
                     metric="best PMNIST test accuracy (%)", lower_is_better=False)]
 
 
-def run_copy(args, log) -> List[str]:
+def run_copy(args, log, schedule: Schedule) -> List[str]:
     """The copy task (Momentum Transformer §4.1) through recipes.copy; returns the verdict lines."""
     out = args.out_dir / "copy"
     argv = ["--seeds", *map(str, args.seeds), "--out-dir", str(out), "--device", args.device,
             *args.copy_args]
     log(f"copy task: python -m recipes.copy.run {' '.join(argv)}")
     copy_run.main(argv)
+    schedule.finished("copy")
     accuracy = per_seed(out / "curves.csv", "model", "test_accuracy", best=False)
     accuracy = {name: [100 * a for a in values] for name, values in accuracy.items()}
     return [verdict(a, accuracy[a], b, accuracy[b], metric="final copy test accuracy (%)",
@@ -210,12 +246,15 @@ def main(argv=None):
     args.out_dir.mkdir(parents=True, exist_ok=True)
     device = device_line(args.device)  # once: the MNIST part changes torch's thread count
     log(device)
-    log(f"corpus: {args.corpus} (offline), seeds: {' '.join(map(str, args.seeds))}, "
-        f"experiments: {' '.join(args.experiments)}, output: {args.out_dir}")
+    log(f"corpus: {args.corpus} (offline), LM seeds: {' '.join(map(str, args.lm_seeds))}, other seeds: "
+        f"{' '.join(map(str, args.seeds))}, experiments: {' '.join(args.experiments)}, "
+        f"output: {args.out_dir}")
+    schedule = Schedule(plan(args), log=log)
+    schedule.start(REFERENCE if args.device == "cpu" else f"{REFERENCE}; the GPU configuration is untimed")
     verdicts = []
     for name, experiment in (("lm", run_lm), ("pmnist", run_pmnist), ("copy", run_copy)):
         if name in args.experiments:
-            verdicts += experiment(args, log)
+            verdicts += experiment(args, log, schedule)
     minutes = (time.perf_counter() - started) / 60
     summary = "".join(f"- {line}\n" for line in verdicts)
     (args.out_dir / "verdicts.md").write_text(f"# Demo verdicts ({device}, "
