@@ -74,7 +74,8 @@ def worker(layout: str, docs: int, device: str, backend: str, heads: int, dim: i
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--docs", type=int, nargs="+", default=[16, 64], help="documents per batch")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--backend", default="auto")
@@ -100,7 +101,8 @@ def main() -> None:
             done = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT, check=True)
             rows[layout] = json.loads(done.stdout.strip().splitlines()[-1])
         pad, packed = rows["padded"], rows["packed"]
-        print(f"| {docs} | {packed['tokens']} | {pad['padding']:.2f} | {pad['ms']:.1f} | {packed['ms']:.1f} | "
+        print(f"| {docs} | {packed['tokens']} | {pad['padding']:.2f} | {pad['ms']:.1f} | "
+              f"{packed['ms']:.1f} | "
               f"{pad['ms'] / packed['ms']:.2f}× | {1 / (1 - pad['padding']):.2f}× | {pad['peak_mib']:.0f} | "
               f"{packed['peak_mib']:.0f} |", flush=True)
 
