@@ -216,3 +216,27 @@ def test_readme_trainer_example_trains_on_packed_documents(tmp_path, monkeypatch
     exec(compile(shrunk, "hf_momentum/README.md", "exec"), namespace)
     history = namespace["trainer"].state.log_history
     assert namespace["trainer"].state.global_step == 2 and 0 < history[-1]["train_loss"] < 10
+
+
+def test_saved_model_keeps_documents_apart_as_remote_code(tmp_path, make_generator):
+    """A saved native model loaded with trust_remote_code where this package is not importable
+    (the generated core and packing.py beside the modeling file) packs exactly like the package."""
+    from test_hf_hub import run_clean
+
+    model = build("momentum_transformer").eval()
+    docs = documents(make_generator())
+    batch = collate(docs, "flash_attn_kwargs")
+    model.save_pretrained(tmp_path / "model")
+    with torch.no_grad():
+        torch.save({"batch": dict(batch), "alone": reference(model, docs)[0]}, tmp_path / "expected.pt")
+    proc = run_clean("""
+        import torch
+        from transformers import AutoModelForCausalLM
+        model = AutoModelForCausalLM.from_pretrained("model", trust_remote_code=True).eval()
+        expected = torch.load("expected.pt")
+        with torch.no_grad():
+            logits = model(**expected["batch"]).logits[0]
+        assert (logits - expected["alone"]).abs().max() <= 1e-4
+        print("OK", type(model).__module__)
+    """, tmp_path, {"HF_HUB_OFFLINE": "1"})
+    assert "OK transformers_modules" in proc.stdout
