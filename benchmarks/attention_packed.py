@@ -102,9 +102,8 @@ def main() -> None:
             rows[layout] = json.loads(done.stdout.strip().splitlines()[-1])
         pad, packed = rows["padded"], rows["packed"]
         print(f"| {docs} | {packed['tokens']} | {pad['padding']:.2f} | {pad['ms']:.1f} | "
-              f"{packed['ms']:.1f} | "
-              f"{pad['ms'] / packed['ms']:.2f}× | {1 / (1 - pad['padding']):.2f}× | {pad['peak_mib']:.0f} | "
-              f"{packed['peak_mib']:.0f} |", flush=True)
+              f"{packed['ms']:.1f} | {pad['ms'] / packed['ms']:.2f}× | {1 / (1 - pad['padding']):.2f}× | "
+              f"{pad['peak_mib']:.0f} | {packed['peak_mib']:.0f} |", flush=True)
 
 
 if __name__ == "__main__":

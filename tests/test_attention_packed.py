@@ -249,3 +249,22 @@ def test_packed_summary_for_cross_attention(make_generator):
         torch.testing.assert_close(out[:, :, qa:qb], ref, **TOL)
     with pytest.raises(ValueError, match="one row per packed sequence: batch 2"):
         attend_summary(q[:, :, :8], summary, cu_seqlens=torch.tensor([0, 3, 8]))
+
+
+@pytest.mark.parametrize("momentum", [0.0, 0.9])
+def test_triton_backend_through_the_api_matches_the_torch_path(make_generator, momentum):
+    """The public API hands packed rows to the Triton kernels (interpreter on CPU): fp32 against
+    the float64 PyTorch path, outputs, per-segment states and gradients."""
+    pytest.importorskip("triton")
+    gen = make_generator()
+    q, k, v, cu, state = packed(gen, [9, 1, 0, 20, 3], init=True)
+    results = {}
+    for backend, dtype in (("triton", torch.float32), ("torch", torch.float64)):
+        leaves = [t.detach().to(dtype).requires_grad_() for t in (q, k, v, state.s, state.z, state.m)]
+        init = MomentumAttentionState(*leaves[3:])
+        out, final = momentum_attention(*leaves[:3], momentum=momentum, chunk_size=16, cu_seqlens=cu,
+                                        initial_state=init, return_state=True, backend=backend)
+        (out.sum() + final.s.sum() + final.z.sum() + 0.5 * final.m.sum()).backward()
+        results[backend] = [out, final.s, final.z, final.m] + [t.grad for t in leaves]
+    for fast, exact in zip(results["triton"], results["torch"]):
+        torch.testing.assert_close(fast.double(), exact, rtol=1e-4, atol=1e-4)

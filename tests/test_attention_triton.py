@@ -542,7 +542,8 @@ def compile_for_sm90(kernel, dtype, consts, num_warps=4):
         elif name in ("N", "H", "NT", "N_BUCKET", "BH_BUCKET"):
             types[name] = "i32"
         else:
-            element = {"lengths": "i32", "real": "i8"}.get(name, dtype if name in INPUTS else acc)
+            element = {"lengths": "i32", "real": "i8", "cu_seqlens": "i32", "chunk_offsets": "i32",
+                       "chunk_indices": "i32"}.get(name, dtype if name in INPUTS else acc)
             if name in ("h_s", "h_m", "dh_s", "dh_m") and dtype == "bf16":
                 element = "bf16"
             types[name] = "*" + element
@@ -551,11 +552,13 @@ def compile_for_sm90(kernel, dtype, consts, num_warps=4):
 
 
 DK, DV, BT = 32, 24, 32
-# (input dtype, momentum, exact dots): fp32 with IEEE False is fp32 under tf32 matmul precision
-for dtype, momentum, ieee in (("bf16", True, False), ("bf16", False, False), ("fp16", True, False),
-                              ("fp32", True, True), ("fp32", True, False)):
+# (input dtype, momentum, exact dots, packed sequences): fp32 with IEEE False is fp32 under tf32
+# matmul precision
+for dtype, momentum, ieee, varlen in (("bf16", True, False, False), ("bf16", False, False, False),
+                                      ("fp16", True, False, False), ("fp32", True, True, False),
+                                      ("fp32", True, False, False), ("bf16", True, False, True)):
     flags = {"LOW": dtype == "bf16", "IEEE": ieee}
-    meta = dict(DK=DK, DV=DV, BT=BT, MOMENTUM=momentum, HAS_LEN=True, **flags)
+    meta = dict(DK=DK, DV=DV, BT=BT, MOMENTUM=momentum, HAS_LEN=not varlen, IS_VARLEN=varlen, **flags)
     for kernel, prune, extra in ((K.fwd_h, prune_scan, {"USE_INIT": True}), (K.fwd_o, prune_chunk, {}),
                                  (K.bwd_dh, prune_scan, {"HAS_FINAL_GRAD": True}),
                                  (K.bwd_dv, prune_chunk, {}), (K.bwd_dqk, prune_chunk, {})):
@@ -563,7 +566,7 @@ for dtype, momentum, ieee in (("bf16", True, False), ("bf16", False, False), ("f
         config = prune(tuning_configs(), first, **meta)[-1]
         start = time.time()
         compile_for_sm90(kernel, dtype, {**meta, **extra, **config.kwargs}, config.num_warps)
-        print(dtype, momentum, ieee, kernel.fn.__name__, config, f"{time.time() - start:.1f}s")
+        print(dtype, momentum, ieee, varlen, kernel.fn.__name__, config, f"{time.time() - start:.1f}s")
 compile_for_sm90(K.bwd_prep, "bf16", dict(DV=DV, BT=BT, BDV=32, HAS_LEN=True))
 compile_for_sm90(F.step_kernel, "bf16", dict(DK=DK, DV=DV, BK=32, BV=32, HAS_REAL=True))
 '''
@@ -572,8 +575,8 @@ compile_for_sm90(F.step_kernel, "bf16", dict(DK=DK, DV=DV, BK=32, BV=32, HAS_REA
 def test_kernels_compile_for_an_h100():
     """The interpreter accepts what the compiler may refuse (dot shapes and dtypes, constexpr
     rules, layouts): every kernel is compiled to an sm_90 cubin, without a GPU, for bf16 (one and
-    two states), fp16 and fp32 (exact and tf32 dots), with the launch settings the autotuner would
-    keep."""
+    two states; packed sequences too), fp16 and fp32 (exact and tf32 dots), with the launch
+    settings the autotuner would keep."""
     import os
     import subprocess
     import sys

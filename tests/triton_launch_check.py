@@ -4,7 +4,8 @@ the stand-in driver of `triton_standin` (compiled kernels, no-op launches):
     python tests/triton_launch_check.py --arch 90 [--dtypes bf16 fp16 fp32] [--dims 64 128] [--table]
 
 Per dtype and head size: momentum attention forward + backward (padding, initial state, the final
-state's gradient), plain linear attention (the one-state kernels), a decoding step, and the
+state's gradient), plain linear attention (the one-state kernels), packed sequences (cu_seqlens:
+per-segment initial and final states, β > 0 and β = 0), a decoding step, and the
 Adam/RMSProp LSTM recurrences; then the attention again at other autotuning buckets of N and
 B·H, which must compile nothing new; per dtype, a decoding step at Dk = Dv = 512 (the step
 kernel loops over Dk blocks). "tf32" is fp32 inputs under torch.set_float32_matmul_precision
@@ -83,6 +84,27 @@ def attention(dtype, D, B=2, H=2, N=150):
     out1, _ = momentum_attention_step(q1, k1, v1, step_state, momentum=0.6, padding_mask=mask[:, :1],
                                       backend="triton")
     out1.float().sum().backward()
+    packed(leaf, H, N, D)
+
+
+def packed(leaf, H, N, D):
+    """Packed sequences through the Triton entry point (the IS_VARLEN kernels): one row of N
+    tokens in segments of 1, 0, a chunk-crossing middle, and a tail; forward + backward with
+    per-segment initial and final states at β > 0, and the one-state kernels at β = 0."""
+    import torch
+
+    from plugins.attention import MomentumAttentionState
+    from plugins.attention.triton import chunk_momentum_attention
+
+    cu = torch.tensor([0, 1, 1, N // 3, N - 5, N], dtype=torch.int32)
+    n = cu.numel() - 1
+    q, k, v = (leaf(1, H, N, D) for _ in range(3))
+    init = MomentumAttentionState(s=leaf(n, H, D, D, dt=torch.float32), z=leaf(n, H, D, dt=torch.float32),
+                                  m=leaf(n, H, D, D, dt=torch.float32))
+    for beta, state0 in ((0.6, init), (0.0, None)):
+        out, state = chunk_momentum_attention(q, k, v, momentum=beta, step_size=0.8, eps=1e-6, chunk_size=64,
+                                              initial_state=state0, return_state=True, cu_seqlens=cu)
+        (out.float().sum() + state.s.sum() + state.z.sum() + state.m.sum()).backward()
 
 
 def large_step(dtype, D):
@@ -129,7 +151,9 @@ def resource_table(kernels) -> list[str]:
         names = kernel.src.fn.arg_names
         consts = {names[k[0]] if isinstance(k, tuple) else k: v for k, v in kernel.src.constants.items()}
         shown = {k: v for k, v in consts.items()
-                 if k in ("DK", "DV", "BT", "BK", "BV", "MOMENTUM", "IEEE", "BLOCK_B", "BLOCK_H")}
+                 if k in ("DK", "DV", "BT", "BK", "BV", "MOMENTUM", "IS_VARLEN", "IEEE", "BLOCK_B",
+                          "BLOCK_H")
+                 and (k != "IS_VARLEN" or v)}          # marked on the packed-sequence kernels only
         key = (name, dtype, str(shown.items()), kernel.metadata.num_warps)
         if key in seen:
             continue

@@ -15,6 +15,7 @@ from .checks import (
     compute_dtype,
 )
 from .chunk import chunk_causal_momentum_attention
+from .context_parallel import context_parallel_attention
 from .feature_maps import FeatureMap, resolve_feature_map
 from .noncausal import apply_noncausal_summary, noncausal_summary
 from .nonfinite import NonFiniteMarks, split_finite
@@ -37,7 +38,7 @@ def momentum_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, mom
                        padding_mask: Optional[torch.Tensor] = None, eps: float = 1e-6,
                        chunk_size: int = 64, initial_state: Optional[MomentumAttentionState] = None,
                        return_state: bool = False, backend: str = "auto",
-                       cu_seqlens: Optional[torch.Tensor] = None) -> Output:
+                       cu_seqlens: Optional[torch.Tensor] = None, process_group=None) -> Output:
     """Momentum attention, O(N) time and memory.
 
     q, k: (B, H, Nq, Dk); v: (B, H, Nk, Dv) → (B, H, Nq, Dv) in the inputs' dtype.
@@ -66,7 +67,16 @@ def momentum_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, mom
     A NaN or inf in q, k or v reaches only the outputs that depend on it (causal: at or after
     its position), forward and backward. States and denominators are accumulated in float32
     (float64 for float64 inputs), autocast or not.
+    process_group (torch.distributed): context parallelism, one sequence split over the group's
+    ranks in rank order, each passing its slice (`plugins.attention.context_parallel`,
+    docs/context_parallel.md); the result on each rank is the whole sequence's on its slice.
     """
+    if process_group is not None:
+        return context_parallel_attention(
+            q, k, v, process_group=process_group, attend=momentum_attention, momentum=momentum,
+            step_size=step_size, causal=causal, feature_map=feature_map, padding_mask=padding_mask,
+            eps=eps, chunk_size=chunk_size, initial_state=initial_state, return_state=return_state,
+            backend=backend, cu_seqlens=cu_seqlens)
     check_qkv(q, k, v, causal=causal)
     momentum = check_momentum(momentum)
     step_size = check_positive(step_size, "step_size")
@@ -180,12 +190,13 @@ def attend_summary(q: torch.Tensor, summary: NonCausalSummary, *, feature_map: F
 def linear_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = True,
                      feature_map: FeatureMap = "elu", padding_mask: Optional[torch.Tensor] = None,
                      eps: float = 1e-6, chunk_size: int = 64, backend: str = "auto",
-                     cu_seqlens: Optional[torch.Tensor] = None) -> torch.Tensor:
+                     cu_seqlens: Optional[torch.Tensor] = None, process_group=None) -> torch.Tensor:
     """Plain linear attention (eq. 5, causal eq. 7): momentum attention with β = 0, γ = 1 (the
-    kernels then carry the one state s). cu_seqlens as in `momentum_attention`."""
+    kernels then carry the one state s). cu_seqlens and process_group as in `momentum_attention`."""
     return momentum_attention(q, k, v, momentum=0.0, step_size=1.0, causal=causal,
                               feature_map=feature_map, padding_mask=padding_mask, eps=eps,
-                              chunk_size=chunk_size, backend=backend, cu_seqlens=cu_seqlens)
+                              chunk_size=chunk_size, backend=backend, cu_seqlens=cu_seqlens,
+                              process_group=process_group)
 
 
 def momentum_attention_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,

@@ -104,6 +104,43 @@ class NAGDecay:
         return torch.where(lag == 0, 1.0, decay)
 
 
+class SegmentDecay:
+    """Decay of a packed row: many sequences (segments) laid end to end in one row of N steps,
+    each filtered exactly as if alone (issue 18). M[t, k] = 0 when steps t and k lie in
+    different segments, so every segment's momentum starts from its own v_0 (a reset zeroes
+    what the previous segment carried); inside a segment M is `base`, the decay of one
+    sequence started at step 0 (the cell's own ConstantDecay / NAGDecay), read at the absolute
+    step of each position: start_step[s] + its index in segment s, so NAG/SR schedules count
+    from every segment's own start. Positions are 1-based (0: before the row), as for the
+    other decays, and `filter_sequence` runs its chunks across segment boundaries unchanged.
+    """
+
+    stationary = False
+    groups = 1
+
+    def __init__(self, base, offsets, start_step):
+        self.base, self.device = base, base.device
+        lengths = offsets.diff()
+        self.length, self.count = int(offsets[-1]), lengths.numel()
+        segment = torch.repeat_interleave(torch.arange(self.count), lengths).to(self.device)
+        index = torch.arange(self.length, device=self.device) - offsets[:-1].to(self.device)[segment]
+        self.start = start_step.to(self.device)
+        self.segment = torch.cat([segment.new_full((1,), -1), segment])
+        self.step = torch.cat([segment.new_zeros(1), self.start[segment] + index + 1])
+
+    def matrix(self, rows, cols):
+        """M[rows, cols] as a float64 (1, len(rows), len(cols)) tensor."""
+        same = self.segment[rows][:, None] == self.segment[cols][None, :]
+        return torch.where(same, self.base.matrix(self.step[rows], self.step[cols]), 0.0)
+
+    def carried(self):
+        """Weight of segment s's carried-in v_0 in v_t, float64 (N, n): M[t, start of s] on
+        the steps of s, 0 elsewhere."""
+        weight = self.base.matrix(self.step[1:], self.start)[0]
+        mine = self.segment[1:, None] == torch.arange(self.count, device=self.device)[None, :]
+        return torch.where(mine, weight, 0.0)
+
+
 def filter_sequence(seq, decay, step_size, chunk=128):
     """Parallel form of eq. 9's filter without the carried state: s Σ_{1≤k≤t} M[t, k] seq_k.
 
@@ -163,6 +200,14 @@ def carried_weight(decay, batch):
     on the decay's device."""
     rows = torch.arange(decay.length + 1, device=decay.device)
     return decay.matrix(rows[1:], rows[:1])[:, :, 0].t().expand(-1, batch)
+
+
+def carried_channels(decay, batch):
+    """Input channels of the carried-in v_0 (their weights are v_0ᵀ), float64: (T, B, B), row b
+    weighting v_0 of row b by M[t, 0]; for a SegmentDecay (N, 1, n), one per segment."""
+    if isinstance(decay, SegmentDecay):
+        return decay.carried().unsqueeze(1)
+    return torch.diag_embed(carried_weight(decay, batch))
 
 
 def bias_channel(decay, step_size, batch, dtype, device):

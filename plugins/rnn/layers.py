@@ -19,22 +19,35 @@ Fast path. The momentum of every cell depends on the input only (filters.py), so
   per-step recurrence with a hand-written backward (adam_recurrence.py). The tanh RNN forms
   v/√(m + ε) for all steps first and loops over its cheap tanh steps under autograd.
 Dropout between layers as in nn.LSTM.
+
+Packed rows (`forward(..., cu_seqlens=...)` or `segment_starts=...`, segments.py): every
+segment runs exactly as if alone. Plain and eq.-9 cells (MomentumLSTM, MomentumRNN) stay on
+the row without padding: each layer's filter uses a SegmentDecay (filters.py; no momentum
+crosses a segment start, NAG/SR count steps from each segment's start) and the fused kernel
+runs the segments as a batch in torch's packed layout (the row's steps gathered into it and
+scattered back by one index each). Cells with a second moment (eq. 15) and the orthogonal
+RNN take the segments as a PackedSequence through their usual lengths path (padded to the
+longest segment inside, as for any PackedSequence input): eq. 15's recurrence, torch loop or
+Triton steps, then starts every segment from its own state with no change to its kernels.
 """
 import math
 
 import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
+from torch.nn.utils.rnn import PackedSequence
 
 from ..validation import check_bool, check_int, check_probability
 from .adam_recurrence import AdamLSTMRecurrence, gate_order
 from .checks import check_sizes
-from .filters import bias_channel, carried_weight, filter_sequence, second_moment
+from .filters import SegmentDecay, bias_channel, carried_channels, filter_sequence, second_moment
 from .lstm_cells import lstm_update
+from .segments import check_segment_offsets, offsets_from_starts, segment_layout
 from .sequence import (
     RecurrentState,
     as_output,
     as_sequence,
+    fused_packed,
     fused_recurrence,
     initial_state,
     last_step,
@@ -64,11 +77,11 @@ def input_map(x, decay, step_size, weight, bias, v0, joined=None):
         cols.append(bias_channel(decay, step_size, batch, x.dtype, x.device).unsqueeze(-1))
     w = join_input_weight(weight, bias) if joined is None else joined
     if v0 is not None:
-        carried = carried_weight(decay, batch)
+        carried = carried_channels(decay, batch)
         # Zero weights (e.g. NAG's μ_1 = 0) drop the B channels; asking whether they are all
         # zero would make the host wait for an accelerator, so only the CPU asks.
         if carried.device.type != "cpu" or bool(carried.any()):
-            cols.append(torch.diag_embed(carried.to(device=x.device, dtype=x.dtype)))
+            cols.append(carried.to(device=x.device, dtype=x.dtype))
             w = torch.cat([w, v0.t()], 1)
     return torch.cat(cols, -1), w, None
 
@@ -136,6 +149,18 @@ def recurrence_loop(step, pre, lengths, state):
         outs.append(state[0])
     out = torch.stack(outs)
     return (out if masks is None else out * masks), state
+
+
+def segment_rows(state, full, index):
+    """The initial state of the segments `index` (the non-empty ones): rows of `full` (the
+    validated state of all segments), with v and the step counter left None where the caller
+    gave none (no carried momentum channels, one NAG/SR decay group)."""
+    given = state if isinstance(state, RecurrentState) else None
+    rows = lambda t, dim=1: None if t is None else t.index_select(dim, index)
+    return RecurrentState(rows(full.h), rows(full.c),
+                          rows(full.v) if given is not None and given.v is not None else None,
+                          rows(full.m),
+                          rows(full.step, 0) if given is not None and given.step is not None else None)
 
 
 def tanh_step(weight_hh):
@@ -215,7 +240,98 @@ class _MomentumLayers(nn.Module):
                              width=self.gate_count * self.hidden_size, has_c=self.gate_count == 4,
                              has_v=self.variant.has_v, has_m=self.variant.has_m, ref=ref, steps=steps)
 
-    def forward(self, input, state=None):
+    def forward(self, input, state=None, *, cu_seqlens=None, segment_starts=None):
+        """input (T, B, input_size) (batch_first: (B, T, input_size)) or a PackedSequence;
+        state None, a RecurrentState, (h, c) or h. Returns (output, RecurrentState).
+
+        Packed rows (segments.py): `cu_seqlens` (n+1 offsets over a batch of one row) or
+        `segment_starts` ((batch, time) bool, True where a sequence begins, (batch, time)
+        whatever batch_first) split the input into n sequences that each run exactly as if
+        alone: h, c, the momentum v, the second moment m and the step counter all start
+        afresh (from `state`'s row of that segment) at every segment's first step. The state
+        then has batch n, one row per segment (row by row, left to right): the initial state
+        of each segment, and each segment's state after its last step."""
+        if cu_seqlens is None and segment_starts is None:
+            return self._forward_sequence(input, state)
+        return self._forward_segments(input, state, cu_seqlens, segment_starts)
+
+    def _forward_segments(self, input, state, cu_seqlens, segment_starts):
+        """The segments of a packed row as a batch of n sequences in torch's packed layout
+        (segments.py); empty segments keep their initial state."""
+        if cu_seqlens is not None and segment_starts is not None:
+            raise ValueError("pass cu_seqlens or segment_starts, not both (they say the same thing)")
+        name = "cu_seqlens" if cu_seqlens is not None else "segment_starts"
+        if isinstance(input, PackedSequence):
+            raise ValueError(f"{name} cannot be combined with a PackedSequence input, whose lengths "
+                             f"already separate its sequences: pass a tensor")
+        x = as_sequence(input, self.input_size, self.batch_first).x
+        steps, batch = x.shape[:2]
+        if cu_seqlens is not None:
+            offsets = check_segment_offsets(cu_seqlens, batch, steps, x.device)
+        else:
+            offsets = offsets_from_starts(segment_starts, batch, steps, x.device)
+        layout = segment_layout(offsets, x.device)
+        if self.fused_kind is not None and not self.variant.has_m:
+            return self._row_segments(x, state, offsets, layout)
+        first = state
+        if layout.nonempty is not None:
+            full = self._state(state, layout.count, x, steps)
+            first = segment_rows(state, full, layout.nonempty)
+        out, final = self._forward_sequence(layout.pack(x.transpose(0, 1).reshape(batch * steps, -1)), first)
+        out = layout.unpack(out.data).view(batch, steps, -1)
+        if layout.nonempty is not None:
+            final = RecurrentState(*(None if f is None else a.index_copy(dim, layout.nonempty, f)
+                                     for a, f, dim in zip(full, final, (1, 1, 1, 1, 0))))
+        return (out if self.batch_first else out.transpose(0, 1)), final
+
+    def _row_segments(self, x, state, offsets, layout):
+        """Packed row of a cell on torch's fused kernels (plain, eq. 9 and its NAG/SR
+        schedules), without padding: each layer's momentum filter runs over the whole row with
+        a SegmentDecay (filters.py: no momentum crosses a segment start, schedules count from
+        each segment's start step), then the row's steps are gathered into the segments'
+        packed layout for the fused kernel (cuDNN / oneDNN, one call per layer; the plain cell
+        one call for all layers, as nn.LSTM) and scattered back."""
+        steps, batch = x.shape[:2]
+        st = self._state(state, layout.count, x, steps)
+        keep = layout.nonempty
+        first = lambda t: t if keep is None else t.index_select(1, keep)
+        hx = lambda k: ((first(st.h[k]), first(st.c[k])) if self.gate_count == 4 else first(st.h[k]))
+        lengths = offsets.diff()
+        row = x.transpose(0, 1).reshape(batch * steps, -1)
+        if self._all_layers_fused():
+            data, (h, *c) = fused_packed(self.fused_kind, layout.pack(row), hx(slice(None)),
+                                         self._stack_weights(), self.bias, self.training,
+                                         self.num_layers, self.dropout)
+            finals = (h, c[0] if c else None, None)
+            row = layout.unpack(data)
+        else:
+            carries_v = isinstance(state, RecurrentState) and state.v is not None
+            base = self.variant.decay(self.hyper, steps * batch, st.step.new_zeros(1))
+            decay = None if base is None else SegmentDecay(base, offsets, st.step)
+            last = (offsets[1:] - 1)[lengths > 0].to(x.device)
+            layers = []
+            for k in range(self.num_layers):
+                if k > 0 and self.dropout > 0 and self.training:
+                    row = F.dropout(row, self.dropout, True)
+                w_ih, w_hh, b_ih, b_hh = self.layer_parameters(k)
+                inp, w, b = input_map(row[:, None], decay, self.variant.input_scale(self.hyper), w_ih,
+                                      b_ih, st.v[k] if carries_v else None,
+                                      self._joined_input_weight(k, decay, w_ih, b_ih))
+                data, (h, *c) = fused_packed(self.fused_kind, layout.pack(inp[:, 0]), hx(slice(k, k + 1)),
+                                             fused_weights(w, w_hh, b, b_hh, self.bias), self.bias,
+                                             self.training)
+                row = layout.unpack(data)
+                v = F.linear(inp[:, 0].index_select(0, last), w, b) if self.variant.has_v else None
+                layers.append((h[0], c[0][0] if c else None, v))
+            finals = tuple(None if layers[0][i] is None else torch.stack([f[i] for f in layers])
+                           for i in range(3))
+        merged = tuple(None if f is None else (f if keep is None else a.index_copy(1, keep, f))
+                       for a, f in zip(st[:3], finals))
+        out = row.view(batch, steps, -1)
+        new_state = RecurrentState(*merged, None, st.step + lengths.to(st.step.device))
+        return (out if self.batch_first else out.transpose(0, 1)), new_state
+
+    def _forward_sequence(self, input, state):
         seq = as_sequence(input, self.input_size, self.batch_first)
         x, lengths = seq.x, seq.lengths
         steps, batch = x.shape[:2]
@@ -331,6 +447,8 @@ class MomentumLSTM(_MomentumLayers):
     (T, B, input_size) (batch_first: (B, T, input_size)) or a PackedSequence; state may also
     be an (h, c) tuple. The returned state carries h, c, the momentum v (and m for
     adam/rmsprop) of every layer and the per-sequence time-step counter.
+    forward(input, state, cu_seqlens=...) or (..., segment_starts=...): many sequences packed
+    in one row, each run exactly as if alone, with one state row per sequence (`forward`).
     """
 
     plain = "lstm"

@@ -78,21 +78,25 @@ def fused_recurrence(kind, x, lengths, hx, weights, has_biases, training, num_la
     x (T, B, D) padded in caller order; hx a (h, c) pair (lstm) or h (tanh), each (L, B, H).
     Returns (output (T, B, H) with zeros past each length, final states in caller order).
     """
-    fn = _VF.lstm if kind == "lstm" else _VF.rnn_tanh
     if lengths is None:
+        fn = _VF.lstm if kind == "lstm" else _VF.rnn_tanh
         out = fn(x, hx, weights, has_biases, num_layers, dropout, training, False, False)
         return out[0], out[1:]
     packed = pack_padded_sequence(x, lengths, enforce_sorted=False)
-    order, inverse = packed.sorted_indices, packed.unsorted_indices
-    if kind == "lstm":
-        hx = tuple(t.index_select(1, order) for t in hx)
-    else:
-        hx = hx.index_select(1, order)
+    data, finals = fused_packed(kind, packed, hx, weights, has_biases, training, num_layers, dropout)
+    out, _ = pad_packed_sequence(packed._replace(data=data), total_length=x.size(0))
+    return out, finals
+
+
+def fused_packed(kind, packed, hx, weights, has_biases, training, num_layers=1, dropout=0.0):
+    """`fused_recurrence` on a PackedSequence: hx (L, B, H) in caller order. Returns the packed
+    output data (same layout as packed.data) and the final states in caller order."""
+    fn = _VF.lstm if kind == "lstm" else _VF.rnn_tanh
+    order = packed.sorted_indices
+    hx = tuple(t.index_select(1, order) for t in hx) if kind == "lstm" else hx.index_select(1, order)
     res = fn(packed.data, packed.batch_sizes, hx, weights, has_biases, num_layers, dropout,
              training, False)
-    out, _ = pad_packed_sequence(PackedSequence(res[0], packed.batch_sizes, order, inverse),
-                                 total_length=x.size(0))
-    return out, tuple(t.index_select(1, inverse) for t in res[1:])
+    return res[0], tuple(t.index_select(1, packed.unsorted_indices) for t in res[1:])
 
 
 def initial_state(state, *, num_layers, batch, hidden, width, has_c, has_v, has_m, ref, steps=1):

@@ -28,12 +28,15 @@ def chunk_momentum_attention(fq: torch.Tensor, fk: torch.Tensor, v: torch.Tensor
                              step_size: float, eps: float, chunk_size: int,
                              initial_state: MomentumAttentionState | None = None,
                              lengths: torch.Tensor | None = None, return_state: bool = False,
+                             cu_seqlens: torch.Tensor | None = None,
                              ) -> tuple[torch.Tensor, MomentumAttentionState | None]:
-    """Eq. 13 on feature-mapped inputs; see `entry_points.chunk_momentum_attention`."""
+    """Eq. 13 on feature-mapped inputs, packed sequences with `cu_seqlens`; see
+    `entry_points.chunk_momentum_attention`."""
     _check_device(fq)
     from .entry_points import chunk_momentum_attention as impl
     return impl(fq, fk, v, momentum=momentum, step_size=step_size, eps=eps, chunk_size=chunk_size,
-                initial_state=initial_state, lengths=lengths, return_state=return_state)
+                initial_state=initial_state, lengths=lengths, return_state=return_state,
+                cu_seqlens=cu_seqlens)
 
 
 def fused_recurrent_step(fq: torch.Tensor, fk: torch.Tensor, v: torch.Tensor,

@@ -5,7 +5,11 @@ the forward and backward kernels, on prepared inputs (`op` registers them as cus
 Memory: the forward keeps q, k, v, the output and one float per position (the denominator); the
 states entering each chunk (2·nchunks·Dk·Dv values, bf16 for bf16 inputs, fp32/fp64 otherwise)
 exist only during a kernel pair and are recomputed in the backward, so nothing of size N·Dk·Dv is
-ever stored. Launches run on the inputs' CUDA device."""
+ever stored. Launches run on the inputs' CUDA device.
+
+Packed sequences (`cu_seqlens`, one row): the scans get one program per (segment, head), the
+per-chunk kernels one per chunk of any segment, through the tables of `varlen_tables`; the
+kernels read the packed row in place (no copy into a padded batch, no loop over segments)."""
 import torch
 import triton
 
@@ -22,107 +26,159 @@ from .utils import (
 )
 
 
-def _shapes(fq, v, chunk):
-    B, H, N, DK = fq.shape
-    DV = v.shape[-1]
-    BT = chunk_block(chunk)
-    return B, H, N, DK, DV, BT, triton.cdiv(N, BT)
+class _Layout:
+    """Shapes and index tables of one launch: B·H rows of N tokens (B rows of `lengths` real
+    tokens), or with `cu_seqlens` one row (B = 1) holding n segments. `S` is the states' batch
+    (B, or n), `NT` the number of chunks (per row; packed, of all segments together, an upper
+    bound: see varlen_tables)."""
+
+    def __init__(self, fq, v, chunk, lengths, cu_seqlens):
+        self.B, self.H, self.N, self.DK = fq.shape
+        self.DV = v.shape[-1]
+        self.BT = chunk_block(chunk)
+        self.varlen = cu_seqlens is not None
+        if self.varlen:
+            self.S = cu_seqlens.numel() - 1
+            self.cu_seqlens = cu_seqlens
+            self.chunk_offsets, self.chunk_indices = varlen_tables(cu_seqlens, self.N, self.BT)
+            self.NT = self.chunk_indices.shape[0]
+        else:
+            self.S = self.B
+            self.NT = triton.cdiv(self.N, self.BT)
+        self.lengths = lengths
+
+    def scan_grid(self):
+        """State scans: one program per (Dk block, Dv block, batch·head or segment·head)."""
+        DK, DV, rows = self.DK, self.DV, self.S * self.H
+        return lambda meta: (triton.cdiv(DK, meta["BK"]) * triton.cdiv(DV, meta["BV"]), rows)
+
+    def chunk_grid(self, tile, dim):
+        """Per-chunk kernels: one program per (block of `dim`, chunk, batch·head)."""
+        NT, rows = self.NT, self.B * self.H
+        return lambda meta: (triton.cdiv(dim, meta[tile]), NT, rows)
+
+    def meta(self, dtype, momentum):
+        """The autotuned kernels' constants and tuning buckets (packed: the mean segment length
+        and segments·heads, what a scan program runs over and how many there are)."""
+        n = max(self.S, 1)
+        return dict(DK=self.DK, DV=self.DV, BT=self.BT, MOMENTUM=momentum > 0.0,
+                    HAS_LEN=self.lengths is not None, IS_VARLEN=self.varlen, **kernel_flags(dtype),
+                    **tuning_buckets(self.N // n if self.varlen else self.N, n * self.H))
+
+    def scan_tables(self, dummy):
+        """(lengths, cu_seqlens, chunk_offsets) of the scans; `dummy` where a kernel reads none."""
+        if self.varlen:
+            return dummy, self.cu_seqlens, self.chunk_offsets
+        return (self.lengths if self.lengths is not None else dummy), dummy, dummy
+
+    def chunk_tables(self, dummy):
+        """(lengths, cu_seqlens, chunk_indices) of the per-chunk kernels."""
+        if self.varlen:
+            return dummy, self.cu_seqlens, self.chunk_indices
+        return (self.lengths if self.lengths is not None else dummy), dummy, dummy
 
 
-def _state_grid(B, H, DK, DV):
-    """State scans: one program per (Dk block, Dv block, batch·head)."""
-    return lambda meta: (triton.cdiv(DK, meta["BK"]) * triton.cdiv(DV, meta["BV"]), B * H)
+def varlen_tables(cu_seqlens, N: int, BT: int):
+    """fla's prepare_chunk_offsets / prepare_chunk_indices on the device, without a host sync:
+    chunk_offsets (n+1,) int32, segment s's chunks are [chunk_offsets[s], chunk_offsets[s+1]) of
+    all segments' chunks; chunk_indices (NT, 2) int32, (segment, chunk within it) of each. NT is
+    the bound min(N, ⌊(N + n(BT − 1))/BT⌋) on Σ_s ⌈L_s/BT⌉ known from the shapes alone (fla reads
+    the count back to the host instead): the spare rows are (−1, ·), programs that do nothing.
+    It exceeds the count by at most n (by less than the count itself), all of it unused chunk
+    states. Empty segments own no chunk."""
+    n = cu_seqlens.numel() - 1
+    cu = cu_seqlens.long()
+    counts = (cu[1:] - cu[:-1] + BT - 1) // BT
+    offsets = torch.cat([counts.new_zeros(1), counts.cumsum(0)])
+    NT = min(N, (N + n * (BT - 1)) // BT)
+    chunks = torch.arange(NT, device=cu.device)
+    segment = torch.searchsorted(offsets, chunks, right=True) - 1        # offsets[s] <= i < offsets[s+1]
+    within = chunks - offsets[segment]
+    segment = torch.where(segment < n, segment, -1)                     # past the last chunk: spare
+    return offsets.to(torch.int32), torch.stack([segment, within], 1).to(torch.int32).contiguous()
 
 
-def _chunk_grid(tile, dim, NT, B, H):
-    """Per-chunk kernels: one program per (block of `dim`, chunk, batch·head)."""
-    return lambda meta: (triton.cdiv(dim, meta[tile]), NT, B * H)
-
-
-def _meta(fq, momentum, lengths, BT, DK, DV):
-    """The autotuned kernels' constants and tuning buckets."""
-    B, H, N, _ = fq.shape
-    return dict(DK=DK, DV=DV, BT=BT, MOMENTUM=momentum > 0.0, HAS_LEN=lengths is not None,
-                **kernel_flags(fq.dtype), **tuning_buckets(N, B * H))
-
-
-def states_entering_chunks(fk, v, s0, z0, m0, lengths, coef, meta, NT):
+def states_entering_chunks(fk, v, s0, z0, m0, layout, coef, meta):
     """S, M' (in `chunk_state_dtype`) and Z (fp32/fp64) entering each chunk and the final state
-    (s, z, m with m = −M', fp32/fp64)."""
-    B, H, N, DK = fk.shape
-    DV = v.shape[-1]
+    (s, z, m with m = −M', fp32/fp64; batch B, or n segments)."""
+    B, H, N, DK, DV, NT, S = layout.B, layout.H, layout.N, layout.DK, layout.DV, layout.NT, layout.S
     acc = coef.dtype
     h_s = fk.new_empty(B * H, NT, DK, DV, dtype=chunk_state_dtype(fk.dtype))
     h_m = torch.empty_like(h_s) if meta["MOMENTUM"] else h_s
     h_z = fk.new_empty(B * H, NT, DK, dtype=acc)
-    s = fk.new_empty(B, H, DK, DV, dtype=acc)
-    m = fk.new_empty(B, H, DK, DV, dtype=acc)
-    z = fk.new_empty(B, H, DK, dtype=acc)
+    s = fk.new_empty(S, H, DK, DV, dtype=acc)
+    m = fk.new_empty(S, H, DK, DV, dtype=acc)
+    z = fk.new_empty(S, H, DK, dtype=acc)
     use_init = s0 is not None
-    K.fwd_h[_state_grid(B, H, DK, DV)](fk, v, h_s, h_m, h_z, s0 if use_init else s, m0 if use_init else m,
-                  z0 if use_init else z, s, m, z, lengths if lengths is not None else z, coef,
-                  N, H, NT, USE_INIT=use_init, **meta)
+    K.fwd_h[layout.scan_grid()](fk, v, h_s, h_m, h_z, s0 if use_init else s, m0 if use_init else m,
+                                z0 if use_init else z, s, m, z, *layout.scan_tables(z), coef,
+                                N, H, NT, USE_INIT=use_init, **meta)
     return h_s, h_m, h_z, s, z, m
 
 
-def chunk_forward(fq, fk, v, s0, z0, m0, lengths, momentum: float, step_size: float, eps: float,
-                  chunk: int):
-    """out (input dtype), den (B, H, N) accumulator dtype, and the final s, z, m."""
+def chunk_forward(fq, fk, v, s0, z0, m0, lengths, cu_seqlens, momentum: float, step_size: float,
+                  eps: float, chunk: int):
+    """out (input dtype), den (B, H, N) accumulator dtype, and the final s, z, m (batch B, or n
+    segments with `cu_seqlens`: int32, n + 1 offsets over the one row)."""
     with device_of(fq):
-        return _chunk_forward(fq, fk, v, s0, z0, m0, lengths, momentum, step_size, eps, chunk)
+        return _chunk_forward(fq, fk, v, s0, z0, m0, lengths, cu_seqlens, momentum, step_size, eps, chunk)
 
 
-def _chunk_forward(fq, fk, v, s0, z0, m0, lengths, momentum, step_size, eps, chunk):
-    B, H, N, DK, DV, BT, NT = _shapes(fq, v, chunk)
-    check_grid(B * H, NT)
+def _chunk_forward(fq, fk, v, s0, z0, m0, lengths, cu_seqlens, momentum, step_size, eps, chunk):
+    layout = _Layout(fq, v, chunk, lengths, cu_seqlens)
+    B, H, N, DV, NT = layout.B, layout.H, layout.N, layout.DV, layout.NT
+    check_grid(max(B, layout.S) * H, NT)
     coef = coefficients(momentum, step_size, eps, accumulator_dtype(fq.dtype), fq.device)
-    meta = _meta(fq, momentum, lengths, BT, DK, DV)
-    h_s, h_m, h_z, s, z, m = states_entering_chunks(fk, v, s0, z0, m0, lengths, coef, meta, NT)
+    meta = layout.meta(fq.dtype, momentum)
+    h_s, h_m, h_z, s, z, m = states_entering_chunks(fk, v, s0, z0, m0, layout, coef, meta)
     out = torch.empty_like(v)
     den = fq.new_empty(B, H, N, dtype=coef.dtype)
-    K.fwd_o[_chunk_grid("BV", DV, NT, B, H)](fq, fk, v, h_s, h_m, h_z, out, den,
-                                             lengths if lengths is not None else den, coef, N, H, NT, **meta)
+    K.fwd_o[layout.chunk_grid("BV", DV)](fq, fk, v, h_s, h_m, h_z, out, den, *layout.chunk_tables(den), coef,
+                                         N, H, NT, **meta)
     return out, den, s, z, m
 
 
-def chunk_backward(fq, fk, v, out, den, do, s0, z0, m0, ds, dz, dm, lengths, momentum: float,
+def chunk_backward(fq, fk, v, out, den, do, s0, z0, m0, ds, dz, dm, lengths, cu_seqlens, momentum: float,
                    step_size: float, eps: float, chunk: int):
     """Gradients of fq, fk, v (input dtype) and of the initial s, z, m (accumulator dtype), given
     the output gradient do and the final state's gradients ds, dz, dm (None = 0)."""
     with device_of(fq):
-        return _chunk_backward(fq, fk, v, out, den, do, s0, z0, m0, ds, dz, dm, lengths, momentum,
-                               step_size, eps, chunk)
+        return _chunk_backward(fq, fk, v, out, den, do, s0, z0, m0, ds, dz, dm, lengths, cu_seqlens,
+                               momentum, step_size, eps, chunk)
 
 
-def _chunk_backward(fq, fk, v, out, den, do, s0, z0, m0, ds, dz, dm, lengths, momentum, step_size,
-                    eps, chunk):
-    B, H, N, DK, DV, BT, NT = _shapes(fq, v, chunk)
+def _chunk_backward(fq, fk, v, out, den, do, s0, z0, m0, ds, dz, dm, lengths, cu_seqlens, momentum,
+                    step_size, eps, chunk):
+    layout = _Layout(fq, v, chunk, lengths, cu_seqlens)
+    B, H, N, DK, DV, BT, NT, S = (layout.B, layout.H, layout.N, layout.DK, layout.DV, layout.BT, layout.NT,
+                                  layout.S)
     coef = coefficients(momentum, step_size, eps, accumulator_dtype(fq.dtype), fq.device)
-    meta = _meta(fq, momentum, lengths, BT, DK, DV)
-    lens = lengths if lengths is not None else den
-    h_s, h_m, h_z, _s, _z, _m = states_entering_chunks(fk, v, s0, z0, m0, lengths, coef, meta, NT)
+    meta = layout.meta(fq.dtype, momentum)
+    h_s, h_m, h_z, _s, _z, _m = states_entering_chunks(fk, v, s0, z0, m0, layout, coef, meta)
 
+    # per position: a packed row is one row of real tokens (B = 1, no lengths)
     dden = torch.empty_like(den)
-    K.bwd_prep[(NT, B * H)](out, do, den, dden, lens, N, H, DV=DV, BT=BT, BDV=triton.next_power_of_2(DV),
-                            HAS_LEN=lengths is not None)
+    K.bwd_prep[(triton.cdiv(N, BT), B * H)](out, do, den, dden, lengths if lengths is not None else den, N, H,
+                                            DV=DV, BT=BT, BDV=triton.next_power_of_2(DV),
+                                            HAS_LEN=lengths is not None)
 
     acc = coef.dtype
     has_final = ds is not None
     dh_s = torch.empty_like(h_s)
     dh_m = torch.empty_like(h_m) if meta["MOMENTUM"] else dh_s
     dh_z = torch.empty_like(h_z)
-    ds0 = fq.new_empty(B, H, DK, DV, dtype=acc)
-    dm0 = fq.new_empty(B, H, DK, DV, dtype=acc)
-    dz0 = fq.new_empty(B, H, DK, dtype=acc)
-    K.bwd_dh[_state_grid(B, H, DK, DV)](fq, do, den, dden, dh_s, dh_m, dh_z, ds if has_final else ds0,
-                                        dm if has_final else dm0, dz if has_final else dz0, ds0, dm0,
-                                        dz0, lens, coef, N, H, NT, HAS_FINAL_GRAD=has_final, **meta)
+    ds0 = fq.new_empty(S, H, DK, DV, dtype=acc)
+    dm0 = fq.new_empty(S, H, DK, DV, dtype=acc)
+    dz0 = fq.new_empty(S, H, DK, dtype=acc)
+    K.bwd_dh[layout.scan_grid()](fq, do, den, dden, dh_s, dh_m, dh_z, ds if has_final else ds0,
+                                 dm if has_final else dm0, dz if has_final else dz0, ds0, dm0, dz0,
+                                 *layout.scan_tables(den), coef, N, H, NT, HAS_FINAL_GRAD=has_final, **meta)
 
     dv = torch.empty_like(v)
-    K.bwd_dv[_chunk_grid("BV", DV, NT, B, H)](fq, fk, do, den, dh_s, dh_m, dv, lens, coef, N, H, NT,
-                                              **meta)
+    K.bwd_dv[layout.chunk_grid("BV", DV)](fq, fk, do, den, dh_s, dh_m, dv, *layout.chunk_tables(den), coef,
+                                          N, H, NT, **meta)
     dq = torch.empty_like(fq)
     dk = torch.empty_like(fk)
-    K.bwd_dqk[_chunk_grid("BK", DK, NT, B, H)](fq, fk, v, do, den, dden, h_s, h_m, h_z, dh_s, dh_m, dh_z,
-                                               dq, dk, lens, coef, N, H, NT, **meta)
+    K.bwd_dqk[layout.chunk_grid("BK", DK)](fq, fk, v, do, den, dden, h_s, h_m, h_z, dh_s, dh_m, dh_z,
+                                           dq, dk, *layout.chunk_tables(den), coef, N, H, NT, **meta)
     return dq, dk, dv, ds0, dz0, dm0

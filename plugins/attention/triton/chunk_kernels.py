@@ -11,6 +11,15 @@ chunks and stores the ones entering each chunk; `fwd_o` computes every chunk's o
 parallel; `bwd_dh` scans the state gradients backwards; `bwd_dv` / `bwd_dqk` give the input
 gradients per chunk. Chunks past a row's length do no work; positions past it are masked loads.
 With MOMENTUM = False (β = 0) only S is carried.
+
+Packed sequences (IS_VARLEN, after fla's varlen kernels): one row (B = 1) holding n segments,
+segment s the tokens [cu_seqlens[s], cu_seqlens[s+1]), each its own sequence. Every chunk belongs
+to one segment (the last chunk of a segment is partial, Lc < BT, as a padded row's last chunk);
+the scans run one program per (segment, head) over that segment's chunks, from its own initial
+state, and store the states entering its chunks from chunk_offsets[s] on; the per-chunk kernels
+run over all segments' chunks, chunk_indices[i] = (segment, chunk within it), or (−1, ·) for the
+spare programs of a grid sized without a host sync (see chunk.varlen_tables), which do nothing.
+Stores are masked to the segment, so a chunk never writes the next segment's positions.
 """
 import triton
 import triton.language as tl
@@ -20,7 +29,7 @@ from .utils import finite, geometric, mixed_dot, prune_chunk, prune_scan, raw_do
 # The autotuner also keys on every tensor argument's dtype. N_BUCKET and BH_BUCKET (utils.tuning_buckets)
 # are plain int arguments the kernels do not read: a new bucket re-times the kept configs but,
 # being unspecialised like N and NT, compiles nothing new.
-TUNING_KEY = ["DK", "DV", "BT", "MOMENTUM", "LOW", "IEEE", "N_BUCKET", "BH_BUCKET"]
+TUNING_KEY = ["DK", "DV", "BT", "MOMENTUM", "IS_VARLEN", "LOW", "IEEE", "N_BUCKET", "BH_BUCKET"]
 UNSPECIALISED = ["N", "NT", "N_BUCKET", "BH_BUCKET"]
 
 
@@ -42,6 +51,40 @@ def _row_length(lengths, i_b, N, HAS_LEN: tl.constexpr):
         return tl.load(lengths + i_b).to(tl.int32)
     else:
         return N
+
+
+@triton.jit
+def _scan_span(i_nh, H, N, lengths, cu_seqlens, chunk_offsets, HAS_LEN: tl.constexpr,
+               IS_VARLEN: tl.constexpr):
+    """(row, bos, L, first) of a state scan's program i_nh: the (batch·head) row its tokens are
+    in, its first token bos and length L there, and the index of its first chunk in the chunk
+    states. Packed: segment i_nh // H of head i_nh % H."""
+    if IS_VARLEN:
+        seg = i_nh // H
+        bos = tl.load(cu_seqlens + seg)
+        L = tl.load(cu_seqlens + seg + 1) - bos
+        return i_nh % H, bos, L, tl.load(chunk_offsets + seg)
+    else:
+        return i_nh, 0, _row_length(lengths, i_nh // H, N, HAS_LEN), 0
+
+
+@triton.jit
+def _chunk_span(i_t, i_b, N, lengths, cu_seqlens, chunk_indices, HAS_LEN: tl.constexpr,
+                IS_VARLEN: tl.constexpr):
+    """(bos, L, i_c, end) of a per-chunk program i_t: its sequence starts at token bos of the
+    row and has L tokens, i_c is the chunk within it, and stores are masked to positions < end
+    from bos: N for a padded row (its padded positions get zeros), L for a segment (the rest of
+    its last chunk is the next segment's). A spare program (segment −1) has L = end = 0."""
+    if IS_VARLEN:
+        seg = tl.load(chunk_indices + 2 * i_t)
+        i_c = tl.load(chunk_indices + 2 * i_t + 1)
+        live = seg >= 0
+        seg = tl.maximum(seg, 0)
+        bos = tl.load(cu_seqlens + seg)
+        L = tl.where(live, tl.load(cu_seqlens + seg + 1) - bos, 0)
+        return bos, L, i_c, L
+    else:
+        return 0, _row_length(lengths, i_b, N, HAS_LEN), i_t, N
 
 
 @triton.jit
@@ -81,25 +124,27 @@ def _intra_weights(rows, log_beta, inv, gamma, beta, MOMENTUM: tl.constexpr):
 
 @autotuned(prune_scan)
 @triton.jit(do_not_specialize=UNSPECIALISED)
-def fwd_h(k, v, h_s, h_m, h_z, s0, m0, z0, s_out, m_out, z_out, lengths, coef,
+def fwd_h(k, v, h_s, h_m, h_z, s0, m0, z0, s_out, m_out, z_out, lengths, cu_seqlens, chunk_offsets, coef,
           N, H, NT, N_BUCKET, BH_BUCKET,
           DK: tl.constexpr, DV: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-          MOMENTUM: tl.constexpr, HAS_LEN: tl.constexpr, USE_INIT: tl.constexpr,
+          MOMENTUM: tl.constexpr, HAS_LEN: tl.constexpr, IS_VARLEN: tl.constexpr, USE_INIT: tl.constexpr,
           LOW: tl.constexpr, IEEE: tl.constexpr):
-    """Grid (cdiv(DK, BK)·cdiv(DV, BV), B·H): S, M' (and Z for the first DV block) entering each
-    chunk into h_s, h_m (B·H, NT, DK, DV), h_z (B·H, NT, DK); the final state into s/m/z_out."""
+    """Grid (cdiv(DK, BK)·cdiv(DV, BV), B·H), packed (cdiv(DK, BK)·cdiv(DV, BV), n·H): S, M' (and
+    Z for the first DV block) entering each chunk into h_s, h_m (B·H, NT, DK, DV), h_z (B·H, NT,
+    DK); the final state (B·H or n·H) into s/m/z_out."""
     i_kv = tl.program_id(0)
     i_bh = tl.program_id(1)
     NV = tl.cdiv(DV, BV)
     i_k = i_kv // NV
     i_v = i_kv % NV
-    L = _row_length(lengths, i_bh // H, N, HAS_LEN)
+    row, bos, L, first = _scan_span(i_bh, H, N, lengths, cu_seqlens, chunk_offsets, HAS_LEN, IS_VARLEN)
     bh = i_bh.to(tl.int64)  # whole-tensor offsets in int64; offsets within a row stay int32
-    k += bh * N * DK
-    v += bh * N * DV
-    h_s += bh * NT * DK * DV
-    h_m += bh * NT * DK * DV
-    h_z += bh * NT * DK
+    r = row.to(tl.int64)
+    k += r * N * DK + bos * DK
+    v += r * N * DV + bos * DV
+    h_s += (r * NT + first) * DK * DV
+    h_m += (r * NT + first) * DK * DV
+    h_z += (r * NT + first) * DK
     s0 += bh * DK * DV
     m0 += bh * DK * DV
     s_out += bh * DK * DV
@@ -156,23 +201,25 @@ def fwd_h(k, v, h_s, h_m, h_z, s0, m0, z0, s_out, m_out, z_out, lengths, coef,
 
 @autotuned(prune_chunk)
 @triton.jit(do_not_specialize=UNSPECIALISED)
-def fwd_o(q, k, v, h_s, h_m, h_z, o, den, lengths, coef,
+def fwd_o(q, k, v, h_s, h_m, h_z, o, den, lengths, cu_seqlens, chunk_indices, coef,
           N, H, NT, N_BUCKET, BH_BUCKET,
           DK: tl.constexpr, DV: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-          MOMENTUM: tl.constexpr, HAS_LEN: tl.constexpr, LOW: tl.constexpr, IEEE: tl.constexpr):
-    """Grid (cdiv(DV, BV), NT, B·H): outputs of one chunk; den (B·H, N) = φ(q)ᵀz + eps for the
-    backward (1 at padded positions). A key that is not finite is cut out of the chunk's matmuls
-    with `where`, so the outputs before it stay exact; outputs from it on are not finite."""
+          MOMENTUM: tl.constexpr, HAS_LEN: tl.constexpr, IS_VARLEN: tl.constexpr,
+          LOW: tl.constexpr, IEEE: tl.constexpr):
+    """Grid (cdiv(DV, BV), NT, B·H): outputs of one chunk (NT of all segments' chunks when
+    packed); den (B·H, N) = φ(q)ᵀz + eps for the backward (1 at padded positions). A key that
+    is not finite is cut out of the chunk's matmuls with `where`, so the outputs before it stay
+    exact; outputs from it on are not finite."""
     i_v = tl.program_id(0)
     i_t = tl.program_id(1)
     i_bh = tl.program_id(2)
-    L = _row_length(lengths, i_bh // H, N, HAS_LEN)
+    bos, L, i_c, end = _chunk_span(i_t, i_bh // H, N, lengths, cu_seqlens, chunk_indices, HAS_LEN, IS_VARLEN)
     bh = i_bh.to(tl.int64)  # whole-tensor offsets in int64; offsets within a row stay int32
-    q += bh * N * DK
-    k += bh * N * DK
-    v += bh * N * DV
-    o += bh * N * DV
-    den += bh * N
+    q += bh * N * DK + bos * DK
+    k += bh * N * DK + bos * DK
+    v += bh * N * DV + bos * DV
+    o += bh * N * DV + bos * DV
+    den += bh * N + bos
     h_s += bh * NT * DK * DV
     h_m += bh * NT * DK * DV
     h_z += bh * NT * DK
@@ -180,15 +227,15 @@ def fwd_o(q, k, v, h_s, h_m, h_z, o, den, lengths, coef,
     ACC: tl.constexpr = coef.dtype.element_ty
 
     rows = tl.arange(0, BT)
-    t = i_t * BT + rows
+    t = i_c * BT + rows
     o_v = i_v * BV + tl.arange(0, BV)
     mv = o_v < DV
     out_ptr = o + t[:, None] * DV + o_v[None, :]
-    out_mask = (t < N)[:, None] & mv[None, :]
-    if i_t * BT >= L:
+    out_mask = (t < end)[:, None] & mv[None, :]
+    if i_c * BT >= L:
         tl.store(out_ptr, tl.zeros([BT, BV], dtype=o.dtype.element_ty), mask=out_mask)
         if i_v == 0:
-            tl.store(den + t, tl.full([BT], 1.0, dtype=ACC), mask=t < N)
+            tl.store(den + t, tl.full([BT], 1.0, dtype=ACC), mask=t < end)
     else:
         real = t < L
         chunk = i_t
@@ -229,7 +276,7 @@ def fwd_o(q, k, v, h_s, h_m, h_z, o, den, lengths, coef,
         out = tl.where(real[:, None], out, 0.0)
         tl.store(out_ptr, out.to(o.dtype.element_ty), mask=out_mask)
         if i_v == 0:
-            tl.store(den + t, tl.where(real, dn, 1.0), mask=t < N)
+            tl.store(den + t, tl.where(real, dn, 1.0), mask=t < end)
 
 
 @triton.jit(do_not_specialize=["N"])
@@ -257,13 +304,15 @@ def bwd_prep(o, do, den, dden, lengths, N, H,
 
 @autotuned(prune_scan)
 @triton.jit(do_not_specialize=UNSPECIALISED)
-def bwd_dh(q, do, den, dden, dh_s, dh_m, dh_z, ds_fin, dm_fin, dz_fin, ds0, dm0, dz0, lengths, coef,
+def bwd_dh(q, do, den, dden, dh_s, dh_m, dh_z, ds_fin, dm_fin, dz_fin, ds0, dm0, dz0, lengths, cu_seqlens,
+           chunk_offsets, coef,
            N, H, NT, N_BUCKET, BH_BUCKET,
            DK: tl.constexpr, DV: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-           MOMENTUM: tl.constexpr, HAS_LEN: tl.constexpr, HAS_FINAL_GRAD: tl.constexpr,
-           LOW: tl.constexpr, IEEE: tl.constexpr):
-    """Grid (cdiv(DK, BK)·cdiv(DV, BV), B·H): backwards over the chunks, the gradients of the
-    states leaving each chunk (dS, dM' into dh_s, dh_m; dZ into dh_z) and of the initial state:
+           MOMENTUM: tl.constexpr, HAS_LEN: tl.constexpr, IS_VARLEN: tl.constexpr,
+           HAS_FINAL_GRAD: tl.constexpr, LOW: tl.constexpr, IEEE: tl.constexpr):
+    """Grid as fwd_h's (a program per row, or per segment, and head): backwards over the chunks,
+    the gradients of the states leaving each chunk (dS, dM' into dh_s, dh_m; dZ into dh_z) and
+    of the initial state:
       dS_in = dS_out + Qᵀ dNum,   dZ_in = dZ_out + Qᵀ dden,
       dM'_in = β^Lc dM'_out + carry[Lc−1]·dS_out + Qᵀ diag(carry) dNum,   dNum = dO / den."""
     i_kv = tl.program_id(0)
@@ -271,15 +320,16 @@ def bwd_dh(q, do, den, dden, dh_s, dh_m, dh_z, ds_fin, dm_fin, dz_fin, ds0, dm0,
     NV = tl.cdiv(DV, BV)
     i_k = i_kv // NV
     i_v = i_kv % NV
-    L = _row_length(lengths, i_bh // H, N, HAS_LEN)
+    row, bos, L, first = _scan_span(i_bh, H, N, lengths, cu_seqlens, chunk_offsets, HAS_LEN, IS_VARLEN)
     bh = i_bh.to(tl.int64)  # whole-tensor offsets in int64; offsets within a row stay int32
-    q += bh * N * DK
-    do += bh * N * DV
-    den += bh * N
-    dden += bh * N
-    dh_s += bh * NT * DK * DV
-    dh_m += bh * NT * DK * DV
-    dh_z += bh * NT * DK
+    r = row.to(tl.int64)
+    q += r * N * DK + bos * DK
+    do += r * N * DV + bos * DV
+    den += r * N + bos
+    dden += r * N + bos
+    dh_s += (r * NT + first) * DK * DV
+    dh_m += (r * NT + first) * DK * DV
+    dh_z += (r * NT + first) * DK
     ds_fin += bh * DK * DV
     dm_fin += bh * DK * DV
     ds0 += bh * DK * DV
@@ -341,37 +391,38 @@ def bwd_dh(q, do, den, dden, dh_s, dh_m, dh_z, ds_fin, dm_fin, dz_fin, ds0, dm0,
 
 @autotuned(prune_chunk)
 @triton.jit(do_not_specialize=UNSPECIALISED)
-def bwd_dv(q, k, do, den, dh_s, dh_m, dv, lengths, coef,
+def bwd_dv(q, k, do, den, dh_s, dh_m, dv, lengths, cu_seqlens, chunk_indices, coef,
            N, H, NT, N_BUCKET, BH_BUCKET,
            DK: tl.constexpr, DV: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-           MOMENTUM: tl.constexpr, HAS_LEN: tl.constexpr, LOW: tl.constexpr, IEEE: tl.constexpr):
+           MOMENTUM: tl.constexpr, HAS_LEN: tl.constexpr, IS_VARLEN: tl.constexpr,
+           LOW: tl.constexpr, IEEE: tl.constexpr):
     """Grid (cdiv(DV, BV), NT, B·H): dV = (A⊙W)ᵀ dNum + diag(w_s) K dS_out + diag(w_m) K dM'_out."""
     i_v = tl.program_id(0)
     i_t = tl.program_id(1)
     i_bh = tl.program_id(2)
-    L = _row_length(lengths, i_bh // H, N, HAS_LEN)
+    bos, L, i_c, end = _chunk_span(i_t, i_bh // H, N, lengths, cu_seqlens, chunk_indices, HAS_LEN, IS_VARLEN)
     bh = i_bh.to(tl.int64)  # whole-tensor offsets in int64; offsets within a row stay int32
-    q += bh * N * DK
-    k += bh * N * DK
-    do += bh * N * DV
-    dv += bh * N * DV
-    den += bh * N
+    q += bh * N * DK + bos * DK
+    k += bh * N * DK + bos * DK
+    do += bh * N * DV + bos * DV
+    dv += bh * N * DV + bos * DV
+    den += bh * N + bos
     dh_s += bh * NT * DK * DV
     dh_m += bh * NT * DK * DV
     log_beta, inv, gamma, _eps, beta = _load_coef(coef)
     ACC: tl.constexpr = coef.dtype.element_ty
 
     rows = tl.arange(0, BT)
-    t = i_t * BT + rows
+    t = i_c * BT + rows
     o_v = i_v * BV + tl.arange(0, BV)
     mv = o_v < DV
     dv_ptr = dv + t[:, None] * DV + o_v[None, :]
-    dv_mask = (t < N)[:, None] & mv[None, :]
-    if i_t * BT >= L:
+    dv_mask = (t < end)[:, None] & mv[None, :]
+    if i_c * BT >= L:
         tl.store(dv_ptr, tl.zeros([BT, BV], dtype=dv.dtype.element_ty), mask=dv_mask)
     else:
         real = t < L
-        Lc = tl.minimum(L - i_t * BT, BT)
+        Lc = tl.minimum(L - i_c * BT, BT)
         chunk = i_t
         w_s, w_m, _carry_end, _decay = _end_weights(rows, Lc, log_beta, inv, gamma, beta, MOMENTUM)
         A = tl.zeros([BT, BT], dtype=ACC)
@@ -403,26 +454,27 @@ def bwd_dv(q, k, do, den, dh_s, dh_m, dv, lengths, coef,
 
 @autotuned(prune_chunk)
 @triton.jit(do_not_specialize=UNSPECIALISED)
-def bwd_dqk(q, k, v, do, den, dden, h_s, h_m, h_z, dh_s, dh_m, dh_z, dq, dk, lengths, coef,
-            N, H, NT, N_BUCKET, BH_BUCKET,
+def bwd_dqk(q, k, v, do, den, dden, h_s, h_m, h_z, dh_s, dh_m, dh_z, dq, dk, lengths, cu_seqlens,
+            chunk_indices, coef, N, H, NT, N_BUCKET, BH_BUCKET,
             DK: tl.constexpr, DV: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-            MOMENTUM: tl.constexpr, HAS_LEN: tl.constexpr, LOW: tl.constexpr, IEEE: tl.constexpr):
+            MOMENTUM: tl.constexpr, HAS_LEN: tl.constexpr, IS_VARLEN: tl.constexpr,
+            LOW: tl.constexpr, IEEE: tl.constexpr):
     """Grid (cdiv(DK, BK), NT, B·H), with dA = (dNum Vᵀ)⊙W + dden·1ᵀ on j ≤ a:
     dQ = dA K + dNum Sᵀ + diag(carry) dNum M'ᵀ + dden zᵀ;
     dK = dAᵀ Q + diag(w_s) V dS_outᵀ + diag(w_m) V dM'_outᵀ + 1 dZ_outᵀ."""
     i_k = tl.program_id(0)
     i_t = tl.program_id(1)
     i_bh = tl.program_id(2)
-    L = _row_length(lengths, i_bh // H, N, HAS_LEN)
+    bos, L, i_c, end = _chunk_span(i_t, i_bh // H, N, lengths, cu_seqlens, chunk_indices, HAS_LEN, IS_VARLEN)
     bh = i_bh.to(tl.int64)  # whole-tensor offsets in int64; offsets within a row stay int32
-    q += bh * N * DK
-    k += bh * N * DK
-    dq += bh * N * DK
-    dk += bh * N * DK
-    v += bh * N * DV
-    do += bh * N * DV
-    den += bh * N
-    dden += bh * N
+    q += bh * N * DK + bos * DK
+    k += bh * N * DK + bos * DK
+    dq += bh * N * DK + bos * DK
+    dk += bh * N * DK + bos * DK
+    v += bh * N * DV + bos * DV
+    do += bh * N * DV + bos * DV
+    den += bh * N + bos
+    dden += bh * N + bos
     h_s += bh * NT * DK * DV
     h_m += bh * NT * DK * DV
     dh_s += bh * NT * DK * DV
@@ -433,17 +485,17 @@ def bwd_dqk(q, k, v, do, den, dden, h_s, h_m, h_z, dh_s, dh_m, dh_z, dq, dk, len
     ACC: tl.constexpr = coef.dtype.element_ty
 
     rows = tl.arange(0, BT)
-    t = i_t * BT + rows
+    t = i_c * BT + rows
     o_k = i_k * BK + tl.arange(0, BK)
     mk = o_k < DK
     off_k = t[:, None] * DK + o_k[None, :]
-    out_mask = (t < N)[:, None] & mk[None, :]
-    if i_t * BT >= L:
+    out_mask = (t < end)[:, None] & mk[None, :]
+    if i_c * BT >= L:
         tl.store(dq + off_k, tl.zeros([BT, BK], dtype=dq.dtype.element_ty), mask=out_mask)
         tl.store(dk + off_k, tl.zeros([BT, BK], dtype=dk.dtype.element_ty), mask=out_mask)
     else:
         real = t < L
-        Lc = tl.minimum(L - i_t * BT, BT)
+        Lc = tl.minimum(L - i_c * BT, BT)
         chunk = i_t
         w_s, w_m, _carry_end, _decay = _end_weights(rows, Lc, log_beta, inv, gamma, beta, MOMENTUM)
         dn = tl.load(den + t, mask=real, other=1.0)

@@ -14,19 +14,33 @@ def chunk_momentum_attention(
     fq: torch.Tensor, fk: torch.Tensor, v: torch.Tensor, *, momentum: float, step_size: float,
     eps: float, chunk_size: int, initial_state: MomentumAttentionState | None = None,
     lengths: torch.Tensor | None = None, return_state: bool = False,
+    cu_seqlens: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, MomentumAttentionState | None]:
     """Eq. 13 on feature-mapped fq, fk (B, H, N, Dk) and v (B, H, N, Dv) of one dtype (bf16, fp16,
     fp32 or fp64; mixed dtypes run in the promoted one), padding on the right with `lengths` (B,)
     real tokens per row (None = all; clamped to [0, N]).
+    Packed sequences: `cu_seqlens` (n + 1,) integer offsets over one row (B = 1, lengths None),
+    segment s the tokens [cu[s], cu[s+1]), each run as its own sequence (its own initial state,
+    step count and denominators); the states are then per segment, batch n. Its values (0 first,
+    non-decreasing, N last) are the caller's to check (plugins.attention.varlen.check_cu_seqlens,
+    which reads them on the host); here they are clamped into [0, N] and made non-decreasing on
+    the device, so that no value makes a kernel read or write outside the row.
     Returns the output (B, H, N, Dv) in the input dtype, 0 at padded positions, and, if asked, the
-    state after each row's last real token (s, z, m in fp32, fp64 for fp64 input). Differentiable
-    in fq, fk, v and the initial state."""
+    state after each row's (segment's) last real token (s, z, m in fp32, fp64 for fp64 input; an
+    empty segment's is its initial state, or zeros). Differentiable in fq, fk, v and the initial
+    state."""
     out_dtype = v.dtype
     fq, fk, v = kernel_inputs(fq, fk, v)
     acc = accumulator_dtype(fq.dtype)
+    B, H, N, DK = fq.shape
+    states = B
+    if cu_seqlens is not None:
+        cu_seqlens = _packed_offsets(cu_seqlens, fq, lengths)
+        states = cu_seqlens.shape[0] - 1
     if initial_state is None:
         s0 = z0 = m0 = None
     else:
+        initial_state.check(states, H, DK, v.shape[3])
         s0, z0, m0 = (t.to(acc).contiguous() for t in (initial_state.s, initial_state.z, initial_state.m))
     if lengths is not None:
         # clamped on the device (no sync): a length past N would make the kernels read the next row
@@ -34,25 +48,53 @@ def chunk_momentum_attention(
     if fq.numel() == 0 or v.numel() == 0:
         out = v.new_zeros(v.shape, dtype=out_dtype)
         state = initial_state if initial_state is not None else MomentumAttentionState.zeros(
-            fq.shape[0], fq.shape[1], fq.shape[3], v.shape[3], dtype=acc, device=fq.device)
+            states, H, DK, v.shape[3], dtype=acc, device=fq.device)
         return out, (state if return_state else None)
-    out, s, z, m = chunk_momentum_attention_op(fq, fk, v, s0, z0, m0, lengths, float(momentum),
+    out, s, z, m = chunk_momentum_attention_op(fq, fk, v, s0, z0, m0, lengths, cu_seqlens, float(momentum),
                                                float(step_size), float(eps), int(chunk_size))
     out = out.to(out_dtype)
     if not return_state:
         return out, None
     if momentum == 0.0:
-        m = _last_momentum(fk, v, lengths, m0)
+        m = _last_momentum(fk, v, lengths, cu_seqlens, m0)
     return out, MomentumAttentionState(s=s, z=z, m=m)
 
 
-def _last_momentum(fk, v, lengths, m0):
+def _packed_offsets(cu_seqlens, fq, lengths):
+    """cu_seqlens as the kernels read it: int32 on the inputs' device, clamped into [0, N] and
+    non-decreasing (device ops, no sync). The shape rules are checked here, the values by the
+    caller."""
+    if lengths is not None:
+        raise ValueError("cu_seqlens and lengths cannot be combined: a packed row's segments are all real "
+                         "tokens (pass one or the other)")
+    if fq.shape[0] != 1:
+        raise ValueError(f"cu_seqlens needs the packed sequences in one row (batch 1), got batch "
+                         f"{fq.shape[0]}")
+    if (not isinstance(cu_seqlens, torch.Tensor) or cu_seqlens.dim() != 1 or cu_seqlens.numel() < 2
+            or cu_seqlens.dtype.is_floating_point or cu_seqlens.dtype.is_complex
+            or cu_seqlens.dtype == torch.bool):
+        raise ValueError("cu_seqlens must be a 1-D integer tensor of n + 1 >= 2 offsets, got "
+                         f"{getattr(cu_seqlens, 'shape', type(cu_seqlens).__name__)}")
+    cu = cu_seqlens.to(device=fq.device, dtype=torch.int64).clamp(0, fq.shape[2])
+    return torch.cummax(cu, 0).values.to(torch.int32).contiguous()
+
+
+def _last_momentum(fk, v, lengths, cu_seqlens, m0):
     """At β = 0 eq. 12's momentum is m_L = −φ(k_L)v_Lᵀ, the last real token's (m₀ if there is
-    none): the one-state kernels do not carry it, so it is gathered here (differentiably)."""
+    none): the one-state kernels do not carry it, so it is gathered here (differentiably), per row
+    or per segment (the token before cu[s+1])."""
     B, H, N, DK = fk.shape
     acc = accumulator_dtype(fk.dtype)
-    count = torch.full((B,), N, device=fk.device) if lengths is None else lengths.long()
-    last = (count - 1).clamp(min=0)[:, None, None, None]
+    if cu_seqlens is not None:
+        ends = cu_seqlens.long()
+        # segments become rows: the key and value of token `last` of the one row
+        fk, v = fk.expand(ends.shape[0] - 1, H, N, DK), v.expand(ends.shape[0] - 1, H, N, v.shape[3])
+        count, last = ends[1:] - ends[:-1], ends[1:] - 1
+        B = count.shape[0]
+    else:
+        count = torch.full((B,), N, device=fk.device) if lengths is None else lengths.long()
+        last = count - 1
+    last = last.clamp(min=0)[:, None, None, None]
     empty = (count == 0)[:, None, None]
     zero = torch.zeros((), dtype=acc, device=fk.device)
     # a row without real tokens gathers a padded one: masked before the product, not after it

@@ -17,80 +17,91 @@ from .utils import accumulator_dtype
 NAMESPACE = "momentum_plugins"
 
 
+def _states(fq, v, cu_seqlens):
+    """The states' batch: B, or the number of segments of a packed row."""
+    return fq.shape[0] if cu_seqlens is None else cu_seqlens.shape[0] - 1
+
+
 @custom_op(f"{NAMESPACE}::chunk_momentum_attention", mutates_args=())
 def chunk_momentum_attention_forward(
     fq: Tensor, fk: Tensor, v: Tensor, s0: Tensor | None, z0: Tensor | None, m0: Tensor | None,
-    lengths: Tensor | None, momentum: float, step_size: float, eps: float, chunk: int,
+    lengths: Tensor | None, cu_seqlens: Tensor | None, momentum: float, step_size: float, eps: float,
+    chunk: int,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     """(out, den, s, z, m): eq. 13's output, its denominator (kept for the backward) and the final
-    state."""
-    return chunk_forward(fq, fk, v, s0, z0, m0, lengths, momentum, step_size, eps, chunk)
+    state (per row, or per segment of `cu_seqlens`). The chunk tables of a packed row are built
+    inside (chunk.varlen_tables): their size depends on the offsets' values, which the op's
+    fake implementation does not need."""
+    return chunk_forward(fq, fk, v, s0, z0, m0, lengths, cu_seqlens, momentum, step_size, eps, chunk)
 
 
 @chunk_momentum_attention_forward.register_fake
-def _(fq, fk, v, s0, z0, m0, lengths, momentum, step_size, eps, chunk):
+def _(fq, fk, v, s0, z0, m0, lengths, cu_seqlens, momentum, step_size, eps, chunk):
     B, H, N, DK = fq.shape
     DV = v.shape[-1]
+    S = _states(fq, v, cu_seqlens)
     acc = accumulator_dtype(fq.dtype)
-    return (torch.empty_like(v), fq.new_empty(B, H, N, dtype=acc), fq.new_empty(B, H, DK, DV, dtype=acc),
-            fq.new_empty(B, H, DK, dtype=acc), fq.new_empty(B, H, DK, DV, dtype=acc))
+    return (torch.empty_like(v), fq.new_empty(B, H, N, dtype=acc), fq.new_empty(S, H, DK, DV, dtype=acc),
+            fq.new_empty(S, H, DK, dtype=acc), fq.new_empty(S, H, DK, DV, dtype=acc))
 
 
 @custom_op(f"{NAMESPACE}::chunk_momentum_attention_backward", mutates_args=())
 def chunk_momentum_attention_backward(
     fq: Tensor, fk: Tensor, v: Tensor, out: Tensor, den: Tensor, do: Tensor, s0: Tensor | None,
     z0: Tensor | None, m0: Tensor | None, ds: Tensor | None, dz: Tensor | None,
-    dm: Tensor | None, lengths: Tensor | None, momentum: float, step_size: float, eps: float,
-    chunk: int,
+    dm: Tensor | None, lengths: Tensor | None, cu_seqlens: Tensor | None, momentum: float, step_size: float,
+    eps: float, chunk: int,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
-    return chunk_backward(fq, fk, v, out, den, do, s0, z0, m0, ds, dz, dm, lengths, momentum, step_size,
-                          eps, chunk)
+    return chunk_backward(fq, fk, v, out, den, do, s0, z0, m0, ds, dz, dm, lengths, cu_seqlens, momentum,
+                          step_size, eps, chunk)
 
 
 @chunk_momentum_attention_backward.register_fake
-def _(fq, fk, v, out, den, do, s0, z0, m0, ds, dz, dm, lengths, momentum, step_size, eps, chunk):
-    B, H, _, DK = fq.shape
+def _(fq, fk, v, out, den, do, s0, z0, m0, ds, dz, dm, lengths, cu_seqlens, momentum, step_size, eps, chunk):
+    _, H, _, DK = fq.shape
     DV = v.shape[-1]
+    S = _states(fq, v, cu_seqlens)
     acc = den.dtype
     return (torch.empty_like(fq), torch.empty_like(fk), torch.empty_like(v),
-            fq.new_empty(B, H, DK, DV, dtype=acc), fq.new_empty(B, H, DK, dtype=acc),
-            fq.new_empty(B, H, DK, DV, dtype=acc))
+            fq.new_empty(S, H, DK, DV, dtype=acc), fq.new_empty(S, H, DK, dtype=acc),
+            fq.new_empty(S, H, DK, DV, dtype=acc))
 
 
 def _setup_context(ctx, inputs, output):
-    fq, fk, v, s0, z0, m0, lengths, momentum, step_size, eps, chunk = inputs
+    fq, fk, v, s0, z0, m0, lengths, cu_seqlens, momentum, step_size, eps, chunk = inputs
     out, den = output[0], output[1]
-    ctx.save_for_backward(fq, fk, v, out, den, s0, z0, m0, lengths)
+    ctx.save_for_backward(fq, fk, v, out, den, s0, z0, m0, lengths, cu_seqlens)
     ctx.hyper = (momentum, step_size, eps, chunk)
     ctx.has_init = s0 is not None
 
 
 def _backward(ctx, d_out, d_den, d_s, d_z, d_m):
-    fq, fk, v, out, den, s0, z0, m0, lengths = ctx.saved_tensors
+    fq, fk, v, out, den, s0, z0, m0, lengths, cu_seqlens = ctx.saved_tensors
     if d_out is None:
         d_out = torch.zeros_like(out)
-    B, H, _, DK = fq.shape
+    _, H, _, DK = fq.shape
     DV = v.shape[-1]
+    S = _states(fq, v, cu_seqlens)
     final = (d_s, d_z, d_m)
     if all(g is None for g in final):
         final = (None, None, None)
     else:
         final = tuple(den.new_zeros(shape) if g is None else g.to(den.dtype).contiguous()
-                      for g, shape in zip(final, ((B, H, DK, DV), (B, H, DK), (B, H, DK, DV))))
+                      for g, shape in zip(final, ((S, H, DK, DV), (S, H, DK), (S, H, DK, DV))))
     dq, dk, dv, ds0, dz0, dm0 = chunk_momentum_attention_backward(
-        fq, fk, v, out, den, d_out.contiguous(), s0, z0, m0, *final, lengths, *ctx.hyper)
+        fq, fk, v, out, den, d_out.contiguous(), s0, z0, m0, *final, lengths, cu_seqlens, *ctx.hyper)
     if not ctx.has_init:
         ds0 = dz0 = dm0 = None
-    return dq, dk, dv, ds0, dz0, dm0, None, None, None, None, None
+    return dq, dk, dv, ds0, dz0, dm0, None, None, None, None, None, None
 
 
 register_autograd(chunk_momentum_attention_forward, _backward, setup_context=_setup_context)
 
 
-def chunk_momentum_attention_op(fq, fk, v, s0, z0, m0, lengths, momentum, step_size, eps, chunk):
+def chunk_momentum_attention_op(fq, fk, v, s0, z0, m0, lengths, cu_seqlens, momentum, step_size, eps, chunk):
     """(out, s, z, m) through the registered op."""
-    out, _den, s, z, m = chunk_momentum_attention_forward(fq, fk, v, s0, z0, m0, lengths, momentum,
-                                                          step_size, eps, chunk)
+    out, _den, s, z, m = chunk_momentum_attention_forward(fq, fk, v, s0, z0, m0, lengths, cu_seqlens,
+                                                          momentum, step_size, eps, chunk)
     return out, s, z, m
 
 

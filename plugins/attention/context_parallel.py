@@ -1,0 +1,456 @@
+"""Context parallelism: one sequence split over the ranks of a process group, exchanging only
+the per-(batch, head) states of Momentum Transformer eq. 12, never keys or values.
+
+Rank r holds tokens [o_r, o_r + N_r) of the whole sequence, in rank order (any N_r ≥ 0).
+Eq. 12 is linear in the state it starts from, so after a slice with L real tokens the state is
+an affine map of the state entering the slice (m' = −m):
+    m'_L = β^L m'_0 + M,   s_L = s_0 + γβ(1−β^L)/(1−β) m'_0 + S,   z_L = z_0 + Z,
+where (S, Z, M) is the slice's state from a zero start (its closed form, `slice_state`). Each
+rank computes its (S, Z, M), all-gathers them with L, composes the earlier ranks' maps into the
+state entering its slice and runs the ordinary causal attention from there
+(`initial_state=`); the gradients of the entering state reach the earlier ranks through the
+all-gather's backward (an all-reduce). Eq. 14 (causal=False) is one all-reduce of the
+key-value sums, each rank weighting its keys by the real keys of the later ranks.
+
+Packed sequences (`cu_seqlens`, the global offsets over all ranks' tokens, the same on every
+rank): a segment restarts from zero, so only the segment open at a slice's end carries state
+to the next rank; each rank contributes the map of its slice's last segment (the tokens after
+its last boundary), and the composition restarts at a rank that holds a boundary.
+"""
+import zlib
+from typing import Callable, List, Optional, Tuple
+
+import torch
+import torch.distributed as dist
+
+from .checks import (
+    check_backend,
+    check_chunk_size,
+    check_feature_dims,
+    check_momentum,
+    check_padding_mask,
+    check_positive,
+    check_qkv,
+    compute_dtype,
+)
+from .coefficients import geometric
+from .feature_maps import FeatureMap, resolve_feature_map
+from .noncausal import apply_noncausal_summary
+from .state import MomentumAttentionState
+from .varlen import check_cu_seqlens
+
+# The fields every rank must agree on, in the order of the descriptor each rank all-gathers.
+_AGREED = ("batch", "heads", "key dim", "value dim", "dtype", "momentum", "step_size", "eps",
+           "feature_map", "causal", "requires_grad", "cu_seqlens")
+# Fields that may differ: validity, lengths, whether the rank has a padding mask or an
+# initial_state, whether its state runs in float64.
+_OWN = ("valid", "query length", "key length", "padding_mask", "initial_state", "float64 state")
+
+
+def context_parallel_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
+                               process_group, attend: Callable, momentum: float, step_size: float,
+                               causal: bool, feature_map: FeatureMap,
+                               padding_mask: Optional[torch.Tensor], eps: float, chunk_size: int,
+                               initial_state: Optional[MomentumAttentionState], return_state: bool,
+                               backend: str, cu_seqlens: Optional[torch.Tensor] = None):
+    """`momentum_attention(..., process_group=group)` on this rank's slice q, k (B, H, N_r, Dk),
+    v (B, H, N_r, Dv), padding_mask (B, N_r): the whole sequence's result on the slice, forward
+    and backward. `attend` is the single-process entry point (`api.momentum_attention`). Every
+    rank of the group must call this with the same arguments except the slices, and, when
+    training, must back-propagate through its output (the backward exchanges the state
+    gradients). initial_state is the state before the whole sequence: rank 0 only. With
+    return_state, each rank gets the state after its own slice (the last rank's is the state
+    after the whole sequence). cu_seqlens: the offsets of the packed sequences over the whole
+    row (every rank's tokens concatenated, batch 1), the same tensor on every rank; causal only,
+    without initial_state / return_state (their per-segment states are not split over ranks)."""
+    group = _check_group(process_group)
+    rank = dist.get_rank(group)
+    error, mask, own = None, None, None
+    try:
+        mask, own = _describe(q, k, v, momentum, step_size, causal, feature_map, padding_mask, eps,
+                              chunk_size, initial_state, return_state, backend, cu_seqlens)
+    except ValueError as raised:
+        error = raised
+    table = _all_gather_descriptor(own, group)
+    if error is not None:
+        raise error
+    _check_agreement(table)
+    if cu_seqlens is not None:
+        return _packed(q, k, v, cu_seqlens, table, rank, group, attend=attend, momentum=momentum,
+                       step_size=step_size, feature_map=feature_map, eps=eps, chunk_size=chunk_size,
+                       backend=backend)
+    lengths = _all_lengths(table, mask, k, group)
+    state_dtype = torch.float64 if bool(table[:, -1].any()) else compute_dtype(q, k, v)
+    phi = resolve_feature_map(feature_map)
+    momentum, step_size = check_momentum(momentum), check_positive(step_size, "step_size")
+    eps = check_positive(eps, "eps")
+    if not causal:
+        return _noncausal(q, k, v, phi, mask, lengths, rank, group, momentum=momentum,
+                          step_size=step_size, eps=eps, dtype=state_dtype)
+
+    with torch.autocast(device_type=q.device.type, enabled=False):
+        fk, vv = _feature_keys(phi, k, v, mask, state_dtype)
+        local = slice_state(fk, vv, mask, momentum=momentum, step_size=step_size)
+        if initial_state is not None:
+            local = advance(initial_state.to(state_dtype), local, lengths[rank],
+                            momentum=momentum, step_size=step_size)
+        gathered = _AllGather.apply(group, _pack(local))
+        states = [_unpack(g, fk.shape[-1], v.shape[-1]) for g in gathered.unbind(0)]
+        entering = initial_state
+        if rank > 0:
+            entering = states[0]
+            for i in range(1, rank):
+                entering = advance(entering, states[i], lengths[i], momentum=momentum,
+                                   step_size=step_size)
+    result = attend(q, k, v, momentum=momentum, step_size=step_size, causal=True,
+                    feature_map=feature_map, padding_mask=padding_mask, eps=eps, chunk_size=chunk_size,
+                    initial_state=entering, return_state=return_state, backend=backend)
+    if return_state:
+        out, state = result
+        return _Attach.apply(out, gathered), state
+    return _Attach.apply(result, gathered)
+
+
+def shard_sequence(x: torch.Tensor, process_group, dim: int = 1) -> Tuple[torch.Tensor, int]:
+    """This rank's contiguous slice of x along `dim` (e.g. input_ids (B, T) with dim=1) and its
+    global offset, the index of its first position in the whole sequence (position_ids of the
+    slice are offset + arange(len)). Slices in rank order, as even as possible: the first T mod R
+    ranks get one token more. A view of x, no copy."""
+    group = _check_group(process_group)
+    if not isinstance(x, torch.Tensor):
+        raise ValueError(f"x must be a torch.Tensor, got {type(x).__name__}")
+    if isinstance(dim, bool) or not isinstance(dim, int) or not -x.dim() <= dim < x.dim():
+        raise ValueError(f"dim must be an int in [{-x.dim()}, {x.dim()}) for x of shape {tuple(x.shape)}, "
+                         f"got {dim!r}")
+    start, stop = slice_bounds(x.shape[dim], dist.get_world_size(group), dist.get_rank(group))
+    return x.narrow(dim, start, stop - start), start
+
+
+def slice_bounds(length: int, world: int, rank: int) -> Tuple[int, int]:
+    """[start, stop) of rank `rank`'s slice when `length` positions are split over `world` ranks
+    (`shard_sequence`'s split)."""
+    base, extra = divmod(length, world)
+    start = rank * base + min(rank, extra)
+    return start, start + base + (rank < extra)
+
+
+def slice_state(fk: torch.Tensor, v: torch.Tensor, mask: Optional[torch.Tensor], *, momentum: float,
+                step_size: float) -> MomentumAttentionState:
+    """The state eq. 12 reaches over a slice from a zero start, in closed form (Momentum
+    Transformer, eq. 12-13): with a_j the real tokens after j in the row,
+    m'_L = Σ_j β^(a_j) φ(k_j)v_jᵀ, s_L = Σ_j γ(1−β^(a_j+1))/(1−β) φ(k_j)v_jᵀ, z_L = Σ_j φ(k_j).
+    fk (B, H, N, D′) and v are zero at padded positions; mask (B, N) True = real token, any
+    pattern, or None."""
+    B, N = fk.shape[0], fk.shape[2]
+    if mask is None:
+        after = torch.arange(N - 1, -1, -1, device=fk.device).expand(B, N)
+    else:
+        after = mask.flip(-1).cumsum(-1).flip(-1) - 1
+    after = after.clamp(min=0).to(torch.float64)
+    beta = torch.tensor(momentum, dtype=torch.float64, device=fk.device)
+    weights = torch.stack([beta ** after, step_size * geometric(momentum, after + 1)], dim=1)
+    if mask is not None:
+        weights = weights * mask[:, None]
+    both = torch.einsum("bhnd,bwn,bhne->bwhde", fk, weights.to(fk.dtype), v)
+    return MomentumAttentionState(s=both[:, 1], z=fk.sum(2), m=-both[:, 0])
+
+
+def advance(state: MomentumAttentionState, local: MomentumAttentionState, length: torch.Tensor, *,
+            momentum: float, step_size: float) -> MomentumAttentionState:
+    """The state after a slice of `length` (B,) real tokens whose zero-start state is `local`,
+    entered with `state` (eq. 12 is affine in its initial state; m' = −m):
+    m'_L = β^L m'_0 + M, s_L = s_0 + γβ(1−β^L)/(1−β) m'_0 + S, z_L = z_0 + Z."""
+    length = length.to(torch.float64)
+    beta = torch.tensor(momentum, dtype=torch.float64, device=length.device)
+    decay = (beta ** length).to(local.s.dtype)[:, None, None, None]
+    carry = (step_size * momentum * geometric(momentum, length)).to(local.s.dtype)[:, None, None, None]
+    m0 = -state.m
+    return MomentumAttentionState(s=state.s + carry * m0 + local.s, z=state.z + local.z,
+                                  m=-(decay * m0) + local.m)
+
+
+class _AllGather(torch.autograd.Function):
+    """All-gather (world, *x.shape) whose backward sums each rank's gradient over the ranks
+    (an all-reduce, which gloo and NCCL both have) and keeps this rank's part."""
+
+    @staticmethod
+    def forward(ctx, group, x):
+        ctx.group = group
+        parts = [torch.empty_like(x) for _ in range(dist.get_world_size(group))]
+        dist.all_gather(parts, x.contiguous(), group=group)
+        return torch.stack(parts)
+
+    @staticmethod
+    def backward(ctx, grad):
+        grad = grad.contiguous()
+        dist.all_reduce(grad, group=ctx.group)
+        return None, grad[dist.get_rank(ctx.group)]
+
+
+class _AllReduce(torch.autograd.Function):
+    """Sum over the ranks; the gradient of each rank's part is the sum of every rank's gradient."""
+
+    @staticmethod
+    def forward(ctx, group, x):
+        ctx.group = group
+        x = x.clone(memory_format=torch.contiguous_format)
+        dist.all_reduce(x, group=group)
+        return x
+
+    @staticmethod
+    def backward(ctx, grad):
+        grad = grad.clone(memory_format=torch.contiguous_format)
+        dist.all_reduce(grad, group=ctx.group)
+        return None, grad
+
+
+class _Attach(torch.autograd.Function):
+    """Returns `out` unchanged and puts `exchanged` into its graph with a zero gradient, so that
+    every rank's backward reaches the collective's backward (rank 0's output does not depend on
+    the gathered states, yet its slice's state gradient comes back through that collective)."""
+
+    @staticmethod
+    def forward(ctx, out, exchanged):
+        ctx.save_for_backward(exchanged)
+        return out.view_as(out)
+
+    @staticmethod
+    def backward(ctx, grad):
+        (exchanged,) = ctx.saved_tensors
+        return grad, torch.zeros_like(exchanged)
+
+
+def _check_group(process_group):
+    if not dist.is_available() or not dist.is_initialized():
+        raise ValueError("process_group needs torch.distributed initialised (init_process_group)")
+    if not isinstance(process_group, dist.ProcessGroup):
+        raise ValueError(f"process_group must be a torch.distributed ProcessGroup (e.g. dist.group.WORLD "
+                         f"or dist.new_group(...)), got {type(process_group).__name__}")
+    if dist.get_rank(process_group) < 0:
+        raise ValueError("process_group does not contain this rank")
+    return process_group
+
+
+def _describe(q, k, v, momentum, step_size, causal, feature_map, padding_mask, eps, chunk_size,
+              initial_state, return_state, backend, cu_seqlens):
+    """This rank's own checks, then its descriptor (_AGREED + _OWN) as float64 numbers."""
+    check_qkv(q, k, v, causal=causal)
+    momentum = check_momentum(momentum)
+    step_size = check_positive(step_size, "step_size")
+    eps = check_positive(eps, "eps")
+    check_chunk_size(chunk_size)
+    check_backend(backend)
+    phi = resolve_feature_map(feature_map)
+    if not isinstance(causal, bool):
+        raise ValueError(f"causal must be a bool, got {type(causal).__name__}")
+    mask = check_padding_mask(padding_mask, k.shape[0], k.shape[2], k.device)
+    if initial_state is not None and not isinstance(initial_state, MomentumAttentionState):
+        raise ValueError(f"initial_state must be a MomentumAttentionState or None, "
+                         f"got {type(initial_state).__name__}")
+    if not causal and (initial_state is not None or return_state):
+        raise ValueError("initial_state and return_state need causal=True (eq. 14 has no recurrent form)")
+    if initial_state is not None:
+        with torch.no_grad():
+            D = check_feature_dims(phi(k[:, :, :1]), phi(k[:, :, :1]), k[:, :, :1], k[:, :, :1])
+        initial_state.check(k.shape[0], k.shape[1], D, v.shape[-1])
+        if initial_state.s.device != k.device:
+            raise ValueError(f"initial_state is on {initial_state.s.device} but the inputs are on {k.device}")
+    cu_code = 0
+    if cu_seqlens is not None:
+        cu_code = _check_packed(cu_seqlens, k, mask, causal, initial_state, return_state)
+    name = feature_map if isinstance(feature_map, str) else getattr(feature_map, "__qualname__",
+                                                                     type(feature_map).__name__)
+    tensors = [q, k, v] + ([] if initial_state is None else [initial_state.s, initial_state.z,
+                                                              initial_state.m])
+    grad = torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
+    dtypes = ",".join(str(t.dtype) for t in (q, k, v))
+    float64_state = initial_state is not None and initial_state.s.dtype == torch.float64
+    agreed = (q.shape[0], q.shape[1], q.shape[3], v.shape[3], _code(dtypes), momentum, step_size, eps,
+              _code(name), causal, grad, cu_code)
+    own = (1, q.shape[2], k.shape[2], mask is not None, initial_state is not None, float64_state)
+    return mask, [float(x) for x in agreed + own]
+
+
+def _check_packed(cu_seqlens, k, mask, causal, initial_state, return_state) -> int:
+    """This rank's checks of the global cu_seqlens (its end is checked against the total length
+    once every rank's length is known); returns a code of its values for the agreement check."""
+    claimed = -1
+    if isinstance(cu_seqlens, torch.Tensor) and cu_seqlens.dim() == 1 and cu_seqlens.numel() > 0:
+        claimed = int(cu_seqlens[-1])
+    cu = check_cu_seqlens(cu_seqlens, k.shape[0], claimed, k.device)
+    if mask is not None:
+        raise ValueError("padding_mask marks padded tokens, but with cu_seqlens every token belongs to a "
+                         "sequence: drop the padding from the packed row, or pass padding_mask=None")
+    if not causal:
+        raise ValueError("causal=False with cu_seqlens and process_group is not supported: eq. 14 per "
+                         "segment needs every rank's keys of the segments crossing it")
+    if initial_state is not None or return_state:
+        raise ValueError("initial_state and return_state with cu_seqlens and process_group are not "
+                         "supported: their states are per segment and segments cross ranks; run the "
+                         "prefill without process_group to get them")
+    return _code(",".join(str(x) for x in cu.tolist()))
+
+
+def _code(text: str) -> int:
+    """A number for a name, the same in every process (Python's hash() is salted per process)."""
+    return zlib.crc32(text.encode())
+
+
+def _all_gather_descriptor(own: Optional[List[float]], group) -> torch.Tensor:
+    """Every rank's descriptor (world, fields); a rank whose checks failed sends zeros (valid = 0).
+    On the device the backend needs, not the inputs' (which may be what failed the checks)."""
+    device = torch.device("cpu")
+    if dist.get_backend(group) == "nccl":
+        device = torch.device("cuda", torch.cuda.current_device())
+    size = len(_AGREED) + len(_OWN)
+    row = torch.tensor(own if own is not None else [0.0] * size, dtype=torch.float64, device=device)
+    parts = [torch.empty_like(row) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(parts, row, group=group)
+    return torch.stack(parts).cpu()
+
+
+def _check_agreement(table: torch.Tensor) -> None:
+    """The same ValueError on every rank: a rank whose own checks failed, or the first
+    argument the ranks disagree on."""
+    valid = table[:, len(_AGREED)]
+    if not bool(valid.all()):
+        bad = [i for i in range(table.shape[0]) if not valid[i]]
+        raise ValueError(f"process_group: the arguments of rank(s) {bad} are invalid (see the ValueError "
+                         f"raised there)")
+    for column, name in enumerate(_AGREED):
+        values = table[:, column]
+        if not bool((values == values[0]).all()):
+            shown = ", ".join(f"rank {i}: {_show(name, x)}" for i, x in enumerate(values.tolist()))
+            raise ValueError(f"process_group ranks disagree on {_argument(name)} ({shown}); every rank "
+                             f"must pass the same {_argument(name)}")
+    later = [i for i in range(1, table.shape[0]) if table[i, len(_AGREED) + 4]]
+    if later:
+        raise ValueError(f"initial_state with process_group is the state before the whole sequence: "
+                         f"pass it on rank 0 only (rank(s) {later} passed one)")
+
+
+def _argument(name: str) -> str:
+    return {"batch": "q, k, v batch size", "heads": "q, k, v head count", "key dim": "q, k last dimension",
+            "value dim": "v last dimension", "dtype": "q, k, v dtype",
+            "requires_grad": "requires_grad of q, k, v (all ranks train, or none)",
+            "cu_seqlens": "cu_seqlens (the global offsets over all ranks' tokens)"}.get(name, name)
+
+
+def _show(name: str, value: float) -> str:
+    if name in ("batch", "heads", "key dim", "value dim", "causal", "requires_grad"):
+        return str(int(value)) if name not in ("causal", "requires_grad") else str(bool(value))
+    if name in ("dtype", "feature_map", "cu_seqlens"):
+        return f"name code {int(value)}"
+    return f"{value:g}"
+
+
+def _all_lengths(table: torch.Tensor, mask: Optional[torch.Tensor], k: torch.Tensor, group) -> torch.Tensor:
+    """(world, B) real keys per rank and row: from the descriptors, or all-gathered when any rank
+    has a padding mask."""
+    world, B = table.shape[0], int(table[0, 0])
+    key_lengths = table[:, len(_AGREED) + 2].to(torch.long)
+    if not bool(table[:, len(_AGREED) + 3].any()):
+        return key_lengths[:, None].expand(world, B).to(k.device)
+    mine = mask.sum(-1) if mask is not None else torch.full((B,), k.shape[2], device=k.device)
+    mine = mine.to(torch.long)
+    parts = [torch.empty_like(mine) for _ in range(world)]
+    dist.all_gather(parts, mine, group=group)
+    return torch.stack(parts)
+
+
+def _mask(t: torch.Tensor, mask: Optional[torch.Tensor]) -> torch.Tensor:
+    """Zero padded positions with `where` (NaN or inf in padding reaches neither sums nor gradients)."""
+    if mask is None:
+        return t
+    return torch.where(mask[:, None, :, None], t, torch.zeros((), dtype=t.dtype, device=t.device))
+
+
+def _feature_keys(phi, k, v, mask, dtype):
+    k, v = _mask(k.to(dtype), mask), _mask(v.to(dtype), mask)
+    fk = _mask(phi(k), mask)
+    check_feature_dims(fk, fk, k, k)
+    return fk, v
+
+
+def _pack(state: MomentumAttentionState) -> torch.Tensor:
+    """(B, H, 2·D′·Dv + D′): s, m and z of every (batch, head) in one tensor, one collective."""
+    return torch.cat([state.s.flatten(2), state.m.flatten(2), state.z], dim=-1)
+
+
+def _unpack(packed: torch.Tensor, dk: int, dv: int) -> MomentumAttentionState:
+    B, H, n = packed.shape[0], packed.shape[1], dk * dv
+    return MomentumAttentionState(s=packed[..., :n].reshape(B, H, dk, dv),
+                                  m=packed[..., n:2 * n].reshape(B, H, dk, dv), z=packed[..., 2 * n:])
+
+
+def _packed(q, k, v, cu_seqlens, table, rank, group, *, attend, momentum, step_size, feature_map, eps,
+            chunk_size, backend):
+    """Causal attention on packed sequences whose segments may cross ranks. Rank i's slice is
+    [o_i, o_i + N_i) of the row; its last boundary b_i in (o_i, o_i + N_i], if any, restarts the
+    state. It contributes the zero-start state of its tokens [b_i, o_i + N_i) (all its tokens when
+    it holds no boundary); the state entering rank r's first segment composes the contributions
+    of ranks < r from the last one that holds a boundary (eq. 12 restarts at a segment start)."""
+    starts = [0] + table[:, len(_AGREED) + 2].to(torch.long).cumsum(0).tolist()
+    total = starts[-1]
+    cu = check_cu_seqlens(cu_seqlens, 1, int(cu_seqlens[-1]), k.device)
+    if int(cu[-1]) != total:
+        raise ValueError(f"cu_seqlens with process_group holds the offsets over the whole row (every rank's "
+                         f"tokens concatenated, {total} tokens), but it ends at {int(cu[-1])}")
+    boundaries = cu.tolist()
+    tails, restarts = [], []
+    for lo, hi in zip(starts[:-1], starts[1:]):
+        inside = [b for b in boundaries if lo < b <= hi]
+        tails.append((inside[-1] if inside else lo) - lo)
+        restarts.append(bool(inside))
+    lo, hi = starts[rank], starts[rank + 1]
+    phi = resolve_feature_map(feature_map)
+    state_dtype = compute_dtype(q, k, v)
+    with torch.autocast(device_type=q.device.type, enabled=False):
+        fk, vv = _feature_keys(phi, k, v, None, state_dtype)
+        tail = tails[rank]
+        local = slice_state(fk[:, :, tail:], vv[:, :, tail:], None, momentum=momentum, step_size=step_size)
+        gathered = _AllGather.apply(group, _pack(local))
+        states = [_unpack(g, fk.shape[-1], v.shape[-1]) for g in gathered.unbind(0)]
+        entering = None
+        for i in range(rank):
+            length = torch.full((1,), starts[i + 1] - starts[i] - tails[i], device=k.device)
+            if entering is None or restarts[i]:
+                entering = states[i]
+            else:
+                entering = advance(entering, states[i], length, momentum=momentum, step_size=step_size)
+        inner = [b - lo for b in boundaries if lo < b < hi]
+        local_cu = torch.tensor([0] + inner + [hi - lo], dtype=torch.long, device=k.device)
+        if entering is not None:
+            rest = MomentumAttentionState.zeros(len(inner), *entering.s.shape[1:3], entering.s.shape[3],
+                                                dtype=entering.s.dtype, device=k.device)
+            entering = MomentumAttentionState(*(torch.cat([a, b]) for a, b in (
+                (entering.s, rest.s), (entering.z, rest.z), (entering.m, rest.m))))
+    out = attend(q, k, v, momentum=momentum, step_size=step_size, causal=True, feature_map=feature_map,
+                 eps=eps, chunk_size=chunk_size, initial_state=entering, backend=backend,
+                 cu_seqlens=local_cu)
+    return _Attach.apply(out, gathered)
+
+
+def _noncausal(q, k, v, phi, mask, lengths, rank, group, *, momentum, step_size, eps, dtype):
+    """Eq. 14 over the ranks: key j's weight γ(1−β^(a_j+1))/(1−β) counts the real keys a_j after
+    it in the whole sequence (after it in this slice plus those of the later ranks); the two sums
+    are all-reduced and each rank applies them to its own queries."""
+    later = lengths[rank + 1:].sum(0)                                              # (B,)
+    with torch.autocast(device_type=q.device.type, enabled=False):
+        fk, vv = _feature_keys(phi, k, v, mask, dtype)
+        B, N = fk.shape[0], fk.shape[2]
+        if mask is None:
+            after = torch.arange(N - 1, -1, -1, device=fk.device).expand(B, N)
+        else:
+            after = mask.flip(-1).cumsum(-1).flip(-1) - 1
+        after = after.clamp(min=0) + later[:, None]
+        weight = step_size * geometric(momentum, after + 1)
+        if mask is not None:
+            weight = weight * mask
+        kv = torch.einsum("bhnd,bn,bhne->bhde", fk, weight.to(dtype), vv)
+        summed = _AllReduce.apply(group, torch.cat([kv.flatten(2), fk.sum(2)], dim=-1))
+        D, Dv = fk.shape[-1], vv.shape[-1]
+        kv, z = summed[..., :D * Dv].reshape(B, fk.shape[1], D, Dv), summed[..., D * Dv:]
+        out = apply_noncausal_summary(phi(q.to(dtype)), kv, z, eps=eps)
+    out_dtype = torch.promote_types(torch.promote_types(q.dtype, k.dtype), v.dtype)
+    return out.to(out_dtype)
