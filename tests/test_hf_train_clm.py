@@ -154,7 +154,8 @@ def test_arguments_checked_at_parse_time_and_help_shows_defaults(capsys):
     with pytest.raises(SystemExit):
         script.parse_args(["--help"])
     help_text = " ".join(capsys.readouterr().out.split())
-    assert "training sequence length (default: 128)" in help_text and "(default: 2048)" in help_text
+    assert "training sequence length (with --packing: the longest document) (default: 128)" in help_text
+    assert "(default: 2048)" in help_text
 
 
 def test_saved_tokenizer_and_model_generate_through_a_pipeline_with_curves(text_file, tmp_path):
