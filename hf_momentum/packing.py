@@ -80,9 +80,10 @@ def document_positions(starts: torch.Tensor, padding_mask: Optional[torch.Tensor
 
 class PackedRows:
     """The real tokens of a (batch, length) input laid out as one row of documents: `pack` turns
-    (batch, H, length, D) into (1, H, M, D) over the M real tokens (rows in order), `cu_seqlens`
-    (n + 1,) int64 delimits the documents in that row, `unpack` puts the outputs back (zeros at
-    padding). No copy when there is no padding."""
+    (batch, H, length, D) into (1, H, M, D) over the M real tokens (rows in order), `pack_tokens`
+    (batch, length, D) into (1, M, D); `cu_seqlens` (n + 1,) int64 delimits the documents in that
+    row; `unpack` / `unpack_tokens` put outputs back (zeros at padding). No copy of a single row
+    without padding."""
 
     def __init__(self, starts: torch.Tensor, padding_mask: Optional[torch.Tensor] = None):
         self.batch, self.length = starts.shape
@@ -105,6 +106,19 @@ class PackedRows:
         if self.index is not None:
             flat = flat.new_zeros(heads, self.batch * self.length, dim).index_copy(1, self.index, flat)
         return flat.reshape(heads, self.batch, self.length, dim).transpose(0, 1)
+
+
+    def pack_tokens(self, x: torch.Tensor) -> torch.Tensor:
+        flat = x.reshape(self.batch * self.length, *x.shape[2:])
+        if self.index is not None:
+            flat = flat.index_select(0, self.index)
+        return flat[None]
+
+    def unpack_tokens(self, y: torch.Tensor) -> torch.Tensor:
+        flat = y[0]
+        if self.index is not None:
+            flat = flat.new_zeros(self.batch * self.length, *flat.shape[1:]).index_copy(0, self.index, flat)
+        return flat.reshape(self.batch, self.length, *flat.shape[1:])
 
 
 def _per_token(values, name: str, batch: int, length: int, device) -> torch.Tensor:

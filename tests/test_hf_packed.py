@@ -1,9 +1,9 @@
 """Packed documents (transformers' padding-free training, DataCollatorWithFlattening) in every
-model of hf_momentum: the native momentum_transformer and stock Llama with "momentum" and
-"linear_attention", each with the collator's three forms (position_ids that restart, its
-flash-attention kwargs, seq_idx). Logits, the loss and every parameter gradient of a packed row
-equal those of each document run alone; each test also checks that the row run as one document
-differs, so an implementation that mixes the documents fails it."""
+model of hf_momentum: the native momentum_transformer, momentum_lstm (momentum and Adam cells)
+and stock Llama with "momentum" and "linear_attention", each with the collator's three forms
+(position_ids that restart, its flash-attention kwargs, seq_idx). Logits, the loss and every
+parameter gradient of a packed row equal those of each document run alone; each test also checks
+that the row run as one document differs, so an implementation that mixes the documents fails it."""
 import os
 import re
 from pathlib import Path
@@ -26,7 +26,8 @@ FORMS = {
     "flash_attn_kwargs": dict(return_flash_attn_kwargs=True),
     "seq_idx": dict(return_seq_idx=True),
 }
-MODELS = ("momentum_transformer", "llama-momentum", "llama-linear_attention")
+MODELS = ("momentum_transformer", "momentum_lstm-momentum", "momentum_lstm-adam", "llama-momentum",
+          "llama-linear_attention")
 
 
 def build(name, **overrides):
@@ -40,6 +41,10 @@ def build(name, **overrides):
         config = AutoConfig.for_model("momentum_transformer", **base)
         return (AutoModelForCausalLM if config.is_causal else AutoModel).from_config(config)
     model_type, implementation = name.split("-")
+    if model_type == "momentum_lstm":
+        config = AutoConfig.for_model("momentum_lstm", vocab_size=VOCAB, hidden_size=16, num_hidden_layers=2,
+                                      cell=implementation, momentum=0.5, step_size=0.7, initializer_range=0.5)
+        return AutoModelForCausalLM.from_config(config)
     sizes = dict(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
                  num_key_value_heads=2, intermediate_size=64, max_position_embeddings=64)
     config = AutoConfig.for_model(model_type, **{**sizes, **overrides})
@@ -240,3 +245,17 @@ def test_saved_model_keeps_documents_apart_as_remote_code(tmp_path, make_generat
         print("OK", type(model).__module__)
     """, tmp_path, {"HF_HUB_OFFLINE": "1"})
     assert "OK transformers_modules" in proc.stdout
+
+
+@pytest.mark.parametrize("name", ("momentum_lstm-adam", "momentum_transformer"))
+def test_packed_hidden_states_of_every_layer_equal_each_document_alone(name, make_generator):
+    """output_hidden_states runs the LSTM layer by layer (each a one-layer stack): packed too."""
+    model = build(name).eval()
+    docs = documents(make_generator())
+    batch = collate(docs, "seq_idx")
+    with torch.no_grad():
+        packed = model(**batch, output_hidden_states=True).hidden_states
+        alone = [model(input_ids=d[None], output_hidden_states=True).hidden_states for d in docs]
+    assert len(packed) == model.config.num_hidden_layers + 1
+    for layer, states in enumerate(packed):
+        assert (states[0] - torch.cat([a[layer][0] for a in alone])).abs().max() <= TOL, layer
