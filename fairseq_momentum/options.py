@@ -22,7 +22,7 @@ CONNECTION_CHOICES = CONNECTIONS
 CROSS_ATTENTION_CHOICES = ("softmax", "linear", "momentum")
 
 
-def _number(text, kind=float):
+def number(text, kind=float):
     try:
         value = kind(text)
     except (TypeError, ValueError):
@@ -37,9 +37,9 @@ def validated(check, kind=float, **limits):
     """An argparse type running a `plugins.validation` check on the parsed number, so a bad
     value is refused at parsing with the library's own rule and message."""
     def parse(text):
-        number = _number(text, kind)
+        value = number(text, kind)
         try:
-            return check(number, "value", **limits)
+            return check(value, "value", **limits)
         except ValueError as error:
             raise argparse.ArgumentTypeError(str(error).removeprefix("value "))
     parse.__name__ = check.__name__.removeprefix("check_")
@@ -143,10 +143,15 @@ def lstm_cell_defaults(args, *, cell="momentum", momentum=0.6, step_size=1.0):
     try:
         check_lstm_cell_args(args)
     except ValueError as error:
-        prog = argparse.ArgumentParser().prog
-        print(f"usage: {prog} [...] --lstm-cell CELL [--lstm-restart F]\n"
-              f"{prog}: error: {error}", file=sys.stderr)
-        raise SystemExit(2)
+        parser_error(error, "--lstm-cell CELL [--lstm-restart F]")
+
+
+def parser_error(error, usage):
+    """Stop the command as argparse stops it: usage line, `error: ...`, exit status 2 (fairseq
+    runs the architecture presets inside `parse_args_and_arch`)."""
+    prog = argparse.ArgumentParser().prog
+    print(f"usage: {prog} [...] {usage}\n{prog}: error: {error}", file=sys.stderr)
+    raise SystemExit(2)
 
 
 def check_lstm_cell_args(args):

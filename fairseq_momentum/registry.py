@@ -5,9 +5,13 @@ it as the installed package, which runs every `register_model_architecture` twic
 raises "Cannot register duplicate model architecture". These wrappers register a name
 only once. `momentum_preset` is the one way the transformer families declare a preset.
 """
-from fairseq.models import ARCH_MODEL_REGISTRY, MODEL_REGISTRY, register_model, register_model_architecture
+import functools
 
-from .options import momentum_attention_defaults
+from fairseq.models import ARCH_MODEL_REGISTRY, MODEL_REGISTRY, register_model, register_model_architecture
+from omegaconf import OmegaConf
+
+from .configs import check_model_section, check_precision
+from .options import momentum_attention_defaults, parser_error
 
 
 def model(name):
@@ -19,10 +23,25 @@ def model(name):
 
 
 def architecture(model_name, arch_name):
+    """Register `fn` as architecture `arch_name`; the registered preset first runs the checks of
+    configs.py: half precision without a GPU, and a hydra `model:` section's keys and values."""
     def wrap(fn):
         if arch_name in ARCH_MODEL_REGISTRY:
             return fn
-        return register_model_architecture(model_name, arch_name)(fn)
+
+        @functools.wraps(fn)
+        def checked(args):
+            try:
+                check_precision(args)
+            except ValueError as error:
+                if OmegaConf.is_config(args):
+                    raise
+                parser_error(error, "[--cpu | --fp16 | --bf16]")
+            check_model_section(args, MODEL_REGISTRY[model_name], fn, arch_name)
+            fn(args)
+
+        register_model_architecture(model_name, arch_name)(checked)
+        return fn
     return wrap
 
 

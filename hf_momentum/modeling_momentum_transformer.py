@@ -85,6 +85,7 @@ class MomentumTransformerAttention(nn.Module):
         self.v_proj = nn.Linear(config.hidden_size, config.hidden_size)
         self.o_proj = nn.Linear(config.hidden_size, config.hidden_size)
         self.dropout = nn.Dropout(config.attention_dropout)
+        self.process_group = None       # hf_momentum.context_parallel.enable_context_parallel
 
     def forward(self, hidden_states: torch.Tensor, padding_mask: Optional[torch.Tensor],
                 cache: Optional[MomentumCache], packed: Optional[PackedRows] = None) -> torch.Tensor:
@@ -102,7 +103,8 @@ class MomentumTransformerAttention(nn.Module):
             out, state = momentum_attention_step(q, k, v, cache.get_attention_state(self.layer_idx), **kwargs)
             cache.set_attention_state(self.layer_idx, state)
         else:
-            out = momentum_attention(q, k, v, causal=self.config.is_causal, **kwargs)
+            out = momentum_attention(q, k, v, causal=self.config.is_causal, process_group=self.process_group,
+                                     **kwargs)
         out = out.transpose(1, 2).reshape(batch, length, self.num_heads * self.head_dim)
         return self.dropout(self.o_proj(out))
 
@@ -192,6 +194,7 @@ class MomentumTransformerModel(MomentumTransformerPreTrainedModel):
         else:
             raise ValueError(f"layer_norm must be 'pre' or 'post', got {config.layer_norm!r}")
         self.gradient_checkpointing = False
+        self.context_parallel_group = None  # hf_momentum.context_parallel.enable_context_parallel
         self.post_init()
 
     def get_input_embeddings(self):
@@ -218,6 +221,13 @@ class MomentumTransformerModel(MomentumTransformerPreTrainedModel):
         batch, length = inputs_embeds.shape[:2]
         output_hidden_states = resolve_flag(output_hidden_states, self.config, "output_hidden_states")
         warn_no_attention_weights(self, output_attentions, "linear (momentum) attention")
+        if self.context_parallel_group is not None:
+            if use_cache or past_key_values is not None:
+                raise ValueError("use_cache / past_key_values: context parallelism runs without a cache")
+            if position_ids is None:
+                raise ValueError("position_ids: context parallelism needs the global positions of this "
+                                 "rank's slice (hf_momentum.context_parallel.shard_batch gives them)")
+            use_cache = False
         cache = resolve_cache(self, past_key_values, use_cache, MomentumCache,
                               can_cache=self.config.is_causal)
         past = cache.get_seq_length() if cache is not None else 0
@@ -235,6 +245,10 @@ class MomentumTransformerModel(MomentumTransformerPreTrainedModel):
                     raise ValueError("packed documents (position_ids that restart, or cu_seq_lens_q / "
                                      f"seq_idx from {COLLATOR}) cannot fill one cache; pass use_cache=False "
                                      "and no past_key_values, and generate from each document separately")
+                if self.context_parallel_group is not None:
+                    raise ValueError("packed documents (position_ids that restart, or cu_seq_lens_q / "
+                                     f"seq_idx from {COLLATOR}) are not supported with context "
+                                     "parallelism: shard one document (or unpacked rows) over the ranks")
                 cache = None
                 packed = PackedRows(starts, padding_mask)
                 if position_ids is None:

@@ -1,5 +1,5 @@
-"""Training plumbing: 2-rank CPU data parallelism through recipes/launch_cpu_ddp.sh (training and
-resuming), and resuming from checkpoint_last.pt. Checkpoints are read with torch's default
+"""Training plumbing: 2-rank CPU data parallelism through recipes/launch_cpu_ddp.sh (torchrun; training,
+resuming, threads per rank), and resuming from checkpoint_last.pt. Checkpoints are read with torch's default
 weights_only=True, as fairseq does."""
 import os
 import re
@@ -30,7 +30,10 @@ LSTM_LM = ["--task", "language_modeling", "--arch", "momentum_lstm_lm", "--decod
 # fairseq saves checkpoints on rank 0 only; to compare the ranks' parameters, this wrapper
 # makes every rank save, under a rank suffix.
 EVERY_RANK_SAVES = """
-import sys
+import os, sys
+import torch
+omp = os.environ.get("OMP_NUM_THREADS")
+print(f"threads of this rank: OMP_NUM_THREADS={omp} torch={torch.get_num_threads()}", flush=True)
 from fairseq.trainer import Trainer
 Trainer.should_save_checkpoint_on_current_rank = property(lambda self: True)
 Trainer.checkpoint_suffix = property(lambda self: f"-rank{self.data_parallel_rank}")
@@ -45,34 +48,45 @@ def lm_data(tmp_path_factory):
     return preprocess_lm(write_lm_text(root / "text", seed=11), root / "bin")
 
 
+def rank_log(logs, rank):
+    """A rank's output as torchrun's --log-dir keeps it."""
+    [folder] = logs.glob(f"*/attempt_0/{rank}")
+    return "".join((folder / name).read_text() for name in ("stdout.log", "stderr.log"))
+
+
 def run_two_ranks(lm_data, tmp_path, save, logs, max_update):
     wrapper = tmp_path / "train_every_rank_saves.py"
     wrapper.write_text(EVERY_RANK_SAVES)
     env = cli_env(FAIRSEQ_TRAIN=f"{sys.executable} {wrapper}", LOG_DIR=str(logs),
                   PATH=f"{BIN}:{os.environ['PATH']}")
+    del env["OMP_NUM_THREADS"]    # the launcher sets it per rank
     cmd = [str(REPO / "recipes" / "launch_cpu_ddp.sh"), "2", str(lm_data), "--user-dir", USER_DIR,
            "--save-dir", str(save), *LSTM_LM, "--max-update", str(max_update), "--num-workers", "0",
            "--log-format", "simple", "--log-interval", "1", "--seed", "3", "--no-epoch-checkpoints",
            "--required-batch-size-multiple", "1"]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=400)
     assert proc.returncode == 0, proc.stderr[-3000:] + "".join(
-        p.read_text()[-3000:] for p in logs.glob("rank*.log"))
+        p.read_text()[-3000:] for p in logs.glob("*/attempt_0/*/*.log"))
     checkpoints = [torch.load(save / f"checkpoint_last-rank{r}.pt") for r in (0, 1)]
     assert [c["optimizer_history"][-1]["num_updates"] for c in checkpoints] == [max_update] * 2
     states = [c["model"] for c in checkpoints]
     assert states[0].keys() == states[1].keys()
     for name in states[0]:
         assert torch.equal(states[0][name], states[1][name]), name
-    return (logs / "rank0.log").read_text()
+    return rank_log(logs, 0)
 
 
 def test_two_cpu_ranks_train_the_same_model_and_resume(lm_data, tmp_path):
     """The resume loads rank 0's checkpoint and broadcasts it (torch.save / torch.load of the
-    loaded state, omegaconf config included) to rank 1, under torch's safe unpickler."""
+    loaded state, omegaconf config included) to rank 1, under torch's safe unpickler. Each rank
+    runs on its share of the cores."""
     save = tmp_path / "ckpt"
     rank0 = run_two_ranks(lm_data, tmp_path, save, tmp_path / "logs", 6)
+    threads = max(1, len(os.sched_getaffinity(0)) // 2)
     for rank in (0, 1):
-        assert f"distributed init (rank {rank})" in (tmp_path / "logs" / f"rank{rank}.log").read_text()
+        log = rank_log(tmp_path / "logs", rank)
+        assert f"distributed init (rank {rank})" in log
+        assert f"threads of this rank: OMP_NUM_THREADS={threads} torch={threads}" in log
     assert "distributed_world_size': 2" in rank0 and "done training" in rank0
     rank0 = run_two_ranks(lm_data, tmp_path, save, tmp_path / "logs_resumed", 8)
     assert re.search(r"Loaded checkpoint .*checkpoint_last-rank0\.pt \(epoch \d+ @ 6 updates\)", rank0)

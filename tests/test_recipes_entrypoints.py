@@ -4,8 +4,11 @@ import csv
 import pytest
 import torch
 
+from recipes.copy import run as copy_run
 from recipes.demo import run as demo
 from recipes.iwslt import run as iwslt
+from recipes.lstm_tasks import run as tasks_run
+from recipes.mnist import run as mnist_run
 from recipes.ptb import run as ptb
 
 
@@ -85,3 +88,35 @@ def test_demo_copy_part_gives_a_verdict_per_pair(tmp_path, capsys):
     assert [line.split(":")[0] for line in verdicts] == ["- momentum vs linear", "- adaptive vs linear"]
     assert all("final copy test accuracy" in line and "seed spread" in line for line in verdicts)
     assert (out / "copy" / "test_accuracy_vs_step.png").read_bytes()[:4] == b"\x89PNG"
+
+
+DEVICE_RECIPES = [ptb, iwslt, mnist_run, copy_run, tasks_run]
+
+
+@pytest.mark.parametrize("module", DEVICE_RECIPES, ids=lambda m: m.__name__.split(".")[1])
+def test_every_recipe_takes_the_same_device_flag(module, monkeypatch, capsys):
+    """--device auto|cpu|cuda means the same everywhere; cpu is the default of the recipes (the
+    demo's default is auto)."""
+    assert module.parse_args([]).device == torch.device("cpu")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert module.parse_args(["--device", "auto"]).device == torch.device("cpu")
+    with pytest.raises(SystemExit):
+        module.parse_args(["--device", "cuda"])
+    assert "argument --device: 'cuda' requested but CUDA is not available" in capsys.readouterr().err
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert module.parse_args(["--device", "auto"]).device == torch.device("cuda")
+    assert module.parse_args(["--device", "cuda"]).device == torch.device("cuda")
+
+
+@pytest.mark.parametrize("module", [ptb, iwslt], ids=["ptb", "iwslt"])
+def test_gpu_is_a_deprecated_spelling_of_device_cuda(module, monkeypatch, capsys):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    with pytest.warns(FutureWarning, match="--gpu is deprecated: use --device cuda"):
+        assert module.parse_args(["--gpu"]).device == torch.device("cuda")
+    with pytest.raises(SystemExit):
+        module.parse_args(["--device", "cuda:1"])
+    assert "argument --device: fairseq uses every visible GPU" in capsys.readouterr().err
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.warns(FutureWarning), pytest.raises(SystemExit):
+        module.parse_args(["--gpu"])
+    assert "argument --gpu: 'cuda' requested but CUDA is not available" in capsys.readouterr().err

@@ -15,6 +15,7 @@ from fairseq.models.nat.iterative_nonautoregressive_transformer import (
 from fairseq.models.nat.nonautoregressive_transformer import NATransformerDecoder
 from fairseq.modules.transformer_sentence_encoder import init_bert_params
 
+from ..configs import as_namespace
 from ..modules.momentum_transformer_layer import MomentumDecoderMixin, MomentumEncoderMixin
 from ..options import add_momentum_attention_args, fill_unset, momentum_attention_defaults
 from ..registry import model, momentum_preset
@@ -39,6 +40,7 @@ class MomentumIterNATModel(IterNATransformerModel):
 
     @classmethod
     def build_model(cls, args, task):
+        args = as_namespace(args)
         momentum_attention_defaults(args, step_size=0.6)
         return super().build_model(args, task)
 

@@ -15,6 +15,7 @@ from fairseq.models.transformer import (
 )
 from fairseq.models.transformer.transformer_legacy import base_architecture, transformer_iwslt_de_en
 
+from ..configs import as_namespace
 from ..modules.momentum_transformer_layer import MomentumDecoderMixin, MomentumEncoderMixin
 from ..options import add_momentum_attention_args, momentum_attention_defaults
 from ..registry import model, momentum_preset
@@ -41,6 +42,7 @@ class MomentumTransformerModel(TransformerModel):
 
     @classmethod
     def build_model(cls, args, task):
+        args = as_namespace(args)
         momentum_attention_defaults(args)
         return super().build_model(args, task)
 

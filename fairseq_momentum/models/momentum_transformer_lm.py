@@ -17,6 +17,7 @@ from fairseq.models.transformer_lm import (
     transformer_lm_gpt2_small,
 )
 
+from ..configs import as_namespace
 from ..options import add_momentum_attention_args, momentum_attention_defaults
 from ..registry import model, momentum_preset
 from .momentum_transformer import MomentumTransformerDecoder
@@ -37,6 +38,7 @@ class MomentumTransformerLanguageModel(TransformerLanguageModel):
     def build_model(cls, args, task):
         """fairseq's transformer_lm build (embeddings, adaptive input, ...), then its decoder
         is rebuilt with momentum layers around the same embedding."""
+        args = as_namespace(args)
         momentum_attention_defaults(args)
         embed_tokens = super().build_model(args, task).decoder.embed_tokens
         return cls(MomentumTransformerDecoder(TransformerConfig.from_namespace(args),

@@ -85,8 +85,8 @@ def context_parallel_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     momentum, step_size = check_momentum(momentum), check_positive(step_size, "step_size")
     eps = check_positive(eps, "eps")
     if not causal:
-        return _context_parallel_noncausal(q, k, v, phi, mask, lengths, rank, group, momentum=momentum,
-                                           step_size=step_size, eps=eps, dtype=state_dtype)
+        return _noncausal_over_ranks(q, k, v, phi, mask, lengths, rank, group, momentum=momentum,
+                          step_size=step_size, eps=eps, dtype=state_dtype)
 
     with torch.autocast(device_type=q.device.type, enabled=False):
         fk, vv = _feature_keys(phi, k, v, mask, state_dtype)
@@ -431,7 +431,7 @@ def _packed(q, k, v, cu_seqlens, table, rank, group, *, attend, momentum, step_s
     return _Attach.apply(out, gathered)
 
 
-def _context_parallel_noncausal(q, k, v, phi, mask, lengths, rank, group, *, momentum, step_size, eps, dtype):
+def _noncausal_over_ranks(q, k, v, phi, mask, lengths, rank, group, *, momentum, step_size, eps, dtype):
     """Eq. 14 over the ranks: key j's weight γ(1−β^(a_j+1))/(1−β) counts the real keys a_j after
     it in the whole sequence (after it in this slice plus those of the later ranks); the two sums
     are all-reduced and each rank applies them to its own queries."""

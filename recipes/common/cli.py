@@ -1,5 +1,6 @@
 """argparse value types shared by the recipes."""
 import argparse
+import warnings
 
 import torch
 
@@ -23,7 +24,10 @@ def non_negative_int(text: str) -> int:
 
 
 def available_device(text: str) -> torch.device:
-    """A torch device string that this machine can use ("cpu", "cuda", "cuda:1", …)."""
+    """A torch device string that this machine can use ("cpu", "cuda", "cuda:1", …), or "auto":
+    cuda when a CUDA device is present, else cpu."""
+    if text == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     try:
         device = torch.device(text)
     except RuntimeError as error:
@@ -31,8 +35,42 @@ def available_device(text: str) -> torch.device:
     if device.type == "cuda" and not torch.cuda.is_available():
         raise argparse.ArgumentTypeError(f"{text!r} requested but CUDA is not available")
     if device.type not in ("cpu", "cuda"):
-        raise argparse.ArgumentTypeError(f"expected cpu or cuda[:n], got {text!r}")
+        raise argparse.ArgumentTypeError(f"expected auto, cpu or cuda[:n], got {text!r}")
     return device
+
+
+def fairseq_device(text: str) -> torch.device:
+    """available_device without an index: fairseq-train picks its GPUs itself (all the visible
+    ones; CUDA_VISIBLE_DEVICES chooses them)."""
+    device = available_device(text)
+    if device.index is not None:
+        raise argparse.ArgumentTypeError(f"fairseq uses every visible GPU, got {text!r}: use cuda, "
+                                         "and CUDA_VISIBLE_DEVICES to choose the GPUs")
+    return device
+
+
+class DeprecatedGpuFlag(argparse.Action):
+    """--gpu of the older fairseq recipes, kept so that their commands still run: it means
+    --device cuda, with a FutureWarning."""
+
+    def __init__(self, option_strings, dest, **kwargs):
+        super().__init__(option_strings, dest, nargs=0, help="deprecated spelling of --device cuda")
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        warnings.warn(f"{option_string} is deprecated: use --device cuda", FutureWarning, stacklevel=2)
+        try:
+            namespace.device = fairseq_device("cuda")
+        except argparse.ArgumentTypeError as error:
+            parser.error(f"argument {option_string}: {error}")
+
+
+def add_fairseq_device_arguments(parser: argparse.ArgumentParser, what: str) -> None:
+    """--device {auto,cpu,cuda} (default cpu) of the recipes that run fairseq, and --gpu, its
+    deprecated spelling."""
+    parser.add_argument("--device", type=fairseq_device, default=torch.device("cpu"),
+                        metavar="{auto,cpu,cuda}",
+                        help=f"{what}: cpu (default), cuda, or auto (cuda when a CUDA device is present)")
+    parser.add_argument("--gpu", action=DeprecatedGpuFlag)
 
 
 def require_distinct(parser: argparse.ArgumentParser, args: argparse.Namespace, *names: str) -> None:

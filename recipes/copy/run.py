@@ -29,7 +29,7 @@ def parse_args(argv=None):
     p.add_argument("--eval-every", type=positive_int, help="override iterations between evaluations")
     p.add_argument("--max-length", type=positive_int, help="override the maximum sequence length")
     p.add_argument("--device", type=available_device, default=torch.device("cpu"),
-                   help="cpu (default) or cuda[:n]")
+                   help="cpu (default), cuda[:n], or auto (cuda when a CUDA device is present)")
     p.add_argument("--threads", type=positive_int, default=1,
                    help="torch CPU threads (default 1: small runs are latency-bound)")
     p.add_argument("--no-progress", action="store_true")

@@ -19,10 +19,13 @@ Features: gradient accumulation, `--mixed_precision {no,fp16,bf16}`, checkpoints
 {PATH,latest}`, tqdm progress on the main process, evaluation perplexity (losses gathered
 over ranks), training/evaluation curves through accelerate's trackers (`--report_to`, default a
 CSV file, plotted to OUTPUT/curves.png), final `save_pretrained` of model and tokenizer, and
-optional `--push_to_hub --hub_model_id user/name`. `--record_dir` writes per-rank JSON (batch
+optional `--push_to_hub --hub_model_id user/name`. `--context_parallel N` (native momentum_transformer)
+splits each training sequence over N consecutive ranks (docs/context_parallel.md); evaluation
+runs whole sequences. `--record_dir` writes per-rank JSON (batch
 fingerprints, final parameter digest) for tests.
 """
 import argparse
+import contextlib
 import csv
 import hashlib
 import json
@@ -32,10 +35,11 @@ import re
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
 from accelerate import Accelerator
 from accelerate.tracking import GeneralTracker, on_main_process
 from accelerate.utils import ProjectConfiguration, set_seed
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, DistributedSampler
 from tqdm.auto import tqdm
 from transformers import (
     AutoConfig,
@@ -47,6 +51,7 @@ from transformers import (
 )
 
 import hf_momentum
+from hf_momentum.context_parallel import enable_context_parallel, shard_batch, whole_sequence_loss
 
 
 def parse_args(argv=None):
@@ -104,6 +109,9 @@ def parse_args(argv=None):
     p.add_argument("--hub_model_id", default=None, help="user/name on the Hub; required by --push_to_hub")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--record_dir", default=None)
+    p.add_argument("--context_parallel", "--context-parallel", type=int, default=1,
+                   help="split each sequence over this many consecutive ranks (native momentum_transformer "
+                        "only); the data-parallel degree is the number of processes / this")
     args = p.parse_args(argv)
     if args.push_to_hub and not args.hub_model_id:
         p.error("argument --push_to_hub: needs --hub_model_id user/name")
@@ -117,6 +125,16 @@ def parse_args(argv=None):
     if args.max_position_embeddings < args.block_size:
         p.error(f"argument --max_position_embeddings: must be >= --block_size ({args.block_size}), "
                 f"got {args.max_position_embeddings}")
+    if args.context_parallel < 1:
+        p.error(f"argument --context_parallel: expected an integer >= 1, got {args.context_parallel}")
+    if args.context_parallel > 1 and args.model_type != "momentum_transformer":
+        p.error(f"argument --context_parallel: supported for --model_type momentum_transformer only, "
+                f"got {args.model_type}")
+    if args.context_parallel > 1 and args.resume_from_checkpoint:
+        p.error("argument --context_parallel: --resume_from_checkpoint is not supported with it")
+    if args.context_parallel > 1 and args.packing:
+        p.error("argument --context_parallel: --packing is not supported with it (the rows are split over "
+                "ranks as whole blocks)")
     if not 0 < args.validation_split < 1:
         p.error(f"argument --validation_split: expected a number in (0, 1), got {args.validation_split}")
     return args
@@ -294,6 +312,64 @@ def evaluate(model, loader, accelerator):
     return loss, math.exp(min(loss, 50.0))
 
 
+class ContextParallelLoader:
+    """The training batches of one data-parallel rank, the same on every rank of its context
+    group (accelerate would give each process its own batches, so it does not prepare this one)."""
+
+    def __init__(self, data, collate, args, dp_size: int, dp_rank: int):
+        self.sampler = DistributedSampler(data, num_replicas=dp_size, rank=dp_rank, shuffle=True,
+                                          seed=args.seed)
+        self.loader = DataLoader(data, batch_size=args.per_device_batch_size, sampler=self.sampler,
+                                 collate_fn=collate)
+
+    def set_epoch(self, epoch: int):
+        self.sampler.set_epoch(epoch)
+
+    def __len__(self):
+        return len(self.loader)
+
+    def __iter__(self):
+        return iter(self.loader)
+
+
+def context_parallel_setup(args, accelerator, model, train_loader):
+    """--context_parallel N: consecutive groups of N ranks, each splitting its sequences over its
+    ranks (hf_momentum.context_parallel), the groups data-parallel. Returns this rank's group and
+    its training loader."""
+    world, n = accelerator.num_processes, args.context_parallel
+    if world % n:
+        raise ValueError(f"--context_parallel {n} must divide the number of processes ({world})")
+    groups = [dist.new_group(list(range(start, start + n))) for start in range(0, world, n)]
+    rank = accelerator.process_index
+    enable_context_parallel(model, groups[rank // n])
+    return groups[rank // n], ContextParallelLoader(train_loader.dataset, train_loader.collate_fn, args,
+                                                    world // n, rank // n)
+
+
+def training_loss(model, batch, group, device):
+    """The loss to back-propagate and the loss to report. Under context parallelism each rank
+    back-propagates its share of the whole-sequence loss, times the group size because DDP
+    averages the gradients over every rank (context-parallel ranks must add theirs)."""
+    if group is None:
+        loss = model(**batch).loss
+        return loss, loss.detach()
+    inputs = shard_batch({key: batch[key].to(device) for key in ("input_ids", "labels")}, group)
+    loss = model(**inputs).loss
+    return loss * dist.get_world_size(group), whole_sequence_loss(loss, group)
+
+
+@contextlib.contextmanager
+def whole_sequences(model, group):
+    """Evaluation runs each sequence whole on one rank (no gradients are kept)."""
+    if group is not None:
+        enable_context_parallel(model, None)
+    try:
+        yield
+    finally:
+        if group is not None:
+            enable_context_parallel(model, group)
+
+
 def main(argv=None):
     args = parse_args(argv)
     kwargs = {} if args.mixed_precision is None else {"mixed_precision": args.mixed_precision}
@@ -311,12 +387,16 @@ def main(argv=None):
     tokenizer = Tokenizer(args.tokenizer)
     train_loader, valid_loader = loaders(args, tokenizer)
     model = build_model(args, tokenizer)
+    cp_group = None
+    if args.context_parallel > 1:
+        cp_group, train_loader = context_parallel_setup(args, accelerator, model, train_loader)
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
     no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
     optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": args.weight_decay},
                                    {"params": no_decay, "weight_decay": 0.0}], lr=args.learning_rate)
-    updates_per_epoch = math.ceil(math.ceil(len(train_loader) / accelerator.num_processes)
-                                  / args.gradient_accumulation_steps)
+    batches_per_process = len(train_loader) if cp_group is not None else math.ceil(
+        len(train_loader) / accelerator.num_processes)
+    updates_per_epoch = math.ceil(batches_per_process / args.gradient_accumulation_steps)
     max_steps = args.max_train_steps or args.num_epochs * updates_per_epoch
     epochs = math.ceil(max_steps / updates_per_epoch)
     scheduler = get_scheduler("linear", optimizer,
@@ -346,7 +426,8 @@ def main(argv=None):
     interval_losses = []
 
     def log_evaluation():
-        valid_loss, perplexity = evaluate(model, valid_loader, accelerator)
+        with whole_sequences(accelerator.unwrap_model(model), cp_group):
+            valid_loss, perplexity = evaluate(model, valid_loader, accelerator)
         accelerator.log({"eval/loss": valid_loss, "eval/perplexity": perplexity}, step=step)
         return valid_loss, perplexity
 
@@ -357,7 +438,7 @@ def main(argv=None):
         for batch in loader:
             record["batches"].append(fingerprint(batch["input_ids"]))
             with accelerator.accumulate(model):
-                loss = model(**batch).loss
+                loss, shown = training_loss(model, batch, cp_group, accelerator.device)
                 accelerator.backward(loss)
                 optimizer.step()
                 scheduler.step()
@@ -365,8 +446,8 @@ def main(argv=None):
             if accelerator.sync_gradients:
                 step += 1
                 progress.update(1)
-                progress.set_postfix(loss=f"{loss.item():.3f}")
-                interval_losses.append(loss.item())
+                progress.set_postfix(loss=f"{shown.item():.3f}")
+                interval_losses.append(shown.item())
                 if step % args.logging_steps == 0:
                     accelerator.log({"train/loss": sum(interval_losses) / len(interval_losses),
                                      "train/learning_rate": scheduler.get_last_lr()[0]}, step=step)

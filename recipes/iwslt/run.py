@@ -16,7 +16,13 @@ import sys
 from pathlib import Path
 
 from recipes.common.cache import build_once, inputs_digest
-from recipes.common.cli import bounded_int, non_negative_int, positive_int, require_distinct
+from recipes.common.cli import (
+    add_fairseq_device_arguments,
+    bounded_int,
+    non_negative_int,
+    positive_int,
+    require_distinct,
+)
 from recipes.common.fairseq_runs import REPO, SPLITS, checkpoint_dir, run, tool, train
 from recipes.common.parallel import LANGUAGES, parallel_corpus
 from recipes.common.plots import plot_curves, write_results
@@ -61,7 +67,7 @@ def parse_args(argv=None):
     parser.add_argument("--seed", type=non_negative_int, default=1)
     parser.add_argument("--out-dir", type=Path, default=REPO / "outputs" / "iwslt")
     parser.add_argument("--cache-dir", type=Path, default=Path.home() / ".cache" / "momentum_plugins")
-    parser.add_argument("--gpu", action="store_true", help="train and generate on the GPU (drops --cpu)")
+    add_fairseq_device_arguments(parser, "where fairseq trains and generates")
     args = parser.parse_args(argv)
     require_distinct(parser, args, "models")
     return args
@@ -166,11 +172,11 @@ def main(argv=None):
         arch = ["--arch", full_arch] if args.full else ["--arch", small_arch, *sizes]
         log(f"({i}/{len(args.models)}) training {name} for {epochs} epochs …")
         train_args = [*COMMON, *arch, *extra, "--max-epoch", str(epochs), "--seed", str(args.seed),
-                      *([] if args.gpu else ["--cpu"])]
+                      *([] if args.device.type == "cuda" else ["--cpu"])]
         save_dir = checkpoint_dir(out / "checkpoints", name, data_bin, train_args)
         result = train(name, data_bin, save_dir, train_args)
         bleu, speed = generate(data_bin, result.save_dir / "checkpoint_best.pt", src, tgt, references,
-                               args.gpu)
+                               args.device.type == "cuda")
         log(f"    BLEU {bleu:.2f}, generation {speed:.0f} tokens/s, training {result.seconds:.0f} s")
         rows.append([name, f"{bleu:.2f}", f"{float(result.valid[-1]['valid_loss']):.3f}", f"{speed:.0f}",
                      f"{result.seconds:.0f}"])

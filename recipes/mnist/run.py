@@ -47,7 +47,7 @@ def parse_args(argv=None):
     p.add_argument("--grad-batch", type=positive_int, default=32,
                    help="test images in the fixed Fig. 2 probe batch")
     p.add_argument("--device", type=available_device, default=torch.device("cpu"),
-                   help="cpu (default) or cuda[:n]")
+                   help="cpu (default), cuda[:n], or auto (cuda when a CUDA device is present)")
     p.add_argument("--threads", type=positive_int, default=1,
                    help="torch CPU threads (default 1: small runs are latency-bound)")
     p.add_argument("--no-progress", action="store_true")

@@ -13,7 +13,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from recipes.common.cli import non_negative_int, positive_int, require_distinct
+from recipes.common.cli import add_fairseq_device_arguments, non_negative_int, positive_int, require_distinct
 from recipes.common.corpora import lm_corpus
 from recipes.common.fairseq_runs import REPO, preprocess_lm
 from recipes.common.lm_experiment import plot_lm_runs, summarize, train_lm_models
@@ -55,7 +55,7 @@ def parse_args(argv=None):
                         help="first N training tokens, 0 = all (small default: 240k; --full: all)")
     parser.add_argument("--out-dir", type=Path, default=REPO / "outputs" / "ptb")
     parser.add_argument("--cache-dir", type=Path, default=Path.home() / ".cache" / "momentum_plugins")
-    parser.add_argument("--gpu", action="store_true", help="train on the GPU (drops --cpu)")
+    add_fairseq_device_arguments(parser, "where fairseq trains")
     args = parser.parse_args(argv)
     require_distinct(parser, args, "models", "seeds")
     return args
@@ -69,7 +69,7 @@ def main(argv=None):
     source, paths = lm_corpus(args.corpus, args.cache_dir, args.out_dir, log=log,
                               **({} if args.corpus == "ptb" else {"max_train_tokens": max_train_tokens}))
     data_bin = preprocess_lm(paths, args.out_dir, log=log)
-    common = [c for c in COMMON if not (args.gpu and c == "--cpu")]
+    common = [c for c in COMMON if not (args.device.type == "cuda" and c == "--cpu")]
     schedule = FULL if args.full else [*SMALL, "--max-epoch", "3"]
     if args.epochs is not None:
         schedule = [*schedule, "--max-epoch", str(args.epochs)]

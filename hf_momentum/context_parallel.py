@@ -1,0 +1,116 @@
+"""Context parallelism for the native momentum transformer: one batch of sequences split along
+the sequence over the ranks of a process group, each rank holding a contiguous slice in rank
+order (docs/context_parallel.md, "Hugging Face models").
+
+    enable_context_parallel(model, group)       # every momentum attention layer exchanges states
+    inputs = shard_batch({"input_ids": ids, "labels": ids}, group)
+    loss = model(**inputs).loss                  # this rank's share of the whole-sequence loss
+    loss.backward()                              # on every rank; then sum the gradients over the group
+    whole = whole_sequence_loss(loss, group)     # the loss one process would report
+
+Positions are global (the slice's offset + its count), and labels are shifted once over the whole
+sequence before the split, so the last token of a slice is scored against the first token of the
+next. Each rank's loss is its tokens' summed cross-entropy divided by the real label count of the
+whole batch: the ranks' losses add up to the single-process loss and their parameter gradients
+add up to its gradients.
+"""
+from collections.abc import Mapping
+from typing import Optional
+
+import torch
+import torch.distributed as dist
+
+from plugins.attention.context_parallel import slice_bounds
+
+from .modeling_momentum_transformer import (
+    MomentumTransformerAttention,
+    MomentumTransformerForSequenceClassification,
+    MomentumTransformerModel,
+)
+
+IGNORE_INDEX = -100
+BATCH_KEYS = ("input_ids", "attention_mask", "labels")
+
+
+def check_group(group, name: str = "group"):
+    if not dist.is_available() or not dist.is_initialized():
+        raise ValueError(f"{name} needs torch.distributed initialised (init_process_group)")
+    if not isinstance(group, dist.ProcessGroup):
+        raise ValueError(f"{name} must be a torch.distributed ProcessGroup (e.g. dist.group.WORLD or "
+                         f"dist.new_group(...)), got {type(group).__name__}")
+    if dist.get_rank(group) < 0:
+        raise ValueError(f"{name} does not contain this rank")
+    return group
+
+
+def enable_context_parallel(model: torch.nn.Module, group: Optional[dist.ProcessGroup]) -> torch.nn.Module:
+    """Makes every momentum attention layer of a native momentum transformer run over `group`
+    (`momentum_attention(..., process_group=group)`); `group=None` turns it off. The model then
+    needs the inputs of `shard_batch` (global position_ids, no cache). Returns the model."""
+    if group is not None:
+        check_group(group)
+    if isinstance(model, MomentumTransformerForSequenceClassification):
+        raise ValueError("model: MomentumTransformerForSequenceClassification pools over its tokens, which "
+                         "context parallelism splits over ranks; use MomentumTransformerModel or "
+                         "MomentumTransformerForCausalLM")
+    bases = [m for m in model.modules() if isinstance(m, MomentumTransformerModel)]
+    if not bases:
+        raise ValueError(f"model: context parallelism supports the native momentum_transformer only, "
+                         f"got {type(model).__name__} (no MomentumTransformerModel inside)")
+    for module in model.modules():
+        if isinstance(module, MomentumTransformerModel):
+            module.context_parallel_group = group
+        elif isinstance(module, MomentumTransformerAttention):
+            module.process_group = group
+    return model
+
+
+def shard_batch(batch: Mapping, group: dist.ProcessGroup) -> dict:
+    """This rank's slice of a causal-LM batch, given whole on every rank: `input_ids` (B, T),
+    optional `attention_mask` (B, T, 1 = real token) and `labels` (B, T, -100 = ignored, as for
+    the model in one process). Returns the model's keyword arguments: the slices along T (the
+    split of `plugins.attention.context_parallel.shard_sequence`), global `position_ids` (counting
+    real tokens, as the model does in one process), `use_cache=False` and, with labels,
+    `shift_labels` (labels shifted over the whole sequence, then sliced), the labels' slice, and
+    `num_items_in_batch` (the real labels of the whole batch), so that the loss is this rank's
+    share of the whole-sequence loss."""
+    group = check_group(group)
+    if not isinstance(batch, Mapping):
+        raise ValueError(f"batch must be a mapping with input_ids (and attention_mask, labels), "
+                         f"got {type(batch).__name__}")
+    unknown = sorted(set(batch) - set(BATCH_KEYS))
+    if unknown:
+        raise ValueError(f"batch: shard_batch takes {', '.join(BATCH_KEYS)}, got {unknown} (packed sequences "
+                         f"and given position_ids are not supported with context parallelism)")
+    ids = batch.get("input_ids")
+    if not isinstance(ids, torch.Tensor) or ids.dim() != 2 or ids.is_floating_point():
+        raise ValueError(f"batch['input_ids'] must be an integer tensor (batch, length), got "
+                         f"{getattr(ids, 'shape', type(ids).__name__)}")
+    for key in BATCH_KEYS[1:]:
+        value = batch.get(key)
+        if value is not None and (not isinstance(value, torch.Tensor) or value.shape != ids.shape):
+            raise ValueError(f"batch['{key}'] must be a tensor of input_ids' shape {tuple(ids.shape)}, got "
+                             f"{getattr(value, 'shape', type(value).__name__)}")
+    mask, labels = batch.get("attention_mask"), batch.get("labels")
+    if mask is None:
+        positions = torch.arange(ids.shape[1], device=ids.device).expand_as(ids)
+    else:
+        positions = (mask.long().cumsum(-1) - 1).clamp(min=0)
+    start, stop = slice_bounds(ids.shape[1], dist.get_world_size(group), dist.get_rank(group))
+    out = {"input_ids": ids[:, start:stop], "position_ids": positions[:, start:stop], "use_cache": False}
+    if mask is not None:
+        out["attention_mask"] = mask[:, start:stop]
+    if labels is not None:
+        shifted = torch.cat([labels[:, 1:], labels.new_full((labels.shape[0], 1), IGNORE_INDEX)], dim=1)
+        out["labels"] = labels[:, start:stop]
+        out["shift_labels"] = shifted[:, start:stop].contiguous()
+        out["num_items_in_batch"] = (shifted != IGNORE_INDEX).sum()
+    return out
+
+
+def whole_sequence_loss(loss: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
+    """The sum of the ranks' losses (detached), i.e. the loss of the whole batch in one process."""
+    group = check_group(group)
+    total = loss.detach().clone()
+    dist.all_reduce(total, group=group)
+    return total
