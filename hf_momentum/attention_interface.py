@@ -18,8 +18,11 @@ What a stock model keeps and loses under these implementations:
 - Stock models keep their KV cache (dynamic or static), so `generate()` costs O(N) per new
   token (the whole prefix is re-read by the kernel). The native `MomentumTransformerForCausalLM` carries the
   O(1) recurrent state of eq. 12 instead.
-- Sliding windows, packed sequences (several sequences in one row, found from position_ids)
-  and 4D custom masks are not supported: the mask function only forwards padding.
+- Packed documents (transformers' padding-free training, `DataCollatorWithFlattening`) are
+  kept apart in self-attention: documents start where position_ids restart, at the collator's
+  `cu_seq_lens_q/k`, or where its `seq_idx` changes (`hf_momentum.packing`), and each runs as
+  if alone (`momentum_attention(..., cu_seqlens=...)`); forms that disagree raise a ValueError.
+- Sliding windows and 4D custom masks are not supported: the mask function only forwards padding.
 - Families: padding equivalence and generation are tested for TESTED_MODEL_TYPES; the forward
   pass of SMOKE_TESTED_MODEL_TYPES is checked on right-padded batches. gpt_neo, gptj, falcon,
   bloom, mpt and xlnet reject or mis-handle custom implementations (own attention classes or
@@ -45,6 +48,7 @@ from transformers.masking_utils import AttentionMaskInterface
 
 from .configuration_momentum_transformer import check_attention_hyperparameters
 from .momentum_core import momentum_attention
+from .packing import COLLATOR, PackedRows, document_starts, has_packing_kwargs
 
 MOMENTUM = "momentum"
 LINEAR = "linear_attention"
@@ -123,7 +127,7 @@ def momentum_attention_forward(module, query: torch.Tensor, key: torch.Tensor, v
         getattr(config, "attention_momentum", DEFAULT_MOMENTUM),
         getattr(config, "attention_step_size", DEFAULT_STEP_SIZE),
         getattr(config, "attention_feature_map", DEFAULT_FEATURE_MAP))
-    return _forward(module, query, key, value, attention_mask, is_causal, beta, gamma, phi)
+    return _forward(module, query, key, value, attention_mask, is_causal, beta, gamma, phi, kwargs)
 
 
 def linear_attention_forward(module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -133,7 +137,7 @@ def linear_attention_forward(module, query: torch.Tensor, key: torch.Tensor, val
     momentum attention with β = 0, γ = 1, feature map from `attention_feature_map`."""
     phi = check_attention_hyperparameters(
         0.0, 1.0, getattr(getattr(module, "config", None), "attention_feature_map", DEFAULT_FEATURE_MAP))[2]
-    return _forward(module, query, key, value, attention_mask, is_causal, 0.0, 1.0, phi)
+    return _forward(module, query, key, value, attention_mask, is_causal, 0.0, 1.0, phi, kwargs)
 
 
 def padding_mask_function(batch_size: int, q_length: int, kv_length: int, q_offset=0, kv_offset: int = 0,
@@ -191,7 +195,7 @@ def _recording_to_dict(to_dict):
     return recording_to_dict
 
 
-def _forward(module, query, key, value, attention_mask, is_causal, beta, gamma, phi):
+def _forward(module, query, key, value, attention_mask, is_causal, beta, gamma, phi, kwargs):
     if is_causal is None:
         is_causal = getattr(module, "is_causal", False)
     groups = query.shape[1] // key.shape[1]
@@ -200,6 +204,13 @@ def _forward(module, query, key, value, attention_mask, is_causal, beta, gamma, 
         value = value.repeat_interleave(groups, dim=1)
     mask = _padding_mask(attention_mask, query.shape[0], key.shape[2])
     q_len, kv_len = query.shape[2], key.shape[2]
+    starts = _document_starts(module, is_causal, query, q_len, kv_len, mask, kwargs)
+    if starts is not None:
+        rows = PackedRows(starts, mask)
+        out = momentum_attention(rows.pack(query), rows.pack(key), rows.pack(value), momentum=beta,
+                                 step_size=gamma, causal=bool(is_causal), feature_map=phi,
+                                 cu_seqlens=rows.cu_seqlens)
+        return rows.unpack(out).transpose(1, 2).contiguous(), None
     rows = None
     if is_causal and q_len != kv_len:
         if q_len > kv_len:
@@ -212,6 +223,21 @@ def _forward(module, query, key, value, attention_mask, is_causal, beta, gamma, 
     if rows is not None:
         out = out.gather(2, _expand(rows, out))
     return out.transpose(1, 2).contiguous(), None
+
+
+def _document_starts(module, is_causal, query, q_len: int, kv_len: int, mask, kwargs):
+    """Packed documents (hf_momentum.packing) in self-attention over the whole sequence: a causal
+    module, or a bidirectional one that is not a decoder's cross-attention. The position_ids of
+    a continued KV cache (q_len < kv_len) number only the new queries, as in transformers, which
+    looks for packing only without a cache."""
+    self_attention = bool(is_causal) or not getattr(module, "is_decoder", False)
+    if self_attention and q_len == kv_len:
+        return document_starts(query.shape[0], q_len, query.device, padding_mask=mask, **kwargs)
+    if has_packing_kwargs(**kwargs):
+        where = "a KV cache continued by new queries" if self_attention else "cross-attention"
+        raise ValueError(f"packed documents (cu_seq_lens_q / seq_idx from {COLLATOR}) cannot be used with "
+                         f"{where} ({q_len} queries, {kv_len} keys): pack only full self-attention inputs")
+    return None
 
 
 def _query_rows(mask, q_len: int, kv_len: int, batch: int, device) -> torch.Tensor:

@@ -6,6 +6,9 @@ Generation keeps the recurrent state (h, c, momentum v, second moment m, step co
 prompt length). Padding: the real tokens of each row
 are moved to the front and run as a packed sequence, so a padded row (left or right) gets the
 outputs and the final state of its sequence alone, and NAG/SR step counters count real tokens.
+Packed documents (hf_momentum.packing: position_ids that restart, or DataCollatorWithFlattening's
+cu_seq_lens_q/k or seq_idx) run as one row split by `cu_seqlens`, each from a zero state as if
+alone (`MomentumLSTM(..., cu_seqlens=...)`).
 
 The stack runs as one `MomentumLSTM` call (the plain cell as one fused multi-layer kernel)
 unless `output_hidden_states` asks for every layer's output: then its layers run one at a
@@ -32,6 +35,7 @@ from .modeling_common import (
     warn_no_attention_weights,
 )
 from .momentum_rnn_core import MomentumLSTM, RecurrentState
+from .packing import COLLATOR, PackedRows, document_starts, has_packing_kwargs, pop_packing_kwargs
 from .recurrent_cache import RecurrentCache
 from .saving import RemoteCodeMixin
 
@@ -95,9 +99,10 @@ class OneLayerView(MomentumLSTM):
     """A one-layer stack of another stack's cell, built on the meta device (it holds no memory):
     called through `run_layers` with layer k's parameters, it computes layer k of that stack."""
 
-    def forward(self, input, state=None, one_step=False):
-        """The stack's `step` (input: one token, (batch, features)) when one_step, else its forward."""
-        return self.step(input, state) if one_step else super().forward(input, state)
+    def forward(self, input, state=None, one_step=False, cu_seqlens=None):
+        """The stack's `step` (input: one token, (batch, features)) when one_step, else its forward
+        (over the packed segments of `cu_seqlens` when given)."""
+        return self.step(input, state) if one_step else super().forward(input, state, cu_seqlens=cu_seqlens)
 
 
 def layer_views(lstm: MomentumLSTM) -> dict:
@@ -130,7 +135,7 @@ def dropout_between_layers(inputs, p: float):
     return F.dropout(inputs, p, True)
 
 
-def run_layers(lstm: MomentumLSTM, views: dict, inputs, state, one_step: bool = False):
+def run_layers(lstm: MomentumLSTM, views: dict, inputs, state, one_step: bool = False, cu_seqlens=None):
     """Every layer's output of `lstm` and its final state, one layer at a time: layer k is the
     one-layer view of its cell called with layer k's parameters (torch.func.functional_call),
     the same computation as inside the stack. Dropout between layers (training) is nn.LSTM's,
@@ -144,7 +149,8 @@ def run_layers(lstm: MomentumLSTM, views: dict, inputs, state, one_step: bool = 
             view.train(lstm.training)  # cuDNN keeps what its backward needs only in training
         params = {f"{name}_l0": p for name, p in zip(PARAMETER_NAMES, lstm.layer_parameters(k))
                   if p is not None}
-        inputs, final = torch.func.functional_call(view, params, (inputs, layer_state(state, k), one_step))
+        inputs, final = torch.func.functional_call(view, params,
+                                                   (inputs, layer_state(state, k), one_step, cu_seqlens))
         outputs.append(inputs)
         finals.append(final)
     return tuple(outputs), stack_states(finals)
@@ -183,11 +189,14 @@ class MomentumLSTMModel(MomentumLSTMPreTrainedModel):
 
     def forward(self, input_ids=None, attention_mask=None, past_key_values=None, inputs_embeds=None,
                 use_cache=None, output_hidden_states=None, output_attentions=None, return_dict=None,
-                **kwargs):
+                position_ids=None, **kwargs):
         """attention_mask: (batch, past + length), 1 for real tokens; padded tokens leave the
         state unchanged and get zero outputs. A given `past_key_values` is continued even with
-        use_cache=False. hidden_states: the (dropped-out) embeddings, then each layer's output
-        (the last one after the output dropout, i.e. last_hidden_state)."""
+        use_cache=False. position_ids serve only to find packed documents (hf_momentum.packing;
+        also from the collator's cu_seq_lens_q/k or seq_idx in kwargs): each then runs from a
+        zero state as if alone, without a cache (asking for one raises). hidden_states: the
+        (dropped-out) embeddings, then each layer's output (the last one after the output
+        dropout, i.e. last_hidden_state)."""
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("pass exactly one of input_ids and inputs_embeds")
         x = self.dropout(self.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds)
@@ -198,9 +207,27 @@ class MomentumLSTMModel(MomentumLSTMPreTrainedModel):
         past = cache.get_seq_length() if cache is not None else 0
         mask = check_attention_mask(attention_mask, batch, past, length)
         mask = None if mask is None else mask[:, past:].to(x.device)
+        packing = pop_packing_kwargs(kwargs)
+        packed = None
+        if past == 0 and length > 0:
+            starts = document_starts(batch, length, x.device, padding_mask=mask, position_ids=position_ids,
+                                     **packing)
+            if starts is not None:
+                if past_key_values is not None or use_cache:
+                    raise ValueError("packed documents (position_ids that restart, or cu_seq_lens_q / "
+                                     f"seq_idx from {COLLATOR}) cannot fill one cache; pass use_cache=False "
+                                     "and no past_key_values, and generate from each document separately")
+                cache = None
+                packed = PackedRows(starts, mask)
+        elif has_packing_kwargs(**packing):
+            raise ValueError(f"packed documents (cu_seq_lens_q / seq_idx from {COLLATOR}) cannot continue a "
+                             f"cache that holds {past} tokens")
         if length == 0:
             empty = x.new_zeros(batch, 0, self.config.hidden_size)
             outputs = (empty,) * (self.lstm.num_layers if output_hidden_states else 1)
+        elif packed is not None:
+            outputs = self.stack_run(x, mask, run=partial(self._documents, packed=packed,
+                                                          all_layers=output_hidden_states))
         elif cache is None:
             # no state in or out: what gradient checkpointing may recompute
             outputs = self.stack_run(x, mask, run=partial(self._outputs, all_layers=output_hidden_states))
@@ -214,6 +241,16 @@ class MomentumLSTMModel(MomentumLSTMPreTrainedModel):
         result = BaseModelOutputWithPast(last_hidden_state=out, past_key_values=cache,
                                          hidden_states=hidden_states)
         return result if return_dict is not False else result.to_tuple()
+
+    def _documents(self, x, mask, packed: PackedRows, all_layers=False):
+        """Outputs of packed documents: the real tokens as one row split by cu_seqlens, each
+        document from a zero state; zeros at padding."""
+        row = packed.pack_tokens(x)
+        if all_layers:
+            outputs, _ = run_layers(self.lstm, self.layer_views, row, None, cu_seqlens=packed.cu_seqlens)
+        else:
+            outputs = (self.lstm(row, None, cu_seqlens=packed.cu_seqlens)[0],)
+        return tuple(packed.unpack_tokens(out) for out in outputs)
 
     def _outputs(self, x, mask, all_layers=False):
         return self._run(x, mask, None, all_layers)[0]
@@ -267,11 +304,11 @@ class MomentumLSTMForCausalLM(RecurrentCausalLMMixin, MomentumLSTMPreTrainedMode
     def forward(self, input_ids=None, attention_mask=None, past_key_values=None, inputs_embeds=None,
                 labels=None, use_cache=None, output_hidden_states=None, output_attentions=None,
                 return_dict=None, logits_to_keep=0, **kwargs):
-        kwargs.pop("position_ids", None)
         outputs = self.model(input_ids=input_ids, attention_mask=attention_mask,
                              past_key_values=past_key_values, inputs_embeds=inputs_embeds,
                              use_cache=use_cache, output_hidden_states=output_hidden_states,
-                             output_attentions=output_attentions, return_dict=True)
+                             output_attentions=output_attentions, return_dict=True,
+                             position_ids=kwargs.pop("position_ids", None), **pop_packing_kwargs(kwargs))
         return self.causal_lm_output(outputs, labels, logits_to_keep, return_dict, **kwargs)
 
 

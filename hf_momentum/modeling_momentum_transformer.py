@@ -31,6 +31,14 @@ from .momentum_core import (
     momentum_attention,
     momentum_attention_step,
 )
+from .packing import (
+    COLLATOR,
+    PackedRows,
+    document_positions,
+    document_starts,
+    has_packing_kwargs,
+    pop_packing_kwargs,
+)
 from .recurrent_cache import RecurrentCache
 from .saving import RemoteCodeMixin
 
@@ -80,13 +88,18 @@ class MomentumTransformerAttention(nn.Module):
         self.process_group = None       # hf_momentum.context_parallel.enable_context_parallel
 
     def forward(self, hidden_states: torch.Tensor, padding_mask: Optional[torch.Tensor],
-                cache: Optional[MomentumCache]) -> torch.Tensor:
+                cache: Optional[MomentumCache], packed: Optional[PackedRows] = None) -> torch.Tensor:
         batch, length, _ = hidden_states.shape
         q, k, v = (proj(hidden_states).view(batch, length, self.num_heads, self.head_dim).transpose(1, 2)
                    for proj in (self.q_proj, self.k_proj, self.v_proj))
         kwargs = dict(momentum=self.config.attention_momentum, step_size=self.config.attention_step_size,
                       feature_map=self.config.attention_feature_map, padding_mask=padding_mask)
-        if cache is not None:
+        if packed is not None:
+            kwargs["padding_mask"] = None
+            out = packed.unpack(momentum_attention(packed.pack(q), packed.pack(k), packed.pack(v),
+                                                   causal=self.config.is_causal, cu_seqlens=packed.cu_seqlens,
+                                                   **kwargs))
+        elif cache is not None:
             out, state = momentum_attention_step(q, k, v, cache.get_attention_state(self.layer_idx), **kwargs)
             cache.set_attention_state(self.layer_idx, state)
         else:
@@ -127,9 +140,10 @@ class MomentumTransformerLayer(GradientCheckpointingLayer):
                                            step_size=config.connection_step_size, delta=config.adaptive_delta)
 
     def forward(self, hidden_states, velocity=None, previous_update=None, padding_mask=None,
-                past_key_values=None):
+                past_key_values=None, packed=None):
         x = hidden_states
-        update = self.attention(self.attn_norm(x) if self.pre_norm else x, padding_mask, past_key_values)
+        update = self.attention(self.attn_norm(x) if self.pre_norm else x, padding_mask, past_key_values,
+                                packed)
         if self.connection is None:
             h = x + update
         else:
@@ -194,6 +208,9 @@ class MomentumTransformerModel(MomentumTransformerPreTrainedModel):
                 return_dict=None, **kwargs):
         """attention_mask: (batch, past + length) with 1 for real tokens. position_ids default to
         the count of real tokens before each position, so padding does not shift positions.
+        Packed documents (hf_momentum.packing: position_ids that restart, or the
+        `cu_seq_lens_q/k` / `seq_idx` of DataCollatorWithFlattening in kwargs) run each as if
+        alone, positions restarting at every document, without a cache (asking for one raises).
         A given `past_key_values` is continued even with use_cache=False; an encoder
         (is_causal=False) runs without a cache. hidden_states: the embeddings, then each layer's
         output (the last one after the final norm)."""
@@ -218,6 +235,27 @@ class MomentumTransformerModel(MomentumTransformerPreTrainedModel):
         if mask is not None:
             mask = mask.to(inputs_embeds.device)
         padding_mask = None if mask is None else mask[:, past:]
+        packing = pop_packing_kwargs(kwargs)
+        packed = None
+        if past == 0:
+            starts = document_starts(batch, length, inputs_embeds.device, padding_mask=padding_mask,
+                                     position_ids=position_ids, **packing)
+            if starts is not None:
+                if past_key_values is not None or use_cache:
+                    raise ValueError("packed documents (position_ids that restart, or cu_seq_lens_q / "
+                                     f"seq_idx from {COLLATOR}) cannot fill one cache; pass use_cache=False "
+                                     "and no past_key_values, and generate from each document separately")
+                if self.context_parallel_group is not None:
+                    raise ValueError("packed documents (position_ids that restart, or cu_seq_lens_q / "
+                                     f"seq_idx from {COLLATOR}) are not supported with context "
+                                     "parallelism: shard one document (or unpacked rows) over the ranks")
+                cache = None
+                packed = PackedRows(starts, padding_mask)
+                if position_ids is None:
+                    position_ids = document_positions(starts, padding_mask)
+        elif has_packing_kwargs(**packing):
+            raise ValueError(f"packed documents (cu_seq_lens_q / seq_idx from {COLLATOR}) cannot continue a "
+                             f"cache that holds {past} tokens")
         if position_ids is None:
             if mask is not None:
                 position_ids = (mask.long().cumsum(-1) - 1).clamp(min=0)[:, past:]
@@ -235,7 +273,7 @@ class MomentumTransformerModel(MomentumTransformerPreTrainedModel):
         velocity = update = None
         for i, layer in enumerate(self.layers):
             hidden, velocity, update = layer(hidden, velocity, update, padding_mask=padding_mask,
-                                             past_key_values=cache)
+                                             past_key_values=cache, packed=packed)
             if i == len(self.layers) - 1:
                 hidden = self.norm(hidden)
             if all_hidden is not None:
@@ -268,7 +306,8 @@ class MomentumTransformerForCausalLM(RecurrentCausalLMMixin, MomentumTransformer
         outputs = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                              past_key_values=past_key_values, inputs_embeds=inputs_embeds,
                              use_cache=use_cache, output_hidden_states=output_hidden_states,
-                             output_attentions=output_attentions, return_dict=True)
+                             output_attentions=output_attentions, return_dict=True,
+                             **pop_packing_kwargs(kwargs))
         return self.causal_lm_output(outputs, labels, logits_to_keep, return_dict, **kwargs)
 
 

@@ -1,6 +1,7 @@
 """recipes/hf/train_clm.py: two real CPU ranks under `accelerate launch` train on different
 batches and end with equal parameters; a run resumed from a checkpoint ends where the
-uninterrupted run ends; the saved model reloads."""
+uninterrupted run ends; the saved model reloads; --packing trains on DataCollatorWithFlattening's
+rows of whole paragraphs."""
 import csv
 import json
 import os
@@ -30,7 +31,7 @@ def text_file(tmp_path_factory):
 
 def run(cmd, cwd):
     env = dict(os.environ, HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false", OMP_NUM_THREADS="1",
-               ACCELERATE_USE_CPU="1")
+               ACCELERATE_USE_CPU="1", PYTHONPATH=str(REPO))
     proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=400)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     return proc
@@ -89,6 +90,50 @@ def test_stock_model_with_momentum_attention_trains(text_file, tmp_path):
     assert config["attention_momentum"] == 0.6
 
 
+@pytest.fixture(scope="module")
+def paragraph_file(tmp_path_factory):
+    words = ["momentum", "attention", "linear", "state", "token", "heavy", "ball", "step", "gradient"]
+    rng = random.Random(1)
+    path = tmp_path_factory.mktemp("paragraphs") / "train.txt"
+    path.write_text("\n\n".join(" ".join(rng.choice(words) for _ in range(rng.randint(1, 12)))
+                                  for _ in range(120)))
+    return path
+
+
+def test_packing_batches_are_flattened_paragraphs(paragraph_file):
+    """Each paragraph is one document (its bytes and the end-of-sequence token, at most
+    --block_size of them); a batch is one row whose position_ids restart at every document and
+    whose labels are -100 at each document's first token."""
+    script = load_script()
+    args = script.parse_args(["--train_file", str(paragraph_file), "--output_dir", "out", "--packing",
+                              "--block_size", "32", "--per_device_batch_size", "4"])
+    tokenizer = script.Tokenizer("bytes")
+    paragraphs = paragraph_file.read_text().split("\n\n")
+    train, valid = script.loaders(args, tokenizer)
+    lengths = [len(p) + 1 for p in paragraphs]
+    assert len(train.dataset) + len(valid.dataset) == sum(n - i > 1 for n in lengths for i in range(0, n, 32))
+    batch = next(iter(valid))
+    docs = [d["input_ids"] for d in valid.dataset[:4]]
+    starts = [sum(map(len, docs[:i])) for i in range(len(docs))]
+    assert batch["input_ids"].shape == (1, sum(map(len, docs)))
+    assert (batch["position_ids"][0] == 0).nonzero().flatten().tolist() == starts
+    assert batch["cu_seq_lens_q"].tolist() == starts + [batch["input_ids"].shape[1]]
+    assert batch["labels"][0, starts].eq(-100).all() and script.samples(batch) == 4
+    assert max(len(d["input_ids"]) for d in train.dataset) == 32
+    assert tokenizer.eos in docs[0] or len(docs[0]) == 32
+
+
+@pytest.mark.parametrize("model_type", ["momentum_transformer", "llama"])
+def test_packing_trains(paragraph_file, tmp_path, model_type):
+    proc = run([sys.executable, str(SCRIPT), "--train_file", str(paragraph_file), "--packing",
+                "--model_type", model_type, "--max_train_steps", "3", "--output_dir", str(tmp_path / "out"),
+                "--record_dir", str(tmp_path / "rec"), *TINY], tmp_path)
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["step"] == 3 and 1 < result["valid_perplexity"] < 1e6
+    assert len(set(records(tmp_path / "rec")[0]["batches"])) == 3
+    assert (tmp_path / "out" / "final" / "model.safetensors").exists()
+
+
 def load_script():
     import importlib.util
     spec = importlib.util.spec_from_file_location("train_clm", SCRIPT)
@@ -109,7 +154,8 @@ def test_arguments_checked_at_parse_time_and_help_shows_defaults(capsys):
     with pytest.raises(SystemExit):
         script.parse_args(["--help"])
     help_text = " ".join(capsys.readouterr().out.split())
-    assert "training sequence length (default: 128)" in help_text and "(default: 2048)" in help_text
+    assert "training sequence length (with --packing: the longest document) (default: 128)" in help_text
+    assert "(default: 2048)" in help_text
 
 
 def test_saved_tokenizer_and_model_generate_through_a_pipeline_with_curves(text_file, tmp_path):

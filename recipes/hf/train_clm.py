@@ -4,8 +4,10 @@ The model is a native MomentumTransformerForCausalLM (default) or any stock tran
 LM built from its config with `attn_implementation="momentum"` / `"linear_attention"`
 (`--model_type llama`). Text is tokenized to UTF-8 bytes with transformers' byte-level
 `ByT5Tokenizer` (no download) or with a local tokenizer (`--tokenizer PATH`), concatenated and cut
-into blocks of `--block_size` tokens. The tokenizer is saved beside the model, so
-`pipeline("text-generation", model=OUTPUT/final)` works.
+into blocks of `--block_size` tokens; with `--packing`, every paragraph is a document of at most
+`--block_size` tokens and a batch is flattened into one row without padding by transformers'
+`DataCollatorWithFlattening` (padding-free training: the model keeps the documents apart). The
+tokenizer is saved beside the model, so `pipeline("text-generation", model=OUTPUT/final)` works.
 
 Single process:   python recipes/hf/train_clm.py --train_file a.txt --output_dir out
 Several processes (CPU ranks shown; on GPUs drop ACCELERATE_USE_CPU):
@@ -29,6 +31,7 @@ import hashlib
 import json
 import math
 import os
+import re
 from pathlib import Path
 
 import torch
@@ -38,7 +41,14 @@ from accelerate.tracking import GeneralTracker, on_main_process
 from accelerate.utils import ProjectConfiguration, set_seed
 from torch.utils.data import DataLoader, DistributedSampler
 from tqdm.auto import tqdm
-from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, ByT5Tokenizer, get_scheduler
+from transformers import (
+    AutoConfig,
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    ByT5Tokenizer,
+    DataCollatorWithFlattening,
+    get_scheduler,
+)
 
 import hf_momentum
 from hf_momentum.context_parallel import enable_context_parallel, shard_batch, whole_sequence_loss
@@ -64,7 +74,13 @@ def parse_args(argv=None):
     p.add_argument("--attention_step_size", type=float, default=1.0)
     p.add_argument("--connection", default="none", choices=["none", "momentum", "adaptive"])
     p.add_argument("--dropout", type=float, default=0.1)
-    p.add_argument("--block_size", type=int, default=128, help="training sequence length")
+    p.add_argument("--block_size", type=int, default=128,
+                   help="training sequence length (with --packing: the longest document)")
+    p.add_argument("--packing", action="store_true",
+                   help="padding-free training: each paragraph (text between blank lines) is a document of "
+                        "at most --block_size tokens (longer ones are cut), and the documents of a batch are "
+                        "flattened into one row by transformers' DataCollatorWithFlattening, whose "
+                        "position_ids and cu_seq_lens keep them apart")
     p.add_argument("--max_position_embeddings", type=int, default=2048,
                    help="longest sequence the model accepts (prompt + generated tokens); >= --block_size")
     p.add_argument("--per_device_batch_size", type=int, default=8)
@@ -116,6 +132,9 @@ def parse_args(argv=None):
                 f"got {args.model_type}")
     if args.context_parallel > 1 and args.resume_from_checkpoint:
         p.error("argument --context_parallel: --resume_from_checkpoint is not supported with it")
+    if args.context_parallel > 1 and args.packing:
+        p.error("argument --context_parallel: --packing is not supported with it (the rows are split over "
+                "ranks as whole blocks)")
     if not 0 < args.validation_split < 1:
         p.error(f"argument --validation_split: expected a number in (0, 1), got {args.validation_split}")
     return args
@@ -206,6 +225,53 @@ def blocks(files, tokenizer, block_size):
     return torch.tensor(ids[:n * block_size]).view(n, block_size)
 
 
+def documents(files, tokenizer, block_size):
+    """--packing: every paragraph of the files (split at blank lines) with its end-of-sequence
+    token, cut into pieces of at most block_size tokens; one-token pieces predict nothing and are
+    dropped."""
+    pieces = []
+    for name in files:
+        for paragraph in re.split(r"\n\s*\n", Path(name).read_text(encoding="utf-8")):
+            if paragraph.strip():
+                ids = tokenizer.encode(" ".join(paragraph.split()))
+                pieces.extend(ids[i:i + block_size] for i in range(0, len(ids), block_size))
+    pieces = [{"input_ids": piece} for piece in pieces if len(piece) > 1]
+    if not pieces:
+        raise ValueError(f"{files} hold no paragraph of two or more tokens")
+    return pieces
+
+
+def loaders(args, tokenizer):
+    """Training and validation loaders. Their batches are model keyword arguments: input_ids and
+    labels ((batch, block_size) blocks), or with --packing DataCollatorWithFlattening's one row
+    (input_ids, labels with -100 at each document's first token, position_ids that restart,
+    cu_seq_lens_q/k, max_length_q/k)."""
+    if args.packing:
+        data = documents(args.train_file, tokenizer, args.block_size)
+        valid = documents(args.validation_file, tokenizer, args.block_size) if args.validation_file else None
+        collate = DataCollatorWithFlattening(return_flash_attn_kwargs=True)
+    else:
+        data = blocks(args.train_file, tokenizer, args.block_size)
+        valid = blocks(args.validation_file, tokenizer, args.block_size) if args.validation_file else None
+
+        def collate(rows):
+            ids = torch.stack(rows)
+            return {"input_ids": ids, "labels": ids}
+    if valid is None:
+        n_valid = max(1, int(len(data) * args.validation_split))
+        data, valid = data[:-n_valid], data[-n_valid:]
+    train_loader = DataLoader(data, batch_size=args.per_device_batch_size, shuffle=True, collate_fn=collate,
+                              generator=torch.Generator().manual_seed(args.seed))
+    return train_loader, DataLoader(valid, batch_size=args.per_device_batch_size, collate_fn=collate)
+
+
+def samples(batch) -> int:
+    """Sequences in a batch: rows, or the documents of a packed row."""
+    if "cu_seq_lens_q" in batch:
+        return batch["cu_seq_lens_q"].numel() - 1
+    return batch["input_ids"].shape[0]
+
+
 def build_model(args, tokenizer):
     common = dict(vocab_size=tokenizer.vocab_size, pad_token_id=tokenizer.pad, bos_token_id=tokenizer.bos,
                   eos_token_id=tokenizer.eos)
@@ -239,8 +305,8 @@ def evaluate(model, loader, accelerator):
     losses = []
     for batch in loader:
         with torch.no_grad():
-            loss = model(input_ids=batch, labels=batch).loss
-        losses.append(accelerator.gather_for_metrics(loss.detach().float().repeat(batch.shape[0])))
+            loss = model(**batch).loss
+        losses.append(accelerator.gather_for_metrics(loss.detach().float().repeat(samples(batch))))
     model.train()
     loss = torch.cat(losses).mean().item()
     return loss, math.exp(min(loss, 50.0))
@@ -250,10 +316,11 @@ class ContextParallelLoader:
     """The training batches of one data-parallel rank, the same on every rank of its context
     group (accelerate would give each process its own batches, so it does not prepare this one)."""
 
-    def __init__(self, data, args, dp_size: int, dp_rank: int):
+    def __init__(self, data, collate, args, dp_size: int, dp_rank: int):
         self.sampler = DistributedSampler(data, num_replicas=dp_size, rank=dp_rank, shuffle=True,
                                           seed=args.seed)
-        self.loader = DataLoader(data, batch_size=args.per_device_batch_size, sampler=self.sampler)
+        self.loader = DataLoader(data, batch_size=args.per_device_batch_size, sampler=self.sampler,
+                                 collate_fn=collate)
 
     def set_epoch(self, epoch: int):
         self.sampler.set_epoch(epoch)
@@ -265,7 +332,7 @@ class ContextParallelLoader:
         return iter(self.loader)
 
 
-def context_parallel_setup(args, accelerator, model, data):
+def context_parallel_setup(args, accelerator, model, train_loader):
     """--context_parallel N: consecutive groups of N ranks, each splitting its sequences over its
     ranks (hf_momentum.context_parallel), the groups data-parallel. Returns this rank's group and
     its training loader."""
@@ -275,7 +342,8 @@ def context_parallel_setup(args, accelerator, model, data):
     groups = [dist.new_group(list(range(start, start + n))) for start in range(0, world, n)]
     rank = accelerator.process_index
     enable_context_parallel(model, groups[rank // n])
-    return groups[rank // n], ContextParallelLoader(data, args, world // n, rank // n)
+    return groups[rank // n], ContextParallelLoader(train_loader.dataset, train_loader.collate_fn, args,
+                                                    world // n, rank // n)
 
 
 def training_loss(model, batch, group, device):
@@ -283,9 +351,9 @@ def training_loss(model, batch, group, device):
     back-propagates its share of the whole-sequence loss, times the group size because DDP
     averages the gradients over every rank (context-parallel ranks must add theirs)."""
     if group is None:
-        loss = model(input_ids=batch, labels=batch).loss
+        loss = model(**batch).loss
         return loss, loss.detach()
-    inputs = shard_batch({"input_ids": batch.to(device), "labels": batch.to(device)}, group)
+    inputs = shard_batch({key: batch[key].to(device) for key in ("input_ids", "labels")}, group)
     loss = model(**inputs).loss
     return loss * dist.get_world_size(group), whole_sequence_loss(loss, group)
 
@@ -317,19 +385,11 @@ def main(argv=None):
         for k, v in vars(args).items()})
     set_seed(args.seed)
     tokenizer = Tokenizer(args.tokenizer)
-    data = blocks(args.train_file, tokenizer, args.block_size)
-    if args.validation_file:
-        valid = blocks(args.validation_file, tokenizer, args.block_size)
-    else:
-        n_valid = max(1, int(len(data) * args.validation_split))
-        data, valid = data[:-n_valid], data[-n_valid:]
-    train_loader = DataLoader(data, batch_size=args.per_device_batch_size, shuffle=True,
-                              generator=torch.Generator().manual_seed(args.seed))
-    valid_loader = DataLoader(valid, batch_size=args.per_device_batch_size)
+    train_loader, valid_loader = loaders(args, tokenizer)
     model = build_model(args, tokenizer)
     cp_group = None
     if args.context_parallel > 1:
-        cp_group, train_loader = context_parallel_setup(args, accelerator, model, data)
+        cp_group, train_loader = context_parallel_setup(args, accelerator, model, train_loader)
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
     no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
     optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": args.weight_decay},
@@ -376,7 +436,7 @@ def main(argv=None):
         loader = accelerator.skip_first_batches(train_loader, skip) if skip else train_loader
         skip = 0
         for batch in loader:
-            record["batches"].append(fingerprint(batch))
+            record["batches"].append(fingerprint(batch["input_ids"]))
             with accelerator.accumulate(model):
                 loss, shown = training_loss(model, batch, cp_group, accelerator.device)
                 accelerator.backward(loss)

@@ -1,0 +1,177 @@
+"""Packed documents in the transformers integration (padding-free training with transformers'
+`DataCollatorWithFlattening`): where each document starts, and the one packed row that
+momentum attention takes with `cu_seqlens` (flash-attention's and flash-linear-attention's
+convention), so that every document is computed exactly as if it ran alone.
+
+A document's start is read from any of three forms; when several are given they must agree:
+- `position_ids` that restart: a token whose position is not the previous token's + 1 starts
+  a document (transformers' `masking_utils.find_packed_sequence_indices`, the rule its sdpa,
+  eager and flex masks use; on the collator's rows it equals flash-attention's
+  `prepare_fa_kwargs_from_position_ids`). Several rows, each packed, are allowed.
+- `cu_seq_lens_q` / `cu_seq_lens_k` from `DataCollatorWithFlattening(return_flash_attn_kwargs=True)`:
+  n + 1 offsets over one row (batch 1). `max_length_q` / `max_length_k` size flash-attention's
+  grid and are not needed by the chunked form.
+- `seq_idx` from `DataCollatorWithFlattening(return_seq_idx=True)`: the document of every token.
+With a padding mask, only real tokens count (a row's first real token starts a document, padding
+is skipped), so padded rows keep their unpacked meaning. A flat sibling of the modeling files
+(torch only), so a saved model's remote code carries it.
+"""
+from typing import Optional
+
+import torch
+
+COLLATOR = "transformers.DataCollatorWithFlattening"
+PACKING_KWARGS = ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k", "seq_idx")
+
+
+def pop_packing_kwargs(kwargs: dict) -> dict:
+    """Remove the collator's packing keys from `kwargs` (e.g. a model's **kwargs) and return them."""
+    return {key: kwargs.pop(key) for key in PACKING_KWARGS if key in kwargs}
+
+
+def has_packing_kwargs(cu_seq_lens_q=None, cu_seq_lens_k=None, seq_idx=None, **ignored) -> bool:
+    return any(x is not None for x in (cu_seq_lens_q, cu_seq_lens_k, seq_idx))
+
+
+def document_starts(batch: int, length: int, device, *, padding_mask: Optional[torch.Tensor] = None,
+                    position_ids=None, cu_seq_lens_q=None, cu_seq_lens_k=None, seq_idx=None,
+                    **ignored) -> Optional[torch.Tensor]:
+    """(batch, length) bool, True at every real token that starts a document (each row's first
+    real token included), or None when no row holds more than one document. padding_mask:
+    (batch, length) bool, True = real token, or None. `ignored` takes max_length_q/k.
+    Raises ValueError for malformed forms and for forms that disagree."""
+    real = (torch.ones(batch, length, dtype=torch.bool, device=device) if padding_mask is None
+            else padding_mask.to(device=device, dtype=torch.bool))
+    arange = torch.arange(length, device=device)
+    last_real = torch.where(real, arange, -1).cummax(-1).values
+    previous = torch.cat([torch.full((batch, 1), -1, device=device, dtype=last_real.dtype),
+                          last_real[:, :-1]], dim=1)          # the row's previous real token, -1 if none
+    first = real & (previous < 0)
+    found = {}
+    if position_ids is not None:
+        pos = _per_token(position_ids, "position_ids", batch, length, device)
+        found["position_ids"] = first | (real & (pos != pos.gather(1, previous.clamp(min=0)) + 1))
+    if seq_idx is not None:
+        seq = _per_token(seq_idx, "seq_idx", batch, length, device)
+        found["seq_idx"] = first | (real & (seq != seq.gather(1, previous.clamp(min=0))))
+    if cu_seq_lens_q is not None or cu_seq_lens_k is not None:
+        found["cu_seq_lens_q"] = _starts_from_offsets(cu_seq_lens_q, cu_seq_lens_k, real, first)
+    names = list(found)
+    for other in names[1:]:
+        if not torch.equal(found[names[0]], found[other]):
+            raise ValueError(
+                f"{names[0]} and {other} disagree on where the packed documents start: {names[0]} "
+                f"starts them at tokens {_where(found[names[0]])}, {other} at {_where(found[other])}; pass "
+                f"what {COLLATOR} returns for the same batch (position_ids restart at 0 at every document)")
+    if not names:
+        return None
+    starts = found[names[0]]
+    return starts if bool((starts.sum(-1) > 1).any()) else None
+
+
+def document_positions(starts: torch.Tensor, padding_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """(batch, length) int64: each real token's position within its document (0 at its start),
+    counted over real tokens; padding gets the position of the real token before it (0 if none)."""
+    real = torch.ones_like(starts) if padding_mask is None else padding_mask.to(torch.bool)
+    count = real.long().cumsum(-1) - 1
+    start_count = torch.where(starts, count, torch.zeros_like(count)).cummax(-1).values
+    return (count - start_count).clamp(min=0)
+
+
+class PackedRows:
+    """The real tokens of a (batch, length) input laid out as one row of documents: `pack` turns
+    (batch, H, length, D) into (1, H, M, D) over the M real tokens (rows in order), `pack_tokens`
+    (batch, length, D) into (1, M, D); `cu_seqlens` (n + 1,) int64 delimits the documents in that
+    row; `unpack` / `unpack_tokens` put outputs back (zeros at padding). No copy of a single row
+    without padding."""
+
+    def __init__(self, starts: torch.Tensor, padding_mask: Optional[torch.Tensor] = None):
+        self.batch, self.length = starts.shape
+        keep = None if padding_mask is None else padding_mask.to(torch.bool).reshape(-1)
+        self.index = None if keep is None or bool(keep.all()) else keep.nonzero().squeeze(1)
+        flat = starts.reshape(-1) if self.index is None else starts.reshape(-1)[self.index]
+        offsets = flat.nonzero().squeeze(1)
+        self.cu_seqlens = torch.cat([offsets, offsets.new_tensor([flat.numel()])])
+
+    def pack(self, x: torch.Tensor) -> torch.Tensor:
+        heads, dim = x.shape[1], x.shape[3]
+        flat = x.transpose(0, 1).reshape(heads, self.batch * self.length, dim)
+        if self.index is not None:
+            flat = flat.index_select(1, self.index)
+        return flat[None]
+
+    def unpack(self, y: torch.Tensor) -> torch.Tensor:
+        heads, dim = y.shape[1], y.shape[3]
+        flat = y[0]
+        if self.index is not None:
+            flat = flat.new_zeros(heads, self.batch * self.length, dim).index_copy(1, self.index, flat)
+        return flat.reshape(heads, self.batch, self.length, dim).transpose(0, 1)
+
+
+    def pack_tokens(self, x: torch.Tensor) -> torch.Tensor:
+        flat = x.reshape(self.batch * self.length, *x.shape[2:])
+        if self.index is not None:
+            flat = flat.index_select(0, self.index)
+        return flat[None]
+
+    def unpack_tokens(self, y: torch.Tensor) -> torch.Tensor:
+        flat = y[0]
+        if self.index is not None:
+            flat = flat.new_zeros(self.batch * self.length, *flat.shape[1:]).index_copy(0, self.index, flat)
+        return flat.reshape(self.batch, self.length, *flat.shape[1:])
+
+
+def _per_token(values, name: str, batch: int, length: int, device) -> torch.Tensor:
+    if not isinstance(values, torch.Tensor) or values.dtype.is_floating_point or values.dtype.is_complex \
+            or values.dtype == torch.bool:
+        raise ValueError(f"{name} must be an integer tensor of shape (batch, length), got "
+                         f"{getattr(values, 'dtype', type(values).__name__)}")
+    if values.dim() == 1:
+        values = values[None]
+    if values.dim() != 2 or values.shape[1] != length or values.shape[0] not in (1, batch):
+        raise ValueError(f"{name} must have shape ({batch}, {length}) (or (1, {length})), got "
+                         f"{tuple(values.shape)}")
+    return values.to(device=device, dtype=torch.long).expand(batch, length)
+
+
+def _starts_from_offsets(cu_q, cu_k, real: torch.Tensor, first: torch.Tensor) -> torch.Tensor:
+    """Document starts from the collator's offsets (one row, no padding: the collator adds none)."""
+    if cu_q is None or cu_k is None:
+        given, missing = ("cu_seq_lens_q", "cu_seq_lens_k")
+        if cu_q is None:
+            given, missing = missing, given
+        raise ValueError(f"{given} was given without {missing}: {COLLATOR}(return_flash_attn_kwargs=True) "
+                         "returns both")
+    batch, length = real.shape
+    cu = _offsets(cu_q, "cu_seq_lens_q", length, real.device)
+    if not torch.equal(cu, _offsets(cu_k, "cu_seq_lens_k", length, real.device)):
+        raise ValueError(f"cu_seq_lens_q {cu.tolist()[:16]} and cu_seq_lens_k {cu_k.tolist()[:16]} differ: "
+                         "momentum self-attention splits queries and keys alike")
+    if batch != 1:
+        raise ValueError(f"cu_seq_lens_q needs the documents flattened into one row (batch 1, as {COLLATOR} "
+                         f"returns), got batch {batch}")
+    if not bool(real.all()):
+        raise ValueError("cu_seq_lens_q covers every token of the row, but the attention_mask marks "
+                         f"padding; {COLLATOR} adds no padding (pass no attention_mask)")
+    starts = first.clone()
+    inner = cu[:-1][cu[:-1] < length]
+    starts[0, inner] = True
+    return starts
+
+
+def _offsets(cu, name: str, length: int, device) -> torch.Tensor:
+    if not isinstance(cu, torch.Tensor) or cu.dim() != 1 or cu.numel() < 2 or cu.dtype.is_floating_point \
+            or cu.dtype.is_complex or cu.dtype == torch.bool:
+        what = getattr(cu, "dtype", type(cu).__name__)
+        raise ValueError(f"{name} must be a 1-D integer tensor of n + 1 >= 2 document offsets "
+                         f"(0, end of document 1, ..., total length), got {what} of shape "
+                         f"{tuple(getattr(cu, 'shape', ()))}")
+    cu = cu.to(device=device, dtype=torch.long)
+    if int(cu[0]) != 0 or bool((cu[1:] < cu[:-1]).any()) or int(cu[-1]) != length:
+        raise ValueError(f"{name} must start at 0, never decrease and end at the row's length {length}, "
+                         f"got {cu.tolist()[:16]}")
+    return cu
+
+
+def _where(starts: torch.Tensor) -> list:
+    return [tuple(i) if len(i) > 1 else i[0] for i in starts.nonzero().tolist()][:16]
