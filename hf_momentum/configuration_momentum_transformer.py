@@ -2,7 +2,13 @@
 from transformers import PreTrainedConfig
 from transformers.activations import ACT2FN
 
-from .momentum_core import DEFAULT_ADAPTIVE_DELTA, DEFAULT_CONNECTION_MOMENTUM, DEFAULT_CONNECTION_STEP_SIZE
+from .momentum_core import (
+    CONNECTION_READS,
+    DEFAULT_ADAPTIVE_DELTA,
+    DEFAULT_CONNECTION_MOMENTUM,
+    DEFAULT_CONNECTION_STEP_SIZE,
+    unread_connection_fields,
+)
 from .validation import (
     check_bool,
     check_bool_fields,
@@ -97,6 +103,19 @@ class MomentumTransformerConfig(PreTrainedConfig):
         super().validate()
         self.check_momentum_fields()
 
+    def check_connection_fields(self) -> None:
+        """A connection_* value that the chosen connection never reads (e.g. connection="none"
+        with connection_momentum=0.5) would be silently ignored: refused unless at its default."""
+        fields = {"momentum": "connection_momentum", "step_size": "connection_step_size",
+                  "delta": "adaptive_delta"}
+        for name in unread_connection_fields(self.connection):
+            field, default = fields[name], getattr(type(self), fields[name])
+            if getattr(self, field) != default:
+                users = " or ".join(repr(kind) for kind, reads in CONNECTION_READS.items() if name in reads)
+                raise ValueError(f"{field}={getattr(self, field)!r} is not read by connection="
+                                 f"{self.connection!r} and would be ignored; leave {field} at its default "
+                                 f"{default!r} or use connection={users}")
+
     def check_momentum_fields(self) -> None:
         """ValueError naming the first field out of its range (bools and non-finite numbers refused)."""
         for name in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
@@ -112,6 +131,7 @@ class MomentumTransformerConfig(PreTrainedConfig):
         check_momentum(self.connection_momentum, "connection_momentum")
         check_positive(self.connection_step_size, "connection_step_size")
         check_number(self.adaptive_delta, "adaptive_delta", low=0.0, high=1.0, low_open=True)
+        self.check_connection_fields()
         for name in ("embedding_dropout", "attention_dropout", "hidden_dropout"):
             check_probability(getattr(self, name), name)
         check_choice(self.layer_norm, "layer_norm", LAYER_NORMS)

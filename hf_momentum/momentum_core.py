@@ -12,6 +12,7 @@ from plugins.attention import (
     momentum_attention_step,
 )
 from plugins.connection import (
+    CONNECTION_READS,
     DEFAULT_ADAPTIVE_DELTA,
     DEFAULT_CONNECTION_MOMENTUM,
     DEFAULT_CONNECTION_STEP_SIZE,
@@ -19,12 +20,14 @@ from plugins.connection import (
     ConnectionState,
     MomentumConnection,
     build_connection,
+    unread_connection_fields,
 )
 
 BUNDLED_MODULES = ("plugins.attention.api", "plugins.connection")
 EXPORTS = ("FEATURE_MAPS", "MomentumAttentionState", "momentum_attention", "momentum_attention_step",
            "AdaptiveMomentumConnection", "ConnectionState", "MomentumConnection", "build_connection",
-           "DEFAULT_CONNECTION_MOMENTUM", "DEFAULT_CONNECTION_STEP_SIZE", "DEFAULT_ADAPTIVE_DELTA")
+           "DEFAULT_CONNECTION_MOMENTUM", "DEFAULT_CONNECTION_STEP_SIZE", "DEFAULT_ADAPTIVE_DELTA",
+           "CONNECTION_READS", "unread_connection_fields")
 
 
 def bundled_source() -> str:

@@ -142,6 +142,17 @@ def check_delta(value, name: str = "delta") -> float:
     return check_number(value, name, low=0.0, high=1.0, low_open=True)
 
 
+# What each kind of connection reads (eq. 15 with constant μ_r; eq. 15 with eq. 18's μ_r).
+CONNECTION_READS = {"none": (), "momentum": ("momentum", "step_size"), "adaptive": ("step_size", "delta")}
+
+
+def unread_connection_fields(kind: str):
+    """The hyperparameters ("momentum", "step_size", "delta") a connection of `kind` never reads:
+    a value given for one of them would be silently ignored."""
+    kind = check_choice(kind, "connection", CONNECTIONS)
+    return tuple(name for name in ("momentum", "step_size", "delta") if name not in CONNECTION_READS[kind])
+
+
 def build_connection(kind: str, *, momentum=DEFAULT_CONNECTION_MOMENTUM,
                      step_size=DEFAULT_CONNECTION_STEP_SIZE, delta=DEFAULT_ADAPTIVE_DELTA):
     """The residual around attention: None for "none" (the plain x + A(x)), MomentumConnection

@@ -320,3 +320,19 @@ def test_causal_lm_glue_is_one_mixin():
         assert model.get_input_embeddings() is new and model.model.embed_tokens is new
         assert model.get_output_embeddings() is model.lm_head
     assert issubclass(MomentumLSTMModel, hf_momentum.MomentumLSTMPreTrainedModel)
+
+
+@pytest.mark.parametrize("connection, field, value", [
+    ("none", "connection_momentum", 0.5), ("none", "connection_step_size", 0.5),
+    ("none", "adaptive_delta", 0.1), ("momentum", "adaptive_delta", 0.1),
+    ("adaptive", "connection_momentum", 0.5),
+])
+def test_connection_value_the_connection_never_reads_is_refused(connection, field, value):
+    from hf_momentum import MomentumTransformerConfig
+
+    with pytest.raises(ValueError, match=f"{field}={value} is not read by connection='{connection}'"):
+        MomentumTransformerConfig(connection=connection, **{field: value})
+    MomentumTransformerConfig(connection=connection)                     # the defaults stay accepted
+    reader = {"connection_momentum": "momentum", "connection_step_size": "momentum",
+              "adaptive_delta": "adaptive"}[field]
+    assert getattr(MomentumTransformerConfig(connection=reader, **{field: value}), field) == value
