@@ -10,6 +10,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from ports import free_port
 
 from plugins.attention import MomentumAttentionState, linear_attention, momentum_attention
 from plugins.attention.context_parallel import shard_sequence, slice_bounds
@@ -183,19 +184,12 @@ def _worker(rank, world, port, out_dir, seed):
         dist.destroy_process_group()
 
 
-def _free_port():
-    import socket
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module", params=[2, 3], ids=["2 ranks", "3 ranks"])
 def ranks(request, tmp_path_factory):
     """Spawns `world` gloo ranks once; returns (world, [results of each rank])."""
     world = request.param
     out_dir = tmp_path_factory.mktemp(f"cp{world}")
-    mp.spawn(_worker, args=(world, _free_port(), str(out_dir), 1000 * world), nprocs=world)
+    mp.spawn(_worker, args=(world, free_port(), str(out_dir), 1000 * world), nprocs=world)
     return world, [json.loads((out_dir / f"rank{r}.json").read_text()) for r in range(world)]
 
 

@@ -11,6 +11,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from ports import free_port
 
 from hf_momentum import (
     MomentumLSTMConfig,
@@ -133,18 +134,11 @@ def _worker(rank, world, port, out_dir, seed):
         dist.destroy_process_group()
 
 
-def _free_port():
-    import socket
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module", params=[2, 3], ids=["2 ranks", "3 ranks"])
 def ranks(request, tmp_path_factory):
     world = request.param
     out_dir = tmp_path_factory.mktemp(f"hfcp{world}")
-    mp.spawn(_worker, args=(world, _free_port(), str(out_dir), 100 * world), nprocs=world)
+    mp.spawn(_worker, args=(world, free_port(), str(out_dir), 100 * world), nprocs=world)
     return world, [json.loads((out_dir / f"rank{r}.json").read_text()) for r in range(world)]
 
 
@@ -197,7 +191,7 @@ def test_train_clm_context_parallel_under_torchrun(tmp_path):
     text = tmp_path / "train.txt"
     text.write_text(" ".join(random.Random(0).choice(words) for _ in range(400)))
     cmd = [str(Path(sys.executable).with_name("torchrun")), "--nproc-per-node", "2", "--master-port",
-           str(_free_port()), str(repo / "recipes" / "hf" / "train_clm.py"), "--train_file", str(text),
+           str(free_port()), str(repo / "recipes" / "hf" / "train_clm.py"), "--train_file", str(text),
            "--output_dir", str(tmp_path / "out"), "--record_dir", str(tmp_path / "rec"),
            "--context-parallel", "2", "--max_train_steps", "3", "--hidden_size", "16", "--num_layers", "1",
            "--num_heads", "2", "--block_size", "33", "--per_device_batch_size", "2", "--dropout", "0"]

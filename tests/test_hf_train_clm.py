@@ -6,12 +6,12 @@ import csv
 import json
 import os
 import random
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from ports import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "recipes" / "hf" / "train_clm.py"
@@ -39,12 +39,6 @@ def run(cmd, cwd):
 
 def records(folder):
     return {int(p.stem[4:]): json.loads(p.read_text()) for p in Path(folder).glob("rank*.json")}
-
-
-def free_port():
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def test_two_cpu_ranks_split_data_and_agree(text_file, tmp_path):

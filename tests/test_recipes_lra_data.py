@@ -1,5 +1,7 @@
 """LRA data: the generation CLI, the byte-level substitutes and the readers of the real files."""
+import io
 import pickle
+import tarfile
 
 import numpy as np
 import pytest
@@ -125,14 +127,21 @@ def test_aan_reader_takes_the_release_tsv(tmp_path):
 
 def test_cifar10_reader_and_release_grayscale(tmp_path):
     rng = np.random.default_rng(0)
+    batches = {}
     for name in [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]:
         pixels = rng.integers(0, 256, size=(10, 3072), dtype=np.uint8)
         pixels[0] = 255                                          # white
         pixels[1] = 0
         pixels[1, :1024] = 255                                   # pure red
-        with open(tmp_path / name, "wb") as f:
-            pickle.dump({b"data": pixels, b"labels": list(range(10))}, f)
-    splits = image.load_cifar10(tmp_path)
+        batches[name] = {b"data": pixels, b"labels": list(range(10))}
+    archive = tmp_path / "cifar-10-python.tar.gz"
+    with tarfile.open(archive, "w:gz") as tar:
+        for name, batch in batches.items():
+            blob = pickle.dumps(batch, protocol=2)
+            info = tarfile.TarInfo(f"cifar-10-batches-py/{name}")
+            info.size = len(blob)
+            tar.addfile(info, io.BytesIO(blob))
+    splits = image.load_cifar10(archive)
     assert [len(s.labels) for s in splits.values()] == [45, 5, 10]
     assert splits["test"].tokens.shape == (10, 1024)
     assert splits["test"].tokens[0].eq(255).all()                # 0.9999 × 255.5, truncated

