@@ -169,7 +169,8 @@ def test_saved_tokenizer_and_model_generate_through_a_pipeline_with_curves(text_
     code = ("import sys, hf_momentum\nfrom transformers import pipeline\n"
             "generate = pipeline('text-generation', model=sys.argv[1])\n"
             "prompt = 'momentum attention'\n"
-            "ids = generate.tokenizer(prompt, add_special_tokens=False)['input_ids']\n"
+            "ids = generate.tokenizer(prompt)['input_ids']\n"
+            "assert ids == [b + 3 for b in prompt.encode()], ids\n"
             "assert generate.tokenizer.decode(ids) == prompt, ids\n"
             "out = generate(prompt, max_new_tokens=60, min_new_tokens=60, do_sample=False)\n"
             "out = out[0]['generated_text']\n"
@@ -184,3 +185,22 @@ def test_saved_tokenizer_and_model_generate_through_a_pipeline_with_curves(text_
     assert steps == {"train/loss": [2, 4], "eval/loss": [2, 4]}
     assert all(float(r["value"]) > 0 for r in rows if r["metric"].endswith("loss"))
     assert (tmp_path / "out" / "curves.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_saved_byte_tokenizer_adds_no_end_of_text_to_prompts(tmp_path):
+    """The "bytes" tokenizer gives ByT5's ids, and once saved and reloaded with AutoTokenizer (as
+    pipeline("text-generation") does) it encodes a prompt without a trailing </s>: generation must
+    continue the text, not start after an end-of-text. One </s> per file is added by encode."""
+    from transformers import AutoTokenizer, ByT5Tokenizer
+
+    script = load_script()
+    tokenizer = script.Tokenizer("bytes")
+    tokenizer.hf.save_pretrained(tmp_path)
+    reloaded = AutoTokenizer.from_pretrained(tmp_path)
+    prompt = "héllo, momentum ✓\n\n日本"
+    expected = ByT5Tokenizer()(prompt, add_special_tokens=False)["input_ids"]
+    assert reloaded(prompt)["input_ids"] == expected == [b + 3 for b in prompt.encode()]
+    assert reloaded(prompt, return_tensors="pt")["input_ids"][0, -1].item() != reloaded.eos_token_id
+    assert reloaded.decode(expected) == prompt
+    assert (reloaded.eos_token_id, reloaded.pad_token_id) == (tokenizer.eos, tokenizer.pad) == (1, 0)
+    assert tokenizer.encode(prompt) == expected + [1]

@@ -2,8 +2,8 @@
 
 The model is a native MomentumTransformerForCausalLM (default) or any stock transformers causal
 LM built from its config with `attn_implementation="momentum"` / `"linear_attention"`
-(`--model_type llama`). Text is tokenized to UTF-8 bytes with transformers' byte-level
-`ByT5Tokenizer` (no download) or with a local tokenizer (`--tokenizer PATH`), concatenated and cut
+(`--model_type llama`). Text is tokenized to UTF-8 bytes with ByT5's ids (`byte_tokenizer`, no
+download) or with a local tokenizer (`--tokenizer PATH`), concatenated and cut
 into blocks of `--block_size` tokens; with `--packing`, every paragraph is a document of at most
 `--block_size` tokens and a batch is flattened into one row without padding by transformers'
 `DataCollatorWithFlattening` (padding-free training: the model keeps the documents apart). The
@@ -39,16 +39,19 @@ import torch.distributed as dist
 from accelerate import Accelerator
 from accelerate.tracking import GeneralTracker, on_main_process
 from accelerate.utils import ProjectConfiguration, set_seed
+from tokenizers import Tokenizer as TokenizersModel
+from tokenizers import decoders, models, pre_tokenizers
 from torch.utils.data import DataLoader, DistributedSampler
 from tqdm.auto import tqdm
 from transformers import (
     AutoConfig,
     AutoModelForCausalLM,
     AutoTokenizer,
-    ByT5Tokenizer,
     DataCollatorWithFlattening,
+    PreTrainedTokenizerFast,
     get_scheduler,
 )
+from transformers.convert_slow_tokenizer import bytes_to_unicode
 
 import hf_momentum
 from hf_momentum.context_parallel import enable_context_parallel, shard_batch, whole_sequence_loss
@@ -62,7 +65,7 @@ def parse_args(argv=None):
                    help="default: the last --validation_split of the training tokens")
     p.add_argument("--validation_split", type=float, default=0.05)
     p.add_argument("--tokenizer", default="bytes",
-                   help='"bytes" (transformers.ByT5Tokenizer, UTF-8 bytes) or a local tokenizer path')
+                   help='"bytes" (UTF-8 bytes with ByT5 ids, see byte_tokenizer) or a local tokenizer path')
     p.add_argument("--model_type", default="momentum_transformer",
                    help="momentum_transformer or a stock causal-LM model_type (llama, gpt2, ...)")
     p.add_argument("--attn_implementation", default="momentum", choices=["momentum", "linear_attention"],
@@ -199,12 +202,29 @@ def plot_metrics(csv_path: Path, png_path: Path) -> Path:
     return png_path
 
 
+def byte_tokenizer() -> PreTrainedTokenizerFast:
+    """UTF-8 bytes with ByT5's ids (<pad> 0, </s> 1, <unk> 2, byte b -> b + 3), built with the
+    `tokenizers` library: a BPE model without merges over the byte-level alphabet. Unlike
+    transformers' ByT5Tokenizer it appends no </s> to what it encodes, so a prompt given to
+    `pipeline("text-generation")` or `tokenizer(prompt)` does not end with an end-of-text (the
+    training text has one </s> per file, after its last byte). It is saved as tokenizer.json and
+    loads with AutoTokenizer, no remote code."""
+    specials = ["<pad>", "</s>", "<unk>"]
+    vocab = {token: i for i, token in enumerate(specials)}
+    vocab.update({char: byte + len(specials) for byte, char in bytes_to_unicode().items()})
+    backend = TokenizersModel(models.BPE(vocab=vocab, merges=[], unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    backend.decoder = decoders.ByteLevel()
+    return PreTrainedTokenizerFast(tokenizer_object=backend, pad_token="<pad>", eos_token="</s>",
+                                   unk_token="<unk>")
+
+
 class Tokenizer:
-    """A transformers tokenizer (byte-level ByT5Tokenizer for "bytes") and the ids the model needs;
+    """A transformers tokenizer (`byte_tokenizer` for "bytes") and the ids the model needs;
     `encode` gives a document's ids followed by one end-of-sequence token."""
 
     def __init__(self, name: str):
-        self.hf = ByT5Tokenizer() if name == "bytes" else AutoTokenizer.from_pretrained(name)
+        self.hf = byte_tokenizer() if name == "bytes" else AutoTokenizer.from_pretrained(name)
         self.vocab_size, self.pad = len(self.hf), self.hf.pad_token_id
         self.bos, self.eos = self.hf.bos_token_id, self.hf.eos_token_id
         if self.pad is None:
