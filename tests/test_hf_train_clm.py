@@ -204,3 +204,25 @@ def test_saved_byte_tokenizer_adds_no_end_of_text_to_prompts(tmp_path):
     assert reloaded.decode(expected) == prompt
     assert (reloaded.eos_token_id, reloaded.pad_token_id) == (tokenizer.eos, tokenizer.pad) == (1, 0)
     assert tokenizer.encode(prompt) == expected + [1]
+
+
+def test_report_to_a_tracker_whose_package_is_missing_fails_at_parsing(capsys):
+    """accelerate skips a tracker whose package is missing with one log line and trains without it;
+    the recipe refuses it before training, naming the package and the pip command."""
+    from accelerate.tracking import get_available_trackers
+
+    script = load_script()
+    installed = {kind.value for kind in get_available_trackers()}
+    missing = next(name for name in ("tensorboard", "comet_ml", "wandb", "mlflow", "aim", "clearml")
+                   if name not in installed)
+    package = {"comet_ml": "comet-ml"}.get(missing, missing)
+    base = ["--train_file", "a.txt", "--output_dir", "out", "--report_to", "csv"]
+    with pytest.raises(SystemExit):
+        script.parse_args([*base, missing])
+    err = capsys.readouterr().err
+    assert f"--report_to: the {missing} tracker needs the {package} package" in err
+    assert f"pip install {package}" in err
+    with pytest.raises(SystemExit):
+        script.parse_args([*base, "tensorbord"])
+    assert "unknown tracker 'tensorbord'; choose from csv, all, " in capsys.readouterr().err
+    assert script.parse_args([*base, "all"]).report_to == ["csv", "all"]

@@ -37,8 +37,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 from accelerate import Accelerator
-from accelerate.tracking import GeneralTracker, on_main_process
-from accelerate.utils import ProjectConfiguration, set_seed
+from accelerate.tracking import GeneralTracker, get_available_trackers, on_main_process
+from accelerate.utils import LoggerType, ProjectConfiguration, set_seed
 from tokenizers import Tokenizer as TokenizersModel
 from tokenizers import decoders, models, pre_tokenizers
 from torch.utils.data import DataLoader, DistributedSampler
@@ -55,6 +55,26 @@ from transformers.convert_slow_tokenizer import bytes_to_unicode
 
 import hf_momentum
 from hf_momentum.context_parallel import enable_context_parallel, shard_batch, whole_sequence_loss
+
+# accelerate trackers whose pip package is not named like the tracker
+TRACKER_PACKAGES = {"comet_ml": "comet-ml"}
+
+
+def check_trackers(parser, names):
+    """--report_to: every tracker is "csv" (CSVTracker), "all", or one of accelerate's trackers whose
+    package is installed; accelerate itself would skip a missing one with a log line."""
+    known = [kind.value for kind in LoggerType if kind.value != "all"]
+    available = {LoggerType(kind).value for kind in get_available_trackers()}
+    for name in names:
+        if name in ("csv", "all"):
+            continue
+        if name not in known:
+            parser.error(f"argument --report_to: unknown tracker {name!r}; choose from csv, all, "
+                         f"{', '.join(known)}")
+        if name not in available:
+            package = TRACKER_PACKAGES.get(name, name)
+            parser.error(f"argument --report_to: the {name} tracker needs the {package} package, which is "
+                         f"not installed (pip install {package})")
 
 
 def parse_args(argv=None):
@@ -116,6 +136,7 @@ def parse_args(argv=None):
                    help="split each sequence over this many consecutive ranks (native momentum_transformer "
                         "only); the data-parallel degree is the number of processes / this")
     args = p.parse_args(argv)
+    check_trackers(p, args.report_to)
     if args.push_to_hub and not args.hub_model_id:
         p.error("argument --push_to_hub: needs --hub_model_id user/name")
     for name in ("block_size", "max_position_embeddings", "per_device_batch_size",
