@@ -226,3 +226,36 @@ def test_report_to_a_tracker_whose_package_is_missing_fails_at_parsing(capsys):
         script.parse_args([*base, "tensorbord"])
     assert "unknown tracker 'tensorbord'; choose from csv, all, " in capsys.readouterr().err
     assert script.parse_args([*base, "all"]).report_to == ["csv", "all"]
+
+
+def test_checkpoint_of_tied_weights_saves_without_warning_and_reloads_tied(tmp_path, caplog):
+    """accelerate's save_state drops lm_head.weight (tied to the input embedding) from the
+    safetensors file with a "Removed shared tensor" warning on every checkpoint; the recipe
+    silences exactly that record, and load_state gives back the tie with the saved values."""
+    import logging
+
+    import torch
+    from accelerate import Accelerator
+
+    script = load_script()
+    args = script.parse_args(["--train_file", "a.txt", "--output_dir", str(tmp_path), *TINY])
+    tokenizer = script.Tokenizer("bytes")
+    accelerator = Accelerator(cpu=True)
+    torch.manual_seed(0)
+    model = script.build_model(args, tokenizer)
+    assert model.all_tied_weights_keys == {"lm_head.weight": "model.embed_tokens.weight"}
+    with torch.no_grad():
+        model.lm_head.weight.add_(1.0)
+    saved = {k: v.clone() for k, v in model.state_dict().items()}
+    model = accelerator.prepare(model)
+    with caplog.at_level(logging.WARNING):
+        script.save_checkpoint(accelerator, model, tmp_path / "step_1")
+    assert not [r for r in caplog.records if "shared tensor" in r.getMessage()]
+    torch.manual_seed(1)
+    loader = Accelerator(cpu=True)
+    fresh = loader.prepare(script.build_model(args, tokenizer))
+    loader.load_state(str(tmp_path / "step_1"))
+    assert fresh.lm_head.weight is fresh.model.embed_tokens.weight
+    assert all(torch.equal(fresh.state_dict()[k], v) for k, v in saved.items())
+    other = logging.makeLogRecord({"msg": "Removed shared tensor {'model.norm.weight'} while saving."})
+    assert script.TiedWeightsRecordFilter(model.all_tied_weights_keys).filter(other)

@@ -25,10 +25,12 @@ runs whole sequences. `--record_dir` writes per-rank JSON (batch
 fingerprints, final parameter digest) for tests.
 """
 import argparse
+import ast
 import contextlib
 import csv
 import hashlib
 import json
+import logging
 import math
 import os
 import re
@@ -399,6 +401,35 @@ def training_loss(model, batch, group, device):
     return loss * dist.get_world_size(group), whole_sequence_loss(loss, group)
 
 
+class TiedWeightsRecordFilter(logging.Filter):
+    """Drops accelerate's "Removed shared tensor {...} while saving" record when every name it
+    lists is a tied weight of the model (transformers' `all_tied_weights_keys`, e.g. lm_head.weight
+    tied to the input embedding): the tied parameter is one tensor, which load_state fills in
+    place, so the tie is intact after loading. A record naming any other tensor is kept."""
+
+    PATTERN = re.compile(r"Removed shared tensor (\{.*?\}) while saving")
+
+    def __init__(self, tied):
+        super().__init__()
+        self.tied = set(tied)
+
+    def filter(self, record):
+        match = self.PATTERN.search(record.getMessage())
+        return not (match and ast.literal_eval(match.group(1)) <= self.tied)
+
+
+def save_checkpoint(accelerator, model, path):
+    """accelerator.save_state without the shared-tensor warning for the model's tied weights."""
+    tied = getattr(accelerator.unwrap_model(model), "all_tied_weights_keys", None) or {}
+    record_filter = TiedWeightsRecordFilter(tied)
+    logger = logging.getLogger("accelerate.utils.other")
+    logger.addFilter(record_filter)
+    try:
+        accelerator.save_state(str(path))
+    finally:
+        logger.removeFilter(record_filter)
+
+
 @contextlib.contextmanager
 def whole_sequences(model, group):
     """Evaluation runs each sequence whole on one rank (no gradients are kept)."""
@@ -496,7 +527,7 @@ def main(argv=None):
                 if args.eval_steps and step % args.eval_steps == 0 and step < max_steps:
                     log_evaluation()
                 if args.checkpointing_steps and step % args.checkpointing_steps == 0:
-                    accelerator.save_state(str(output / f"step_{step}"))
+                    save_checkpoint(accelerator, model, output / f"step_{step}")
                 if step >= max_steps:
                     break
         if step >= max_steps:
