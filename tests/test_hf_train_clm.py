@@ -259,3 +259,40 @@ def test_checkpoint_of_tied_weights_saves_without_warning_and_reloads_tied(tmp_p
     assert all(torch.equal(fresh.state_dict()[k], v) for k, v in saved.items())
     other = logging.makeLogRecord({"msg": "Removed shared tensor {'model.norm.weight'} while saving."})
     assert script.TiedWeightsRecordFilter(model.all_tied_weights_keys).filter(other)
+
+
+def test_model_name_or_path_fine_tunes_a_saved_model(text_file, tmp_path, capsys):
+    """--model_name_or_path starts from a saved model and its saved tokenizer (not a new model of
+    the size arguments), and the fine-tuned model is saved like a new one."""
+    import torch
+
+    script = load_script()
+    tokenizer = script.Tokenizer("bytes")
+    torch.manual_seed(3)
+    new_args = script.parse_args(["--train_file", "a", "--output_dir", "o", *TINY])
+    saved = script.build_model(new_args, tokenizer)
+    saved.save_pretrained(tmp_path / "base")
+    tokenizer.hf.save_pretrained(tmp_path / "base")
+    args = script.parse_args(["--train_file", "a", "--output_dir", "o", "--model_name_or_path",
+                              str(tmp_path / "base")])
+    assert args.tokenizer == str(tmp_path / "base")
+    loaded = script.build_model(args, script.Tokenizer(args.tokenizer))
+    assert all(torch.equal(loaded.state_dict()[k], v) for k, v in saved.state_dict().items())
+    assert loaded.lm_head.weight is loaded.model.embed_tokens.weight
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(SystemExit):
+        script.parse_args(["--train_file", "a", "--output_dir", "o", "--model_name_or_path",
+                           str(tmp_path / "empty")])
+    assert "--model_name_or_path: " in capsys.readouterr().err
+    long_blocks = script.parse_args(["--train_file", "a", "--output_dir", "o", "--block_size", "4096",
+                                     "--max_position_embeddings", "4096", "--model_name_or_path",
+                                     str(tmp_path / "base")])
+    with pytest.raises(ValueError, match="--block_size 4096 is longer than --model_name_or_path"):
+        script.build_model(long_blocks, tokenizer)
+    proc = run([sys.executable, str(SCRIPT), "--train_file", str(text_file), "--model_name_or_path",
+                str(tmp_path / "base"), "--max_train_steps", "2", "--block_size", "32",
+                "--per_device_batch_size", "2", "--output_dir", str(tmp_path / "out")], tmp_path)
+    assert json.loads(proc.stdout.strip().splitlines()[-1])["step"] == 2
+    config = json.loads((tmp_path / "out" / "final" / "config.json").read_text())
+    assert config["hidden_size"] == 32 and config["num_hidden_layers"] == 2
+    assert (tmp_path / "out" / "final" / "tokenizer.json").exists()

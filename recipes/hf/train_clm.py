@@ -86,8 +86,14 @@ def parse_args(argv=None):
     p.add_argument("--validation_file", nargs="*", default=None,
                    help="default: the last --validation_split of the training tokens")
     p.add_argument("--validation_split", type=float, default=0.05)
-    p.add_argument("--tokenizer", default="bytes",
-                   help='"bytes" (UTF-8 bytes with ByT5 ids, see byte_tokenizer) or a local tokenizer path')
+    p.add_argument("--tokenizer", default=None,
+                   help='"bytes" (UTF-8 bytes with ByT5 ids, see byte_tokenizer) or a local tokenizer '
+                        'path; default: the tokenizer saved with --model_name_or_path if there is one, '
+                        'else "bytes"')
+    p.add_argument("--model_name_or_path", default=None,
+                   help="fine-tune this saved model (a save_pretrained folder, e.g. OUTPUT/final of an "
+                        "earlier run, or a Hub id) instead of building a new one; the size arguments below "
+                        "are then ignored")
     p.add_argument("--model_type", default="momentum_transformer",
                    help="momentum_transformer or a stock causal-LM model_type (llama, gpt2, ...)")
     p.add_argument("--attn_implementation", default="momentum", choices=["momentum", "linear_attention"],
@@ -139,6 +145,13 @@ def parse_args(argv=None):
                         "only); the data-parallel degree is the number of processes / this")
     args = p.parse_args(argv)
     check_trackers(p, args.report_to)
+    if args.model_name_or_path and Path(args.model_name_or_path).exists() and not (
+            Path(args.model_name_or_path) / "config.json").is_file():
+        p.error(f"argument --model_name_or_path: {args.model_name_or_path} has no config.json (expected a "
+                f"folder written by save_pretrained)")
+    if args.tokenizer is None:
+        saved = args.model_name_or_path and Path(args.model_name_or_path, "tokenizer_config.json").is_file()
+        args.tokenizer = args.model_name_or_path if saved else "bytes"
     if args.push_to_hub and not args.hub_model_id:
         p.error("argument --push_to_hub: needs --hub_model_id user/name")
     for name in ("block_size", "max_position_embeddings", "per_device_batch_size",
@@ -315,7 +328,30 @@ def samples(batch) -> int:
     return batch["input_ids"].shape[0]
 
 
+def load_model(args, tokenizer):
+    """--model_name_or_path: the saved model (native families through hf_momentum's Auto
+    registration; stock ones with --attn_implementation), checked against the tokenizer and
+    --block_size."""
+    config = AutoConfig.from_pretrained(args.model_name_or_path)
+    native = config.model_type in ("momentum_transformer", "momentum_lstm")
+    model = AutoModelForCausalLM.from_pretrained(
+        args.model_name_or_path, **({} if native else {"attn_implementation": args.attn_implementation}))
+    if not native:
+        hf_momentum.check_model(model)
+    rows = model.get_input_embeddings().num_embeddings
+    if tokenizer.vocab_size > rows:
+        raise ValueError(f"--model_name_or_path {args.model_name_or_path}: its embedding has {rows} rows, "
+                         f"fewer than the {tokenizer.vocab_size} tokens of --tokenizer {args.tokenizer}")
+    longest = getattr(model.config, "max_position_embeddings", None)
+    if longest is not None and longest < args.block_size:
+        raise ValueError(f"--block_size {args.block_size} is longer than --model_name_or_path "
+                         f"{args.model_name_or_path}'s max_position_embeddings ({longest})")
+    return model
+
+
 def build_model(args, tokenizer):
+    if args.model_name_or_path:
+        return load_model(args, tokenizer)
     common = dict(vocab_size=tokenizer.vocab_size, pad_token_id=tokenizer.pad, bos_token_id=tokenizer.bos,
                   eos_token_id=tokenizer.eos)
     if args.model_type == "momentum_transformer":
