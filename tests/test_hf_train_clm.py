@@ -123,7 +123,7 @@ def test_packing_batches_are_flattened_paragraphs(paragraph_file):
     assert tokenizer.eos in docs[0] or len(docs[0]) == 32
 
 
-@pytest.mark.parametrize("model_type", ["momentum_transformer", "llama"])
+@pytest.mark.parametrize("model_type", ["momentum_transformer", "momentum_lstm", "llama"])
 def test_packing_trains(paragraph_file, tmp_path, model_type):
     proc = run([sys.executable, str(SCRIPT), "--train_file", str(paragraph_file), "--packing",
                 "--model_type", model_type, "--max_train_steps", "3", "--output_dir", str(tmp_path / "out"),
@@ -296,3 +296,19 @@ def test_model_name_or_path_fine_tunes_a_saved_model(text_file, tmp_path, capsys
     config = json.loads((tmp_path / "out" / "final" / "config.json").read_text())
     assert config["hidden_size"] == 32 and config["num_hidden_layers"] == 2
     assert (tmp_path / "out" / "final" / "tokenizer.json").exists()
+
+
+def test_momentum_lstm_is_built_from_its_arguments():
+    """--model_type momentum_lstm builds the native MomentumLSTMForCausalLM (it takes labels, packed
+    documents and generates; test_packing_trains trains it) from --cell/--momentum/--step_size;
+    a value out of range is refused by its config, naming the field."""
+    script = load_script()
+    base = ["--train_file", "a", "--output_dir", "o", "--model_type", "momentum_lstm", *TINY]
+    model = script.build_model(script.parse_args([*base, "--cell", "nag", "--momentum", "0.3",
+                                                  "--step_size", "0.5"]), script.Tokenizer("bytes"))
+    assert type(model).__name__ == "MomentumLSTMForCausalLM"
+    config = model.config
+    assert (config.cell, config.momentum, config.step_size, config.hidden_size) == ("nag", 0.3, 0.5, 32)
+    assert (config.num_hidden_layers, config.vocab_size, config.eos_token_id) == (2, 259, 1)
+    with pytest.raises(ValueError, match="momentum"):
+        script.build_model(script.parse_args([*base, "--momentum", "1.5"]), script.Tokenizer("bytes"))

@@ -1,6 +1,7 @@
 """Train a causal LM with momentum attention on plain-text files, with accelerate.
 
-The model is a native MomentumTransformerForCausalLM (default) or any stock transformers causal
+The model is a native MomentumTransformerForCausalLM (default), a MomentumLSTMForCausalLM
+(`--model_type momentum_lstm`), or any stock transformers causal
 LM built from its config with `attn_implementation="momentum"` / `"linear_attention"`
 (`--model_type llama`). Text is tokenized to UTF-8 bytes with ByT5's ids (`byte_tokenizer`, no
 download) or with a local tokenizer (`--tokenizer PATH`), concatenated and cut
@@ -95,7 +96,8 @@ def parse_args(argv=None):
                         "earlier run, or a Hub id) instead of building a new one; the size arguments below "
                         "are then ignored")
     p.add_argument("--model_type", default="momentum_transformer",
-                   help="momentum_transformer or a stock causal-LM model_type (llama, gpt2, ...)")
+                   help="momentum_transformer, momentum_lstm, or a stock causal-LM model_type (llama, gpt2, "
+                        "...) with --attn_implementation")
     p.add_argument("--attn_implementation", default="momentum", choices=["momentum", "linear_attention"],
                    help="for stock model types")
     p.add_argument("--hidden_size", type=int, default=128)
@@ -103,6 +105,10 @@ def parse_args(argv=None):
     p.add_argument("--num_heads", type=int, default=4)
     p.add_argument("--attention_momentum", type=float, default=0.6)
     p.add_argument("--attention_step_size", type=float, default=1.0)
+    p.add_argument("--cell", default="momentum",
+                   help="momentum_lstm: the cell (lstm or a momentum cell of docs/cells.md)")
+    p.add_argument("--momentum", type=float, default=0.6, help="momentum_lstm: the cell's momentum mu")
+    p.add_argument("--step_size", type=float, default=1.0, help="momentum_lstm: the cell's step size s")
     p.add_argument("--connection", default="none", choices=["none", "momentum", "adaptive"])
     p.add_argument("--dropout", type=float, default=0.1)
     p.add_argument("--block_size", type=int, default=128,
@@ -360,6 +366,12 @@ def build_model(args, tokenizer):
             num_attention_heads=args.num_heads, max_position_embeddings=args.max_position_embeddings,
             attention_momentum=args.attention_momentum, attention_step_size=args.attention_step_size,
             connection=args.connection, hidden_dropout=args.dropout, **common)
+        return AutoModelForCausalLM.from_config(config)
+    if args.model_type == "momentum_lstm":
+        config = AutoConfig.for_model(
+            "momentum_lstm", hidden_size=args.hidden_size, num_hidden_layers=args.num_layers, cell=args.cell,
+            momentum=args.momentum, step_size=args.step_size, dropout=args.dropout,
+            embedding_dropout=args.dropout, **common)
         return AutoModelForCausalLM.from_config(config)
     sizes = {"hidden_size": args.hidden_size, "num_hidden_layers": args.num_layers,
              "num_attention_heads": args.num_heads, "num_key_value_heads": args.num_heads,
