@@ -117,7 +117,7 @@ def test_packing_batches_are_flattened_paragraphs(paragraph_file):
     assert tokenizer.eos in docs[0] or len(docs[0]) == 32
 
 
-@pytest.mark.parametrize("model_type", ["momentum_transformer", "llama"])
+@pytest.mark.parametrize("model_type", ["momentum_transformer", "momentum_lstm", "llama"])
 def test_packing_trains(paragraph_file, tmp_path, model_type):
     proc = run([sys.executable, str(SCRIPT), "--train_file", str(paragraph_file), "--packing",
                 "--model_type", model_type, "--max_train_steps", "3", "--output_dir", str(tmp_path / "out"),
@@ -163,7 +163,8 @@ def test_saved_tokenizer_and_model_generate_through_a_pipeline_with_curves(text_
     code = ("import sys, hf_momentum\nfrom transformers import pipeline\n"
             "generate = pipeline('text-generation', model=sys.argv[1])\n"
             "prompt = 'momentum attention'\n"
-            "ids = generate.tokenizer(prompt, add_special_tokens=False)['input_ids']\n"
+            "ids = generate.tokenizer(prompt)['input_ids']\n"
+            "assert ids == [b + 3 for b in prompt.encode()], ids\n"
             "assert generate.tokenizer.decode(ids) == prompt, ids\n"
             "out = generate(prompt, max_new_tokens=60, min_new_tokens=60, do_sample=False)\n"
             "out = out[0]['generated_text']\n"
@@ -178,3 +179,130 @@ def test_saved_tokenizer_and_model_generate_through_a_pipeline_with_curves(text_
     assert steps == {"train/loss": [2, 4], "eval/loss": [2, 4]}
     assert all(float(r["value"]) > 0 for r in rows if r["metric"].endswith("loss"))
     assert (tmp_path / "out" / "curves.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_saved_byte_tokenizer_adds_no_end_of_text_to_prompts(tmp_path):
+    """The "bytes" tokenizer gives ByT5's ids, and once saved and reloaded with AutoTokenizer (as
+    pipeline("text-generation") does) it encodes a prompt without a trailing </s>: generation must
+    continue the text, not start after an end-of-text. One </s> per file is added by encode."""
+    from transformers import AutoTokenizer, ByT5Tokenizer
+
+    script = load_script()
+    tokenizer = script.Tokenizer("bytes")
+    tokenizer.hf.save_pretrained(tmp_path)
+    reloaded = AutoTokenizer.from_pretrained(tmp_path)
+    prompt = "héllo, momentum ✓\n\n日本"
+    expected = ByT5Tokenizer()(prompt, add_special_tokens=False)["input_ids"]
+    assert reloaded(prompt)["input_ids"] == expected == [b + 3 for b in prompt.encode()]
+    assert reloaded(prompt, return_tensors="pt")["input_ids"][0, -1].item() != reloaded.eos_token_id
+    assert reloaded.decode(expected) == prompt
+    assert (reloaded.eos_token_id, reloaded.pad_token_id) == (tokenizer.eos, tokenizer.pad) == (1, 0)
+    assert tokenizer.encode(prompt) == expected + [1]
+
+
+def test_report_to_a_tracker_whose_package_is_missing_fails_at_parsing(capsys):
+    """accelerate skips a tracker whose package is missing with one log line and trains without it;
+    the recipe refuses it before training, naming the package and the pip command."""
+    from accelerate.tracking import get_available_trackers
+
+    script = load_script()
+    installed = {kind.value for kind in get_available_trackers()}
+    missing = next(name for name in ("tensorboard", "comet_ml", "wandb", "mlflow", "aim", "clearml")
+                   if name not in installed)
+    package = {"comet_ml": "comet-ml"}.get(missing, missing)
+    base = ["--train_file", "a.txt", "--output_dir", "out", "--report_to", "csv"]
+    with pytest.raises(SystemExit):
+        script.parse_args([*base, missing])
+    err = capsys.readouterr().err
+    assert f"--report_to: the {missing} tracker needs the {package} package" in err
+    assert f"pip install {package}" in err
+    with pytest.raises(SystemExit):
+        script.parse_args([*base, "tensorbord"])
+    assert "unknown tracker 'tensorbord'; choose from csv, all, " in capsys.readouterr().err
+    assert script.parse_args([*base, "all"]).report_to == ["csv", "all"]
+
+
+def test_checkpoint_of_tied_weights_saves_without_warning_and_reloads_tied(tmp_path, caplog):
+    """accelerate's save_state drops lm_head.weight (tied to the input embedding) from the
+    safetensors file with a "Removed shared tensor" warning on every checkpoint; the recipe
+    silences exactly that record, and load_state gives back the tie with the saved values."""
+    import logging
+
+    import torch
+    from accelerate import Accelerator
+
+    script = load_script()
+    args = script.parse_args(["--train_file", "a.txt", "--output_dir", str(tmp_path), *TINY])
+    tokenizer = script.Tokenizer("bytes")
+    accelerator = Accelerator(cpu=True)
+    torch.manual_seed(0)
+    model = script.build_model(args, tokenizer)
+    assert model.all_tied_weights_keys == {"lm_head.weight": "model.embed_tokens.weight"}
+    with torch.no_grad():
+        model.lm_head.weight.add_(1.0)
+    saved = {k: v.clone() for k, v in model.state_dict().items()}
+    model = accelerator.prepare(model)
+    with caplog.at_level(logging.WARNING):
+        script.save_checkpoint(accelerator, model, tmp_path / "step_1")
+    assert not [r for r in caplog.records if "shared tensor" in r.getMessage()]
+    torch.manual_seed(1)
+    loader = Accelerator(cpu=True)
+    fresh = loader.prepare(script.build_model(args, tokenizer))
+    loader.load_state(str(tmp_path / "step_1"))
+    assert fresh.lm_head.weight is fresh.model.embed_tokens.weight
+    assert all(torch.equal(fresh.state_dict()[k], v) for k, v in saved.items())
+    other = logging.makeLogRecord({"msg": "Removed shared tensor {'model.norm.weight'} while saving."})
+    assert script.TiedWeightsRecordFilter(model.all_tied_weights_keys).filter(other)
+
+
+def test_model_name_or_path_fine_tunes_a_saved_model(text_file, tmp_path, capsys):
+    """--model_name_or_path starts from a saved model and its saved tokenizer (not a new model of
+    the size arguments), and the fine-tuned model is saved like a new one."""
+    import torch
+
+    script = load_script()
+    tokenizer = script.Tokenizer("bytes")
+    torch.manual_seed(3)
+    new_args = script.parse_args(["--train_file", "a", "--output_dir", "o", *TINY])
+    saved = script.build_model(new_args, tokenizer)
+    saved.save_pretrained(tmp_path / "base")
+    tokenizer.hf.save_pretrained(tmp_path / "base")
+    args = script.parse_args(["--train_file", "a", "--output_dir", "o", "--model_name_or_path",
+                              str(tmp_path / "base")])
+    assert args.tokenizer == str(tmp_path / "base")
+    loaded = script.build_model(args, script.Tokenizer(args.tokenizer))
+    assert all(torch.equal(loaded.state_dict()[k], v) for k, v in saved.state_dict().items())
+    assert loaded.lm_head.weight is loaded.model.embed_tokens.weight
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(SystemExit):
+        script.parse_args(["--train_file", "a", "--output_dir", "o", "--model_name_or_path",
+                           str(tmp_path / "empty")])
+    assert "--model_name_or_path: " in capsys.readouterr().err
+    long_blocks = script.parse_args(["--train_file", "a", "--output_dir", "o", "--block_size", "4096",
+                                     "--max_position_embeddings", "4096", "--model_name_or_path",
+                                     str(tmp_path / "base")])
+    with pytest.raises(ValueError, match="--block_size 4096 is longer than --model_name_or_path"):
+        script.build_model(long_blocks, tokenizer)
+    proc = run([sys.executable, str(SCRIPT), "--train_file", str(text_file), "--model_name_or_path",
+                str(tmp_path / "base"), "--max_train_steps", "2", "--block_size", "32",
+                "--per_device_batch_size", "2", "--output_dir", str(tmp_path / "out")], tmp_path)
+    assert json.loads(proc.stdout.strip().splitlines()[-1])["step"] == 2
+    config = json.loads((tmp_path / "out" / "final" / "config.json").read_text())
+    assert config["hidden_size"] == 32 and config["num_hidden_layers"] == 2
+    assert (tmp_path / "out" / "final" / "tokenizer.json").exists()
+
+
+def test_momentum_lstm_is_built_from_its_arguments():
+    """--model_type momentum_lstm builds the native MomentumLSTMForCausalLM (it takes labels, packed
+    documents and generates; test_packing_trains trains it) from --cell/--momentum/--step_size;
+    a value out of range is refused by its config, naming the field."""
+    script = load_script()
+    base = ["--train_file", "a", "--output_dir", "o", "--model_type", "momentum_lstm", *TINY]
+    model = script.build_model(script.parse_args([*base, "--cell", "nag", "--momentum", "0.3",
+                                                  "--step_size", "0.5"]), script.Tokenizer("bytes"))
+    assert type(model).__name__ == "MomentumLSTMForCausalLM"
+    config = model.config
+    assert (config.cell, config.momentum, config.step_size, config.hidden_size) == ("nag", 0.3, 0.5, 32)
+    assert (config.num_hidden_layers, config.vocab_size, config.eos_token_id) == (2, 259, 1)
+    with pytest.raises(ValueError, match="momentum"):
+        script.build_model(script.parse_args([*base, "--momentum", "1.5"]), script.Tokenizer("bytes"))

@@ -1,9 +1,10 @@
 """Train a causal LM with momentum attention on plain-text files, with accelerate.
 
-The model is a native MomentumTransformerForCausalLM (default) or any stock transformers causal
+The model is a native MomentumTransformerForCausalLM (default), a MomentumLSTMForCausalLM
+(`--model_type momentum_lstm`), or any stock transformers causal
 LM built from its config with `attn_implementation="momentum"` / `"linear_attention"`
-(`--model_type llama`). Text is tokenized to UTF-8 bytes with transformers' byte-level
-`ByT5Tokenizer` (no download) or with a local tokenizer (`--tokenizer PATH`), concatenated and cut
+(`--model_type llama`). Text is tokenized to UTF-8 bytes with ByT5's ids (`byte_tokenizer`, no
+download) or with a local tokenizer (`--tokenizer PATH`), concatenated and cut
 into blocks of `--block_size` tokens; with `--packing`, every paragraph is a document of at most
 `--block_size` tokens and a batch is flattened into one row without padding by transformers'
 `DataCollatorWithFlattening` (padding-free training: the model keeps the documents apart). The
@@ -25,10 +26,12 @@ runs whole sequences. `--record_dir` writes per-rank JSON (batch
 fingerprints, final parameter digest) for tests.
 """
 import argparse
+import ast
 import contextlib
 import csv
 import hashlib
 import json
+import logging
 import math
 import os
 import re
@@ -37,21 +40,44 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 from accelerate import Accelerator
-from accelerate.tracking import GeneralTracker, on_main_process
-from accelerate.utils import ProjectConfiguration, set_seed
+from accelerate.tracking import GeneralTracker, get_available_trackers, on_main_process
+from accelerate.utils import LoggerType, ProjectConfiguration, set_seed
+from tokenizers import Tokenizer as TokenizersModel
+from tokenizers import decoders, models, pre_tokenizers
 from torch.utils.data import DataLoader, DistributedSampler
 from tqdm.auto import tqdm
 from transformers import (
     AutoConfig,
     AutoModelForCausalLM,
     AutoTokenizer,
-    ByT5Tokenizer,
     DataCollatorWithFlattening,
+    PreTrainedTokenizerFast,
     get_scheduler,
 )
+from transformers.convert_slow_tokenizer import bytes_to_unicode
 
 import hf_momentum
 from hf_momentum.context_parallel import enable_context_parallel, shard_batch, whole_sequence_loss
+
+# accelerate trackers whose pip package is not named like the tracker
+TRACKER_PACKAGES = {"comet_ml": "comet-ml"}
+
+
+def check_trackers(parser, names):
+    """--report_to: every tracker is "csv" (CSVTracker), "all", or one of accelerate's trackers whose
+    package is installed; accelerate itself would skip a missing one with a log line."""
+    known = [kind.value for kind in LoggerType if kind.value != "all"]
+    available = {LoggerType(kind).value for kind in get_available_trackers()}
+    for name in names:
+        if name in ("csv", "all"):
+            continue
+        if name not in known:
+            parser.error(f"argument --report_to: unknown tracker {name!r}; choose from csv, all, "
+                         f"{', '.join(known)}")
+        if name not in available:
+            package = TRACKER_PACKAGES.get(name, name)
+            parser.error(f"argument --report_to: the {name} tracker needs the {package} package, which is "
+                         f"not installed (pip install {package})")
 
 
 def parse_args(argv=None):
@@ -61,10 +87,17 @@ def parse_args(argv=None):
     p.add_argument("--validation_file", nargs="*", default=None,
                    help="default: the last --validation_split of the training tokens")
     p.add_argument("--validation_split", type=float, default=0.05)
-    p.add_argument("--tokenizer", default="bytes",
-                   help='"bytes" (transformers.ByT5Tokenizer, UTF-8 bytes) or a local tokenizer path')
+    p.add_argument("--tokenizer", default=None,
+                   help='"bytes" (UTF-8 bytes with ByT5 ids, see byte_tokenizer) or a local tokenizer '
+                        'path; default: the tokenizer saved with --model_name_or_path if there is one, '
+                        'else "bytes"')
+    p.add_argument("--model_name_or_path", default=None,
+                   help="fine-tune this saved model (a save_pretrained folder, e.g. OUTPUT/final of an "
+                        "earlier run, or a Hub id) instead of building a new one; the size arguments below "
+                        "are then ignored")
     p.add_argument("--model_type", default="momentum_transformer",
-                   help="momentum_transformer or a stock causal-LM model_type (llama, gpt2, ...)")
+                   help="momentum_transformer, momentum_lstm, or a stock causal-LM model_type (llama, gpt2, "
+                        "...) with --attn_implementation")
     p.add_argument("--attn_implementation", default="momentum", choices=["momentum", "linear_attention"],
                    help="for stock model types")
     p.add_argument("--hidden_size", type=int, default=128)
@@ -72,6 +105,10 @@ def parse_args(argv=None):
     p.add_argument("--num_heads", type=int, default=4)
     p.add_argument("--attention_momentum", type=float, default=0.6)
     p.add_argument("--attention_step_size", type=float, default=1.0)
+    p.add_argument("--cell", default="momentum",
+                   help="momentum_lstm: the cell (lstm or a momentum cell of docs/cells.md)")
+    p.add_argument("--momentum", type=float, default=0.6, help="momentum_lstm: the cell's momentum mu")
+    p.add_argument("--step_size", type=float, default=1.0, help="momentum_lstm: the cell's step size s")
     p.add_argument("--connection", default="none", choices=["none", "momentum", "adaptive"])
     p.add_argument("--dropout", type=float, default=0.1)
     p.add_argument("--block_size", type=int, default=128,
@@ -113,6 +150,14 @@ def parse_args(argv=None):
                    help="split each sequence over this many consecutive ranks (native momentum_transformer "
                         "only); the data-parallel degree is the number of processes / this")
     args = p.parse_args(argv)
+    check_trackers(p, args.report_to)
+    if args.model_name_or_path and Path(args.model_name_or_path).exists() and not (
+            Path(args.model_name_or_path) / "config.json").is_file():
+        p.error(f"argument --model_name_or_path: {args.model_name_or_path} has no config.json (expected a "
+                f"folder written by save_pretrained)")
+    if args.tokenizer is None:
+        saved = args.model_name_or_path and Path(args.model_name_or_path, "tokenizer_config.json").is_file()
+        args.tokenizer = args.model_name_or_path if saved else "bytes"
     if args.push_to_hub and not args.hub_model_id:
         p.error("argument --push_to_hub: needs --hub_model_id user/name")
     for name in ("block_size", "max_position_embeddings", "per_device_batch_size",
@@ -199,12 +244,29 @@ def plot_metrics(csv_path: Path, png_path: Path) -> Path:
     return png_path
 
 
+def byte_tokenizer() -> PreTrainedTokenizerFast:
+    """UTF-8 bytes with ByT5's ids (<pad> 0, </s> 1, <unk> 2, byte b -> b + 3), built with the
+    `tokenizers` library: a BPE model without merges over the byte-level alphabet. Unlike
+    transformers' ByT5Tokenizer it appends no </s> to what it encodes, so a prompt given to
+    `pipeline("text-generation")` or `tokenizer(prompt)` does not end with an end-of-text (the
+    training text has one </s> per file, after its last byte). It is saved as tokenizer.json and
+    loads with AutoTokenizer, no remote code."""
+    specials = ["<pad>", "</s>", "<unk>"]
+    vocab = {token: i for i, token in enumerate(specials)}
+    vocab.update({char: byte + len(specials) for byte, char in bytes_to_unicode().items()})
+    backend = TokenizersModel(models.BPE(vocab=vocab, merges=[], unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    backend.decoder = decoders.ByteLevel()
+    return PreTrainedTokenizerFast(tokenizer_object=backend, pad_token="<pad>", eos_token="</s>",
+                                   unk_token="<unk>")
+
+
 class Tokenizer:
-    """A transformers tokenizer (byte-level ByT5Tokenizer for "bytes") and the ids the model needs;
+    """A transformers tokenizer (`byte_tokenizer` for "bytes") and the ids the model needs;
     `encode` gives a document's ids followed by one end-of-sequence token."""
 
     def __init__(self, name: str):
-        self.hf = ByT5Tokenizer() if name == "bytes" else AutoTokenizer.from_pretrained(name)
+        self.hf = byte_tokenizer() if name == "bytes" else AutoTokenizer.from_pretrained(name)
         self.vocab_size, self.pad = len(self.hf), self.hf.pad_token_id
         self.bos, self.eos = self.hf.bos_token_id, self.hf.eos_token_id
         if self.pad is None:
@@ -272,7 +334,30 @@ def samples(batch) -> int:
     return batch["input_ids"].shape[0]
 
 
+def load_model(args, tokenizer):
+    """--model_name_or_path: the saved model (native families through hf_momentum's Auto
+    registration; stock ones with --attn_implementation), checked against the tokenizer and
+    --block_size."""
+    config = AutoConfig.from_pretrained(args.model_name_or_path)
+    native = config.model_type in ("momentum_transformer", "momentum_lstm")
+    model = AutoModelForCausalLM.from_pretrained(
+        args.model_name_or_path, **({} if native else {"attn_implementation": args.attn_implementation}))
+    if not native:
+        hf_momentum.check_model(model)
+    rows = model.get_input_embeddings().num_embeddings
+    if tokenizer.vocab_size > rows:
+        raise ValueError(f"--model_name_or_path {args.model_name_or_path}: its embedding has {rows} rows, "
+                         f"fewer than the {tokenizer.vocab_size} tokens of --tokenizer {args.tokenizer}")
+    longest = getattr(model.config, "max_position_embeddings", None)
+    if longest is not None and longest < args.block_size:
+        raise ValueError(f"--block_size {args.block_size} is longer than --model_name_or_path "
+                         f"{args.model_name_or_path}'s max_position_embeddings ({longest})")
+    return model
+
+
 def build_model(args, tokenizer):
+    if args.model_name_or_path:
+        return load_model(args, tokenizer)
     common = dict(vocab_size=tokenizer.vocab_size, pad_token_id=tokenizer.pad, bos_token_id=tokenizer.bos,
                   eos_token_id=tokenizer.eos)
     if args.model_type == "momentum_transformer":
@@ -281,6 +366,12 @@ def build_model(args, tokenizer):
             num_attention_heads=args.num_heads, max_position_embeddings=args.max_position_embeddings,
             attention_momentum=args.attention_momentum, attention_step_size=args.attention_step_size,
             connection=args.connection, hidden_dropout=args.dropout, **common)
+        return AutoModelForCausalLM.from_config(config)
+    if args.model_type == "momentum_lstm":
+        config = AutoConfig.for_model(
+            "momentum_lstm", hidden_size=args.hidden_size, num_hidden_layers=args.num_layers, cell=args.cell,
+            momentum=args.momentum, step_size=args.step_size, dropout=args.dropout,
+            embedding_dropout=args.dropout, **common)
         return AutoModelForCausalLM.from_config(config)
     sizes = {"hidden_size": args.hidden_size, "num_hidden_layers": args.num_layers,
              "num_attention_heads": args.num_heads, "num_key_value_heads": args.num_heads,
@@ -356,6 +447,35 @@ def training_loss(model, batch, group, device):
     inputs = shard_batch({key: batch[key].to(device) for key in ("input_ids", "labels")}, group)
     loss = model(**inputs).loss
     return loss * dist.get_world_size(group), whole_sequence_loss(loss, group)
+
+
+class TiedWeightsRecordFilter(logging.Filter):
+    """Drops accelerate's "Removed shared tensor {...} while saving" record when every name it
+    lists is a tied weight of the model (transformers' `all_tied_weights_keys`, e.g. lm_head.weight
+    tied to the input embedding): the tied parameter is one tensor, which load_state fills in
+    place, so the tie is intact after loading. A record naming any other tensor is kept."""
+
+    PATTERN = re.compile(r"Removed shared tensor (\{.*?\}) while saving")
+
+    def __init__(self, tied):
+        super().__init__()
+        self.tied = set(tied)
+
+    def filter(self, record):
+        match = self.PATTERN.search(record.getMessage())
+        return not (match and ast.literal_eval(match.group(1)) <= self.tied)
+
+
+def save_checkpoint(accelerator, model, path):
+    """accelerator.save_state without the shared-tensor warning for the model's tied weights."""
+    tied = getattr(accelerator.unwrap_model(model), "all_tied_weights_keys", None) or {}
+    record_filter = TiedWeightsRecordFilter(tied)
+    logger = logging.getLogger("accelerate.utils.other")
+    logger.addFilter(record_filter)
+    try:
+        accelerator.save_state(str(path))
+    finally:
+        logger.removeFilter(record_filter)
 
 
 @contextlib.contextmanager
@@ -455,7 +575,7 @@ def main(argv=None):
                 if args.eval_steps and step % args.eval_steps == 0 and step < max_steps:
                     log_evaluation()
                 if args.checkpointing_steps and step % args.checkpointing_steps == 0:
-                    accelerator.save_state(str(output / f"step_{step}"))
+                    save_checkpoint(accelerator, model, output / f"step_{step}")
                 if step >= max_steps:
                     break
         if step >= max_steps:
