@@ -298,11 +298,17 @@ def test_momentum_lstm_is_built_from_its_arguments():
     a value out of range is refused by its config, naming the field."""
     script = load_script()
     base = ["--train_file", "a", "--output_dir", "o", "--model_type", "momentum_lstm", *TINY]
-    model = script.build_model(script.parse_args([*base, "--cell", "nag", "--momentum", "0.3",
+    model = script.build_model(script.parse_args([*base, "--cell", "momentum", "--momentum", "0.3",
                                                   "--step_size", "0.5"]), script.Tokenizer("bytes"))
     assert type(model).__name__ == "MomentumLSTMForCausalLM"
     config = model.config
-    assert (config.cell, config.momentum, config.step_size, config.hidden_size) == ("nag", 0.3, 0.5, 32)
+    assert (config.cell, config.momentum, config.step_size, config.hidden_size) == ("momentum", 0.3, 0.5, 32)
+    nag = script.build_model(script.parse_args([*base, "--cell", "nag", "--step_size", "0.5"]),
+                             script.Tokenizer("bytes")).config
+    assert (nag.cell, nag.step_size) == ("nag", 0.5)
+    with pytest.raises(ValueError, match="momentum=0.3 is not read by cell='nag'"):
+        script.build_model(script.parse_args([*base, "--cell", "nag", "--momentum", "0.3"]),
+                           script.Tokenizer("bytes"))
     assert (config.num_hidden_layers, config.vocab_size, config.eos_token_id) == (2, 259, 1)
     with pytest.raises(ValueError, match="momentum"):
         script.build_model(script.parse_args([*base, "--momentum", "1.5"]), script.Tokenizer("bytes"))

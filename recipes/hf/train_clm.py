@@ -107,8 +107,12 @@ def parse_args(argv=None):
     p.add_argument("--attention_step_size", type=float, default=1.0)
     p.add_argument("--cell", default="momentum",
                    help="momentum_lstm: the cell (lstm or a momentum cell of docs/cells.md)")
-    p.add_argument("--momentum", type=float, default=0.6, help="momentum_lstm: the cell's momentum mu")
-    p.add_argument("--step_size", type=float, default=1.0, help="momentum_lstm: the cell's step size s")
+    p.add_argument("--momentum", type=float, default=None,
+                   help="momentum_lstm: the cell's momentum mu (default: the config's, 0.6); refused for a "
+                        "cell that does not read it (docs/cells.md)")
+    p.add_argument("--step_size", type=float, default=None,
+                   help="momentum_lstm: the cell's step size s (default: the config's, 1.0); refused for a "
+                        "cell that does not read it")
     p.add_argument("--connection", default="none", choices=["none", "momentum", "adaptive"])
     p.add_argument("--dropout", type=float, default=0.1)
     p.add_argument("--block_size", type=int, default=128,
@@ -368,10 +372,11 @@ def build_model(args, tokenizer):
             connection=args.connection, hidden_dropout=args.dropout, **common)
         return AutoModelForCausalLM.from_config(config)
     if args.model_type == "momentum_lstm":
+        given = {name: getattr(args, name) for name in ("momentum", "step_size")
+                 if getattr(args, name) is not None}      # the config refuses one its cell never reads
         config = AutoConfig.for_model(
             "momentum_lstm", hidden_size=args.hidden_size, num_hidden_layers=args.num_layers, cell=args.cell,
-            momentum=args.momentum, step_size=args.step_size, dropout=args.dropout,
-            embedding_dropout=args.dropout, **common)
+            dropout=args.dropout, embedding_dropout=args.dropout, **given, **common)
         return AutoModelForCausalLM.from_config(config)
     sizes = {"hidden_size": args.hidden_size, "num_hidden_layers": args.num_layers,
              "num_attention_heads": args.num_heads, "num_key_value_heads": args.num_heads,
