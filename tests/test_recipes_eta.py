@@ -9,12 +9,12 @@ def test_eta_scales_the_rest_by_this_machines_pace():
                         clock=lambda: now[0])
     schedule.start("the reference machine")
     assert lines[0].startswith("expected duration: 4.0 min (lm 2.0 min, pmnist 2.0 min;")
-    now[0] = 120.0                                  # the first job took twice its expected time
+    now[0] = 120.0            # the first job took twice its expected time: (120 + 120) / (60 + 120)
     schedule.finished("lm:a")
-    assert "[1/3 done, 2.0 min elapsed] 6.0 min left" in lines[-1] and "2.00×" in lines[-1]
-    now[0] = 150.0                                  # then the machine caught up: pace 150 / 120
+    assert "[1/3 done, 2.0 min elapsed] 4.0 min left" in lines[-1] and "1.33×" in lines[-1]
+    now[0] = 150.0            # then the machine caught up: (150 + 120) / (120 + 120)
     schedule.finished("lm:b")
-    assert "[2/3 done, 2.5 min elapsed] 2.5 min left" in lines[-1] and "1.25×" in lines[-1]
+    assert "[2/3 done, 2.5 min elapsed] 2.2 min left" in lines[-1] and "1.12×" in lines[-1]
     now[0] = 200.0
     schedule.finished("pmnist")
     assert "[3/3 done" in lines[-1] and "0.0 min left" in lines[-1]

@@ -3,7 +3,9 @@
 Each job has an expected cost in seconds, measured on the reference machine (the 2-core CPU
 machine, quiet). The plan is printed before anything runs; after each finished job the remaining
 jobs' expected costs are scaled by how fast this machine has been so far (observed / expected),
-so a loaded or faster machine gets an honest ETA after the first job."""
+so a loaded or faster machine gets an honest ETA after the first jobs. The pace starts from the
+reference (1.0) with the weight of one typical job, so a short first job (setting up the data)
+does not swing the estimate of the long ones."""
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -43,7 +45,8 @@ class Schedule:
         elapsed = self.clock() - self.started
         self.done[name] = elapsed
         spent_expected = sum(seconds for job, seconds in self.jobs if job in self.done)
-        pace = elapsed / spent_expected if spent_expected > 0 else 1.0
+        prior = max(seconds for _, seconds in self.jobs)          # one typical job at the reference pace
+        pace = (elapsed + prior) / (spent_expected + prior)
         remaining = pace * sum(seconds for job, seconds in self.jobs if job not in self.done)
         self.log(f"[{len(self.done)}/{len(self.jobs)} done, {minutes(elapsed)} elapsed] "
                  f"{minutes(remaining)} left at this machine's pace ({pace:.2f}× the reference), "
