@@ -12,7 +12,8 @@
 Each pair ends with a one-line verdict: which model is better and whether the difference of the
 means exceeds the seed spread. With a CUDA device (`--device auto`, the default) the demo runs the
 GPU-size configuration and says so; on CPU it runs a configuration sized for ≤ 15 minutes on two
-cores (two LM seeds, three PMNIST seeds; `--full` for three LM seeds). It prints its expected
+cores (two LM seeds, three PMNIST seeds; `--full` for three LM seeds); measured 19.5 min from a
+fresh clone on 2 quiet cores (2026-11-25), over that target (docs/results.md). It prints its expected
 duration first and an ETA after every finished run.
 
     .venv/bin/python -m recipes.demo.run [--out-dir outputs/demo] [--seeds 1 2 3] [--device cpu]
@@ -141,10 +142,10 @@ def device_line(device: str) -> str:
     return f"device: cpu ({torch.get_num_threads()} threads; {reason}), CPU-size configuration"
 
 
-# Seconds per job on the reference machine (2 CPU cores, quiet; docs/results.md, 2026-11-23: about
-# 60-80 s per LM with its evaluation, 16-18 s per PMNIST run, the rest for the corpus and samples).
+# Seconds per job on the reference machine: a fresh clone on 2 quiet CPU cores, 2026-11-25
+# (docs/results.md): 98-120 s per LM with its evaluation, ~30 s per PMNIST run, 16 s to set up.
 REFERENCE = "2 quiet CPU cores"
-EXPECTED_S = {"setup": 40.0, "lm": 75.0, "samples": 10.0, "pmnist": 20.0}
+EXPECTED_S = {"setup": 20.0, "lm": 120.0, "samples": 15.0, "pmnist": 30.0}
 
 
 def plan(args) -> List[Tuple[str, float]]:
