@@ -216,20 +216,23 @@ def varlen_noncausal_momentum_attention(fq, fk, v, *, cu_seqlens: torch.Tensor, 
                                         step_size: float, eps: float, chunk_size: int) -> torch.Tensor:
     """Eq. 14 per segment on feature-mapped fq, fk (1, H, N, Dk), v (1, H, N, Dv): each query
     attends to the keys of its own segment, with N the segment's length."""
+    layout = SegmentChunks.build(cu_seqlens, fq.shape[2], chunk_size)     # one layout for both halves
     kv, z = varlen_noncausal_summary(fk, v, cu_seqlens=cu_seqlens, momentum=momentum, step_size=step_size,
-                                     chunk_size=chunk_size)
-    return varlen_apply_summary(fq, kv, z, cu_seqlens=cu_seqlens, eps=eps, chunk_size=chunk_size)
+                                     chunk_size=chunk_size, layout=layout)
+    return varlen_apply_summary(fq, kv, z, cu_seqlens=cu_seqlens, eps=eps, chunk_size=chunk_size,
+                                layout=layout)
 
 
 def varlen_noncausal_summary(fk, v, *, cu_seqlens: torch.Tensor, momentum: float, step_size: float,
-                             chunk_size: int) -> Tuple[torch.Tensor, torch.Tensor]:
+                             chunk_size: int, layout: Optional[SegmentChunks] = None,
+                             ) -> Tuple[torch.Tensor, torch.Tensor]:
     """Eq. 14's two sums per segment: kv (n, H, Dk, Dv), z (n, H, Dk), from feature-mapped keys
     fk (1, H, N, Dk) and v (1, H, N, Dv). Built per chunk of the chunk-aligned layout, then
     added per segment (never an (N, Dk, Dv) tensor of outer products)."""
     _, H, N, Dk = fk.shape
     Dv = v.shape[-1]
     n = cu_seqlens.numel() - 1
-    layout = SegmentChunks.build(cu_seqlens, N, chunk_size)
+    layout = SegmentChunks.build(cu_seqlens, N, chunk_size) if layout is None else layout
     after = cu_seqlens[1:][segment_of_tokens(cu_seqlens, N)] - 1 - torch.arange(N, device=fk.device)
     weight = (step_size * geometric(momentum, after + 1)).to(fk.dtype)   # later keys in the segment
     zero = torch.zeros((), dtype=fk.dtype, device=fk.device)
@@ -242,12 +245,13 @@ def varlen_noncausal_summary(fk, v, *, cu_seqlens: torch.Tensor, momentum: float
     return kv[0].transpose(0, 1), z[0].transpose(0, 1)
 
 
-def varlen_apply_summary(fq, kv, z, *, cu_seqlens: torch.Tensor, eps: float, chunk_size: int) -> torch.Tensor:
+def varlen_apply_summary(fq, kv, z, *, cu_seqlens: torch.Tensor, eps: float, chunk_size: int,
+                         layout: Optional[SegmentChunks] = None) -> torch.Tensor:
     """Eq. 14's output for packed feature-mapped queries fq (1, H, N, Dk), segment s of them
     against summary row s (kv (n, H, Dk, Dv), z (n, H, Dk))."""
     _, H, N, Dk = fq.shape
     Dv = kv.shape[-1]
-    layout = SegmentChunks.build(cu_seqlens, N, chunk_size)
+    layout = SegmentChunks.build(cu_seqlens, N, chunk_size) if layout is None else layout
     zero = torch.zeros((), dtype=fq.dtype, device=fq.device)
     Q = torch.where(layout.valid[None, None, :, :, None], fq[:, :, layout.token], zero)
     kv_t = kv[layout.segment].transpose(0, 1)[None]                                 # (1, H, T, Dk, Dv)
