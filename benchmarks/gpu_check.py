@@ -482,7 +482,7 @@ def orchestrate(args):
             print(f"gpu-check: {part}: cached ({path}; --force runs it again)", flush=True)
             cached.append(part)
         else:
-            budget = BUDGET_S[part] if mode == "full" else 120
+            budget = args.budgets.get(part, BUDGET_S[part]) if mode == "full" else 120
             print(f"gpu-check: {part}: running (budget {budget} s)", flush=True)
             result = dict(run_part(part, mode, device, out_dir, budget), key=key)
             path.write_text(json.dumps(result, indent=1, default=str))
@@ -505,6 +505,9 @@ def main():
     parser.add_argument("--dry-run", action="store_true", help="tiny sizes on the CPU (as --device cpu)")
     parser.add_argument("--parts", nargs="+", choices=PARTS, default=PARTS)
     parser.add_argument("--force", action="store_true", help="run the parts again even if cached")
+    parser.add_argument("--budgets", nargs="+", default=[], metavar="PART=SECONDS",
+                        help="override a part's time budget (default: "
+                             + ", ".join(f"{p}={s}" for p, s in BUDGET_S.items()) + ")")
     parser.add_argument("--out-dir", help="cache and logs (default: outputs/gpu-check, dry run: "
                                           "outputs/gpu-check-dry-run)")
     parser.add_argument("--doc", help="where the section goes (default: docs/benchmarks.md; dry run: "
@@ -514,12 +517,23 @@ def main():
     parser.add_argument("--budget", type=float, help=argparse.SUPPRESS)
     parser.add_argument("--result", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    args.budgets = parse_budgets(parser, args.budgets)
     if args.worker:
         worker_main(args.worker, args.mode, args.device, args.budget, args.result)
         return 0
     if args.device == "cuda" and not args.dry_run and not cuda_present():
         sys.exit("gpu-check: torch sees no CUDA device here; `--device cpu` runs the tiny dry run")
     return orchestrate(args)
+
+
+def parse_budgets(parser, items):
+    budgets = {}
+    for item in items:
+        part, _, seconds = item.partition("=")
+        if part not in PARTS or not seconds.isdigit() or int(seconds) < 60:
+            parser.error(f"--budgets: {item!r} is not PART=SECONDS with PART in {PARTS} and SECONDS >= 60")
+        budgets[part] = int(seconds)
+    return budgets
 
 
 def cuda_present():

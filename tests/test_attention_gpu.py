@@ -257,3 +257,94 @@ def test_fp32_takes_tf32_dots_where_torch_allows_them(N):
                               {"out": 1e-4, "state": 1e-4, "grad": 3e-4})
     finally:
         torch.set_float32_matmul_precision(precision)
+
+
+CHUNK_KERNELS = ["fwd_h", "fwd_o", "bwd_dh", "bwd_dv", "bwd_dqk"]
+
+
+def tile_key(config):
+    return config.kwargs["BK"], config.kwargs["BV"], config.num_warps
+
+
+EXACT_TOL = {"out": 1e-4, "state": 1e-4, "grad": 3e-4}
+CASE_TOL = {torch.float32: EXACT_TOL, torch.float16: BF16_TOL, torch.bfloat16: BF16_TOL}
+
+
+def dense_case(shape, momentum, dtype):
+    """A check on fresh inputs of `shape` (B, H, N, Dk, Dv): output and q, k, v gradients against
+    float64."""
+    B, H, N, D, Dv = shape
+    tensors = inputs(N + D, B, H, N, D, Dv)
+    upstream = torch.randn(B, H, N, Dv, device="cuda")
+    ref, ref_grads = value_and_grads(lambda *t: torch_attention(*t, momentum=momentum), tensors,
+                                     torch.float64, upstream.double())
+
+    def check():
+        out, grads = value_and_grads(lambda *t: triton_attention(*t, momentum=momentum), tensors, dtype,
+                                     upstream)
+        torch.cuda.synchronize()
+        assert rel_rms(out, ref) <= TOL[dtype]
+        for got, expected in zip(grads, ref_grads):
+            assert torch.isfinite(got).all()
+            assert rel_rms(got, expected) <= 3 * TOL[dtype]
+    return check
+
+
+def padded_case(N, momentum, dtype):
+    """Padding, an initial state and Dv = 48 (masked value columns) through the public API."""
+    case = same_inputs_case(N + 7, N, dtype)
+
+    def check():
+        check_against_float64(*case, momentum, dtype, CASE_TOL[dtype])
+        torch.cuda.synchronize()
+    return check
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("kernel", CHUNK_KERNELS)
+def test_every_kept_tile_config(kernel, dtype, monkeypatch):
+    """Each (BK, BV, warps) that the kernel's pruner keeps, forced in turn (the other kernels at
+    their pruner's first config, no autotuning), launches and matches float64, forward and
+    gradients: head sizes 64 (β 0.9) and 128 (β 0), where the tiles differ, and a padded batch with an
+    initial state and Dv = 48. Autotuning runs every kept config, so one that faults or is wrong
+    breaks whichever call tunes first; this names it (chunk kernels at BK 64, BV 32, 8 warps
+    faulted on an H100 with Triton 3.6: utils.CHUNK_FAULTS)."""
+    from plugins.attention.triton import chunk_kernels as K
+    seen = set()
+    forced = [None]
+
+    def pinned(name, original):
+        def prune(configs, named_args, **kw):
+            kept = original(configs, named_args, **kw)
+            if name == kernel:
+                seen.update(tile_key(c) for c in kept)
+                kept = [c for c in kept if tile_key(c) == forced[0]] or kept[:1]
+            return kept[:1]
+        return prune
+
+    autotuners = [getattr(K, name) for name in CHUNK_KERNELS]
+    for name, autotuner in zip(CHUNK_KERNELS, autotuners):
+        monkeypatch.setattr(autotuner, "early_config_prune", pinned(name, autotuner.early_config_prune))
+        monkeypatch.setattr(autotuner, "cache", {})
+    # each case compiles every kept config once (its own constexprs): three cases keep the test
+    # inside gpu-check's 120 s per test
+    cases = [(f"{shape} β={m}", dense_case(shape, m, dtype))
+             for shape, m in [((2, 4, 200, 64, 64), 0.9), ((1, 2, 130, 128, 128), 0.0)]]
+    cases += [("padded N=100 β=0.6", padded_case(100, 0.6, dtype))]
+    checked = 0
+    for where, check in cases:
+        seen.clear()
+        forced[0] = None
+        for autotuner in autotuners:
+            autotuner.cache.clear()
+        check()
+        for key in sorted(seen):
+            forced[0] = key
+            for autotuner in autotuners:
+                autotuner.cache.clear()
+            try:
+                check()
+            except Exception as error:
+                raise AssertionError(f"{kernel} at (BK, BV, warps) = {key}, {where}: {error}") from error
+            checked += 1
+    assert checked >= len(cases)

@@ -572,6 +572,23 @@ compile_for_sm90(F.step_kernel, "bf16", dict(DK=DK, DV=DV, BK=32, BV=32, HAS_REA
 '''
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("d", [16, 24, 48, 64, 128])
+def test_chunk_pruning_never_keeps_a_config_that_faulted_on_a_gpu(d, dtype, monkeypatch):
+    """The chunk kernels' pruner drops utils.CHUNK_FAULTS (a tile config that faulted on an H100)
+    and still keeps a config for every head size; at D 64 the unfiltered pruner would keep it."""
+    from plugins.attention.triton import utils
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)    # the GPU's config list, not the interpreter's
+    first = {"q": torch.empty(0, dtype=dtype)}
+    meta = dict(DK=d, DV=d, IEEE=False)
+    kept = {(c.kwargs["BK"], c.kwargs["BV"], c.num_warps)
+            for c in utils.prune_chunk(utils.tuning_configs(), first, **meta)}
+    assert kept and not kept & utils.CHUNK_FAULTS
+    if d == 64:
+        unfiltered = utils._prune(utils.tuning_configs(), first, meta, 8, ((32, 32, 4),))
+        assert utils.CHUNK_FAULTS <= {(c.kwargs["BK"], c.kwargs["BV"], c.num_warps) for c in unfiltered}
+
+
 def test_kernels_compile_for_an_h100():
     """The interpreter accepts what the compiler may refuse (dot shapes and dtypes, constexpr
     rules, layouts): every kernel is compiled to an sm_90 cubin, without a GPU, for bf16 (one and

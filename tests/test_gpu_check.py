@@ -213,3 +213,14 @@ def alive(pid):
     except FileNotFoundError:
         return False
     return "\nState:\tZ" not in state
+
+
+def test_budgets_override_and_refuse_bad_values():
+    import argparse
+
+    import gpu_check
+    parser = argparse.ArgumentParser()
+    assert gpu_check.parse_budgets(parser, ["tests=400", "hf=90"]) == {"tests": 400, "hf": 90}
+    for bad in ("tests=10", "foo=100", "tests", "tests=1.5"):
+        with pytest.raises(SystemExit):
+            gpu_check.parse_budgets(parser, [bad])

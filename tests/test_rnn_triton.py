@@ -190,23 +190,29 @@ def relative_error(a, b):
 @pytest.mark.parametrize("shape", list(GPU_SHAPES))
 @pytest.mark.parametrize("cell", ["adam", "rmsprop"])
 def test_gpu_triton_matches_torch_at_benchmark_shapes(shape, cell):
+    """Both float32 paths against the float64 torch path on the same weights and inputs: the
+    Triton recurrence must be about as accurate as torch's own float32 ops. (At the PTB size,
+    3 × 1150 over 70 steps, the two float32 paths differ by ~1e-2 in some gradients on an H100,
+    2026-11-25: rounding compounds over T steps and through 1/sqrt(r + eps), so a fixed bound
+    between the two says little; a wrong kernel is off by O(1).)"""
     layers, hidden, steps, batch, width = GPU_SHAPES[shape]
     torch.manual_seed(0)
     layer = MomentumLSTM(width, hidden, num_layers=layers, cell=cell).cuda()
     x = torch.randn(steps, batch, width, device="cuda")
     results = {}
-    for backend in ("torch", "triton"):
-        layer.zero_grad()
+    for backend, dtype in (("torch", torch.float64), ("torch", torch.float32), ("triton", torch.float32)):
+        layer.to(dtype).zero_grad()
         with recurrence_backend(backend):
-            out, state = layer(x)
+            out, state = layer(x.to(dtype))
             out.sum().backward()
-        results[backend] = [out.detach(), state.c.detach()] + [p.grad.clone()
-                                                               for p in layer.parameters()]
-    # float32 rounding differs between the paths (fused vs separate ops) and compounds over
-    # T steps; a wrong kernel is off by O(1)
-    for a, b in zip(results["triton"], results["torch"]):
-        assert torch.isfinite(a).all()
-        assert relative_error(a, b) < 1e-3
+        results[backend, dtype] = [out.detach(), state.c.detach()] + [p.grad.clone()
+                                                                      for p in layer.parameters()]
+    names = ["out", "c"] + [name for name, _ in layer.named_parameters()]
+    reference, fp32 = results["torch", torch.float64], results["torch", torch.float32]
+    for name, ref, ours, theirs in zip(names, reference, results["triton", torch.float32], fp32):
+        assert torch.isfinite(ours).all(), name
+        error, baseline = relative_error(ours.double(), ref), relative_error(theirs.double(), ref)
+        assert error <= 4 * baseline + 1e-6, f"{name}: Triton {error:.2e}, torch float32 {baseline:.2e}"
 
 
 @pytest.mark.gpu
