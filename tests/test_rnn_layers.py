@@ -307,6 +307,31 @@ def test_input_of_another_dtype_is_refused_with_both_dtypes(cls, cell):
     assert out.dtype == torch.float64
 
 
+@pytest.mark.parametrize("cls", LAYER_CLASSES)
+def test_every_cell_runs_under_cpu_autocast_with_float32_states(cls):
+    """Under CPU bf16 autocast, fresh and with a carried state (oneDNN has no bf16 LSTM primitive
+    on CPUs without bf16 instructions, nn.LSTM fails there; the Adam/RMSProp recurrence got a
+    bf16 g beside float32 states): every cell runs, keeps its states in float32, and stays
+    within bf16 rounding of the float32 run, outputs and input gradients."""
+    plain = "lstm" if cls is MomentumLSTM else "rnn"
+    for cell in cell_names(plain):
+        torch.manual_seed(0)
+        layer = cls(D, H, 2, cell=cell, restart=3 if cell == "sr" else None)
+        x = torch.randn(T, B, D, requires_grad=True)
+        runs = []
+        for autocast in (False, True):
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+                out, state = layer(x)
+                out2, state2 = layer(x, state)
+            grad, = torch.autograd.grad((out.float() * out2.float()).sum(), x)
+            runs.append((out2.float(), grad))
+        floats = [t for t in state2 if isinstance(t, torch.Tensor) and t.is_floating_point()]
+        assert all(t.dtype == torch.float32 for t in floats), cell
+        for got, expected in zip(runs[1], runs[0]):
+            assert torch.isfinite(got).all(), cell
+            assert ((got - expected).norm() / expected.norm()).item() < 3e-2, cell
+
+
 @pytest.mark.parametrize("form", ["forward", "step"])
 @pytest.mark.parametrize("cls", LAYER_CLASSES)
 def test_a_state_of_another_batch_is_refused_on_use(cls, form):

@@ -230,10 +230,12 @@ class _MomentumLayers(nn.Module):
 
     def _adaptive_drive(self, x, inp, w, b, weight_ih, bias_ih, m0, lengths):
         """Normalised pre-activation of eq. 15 for all steps, with its last v and m."""
-        g = F.linear(x, weight_ih, bias_ih)
-        v = F.linear(inp, w, b)
-        m = second_moment(g * g, m0, self.beta)
-        return v / torch.sqrt(m + self.eps), last_step(v, lengths), last_step(m, lengths)
+        with torch.autocast(x.device.type, enabled=False):     # see MomentumLSTM._adaptive_layer
+            x, inp, m0 = x.to(w.dtype), inp.to(w.dtype), m0.to(w.dtype)
+            g = F.linear(x, weight_ih, bias_ih)
+            v = F.linear(inp, w, b)
+            m = second_moment(g * g, m0, self.beta)
+            return v / torch.sqrt(m + self.eps), last_step(v, lengths), last_step(m, lengths)
 
     def _state(self, state, batch, ref, steps):
         return initial_state(state, num_layers=self.num_layers, batch=batch, hidden=self.hidden_size,
@@ -440,6 +442,13 @@ class _MomentumLayers(nn.Module):
         return F.linear(x, w_ih, b_ih)
 
 
+def carried_v(x_last, w, b):
+    """The momentum v = W x + b (eq. 9) returned in the state, in the weights' dtype with autocast
+    off: the state carried into the next call keeps float32 (autocast would round it to bf16)."""
+    with torch.autocast(x_last.device.type, enabled=False):
+        return F.linear(x_last.to(w.dtype), w, b)
+
+
 class MomentumLSTM(_MomentumLayers):
     """Stack of MomentumLSTM-family layers (MomentumRNN, Sections 2.2–2.4), nn.LSTM-like.
 
@@ -479,7 +488,7 @@ class MomentumLSTM(_MomentumLayers):
         out, (h, c) = fused_recurrence("lstm", inp, lengths, (h0[None], c0[None]),
                                        fused_weights(w, w_hh, b, b_hh, self.bias), self.bias,
                                        self.training)
-        v = F.linear(last_step(inp, lengths), w, b) if self.variant.has_v else None
+        v = carried_v(last_step(inp, lengths), w, b) if self.variant.has_v else None
         return out, (h[0], c[0], v, None)
 
     def _recurrent_update(self, k, pre, h, c):
@@ -491,7 +500,7 @@ class MomentumLSTM(_MomentumLayers):
         momentum = self.hyper.momentum
         v_last = None
         if not momentum:
-            v_last = self.step_size * F.linear(last_step(x, lengths), w_ih, b_ih)
+            v_last = self.step_size * carried_v(last_step(x, lengths), w_ih, b_ih)
         sizes = inverse = None
         if lengths is not None:
             lengths, order = torch.sort(lengths, descending=True)
@@ -502,10 +511,15 @@ class MomentumLSTM(_MomentumLayers):
             h0, c0, v0, m0 = (t.index_select(0, order) for t in (h0, c0, v0, m0))
         forward, backward = gate_order(self.hidden_size, x.device)
         rows = lambda t: None if t is None else t.index_select(0, forward)
-        g = F.linear(x, rows(w_ih), rows(b_ih))
-        hs, c, v, m = AdamLSTMRecurrence.apply(
-            g, v0.index_select(1, forward), h0, c0, m0.index_select(1, forward), rows(w_hh),
-            rows(b_hh), momentum, self.step_size, self.beta, self.eps, sizes)
+        # in the weights' dtype with autocast off, g included: the normaliser (m + ε)^(−1/2)
+        # divides by |g|, so bf16's rounding of g reaches the gradients amplified (13 % relative
+        # in tests/test_rnn_layers.py's autocast case), and the in-place steps need one dtype
+        x, h0, c0, v0, m0 = (t.to(w_hh.dtype) for t in (x, h0, c0, v0, m0))
+        with torch.autocast(x.device.type, enabled=False):
+            g = F.linear(x, rows(w_ih), rows(b_ih))
+            hs, c, v, m = AdamLSTMRecurrence.apply(
+                g, v0.index_select(1, forward), h0, c0, m0.index_select(1, forward), rows(w_hh),
+                rows(b_hh), momentum, self.step_size, self.beta, self.eps, sizes)
         m = m.index_select(1, backward)
         v = v_last if v is None else v.index_select(1, backward)
         out = hs[1:]
@@ -536,18 +550,25 @@ class MomentumRNN(_MomentumLayers):
 
     def _layer(self, k, x, lengths, decay, h0, c0, v0, m0, carries_v):
         w_ih, w_hh, b_ih, b_hh = self.layer_parameters(k)
+        if self.variant.has_m:
+            # a Python loop whose carried h and v, m stay in the weights' dtype under autocast
+            # (and g, as in MomentumLSTM._adaptive_layer)
+            with torch.autocast(x.device.type, enabled=False):
+                x, h0, v0, m0 = (None if t is None else t.to(w_hh.dtype) for t in (x, h0, v0, m0))
+                inp, w, b = input_map(x, decay, self.variant.input_scale(self.hyper), w_ih, b_ih,
+                                      v0 if carries_v else None,
+                                      self._joined_input_weight(k, decay, w_ih, b_ih))
+                pre, v, m = self._adaptive_drive(x, inp, w, b, w_ih, b_ih, m0, lengths)
+                if b_hh is not None:
+                    pre = pre + b_hh
+                out, (h,) = recurrence_loop(tanh_step(w_hh), pre, lengths, (h0,))
+            return out, (h, None, v, m)
         inp, w, b = input_map(x, decay, self.variant.input_scale(self.hyper), w_ih, b_ih,
                               v0 if carries_v else None, self._joined_input_weight(k, decay, w_ih, b_ih))
-        if self.variant.has_m:
-            pre, v, m = self._adaptive_drive(x, inp, w, b, w_ih, b_ih, m0, lengths)
-            if b_hh is not None:
-                pre = pre + b_hh
-            out, (h,) = recurrence_loop(tanh_step(w_hh), pre, lengths, (h0,))
-            return out, (h, None, v, m)
         out, (h,) = fused_recurrence("rnn_tanh", inp, lengths, h0[None],
                                      fused_weights(w, w_hh, b, b_hh, self.bias), self.bias,
                                      self.training)
-        v = F.linear(last_step(inp, lengths), w, b) if self.variant.has_v else None
+        v = carried_v(last_step(inp, lengths), w, b) if self.variant.has_v else None
         return out, (h[0], None, v, None)
 
     def _recurrent_update(self, k, pre, h, c):

@@ -167,6 +167,15 @@ class OrthogonalMomentumRNN(_MomentumLayers):
                 rebase_(self, f"weight_hh_l{k}")
 
     def _layer(self, k, x, lengths, decay, h0, c0, v0, m0, carries_v):
+        """In the weights' dtype with autocast off: the modReLU recurrence is a Python loop whose
+        carried h, and the momentum v it returns, stay in float32 under autocast."""
+        with torch.autocast(x.device.type, enabled=False):
+            dtype = getattr(self, f"weight_ih_l{k}").dtype
+            return self._full_precision_layer(k, x.to(dtype), lengths, decay, h0.to(dtype),
+                                              None if v0 is None else v0.to(dtype),
+                                              None if m0 is None else m0.to(dtype), carries_v)
+
+    def _full_precision_layer(self, k, x, lengths, decay, h0, v0, m0, carries_v):
         w_ih, bias = getattr(self, f"weight_ih_l{k}"), getattr(self, f"bias_l{k}")
         w_hh = getattr(self, f"weight_hh_l{k}")
         inp, w, b = input_map(x, decay, self.variant.input_scale(self.hyper), w_ih, None,

@@ -1,4 +1,5 @@
 """Input/state plumbing shared by the sequence layers: shapes, packing, the carried state."""
+import contextlib
 from typing import NamedTuple, Optional
 
 import torch
@@ -70,6 +71,19 @@ def valid_mask(lengths, steps, batch, device):
     return (t[:, None] < lengths[None, :]).to(device).view(steps, batch, 1)
 
 
+def cpu_autocast_off(x, hx, weights):
+    """(x, hx, context) for torch's fused LSTM / tanh-RNN kernel. CPU autocast hands it bf16
+    (or fp16) operands, for which oneDNN has no LSTM primitive on CPUs without those
+    instructions ("could not create a primitive descriptor", nn.LSTM included): on the CPU under
+    autocast the kernel runs in the weights' dtype with autocast off, the input and carried state
+    cast to it. CUDA autocast is left to cuDNN, which runs half precision."""
+    if x.device.type != "cpu" or not torch.is_autocast_enabled("cpu"):
+        return x, hx, contextlib.nullcontext()
+    dtype = weights[0].dtype
+    hx = tuple(t.to(dtype) for t in hx) if isinstance(hx, tuple) else hx.to(dtype)
+    return x.to(dtype), hx, torch.autocast("cpu", enabled=False)
+
+
 def fused_recurrence(kind, x, lengths, hx, weights, has_biases, training, num_layers=1,
                      dropout=0.0):
     """`num_layers` layers of torch's fused LSTM / tanh-RNN kernel (oneDNN/aten on CPU, cuDNN
@@ -80,7 +94,9 @@ def fused_recurrence(kind, x, lengths, hx, weights, has_biases, training, num_la
     """
     if lengths is None:
         fn = _VF.lstm if kind == "lstm" else _VF.rnn_tanh
-        out = fn(x, hx, weights, has_biases, num_layers, dropout, training, False, False)
+        x, hx, precision = cpu_autocast_off(x, hx, weights)
+        with precision:
+            out = fn(x, hx, weights, has_biases, num_layers, dropout, training, False, False)
         return out[0], out[1:]
     packed = pack_padded_sequence(x, lengths, enforce_sorted=False)
     data, finals = fused_packed(kind, packed, hx, weights, has_biases, training, num_layers, dropout)
@@ -94,8 +110,9 @@ def fused_packed(kind, packed, hx, weights, has_biases, training, num_layers=1, 
     fn = _VF.lstm if kind == "lstm" else _VF.rnn_tanh
     order = packed.sorted_indices
     hx = tuple(t.index_select(1, order) for t in hx) if kind == "lstm" else hx.index_select(1, order)
-    res = fn(packed.data, packed.batch_sizes, hx, weights, has_biases, num_layers, dropout,
-             training, False)
+    data, hx, precision = cpu_autocast_off(packed.data, hx, weights)
+    with precision:
+        res = fn(data, packed.batch_sizes, hx, weights, has_biases, num_layers, dropout, training, False)
     return res[0], tuple(t.index_select(1, packed.unsorted_indices) for t in res[1:])
 
 
