@@ -210,3 +210,135 @@ def test_unsupported_combinations_are_refused():
         block(x, (x, x))
     with pytest.raises(ValueError, match="config must be a BlockConfig"):
         TransformerBlock({"d_model": 8})
+
+
+def hf_config(**kwargs):
+    from hf_momentum.configuration_momentum_transformer import MomentumTransformerConfig
+    return MomentumTransformerConfig(vocab_size=11, hidden_size=8, num_attention_heads=2,
+                                     intermediate_size=16, hidden_dropout=0.0, attention_momentum=0.6,
+                                     attention_step_size=0.8, **kwargs)
+
+
+@pytest.mark.parametrize("layer_norm, connection, causal", [
+    ("pre", "none", True), ("post", "momentum", True), ("pre", "adaptive", False), ("post", "none", False)])
+def test_hf_layers_equal_the_reference(layer_norm, connection, causal, make_generator):
+    """hf_momentum's MomentumTransformerLayer (its state_dict keys are the block's) with the velocity
+    and previous update passed between layers as separate tensors."""
+    from hf_momentum.modeling_momentum_transformer import MomentumTransformerLayer
+    config = hf_config(layer_norm=layer_norm, connection=connection, is_causal=causal)
+    g = make_generator()
+    layers = [MomentumTransformerLayer(config, i).double() for i in range(2)]
+    for layer in layers:
+        random_params(layer, g)
+    spec = dict(d_model=8, heads=2, attention="momentum", momentum=0.6, step_size=0.8, causal=causal,
+                norm=layer_norm, activation="gelu", connection=connection, connection_momentum=0.3,
+                connection_step_size=0.9)
+    x = torch.randn(2, 7, 8, generator=g, dtype=torch.float64)
+    real = left_padded(2, 7)
+    out, velocity, update = x, None, None
+    ref, state = x, None
+    for layer in layers:
+        out, velocity, update = layer(out, velocity, update, padding_mask=real)
+        ref, state = reference_block(dict(layer.named_parameters()), ref, spec, real, state)
+    torch.testing.assert_close(out, ref, atol=ATOL, rtol=0)
+
+
+OLD_COPY_NAMES = {"norm1": "attn_norm", "norm2": "mlp_norm", "ffn.0": "mlp.fc_in", "ffn.3": "mlp.fc_out",
+                  "attention.out": "attention.o_proj"}
+
+
+def copy_block_params(model, i):
+    """Block i's parameters under the shared block's names (the copy recipe's former names mapped:
+    its fused qkv projection split into q, k, v)."""
+    prefix, params = f"blocks.{i}.", {}
+    for name, p in model.named_parameters():
+        if not name.startswith(prefix):
+            continue
+        name = name[len(prefix):]
+        module, leaf = name.rsplit(".", 1)
+        if module == "attention.qkv":
+            for part, chunk in zip("qkv", p.chunk(3, 0)):
+                params[f"attention.{part}_proj.{leaf}"] = chunk
+            continue
+        params[f"{OLD_COPY_NAMES.get(module, module)}.{leaf}"] = p
+    return params
+
+
+COPY_SPECS = {"softmax": "copy_softmax", "linear": "copy_linear",
+              "momentum+connection": "copy_momentum_connection", "adaptive": None}
+
+
+@pytest.mark.parametrize("name", list(COPY_SPECS))
+def test_copy_model_equals_the_reference(name, make_generator):
+    from recipes.copy.model import VARIANTS, CopyTransformer
+    g = make_generator()
+    model = CopyTransformer(VARIANTS[name], n_symbols=5, max_length=9, layers=2, heads=2, head_dim=4).double()
+    random_params(model, g)
+    tokens = torch.randint(0, 6, (2, 9), generator=g)
+    spec = dict(SPECS[COPY_SPECS[name]]) if COPY_SPECS[name] else dict(
+        attention="momentum", momentum=0.1, step_size=0.6, norm="post", activation="relu",
+        connection="adaptive", connection_step_size=0.99)
+    spec.update(d_model=8, heads=2, causal=True)
+    params = dict(model.named_parameters())
+    x = torch.cat([params["embed.weight"][tokens], model.positions[:9].double().expand(2, 9, -1)], -1)
+    state, real = None, torch.ones(2, 9, dtype=torch.bool)
+    for i in range(2):
+        x, state = reference_block(copy_block_params(model, i), x, spec, real, state)
+    with torch.no_grad():
+        torch.testing.assert_close(model(tokens), linear(params, "head", x), atol=ATOL, rtol=0)
+
+
+def test_copy_model_initialisation_is_unchanged():
+    """Same seed, same initial weights as the recipe's former block (nn.Linear defaults drawn in
+    the order embed, per block fused qkv / out / FFN, head), so a run's results do not move."""
+    from recipes.copy.model import VARIANTS, CopyTransformer
+    torch.manual_seed(3)
+    model = CopyTransformer(VARIANTS["momentum"], n_symbols=5, max_length=9, layers=2, heads=2, head_dim=4)
+    torch.manual_seed(3)
+    drawn = {"embed.weight": torch.nn.Embedding(6, 4).weight}
+    for i in range(2):
+        for module, (fan_in, fan_out) in [("attention.qkv", (8, 24)), ("attention.out", (8, 8)),
+                                          ("ffn.0", (8, 32)), ("ffn.3", (32, 8))]:
+            lin = torch.nn.Linear(fan_in, fan_out)
+            drawn.update({f"blocks.{i}.{module}.weight": lin.weight, f"blocks.{i}.{module}.bias": lin.bias})
+    head = torch.nn.Linear(8, 6)
+    drawn.update({"head.weight": head.weight, "head.bias": head.bias})
+    got = dict(model.named_parameters())
+    for i in range(2):
+        want, have = copy_block_params(_Named(drawn), i), copy_block_params(model, i)
+        assert len(want) == 12 and set(want) <= set(have)
+        for name in want:
+            assert torch.equal(have[name], want[name]), name
+    for name in ("embed.weight", "head.weight", "head.bias"):
+        assert torch.equal(got[name], drawn[name]), name
+
+
+class _Named:
+    """named_parameters() over a plain dict, for copy_block_params."""
+
+    def __init__(self, params):
+        self.params = params
+
+    def named_parameters(self):
+        return self.params.items()
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_fairseq_attention_equals_the_shared_attention(causal, make_generator):
+    """fairseq's MomentumMultiheadAttention (time-first, True = PAD, out_proj) and the block's
+    attention (batch-first, True = real, o_proj) on the same weights."""
+    pytest.importorskip("fairseq")
+    from fairseq_momentum.modules.momentum_attention import MomentumMultiheadAttention
+    from plugins.transformer import MultiHeadAttention
+    g = make_generator()
+    old = MomentumMultiheadAttention(8, 2, causal=causal, momentum=0.4, step_size=0.7, chunk_size=4).double()
+    random_params(old, g)
+    config = BlockConfig(8, 2, momentum=0.4, step_size=0.7, causal=causal, chunk_size=4)
+    new = MultiHeadAttention(config).double()
+    new.load_state_dict({name.replace("out_proj", "o_proj"): p for name, p in old.state_dict().items()})
+    x = torch.randn(2, 7, 8, generator=g, dtype=torch.float64)
+    real = left_padded(2, 7)
+    t = x.transpose(0, 1)
+    want = old(t, t, t, key_padding_mask=~real)[0].transpose(0, 1)
+    got = new(x, padding_mask=real)[0]
+    torch.testing.assert_close(got, want, atol=ATOL, rtol=0)
