@@ -21,9 +21,9 @@ import torch
 import torch.distributed as dist
 
 from plugins.attention.context_parallel import slice_bounds
+from plugins.transformer import MultiHeadAttention
 
 from .modeling_momentum_transformer import (
-    MomentumTransformerAttention,
     MomentumTransformerForSequenceClassification,
     MomentumTransformerModel,
 )
@@ -60,7 +60,7 @@ def enable_context_parallel(model: torch.nn.Module, group: Optional[dist.Process
     for module in model.modules():
         if isinstance(module, MomentumTransformerModel):
             module.context_parallel_group = group
-        elif isinstance(module, MomentumTransformerAttention):
+        elif isinstance(module, MultiHeadAttention):
             module.process_group = group
     return model
 

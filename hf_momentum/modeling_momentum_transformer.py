@@ -24,13 +24,7 @@ from .modeling_common import (
     resolve_flag,
     warn_no_attention_weights,
 )
-from .momentum_core import (
-    ConnectionState,
-    MomentumAttentionState,
-    build_connection,
-    momentum_attention,
-    momentum_attention_step,
-)
+from .momentum_core import BlockConfig, ConnectionState, MomentumAttentionState, TransformerBlock
 from .packing import (
     COLLATOR,
     PackedRows,
@@ -72,90 +66,42 @@ class MomentumCache(RecurrentCache):
         self.set_states(layer_idx, (state.s, state.z, state.m))
 
 
-class MomentumTransformerAttention(nn.Module):
-    """Multi-head momentum attention: eq. 13 (causal) or eq. 14, recurrent eq. 12 with a cache."""
+def block_config(config: MomentumTransformerConfig) -> BlockConfig:
+    """The shared block's hyperparameters (`plugins.transformer`) read from this model's config."""
+    return BlockConfig(
+        d_model=config.hidden_size, heads=config.num_attention_heads, ffn_dim=config.intermediate_size,
+        attention="momentum", momentum=config.attention_momentum, step_size=config.attention_step_size,
+        feature_map=config.attention_feature_map, causal=config.is_causal, norm=config.layer_norm,
+        layer_norm_eps=config.layer_norm_eps, activation=ACT2FN[config.hidden_act],
+        attention_dropout=config.attention_dropout, hidden_dropout=config.hidden_dropout,
+        connection=config.connection, connection_momentum=config.connection_momentum,
+        connection_step_size=config.connection_step_size, connection_delta=config.adaptive_delta)
+
+
+class MomentumTransformerLayer(GradientCheckpointingLayer, TransformerBlock):
+    """One shared block (`plugins.transformer.TransformerBlock`: momentum attention eq. 13 / eq. 14,
+    recurrent eq. 12 with a cache, the connection eq. 15 / 18, pre- or post-LN). The velocity v and
+    previous update A_{ℓ−1} of the connection are passed from layer to layer as separate tensors,
+    which gradient checkpointing can follow; the attention state lives in the `MomentumCache`."""
 
     def __init__(self, config: MomentumTransformerConfig, layer_idx: int):
-        super().__init__()
-        self.config, self.layer_idx = config, layer_idx
-        self.num_heads = config.num_attention_heads
-        self.head_dim = config.hidden_size // config.num_attention_heads
-        self.q_proj = nn.Linear(config.hidden_size, config.hidden_size)
-        self.k_proj = nn.Linear(config.hidden_size, config.hidden_size)
-        self.v_proj = nn.Linear(config.hidden_size, config.hidden_size)
-        self.o_proj = nn.Linear(config.hidden_size, config.hidden_size)
-        self.dropout = nn.Dropout(config.attention_dropout)
-        self.process_group = None       # hf_momentum.context_parallel.enable_context_parallel
-
-    def forward(self, hidden_states: torch.Tensor, padding_mask: Optional[torch.Tensor],
-                cache: Optional[MomentumCache], packed: Optional[PackedRows] = None) -> torch.Tensor:
-        batch, length, _ = hidden_states.shape
-        q, k, v = (proj(hidden_states).view(batch, length, self.num_heads, self.head_dim).transpose(1, 2)
-                   for proj in (self.q_proj, self.k_proj, self.v_proj))
-        kwargs = dict(momentum=self.config.attention_momentum, step_size=self.config.attention_step_size,
-                      feature_map=self.config.attention_feature_map, padding_mask=padding_mask)
-        if packed is not None:
-            kwargs["padding_mask"] = None
-            out = packed.unpack(momentum_attention(packed.pack(q), packed.pack(k), packed.pack(v),
-                                                   causal=self.config.is_causal, cu_seqlens=packed.cu_seqlens,
-                                                   **kwargs))
-        elif cache is not None:
-            out, state = momentum_attention_step(q, k, v, cache.get_attention_state(self.layer_idx), **kwargs)
-            cache.set_attention_state(self.layer_idx, state)
-        else:
-            out = momentum_attention(q, k, v, causal=self.config.is_causal, process_group=self.process_group,
-                                     **kwargs)
-        out = out.transpose(1, 2).reshape(batch, length, self.num_heads * self.head_dim)
-        return self.dropout(self.o_proj(out))
-
-
-class MomentumTransformerMLP(nn.Module):
-    def __init__(self, config: MomentumTransformerConfig):
-        super().__init__()
-        self.fc_in = nn.Linear(config.hidden_size, config.intermediate_size)
-        self.fc_out = nn.Linear(config.intermediate_size, config.hidden_size)
-        self.act = ACT2FN[config.hidden_act]
-        self.dropout = nn.Dropout(config.hidden_dropout)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.dropout(self.fc_out(self.act(self.fc_in(x))))
-
-
-class MomentumTransformerLayer(GradientCheckpointingLayer):
-    """One block. The attention residual is x + A(x) or the momentum connection (eq. 15), whose
-    velocity v and previous update A_{ℓ−1} are passed from layer to layer (per token);
-    pre-LN: h = conn(x, Attn(LN(x))), out = h + FFN(LN(h));
-    post-LN: h = LN(conn(x, Attn(x))), out = LN(h + FFN(h))."""
-
-    def __init__(self, config: MomentumTransformerConfig, layer_idx: int):
-        super().__init__()
-        if config.layer_norm not in ("pre", "post"):
-            raise ValueError(f"layer_norm must be 'pre' or 'post', got {config.layer_norm!r}")
-        self.pre_norm = config.layer_norm == "pre"
-        self.attn_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
-        self.attention = MomentumTransformerAttention(config, layer_idx)
-        self.mlp_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
-        self.mlp = MomentumTransformerMLP(config)
-        self.connection = build_connection(config.connection, momentum=config.connection_momentum,
-                                           step_size=config.connection_step_size, delta=config.adaptive_delta)
+        config.check_momentum_fields()
+        super().__init__(block_config(config))
+        self.layer_idx = layer_idx
 
     def forward(self, hidden_states, velocity=None, previous_update=None, padding_mask=None,
                 past_key_values=None, packed=None):
-        x = hidden_states
-        update = self.attention(self.attn_norm(x) if self.pre_norm else x, padding_mask, past_key_values,
-                                packed)
-        if self.connection is None:
-            h = x + update
-        else:
-            state = None if velocity is None else ConnectionState(velocity, previous_update)
-            h, state = self.connection(x, update, state)
-            velocity, previous_update = state.velocity, state.update
-        if not self.pre_norm:
-            h = self.attn_norm(h)
-        out = h + self.mlp(self.mlp_norm(h) if self.pre_norm else h)
-        if not self.pre_norm:
-            out = self.mlp_norm(out)
-        return out, velocity, previous_update
+        cache = past_key_values
+        state = None if velocity is None else ConnectionState(velocity, previous_update)
+        attention_state = None if cache is None else cache.get_attention_state(self.layer_idx)
+        out, state, attention_state = super().forward(hidden_states, state, padding_mask=padding_mask,
+                                                      attention_state=attention_state,
+                                                      recurrent=cache is not None, packed=packed)
+        if cache is not None:
+            cache.set_attention_state(self.layer_idx, attention_state)
+        if state is None:
+            return out, velocity, previous_update
+        return out, state.velocity, state.update
 
 
 class MomentumTransformerPreTrainedModel(RemoteCodeMixin, PreTrainedModel):

@@ -22,12 +22,16 @@ from plugins.connection import (
     build_connection,
     unread_connection_fields,
 )
+from plugins.transformer.attention import MultiHeadAttention
+from plugins.transformer.block import TransformerBlock
+from plugins.transformer.config import BlockConfig
 
-BUNDLED_MODULES = ("plugins.attention.api", "plugins.connection")
+BUNDLED_MODULES = ("plugins.attention.api", "plugins.connection", "plugins.transformer.block")
 EXPORTS = ("FEATURE_MAPS", "MomentumAttentionState", "momentum_attention", "momentum_attention_step",
            "AdaptiveMomentumConnection", "ConnectionState", "MomentumConnection", "build_connection",
            "DEFAULT_CONNECTION_MOMENTUM", "DEFAULT_CONNECTION_STEP_SIZE", "DEFAULT_ADAPTIVE_DELTA",
-           "CONNECTION_READS", "unread_connection_fields")
+           "CONNECTION_READS", "unread_connection_fields", "BlockConfig", "MultiHeadAttention",
+           "TransformerBlock")
 
 
 def bundled_source() -> str:

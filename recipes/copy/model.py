@@ -1,11 +1,10 @@
 """Small causal decoder-only transformer for the copy task, in the five variants of
 Momentum Transformer, Figure 1 / Table 1.
 
-The attention equations come from `plugins.attention` (linear eq. 7, momentum eq. 13) and
-`torch.nn.functional.scaled_dot_product_attention` (softmax); the residual around attention
-is either the plain one or `plugins.connection` (eq. 15, adaptive eq. 18). Blocks are post-LN,
-as in the linear transformer's copy-task model that Section 4.1 follows; the connection sits
-where `plugins.connection` documents for post-LN.
+The blocks are the shared `plugins.transformer.TransformerBlock`: softmax attention, linear
+eq. 7 or momentum eq. 13, the residual around attention plain or `plugins.connection` (eq. 15,
+adaptive eq. 18). Blocks are post-LN, as in the linear transformer's copy-task model that
+Section 4.1 follows; the connection sits where `plugins.connection` documents for post-LN.
 """
 import math
 from dataclasses import dataclass
@@ -13,10 +12,8 @@ from typing import Optional
 
 import torch
 from torch import nn
-from torch.nn import functional as F
 
-from plugins.attention import linear_attention, momentum_attention
-from plugins.connection import AdaptiveMomentumConnection, MomentumConnection
+from plugins.transformer import BlockConfig, TransformerBlock
 
 
 @dataclass(frozen=True)
@@ -44,68 +41,37 @@ VARIANTS = {
 }
 
 
-def softmax_attention(q, k, v):
-    return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+def block_config(variant: Variant, d_model: int, heads: int, dropout: float) -> BlockConfig:
+    """Post-LN, ReLU FFN of width 4 · d_model, `dropout` after attention and in the FFN."""
+    momentum = variant.attention == "momentum"
+    return BlockConfig(d_model, heads, attention=variant.attention,
+                       momentum=variant.momentum if momentum else None,
+                       step_size=variant.step_size if momentum else None, causal=True, norm="post",
+                       activation="relu", attention_dropout=dropout, activation_dropout=dropout,
+                       hidden_dropout=dropout, connection=variant.connection or "none",
+                       connection_momentum=variant.connection_momentum,
+                       connection_step_size=variant.connection_step_size)
 
 
-def attention_function(variant: Variant):
-    """(q, k, v) (B, H, N, D) → (B, H, N, D), causal."""
-    if variant.attention == "softmax":
-        return softmax_attention
-    if variant.attention == "linear":
-        return lambda q, k, v: linear_attention(q, k, v, causal=True)
-    if variant.attention == "momentum":
-        return lambda q, k, v: momentum_attention(q, k, v, momentum=variant.momentum,
-                                                  step_size=variant.step_size, causal=True)
-    raise ValueError(f"unknown attention {variant.attention!r}")
-
-
-def residual_connection(variant: Variant) -> Optional[nn.Module]:
-    if variant.connection is None:
-        return None
-    if variant.connection == "momentum":
-        return MomentumConnection(variant.connection_momentum, variant.connection_step_size)
-    if variant.connection == "adaptive":
-        return AdaptiveMomentumConnection(step_size=variant.connection_step_size)
-    raise ValueError(f"unknown connection {variant.connection!r}")
-
-
-class CausalSelfAttention(nn.Module):
-    def __init__(self, d_model: int, heads: int, attend, dropout: float):
-        super().__init__()
-        self.heads = heads
-        self.qkv = nn.Linear(d_model, 3 * d_model)
-        self.out = nn.Linear(d_model, d_model)
-        self.attend = attend
-        self.dropout = nn.Dropout(dropout)
-
-    def forward(self, x):
-        B, N, D = x.shape
-        q, k, v = self.qkv(x).view(B, N, 3, self.heads, D // self.heads).permute(2, 0, 3, 1, 4)
-        y = self.attend(q, k, v).transpose(1, 2).reshape(B, N, D)
-        return self.dropout(self.out(y))
-
-
-class Block(nn.Module):
-    """Post-LN block: h = LN(residual(x, A(x))); x' = LN(h + FFN(h))."""
-
-    def __init__(self, d_model: int, heads: int, variant: Variant, dropout: float):
-        super().__init__()
-        self.attention = CausalSelfAttention(d_model, heads, attention_function(variant), dropout)
-        self.connection = residual_connection(variant)
-        self.norm1 = nn.LayerNorm(d_model)
-        self.norm2 = nn.LayerNorm(d_model)
-        self.ffn = nn.Sequential(nn.Linear(d_model, 4 * d_model), nn.ReLU(), nn.Dropout(dropout),
-                                 nn.Linear(4 * d_model, d_model), nn.Dropout(dropout))
-
-    def forward(self, x, state=None):
-        update = self.attention(x)
-        if self.connection is None:
-            h = x + update
-        else:
-            h, state = self.connection(x, update, state)
-        h = self.norm1(h)
-        return self.norm2(h + self.ffn(h)), state
+def copy_block(config: BlockConfig) -> TransformerBlock:
+    """A shared block initialised as the recipe's former block drew its weights (nn.Linear
+    defaults: a fused (3·d, d) q/k/v projection, the output projection, the FFN), so a seeded
+    run gives the same model as before."""
+    with torch.random.fork_rng(devices=[]):
+        block = TransformerBlock(config)
+    d = config.d_model
+    qkv, out = nn.Linear(d, 3 * d), nn.Linear(d, d)
+    fc_in, fc_out = nn.Linear(d, config.ffn_dim), nn.Linear(config.ffn_dim, d)
+    attention = block.attention
+    with torch.no_grad():
+        for name in ("weight", "bias"):
+            for proj, part in zip((attention.q_proj, attention.k_proj, attention.v_proj),
+                                  getattr(qkv, name).chunk(3, 0)):
+                getattr(proj, name).copy_(part)
+            pairs = ((attention.o_proj, out), (block.mlp.fc_in, fc_in), (block.mlp.fc_out, fc_out))
+            for target, source in pairs:
+                getattr(target, name).copy_(getattr(source, name))
+    return block
 
 
 def sinusoidal_positions(length: int, dim: int) -> torch.Tensor:
@@ -130,7 +96,8 @@ class CopyTransformer(nn.Module):
         self.embed = nn.Embedding(n_symbols + 1, d_model // 2)
         self.register_buffer("positions", sinusoidal_positions(max_length, d_model // 2),
                              persistent=False)
-        self.blocks = nn.ModuleList(Block(d_model, heads, variant, dropout) for _ in range(layers))
+        config = block_config(variant, d_model, heads, dropout)
+        self.blocks = nn.ModuleList(copy_block(config) for _ in range(layers))
         self.head = nn.Linear(d_model, n_symbols + 1)
 
     def forward(self, tokens):
@@ -138,5 +105,5 @@ class CopyTransformer(nn.Module):
         x = torch.cat([self.embed(tokens), self.positions[:N].expand(B, N, -1)], dim=-1)
         state = None
         for block in self.blocks:
-            x, state = block(x, state)
+            x, state, _ = block(x, state)
         return self.head(x)

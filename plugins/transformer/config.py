@@ -1,0 +1,99 @@
+"""The hyperparameters of one transformer block (`plugins.transformer.block`), their defaults
+and their checks, written once for the HF model and the copy recipe."""
+from dataclasses import dataclass
+from typing import Callable, Optional, Union
+
+from ..connection import (
+    DEFAULT_ADAPTIVE_DELTA,
+    DEFAULT_CONNECTION_MOMENTUM,
+    DEFAULT_CONNECTION_STEP_SIZE,
+    build_connection,
+)
+from ..validation import (
+    check_bool,
+    check_choice,
+    check_int,
+    check_momentum,
+    check_positive,
+    check_probability,
+)
+
+ATTENTION_KINDS = ("softmax", "linear", "momentum")
+BLOCK_FEATURE_MAPS = ("elu", "relu")
+NORM_PLACEMENTS = ("pre", "post")
+ACTIVATION_NAMES = ("relu", "gelu")
+# β and γ of Momentum Transformer, eq. 12/13 when attention="momentum" and they are not given.
+DEFAULT_ATTENTION_MOMENTUM = 0.6
+DEFAULT_ATTENTION_STEP_SIZE = 1.0
+
+
+@dataclass(frozen=True)
+class BlockConfig:
+    """One block: `heads`-head attention over `d_model` features, then a feed-forward network
+    of width `ffn_dim` (None: 4 · d_model).
+
+    attention: "softmax" (scaled dot product), "linear" (eq. 7) or "momentum" (eq. 13, eq. 14
+    with causal=False); momentum β ∈ [0, 1) and step_size γ > 0 are read by "momentum" only (None:
+    0.6 and 1.0). feature_map φ ∈ {"elu", "relu"} for "linear" and "momentum".
+    norm: "pre" or "post" layer norm; activation: "relu", "gelu" or a callable.
+    connection: the residual around attention, "none", "momentum" (eq. 15) or "adaptive"
+    (eq. 18), with `plugins.connection.build_connection`'s defaults and checks."""
+
+    d_model: int
+    heads: int
+    ffn_dim: Optional[int] = None
+    attention: str = "momentum"
+    momentum: Optional[float] = None
+    step_size: Optional[float] = None
+    feature_map: str = "elu"
+    causal: bool = True
+    chunk_size: int = 64
+    norm: str = "pre"
+    layer_norm_eps: float = 1e-5
+    activation: Union[str, Callable] = "gelu"
+    attention_dropout: float = 0.0
+    activation_dropout: float = 0.0
+    hidden_dropout: float = 0.0
+    connection: str = "none"
+    connection_momentum: float = DEFAULT_CONNECTION_MOMENTUM
+    connection_step_size: float = DEFAULT_CONNECTION_STEP_SIZE
+    connection_delta: float = DEFAULT_ADAPTIVE_DELTA
+
+    def __post_init__(self):
+        check_int(self.d_model, "d_model", low=1)
+        check_int(self.heads, "heads", low=1)
+        if self.d_model % self.heads:
+            raise ValueError(f"d_model ({self.d_model}) must be divisible by heads ({self.heads})")
+        if self.ffn_dim is None:
+            object.__setattr__(self, "ffn_dim", 4 * self.d_model)
+        check_int(self.ffn_dim, "ffn_dim", low=1)
+        check_choice(self.attention, "attention", ATTENTION_KINDS)
+        self._resolve_attention_coefficients()
+        check_choice(self.feature_map, "feature_map", BLOCK_FEATURE_MAPS)
+        check_bool(self.causal, "causal")
+        check_int(self.chunk_size, "chunk_size", low=1)
+        check_choice(self.norm, "norm", NORM_PLACEMENTS)
+        check_positive(self.layer_norm_eps, "layer_norm_eps")
+        if not callable(self.activation):
+            check_choice(self.activation, "activation", ACTIVATION_NAMES)
+        for name in ("attention_dropout", "activation_dropout", "hidden_dropout"):
+            check_probability(getattr(self, name), name)
+        build_connection(self.connection, momentum=self.connection_momentum,
+                         step_size=self.connection_step_size, delta=self.connection_delta)
+
+    def _resolve_attention_coefficients(self) -> None:
+        """β, γ of eq. 13: defaults for "momentum"; refused for the kinds that never read them."""
+        if self.attention != "momentum":
+            for name in ("momentum", "step_size"):
+                if getattr(self, name) is not None:
+                    raise ValueError(f"{name}={getattr(self, name)!r} is not read by attention="
+                                     f"{self.attention!r}: leave it None or use attention='momentum'")
+            return
+        momentum = DEFAULT_ATTENTION_MOMENTUM if self.momentum is None else self.momentum
+        step_size = DEFAULT_ATTENTION_STEP_SIZE if self.step_size is None else self.step_size
+        object.__setattr__(self, "momentum", check_momentum(momentum, "momentum"))
+        object.__setattr__(self, "step_size", check_positive(step_size, "step_size"))
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.heads
