@@ -74,7 +74,7 @@ class MomentumLSTMPreTrainedModel(RemoteCodeMixin, PreTrainedModel):
     config_class = MomentumLSTMConfig
     config: MomentumLSTMConfig
     base_model_prefix = "model"
-    _no_split_modules = ["MomentumLSTM"]
+    _no_split_modules = ["MomentumLSTMStack"]
     supports_gradient_checkpointing = True
     _skip_keys_device_placement = ["past_key_values"]
     auto_map = AUTO_MAP
@@ -156,6 +156,31 @@ def run_layers(lstm: MomentumLSTM, views: dict, inputs, state, one_step: bool = 
     return tuple(outputs), stack_states(finals)
 
 
+class MomentumLSTMStack(MomentumLSTM):
+    """The model's LSTM stack. Every computation the model makes with it is a call of this
+    module, so a wrapper around it sees each one: PEFT's `ParamWrapper` (LoRA on the recurrent
+    weights through `LoraConfig(target_parameters=...)`) puts the adapted weights in place only
+    while its forward runs, and passes no other method through. forward(..., one_step=True) is
+    `step` (input: one token, (batch, features)); with `views` (`layer_views`) it runs the layers
+    one at a time (`run_layers`) and returns every layer's output, else a one-tuple of the last.
+
+    The joined input weights ([W | b_ih], `JoinedWeightCache`) are not kept from one call to the
+    next: PEFT's `merge_adapter` / `merge_and_unload` write the merged weights through `.data`,
+    which bumps no version counter, so a cache kept since an evaluation of the base weights would
+    hand out the unmerged ones."""
+
+    def forward(self, input, state=None, *, cu_seqlens=None, one_step=False, views=None):
+        for stack in (self, *(views or {}).values()):
+            stack.joined_weights.clear()
+        if views is not None:
+            return run_layers(self, views, input, state, one_step, cu_seqlens)
+        if one_step:
+            out, state = self.step(input, state)
+        else:
+            out, state = super().forward(input, state, cu_seqlens=cu_seqlens)
+        return (out,), state
+
+
 class MomentumLSTMStackRun(GradientCheckpointingLayer):
     """The unit that gradient checkpointing recomputes: the LSTM stack from a zero state,
     tensors in and tensors out (what both checkpoint implementations track). It holds no
@@ -171,7 +196,7 @@ class MomentumLSTMModel(MomentumLSTMPreTrainedModel):
         super().__init__(config)
         self.embed_tokens = nn.Embedding(config.vocab_size, config.embedding_size, config.pad_token_id)
         self.dropout = nn.Dropout(config.embedding_dropout)
-        self.lstm = MomentumLSTM(config.embedding_size, config.hidden_size, config.num_hidden_layers,
+        self.lstm = MomentumLSTMStack(config.embedding_size, config.hidden_size, config.num_hidden_layers,
                                  cell=config.cell, momentum=config.momentum, step_size=config.step_size,
                                  beta=config.beta, eps=config.eps, restart=config.restart,
                                  batch_first=True, dropout=config.dropout)
@@ -224,7 +249,7 @@ class MomentumLSTMModel(MomentumLSTMPreTrainedModel):
                              f"cache that holds {past} tokens")
         if length == 0:
             empty = x.new_zeros(batch, 0, self.config.hidden_size)
-            outputs = (empty,) * (self.lstm.num_layers if output_hidden_states else 1)
+            outputs = (empty,) * (self.config.num_hidden_layers if output_hidden_states else 1)
         elif packed is not None:
             outputs = self.stack_run(x, mask, run=partial(self._documents, packed=packed,
                                                           all_layers=output_hidden_states))
@@ -246,10 +271,8 @@ class MomentumLSTMModel(MomentumLSTMPreTrainedModel):
         """Outputs of packed documents: the real tokens as one row split by cu_seqlens, each
         document from a zero state; zeros at padding."""
         row = packed.pack_tokens(x)
-        if all_layers:
-            outputs, _ = run_layers(self.lstm, self.layer_views, row, None, cu_seqlens=packed.cu_seqlens)
-        else:
-            outputs = (self.lstm(row, None, cu_seqlens=packed.cu_seqlens)[0],)
+        outputs, _ = self.lstm(row, None, cu_seqlens=packed.cu_seqlens,
+                               views=self.layer_views if all_layers else None)
         return tuple(packed.unpack_tokens(out) for out in outputs)
 
     def _outputs(self, x, mask, all_layers=False):
@@ -267,10 +290,7 @@ class MomentumLSTMModel(MomentumLSTMPreTrainedModel):
 
     def _stack(self, inputs, state, all_layers, one_step=False):
         """The stack as one call or, with all_layers, layer by layer (run_layers)."""
-        if all_layers:
-            return run_layers(self.lstm, self.layer_views, inputs, state, one_step)
-        out, state = self.lstm.step(inputs, state) if one_step else self.lstm(inputs, state)
-        return (out,), state
+        return self.lstm(inputs, state, one_step=one_step, views=self.layer_views if all_layers else None)
 
     def _packed(self, x, mask, state, all_layers):
         lengths = mask.sum(-1)

@@ -163,8 +163,8 @@ def test_unknown_cell_lists_the_registry():
 
 @pytest.mark.parametrize("cell", CELLS)
 def test_cached_token_is_one_cell_step(cell, make_generator, monkeypatch):
-    """A generated token runs MomentumLSTM.step (the sequence layer is not called) and gives
-    the logits and state of one forward over the whole sequence."""
+    """A generated token runs MomentumLSTM.step (the sequence computation, whole or segmented, is
+    not called) and gives the logits and state of one forward over the whole sequence."""
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(tiny(cell=cell)).eval()
     ids = torch.randint(3, 100, (2, 9), generator=make_generator())
@@ -176,7 +176,8 @@ def test_cached_token_is_one_cell_step(cell, make_generator, monkeypatch):
         def refuse(*args, **kwargs):
             raise AssertionError("the sequence layer ran for a single cached token")
 
-        monkeypatch.setattr(model.model.lstm, "forward", refuse)
+        for name in ("_forward_sequence", "_forward_segments"):
+            monkeypatch.setattr(model.model.lstm, name, refuse)
         for t in range(5, 9):
             logits = model(input_ids=ids[:, t:t + 1], past_key_values=cache, use_cache=True).logits
             torch.testing.assert_close(logits[:, 0], full[:, t], atol=1e-5, rtol=1e-5)

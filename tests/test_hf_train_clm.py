@@ -29,9 +29,9 @@ def text_file(tmp_path_factory):
     return path
 
 
-def run(cmd, cwd):
+def run(cmd, cwd, extra_env=None):
     env = dict(os.environ, HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false", OMP_NUM_THREADS="1",
-               ACCELERATE_USE_CPU="1", PYTHONPATH=str(REPO))
+               ACCELERATE_USE_CPU="1", PYTHONPATH=str(REPO), **(extra_env or {}))
     proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=400)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     return proc

@@ -79,7 +79,8 @@ def write_data(folder):
 def test_readme_has_the_quickstart_blocks():
     languages = [(section.split(": ")[1], language) for section, language, _ in BLOCKS]
     assert languages == [("the PyTorch core", "python"), ("the PyTorch core", "python"), ("fairseq", "bash"),
-                         ("fairseq", "bash"), ("transformers", "python")]
+                         ("fairseq", "bash"), ("transformers", "python"),
+                         ("transformers", "python")]
     shrunk = "\n".join(code for _, _, code in BLOCKS)
     for pattern, _ in SIZES:
         assert re.search(pattern, shrunk), f"SIZES pattern {pattern!r} matches no README block"

@@ -1,4 +1,4 @@
-"""Train a causal LM with momentum attention on plain-text files, with accelerate.
+"""Train a causal LM with momentum attention on plain-text files or a `datasets` dataset, with accelerate.
 
 The model is a native MomentumTransformerForCausalLM (default), a MomentumLSTMForCausalLM
 (`--model_type momentum_lstm`), or any stock transformers causal
@@ -9,6 +9,15 @@ into blocks of `--block_size` tokens; with `--packing`, every paragraph is a doc
 `--block_size` tokens and a batch is flattened into one row without padding by transformers'
 `DataCollatorWithFlattening` (padding-free training: the model keeps the documents apart). The
 tokenizer is saved beside the model, so `pipeline("text-generation", model=OUTPUT/final)` works.
+
+Instead of `--train_file`, `--dataset_name NAME` loads a dataset with `datasets.load_dataset`
+(a Hub name, or a local folder or file of json / csv / parquet / text; `--dataset_config_name`,
+`--cache_dir`) and `--dataset_from_disk PATH` one written by `save_to_disk`; the text is in
+`--text_column`. Each row is a document (its tokens and one end-of-sequence token): tokenized,
+then grouped into blocks or, with `--packing`, cut into documents of at most `--block_size`
+tokens, by `Dataset.map`, whose cache files (keyed by the data set's fingerprint) a later run
+reuses. Validation: the dataset's "validation" split if it has one, else `train_test_split` of
+the blocks (`--validation_split`, `--seed`).
 
 Single process:   python recipes/hf/train_clm.py --train_file a.txt --output_dir out
 Several processes (CPU ranks shown; on GPUs drop ACCELERATE_USE_CPU):
@@ -23,7 +32,7 @@ CSV file, plotted to OUTPUT/curves.png), final `save_pretrained` of model and to
 optional `--push_to_hub --hub_model_id user/name`. `--context_parallel N` (native momentum_transformer)
 splits each training sequence over N consecutive ranks (docs/context_parallel.md); evaluation
 runs whole sequences. `--record_dir` writes per-rank JSON (batch
-fingerprints, final parameter digest) for tests.
+fingerprints, final parameter digest, training and validation rows, a dataset's cache files) for tests.
 """
 import argparse
 import ast
@@ -83,10 +92,23 @@ def check_trackers(parser, names):
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--train_file", nargs="+", required=True)
+    p.add_argument("--train_file", nargs="+", default=None,
+                   help="plain-text files; the training source is exactly one of --train_file, "
+                        "--dataset_name and --dataset_from_disk")
+    p.add_argument("--dataset_name", default=None,
+                   help="datasets.load_dataset's path: a Hub dataset, or a local folder or file of json, "
+                        "csv, parquet or text")
+    p.add_argument("--dataset_config_name", default=None, help="the --dataset_name configuration")
+    p.add_argument("--dataset_from_disk", default=None, help="a dataset folder written by save_to_disk")
+    p.add_argument("--text_column", default="text", help="the dataset column holding the text")
+    p.add_argument("--cache_dir", default=None,
+                   help="datasets' cache for --dataset_name (default: HF_DATASETS_CACHE, "
+                        "~/.cache/huggingface/datasets)")
     p.add_argument("--validation_file", nargs="*", default=None,
-                   help="default: the last --validation_split of the training tokens")
-    p.add_argument("--validation_split", type=float, default=0.05)
+                   help="with --train_file; default: the last --validation_split of the training tokens")
+    p.add_argument("--validation_split", type=float, default=0.05,
+                   help="share of the training blocks held out when there is no --validation_file or "
+                        "\"validation\" split")
     p.add_argument("--tokenizer", default=None,
                    help='"bytes" (UTF-8 bytes with ByT5 ids, see byte_tokenizer) or a local tokenizer '
                         'path; default: the tokenizer saved with --model_name_or_path if there is one, '
@@ -155,6 +177,19 @@ def parse_args(argv=None):
                         "only); the data-parallel degree is the number of processes / this")
     args = p.parse_args(argv)
     check_trackers(p, args.report_to)
+    sources = [f"--{name}" for name in ("train_file", "dataset_name", "dataset_from_disk")
+               if getattr(args, name)]
+    if len(sources) != 1:
+        p.error("the training data: give exactly one of --train_file, --dataset_name, --dataset_from_disk"
+                + (f" (got {' and '.join(sources)})" if sources else ""))
+    if args.validation_file is not None and not args.train_file:
+        p.error(f"argument --validation_file: goes with --train_file; with {sources[0]} the validation data "
+                f"is the dataset's \"validation\" split, else --validation_split of it")
+    if args.dataset_config_name and not args.dataset_name:
+        p.error("argument --dataset_config_name: goes with --dataset_name")
+    if args.dataset_from_disk and not Path(args.dataset_from_disk).is_dir():
+        p.error(f"argument --dataset_from_disk: {args.dataset_from_disk} is not a folder (expected one "
+                f"written by save_to_disk)")
     if args.model_name_or_path and Path(args.model_name_or_path).exists() and not (
             Path(args.model_name_or_path) / "config.json").is_file():
         p.error(f"argument --model_name_or_path: {args.model_name_or_path} has no config.json (expected a "
@@ -307,12 +342,78 @@ def documents(files, tokenizer, block_size):
     return pieces
 
 
+def training_splits(args):
+    """The raw training and validation splits of --dataset_name / --dataset_from_disk (validation
+    None when the dataset has no "validation" split), checked for --text_column."""
+    import datasets
+
+    if args.dataset_from_disk:
+        loaded = datasets.load_from_disk(args.dataset_from_disk)
+        source = f"--dataset_from_disk {args.dataset_from_disk}"
+    else:
+        loaded = datasets.load_dataset(args.dataset_name, args.dataset_config_name, cache_dir=args.cache_dir)
+        source = f"--dataset_name {args.dataset_name}"
+    if isinstance(loaded, datasets.Dataset):
+        train, valid = loaded, None
+    elif "train" in loaded:
+        train, valid = loaded["train"], loaded.get("validation")
+    else:
+        raise ValueError(f"{source} has no \"train\" split (its splits: {', '.join(loaded)})")
+    for split in (train, valid):
+        if split is not None and args.text_column not in split.column_names:
+            raise ValueError(f"--text_column {args.text_column}: {source} has no such column (its columns: "
+                             f"{', '.join(split.column_names)})")
+    return train, valid, source
+
+
+def tokenized(split, args, tokenizer, source):
+    """A split's rows as token blocks of --block_size (or, with --packing, documents of at most
+    --block_size tokens), each row a document ending with the end-of-sequence token, through
+    `Dataset.map` (batched, cached by fingerprint)."""
+    column, size, eos = args.text_column, args.block_size, tokenizer.eos
+
+    def encode(batch):
+        ids = tokenizer.hf(batch[column], add_special_tokens=False)["input_ids"]
+        return {"input_ids": [row + ([eos] if eos is not None else []) for row in ids]}
+
+    def group(batch):
+        ids = [token for row in batch["input_ids"] for token in row]
+        return {"input_ids": [ids[i:i + size] for i in range(0, len(ids) - size + 1, size)]}
+
+    def cut(batch):
+        pieces = (row[i:i + size] for row in batch["input_ids"] for i in range(0, len(row), size))
+        return {"input_ids": [piece for piece in pieces if len(piece) > 1]}
+
+    split = split.map(encode, batched=True, remove_columns=split.column_names, desc="tokenize")
+    split = split.map(cut if args.packing else group, batched=True,
+                      desc="documents" if args.packing else "blocks")
+    if len(split) == 0:
+        raise ValueError(f"{source} holds no " + ("document of two or more tokens" if args.packing else
+                                                  f"block of {size} tokens"))
+    return split
+
+
+def dataset_loaders_data(args, tokenizer):
+    """Training and validation rows (datasets.Dataset with an input_ids column) of a dataset source."""
+    train, valid, source = training_splits(args)
+    train = tokenized(train, args, tokenizer, source)
+    if valid is not None:
+        return train, tokenized(valid, args, tokenizer, f"{source} (validation split)")
+    if len(train) < 2:
+        raise ValueError(f"{source} gives {len(train)} training row, too few to hold out a validation share")
+    split = train.train_test_split(test_size=args.validation_split, seed=args.seed)
+    return split["train"], split["test"]
+
+
 def loaders(args, tokenizer):
     """Training and validation loaders. Their batches are model keyword arguments: input_ids and
     labels ((batch, block_size) blocks), or with --packing DataCollatorWithFlattening's one row
     (input_ids, labels with -100 at each document's first token, position_ids that restart,
     cu_seq_lens_q/k, max_length_q/k)."""
-    if args.packing:
+    if not args.train_file:
+        data, valid = dataset_loaders_data(args, tokenizer)
+        collate = DataCollatorWithFlattening(return_flash_attn_kwargs=True) if args.packing else stack_rows
+    elif args.packing:
         data = documents(args.train_file, tokenizer, args.block_size)
         valid = documents(args.validation_file, tokenizer, args.block_size) if args.validation_file else None
         collate = DataCollatorWithFlattening(return_flash_attn_kwargs=True)
@@ -329,6 +430,12 @@ def loaders(args, tokenizer):
     train_loader = DataLoader(data, batch_size=args.per_device_batch_size, shuffle=True, collate_fn=collate,
                               generator=torch.Generator().manual_seed(args.seed))
     return train_loader, DataLoader(valid, batch_size=args.per_device_batch_size, collate_fn=collate)
+
+
+def stack_rows(rows):
+    """Blocks of a dataset (rows {"input_ids": [...]}) as model arguments."""
+    ids = torch.tensor([row["input_ids"] for row in rows])
+    return {"input_ids": ids, "labels": ids}
 
 
 def samples(batch) -> int:
@@ -510,7 +617,11 @@ def main(argv=None):
         for k, v in vars(args).items()})
     set_seed(args.seed)
     tokenizer = Tokenizer(args.tokenizer)
-    train_loader, valid_loader = loaders(args, tokenizer)
+    with accelerator.main_process_first():     # one process tokenizes a dataset, the others read its cache
+        train_loader, valid_loader = loaders(args, tokenizer)
+    data_record = {"train_rows": len(train_loader.dataset), "valid_rows": len(valid_loader.dataset),
+                   "cache_files": sorted({f["filename"] for loader in (train_loader, valid_loader)
+                                          for f in getattr(loader.dataset, "cache_files", [])})}
     model = build_model(args, tokenizer)
     cp_group = None
     if args.context_parallel > 1:
@@ -544,7 +655,7 @@ def main(argv=None):
         skip = done
         accelerator.print(f"resumed from {path} at step {step}")
 
-    record = {"rank": accelerator.process_index, "batches": []}
+    record = {"rank": accelerator.process_index, "batches": [], **data_record}
     progress = tqdm(total=max_steps, initial=step, disable=not accelerator.is_local_main_process,
                     desc="train")
     model.train()
