@@ -55,6 +55,7 @@ def parse_args(argv=None):
     p.add_argument("--epochs", type=positive_int, help="override the number of epochs")
     p.add_argument("--train-images", type=positive_int, help="use the first n training images")
     p.add_argument("--test-images", type=positive_int, help="use the first n test images")
+    p.add_argument("--samples", type=positive_int, help="images generated per model for the grid")
     p.add_argument("--out-dir", type=Path, default=Path("outputs/image_generation"))
     p.add_argument("--device", type=available_device, default=torch.device("cpu"),
                    help="cpu (default), cuda[:n], or auto (cuda when a CUDA device is present)")
@@ -87,7 +88,8 @@ def main(argv=None):
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
     model_config, train_config = configure(args.full, args.dataset, epochs=args.epochs,
-                                             train_images=args.train_images, test_images=args.test_images)
+                                             train_images=args.train_images, test_images=args.test_images,
+                                             samples=args.samples)
     data = load_sequences(train_config.dataset, side=train_config.side)
     model_config = replace(model_config, sequence_length=data.dims)
     args.out_dir.mkdir(parents=True, exist_ok=True)
