@@ -65,10 +65,15 @@ def test_demo_end_to_end_tiny(tmp_path, capsys):
 def test_demo_defaults_follow_the_device():
     args = demo.parse_args(["--device", "cpu"])
     assert args.seeds == [1, 2, 3] and args.experiments == ["lm", "pmnist"] and args.epochs == 2
-    assert args.lm_seeds == [1, 2] and demo.parse_args(["--device", "cpu", "--full"]).lm_seeds == [1, 2, 3]
+    assert args.lm_seeds == [1, 2] and args.max_train_tokens == 100_000
+    full = demo.parse_args(["--device", "cpu", "--full"])
+    assert full.lm_seeds == [1, 2, 3] and full.max_train_tokens == 200_000
+    assert demo.parse_args(["--device", "cpu", "--full", "--max-train-tokens", "5"]).max_train_tokens == 5
     expected = sum(seconds for _, seconds in demo.plan(args))
-    assert 10 * 60 <= expected <= 25 * 60          # the measured CPU default: 19.5 min on 2 quiet cores
-    assert sum(s for _, s in demo.plan(demo.parse_args(["--device", "cpu", "--full"]))) > expected
+    assert 10 * 60 <= expected <= 14 * 60          # the CPU default is sized for <= 15 min on 2 quiet cores
+    assert sum(s for _, s in demo.plan(full)) > expected
+    previous = demo.parse_args(["--device", "cpu", "--max-train-tokens", "200000"])
+    assert 18 * 60 <= sum(s for _, s in demo.plan(previous)) <= 21 * 60   # measured: 19 min 39 s
     assert demo.parse_args(["--device", "cpu", "--seeds", "4", "--epochs", "1"]).seeds == [4]
     if not torch.cuda.is_available():
         assert demo.parse_args([]).device == "cpu"

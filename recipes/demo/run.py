@@ -12,9 +12,10 @@
 Each pair ends with a one-line verdict: which model is better and whether the difference of the
 means exceeds the seed spread. With a CUDA device (`--device auto`, the default) the demo runs the
 GPU-size configuration and says so; on CPU it runs a configuration sized for ≤ 15 minutes on two
-cores (two LM seeds, three PMNIST seeds; `--full` for three LM seeds); measured 19.5 min from a
-fresh clone on 2 quiet cores (2026-11-25), over that target (docs/results.md). It prints its expected
-duration first and an ETA after every finished run.
+cores (two LM seeds on the first 100k training tokens, three PMNIST seeds; expected 13.6 min on 2
+quiet cores, docs/results.md has the measured runs); `--full` restores the previous default's 200k
+tokens with three LM seeds (expected 27.6 min). It prints its expected duration first and an ETA
+after every finished run.
 
     .venv/bin/python -m recipes.demo.run [--out-dir outputs/demo] [--seeds 1 2 3] [--device cpu]
 """
@@ -76,10 +77,14 @@ class DemoSize:
 
 
 SIZES = {
-    # 2 CPU cores, ≤ 15 minutes in all: 2 seeds of 4 LMs at 200k tokens × 2 epochs (`--full`: 3),
+    # 2 CPU cores, ≤ 15 minutes in all: 2 seeds of 4 LMs at 100k tokens × 2 epochs,
     # PMNIST at 14 × 14 (196 steps), 64 units, 4 epochs, 3 seeds (docs/results.md has the times).
-    "cpu": DemoSize(epochs=2, max_train_tokens=200_000, lm_seeds=(1, 2), seeds=(1, 2, 3),
+    "cpu": DemoSize(epochs=2, max_train_tokens=100_000, lm_seeds=(1, 2), seeds=(1, 2, 3),
                     experiments=("lm", "pmnist"), mnist_args=(), copy_args=()),
+    # `--full` on CPU: the previous default's LMs (200k tokens, 19.6 min measured with 2 seeds),
+    # with 3 seeds.
+    "cpu-full": DemoSize(epochs=2, max_train_tokens=200_000, lm_seeds=(1, 2, 3), seeds=(1, 2, 3),
+                         experiments=("lm", "pmnist"), mnist_args=(), copy_args=()),
     # One GPU: the whole Austen training split for 5 epochs, PMNIST at 28 × 28 (784 steps, as in
     # the paper) with 128 units for 10 epochs, and the copy task at §4.1 size (GPU time unmeasured).
     "cuda": DemoSize(epochs=5, max_train_tokens=0, lm_seeds=(1, 2, 3), seeds=(1, 2, 3),
@@ -104,12 +109,13 @@ def parse_args(argv=None):
                         help="seeds of every experiment (default: LMs 1 2 on CPU, 1 2 3 on CUDA; "
                              "PMNIST and copy 1 2 3)")
     parser.add_argument("--full", action="store_true",
-                        help="on CPU, three LM seeds as on CUDA (~17 min on 2 quiet cores instead of ~13)")
+                        help="on CPU, the larger LM size: 200k training tokens and three LM seeds "
+                             "(expected 27.6 min on 2 quiet cores instead of 13.6)")
     parser.add_argument("--epochs", type=positive_int, default=None,
                         help="LM training epochs per model (>= 1; default 2 on CPU, 5 on CUDA)")
     parser.add_argument("--max-train-tokens", type=non_negative_int, default=None,
                         help="train the LMs on the first N tokens of the training split "
-                             "(0 = all; default 200000 on CPU, all on CUDA)")
+                             "(0 = all; default 100000 on CPU, 200000 with --full, all on CUDA)")
     parser.add_argument("--max-eval-tokens", type=non_negative_int, default=20_000,
                         help="validate and test on the first N tokens of those splits (0 = all)")
     parser.add_argument("--models", nargs="+", choices=list(MODELS), default=list(MODELS))
@@ -122,11 +128,11 @@ def parse_args(argv=None):
         parser.error("argument --device: cuda requested but no CUDA device is available")
     use_cuda = args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
     device = "cuda" if use_cuda else "cpu"
-    size = SIZES[device]
+    size = SIZES["cpu-full" if device == "cpu" and args.full else device]
     args.device = device
     args.epochs = args.epochs or size.epochs
     args.max_train_tokens = size.max_train_tokens if args.max_train_tokens is None else args.max_train_tokens
-    args.lm_seeds = args.seeds or list(size.seeds if args.full else size.lm_seeds)
+    args.lm_seeds = args.seeds or list(size.lm_seeds)
     args.seeds = args.seeds or list(size.seeds)
     args.experiments = args.experiments or list(size.experiments)
     args.mnist_args = list(size.mnist_args) if args.mnist_args is None else shlex.split(args.mnist_args)
@@ -143,9 +149,18 @@ def device_line(device: str) -> str:
 
 
 # Seconds per job on the reference machine: a fresh clone on 2 quiet CPU cores, 2026-11-25
-# (docs/results.md): 98-120 s per LM with its evaluation, ~30 s per PMNIST run, 16 s to set up.
+# (docs/results.md): 115-138 s per LM at 200k tokens × 2 epochs with its evaluation, of which
+# ~30 s do not scale with the training tokens (fairseq start-up, validation, fairseq-eval-lm on
+# test); ~30 s per PMNIST run, 18 s to set up, 12 s for the samples.
 REFERENCE = "2 quiet CPU cores"
-EXPECTED_S = {"setup": 20.0, "lm": 120.0, "samples": 15.0, "pmnist": 30.0}
+EXPECTED_S = {"setup": 20.0, "lm_fixed": 30.0, "lm_tokens": 90.0, "samples": 15.0, "pmnist": 30.0}
+LM_REFERENCE_TOKENS = 200_000 * 2
+
+
+def expected_lm_s(max_train_tokens: int, epochs: int) -> float:
+    """Expected seconds of one LM (training + test evaluation) on the reference machine."""
+    tokens = (max_train_tokens or 630_000) * epochs
+    return EXPECTED_S["lm_fixed"] + EXPECTED_S["lm_tokens"] * tokens / LM_REFERENCE_TOKENS
 
 
 def plan(args) -> List[Tuple[str, float]]:
@@ -153,8 +168,7 @@ def plan(args) -> List[Tuple[str, float]]:
     jobs = []
     if "lm" in args.experiments:
         jobs.append(("lm:setup", EXPECTED_S["setup"]))
-        jobs += [(f"lm:{name}:{seed}", EXPECTED_S["lm"] * args.epochs / 2
-                  * (args.max_train_tokens or 630_000) / 200_000)
+        jobs += [(f"lm:{name}:{seed}", expected_lm_s(args.max_train_tokens, args.epochs))
                  for name in args.models for seed in args.lm_seeds]
         jobs.append(("lm:samples", EXPECTED_S["samples"]))
     if "pmnist" in args.experiments:
