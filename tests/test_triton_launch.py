@@ -1,8 +1,8 @@
 """Every Triton kernel through Triton's real launch path, without a GPU (tests/triton_standin.py):
 the binder, the autotuner over every config it keeps, compilation for an H100 (sm_90) and an
-A100 (sm_80) with the bundled ptxas, and the shared-memory check. The interpreter and a direct
-`triton.compile` skip the binder, which is where a kernel argument named `params` crashed every
-first GPU launch."""
+A100 (sm_80, opt-in: MOMENTUM_TEST_SM80=1) with the bundled ptxas, and the shared-memory check.
+The interpreter and a direct `triton.compile` skip the binder, which is where a kernel argument
+named `params` crashed every first GPU launch."""
 import ast
 import os
 import subprocess
@@ -21,9 +21,11 @@ TIMEOUT = 2700
 # sm_90 (H100, the GPU users train on) gets the full matrix. sm_80 (A100) differs in what fits:
 # 164 KB of shared memory instead of 227 KB, so the autotuner must prune the largest tiles
 # without failing; that shows at D = 128 in the two widest dtypes' configs (bf16, and fp32 with
-# tf32 dots, whose bwd_dqk tiles need 184 KB on sm_90). One group keeps CI under its budget.
+# tf32 dots, whose bwd_dqk tiles need 184 KB on sm_90). sm_80 is opt-in (MOMENTUM_TEST_SM80=1):
+# it took 349 s of a 2992 s make test, and the project requires the launch check for sm_90 only.
 MATRIX = {90: dict(groups=(["bf16", "tf32"], ["fp16", "fp32"]), dims=(64, 128)),
           80: dict(groups=(["bf16", "tf32"],), dims=(128,))}
+SM80_OPT_IN = "MOMENTUM_TEST_SM80"
 
 
 def _has_nvidia_backend() -> bool:
@@ -49,7 +51,9 @@ def test_public_api_launches_through_the_compiled_path(arch, tmp_path):
     decoding step and the Adam/RMSProp LSTM recurrences, with no compilation for other autotuning
     buckets, and a decoding step at Dk = 512; on sm_90 in bf16, fp16, fp32 and fp32 with tf32
     dots at head sizes 64 and 128 (two processes, one per dtype group, share the two cores), on
-    sm_80 the subset in MATRIX."""
+    sm_80 the subset in MATRIX, when MOMENTUM_TEST_SM80=1."""
+    if arch == 80 and os.environ.get(SM80_OPT_IN) != "1":
+        pytest.skip(f"the sm_80 (A100) matrix is opt-in: {SM80_OPT_IN}=1 runs it (docs/developing.md)")
     pytest.importorskip("triton")
     if not _has_nvidia_backend():
         pytest.skip("this triton has no NVIDIA backend")
