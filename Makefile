@@ -12,6 +12,8 @@ export PIP_CONSTRAINT := $(abspath $(LOCK))
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 REQ_HASH := $(shell cat $(LOCK) setup.cfg pyproject.toml | sha256sum | cut -c1-16)
 PYTEST_ARGS ?=
+# pytest-xdist workers for make test (CI has 2 cores; 0 runs in this process; docs/developing.md).
+PYTEST_WORKERS ?= 2
 DEMO_ARGS ?=
 GPU_CHECK_ARGS ?=
 
@@ -38,7 +40,7 @@ lint: venv
 	$(BIN)/ruff check .
 
 test: venv lint
-	$(BIN)/python -m pytest --timeout 900 $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadscope --no-loadscope-reorder --timeout 900 $(PYTEST_ARGS)
 
 # The main job: momentum vs baseline LMs on the offline Austen corpus through fairseq-train.
 demo: venv

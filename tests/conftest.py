@@ -9,6 +9,10 @@ if not torch.cuda.is_available():
     # any test module imports triton (importing torch does not).
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # make test runs one pytest-xdist worker per core: one intra-op thread each, not a core each
+    torch.set_num_threads(1)
+
 
 @pytest.fixture
 def make_generator(request):
@@ -19,7 +23,10 @@ def make_generator(request):
 
 
 def pytest_collection_modifyitems(config, items):
-    """Tests marked `gpu` need a CUDA device; elsewhere they are skipped with the reason shown."""
+    """Tests marked `slow` go first, so that under pytest-xdist no long test starts at the end of
+    the run (make test's --dist loadscope --no-loadscope-reorder sends modules in this order).
+    Tests marked `gpu` need a CUDA device; elsewhere they are skipped with the reason shown."""
+    items.sort(key=lambda item: "slow" not in item.keywords)
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU (none on this machine); "

@@ -1,8 +1,8 @@
 """Every Triton kernel through Triton's real launch path, without a GPU (tests/triton_standin.py):
 the binder, the autotuner over every config it keeps, compilation for an H100 (sm_90) and an
-A100 (sm_80) with the bundled ptxas, and the shared-memory check. The interpreter and a direct
-`triton.compile` skip the binder, which is where a kernel argument named `params` crashed every
-first GPU launch."""
+A100 (sm_80, opt-in: MOMENTUM_TEST_SM80=1) with the bundled ptxas, and the shared-memory check.
+The interpreter and a direct `triton.compile` skip the binder, which is where a kernel argument
+named `params` crashed every first GPU launch."""
 import ast
 import os
 import subprocess
@@ -16,14 +16,17 @@ ROOT = Path(__file__).resolve().parents[1]
 # binds these names itself; a kernel argument with one of them is overwritten before it is used.
 BINDER_NAMES = {"params", "specialization", "options", "backend", "specialize_impl", "JITCallable"}
 # Per arch, both groups together: ~6 min on two idle cores for sm_90, several times that when
-# other jobs share them (900 s was exceeded that way).
+# other jobs share them (900 s was exceeded that way). make test's --timeout 900 applies to
+# every other test; this one has its own (a run at load 9 on 2 cores hit 900 s).
 TIMEOUT = 2700
 # sm_90 (H100, the GPU users train on) gets the full matrix. sm_80 (A100) differs in what fits:
 # 164 KB of shared memory instead of 227 KB, so the autotuner must prune the largest tiles
 # without failing; that shows at D = 128 in the two widest dtypes' configs (bf16, and fp32 with
-# tf32 dots, whose bwd_dqk tiles need 184 KB on sm_90). One group keeps CI under its budget.
+# tf32 dots, whose bwd_dqk tiles need 184 KB on sm_90). sm_80 is opt-in (MOMENTUM_TEST_SM80=1):
+# it took 349 s of a 2992 s make test, and the project requires the launch check for sm_90 only.
 MATRIX = {90: dict(groups=(["bf16", "tf32"], ["fp16", "fp32"]), dims=(64, 128)),
           80: dict(groups=(["bf16", "tf32"],), dims=(128,))}
+SM80_OPT_IN = "MOMENTUM_TEST_SM80"
 
 
 def _has_nvidia_backend() -> bool:
@@ -43,13 +46,16 @@ def _compiled_env(cache_dir):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(TIMEOUT)
 @pytest.mark.parametrize("arch", [90, 80])
 def test_public_api_launches_through_the_compiled_path(arch, tmp_path):
     """Attention forward + backward (padding, initial and final state), linear attention, a
     decoding step and the Adam/RMSProp LSTM recurrences, with no compilation for other autotuning
     buckets, and a decoding step at Dk = 512; on sm_90 in bf16, fp16, fp32 and fp32 with tf32
     dots at head sizes 64 and 128 (two processes, one per dtype group, share the two cores), on
-    sm_80 the subset in MATRIX."""
+    sm_80 the subset in MATRIX, when MOMENTUM_TEST_SM80=1."""
+    if arch == 80 and os.environ.get(SM80_OPT_IN) != "1":
+        pytest.skip(f"the sm_80 (A100) matrix is opt-in: {SM80_OPT_IN}=1 runs it (docs/developing.md)")
     pytest.importorskip("triton")
     if not _has_nvidia_backend():
         pytest.skip("this triton has no NVIDIA backend")
@@ -61,11 +67,11 @@ def test_public_api_launches_through_the_compiled_path(arch, tmp_path):
             for i, dtypes in enumerate(groups)]
     try:
         outputs = [run.communicate(timeout=TIMEOUT)[0] for run in runs]
-    except subprocess.TimeoutExpired:
-        for run in runs:               # not left compiling on the shared cores after the test
-            run.kill()
-            run.wait()
-        raise
+    finally:
+        for run in runs:               # not left compiling on the shared cores after a timeout
+            if run.poll() is None:
+                run.kill()
+                run.wait()
     for run, dtypes, output in zip(runs, groups, outputs):
         assert run.returncode == 0, f"sm_{arch} {dtypes}:\n{output[-6000:]}"
         for dtype in dtypes:
