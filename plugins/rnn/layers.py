@@ -47,6 +47,7 @@ from .sequence import (
     RecurrentState,
     as_output,
     as_sequence,
+    autocast_off,
     fused_packed,
     fused_recurrence,
     initial_state,
@@ -230,7 +231,7 @@ class _MomentumLayers(nn.Module):
 
     def _adaptive_drive(self, x, inp, w, b, weight_ih, bias_ih, m0, lengths):
         """Normalised pre-activation of eq. 15 for all steps, with its last v and m."""
-        with torch.autocast(x.device.type, enabled=False):     # see MomentumLSTM._adaptive_layer
+        with autocast_off(x.device.type):     # see MomentumLSTM._adaptive_layer
             x, inp, m0 = x.to(w.dtype), inp.to(w.dtype), m0.to(w.dtype)
             g = F.linear(x, weight_ih, bias_ih)
             v = F.linear(inp, w, b)
@@ -445,7 +446,7 @@ class _MomentumLayers(nn.Module):
 def carried_v(x_last, w, b):
     """The momentum v = W x + b (eq. 9) returned in the state, in the weights' dtype with autocast
     off: the state carried into the next call keeps float32 (autocast would round it to bf16)."""
-    with torch.autocast(x_last.device.type, enabled=False):
+    with autocast_off(x_last.device.type):
         return F.linear(x_last.to(w.dtype), w, b)
 
 
@@ -515,7 +516,7 @@ class MomentumLSTM(_MomentumLayers):
         # divides by |g|, so bf16's rounding of g reaches the gradients amplified (13 % relative
         # in tests/test_rnn_layers.py's autocast case), and the in-place steps need one dtype
         x, h0, c0, v0, m0 = (t.to(w_hh.dtype) for t in (x, h0, c0, v0, m0))
-        with torch.autocast(x.device.type, enabled=False):
+        with autocast_off(x.device.type):
             g = F.linear(x, rows(w_ih), rows(b_ih))
             hs, c, v, m = AdamLSTMRecurrence.apply(
                 g, v0.index_select(1, forward), h0, c0, m0.index_select(1, forward), rows(w_hh),
@@ -553,7 +554,7 @@ class MomentumRNN(_MomentumLayers):
         if self.variant.has_m:
             # a Python loop whose carried h and v, m stay in the weights' dtype under autocast
             # (and g, as in MomentumLSTM._adaptive_layer)
-            with torch.autocast(x.device.type, enabled=False):
+            with autocast_off(x.device.type):
                 x, h0, v0, m0 = (None if t is None else t.to(w_hh.dtype) for t in (x, h0, v0, m0))
                 inp, w, b = input_map(x, decay, self.variant.input_scale(self.hyper), w_ih, b_ih,
                                       v0 if carries_v else None,

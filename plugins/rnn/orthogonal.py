@@ -17,7 +17,7 @@ from torch.nn.utils.parametrizations import orthogonal
 from ..validation import check_choice, check_int
 from .checks import check_sizes, check_step_counter, check_step_input
 from .layers import _MomentumLayers, input_map, recurrence_loop
-from .sequence import last_step
+from .sequence import autocast_off, last_step
 from .variants import check_hyper
 
 MAPS = ("matrix_exp", "cayley")
@@ -169,7 +169,7 @@ class OrthogonalMomentumRNN(_MomentumLayers):
     def _layer(self, k, x, lengths, decay, h0, c0, v0, m0, carries_v):
         """In the weights' dtype with autocast off: the modReLU recurrence is a Python loop whose
         carried h, and the momentum v it returns, stay in float32 under autocast."""
-        with torch.autocast(x.device.type, enabled=False):
+        with autocast_off(x.device.type):
             dtype = getattr(self, f"weight_ih_l{k}").dtype
             return self._full_precision_layer(k, x.to(dtype), lengths, decay, h0.to(dtype),
                                               None if v0 is None else v0.to(dtype),

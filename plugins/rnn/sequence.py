@@ -71,6 +71,14 @@ def valid_mask(lengths, steps, batch, device):
     return (t[:, None] < lengths[None, :]).to(device).view(steps, batch, 1)
 
 
+def autocast_off(device_type: str):
+    """A region without autocast on `device_type` (nothing to turn off where autocast does not
+    exist, as on meta tensors, or is not enabled)."""
+    if not torch.amp.is_autocast_available(device_type) or not torch.is_autocast_enabled(device_type):
+        return contextlib.nullcontext()
+    return torch.autocast(device_type, enabled=False)
+
+
 def cpu_autocast_off(x, hx, weights):
     """(x, hx, context) for torch's fused LSTM / tanh-RNN kernel. CPU autocast hands it bf16
     (or fp16) operands, for which oneDNN has no LSTM primitive on CPUs without those
