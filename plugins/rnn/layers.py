@@ -230,13 +230,13 @@ class _MomentumLayers(nn.Module):
         return None if decay is None else self.joined_weights.get(k, weight, bias)
 
     def _adaptive_drive(self, x, inp, w, b, weight_ih, bias_ih, m0, lengths):
-        """Normalised pre-activation of eq. 15 for all steps, with its last v and m."""
-        with autocast_off(x.device.type):     # see MomentumLSTM._adaptive_layer
-            x, inp, m0 = x.to(w.dtype), inp.to(w.dtype), m0.to(w.dtype)
-            g = F.linear(x, weight_ih, bias_ih)
-            v = F.linear(inp, w, b)
-            m = second_moment(g * g, m0, self.beta)
-            return v / torch.sqrt(m + self.eps), last_step(v, lengths), last_step(m, lengths)
+        """Normalised pre-activation of eq. 15 for all steps, with its last v and m. Its callers
+        (MomentumRNN, OrthogonalMomentumRNN) run it in the weights' dtype with autocast off, g
+        included (see MomentumLSTM._adaptive_layer)."""
+        g = F.linear(x, weight_ih, bias_ih)
+        v = F.linear(inp, w, b)
+        m = second_moment(g * g, m0, self.beta)
+        return v / torch.sqrt(m + self.eps), last_step(v, lengths), last_step(m, lengths)
 
     def _state(self, state, batch, ref, steps):
         return initial_state(state, num_layers=self.num_layers, batch=batch, hidden=self.hidden_size,
