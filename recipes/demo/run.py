@@ -12,9 +12,9 @@
 Each pair ends with a one-line verdict: which model is better and whether the difference of the
 means exceeds the seed spread. With a CUDA device (`--device auto`, the default) the demo runs the
 GPU-size configuration and says so; on CPU it runs a configuration sized for ≤ 15 minutes on two
-cores (two LM seeds on the first 100k training tokens, three PMNIST seeds; expected 13.6 min on 2
-quiet cores, docs/results.md has the measured runs); `--full` restores the previous default's 200k
-tokens with three LM seeds (expected 27.6 min). It prints its expected duration first and an ETA
+cores (two LM seeds on the first 100k training tokens, three PMNIST seeds; 8.5 min measured from a
+fresh clone on 2 quiet cores, docs/results.md); `--full` restores the previous default's 200k
+tokens with three LM seeds (expected 17.4 min). It prints its expected duration first and an ETA
 after every finished run.
 
     .venv/bin/python -m recipes.demo.run [--out-dir outputs/demo] [--seeds 1 2 3] [--device cpu]
@@ -110,7 +110,7 @@ def parse_args(argv=None):
                              "PMNIST and copy 1 2 3)")
     parser.add_argument("--full", action="store_true",
                         help="on CPU, the larger LM size: 200k training tokens and three LM seeds "
-                             "(expected 27.6 min on 2 quiet cores instead of 13.6)")
+                             "(expected 17.4 min on 2 quiet cores instead of 8.5)")
     parser.add_argument("--epochs", type=positive_int, default=None,
                         help="LM training epochs per model (>= 1; default 2 on CPU, 5 on CUDA)")
     parser.add_argument("--max-train-tokens", type=non_negative_int, default=None,
@@ -148,12 +148,12 @@ def device_line(device: str) -> str:
     return f"device: cpu ({torch.get_num_threads()} threads; {reason}), CPU-size configuration"
 
 
-# Seconds per job on the reference machine: a fresh clone on 2 quiet CPU cores, 2026-11-25
-# (docs/results.md): 115-138 s per LM at 200k tokens × 2 epochs with its evaluation, of which
-# ~30 s do not scale with the training tokens (fairseq start-up, validation, fairseq-eval-lm on
-# test); ~30 s per PMNIST run, 18 s to set up, 12 s for the samples.
+# Seconds per job on the reference machine: `make demo` from a fresh clone on 2 quiet CPU cores,
+# 2026-11-25 (docs/results.md, 8 min 28 s): 12 s to set up, 40-50 s per LM at 100k tokens × 2
+# epochs with its evaluation, of which ~15 s do not scale with the training tokens (fairseq
+# start-up, validation, fairseq-eval-lm on test), 12 s for the samples, ~20 s per PMNIST run.
 REFERENCE = "2 quiet CPU cores"
-EXPECTED_S = {"setup": 20.0, "lm_fixed": 30.0, "lm_tokens": 90.0, "samples": 15.0, "pmnist": 30.0}
+EXPECTED_S = {"setup": 12.0, "lm_fixed": 15.0, "lm_tokens": 60.0, "samples": 12.0, "pmnist": 20.0}
 LM_REFERENCE_TOKENS = 200_000 * 2
 
 
