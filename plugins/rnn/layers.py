@@ -54,7 +54,7 @@ from .sequence import (
     last_step,
     valid_mask,
 )
-from .variants import Hyper, check_hyper
+from .variants import Hyper, layer_hyper
 
 
 def input_map(x, decay, step_size, weight, bias, v0, joined=None):
@@ -176,12 +176,12 @@ class _MomentumLayers(nn.Module):
     gate_count = 4
     filters_input_for_adam = True
 
-    def __init__(self, input_size, hidden_size, num_layers=1, *, cell="momentum", momentum=0.6,
-                 step_size=1.0, beta=0.9, eps=1e-8, restart=None, bias=True, batch_first=False,
+    def __init__(self, input_size, hidden_size, num_layers=1, *, cell="momentum", momentum=None,
+                 step_size=None, beta=None, eps=None, restart=None, bias=True, batch_first=False,
                  dropout=0.0):
         super().__init__()
         check_sizes(input_size, hidden_size)
-        self.variant, hyper = check_hyper(cell, self.plain, momentum, step_size, beta, eps, restart)
+        self.variant, hyper = layer_hyper(cell, self.plain, momentum, step_size, beta, eps, restart)
         self.input_size, self.hidden_size = input_size, hidden_size
         self.num_layers = check_int(num_layers, "num_layers", low=1)
         self.cell = self.variant.name
@@ -210,9 +210,10 @@ class _MomentumLayers(nn.Module):
             self.register_parameter(f"bias_hh_l{k}", nn.Parameter(torch.empty(width)))
 
     def extra_repr(self):
+        read = "".join(f", {name}={getattr(self, name)}" for name in Hyper._fields
+                       if getattr(self, name) is not None)
         return (f"{self.input_size}, {self.hidden_size}, num_layers={self.num_layers}, "
-                f"cell={self.cell!r}, momentum={self.momentum}, step_size={self.step_size}, "
-                f"beta={self.beta}, restart={self.restart}, batch_first={self.batch_first}")
+                f"cell={self.cell!r}{read}, batch_first={self.batch_first}")
 
     def layer_parameters(self, k):
         get = lambda name: getattr(self, f"{name}_l{k}", None)
@@ -454,7 +455,9 @@ class MomentumLSTM(_MomentumLayers):
     """Stack of MomentumLSTM-family layers (MomentumRNN, Sections 2.2–2.4), nn.LSTM-like.
 
     cell: "lstm" (plain LSTM) or any momentum cell of the table in variants.py (docs/cells.md;
-    restart F for the cells that take one).
+    restart F for the cells that take one). momentum μ, step_size s, beta β, eps ε: None is the
+    cell's default (variants.DEFAULTS); a value for one the cell never reads (e.g. momentum with
+    cell="lstm" or "rmsprop") is refused, and the attribute of an unread one is None.
     Parameters are named and ordered as nn.LSTM's (gates i, f, g, o), initialised as in
     Appendix F. forward(input, state=None) -> (output, RecurrentState); input is
     (T, B, input_size) (batch_first: (B, T, input_size)) or a PackedSequence; state may also
