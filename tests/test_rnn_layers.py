@@ -362,3 +362,16 @@ def test_state_parts_of_the_wrong_kind_are_named(change, needle):
     _, state = layer(torch.randn(T, B, D))
     with pytest.raises(ValueError, match=needle):
         layer(torch.randn(T, B, D), state._replace(**change))
+
+
+def test_weight_dtype_region_casts_and_turns_autocast_off():
+    """sequence.in_weight_dtype, the one "autocast off + cast to the weights' dtype" of the layers:
+    bf16 tensors come back float32 (None kept), and inside the region a matmul stays float32."""
+    from plugins.rnn.sequence import in_weight_dtype
+    weight = torch.ones(2, 2)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        (x, none), region = in_weight_dtype(weight, torch.ones(3, 2, dtype=torch.bfloat16), None)
+        assert x.dtype == torch.float32 and none is None
+        assert (x @ weight).dtype == torch.bfloat16
+        with region:
+            assert (x @ weight).dtype == torch.float32

@@ -47,9 +47,9 @@ from .sequence import (
     RecurrentState,
     as_output,
     as_sequence,
-    autocast_off,
     fused_packed,
     fused_recurrence,
+    in_weight_dtype,
     initial_state,
     last_step,
     valid_mask,
@@ -447,8 +447,9 @@ class _MomentumLayers(nn.Module):
 def carried_v(x_last, w, b):
     """The momentum v = W x + b (eq. 9) returned in the state, in the weights' dtype with autocast
     off: the state carried into the next call keeps float32 (autocast would round it to bf16)."""
-    with autocast_off(x_last.device.type):
-        return F.linear(x_last.to(w.dtype), w, b)
+    (x_last,), precision = in_weight_dtype(w, x_last)
+    with precision:
+        return F.linear(x_last, w, b)
 
 
 class MomentumLSTM(_MomentumLayers):
@@ -518,8 +519,8 @@ class MomentumLSTM(_MomentumLayers):
         # in the weights' dtype with autocast off, g included: the normaliser (m + ε)^(−1/2)
         # divides by |g|, so bf16's rounding of g reaches the gradients amplified (13 % relative
         # in tests/test_rnn_layers.py's autocast case), and the in-place steps need one dtype
-        x, h0, c0, v0, m0 = (t.to(w_hh.dtype) for t in (x, h0, c0, v0, m0))
-        with autocast_off(x.device.type):
+        (x, h0, c0, v0, m0), precision = in_weight_dtype(w_hh, x, h0, c0, v0, m0)
+        with precision:
             g = F.linear(x, rows(w_ih), rows(b_ih))
             hs, c, v, m = AdamLSTMRecurrence.apply(
                 g, v0.index_select(1, forward), h0, c0, m0.index_select(1, forward), rows(w_hh),
@@ -557,8 +558,8 @@ class MomentumRNN(_MomentumLayers):
         if self.variant.has_m:
             # a Python loop whose carried h and v, m stay in the weights' dtype under autocast
             # (and g, as in MomentumLSTM._adaptive_layer)
-            with autocast_off(x.device.type):
-                x, h0, v0, m0 = (None if t is None else t.to(w_hh.dtype) for t in (x, h0, v0, m0))
+            (x, h0, v0, m0), precision = in_weight_dtype(w_hh, x, h0, v0, m0)
+            with precision:
                 inp, w, b = input_map(x, decay, self.variant.input_scale(self.hyper), w_ih, b_ih,
                                       v0 if carries_v else None,
                                       self._joined_input_weight(k, decay, w_ih, b_ih))

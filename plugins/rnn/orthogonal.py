@@ -17,7 +17,7 @@ from torch.nn.utils.parametrizations import orthogonal
 from ..validation import check_choice, check_int
 from .checks import check_sizes, check_step_counter, check_step_input
 from .layers import _MomentumLayers, input_map, recurrence_loop
-from .sequence import autocast_off, last_step
+from .sequence import in_weight_dtype, last_step
 from .variants import layer_hyper
 
 MAPS = ("matrix_exp", "cayley")
@@ -169,11 +169,9 @@ class OrthogonalMomentumRNN(_MomentumLayers):
     def _layer(self, k, x, lengths, decay, h0, c0, v0, m0, carries_v):
         """In the weights' dtype with autocast off: the modReLU recurrence is a Python loop whose
         carried h, and the momentum v it returns, stay in float32 under autocast."""
-        with autocast_off(x.device.type):
-            dtype = getattr(self, f"weight_ih_l{k}").dtype
-            return self._full_precision_layer(k, x.to(dtype), lengths, decay, h0.to(dtype),
-                                              None if v0 is None else v0.to(dtype),
-                                              None if m0 is None else m0.to(dtype), carries_v)
+        (x, h0, v0, m0), precision = in_weight_dtype(getattr(self, f"weight_ih_l{k}"), x, h0, v0, m0)
+        with precision:
+            return self._full_precision_layer(k, x, lengths, decay, h0, v0, m0, carries_v)
 
     def _full_precision_layer(self, k, x, lengths, decay, h0, v0, m0, carries_v):
         w_ih, bias = getattr(self, f"weight_ih_l{k}"), getattr(self, f"bias_l{k}")
