@@ -37,12 +37,12 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 from torch.nn.utils.rnn import PackedSequence
 
-from ..validation import check_bool, check_int, check_probability
+from ..validation import check_bool, check_int, check_offsets, check_probability
 from .adam_recurrence import AdamLSTMRecurrence, gate_order
 from .checks import check_input_dtype, check_sizes
 from .filters import SegmentDecay, bias_channel, carried_channels, filter_sequence, second_moment
 from .lstm_cells import lstm_update
-from .segments import check_segment_offsets, offsets_from_starts, segment_layout
+from .segments import offsets_from_starts, segment_layout
 from .sequence import (
     RecurrentState,
     as_output,
@@ -272,7 +272,7 @@ class _MomentumLayers(nn.Module):
         check_input_dtype(x, self.weight_ih_l0)
         steps, batch = x.shape[:2]
         if cu_seqlens is not None:
-            offsets = check_segment_offsets(cu_seqlens, batch, steps, x.device)
+            offsets = check_offsets(cu_seqlens, steps, device=x.device, batch=batch).cpu()
         else:
             offsets = offsets_from_starts(segment_starts, batch, steps, x.device)
         layout = segment_layout(offsets, x.device)
