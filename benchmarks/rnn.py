@@ -65,6 +65,7 @@ def build(variant, T, B, D, H, L=1, device="cpu"):
     sys.path.insert(0, str(ROOT))
     from plugins.rnn import MomentumLSTM
     from plugins.rnn.adam_recurrence import recurrence_backend
+    from plugins.rnn.variants import read_hyperparameters
 
     torch.manual_seed(0)
     x = torch.randn(T, B, D, device=device)
@@ -93,7 +94,7 @@ def build(variant, T, B, D, H, L=1, device="cpu"):
         return run
     cell, _, backend = variant.partition("-")
     layer = MomentumLSTM(D, H, num_layers=L, cell=cell, restart=2 if cell == "sr" else None,
-                         **HYPER).to(device)
+                         **read_hyperparameters(cell, **HYPER)).to(device)
 
     def run():
         with recurrence_backend(backend or "auto"):

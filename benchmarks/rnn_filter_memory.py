@@ -34,10 +34,12 @@ def worker(cell, length, grad):
 
     sys.path.insert(0, str(ROOT))
     from plugins.rnn import MomentumLSTM, RecurrentState
+    from plugins.rnn.variants import read_hyperparameters
 
     torch.set_num_threads(1)
     torch.manual_seed(0)
-    layer = MomentumLSTM(4, 8, cell=cell, momentum=0.999, restart=2 if cell == "sr" else None)
+    layer = MomentumLSTM(4, 8, cell=cell, restart=2 if cell == "sr" else None,
+                         **read_hyperparameters(cell, momentum=0.999))
     state = RecurrentState(torch.zeros(1, 2, 8), torch.zeros(1, 2, 8),
                            None if cell == "lstm" else torch.randn(1, 2, 32), None,
                            torch.tensor([0, 5]))

@@ -3,10 +3,12 @@ from transformers import PreTrainedConfig
 from transformers.activations import ACT2FN
 
 from .momentum_core import (
+    BLOCK_FEATURE_MAPS,
     CONNECTION_READS,
-    DEFAULT_ADAPTIVE_DELTA,
-    DEFAULT_CONNECTION_MOMENTUM,
-    DEFAULT_CONNECTION_STEP_SIZE,
+    DEFAULT_ATTENTION_MOMENTUM,
+    DEFAULT_ATTENTION_STEP_SIZE,
+    NORM_PLACEMENTS,
+    BlockConfig,
     unread_connection_fields,
 )
 from .validation import (
@@ -15,18 +17,25 @@ from .validation import (
     check_choice,
     check_int,
     check_momentum,
-    check_number,
     check_positive,
     check_probability,
 )
 
-# φ for the q, k projections of a transformers model. "identity" is not offered: q and k are raw
-# linear projections, so φ(q)ᵀΣφ(k) can be negative or near zero and the normalisation of
-# eq. 12–14 divides by it (a probe found half of the denominators negative). Both maps here are
-# non-negative, so every denominator is at least the kernel's eps > 0.
-FEATURE_MAP_NAMES = ("elu", "relu")
-CONNECTIONS = ("none", "momentum", "adaptive")
-LAYER_NORMS = ("pre", "post")
+# φ for the q, k projections of a transformers model: the block's maps. "identity" is not
+# offered: q and k are raw linear projections, so φ(q)ᵀΣφ(k) can be negative or near zero and
+# the normalisation of eq. 12–14 divides by it (a probe found half of the denominators negative).
+# Both maps are non-negative, so every denominator is at least the kernel's eps > 0.
+FEATURE_MAP_NAMES = BLOCK_FEATURE_MAPS
+LAYER_NORMS = NORM_PLACEMENTS
+
+
+class NamedBlockConfig(BlockConfig):
+    """The block's hyperparameters, its errors naming the fields of this config."""
+
+    labels = {"d_model": "hidden_size", "heads": "num_attention_heads", "ffn_dim": "intermediate_size",
+              "momentum": "attention_momentum", "step_size": "attention_step_size",
+              "feature_map": "attention_feature_map", "causal": "is_causal", "norm": "layer_norm",
+              "connection_delta": "adaptive_delta"}
 
 
 def check_attention_hyperparameters(momentum, step_size, feature_map):
@@ -70,21 +79,21 @@ class MomentumTransformerConfig(PreTrainedConfig):
     num_hidden_layers: int = 4
     num_attention_heads: int = 4
     intermediate_size: int | None = None
-    hidden_act: str = "gelu"
-    attention_momentum: float = 0.6
-    attention_step_size: float = 1.0
-    attention_feature_map: str = "elu"
-    connection: str = "none"
-    connection_momentum: float = DEFAULT_CONNECTION_MOMENTUM
-    connection_step_size: float = DEFAULT_CONNECTION_STEP_SIZE
-    adaptive_delta: float = DEFAULT_ADAPTIVE_DELTA
+    hidden_act: str = BlockConfig.activation
+    attention_momentum: float = DEFAULT_ATTENTION_MOMENTUM
+    attention_step_size: float = DEFAULT_ATTENTION_STEP_SIZE
+    attention_feature_map: str = BlockConfig.feature_map
+    connection: str = BlockConfig.connection
+    connection_momentum: float = BlockConfig.connection_momentum
+    connection_step_size: float = BlockConfig.connection_step_size
+    adaptive_delta: float = BlockConfig.connection_delta
     max_position_embeddings: int = 2048
     embedding_dropout: float = 0.0
-    attention_dropout: float = 0.0
+    attention_dropout: float = BlockConfig.attention_dropout
     hidden_dropout: float = 0.1
-    layer_norm: str = "pre"
-    layer_norm_eps: float = 1e-5
-    is_causal: bool = True
+    layer_norm: str = BlockConfig.norm
+    layer_norm_eps: float = BlockConfig.layer_norm_eps
+    is_causal: bool = BlockConfig.causal
     initializer_range: float = 0.02
     use_cache: bool = True
     pad_token_id: int | None = None
@@ -116,26 +125,31 @@ class MomentumTransformerConfig(PreTrainedConfig):
                                  f"{self.connection!r} and would be ignored; leave {field} at its default "
                                  f"{default!r} or use connection={users}")
 
+    def block_fields(self) -> dict:
+        """The shared block's hyperparameters (`plugins.transformer.BlockConfig`'s fields) read from
+        this config. A dict, not a BlockConfig: remote code may load this file and the modeling
+        file's `momentum_core` as two modules, each with its own BlockConfig class."""
+        return dict(
+            d_model=self.hidden_size, heads=self.num_attention_heads, ffn_dim=self.intermediate_size,
+            attention="momentum", momentum=self.attention_momentum, step_size=self.attention_step_size,
+            feature_map=self.attention_feature_map, causal=self.is_causal, norm=self.layer_norm,
+            layer_norm_eps=self.layer_norm_eps,
+            activation=ACT2FN[check_choice(self.hidden_act, "hidden_act", ACT2FN)],
+            attention_dropout=self.attention_dropout, hidden_dropout=self.hidden_dropout,
+            connection=self.connection, connection_momentum=self.connection_momentum,
+            connection_step_size=self.connection_step_size, connection_delta=self.adaptive_delta)
+
     def check_momentum_fields(self) -> None:
-        """ValueError naming the first field out of its range (bools and non-finite numbers refused)."""
-        for name in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
-                     "max_position_embeddings", "intermediate_size"):
+        """ValueError naming the first field out of its range (bools and non-finite numbers refused);
+        the block's fields by `plugins.transformer.BlockConfig`'s checks."""
+        for name in ("vocab_size", "num_hidden_layers", "max_position_embeddings"):
             check_int(getattr(self, name), name, low=1)
-        if self.hidden_size % self.num_attention_heads:
-            raise ValueError(f"hidden_size ({self.hidden_size}) must be divisible by "
-                             f"num_attention_heads ({self.num_attention_heads})")
-        check_choice(self.hidden_act, "hidden_act", ACT2FN)
-        check_attention_hyperparameters(self.attention_momentum, self.attention_step_size,
-                                        self.attention_feature_map)
-        check_choice(self.connection, "connection", CONNECTIONS)
-        check_momentum(self.connection_momentum, "connection_momentum")
-        check_positive(self.connection_step_size, "connection_step_size")
-        check_number(self.adaptive_delta, "adaptive_delta", low=0.0, high=1.0, low_open=True)
+        if self.attention_feature_map == "identity":
+            check_attention_hyperparameters(self.attention_momentum, self.attention_step_size,
+                                            self.attention_feature_map)
+        NamedBlockConfig(**self.block_fields())
         self.check_connection_fields()
-        for name in ("embedding_dropout", "attention_dropout", "hidden_dropout"):
-            check_probability(getattr(self, name), name)
-        check_choice(self.layer_norm, "layer_norm", LAYER_NORMS)
-        check_positive(self.layer_norm_eps, "layer_norm_eps")
+        check_probability(self.embedding_dropout, "embedding_dropout")
         check_positive(self.initializer_range, "initializer_range")
         check_bool(self.is_causal, "is_causal")
         check_bool(self.use_cache, "use_cache")

@@ -34,7 +34,7 @@ from .modeling_common import (
     resolve_flag,
     warn_no_attention_weights,
 )
-from .momentum_rnn_core import MomentumLSTM, RecurrentState
+from .momentum_rnn_core import MomentumLSTM, RecurrentState, read_hyperparameters
 from .packing import COLLATOR, PackedRows, document_starts, has_packing_kwargs, pop_packing_kwargs
 from .recurrent_cache import RecurrentCache
 from .saving import RemoteCodeMixin
@@ -196,10 +196,13 @@ class MomentumLSTMModel(MomentumLSTMPreTrainedModel):
         super().__init__(config)
         self.embed_tokens = nn.Embedding(config.vocab_size, config.embedding_size, config.pad_token_id)
         self.dropout = nn.Dropout(config.embedding_dropout)
+        # the config holds every hyperparameter (the unread ones at their defaults); the layer
+        # takes only those its cell reads
+        hyper = read_hyperparameters(config.cell, momentum=config.momentum, step_size=config.step_size,
+                                     beta=config.beta, eps=config.eps)
         self.lstm = MomentumLSTMStack(config.embedding_size, config.hidden_size, config.num_hidden_layers,
-                                 cell=config.cell, momentum=config.momentum, step_size=config.step_size,
-                                 beta=config.beta, eps=config.eps, restart=config.restart,
-                                 batch_first=True, dropout=config.dropout)
+                                      cell=config.cell, restart=config.restart, batch_first=True,
+                                      dropout=config.dropout, **hyper)
         self.stack_run = MomentumLSTMStackRun()
         # a plain dict keeps the views out of the module tree: no parameters, nothing in the state dict
         self.layer_views = layer_views(self.lstm)

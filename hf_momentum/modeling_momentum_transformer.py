@@ -12,7 +12,6 @@ from typing import Optional
 import torch
 from torch import nn
 from transformers import GenerationMixin, PreTrainedModel
-from transformers.activations import ACT2FN
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import BaseModelOutputWithPast, SequenceClassifierOutput
 
@@ -68,14 +67,7 @@ class MomentumCache(RecurrentCache):
 
 def block_config(config: MomentumTransformerConfig) -> BlockConfig:
     """The shared block's hyperparameters (`plugins.transformer`) read from this model's config."""
-    return BlockConfig(
-        d_model=config.hidden_size, heads=config.num_attention_heads, ffn_dim=config.intermediate_size,
-        attention="momentum", momentum=config.attention_momentum, step_size=config.attention_step_size,
-        feature_map=config.attention_feature_map, causal=config.is_causal, norm=config.layer_norm,
-        layer_norm_eps=config.layer_norm_eps, activation=ACT2FN[config.hidden_act],
-        attention_dropout=config.attention_dropout, hidden_dropout=config.hidden_dropout,
-        connection=config.connection, connection_momentum=config.connection_momentum,
-        connection_step_size=config.connection_step_size, connection_delta=config.adaptive_delta)
+    return BlockConfig(**config.block_fields())
 
 
 class MomentumTransformerLayer(GradientCheckpointingLayer, TransformerBlock):

@@ -24,14 +24,21 @@ from plugins.connection import (
 )
 from plugins.transformer.attention import MultiHeadAttention
 from plugins.transformer.block import TransformerBlock
-from plugins.transformer.config import BlockConfig
+from plugins.transformer.config import (
+    BLOCK_FEATURE_MAPS,
+    DEFAULT_ATTENTION_MOMENTUM,
+    DEFAULT_ATTENTION_STEP_SIZE,
+    NORM_PLACEMENTS,
+    BlockConfig,
+)
 
 BUNDLED_MODULES = ("plugins.attention.api", "plugins.connection", "plugins.transformer.block")
 EXPORTS = ("FEATURE_MAPS", "MomentumAttentionState", "momentum_attention", "momentum_attention_step",
            "AdaptiveMomentumConnection", "ConnectionState", "MomentumConnection", "build_connection",
            "DEFAULT_CONNECTION_MOMENTUM", "DEFAULT_CONNECTION_STEP_SIZE", "DEFAULT_ADAPTIVE_DELTA",
-           "CONNECTION_READS", "unread_connection_fields", "BlockConfig", "MultiHeadAttention",
-           "TransformerBlock")
+           "CONNECTION_READS", "unread_connection_fields", "BlockConfig", "BLOCK_FEATURE_MAPS",
+           "DEFAULT_ATTENTION_MOMENTUM", "DEFAULT_ATTENTION_STEP_SIZE", "NORM_PLACEMENTS",
+           "MultiHeadAttention", "TransformerBlock")
 
 
 def bundled_source() -> str:

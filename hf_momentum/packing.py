@@ -14,11 +14,13 @@ A document's start is read from any of three forms; when several are given they 
 - `seq_idx` from `DataCollatorWithFlattening(return_seq_idx=True)`: the document of every token.
 With a padding mask, only real tokens count (a row's first real token starts a document, padding
 is skipped), so padded rows keep their unpacked meaning. A flat sibling of the modeling files
-(torch only), so a saved model's remote code carries it.
+(torch and the `validation` sibling only), so a saved model's remote code carries it.
 """
 from typing import Optional
 
 import torch
+
+from .validation import check_offsets
 
 COLLATOR = "transformers.DataCollatorWithFlattening"
 PACKING_KWARGS = ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k", "seq_idx")
@@ -143,8 +145,8 @@ def _starts_from_offsets(cu_q, cu_k, real: torch.Tensor, first: torch.Tensor) ->
         raise ValueError(f"{given} was given without {missing}: {COLLATOR}(return_flash_attn_kwargs=True) "
                          "returns both")
     batch, length = real.shape
-    cu = _offsets(cu_q, "cu_seq_lens_q", length, real.device)
-    if not torch.equal(cu, _offsets(cu_k, "cu_seq_lens_k", length, real.device)):
+    cu = check_offsets(cu_q, length, name="cu_seq_lens_q").to(real.device)
+    if not torch.equal(cu, check_offsets(cu_k, length, name="cu_seq_lens_k").to(real.device)):
         raise ValueError(f"cu_seq_lens_q {cu.tolist()[:16]} and cu_seq_lens_k {cu_k.tolist()[:16]} differ: "
                          "momentum self-attention splits queries and keys alike")
     if batch != 1:
@@ -157,20 +159,6 @@ def _starts_from_offsets(cu_q, cu_k, real: torch.Tensor, first: torch.Tensor) ->
     inner = cu[:-1][cu[:-1] < length]
     starts[0, inner] = True
     return starts
-
-
-def _offsets(cu, name: str, length: int, device) -> torch.Tensor:
-    if not isinstance(cu, torch.Tensor) or cu.dim() != 1 or cu.numel() < 2 or cu.dtype.is_floating_point \
-            or cu.dtype.is_complex or cu.dtype == torch.bool:
-        what = getattr(cu, "dtype", type(cu).__name__)
-        raise ValueError(f"{name} must be a 1-D integer tensor of n + 1 >= 2 document offsets "
-                         f"(0, end of document 1, ..., total length), got {what} of shape "
-                         f"{tuple(getattr(cu, 'shape', ()))}")
-    cu = cu.to(device=device, dtype=torch.long)
-    if int(cu[0]) != 0 or bool((cu[1:] < cu[:-1]).any()) or int(cu[-1]) != length:
-        raise ValueError(f"{name} must start at 0, never decrease and end at the row's length {length}, "
-                         f"got {cu.tolist()[:16]}")
-    return cu
 
 
 def _where(starts: torch.Tensor) -> list:

@@ -12,13 +12,14 @@ from plugins.validation import (
     check_int,
     check_momentum,
     check_number,
+    check_offsets,
     check_positive,
     check_probability,
 )
 
 BUNDLED_MODULES = ("plugins.validation",)
 EXPORTS = ("check_bool", "check_bool_fields", "check_choice", "check_int", "check_momentum", "check_number",
-           "check_positive", "check_probability")
+           "check_offsets", "check_positive", "check_probability")
 
 
 def bundled_source() -> str:

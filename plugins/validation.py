@@ -131,3 +131,43 @@ def check_tensors(parts: Mapping[str, object], owner: str) -> None:
         elif (value.dtype, value.device) != (first[1].dtype, first[1].device):
             raise ValueError(f"{owner}.{first[0]} and {owner}.{name} must have one dtype and device, got "
                              f"{first[1].dtype} on {first[1].device} and {value.dtype} on {value.device}")
+
+
+OFFSET_DTYPES = (torch.int32, torch.int64)
+
+
+def check_offsets(cu_seqlens, length: int, *, name: str = "cu_seqlens", device=None,
+                  batch: Optional[int] = None) -> torch.Tensor:
+    """The n + 1 offsets of sequences packed in one row (flash-attention's and fla's cu_seqlens;
+    sequence s is steps [cu[s], cu[s+1])): a 1-D int32/int64 tensor, cu[0] = 0, non-decreasing
+    (empty sequences allowed), cu[-1] = `length`; on `device` and over a batch of one row where
+    those are given. Returns it as int64 on its device. The value checks copy it to the host
+    once (as fla's prepare_lens does); under torch.compile only type, shape, dtype and device
+    are checked."""
+    if not isinstance(cu_seqlens, torch.Tensor):
+        raise ValueError(f"{name} must be a 1-D int32/int64 tensor of n + 1 offsets, got "
+                         f"{type(cu_seqlens).__name__}")
+    if cu_seqlens.dim() != 1 or cu_seqlens.numel() < 2:
+        raise ValueError(f"{name} must be a 1-D tensor of n + 1 >= 2 offsets (0, end of sequence 1, ..., "
+                         f"total length), got shape {tuple(cu_seqlens.shape)}")
+    if cu_seqlens.dtype not in OFFSET_DTYPES:
+        raise ValueError(f"{name} must have dtype int32 or int64, got {cu_seqlens.dtype}")
+    if device is not None and cu_seqlens.device != torch.device(device):
+        raise ValueError(f"{name} must be on the input's device {device}, got {cu_seqlens.device}")
+    if batch is not None and batch != 1:
+        raise ValueError(f"{name} needs a batch of one row (batch 1, the sequences packed into it), got "
+                         f"batch {batch}: concatenate the rows into one")
+    cu = cu_seqlens.long()
+    if torch.compiler.is_compiling():
+        return cu
+    values = cu_seqlens.detach().to("cpu", torch.int64)
+    if int(values[0]) != 0:
+        raise ValueError(f"{name} must start at 0, got {int(values[0])}")
+    down = torch.nonzero(values.diff() < 0)
+    if down.numel():
+        at = int(down[0, 0])
+        raise ValueError(f"{name} must be non-decreasing, got {int(values[at])} then {int(values[at + 1])} "
+                         f"at index {at}")
+    if int(values[-1]) != length:
+        raise ValueError(f"{name} must end at the sequence length {length}, got {int(values[-1])}")
+    return cu

@@ -203,12 +203,12 @@ def test_compiled_packed_attention_matches_eager(make_generator):
 
 @pytest.mark.parametrize("cu, message", [
     (torch.tensor([[0, 4, 10]]), "1-D"),
-    (torch.tensor([0.0, 4.0, 10.0]), "integer dtype"),
+    (torch.tensor([0.0, 4.0, 10.0]), "int32 or int64"),
     (torch.tensor([1, 4, 10]), "start at 0"),
     (torch.tensor([0, 6, 4, 10]), "non-decreasing"),
     (torch.tensor([0, 4, 9]), "end at the sequence length 10"),
     (torch.tensor([0]), "n \\+ 1 >= 2"),
-    ([0, 4, 10], "1-D integer tensor"),
+    ([0, 4, 10], "1-D int32/int64 tensor"),
 ])
 def test_bad_cu_seqlens_is_refused(cu, message):
     q = torch.randn(1, 2, 10, 4)
@@ -221,7 +221,7 @@ def test_packing_needs_one_row_one_device_and_no_contradicting_mask():
     cu = torch.tensor([0, 4, 10])
     with pytest.raises(ValueError, match="cu_seqlens needs .* one row .* got batch 2"):
         momentum_attention(q, q, q, momentum=0.5, cu_seqlens=cu)
-    with pytest.raises(ValueError, match="cu_seqlens is on meta"):
+    with pytest.raises(ValueError, match="cu_seqlens must be on the input's device cpu, got meta"):
         momentum_attention(q[:1], q[:1], q[:1], momentum=0.5, cu_seqlens=cu.to("meta"))
     mask = torch.ones(1, 10, dtype=torch.bool)
     mask[0, 9] = False

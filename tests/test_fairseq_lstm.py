@@ -17,7 +17,7 @@ from test_fairseq_support import (
 from fairseq_momentum.modules.momentum_lstm_adapters import MomentumLSTMDecoderCell
 from fairseq_momentum.options import add_lstm_cell_args
 from plugins.rnn import VARIANTS, cell_names
-from plugins.rnn.variants import unread_hyperparameters
+from plugins.rnn.variants import read_hyperparameters, unread_hyperparameters
 
 TASK = ["--task", "translation", "--source-lang", "src", "--target-lang", "tgt"]
 SMALL = ["--encoder-embed-dim", "16", "--decoder-embed-dim", "16", "--encoder-hidden-size", "12",
@@ -55,8 +55,9 @@ def sentences(dictionary, lengths, generator):
 @pytest.mark.parametrize("cell", cell_names("lstm"))
 def test_decoder_cell_steps_equal_the_sequence_layer(make_generator, cell):
     g = make_generator()
-    step = MomentumLSTMDecoderCell(6, 5, cell=cell, momentum=0.6, step_size=0.7, beta=0.8,
-                                   restart=3 if VARIANTS[cell].restart != "refused" else None).double()
+    hyper = read_hyperparameters(cell, momentum=0.6, step_size=0.7, beta=0.8)
+    restart = 3 if VARIANTS[cell].restart != "refused" else None
+    step = MomentumLSTMDecoderCell(6, 5, cell=cell, restart=restart, **hyper).double()
     with torch.no_grad():
         for p in step.parameters():
             p.normal_(0, 0.5, generator=g)

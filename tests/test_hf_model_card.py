@@ -66,3 +66,64 @@ def test_push_to_hub_passes_tags_and_keyword_arguments(monkeypatch):
     assert kwargs["create_pr"] is False and kwargs["revision"] is None
     assert {"README.md", "config.json", "model.safetensors"} <= set(files)
     assert tags == ["momentum-transformer", "custom_code", "fine-tuned"]
+
+
+class StubHubForTrainer:
+    """transformers.trainer's hf_api(): the repo Trainer.push_to_hub creates and the card it uploads."""
+    cards = []
+
+    def create_repo(self, repo_id, **kwargs):
+        return type("RepoUrl", (), {"repo_id": f"user/{repo_id}"})()
+
+    def upload_folder(self, repo_id, folder_path, **kwargs):
+        StubHubForTrainer.cards.append(ModelCard.load(Path(folder_path) / "README.md"))
+        return "commit-url"
+
+
+def trainer(model, folder, cls=None):
+    from transformers import TrainingArguments
+
+    from hf_momentum.trainer import ModelCardTrainer
+    args = TrainingArguments(output_dir=str(folder), report_to=[], use_cpu=True, save_strategy="no")
+    return (cls or ModelCardTrainer)(model=model, args=args)
+
+
+def assert_complete(data, pipeline_tag, model_type, license="mit"):
+    assert (data.library_name, data.license, data.pipeline_tag) == ("transformers", license, pipeline_tag)
+    assert {model_type.replace("_", "-"), "custom_code"} <= set(data.tags)
+
+
+@pytest.mark.parametrize("model_type", sorted(SIZES))
+@pytest.mark.parametrize("auto, pipeline_tag", [(AutoModelForCausalLM, "text-generation"),
+                                                (AutoModelForSequenceClassification, "text-classification")])
+def test_trainer_card_keeps_the_metadata_and_its_summary(tmp_path, model_type, auto, pipeline_tag):
+    """Trainer.create_model_card writes its own card over README.md; ModelCardTrainer's keeps the
+    training summary and adds library_name, license, pipeline_tag and the custom_code tag."""
+    run = trainer(tiny(model_type, auto), tmp_path)
+    run.save_model()
+    run.create_model_card(model_name="tiny")
+    data = ModelCard.load(tmp_path / "README.md").data
+    assert_complete(data, pipeline_tag, model_type)
+    assert "generated_from_trainer" in data.tags
+    assert "Training procedure" in (tmp_path / "README.md").read_text()
+    run.create_model_card(model_name="tiny", license="apache-2.0")
+    assert_complete(ModelCard.load(tmp_path / "README.md").data, pipeline_tag, model_type, "apache-2.0")
+
+
+def test_plain_trainer_card_is_completed_by_the_next_save(tmp_path):
+    from transformers import Trainer
+    model = tiny("momentum_lstm")
+    run = trainer(model, tmp_path, Trainer)
+    run.create_model_card(model_name="tiny")
+    assert ModelCard.load(tmp_path / "README.md").data.pipeline_tag is None     # transformers' card
+    run.save_model()
+    assert_complete(ModelCard.load(tmp_path / "README.md").data, "text-generation", "momentum_lstm")
+
+
+def test_trainer_push_to_hub_uploads_the_complete_card(tmp_path, monkeypatch):
+    import transformers.trainer
+    monkeypatch.setattr(transformers.trainer, "hf_api", StubHubForTrainer)
+    StubHubForTrainer.cards = []
+    assert trainer(tiny("momentum_transformer"), tmp_path).push_to_hub() == "commit-url"
+    (card,) = StubHubForTrainer.cards
+    assert_complete(card.data, "text-generation", "momentum_transformer")

@@ -18,7 +18,7 @@ from hf_momentum import (
     MomentumLSTMModel,
 )
 from plugins.rnn import VARIANTS, MomentumLSTM, cell_names
-from plugins.rnn.variants import unread_hyperparameters
+from plugins.rnn.variants import read_hyperparameters, unread_hyperparameters
 
 PAD = 0
 CELLS = cell_names("lstm")
@@ -76,8 +76,8 @@ def padded(generator, lengths, total, side):
 def test_forward_matches_plugins_layer_and_padding(cell, side, make_generator):
     torch.manual_seed(0)
     model = MomentumLSTMModel(tiny(cell=cell)).eval()
-    reference = MomentumLSTM(16, 16, 2, cell=cell, momentum=0.5, step_size=0.7, restart=restart_for(cell),
-                             batch_first=True)
+    reference = MomentumLSTM(16, 16, 2, cell=cell, restart=restart_for(cell), batch_first=True,
+                             **read_hyperparameters(cell, momentum=0.5, step_size=0.7))
     reference.load_state_dict(model.lstm.state_dict())
     ids, mask = padded(make_generator(), [7, 5, 2], 7, side)
     with torch.no_grad():
@@ -222,8 +222,8 @@ def test_hidden_states_layer_by_layer_equal_the_stack(cell, make_generator):
             out = model(input_ids=ids, use_cache=False, output_hidden_states=True, **kwargs)
             assert len(out.hidden_states) == 4
             assert torch.equal(out.last_hidden_state, fast) and out.hidden_states[-1] is out.last_hidden_state
-        reference = MomentumLSTM(12, 16, 1, cell=cell, momentum=0.5, step_size=0.7, restart=restart_for(cell),
-                                 batch_first=True)
+        reference = MomentumLSTM(12, 16, 1, cell=cell, restart=restart_for(cell), batch_first=True,
+                                 **read_hyperparameters(cell, momentum=0.5, step_size=0.7))
         reference.load_state_dict({f"{name[:-1]}0": p for name, p in model.lstm.named_parameters()
                                    if name.endswith("_l0")})
         torch.testing.assert_close(out.hidden_states[1], reference(out.hidden_states[0])[0], rtol=0, atol=0)

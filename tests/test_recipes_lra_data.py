@@ -82,6 +82,19 @@ def test_text_substitute_on_a_fake_corpus():
     assert len(overlapping["val"]) == 3 * 2 * 3
 
 
+def test_passages_grouped_by_book_once_for_both_substitutes():
+    """Each split's passages and their grouping by book (the one both substitutes use): a
+    partition in order, every group of one novel's letter; the default stride is a quarter."""
+    books, splits = text.passages_by_book(fake_novels(), passage_bytes=100, period=14, train_stride=None)
+    assert books == ["alpha", "beta", "gamma"]
+    assert len(splits["train"][0]) == 3 * 24 * 10                   # stride 25: (329 - 100) // 25 + 1
+    for passages, by_book in splits.values():
+        assert sorted(by_book) == [0, 1, 2]
+        assert [p for b in sorted(by_book) for p in by_book[b]] == sorted(passages, key=lambda p: p.book)
+        for book, group in by_book.items():
+            assert all(letters(p.text) == {b"abc"[book]} for p in group)
+
+
 def test_retrieval_substitute_pairs_are_balanced_and_right():
     splits = text.retrieval_substitute(fake_novels(), passage_bytes=100, seed=1)
     for split, examples in splits.items():

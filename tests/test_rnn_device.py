@@ -16,6 +16,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 from plugins.rnn import MomentumLSTM, MomentumRNN, OrthogonalMomentumRNN, RecurrentState, cell_names
+from plugins.rnn.variants import read_hyperparameters
 
 FAMILIES = {MomentumLSTM: "lstm", MomentumRNN: "rnn", OrthogonalMomentumRNN: "rnn"}
 CASES = [(cls, cell) for cls, plain in FAMILIES.items() for cell in cell_names(plain)]
@@ -45,7 +46,8 @@ class HostWaits(TorchDispatchMode):
 
 
 def meta_layer(cls, cell, layers=2):
-    layer = cls(3, 5, layers, cell=cell, momentum=0.6, restart=3 if cell == "sr" else None,
+    layer = cls(3, 5, layers, cell=cell, **read_hyperparameters(cell, momentum=0.6),
+                restart=3 if cell == "sr" else None,
                 dropout=0.1 if layers > 1 else 0.0)
     return layer.to("meta")
 

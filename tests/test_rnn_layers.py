@@ -14,6 +14,7 @@ from plugins.rnn import (
     RecurrentState,
     cell_names,
 )
+from plugins.rnn.variants import read_hyperparameters
 
 T, B, D, H = 6, 3, 4, 5
 MU, S, BETA, EPS, F = 0.6, 0.7, 0.8, 1e-8, 3
@@ -22,8 +23,9 @@ TOL = 1e-10
 
 
 def make_layer(cls, kind, num_layers, gen, batch_first=False, momentum=MU):
-    layer = cls(D, H, num_layers, cell=kind, momentum=momentum, step_size=S, beta=BETA, eps=EPS,
-                restart=F if VARIANTS[kind].restart == "required" else None, batch_first=batch_first).double()
+    hyper = read_hyperparameters(kind, momentum=momentum, step_size=S, beta=BETA, eps=EPS)
+    layer = cls(D, H, num_layers, cell=kind, restart=F if VARIANTS[kind].restart == "required" else None,
+                batch_first=batch_first, **hyper).double()
     with torch.no_grad():
         for p in layer.parameters():
             p.copy_(0.5 * torch.randn(p.shape, generator=gen, dtype=p.dtype))
@@ -48,8 +50,8 @@ def lstm_cells(layer):
     cells = []
     for k in range(layer.num_layers):
         d = D if k == 0 else H
-        cell = LSTMStepCell(d, H, layer.cell, momentum=layer.momentum, step_size=S, beta=BETA, eps=EPS,
-                            restart=layer.restart).double()
+        cell = LSTMStepCell(d, H, layer.cell, momentum=layer.momentum, step_size=layer.step_size,
+                            beta=layer.beta, eps=layer.eps, restart=layer.restart).double()
         cell.x2h.weight, cell.h2h.weight = layer.weight_ih_l0 if k == 0 else getattr(
             layer, f"weight_ih_l{k}"), getattr(layer, f"weight_hh_l{k}")
         cell.x2h.bias, cell.h2h.bias = getattr(layer, f"bias_ih_l{k}"), getattr(layer, f"bias_hh_l{k}")
@@ -255,9 +257,10 @@ def test_dropout_between_layers(make_generator):
 
 @pytest.mark.parametrize("kwargs,match", [
     (dict(momentum=1.0), "momentum"), (dict(momentum=-0.2), "momentum"),
-    (dict(step_size=0.0), "step_size"), (dict(beta=1.0), "beta"), (dict(beta=-0.1), "beta"),
+    (dict(step_size=0.0), "step_size"), (dict(cell="adam", beta=1.0), "beta must be in"),
+    (dict(cell="adam", beta=-0.1), "beta must be in"),
     (dict(cell="nag", restart=0), "restart"), (dict(cell="sr", restart=2.5), "restart"),
-    (dict(cell="sr"), "restart"), (dict(cell="gru"), "cell"), (dict(eps=0.0), "eps"),
+    (dict(cell="sr"), "restart"), (dict(cell="gru"), "cell"), (dict(cell="adam", eps=0.0), "eps must be"),
     (dict(dropout=1.5), "dropout"),
 ])
 @pytest.mark.parametrize("cls", [MomentumLSTM, MomentumRNN])
@@ -359,3 +362,16 @@ def test_state_parts_of_the_wrong_kind_are_named(change, needle):
     _, state = layer(torch.randn(T, B, D))
     with pytest.raises(ValueError, match=needle):
         layer(torch.randn(T, B, D), state._replace(**change))
+
+
+def test_weight_dtype_region_casts_and_turns_autocast_off():
+    """sequence.in_weight_dtype, the one "autocast off + cast to the weights' dtype" of the layers:
+    bf16 tensors come back float32 (None kept), and inside the region a matmul stays float32."""
+    from plugins.rnn.sequence import in_weight_dtype
+    weight = torch.ones(2, 2)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        (x, none), region = in_weight_dtype(weight, torch.ones(3, 2, dtype=torch.bfloat16), None)
+        assert x.dtype == torch.float32 and none is None
+        assert (x @ weight).dtype == torch.bfloat16
+        with region:
+            assert (x @ weight).dtype == torch.float32

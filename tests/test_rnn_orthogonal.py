@@ -8,6 +8,7 @@ from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from plugins.rnn import VARIANTS, OrthogonalMomentumRNN, OrthogonalRNNCell, RecurrentState, cell_names
 from plugins.rnn.orthogonal import cayley_skew, henaff_skew, modrelu
+from plugins.rnn.variants import read_hyperparameters
 
 T, B, D, H = 6, 3, 4, 6
 MU, S, BETA, EPS, F = 0.6, 0.7, 0.8, 1e-8, 3
@@ -31,10 +32,13 @@ def test_modrelu_literal(make_generator):
     assert torch.allclose(modrelu(z, b), literal_modrelu(z, b), rtol=0, atol=1e-15)
 
 
+def hyper_for(kind):
+    return read_hyperparameters(kind, momentum=MU, step_size=S, beta=BETA, eps=EPS)
+
+
 def make_cell(kind, gen, orthogonal_map="matrix_exp", init="cayley"):
-    cell = OrthogonalRNNCell(D, H, kind, momentum=MU, step_size=S, beta=BETA, eps=EPS,
-                             restart=F if kind == "sr" else None, orthogonal_map=orthogonal_map,
-                             init=init).double()
+    cell = OrthogonalRNNCell(D, H, kind, restart=F if kind == "sr" else None, orthogonal_map=orthogonal_map,
+                             init=init, **hyper_for(kind)).double()
     with torch.no_grad():
         cell.input_kernel.weight.normal_(0, 0.5, generator=gen)
         cell.bias.normal_(0, 0.2, generator=gen)
@@ -79,8 +83,9 @@ def test_cell_literal(kind, orthogonal_map, make_generator):
 def shared_cells(layer):
     cells = []
     for k in range(layer.num_layers):
-        cell = OrthogonalRNNCell(D if k == 0 else H, H, layer.cell, momentum=MU, step_size=S,
-                                 beta=BETA, eps=EPS, restart=layer.restart).double()
+        cell = OrthogonalRNNCell(D if k == 0 else H, H, layer.cell, momentum=layer.momentum,
+                                 step_size=layer.step_size, beta=layer.beta, eps=layer.eps,
+                                 restart=layer.restart).double()
         cell.input_kernel.weight = getattr(layer, f"weight_ih_l{k}")
         cell.bias = getattr(layer, f"bias_l{k}")
         mine = cell.recurrent_kernel.parametrizations.weight
@@ -128,9 +133,8 @@ def random_state(layer, gen, batch):
 @pytest.mark.parametrize("num_layers,packed", [(1, False), (2, False), (2, True)])
 def test_layer_matches_cells(kind, num_layers, packed, make_generator):
     gen = make_generator()
-    layer = randomise(OrthogonalMomentumRNN(D, H, num_layers, cell=kind, momentum=MU, step_size=S,
-                                            beta=BETA, eps=EPS,
-                                            restart=F if kind == "sr" else None).double(), gen)
+    layer = randomise(OrthogonalMomentumRNN(D, H, num_layers, cell=kind, restart=F if kind == "sr" else None,
+                                            **hyper_for(kind)).double(), gen)
     lengths = torch.tensor([4, T, 1, 5]) if packed else torch.full((B,), T)
     batch = len(lengths)
     x = torch.randn(T, batch, D, generator=gen, dtype=torch.float64, requires_grad=True)

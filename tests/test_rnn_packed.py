@@ -17,6 +17,7 @@ from plugins.rnn import (
 )
 from plugins.rnn.adam_recurrence import recurrence_backend
 from plugins.rnn.filters import SegmentDecay, filter_sequence
+from plugins.rnn.variants import read_hyperparameters
 
 D, H = 4, 3
 HP = dict(momentum=0.6, step_size=0.7, beta=0.8, eps=1e-6)
@@ -32,7 +33,8 @@ def case_id(case):
 
 def make(cls, cell, gen, num_layers=2, batch_first=False):
     restart = RESTART if VARIANTS[cell].restart != "refused" else None
-    layer = cls(D, H, num_layers, cell=cell, restart=restart, batch_first=batch_first, **HP).double()
+    layer = cls(D, H, num_layers, cell=cell, restart=restart, batch_first=batch_first,
+                **read_hyperparameters(cell, **HP)).double()
     with torch.no_grad():
         for name, p in layer.named_parameters():
             p.copy_((0.3 if "original" in name else 0.5) * torch.randn(p.shape, generator=gen, dtype=p.dtype))

@@ -19,6 +19,8 @@ from plugins.rnn import (
     cell_names,
     filters,
 )
+from plugins.rnn.lstm_cells import LSTMStepCell
+from plugins.rnn.variants import read_hyperparameters
 
 D, H = 4, 3
 HP = dict(mu=0.6, s=0.7, beta=0.8, eps=1e-6, restart=3)
@@ -36,8 +38,9 @@ def takes_restart(cell):
 
 
 def make(cls, cell, num_layers, gen):
-    layer = cls(D, H, num_layers, cell=cell, momentum=HP["mu"], step_size=HP["s"], beta=HP["beta"],
-                eps=HP["eps"], restart=HP["restart"] if takes_restart(cell) else None).double()
+    hyper = read_hyperparameters(cell, momentum=HP["mu"], step_size=HP["s"], beta=HP["beta"], eps=HP["eps"])
+    layer = cls(D, H, num_layers, cell=cell, restart=HP["restart"] if takes_restart(cell) else None,
+                **hyper).double()
     with torch.no_grad():
         for name, p in layer.named_parameters():
             p.copy_((0.3 if "original" in name else 0.5) * torch.randn(p.shape, generator=gen, dtype=p.dtype))
@@ -202,6 +205,45 @@ def test_plain_cell_of_the_other_family_is_refused():
         MomentumRNN(D, H, cell="lstm")
 
 
+# What each cell's equations read (MomentumRNN eq. 9, eq. 15, Section 2.4), written out here
+# rather than taken from the table under test: the plain recurrences read none of the four,
+# rmsprop fixes μ = 0, NAG/SR take μ_t from their schedule, only eq. 15 has β and ε.
+UNREAD = {"lstm": {"momentum", "step_size", "beta", "eps"}, "rnn": {"momentum", "step_size", "beta", "eps"},
+          "momentum": {"beta", "eps"}, "adam": set(), "rmsprop": {"momentum"},
+          "nag": {"momentum", "beta", "eps"}, "sr": {"momentum", "beta", "eps"}}
+GIVEN = {"momentum": 0.5, "step_size": 0.5, "beta": 0.5, "eps": 1e-6}
+PAPER_DEFAULTS = {"momentum": 0.6, "step_size": 1.0, "beta": 0.9, "eps": 1e-8}
+CONSTRUCTORS = {
+    "MomentumLSTM": (lambda cell, **kw: MomentumLSTM(D, H, cell=cell, **kw), "lstm"),
+    "MomentumRNN": (lambda cell, **kw: MomentumRNN(D, H, cell=cell, **kw), "rnn"),
+    "OrthogonalMomentumRNN": (lambda cell, **kw: OrthogonalMomentumRNN(D, H, cell=cell, **kw), "rnn"),
+    "OrthogonalRNNCell": (lambda cell, **kw: OrthogonalRNNCell(D, H, cell=cell, **kw), "rnn"),
+    "LSTMStepCell": (lambda cell, **kw: LSTMStepCell(D, H, cell, **kw), "lstm"),
+}
+UNREAD_CASES = [(name, cell, hyper) for name, (_, plain) in CONSTRUCTORS.items()
+                for cell in UNREAD if cell not in {"lstm", "rnn"} - {plain} for hyper in GIVEN]
+
+
+@pytest.mark.parametrize("name,cell,hyper", UNREAD_CASES, ids=["-".join(c) for c in UNREAD_CASES])
+def test_a_hyperparameter_the_cell_never_reads_is_refused(name, cell, hyper):
+    """A value for a hyperparameter the cell ignores is refused naming both (the integrations'
+    rule); a read one is kept; None (the default) is the cell's default, and None if unread."""
+    make = CONSTRUCTORS[name][0]
+    restart = {"restart": 3} if cell == "sr" else {}
+    if hyper in UNREAD[cell]:
+        with pytest.raises(ValueError, match=f"{hyper}={GIVEN[hyper]!r} is not read by cell={cell!r}"):
+            make(cell, **{hyper: GIVEN[hyper]}, **restart)
+    else:
+        assert getattr(make(cell, **{hyper: GIVEN[hyper]}, **restart), hyper) == GIVEN[hyper]
+    default = getattr(make(cell, **restart), hyper)
+    assert default == (None if hyper in UNREAD[cell] else PAPER_DEFAULTS[hyper])
+
+
+def test_read_hyperparameters_keeps_only_what_the_cell_reads():
+    for cell, unread in UNREAD.items():
+        assert set(read_hyperparameters(cell, **GIVEN)) == set(GIVEN) - unread
+
+
 @pytest.mark.parametrize("case", CASES, ids=case_id)
 def test_restart_rule(case):
     cls, cell = case
@@ -225,8 +267,9 @@ def test_restart_rule(case):
 @pytest.mark.parametrize("kwargs,name", [
     (dict(momentum=False), "momentum"), (dict(momentum=True), "momentum"),
     (dict(momentum=math.nan), "momentum"), (dict(step_size=True), "step_size"),
-    (dict(step_size=math.inf), "step_size"), (dict(eps=math.inf), "eps"), (dict(eps=0.0), "eps"),
-    (dict(beta=math.nan), "beta"), (dict(dropout=True), "dropout"), (dict(dropout=1.0), "dropout"),
+    (dict(step_size=math.inf), "step_size"), (dict(cell="adam", eps=math.inf), "eps must be"),
+    (dict(cell="adam", eps=0.0), "eps must be"), (dict(cell="adam", beta=math.nan), "beta must be"),
+    (dict(dropout=True), "dropout"), (dict(dropout=1.0), "dropout"),
     (dict(dropout=-0.1), "dropout"), (dict(num_layers=2.0), "num_layers"),
     (dict(num_layers=True), "num_layers"),
     (dict(batch_first="yes"), "batch_first"),
@@ -273,8 +316,8 @@ def test_long_sequence_forms_no_t_by_t_matrix(cell, monkeypatch, make_generator)
             return original(self, rows, cols)
 
         monkeypatch.setattr(decay_class, "matrix", recording)
-    layer = MomentumLSTM(4, 8, cell=cell, momentum=0.999,
-                         restart=HP["restart"] if takes_restart(cell) else None)
+    layer = MomentumLSTM(4, 8, cell=cell, restart=HP["restart"] if takes_restart(cell) else None,
+                         **read_hyperparameters(cell, momentum=0.999))
     x = torch.randn(steps, 2, 4, generator=make_generator())
     state = RecurrentState(torch.zeros(1, 2, 8), torch.zeros(1, 2, 8),
                            torch.randn(1, 2, 32, generator=make_generator()), None, torch.tensor([0, 5]))

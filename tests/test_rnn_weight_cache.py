@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from plugins.rnn import MomentumLSTM, MomentumRNN, RecurrentState, layers
+from plugins.rnn.variants import read_hyperparameters
 
 D, H, T, B = 4, 5, 6, 3
 
@@ -27,7 +28,8 @@ def joins(monkeypatch):
 
 
 def make(cls=MomentumLSTM, cell="momentum", gen=None):
-    layer = cls(D, H, 2, cell=cell, momentum=0.6, step_size=0.7, restart=3 if cell == "sr" else None).double()
+    layer = cls(D, H, 2, cell=cell, restart=3 if cell == "sr" else None,
+                **read_hyperparameters(cell, momentum=0.6, step_size=0.7)).double()
     with torch.no_grad():
         for p in layer.parameters():
             p.copy_(0.5 * torch.randn(p.shape, generator=gen, dtype=p.dtype))

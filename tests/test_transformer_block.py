@@ -214,9 +214,44 @@ def test_unsupported_combinations_are_refused():
 
 def hf_config(**kwargs):
     from hf_momentum.configuration_momentum_transformer import MomentumTransformerConfig
-    return MomentumTransformerConfig(vocab_size=11, hidden_size=8, num_attention_heads=2,
-                                     intermediate_size=16, hidden_dropout=0.0, attention_momentum=0.6,
-                                     attention_step_size=0.8, **kwargs)
+    base = dict(vocab_size=11, hidden_size=8, num_attention_heads=2, intermediate_size=16, hidden_dropout=0.0,
+                attention_momentum=0.6, attention_step_size=0.8)
+    return MomentumTransformerConfig(**{**base, **kwargs})
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(hidden_size=9), r"hidden_size \(9\) must be divisible by num_attention_heads \(2\)"),
+    (dict(num_attention_heads=0), "num_attention_heads must be an integer >= 1"),
+    (dict(intermediate_size=0), "intermediate_size must be an integer >= 1"),
+    (dict(hidden_act="swish2"), "hidden_act must be one of"),
+    (dict(attention_momentum=1.0), r"attention_momentum must be in \[0, 1\)"),
+    (dict(attention_step_size=0), "attention_step_size must be > 0"),
+    (dict(attention_feature_map="tanh"), "attention_feature_map must be one of 'elu', 'relu'"),
+    (dict(is_causal="yes"), "is_causal must be True or False"),
+    (dict(layer_norm="mid"), "layer_norm must be one of 'pre', 'post'"),
+    (dict(layer_norm_eps=0.0), "layer_norm_eps must be > 0"),
+    (dict(attention_dropout=1.0), r"attention_dropout must be in \[0, 1\)"),
+    (dict(connection="heavy"), "connection must be one of 'none', 'momentum', 'adaptive'"),
+    (dict(connection="momentum", connection_momentum=1.5), r"connection_momentum must be in \[0, 1\)"),
+    (dict(connection="adaptive", adaptive_delta=0.0), r"adaptive_delta must be in \(0, 1\]"),
+])
+def test_hf_config_is_checked_by_the_block_naming_its_own_fields(kwargs, message):
+    """The HF config's block fields are checked by BlockConfig (written once), and the errors name
+    the HF config's fields, never the block's (d_model, heads, norm, ...)."""
+    with pytest.raises(ValueError, match="^" + message):
+        hf_config(**kwargs)
+
+
+def test_hf_config_defaults_are_the_ones_saved_configs_hold():
+    """The block defaults the HF config now takes from BlockConfig are the values it wrote
+    itself before, so configs saved without a field load as they did."""
+    from hf_momentum.configuration_momentum_transformer import MomentumTransformerConfig
+    config = MomentumTransformerConfig()
+    saved = dict(hidden_act="gelu", attention_momentum=0.6, attention_step_size=1.0,
+                 attention_feature_map="elu", connection="none", connection_momentum=0.3,
+                 connection_step_size=0.9, adaptive_delta=1e-3, attention_dropout=0.0, hidden_dropout=0.1,
+                 layer_norm="pre", layer_norm_eps=1e-5, is_causal=True)
+    assert {name: getattr(config, name) for name in saved} == saved
 
 
 @pytest.mark.parametrize("layer_norm, connection, causal", [

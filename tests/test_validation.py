@@ -61,3 +61,38 @@ def test_one_sided_ranges_do_not_read_as_allowing_inf():
         V.check_positive(0, "step_size")
     with pytest.raises(ValueError, match=r"x must be <= 1, got 2"):
         V.check_number(2, "x", high=1.0)
+
+
+OFFSETS = torch.tensor([0, 3, 3, 7])
+
+
+@pytest.mark.parametrize("name", ["cu_seqlens", "cu_seq_lens_q"])
+@pytest.mark.parametrize("bad,reason", [
+    ([0, 3, 7], "must be a 1-D int32/int64 tensor of n \\+ 1 offsets, got list"),
+    (OFFSETS[None], r"must be a 1-D tensor of n \+ 1 >= 2 offsets .* got shape \(1, 4\)"),
+    (torch.tensor([0]), r"must be a 1-D tensor of n \+ 1 >= 2 offsets .* got shape \(1,\)"),
+    (OFFSETS.double(), "must have dtype int32 or int64, got torch.float64"),
+    (OFFSETS.to(torch.int16), "must have dtype int32 or int64, got torch.int16"),
+    (OFFSETS.bool(), "must have dtype int32 or int64, got torch.bool"),
+    (torch.tensor([1, 3, 7]), "must start at 0, got 1"),
+    (torch.tensor([0, 4, 2, 7]), "must be non-decreasing, got 4 then 2 at index 1"),
+    (torch.tensor([0, 3, 6]), "must end at the sequence length 7, got 6"),
+    (torch.tensor([0, 3, 8]), "must end at the sequence length 7, got 8"),
+])
+def test_offsets_refused_naming_the_argument(name, bad, reason):
+    """The one cu_seqlens rule of attention (varlen), the RNN layers (segments) and the HF packing."""
+    with pytest.raises(ValueError, match=f"^{name} {reason}"):
+        V.check_offsets(bad, 7, name=name)
+
+
+def test_offsets_device_and_batch_checked_when_given():
+    with pytest.raises(ValueError, match="cu_seqlens must be on the input's device meta, got cpu"):
+        V.check_offsets(OFFSETS, 7, device="meta")
+    with pytest.raises(ValueError, match="cu_seqlens needs a batch of one row .* got batch 2"):
+        V.check_offsets(OFFSETS, 7, batch=2)
+
+
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64])
+def test_offsets_accepted_as_int64(dtype):
+    cu = V.check_offsets(torch.tensor([0, 0, 5, 7], dtype=dtype), 7, device="cpu", batch=1)
+    assert cu.dtype == torch.int64 and cu.tolist() == [0, 0, 5, 7]

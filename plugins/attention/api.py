@@ -3,6 +3,7 @@ from typing import Optional, Tuple, Union
 
 import torch
 
+from ..validation import check_offsets
 from .backends import triton_kernels, use_triton
 from .checks import (
     check_backend,
@@ -23,7 +24,6 @@ from .nonfinite import NonFiniteMarks, split_finite
 from .recurrent import fused_recurrent_step
 from .state import MomentumAttentionState, NonCausalSummary
 from .varlen import (
-    check_cu_seqlens,
     segment_of_tokens,
     varlen_apply_summary,
     varlen_causal_momentum_attention,
@@ -90,7 +90,7 @@ def momentum_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, mom
     mask = check_padding_mask(padding_mask, k.shape[0], k.shape[2], k.device)
     cu = None
     if cu_seqlens is not None:
-        cu = check_cu_seqlens(cu_seqlens, k.shape[0], k.shape[2], k.device)
+        cu = check_offsets(cu_seqlens, k.shape[2], device=k.device, batch=k.shape[0])
         _check_packed_padding(padding_mask, mask)
         if q.shape[2] != k.shape[2]:
             raise ValueError(f"cu_seqlens splits queries and keys alike: q and k must have the same "
@@ -138,7 +138,7 @@ def summarize_keys(k: torch.Tensor, v: torch.Tensor, *, momentum: float, step_si
     mask = check_padding_mask(padding_mask, k.shape[0], k.shape[2], k.device)
     cu = None
     if cu_seqlens is not None:
-        cu = check_cu_seqlens(cu_seqlens, k.shape[0], k.shape[2], k.device)
+        cu = check_offsets(cu_seqlens, k.shape[2], device=k.device, batch=k.shape[0])
         _check_packed_padding(padding_mask, mask)
     dtype = compute_dtype(k, v)
     with torch.autocast(device_type=k.device.type, enabled=False):
@@ -170,7 +170,7 @@ def attend_summary(q: torch.Tensor, summary: NonCausalSummary, *, feature_map: F
     phi = resolve_feature_map(feature_map)
     cu = None
     if cu_seqlens is not None:
-        cu = check_cu_seqlens(cu_seqlens, q.shape[0], q.shape[2], q.device)
+        cu = check_offsets(cu_seqlens, q.shape[2], device=q.device, batch=q.shape[0])
         if summary.kv.shape[0] != cu.numel() - 1:
             raise ValueError(f"with cu_seqlens the summary needs one row per packed sequence: batch "
                              f"{cu.numel() - 1} (len(cu_seqlens) - 1), got {summary.kv.shape[0]}")

@@ -23,6 +23,7 @@ from typing import Callable, List, Optional, Tuple
 import torch
 import torch.distributed as dist
 
+from ..validation import check_offsets
 from .checks import (
     check_backend,
     check_chunk_size,
@@ -37,7 +38,6 @@ from .coefficients import geometric
 from .feature_maps import FeatureMap, resolve_feature_map
 from .noncausal import apply_noncausal_summary
 from .state import MomentumAttentionState
-from .varlen import check_cu_seqlens
 
 # The fields every rank must agree on, in the order of the descriptor each rank all-gathers.
 _AGREED = ("batch", "heads", "key dim", "value dim", "dtype", "momentum", "step_size", "eps",
@@ -277,7 +277,7 @@ def _check_packed(cu_seqlens, k, mask, causal, initial_state, return_state) -> i
     claimed = -1
     if isinstance(cu_seqlens, torch.Tensor) and cu_seqlens.dim() == 1 and cu_seqlens.numel() > 0:
         claimed = int(cu_seqlens[-1])
-    cu = check_cu_seqlens(cu_seqlens, k.shape[0], claimed, k.device)
+    cu = check_offsets(cu_seqlens, claimed, device=k.device, batch=k.shape[0])
     if mask is not None:
         raise ValueError("padding_mask marks padded tokens, but with cu_seqlens every token belongs to a "
                          "sequence: drop the padding from the packed row, or pass padding_mask=None")
@@ -392,7 +392,7 @@ def _packed(q, k, v, cu_seqlens, table, rank, group, *, attend, momentum, step_s
     of ranks < r from the last one that holds a boundary (eq. 12 restarts at a segment start)."""
     starts = [0] + table[:, len(_AGREED) + 2].to(torch.long).cumsum(0).tolist()
     total = starts[-1]
-    cu = check_cu_seqlens(cu_seqlens, 1, int(cu_seqlens[-1]), k.device)
+    cu = check_offsets(cu_seqlens, int(cu_seqlens[-1]), device=k.device)
     if int(cu[-1]) != total:
         raise ValueError(f"cu_seqlens with process_group holds the offsets over the whole row (every rank's "
                          f"tokens concatenated, {total} tokens), but it ends at {int(cu[-1])}")

@@ -18,36 +18,6 @@ from .coefficients import ChunkCoefficients, geometric
 from .state import MomentumAttentionState
 
 
-def check_cu_seqlens(cu_seqlens, batch: int, length: int, device: torch.device) -> torch.Tensor:
-    """A 1-D integer tensor of n + 1 offsets over one row: cu[0] = 0, non-decreasing (empty
-    segments allowed), cu[-1] = the row's length. Returns it as int64. The value checks read
-    the tensor (one sync, as fla's prepare_lens does); under torch.compile only the shape,
-    dtype and device are checked."""
-    if not isinstance(cu_seqlens, torch.Tensor):
-        raise ValueError(f"cu_seqlens must be a 1-D integer tensor of sequence offsets, got "
-                         f"{type(cu_seqlens).__name__}")
-    if cu_seqlens.dim() != 1 or cu_seqlens.numel() < 2:
-        raise ValueError("cu_seqlens must be a 1-D tensor of n + 1 >= 2 offsets (0, end of sequence 1, "
-                         f"..., total length), got shape {tuple(cu_seqlens.shape)}")
-    if cu_seqlens.dtype.is_floating_point or cu_seqlens.dtype.is_complex or cu_seqlens.dtype == torch.bool:
-        raise ValueError(f"cu_seqlens must have an integer dtype (int32 or int64), got {cu_seqlens.dtype}")
-    if cu_seqlens.device != device:
-        raise ValueError(f"cu_seqlens is on {cu_seqlens.device} but the inputs are on {device}")
-    if batch != 1:
-        raise ValueError(f"cu_seqlens needs the packed sequences flattened into one row (batch 1), got "
-                         f"batch {batch}; concatenate the rows, or use padding_mask for a padded batch")
-    cu = cu_seqlens.long()
-    if torch.compiler.is_compiling():
-        return cu
-    if int(cu[0]) != 0:
-        raise ValueError(f"cu_seqlens must start at 0, got {int(cu[0])}")
-    if bool((cu[1:] < cu[:-1]).any()):
-        raise ValueError(f"cu_seqlens must be non-decreasing, got {cu.tolist()[:16]}")
-    if int(cu[-1]) != length:
-        raise ValueError(f"cu_seqlens must end at the sequence length {length}, got {int(cu[-1])}")
-    return cu
-
-
 def segment_of_tokens(cu: torch.Tensor, length: int) -> torch.Tensor:
     """(length,) int64: the segment of every token (empty segments own none)."""
     return torch.searchsorted(cu[1:], torch.arange(length, device=cu.device), right=True)

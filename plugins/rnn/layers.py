@@ -37,24 +37,24 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 from torch.nn.utils.rnn import PackedSequence
 
-from ..validation import check_bool, check_int, check_probability
+from ..validation import check_bool, check_int, check_offsets, check_probability
 from .adam_recurrence import AdamLSTMRecurrence, gate_order
 from .checks import check_input_dtype, check_sizes
 from .filters import SegmentDecay, bias_channel, carried_channels, filter_sequence, second_moment
 from .lstm_cells import lstm_update
-from .segments import check_segment_offsets, offsets_from_starts, segment_layout
+from .segments import offsets_from_starts, segment_layout
 from .sequence import (
     RecurrentState,
     as_output,
     as_sequence,
-    autocast_off,
     fused_packed,
     fused_recurrence,
+    in_weight_dtype,
     initial_state,
     last_step,
     valid_mask,
 )
-from .variants import Hyper, check_hyper
+from .variants import Hyper, layer_hyper
 
 
 def input_map(x, decay, step_size, weight, bias, v0, joined=None):
@@ -176,12 +176,12 @@ class _MomentumLayers(nn.Module):
     gate_count = 4
     filters_input_for_adam = True
 
-    def __init__(self, input_size, hidden_size, num_layers=1, *, cell="momentum", momentum=0.6,
-                 step_size=1.0, beta=0.9, eps=1e-8, restart=None, bias=True, batch_first=False,
+    def __init__(self, input_size, hidden_size, num_layers=1, *, cell="momentum", momentum=None,
+                 step_size=None, beta=None, eps=None, restart=None, bias=True, batch_first=False,
                  dropout=0.0):
         super().__init__()
         check_sizes(input_size, hidden_size)
-        self.variant, hyper = check_hyper(cell, self.plain, momentum, step_size, beta, eps, restart)
+        self.variant, hyper = layer_hyper(cell, self.plain, momentum, step_size, beta, eps, restart)
         self.input_size, self.hidden_size = input_size, hidden_size
         self.num_layers = check_int(num_layers, "num_layers", low=1)
         self.cell = self.variant.name
@@ -210,9 +210,10 @@ class _MomentumLayers(nn.Module):
             self.register_parameter(f"bias_hh_l{k}", nn.Parameter(torch.empty(width)))
 
     def extra_repr(self):
+        read = "".join(f", {name}={getattr(self, name)}" for name in Hyper._fields
+                       if getattr(self, name) is not None)
         return (f"{self.input_size}, {self.hidden_size}, num_layers={self.num_layers}, "
-                f"cell={self.cell!r}, momentum={self.momentum}, step_size={self.step_size}, "
-                f"beta={self.beta}, restart={self.restart}, batch_first={self.batch_first}")
+                f"cell={self.cell!r}{read}, batch_first={self.batch_first}")
 
     def layer_parameters(self, k):
         get = lambda name: getattr(self, f"{name}_l{k}", None)
@@ -271,7 +272,7 @@ class _MomentumLayers(nn.Module):
         check_input_dtype(x, self.weight_ih_l0)
         steps, batch = x.shape[:2]
         if cu_seqlens is not None:
-            offsets = check_segment_offsets(cu_seqlens, batch, steps, x.device)
+            offsets = check_offsets(cu_seqlens, steps, device=x.device, batch=batch).cpu()
         else:
             offsets = offsets_from_starts(segment_starts, batch, steps, x.device)
         layout = segment_layout(offsets, x.device)
@@ -446,15 +447,18 @@ class _MomentumLayers(nn.Module):
 def carried_v(x_last, w, b):
     """The momentum v = W x + b (eq. 9) returned in the state, in the weights' dtype with autocast
     off: the state carried into the next call keeps float32 (autocast would round it to bf16)."""
-    with autocast_off(x_last.device.type):
-        return F.linear(x_last.to(w.dtype), w, b)
+    (x_last,), precision = in_weight_dtype(w, x_last)
+    with precision:
+        return F.linear(x_last, w, b)
 
 
 class MomentumLSTM(_MomentumLayers):
     """Stack of MomentumLSTM-family layers (MomentumRNN, Sections 2.2–2.4), nn.LSTM-like.
 
     cell: "lstm" (plain LSTM) or any momentum cell of the table in variants.py (docs/cells.md;
-    restart F for the cells that take one).
+    restart F for the cells that take one). momentum μ, step_size s, beta β, eps ε: None is the
+    cell's default (variants.DEFAULTS); a value for one the cell never reads (e.g. momentum with
+    cell="lstm" or "rmsprop") is refused, and the attribute of an unread one is None.
     Parameters are named and ordered as nn.LSTM's (gates i, f, g, o), initialised as in
     Appendix F. forward(input, state=None) -> (output, RecurrentState); input is
     (T, B, input_size) (batch_first: (B, T, input_size)) or a PackedSequence; state may also
@@ -515,8 +519,8 @@ class MomentumLSTM(_MomentumLayers):
         # in the weights' dtype with autocast off, g included: the normaliser (m + ε)^(−1/2)
         # divides by |g|, so bf16's rounding of g reaches the gradients amplified (13 % relative
         # in tests/test_rnn_layers.py's autocast case), and the in-place steps need one dtype
-        x, h0, c0, v0, m0 = (t.to(w_hh.dtype) for t in (x, h0, c0, v0, m0))
-        with autocast_off(x.device.type):
+        (x, h0, c0, v0, m0), precision = in_weight_dtype(w_hh, x, h0, c0, v0, m0)
+        with precision:
             g = F.linear(x, rows(w_ih), rows(b_ih))
             hs, c, v, m = AdamLSTMRecurrence.apply(
                 g, v0.index_select(1, forward), h0, c0, m0.index_select(1, forward), rows(w_hh),
@@ -554,8 +558,8 @@ class MomentumRNN(_MomentumLayers):
         if self.variant.has_m:
             # a Python loop whose carried h and v, m stay in the weights' dtype under autocast
             # (and g, as in MomentumLSTM._adaptive_layer)
-            with autocast_off(x.device.type):
-                x, h0, v0, m0 = (None if t is None else t.to(w_hh.dtype) for t in (x, h0, v0, m0))
+            (x, h0, v0, m0), precision = in_weight_dtype(w_hh, x, h0, v0, m0)
+            with precision:
                 inp, w, b = input_map(x, decay, self.variant.input_scale(self.hyper), w_ih, b_ih,
                                       v0 if carries_v else None,
                                       self._joined_input_weight(k, decay, w_ih, b_ih))

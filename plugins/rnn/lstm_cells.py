@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from .checks import check_sizes, check_step_counter, check_step_input
-from .variants import Hyper, check_hyper
+from .variants import Hyper, layer_hyper
 
 
 def lstm_update(gates, c):
@@ -49,11 +49,11 @@ class LSTMStepCell(nn.Module):
     (`appendix_f_init_`).
     """
 
-    def __init__(self, input_size, hidden_size, cell="momentum", *, momentum=0.6, step_size=1.0,
-                 beta=0.9, eps=1e-8, restart=None, bias=True):
+    def __init__(self, input_size, hidden_size, cell="momentum", *, momentum=None, step_size=None,
+                 beta=None, eps=None, restart=None, bias=True):
         super().__init__()
         check_sizes(input_size, hidden_size)
-        self.variant, hyper = check_hyper(cell, "lstm", momentum, step_size, beta, eps, restart)
+        self.variant, hyper = layer_hyper(cell, "lstm", momentum, step_size, beta, eps, restart)
         self.cell = self.variant.name
         self.momentum, self.step_size, self.beta, self.eps, self.restart = hyper
         self.input_size = input_size
@@ -123,7 +123,7 @@ class RMSPropLSTMCell(LSTMStepCell):
     forward(x, (h, c), v, m) -> (h, (h, c), v, m)."""
 
     def __init__(self, input_size, hidden_size, step_size, beta, eps=1e-8, bias=True):
-        super().__init__(input_size, hidden_size, "rmsprop", momentum=0.0, step_size=step_size,
+        super().__init__(input_size, hidden_size, "rmsprop", step_size=step_size,
                          beta=beta, eps=eps, bias=bias)
 
 

@@ -17,8 +17,8 @@ from torch.nn.utils.parametrizations import orthogonal
 from ..validation import check_choice, check_int
 from .checks import check_sizes, check_step_counter, check_step_input
 from .layers import _MomentumLayers, input_map, recurrence_loop
-from .sequence import autocast_off, last_step
-from .variants import check_hyper
+from .sequence import in_weight_dtype, last_step
+from .variants import layer_hyper
 
 MAPS = ("matrix_exp", "cayley")
 INITS = ("henaff", "cayley")
@@ -85,11 +85,11 @@ class OrthogonalRNNCell(nn.Module):
     the cell has none; step = time steps processed so far).
     """
 
-    def __init__(self, input_size, hidden_size, cell="rnn", momentum=0.6, step_size=1.0,
-                 beta=0.9, eps=1e-8, restart=None, orthogonal_map="matrix_exp", init="cayley"):
+    def __init__(self, input_size, hidden_size, cell="rnn", momentum=None, step_size=None,
+                 beta=None, eps=None, restart=None, orthogonal_map="matrix_exp", init="cayley"):
         super().__init__()
         check_sizes(input_size, hidden_size)
-        self.variant, hyper = check_hyper(cell, "rnn", momentum, step_size, beta, eps, restart)
+        self.variant, hyper = layer_hyper(cell, "rnn", momentum, step_size, beta, eps, restart)
         self.input_size, self.hidden_size, self.cell = input_size, hidden_size, self.variant.name
         self.momentum, self.step_size, self.beta, self.eps, self.restart = hyper
         self.input_kernel = nn.Linear(input_size, hidden_size, bias=False)
@@ -136,8 +136,8 @@ class OrthogonalMomentumRNN(_MomentumLayers):
     gate_count = 1
     fused_kind = None
 
-    def __init__(self, input_size, hidden_size, num_layers=1, *, cell="momentum", momentum=0.6,
-                 step_size=1.0, beta=0.9, eps=1e-8, restart=None, batch_first=False,
+    def __init__(self, input_size, hidden_size, num_layers=1, *, cell="momentum", momentum=None,
+                 step_size=None, beta=None, eps=None, restart=None, batch_first=False,
                  dropout=0.0, orthogonal_map="matrix_exp", init="cayley",
                  trivialization_steps=None):
         self.orthogonal_map, self.init = orthogonal_map, init
@@ -169,11 +169,9 @@ class OrthogonalMomentumRNN(_MomentumLayers):
     def _layer(self, k, x, lengths, decay, h0, c0, v0, m0, carries_v):
         """In the weights' dtype with autocast off: the modReLU recurrence is a Python loop whose
         carried h, and the momentum v it returns, stay in float32 under autocast."""
-        with autocast_off(x.device.type):
-            dtype = getattr(self, f"weight_ih_l{k}").dtype
-            return self._full_precision_layer(k, x.to(dtype), lengths, decay, h0.to(dtype),
-                                              None if v0 is None else v0.to(dtype),
-                                              None if m0 is None else m0.to(dtype), carries_v)
+        (x, h0, v0, m0), precision = in_weight_dtype(getattr(self, f"weight_ih_l{k}"), x, h0, v0, m0)
+        with precision:
+            return self._full_precision_layer(k, x, lengths, decay, h0, v0, m0, carries_v)
 
     def _full_precision_layer(self, k, x, lengths, decay, h0, v0, m0, carries_v):
         w_ih, bias = getattr(self, f"weight_ih_l{k}"), getattr(self, f"bias_l{k}")

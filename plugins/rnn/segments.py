@@ -22,39 +22,6 @@ import torch
 from torch import Tensor
 from torch.nn.utils.rnn import PackedSequence
 
-OFFSET_DTYPES = (torch.int32, torch.int64)
-
-
-def check_segment_offsets(cu_seqlens, batch, length, device) -> Tensor:
-    """The rule of cu_seqlens (issue 18 contract): returns it as int64 on the CPU.
-    Every failure is a ValueError naming `cu_seqlens` and what is allowed."""
-    if not isinstance(cu_seqlens, Tensor):
-        raise ValueError(f"cu_seqlens must be a 1-D int32/int64 tensor of offsets, "
-                         f"got {type(cu_seqlens).__name__}")
-    if cu_seqlens.dim() != 1:
-        raise ValueError(f"cu_seqlens must be 1-D (n+1 offsets), got shape {tuple(cu_seqlens.shape)}")
-    if cu_seqlens.dtype not in OFFSET_DTYPES:
-        raise ValueError(f"cu_seqlens must have dtype int32 or int64, got {cu_seqlens.dtype}")
-    if cu_seqlens.device != torch.device(device):
-        raise ValueError(f"cu_seqlens must be on the input's device {device}, got {cu_seqlens.device}")
-    if batch != 1:
-        raise ValueError(f"cu_seqlens needs a batch of one row (the segments packed in it), "
-                         f"got batch {batch}")
-    if cu_seqlens.numel() < 2:
-        raise ValueError(f"cu_seqlens must hold at least 2 offsets (n+1 for n >= 1 segments), "
-                         f"got {cu_seqlens.numel()}")
-    offsets = cu_seqlens.detach().to("cpu", torch.int64)
-    if int(offsets[0]) != 0:
-        raise ValueError(f"cu_seqlens must start at 0, got {int(offsets[0])}")
-    steps = offsets.diff()
-    if bool((steps < 0).any()):
-        at = int(torch.nonzero(steps < 0)[0, 0])
-        raise ValueError(f"cu_seqlens must be non-decreasing, got {int(offsets[at])} then "
-                         f"{int(offsets[at + 1])} at index {at}")
-    if int(offsets[-1]) != length:
-        raise ValueError(f"cu_seqlens must end at the sequence length {length}, got {int(offsets[-1])}")
-    return offsets
-
 
 def offsets_from_starts(segment_starts, batch, length, device) -> Tensor:
     """cu_seqlens (int64, CPU) over the rows of `segment_starts` laid end to end (row-major);

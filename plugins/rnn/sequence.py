@@ -79,6 +79,15 @@ def autocast_off(device_type: str):
     return torch.autocast(device_type, enabled=False)
 
 
+def in_weight_dtype(weight, *tensors):
+    """(tensors cast to `weight`'s dtype, None kept; a region without autocast on their device):
+    for the steps that must not run in autocast's half precision (a state carried to the next
+    call, a loop's carried h, eq. 15's normaliser)."""
+    device_type = next(t for t in tensors if t is not None).device.type
+    cast = tuple(None if t is None else t.to(weight.dtype) for t in tensors)
+    return cast, autocast_off(device_type)
+
+
 def cpu_autocast_off(x, hx, weights):
     """(x, hx, context) for torch's fused LSTM / tanh-RNN kernel. CPU autocast hands it bf16
     (or fp16) operands, for which oneDNN has no LSTM primitive on CPUs without those
@@ -87,9 +96,9 @@ def cpu_autocast_off(x, hx, weights):
     cast to it. CUDA autocast is left to cuDNN, which runs half precision."""
     if x.device.type != "cpu" or not torch.is_autocast_enabled("cpu"):
         return x, hx, contextlib.nullcontext()
-    dtype = weights[0].dtype
-    hx = tuple(t.to(dtype) for t in hx) if isinstance(hx, tuple) else hx.to(dtype)
-    return x.to(dtype), hx, torch.autocast("cpu", enabled=False)
+    pair = isinstance(hx, tuple)
+    (x, *hx), precision = in_weight_dtype(weights[0], x, *(hx if pair else (hx,)))
+    return x, tuple(hx) if pair else hx[0], precision
 
 
 def fused_recurrence(kind, x, lengths, hx, weights, has_biases, training, num_layers=1,

@@ -35,12 +35,17 @@ from .filters import (
 
 
 class Hyper(NamedTuple):
-    """Hyperparameters of a cell, already validated (`check_hyper`)."""
-    momentum: float
-    step_size: float
-    beta: float
-    eps: float
+    """Hyperparameters of a cell, already validated (`check_hyper`); None where the cell never
+    reads one (`layer_hyper`)."""
+    momentum: float | None
+    step_size: float | None
+    beta: float | None
+    eps: float | None
     restart: int | None
+
+
+# What a layer or step-wise cell uses for a hyperparameter its cell reads and the caller left None.
+DEFAULTS = Hyper(momentum=0.6, step_size=1.0, beta=0.9, eps=1e-8, restart=None)
 
 
 @dataclass(frozen=True)
@@ -207,6 +212,31 @@ def check_hyper(cell, plain, momentum, step_size, beta, eps, restart) -> tuple[C
                   check_momentum(beta, "beta"), check_positive(eps, "eps"),
                   check_restart(variant.name, restart))
     return variant, hyper
+
+
+def read_hyperparameters(cell, **values) -> dict:
+    """`values` (keyword arguments among momentum, step_size, beta, eps) less those that `cell`
+    never reads: for callers that hold a value of every hyperparameter, as the HF config does."""
+    unread = unread_hyperparameters(cell)
+    return {name: value for name, value in values.items() if name not in unread}
+
+
+def layer_hyper(cell, plain, momentum=None, step_size=None, beta=None, eps=None,
+                restart=None) -> tuple[CellVariant, Hyper]:
+    """The cell and hyperparameters of a layer or step-wise cell. None is the cell's default
+    (`DEFAULTS`) for a hyperparameter it reads; a value given for one it never reads
+    (`unread_hyperparameters`) is refused, as the integrations refuse it, since it would be
+    ignored. The unread ones are None in the returned Hyper."""
+    variant = get_variant(cell, plain)
+    given = dict(momentum=momentum, step_size=step_size, beta=beta, eps=eps)
+    unread = unread_hyperparameters(variant.name)
+    for name in unread:
+        if given[name] is not None:
+            raise ValueError(f"{name}={given[name]!r} is not read by cell={variant.name!r} and would be "
+                             f"ignored; leave {name} None or choose a cell that uses it (docs/cells.md)")
+    filled = {name: getattr(DEFAULTS, name) if value is None else value for name, value in given.items()}
+    variant, hyper = check_hyper(variant.name, plain, restart=restart, **filled)
+    return variant, hyper._replace(**{name: None for name in unread})
 
 
 def cells_markdown() -> str:

@@ -1,13 +1,14 @@
 """The hyperparameters of one transformer block (`plugins.transformer.block`), their defaults
 and their checks, written once for the HF model and the copy recipe."""
 from dataclasses import dataclass
-from typing import Callable, Optional, Union
+from typing import Callable, ClassVar, Mapping, Optional, Union
 
 from ..connection import (
+    CONNECTIONS,
     DEFAULT_ADAPTIVE_DELTA,
     DEFAULT_CONNECTION_MOMENTUM,
     DEFAULT_CONNECTION_STEP_SIZE,
-    build_connection,
+    check_delta,
 )
 from ..validation import (
     check_bool,
@@ -37,7 +38,12 @@ class BlockConfig:
     0.6 and 1.0). feature_map φ ∈ {"elu", "relu"} for "linear" and "momentum".
     norm: "pre" or "post" layer norm; activation: "relu", "gelu" or a callable.
     connection: the residual around attention, "none", "momentum" (eq. 15) or "adaptive"
-    (eq. 18), with `plugins.connection.build_connection`'s defaults and checks."""
+    (eq. 18), with `plugins.connection.build_connection`'s defaults and checks.
+
+    Errors name the fields as `labels` maps them: a subclass for a configuration that calls
+    them otherwise (the HF config's hidden_size for d_model, ...) sets it."""
+
+    labels: ClassVar[Mapping[str, str]] = {}
 
     d_model: int
     heads: int
@@ -60,39 +66,45 @@ class BlockConfig:
     connection_delta: float = DEFAULT_ADAPTIVE_DELTA
 
     def __post_init__(self):
-        check_int(self.d_model, "d_model", low=1)
-        check_int(self.heads, "heads", low=1)
+        name = lambda field: self.labels.get(field, field)
+        check_int(self.d_model, name("d_model"), low=1)
+        check_int(self.heads, name("heads"), low=1)
         if self.d_model % self.heads:
-            raise ValueError(f"d_model ({self.d_model}) must be divisible by heads ({self.heads})")
+            raise ValueError(f"{name('d_model')} ({self.d_model}) must be divisible by {name('heads')} "
+                             f"({self.heads})")
         if self.ffn_dim is None:
             object.__setattr__(self, "ffn_dim", 4 * self.d_model)
-        check_int(self.ffn_dim, "ffn_dim", low=1)
-        check_choice(self.attention, "attention", ATTENTION_KINDS)
-        self._resolve_attention_coefficients()
-        check_choice(self.feature_map, "feature_map", BLOCK_FEATURE_MAPS)
-        check_bool(self.causal, "causal")
-        check_int(self.chunk_size, "chunk_size", low=1)
-        check_choice(self.norm, "norm", NORM_PLACEMENTS)
-        check_positive(self.layer_norm_eps, "layer_norm_eps")
+        check_int(self.ffn_dim, name("ffn_dim"), low=1)
+        check_choice(self.attention, name("attention"), ATTENTION_KINDS)
+        self._resolve_attention_coefficients(name)
+        check_choice(self.feature_map, name("feature_map"), BLOCK_FEATURE_MAPS)
+        check_bool(self.causal, name("causal"))
+        check_int(self.chunk_size, name("chunk_size"), low=1)
+        check_choice(self.norm, name("norm"), NORM_PLACEMENTS)
+        check_positive(self.layer_norm_eps, name("layer_norm_eps"))
         if not callable(self.activation):
-            check_choice(self.activation, "activation", ACTIVATION_NAMES)
-        for name in ("attention_dropout", "activation_dropout", "hidden_dropout"):
-            check_probability(getattr(self, name), name)
-        build_connection(self.connection, momentum=self.connection_momentum,
-                         step_size=self.connection_step_size, delta=self.connection_delta)
+            check_choice(self.activation, name("activation"), ACTIVATION_NAMES)
+        for field in ("attention_dropout", "activation_dropout", "hidden_dropout"):
+            check_probability(getattr(self, field), name(field))
+        # build_connection's checks, with this configuration's names
+        check_choice(self.connection, name("connection"), CONNECTIONS)
+        check_momentum(self.connection_momentum, name("connection_momentum"))
+        check_positive(self.connection_step_size, name("connection_step_size"))
+        check_delta(self.connection_delta, name("connection_delta"))
 
-    def _resolve_attention_coefficients(self) -> None:
+    def _resolve_attention_coefficients(self, name) -> None:
         """β, γ of eq. 13: defaults for "momentum"; refused for the kinds that never read them."""
         if self.attention != "momentum":
-            for name in ("momentum", "step_size"):
-                if getattr(self, name) is not None:
-                    raise ValueError(f"{name}={getattr(self, name)!r} is not read by attention="
-                                     f"{self.attention!r}: leave it None or use attention='momentum'")
+            for field in ("momentum", "step_size"):
+                if getattr(self, field) is not None:
+                    raise ValueError(f"{name(field)}={getattr(self, field)!r} is not read by "
+                                     f"{name('attention')}={self.attention!r}: leave it None or use "
+                                     f"{name('attention')}='momentum'")
             return
         momentum = DEFAULT_ATTENTION_MOMENTUM if self.momentum is None else self.momentum
         step_size = DEFAULT_ATTENTION_STEP_SIZE if self.step_size is None else self.step_size
-        object.__setattr__(self, "momentum", check_momentum(momentum, "momentum"))
-        object.__setattr__(self, "step_size", check_positive(step_size, "step_size"))
+        object.__setattr__(self, "momentum", check_momentum(momentum, name("momentum")))
+        object.__setattr__(self, "step_size", check_positive(step_size, name("step_size")))
 
     @property
     def head_dim(self) -> int:

@@ -96,18 +96,30 @@ def book_passages(documents: Sequence[Tuple[str, int, List[str]]], passage_bytes
     return books, splits
 
 
-def text_substitute(documents, passage_bytes: int = MAX_LENGTH, seed: int = 0, period: int = PERIOD,
-                    train_stride: Optional[int] = None) -> Tuple[List[str], Dict[str, Examples]]:
-    """(class names, {split: Examples}) of the Text substitute, classes balanced per split;
-    train_stride None: passage_bytes // 4 (training passages overlap by three quarters)."""
+def passages_by_book(documents, passage_bytes: int, period: int, train_stride: Optional[int]
+                     ) -> Tuple[List[str], Dict[str, Tuple[List[Passage], Dict[int, List[Passage]]]]]:
+    """(book names, {split: (passages, {book: its passages})}): `book_passages` with the
+    substitutes' train_stride (None: passage_bytes // 4, training passages overlapping by three
+    quarters), each split's passages also grouped by book, in order."""
     stride = max(1, passage_bytes // 4) if train_stride is None else train_stride
     books, splits = book_passages(documents, passage_bytes, period, stride)
-    rng = random.Random(seed)
-    out = {}
+    grouped = {}
     for split, passages in splits.items():
         by_book = defaultdict(list)
         for p in passages:
             by_book[p.book].append(p)
+        grouped[split] = (passages, by_book)
+    return books, grouped
+
+
+def text_substitute(documents, passage_bytes: int = MAX_LENGTH, seed: int = 0, period: int = PERIOD,
+                    train_stride: Optional[int] = None) -> Tuple[List[str], Dict[str, Examples]]:
+    """(class names, {split: Examples}) of the Text substitute, classes balanced per split;
+    train_stride as in `passages_by_book`."""
+    books, splits = passages_by_book(documents, passage_bytes, period, train_stride)
+    rng = random.Random(seed)
+    out = {}
+    for split, (_, by_book) in splits.items():
         if len(by_book) < len(books):
             raise ValueError(f"the {split} split has passages of {len(by_book)} of the {len(books)} books: "
                              "give more text or a smaller passage_bytes")
@@ -122,15 +134,11 @@ def text_substitute(documents, passage_bytes: int = MAX_LENGTH, seed: int = 0, p
 def retrieval_substitute(documents, passage_bytes: int = MAX_LENGTH, seed: int = 0, period: int = PERIOD,
                          train_stride: Optional[int] = None) -> Dict[str, Examples]:
     """{split: Examples with (N, 2, T) tokens}: one pair per passage, label 1 (same novel) for
-    every other pair; train_stride as in `text_substitute`."""
-    stride = max(1, passage_bytes // 4) if train_stride is None else train_stride
-    books, splits = book_passages(documents, passage_bytes, period, stride)
+    every other pair; train_stride as in `passages_by_book`."""
+    _, splits = passages_by_book(documents, passage_bytes, period, train_stride)
     rng = random.Random(seed)
     out = {}
-    for split, passages in splits.items():
-        by_book = defaultdict(list)
-        for p in passages:
-            by_book[p.book].append(p)
+    for split, (passages, by_book) in splits.items():
         if len(by_book) < 2:
             raise ValueError(f"the {split} split needs passages of two books at least, has {len(by_book)}")
         order = passages[:]

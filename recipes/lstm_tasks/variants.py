@@ -9,10 +9,11 @@ from plugins.rnn import MomentumLSTM
 
 @dataclass(frozen=True)
 class CellSpec:
+    """A cell and the hyperparameters it reads; None: the layer's default."""
     cell: str
-    momentum: float = 0.0
-    step_size: float = 1.0
-    beta: float = 0.9
+    momentum: Optional[float] = None
+    step_size: Optional[float] = None
+    beta: Optional[float] = None
     restart: Optional[int] = None
 
     def build(self, input_size: int, hidden_size: int) -> MomentumLSTM:
@@ -27,12 +28,12 @@ def family(momentum: CellSpec, adam: CellSpec, rmsprop: CellSpec, sr: CellSpec) 
 # Copying with sequence length 1K / 2K and adding (Tables 7, 8, 9, 10).
 COPYING_1K = family(CellSpec("momentum", momentum=0.6, step_size=0.9),
                     CellSpec("adam", momentum=0.6, step_size=2.0, beta=0.999),
-                    CellSpec("rmsprop", momentum=0.0, step_size=2.0, beta=0.999),
+                    CellSpec("rmsprop", step_size=2.0, beta=0.999),
                     CellSpec("sr", step_size=0.9, restart=100))
 COPYING_2K = dict(COPYING_1K, momentum=CellSpec("momentum", momentum=0.9, step_size=2.0))
 ADDING = family(CellSpec("momentum", momentum=0.9, step_size=2.0),
                 CellSpec("adam", momentum=0.6, step_size=2.0, beta=0.999),
-                CellSpec("rmsprop", momentum=0.0, step_size=2.0, beta=0.999),
+                CellSpec("rmsprop", step_size=2.0, beta=0.999),
                 CellSpec("sr", step_size=0.9, restart=100))
 
 MODELS = list(ADDING)

@@ -22,7 +22,7 @@ def chunk_momentum_attention(
     Packed sequences: `cu_seqlens` (n + 1,) integer offsets over one row (B = 1, lengths None),
     segment s the tokens [cu[s], cu[s+1]), each run as its own sequence (its own initial state,
     step count and denominators); the states are then per segment, batch n. Its values (0 first,
-    non-decreasing, N last) are the caller's to check (plugins.attention.varlen.check_cu_seqlens,
+    non-decreasing, N last) are the caller's to check (plugins.validation.check_offsets,
     which reads them on the host); here they are clamped into [0, N] and made non-decreasing on
     the device, so that no value makes a kernel read or write outside the row.
     Returns the output (B, H, N, Dv) in the input dtype, 0 at padded positions, and, if asked, the
