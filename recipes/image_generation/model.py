@@ -115,15 +115,18 @@ class PixelTransformer(nn.Module):
 
     def _run(self, inputs: torch.Tensor, offset: int, states: Optional[List]):
         """Mixture parameters of positions offset.. given their inputs; `states` (one attention
-        state per layer) are continued when given. Returns (parameters, new states or None)."""
+        state per layer) are continued when given, in place: a layer's old KV cache is freed as
+        soon as its successor exists, not after the last layer. Returns (parameters, states)."""
         positions = torch.arange(offset, offset + inputs.shape[1], device=inputs.device)
         x = self.dropout(self.embed_pixels(inputs) + self.embed_positions(positions))
         recurrent = states is not None
-        connection, new_states = None, []
-        for block, state in zip(self.blocks, states if recurrent else [None] * len(self.blocks)):
-            x, connection, state = block(x, connection, attention_state=state, recurrent=recurrent)
-            new_states.append(state)
-        return self.head(self.norm(x)), new_states if recurrent else None
+        connection = None
+        for i, block in enumerate(self.blocks):
+            x, connection, state = block(x, connection, attention_state=states[i] if recurrent else None,
+                                         recurrent=recurrent)
+            if recurrent:
+                states[i] = state
+        return self.head(self.norm(x)), states
 
     def _check_inputs(self, inputs: torch.Tensor, name: str, limit: int) -> None:
         if not isinstance(inputs, torch.Tensor) or inputs.dim() != 2 or inputs.is_floating_point():
@@ -157,8 +160,8 @@ class PixelTransformer(nn.Module):
 
     def step(self, inputs: torch.Tensor, cache: Optional[List], offset: int):
         """Mixture parameters (N, 3K) of position `offset` given its input (N,) and a cache holding
-        positions < offset; returns (parameters, cache). Without a cache (softmax, kv_cache=False)
-        `inputs` must be the whole prefix (N, offset + 1)."""
+        positions < offset; returns (parameters, cache), the cache updated in place. Without a
+        cache (softmax, kv_cache=False) `inputs` must be the whole prefix (N, offset + 1)."""
         length = self.config.sequence_length
         if isinstance(offset, bool) or not isinstance(offset, int) or not 0 <= offset < length:
             raise ValueError(f"offset must be an integer in [0, {length - 1}], got {offset!r}")
