@@ -1,8 +1,11 @@
 """Image generation throughput and memory on CPU (Momentum Transformer, Table 2's images/s):
 the five pixel-by-pixel models of recipes/image_generation/model.py generating a batch of 28×28
-images (784 steps, one pixel per step for the whole batch), softmax with its KV cache and
-without one (re-reading the prefix each step), the momentum models with their recurrent state
-of eq. 12 (its size does not depend on the position).
+images (784 steps, one pixel per step for the whole batch), all on one architecture (the shared
+block, differing only in attention): softmax with its KV cache (`plugins.transformer.KeyValueCache`,
+O(t) work at step t) and without one (re-reading the prefix each step, O(t²)), the momentum
+models with their recurrent state of eq. 12 (its size does not depend on the position).
+"ms / step" is the mean time of one pixel step for the batch: comparing it between runs of
+different `--steps` shows how the per-pixel cost grows with the position.
 
 Each method runs in a fresh worker process (random weights, fixed seed): one warm-up of 8 steps,
 then `--repeats` full generations; reported are images/s of the fastest repeat and the peak
@@ -92,13 +95,13 @@ def main():
     print(f"Date {date.today()}, {platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
           f"{args.threads} thread(s); batch {args.batch}, {args.layers} layers, {args.heads} heads, "
           f"d {args.d_model}; best of {args.repeats}")
-    print("| method | steps | images/s | × softmax KV | peak added MB / image |")
-    print("|---|---:|---:|---:|---:|")
+    print("| method | steps | images/s | × softmax KV | ms / step | peak added MB / image |")
+    print("|---|---:|---:|---:|---:|---:|")
     for r in rows:
         comparable = reference is not None and r["steps"] == reference["steps"]
         ratio = f"{r['images_per_s'] / reference['images_per_s']:.2f}×" if comparable else "n/a"
         print(f"| {r['method']} | {r['steps']} | {r['images_per_s']:.3f} | {ratio} | "
-              f"{r['peak_added_mb_per_image']:.2f} |")
+              f"{1000 * r['seconds'] / r['steps']:.1f} | {r['peak_added_mb_per_image']:.2f} |")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)

@@ -1,11 +1,14 @@
 """The pixel-by-pixel image models of recipes/image_generation/model.py (Momentum Transformer, §4.2):
-cached generation against the teacher-forced forward, causality, bits/dim of a known head, a
-short training run, sampling's feedback and argument errors."""
+one architecture for all five, cached generation (recurrent state, KV cache, or re-reading the
+prefix) against the teacher-forced forward, causality, bits/dim of a known head, a short training
+run, sampling's feedback and argument errors."""
 import math
 
 import pytest
 import torch
 
+from plugins.attention import MomentumAttentionState
+from plugins.transformer import KeyValueCache
 from recipes.image_generation.data import START, load_sequences, teacher_forcing
 from recipes.image_generation.logistic_mixture import sample as sample_mixture
 from recipes.image_generation.model import MODELS, ImageModelConfig, PixelTransformer
@@ -39,7 +42,39 @@ def test_cached_steps_equal_the_teacher_forced_forward(name, kv_cache):
             steps.append(params)
     assert parallel.dtype == torch.float64
     assert parallel.abs().max() > 0.1
-    torch.testing.assert_close(torch.stack(steps, dim=1), parallel, atol=1e-8, rtol=0)
+    torch.testing.assert_close(torch.stack(steps, dim=1), parallel, atol=1e-10, rtol=0)
+    if kv_cache:
+        kind = KeyValueCache if name == "softmax" else MomentumAttentionState
+        assert len(cache) == TINY.layers and all(isinstance(state, kind) for state in cache)
+
+
+def test_the_five_models_share_one_architecture():
+    """Same parameters (names and shapes) for every model: they differ only in attention and the
+    residual around it, which carry no weights."""
+    shapes = {name: {k: tuple(v.shape) for k, v in PixelTransformer(name, TINY).state_dict().items()}
+              for name in MODELS}
+    assert all(shapes[name] == shapes["softmax"] for name in MODELS)
+    kinds = {name: {(block.config.attention, block.config.connection)
+                    for block in PixelTransformer(name, TINY).blocks} for name in MODELS}
+    assert kinds == {"softmax": {("softmax", "none")}, "linear": {("linear", "none")},
+                     "momentum": {("momentum", "none")}, "momentum_connection": {("momentum", "momentum")},
+                     "adaptive": {("momentum", "adaptive")}}
+
+
+def test_the_recurrent_state_has_a_fixed_size_and_the_kv_cache_grows():
+    inputs = teacher_forcing(random_images(2, TINY.sequence_length))[0]
+    sizes = {}
+    for name in ("momentum", "softmax"):
+        model = tiny_model(name)
+        cache, sizes[name] = model.new_cache(), []
+        with torch.no_grad():
+            for t in range(4):
+                _, cache = model.step(inputs[:, t], cache, t)
+                first = cache[0]
+                parts = (first.s, first.z, first.m) if name == "momentum" else (first.key, first.value)
+                sizes[name].append(sum(part.numel() for part in parts))
+    assert len(set(sizes["momentum"])) == 1
+    assert sizes["softmax"] == [sizes["softmax"][0] * (t + 1) for t in range(4)]
 
 
 @pytest.mark.parametrize("name", MODELS)
@@ -143,3 +178,9 @@ def test_errors_name_the_argument():
         model.sample(1, 11)
     with pytest.raises(ValueError, match="n must be"):
         model.sample(0)
+    with pytest.raises(ValueError, match="kv_cache must be a bool"):
+        model.sample(1, 2, kv_cache="yes")
+    with pytest.raises(ValueError, match=r"offset must be an integer in \[0, 9\]"):
+        model.step(torch.zeros(1, dtype=torch.long), model.new_cache(), 10)
+    with pytest.raises(ValueError, match=r"inputs must be the whole prefix \(N, 3\)"):
+        tiny_model("softmax").step(torch.zeros(1, 2, dtype=torch.long), None, 2)

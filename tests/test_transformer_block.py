@@ -201,8 +201,10 @@ def test_defaults_are_the_documented_ones():
 
 def test_unsupported_combinations_are_refused():
     x = torch.zeros(1, 3, 8)
-    with pytest.raises(ValueError, match="attention='softmax' has no recurrent state"):
-        TransformerBlock(BlockConfig(8, 2, attention="softmax"))(x, recurrent=True)
+    softmax = TransformerBlock(BlockConfig(8, 2, attention="softmax"))
+    softmax.attention.process_group = object()
+    with pytest.raises(ValueError, match="attention='softmax' has no packed path or context parallelism"):
+        softmax(x)
     with pytest.raises(ValueError, match="recurrent=True needs a causal block"):
         TransformerBlock(BlockConfig(8, 2, causal=False))(x, recurrent=True)
     with pytest.raises(ValueError, match="connection_state is carried only"):

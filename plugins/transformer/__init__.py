@@ -2,6 +2,8 @@
 from .attention import MultiHeadAttention, softmax_self_attention
 from .block import BlockOutput, FeedForward, TransformerBlock
 from .config import ATTENTION_KINDS, BlockConfig
+from .kv_cache import KeyValueCache, cached_softmax_attention, extend_key_value_cache
 
-__all__ = ["ATTENTION_KINDS", "BlockConfig", "BlockOutput", "FeedForward", "MultiHeadAttention",
-           "TransformerBlock", "softmax_self_attention"]
+__all__ = ["ATTENTION_KINDS", "BlockConfig", "BlockOutput", "FeedForward", "KeyValueCache",
+           "MultiHeadAttention", "TransformerBlock", "cached_softmax_attention", "extend_key_value_cache",
+           "softmax_self_attention"]

@@ -1,7 +1,7 @@
 """Multi-head self-attention of the shared block: q, k, v and output projections around
 softmax attention, linear attention (Momentum Transformer, eq. 7) or momentum attention
 (eq. 13 causal, eq. 14 non-causal, recurrent eq. 12 for generation) from `plugins.attention`."""
-from typing import Optional, Tuple
+from typing import Optional, Tuple, Union
 
 import torch
 import torch.nn.functional as F
@@ -10,6 +10,7 @@ from torch import nn
 from ..attention.api import momentum_attention, momentum_attention_step
 from ..attention.state import MomentumAttentionState
 from .config import BlockConfig
+from .kv_cache import KeyValueCache, cached_softmax_attention, extend_key_value_cache
 
 
 def softmax_self_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool,
@@ -45,12 +46,12 @@ class MultiHeadAttention(nn.Module):
         self.process_group = None
 
     def forward(self, x: torch.Tensor, *, padding_mask: Optional[torch.Tensor] = None,
-                state: Optional[MomentumAttentionState] = None, recurrent: bool = False,
-                packed=None) -> Tuple[torch.Tensor, Optional[MomentumAttentionState]]:
-        """padding_mask (B, N), True = real token. recurrent=True (causal momentum/linear): continue
-        `state` (None: fresh) by eq. 12 and return the new state. `packed`: documents laid out as
-        one row, an object with pack / unpack of (B, H, N, D) and `cu_seqlens` (hf_momentum.packing).
-        Returns (output, new state or None)."""
+                state: Union[MomentumAttentionState, KeyValueCache, None] = None, recurrent: bool = False,
+                packed=None) -> Tuple[torch.Tensor, Union[MomentumAttentionState, KeyValueCache, None]]:
+        """padding_mask (B, N), True = real token. recurrent=True (causal blocks): continue `state`
+        (None: fresh) by eq. 12 (momentum/linear) or as a KeyValueCache (softmax) and return the
+        new state. `packed`: documents laid out as one row, an object with pack / unpack of
+        (B, H, N, D) and `cu_seqlens` (hf_momentum.packing). Returns (output, new state or None)."""
         batch, length, _ = x.shape
         q, k, v = (self._heads(proj(x)) for proj in (self.q_proj, self.k_proj, self.v_proj))
         out, state = self.attend(q, k, v, padding_mask=padding_mask, state=state, recurrent=recurrent,
@@ -64,18 +65,17 @@ class MultiHeadAttention(nn.Module):
         return x.view(batch, length, self.config.heads, self.config.head_dim).transpose(1, 2)
 
     def attend(self, q, k, v, *, padding_mask=None, state=None, recurrent=False, packed=None):
-        """The attention of `config.attention` on (B, H, N, D) heads; returns (out, state)."""
+        """The attention of `config.attention` on (B, H, N, D) heads; returns (out, state). The
+        state is a `MomentumAttentionState` (eq. 12) or, for softmax, a `KeyValueCache`."""
         config = self.config
-        if config.attention == "softmax":
-            if recurrent or state is not None or packed is not None or self.process_group is not None:
-                raise ValueError("attention='softmax' has no recurrent state, packed path or context "
-                                 "parallelism: use attention='linear' or 'momentum'")
-            return softmax_self_attention(q, k, v, causal=config.causal, padding_mask=padding_mask), None
         if state is not None and not recurrent:
             raise ValueError("state is continued only with recurrent=True")
         if recurrent and not config.causal:
             raise ValueError("recurrent=True needs a causal block (causal=False is eq. 14, which has "
                              "no recurrence)")
+        if config.attention == "softmax":
+            return self._attend_softmax(q, k, v, padding_mask=padding_mask, state=state,
+                                        recurrent=recurrent, packed=packed)
         kwargs = dict(momentum=config.momentum or 0.0, step_size=config.step_size or 1.0,
                       feature_map=config.feature_map, padding_mask=padding_mask, chunk_size=config.chunk_size)
         if packed is not None:
@@ -89,3 +89,14 @@ class MultiHeadAttention(nn.Module):
             return momentum_attention_step(q, k, v, state, **kwargs)
         return momentum_attention(q, k, v, causal=config.causal, process_group=self.process_group,
                                   **kwargs), None
+
+    def _attend_softmax(self, q, k, v, *, padding_mask, state, recurrent, packed):
+        """Eq. 1; recurrent=True appends k, v to the `KeyValueCache` `state` (None: fresh) and
+        attends to all of it, so generation does not re-read the prefix."""
+        if packed is not None or self.process_group is not None:
+            raise ValueError("attention='softmax' has no packed path or context parallelism: use "
+                             "attention='linear' or 'momentum'")
+        if not recurrent:
+            return softmax_self_attention(q, k, v, causal=self.config.causal, padding_mask=padding_mask), None
+        state = extend_key_value_cache(state, k, v, padding_mask)
+        return cached_softmax_attention(q, state), state

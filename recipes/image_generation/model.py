@@ -4,39 +4,32 @@ softmax, linear, momentum, momentum + momentum connection and adaptive momentum 
 Each model reads the image as a sequence of levels (data.py: raster order, one sub-pixel per
 step), shifted right by one behind a learned start token (`data.START`), and predicts every
 position's discretized mixture of logistics (logistic_mixture.py, PixelCNN++ eq. 2-3; K = 10
-as in §4.2). Input embedding: a learned embedding of the 257 input values plus a learned
-absolute position embedding per sub-pixel position.
+as in §4.2).
 
-Backbones (public transformers API only, `from_config` + `inputs_embeds` + a cache):
-- linear / momentum / momentum_connection / adaptive: hf_momentum's native
-  `MomentumTransformerModel` (pre-LN, GELU feed-forward with biases, LayerNorm). "linear" is the
-  native model with β = 0, γ = 1 (eq. 13 reduces to the linear attention of eq. 7); the others
-  use Table 1's "MNIST Generation" rows: β = 0.6, γ = 0.9; momentum connection (eq. 15)
-  μ_r = 0.1, γ_r = 0.99; adaptive (eq. 18) γ_r = 0.99 with δ = 1e-3 (§3.3). Its learned
-  position table is the model's own `embed_positions`.
-- softmax: transformers' `LlamaModel` with SDPA at the same width, depth, heads and
-  `intermediate_size` = 4·d. What differs from the native model: Llama's feed-forward is SwiGLU
-  (three matrices, so 1.5× the feed-forward parameters at the same intermediate size), RMSNorm
-  instead of LayerNorm, no biases in attention. Positions: Llama rotates q, k by RoPE; we feed
-  `position_ids = 0` everywhere, a rotation by angle 0 (the identity), and add our own learned
-  absolute position table to the inputs, so both families see positions the same way (an
-  explicit all-ones attention_mask keeps transformers from reading constant position_ids as
-  packed one-token documents).
-  Generation runs with transformers' `DynamicCache` (a KV cache) or, `kv_cache=False`, re-reads
-  the whole prefix at every step.
+All five models are one architecture that differs only in the attention and the residual
+around it (§4's footnote 2 builds the momentum models on the linear transformer's architecture;
+softmax is put on it too, so that Table 2 compares attention alone): a learned embedding of
+the 257 input values plus a learned absolute position embedding, a stack of the shared
+`plugins.transformer.TransformerBlock` (pre-LN, GELU feed-forward of 4·d, LayerNorm, biases),
+a final LayerNorm and a linear mixture head. Attention: softmax (eq. 1), linear (eq. 7) or
+causal momentum attention (eq. 13) with Table 1's "MNIST Generation" constants β = 0.6,
+γ = 0.9; the momentum connection (eq. 15) μ_r = 0.1, γ_r = 0.99; adaptive (eq. 18) γ_r = 0.99
+with δ = 1e-3 (§3.3).
+
+Generation carries one attention state per layer: the momentum models' `MomentumAttentionState`
+(S, z, m of eq. 12, its size independent of the position), softmax a `KeyValueCache` of the
+prefix's keys and values or (`kv_cache=False`) nothing, re-reading the whole prefix at every step.
 
 Sizes (§4.2, MNIST): 8 layers, 8 heads, d = 256 (32 per head), feed-forward 4·d, mixture of
 10 logistics; trained with RAdam at 1e-4 (train.py). Dropout is not given by the paper; 0 here.
 """
 from dataclasses import asdict, dataclass
-from typing import Optional
+from typing import List, Optional
 
 import torch
 from torch import nn
-from transformers import AutoModel, DynamicCache, LlamaConfig
 
-import hf_momentum  # noqa: F401  (registers the native momentum_transformer family)
-from hf_momentum import MomentumCache, MomentumTransformerConfig
+from plugins.transformer import BlockConfig, TransformerBlock
 
 from .data import START, teacher_forcing
 from .logistic_mixture import LEVELS, bits_per_dim, nll_per_image, parameter_count
@@ -47,17 +40,21 @@ MODELS = ("softmax", "linear", "momentum", "momentum_connection", "adaptive")
 # Table 1, "MNIST Generation": momentum β, step size γ of the attention (eq. 12-13), and the
 # momentum / step size of the momentum connection (eq. 15; adaptive: eq. 18 gives the momentum).
 MNIST_TABLE_1 = {
-    "linear": dict(attention_momentum=0.0, attention_step_size=1.0),
-    "momentum": dict(attention_momentum=0.6, attention_step_size=0.9),
-    "momentum_connection": dict(attention_momentum=0.6, attention_step_size=0.9, connection="momentum",
+    "softmax": dict(attention="softmax"),
+    "linear": dict(attention="linear"),
+    "momentum": dict(attention="momentum", momentum=0.6, step_size=0.9),
+    "momentum_connection": dict(attention="momentum", momentum=0.6, step_size=0.9, connection="momentum",
                                 connection_momentum=0.1, connection_step_size=0.99),
-    "adaptive": dict(attention_momentum=0.6, attention_step_size=0.9, connection="adaptive",
+    "adaptive": dict(attention="momentum", momentum=0.6, step_size=0.9, connection="adaptive",
                      connection_step_size=0.99),
 }
 
 # Table 2: test bits/dim on MNIST (28×28, 8 layers, full MNIST, 250 epochs).
 PAPER_BITS_PER_DIM = {"softmax": 0.84, "linear": 0.85, "momentum": 0.84, "momentum_connection": 0.82,
                       "adaptive": 0.80}
+# Standard deviation of the normal initialisation of embeddings and block weights (as GPT-2 and
+# transformers' models): a unit-variance position table would drown the pixel embedding.
+INIT_STD = 0.02
 
 
 @dataclass(frozen=True)
@@ -84,18 +81,14 @@ class ImageModelConfig:
             raise ValueError(f"dropout must be a number in [0, 1), got {self.dropout!r}")
 
 
-def backbone_config(name: str, config: ImageModelConfig):
-    """The transformers config of model `name`'s backbone."""
+def block_config(name: str, config: ImageModelConfig) -> BlockConfig:
+    """The shared block of model `name`: the same for all five up to attention and connection."""
     if name not in MODELS:
         raise ValueError(f"name must be one of {MODELS}, got {name!r}")
-    sizes = dict(hidden_size=config.d_model, num_hidden_layers=config.layers,
-                 num_attention_heads=config.heads, intermediate_size=config.ffn_multiplier * config.d_model,
-                 max_position_embeddings=config.sequence_length, vocab_size=1,
-                 attention_dropout=config.dropout)
-    if name == "softmax":
-        return LlamaConfig(**sizes, num_key_value_heads=config.heads, bos_token_id=None, eos_token_id=None)
-    return MomentumTransformerConfig(**sizes, **MNIST_TABLE_1[name], hidden_dropout=config.dropout,
-                                     embedding_dropout=config.dropout)
+    return BlockConfig(d_model=config.d_model, heads=config.heads,
+                       ffn_dim=config.ffn_multiplier * config.d_model, norm="pre", activation="gelu",
+                       attention_dropout=config.dropout, hidden_dropout=config.dropout,
+                       **MNIST_TABLE_1[name])
 
 
 class PixelTransformer(nn.Module):
@@ -105,37 +98,35 @@ class PixelTransformer(nn.Module):
         super().__init__()
         if not isinstance(config, ImageModelConfig):
             raise ValueError(f"config must be an ImageModelConfig, got {type(config).__name__}")
+        block = block_config(name, config)
         self.name, self.config = name, config
-        hf_config = backbone_config(name, config)
-        implementation = "sdpa" if name == "softmax" else None
-        self.backbone = AutoModel.from_config(hf_config, attn_implementation=implementation)
-        self.backbone.get_input_embeddings().requires_grad_(False)   # inputs_embeds only
         self.embed_pixels = nn.Embedding(LEVELS + 1, config.d_model)
-        self.embed_positions = (nn.Embedding(config.sequence_length, config.d_model)
-                                if name == "softmax" else None)
+        self.embed_positions = nn.Embedding(config.sequence_length, config.d_model)
+        self.dropout = nn.Dropout(config.dropout)
+        self.blocks = nn.ModuleList(TransformerBlock(block) for _ in range(config.layers))
+        self.norm = nn.LayerNorm(config.d_model)
         self.head = nn.Linear(config.d_model, parameter_count(config.n_mix, 1))
-        nn.init.normal_(self.embed_pixels.weight, std=0.02)
+        for module in (self.embed_pixels, self.embed_positions, self.blocks):
+            module.apply(_normal_init)
 
     @property
     def is_softmax(self) -> bool:
-        return self.embed_positions is not None
+        return self.name == "softmax"
 
-    def _embed(self, inputs: torch.Tensor, offset: int) -> torch.Tensor:
-        x = self.embed_pixels(inputs)
-        if self.is_softmax:
-            positions = torch.arange(offset, offset + inputs.shape[1], device=inputs.device)
-            x = x + self.embed_positions(positions)
-        return x
-
-    def _run(self, inputs: torch.Tensor, cache, offset: int):
-        embeds = self._embed(inputs, offset)
-        kwargs = dict(inputs_embeds=embeds, past_key_values=cache, use_cache=cache is not None)
-        if self.is_softmax:
-            kwargs["position_ids"] = torch.zeros_like(inputs)
-            if cache is None:   # else transformers reads position_ids that do not count up as packed rows
-                kwargs["attention_mask"] = torch.ones_like(inputs)
-        out = self.backbone(**kwargs)
-        return self.head(out.last_hidden_state), out.past_key_values
+    def _run(self, inputs: torch.Tensor, offset: int, states: Optional[List]):
+        """Mixture parameters of positions offset.. given their inputs; `states` (one attention
+        state per layer) are continued when given, in place: a layer's old KV cache is freed as
+        soon as its successor exists, not after the last layer. Returns (parameters, states)."""
+        positions = torch.arange(offset, offset + inputs.shape[1], device=inputs.device)
+        x = self.dropout(self.embed_pixels(inputs) + self.embed_positions(positions))
+        recurrent = states is not None
+        connection = None
+        for i, block in enumerate(self.blocks):
+            x, connection, state = block(x, connection, attention_state=states[i] if recurrent else None,
+                                         recurrent=recurrent)
+            if recurrent:
+                states[i] = state
+        return self.head(self.norm(x)), states
 
     def _check_inputs(self, inputs: torch.Tensor, name: str, limit: int) -> None:
         if not isinstance(inputs, torch.Tensor) or inputs.dim() != 2 or inputs.is_floating_point():
@@ -151,7 +142,7 @@ class PixelTransformer(nn.Module):
         """Teacher-forced mixture parameters: inputs (N, T) in 0..256 (START first) → (N, T, 3K);
         position t sees inputs ≤ t only (causal)."""
         self._check_inputs(inputs, "inputs", START)
-        return self._run(inputs, None, 0)[0]
+        return self._run(inputs, 0, None)[0]
 
     def log_likelihood(self, images: torch.Tensor) -> torch.Tensor:
         """Bits/dim of each image: images (N, T) levels 0..255 (data.py's sequences) → (N,)."""
@@ -159,21 +150,30 @@ class PixelTransformer(nn.Module):
         inputs, targets = teacher_forcing(images.to(self.head.weight.device))
         return bits_per_dim(nll_per_image(self(inputs), targets, 1), images.shape[1])
 
-    def new_cache(self, kv_cache: bool = True):
-        """An empty generation cache: the recurrent MomentumCache (state of eq. 12 per layer, its
-        size independent of the prefix) or, for softmax, a DynamicCache (None: no cache)."""
-        if not self.is_softmax:
-            return MomentumCache(self.backbone.config)
-        return DynamicCache(config=self.backbone.config) if kv_cache else None
+    def new_cache(self, kv_cache: bool = True) -> Optional[List]:
+        """An empty generation cache: one attention state per layer (None before the first step;
+        then eq. 12's MomentumAttentionState of a size independent of the prefix, or softmax's
+        KeyValueCache). None for softmax with kv_cache=False: each step re-reads the prefix."""
+        if not isinstance(kv_cache, bool):
+            raise ValueError(f"kv_cache must be a bool, got {kv_cache!r}")
+        return None if self.is_softmax and not kv_cache else [None] * len(self.blocks)
 
-    def step(self, inputs: torch.Tensor, cache, offset: int):
+    def step(self, inputs: torch.Tensor, cache: Optional[List], offset: int):
         """Mixture parameters (N, 3K) of position `offset` given its input (N,) and a cache holding
-        positions < offset; returns (parameters, cache). Without a cache (softmax, kv_cache=False)
-        `inputs` must be the whole prefix (N, offset + 1)."""
+        positions < offset; returns (parameters, cache), the cache updated in place. Without a
+        cache (softmax, kv_cache=False) `inputs` must be the whole prefix (N, offset + 1)."""
+        length = self.config.sequence_length
+        if isinstance(offset, bool) or not isinstance(offset, int) or not 0 <= offset < length:
+            raise ValueError(f"offset must be an integer in [0, {length - 1}], got {offset!r}")
         if cache is None:
-            params, _ = self._run(inputs, None, 0)
-            return params[:, -1], None
-        params, cache = self._run(inputs[:, None], cache, offset)
+            if inputs.dim() != 2 or inputs.shape[1] != offset + 1:
+                raise ValueError(f"inputs must be the whole prefix (N, {offset + 1}) without a cache, "
+                                 f"got {tuple(inputs.shape)}")
+            return self._run(inputs, 0, None)[0][:, -1], None
+        if inputs.dim() != 1:
+            raise ValueError(f"inputs must be one level per image (N,) with a cache, got "
+                             f"{tuple(inputs.shape)}")
+        params, cache = self._run(inputs[:, None], offset, cache)
         return params[:, 0], cache
 
     @torch.no_grad()
@@ -188,19 +188,23 @@ class PixelTransformer(nn.Module):
         steps = length if steps is None else steps
         if isinstance(steps, bool) or not isinstance(steps, int) or not 1 <= steps <= length:
             raise ValueError(f"steps must be an integer in [1, {length}], got {steps!r}")
-        if not isinstance(kv_cache, bool):
-            raise ValueError(f"kv_cache must be a bool, got {kv_cache!r}")
-        device = self.head.weight.device
         cache = self.new_cache(kv_cache)
-        tokens = torch.full((n, 1), START, dtype=torch.long, device=device)
+        tokens = torch.full((n, 1), START, dtype=torch.long, device=self.head.weight.device)
         for t in range(steps):
-            current = tokens if cache is None else tokens[:, -1]
-            params, cache = self.step(current, cache, t)
+            params, cache = self.step(tokens if cache is None else tokens[:, -1], cache, t)
             pixel = sample_mixture(params, 1, generator)[:, 0]
             tokens = torch.cat([tokens, pixel[:, None]], dim=1)
         return tokens[:, 1:]
 
 
+def _normal_init(module: nn.Module) -> None:
+    if isinstance(module, (nn.Linear, nn.Embedding)):
+        nn.init.normal_(module.weight, std=INIT_STD)
+    if isinstance(module, nn.Linear) and module.bias is not None:
+        nn.init.zeros_(module.bias)
+
+
 def settings(name: str, config: ImageModelConfig) -> dict:
-    """What a run records about a model (its sizes and the backbone's momentum constants)."""
-    return {"model": name, **asdict(config), **MNIST_TABLE_1.get(name, {"attention": "softmax (sdpa)"})}
+    """What a run records about a model: its sizes and its block's hyperparameters."""
+    return {"model": name, **asdict(config), "block": asdict(block_config(name, config)),
+            "init_std": INIT_STD}
