@@ -15,10 +15,10 @@ from torch import Tensor, nn
 from plugins.attention import MomentumAttentionState, NonCausalSummary
 from plugins.transformer import BlockConfig, MultiHeadAttention
 
+from ..options import BLOCK_DEFAULTS
+
 _STATE_KEYS = ("s", "z", "m")
 _SUMMARY_KEYS = ("kv", "z")
-_DEFAULT_FEATURE_MAP = BlockConfig.__dataclass_fields__["feature_map"].default
-_DEFAULT_CHUNK_SIZE = BlockConfig.__dataclass_fields__["chunk_size"].default
 
 
 @with_incremental_state
@@ -36,8 +36,8 @@ class MomentumMultiheadAttention(MultiHeadAttention):
     """
 
     def __init__(self, embed_dim: int, num_heads: int, *, causal: bool, momentum: float,
-                 step_size: float, feature_map: str = _DEFAULT_FEATURE_MAP,
-                 chunk_size: int = _DEFAULT_CHUNK_SIZE, kdim: Optional[int] = None,
+                 step_size: float, feature_map: str = BLOCK_DEFAULTS["feature_map"],
+                 chunk_size: int = BLOCK_DEFAULTS["chunk_size"], kdim: Optional[int] = None,
                  vdim: Optional[int] = None, self_attention: bool = True):
         if not self_attention and causal:
             raise ValueError("cross-attention (self_attention=False) is eq. 14: it needs causal=False")
