@@ -5,21 +5,38 @@ argument parsing with fairseq's usual message, e.g.
 `error: argument --attention-momentum: must be in [0, 1), got 1.0`.
 """
 import argparse
+import dataclasses
 import math
 import sys
 
+from omegaconf import OmegaConf
+
 from plugins import validation
 from plugins.connection import (
+    CONNECTION_READS,
     CONNECTIONS,
     DEFAULT_ADAPTIVE_DELTA,
     DEFAULT_CONNECTION_MOMENTUM,
     DEFAULT_CONNECTION_STEP_SIZE,
+    unread_connection_fields,
 )
 from plugins.rnn.variants import VARIANTS, cell_names, check_restart, unread_hyperparameters
+from plugins.transformer.config import (
+    BLOCK_FEATURE_MAPS,
+    DEFAULT_ATTENTION_MOMENTUM,
+    DEFAULT_ATTENTION_STEP_SIZE,
+    BlockConfig,
+)
 
-FEATURE_MAP_CHOICES = ("elu", "relu")
+# The shared block's defaults (plugins.transformer.BlockConfig), so both integrations agree.
+BLOCK_DEFAULTS = {field.name: field.default for field in dataclasses.fields(BlockConfig)}
+FEATURE_MAP_CHOICES = BLOCK_FEATURE_MAPS
 CONNECTION_CHOICES = CONNECTIONS
 CROSS_ATTENTION_CHOICES = ("softmax", "linear", "momentum")
+CONNECTION_FLAGS = {"momentum": "--connection-momentum", "step_size": "--connection-step-size",
+                    "delta": "--connection-delta"}
+CONNECTION_DEFAULTS = {"momentum": DEFAULT_CONNECTION_MOMENTUM, "step_size": DEFAULT_CONNECTION_STEP_SIZE,
+                       "delta": DEFAULT_ADAPTIVE_DELTA}
 
 
 def number(text, kind=float):
@@ -59,27 +76,31 @@ def add_momentum_attention_args(parser, *, cross_attention=True):
     (Momentum Transformer, eq. 12-15, 18; docs/equations.md)."""
     group = parser
     group.add_argument("--attention-momentum", type=momentum_value, metavar="B",
-                       help="momentum beta of momentum attention (eq. 12-14), in [0, 1); "
-                            "0 with step size 1 is linear attention (default 0.6; 0 for linear_* presets)")
+                       help="momentum beta of momentum attention (eq. 12-14), in [0, 1); 0 with step "
+                            f"size 1 is linear attention (default {DEFAULT_ATTENTION_MOMENTUM:g}; "
+                            "0 for linear_* presets)")
     group.add_argument("--attention-step-size", type=positive_float, metavar="G",
                        help="step size gamma > 0 of momentum attention (eq. 12-14) "
-                            "(default 1; 0.6 for the NAT presets, Table 1)")
+                            f"(default {DEFAULT_ATTENTION_STEP_SIZE:g}; 0.6 for the NAT presets, Table 1)")
     group.add_argument("--feature-map", choices=FEATURE_MAP_CHOICES,
-                       help="feature map phi of linear attention (eq. 5); elu = elu(x) + 1 (default)")
+                       help="feature map phi of linear attention (eq. 5); elu = elu(x) + 1 "
+                            f"(default {BLOCK_DEFAULTS['feature_map']})")
     group.add_argument("--attention-chunk-size", type=positive_int, metavar="N",
-                       help="block length of the chunked causal kernel, speed only (default 64)")
+                       help="block length of the chunked causal kernel, speed only "
+                            f"(default {BLOCK_DEFAULTS['chunk_size']})")
     group.add_argument("--connection", choices=CONNECTION_CHOICES,
                        help="residual of the self-attention block: none (x + A), momentum "
-                            "(eq. 15, constant momentum) or adaptive (eq. 15 with eq. 18) (default none)")
+                            "(eq. 15, constant momentum) or adaptive (eq. 15 with eq. 18) "
+                            f"(default {BLOCK_DEFAULTS['connection']})")
     group.add_argument("--connection-momentum", type=momentum_value, metavar="MU",
-                       help="momentum of the momentum connection (eq. 15), in [0, 1) "
-                            f"(default {DEFAULT_CONNECTION_MOMENTUM}, Table 1)")
+                       help="momentum of the momentum connection (eq. 15), in [0, 1); read by "
+                            f"--connection momentum only (default {DEFAULT_CONNECTION_MOMENTUM}, Table 1)")
     group.add_argument("--connection-step-size", type=positive_float, metavar="G",
-                       help="step size of the momentum / adaptive connection (eq. 15) "
-                            f"(default {DEFAULT_CONNECTION_STEP_SIZE}, Table 1)")
+                       help="step size of the momentum / adaptive connection (eq. 15); not read by "
+                            f"--connection none (default {DEFAULT_CONNECTION_STEP_SIZE}, Table 1)")
     group.add_argument("--connection-delta", type=delta_value, metavar="D",
-                       help="adaptive momentum is clamped to [0, 1 - delta] (eq. 18) "
-                            f"(default {DEFAULT_ADAPTIVE_DELTA:g})")
+                       help="adaptive momentum is clamped to [0, 1 - delta] (eq. 18); read by "
+                            f"--connection adaptive only (default {DEFAULT_ADAPTIVE_DELTA:g})")
     if cross_attention:
         group.add_argument("--cross-attention", choices=CROSS_ATTENTION_CHOICES,
                            help="decoder attention over the encoder: softmax (fairseq's), "
@@ -96,13 +117,41 @@ def fill_unset(args, **defaults):
     return args
 
 
-def momentum_attention_defaults(args, *, momentum=0.6, step_size=1.0, cross_attention="momentum"):
-    """Fill the momentum arguments an architecture preset left unset."""
-    fill_unset(args, attention_momentum=momentum, attention_step_size=step_size, feature_map="elu",
-               attention_chunk_size=64, connection="none",
-               connection_momentum=DEFAULT_CONNECTION_MOMENTUM,
-               connection_step_size=DEFAULT_CONNECTION_STEP_SIZE,
-               connection_delta=DEFAULT_ADAPTIVE_DELTA, cross_attention=cross_attention)
+def momentum_attention_defaults(args, *, momentum=DEFAULT_ATTENTION_MOMENTUM,
+                                step_size=DEFAULT_ATTENTION_STEP_SIZE, cross_attention="momentum"):
+    """Fill the momentum arguments an architecture preset left unset, with the shared block's
+    defaults. A --connection-* flag that the chosen connection never reads (`--connection none
+    --connection-momentum 0.3`) is refused, at parsing as the --lstm-* ones are, and otherwise
+    stays unset (None): it is not filled with a default either. In a fairseq-hydra-train
+    `model:` section the refusal is a ValueError naming the key."""
+    fill_unset(args, attention_momentum=momentum, attention_step_size=step_size,
+               feature_map=BLOCK_DEFAULTS["feature_map"], attention_chunk_size=BLOCK_DEFAULTS["chunk_size"],
+               connection=BLOCK_DEFAULTS["connection"], cross_attention=cross_attention)
+    reads = CONNECTION_READS.get(args.connection, ())
+    fill_unset(args, **{f"connection_{name}": CONNECTION_DEFAULTS[name] for name in reads})
+    hydra = OmegaConf.is_config(args)
+    try:
+        check_connection_args(args, hydra=hydra)
+    except ValueError as error:
+        if hydra:
+            raise
+        parser_error(error, "--connection KIND [--connection-momentum MU] [--connection-step-size G] "
+                            "[--connection-delta D]")
+
+
+def check_connection_args(args, *, hydra=False):
+    """ValueError naming a --connection-* value that --connection never reads (unread flags
+    were silently ignored before); `hydra` names the `model:` keys instead of the flags."""
+    kind = args.connection
+    for name in unread_connection_fields(kind):
+        key = f"connection_{name}"
+        if _field(args, key) is None:
+            continue
+        given, choose = (f"model.{key}", "model.connection=") if hydra else (CONNECTION_FLAGS[name],
+                                                                              "--connection ")
+        users = " or ".join(k for k, reads in CONNECTION_READS.items() if name in reads)
+        raise ValueError(f"{given} is not read by {choose}{kind} and would be ignored; drop {given} or "
+                         f"use {choose}{users}")
 
 
 def lstm_cells():
@@ -185,20 +234,39 @@ def clear_unread_lstm_flags(state) -> None:
     """Checkpoints written before `check_lstm_cell_args` refused unread flags hold defaults for
     them (e.g. lstm_beta=0.9 for the momentum cell): unset those in the loaded state (its `args`
     and `cfg.model`: Namespace, dict or DictConfig), so the model builds as when it was trained."""
-    if not isinstance(state, dict):
-        return
-    cfg = state.get("cfg")
-    for config in (state.get("args"), None if cfg is None else cfg.get("model")):
+    for config in _stored_model_configs(state):
         cell = _field(config, "lstm_cell")
-        if not isinstance(cell, str) or cell not in VARIANTS:
+        if isinstance(cell, str) and cell in VARIANTS:
+            _unset(config, [f"lstm_{name}" for name in unread_hyperparameters(cell)
+                            if name in LSTM_HYPERPARAMETER_FLAGS])
+
+
+def clear_unread_connection_flags(state) -> None:
+    """As `clear_unread_lstm_flags`, for checkpoints written before `check_connection_args`: they
+    hold connection_momentum=0.3, connection_step_size=0.9 and connection_delta=0.001 whatever
+    --connection was, e.g. all three with --connection none."""
+    for config in _stored_model_configs(state):
+        connection = _field(config, "connection")
+        if isinstance(connection, str) and connection in CONNECTION_READS:
+            _unset(config, [f"connection_{name}" for name in unread_connection_fields(connection)])
+
+
+def _stored_model_configs(state):
+    """The model arguments of a loaded checkpoint: `args` (older fairseq) and `cfg.model`."""
+    if not isinstance(state, dict):
+        return []
+    cfg = state.get("cfg")
+    return [c for c in (state.get("args"), None if cfg is None else cfg.get("model")) if c is not None]
+
+
+def _unset(config, keys):
+    for key in keys:
+        if _field(config, key) is None:
             continue
-        for name in unread_hyperparameters(cell):
-            key = f"lstm_{name}"
-            if name in LSTM_HYPERPARAMETER_FLAGS and _field(config, key) is not None:
-                if isinstance(config, dict):
-                    config[key] = None
-                else:
-                    setattr(config, key, None)
+        if isinstance(config, dict):
+            config[key] = None
+        else:
+            setattr(config, key, None)
 
 
 def _field(config, key):

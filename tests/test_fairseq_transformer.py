@@ -168,3 +168,16 @@ def test_cli_train_generate_interactive(mt_data, tmp_path):
                   save / "checkpoint_last.pt", "--cpu", "--beam", "3", "--max-len-b", "12",
                   stdin="the cat sees a dog\nred tree\n")
     assert sorted(re.findall(r"^H-(\d)\t", out.stdout, re.M)) == ["0", "1"]
+
+
+def test_attention_glue_refuses_causal_cross_attention_and_a_missing_key():
+    from fairseq_momentum.modules import MomentumMultiheadAttention
+
+    with pytest.raises(ValueError, match="cross-attention .* needs causal=False"):
+        MomentumMultiheadAttention(8, 2, causal=True, momentum=0.5, step_size=1.0, self_attention=False)
+    cross = MomentumMultiheadAttention(8, 2, causal=False, momentum=0.5, step_size=1.0, kdim=6, vdim=6,
+                                       self_attention=False)
+    with pytest.raises(ValueError, match="needs key"):
+        cross(torch.zeros(1, 2, 8), None, None, incremental_state={}, static_kv=True)
+    with pytest.raises(ValueError, match="must be divisible by heads"):
+        MomentumMultiheadAttention(9, 2, causal=True, momentum=0.5, step_size=1.0)

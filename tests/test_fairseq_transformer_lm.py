@@ -1,4 +1,5 @@
 """momentum_transformer_lm: exactness at module level and the real CLIs end to end."""
+import dataclasses
 import re
 import subprocess
 import sys
@@ -77,11 +78,11 @@ def test_attention_module_matches_the_plugin_reference(tmp_path, make_generator)
     x = torch.randn(6, 2, 32, generator=g, dtype=torch.float64)
     heads = lambda t: t.reshape(6, 2, 4, 8).permute(1, 2, 0, 3)
     q, k, v = heads(attn.q_proj(x)), heads(attn.k_proj(x)), heads(attn.v_proj(x))
-    merge = lambda o: attn.out_proj(o.permute(2, 0, 1, 3).reshape(6, 2, 32))
+    merge = lambda o: attn.o_proj(o.permute(2, 0, 1, 3).reshape(6, 2, 32))
     with torch.no_grad():
         ref = merge(naive_causal_momentum_attention(q, k, v, momentum=0.7, step_size=0.5))
         torch.testing.assert_close(attn(x, x, x)[0], ref)
-        attn.causal = False
+        attn.config = dataclasses.replace(attn.config, causal=False)
         pad = torch.tensor([[False] * 6, [False] * 4 + [True] * 2])
         ref = merge(naive_noncausal_momentum_attention(q, k, v, momentum=0.7, step_size=0.5,
                                                        padding_mask=~pad))

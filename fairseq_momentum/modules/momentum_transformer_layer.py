@@ -12,7 +12,7 @@ from fairseq.models.transformer import TransformerConfig
 from fairseq.modules.checkpoint_activations import checkpoint_wrapper
 from fairseq.modules.transformer_layer import TransformerDecoderLayerBase, TransformerEncoderLayerBase
 
-from plugins.connection import build_connection
+from plugins.connection import CONNECTION_READS, build_connection
 
 from .momentum_attention import MomentumMultiheadAttention
 
@@ -52,9 +52,11 @@ class _MomentumResidual:
 
     def _init_connection(self, cfg, carrier):
         """The residual of eq. 15 chosen by --connection (None: the plain residual), built by
-        the builder the HF integration uses too."""
-        self.connection = build_connection(cfg.connection, momentum=cfg.connection_momentum,
-                                           step_size=cfg.connection_step_size, delta=cfg.connection_delta)
+        the builder the HF integration uses too, from the --connection-* values it reads (the
+        others are unset, options.check_connection_args)."""
+        reads = CONNECTION_READS.get(cfg.connection, ())
+        self.connection = build_connection(cfg.connection,
+                                           **{name: getattr(cfg, f"connection_{name}") for name in reads})
         self._carrier = carrier
         self._attention_residual_pending = False
 

@@ -1,14 +1,17 @@
 """Multi-head self-attention of the shared block: q, k, v and output projections around
 softmax attention, linear attention (Momentum Transformer, eq. 7) or momentum attention
-(eq. 13 causal, eq. 14 non-causal, recurrent eq. 12 for generation) from `plugins.attention`."""
+(eq. 13 causal, eq. 14 non-causal, recurrent eq. 12 for generation) from `plugins.attention`;
+and cross-attention (eq. 14 over another sequence, e.g. an encoder's output) for linear and
+momentum attention."""
 from typing import Optional, Tuple, Union
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..attention.api import momentum_attention, momentum_attention_step
-from ..attention.state import MomentumAttentionState
+from ..attention.api import attend_summary, momentum_attention, momentum_attention_step, summarize_keys
+from ..attention.state import MomentumAttentionState, NonCausalSummary
+from ..validation import check_int
 from .config import BlockConfig
 from .kv_cache import KeyValueCache, cached_softmax_attention, extend_key_value_cache
 
@@ -32,15 +35,18 @@ def softmax_self_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
 class MultiHeadAttention(nn.Module):
     """(B, N, d_model) → (B, N, d_model): A(x) = Dropout(o_proj(attend(q_proj x, k_proj x, v_proj x)))
     with `config.heads` heads. `process_group` (momentum/linear only): context parallelism, see
-    `plugins.attention.momentum_attention`."""
+    `plugins.attention.momentum_attention`. kdim / vdim (None: d_model): the feature sizes of the
+    keys and values of `cross_attention`."""
 
-    def __init__(self, config: BlockConfig):
+    def __init__(self, config: BlockConfig, *, kdim: Optional[int] = None, vdim: Optional[int] = None):
         super().__init__()
         self.config = config
         d = config.d_model
+        kdim = d if kdim is None else check_int(kdim, "kdim", low=1)
+        vdim = d if vdim is None else check_int(vdim, "vdim", low=1)
         self.q_proj = nn.Linear(d, d)
-        self.k_proj = nn.Linear(d, d)
-        self.v_proj = nn.Linear(d, d)
+        self.k_proj = nn.Linear(kdim, d)
+        self.v_proj = nn.Linear(vdim, d)
         self.o_proj = nn.Linear(d, d)
         self.dropout = nn.Dropout(config.attention_dropout)
         self.process_group = None
@@ -76,8 +82,9 @@ class MultiHeadAttention(nn.Module):
         if config.attention == "softmax":
             return self._attend_softmax(q, k, v, padding_mask=padding_mask, state=state,
                                         recurrent=recurrent, packed=packed)
-        kwargs = dict(momentum=config.momentum or 0.0, step_size=config.step_size or 1.0,
-                      feature_map=config.feature_map, padding_mask=padding_mask, chunk_size=config.chunk_size)
+        momentum, step_size = self.coefficients()
+        kwargs = dict(momentum=momentum, step_size=step_size, feature_map=config.feature_map,
+                      padding_mask=padding_mask, chunk_size=config.chunk_size)
         if packed is not None:
             if recurrent:
                 raise ValueError("packed documents run without a recurrent state")
@@ -100,3 +107,43 @@ class MultiHeadAttention(nn.Module):
             return softmax_self_attention(q, k, v, causal=self.config.causal, padding_mask=padding_mask), None
         state = extend_key_value_cache(state, k, v, padding_mask)
         return cached_softmax_attention(q, state), state
+
+    def coefficients(self) -> Tuple[float, float]:
+        """β and γ of eq. 12-14: the config's for attention="momentum"; 0 and 1 for "linear",
+        which is momentum attention without momentum (eq. 7)."""
+        if self.config.attention == "momentum":
+            return self.config.momentum, self.config.step_size
+        return 0.0, 1.0
+
+    def summarize(self, key: torch.Tensor, value: Optional[torch.Tensor] = None, *,
+                  padding_mask: Optional[torch.Tensor] = None) -> NonCausalSummary:
+        """Eq. 14's two key/value sums over key (B, M, kdim) and value (B, M, vdim; None: key),
+        padding_mask (B, M) True = real key. Computed once per source sequence, they serve every
+        later query: a decoding step then costs O(1) in M."""
+        if self.config.attention == "softmax":
+            raise ValueError("cross-attention here is eq. 14 (attention='linear' or 'momentum'); "
+                             "attention='softmax' has no key summary")
+        value = key if value is None else value
+        momentum, step_size = self.coefficients()
+        return summarize_keys(self._heads(self.k_proj(key)), self._heads(self.v_proj(value)),
+                              momentum=momentum, step_size=step_size, feature_map=self.config.feature_map,
+                              padding_mask=padding_mask)
+
+    def cross_attention(self, x: torch.Tensor, key: Optional[torch.Tensor] = None,
+                        value: Optional[torch.Tensor] = None, *, padding_mask: Optional[torch.Tensor] = None,
+                        summary: Optional[NonCausalSummary] = None) -> Tuple[torch.Tensor, NonCausalSummary]:
+        """Queries x (B, N, d_model) attend by eq. 14 (never causal, whatever config.causal) to key /
+        value / padding_mask as in `summarize`, or to a `summary` an earlier call returned for the
+        same keys (then leave key, value and padding_mask None). Returns (output (B, N, d_model),
+        the summary, to pass to the next decoding step)."""
+        if summary is None:
+            if key is None:
+                raise ValueError("cross_attention needs key (B, M, kdim) or the summary of an earlier call")
+            summary = self.summarize(key, value, padding_mask=padding_mask)
+        elif key is not None or value is not None or padding_mask is not None:
+            raise ValueError("cross_attention takes either key/value/padding_mask or a summary of them, "
+                             "not both")
+        batch, length, _ = x.shape
+        out = attend_summary(self._heads(self.q_proj(x)), summary, feature_map=self.config.feature_map)
+        out = out.transpose(1, 2).reshape(batch, length, self.config.d_model)
+        return self.dropout(self.o_proj(out)), summary
