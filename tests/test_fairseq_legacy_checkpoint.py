@@ -36,3 +36,5 @@ def test_legacy_checkpoint_loads_and_gives_its_outputs():
         None, None, None)
     attn = model.decoder.layers[0].encoder_attn
     assert (attn.momentum, attn.step_size, attn.causal) == (0.5, 0.8, False)
+    assert attn.out_proj is attn.o_proj           # fairseq's attribute name still reads the projection
+    assert not any(".out_proj." in name for name in model.state_dict())

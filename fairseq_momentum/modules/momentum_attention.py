@@ -54,6 +54,9 @@ class MomentumMultiheadAttention(MultiHeadAttention):
     momentum = property(lambda self: self.config.momentum)
     step_size = property(lambda self: self.config.step_size)
     feature_map = property(lambda self: self.config.feature_map)
+    # fairseq's MultiheadAttention name for the output projection, for code that reads it; the
+    # parameters live (and are saved) under o_proj only.
+    out_proj = property(lambda self: self.o_proj)
 
     def reset_parameters(self):
         """fairseq MultiheadAttention's initialisation."""
