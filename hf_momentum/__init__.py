@@ -7,8 +7,8 @@
   a model running them records the implementation and its β, γ, φ in its saved config.json, so
   `from_pretrained` restores it here and refuses (naming this package) where it is not imported;
 - model_type "momentum_transformer" (MomentumTransformerConfig, ...Model, ...ForCausalLM,
-  ...ForSequenceClassification) with AutoConfig / AutoModel / AutoModelForCausalLM /
-  AutoModelForSequenceClassification;
+  ...ForSequenceClassification; StaticMomentumCache for a compiled decode step) with AutoConfig /
+  AutoModel / AutoModelForCausalLM / AutoModelForSequenceClassification;
 - model_type "momentum_lstm" (MomentumLSTMConfig, MomentumLSTMModel, MomentumLSTMForCausalLM,
   MomentumLSTMForSequenceClassification) with AutoConfig / AutoModel / AutoModelForCausalLM /
   AutoModelForSequenceClassification.
@@ -45,8 +45,9 @@ from .modeling_momentum_transformer import (
     MomentumTransformerForSequenceClassification,
     MomentumTransformerModel,
     MomentumTransformerPreTrainedModel,
+    StaticMomentumCache,
 )
-from .recurrent_cache import RecurrentCache
+from .recurrent_cache import RecurrentCache, StaticStateMixin
 
 register()
 AutoConfig.register(MomentumTransformerConfig.model_type, MomentumTransformerConfig, exist_ok=True)
@@ -67,6 +68,7 @@ __all__ = [
     "register",
     "MomentumTransformerConfig", "MomentumTransformerPreTrainedModel", "MomentumTransformerModel",
     "MomentumTransformerForCausalLM", "MomentumTransformerForSequenceClassification", "MomentumCache",
-    "RecurrentCache", "MomentumLSTMConfig", "MomentumLSTMPreTrainedModel", "MomentumLSTMModel",
+    "StaticMomentumCache", "RecurrentCache", "StaticStateMixin", "MomentumLSTMConfig",
+    "MomentumLSTMPreTrainedModel", "MomentumLSTMModel",
     "MomentumLSTMForCausalLM", "MomentumLSTMForSequenceClassification", "MomentumLSTMCache",
 ]

@@ -79,10 +79,12 @@ def check_attention_mask(attention_mask, batch: int, past: int, length: int) -> 
 
 
 class RecurrentCausalLMMixin:
-    """For a `...ForCausalLM` with `self.model` (embedding `embed_tokens`), `self.lm_head` and a
-    `cache_class` (a RecurrentCache built from the config)."""
+    """For a `...ForCausalLM` with `self.model` (embedding `embed_tokens`), `self.lm_head`, a
+    `cache_class` (a RecurrentCache built from the config) and, where the decode step can be
+    compiled whole, a `static_cache_class` (generate's cache_implementation="static")."""
 
     cache_class = None
+    static_cache_class = None
 
     def get_input_embeddings(self):
         return self.model.embed_tokens
@@ -126,8 +128,16 @@ class RecurrentCausalLMMixin:
         return super().generate(inputs, *args, **kwargs)
 
     def _prepare_cache_for_generation(self, generation_config, model_kwargs, *args, **kwargs):
-        """generate() would build a DynamicCache; install this model's recurrent cache instead."""
+        """generate() would build a DynamicCache; install this model's recurrent cache instead
+        (its `static_cache_class` for cache_implementation="static", which generate() compiles)."""
         cache = model_kwargs.get("past_key_values")
+        static = generation_config.cache_implementation == "static"
+        if static and self.static_cache_class is None:
+            raise ValueError(f"cache_implementation='static' is not available for {type(self).__name__}: "
+                             "its decode step has no compileable cache; leave cache_implementation unset")
+        if cache is not None and static:
+            raise ValueError("pass either cache_implementation='static' or past_key_values (e.g. a "
+                             f"{self.static_cache_class.__name__}), not both")
         if cache is not None:
             if not isinstance(cache, self.cache_class):
                 raise ValueError(f"past_key_values must be a {self.cache_class.__name__}, "
@@ -138,5 +148,8 @@ class RecurrentCausalLMMixin:
             cache._is_user_defined = True
             return
         if generation_config.use_cache is False:
+            if static:
+                raise ValueError("cache_implementation='static' needs use_cache=True")
             return
-        model_kwargs["past_key_values"] = self.cache_class(self.config)
+        cache_class = self.static_cache_class if static else self.cache_class
+        model_kwargs["past_key_values"] = cache_class(self.config)

@@ -6,6 +6,11 @@ Generation carries per layer only the state (S, z, m) of eq. 12 in a `RecurrentC
 of a new token does not depend on how many came before. Padding is handled by the kernel (a
 padded token is removed from every sum), and positions are counted over real tokens, so a
 left-padded batch gives each row the outputs of its sequence alone.
+
+`StaticMomentumCache` (`generate(..., cache_implementation="static")`) keeps that state in fixed
+buffers updated in place and counts positions in tensors, so the decode step has one shape and
+reads no changing Python number: `generate()` compiles it whole (torch.compile, CUDA graphs with
+mode="reduce-overhead") once, as it does for a softmax model's StaticCache.
 """
 from typing import Optional
 
@@ -32,7 +37,7 @@ from .packing import (
     has_packing_kwargs,
     pop_packing_kwargs,
 )
-from .recurrent_cache import RecurrentCache
+from .recurrent_cache import RecurrentCache, StaticStateMixin
 from .saving import RemoteCodeMixin
 
 AUTO_MAP = {
@@ -63,6 +68,13 @@ class MomentumCache(RecurrentCache):
 
     def set_attention_state(self, layer_idx: int, state: MomentumAttentionState) -> None:
         self.set_states(layer_idx, (state.s, state.z, state.m))
+
+
+class StaticMomentumCache(StaticStateMixin, MomentumCache):
+    """A `MomentumCache` for a compiled decode step: S, z, m of eq. 12 in buffers allocated by the
+    first forward (the prompt, run eagerly) and overwritten in place by every later one, and each
+    row's count of real tokens as a tensor, from which positions follow without the attention
+    mask over the cached tokens (a forward may pass the mask of the new tokens only)."""
 
 
 def block_config(config: MomentumTransformerConfig) -> BlockConfig:
@@ -144,8 +156,10 @@ class MomentumTransformerModel(MomentumTransformerPreTrainedModel):
     def forward(self, input_ids=None, attention_mask=None, position_ids=None, past_key_values=None,
                 inputs_embeds=None, use_cache=None, output_hidden_states=None, output_attentions=None,
                 return_dict=None, **kwargs):
-        """attention_mask: (batch, past + length) with 1 for real tokens. position_ids default to
-        the count of real tokens before each position, so padding does not shift positions.
+        """attention_mask: (batch, past + length) with 1 for real tokens (with a
+        `StaticMomentumCache` also (batch, length): it counts each row's real tokens itself).
+        position_ids default to the count of real tokens before each position, so padding does
+        not shift positions.
         Packed documents (hf_momentum.packing: position_ids that restart, or the
         `cu_seq_lens_q/k` / `seq_idx` of DataCollatorWithFlattening in kwargs) run each as if
         alone, positions restarting at every document, without a cache (asking for one raises).
@@ -168,15 +182,53 @@ class MomentumTransformerModel(MomentumTransformerPreTrainedModel):
             use_cache = False
         cache = resolve_cache(self, past_key_values, use_cache, MomentumCache,
                               can_cache=self.config.is_causal)
+        packing = pop_packing_kwargs(kwargs)
+        packed = None
+        if isinstance(cache, StaticMomentumCache):
+            padding_mask, position_ids = static_cache_inputs(cache, attention_mask, position_ids, batch,
+                                                             length, inputs_embeds.device, packing)
+        else:
+            padding_mask, position_ids, packed, cache = self._recurrent_inputs(
+                cache, past_key_values, use_cache, attention_mask, position_ids, batch, length,
+                inputs_embeds.device, packing)
+        position_ids = position_ids.to(inputs_embeds.device)
+        # Under torch.compile the embedding's own index check stands in (a read of the maximum
+        # here would stop the graph).
+        if not torch.compiler.is_compiling() and position_ids.numel() and \
+                int(position_ids.max()) >= self.config.max_position_embeddings:
+            raise ValueError(f"position {int(position_ids.max())} is beyond max_position_embeddings "
+                             f"({self.config.max_position_embeddings})")
+        hidden = self.dropout(inputs_embeds + self.embed_positions(position_ids))
+        all_hidden = [hidden] if output_hidden_states else None
+        velocity = update = None
+        for i, layer in enumerate(self.layers):
+            hidden, velocity, update = layer(hidden, velocity, update, padding_mask=padding_mask,
+                                             past_key_values=cache, packed=packed)
+            if i == len(self.layers) - 1:
+                hidden = self.norm(hidden)
+            if all_hidden is not None:
+                all_hidden.append(hidden)
+        if isinstance(cache, StaticMomentumCache):
+            cache.advance(length, padding_mask)
+        elif cache is not None:
+            cache.advance(length)
+            padded = padding_mask is not None and not bool(padding_mask.all())
+            cache.has_padding = cache.has_padding or padded
+        out = BaseModelOutputWithPast(last_hidden_state=hidden, past_key_values=cache,
+                                      hidden_states=None if all_hidden is None else tuple(all_hidden))
+        return out if return_dict is not False else out.to_tuple()
+
+    def _recurrent_inputs(self, cache, past_key_values, use_cache, attention_mask, position_ids, batch,
+                          length, device, packing):
+        """padding mask, positions, packed rows and cache for a `MomentumCache` or no cache."""
         past = cache.get_seq_length() if cache is not None else 0
         mask = check_attention_mask(attention_mask, batch, past, length)
         if mask is not None:
-            mask = mask.to(inputs_embeds.device)
+            mask = mask.to(device)
         padding_mask = None if mask is None else mask[:, past:]
-        packing = pop_packing_kwargs(kwargs)
         packed = None
         if past == 0:
-            starts = document_starts(batch, length, inputs_embeds.device, padding_mask=padding_mask,
+            starts = document_starts(batch, length, device, padding_mask=padding_mask,
                                      position_ids=position_ids, **packing)
             if starts is not None:
                 if past_key_values is not None or use_cache:
@@ -201,34 +253,45 @@ class MomentumTransformerModel(MomentumTransformerPreTrainedModel):
                 raise ValueError("the cache has absorbed padded tokens: pass the attention_mask over all "
                                  "cached and new tokens so that positions count real tokens")
             else:
-                position_ids = torch.arange(past, past + length, device=inputs_embeds.device)[None]
-        position_ids = position_ids.to(inputs_embeds.device)
-        if position_ids.numel() and int(position_ids.max()) >= self.config.max_position_embeddings:
-            raise ValueError(f"position {int(position_ids.max())} is beyond max_position_embeddings "
-                             f"({self.config.max_position_embeddings})")
-        hidden = self.dropout(inputs_embeds + self.embed_positions(position_ids))
-        all_hidden = [hidden] if output_hidden_states else None
-        velocity = update = None
-        for i, layer in enumerate(self.layers):
-            hidden, velocity, update = layer(hidden, velocity, update, padding_mask=padding_mask,
-                                             past_key_values=cache, packed=packed)
-            if i == len(self.layers) - 1:
-                hidden = self.norm(hidden)
-            if all_hidden is not None:
-                all_hidden.append(hidden)
-        if cache is not None:
-            cache.advance(length)
-            padded = padding_mask is not None and not bool(padding_mask.all())
-            cache.has_padding = cache.has_padding or padded
-        out = BaseModelOutputWithPast(last_hidden_state=hidden, past_key_values=cache,
-                                      hidden_states=None if all_hidden is None else tuple(all_hidden))
-        return out if return_dict is not False else out.to_tuple()
+                position_ids = torch.arange(past, past + length, device=device)[None]
+        return padding_mask, position_ids, packed, cache
+
+
+def static_cache_inputs(cache: StaticMomentumCache, attention_mask, position_ids, batch: int, length: int,
+                        device, packing: dict):
+    """(padding mask of the new tokens or None, positions) with a `StaticMomentumCache`, without
+    reading the number of cached tokens (a Python int that changes every step). attention_mask:
+    (batch, new tokens), or (batch, cached + new tokens) as for a `MomentumCache` (its last
+    `length` columns are read). Positions default to each row's real tokens before each one."""
+    if has_packing_kwargs(**packing):
+        raise ValueError(f"packed documents (cu_seq_lens_q / seq_idx from {COLLATOR}) cannot fill one cache; "
+                         "pass use_cache=False and no past_key_values")
+    before = cache.row_positions(batch, device)
+    padding_mask = None
+    if attention_mask is not None:
+        if not isinstance(attention_mask, torch.Tensor) or attention_mask.dim() != 2 or \
+                attention_mask.shape[0] != batch or attention_mask.shape[1] < length:
+            raise ValueError("attention_mask must be a 2D tensor (batch, new tokens) or (batch, cached + new "
+                             f"tokens) with batch {batch} and {length} new tokens, got "
+                             f"{getattr(attention_mask, 'shape', type(attention_mask).__name__)}")
+        if not torch.compiler.is_compiling() and \
+                attention_mask.shape[1] not in (length, cache.get_seq_length() + length):
+            raise ValueError(f"attention_mask has {attention_mask.shape[1]} columns: with {length} new "
+                             f"tokens and {cache.get_seq_length()} cached it must cover the new ones or all")
+        new = attention_mask[:, attention_mask.shape[1] - length:]
+        padding_mask = new.to(device=device, dtype=torch.bool)
+    if position_ids is None:
+        count = (torch.arange(1, length + 1, device=device)[None] if padding_mask is None
+                 else padding_mask.long().cumsum(-1))
+        position_ids = (before[:, None] + count - 1).clamp(min=0)
+    return padding_mask, position_ids
 
 
 class MomentumTransformerForCausalLM(RecurrentCausalLMMixin, MomentumTransformerPreTrainedModel,
                                      GenerationMixin):
     _tied_weights_keys = {"lm_head.weight": "model.embed_tokens.weight"}
     cache_class = MomentumCache
+    static_cache_class = StaticMomentumCache
 
     def __init__(self, config: MomentumTransformerConfig):
         super().__init__(config)
@@ -247,6 +310,14 @@ class MomentumTransformerForCausalLM(RecurrentCausalLMMixin, MomentumTransformer
                              output_attentions=output_attentions, return_dict=True,
                              **pop_packing_kwargs(kwargs))
         return self.causal_lm_output(outputs, labels, logits_to_keep, return_dict, **kwargs)
+
+    def create_masks_for_generate(self, config, inputs_embeds, attention_mask, past_key_values, **kwargs):
+        """What generate() passes as attention_mask with a compileable cache (a
+        `StaticMomentumCache`): the new tokens' columns of the 2D padding mask, one shape at every
+        decode step (the cache counts each row's real tokens, so the cached columns are not needed)."""
+        if attention_mask is None or attention_mask.dim() != 2:
+            return attention_mask
+        return attention_mask[:, attention_mask.shape[1] - inputs_embeds.shape[1]:]
 
 
 class MomentumTransformerForSequenceClassification(MomentumTransformerPreTrainedModel):

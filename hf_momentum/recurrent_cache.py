@@ -5,8 +5,8 @@ states in it, `reorder_cache` for beam search).
 Two pitfalls of using those layers alone are handled here: an all-linear cache cannot report
 its sequence length (`DynamicCache.get_seq_length()` raises), and `update_recurrent_state`
 does not mark a state as present. `RecurrentCache` counts the tokens it has absorbed and
-marks states itself. It is not compileable (its states are replaced, not copied into static
-buffers, when the batch is re-indexed).
+marks states itself. It is not compileable: its states are replaced by new tensors at every
+step. `StaticStateMixin` makes a subclass that is (fixed buffers updated in place).
 """
 from typing import Optional, Sequence, Tuple
 
@@ -51,10 +51,10 @@ class RecurrentCache(Cache):
         return self.seen_tokens
 
     def get_query_offset(self, layer_idx: int = 0) -> int:
-        return self.seen_tokens
+        return self.get_seq_length()
 
     def get_mask_sizes(self, query_length: int, layer_idx: int) -> Tuple[int, int]:
-        return self.seen_tokens + query_length, 0
+        return self.get_seq_length() + query_length, 0
 
     def get_max_length(self, layer_idx: Optional[int] = None) -> int:
         return -1
@@ -82,3 +82,78 @@ class RecurrentCache(Cache):
             states = self.get_states(idx)
             if states is not None:
                 self.set_states(idx, [fn(t) for t in states])
+
+
+class StaticStateMixin:
+    """Put before a `RecurrentCache` subclass: its states keep their memory, so that a compiled
+    decode step reads and writes the same buffers at every call (torch.compile builds the graph
+    once; with mode="reduce-overhead" on CUDA it is replayed as a CUDA graph).
+
+    The first update of a state allocates it (transformers' `LinearAttentionLayer.
+    update_recurrent_state`, which also marks it a static address for CUDA graphs), later ones
+    copy into it. The token counts are tensors as well, `tokens` (positions absorbed) and
+    `row_tokens` (real tokens absorbed per row), so no Python number changes from one step to
+    the next (a changing int would be a guard, and every step a recompilation). With
+    `is_compileable` True, `generate()` compiles the model's forward for the decode steps itself
+    (on CUDA; elsewhere when `compile_config._compile_all_devices` is set)."""
+
+    is_compileable = True
+    tokens: Optional[torch.Tensor] = None
+    row_tokens: Optional[torch.Tensor] = None
+
+    def set_states(self, layer_idx: int, states: Sequence[torch.Tensor]) -> None:
+        if len(states) != self.num_states:
+            raise ValueError(f"expected {self.num_states} states, got {len(states)}")
+        layer = self.layers[layer_idx]
+        for i, state in enumerate(states):
+            held = layer.recurrent_states[i]
+            layout = (state.shape, state.dtype, state.device)
+            if held is None or (held.shape, held.dtype, held.device) != layout:
+                layer.is_recurrent_states_initialized[i] = False   # first update or a new batch: allocate
+                layer.dtype, layer.device = state.dtype, state.device
+            layer.update_recurrent_state(state, i)
+            if not layer.has_previous_state[i]:
+                layer.has_previous_state[i] = True
+
+    def row_positions(self, batch: int, device: torch.device) -> torch.Tensor:
+        """(batch,) real tokens absorbed so far by each row, zeros before the first update."""
+        if self.row_tokens is None:
+            self.row_tokens = _static(torch.zeros(batch, dtype=torch.long, device=device))
+            self.tokens = _static(torch.zeros((), dtype=torch.long, device=device))
+        elif self.row_tokens.shape[0] != batch:
+            raise ValueError(f"the cache holds {self.row_tokens.shape[0]} rows, got a batch of {batch}")
+        return self.row_tokens
+
+    def advance(self, num_tokens: int, real: Optional[torch.Tensor] = None) -> None:
+        """Record `num_tokens` more positions; `real` (batch, num_tokens) bool marks the real ones
+        (None: all real). Call `row_positions` first."""
+        self.row_tokens.add_(num_tokens if real is None else real.sum(-1))
+        self.tokens.add_(num_tokens)
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return 0 if self.tokens is None else int(self.tokens)
+
+    def reset(self) -> None:
+        super().reset()
+        for counter in (self.tokens, self.row_tokens):
+            if counter is not None:
+                counter.zero_()
+
+    def reorder_cache(self, beam_idx: torch.Tensor) -> None:
+        self.batch_select_indices(beam_idx)
+
+    def _map(self, fn) -> None:
+        super()._map(fn)
+        if self.row_tokens is not None:
+            rows = fn(self.row_tokens)
+            if rows.shape == self.row_tokens.shape:
+                self.row_tokens.copy_(rows)
+            else:
+                self.row_tokens = _static(rows)
+
+
+def _static(t: torch.Tensor) -> torch.Tensor:
+    """Mark a buffer that is only ever updated in place as a fixed address for CUDA graphs."""
+    if not torch.compiler.is_compiling():
+        torch._dynamo.mark_static_address(t)
+    return t

@@ -131,6 +131,10 @@ def test_remote_code_loads_in_a_clean_process(make_config, tmp_path):
         with torch.no_grad():
             torch.testing.assert_close(model(input_ids=ids).logits, expected["logits"], rtol=0, atol=0)
             tokens = model.generate(ids, max_new_tokens=5, do_sample=False, pad_token_id=0)
+            if model.config.model_type == "momentum_transformer":   # the compileable cache travels too
+                static = model.generate(ids, max_new_tokens=5, do_sample=False, pad_token_id=0,
+                                        cache_implementation="static")
+                assert torch.equal(static, expected["tokens"])
         assert torch.equal(tokens, expected["tokens"])
         assert type(model).__module__.startswith("transformers_modules"), type(model).__module__
         model.save_pretrained("resaved")
