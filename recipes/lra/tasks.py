@@ -17,11 +17,18 @@ from typing import Dict, Optional, Tuple
 import torch
 
 from recipes.common.corpora import austen_documents
-from recipes.image_generation.data import downsample
+from recipes.image_generation.data import download_cifar10, downsample
 
 from . import listops, pathfinder
-from .image import IMAGE_SUBSTITUTE, image_substitute
-from .text import RETRIEVAL_SUBSTITUTE, TEXT_SUBSTITUTE, retrieval_substitute, text_substitute
+from .image import IMAGE_SUBSTITUTE, image_substitute, load_cifar10
+from .text import (
+    RETRIEVAL_SUBSTITUTE,
+    TEXT_SUBSTITUTE,
+    aan_examples,
+    imdb_examples,
+    retrieval_substitute,
+    text_substitute,
+)
 
 SPLITS = ("train", "val", "test")
 DATA_SEED = 0          # one data set per size; the run seeds vary the model and the batch order
@@ -179,9 +186,56 @@ def build_task(task: str, size: TaskSize, *, corpus_cache: Path,
     raise ValueError(f"task must be one of listops, text, retrieval, image, pathfinder, got {task!r}")
 
 
-def data_params(task: str, size: TaskSize, image_dataset: str) -> dict:
-    """The cache key of a task's data: what builds it (the training schedule is not part of it)."""
+def capped(size: TaskSize, examples) -> Splits:
+    counts = dict(zip(SPLITS, [size.n_train, size.n_val, size.n_test]))
+    return {s: first(counts[s], *examples[s]) for s in SPLITS}
+
+
+def build_real(task: str, size: TaskSize, source: Path) -> Tuple[TaskInfo, Splits]:
+    """The LRA task from the user's copy of its data (`source`, README.md's table), cut to the
+    size's lengths and example counts: ListOps `lra_release/listops-1000`, Text the unpacked IMDB
+    or its parquet files, Retrieval `lra_release/tsv_data`, Image a folder for the CIFAR-10
+    archive (downloaded there if missing), Pathfinder `lra_release/pathfinder32`."""
+    if task == "listops":
+        splits = {}
+        for split, n in zip(SPLITS, [size.n_train, size.n_val, size.n_test]):
+            encoded = listops.load_split(source, split, max_length=size.length)
+            splits[split] = first(n, encoded.tokens, encoded.labels)
+        length = max(int(t.shape[1]) for t, _ in splits.values())
+        return TaskInfo(len(listops.VOCAB), listops.N_CLASSES, 0, False, length,
+                        f"ListOps (LRA release files, cut at {size.length} tokens)", False), splits
+    if task in ("text", "retrieval"):
+        read = imdb_examples if task == "text" else aan_examples
+        splits = capped(size, read(source, max_length=size.length))
+        name = "Text (IMDB)" if task == "text" else "Retrieval (AAN)"
+        return TaskInfo(257, 2, 0, task == "retrieval", size.length,
+                        f"{name}, bytes cut at {size.length}", False), splits
+    if task == "image":
+        splits = {}
+        for split, (tokens, labels) in capped(size, load_cifar10(download_cifar10(source))).items():
+            images = tokens.to(torch.uint8).view(-1, 32, 32, 1)
+            splits[split] = (downsample(images, size.length).reshape(len(labels), -1), labels)
+        return TaskInfo(256, 10, None, False, size.length ** 2,
+                        f"Image (CIFAR-10 grey levels, {size.length}×{size.length})", False), splits
+    if task == "pathfinder":
+        data, _ = pathfinder.load_release(source, size.difficulty)
+        splits = {}
+        for (split, part), n in zip(pathfinder.release_splits(data).items(),
+                                    [size.n_train, size.n_val, size.n_test]):
+            images = max_pool(torch.from_numpy(part.images), size.pool)
+            splits[split] = first(n, images.reshape(len(images), -1), torch.from_numpy(part.labels))
+        side = int(splits["train"][0].shape[1] ** 0.5)
+        return TaskInfo(256, 2, None, False, side ** 2,
+                        f"Pathfinder (LRA release, {size.difficulty}, {side}×{side})", False), splits
+    raise ValueError(f"task must be one of listops, text, retrieval, image, pathfinder, got {task!r}")
+
+
+def data_params(task: str, size: TaskSize, image_dataset: str, source: Optional[Path] = None) -> dict:
+    """The cache key of a task's data: what builds it (the training schedule is not part of it);
+    the user's data by its path (`source`)."""
     params = {k: v for k, v in asdict(size).items() if k != "training"}
+    if source is not None:
+        return {"task": task, "source": str(Path(source).resolve()), **params}
     dataset = {"dataset": image_dataset} if task == "image" else {}
     return {"task": task, "seed": DATA_SEED, **params, **dataset}
 
