@@ -236,7 +236,8 @@ def data_params(task: str, size: TaskSize, image_dataset: str, source: Optional[
     params = {k: v for k, v in asdict(size).items() if k != "training"}
     if source is not None:
         return {"task": task, "source": str(Path(source).resolve()), **params}
-    dataset = {"dataset": image_dataset} if task == "image" else {}
+    # the image key names the shuffled training order (image_substitute), not the class-sorted one
+    dataset = {"dataset": image_dataset, "train_order": "shuffled, seed 0"} if task == "image" else {}
     return {"task": task, "seed": DATA_SEED, **params, **dataset}
 
 
