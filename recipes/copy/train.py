@@ -1,11 +1,13 @@
-"""Train one copy-task model and record Figure 1's curves (loss / accuracy vs step and time)."""
-import time
+"""Train one copy-task model with the recipes' shared accelerate loop (recipes/common/training.py)
+and record Figure 1's curves (loss / accuracy vs step and training time)."""
+import itertools
 from dataclasses import dataclass, field
 from typing import List
 
 import torch
 from torch.nn import functional as F
-from tqdm import tqdm
+
+from recipes.common.training import fit, make_accelerator
 
 from .config import CopyConfig
 from .data import CopyBatch, copy_batch
@@ -36,12 +38,6 @@ def to_device(batch: CopyBatch, device) -> CopyBatch:
     return CopyBatch(*(t.to(device) for t in batch))
 
 
-def synchronize(device) -> None:
-    """Wait for queued GPU work so that wall-clock times measure it."""
-    if torch.device(device).type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def test_set(config: CopyConfig, seed: int, device="cpu") -> List[CopyBatch]:
     generator = torch.Generator().manual_seed(seed + TEST_SEED_OFFSET)
     return [to_device(copy_batch(config.batch_size, config.max_length, config.n_symbols,
@@ -58,38 +54,30 @@ def evaluate(model, batches: List[CopyBatch]):
 
 def train_copy_model(name: str, config: CopyConfig, seed: int, progress: bool = True,
                      device="cpu") -> History:
+    """RAdam, lr / 10 from `config.lr_drop_step`; the test loss and accuracy every `eval_every`
+    steps on a fixed test set. Fresh batches come from a generator seeded by `seed`."""
+    accelerator = make_accelerator(device)
     torch.manual_seed(seed)
     model = CopyTransformer(VARIANTS[name], n_symbols=config.n_symbols,
                             max_length=config.max_length, layers=config.layers,
-                            heads=config.heads, head_dim=config.head_dim, dropout=config.dropout).to(device)
+                            heads=config.heads, head_dim=config.head_dim, dropout=config.dropout)
     optimizer = torch.optim.RAdam(model.parameters(), lr=config.lr)
     schedule = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda step: 1.0 if step < config.lr_drop_step else 0.1)
     generator = torch.Generator().manual_seed(seed)
-    tests = test_set(config, seed, device)
-    history, elapsed, window = History(), 0.0, []
-    bar = tqdm(range(1, config.steps + 1), desc=f"{name} seed {seed}", disable=not progress,
-               leave=False)
-    for step in bar:
-        batch = to_device(copy_batch(config.batch_size, config.max_length, config.n_symbols,
-                                     generator), device)
-        synchronize(device)
-        start = time.perf_counter()
-        loss, _ = masked_loss_and_accuracy(model(batch.tokens), batch)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
-        schedule.step()
-        synchronize(device)
-        elapsed += time.perf_counter() - start
-        window.append(loss.item())
-        if step % config.eval_every == 0 or step == config.steps:
-            test_loss, test_acc = evaluate(model, tests)
-            history.steps.append(step)
-            history.seconds.append(elapsed)
-            history.train_loss.append(sum(window) / len(window))
-            history.test_loss.append(test_loss)
-            history.test_accuracy.append(test_acc)
-            bar.set_postfix(loss=f"{history.train_loss[-1]:.3f}", acc=f"{test_acc:.3f}")
-            window = []
-    return history
+    tests = test_set(config, seed, accelerator.device)
+    batches = (copy_batch(config.batch_size, config.max_length, config.n_symbols, generator)
+               for _ in itertools.count())
+
+    def loss_fn(model, batch: CopyBatch):
+        batch = to_device(batch, accelerator.device)
+        return masked_loss_and_accuracy(model(batch.tokens), batch)[0]
+
+    def test_metrics(model):
+        return dict(zip(("test_loss", "test_accuracy"), evaluate(model, tests)))
+
+    _, run = fit(model, optimizer, batches, loss_fn, accelerator=accelerator, steps=config.steps,
+                 eval_every=config.eval_every, evaluate=test_metrics, schedule=schedule, progress=progress,
+                 desc=f"{name} seed {seed}")
+    return History(steps=run.steps, seconds=run.seconds, train_loss=run.train["loss"],
+                   test_loss=run.eval["test_loss"], test_accuracy=run.eval["test_accuracy"])

@@ -1,19 +1,19 @@
-"""Train one image model (Momentum Transformer, §4.2) with accelerate and record Figure 2's curve:
-test bits/dim against epoch and against training wall time.
+"""Train one image model (Momentum Transformer, §4.2) with the recipes' shared accelerate loop
+(recipes/common/training.py) and record Figure 2's curve: test bits/dim against epoch and
+against training wall time.
 
-`accelerate.Accelerator` places the model, wraps it for distributed runs under `accelerate launch`
-(the test bits/dim is then averaged over every rank's share of the test set) and, on a GPU,
-runs the forward in bf16 autocast (`mixed_precision="bf16"`); the likelihood is scored in float32
+Under `accelerate launch` the test bits/dim is averaged over every rank's share of the test set;
+on a GPU the forward runs in bf16 autocast, the likelihood is scored in float32
 (logistic_mixture.split_parameters). On the CPU it runs in float32.
 """
-import time
 from dataclasses import dataclass, field
 from typing import List, Optional
 
 import torch
 from accelerate import Accelerator
 from torch.utils.data import DataLoader, TensorDataset
-from tqdm import tqdm
+
+from recipes.common.training import fit, make_accelerator
 
 from .data import teacher_forcing
 from .logistic_mixture import bits_per_dim, nll_per_image
@@ -42,12 +42,6 @@ class History:
     test_bits_per_dim: List[float] = field(default_factory=list)
 
 
-def make_accelerator(device: torch.device) -> Accelerator:
-    """bf16 autocast on CUDA, float32 on the CPU; `accelerate launch` decides the rank's GPU."""
-    device = torch.device(device)
-    return Accelerator(cpu=device.type == "cpu", mixed_precision="bf16" if device.type == "cuda" else "no")
-
-
 def batch_bits_per_dim(model, images: torch.Tensor) -> torch.Tensor:
     """Mean bits/dim of a batch through the (possibly DDP-wrapped) model's forward, so that a
     distributed run all-reduces the gradients."""
@@ -55,20 +49,11 @@ def batch_bits_per_dim(model, images: torch.Tensor) -> torch.Tensor:
     return bits_per_dim(nll_per_image(model(inputs), targets, 1), images.shape[1]).mean()
 
 
-def synchronize(device) -> None:
-    if torch.device(device).type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-@torch.no_grad()
 def test_bits_per_dim(model, loader, accelerator: Accelerator) -> float:
-    """Mean bits/dim over the test images (every rank's share gathered)."""
-    model.eval()
-    values = []
-    for (images,) in loader:
-        with accelerator.autocast():
-            values.append(accelerator.gather_for_metrics(accelerator.unwrap_model(model).log_likelihood(images)))
-    model.train()
+    """Mean bits/dim over the test images (every rank's share gathered); `fit` calls it in eval
+    mode, without gradients, under autocast."""
+    values = [accelerator.gather_for_metrics(accelerator.unwrap_model(model).log_likelihood(images))
+              for (images,) in loader]
     return float(torch.cat(values).float().mean())
 
 
@@ -87,34 +72,15 @@ def train_image_model(name: str, model_config: ImageModelConfig, config: TrainCo
     train_loader = DataLoader(TensorDataset(train.long()), batch_size=config.batch_size, shuffle=True,
                               generator=generator, drop_last=len(train) > config.batch_size)
     test_loader = DataLoader(TensorDataset(test.long()), batch_size=max(config.batch_size, 64))
-    model, optimizer, train_loader, test_loader = accelerator.prepare(model, optimizer, train_loader,
-                                                                     test_loader)
-    history, elapsed = History(), 0.0
-    bar = tqdm(range(1, config.epochs + 1), desc=f"{name} seed {seed}", leave=False,
-               disable=not progress or not accelerator.is_local_main_process)
-    for epoch in bar:
-        losses = []
-        synchronize(accelerator.device)
-        start = time.perf_counter()
-        for (images,) in train_loader:
-            with accelerator.autocast():
-                loss = batch_bits_per_dim(model, images)
-            optimizer.zero_grad(set_to_none=True)
-            accelerator.backward(loss)
-            optimizer.step()
-            losses.append(loss.detach())
-        synchronize(accelerator.device)
-        elapsed += time.perf_counter() - start
-        history.epochs.append(epoch)
-        history.seconds.append(elapsed)
-        history.train_bits_per_dim.append(float(torch.stack(losses).float().mean()))
-        history.test_bits_per_dim.append(test_bits_per_dim(model, test_loader, accelerator))
-        bar.set_postfix(train=f"{history.train_bits_per_dim[-1]:.3f}",
-                        test=f"{history.test_bits_per_dim[-1]:.3f}")
-    plain = accelerator.unwrap_model(model)
+    test_loader = accelerator.prepare(test_loader)
+    plain, run = fit(model, optimizer, train_loader, lambda m, batch: batch_bits_per_dim(m, batch[0]),
+                     accelerator=accelerator, epochs=config.epochs,
+                     evaluate=lambda m: {"test": test_bits_per_dim(m, test_loader, accelerator)},
+                     progress=progress, desc=f"{name} seed {seed}")
+    history = History(epochs=[round(e) for e in run.epochs], seconds=run.seconds,
+                      train_bits_per_dim=run.train["loss"], test_bits_per_dim=run.eval["test"])
     plain.eval()
     sample_generator = torch.Generator(device=accelerator.device).manual_seed(seed)
     with accelerator.autocast():
         samples = plain.sample(config.samples, generator=sample_generator).cpu()
     return history, plain, samples
-

