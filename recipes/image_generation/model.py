@@ -30,6 +30,7 @@ import torch
 from torch import nn
 
 from plugins.transformer import BlockConfig, TransformerBlock
+from plugins.validation import check_int
 
 from .data import START, teacher_forcing
 from .logistic_mixture import LEVELS, bits_per_dim, nll_per_image, parameter_count
@@ -71,9 +72,7 @@ class ImageModelConfig:
 
     def __post_init__(self):
         for name in ("sequence_length", "layers", "heads", "d_model", "ffn_multiplier", "n_mix"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+            check_int(getattr(self, name), name, low=1)
         if self.d_model % self.heads:
             raise ValueError(f"d_model ({self.d_model}) must be divisible by heads ({self.heads})")
         if isinstance(self.dropout, bool) or not isinstance(self.dropout, (int, float)) \

@@ -28,6 +28,7 @@ from torch import nn
 
 from plugins.connection import DEFAULT_CONNECTION_MOMENTUM, DEFAULT_CONNECTION_STEP_SIZE
 from plugins.transformer import BlockConfig, TransformerBlock
+from plugins.validation import check_int
 
 MODELS = ("softmax", "linear", "momentum", "momentum_connection", "adaptive")
 TASKS = ("listops", "text", "retrieval", "image", "pathfinder")
@@ -76,11 +77,8 @@ class ClassifierConfig:
     def __post_init__(self):
         for name in ("vocab_size", "max_length", "layers", "d_model", "heads", "ffn_dim", "mlp_dim",
                      "chunk_size"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
-        if isinstance(self.n_classes, bool) or not isinstance(self.n_classes, int) or self.n_classes < 2:
-            raise ValueError(f"n_classes must be an integer >= 2, got {self.n_classes!r}")
+            check_int(getattr(self, name), name, low=1)
+        check_int(self.n_classes, "n_classes", low=2)
         if self.padding_id is not None and not (isinstance(self.padding_id, int)
                                                 and 0 <= self.padding_id < self.vocab_size):
             raise ValueError(f"padding_id must be None or an integer in [0, vocab_size = {self.vocab_size}), "
