@@ -1,5 +1,7 @@
 """The demo's one-line verdicts: which model is better, and whether the gap exceeds the seed spread."""
-from recipes.common.stats import verdict
+from types import SimpleNamespace
+
+from recipes.common.stats import mean_curve, mean_points, verdict
 
 
 def test_clear_difference_exceeds_the_spread():
@@ -19,3 +21,10 @@ def test_lower_is_better_and_overlap_is_called_unclear():
 def test_one_seed_is_not_conclusive():
     line = verdict("a", [1.0], "b", [2.0], metric="loss", lower_is_better=True)
     assert "a better on loss by 1.0" in line and "not conclusive" in line
+
+
+def test_mean_points_and_mean_curve_average_each_evaluation_point_over_seeds():
+    series = [([1, 2, 3], [0.0, 4.0, 8.0]), ([3, 4, 5], [2.0, 6.0, 7.0])]
+    assert mean_points(series) == [(2, 1.0), (3, 5.0), (4, 7.5)]
+    histories = [SimpleNamespace(step=xs, loss=ys) for xs, ys in series]
+    assert mean_curve(histories, "step", "loss") == mean_points(series)

@@ -15,7 +15,12 @@ def mean_std(values: Sequence[float], digits: int = 3) -> str:
 
 def mean_curve(histories: List, x: str, y: str):
     """Seed-averaged (x, y) points of histories with attributes x and y (equal evaluation steps)."""
-    columns = [list(zip(getattr(h, x), getattr(h, y))) for h in histories]
+    return mean_points([(getattr(h, x), getattr(h, y)) for h in histories])
+
+
+def mean_points(series: Sequence):
+    """Seed-averaged (x, y) points of (xs, ys) pairs, one pair per seed (equal evaluation steps)."""
+    columns = [list(zip(xs, ys)) for xs, ys in series]
     return [(statistics.mean(p[0] for p in pts), statistics.mean(p[1] for p in pts)) for pts in zip(*columns)]
 
 

@@ -28,7 +28,7 @@ from tqdm import tqdm
 from recipes.common.cache import build_once, is_complete, keyed_dir
 from recipes.common.cli import available_device, non_negative_int, positive_int, require_distinct
 from recipes.common.plots import plot_curves, write_csv, write_results, write_run_config
-from recipes.common.stats import mean_std, verdict
+from recipes.common.stats import mean_points, mean_std, verdict
 
 from . import tasks as task_data
 from .model import MODELS, PAPER_ACCURACY, TASKS, settings
@@ -191,11 +191,9 @@ def plot_validation(runs, out_dir: Path, title: str) -> None:
     """Validation accuracy (seed mean) against step and against training wall time, per task."""
     for task, by_model in runs.items():
         for x, label in (("steps", "step"), ("seconds", "training wall time (s)")):
-            curves = {}
-            for name, results in by_model.items():
-                columns = [list(zip(r["history"][x], r["history"]["eval"]["val_accuracy"])) for r in results]
-                curves[name] = [(statistics.mean(p[0] for p in points), statistics.mean(p[1] for p in points))
-                                for points in zip(*columns)]
+            curves = {name: mean_points([(r["history"][x], r["history"]["eval"]["val_accuracy"])
+                                         for r in results])
+                      for name, results in by_model.items()}
             plot_curves(curves, out_dir / f"{task}_val_accuracy_vs_{x}.png", xlabel=label,
                         ylabel="validation accuracy (seed mean)", title=f"{TASK_NAMES[task]}: {title}")
 
