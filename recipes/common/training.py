@@ -21,6 +21,8 @@ from accelerate import Accelerator
 from torch.utils.data import DataLoader
 from tqdm import tqdm
 
+from .timing import synchronize
+
 LossOutput = Union[torch.Tensor, Tuple[torch.Tensor, Dict[str, torch.Tensor]]]
 
 
@@ -44,12 +46,6 @@ def make_accelerator(device, mixed_precision: Optional[str] = None) -> Accelerat
     if mixed_precision is None:
         mixed_precision = "bf16" if device.type == "cuda" else "no"
     return Accelerator(cpu=device.type == "cpu", mixed_precision=mixed_precision)
-
-
-def synchronize(device) -> None:
-    """Wait for queued GPU work so that wall-clock times measure it."""
-    if torch.device(device).type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def _check_count(value, name: str) -> None:

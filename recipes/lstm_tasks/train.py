@@ -7,6 +7,8 @@ import torch
 from torch.nn import functional as F
 from tqdm import tqdm
 
+from recipes.common.timing import synchronize
+
 from .config import TaskConfig
 from .data import adding_batch, copying_batch
 from .model import AddingModel, CopyingModel
@@ -30,12 +32,6 @@ def make_batch(config: TaskConfig, generator: torch.Generator, device="cpu"):
     else:
         batch = adding_batch(config.batch_size, length=config.length, generator=generator)
     return type(batch)(*(t.to(device) for t in batch))
-
-
-def synchronize(device) -> None:
-    """Wait for queued GPU work so that wall-clock times measure it."""
-    if torch.device(device).type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def build_model(name: str, config: TaskConfig):

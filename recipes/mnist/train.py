@@ -7,6 +7,8 @@ import torch
 from torch.nn import functional as F
 from tqdm import tqdm
 
+from recipes.common.timing import synchronize
+
 from .config import MnistConfig
 from .model import PixelClassifier
 from .variants import cell_specs
@@ -19,12 +21,6 @@ class History:
     train_loss: List[float] = field(default_factory=list)
     test_loss: List[float] = field(default_factory=list)
     test_accuracy: List[float] = field(default_factory=list)
-
-
-def synchronize(device) -> None:
-    """Wait for queued GPU work so that wall-clock times measure it."""
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 @torch.no_grad()
