@@ -58,17 +58,20 @@ class MultiHeadAttention(nn.Module):
         (None: fresh) by eq. 12 (momentum/linear) or as a KeyValueCache (softmax) and return the
         new state. `packed`: documents laid out as one row, an object with pack / unpack of
         (B, H, N, D) and `cu_seqlens` (hf_momentum.packing). Returns (output, new state or None)."""
-        batch, length, _ = x.shape
         q, k, v = (self._heads(proj(x)) for proj in (self.q_proj, self.k_proj, self.v_proj))
         out, state = self.attend(q, k, v, padding_mask=padding_mask, state=state, recurrent=recurrent,
                                  packed=packed)
-        out = out.transpose(1, 2).reshape(batch, length, self.config.d_model)
-        return self.dropout(self.o_proj(out)), state
+        return self._output(out), state
 
     def _heads(self, x: torch.Tensor) -> torch.Tensor:
         """(B, N, d_model) → (B, H, N, D)."""
         batch, length, _ = x.shape
         return x.view(batch, length, self.config.heads, self.config.head_dim).transpose(1, 2)
+
+    def _output(self, out: torch.Tensor) -> torch.Tensor:
+        """Heads (B, H, N, D) → Dropout(o_proj(concatenated heads)) (B, N, d_model)."""
+        batch, _, length, _ = out.shape
+        return self.dropout(self.o_proj(out.transpose(1, 2).reshape(batch, length, self.config.d_model)))
 
     def attend(self, q, k, v, *, padding_mask=None, state=None, recurrent=False, packed=None):
         """The attention of `config.attention` on (B, H, N, D) heads; returns (out, state). The
@@ -143,7 +146,5 @@ class MultiHeadAttention(nn.Module):
         elif key is not None or value is not None or padding_mask is not None:
             raise ValueError("cross_attention takes either key/value/padding_mask or a summary of them, "
                              "not both")
-        batch, length, _ = x.shape
         out = attend_summary(self._heads(self.q_proj(x)), summary, feature_map=self.config.feature_map)
-        out = out.transpose(1, 2).reshape(batch, length, self.config.d_model)
-        return self.dropout(self.o_proj(out)), summary
+        return self._output(out), summary
