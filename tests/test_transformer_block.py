@@ -9,6 +9,7 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+from gradients import assert_same_gradients
 
 from plugins.attention import naive_causal_momentum_attention, naive_noncausal_momentum_attention
 from plugins.transformer import BlockConfig, TransformerBlock
@@ -140,12 +141,7 @@ def test_two_blocks_equal_the_reference_forward_and_backward(name, causal, make_
     for block in blocks:
         ref, ref_state = reference_block(dict(block.named_parameters()), ref, spec, real, ref_state)
     torch.testing.assert_close(out, ref, atol=ATOL, rtol=0)
-    weight = torch.randn(out.shape, generator=g, dtype=torch.float64)
-    params = [x, *(p for block in blocks for p in block.parameters())]
-    grads = torch.autograd.grad((out * weight).sum(), params)
-    ref_grads = torch.autograd.grad((ref * weight).sum(), params)
-    for got, want in zip(grads, ref_grads):
-        torch.testing.assert_close(got, want, atol=ATOL, rtol=0)
+    assert_same_gradients(out, ref, [x, *(p for block in blocks for p in block.parameters())], g, atol=ATOL)
 
 
 @pytest.mark.parametrize("attention", ["linear", "momentum"])

@@ -5,6 +5,7 @@ plain tensors: forward and gradients, padded keys, key and value widths of their
 not multiples of the chunk, the key summary reused across calls and beams, and argument errors."""
 import pytest
 import torch
+from gradients import assert_same_gradients
 
 from plugins.attention import naive_noncausal_momentum_attention
 from plugins.transformer import BlockConfig, MultiHeadAttention
@@ -61,12 +62,9 @@ def test_cross_attention_equals_eq14_forward_and_gradients(kind, make_generator)
     params = {name: p.detach().clone().requires_grad_() for name, p in attn.named_parameters()}
     want = reference(params, kind, x, key, value, real)
     torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
-    upstream = torch.randn(got.shape, generator=g, dtype=torch.float64)
     inputs = (x, key, value)
-    mine = torch.autograd.grad(got, [*inputs, *attn.parameters()], upstream)
-    theirs = torch.autograd.grad(want, [*inputs, *params.values()], upstream)
-    for a, b in zip(mine, theirs):
-        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-11)
+    assert_same_gradients(got, want, [*inputs, *attn.parameters()], g, rtol=1e-9, atol=1e-11,
+                          ref_params=[*inputs, *params.values()])
     assert summary.kv.shape == (3, HEADS, D // HEADS, D // HEADS)
 
 
