@@ -28,7 +28,13 @@ from .modeling_common import (
     resolve_flag,
     warn_no_attention_weights,
 )
-from .momentum_core import BlockConfig, ConnectionState, MomentumAttentionState, TransformerBlock
+from .momentum_core import (
+    BlockConfig,
+    ConnectionState,
+    MomentumAttentionState,
+    TransformerBlock,
+    masked_mean,
+)
 from .packing import (
     COLLATOR,
     PackedRows,
@@ -344,12 +350,7 @@ class MomentumTransformerForSequenceClassification(MomentumTransformerPreTrained
                              output_hidden_states=output_hidden_states, output_attentions=output_attentions,
                              return_dict=True)
         hidden = outputs.last_hidden_state
-        if attention_mask is None:
-            pooled = hidden.mean(1)
-        else:
-            weight = attention_mask.to(hidden.dtype)[..., None]
-            pooled = (hidden * weight).sum(1) / weight.sum(1).clamp(min=1.0)
-        logits = self.score(pooled)
+        logits = self.score(masked_mean(hidden, attention_mask))
         loss = None
         if labels is not None:
             loss = self.loss_function(labels=labels, pooled_logits=logits, config=self.config)

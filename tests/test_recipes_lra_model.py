@@ -4,7 +4,8 @@ errors."""
 import pytest
 import torch
 
-from recipes.lra.model import MODELS, ClassifierConfig, LRAClassifier, block_config, masked_mean
+from plugins.transformer import masked_mean
+from recipes.lra.model import MODELS, ClassifierConfig, LRAClassifier, block_config
 
 TINY = dict(vocab_size=12, max_length=40, n_classes=3, layers=2, d_model=8, heads=2, ffn_dim=16, mlp_dim=8,
             chunk_size=4)

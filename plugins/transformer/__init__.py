@@ -3,7 +3,8 @@ from .attention import MultiHeadAttention, softmax_self_attention
 from .block import BlockOutput, FeedForward, TransformerBlock
 from .config import ATTENTION_KINDS, BlockConfig
 from .kv_cache import KeyValueCache, cached_softmax_attention, extend_key_value_cache
+from .pooling import masked_mean
 
 __all__ = ["ATTENTION_KINDS", "BlockConfig", "BlockOutput", "FeedForward", "KeyValueCache",
            "MultiHeadAttention", "TransformerBlock", "cached_softmax_attention", "extend_key_value_cache",
-           "softmax_self_attention"]
+           "masked_mean", "softmax_self_attention"]

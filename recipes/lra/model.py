@@ -27,7 +27,7 @@ import torch
 from torch import nn
 
 from plugins.connection import DEFAULT_CONNECTION_MOMENTUM, DEFAULT_CONNECTION_STEP_SIZE
-from plugins.transformer import BlockConfig, TransformerBlock
+from plugins.transformer import BlockConfig, TransformerBlock, masked_mean
 from plugins.validation import check_int
 
 MODELS = ("softmax", "linear", "momentum", "momentum_connection", "adaptive")
@@ -115,14 +115,6 @@ def settings(name: str, task: str, config: ClassifierConfig) -> Dict:
             "connection_momentum": block.connection_momentum if block.connection == "momentum" else None,
             "connection_step_size": block.connection_step_size if block.connection != "none" else None,
             **{k: getattr(config, k) for k in ClassifierConfig.__dataclass_fields__}}
-
-
-def masked_mean(hidden: torch.Tensor, real: Optional[torch.Tensor]) -> torch.Tensor:
-    """Mean of (B, N, d) over the real positions of each row (real (B, N) bool; None: all)."""
-    if real is None:
-        return hidden.mean(dim=1)
-    weights = real.to(hidden.dtype).unsqueeze(-1)
-    return (hidden * weights).sum(dim=1) / weights.sum(dim=1)
 
 
 class Encoder(nn.Module):
