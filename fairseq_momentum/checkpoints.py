@@ -9,7 +9,9 @@ config that `load_checkpoint_to_cpu` made of it, with fairseq's tensor placehold
 `FAIRSEQ_CHECKPOINT_TYPES` allowlists those, found with
 `torch.serialization.get_unsafe_globals_in_checkpoint` on checkpoints that fairseq-train saved
 for every architecture here (and on the broadcast buffer), plus their siblings of the same kind
-(the other omegaconf value nodes, numpy's numeric dtypes and scalars). Everything else stays
+(the other omegaconf value nodes). numpy values are rebuilt by safe_numpy's stand-ins, which
+check every dtype and array before numpy reads it, and new checkpoints store numpy scalars as
+Python numbers. Everything else stays
 refused by every `torch.load` of the process, a malicious pickle included, and nothing changes
 the environment of child processes (tests/test_fairseq_checkpoints.py, and the resume,
 generate, eval-lm and two-rank resume tests of the other fairseq test files).
@@ -31,7 +33,6 @@ import typing
 import zipfile
 from pathlib import Path
 
-import numpy as np
 import omegaconf
 import torch
 from fairseq import checkpoint_utils
@@ -39,21 +40,13 @@ from fairseq.distributed.utils import _TensorPlaceholder
 from omegaconf import base as omegaconf_base
 from omegaconf import nodes as omegaconf_nodes
 
+from . import safe_numpy
 from .options import clear_unread_connection_flags, clear_unread_lstm_flags
 from .safe_config import UnsafeConfigError
 
-_NUMPY_DTYPES = [type(np.dtype(t)) for t in (np.bool_, np.int8, np.int16, np.int32, np.int64, np.uint8,
-                                             np.uint16, np.uint32, np.uint64, np.float16, np.float32,
-                                             np.float64, np.complex64, np.complex128)]
-# numpy pickles arrays by a reconstruct function whose module moved in numpy 2; both names occur.
-_NUMPY_RECONSTRUCT = [(np.core.multiarray._reconstruct, f"{module}.multiarray._reconstruct")
-                      for module in ("numpy.core", "numpy._core")]
-_NUMPY_SCALAR = [(np.core.multiarray.scalar, f"{module}.multiarray.scalar")
-                 for module in ("numpy.core", "numpy._core")]
-
 FAIRSEQ_CHECKPOINT_TYPES = [
     argparse.Namespace,
-    np.ndarray, np.dtype, *_NUMPY_DTYPES, *_NUMPY_RECONSTRUCT, *_NUMPY_SCALAR,
+    *safe_numpy.SAFE_GLOBALS,
     omegaconf.DictConfig, omegaconf.ListConfig, omegaconf_base.Metadata, omegaconf_base.ContainerMetadata,
     omegaconf_nodes.AnyNode, omegaconf_nodes.StringNode, omegaconf_nodes.IntegerNode,
     omegaconf_nodes.FloatNode, omegaconf_nodes.BooleanNode, omegaconf_nodes.EnumNode,
@@ -147,10 +140,21 @@ def checked_loader(load):
     return load_checkpoint_to_cpu
 
 
+def _plain_number_saver(save):
+    @functools.wraps(save)
+    def torch_persistent_save(obj, *args, **kwargs):
+        return save(safe_numpy.plain_numbers(obj), *args, **kwargs)
+
+    torch_persistent_save.plain_numbers = True
+    return torch_persistent_save
+
+
 def install() -> None:
     """Allowlist fairseq's checkpoint types and wrap its loader (once per process: the user-dir
     may be imported both as a package and through --user-dir)."""
     torch.serialization.add_safe_globals(FAIRSEQ_CHECKPOINT_TYPES)
+    if not getattr(checkpoint_utils.torch_persistent_save, "plain_numbers", False):
+        checkpoint_utils.torch_persistent_save = _plain_number_saver(checkpoint_utils.torch_persistent_save)
     if not getattr(checkpoint_utils.load_checkpoint_to_cpu, "checks_checkpoints", False):
         checkpoint_utils.load_checkpoint_to_cpu = checked_loader(checkpoint_utils.load_checkpoint_to_cpu)
 
