@@ -8,9 +8,11 @@ the few types fairseq saves in them, and makes an unreadable checkpoint fail wit
 (fairseq_momentum/checkpoints.py). torch.load stays safe for everything else in the process.
 It also makes fairseq read the config strings it would `eval` (character_filters, adam_betas,
 eval_str_list / eval_bool fields, ...) as literals only: a checkpoint whose config holds code there
-is refused before its model is built (fairseq_momentum/safe_config.py).
+is refused before its model is built (fairseq_momentum/safe_config.py). Model archives of
+`from_pretrained` are extracted with no member written outside their folder (archives.py).
 """
-from . import checkpoints, models, safe_config  # noqa: F401  (models registers the architectures)
+from . import archives, checkpoints, models, safe_config  # noqa: F401  (models registers the architectures)
 
+archives.install()
 checkpoints.install()
 safe_config.install()
