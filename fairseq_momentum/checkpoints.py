@@ -42,7 +42,7 @@ from omegaconf import nodes as omegaconf_nodes
 
 from . import safe_numpy
 from .options import clear_unread_connection_flags, clear_unread_lstm_flags
-from .safe_config import UnsafeConfigError
+from .safe_config import MAX_DEPTH, UnsafeConfigError, unsafe_fields
 
 FAIRSEQ_CHECKPOINT_TYPES = [
     argparse.Namespace,
@@ -113,6 +113,18 @@ def _is_weights_only_refusal(error: Exception) -> bool:
     return isinstance(error, pickle.UnpicklingError) and "Weights only load failed" in str(error)
 
 
+def _too_deep(path) -> str:
+    """Name the fields nested too deeply for fairseq's recursive config code: torch's unpickler and
+    safe_config's walk do not recurse, so the raw state can be read and walked."""
+    with open(path, "rb") as f:
+        state = torch.load(f, map_location="cpu")
+    fields = [where for key in ("args", "cfg") if isinstance(state, dict) and state.get(key) is not None
+              for where, _, rule in unsafe_fields(state[key], key) if rule.startswith("nested")]
+    where = ", ".join(fields) or "its config"
+    return (f"refusing a config nested deeper than {MAX_DEPTH} levels, at {where}; "
+            "fairseq's config code recurses and would stop with a RecursionError")
+
+
 def checked_loader(load):
     """Wrap fairseq's `load_checkpoint_to_cpu(path, ...)` so a failure names the file."""
 
@@ -125,6 +137,8 @@ def checked_loader(load):
             return state
         except (FileNotFoundError, PermissionError):
             raise
+        except RecursionError:
+            raise UnsafeConfigError(f"checkpoint {path}: {_too_deep(path)}") from None
         except UnsafeConfigError as error:
             # The config check (safe_config) sees the state, not the file: name it here.
             raise UnsafeConfigError(f"checkpoint {path}: {error}") from None

@@ -44,21 +44,30 @@ wav2vec's own defaults are written in, capped at MAX_ITEMS elements so a crafted
 one raises SyntaxError, as fairseq already does). Values that are not strings are not
 evaluated by fairseq and pass unchanged.
 
-Not covered here: omegaconf interpolations in fields fairseq does not evaluate (a stored
-`${oc.env:NAME}` reads an environment variable, no code runs), pickled types (torch's
-weights_only unpickler and checkpoints.py), and fairseq's `eval` of data-file lines
-(`fairseq.data.codedataset`), which are no checkpoint config.
+The same walk refuses, in every field, an omegaconf interpolation or resolver (`${oc.env:SECRET}`
+in a URL field sent a secret over the network, issue 28) unless FAIRSEQ_MOMENTUM_ALLOW_INTERPOLATION=1,
+and nesting deeper than MAX_DEPTH; values are read unresolved, omegaconf nodes and containers
+included. The check runs again after fairseq upgrades a legacy `args` into a `cfg`, and before it,
+every registry name of the config (architecture, task, criterion, optimizer, bpe, ...) must be
+registered: fairseq turns a legacy name into a Hydra config group choice, a yaml path.
+
+Not covered here: fairseq's `eval` of data-file lines (`fairseq.data.codedataset`), which are
+no checkpoint config.
 """
 import argparse
 import ast
 import functools
 import importlib
+import os
 from typing import Iterator, List, Tuple
 
 from fairseq import checkpoint_utils
-from omegaconf import DictConfig, ListConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig
+from omegaconf.nodes import ValueNode
 
 MAX_ITEMS = 100_000
+MAX_DEPTH = 100
+ALLOW_INTERPOLATION = "FAIRSEQ_MOMENTUM_ALLOW_INTERPOLATION"
 
 # Field names whose string values the installed fairseq (fairseq/ and fairseq/examples/) evaluates
 # with eval, eval_str_list, eval_str_dict or eval_bool, directly or as an argparse type.
@@ -171,12 +180,23 @@ def is_evaluated(name) -> bool:
     return any(name.startswith(p) and name[len(p):] in EVALUATED_FIELDS for p in FLATTENED_PREFIXES)
 
 
+def _raw(value):
+    """A value node's stored value, unresolved (an interpolation stays its `${...}` text)."""
+    if isinstance(value, ValueNode):
+        return value._value()
+    return value
+
+
 def _children(node) -> Iterator[Tuple[str, object]]:
-    if isinstance(node, (DictConfig, ListConfig)):
-        node = OmegaConf.to_container(node, resolve=False)
-    if isinstance(node, argparse.Namespace):
-        node = vars(node)
-    if isinstance(node, dict):
+    if isinstance(node, DictConfig):
+        if not node._is_none() and not node._is_missing() and not node._is_interpolation():
+            yield from ((str(k), _raw(node._get_node(k))) for k in node.keys())
+    elif isinstance(node, ListConfig):
+        if not node._is_none() and not node._is_missing() and not node._is_interpolation():
+            yield from ((f"[{i}]", _raw(node._get_node(i))) for i in range(len(node)))
+    elif isinstance(node, argparse.Namespace):
+        yield from ((str(k), v) for k, v in vars(node).items())
+    elif isinstance(node, dict):
         yield from ((str(k), v) for k, v in node.items())
     elif isinstance(node, (list, tuple)):
         yield from ((f"[{i}]", v) for i, v in enumerate(node))
@@ -192,36 +212,109 @@ def _is_safe(value) -> bool:
     return True
 
 
-def unsafe_fields(config, path: str = "cfg") -> List[Tuple[str, object]]:
-    """(dotted path, value) of every evaluated field under `config` whose value is not a literal."""
-    found, seen, stack = [], set(), [(path, config)]
+def _interpolation(value):
+    """The `${...}` text of an interpolation or resolver call (a container node's too), else None."""
+    if isinstance(value, (DictConfig, ListConfig)) and value._is_interpolation():
+        return value._value()
+    if isinstance(value, str) and "${" in value:
+        return value
+    return None
+
+
+def interpolations_allowed() -> bool:
+    return os.environ.get(ALLOW_INTERPOLATION, "") == "1"
+
+
+def unsafe_fields(config, path: str = "cfg") -> List[Tuple[str, object, str]]:
+    """(dotted path, value, rule) of every field under `config` that breaks a rule: an evaluated field
+    that is not a literal, an interpolation anywhere (unless allowed), nesting deeper than MAX_DEPTH."""
+    found, seen, stack = [], set(), [(path, _raw(config), 0)]
+    allow = interpolations_allowed()
     while stack:
-        where, node = stack.pop()
+        where, node, depth = stack.pop()
         if id(node) in seen:
             continue
         seen.add(id(node))
+        if depth > MAX_DEPTH:
+            found.append((where, "...", f"nested deeper than {MAX_DEPTH} levels"))
+            continue
         for name, value in _children(node):
             child = f"{where}.{name}" if not name.startswith("[") else where + name
             if is_evaluated(name) and not _is_safe(value):
-                found.append((child, value))
-            stack.append((child, value))
+                found.append((child, value, "not a literal, and fairseq evaluates this field"))
+            elif not allow and _interpolation(value) is not None:
+                found.append((child, _interpolation(value), "an omegaconf interpolation or resolver, which "
+                              f"could read the environment or files (set {ALLOW_INTERPOLATION}=1 to allow)"))
+            stack.append((child, value, depth + 1))
     return sorted(found, key=lambda item: item[0])
 
 
+def _registries():
+    import fairseq.data.encoders  # noqa: F401  (registers bpe and tokenizer)
+    import fairseq.scoring  # noqa: F401
+    from fairseq.models import ARCH_MODEL_REGISTRY, MODEL_REGISTRY
+    from fairseq.registry import REGISTRIES
+    from fairseq.tasks import TASK_REGISTRY
+    named = {"task": TASK_REGISTRY, **{k: v["registry"] for k, v in REGISTRIES.items()}}
+    return named, ARCH_MODEL_REGISTRY, MODEL_REGISTRY
+
+
+def _get(node, key):
+    if isinstance(node, DictConfig):
+        return _raw(node._get_node(key)) if key in node else None
+    if isinstance(node, argparse.Namespace):
+        return getattr(node, key, None)
+    return node.get(key) if isinstance(node, dict) else None
+
+
+def unregistered_choices(state) -> List[Tuple[str, object, str]]:
+    """Architecture, task, criterion, optimizer, bpe, ... names that no registry holds. A legacy `args`
+    name becomes a Hydra config group choice (a yaml file path) when fairseq upgrades it, so this
+    runs before the upgrade."""
+    named, archs, models = _registries()
+    found = []
+
+    def check(where, value, registry, what):
+        if value is not None and (not isinstance(value, str) or value not in registry):
+            choices = ", ".join(sorted(registry))
+            found.append((where, value, f"not a registered {what}; registered: {choices}"))
+
+    args, cfg = _get(state, "args"), _get(state, "cfg")
+    if isinstance(args, argparse.Namespace):
+        check("args.arch", _get(args, "arch"), archs, "architecture")
+        for key, registry in named.items():
+            check(f"args.{key}", _get(args, key), registry, key)
+    if isinstance(cfg, (dict, DictConfig)):
+        model = _get(cfg, "model")
+        if isinstance(model, argparse.Namespace):
+            check("cfg.model.arch", _get(model, "arch"), archs, "architecture")
+        elif model is not None:
+            check("cfg.model._name", _get(model, "_name"), {**archs, **models}, "architecture or model")
+        for key, registry in named.items():
+            section = _get(cfg, key)
+            if section is not None:
+                check(f"cfg.{key}._name", _get(section, "_name"), registry, key)
+    return found
+
+
 def check_state(state) -> None:
-    """Raise UnsafeConfigError naming each field of the checkpoint's `args` / `cfg` that fairseq
-    would evaluate and that is not a literal."""
+    """Raise UnsafeConfigError naming each field of the checkpoint's `args` / `cfg` that breaks a rule
+    of unsafe_fields, or names an unregistered architecture, task, criterion, optimizer, bpe, ..."""
     found = []
     for key in ("args", "cfg"):
         if isinstance(state, dict) and state.get(key) is not None:
             found += unsafe_fields(state[key], key)
     if found:
-        fields = "; ".join(f"{where} = {_shown(value)}" for where, value in found)
+        fields = "; ".join(f"{where} = {_shown(value)} ({rule})" for where, value, rule in found)
         raise UnsafeConfigError(
-            f"refusing to load a fairseq checkpoint whose config holds code where fairseq evaluates a "
-            f"literal: {fields}. fairseq would run these strings with eval; only literals (numbers, "
-            "strings, booleans, None, lists, tuples, dicts) are accepted. If the file is yours, fix the "
-            "field (e.g. through --model-overrides or checkpoint_utils' arg_overrides).")
+            f"refusing to load a fairseq checkpoint whose config holds code or references: {fields}. "
+            "fairseq would run evaluated strings with eval; only literals (numbers, strings, booleans, None, "
+            "lists, tuples, dicts) are accepted there. If the file is yours, fix the field (e.g. through "
+            "--model-overrides or checkpoint_utils' arg_overrides).")
+    unknown = unregistered_choices(state) if isinstance(state, dict) else []
+    if unknown:
+        named = "; ".join(f"{where} = {_shown(value)} is {rule}" for where, value, rule in unknown)
+        raise UnsafeConfigError(named + ". Import the --user-dir that registers it, or fix the field.")
 
 
 def checked_upgrade(upgrade):
@@ -230,7 +323,9 @@ def checked_upgrade(upgrade):
     @functools.wraps(upgrade)
     def _upgrade_state_dict(state):
         check_state(state)
-        return upgrade(state)
+        state = upgrade(state)
+        check_state(state)      # the legacy args -> cfg upgrade wrote a new config
+        return state
 
     _upgrade_state_dict.checks_config = True
     return _upgrade_state_dict
