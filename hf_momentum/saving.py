@@ -70,9 +70,13 @@ class RemoteCodeMixin:
         self.add_model_tags([self.config.model_type.replace("_", "-"), "custom_code"])
 
     def save_pretrained(self, save_directory, *args, is_main_process: bool = True, push_to_hub: bool = False,
-                        **kwargs):
+                        allow_registered_cell: bool = False, **kwargs):
         """transformers' save_pretrained, then the remote code and the model card. With
-        push_to_hub=True the finished folder is uploaded (to `repo_id`, default its name)."""
+        push_to_hub=True the finished folder is uploaded (to `repo_id`, default its name). A cell
+        added with `plugins.rnn.register_cell` is refused unless `allow_registered_cell`
+        (check_cell_travels)."""
+        if not allow_registered_cell:
+            check_cell_travels(self.config)
         repo_id = kwargs.pop("repo_id", None)
         token = kwargs.pop("token", None)
         self.config.auto_map = dict(self.auto_map)
@@ -100,6 +104,25 @@ class RemoteCodeMixin:
             return upload(folder, repo_id, token=token, private=private, commit_message=commit_message,
                           commit_description=commit_description, revision=revision, create_pr=create_pr,
                           **kwargs)
+
+
+def check_cell_travels(config) -> None:
+    """The bundled remote code holds the cell table as the package ships it, so a cell added with
+    `plugins.rnn.register_cell` in this process would be unknown to `from_pretrained(...,
+    trust_remote_code=True)` anywhere else: refuse to save it rather than write a folder that
+    cannot be loaded."""
+    cell = getattr(config, "cell", None)
+    if cell is None:
+        return
+    from plugins.rnn import variants
+    if cell not in {variant.name for variant in variants._TABLE}:
+        raise ValueError(
+            f"cell {cell!r} was added with plugins.rnn.register_cell, and its code does not travel with the "
+            "saved model: the bundled remote code knows only the built-in cells "
+            f"({', '.join(v.name for v in variants._TABLE)}), so from_pretrained(trust_remote_code=True) "
+            f"would fail. Save with allow_registered_cell=True only if every loader imports hf_momentum and "
+            f"registers {cell!r} before from_pretrained (without trust_remote_code); or add the cell to "
+            "plugins/rnn/variants.py's table so that it is bundled.")
 
 
 def upload(folder, repo_id: str, *, token=None, private=None, commit_message: str = "Upload model", **kwargs):
@@ -169,7 +192,10 @@ def model_card(model) -> ModelCard:
 
 A `{config.model_type}` model ({config.num_hidden_layers} layers, hidden size {config.hidden_size})
 from momentum-plugins. The modeling code ships with the weights, so it loads with
-`trust_remote_code=True` and needs only torch and transformers.
+`trust_remote_code=True` and needs only torch and transformers. `trust_remote_code=True` runs the
+Python files of this repository on your machine, so read them (or pin a `revision` you have read)
+first; with momentum-plugins installed, `import hf_momentum` registers these classes and
+`from_pretrained` then needs no `trust_remote_code`.
 
 ## Momentum hyperparameters
 
@@ -182,6 +208,9 @@ from momentum-plugins. The modeling code ships with the weights, so it loads wit
 ```python
 from transformers import {auto}
 model = {auto}.from_pretrained("<repo id or folder>", trust_remote_code=True)
+
+import hf_momentum  # with momentum-plugins installed: no remote code runs
+model = {auto}.from_pretrained("<repo id or folder>")
 ```
 
 ## Citation
