@@ -16,6 +16,16 @@ and then reuses the result; a reader never sees a half-written folder; and a bui
 point leaves only a temporary folder, which the next build of that artefact deletes under the
 lock (no process can still own it). Child processes of a build die with it
 (recipes/common/children.py).
+
+What this protects against: accidents and concurrency (an edited, truncated or added file, a
+changed input, two processes building at once, a build killed midway). Every file of an artefact
+is listed with its digest, and a file the manifest does not list (a `train1.bin` that fairseq-train
+would silently combine with `train.bin`) stops the run. An artefact folder that is a symlink, or
+whose path leaves its cache root through a symlink, is refused. It is no defence against someone
+who can write the cache folder: such a writer can replace a file and rewrite its digest in
+`manifest.json`, and the run will reuse it. `verify=True` (the recipes' `--verify`) rebuilds a
+reused artefact from its source (the corpus and the inputs) and compares every digest, which
+catches that too, at the cost of the build.
 """
 import hashlib
 import json
@@ -28,6 +38,22 @@ from typing import Callable, Dict, Iterable, Mapping, Optional
 from filelock import FileLock, Timeout
 
 MANIFEST = "manifest.json"
+VERIFY = False      # the default of build_once's `verify`; the recipes' --verify sets it
+
+
+class CacheError(RuntimeError):
+    """A cached artefact that cannot be trusted to be what its manifest says."""
+
+
+def check_inside(folder: Path, root: Path) -> None:
+    """Refuse `folder` if it is a symlink or if its path below `root` passes through one (new files
+    would be written wherever the link points)."""
+    folder, root = Path(folder), Path(root)
+    expected = root.resolve() / folder.relative_to(root)
+    if folder.is_symlink() or (folder.exists() and folder.resolve() != expected) or (
+            folder.parent.exists() and folder.parent.resolve() != expected.parent):
+        raise CacheError(f"refusing cache folder {folder}: it or a folder above it below {root} is a "
+                         f"symbolic link (it resolves to {folder.resolve()}); remove the link and run again")
 
 
 def file_digest(path: Path, full: bool = False) -> str:
@@ -62,14 +88,22 @@ def read_manifest(folder: Path):
 
 
 def _output_digests(folder: Path) -> Dict[str, str]:
-    """{path relative to the folder: full sha256} of every file of a built artefact."""
-    return {p.relative_to(folder).as_posix(): file_digest(p, full=True)
-            for p in sorted(folder.rglob("*")) if p.is_file() and p.name != MANIFEST}
+    """{path relative to the folder: full sha256} of every file of a built artefact (a symlink is
+    recorded as one, so it never matches a digest)."""
+    return {p.relative_to(folder).as_posix(): "symlink" if p.is_symlink() else file_digest(p, full=True)
+            for p in sorted(folder.rglob("*")) if (p.is_file() or p.is_symlink()) and p.name != MANIFEST}
+
+
+def unlisted_outputs(folder: Path, manifest: Mapping) -> list:
+    """Files of the folder that the manifest does not list."""
+    recorded = manifest.get("files") if isinstance(manifest, Mapping) else None
+    if not isinstance(recorded, dict) or not Path(folder).is_dir():
+        return []
+    return sorted(set(_output_digests(Path(folder))) - set(recorded))
 
 
 def changed_outputs(folder: Path, manifest: Mapping) -> Dict[str, str]:
-    """{file: what is wrong} for the outputs that differ from the manifest's digests (files added
-    later, such as a user's notes, are no part of the artefact and are left alone)."""
+    """{file: what is wrong} for the listed outputs that differ from the manifest's digests."""
     recorded = manifest.get("files")
     if not isinstance(recorded, dict):
         return {MANIFEST: "records no output digests (written by an older version)"}
@@ -94,6 +128,11 @@ def _reusable(folder: Path, params: Mapping, log: Callable[[str], None]) -> bool
     manifest = read_manifest(folder)
     if not _same_params(manifest, params):
         return False
+    extra = unlisted_outputs(folder, manifest)
+    if extra:
+        raise CacheError(f"{folder} holds files its manifest does not list: {', '.join(extra)}. A tool may "
+                         "read them as part of the artefact (fairseq-train combines train1.bin with "
+                         "train.bin); remove them, or delete the folder to rebuild it")
     problems = changed_outputs(folder, manifest)
     for name, problem in problems.items():
         log(f"rebuilding {folder}: {folder / name} {problem}")
@@ -135,17 +174,36 @@ def _lock(folder: Path, log: Callable[[str], None]) -> FileLock:
     return lock
 
 
+def _verify(folder: Path, build: Callable[[Path], None]) -> None:
+    """Rebuild into a temporary folder and compare every digest with the reused folder's."""
+    work = _new_temporary(folder, "tmp")
+    try:
+        build(work)
+        fresh, cached = _output_digests(work), _output_digests(folder)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    differ = sorted(name for name in set(fresh) | set(cached) if fresh.get(name) != cached.get(name))
+    if differ:
+        raise CacheError(f"--verify: {folder} differs from a rebuild from its source in {', '.join(differ)}; "
+                         "the cache was changed (or the build is not deterministic): delete the folder")
+
+
 def build_once(parent: Path, stem: str, params: Mapping, build: Callable[[Path], None],
-               log: Optional[Callable[[str], None]] = None) -> Path:
+               log: Optional[Callable[[str], None]] = None, verify: Optional[bool] = None) -> Path:
     """The folder `<parent>/<stem>-<key(params)>`, built by `build(folder)` unless a complete,
-    unchanged build with the same params is already there (then it is reused and `log` says so).
+    unchanged build with the same params is already there (then it is reused and `log` says so;
+    with `verify`, default VERIFY, only after a rebuild gave the same files).
     `build` receives a temporary folder beside the target; it must write its outputs there."""
     say = log if log is not None else print       # a rebuild or a wait is always said
     folder = keyed_dir(parent, stem, params)
     folder.parent.mkdir(parents=True, exist_ok=True)
+    check_inside(folder, parent)
     lock = _lock(folder, say)
     try:
         if _reusable(folder, params, say):
+            if VERIFY if verify is None else verify:
+                _verify(folder, build)
+                say(f"verified {folder} against a rebuild from its source")
             if log is not None:
                 log(f"reusing {folder} (same arguments and inputs)")
             return folder

@@ -80,3 +80,22 @@ def require_distinct(parser: argparse.ArgumentParser, args: argparse.Namespace, 
         values = getattr(args, name)
         if len(set(values)) != len(values):
             parser.error(f"argument --{name}: values must be distinct, got {' '.join(map(str, values))}")
+
+
+class VerifyCache(argparse.Action):
+    """--verify: every reused cached artefact is first rebuilt from its source and compared
+    (recipes/common/cache.py), which catches a file replaced together with its manifest digest."""
+
+    def __init__(self, option_strings, dest, **kwargs):
+        super().__init__(option_strings, dest, nargs=0, default=False, **kwargs)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        from . import cache
+        cache.VERIFY = True
+        setattr(namespace, self.dest, True)
+
+
+def add_cache_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--verify", action=VerifyCache,
+                        help="rebuild each reused cached corpus and data-bin from its source and stop if a "
+                             "file differs (slower; the cache alone only protects against accidents)")

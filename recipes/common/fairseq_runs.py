@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence
 
-from .cache import build_once, fresh_dir, inputs_digest, keyed_dir
+from .cache import build_once, check_inside, fresh_dir, inputs_digest, keyed_dir
 from .children import popen_kwargs
 
 REPO = Path(__file__).resolve().parents[2]
@@ -79,9 +79,13 @@ def preprocess_lm(paths: Dict[str, Path], parent: Path, workers: int = 2, log=pr
 
 def checkpoint_dir(parent: Path, name: str, data_bin: Path, args: Sequence[str]) -> Path:
     """`parent/<name>-<key>`, keyed by the data-bin and the training arguments, so checkpoints of
-    different data or settings never share a folder (fairseq would resume from them)."""
+    different data or settings never share a folder (fairseq would resume from them). The folder
+    and `parent` must not be symlinks (the recipes' cache root is parent's parent): new
+    checkpoints would be written wherever they point."""
     params = {"data": Path(data_bin).name, "args": [str(a) for a in args]}
-    return keyed_dir(parent, name.replace(" ", "_"), params)
+    folder = keyed_dir(parent, name.replace(" ", "_"), params)
+    check_inside(folder, Path(parent).parent)
+    return folder
 
 
 @dataclass
@@ -132,6 +136,7 @@ def train(name: str, data_bin: Path, save_dir: Path, args: Sequence[str], echo: 
     time."""
     cmd = [tool("fairseq-train"), data_bin, "--user-dir", USER_DIR, "--save-dir", save_dir,
            "--log-format", "json", "--no-progress-bar", *args]
+    check_inside(save_dir, Path(save_dir).parent.parent)
     fresh_dir(save_dir)
     start = time.perf_counter()
     output = run(cmd, log=save_dir / "train.log", echo=progress_printer(name, start) if echo else None)

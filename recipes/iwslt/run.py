@@ -17,6 +17,7 @@ from pathlib import Path
 
 from recipes.common.cache import build_once, inputs_digest
 from recipes.common.cli import (
+    add_cache_arguments,
     add_fairseq_device_arguments,
     bounded_int,
     non_negative_int,
@@ -68,6 +69,7 @@ def parse_args(argv=None):
     parser.add_argument("--out-dir", type=Path, default=REPO / "outputs" / "iwslt")
     parser.add_argument("--cache-dir", type=Path, default=Path.home() / ".cache" / "momentum_plugins")
     add_fairseq_device_arguments(parser, "where fairseq trains and generates")
+    add_cache_arguments(parser)
     args = parser.parse_args(argv)
     require_distinct(parser, args, "models")
     return args

@@ -13,7 +13,13 @@ import argparse
 import sys
 from pathlib import Path
 
-from recipes.common.cli import add_fairseq_device_arguments, non_negative_int, positive_int, require_distinct
+from recipes.common.cli import (
+    add_cache_arguments,
+    add_fairseq_device_arguments,
+    non_negative_int,
+    positive_int,
+    require_distinct,
+)
 from recipes.common.corpora import lm_corpus
 from recipes.common.fairseq_runs import REPO, preprocess_lm
 from recipes.common.lm_experiment import plot_lm_runs, summarize, train_lm_models
@@ -56,6 +62,7 @@ def parse_args(argv=None):
     parser.add_argument("--out-dir", type=Path, default=REPO / "outputs" / "ptb")
     parser.add_argument("--cache-dir", type=Path, default=Path.home() / ".cache" / "momentum_plugins")
     add_fairseq_device_arguments(parser, "where fairseq trains")
+    add_cache_arguments(parser)
     args = parser.parse_args(argv)
     require_distinct(parser, args, "models", "seeds")
     return args
