@@ -195,11 +195,11 @@ def _children(node) -> Iterator[Tuple[str, object]]:
         if not node._is_none() and not node._is_missing() and not node._is_interpolation():
             yield from ((f"[{i}]", _raw(node._get_node(i))) for i in range(len(node)))
     elif isinstance(node, argparse.Namespace):
-        yield from ((str(k), v) for k, v in vars(node).items())
+        yield from ((str(k), _raw(v)) for k, v in vars(node).items())
     elif isinstance(node, dict):
-        yield from ((str(k), v) for k, v in node.items())
+        yield from ((str(k), _raw(v)) for k, v in node.items())
     elif isinstance(node, (list, tuple)):
-        yield from ((f"[{i}]", v) for i, v in enumerate(node))
+        yield from ((f"[{i}]", _raw(v)) for i, v in enumerate(node))
 
 
 def _is_safe(value) -> bool:
