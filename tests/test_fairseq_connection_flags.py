@@ -6,8 +6,8 @@ import argparse
 
 import pytest
 from fairseq.models import ARCH_CONFIG_REGISTRY
+from helpers.fairseq_cli import parse_namespace
 from omegaconf import OmegaConf, open_dict
-from test_fairseq_support import parse_namespace
 
 from fairseq_momentum.options import clear_unread_connection_flags
 
