@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "recipes" / "hf" / "train_clm.py"
 ACCELERATE = Path(sys.executable).with_name("accelerate")
 TINY = ["--hidden_size", "32", "--num_layers", "2", "--num_heads", "4", "--block_size", "32",
