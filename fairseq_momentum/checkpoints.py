@@ -19,10 +19,7 @@ generate, eval-lm and two-rank resume tests of the other fairseq test files).
 `load_checkpoint_to_cpu` replaces fairseq's function of that name: an empty or truncated file
 (an interrupted save) stops with an error naming it and the readable checkpoints beside it for
 `--restore-file`, a checkpoint holding a type outside the allowlist says how to allow it, and one
-whose config holds code where fairseq evaluates a literal is refused with its name (safe_config.py),
-and the `--lstm-*` and `--connection-*` flags that an older checkpoint filled for a cell or
-connection that never reads them are unset (options.clear_unread_lstm_flags and
-options.clear_unread_connection_flags).
+whose config holds code where fairseq evaluates a literal is refused with its name (safe_config.py).
 """
 import argparse
 import collections
@@ -41,7 +38,6 @@ from omegaconf import base as omegaconf_base
 from omegaconf import nodes as omegaconf_nodes
 
 from . import safe_numpy
-from .options import clear_unread_connection_flags, clear_unread_lstm_flags
 from .safe_config import MAX_DEPTH, UnsafeConfigError, unsafe_fields
 
 FAIRSEQ_CHECKPOINT_TYPES = [
@@ -131,10 +127,7 @@ def checked_loader(load):
     @functools.wraps(load)
     def load_checkpoint_to_cpu(path, *args, **kwargs):
         try:
-            state = load(path, *args, **kwargs)
-            clear_unread_lstm_flags(state)
-            clear_unread_connection_flags(state)
-            return state
+            return load(path, *args, **kwargs)
         except (FileNotFoundError, PermissionError):
             raise
         except RecursionError:

@@ -230,44 +230,5 @@ def lstm_cell_kwargs(args):
                 **{name: value for name, value in given.items() if value is not None})
 
 
-def clear_unread_lstm_flags(state) -> None:
-    """Checkpoints written before `check_lstm_cell_args` refused unread flags hold defaults for
-    them (e.g. lstm_beta=0.9 for the momentum cell): unset those in the loaded state (its `args`
-    and `cfg.model`: Namespace, dict or DictConfig), so the model builds as when it was trained."""
-    for config in _stored_model_configs(state):
-        cell = _field(config, "lstm_cell")
-        if isinstance(cell, str) and cell in VARIANTS:
-            _unset(config, [f"lstm_{name}" for name in unread_hyperparameters(cell)
-                            if name in LSTM_HYPERPARAMETER_FLAGS])
-
-
-def clear_unread_connection_flags(state) -> None:
-    """As `clear_unread_lstm_flags`, for checkpoints written before `check_connection_args`: they
-    hold connection_momentum=0.3, connection_step_size=0.9 and connection_delta=0.001 whatever
-    --connection was, e.g. all three with --connection none."""
-    for config in _stored_model_configs(state):
-        connection = _field(config, "connection")
-        if isinstance(connection, str) and connection in CONNECTION_READS:
-            _unset(config, [f"connection_{name}" for name in unread_connection_fields(connection)])
-
-
-def _stored_model_configs(state):
-    """The model arguments of a loaded checkpoint: `args` (older fairseq) and `cfg.model`."""
-    if not isinstance(state, dict):
-        return []
-    cfg = state.get("cfg")
-    return [c for c in (state.get("args"), None if cfg is None else cfg.get("model")) if c is not None]
-
-
-def _unset(config, keys):
-    for key in keys:
-        if _field(config, key) is None:
-            continue
-        if isinstance(config, dict):
-            config[key] = None
-        else:
-            setattr(config, key, None)
-
-
 def _field(config, key):
     return config.get(key) if isinstance(config, dict) else getattr(config, key, None)

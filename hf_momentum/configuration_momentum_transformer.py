@@ -7,7 +7,6 @@ from .momentum_core import (
     CONNECTION_READS,
     DEFAULT_ATTENTION_MOMENTUM,
     DEFAULT_ATTENTION_STEP_SIZE,
-    NORM_PLACEMENTS,
     BlockConfig,
     unread_connection_fields,
 )
@@ -21,13 +20,6 @@ from .validation import (
     check_probability,
 )
 
-# φ for the q, k projections of a transformers model: the block's maps. "identity" is not
-# offered: q and k are raw linear projections, so φ(q)ᵀΣφ(k) can be negative or near zero and
-# the normalisation of eq. 12–14 divides by it (a probe found half of the denominators negative).
-# Both maps are non-negative, so every denominator is at least the kernel's eps > 0.
-FEATURE_MAP_NAMES = BLOCK_FEATURE_MAPS
-LAYER_NORMS = NORM_PLACEMENTS
-
 
 class NamedBlockConfig(BlockConfig):
     """The block's hyperparameters, its errors naming the fields of this config."""
@@ -39,14 +31,17 @@ class NamedBlockConfig(BlockConfig):
 
 
 def check_attention_hyperparameters(momentum, step_size, feature_map):
-    """β ∈ [0, 1), γ > 0, φ a non-negative named feature map (Momentum Transformer, eq. 12–14)."""
+    """β ∈ [0, 1), γ > 0, φ a non-negative named feature map (Momentum Transformer, eq. 12–14).
+    "identity" is not offered: q and k are raw linear projections, so φ(q)ᵀΣφ(k) can be negative or
+    near zero and the normalisation divides by it (a probe found half of the denominators negative);
+    the block's maps are non-negative, so every denominator is at least the kernel's eps > 0."""
     if feature_map == "identity":
         raise ValueError("attention_feature_map 'identity' is refused: the q, k projections of a "
                          "transformers model can be negative, which makes the attention's denominator "
                          "negative; use 'elu' (elu+1, the paper's) or 'relu'")
     return (check_momentum(momentum, "attention_momentum"),
             check_positive(step_size, "attention_step_size"),
-            check_choice(feature_map, "attention_feature_map", FEATURE_MAP_NAMES))
+            check_choice(feature_map, "attention_feature_map", BLOCK_FEATURE_MAPS))
 
 
 class MomentumTransformerConfig(PreTrainedConfig):

@@ -2,11 +2,14 @@
 only, and its modules import one way — no cycle, counting imports inside functions, which can
 hide a cycle from the interpreter but not from a reader."""
 import ast
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 CORE = "plugins"
 FRAMEWORKS = ("fairseq", "transformers", "hf_momentum", "fairseq_momentum", "recipes", "accelerate")
+# Third-party packages the core may import: torch everywhere, triton only in its kernel modules.
+THIRD_PARTY = {"torch", "triton"}
 
 
 def _module_name(path: Path) -> str:
@@ -26,19 +29,72 @@ def _resolve(module: str, is_package: bool, node: ast.ImportFrom) -> list[str]:
     return [target] + [f"{target}.{alias.name}" for alias in node.names]
 
 
-def core_imports() -> dict[str, set[str]]:
-    """Every module under plugins/ and the absolute module names it imports (anywhere in it)."""
+def _imports(nodes, module: str, is_package: bool) -> set[str]:
+    found = set()
+    for node in nodes:
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            found |= set(_resolve(module, is_package, node))
+    return found
+
+
+def _module_level(tree: ast.Module):
+    """The nodes run when the module is imported: all but the bodies of functions."""
+    pending = list(tree.body)
+    while pending:
+        node = pending.pop()
+        yield node
+        if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            pending.extend(ast.iter_child_nodes(node))
+
+
+def core_imports(module_level_only: bool = False) -> dict[str, set[str]]:
+    """Every module under plugins/ and the absolute module names it imports (anywhere in it, or
+    only those imported when the module itself is)."""
     graph = {}
     for path in sorted((ROOT / CORE).rglob("*.py")):
-        name = _module_name(path)
-        found = set()
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.Import):
-                found |= {alias.name for alias in node.names}
-            elif isinstance(node, ast.ImportFrom):
-                found |= set(_resolve(name, path.name == "__init__.py", node))
-        graph[name] = found
+        name, tree = _module_name(path), ast.parse(path.read_text())
+        nodes = _module_level(tree) if module_level_only else ast.walk(tree)
+        graph[name] = _imports(nodes, name, path.name == "__init__.py")
     return graph
+
+
+def non_torch_imports(graph: dict[str, set[str]]) -> dict[str, list[str]]:
+    """Per module, what it imports beyond the standard library, torch, triton and plugins/."""
+    allowed = set(sys.stdlib_module_names) | THIRD_PARTY | {CORE}
+    offenders = {m: sorted(i for i in imps if i.split(".")[0] not in allowed) for m, imps in graph.items()}
+    return {m: i for m, i in offenders.items() if i}
+
+
+def triton_on_import(graph: dict[str, set[str]]) -> dict[str, list[str]]:
+    """Modules that load triton when they are imported (directly or through core modules they
+    import at module level), each with the chain that does it."""
+    chains = {}
+
+    def chain(module, seen):
+        if module in chains:
+            return chains[module]
+        for imported in sorted(graph[module]):
+            if imported.split(".")[0] == "triton":
+                return [module, imported]
+            if imported in graph and imported not in seen:
+                found = chain(imported, seen | {imported})
+                if found:
+                    return [module] + found
+        return None
+
+    for module in graph:
+        chains[module] = chain(module, {module})
+    return {m: c for m, c in chains.items() if c}
+
+
+def _kernel_module(module: str) -> bool:
+    """A module of Triton kernels (plugins/*/triton/*, *_triton.py, triton_*.py): it may import
+    triton when it is imported, as the modules that use it import it lazily, after checking
+    that triton is installed."""
+    *package, leaf = module.split(".")
+    return "triton" in package[1:] or leaf.endswith("_triton") or leaf.startswith("triton_")
 
 
 def _cycles(edges: dict[str, set[str]]) -> list[list[str]]:
@@ -87,6 +143,39 @@ def test_core_imports_no_framework():
                  for m, imps in core_imports().items()}
     offenders = {m: i for m, i in offenders.items() if i}
     assert not offenders, f"plugins/ must stay framework-neutral: {offenders}"
+
+
+def test_core_imports_only_torch():
+    """No matplotlib, numpy or any other third-party package anywhere in plugins/, not even
+    inside a function."""
+    offenders = non_torch_imports(core_imports())
+    assert not offenders, f"plugins/ imports only the standard library, torch and triton: {offenders}"
+
+
+def test_core_imports_triton_only_on_demand():
+    """Importing a core module never loads triton: only the kernel modules import it at module
+    level, and everything else reaches them inside functions."""
+    chains = triton_on_import(core_imports(module_level_only=True))
+    offenders = {m: c for m, c in chains.items() if not _kernel_module(m)}
+    assert not offenders, f"these modules load triton when imported: {offenders}"
+
+
+def test_the_import_checks_find_offenders():
+    """The checks themselves can fail: a plotting import inside a function, and triton reached
+    at module level through another core module."""
+    tree = ast.parse("import torch\nimport os\ndef draw():\n    from matplotlib.figure import Figure\n")
+    assert _imports(ast.walk(tree), "plugins.m", False) == {"torch", "os", "matplotlib.figure",
+                                                            "matplotlib.figure.Figure"}
+    assert _imports(_module_level(tree), "plugins.m", False) == {"torch", "os"}
+    graph = {"plugins.m": {"torch", "os", "matplotlib.figure"}, "plugins.n": {"triton.language"}}
+    assert non_torch_imports(graph) == {"plugins.m": ["matplotlib.figure"]}
+    graph = {"plugins.a": {"plugins.b"}, "plugins.b": {"plugins.k_triton"}, "plugins.k_triton": {"triton"},
+             "plugins.c": set()}
+    assert triton_on_import(graph) == {"plugins.a": ["plugins.a", "plugins.b", "plugins.k_triton", "triton"],
+                                       "plugins.b": ["plugins.b", "plugins.k_triton", "triton"],
+                                       "plugins.k_triton": ["plugins.k_triton", "triton"]}
+    assert _kernel_module("plugins.k_triton") and _kernel_module("plugins.attention.triton.chunk")
+    assert not _kernel_module("plugins.attention.backends") and not _kernel_module("plugins.attention.triton")
 
 
 def test_core_modules_import_one_way():

@@ -3,8 +3,6 @@ plugins.attention.triton imports — the Triton kernels through the public API a
 float64 references (CPU tensors under Triton's interpreter; small shapes)."""
 import math
 import os
-import sys
-import types
 
 import pytest
 import torch
@@ -12,7 +10,8 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")     # read when the kernels are first imported
 
-import plugins.attention
+from helpers.fake_triton import fake_kernels, install
+
 from plugins.attention import (
     linear_attention,
     momentum_attention,
@@ -21,40 +20,8 @@ from plugins.attention import (
     naive_recurrent_momentum_attention,
 )
 from plugins.attention.backends import use_triton
-from plugins.attention.chunk import chunk_causal_momentum_attention
-from plugins.attention.recurrent import fused_recurrent_step
 
-KERNELS = "plugins.attention.triton"
 CPU, CUDA = torch.device("cpu"), torch.device("cuda")
-
-
-def fake_kernels(calls, available=True):
-    """Stands in for plugins.attention.triton: records what it is handed, computes with the
-    PyTorch kernels in float32 and answers in the input dtype, as the contract says."""
-    module = types.ModuleType(KERNELS)
-
-    def chunk(fq, fk, v, **kw):
-        calls.append(dict(form="chunk", dtypes=(fq.dtype, fk.dtype, v.dtype), **kw))
-        out, state = chunk_causal_momentum_attention(fq.float(), fk.float(), v.float(), **kw)
-        return out.to(fq.dtype), state
-
-    def step(fq, fk, v, state, **kw):
-        calls.append(dict(form="step", dtypes=(fq.dtype, fk.dtype, v.dtype), state=state.s.dtype, **kw))
-        return fused_recurrent_step(fq, fk, v, state, **kw)
-
-    module.is_available = lambda: available
-    module.chunk_momentum_attention = chunk
-    module.fused_recurrent_step = step
-    return module
-
-
-def install(monkeypatch, module):
-    """Make `from plugins.attention import triton` give `module` (None: an ImportError)."""
-    monkeypatch.setitem(sys.modules, KERNELS, module)
-    if module is None:
-        monkeypatch.delattr(plugins.attention, "triton", raising=False)
-    else:
-        monkeypatch.setattr(plugins.attention, "triton", module, raising=False)
 
 
 def broken(monkeypatch):

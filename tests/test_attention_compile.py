@@ -57,7 +57,7 @@ def test_compiled_model_matches_eager(make_generator, padded):
 def test_compiled_decoding_step_and_triton_dispatch(make_generator, monkeypatch):
     """The single-token step and the backend="triton" dispatch (a stand-in kernel module under
     TRITON_INTERPRET=1) trace whole as well, so registered Triton ops drop into the same graph."""
-    from test_attention_backend import fake_kernels, install
+    from helpers.fake_triton import fake_kernels, install
     calls = []
     install(monkeypatch, fake_kernels(calls))
     monkeypatch.setenv("TRITON_INTERPRET", "1")

@@ -163,7 +163,7 @@ def test_build_connection_refuses_bad_values(kwargs, needle):
 def _fairseq_and_hf_connections(tmp_path, kind, values):
     """The first layer's connection of a fairseq momentum_transformer_lm and of an HF
     MomentumTransformerModel given the same values (None = the integration's default)."""
-    from test_fairseq_support import build_model, lm_args
+    from helpers.fairseq_cli import build_model, lm_args
 
     from hf_momentum import MomentumTransformerConfig, MomentumTransformerModel
     flags = {"momentum": "--connection-momentum", "step_size": "--connection-step-size",

@@ -8,7 +8,7 @@ import textwrap
 
 import pytest
 import torch
-from test_fairseq_support import REPO, cli_env, preprocess_lm, train, train_losses, write_lm_text
+from helpers.fairseq_cli import REPO, cli_env, preprocess_lm, train, train_losses, write_lm_text
 
 LOAD_AFTER_IMPORT = """
 import os, pathlib, pickle, subprocess, sys

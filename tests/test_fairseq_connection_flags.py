@@ -1,15 +1,11 @@
 """--connection-momentum / --connection-step-size / --connection-delta are refused when the chosen
 --connection never reads them (they were accepted and ignored), on the command line and in a
-fairseq-hydra-train `model:` section; checkpoints written before, which hold defaults for the
-unread ones, have them unset on load (the whole load: tests/test_fairseq_legacy_checkpoint.py)."""
-import argparse
+fairseq-hydra-train `model:` section."""
 
 import pytest
 from fairseq.models import ARCH_CONFIG_REGISTRY
+from helpers.fairseq_cli import parse_namespace
 from omegaconf import OmegaConf, open_dict
-from test_fairseq_support import parse_namespace
-
-from fairseq_momentum.options import clear_unread_connection_flags
 
 FLAGS = {"momentum": "--connection-momentum", "step_size": "--connection-step-size",
          "delta": "--connection-delta"}
@@ -54,23 +50,3 @@ def test_hydra_model_section_refuses_an_unread_key():
     with open_dict(root), pytest.raises(ValueError) as error:
         ARCH_CONFIG_REGISTRY["momentum_transformer_lm"](root.model)
     assert str(error.value).startswith("model.connection_delta is not read by model.connection=momentum")
-
-
-def stored(kind, container):
-    values = dict(connection=kind, connection_momentum=0.3, connection_step_size=0.9, connection_delta=0.001)
-    if container == "namespace":
-        return {"args": argparse.Namespace(**values), "cfg": None}
-    model = values if container == "dict" else OmegaConf.create(values)
-    return {"args": None, "cfg": {"model": model}}
-
-
-@pytest.mark.parametrize("container", ["namespace", "dict", "omegaconf"])
-@pytest.mark.parametrize("kind,kept", [("none", set()), ("momentum", {"momentum", "step_size"}),
-                                       ("adaptive", {"step_size", "delta"})])
-def test_checkpoint_values_of_unread_flags_are_unset_on_load(container, kind, kept):
-    state = stored(kind, container)
-    clear_unread_connection_flags(state)
-    config = state["args"] if container == "namespace" else state["cfg"]["model"]
-    read = config.get if container == "dict" else lambda key: getattr(config, key)
-    for name, value in (("momentum", 0.3), ("step_size", 0.9), ("delta", 0.001)):
-        assert read(f"connection_{name}") == (value if name in kept else None), name

@@ -6,8 +6,7 @@ import argparse
 import pytest
 import torch
 from fairseq.models import ARCH_CONFIG_REGISTRY
-from omegaconf import OmegaConf, open_dict
-from test_fairseq_support import (
+from helpers.fairseq_cli import (
     REPO,
     USER_DIR,
     WORDS,
@@ -19,6 +18,7 @@ from test_fairseq_support import (
     write_lm_text,
     write_parallel_text,
 )
+from omegaconf import OmegaConf, open_dict
 
 import fairseq_momentum  # noqa: F401  (registers the architectures)
 

@@ -4,9 +4,10 @@ import re
 
 import pytest
 import torch
-from test_fairseq_support import (
+from helpers.fairseq_cli import (
     USER_DIR,
     build_model,
+    cell_flags,
     parse_namespace,
     preprocess_translation,
     run_cli,
@@ -17,22 +18,12 @@ from test_fairseq_support import (
 from fairseq_momentum.modules.momentum_lstm_adapters import MomentumLSTMDecoderCell
 from fairseq_momentum.options import add_lstm_cell_args
 from plugins.rnn import VARIANTS, cell_names
-from plugins.rnn.variants import read_hyperparameters, unread_hyperparameters
+from plugins.rnn.variants import read_hyperparameters
 
 TASK = ["--task", "translation", "--source-lang", "src", "--target-lang", "tgt"]
 SMALL = ["--encoder-embed-dim", "16", "--decoder-embed-dim", "16", "--encoder-hidden-size", "12",
          "--decoder-hidden-size", "12", "--decoder-out-embed-dim", "16", "--encoder-layers", "2",
          "--decoder-layers", "2"]
-
-
-def cell_flags(cell):
-    """Command-line flags of a registry cell: the hyperparameters it reads (another is refused)
-    and a restart wherever the cell takes one."""
-    values = {"momentum": "0.6", "step_size": "0.7", "beta": "0.8"}
-    flags = ["--lstm-cell", cell]
-    for name in set(values) - set(unread_hyperparameters(cell)):
-        flags += [f"--lstm-{name.replace('_', '-')}", values[name]]
-    return flags + (["--lstm-restart", "3"] if VARIANTS[cell].restart != "refused" else [])
 
 
 CELLS = {cell: cell_flags(cell) for cell in cell_names("lstm")}

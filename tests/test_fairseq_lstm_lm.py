@@ -3,10 +3,10 @@ import re
 
 import pytest
 import torch
-from test_fairseq_lstm import cell_flags
-from test_fairseq_support import (
+from helpers.fairseq_cli import (
     USER_DIR,
     build_model,
+    cell_flags,
     lm_args,
     parse_namespace,
     preprocess_lm,

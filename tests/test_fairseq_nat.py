@@ -4,7 +4,7 @@ import re
 
 import pytest
 import torch
-from test_fairseq_support import (
+from helpers.fairseq_cli import (
     USER_DIR,
     build_model,
     parse_namespace,

@@ -4,7 +4,7 @@ loading by test_fairseq_checkpoints)."""
 import subprocess
 import sys
 
-from test_fairseq_support import USER_DIR, cli_env
+from helpers.fairseq_cli import USER_DIR, cli_env
 
 ARCHS = ["momentum_transformer", "momentum_transformer_iwslt_de_en", "linear_transformer",
          "linear_transformer_iwslt_de_en", "momentum_transformer_lm", "momentum_transformer_lm_big",

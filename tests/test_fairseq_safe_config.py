@@ -10,8 +10,8 @@ import textwrap
 import pytest
 import torch
 from fairseq_eval_sites import fairseq_eval_sites
+from helpers.fairseq_cli import USER_DIR, cli_env, preprocess_lm, run_cli, train, write_lm_text
 from omegaconf import OmegaConf
-from test_fairseq_support import USER_DIR, cli_env, preprocess_lm, run_cli, train, write_lm_text
 
 import fairseq_momentum  # noqa: F401  (installs the checks in this process)
 from fairseq_momentum import safe_config

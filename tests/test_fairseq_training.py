@@ -8,7 +8,7 @@ import sys
 
 import pytest
 import torch
-from test_fairseq_support import (
+from helpers.fairseq_cli import (
     BIN,
     REPO,
     USER_DIR,

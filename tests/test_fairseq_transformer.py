@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from test_fairseq_support import (
+from helpers.fairseq_cli import (
     USER_DIR,
     build_model,
     parse_namespace,

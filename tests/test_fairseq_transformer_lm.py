@@ -6,7 +6,7 @@ import sys
 
 import pytest
 import torch
-from test_fairseq_support import (
+from helpers.fairseq_cli import (
     USER_DIR,
     build_model,
     lm_args,

@@ -2,8 +2,9 @@
 import pytest
 import torch
 
-from plugins.gradient_norms import hidden_gradient_norms, save_gradient_heatmap
+from plugins.gradient_norms import hidden_gradient_norms
 from plugins.rnn import AdamLSTMCell, MomentumLSTM, MomentumRNN, MomentumRNNCell
+from recipes.mnist.gradients import save_gradient_heatmap
 
 T, B, D, H = 7, 3, 2, 4
 

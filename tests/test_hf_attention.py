@@ -24,12 +24,12 @@ from transformers.masking_utils import (
 
 import hf_momentum
 from hf_momentum import attention_interface as ai
-from hf_momentum.configuration_momentum_transformer import FEATURE_MAP_NAMES
 from plugins.attention import (
     FEATURE_MAPS,
     naive_causal_momentum_attention,
     naive_noncausal_momentum_attention,
 )
+from plugins.transformer.config import BLOCK_FEATURE_MAPS
 
 BETA, GAMMA = 0.5, 0.8
 PAD = 0
@@ -75,7 +75,7 @@ def test_registered_in_both_interfaces():
         assert name in AttentionInterface._global_mapping
         assert name in AttentionMaskInterface._global_mapping
     # every non-negative map of plugins; "identity" is refused for raw q, k projections
-    assert sorted(FEATURE_MAP_NAMES) == sorted(set(FEATURE_MAPS) - {"identity"})
+    assert sorted(BLOCK_FEATURE_MAPS) == sorted(set(FEATURE_MAPS) - {"identity"})
 
 
 @pytest.mark.parametrize("kwargs, argument", [

@@ -1,7 +1,7 @@
 """The compiled decode step of MomentumTransformerForCausalLM with a StaticMomentumCache: one graph
 (fullgraph=True raises on a graph break) compiled once for every step (a counting backend), logits
 equal to a float64 reference of the whole sequence (eq. 13 in plugins' quadratic form, through
-test_hf_momentum_transformer.reference_forward) and logits and states equal to the eager
+helpers.hf_transformer.reference_forward) and logits and states equal to the eager
 MomentumCache step, states kept in place, left-padded rows kept apart, and
 generate(cache_implementation="static") compiling the step itself and choosing the eager tokens.
 
@@ -13,7 +13,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import pytest
 import torch
-from test_hf_momentum_transformer import PAD, reference_forward, tiny
+from helpers.hf_transformer import PAD, reference_forward, tiny
 from torch._dynamo.testing import CompileCounterWithBackend
 from torch._dynamo.utils import counters
 from transformers import AutoConfig, AutoModelForCausalLM, CompileConfig

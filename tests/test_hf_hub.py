@@ -19,27 +19,13 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import pytest
 import torch
+from helpers.clean_process import run_clean
 from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoModelForSequenceClassification
 
 import hf_momentum
 from hf_momentum.flatten import GENERATED_MARK, flatten_modules
 
 REPO = Path(__file__).resolve().parents[1]
-BLOCK_OUR_PACKAGES = """
-import importlib.abc, sys
-class _Blocked(importlib.abc.MetaPathFinder):
-    def find_spec(self, name, path=None, target=None):
-        if name.split(".")[0] in {"plugins", "hf_momentum", "fairseq_momentum", "recipes"}:
-            raise ModuleNotFoundError(f"No module named {name!r}")
-sys.meta_path.insert(0, _Blocked())
-try:
-    import plugins
-    raise SystemExit("plugins is importable")
-except ModuleNotFoundError:
-    pass
-"""
-
-
 def tiny_config(**kwargs):
     base = dict(vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
                 intermediate_size=64, max_position_embeddings=64, hidden_dropout=0.0,
@@ -51,16 +37,6 @@ def tiny_config(**kwargs):
 
 def sample_ids():
     return torch.arange(3, 3 + 2 * 9).remainder(97).add(3).view(2, 9)
-
-
-def run_clean(script: str, cwd: Path, env_extra: dict) -> subprocess.CompletedProcess:
-    """python -I in `cwd` with our packages blocked; fails the test with its output on error."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "PYTHON"))}
-    env.update(HF_HOME=str(cwd / "hf_home"), **env_extra)
-    proc = subprocess.run([sys.executable, "-I", "-c", BLOCK_OUR_PACKAGES + textwrap.dedent(script)],
-                          cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    return proc
 
 
 def test_flatten_bundle_is_self_contained_and_refuses_collisions():

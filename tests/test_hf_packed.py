@@ -226,7 +226,7 @@ def test_readme_trainer_example_trains_on_packed_documents(tmp_path, monkeypatch
 def test_saved_model_keeps_documents_apart_as_remote_code(tmp_path, make_generator):
     """A saved native model loaded with trust_remote_code where this package is not importable
     (the generated core and packing.py beside the modeling file) packs exactly like the package."""
-    from test_hf_hub import run_clean
+    from helpers.clean_process import run_clean
 
     model = build("momentum_transformer").eval()
     docs = documents(make_generator())

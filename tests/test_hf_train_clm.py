@@ -4,20 +4,12 @@ uninterrupted run ends; the saved model reloads; --packing trains on DataCollato
 rows of whole paragraphs."""
 import csv
 import json
-import os
 import random
-import subprocess
 import sys
-from pathlib import Path
 
 import pytest
+from helpers.train_clm import ACCELERATE, SCRIPT, TINY, load_script, records, run
 from ports import free_port
-
-REPO = Path(__file__).resolve().parents[1]
-SCRIPT = REPO / "recipes" / "hf" / "train_clm.py"
-ACCELERATE = Path(sys.executable).with_name("accelerate")
-TINY = ["--hidden_size", "32", "--num_layers", "2", "--num_heads", "4", "--block_size", "32",
-        "--per_device_batch_size", "2", "--connection", "momentum"]
 
 
 @pytest.fixture(scope="module")
@@ -27,18 +19,6 @@ def text_file(tmp_path_factory):
     path = tmp_path_factory.mktemp("text") / "train.txt"
     path.write_text(" ".join(rng.choice(words) for _ in range(800)))
     return path
-
-
-def run(cmd, cwd, extra_env=None):
-    env = dict(os.environ, HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false", OMP_NUM_THREADS="1",
-               ACCELERATE_USE_CPU="1", PYTHONPATH=str(REPO), **(extra_env or {}))
-    proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=400)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
-    return proc
-
-
-def records(folder):
-    return {int(p.stem[4:]): json.loads(p.read_text()) for p in Path(folder).glob("rank*.json")}
 
 
 def test_two_cpu_ranks_split_data_and_agree(text_file, tmp_path):
@@ -126,14 +106,6 @@ def test_packing_trains(paragraph_file, tmp_path, model_type):
     assert result["step"] == 3 and 1 < result["valid_perplexity"] < 1e6
     assert len(set(records(tmp_path / "rec")[0]["batches"])) == 3
     assert (tmp_path / "out" / "final" / "model.safetensors").exists()
-
-
-def load_script():
-    import importlib.util
-    spec = importlib.util.spec_from_file_location("train_clm", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_arguments_checked_at_parse_time_and_help_shows_defaults(capsys):

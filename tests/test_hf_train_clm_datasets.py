@@ -9,7 +9,7 @@ import random
 import sys
 
 import pytest
-from test_hf_train_clm import SCRIPT, TINY, load_script, records, run
+from helpers.train_clm import SCRIPT, TINY, load_script, records, run
 
 datasets = pytest.importorskip("datasets")
 BLOCK = 32

@@ -1,9 +1,11 @@
 """The recipes' shared accelerate loop (recipes/common/training.py): a tiny model learns, the
 History's points, its training clock without evaluation, the LR schedule and clipping, errors."""
+import copy
 import itertools
 
 import pytest
 import torch
+from accelerate import Accelerator
 from torch.nn import functional as F
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -126,3 +128,39 @@ def test_an_exhausted_iterator_is_an_error_not_a_hang():
     with pytest.raises(ValueError, match="gave no batch"):
         fit(model, torch.optim.SGD(model.parameters(), lr=0.1), iter([regression_data(4)]), mse,
             accelerator=make_accelerator("cpu"), steps=3, progress=False)
+
+
+def test_accumulated_run_resumed_at_a_step_ends_like_the_uninterrupted_run():
+    """Two batches per optimizer step, 10 batches per pass, 8 steps. A run resumed at step 3
+    from that step's model and optimizer skips the 6 batches already used, crosses into the
+    second pass, and ends with the uninterrupted run's parameters, bit for bit."""
+    def run(start_step=0, state=None):
+        torch.manual_seed(0)
+        model = torch.nn.Linear(3, 1)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+        accelerator = Accelerator(cpu=True, gradient_accumulation_steps=2)
+        loader = DataLoader(TensorDataset(*regression_data(40)), batch_size=4)
+        model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+        if state is not None:
+            model.load_state_dict(state["model"])
+            optimizer.load_state_dict(state["optimizer"])
+        seen, steps, saved = [], [], {}
+
+        def on_step(step, loss, metrics):
+            steps.append(step)
+            if step == 3:
+                saved.update(model=copy.deepcopy(model.state_dict()),
+                             optimizer=copy.deepcopy(optimizer.state_dict()))
+
+        plain, _ = fit(model, optimizer, loader, mse, accelerator=accelerator, steps=8, prepared=True,
+                       start_step=start_step, progress=False, on_step=on_step,
+                       on_batch=lambda batch: seen.append(batch[0][0, 0].item()))
+        return plain, seen, steps, saved
+
+    full, full_seen, full_steps, saved = run()
+    assert full_steps == list(range(1, 9)) and len(full_seen) == 16
+    resumed, resumed_seen, resumed_steps, _ = run(start_step=3, state=saved)
+    assert resumed_steps == list(range(4, 9))
+    assert resumed_seen == full_seen[6:]
+    for p, q in zip(full.parameters(), resumed.parameters()):
+        assert torch.equal(p, q)

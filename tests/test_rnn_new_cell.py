@@ -4,8 +4,8 @@ literal equations, `step` ≡ `forward`), the step-wise LSTMStepCell, the HF con
 --lstm-cell and the generated cell list of docs/cells.md."""
 import argparse
 
+import helpers.rnn_layers as shared
 import pytest
-import test_rnn_variants as shared
 import torch
 from rnn_literal import LITERAL_DRIVES
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence

@@ -6,7 +6,20 @@ import math
 
 import pytest
 import torch
-from rnn_literal import LITERAL_DRIVES, lstm_literal
+from helpers.rnn_layers import (
+    CASES,
+    FAMILIES,
+    HP,
+    TOL,
+    D,
+    H,
+    case_id,
+    literal,
+    make,
+    random_state,
+    takes_restart,
+)
+from rnn_literal import LITERAL_DRIVES
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from plugins.rnn import (
@@ -16,87 +29,10 @@ from plugins.rnn import (
     OrthogonalMomentumRNN,
     OrthogonalRNNCell,
     RecurrentState,
-    cell_names,
     filters,
 )
 from plugins.rnn.lstm_cells import LSTMStepCell
 from plugins.rnn.variants import read_hyperparameters
-
-D, H = 4, 3
-HP = dict(mu=0.6, s=0.7, beta=0.8, eps=1e-6, restart=3)
-TOL = 1e-10
-FAMILIES = {MomentumLSTM: "lstm", MomentumRNN: "rnn", OrthogonalMomentumRNN: "rnn"}
-CASES = [(cls, cell) for cls, plain in FAMILIES.items() for cell in cell_names(plain)]
-
-
-def case_id(case):
-    return f"{case[0].__name__}-{case[1]}" if isinstance(case, tuple) else str(case)
-
-
-def takes_restart(cell):
-    return VARIANTS[cell].restart != "refused"
-
-
-def make(cls, cell, num_layers, gen):
-    hyper = read_hyperparameters(cell, momentum=HP["mu"], step_size=HP["s"], beta=HP["beta"], eps=HP["eps"])
-    layer = cls(D, H, num_layers, cell=cell, restart=HP["restart"] if takes_restart(cell) else None,
-                **hyper).double()
-    with torch.no_grad():
-        for name, p in layer.named_parameters():
-            p.copy_((0.3 if "original" in name else 0.5) * torch.randn(p.shape, generator=gen, dtype=p.dtype))
-    return layer
-
-
-def width(layer):
-    return (4 if isinstance(layer, MomentumLSTM) else 1) * H
-
-
-def random_state(layer, gen, batch):
-    shape = (layer.num_layers, batch)
-    variant = VARIANTS[layer.cell]
-    rnd = lambda n: torch.randn(shape + (n,), generator=gen, dtype=torch.float64).requires_grad_()
-    return RecurrentState(
-        rnd(H), rnd(H) if isinstance(layer, MomentumLSTM) else None,
-        rnd(width(layer)) if variant.has_v else None,
-        torch.rand(shape + (width(layer),), generator=gen, dtype=torch.float64).requires_grad_()
-        if variant.has_m else None,
-        torch.randint(0, 8, (batch,), generator=gen))
-
-
-def literal_modrelu(z, b):
-    return torch.sign(z) * torch.clamp(torch.abs(z) + b, min=0.0)
-
-
-def literal(layer, x, state):
-    """The layer as a float64 loop over the paper's equations: x (T, B, D) one row per
-    sequence length; returns outputs and the final (h, c, v, m) of every layer."""
-    drive = LITERAL_DRIVES[layer.cell]
-    finals = []
-    for k in range(layer.num_layers):
-        w_ih = getattr(layer, f"weight_ih_l{k}")
-        w_hh = getattr(layer, f"weight_hh_l{k}")
-        h = state.h[k]
-        c = None if state.c is None else state.c[k]
-        v = None if state.v is None else state.v[k]
-        m = None if state.m is None else state.m[k]
-        step = state.step.clone()
-        outs = []
-        for xt in x:
-            step = step + 1
-            if isinstance(layer, OrthogonalMomentumRNN):
-                pre, v, m = drive(xt @ w_ih.T, v, m, step, HP)
-                h = literal_modrelu(pre + h @ w_hh.T, getattr(layer, f"bias_l{k}"))
-            else:
-                b_ih, b_hh = getattr(layer, f"bias_ih_l{k}"), getattr(layer, f"bias_hh_l{k}")
-                pre, v, m = drive(xt @ w_ih.T + b_ih, v, m, step, HP)
-                if isinstance(layer, MomentumLSTM):
-                    h, c = lstm_literal(pre, h, c, w_hh, b_hh)
-                else:
-                    h = torch.tanh(pre + h @ w_hh.T + b_hh)
-            outs.append(h)
-        x = torch.stack(outs)
-        finals.append((h, c, v, m))
-    return x, finals
 
 
 def test_every_cell_has_a_literal_transcription_and_a_family():

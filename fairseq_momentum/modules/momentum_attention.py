@@ -71,15 +71,6 @@ class MomentumMultiheadAttention(MultiHeadAttention):
         return (f"heads={self.num_heads}, causal={self.causal}, momentum={self.momentum}, "
                 f"step_size={self.step_size}, feature_map={self.feature_map!r}")
 
-    def upgrade_state_dict_named(self, state_dict, name):
-        """Checkpoints written before this module shared `plugins.transformer.MultiHeadAttention`
-        name its output projection `out_proj` (fairseq's name); the shared module's is `o_proj`.
-        fairseq calls this on every module before loading a model's weights."""
-        old = f"{name}.out_proj." if name else "out_proj."
-        new = old[: -len("out_proj.")] + "o_proj."
-        for key in [k for k in state_dict if k.startswith(old)]:
-            state_dict[new + key[len(old):]] = state_dict.pop(key)
-
     def forward(self, query: Tensor, key: Optional[Tensor], value: Optional[Tensor],
                 key_padding_mask: Optional[Tensor] = None,
                 incremental_state: Optional[Dict[str, Dict[str, Optional[Tensor]]]] = None,

@@ -3,16 +3,13 @@ from typing import Optional, Tuple, Union
 
 import torch
 
-from ..validation import check_offsets
+from ..validation import check_bool, check_momentum, check_offsets, check_positive
 from .backends import triton_kernels, use_triton
 from .checks import (
     check_backend,
-    check_bool,
     check_chunk_size,
     check_feature_dims,
-    check_momentum,
     check_padding_mask,
-    check_positive,
     check_qkv,
     compute_dtype,
 )

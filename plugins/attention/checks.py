@@ -1,16 +1,14 @@
 """Tensor checks shared by every form of momentum attention: bad input fails early, naming the
 argument and the allowed shapes. Number checks (momentum, step sizes, eps, chunk sizes, backend
-names, booleans) are `plugins.validation`'s, the project's one rule set; `check_bool`,
-`check_momentum` and `check_positive` are re-exported here for the modules that import them
-from this one."""
+names, booleans) are `plugins.validation`'s, the project's one rule set."""
 from typing import Optional
 
 import torch
 
-from ..validation import check_bool, check_choice, check_int, check_momentum, check_positive
+from ..validation import check_choice, check_int
 
-__all__ = ["check_bool", "check_momentum", "check_positive", "check_chunk_size", "check_backend", "check_qkv",
-           "check_padding_mask", "check_feature_dims", "compute_dtype", "BACKENDS"]
+__all__ = ["check_chunk_size", "check_backend", "check_qkv", "check_padding_mask", "check_feature_dims",
+           "compute_dtype", "BACKENDS"]
 
 BACKENDS = ("auto", "torch", "triton")
 

@@ -23,14 +23,12 @@ from typing import Callable, List, Optional, Tuple
 import torch
 import torch.distributed as dist
 
-from ..validation import check_offsets
+from ..validation import check_momentum, check_offsets, check_positive
 from .checks import (
     check_backend,
     check_chunk_size,
     check_feature_dims,
-    check_momentum,
     check_padding_mask,
-    check_positive,
     check_qkv,
     compute_dtype,
 )

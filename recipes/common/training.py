@@ -1,5 +1,5 @@
 """The one training loop of the transformer recipes (copy task, image generation, Long-Range
-Arena), on `accelerate`.
+Arena, recipes/hf/train_clm.py), on `accelerate`.
 
 `make_accelerator` runs the forward in bf16 autocast on CUDA and in float32 on the CPU, and
 under `accelerate launch` places each rank on its GPU and wraps the model for distributed data
@@ -9,8 +9,11 @@ optimizer step, an optional LR schedule step (stepped once per optimizer step on
 the schedules are written for optimizer steps, not for samples). Every `eval_every` steps (or
 after every epoch) it records a `History` point: the step, the epoch, the training wall time so
 far with evaluation excluded, the mean of each training metric since the last point, and what
-the `evaluate` callback returns.
+the `evaluate` callback returns. With the accelerator's gradient accumulation, a step is one
+optimizer step over that many batches. A run can resume at a step (its checkpoint loaded by the
+caller): the batches the earlier run consumed are skipped.
 """
+import math
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -94,8 +97,10 @@ def fit(model: torch.nn.Module, optimizer: torch.optim.Optimizer, train_data: It
         loss_fn: Callable[[torch.nn.Module, object], LossOutput], *, accelerator: Accelerator,
         epochs: Optional[int] = None, steps: Optional[int] = None, eval_every: Optional[int] = None,
         evaluate: Optional[Callable[[torch.nn.Module], Dict[str, float]]] = None, schedule=None,
-        clip_grad_norm: Optional[float] = None, progress: bool = True,
-        desc: str = "training") -> Tuple[torch.nn.Module, History]:
+        clip_grad_norm: Optional[float] = None, progress: bool = True, desc: str = "training",
+        prepared: bool = False, start_step: int = 0, on_batch: Optional[Callable[[object], None]] = None,
+        on_step: Optional[Callable[[int, torch.Tensor, Dict[str, torch.Tensor]], None]] = None,
+        ) -> Tuple[torch.nn.Module, History]:
     """Train for `epochs` passes over `train_data` or for `steps` optimizer steps (exactly one of
     them; with `steps`, the data is passed over again as often as needed). Returns the unwrapped
     model and its History.
@@ -105,28 +110,44 @@ def fit(model: torch.nn.Module, optimizer: torch.optim.Optimizer, train_data: It
     gradients and under autocast; prepare its DataLoaders with the same accelerator first.
     eval_every: steps between points (None: after every epoch); a point is always recorded after
     the last step. A DataLoader is prepared (sharded across ranks); any other iterable of batches
-    is used as it is."""
+    is used as it is.
+
+    prepared: the caller has passed the model, optimizer, data and schedule through
+    `accelerator.prepare` (e.g. to load a checkpoint with `accelerator.load_state` before
+    training); fit then prepares nothing. A prepared schedule is stepped with every batch, as
+    accelerate expects under gradient accumulation; give an unprepared one only without it.
+    start_step: optimizer steps already done; training goes on from there to `steps` (or to the
+    end of `epochs`), skipping the batches those steps consumed. Data with `set_epoch` (a
+    prepared DataLoader, a distributed sampler's loader) is told each pass's index.
+    on_batch(batch) sees every batch before its forward; on_step(step, loss, metrics) runs after
+    every optimizer step, with the detached loss and metrics of its last batch, before a point
+    is recorded."""
     if (epochs is None) == (steps is None):
         raise ValueError(f"give exactly one of epochs and steps, got epochs={epochs!r}, steps={steps!r}")
     for value, name in ((epochs, "epochs"), (steps, "steps"), (eval_every, "eval_every")):
         _check_count(value, name)
+    if isinstance(start_step, bool) or not isinstance(start_step, int) or start_step < 0:
+        raise ValueError(f"start_step must be a non-negative integer, got {start_step!r}")
     if clip_grad_norm is not None and not (isinstance(clip_grad_norm, (int, float)) and clip_grad_norm > 0):
         raise ValueError(f"clip_grad_norm must be a positive number or None, got {clip_grad_norm!r}")
-    model, optimizer = accelerator.prepare(model, optimizer)
-    if isinstance(train_data, DataLoader):
-        train_data = accelerator.prepare(train_data)
+    if not prepared:
+        model, optimizer = accelerator.prepare(model, optimizer)
+        if isinstance(train_data, DataLoader):
+            train_data = accelerator.prepare(train_data)
     per_epoch = len(train_data) if hasattr(train_data, "__len__") else None
     if steps is None and not per_epoch:
         raise ValueError("epochs needs training data with a length of at least one batch")
-    total = steps if steps is not None else epochs * per_epoch
+    accumulation = accelerator.gradient_accumulation_steps
+    steps_per_epoch = math.ceil(per_epoch / accumulation) if per_epoch else None
+    total = steps if steps is not None else epochs * steps_per_epoch
     history, recorder = History(), _Recorder(accelerator.device)
-    bar = tqdm(total=total, desc=desc, leave=False,
+    bar = tqdm(total=total, initial=start_step, desc=desc, leave=False,
                disable=not progress or not accelerator.is_local_main_process)
 
     def record(step: int) -> None:
         seconds = recorder.pause()
         history.steps.append(step)
-        history.epochs.append(step / per_epoch if per_epoch else None)
+        history.epochs.append(step / steps_per_epoch if per_epoch else None)
         history.seconds.append(seconds)
         for name, value in recorder.means().items():
             history.train.setdefault(name, []).append(value)
@@ -141,25 +162,40 @@ def fit(model: torch.nn.Module, optimizer: torch.optim.Optimizer, train_data: It
         recorder.resume()
 
     model.train()
-    step, epoch = 0, 0
+    step, epoch, skip, cycle_start = start_step, 0, 0, True
+    if start_step and per_epoch:
+        epoch, skip = divmod(start_step * accumulation, per_epoch)
     recorder.resume()
     while step < total:
+        if hasattr(train_data, "set_epoch"):
+            train_data.set_epoch(epoch)
         epoch += 1
         batches = 0
-        for batch in train_data:
+        for batch in accelerator.skip_first_batches(train_data, skip) if skip else train_data:
             batches += 1
-            with accelerator.autocast():
-                loss, metrics = _split_loss(loss_fn(model, batch))
-            optimizer.zero_grad(set_to_none=True)
-            accelerator.backward(loss)
-            if clip_grad_norm is not None and accelerator.sync_gradients:
-                accelerator.clip_grad_norm_(model.parameters(), clip_grad_norm)
-            optimizer.step()
-            if schedule is not None:
-                schedule.step()
+            if on_batch is not None:
+                on_batch(batch)
+            with accelerator.accumulate(model):
+                with accelerator.autocast():
+                    loss, metrics = _split_loss(loss_fn(model, batch))
+                if cycle_start:
+                    # the last step's gradients, kept until here for a loss_fn that reads them; the
+                    # wrapped optimizer's zero_grad, as accelerate's skips it between accumulated batches
+                    getattr(optimizer, "optimizer", optimizer).zero_grad(set_to_none=True)
+                accelerator.backward(loss)
+                if clip_grad_norm is not None and accelerator.sync_gradients:
+                    accelerator.clip_grad_norm_(model.parameters(), clip_grad_norm)
+                optimizer.step()
+                if schedule is not None:
+                    schedule.step()
             recorder.add(loss, metrics)
+            cycle_start = accelerator.sync_gradients
+            if not cycle_start:
+                continue
             step += 1
             bar.update(1)
+            if on_step is not None:
+                on_step(step, loss.detach(), metrics)
             if (eval_every is not None and step % eval_every == 0) or step == total:
                 record(step)
             if step == total:
@@ -169,6 +205,7 @@ def fit(model: torch.nn.Module, optimizer: torch.optim.Optimizer, train_data: It
                 raise ValueError(f"train_data gave no batch in pass {epoch} (an exhausted iterator?)")
             if eval_every is None and step < total:
                 record(step)
+        skip = 0
     bar.close()
     return accelerator.unwrap_model(model), history
 

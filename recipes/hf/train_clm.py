@@ -24,7 +24,8 @@ Several processes (CPU ranks shown; on GPUs drop ACCELERATE_USE_CPU):
     ACCELERATE_USE_CPU=1 accelerate launch --multi_gpu --num_processes 2 --num_machines 1 \
         --mixed_precision no --dynamo_backend no recipes/hf/train_clm.py --train_file a.txt ...
 
-Features: gradient accumulation, `--mixed_precision {no,fp16,bf16}`, checkpoints every
+Training runs through the recipes' shared loop (`recipes.common.training.fit`). Features:
+gradient accumulation, `--mixed_precision {no,fp16,bf16}`, checkpoints every
 `--checkpointing_steps` steps (`accelerator.save_state`) and `--resume_from_checkpoint
 {PATH,latest}`, tqdm progress on the main process, evaluation perplexity (losses gathered
 over ranks), training/evaluation curves through accelerate's trackers (`--report_to`, default a
@@ -44,6 +45,7 @@ import logging
 import math
 import os
 import re
+import sys
 from pathlib import Path
 
 import torch
@@ -54,7 +56,6 @@ from accelerate.utils import LoggerType, ProjectConfiguration, set_seed
 from tokenizers import Tokenizer as TokenizersModel
 from tokenizers import decoders, models, pre_tokenizers
 from torch.utils.data import DataLoader, DistributedSampler
-from tqdm.auto import tqdm
 from transformers import (
     AutoConfig,
     AutoModelForCausalLM,
@@ -67,6 +68,10 @@ from transformers.convert_slow_tokenizer import bytes_to_unicode
 
 import hf_momentum
 from hf_momentum.context_parallel import enable_context_parallel, shard_batch, whole_sequence_loss
+
+# run as a file (python recipes/hf/train_clm.py): the repository root holds the shared training loop
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from recipes.common.training import fit  # noqa: E402
 
 # accelerate trackers whose pip package is not named like the tracker
 TRACKER_PACKAGES = {"comet_ml": "comet-ml"}
@@ -634,14 +639,13 @@ def main(argv=None):
         len(train_loader) / accelerator.num_processes)
     updates_per_epoch = math.ceil(batches_per_process / args.gradient_accumulation_steps)
     max_steps = args.max_train_steps or args.num_epochs * updates_per_epoch
-    epochs = math.ceil(max_steps / updates_per_epoch)
     scheduler = get_scheduler("linear", optimizer,
                               num_warmup_steps=args.warmup_steps * accelerator.num_processes,
                               num_training_steps=max_steps * accelerator.num_processes)
     model, optimizer, train_loader, valid_loader, scheduler = accelerator.prepare(
         model, optimizer, train_loader, valid_loader, scheduler)
 
-    step, start_epoch, skip = 0, 0, 0
+    step = 0
     if args.resume_from_checkpoint:
         path = Path(args.resume_from_checkpoint)
         if args.resume_from_checkpoint == "latest":
@@ -651,62 +655,47 @@ def main(argv=None):
             path = found[-1]
         accelerator.load_state(str(path))
         step = int(path.name.split("_")[1])
-        start_epoch, done = divmod(step * args.gradient_accumulation_steps, len(train_loader))
-        skip = done
         accelerator.print(f"resumed from {path} at step {step}")
 
     record = {"rank": accelerator.process_index, "batches": [], **data_record}
-    progress = tqdm(total=max_steps, initial=step, disable=not accelerator.is_local_main_process,
-                    desc="train")
-    model.train()
-    interval_losses = []
+    interval_losses, at = [], {"step": step}
 
-    def log_evaluation():
-        with whole_sequences(accelerator.unwrap_model(model), cp_group):
-            valid_loss, perplexity = evaluate(model, valid_loader, accelerator)
-        accelerator.log({"eval/loss": valid_loss, "eval/perplexity": perplexity}, step=step)
-        return valid_loss, perplexity
+    def on_step(done, _, metrics):
+        at["step"] = done
+        interval_losses.append(metrics["shown"].item())
+        if done % args.logging_steps == 0:
+            accelerator.log({"train/loss": sum(interval_losses) / len(interval_losses),
+                             "train/learning_rate": scheduler.get_last_lr()[0]}, step=done)
+            interval_losses.clear()
+        if args.checkpointing_steps and done % args.checkpointing_steps == 0:
+            save_checkpoint(accelerator, model, output / f"step_{done}")
 
-    for epoch in range(start_epoch, epochs):
-        train_loader.set_epoch(epoch)
-        loader = accelerator.skip_first_batches(train_loader, skip) if skip else train_loader
-        skip = 0
-        for batch in loader:
-            record["batches"].append(fingerprint(batch["input_ids"]))
-            with accelerator.accumulate(model):
-                loss, shown = training_loss(model, batch, cp_group, accelerator.device)
-                accelerator.backward(loss)
-                optimizer.step()
-                scheduler.step()
-                optimizer.zero_grad()
-            if accelerator.sync_gradients:
-                step += 1
-                progress.update(1)
-                progress.set_postfix(loss=f"{shown.item():.3f}")
-                interval_losses.append(shown.item())
-                if step % args.logging_steps == 0:
-                    accelerator.log({"train/loss": sum(interval_losses) / len(interval_losses),
-                                     "train/learning_rate": scheduler.get_last_lr()[0]}, step=step)
-                    interval_losses = []
-                if args.eval_steps and step % args.eval_steps == 0 and step < max_steps:
-                    log_evaluation()
-                if args.checkpointing_steps and step % args.checkpointing_steps == 0:
-                    save_checkpoint(accelerator, model, output / f"step_{step}")
-                if step >= max_steps:
-                    break
-        if step >= max_steps:
-            break
-        if not args.eval_steps:
-            log_evaluation()
-    progress.close()
+    def log_evaluation(prepared_model):
+        with whole_sequences(accelerator.unwrap_model(prepared_model), cp_group):
+            valid_loss, perplexity = evaluate(prepared_model, valid_loader, accelerator)
+        accelerator.log({"eval/loss": valid_loss, "eval/perplexity": perplexity}, step=at["step"])
+        return {"loss": valid_loss, "perplexity": perplexity}
 
-    valid_loss, perplexity = log_evaluation()
+    def loss_fn(prepared_model, batch):
+        loss, shown = training_loss(prepared_model, batch, cp_group, accelerator.device)
+        return loss, {"shown": shown}
+
+    unwrapped, history = fit(
+        model, optimizer, train_loader, loss_fn, accelerator=accelerator, steps=max_steps,
+        eval_every=args.eval_steps or None, evaluate=log_evaluation, schedule=scheduler, desc="train",
+        prepared=True, start_step=step, on_step=on_step,
+        on_batch=lambda batch: record["batches"].append(fingerprint(batch["input_ids"])))
+    step = at["step"]
+    if history.steps:
+        valid_loss, perplexity = history.eval["loss"][-1], history.eval["perplexity"][-1]
+    else:       # resumed at the last step: nothing left to train
+        final = log_evaluation(model)
+        valid_loss, perplexity = final["loss"], final["perplexity"]
     if accelerator.is_main_process and csv_tracker.path.exists():
         accelerator.print(f"curves: {plot_metrics(csv_tracker.path, output / 'curves.png')}")
     accelerator.print(json.dumps({"step": step, "valid_loss": round(valid_loss, 4),
                                   "valid_perplexity": round(perplexity, 3)}))
     accelerator.wait_for_everyone()
-    unwrapped = accelerator.unwrap_model(model)
     if args.record_dir:
         flat = torch.cat([p.detach().float().flatten().cpu() for p in unwrapped.parameters()])
         record.update(step=step, params=fingerprint(flat), valid_loss=valid_loss)

@@ -1,12 +1,14 @@
 """Figure 2 of MomentumRNN: ‖∂L/∂h_t‖₂ per time step t, recorded on a fixed probe batch
-during training, measured and drawn by `plugins.gradient_norms`."""
+during training, measured by `plugins.gradient_norms` and drawn here. matplotlib is imported
+only by the heat map, which draws on the Agg canvas directly (no pyplot, no change of the
+global backend)."""
 from pathlib import Path
 from typing import List
 
 import torch
 from torch.nn import functional as F
 
-from plugins.gradient_norms import hidden_gradient_norms, save_gradient_heatmap
+from plugins.gradient_norms import hidden_gradient_norms
 from recipes.common.plots import plot_curves, write_csv
 
 
@@ -26,6 +28,48 @@ class GradientProbe:
         loss = lambda states: F.cross_entropy(model.head(states[:, -1]), self.labels)
         self.norms.append(hidden_gradient_norms(model.rnn, self.pixels, loss))
         self.iterations.append(iteration)
+
+
+def save_gradient_heatmap(norms, path, *, iterations=None, title=None, log_scale=True, dpi=100):
+    """Save a PNG heat map of ‖∂L/∂h_t‖₂: rows are training iterations, columns time steps.
+
+    norms: (iterations, T) array-like of non-negative values (e.g. stacked outputs of
+    hidden_gradient_norms). iterations: the training iteration of each row, used as the row
+    labels (default 0, 1, …). log_scale plots log10 of the norms (zeros as the minimum).
+    """
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    values = torch.as_tensor(norms, dtype=torch.float64)
+    if values.dim() != 2 or values.numel() == 0:
+        raise ValueError(f"norms must be a non-empty (iterations, T) array, got shape "
+                         f"{tuple(values.shape)}")
+    if bool((values < 0).any()) or not bool(torch.isfinite(values).all()):
+        raise ValueError("norms must be finite and non-negative")
+    if iterations is not None and len(iterations) != values.size(0):
+        raise ValueError(f"iterations must give one number per row of norms ({values.size(0)}), "
+                         f"got {len(iterations)}")
+    label = "‖∂L/∂h_t‖₂"
+    if log_scale:
+        positive = values[values > 0]
+        floor = positive.min() if positive.numel() else torch.tensor(1.0, dtype=torch.float64)
+        values = torch.log10(values.clamp(min=floor))
+        label = "log10 " + label
+    fig = Figure(figsize=(8, 4))
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
+    image = ax.imshow(values.numpy(), aspect="auto", origin="lower", interpolation="nearest",
+                      extent=(0.5, values.size(1) + 0.5, -0.5, values.size(0) - 0.5))
+    ax.set_xlabel("time step t")
+    ax.set_ylabel("training iteration")
+    if iterations is not None:
+        rows = range(0, values.size(0), max(1, values.size(0) // 8))
+        ax.set_yticks(list(rows), [str(iterations[r]) for r in rows])
+    if title:
+        ax.set_title(title)
+    fig.colorbar(image, ax=ax, label=label)
+    fig.savefig(path, dpi=dpi, format="png")
+    return path
 
 
 def save_gradient_figures(task: str, probes: dict, out_dir: Path) -> List[Path]:

@@ -1,5 +1,5 @@
-"""Shared helpers of the fairseq tests: tiny generated corpora, the real CLIs, in-process
-model building. (No tests here.)"""
+"""What the fairseq tests share: tiny generated corpora, the real CLIs, in-process model
+building."""
 import os
 import random
 import re
@@ -7,7 +7,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+from plugins.rnn import VARIANTS
+from plugins.rnn.variants import unread_hyperparameters
+
+REPO = Path(__file__).resolve().parents[2]
 USER_DIR = str(REPO / "fairseq_momentum")
 BIN = Path(sys.executable).parent
 WORDS = ("the a one cat dog bird fox sees likes chases eats finds small big red green old "
@@ -133,3 +136,12 @@ def parse_namespace(arch, *extra, task="language_modeling"):
     return options.parse_args_and_arch(parser, ["DATA", "--user-dir", USER_DIR, "--task", task,
                                                 "--arch", arch, *extra])
 
+
+def cell_flags(cell):
+    """Command-line flags of a registry cell: the hyperparameters it reads (another is refused)
+    and a restart wherever the cell takes one."""
+    values = {"momentum": "0.6", "step_size": "0.7", "beta": "0.8"}
+    flags = ["--lstm-cell", cell]
+    for name in set(values) - set(unread_hyperparameters(cell)):
+        flags += [f"--lstm-{name.replace('_', '-')}", values[name]]
+    return flags + (["--lstm-restart", "3"] if VARIANTS[cell].restart != "refused" else [])

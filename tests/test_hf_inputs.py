@@ -1,0 +1,167 @@
+"""Inputs of the native families' forward and generate: a mask over the new tokens only, a cache
+with use_cache=False, encoders with the default use_cache, empty prompts, logits_to_keep, and the
+one causal-LM mixin. Every case is either correct (checked against a cache-free forward of the
+whole sequence) or refused early with a ValueError naming the argument."""
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import pytest
+import torch
+from helpers.hf_tiny_models import FAMILIES, PAD, causal_lm, config, left_padded
+
+import hf_momentum
+from hf_momentum import (
+    MomentumCache,
+    MomentumLSTMCache,
+    MomentumLSTMForCausalLM,
+    MomentumLSTMModel,
+    MomentumTransformerForCausalLM,
+    MomentumTransformerModel,
+)
+
+# A mask over the new tokens only would restart positions at 0.
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_decoding_step_with_the_full_mask_equals_the_whole_sequence(family, make_generator):
+    model = causal_lm(family)
+    ids, mask = left_padded(make_generator(), [6, 3], 7)
+    with torch.no_grad():
+        whole = model(input_ids=ids, attention_mask=mask, use_cache=False).logits[:, -1]
+        cache = model(input_ids=ids[:, :-1], attention_mask=mask[:, :-1], use_cache=True).past_key_values
+        step = model(input_ids=ids[:, -1:], attention_mask=mask, past_key_values=cache).logits[:, -1]
+    torch.testing.assert_close(step, whole, atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_mask_over_the_new_tokens_only_is_refused(family, make_generator):
+    model = causal_lm(family)
+    ids, mask = left_padded(make_generator(), [6, 3], 7)
+    with torch.no_grad():
+        cache = model(input_ids=ids[:, :-1], attention_mask=mask[:, :-1]).past_key_values
+        with pytest.raises(ValueError, match=r"attention_mask must have shape .*\(2, 7\).* 6 cached and 1"):
+            model(input_ids=ids[:, -1:], attention_mask=mask[:, -1:], past_key_values=cache)
+        with pytest.raises(ValueError, match="attention_mask"):
+            model(input_ids=ids[:, -1:], attention_mask=torch.ones(2, 9, dtype=torch.long),
+                  past_key_values=cache)
+        with pytest.raises(ValueError, match="attention_mask must be a 2D"):
+            model(input_ids=ids, attention_mask=mask[:, None, None])
+
+
+def test_positions_after_a_padded_prefix_need_the_mask(make_generator):
+    model = causal_lm("transformer")
+    ids, mask = left_padded(make_generator(), [6, 3], 7)
+    with torch.no_grad():
+        cache = model(input_ids=ids[:, :-1], attention_mask=mask[:, :-1]).past_key_values
+        with pytest.raises(ValueError, match="attention_mask over all cached"):
+            model(input_ids=ids[:, -1:], past_key_values=cache)
+        unpadded = model(input_ids=ids[:1, :-1]).past_key_values
+        step = model(input_ids=ids[:1, -1:], past_key_values=unpadded).logits[:, -1]
+        whole = model(input_ids=ids[:1], use_cache=False).logits[:, -1]
+    torch.testing.assert_close(step, whole, atol=1e-5, rtol=1e-4)
+
+
+# use_cache=False with past_key_values continues the cache.
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_use_cache_false_still_continues_a_given_cache(family, make_generator):
+    model = causal_lm(family)
+    ids = torch.randint(3, 60, (2, 8), generator=make_generator())
+    with torch.no_grad():
+        whole = model(input_ids=ids, use_cache=False).logits[:, 5:]
+        cache = model(input_ids=ids[:, :5], use_cache=True).past_key_values
+        out = model(input_ids=ids[:, 5:], past_key_values=cache, use_cache=False)
+    torch.testing.assert_close(out.logits, whole, atol=1e-5, rtol=1e-4)
+    assert out.past_key_values is cache and cache.get_seq_length() == 8
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_generate_refuses_use_cache_false_with_a_cache(family):
+    model = causal_lm(family)
+    ids = torch.arange(3, 9)[None]
+    cache = (MomentumCache if family == "transformer" else MomentumLSTMCache)(model.config)
+    with pytest.raises(ValueError, match="use_cache=False"):
+        model.generate(ids, past_key_values=cache, use_cache=False, max_new_tokens=2, pad_token_id=PAD)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_wrong_cache_type_and_checkpointed_training_with_a_cache_are_refused(family):
+    model = causal_lm(family)
+    ids = torch.arange(3, 9)[None]
+    other = MomentumLSTMCache if family == "transformer" else MomentumCache
+    with pytest.raises(ValueError, match="past_key_values must be a"):
+        model(input_ids=ids, past_key_values=other(model.config))
+    with pytest.raises(ValueError, match="use_cache must be True or False"):
+        model(input_ids=ids, use_cache="no")
+    cache = model(input_ids=ids).past_key_values
+    model.activation_checkpointing_enable()
+    model.train()
+    with pytest.raises(ValueError, match="gradient checkpointing"):
+        model(input_ids=ids, past_key_values=cache)
+
+
+# Encoders with default use_cache; empty prompts.
+
+def test_encoder_config_with_defaults_runs_a_plain_call(make_generator):
+    model = MomentumTransformerModel(config("transformer", is_causal=False)).eval()
+    assert model.config.use_cache is True
+    ids = torch.randint(3, 60, (2, 6), generator=make_generator())
+    with torch.no_grad():
+        out = model(ids)
+        again = model(ids, use_cache=False)
+    assert out.past_key_values is None
+    torch.testing.assert_close(out.last_hidden_state, again.last_hidden_state, rtol=0, atol=0)
+    with pytest.raises(ValueError, match="use_cache"):
+        model(ids, use_cache=True)
+    with pytest.raises(ValueError, match="past_key_values"):
+        model(ids, past_key_values=MomentumCache(model.config))
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_empty_prompt_forward_then_continue(family, make_generator):
+    model = causal_lm(family)
+    ids = torch.randint(3, 60, (2, 4), generator=make_generator())
+    empty = ids[:, :0]
+    with torch.no_grad():
+        out = model(input_ids=empty, attention_mask=torch.ones(2, 0, dtype=torch.long))
+        assert out.logits.shape == (2, 0, 60) and out.past_key_values.get_seq_length() == 0
+        cont = model(input_ids=ids, past_key_values=out.past_key_values).logits
+        whole = model(input_ids=ids, use_cache=False).logits
+    torch.testing.assert_close(cont, whole, atol=1e-5, rtol=1e-4)
+    if family == "transformer":
+        encoder = MomentumTransformerModel(config(family, is_causal=False)).eval()
+        assert encoder(empty).last_hidden_state.shape == (2, 0, 16)
+    with pytest.raises(ValueError, match="at least one token"):
+        model.generate(empty, max_new_tokens=2, pad_token_id=PAD)
+
+
+# One mixin; logits_to_keep as an int or a tensor of positions.
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_logits_to_keep_int_and_tensor(family, make_generator):
+    model = causal_lm(family)
+    ids = torch.randint(3, 60, (2, 7), generator=make_generator())
+    with torch.no_grad():
+        full = model(input_ids=ids, use_cache=False).logits
+        last2 = model(input_ids=ids, use_cache=False, logits_to_keep=2).logits
+        picked = model(input_ids=ids, use_cache=False, logits_to_keep=torch.tensor([0, 4, 6])).logits
+    torch.testing.assert_close(last2, full[:, -2:], rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(picked, full[:, [0, 4, 6]], rtol=1e-5, atol=1e-6)
+    for bad in (-1, True, torch.tensor([[0, 1]]), torch.tensor([0.5])):
+        with pytest.raises(ValueError, match="logits_to_keep"):
+            model(input_ids=ids, logits_to_keep=bad)
+
+
+def test_causal_lm_glue_is_one_mixin():
+    from hf_momentum.modeling_common import RecurrentCausalLMMixin
+    for name in ("get_input_embeddings", "set_input_embeddings", "get_output_embeddings",
+                 "set_output_embeddings", "causal_lm_output", "_prepare_cache_for_generation", "generate"):
+        assert getattr(MomentumTransformerForCausalLM, name) is getattr(RecurrentCausalLMMixin, name)
+        assert getattr(MomentumLSTMForCausalLM, name) is getattr(RecurrentCausalLMMixin, name)
+    for family in FAMILIES:
+        model = causal_lm(family)
+        new = torch.nn.Embedding(60, 16)
+        model.set_input_embeddings(new)
+        assert model.get_input_embeddings() is new and model.model.embed_tokens is new
+        assert model.get_output_embeddings() is model.lm_head
+    assert issubclass(MomentumLSTMModel, hf_momentum.MomentumLSTMPreTrainedModel)
