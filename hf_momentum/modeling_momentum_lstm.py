@@ -10,18 +10,15 @@ Packed documents (hf_momentum.packing: position_ids that restart, or DataCollato
 cu_seq_lens_q/k or seq_idx) run as one row split by `cu_seqlens`, each from a zero state as if
 alone (`MomentumLSTM(..., cu_seqlens=...)`).
 
-The stack runs as one `MomentumLSTM` call (the plain cell as one fused multi-layer kernel)
-unless `output_hidden_states` asks for every layer's output: then its layers run one at a
-time, each as a one-layer stack of the same cell on that layer's parameters, which computes
-exactly what the stack computes.
+The stack runs as one `MomentumLSTM` call (the plain cell as one fused multi-layer kernel);
+`output_hidden_states` asks it for every layer's output (`all_layers`).
 """
 from functools import partial
 from typing import Optional
 
 import torch
 from torch import nn
-from torch.nn import functional as F
-from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence, pad_packed_sequence
+from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 from transformers import GenerationMixin, PreTrainedModel
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import BaseModelOutputWithPast, SequenceClassifierOutput
@@ -92,93 +89,20 @@ class MomentumLSTMPreTrainedModel(RemoteCodeMixin, PreTrainedModel):
             super()._init_weights(module)
 
 
-PARAMETER_NAMES = ("weight_ih", "weight_hh", "bias_ih", "bias_hh")  # order of layer_parameters(k)
-
-
-class OneLayerView(MomentumLSTM):
-    """A one-layer stack of another stack's cell, built on the meta device (it holds no memory):
-    called through `run_layers` with layer k's parameters, it computes layer k of that stack."""
-
-    def forward(self, input, state=None, one_step=False, cu_seqlens=None):
-        """The stack's `step` (input: one token, (batch, features)) when one_step, else its forward
-        (over the packed segments of `cu_seqlens` when given)."""
-        return self.step(input, state) if one_step else super().forward(input, state, cu_seqlens=cu_seqlens)
-
-
-def layer_views(lstm: MomentumLSTM) -> dict:
-    """One-layer stacks of `lstm`'s cell by input size (the first layer's, the other layers')."""
-    with torch.device("meta"):
-        return {size: OneLayerView(size, lstm.hidden_size, 1, cell=lstm.cell, momentum=lstm.momentum,
-                                   step_size=lstm.step_size, beta=lstm.beta, eps=lstm.eps,
-                                   restart=lstm.restart, bias=lstm.bias, batch_first=lstm.batch_first)
-                for size in (lstm.input_size, lstm.hidden_size)}
-
-
-def layer_state(state: Optional[RecurrentState], k: int) -> Optional[RecurrentState]:
-    """Layer k's part of a stack's state (None: a zero state); the step counter is shared."""
-    if state is None:
-        return None
-    return RecurrentState(*(t if t is None or name == "step" else t[k:k + 1]
-                            for name, t in zip(RecurrentState._fields, state)))
-
-
-def stack_states(finals) -> RecurrentState:
-    """The stack's state from its layers' one-layer states."""
-    fields = [None if t is None else torch.cat([f[i] for f in finals]) for i, t in enumerate(finals[0][:4])]
-    return RecurrentState(*fields, finals[0].step)
-
-
-def dropout_between_layers(inputs, p: float):
-    """nn.LSTM's dropout on a layer's input (a tensor or a PackedSequence's data)."""
-    if isinstance(inputs, PackedSequence):
-        return inputs._replace(data=F.dropout(inputs.data, p, True))
-    return F.dropout(inputs, p, True)
-
-
-def run_layers(lstm: MomentumLSTM, views: dict, inputs, state, one_step: bool = False, cu_seqlens=None):
-    """Every layer's output of `lstm` and its final state, one layer at a time: layer k is the
-    one-layer view of its cell called with layer k's parameters (torch.func.functional_call),
-    the same computation as inside the stack. Dropout between layers (training) is nn.LSTM's,
-    with masks drawn apart from the stack's."""
-    outputs, finals = [], []
-    for k in range(lstm.num_layers):
-        if k > 0 and lstm.dropout > 0 and lstm.training:
-            inputs = dropout_between_layers(inputs, lstm.dropout)
-        view = views[lstm.input_size if k == 0 else lstm.hidden_size]
-        if view.training != lstm.training:
-            view.train(lstm.training)  # cuDNN keeps what its backward needs only in training
-        params = {f"{name}_l0": p for name, p in zip(PARAMETER_NAMES, lstm.layer_parameters(k))
-                  if p is not None}
-        inputs, final = torch.func.functional_call(view, params,
-                                                   (inputs, layer_state(state, k), one_step, cu_seqlens))
-        outputs.append(inputs)
-        finals.append(final)
-    return tuple(outputs), stack_states(finals)
-
-
 class MomentumLSTMStack(MomentumLSTM):
     """The model's LSTM stack. Every computation the model makes with it is a call of this
     module, so a wrapper around it sees each one: PEFT's `ParamWrapper` (LoRA on the recurrent
     weights through `LoraConfig(target_parameters=...)`) puts the adapted weights in place only
     while its forward runs, and passes no other method through. forward(..., one_step=True) is
-    `step` (input: one token, (batch, features)); with `views` (`layer_views`) it runs the layers
-    one at a time (`run_layers`) and returns every layer's output, else a one-tuple of the last.
+    `step` (input: one token, (batch, features)); it returns a tuple of every layer's output
+    with all_layers, else a one-tuple of the last."""
 
-    The joined input weights ([W | b_ih], `JoinedWeightCache`) are not kept from one call to the
-    next: PEFT's `merge_adapter` / `merge_and_unload` write the merged weights through `.data`,
-    which bumps no version counter, so a cache kept since an evaluation of the base weights would
-    hand out the unmerged ones."""
-
-    def forward(self, input, state=None, *, cu_seqlens=None, one_step=False, views=None):
-        for stack in (self, *(views or {}).values()):
-            stack.joined_weights.clear()
-        if views is not None:
-            return run_layers(self, views, input, state, one_step, cu_seqlens)
+    def forward(self, input, state=None, *, cu_seqlens=None, one_step=False, all_layers=False):
         if one_step:
-            out, state = self.step(input, state)
+            out, state = self.step(input, state, all_layers=all_layers)
         else:
-            out, state = super().forward(input, state, cu_seqlens=cu_seqlens)
-        return (out,), state
+            out, state = super().forward(input, state, cu_seqlens=cu_seqlens, all_layers=all_layers)
+        return (out if all_layers else (out,)), state
 
 
 class MomentumLSTMStackRun(GradientCheckpointingLayer):
@@ -204,8 +128,6 @@ class MomentumLSTMModel(MomentumLSTMPreTrainedModel):
                                       cell=config.cell, restart=config.restart, batch_first=True,
                                       dropout=config.dropout, **hyper)
         self.stack_run = MomentumLSTMStackRun()
-        # a plain dict keeps the views out of the module tree: no parameters, nothing in the state dict
-        self.layer_views = layer_views(self.lstm)
         self.gradient_checkpointing = False
         self.post_init()
 
@@ -274,8 +196,7 @@ class MomentumLSTMModel(MomentumLSTMPreTrainedModel):
         """Outputs of packed documents: the real tokens as one row split by cu_seqlens, each
         document from a zero state; zeros at padding."""
         row = packed.pack_tokens(x)
-        outputs, _ = self.lstm(row, None, cu_seqlens=packed.cu_seqlens,
-                               views=self.layer_views if all_layers else None)
+        outputs, _ = self.lstm(row, None, cu_seqlens=packed.cu_seqlens, all_layers=all_layers)
         return tuple(packed.unpack_tokens(out) for out in outputs)
 
     def _outputs(self, x, mask, all_layers=False):
@@ -292,8 +213,8 @@ class MomentumLSTMModel(MomentumLSTMPreTrainedModel):
         return self._stack(x, state, all_layers)
 
     def _stack(self, inputs, state, all_layers, one_step=False):
-        """The stack as one call or, with all_layers, layer by layer (run_layers)."""
-        return self.lstm(inputs, state, one_step=one_step, views=self.layer_views if all_layers else None)
+        """The stack in one call: every layer's output with all_layers, else the last's."""
+        return self.lstm(inputs, state, one_step=one_step, all_layers=all_layers)
 
     def _packed(self, x, mask, state, all_layers):
         lengths = mask.sum(-1)

@@ -104,6 +104,23 @@ def test_evaluation_after_a_training_step_sees_the_new_weights(update, make_gene
         assert not torch.equal(before, after)
 
 
+@pytest.mark.parametrize("switch", ["eval", "train"])
+def test_a_mode_switch_after_a_write_through_data_sees_the_new_weights(switch, make_generator):
+    """PEFT's merge_and_unload writes the merged weight in place through `.data` between two
+    no-grad calls; the next train() / eval() of the layer (or of a model holding it) empties the
+    cache, so the evaluation after it runs the written weights."""
+    gen = make_generator()
+    layer = make(gen=gen).eval()
+    x = inputs(gen)
+    with torch.no_grad():
+        before, _ = layer(x)
+        write_through_data(layer, gen)
+        getattr(torch.nn.Sequential(layer), switch)()
+        after, _ = layer(x)
+    torch.testing.assert_close(after, fresh(layer, x)[0], rtol=0, atol=0)
+    assert not torch.equal(before, after)
+
+
 def test_nothing_is_kept_under_autograd(joins, make_generator):
     """Two forward passes and one backward: the gradients of a fresh computation of each."""
     gen = make_generator()

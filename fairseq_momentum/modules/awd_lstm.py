@@ -2,7 +2,7 @@
 Appendix A.3) around `plugins.rnn.MomentumLSTM` layers.
 
 - weight drop: DropConnect on each layer's hidden-to-hidden matrix, sampled once per
-  forward pass and substituted with `torch.func.functional_call`, so the layer still runs
+  forward pass and handed to the layer as its `recurrent_weight`, so the layer still runs
   its fused recurrence;
 - locked (variational) dropout: one mask per sequence, shared over time;
 - embedding dropout: whole words dropped from the embedding matrix.
@@ -10,7 +10,6 @@ Appendix A.3) around `plugins.rnn.MomentumLSTM` layers.
 from typing import List, Optional
 
 from torch import Tensor, nn
-from torch.func import functional_call
 from torch.nn import functional as F
 
 from plugins.rnn import MomentumLSTM, RecurrentState
@@ -36,7 +35,8 @@ def embedding_dropout(embed: nn.Embedding, tokens: Tensor, p: float, training: b
 
 
 class AWDMomentumLSTM(nn.Module):
-    """A stack of single-layer MomentumLSTMs with AWD-LSTM regularisation.
+    """A stack of single-layer MomentumLSTMs with AWD-LSTM regularisation (one module per
+    layer: AWD-LSTM's layers differ in width, which one `MomentumLSTM` stack does not allow).
 
     sizes: [input, hidden_1, ..., hidden_L]; layers may differ in width (AWD-LSTM's last
     layer has the embedding's width so input and output embeddings can be tied).
@@ -60,13 +60,13 @@ class AWDMomentumLSTM(nn.Module):
         for k, (layer, state) in enumerate(zip(self.layers, states)):
             if k > 0:
                 x = locked_dropout(x, self.dropout_hidden, self.training)
-            if self.training and self.weight_drop > 0.0:
-                dropped = {"weight_hh_l0": F.dropout(layer.weight_hh_l0, self.weight_drop, True)}
-                x, state = functional_call(layer, dropped, (x, state))
-            else:
-                x, state = layer(x, state)
+            dropping = self.training and self.weight_drop > 0.0
+            x, state = layer(x, state, recurrent_weight=self._weight_drop if dropping else None)
             new_states.append(state)
         return x, new_states
+
+    def _weight_drop(self, k: int, weight_hh: Tensor) -> Tensor:
+        return F.dropout(weight_hh, self.weight_drop, True)
 
     def step(self, x: Tensor, states: Optional[List[Optional[RecurrentState]]] = None):
         """One time step in eval mode (no dropout): x (B, sizes[0]) -> (h (B, sizes[-1]),

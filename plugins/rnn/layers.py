@@ -54,7 +54,7 @@ from .sequence import (
     last_step,
     valid_mask,
 )
-from .variants import Hyper, layer_hyper
+from .variants import DEFAULT_CELL, Hyper, layer_hyper
 
 
 def input_map(x, decay, step_size, weight, bias, v0, joined=None):
@@ -104,8 +104,9 @@ class JoinedWeightCache:
     through `.data` (fairseq's Adam does) bump no version counter, so a cache kept across
     training steps could hand out stale weights, and the saved weight's graph would tie
     successive forward passes together. The next evaluation after a training step therefore
-    re-forms it. An in-place change through `.data` between two no-grad calls is not seen:
-    call `clear()` after one.
+    re-forms it. An in-place change through `.data` between two no-grad calls (PEFT's
+    `merge_adapter` / `merge_and_unload` write so) is seen after the next `train()` / `eval()`
+    of the layer, which empties the cache, or after `clear()`.
     """
 
     def __init__(self):
@@ -176,7 +177,7 @@ class _MomentumLayers(nn.Module):
     gate_count = 4
     filters_input_for_adam = True
 
-    def __init__(self, input_size, hidden_size, num_layers=1, *, cell="momentum", momentum=None,
+    def __init__(self, input_size, hidden_size, num_layers=1, *, cell=DEFAULT_CELL, momentum=None,
                  step_size=None, beta=None, eps=None, restart=None, bias=True, batch_first=False,
                  dropout=0.0):
         super().__init__()
@@ -244,9 +245,15 @@ class _MomentumLayers(nn.Module):
                              width=self.gate_count * self.hidden_size, has_c=self.gate_count == 4,
                              has_v=self.variant.has_v, has_m=self.variant.has_m, ref=ref, steps=steps)
 
-    def forward(self, input, state=None, *, cu_seqlens=None, segment_starts=None):
+    def forward(self, input, state=None, *, cu_seqlens=None, segment_starts=None, all_layers=False,
+                recurrent_weight=None):
         """input (T, B, input_size) (batch_first: (B, T, input_size)) or a PackedSequence;
         state None, a RecurrentState, (h, c) or h. Returns (output, RecurrentState).
+
+        all_layers: output is then a tuple of every layer's output, first to last, each laid
+        out as the input (for `output_hidden_states`). recurrent_weight: a callable
+        (k, weight_hh_lk) -> the recurrent weight layer k uses in this call (AWD-LSTM's weight
+        drop), substituted with torch.func.functional_call so the parameters stay the module's.
 
         Packed rows (segments.py): `cu_seqlens` (n+1 offsets over a batch of one row) or
         `segment_starts` ((batch, time) bool, True where a sequence begins, (batch, time)
@@ -255,11 +262,35 @@ class _MomentumLayers(nn.Module):
         afresh (from `state`'s row of that segment) at every segment's first step. The state
         then has batch n, one row per segment (row by row, left to right): the initial state
         of each segment, and each segment's state after its last step."""
+        check_bool(all_layers, "all_layers")
+        if recurrent_weight is not None:
+            if not callable(recurrent_weight):
+                raise ValueError(f"recurrent_weight must be a callable (k, weight_hh) -> weight, got "
+                                 f"{type(recurrent_weight).__name__}")
+            swapped = {f"weight_hh_l{k}": recurrent_weight(k, getattr(self, f"weight_hh_l{k}"))
+                       for k in range(self.num_layers)}
+            return torch.func.functional_call(self, swapped, (input, state),
+                                              dict(cu_seqlens=cu_seqlens, segment_starts=segment_starts,
+                                                   all_layers=all_layers))
         if cu_seqlens is None and segment_starts is None:
-            return self._forward_sequence(input, state)
-        return self._forward_segments(input, state, cu_seqlens, segment_starts)
+            outputs, new_state = self._forward_sequence(input, state, all_layers)
+        else:
+            outputs, new_state = self._forward_segments(input, state, cu_seqlens, segment_starts, all_layers)
+        return (outputs if all_layers else outputs[-1]), new_state
 
-    def _forward_segments(self, input, state, cu_seqlens, segment_starts):
+    def _each_layer(self, x, layer):
+        """x through every layer, nn.LSTM's dropout between layers (in training): layer(k, x)
+        -> (output, final state of layer k). Returns (every layer's output, their finals)."""
+        outputs, finals = [], []
+        for k in range(self.num_layers):
+            if k > 0 and self.dropout > 0 and self.training:
+                x = F.dropout(x, self.dropout, True)
+            x, final = layer(k, x)
+            outputs.append(x)
+            finals.append(final)
+        return outputs, finals
+
+    def _forward_segments(self, input, state, cu_seqlens, segment_starts, all_layers):
         """The segments of a packed row as a batch of n sequences in torch's packed layout
         (segments.py); empty segments keep their initial state."""
         if cu_seqlens is not None and segment_starts is not None:
@@ -277,19 +308,24 @@ class _MomentumLayers(nn.Module):
             offsets = offsets_from_starts(segment_starts, batch, steps, x.device)
         layout = segment_layout(offsets, x.device)
         if self.fused_kind is not None and not self.variant.has_m:
-            return self._row_segments(x, state, offsets, layout)
+            return self._row_segments(x, state, offsets, layout, all_layers)
         first = state
         if layout.nonempty is not None:
             full = self._state(state, layout.count, x, steps)
             first = segment_rows(state, full, layout.nonempty)
-        out, final = self._forward_sequence(layout.pack(x.transpose(0, 1).reshape(batch * steps, -1)), first)
-        out = layout.unpack(out.data).view(batch, steps, -1)
+        outputs, final = self._forward_sequence(layout.pack(x.transpose(0, 1).reshape(batch * steps, -1)),
+                                                first, all_layers)
         if layout.nonempty is not None:
             final = RecurrentState(*(None if f is None else a.index_copy(dim, layout.nonempty, f)
                                      for a, f, dim in zip(full, final, (1, 1, 1, 1, 0))))
-        return (out if self.batch_first else out.transpose(0, 1)), final
+        return tuple(self._row_output(layout.unpack(out.data), batch, steps) for out in outputs), final
 
-    def _row_segments(self, x, state, offsets, layout):
+    def _row_output(self, row, batch, steps):
+        """A packed row's output (batch * steps, H) in the input's layout."""
+        out = row.view(batch, steps, -1)
+        return out if self.batch_first else out.transpose(0, 1)
+
+    def _row_segments(self, x, state, offsets, layout, all_layers):
         """Packed row of a cell on torch's fused kernels (plain, eq. 9 and its NAG/SR
         schedules), without padding: each layer's momentum filter runs over the whole row with
         a SegmentDecay (filters.py: no momentum crosses a segment start, schedules count from
@@ -303,21 +339,19 @@ class _MomentumLayers(nn.Module):
         hx = lambda k: ((first(st.h[k]), first(st.c[k])) if self.gate_count == 4 else first(st.h[k]))
         lengths = offsets.diff()
         row = x.transpose(0, 1).reshape(batch * steps, -1)
-        if self._all_layers_fused():
+        if self._all_layers_fused() and not all_layers:
             data, (h, *c) = fused_packed(self.fused_kind, layout.pack(row), hx(slice(None)),
                                          self._stack_weights(), self.bias, self.training,
                                          self.num_layers, self.dropout)
             finals = (h, c[0] if c else None, None)
-            row = layout.unpack(data)
+            rows = [layout.unpack(data)]
         else:
             carries_v = isinstance(state, RecurrentState) and state.v is not None
             base = self.variant.decay(self.hyper, steps * batch, st.step.new_zeros(1))
             decay = None if base is None else SegmentDecay(base, offsets, st.step)
             last = (offsets[1:] - 1)[lengths > 0].to(x.device)
-            layers = []
-            for k in range(self.num_layers):
-                if k > 0 and self.dropout > 0 and self.training:
-                    row = F.dropout(row, self.dropout, True)
+
+            def layer(k, row):
                 w_ih, w_hh, b_ih, b_hh = self.layer_parameters(k)
                 inp, w, b = input_map(row[:, None], decay, self.variant.input_scale(self.hyper), w_ih,
                                       b_ih, st.v[k] if carries_v else None,
@@ -325,18 +359,19 @@ class _MomentumLayers(nn.Module):
                 data, (h, *c) = fused_packed(self.fused_kind, layout.pack(inp[:, 0]), hx(slice(k, k + 1)),
                                              fused_weights(w, w_hh, b, b_hh, self.bias), self.bias,
                                              self.training)
-                row = layout.unpack(data)
                 v = F.linear(inp[:, 0].index_select(0, last), w, b) if self.variant.has_v else None
-                layers.append((h[0], c[0][0] if c else None, v))
+                return layout.unpack(data), (h[0], c[0][0] if c else None, v)
+
+            rows, layers = self._each_layer(row, layer)
             finals = tuple(None if layers[0][i] is None else torch.stack([f[i] for f in layers])
                            for i in range(3))
         merged = tuple(None if f is None else (f if keep is None else a.index_copy(1, keep, f))
                        for a, f in zip(st[:3], finals))
-        out = row.view(batch, steps, -1)
         new_state = RecurrentState(*merged, None, st.step + lengths.to(st.step.device))
-        return (out if self.batch_first else out.transpose(0, 1)), new_state
+        return tuple(self._row_output(r, batch, steps) for r in rows), new_state
 
-    def _forward_sequence(self, input, state):
+    def _forward_sequence(self, input, state, all_layers=False):
+        """(every layer's output, or a one-tuple of the last's, in the input's layout; final state)."""
         seq = as_sequence(input, self.input_size, self.batch_first)
         x, lengths = seq.x, seq.lengths
         check_input_dtype(x, self.weight_ih_l0)
@@ -344,23 +379,24 @@ class _MomentumLayers(nn.Module):
         carries_v = isinstance(state, RecurrentState) and state.v is not None
         st = self._state(state, batch, x, steps)
         advanced = steps if lengths is None else lengths.to(st.step.device)
-        if self._all_layers_fused():
+        if self._all_layers_fused() and not all_layers:
             out, (h, *c) = self._fused_stack(x, lengths, st)
             new_state = RecurrentState(h, c[0] if c else None, None, None, st.step + advanced)
-            return as_output(seq, out, self.batch_first), new_state
+            return (as_output(seq, out, self.batch_first),), new_state
         # A fresh counter is all zeros: one start step, known without reading the device.
         fresh = not isinstance(state, RecurrentState) or state.step is None
         decay = self._decay(steps, st.step[:1] if fresh else st.step)
-        finals = []
-        for k in range(self.num_layers):
-            if k > 0 and self.dropout > 0 and self.training:
-                x = F.dropout(x, self.dropout, True)
+
+        def layer(k, x):
             c0, v0, m0 = (None if t is None else t[k] for t in (st.c, st.v, st.m))
-            x, final = self._layer(k, x, lengths, decay, st.h[k], c0, v0, m0, carries_v)
-            finals.append(final)
+            return self._layer(k, x, lengths, decay, st.h[k], c0, v0, m0, carries_v)
+
+        outputs, finals = self._each_layer(x, layer)
+        if not all_layers:
+            outputs = outputs[-1:]
         stack = lambda i: None if finals[0][i] is None else torch.stack([f[i] for f in finals])
         new_state = RecurrentState(stack(0), stack(1), stack(2), stack(3), st.step + advanced)
-        return as_output(seq, x, self.batch_first), new_state
+        return tuple(as_output(seq, out, self.batch_first) for out in outputs), new_state
 
     def _all_layers_fused(self):
         """The plain cell is one call of torch's fused multi-layer kernel on the module's own
@@ -399,6 +435,11 @@ class _MomentumLayers(nn.Module):
                                                 mode, self.hidden_size, 0, self.num_layers,
                                                 False, False)
 
+    def train(self, mode=True):
+        # weights written through `.data` bump no version counter (JoinedWeightCache)
+        self.joined_weights.clear()
+        return super().train(mode)
+
     def _apply(self, fn, recurse=True):
         result = super()._apply(fn, recurse)
         self.joined_weights.clear()
@@ -413,31 +454,31 @@ class _MomentumLayers(nn.Module):
 
     def __setstate__(self, state):
         super().__setstate__(state)
-        if "joined_weights" not in self.__dict__:  # pickled before the cache existed
-            self.joined_weights = JoinedWeightCache()
         self.flatten_parameters()
 
-    def step(self, input, state=None):
+    def step(self, input, state=None, *, all_layers=False):
         """One time step of every layer: input (batch, input_size) -> (output (batch,
         hidden_size), RecurrentState). Equal to `forward` on a length-1 sequence with the same
         state, at the cost of a cell step: the drive of each cell comes from the table of
-        variants.py, the recurrence from the layer family. For decoding."""
+        variants.py, the recurrence from the layer family. For decoding. all_layers: output is
+        a tuple of every layer's output, as in `forward`."""
         if not isinstance(input, Tensor) or input.dim() != 2 or input.size(1) != self.input_size:
             shape = tuple(input.shape) if isinstance(input, Tensor) else type(input).__name__
             raise ValueError(f"input must have shape (batch, {self.input_size}), got {shape}")
         check_input_dtype(input, self.weight_ih_l0)
         st = self._state(state, input.size(0), input, 1)
-        step = st.step + 1
-        x, finals, hyper = input, [], self.hyper
-        for k in range(self.num_layers):
-            if k > 0 and self.dropout > 0 and self.training:
-                x = F.dropout(x, self.dropout, True)
+        step, hyper = st.step + 1, self.hyper
+
+        def layer(k, x):
             c0, v0, m0 = (None if t is None else t[k] for t in (st.c, st.v, st.m))
             pre, v, m = self.variant.drive(self._input_projection(k, x), v0, m0, step, hyper)
-            x, c = self._recurrent_update(k, pre, st.h[k], c0)
-            finals.append((x, c, v, m))
+            h, c = self._recurrent_update(k, pre, st.h[k], c0)
+            return h, (h, c, v, m)
+
+        outputs, finals = self._each_layer(input, layer)
         stack = lambda i: None if finals[0][i] is None else torch.stack([f[i] for f in finals])
-        return x, RecurrentState(stack(0), stack(1), stack(2), stack(3), step)
+        state = RecurrentState(stack(0), stack(1), stack(2), stack(3), step)
+        return (tuple(outputs) if all_layers else outputs[-1]), state
 
     def _input_projection(self, k, x):
         w_ih, _, b_ih, _ = self.layer_parameters(k)

@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from .checks import check_sizes, check_step_counter, check_step_input
-from .variants import Hyper, layer_hyper
+from .variants import DEFAULT_CELL, Hyper, layer_hyper
 
 
 def lstm_update(gates, c):
@@ -49,7 +49,7 @@ class LSTMStepCell(nn.Module):
     (`appendix_f_init_`).
     """
 
-    def __init__(self, input_size, hidden_size, cell="momentum", *, momentum=None, step_size=None,
+    def __init__(self, input_size, hidden_size, cell=DEFAULT_CELL, *, momentum=None, step_size=None,
                  beta=None, eps=None, restart=None, bias=True):
         super().__init__()
         check_sizes(input_size, hidden_size)

@@ -18,7 +18,7 @@ from ..validation import check_choice, check_int
 from .checks import check_sizes, check_step_counter, check_step_input
 from .layers import _MomentumLayers, input_map, recurrence_loop
 from .sequence import in_weight_dtype, last_step
-from .variants import layer_hyper
+from .variants import DEFAULT_CELL, layer_hyper
 
 MAPS = ("matrix_exp", "cayley")
 INITS = ("henaff", "cayley")
@@ -136,7 +136,7 @@ class OrthogonalMomentumRNN(_MomentumLayers):
     gate_count = 1
     fused_kind = None
 
-    def __init__(self, input_size, hidden_size, num_layers=1, *, cell="momentum", momentum=None,
+    def __init__(self, input_size, hidden_size, num_layers=1, *, cell=DEFAULT_CELL, momentum=None,
                  step_size=None, beta=None, eps=None, restart=None, batch_first=False,
                  dropout=0.0, orthogonal_map="matrix_exp", init="cayley",
                  trivialization_steps=None):

@@ -44,8 +44,10 @@ class Hyper(NamedTuple):
     restart: int | None
 
 
-# What a layer or step-wise cell uses for a hyperparameter its cell reads and the caller left None.
+# What a layer or step-wise cell uses for a hyperparameter its cell reads and the caller left None;
+# the HF config and fairseq's options read their defaults (and the default cell) from here.
 DEFAULTS = Hyper(momentum=0.6, step_size=1.0, beta=0.9, eps=1e-8, restart=None)
+DEFAULT_CELL = "momentum"
 
 
 @dataclass(frozen=True)
