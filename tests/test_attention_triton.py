@@ -525,6 +525,7 @@ from triton.runtime.autotuner import Autotuner
 
 from plugins.attention.triton import chunk_kernels as K
 from plugins.attention.triton import fused_recurrent as F
+from plugins.attention.triton import split as S
 from plugins.attention.triton.utils import prune_chunk, prune_scan, tuning_configs
 
 INPUTS = {"q", "k", "v", "o", "do", "dq", "dk", "dv"}
@@ -539,7 +540,7 @@ def compile_for_sm90(kernel, dtype, consts, num_warps=4):
     for name in fn.arg_names:
         if name in consts:
             types[name] = "constexpr"
-        elif name in ("N", "H", "NT", "N_BUCKET", "BH_BUCKET"):
+        elif name in ("N", "H", "NT", "CPS", "G", "N_BUCKET", "BH_BUCKET"):
             types[name] = "i32"
         else:
             element = {"lengths": "i32", "real": "i8", "cu_seqlens": "i32", "chunk_offsets": "i32",
@@ -559,8 +560,9 @@ for dtype, momentum, ieee, varlen in (("bf16", True, False, False), ("bf16", Fal
                                       ("fp32", True, False, False), ("bf16", True, False, True)):
     flags = {"LOW": dtype == "bf16", "IEEE": ieee}
     meta = dict(DK=DK, DV=DV, BT=BT, MOMENTUM=momentum, HAS_LEN=not varlen, IS_VARLEN=varlen, **flags)
-    for kernel, prune, extra in ((K.fwd_h, prune_scan, {"USE_INIT": True}), (K.fwd_o, prune_chunk, {}),
-                                 (K.bwd_dh, prune_scan, {"HAS_FINAL_GRAD": True}),
+    for kernel, prune, extra in ((K.fwd_h, prune_scan, {"USE_INIT": True, "STORE_H": True}),
+                                 (K.fwd_o, prune_chunk, {}),
+                                 (K.bwd_dh, prune_scan, {"HAS_FINAL_GRAD": True, "STORE_H": True}),
                                  (K.bwd_dv, prune_chunk, {}), (K.bwd_dqk, prune_chunk, {})):
         first = {"q": torch.empty(0, dtype=TORCH_DTYPES[dtype])}     # the pruning reads its dtype
         config = prune(tuning_configs(), first, **meta)[-1]
@@ -568,6 +570,9 @@ for dtype, momentum, ieee, varlen in (("bf16", True, False, False), ("bf16", Fal
         compile_for_sm90(kernel, dtype, {**meta, **extra, **config.kwargs}, config.num_warps)
         print(dtype, momentum, ieee, varlen, kernel.fn.__name__, config, f"{time.time() - start:.1f}s")
 compile_for_sm90(K.bwd_prep, "bf16", dict(DV=DV, BT=BT, BDV=32, HAS_LEN=True))
+for reverse in (False, True):
+    merge_meta = dict(DK=DK, DV=DV, BT=BT, BK=32, BV=32, MOMENTUM=True, HAS_LEN=True, IS_VARLEN=False)
+    compile_for_sm90(S.merge_splits, "bf16", dict(**merge_meta, USE_INIT=True, REVERSE=reverse))
 compile_for_sm90(F.step_kernel, "bf16", dict(DK=DK, DV=DV, BK=32, BV=32, HAS_REAL=True))
 '''
 

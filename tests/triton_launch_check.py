@@ -177,11 +177,11 @@ def main() -> int:
 
     import torch
 
-    from plugins.attention.triton import chunk_kernels, fused_recurrent
+    from plugins.attention.triton import chunk_kernels, fused_recurrent, split
     allow_cpu_tensors()
 
     chunked = [chunk_kernels.fwd_h, chunk_kernels.fwd_o, chunk_kernels.bwd_prep, chunk_kernels.bwd_dh,
-               chunk_kernels.bwd_dv, chunk_kernels.bwd_dqk]
+               chunk_kernels.bwd_dv, chunk_kernels.bwd_dqk, split.merge_splits]
     compiled = []
     for name in args.dtypes:
         torch.set_float32_matmul_precision("high" if name == "tf32" else "highest")

@@ -9,11 +9,16 @@ ever stored. Launches run on the inputs' CUDA device.
 
 Packed sequences (`cu_seqlens`, one row): the scans get one program per (segment, head), the
 per-chunk kernels one per chunk of any segment, through the tables of `varlen_tables`; the
-kernels read the packed row in place (no copy into a padded batch, no loop over segments)."""
+kernels read the packed row in place (no copy into a padded batch, no loop over segments).
+
+Where the rows (batch·heads, or segments·heads) are too few to give every SM two programs, the
+state scans run in splits of the sequence and chain them (`split`): two scans of the splits and a
+short merge instead of one long scan per row."""
 import torch
 import triton
 
 from . import chunk_kernels as K
+from .split import merge, scan_splits
 from .utils import (
     accumulator_dtype,
     check_grid,
@@ -47,10 +52,19 @@ class _Layout:
             self.NT = triton.cdiv(self.N, self.BT)
         self.lengths = lengths
 
-    def scan_grid(self):
-        """State scans: one program per (Dk block, Dv block, batch·head or segment·head)."""
-        DK, DV, rows = self.DK, self.DV, self.S * self.H
+    def scan_grid(self, G: int = 1):
+        """State scans: one program per (Dk block, Dv block, batch·head or segment·head, split)."""
+        DK, DV, rows = self.DK, self.DV, self.S * self.H * G
         return lambda meta: (triton.cdiv(DK, meta["BK"]) * triton.cdiv(DV, meta["BV"]), rows)
+
+    def splits(self, device):
+        """(G, CPS) of the state scans (split.scan_splits); a segment has at most N tokens."""
+        return scan_splits(self.S * self.H, triton.cdiv(self.N, self.BT), device)
+
+    def split_states(self, like, G: int, with_m: bool = True):
+        """(s, m, z) scratch of the splits' states, S·H·G of them, in the accumulator dtype."""
+        s = like.new_empty(self.S * self.H * G, self.DK, self.DV)
+        return s, (torch.empty_like(s) if with_m else s), like.new_empty(self.S * self.H * G, self.DK)
 
     def chunk_grid(self, tile, dim):
         """Per-chunk kernels: one program per (block of `dim`, chunk, batch·head)."""
@@ -110,9 +124,21 @@ def states_entering_chunks(fk, v, s0, z0, m0, layout, coef, meta):
     m = fk.new_empty(S, H, DK, DV, dtype=acc)
     z = fk.new_empty(S, H, DK, dtype=acc)
     use_init = s0 is not None
-    K.fwd_h[layout.scan_grid()](fk, v, h_s, h_m, h_z, s0 if use_init else s, m0 if use_init else m,
-                                z0 if use_init else z, s, m, z, *layout.scan_tables(z), coef,
-                                N, H, NT, USE_INIT=use_init, **meta)
+    G, CPS = layout.splits(fk.device)
+    tables = layout.scan_tables(z)
+    if G == 1:
+        K.fwd_h[layout.scan_grid()](fk, v, h_s, h_m, h_z, s0 if use_init else s, m0 if use_init else m,
+                                    z0 if use_init else z, s, m, z, *tables, coef,
+                                    N, H, NT, CPS, 1, USE_INIT=use_init, STORE_H=True, **meta)
+        return h_s, h_m, h_z, s, z, m
+    local = layout.split_states(coef, G)
+    K.fwd_h[layout.scan_grid(G)](fk, v, h_s, h_m, h_z, *local, *local, *tables, coef,
+                                 N, H, NT, CPS, G, USE_INIT=False, STORE_H=False, **meta)
+    entering = layout.split_states(coef, G)
+    merge(local, (s0, m0, z0) if use_init else None, entering, (s, m, z), layout, G, CPS, coef, meta,
+          reverse=False)
+    K.fwd_h[layout.scan_grid(G)](fk, v, h_s, h_m, h_z, *entering, *local, *tables, coef,
+                                 N, H, NT, CPS, G, USE_INIT=True, STORE_H=True, **meta)
     return h_s, h_m, h_z, s, z, m
 
 
@@ -170,9 +196,22 @@ def _chunk_backward(fq, fk, v, out, den, do, s0, z0, m0, ds, dz, dm, lengths, cu
     ds0 = fq.new_empty(S, H, DK, DV, dtype=acc)
     dm0 = fq.new_empty(S, H, DK, DV, dtype=acc)
     dz0 = fq.new_empty(S, H, DK, dtype=acc)
-    K.bwd_dh[layout.scan_grid()](fq, do, den, dden, dh_s, dh_m, dh_z, ds if has_final else ds0,
-                                 dm if has_final else dm0, dz if has_final else dz0, ds0, dm0, dz0,
-                                 *layout.scan_tables(den), coef, N, H, NT, HAS_FINAL_GRAD=has_final, **meta)
+    G, CPS = layout.splits(fq.device)
+    tables = layout.scan_tables(den)
+    if G == 1:
+        K.bwd_dh[layout.scan_grid()](fq, do, den, dden, dh_s, dh_m, dh_z, ds if has_final else ds0,
+                                     dm if has_final else dm0, dz if has_final else dz0, ds0, dm0, dz0,
+                                     *tables, coef, N, H, NT, CPS, 1, HAS_FINAL_GRAD=has_final, STORE_H=True,
+                                     **meta)
+    else:
+        local = layout.split_states(coef, G)
+        K.bwd_dh[layout.scan_grid(G)](fq, do, den, dden, dh_s, dh_m, dh_z, *local, *local, *tables, coef,
+                                      N, H, NT, CPS, G, HAS_FINAL_GRAD=False, STORE_H=False, **meta)
+        leaving = layout.split_states(coef, G)
+        final = (ds, dm, dz) if has_final else None
+        merge(local, final, leaving, (ds0, dm0, dz0), layout, G, CPS, coef, meta, reverse=True)
+        K.bwd_dh[layout.scan_grid(G)](fq, do, den, dden, dh_s, dh_m, dh_z, *leaving, *local, *tables, coef,
+                                      N, H, NT, CPS, G, HAS_FINAL_GRAD=True, STORE_H=True, **meta)
 
     dv = torch.empty_like(v)
     K.bwd_dv[layout.chunk_grid("BV", DV)](fq, fk, do, den, dh_s, dh_m, dv, *layout.chunk_tables(den), coef,

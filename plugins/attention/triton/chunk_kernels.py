@@ -30,7 +30,7 @@ from .utils import finite, geometric, mixed_dot, prune_chunk, prune_scan, raw_do
 # are plain int arguments the kernels do not read: a new bucket re-times the kept configs but,
 # being unspecialised like N and NT, compiles nothing new.
 TUNING_KEY = ["DK", "DV", "BT", "MOMENTUM", "IS_VARLEN", "LOW", "IEEE", "N_BUCKET", "BH_BUCKET"]
-UNSPECIALISED = ["N", "NT", "N_BUCKET", "BH_BUCKET"]
+UNSPECIALISED = ["N", "NT", "N_BUCKET", "BH_BUCKET", "CPS", "G"]
 
 
 def autotuned(prune):
@@ -125,20 +125,23 @@ def _intra_weights(rows, log_beta, inv, gamma, beta, MOMENTUM: tl.constexpr):
 @autotuned(prune_scan)
 @triton.jit(do_not_specialize=UNSPECIALISED)
 def fwd_h(k, v, h_s, h_m, h_z, s0, m0, z0, s_out, m_out, z_out, lengths, cu_seqlens, chunk_offsets, coef,
-          N, H, NT, N_BUCKET, BH_BUCKET,
+          N, H, NT, CPS, G, N_BUCKET, BH_BUCKET,
           DK: tl.constexpr, DV: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
           MOMENTUM: tl.constexpr, HAS_LEN: tl.constexpr, IS_VARLEN: tl.constexpr, USE_INIT: tl.constexpr,
-          LOW: tl.constexpr, IEEE: tl.constexpr):
-    """Grid (cdiv(DK, BK)·cdiv(DV, BV), B·H), packed (cdiv(DK, BK)·cdiv(DV, BV), n·H): S, M' (and
-    Z for the first DV block) entering each chunk into h_s, h_m (B·H, NT, DK, DV), h_z (B·H, NT,
-    DK); the final state (B·H or n·H) into s/m/z_out."""
+          STORE_H: tl.constexpr, LOW: tl.constexpr, IEEE: tl.constexpr):
+    """Grid (cdiv(DK, BK)·cdiv(DV, BV), B·H·G), packed (cdiv(DK, BK)·cdiv(DV, BV), n·H·G): split g
+    of a row scans its chunks [g·CPS, (g+1)·CPS) from its own initial state (s0/m0/z0 at
+    row·G + g), storing S, M' (and Z for the first DV block) entering each chunk into h_s, h_m
+    (B·H, NT, DK, DV), h_z (B·H, NT, DK) if STORE_H, and the state leaving the split into
+    s/m/z_out at row·G + g. G = 1, CPS ≥ chunks per row: one pass over the whole row."""
     i_kv = tl.program_id(0)
-    i_bh = tl.program_id(1)
+    i_bh = tl.program_id(1) // G
+    i_g = tl.program_id(1) % G
     NV = tl.cdiv(DV, BV)
     i_k = i_kv // NV
     i_v = i_kv % NV
     row, bos, L, first = _scan_span(i_bh, H, N, lengths, cu_seqlens, chunk_offsets, HAS_LEN, IS_VARLEN)
-    bh = i_bh.to(tl.int64)  # whole-tensor offsets in int64; offsets within a row stay int32
+    bh = tl.program_id(1).to(tl.int64)  # whole-tensor offsets in int64; offsets within a row stay int32
     r = row.to(tl.int64)
     k += r * N * DK + bos * DK
     v += r * N * DV + bos * DV
@@ -171,13 +174,15 @@ def fwd_h(k, v, h_s, h_m, h_z, s0, m0, z0, s_out, m_out, z_out, lengths, cu_seql
             M -= tl.load(m0 + state_off, mask=state_mask, other=0.0).to(ACC)
         Z += tl.load(z0 + o_k, mask=mk, other=0.0).to(ACC)
 
-    for c in range(tl.cdiv(L, BT)):
+    c0 = i_g * CPS
+    for c in range(c0, tl.minimum(c0 + CPS, tl.cdiv(L, BT))):
         chunk = c
-        tl.store(h_s + chunk * DK * DV + state_off, S, mask=state_mask)
-        if MOMENTUM:
-            tl.store(h_m + chunk * DK * DV + state_off, M, mask=state_mask)
-        if i_v == 0:
-            tl.store(h_z + chunk * DK + o_k, Z, mask=mk)
+        if STORE_H:
+            tl.store(h_s + chunk * DK * DV + state_off, S, mask=state_mask)
+            if MOMENTUM:
+                tl.store(h_m + chunk * DK * DV + state_off, M, mask=state_mask)
+            if i_v == 0:
+                tl.store(h_z + chunk * DK + o_k, Z, mask=mk)
         Lc = tl.minimum(L - c * BT, BT)
         t = c * BT + rows
         real = rows < Lc
@@ -306,22 +311,24 @@ def bwd_prep(o, do, den, dden, lengths, N, H,
 @triton.jit(do_not_specialize=UNSPECIALISED)
 def bwd_dh(q, do, den, dden, dh_s, dh_m, dh_z, ds_fin, dm_fin, dz_fin, ds0, dm0, dz0, lengths, cu_seqlens,
            chunk_offsets, coef,
-           N, H, NT, N_BUCKET, BH_BUCKET,
+           N, H, NT, CPS, G, N_BUCKET, BH_BUCKET,
            DK: tl.constexpr, DV: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
            MOMENTUM: tl.constexpr, HAS_LEN: tl.constexpr, IS_VARLEN: tl.constexpr,
-           HAS_FINAL_GRAD: tl.constexpr, LOW: tl.constexpr, IEEE: tl.constexpr):
-    """Grid as fwd_h's (a program per row, or per segment, and head): backwards over the chunks,
-    the gradients of the states leaving each chunk (dS, dM' into dh_s, dh_m; dZ into dh_z) and
-    of the initial state:
+           HAS_FINAL_GRAD: tl.constexpr, STORE_H: tl.constexpr, LOW: tl.constexpr, IEEE: tl.constexpr):
+    """Grid as fwd_h's (a program per split of a row, or of a segment, and head; the final and
+    initial gradients at row·G + g): backwards over the split's chunks, the gradients of the
+    states leaving each chunk (dS, dM' into dh_s, dh_m; dZ into dh_z, if STORE_H) and of the
+    state entering the split:
       dS_in = dS_out + Qᵀ dNum,   dZ_in = dZ_out + Qᵀ dden,
       dM'_in = β^Lc dM'_out + carry[Lc−1]·dS_out + Qᵀ diag(carry) dNum,   dNum = dO / den."""
     i_kv = tl.program_id(0)
-    i_bh = tl.program_id(1)
+    i_bh = tl.program_id(1) // G
+    i_g = tl.program_id(1) % G
     NV = tl.cdiv(DV, BV)
     i_k = i_kv // NV
     i_v = i_kv % NV
     row, bos, L, first = _scan_span(i_bh, H, N, lengths, cu_seqlens, chunk_offsets, HAS_LEN, IS_VARLEN)
-    bh = i_bh.to(tl.int64)  # whole-tensor offsets in int64; offsets within a row stay int32
+    bh = tl.program_id(1).to(tl.int64)  # whole-tensor offsets in int64; offsets within a row stay int32
     r = row.to(tl.int64)
     q += r * N * DK + bos * DK
     do += r * N * DV + bos * DV
@@ -357,15 +364,17 @@ def bwd_dh(q, do, den, dden, dh_s, dh_m, dh_z, ds_fin, dm_fin, dz_fin, ds0, dm0,
         dZ += tl.load(dz_fin + o_k, mask=mk, other=0.0).to(ACC)
     _W, carry, _causal = _intra_weights(rows, log_beta, inv, gamma, beta, MOMENTUM)
 
-    n_chunks = tl.cdiv(L, BT)
-    for i in range(n_chunks):
-        c = n_chunks - 1 - i
+    c0 = i_g * CPS
+    c1 = tl.minimum(c0 + CPS, tl.cdiv(L, BT))
+    for i in range(c1 - c0):
+        c = c1 - 1 - i
         chunk = c
-        tl.store(dh_s + chunk * DK * DV + state_off, dS, mask=state_mask)
-        if MOMENTUM:
-            tl.store(dh_m + chunk * DK * DV + state_off, dM, mask=state_mask)
-        if i_v == 0:
-            tl.store(dh_z + chunk * DK + o_k, dZ, mask=mk)
+        if STORE_H:
+            tl.store(dh_s + chunk * DK * DV + state_off, dS, mask=state_mask)
+            if MOMENTUM:
+                tl.store(dh_m + chunk * DK * DV + state_off, dM, mask=state_mask)
+            if i_v == 0:
+                tl.store(dh_z + chunk * DK + o_k, dZ, mask=mk)
         Lc = tl.minimum(L - c * BT, BT)
         t = c * BT + rows
         real = rows < Lc

@@ -1,0 +1,122 @@
+"""Sequence-split state scans (after flash-linear-attention's intra-card context parallelism,
+fla/ops/common/intracard_cp.py): a row's chunks are cut into G splits of CPS chunks, scanned in
+parallel from zero, and the splits' states are then chained by eq. 12's affine composition over
+a span of L tokens (Momentum Transformer, eq. 12, with m' = −m):
+  forward   S ← S + carry(L)·M' + ΔS,   M' ← β^L M' + ΔM',   Z ← Z + ΔZ,
+  backward  dS ← dS + ΔdS,   dM' ← β^L dM' + carry(L)·dS + ΔdM',   dZ ← dZ + ΔdZ,
+carry(L) = γβ(1 − β^L)/(1 − β); the scan then runs again, each split from its chained state,
+storing the per-chunk states. G = 1 where the rows alone give every SM two programs."""
+import functools
+
+import torch
+import triton
+import triton.language as tl
+
+from .utils import block, geometric
+
+PROGRAMS_PER_SM = 2
+H100_SMS = 132          # CPU tensors (the interpreter, the stand-in launch driver): size for an H100
+
+
+@functools.lru_cache(maxsize=16)
+def sm_count(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return H100_SMS
+
+
+def scan_splits(rows: int, chunks: int, device: torch.device) -> tuple[int, int]:
+    """(G, CPS): splits per row and chunks per split, so that rows·G ≥ 2 programs per SM where
+    the row has that many chunks; (1, chunks) where the rows alone fill the GPU."""
+    wanted = triton.cdiv(PROGRAMS_PER_SM * sm_count(device), max(rows, 1))
+    if wanted <= 1 or chunks <= 1:
+        return 1, max(chunks, 1)
+    cps = max(1, chunks // wanted)
+    return triton.cdiv(chunks, cps), cps
+
+
+@triton.jit(do_not_specialize=["N", "H", "G", "CPS"])
+def merge_splits(s_loc, m_loc, z_loc, s_init, m_init, z_init, s_seg, m_seg, z_seg, s_fin, m_fin, z_fin,
+                 lengths, cu_seqlens, coef, N, H, G, CPS,
+                 DK: tl.constexpr, DV: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+                 MOMENTUM: tl.constexpr, HAS_LEN: tl.constexpr, IS_VARLEN: tl.constexpr,
+                 USE_INIT: tl.constexpr, REVERSE: tl.constexpr):
+    """Grid (cdiv(DK, BK)·cdiv(DV, BV), rows): chains one row's G splits, given each split's
+    state from zero (forward) or gradient from zero (REVERSE) in s/m/z_loc (rows·G, public sign
+    m = −M'). Forward: from s/m/z_init (the initial state, if USE_INIT) the state entering each
+    split into s/m/z_seg and the final state into s/m/z_fin; REVERSE: from the final state's
+    gradient the gradient leaving each split, and that of the initial state."""
+    i_kv = tl.program_id(0)
+    i_r = tl.program_id(1)
+    NV = tl.cdiv(DV, BV)
+    i_k = i_kv // NV
+    i_v = i_kv % NV
+    if IS_VARLEN:
+        L = tl.load(cu_seqlens + i_r // H + 1) - tl.load(cu_seqlens + i_r // H)
+    elif HAS_LEN:
+        L = tl.load(lengths + i_r // H).to(tl.int32)
+    else:
+        L = N
+    r = i_r.to(tl.int64)
+    log_beta = tl.load(coef + 0)
+    inv = tl.load(coef + 1)
+    gamma = tl.load(coef + 2)
+    beta = tl.load(coef + 4)
+    ACC: tl.constexpr = coef.dtype.element_ty
+    o_k = i_k * BK + tl.arange(0, BK)
+    o_v = i_v * BV + tl.arange(0, BV)
+    mk = o_k < DK
+    state_off = o_k[:, None] * DV + o_v[None, :]
+    state_mask = mk[:, None] & (o_v < DV)[None, :]
+
+    S = tl.zeros([BK, BV], dtype=ACC)
+    M = tl.zeros([BK, BV], dtype=ACC)
+    Z = tl.zeros([BK], dtype=ACC)
+    if USE_INIT:
+        S += tl.load(s_init + r * DK * DV + state_off, mask=state_mask, other=0.0).to(ACC)
+        M += tl.load(m_init + r * DK * DV + state_off, mask=state_mask, other=0.0).to(ACC)
+        Z += tl.load(z_init + r * DK + o_k, mask=mk, other=0.0).to(ACC)
+    for i in range(G):
+        if REVERSE:
+            g = G - 1 - i
+        else:
+            g = i
+        at = (r * G + g) * DK * DV + state_off
+        tl.store(s_seg + at, S, mask=state_mask)
+        if MOMENTUM:
+            tl.store(m_seg + at, M, mask=state_mask)
+        if i_v == 0:
+            tl.store(z_seg + (r * G + g) * DK + o_k, Z, mask=mk)
+        span = tl.minimum(tl.maximum(L - g * CPS * BT, 0), CPS * BT).to(ACC)
+        dS = tl.load(s_loc + at, mask=state_mask, other=0.0).to(ACC)
+        if MOMENTUM:
+            carry = gamma * beta * geometric(span, log_beta, inv)
+            dM = tl.load(m_loc + at, mask=state_mask, other=0.0).to(ACC)
+            if REVERSE:
+                M = tl.exp(span * log_beta) * M - carry * S + dM
+                S += dS
+            else:
+                S += dS - carry * M
+                M = tl.exp(span * log_beta) * M + dM
+        else:
+            S += dS
+        Z += tl.load(z_loc + (r * G + g) * DK + o_k, mask=mk, other=0.0).to(ACC)
+    tl.store(s_fin + r * DK * DV + state_off, S, mask=state_mask)
+    tl.store(m_fin + r * DK * DV + state_off, M, mask=state_mask)
+    if i_v == 0:
+        tl.store(z_fin + r * DK + o_k, Z, mask=mk)
+
+
+def merge(loc, init, seg, fin, layout, G, CPS, coef, meta, reverse: bool) -> None:
+    """Launches merge_splits over layout's S·H rows; loc, seg are (s, m, z) of rows·G, init and
+    fin of rows (init None: a zero initial state / final gradient)."""
+    BK, BV = block(layout.DK, 32), block(layout.DV, 32)
+    rows = layout.S * layout.H
+    dummy = coef
+    lengths = layout.lengths if layout.lengths is not None else dummy
+    cu = layout.cu_seqlens if layout.varlen else dummy
+    use_init = init is not None
+    merge_splits[(triton.cdiv(layout.DK, BK) * triton.cdiv(layout.DV, BV), rows)](
+        *loc, *(init if use_init else fin), *seg, *fin, lengths, cu, coef, layout.N, layout.H, G, CPS,
+        DK=layout.DK, DV=layout.DV, BT=layout.BT, BK=BK, BV=BV, MOMENTUM=meta["MOMENTUM"],
+        HAS_LEN=meta["HAS_LEN"], IS_VARLEN=meta["IS_VARLEN"], USE_INIT=use_init, REVERSE=reverse)
