@@ -40,6 +40,7 @@ What a stock model keeps and loses under these implementations:
   error shows the name, i.e. to `pip install momentum-plugins` and `import hf_momentum`.
 """
 import functools
+import weakref
 from typing import Optional
 
 import torch
@@ -204,9 +205,8 @@ def _forward(module, query, key, value, attention_mask, is_causal, beta, gamma, 
         value = value.repeat_interleave(groups, dim=1)
     mask = _padding_mask(attention_mask, query.shape[0], key.shape[2])
     q_len, kv_len = query.shape[2], key.shape[2]
-    starts = _document_starts(module, is_causal, query, q_len, kv_len, mask, kwargs)
-    if starts is not None:
-        rows = PackedRows(starts, mask)
+    rows = _packed_rows(module, is_causal, query, q_len, kv_len, mask, kwargs)
+    if rows is not None:
         out = momentum_attention(rows.pack(query), rows.pack(key), rows.pack(value), momentum=beta,
                                  step_size=gamma, causal=bool(is_causal), feature_map=phi,
                                  cu_seqlens=rows.cu_seqlens)
@@ -223,6 +223,33 @@ def _forward(module, query, key, value, attention_mask, is_causal, beta, gamma, 
     if rows is not None:
         out = out.gather(2, _expand(rows, out))
     return out.transpose(1, 2).contiguous(), None
+
+
+# The packed rows of the latest forward, derived by its first attention layer and reused by the
+# others: transformers hands every layer the same position_ids / collator tensor and the same mask
+# object. Valid only while both are the very objects (and versions) seen, so a buffer rewritten
+# in place is read again; the tensors are held weakly.
+_LAST_PACKED_ROWS = {}
+_ANCHORS = ("position_ids", "cu_seq_lens_q", "seq_idx")
+
+
+def _packed_rows(module, is_causal, query, q_len: int, kv_len: int, mask, kwargs) -> Optional[PackedRows]:
+    """`PackedRows` of the documents packed in this forward's rows, or None (`_document_starts`)."""
+    anchor = next((kwargs[name] for name in _ANCHORS if isinstance(kwargs.get(name), torch.Tensor)), None)
+    self_attention = bool(is_causal) or not getattr(module, "is_decoder", False)
+    key = (self_attention, q_len, kv_len, query.shape[0], query.device,
+           None if mask is None else mask._version, None if anchor is None else anchor._version)
+    last = _LAST_PACKED_ROWS
+    if anchor is not None and last and last["key"] == key and last["anchor"]() is anchor and \
+            (mask is None) == (last["mask"] is None) and (mask is None or last["mask"]() is mask):
+        return last["rows"]
+    starts = _document_starts(module, is_causal, query, q_len, kv_len, mask, kwargs)
+    rows = None if starts is None else PackedRows(starts, mask)
+    last.clear()
+    if anchor is not None:
+        last.update(key=key, anchor=weakref.ref(anchor), mask=None if mask is None else weakref.ref(mask),
+                    rows=rows)
+    return rows
 
 
 def _document_starts(module, is_causal, query, q_len: int, kv_len: int, mask, kwargs):

@@ -21,13 +21,17 @@ from .validation import (
 )
 
 
+# The names this config gives the block's fields, for the block's errors.
+BLOCK_LABELS = {"d_model": "hidden_size", "heads": "num_attention_heads", "ffn_dim": "intermediate_size",
+                "momentum": "attention_momentum", "step_size": "attention_step_size",
+                "feature_map": "attention_feature_map", "causal": "is_causal", "norm": "layer_norm",
+                "connection_delta": "adaptive_delta"}
+
+
 class NamedBlockConfig(BlockConfig):
     """The block's hyperparameters, its errors naming the fields of this config."""
 
-    labels = {"d_model": "hidden_size", "heads": "num_attention_heads", "ffn_dim": "intermediate_size",
-              "momentum": "attention_momentum", "step_size": "attention_step_size",
-              "feature_map": "attention_feature_map", "causal": "is_causal", "norm": "layer_norm",
-              "connection_delta": "adaptive_delta"}
+    labels = BLOCK_LABELS
 
 
 def check_attention_hyperparameters(momentum, step_size, feature_map):
@@ -107,6 +111,12 @@ class MomentumTransformerConfig(PreTrainedConfig):
         super().validate()
         self.check_momentum_fields()
 
+    def validated_block(self, block_class):
+        """`validate()` for a model being built: the one `block_class` (a BlockConfig with
+        `BLOCK_LABELS`) that checked the block's fields, for all the model's layers to share."""
+        super().validate()
+        return self.check_model_fields(block_class)
+
     def check_connection_fields(self) -> None:
         """A connection_* value that the chosen connection never reads (e.g. connection="none"
         with connection_momentum=0.5) would be silently ignored: refused unless at its default."""
@@ -137,12 +147,18 @@ class MomentumTransformerConfig(PreTrainedConfig):
     def check_momentum_fields(self) -> None:
         """ValueError naming the first field out of its range (bools and non-finite numbers refused);
         the block's fields by `plugins.transformer.BlockConfig`'s checks."""
+        self.check_model_fields(NamedBlockConfig)
+
+    def check_model_fields(self, block_class):
+        """`check_momentum_fields` with the block's fields checked by building `block_class` (a
+        BlockConfig with `BLOCK_LABELS`), which is returned: a model builds its one block spec
+        here and shares it with all its layers."""
         for name in ("vocab_size", "num_hidden_layers", "max_position_embeddings"):
             check_int(getattr(self, name), name, low=1)
         if self.attention_feature_map == "identity":
             check_attention_hyperparameters(self.attention_momentum, self.attention_step_size,
                                             self.attention_feature_map)
-        NamedBlockConfig(**self.block_fields())
+        block = block_class(**self.block_fields())
         self.check_connection_fields()
         check_probability(self.embedding_dropout, "embedding_dropout")
         check_positive(self.initializer_range, "initializer_range")
@@ -151,3 +167,4 @@ class MomentumTransformerConfig(PreTrainedConfig):
         check_bool(self.tie_word_embeddings, "tie_word_embeddings")
         check_bool_fields(self)         # transformers' own bool fields too (return_dict, ...)
         check_bool(getattr(self, "output_attentions", False), "output_attentions")  # set after __post_init__
+        return block

@@ -20,7 +20,7 @@ from transformers import GenerationMixin, PreTrainedModel
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import BaseModelOutputWithPast, SequenceClassifierOutput
 
-from .configuration_momentum_transformer import MomentumTransformerConfig
+from .configuration_momentum_transformer import BLOCK_LABELS, MomentumTransformerConfig
 from .modeling_common import (
     RecurrentCausalLMMixin,
     check_attention_mask,
@@ -33,6 +33,7 @@ from .momentum_core import (
     ConnectionState,
     MomentumAttentionState,
     TransformerBlock,
+    TransformerStack,
     masked_mean,
 )
 from .packing import (
@@ -83,20 +84,28 @@ class StaticMomentumCache(StaticStateMixin, MomentumCache):
     mask over the cached tokens (a forward may pass the mask of the new tokens only)."""
 
 
+class MomentumBlockConfig(BlockConfig):
+    """The shared block's hyperparameters (`plugins.transformer`), its errors naming this model's
+    config fields. Defined here, not imported with the config: remote code may load the config
+    file's `momentum_core` and this file's as two modules, each with its own BlockConfig."""
+
+    labels = BLOCK_LABELS
+
+
 def block_config(config: MomentumTransformerConfig) -> BlockConfig:
-    """The shared block's hyperparameters (`plugins.transformer`) read from this model's config."""
-    return BlockConfig(**config.block_fields())
+    """The shared block's hyperparameters read from this model's config, checked once."""
+    return config.validated_block(MomentumBlockConfig)
 
 
 class MomentumTransformerLayer(GradientCheckpointingLayer, TransformerBlock):
     """One shared block (`plugins.transformer.TransformerBlock`: momentum attention eq. 13 / eq. 14,
     recurrent eq. 12 with a cache, the connection eq. 15 / 18, pre- or post-LN). The velocity v and
     previous update A_{ℓ−1} of the connection are passed from layer to layer as separate tensors,
-    which gradient checkpointing can follow; the attention state lives in the `MomentumCache`."""
+    which gradient checkpointing can follow; the attention state lives in the `MomentumCache`.
+    config: the model's checked BlockConfig (trusted), or a MomentumTransformerConfig (checked)."""
 
-    def __init__(self, config: MomentumTransformerConfig, layer_idx: int):
-        config.check_momentum_fields()
-        super().__init__(block_config(config))
+    def __init__(self, config, layer_idx: int):
+        super().__init__(config if isinstance(config, BlockConfig) else block_config(config))
         self.layer_idx = layer_idx
 
     def forward(self, hidden_states, velocity=None, previous_update=None, padding_mask=None,
@@ -112,6 +121,19 @@ class MomentumTransformerLayer(GradientCheckpointingLayer, TransformerBlock):
         if state is None:
             return out, velocity, previous_update
         return out, state.velocity, state.update
+
+
+class MomentumTransformerLayers(TransformerStack):
+    """The core stack over `MomentumTransformerLayer`s: the connection state is handed to each
+    layer as two tensors (which gradient checkpointing follows) and each layer reads and writes
+    its attention state in the cache `past_key_values`."""
+
+    def call_block(self, block, x, connection_state, *, padding_mask, packed, attention_state, recurrent,
+                   past_key_values):
+        velocity, update = (None, None) if connection_state is None else connection_state
+        out, velocity, update = block(x, velocity, update, padding_mask=padding_mask,
+                                      past_key_values=past_key_values, packed=packed)
+        return out, None if velocity is None else ConnectionState(velocity, update), None
 
 
 class MomentumTransformerPreTrainedModel(RemoteCodeMixin, PreTrainedModel):
@@ -130,25 +152,24 @@ class MomentumTransformerPreTrainedModel(RemoteCodeMixin, PreTrainedModel):
                             "is_causal")
     card_papers = ("momentum_transformer",)
 
-    def __init__(self, config: MomentumTransformerConfig, *inputs, **kwargs):
-        config.validate()
+    def __init__(self, config: MomentumTransformerConfig, *inputs, block: Optional[BlockConfig] = None,
+                 **kwargs):
+        """block: the spec an outer model already checked (trusted); None: check `config` now."""
+        block = block_config(config) if block is None else block
         super().__init__(config, *inputs, **kwargs)
+        self.block = block
 
 
 class MomentumTransformerModel(MomentumTransformerPreTrainedModel):
-    def __init__(self, config: MomentumTransformerConfig):
-        super().__init__(config)
+    def __init__(self, config: MomentumTransformerConfig, block: Optional[BlockConfig] = None):
+        super().__init__(config, block=block)
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size, config.pad_token_id)
         self.embed_positions = nn.Embedding(config.max_position_embeddings, config.hidden_size)
         self.dropout = nn.Dropout(config.embedding_dropout)
-        self.layers = nn.ModuleList(MomentumTransformerLayer(config, i)
-                                    for i in range(config.num_hidden_layers))
-        if config.layer_norm == "pre":
-            self.norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
-        elif config.layer_norm == "post":
-            self.norm = nn.Identity()
-        else:
-            raise ValueError(f"layer_norm must be 'pre' or 'post', got {config.layer_norm!r}")
+        self.layers = MomentumTransformerLayers(MomentumTransformerLayer(self.block, i)
+                                                for i in range(config.num_hidden_layers))
+        pre_norm = self.block.norm == "pre"
+        self.norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps) if pre_norm else nn.Identity()
         self.gradient_checkpointing = False
         self.context_parallel_group = None  # hf_momentum.context_parallel.enable_context_parallel
         self.post_init()
@@ -205,15 +226,8 @@ class MomentumTransformerModel(MomentumTransformerPreTrainedModel):
             raise ValueError(f"position {int(position_ids.max())} is beyond max_position_embeddings "
                              f"({self.config.max_position_embeddings})")
         hidden = self.dropout(inputs_embeds + self.embed_positions(position_ids))
-        all_hidden = [hidden] if output_hidden_states else None
-        velocity = update = None
-        for i, layer in enumerate(self.layers):
-            hidden, velocity, update = layer(hidden, velocity, update, padding_mask=padding_mask,
-                                             past_key_values=cache, packed=packed)
-            if i == len(self.layers) - 1:
-                hidden = self.norm(hidden)
-            if all_hidden is not None:
-                all_hidden.append(hidden)
+        hidden, all_hidden, _ = self.layers(hidden, padding_mask=padding_mask, packed=packed, final=self.norm,
+                                            output_hidden_states=output_hidden_states, past_key_values=cache)
         if isinstance(cache, StaticMomentumCache):
             cache.advance(length, padding_mask)
         elif cache is not None:
@@ -221,7 +235,7 @@ class MomentumTransformerModel(MomentumTransformerPreTrainedModel):
             padded = padding_mask is not None and not bool(padding_mask.all())
             cache.has_padding = cache.has_padding or padded
         out = BaseModelOutputWithPast(last_hidden_state=hidden, past_key_values=cache,
-                                      hidden_states=None if all_hidden is None else tuple(all_hidden))
+                                      hidden_states=all_hidden)
         return out if return_dict is not False else out.to_tuple()
 
     def _recurrent_inputs(self, cache, past_key_values, use_cache, attention_mask, position_ids, batch,
@@ -303,7 +317,7 @@ class MomentumTransformerForCausalLM(RecurrentCausalLMMixin, MomentumTransformer
         super().__init__(config)
         if not config.is_causal:
             raise ValueError("MomentumTransformerForCausalLM needs is_causal=True")
-        self.model = MomentumTransformerModel(config)
+        self.model = MomentumTransformerModel(config, self.block)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.post_init()
 
@@ -333,7 +347,7 @@ class MomentumTransformerForSequenceClassification(MomentumTransformerPreTrained
     def __init__(self, config: MomentumTransformerConfig):
         super().__init__(config)
         self.num_labels = config.num_labels
-        self.model = MomentumTransformerModel(config)
+        self.model = MomentumTransformerModel(config, self.block)
         self.score = nn.Linear(config.hidden_size, config.num_labels)
         self.post_init()
 

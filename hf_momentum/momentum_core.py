@@ -32,15 +32,16 @@ from plugins.transformer.config import (
     BlockConfig,
 )
 from plugins.transformer.pooling import masked_mean
+from plugins.transformer.stack import TransformerStack
 
 BUNDLED_MODULES = ("plugins.attention.api", "plugins.connection", "plugins.transformer.block",
-                   "plugins.transformer.pooling")
+                   "plugins.transformer.pooling", "plugins.transformer.stack")
 EXPORTS = ("FEATURE_MAPS", "MomentumAttentionState", "momentum_attention", "momentum_attention_step",
            "AdaptiveMomentumConnection", "ConnectionState", "MomentumConnection", "build_connection",
            "DEFAULT_CONNECTION_MOMENTUM", "DEFAULT_CONNECTION_STEP_SIZE", "DEFAULT_ADAPTIVE_DELTA",
            "CONNECTION_READS", "unread_connection_fields", "BlockConfig", "BLOCK_FEATURE_MAPS",
            "DEFAULT_ATTENTION_MOMENTUM", "DEFAULT_ATTENTION_STEP_SIZE", "NORM_PLACEMENTS",
-           "MultiHeadAttention", "TransformerBlock", "masked_mean")
+           "MultiHeadAttention", "TransformerBlock", "TransformerStack", "masked_mean")
 
 
 def bundled_source() -> str:

@@ -137,13 +137,21 @@ OFFSET_DTYPES = (torch.int32, torch.int64)
 
 
 def check_offsets(cu_seqlens, length: int, *, name: str = "cu_seqlens", device=None,
-                  batch: Optional[int] = None) -> torch.Tensor:
+                  batch: Optional[int] = None, host: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """The n + 1 offsets of sequences packed in one row; see `check_offsets_on_host`, which also
+    returns the host copy it checked."""
+    return check_offsets_on_host(cu_seqlens, length, name=name, device=device, batch=batch, host=host)[0]
+
+
+def check_offsets_on_host(cu_seqlens, length: int, *, name: str = "cu_seqlens", device=None,
+                          batch: Optional[int] = None, host: Optional[torch.Tensor] = None):
     """The n + 1 offsets of sequences packed in one row (flash-attention's and fla's cu_seqlens;
     sequence s is steps [cu[s], cu[s+1])): a 1-D int32/int64 tensor, cu[0] = 0, non-decreasing
     (empty sequences allowed), cu[-1] = `length`; on `device` and over a batch of one row where
-    those are given. Returns it as int64 on its device. The value checks copy it to the host
+    those are given. Returns it as int64 on its device, and the int64 host copy checked (None
+    under torch.compile). The value checks copy it to the host
     once (as fla's prepare_lens does); under torch.compile only type, shape, dtype and device
-    are checked."""
+    are checked. `host`: a host copy of the same offsets, checked instead of copying them again."""
     if not isinstance(cu_seqlens, torch.Tensor):
         raise ValueError(f"{name} must be a 1-D int32/int64 tensor of n + 1 offsets, got "
                          f"{type(cu_seqlens).__name__}")
@@ -159,8 +167,11 @@ def check_offsets(cu_seqlens, length: int, *, name: str = "cu_seqlens", device=N
                          f"batch {batch}: concatenate the rows into one")
     cu = cu_seqlens.long()
     if torch.compiler.is_compiling():
-        return cu
-    values = cu_seqlens.detach().to("cpu", torch.int64)
+        return cu, None
+    if host is not None and tuple(host.shape) != tuple(cu_seqlens.shape):
+        raise ValueError(f"{name}_cpu must hold the same {cu_seqlens.numel()} offsets as {name}, got shape "
+                         f"{tuple(host.shape)}")
+    values = cu_seqlens.detach().to("cpu", torch.int64) if host is None else host.to(torch.int64)
     if int(values[0]) != 0:
         raise ValueError(f"{name} must start at 0, got {int(values[0])}")
     down = torch.nonzero(values.diff() < 0)
@@ -170,4 +181,4 @@ def check_offsets(cu_seqlens, length: int, *, name: str = "cu_seqlens", device=N
                          f"at index {at}")
     if int(values[-1]) != length:
         raise ValueError(f"{name} must end at the sequence length {length}, got {int(values[-1])}")
-    return cu
+    return cu, values

@@ -277,3 +277,24 @@ def test_check_model_refuses_instances(model_type):
                                                        intermediate_size=64))
     with pytest.raises(ValueError, match="custom attention"):
         hf_momentum.check_model(model)
+
+
+def test_packed_rows_are_derived_once_per_forward_and_again_for_a_rewritten_buffer(monkeypatch,
+                                                                                   make_generator):
+    """Every layer gets the same position_ids tensor: the first derives the packed rows, the
+    others reuse them. Rewriting that tensor in place (a reused buffer) is noticed."""
+    model = AutoModel.from_config(tiny_config("llama"), attn_implementation="momentum").eval()
+    calls = []
+    original = ai._document_starts
+    monkeypatch.setattr(ai, "_document_starts", lambda *a: calls.append(1) or original(*a))
+    g = make_generator()
+    ids = torch.randint(3, 100, (1, 12), generator=g)
+    positions = torch.cat([torch.arange(5), torch.arange(7)])[None]
+    with torch.no_grad():
+        packed = model(input_ids=ids, position_ids=positions).last_hidden_state
+        assert len(calls) == 1
+        alone = [model(input_ids=ids[:, :5]).last_hidden_state, model(input_ids=ids[:, 5:]).last_hidden_state]
+        torch.testing.assert_close(packed, torch.cat(alone, dim=1), atol=1e-5, rtol=1e-5)
+        positions.copy_(torch.arange(12)[None])
+        whole = model(input_ids=ids, position_ids=positions).last_hidden_state
+        torch.testing.assert_close(whole, model(input_ids=ids).last_hidden_state, atol=1e-5, rtol=1e-5)

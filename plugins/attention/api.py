@@ -3,30 +3,23 @@ from typing import Optional, Tuple, Union
 
 import torch
 
+from ..packing import Segments
 from ..validation import check_bool, check_momentum, check_offsets, check_positive
-from .backends import triton_kernels, use_triton
+from .attend import attend, attend_step, mask_keys
 from .checks import (
-    check_backend,
     check_chunk_size,
     check_feature_dims,
     check_padding_mask,
     check_qkv,
     compute_dtype,
 )
-from .chunk import chunk_causal_momentum_attention
 from .context_parallel import context_parallel_attention
 from .feature_maps import FeatureMap, resolve_feature_map
 from .noncausal import apply_noncausal_summary, noncausal_summary
-from .nonfinite import NonFiniteMarks, split_finite
-from .recurrent import fused_recurrent_step
+from .nonfinite import split_finite
+from .spec import AttentionSpec
 from .state import MomentumAttentionState, NonCausalSummary
-from .varlen import (
-    segment_of_tokens,
-    varlen_apply_summary,
-    varlen_causal_momentum_attention,
-    varlen_noncausal_momentum_attention,
-    varlen_noncausal_summary,
-)
+from .varlen import varlen_apply_summary, varlen_noncausal_summary
 
 Output = Union[torch.Tensor, Tuple[torch.Tensor, MomentumAttentionState]]
 
@@ -78,44 +71,13 @@ def momentum_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, mom
             eps=eps, chunk_size=chunk_size, initial_state=initial_state, return_state=return_state,
             backend=backend, cu_seqlens=cu_seqlens)
     check_qkv(q, k, v, causal=causal)
-    momentum = check_momentum(momentum)
-    step_size = check_positive(step_size, "step_size")
-    eps = check_positive(eps, "eps")
-    chunk_size = check_chunk_size(chunk_size)
-    backend = check_backend(backend)
-    phi = resolve_feature_map(feature_map)
-    mask = check_padding_mask(padding_mask, k.shape[0], k.shape[2], k.device)
-    cu = None
-    if cu_seqlens is not None:
-        cu = check_offsets(cu_seqlens, k.shape[2], device=k.device, batch=k.shape[0])
-        _check_packed_padding(padding_mask, mask)
-        if q.shape[2] != k.shape[2]:
-            raise ValueError(f"cu_seqlens splits queries and keys alike: q and k must have the same "
-                             f"length, got {q.shape[2]} and {k.shape[2]}")
+    spec = AttentionSpec(momentum=momentum, step_size=step_size, causal=causal, feature_map=feature_map,
+                         eps=eps, chunk_size=chunk_size, backend=backend)
+    segments = _segments(padding_mask, cu_seqlens, q, k)
     _check_state_type(initial_state, "initial_state")
     if not causal and (initial_state is not None or return_state):
         raise ValueError("initial_state and return_state need causal=True (eq. 14 has no recurrent form)")
-    out_dtype = torch.promote_types(torch.promote_types(q.dtype, k.dtype), v.dtype)
-    if not causal:
-        return _noncausal(q, k, v, phi, mask, momentum, step_size, eps, cu, chunk_size).to(out_dtype)
-
-    state_dtype = _state_dtype(initial_state, compute_dtype(q, k, v))
-    if use_triton(backend, q.device, float64=state_dtype == torch.float64):
-        kernel, run_dtype = triton_kernels().chunk_momentum_attention, out_dtype
-    else:
-        kernel, run_dtype = chunk_causal_momentum_attention, state_dtype
-        if cu is not None:
-            kernel = varlen_causal_momentum_attention
-    with torch.autocast(device_type=q.device.type, enabled=False):
-        q, k, v = q.to(run_dtype), k.to(run_dtype), v.to(run_dtype)
-        hyper = dict(state_dtype=state_dtype, momentum=momentum, step_size=step_size, eps=eps,
-                     chunk_size=chunk_size, initial_state=initial_state, return_state=return_state)
-        if cu is None:
-            out, state = _causal(q, k, v, phi, mask, kernel=kernel, **hyper)
-        else:
-            out, state = _causal_packed(q, k, v, phi, cu, kernel=kernel, **hyper)
-    out = out.to(out_dtype)
-    return (out, state) if return_state else out
+    return attend(q, k, v, spec, segments=segments, initial_state=initial_state, return_state=return_state)
 
 
 def summarize_keys(k: torch.Tensor, v: torch.Tensor, *, momentum: float, step_size: float = 1.0,
@@ -140,7 +102,7 @@ def summarize_keys(k: torch.Tensor, v: torch.Tensor, *, momentum: float, step_si
     dtype = compute_dtype(k, v)
     with torch.autocast(device_type=k.device.type, enabled=False):
         k, v = k.to(dtype), v.to(dtype)
-        fk, v = _mask_keys(phi(_mask_keys(k, mask)), mask), _mask_keys(v, mask)
+        fk, v = mask_keys(phi(mask_keys(k, mask)), mask), mask_keys(v, mask)
         check_feature_dims(fk, fk, k, k)
         if cu is not None:
             kv, z = varlen_noncausal_summary(fk, v, cu_seqlens=cu, momentum=momentum, step_size=step_size,
@@ -220,130 +182,29 @@ def momentum_attention_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                                   feature_map=feature_map, padding_mask=padding_mask, eps=eps,
                                   chunk_size=chunk_size, initial_state=state, return_state=True,
                                   backend=backend, cu_seqlens=cu_seqlens)
-    momentum = check_momentum(momentum)
-    step_size = check_positive(step_size, "step_size")
-    eps = check_positive(eps, "eps")
-    backend = check_backend(backend)
-    phi = resolve_feature_map(feature_map)
-    B, H, Dv = q.shape[0], q.shape[1], v.shape[-1]
-    real = check_padding_mask(padding_mask, B, 1, k.device)
-    dtype = _state_dtype(state, compute_dtype(q, k, v))
-    step = fused_recurrent_step
-    if use_triton(backend, q.device, float64=dtype == torch.float64):
-        step = triton_kernels().fused_recurrent_step
-    out_dtype = torch.promote_types(torch.promote_types(q.dtype, k.dtype), v.dtype)
-    with torch.autocast(device_type=q.device.type, enabled=False):
-        q, k, v = (_mask_keys(t.to(dtype), real) for t in (q, k, v))
-        fq, fk, v, marks = NonFiniteMarks.feature_map(phi, q, k, v)
-        D = fk.shape[-1]
-        if state is None:
-            state = MomentumAttentionState.zeros(B, H, D, Dv, dtype=dtype, device=k.device)
-        else:
-            _check_state(state, B, H, D, Dv, k.device)
-            state = state.to(dtype)
-        out, state = step(fq[:, :, 0], fk[:, :, 0], v[:, :, 0], state, momentum=momentum,
-                          step_size=step_size, eps=eps, real=None if real is None else real[:, 0])
-    return marks.step(out)[:, :, None].to(out_dtype), marks.state(state)
+    spec = AttentionSpec(momentum=momentum, step_size=step_size, feature_map=feature_map, eps=eps,
+                         chunk_size=chunk_size, backend=backend)
+    segments = None
+    if padding_mask is not None:
+        check_padding_mask(padding_mask, q.shape[0], 1, k.device)
+        segments = Segments.from_padding_mask(padding_mask, q.shape[0], 1)
+    return attend_step(q, k, v, state, spec, segments=segments)
 
 
-def _causal(q, k, v, phi, mask, *, kernel, state_dtype, momentum, step_size, eps, chunk_size,
-            initial_state, return_state):
-    """Causal form on any padding pattern: real tokens are moved to the front of their row
-    (a stable gather), run right-padded through `kernel` on finite inputs, and moved back."""
-    B, H, N, Dv = *q.shape[:3], v.shape[-1]
-    lengths, order = None, None
-    if mask is not None:
-        lengths = mask.sum(-1)
-        # Eager mode skips the gather when the padding is already on the right; under
-        # torch.compile the (exact) gather always runs rather than branch on data.
-        if torch.compiler.is_compiling() or not bool((mask[:, 1:] <= mask[:, :-1]).all()):
-            order = torch.argsort((~mask).to(torch.int8), dim=-1, stable=True)
-            q, k, v = (_gather(t, order) for t in (q, k, v))
-        mask = torch.arange(N, device=q.device) < lengths[:, None]
-    q, k, v = (_mask_keys(t, mask) for t in (q, k, v))
-    fq, fk, v, marks = NonFiniteMarks.feature_map(phi, q, k, v)
-    fk, D = _mask_keys(fk, mask), fk.shape[-1]
-    if initial_state is not None:
-        _check_state(initial_state, B, H, D, Dv, q.device)
-        initial_state = initial_state.to(state_dtype)
-    if B * H * N == 0:                  # nothing to compute; the empty sums keep the autograd graph
-        out = v.new_zeros(B, H, N, Dv) + (fq.sum() + fk.sum() + v.sum())
-        if return_state and initial_state is None:
-            initial_state = MomentumAttentionState.zeros(B, H, D, Dv, dtype=state_dtype, device=q.device)
-        return out, initial_state
-    out, state = kernel(fq, fk, v, momentum=momentum, step_size=step_size, eps=eps,
-                        chunk_size=chunk_size, initial_state=initial_state, lengths=lengths,
-                        return_state=return_state)
-    out = marks.causal(out)
-    if return_state:
-        state = marks.state(state)
-    if mask is not None:
-        out = _mask_keys(out, mask)
-    if order is not None:
-        out = _gather(out, torch.argsort(order, dim=-1))
-    return out, state
-
-
-def _causal_packed(q, k, v, phi, cu, *, kernel, state_dtype, momentum, step_size, eps, chunk_size,
-                   initial_state, return_state):
-    """Causal form on packed sequences (`cu` checked, batch 1): every segment restarts from its
-    own initial state; NaN marks stay inside their segment."""
-    H, N, Dv = q.shape[1], q.shape[2], v.shape[-1]
-    n = cu.numel() - 1
-    fq, fk, v, marks = NonFiniteMarks.feature_map(phi, q, k, v)
-    D = fk.shape[-1]
-    if initial_state is not None:
-        _check_state(initial_state, n, H, D, Dv, q.device, packed=True)
-        initial_state = initial_state.to(state_dtype)
-    if N == 0 or H == 0:
-        out = v.new_zeros(v.shape) + (fq.sum() + fk.sum() + v.sum())
-        if return_state and initial_state is None:
-            initial_state = MomentumAttentionState.zeros(n, H, D, Dv, dtype=state_dtype, device=q.device)
-        return out, initial_state
-    out, state = kernel(fq, fk, v, momentum=momentum, step_size=step_size, eps=eps,
-                        chunk_size=chunk_size, initial_state=initial_state, return_state=return_state,
-                        cu_seqlens=cu)
-    segments = segment_of_tokens(cu, N)
-    out = marks.causal(out, segments=segments)
-    if return_state:
-        state = marks.state(state, segments=segments, count=n)
-    return out, state
-
-
-def _noncausal(q, k, v, phi, mask, momentum, step_size, eps, cu, chunk_size):
-    """Eq. 14 as two sums over the real keys (per segment with cu_seqlens), in float32 (float64
-    for float64 inputs)."""
-    dtype = compute_dtype(q, k, v)
-    with torch.autocast(device_type=q.device.type, enabled=False):
-        q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
-        fq, fk, v, marks = NonFiniteMarks.feature_map(phi, q, _mask_keys(k, mask), _mask_keys(v, mask))
-        if cu is not None:
-            if q.shape[2] == 0:
-                return v.new_zeros(v.shape) + (fq.sum() + fk.sum())
-            out = varlen_noncausal_momentum_attention(fq, fk, v, cu_seqlens=cu, momentum=momentum,
-                                                      step_size=step_size, eps=eps, chunk_size=chunk_size)
-            return marks.noncausal(out, segments=segment_of_tokens(cu, q.shape[2]), count=cu.numel() - 1)
-        fk = _mask_keys(fk, mask)
-        kv, z = noncausal_summary(fk, v, momentum=momentum, step_size=step_size, key_mask=mask)
-        return marks.noncausal(apply_noncausal_summary(fq, kv, z, eps=eps))
-
-
-def _mask_keys(t: torch.Tensor, mask: Optional[torch.Tensor]) -> torch.Tensor:
-    """Zero padded positions with `where`, so NaN or inf in padding reaches neither the sums nor
-    the gradients (masking only after φ would leave φ's backward multiplying 0 by NaN)."""
-    if mask is None:
-        return t
-    return torch.where(mask[:, None, :, None], t, torch.zeros((), dtype=t.dtype, device=t.device))
-
-
-def _gather(t: torch.Tensor, order: torch.Tensor) -> torch.Tensor:
-    return t.gather(2, order[:, None, :, None].expand(t.shape[0], t.shape[1], -1, t.shape[3]))
-
-
-def _state_dtype(state: Optional[MomentumAttentionState], dtype: torch.dtype) -> torch.dtype:
-    if state is not None and state.s.dtype == torch.float64:
-        return torch.float64
-    return dtype
+def _segments(padding_mask, cu_seqlens, q, k) -> Optional[Segments]:
+    """The public arguments' batch description, validated once."""
+    if cu_seqlens is None:
+        if padding_mask is None:
+            return None
+        check_padding_mask(padding_mask, k.shape[0], k.shape[2], k.device)
+        return Segments.from_padding_mask(padding_mask, k.shape[0], k.shape[2])
+    segments = Segments.from_cu_seqlens(cu_seqlens, k.shape[2], device=k.device, batch=k.shape[0])
+    mask = check_padding_mask(padding_mask, k.shape[0], k.shape[2], k.device)
+    _check_packed_padding(padding_mask, mask)
+    if q.shape[2] != k.shape[2]:
+        raise ValueError(f"cu_seqlens splits queries and keys alike: q and k must have the same "
+                         f"length, got {q.shape[2]} and {k.shape[2]}")
+    return segments
 
 
 def _check_state_type(state, name: str) -> None:
@@ -357,13 +218,3 @@ def _check_packed_padding(padding_mask, mask) -> None:
     if padding_mask is not None and (mask is not None or torch.compiler.is_compiling()):
         raise ValueError("padding_mask marks padded tokens, but with cu_seqlens every token belongs to a "
                          "sequence: drop the padding tokens from the packed row (or pass padding_mask=None)")
-
-
-def _check_state(state: MomentumAttentionState, B: int, H: int, Dk: int, Dv: int,
-                 device: torch.device, packed: bool = False) -> None:
-    if packed and state.s.dim() == 4 and state.s.shape[0] != B:
-        raise ValueError(f"with cu_seqlens the state holds one row per packed sequence: batch {B} "
-                         f"(len(cu_seqlens) - 1), got {state.s.shape[0]}")
-    state.check(B, H, Dk, Dv)
-    if state.s.device != device:
-        raise ValueError(f"state is on {state.s.device} but the inputs are on {device}")

@@ -43,17 +43,20 @@ class SegmentChunks:
     empty: torch.Tensor
 
     @classmethod
-    def build(cls, cu: torch.Tensor, length: int, chunk: int) -> "SegmentChunks":
+    def build(cls, cu: torch.Tensor, length: int, chunk: int,
+              cu_host: Optional[torch.Tensor] = None) -> "SegmentChunks":
+        """cu_host: the offsets' host copy (`Segments.cu_seqlens_cpu`), which sizes the layout
+        exactly without reading the device; without it the size is a static bound."""
         device = cu.device
         n = cu.numel() - 1
         lens = cu[1:] - cu[:-1]
         per_segment = (lens + chunk - 1) // chunk
         ends = per_segment.cumsum(0)
         starts = ends - per_segment
-        if torch.compiler.is_compiling():
+        if cu_host is None or torch.compiler.is_compiling():
             total = -(-length // chunk) + n              # a static bound; trailing chunks stay unused
         else:
-            total = max(int(ends[-1]), 1)                # one sync sizes the layout, as in fla
+            total = max(int(((cu_host.diff() + chunk - 1) // chunk).sum()), 1)
         t = torch.arange(total, device=device)
         segment = torch.searchsorted(ends, t, right=True).clamp(max=n - 1)
         index = t - starts[segment]                      # chunk index within its segment
@@ -73,7 +76,7 @@ class SegmentChunks:
 def varlen_causal_momentum_attention(
     fq: torch.Tensor, fk: torch.Tensor, v: torch.Tensor, *, cu_seqlens: torch.Tensor, momentum: float,
     step_size: float, eps: float, chunk_size: int, initial_state: Optional[MomentumAttentionState] = None,
-    return_state: bool = False,
+    return_state: bool = False, cu_seqlens_cpu: Optional[torch.Tensor] = None,
 ) -> Tuple[torch.Tensor, Optional[MomentumAttentionState]]:
     """Eq. 13 per segment on feature-mapped, finite fq, fk (1, H, N, Dk), v (1, H, N, Dv) in the
     compute dtype, N ≥ 1; cu_seqlens checked (int64). initial_state / the returned state have
@@ -82,7 +85,7 @@ def varlen_causal_momentum_attention(
     Dv = v.shape[-1]
     n = cu_seqlens.numel() - 1
     C = chunk_size
-    layout = SegmentChunks.build(cu_seqlens, N, C)
+    layout = SegmentChunks.build(cu_seqlens, N, C, cu_seqlens_cpu)
     coef = ChunkCoefficients.build(momentum, step_size, C, fq.dtype, fq.device)
     zero = torch.zeros((), dtype=fq.dtype, device=fq.device)
     valid = layout.valid[None, None, :, :, None]
@@ -183,10 +186,11 @@ def _recurrence(a: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
 
 
 def varlen_noncausal_momentum_attention(fq, fk, v, *, cu_seqlens: torch.Tensor, momentum: float,
-                                        step_size: float, eps: float, chunk_size: int) -> torch.Tensor:
+                                        step_size: float, eps: float, chunk_size: int,
+                                        cu_seqlens_cpu: Optional[torch.Tensor] = None) -> torch.Tensor:
     """Eq. 14 per segment on feature-mapped fq, fk (1, H, N, Dk), v (1, H, N, Dv): each query
     attends to the keys of its own segment, with N the segment's length."""
-    layout = SegmentChunks.build(cu_seqlens, fq.shape[2], chunk_size)     # one layout for both halves
+    layout = SegmentChunks.build(cu_seqlens, fq.shape[2], chunk_size, cu_seqlens_cpu)   # for both halves
     kv, z = varlen_noncausal_summary(fk, v, cu_seqlens=cu_seqlens, momentum=momentum, step_size=step_size,
                                      chunk_size=chunk_size, layout=layout)
     return varlen_apply_summary(fq, kv, z, cu_seqlens=cu_seqlens, eps=eps, chunk_size=chunk_size,
@@ -195,6 +199,7 @@ def varlen_noncausal_momentum_attention(fq, fk, v, *, cu_seqlens: torch.Tensor, 
 
 def varlen_noncausal_summary(fk, v, *, cu_seqlens: torch.Tensor, momentum: float, step_size: float,
                              chunk_size: int, layout: Optional[SegmentChunks] = None,
+                             cu_seqlens_cpu: Optional[torch.Tensor] = None,
                              ) -> Tuple[torch.Tensor, torch.Tensor]:
     """Eq. 14's two sums per segment: kv (n, H, Dk, Dv), z (n, H, Dk), from feature-mapped keys
     fk (1, H, N, Dk) and v (1, H, N, Dv). Built per chunk of the chunk-aligned layout, then
@@ -202,7 +207,7 @@ def varlen_noncausal_summary(fk, v, *, cu_seqlens: torch.Tensor, momentum: float
     _, H, N, Dk = fk.shape
     Dv = v.shape[-1]
     n = cu_seqlens.numel() - 1
-    layout = SegmentChunks.build(cu_seqlens, N, chunk_size) if layout is None else layout
+    layout = SegmentChunks.build(cu_seqlens, N, chunk_size, cu_seqlens_cpu) if layout is None else layout
     after = cu_seqlens[1:][segment_of_tokens(cu_seqlens, N)] - 1 - torch.arange(N, device=fk.device)
     weight = (step_size * geometric(momentum, after + 1)).to(fk.dtype)   # later keys in the segment
     zero = torch.zeros((), dtype=fk.dtype, device=fk.device)
@@ -216,12 +221,13 @@ def varlen_noncausal_summary(fk, v, *, cu_seqlens: torch.Tensor, momentum: float
 
 
 def varlen_apply_summary(fq, kv, z, *, cu_seqlens: torch.Tensor, eps: float, chunk_size: int,
-                         layout: Optional[SegmentChunks] = None) -> torch.Tensor:
+                         layout: Optional[SegmentChunks] = None,
+                         cu_seqlens_cpu: Optional[torch.Tensor] = None) -> torch.Tensor:
     """Eq. 14's output for packed feature-mapped queries fq (1, H, N, Dk), segment s of them
     against summary row s (kv (n, H, Dk, Dv), z (n, H, Dk))."""
     _, H, N, Dk = fq.shape
     Dv = kv.shape[-1]
-    layout = SegmentChunks.build(cu_seqlens, N, chunk_size) if layout is None else layout
+    layout = SegmentChunks.build(cu_seqlens, N, chunk_size, cu_seqlens_cpu) if layout is None else layout
     zero = torch.zeros((), dtype=fq.dtype, device=fq.device)
     Q = torch.where(layout.valid[None, None, :, :, None], fq[:, :, layout.token], zero)
     kv_t = kv[layout.segment].transpose(0, 1)[None]                                 # (1, H, T, Dk, Dv)

@@ -4,7 +4,8 @@ from .block import BlockOutput, FeedForward, TransformerBlock
 from .config import ATTENTION_KINDS, BlockConfig
 from .kv_cache import KeyValueCache, cached_softmax_attention, extend_key_value_cache
 from .pooling import masked_mean
+from .stack import StackOutput, TransformerStack
 
 __all__ = ["ATTENTION_KINDS", "BlockConfig", "BlockOutput", "FeedForward", "KeyValueCache",
            "MultiHeadAttention", "TransformerBlock", "cached_softmax_attention", "extend_key_value_cache",
-           "masked_mean", "softmax_self_attention"]
+           "StackOutput", "TransformerStack", "masked_mean", "softmax_self_attention"]

@@ -13,7 +13,7 @@ from typing import Optional
 import torch
 from torch import nn
 
-from plugins.transformer import BlockConfig, TransformerBlock
+from plugins.transformer import BlockConfig, TransformerBlock, TransformerStack
 
 
 @dataclass(frozen=True)
@@ -97,13 +97,10 @@ class CopyTransformer(nn.Module):
         self.register_buffer("positions", sinusoidal_positions(max_length, d_model // 2),
                              persistent=False)
         config = block_config(variant, d_model, heads, dropout)
-        self.blocks = nn.ModuleList(copy_block(config) for _ in range(layers))
+        self.blocks = TransformerStack(copy_block(config) for _ in range(layers))
         self.head = nn.Linear(d_model, n_symbols + 1)
 
     def forward(self, tokens):
         B, N = tokens.shape
         x = torch.cat([self.embed(tokens), self.positions[:N].expand(B, N, -1)], dim=-1)
-        state = None
-        for block in self.blocks:
-            x, state, _ = block(x, state)
-        return self.head(x)
+        return self.head(self.blocks(x).hidden)

@@ -29,7 +29,7 @@ from typing import List, Optional
 import torch
 from torch import nn
 
-from plugins.transformer import BlockConfig, TransformerBlock
+from plugins.transformer import BlockConfig, TransformerBlock, TransformerStack
 from plugins.validation import check_int
 
 from .data import START, teacher_forcing
@@ -102,7 +102,7 @@ class PixelTransformer(nn.Module):
         self.embed_pixels = nn.Embedding(LEVELS + 1, config.d_model)
         self.embed_positions = nn.Embedding(config.sequence_length, config.d_model)
         self.dropout = nn.Dropout(config.dropout)
-        self.blocks = nn.ModuleList(TransformerBlock(block) for _ in range(config.layers))
+        self.blocks = TransformerStack(TransformerBlock(block) for _ in range(config.layers))
         self.norm = nn.LayerNorm(config.d_model)
         self.head = nn.Linear(config.d_model, parameter_count(config.n_mix, 1))
         for module in (self.embed_pixels, self.embed_positions, self.blocks):
@@ -118,14 +118,7 @@ class PixelTransformer(nn.Module):
         soon as its successor exists, not after the last layer. Returns (parameters, states)."""
         positions = torch.arange(offset, offset + inputs.shape[1], device=inputs.device)
         x = self.dropout(self.embed_pixels(inputs) + self.embed_positions(positions))
-        recurrent = states is not None
-        connection = None
-        for i, block in enumerate(self.blocks):
-            x, connection, state = block(x, connection, attention_state=states[i] if recurrent else None,
-                                         recurrent=recurrent)
-            if recurrent:
-                states[i] = state
-        return self.head(self.norm(x)), states
+        return self.head(self.blocks(x, attention_states=states, final=self.norm).hidden), states
 
     def _check_inputs(self, inputs: torch.Tensor, name: str, limit: int) -> None:
         if not isinstance(inputs, torch.Tensor) or inputs.dim() != 2 or inputs.is_floating_point():

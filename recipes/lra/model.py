@@ -27,7 +27,7 @@ import torch
 from torch import nn
 
 from plugins.connection import DEFAULT_CONNECTION_MOMENTUM, DEFAULT_CONNECTION_STEP_SIZE
-from plugins.transformer import BlockConfig, TransformerBlock, masked_mean
+from plugins.transformer import BlockConfig, TransformerBlock, TransformerStack, masked_mean
 from plugins.validation import check_int
 
 MODELS = ("softmax", "linear", "momentum", "momentum_connection", "adaptive")
@@ -129,7 +129,7 @@ class Encoder(nn.Module):
             nn.init.normal_(table.weight, std=0.02)
         self.dropout = nn.Dropout(config.dropout)
         block = block_config(name, task, config)
-        self.blocks = nn.ModuleList(TransformerBlock(block) for _ in range(config.layers))
+        self.blocks = TransformerStack(TransformerBlock(block) for _ in range(config.layers))
         self.norm = nn.LayerNorm(config.d_model)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
@@ -141,10 +141,7 @@ class Encoder(nn.Module):
         if real is not None and not bool(real.any(dim=1).all()):
             raise ValueError("tokens: every sequence needs at least one non-padding token")
         x = self.dropout(self.embed(tokens) + self.positions.weight[:length])
-        state = None
-        for block in self.blocks:
-            x, state, _ = block(x, state, padding_mask=real)
-        return masked_mean(self.norm(x), real)
+        return masked_mean(self.blocks(x, padding_mask=real, final=self.norm).hidden, real)
 
 
 class LRAClassifier(nn.Module):

@@ -1,0 +1,209 @@
+"""The trusted path of momentum attention (Momentum Transformer, Section 3.1): `attend` and
+`attend_step` take an already validated `AttentionSpec` and `plugins.packing.Segments` and check
+nothing more than what protects memory (shapes). They read no device value to the host (no
+bool()/int()/.item()/nonzero of a device tensor), so the CPU runs ahead of the GPU and
+torch.compile sees no data-dependent branch; the public functions of `api` validate and call them."""
+from typing import Optional
+
+import torch
+
+from ..packing import Segments
+from . import backends
+from .checks import compute_dtype
+from .chunk import chunk_causal_momentum_attention
+from .noncausal import apply_noncausal_summary, noncausal_summary
+from .nonfinite import NonFiniteMarks
+from .recurrent import fused_recurrent_step
+from .spec import AttentionSpec
+from .state import MomentumAttentionState
+from .varlen import segment_of_tokens, varlen_causal_momentum_attention, varlen_noncausal_momentum_attention
+
+
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, spec: AttentionSpec, *,
+           segments: Optional[Segments] = None, initial_state: Optional[MomentumAttentionState] = None,
+           return_state: bool = False, process_group=None):
+    """Momentum attention on q, k (B, H, Nq|Nk, Dk), v (B, H, Nk, Dv) laid out as `segments` says
+    (None: every token real). Packed segments run each document alone and take and return one
+    state row per document; padded inputs of packed segments (`segments.index`) are packed here and
+    the output unpacked (zeros at padding). Returns out, or (out, state) with return_state."""
+    if process_group is not None:
+        from .api import momentum_attention  # context parallelism still agrees through the API
+        return momentum_attention(
+            q, k, v, momentum=spec.momentum, step_size=spec.step_size, causal=spec.causal,
+            feature_map=spec.feature_map, eps=spec.eps, chunk_size=spec.chunk_size, backend=spec.backend,
+            padding_mask=None if segments is None else segments.padding_mask,
+            cu_seqlens=None if segments is None else segments.cu_seqlens,
+            initial_state=initial_state, return_state=return_state, process_group=process_group)
+    repack = segments is not None and segments.packed and (segments.index is not None or segments.batch != 1)
+    if repack:
+        q, k, v = segments.pack(q), segments.pack(k), segments.pack(v)
+    out_dtype = torch.promote_types(torch.promote_types(q.dtype, k.dtype), v.dtype)
+    if not spec.causal:
+        out, state = _noncausal(q, k, v, spec, segments).to(out_dtype), None
+    else:
+        out, state = _causal_dispatch(q, k, v, spec, segments, initial_state, return_state)
+        out = out.to(out_dtype)
+    if repack:
+        out = segments.unpack(out)
+    return (out, state) if return_state else out
+
+
+def attend_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, state: Optional[MomentumAttentionState],
+                spec: AttentionSpec, *, segments: Optional[Segments] = None):
+    """Eq. 12 for n ≥ 1 new positions q, k (B, H, n, Dk), v (B, H, n, Dv) from `state` (None: a zero
+    start). Returns (out (B, H, n, Dv), new state). One position of unpacked rows runs the fused
+    single-token update (rows whose position is padding keep their state and output 0)."""
+    if q.shape[2] != 1 or (segments is not None and segments.packed):
+        return attend(q, k, v, spec, segments=segments, initial_state=state, return_state=True)
+    real = None if segments is None else segments.padding_mask
+    B, H, Dv = q.shape[0], q.shape[1], v.shape[-1]
+    dtype = _state_dtype(state, compute_dtype(q, k, v))
+    step = fused_recurrent_step
+    if backends.use_triton(spec.backend, q.device, float64=dtype == torch.float64):
+        step = backends.triton_kernels().fused_recurrent_step
+    out_dtype = torch.promote_types(torch.promote_types(q.dtype, k.dtype), v.dtype)
+    with torch.autocast(device_type=q.device.type, enabled=False):
+        q, k, v = (mask_keys(t.to(dtype), real) for t in (q, k, v))
+        fq, fk, v, marks = NonFiniteMarks.feature_map(spec.phi, q, k, v)
+        D = fk.shape[-1]
+        if state is None:
+            state = MomentumAttentionState.zeros(B, H, D, Dv, dtype=dtype, device=k.device)
+        else:
+            check_state(state, B, H, D, Dv, k.device)
+            state = state.to(dtype)
+        out, state = step(fq[:, :, 0], fk[:, :, 0], v[:, :, 0], state, momentum=spec.momentum,
+                          step_size=spec.step_size, eps=spec.eps, real=None if real is None else real[:, 0])
+    return marks.step(out)[:, :, None].to(out_dtype), marks.state(state)
+
+
+def _causal_dispatch(q, k, v, spec, segments, initial_state, return_state):
+    packed = segments is not None and segments.packed
+    state_dtype = _state_dtype(initial_state, compute_dtype(q, k, v))
+    extra = {}
+    if backends.use_triton(spec.backend, q.device, float64=state_dtype == torch.float64):
+        kernel, run_dtype = backends.triton_kernels().chunk_momentum_attention, torch.promote_types(
+            torch.promote_types(q.dtype, k.dtype), v.dtype)
+    elif packed:
+        kernel, run_dtype = varlen_causal_momentum_attention, state_dtype
+        extra = dict(cu_seqlens_cpu=segments.cu_seqlens_cpu)
+    else:
+        kernel, run_dtype = chunk_causal_momentum_attention, state_dtype
+    with torch.autocast(device_type=q.device.type, enabled=False):
+        q, k, v = q.to(run_dtype), k.to(run_dtype), v.to(run_dtype)
+        hyper = dict(state_dtype=state_dtype, momentum=spec.momentum, step_size=spec.step_size, eps=spec.eps,
+                     chunk_size=spec.chunk_size, initial_state=initial_state, return_state=return_state)
+        if packed:
+            return _causal_packed(q, k, v, spec.phi, segments.cu_seqlens, kernel=kernel, extra=extra, **hyper)
+        return _causal(q, k, v, spec.phi, segments, kernel=kernel, **hyper)
+
+
+def _causal(q, k, v, phi, segments, *, kernel, state_dtype, momentum, step_size, eps, chunk_size,
+            initial_state, return_state):
+    """Causal form on any padding pattern: real tokens are moved to the front of their row
+    (`segments.order`, a stable gather), run right-padded through `kernel` on finite inputs, and
+    moved back."""
+    B, H, N, Dv = *q.shape[:3], v.shape[-1]
+    lengths, order, mask = None, None, None
+    if segments is not None and segments.padding_mask is not None:
+        lengths, order = segments.lengths, segments.order
+        if order is not None:
+            q, k, v = (_gather(t, order) for t in (q, k, v))
+        mask = torch.arange(N, device=q.device) < lengths[:, None]
+    q, k, v = (mask_keys(t, mask) for t in (q, k, v))
+    fq, fk, v, marks = NonFiniteMarks.feature_map(phi, q, k, v)
+    fk, D = mask_keys(fk, mask), fk.shape[-1]
+    if initial_state is not None:
+        check_state(initial_state, B, H, D, Dv, q.device)
+        initial_state = initial_state.to(state_dtype)
+    if B * H * N == 0:                  # nothing to compute; the empty sums keep the autograd graph
+        out = v.new_zeros(B, H, N, Dv) + (fq.sum() + fk.sum() + v.sum())
+        if return_state and initial_state is None:
+            initial_state = MomentumAttentionState.zeros(B, H, D, Dv, dtype=state_dtype, device=q.device)
+        return out, initial_state
+    out, state = kernel(fq, fk, v, momentum=momentum, step_size=step_size, eps=eps,
+                        chunk_size=chunk_size, initial_state=initial_state, lengths=lengths,
+                        return_state=return_state)
+    out = marks.causal(out)
+    if return_state:
+        state = marks.state(state)
+    if mask is not None:
+        out = mask_keys(out, mask)
+    if order is not None:
+        out = _gather(out, torch.argsort(order, dim=-1))
+    return out, state
+
+
+def _causal_packed(q, k, v, phi, cu, *, kernel, extra, state_dtype, momentum, step_size, eps, chunk_size,
+                   initial_state, return_state):
+    """Causal form on packed sequences (batch 1): every segment restarts from its own initial
+    state; NaN marks stay inside their segment."""
+    H, N, Dv = q.shape[1], q.shape[2], v.shape[-1]
+    n = cu.numel() - 1
+    fq, fk, v, marks = NonFiniteMarks.feature_map(phi, q, k, v)
+    D = fk.shape[-1]
+    if initial_state is not None:
+        check_state(initial_state, n, H, D, Dv, q.device, packed=True)
+        initial_state = initial_state.to(state_dtype)
+    if N == 0 or H == 0:
+        out = v.new_zeros(v.shape) + (fq.sum() + fk.sum() + v.sum())
+        if return_state and initial_state is None:
+            initial_state = MomentumAttentionState.zeros(n, H, D, Dv, dtype=state_dtype, device=q.device)
+        return out, initial_state
+    out, state = kernel(fq, fk, v, momentum=momentum, step_size=step_size, eps=eps,
+                        chunk_size=chunk_size, initial_state=initial_state, return_state=return_state,
+                        cu_seqlens=cu, **extra)
+    segments = segment_of_tokens(cu, N)
+    out = marks.causal(out, segments=segments)
+    if return_state:
+        state = marks.state(state, segments=segments, count=n)
+    return out, state
+
+
+def _noncausal(q, k, v, spec, segments):
+    """Eq. 14 as two sums over the real keys (per segment when packed), in float32 (float64 for
+    float64 inputs)."""
+    mask = None if segments is None or segments.packed else segments.padding_mask
+    dtype = compute_dtype(q, k, v)
+    with torch.autocast(device_type=q.device.type, enabled=False):
+        q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
+        fq, fk, v, marks = NonFiniteMarks.feature_map(spec.phi, q, mask_keys(k, mask), mask_keys(v, mask))
+        if segments is not None and segments.packed:
+            cu = segments.cu_seqlens
+            if q.shape[2] == 0:
+                return v.new_zeros(v.shape) + (fq.sum() + fk.sum())
+            out = varlen_noncausal_momentum_attention(
+                fq, fk, v, cu_seqlens=cu, momentum=spec.momentum, step_size=spec.step_size, eps=spec.eps,
+                chunk_size=spec.chunk_size, cu_seqlens_cpu=segments.cu_seqlens_cpu)
+            return marks.noncausal(out, segments=segment_of_tokens(cu, q.shape[2]), count=cu.numel() - 1)
+        fk = mask_keys(fk, mask)
+        kv, z = noncausal_summary(fk, v, momentum=spec.momentum, step_size=spec.step_size, key_mask=mask)
+        return marks.noncausal(apply_noncausal_summary(fq, kv, z, eps=spec.eps))
+
+
+def mask_keys(t: torch.Tensor, mask: Optional[torch.Tensor]) -> torch.Tensor:
+    """Zero padded positions with `where`, so NaN or inf in padding reaches neither the sums nor
+    the gradients (masking only after φ would leave φ's backward multiplying 0 by NaN)."""
+    if mask is None:
+        return t
+    return torch.where(mask[:, None, :, None], t, torch.zeros((), dtype=t.dtype, device=t.device))
+
+
+def _gather(t: torch.Tensor, order: torch.Tensor) -> torch.Tensor:
+    return t.gather(2, order[:, None, :, None].expand(t.shape[0], t.shape[1], -1, t.shape[3]))
+
+
+def _state_dtype(state: Optional[MomentumAttentionState], dtype: torch.dtype) -> torch.dtype:
+    if state is not None and state.s.dtype == torch.float64:
+        return torch.float64
+    return dtype
+
+
+def check_state(state: MomentumAttentionState, B: int, H: int, Dk: int, Dv: int,
+                device: torch.device, packed: bool = False) -> None:
+    """Shapes and device only (they protect memory): no value is read."""
+    if packed and state.s.dim() == 4 and state.s.shape[0] != B:
+        raise ValueError(f"with cu_seqlens the state holds one row per packed sequence: batch {B} "
+                         f"(len(cu_seqlens) - 1), got {state.s.shape[0]}")
+    state.check(B, H, Dk, Dv)
+    if state.s.device != device:
+        raise ValueError(f"state is on {state.s.device} but the inputs are on {device}")

@@ -1,0 +1,39 @@
+"""The hyperparameters of one momentum / linear attention call (Momentum Transformer, Section 3.1),
+validated once when built and trusted by `attend` and everything it calls."""
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from ..validation import check_bool, check_momentum, check_positive
+from .checks import check_backend, check_chunk_size
+from .feature_maps import FeatureMap, resolve_feature_map
+
+
+@dataclass(frozen=True)
+class AttentionSpec:
+    """momentum β ∈ [0, 1) and step_size γ > 0 (β = 0, γ = 1 is linear attention, eq. 7); causal:
+    eq. 13 (≡ eq. 12), else eq. 14; feature_map: "elu", "relu", "identity" or a callable; eps > 0
+    guards the denominators; chunk_size ≥ 1; backend "auto", "torch" or "triton"."""
+
+    momentum: float
+    step_size: float = 1.0
+    causal: bool = True
+    feature_map: FeatureMap = "elu"
+    eps: float = 1e-6
+    chunk_size: int = 64
+    backend: str = "auto"
+
+    def __post_init__(self):
+        set_ = object.__setattr__
+        set_(self, "momentum", check_momentum(self.momentum))
+        set_(self, "step_size", check_positive(self.step_size, "step_size"))
+        set_(self, "causal", check_bool(self.causal, "causal"))
+        resolve_feature_map(self.feature_map)
+        set_(self, "eps", check_positive(self.eps, "eps"))
+        set_(self, "chunk_size", check_chunk_size(self.chunk_size))
+        set_(self, "backend", check_backend(self.backend))
+
+    @property
+    def phi(self) -> Callable[[torch.Tensor], torch.Tensor]:
+        return resolve_feature_map(self.feature_map)

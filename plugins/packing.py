@@ -1,0 +1,141 @@
+"""Where the sequences of a (batch, length) input are: right- or any-padded rows, or documents packed
+into one row (flash-attention's and flash-linear-attention's `cu_seqlens`: n + 1 offsets, sequence s
+is tokens [cu[s], cu[s+1])).
+
+A `Segments` is built once per forward at the model's edge and validated when it is built: its
+constructors are the only place that reads device values to the host (the all-real and
+right-padding shortcuts of a padding mask, one host copy of the offsets, kept as
+`cu_seqlens_cpu` as fla does). Every layer, attention op and kernel then trusts it."""
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+from .validation import check_offsets_on_host
+
+
+@dataclass(frozen=True, eq=False)
+class Segments:
+    """batch, length: the input's (batch, length). padding_mask (batch, length) bool, True = real, or
+    None when every token is real; lengths (batch,) int64 real tokens per row; order (batch, length)
+    the stable permutation moving each row's real tokens to its front, None when the padding is
+    only on the right. cu_seqlens (n + 1,) int64 on the device and cu_seqlens_cpu, its host copy:
+    documents packed in one row of the real tokens; index: flat indices of those real tokens in
+    the (batch, length) input, None when every token is real."""
+
+    batch: int
+    length: int
+    padding_mask: Optional[torch.Tensor] = None
+    lengths: Optional[torch.Tensor] = None
+    order: Optional[torch.Tensor] = None
+    cu_seqlens: Optional[torch.Tensor] = None
+    cu_seqlens_cpu: Optional[torch.Tensor] = None
+    index: Optional[torch.Tensor] = None
+
+    @classmethod
+    def from_padding_mask(cls, padding_mask: Optional[torch.Tensor], batch: int, length: int) -> "Segments":
+        """Rows of one (batch, length) input, padding_mask (batch, length) bool, True = real token,
+        any pattern, or None. Eager mode drops a mask that marks every token real and the
+        permutation of right-padded rows; under torch.compile both are kept (exact either way)
+        rather than branch on data."""
+        if padding_mask is None:
+            return cls(batch=batch, length=length)
+        _check_mask(padding_mask, "padding_mask", batch, length)
+        compiling = torch.compiler.is_compiling()
+        if not compiling and bool(padding_mask.all()):
+            return cls(batch=batch, length=length)
+        lengths = padding_mask.sum(-1)
+        order = None
+        if compiling or not bool((padding_mask[:, 1:] <= padding_mask[:, :-1]).all()):
+            order = torch.argsort((~padding_mask).to(torch.int8), dim=-1, stable=True)
+        return cls(batch=batch, length=length, padding_mask=padding_mask, lengths=lengths, order=order)
+
+    @classmethod
+    def from_cu_seqlens(cls, cu_seqlens: torch.Tensor, length: int, *,
+                        cu_seqlens_cpu: Optional[torch.Tensor] = None, device=None,
+                        batch: Optional[int] = None) -> "Segments":
+        """Documents packed in one row of `length` tokens (batch 1). cu_seqlens_cpu: the same offsets
+        already on the host (then nothing is copied); otherwise one copy is made and kept.
+        device, batch: the inputs', checked against cu_seqlens where given."""
+        if cu_seqlens_cpu is not None and not isinstance(cu_seqlens_cpu, torch.Tensor):
+            raise ValueError(f"cu_seqlens_cpu must be a host copy of cu_seqlens (a 1-D int tensor), got "
+                             f"{type(cu_seqlens_cpu).__name__}")
+        if cu_seqlens_cpu is not None and cu_seqlens_cpu.device.type != "cpu":
+            raise ValueError(f"cu_seqlens_cpu must be on the CPU, got {cu_seqlens_cpu.device}")
+        cu, host = check_offsets_on_host(cu_seqlens, length, device=device, batch=batch, host=cu_seqlens_cpu)
+        return cls(batch=1, length=length, cu_seqlens=cu, cu_seqlens_cpu=host)
+
+    @classmethod
+    def from_document_starts(cls, starts: torch.Tensor,
+                             padding_mask: Optional[torch.Tensor] = None) -> "Segments":
+        """starts (batch, length) bool, True where a document starts (each row's first real token
+        included); padding_mask as in `from_padding_mask`. The real tokens of all rows, in order,
+        become one row of documents."""
+        if not isinstance(starts, torch.Tensor) or starts.dtype != torch.bool or starts.dim() != 2:
+            raise ValueError(f"starts must be a (batch, length) bool tensor, True where a document starts, "
+                             f"got "
+                             f"{getattr(starts, 'dtype', type(starts).__name__)} of shape "
+                             f"{tuple(getattr(starts, 'shape', ()))}")
+        batch, length = starts.shape
+        index = None
+        if padding_mask is not None:
+            _check_mask(padding_mask, "padding_mask", batch, length)
+            if padding_mask.device != starts.device:
+                raise ValueError(f"padding_mask is on {padding_mask.device} but starts is on {starts.device}")
+            keep = padding_mask.reshape(-1)
+            if not bool(keep.all()):
+                index = keep.nonzero().squeeze(1)
+        flat = starts.reshape(-1) if index is None else starts.reshape(-1)[index]
+        offsets = flat.nonzero().squeeze(1)
+        cu = torch.cat([offsets, offsets.new_tensor([flat.numel()])])
+        host = cu.cpu()
+        if flat.numel() and int(host[0]) != 0:
+            raise ValueError("starts must mark the first real token of every row as a document start")
+        return cls(batch=batch, length=length, cu_seqlens=cu, cu_seqlens_cpu=host, index=index)
+
+    @property
+    def packed(self) -> bool:
+        return self.cu_seqlens is not None
+
+    @property
+    def count(self) -> int:
+        """Sequences described: packed documents, or rows."""
+        return self.cu_seqlens.numel() - 1 if self.packed else self.batch
+
+    def pack(self, x: torch.Tensor) -> torch.Tensor:
+        """(batch, H, length, D) → (1, H, M, D) over the M real tokens, rows in order."""
+        heads, dim = x.shape[1], x.shape[3]
+        flat = x.transpose(0, 1).reshape(heads, self.batch * self.length, dim)
+        if self.index is not None:
+            flat = flat.index_select(1, self.index)
+        return flat[None]
+
+    def unpack(self, y: torch.Tensor) -> torch.Tensor:
+        """The inverse of `pack`, zeros at padding."""
+        heads, dim = y.shape[1], y.shape[3]
+        flat = y[0]
+        if self.index is not None:
+            flat = flat.new_zeros(heads, self.batch * self.length, dim).index_copy(1, self.index, flat)
+        return flat.reshape(heads, self.batch, self.length, dim).transpose(0, 1)
+
+    def pack_tokens(self, x: torch.Tensor) -> torch.Tensor:
+        """(batch, length, ...) → (1, M, ...)."""
+        flat = x.reshape(self.batch * self.length, *x.shape[2:])
+        if self.index is not None:
+            flat = flat.index_select(0, self.index)
+        return flat[None]
+
+    def unpack_tokens(self, y: torch.Tensor) -> torch.Tensor:
+        flat = y[0]
+        if self.index is not None:
+            flat = flat.new_zeros(self.batch * self.length, *flat.shape[1:]).index_copy(0, self.index, flat)
+        return flat.reshape(self.batch, self.length, *flat.shape[1:])
+
+
+def _check_mask(mask, name: str, batch: int, length: int) -> None:
+    if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool:
+        got = mask.dtype if isinstance(mask, torch.Tensor) else type(mask).__name__
+        raise ValueError(f"{name} must be a bool tensor (True = real token), got {got}")
+    if tuple(mask.shape) != (batch, length):
+        raise ValueError(f"{name} must have shape (batch, length) = {(batch, length)}, "
+                         f"got {tuple(mask.shape)}")

@@ -1,0 +1,145 @@
+"""plugins.packing.Segments: each constructor against what it replaces (hf_momentum.packing.PackedRows,
+plugins.validation.check_offsets, the padding shortcuts of momentum_attention) and its errors."""
+import pytest
+import torch
+
+from hf_momentum.packing import PackedRows
+from plugins.attention import AttentionSpec, attend, momentum_attention
+from plugins.packing import Segments
+
+
+def random_starts(g, batch, length, mask=None):
+    starts = torch.rand(batch, length, generator=g) < 0.2
+    real = torch.ones(batch, length, dtype=torch.bool) if mask is None else mask
+    count = real.long().cumsum(-1)
+    starts = (starts | (count == 1)) & real          # each row's first real token starts a document
+    return starts
+
+
+@pytest.mark.parametrize("padded", [False, True])
+def test_from_document_starts_matches_packed_rows(padded, make_generator):
+    g = make_generator()
+    batch, length = 3, 11
+    mask = None
+    if padded:
+        mask = torch.rand(batch, length, generator=g) < 0.7
+        mask[:, 0] = False
+        mask[1, :] = False
+        mask[2, 3] = True
+    starts = random_starts(g, batch, length, mask)
+    segments, rows = Segments.from_document_starts(starts, mask), PackedRows(starts, mask)
+    assert segments.packed and (segments.batch, segments.length) == (batch, length)
+    assert torch.equal(segments.cu_seqlens, rows.cu_seqlens)
+    assert torch.equal(segments.cu_seqlens_cpu, rows.cu_seqlens.cpu())
+    assert segments.cu_seqlens_cpu.device.type == "cpu"
+    assert (segments.index is None) == (rows.index is None)
+    x = torch.randn(batch, 2, length, 4, generator=g)
+    tokens = torch.randn(batch, length, 5, generator=g)
+    assert torch.equal(segments.pack(x), rows.pack(x))
+    assert torch.equal(segments.pack_tokens(tokens), rows.pack_tokens(tokens))
+    packed = segments.pack(x)
+    assert torch.equal(segments.unpack(packed), rows.unpack(packed))
+    assert torch.equal(segments.unpack_tokens(segments.pack_tokens(tokens)),
+                       rows.unpack_tokens(rows.pack_tokens(tokens)))
+    if padded:
+        assert (segments.unpack(packed)[~mask[:, None, :, None].expand_as(x)] == 0).all()
+
+
+def test_from_cu_seqlens_keeps_one_host_copy():
+    cu = torch.tensor([0, 3, 3, 7], dtype=torch.int32)
+    segments = Segments.from_cu_seqlens(cu, 7)
+    assert segments.cu_seqlens.dtype == torch.int64 and segments.cu_seqlens.tolist() == [0, 3, 3, 7]
+    assert segments.cu_seqlens_cpu.tolist() == [0, 3, 3, 7] and segments.count == 3 and segments.batch == 1
+    host = torch.tensor([0, 3, 3, 7])
+    assert Segments.from_cu_seqlens(cu, 7, cu_seqlens_cpu=host).cu_seqlens_cpu is host
+
+
+@pytest.mark.parametrize("cu, length, kwargs, message", [
+    ([0, 3, 2, 7], 7, {}, "non-decreasing"),
+    ([1, 3, 7], 7, {}, "start at 0"),
+    ([0, 3, 6], 7, {}, "end at the sequence length 7"),
+    ([0, 3, 7], 7, dict(batch=2), "batch of one row"),
+    ([0, 3, 7], 7, dict(cu_seqlens_cpu=torch.tensor([0, 7])), "cu_seqlens_cpu must hold the same 3"),
+    ([0, 3, 7], 7, dict(cu_seqlens_cpu=torch.tensor([0, 4, 3])), "cu_seqlens must be non-decreasing"),
+    ([0, 3, 7], 7, dict(cu_seqlens_cpu=torch.tensor([0, 3, 7], device="meta")), "must be on the CPU"),
+])
+def test_from_cu_seqlens_errors(cu, length, kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        Segments.from_cu_seqlens(torch.tensor(cu), length, **kwargs)
+
+
+def test_from_cu_seqlens_refuses_floats_and_lists():
+    with pytest.raises(ValueError, match="int32 or int64"):
+        Segments.from_cu_seqlens(torch.tensor([0.0, 7.0]), 7)
+    with pytest.raises(ValueError, match="1-D int32/int64 tensor"):
+        Segments.from_cu_seqlens([0, 7], 7)
+
+
+def test_from_padding_mask_shortcuts():
+    assert Segments.from_padding_mask(None, 2, 4).padding_mask is None
+    assert Segments.from_padding_mask(torch.ones(2, 4, dtype=torch.bool), 2, 4).padding_mask is None
+    right = torch.tensor([[True, True, False, False], [True, True, True, True]])
+    segments = Segments.from_padding_mask(right, 2, 4)
+    assert segments.order is None and segments.lengths.tolist() == [2, 4]
+    left = torch.tensor([[False, True, False, True], [True, True, True, True]])
+    segments = Segments.from_padding_mask(left, 2, 4)
+    assert segments.order[0].tolist() == [1, 3, 0, 2] and segments.order[1].tolist() == [0, 1, 2, 3]
+    assert segments.lengths.tolist() == [2, 4] and not segments.packed
+
+
+@pytest.mark.parametrize("mask, message", [
+    (torch.ones(2, 4), "bool tensor"),
+    (torch.ones(2, 3, dtype=torch.bool), r"shape \(batch, length\) = \(2, 4\)"),
+])
+def test_from_padding_mask_errors(mask, message):
+    with pytest.raises(ValueError, match=message):
+        Segments.from_padding_mask(mask, 2, 4)
+
+
+def test_from_document_starts_errors():
+    with pytest.raises(ValueError, match="bool tensor"):
+        Segments.from_document_starts(torch.zeros(2, 4))
+    starts = torch.tensor([[False, True, False, False]])
+    with pytest.raises(ValueError, match="first real token"):
+        Segments.from_document_starts(starts)
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("momentum", 1.0, r"momentum must be in \[0, 1\)"), ("step_size", 0.0, "step_size must be > 0"),
+    ("causal", "yes", "causal must be True or False"), ("feature_map", "tanh", "feature_map must be one of"),
+    ("eps", -1.0, "eps must be > 0"), ("chunk_size", 0, "chunk_size must be an integer >= 1"),
+    ("backend", "cuda", "backend must be one of"),
+])
+def test_attention_spec_validates_once(field, value, message):
+    with pytest.raises(ValueError, match=message):
+        AttentionSpec(**{"momentum": 0.5, field: value})
+
+
+def test_attention_spec_normalises_numbers():
+    spec = AttentionSpec(momentum=torch.tensor(0.25), chunk_size=torch.tensor(8))
+    assert type(spec.momentum) is float and type(spec.chunk_size) is int
+    with pytest.raises(AttributeError):
+        spec.momentum = 0.1
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_attend_with_segments_equals_each_document_alone(causal, make_generator):
+    """The trusted entry point on a padded, multi-document batch: each document equals the
+    public function on that document alone (float64)."""
+    g = make_generator()
+    batch, length, H, D = 2, 13, 2, 3
+    mask = torch.rand(batch, length, generator=g) < 0.75
+    mask[:, 0] = True
+    starts = random_starts(g, batch, length, mask)
+    q, k, v = (torch.randn(batch, H, length, D, generator=g, dtype=torch.float64) for _ in range(3))
+    spec = AttentionSpec(momentum=0.6, step_size=0.7, causal=causal, chunk_size=4)
+    out = attend(q, k, v, spec, segments=Segments.from_document_starts(starts, mask))
+    assert (out[~mask[:, None, :, None].expand_as(out)] == 0).all()
+    for b in range(batch):
+        real = mask[b].nonzero().squeeze(1)
+        begin = starts[b, real].nonzero().squeeze(1).tolist() + [real.numel()]
+        for s, e in zip(begin[:-1], begin[1:]):
+            at = real[s:e]
+            alone = momentum_attention(q[b:b + 1, :, at], k[b:b + 1, :, at], v[b:b + 1, :, at], momentum=0.6,
+                                       step_size=0.7, causal=causal, chunk_size=4)
+            torch.testing.assert_close(out[b:b + 1, :, at], alone, rtol=1e-10, atol=1e-12)
