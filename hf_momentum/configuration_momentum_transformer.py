@@ -20,7 +20,6 @@ from .validation import (
     check_probability,
 )
 
-
 # The names this config gives the block's fields, for the block's errors.
 BLOCK_LABELS = {"d_model": "hidden_size", "heads": "num_attention_heads", "ffn_dim": "intermediate_size",
                 "momentum": "attention_momentum", "step_size": "attention_step_size",
