@@ -131,9 +131,9 @@ def test_a_flag_the_cell_ignores_fails_at_parsing(capsys, arch, cell, flag, valu
     assert getattr(args, flag[2:].replace("-", "_"), None) is None
 
 
-def test_a_checkpoint_holding_the_flags_older_versions_filled_still_loads(lm_data, tmp_path):
-    """Before the rule above, every unread flag was filled with a default (lstm_beta=0.9 for the
-    momentum cell); such a checkpoint loads and builds the same model."""
+def test_a_checkpoint_holding_a_flag_its_cell_never_reads_is_refused_naming_it(lm_data, tmp_path, capsys):
+    """0.1.0 pre-releases filled every unread flag with a default (lstm_beta=0.9 for the momentum
+    cell); such a checkpoint is refused with the flag named, not loaded with it ignored."""
     from fairseq import checkpoint_utils
 
     save = tmp_path / "ckpt"
@@ -144,9 +144,12 @@ def test_a_checkpoint_holding_the_flags_older_versions_filled_still_loads(lm_dat
     assert getattr(state["cfg"]["model"], "lstm_beta", None) is None
     state["cfg"]["model"].lstm_beta = 0.9
     torch.save(state, tmp_path / "legacy.pt")
-    models, _, _ = checkpoint_utils.load_model_ensemble_and_task([str(tmp_path / "legacy.pt")])
+    with pytest.raises(SystemExit) as stop:
+        checkpoint_utils.load_model_ensemble_and_task([str(tmp_path / "legacy.pt")])
+    assert stop.value.code == 2
+    assert "error: --lstm-beta is not read by --lstm-cell momentum" in capsys.readouterr().err
     fresh, _, _ = checkpoint_utils.load_model_ensemble_and_task([str(save / "checkpoint_last.pt")])
-    assert repr(models[0]) == repr(fresh[0]) and "cell='momentum'" in repr(models[0])
+    assert "cell='momentum'" in repr(fresh[0])
 
 
 @pytest.mark.parametrize("extra,message", [
