@@ -18,9 +18,8 @@ generate, eval-lm and two-rank resume tests of the other fairseq test files).
 (an interrupted save) stops with an error naming it and the readable checkpoints beside it for
 `--restore-file`, a checkpoint holding a type outside the allowlist says how to allow it, and one
 whose config holds code where fairseq evaluates a literal is refused with its name (safe_config.py),
-and the `--lstm-*` and `--connection-*` flags that an older checkpoint filled for a cell or
-connection that never reads them are unset (options.clear_unread_lstm_flags and
-options.clear_unread_connection_flags).
+and the `--connection-*` flags that an older checkpoint filled for a connection that never reads
+them are unset (options.clear_unread_connection_flags).
 """
 import argparse
 import collections
@@ -39,7 +38,7 @@ from fairseq.distributed.utils import _TensorPlaceholder
 from omegaconf import base as omegaconf_base
 from omegaconf import nodes as omegaconf_nodes
 
-from .options import clear_unread_connection_flags, clear_unread_lstm_flags
+from .options import clear_unread_connection_flags
 from .safe_config import UnsafeConfigError
 
 _NUMPY_DTYPES = [type(np.dtype(t)) for t in (np.bool_, np.int8, np.int16, np.int32, np.int64, np.uint8,
@@ -127,7 +126,6 @@ def checked_loader(load):
     def load_checkpoint_to_cpu(path, *args, **kwargs):
         try:
             state = load(path, *args, **kwargs)
-            clear_unread_lstm_flags(state)
             clear_unread_connection_flags(state)
             return state
         except (FileNotFoundError, PermissionError):

@@ -20,7 +20,14 @@ from plugins.connection import (
     DEFAULT_CONNECTION_STEP_SIZE,
     unread_connection_fields,
 )
-from plugins.rnn.variants import VARIANTS, cell_names, check_restart, unread_hyperparameters
+from plugins.rnn.variants import (
+    DEFAULT_CELL,
+    DEFAULTS,
+    VARIANTS,
+    cell_names,
+    check_restart,
+    unread_hyperparameters,
+)
 from plugins.transformer.config import (
     BLOCK_FEATURE_MAPS,
     DEFAULT_ATTENTION_MOMENTUM,
@@ -166,15 +173,16 @@ def add_lstm_cell_args(parser):
     group.add_argument("--lstm-cell", choices=cell_names("lstm"),
                        help="recurrent cell of the table plugins.rnn.variants: "
                             + "; ".join(f"{v.name} ({v.summary})" for v in lstm_cells())
-                            + " (default momentum)")
+                            + f" (default {DEFAULT_CELL})")
     group.add_argument("--lstm-momentum", type=momentum_value, metavar="MU",
                        help="momentum mu of the momentum / adam cells (eq. 9, 15), in [0, 1) "
-                            "(default 0.6; 0 in momentum_lstm_lm_ptb, Table 7)")
+                            f"(default {DEFAULTS.momentum:g}; 0 in momentum_lstm_lm_ptb, Table 7)")
     group.add_argument("--lstm-step-size", type=positive_float, metavar="S",
                        help="step size s > 0 of the momentum cells (eq. 9, 15) "
-                            "(default 1; 0.6 in momentum_lstm_lm_ptb, Table 7)")
+                            f"(default {DEFAULTS.step_size:g}; 0.6 in momentum_lstm_lm_ptb, Table 7)")
     group.add_argument("--lstm-beta", type=momentum_value, metavar="B",
-                       help="decay beta of the second moment of adam / rmsprop cells (eq. 15) (default 0.9)")
+                       help="decay beta of the second moment of adam / rmsprop cells (eq. 15) "
+                            f"(default {DEFAULTS.beta:g})")
     group.add_argument("--lstm-restart", type=positive_int, metavar="F",
                        help="restart frequency F of nag / sr cells (Section 2.4); "
                             "required by sr, optional for nag, refused by the other cells "
@@ -185,8 +193,9 @@ LSTM_HYPERPARAMETER_FLAGS = {"momentum": "--lstm-momentum", "step_size": "--lstm
                               "beta": "--lstm-beta"}
 
 
-def lstm_cell_defaults(args, *, cell="momentum", momentum=0.6, step_size=1.0):
-    """Fill the cell arguments a preset left unset, then apply the cell rules.
+def lstm_cell_defaults(args, *, cell=DEFAULT_CELL, momentum=DEFAULTS.momentum, step_size=DEFAULTS.step_size):
+    """Fill the cell arguments a preset left unset (defaults: plugins.rnn.variants.DEFAULTS), then
+    apply the cell rules.
 
     A flag that the cell never reads (`--lstm-momentum` with `--lstm-cell lstm`, rmsprop, nag or
     sr; `--lstm-beta` without a second moment) is refused and stays unset (None), so it is not
@@ -194,7 +203,7 @@ def lstm_cell_defaults(args, *, cell="momentum", momentum=0.6, step_size=1.0):
     `parse_args_and_arch`, so a wrong combination stops the command at parsing, like argparse's
     own errors: usage line, `error: --lstm-restart ...`, exit status 2."""
     fill_unset(args, lstm_cell=cell, lstm_restart=None)
-    defaults = {"momentum": momentum, "step_size": step_size, "beta": 0.9}
+    defaults = {"momentum": momentum, "step_size": step_size, "beta": DEFAULTS.beta}
     unread = set(unread_hyperparameters(args.lstm_cell)) if args.lstm_cell in VARIANTS else set()
     fill_unset(args, **{f"lstm_{name}": value for name, value in defaults.items() if name not in unread})
     try:
@@ -230,21 +239,12 @@ def lstm_cell_kwargs(args):
                 **{name: value for name, value in given.items() if value is not None})
 
 
-def clear_unread_lstm_flags(state) -> None:
-    """Checkpoints written before `check_lstm_cell_args` refused unread flags hold defaults for
-    them (e.g. lstm_beta=0.9 for the momentum cell): unset those in the loaded state (its `args`
-    and `cfg.model`: Namespace, dict or DictConfig), so the model builds as when it was trained."""
-    for config in _stored_model_configs(state):
-        cell = _field(config, "lstm_cell")
-        if isinstance(cell, str) and cell in VARIANTS:
-            _unset(config, [f"lstm_{name}" for name in unread_hyperparameters(cell)
-                            if name in LSTM_HYPERPARAMETER_FLAGS])
-
-
 def clear_unread_connection_flags(state) -> None:
-    """As `clear_unread_lstm_flags`, for checkpoints written before `check_connection_args`: they
-    hold connection_momentum=0.3, connection_step_size=0.9 and connection_delta=0.001 whatever
-    --connection was, e.g. all three with --connection none."""
+    """Checkpoints written before `check_connection_args` refused unread flags hold defaults for
+    them: unset those in the loaded state (its `args` and `cfg.model`: Namespace, dict or
+    DictConfig), so the model builds as when it was trained. They hold connection_momentum=0.3,
+    connection_step_size=0.9 and connection_delta=0.001 whatever --connection was, e.g. all three
+    with --connection none."""
     for config in _stored_model_configs(state):
         connection = _field(config, "connection")
         if isinstance(connection, str) and connection in CONNECTION_READS:

@@ -1,7 +1,7 @@
 """Configuration of the MomentumLSTM language model (model_type "momentum_lstm")."""
 from transformers import PreTrainedConfig
 
-from .momentum_rnn_core import check_hyper, unread_hyperparameters
+from .momentum_rnn_core import DEFAULT_CELL, DEFAULTS, check_hyper, unread_hyperparameters
 from .validation import check_bool, check_bool_fields, check_int, check_positive, check_probability
 
 
@@ -25,12 +25,13 @@ class MomentumLSTMConfig(PreTrainedConfig):
     embedding_size: int | None = None
     hidden_size: int = 256
     num_hidden_layers: int = 2
-    cell: str = "momentum"
-    momentum: float = 0.6
-    step_size: float = 1.0
-    beta: float = 0.9
-    eps: float = 1e-8
-    restart: int | None = None
+    # the cell table's defaults (plugins.rnn.variants.DEFAULTS)
+    cell: str = DEFAULT_CELL
+    momentum: float = DEFAULTS.momentum
+    step_size: float = DEFAULTS.step_size
+    beta: float = DEFAULTS.beta
+    eps: float = DEFAULTS.eps
+    restart: int | None = DEFAULTS.restart
     dropout: float = 0.0
     embedding_dropout: float = 0.0
     initializer_range: float = 0.02

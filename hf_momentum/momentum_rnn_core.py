@@ -4,11 +4,17 @@ Same mechanism as `momentum_core`: in the package this re-exports `plugins.rnn`;
 gets the generated, self-contained copy that `bundled_source()` returns.
 """
 from plugins.rnn import MomentumLSTM, RecurrentState
-from plugins.rnn.variants import check_hyper, read_hyperparameters, unread_hyperparameters
+from plugins.rnn.variants import (
+    DEFAULT_CELL,
+    DEFAULTS,
+    check_hyper,
+    read_hyperparameters,
+    unread_hyperparameters,
+)
 
 BUNDLED_MODULES = ("plugins.rnn.layers", "plugins.rnn.variants")
-EXPORTS = ("MomentumLSTM", "RecurrentState", "check_hyper", "read_hyperparameters",
-           "unread_hyperparameters")
+EXPORTS = ("MomentumLSTM", "RecurrentState", "DEFAULT_CELL", "DEFAULTS", "check_hyper",
+           "read_hyperparameters", "unread_hyperparameters")
 
 
 def bundled_source() -> str:

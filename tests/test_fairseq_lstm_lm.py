@@ -131,24 +131,6 @@ def test_a_flag_the_cell_ignores_fails_at_parsing(capsys, arch, cell, flag, valu
     assert getattr(args, flag[2:].replace("-", "_"), None) is None
 
 
-def test_a_checkpoint_holding_the_flags_older_versions_filled_still_loads(lm_data, tmp_path):
-    """Before the rule above, every unread flag was filled with a default (lstm_beta=0.9 for the
-    momentum cell); such a checkpoint loads and builds the same model."""
-    from fairseq import checkpoint_utils
-
-    save = tmp_path / "ckpt"
-    train(lm_data, save, "--task", "language_modeling", "--arch", "momentum_lstm_lm", *SMALL,
-          "--lstm-cell", "momentum", "--tokens-per-sample", "32", "--batch-size", "16", "--max-update", "2",
-          "--optimizer", "adam", "--lr", "0.01")
-    state = torch.load(save / "checkpoint_last.pt")
-    assert getattr(state["cfg"]["model"], "lstm_beta", None) is None
-    state["cfg"]["model"].lstm_beta = 0.9
-    torch.save(state, tmp_path / "legacy.pt")
-    models, _, _ = checkpoint_utils.load_model_ensemble_and_task([str(tmp_path / "legacy.pt")])
-    fresh, _, _ = checkpoint_utils.load_model_ensemble_and_task([str(save / "checkpoint_last.pt")])
-    assert repr(models[0]) == repr(fresh[0]) and "cell='momentum'" in repr(models[0])
-
-
 @pytest.mark.parametrize("extra,message", [
     (["--share-decoder-input-output-embed", "--decoder-out-embed-dim", "8"], "--decoder-out-embed-dim"),
 ])

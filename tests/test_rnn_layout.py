@@ -1,6 +1,5 @@
-"""The layout of plugins.rnn (its imports run one way: tests/test_architecture.py): the module
-that models saved before the rename import still answers; the cell list of the docs is the
-table's (docs/cells.md generated from it, no hand-written list of the family elsewhere)."""
+"""The layout of plugins.rnn (its imports run one way: tests/test_architecture.py): the cell list
+of the docs is the table's (docs/cells.md generated from it, no hand-written list of the family elsewhere)."""
 import re
 from pathlib import Path
 
@@ -12,13 +11,6 @@ ROOT = PACKAGE.parent.parent
 # Where the cell family is documented for users; recipes/ and benchmarks/ name the cells they run.
 DOCUMENTED = ["README.md", "hf_momentum/README.md", "fairseq_momentum/README.md", "docs/equations.md",
               "plugins/**/*.py", "hf_momentum/*.py", "fairseq_momentum/**/*.py"]
-
-
-def test_models_saved_before_the_rename_find_the_triton_path():
-    """Their bundled code imports plugins.rnn.triton_recurrence inside a try block."""
-    from plugins.rnn import adam_recurrence_triton, triton_recurrence
-
-    assert triton_recurrence.TritonAdamLSTMRecurrence is adam_recurrence_triton.TritonAdamLSTMRecurrence
 
 
 def test_docs_cell_list_is_generated_from_the_table():
