@@ -97,11 +97,13 @@ class MomentumLSTMStack(MomentumLSTM):
     `step` (input: one token, (batch, features)); it returns a tuple of every layer's output
     with all_layers, else a one-tuple of the last."""
 
-    def forward(self, input, state=None, *, cu_seqlens=None, one_step=False, all_layers=False):
+    def forward(self, input, state=None, *, cu_seqlens=None, cu_seqlens_cpu=None, one_step=False,
+                all_layers=False):
         if one_step:
             out, state = self.step(input, state, all_layers=all_layers)
         else:
-            out, state = super().forward(input, state, cu_seqlens=cu_seqlens, all_layers=all_layers)
+            out, state = super().forward(input, state, cu_seqlens=cu_seqlens, cu_seqlens_cpu=cu_seqlens_cpu,
+                                         all_layers=all_layers)
         return (out if all_layers else (out,)), state
 
 
@@ -196,7 +198,9 @@ class MomentumLSTMModel(MomentumLSTMPreTrainedModel):
         """Outputs of packed documents: the real tokens as one row split by cu_seqlens, each
         document from a zero state; zeros at padding."""
         row = packed.pack_tokens(x)
-        outputs, _ = self.lstm(row, None, cu_seqlens=packed.cu_seqlens, all_layers=all_layers)
+        # the one host copy of the batch description: the stack reads nothing back from the device
+        outputs, _ = self.lstm(row, None, cu_seqlens=packed.cu_seqlens,
+                               cu_seqlens_cpu=packed.cu_seqlens.cpu(), all_layers=all_layers)
         return tuple(packed.unpack_tokens(out) for out in outputs)
 
     def _outputs(self, x, mask, all_layers=False):
@@ -205,8 +209,11 @@ class MomentumLSTMModel(MomentumLSTMPreTrainedModel):
     def _run(self, x, mask, state, all_layers=False):
         """(outputs, final state): a tuple of the last layer's output or, with all_layers,
         of every layer's, each (batch, length, hidden)."""
-        if mask is not None and not bool(mask.all()):
-            return self._packed(x, mask, state, all_layers)
+        if mask is not None:
+            # the one host copy of a padded batch: each row's number of real tokens
+            lengths = mask.sum(-1).cpu()
+            if lengths.tolist() != [x.shape[1]] * x.shape[0]:
+                return self._packed(x, mask, lengths, state, all_layers)
         if x.shape[1] == 1:  # one generated token: a cell step
             outputs, state = self._stack(x[:, 0], state, all_layers, one_step=True)
             return tuple(out[:, None] for out in outputs), state
@@ -216,13 +223,13 @@ class MomentumLSTMModel(MomentumLSTMPreTrainedModel):
         """The stack in one call: every layer's output with all_layers, else the last's."""
         return self.lstm(inputs, state, one_step=one_step, all_layers=all_layers)
 
-    def _packed(self, x, mask, state, all_layers):
-        lengths = mask.sum(-1)
-        if bool((lengths == 0).any()):
+    def _packed(self, x, mask, lengths, state, all_layers):
+        """Padded rows (lengths: real tokens per row, on the host) as a PackedSequence."""
+        if 0 in lengths.tolist():
             raise ValueError("every row needs at least one real token in attention_mask")
         order = torch.argsort((~mask).to(torch.int8), dim=-1, stable=True)
         front = x.gather(1, order[..., None].expand_as(x))
-        packed = pack_padded_sequence(front, lengths.cpu(), batch_first=True, enforce_sorted=False)
+        packed = pack_padded_sequence(front, lengths, batch_first=True, enforce_sorted=False)
         outputs, state = self._stack(packed, state, all_layers)
         back = torch.argsort(order, dim=-1)
         return tuple(unpack(out, back, mask) for out in outputs), state

@@ -119,3 +119,34 @@ def test_bad_stack_arguments_are_refused_by_name(make_generator):
         stack(x, recurrent_weight=0.5)
     with pytest.raises(ValueError, match="all_layers"):
         stack(x, all_layers="yes")
+
+
+@pytest.mark.parametrize("case", CASES, ids=case_id)
+def test_host_copy_of_cu_seqlens_gives_each_segment_alone(case, make_generator):
+    """cu_seqlens with its host copy cu_seqlens_cpu (checked on the host): every segment, empty
+    and trailing ones included, equals the stack run on that segment alone."""
+    gen = make_generator()
+    stack = make(*case, gen, 2)
+    x = torch.randn(1, T + 2, D, generator=gen, dtype=torch.float64)
+    cu = torch.tensor([0, 3, 3, 8, 9])
+    out, state = stack(x, cu_seqlens=cu, cu_seqlens_cpu=cu.clone())
+    for s in range(4):
+        begin, end = cu[s].item(), cu[s + 1].item()
+        if begin == end:
+            assert torch.equal(state.h[:, s], torch.zeros_like(state.h[:, s]))
+            continue
+        alone, alone_state = stack(x[:, begin:end])
+        torch.testing.assert_close(out[:, begin:end], alone, rtol=0, atol=1e-12)
+        torch.testing.assert_close(state.h[:, s], alone_state.h[:, 0], rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("bad", [torch.tensor([1, 3, 9]), torch.tensor([0, 5, 3, 9]), torch.tensor([0, 3, 8]),
+                                 torch.tensor([[0, 9]]), torch.tensor([0.0, 9.0])])
+def test_bad_host_copy_of_cu_seqlens_is_refused_by_name(bad, make_generator):
+    stack = make(MomentumLSTM, "momentum", make_generator(), 2)
+    x = torch.zeros(1, 9, D, dtype=torch.float64)
+    device_copy = torch.zeros(bad.shape[-1], dtype=torch.int64)
+    with pytest.raises(ValueError, match="cu_seqlens_cpu"):
+        stack(x, cu_seqlens=device_copy, cu_seqlens_cpu=bad)
+    with pytest.raises(ValueError, match="cu_seqlens"):
+        stack(x, cu_seqlens_cpu=torch.tensor([0, 9]))

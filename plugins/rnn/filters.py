@@ -121,7 +121,7 @@ class SegmentDecay:
     def __init__(self, base, offsets, start_step):
         self.base, self.device = base, base.device
         lengths = offsets.diff()
-        self.length, self.count = int(offsets[-1]), lengths.numel()
+        self.length, self.count = offsets.tolist()[-1], lengths.numel()  # a host copy: no device wait
         segment = torch.repeat_interleave(torch.arange(self.count), lengths).to(self.device)
         index = torch.arange(self.length, device=self.device) - offsets[:-1].to(self.device)[segment]
         self.start = start_step.to(self.device)

@@ -42,7 +42,7 @@ from .adam_recurrence import AdamLSTMRecurrence, gate_order
 from .checks import check_input_dtype, check_sizes
 from .filters import SegmentDecay, bias_channel, carried_channels, filter_sequence, second_moment
 from .lstm_cells import lstm_update
-from .segments import offsets_from_starts, segment_layout
+from .segments import check_host_offsets, check_offsets_metadata, offsets_from_starts, segment_layout
 from .sequence import (
     RecurrentState,
     as_output,
@@ -245,8 +245,8 @@ class _MomentumLayers(nn.Module):
                              width=self.gate_count * self.hidden_size, has_c=self.gate_count == 4,
                              has_v=self.variant.has_v, has_m=self.variant.has_m, ref=ref, steps=steps)
 
-    def forward(self, input, state=None, *, cu_seqlens=None, segment_starts=None, all_layers=False,
-                recurrent_weight=None):
+    def forward(self, input, state=None, *, cu_seqlens=None, cu_seqlens_cpu=None, segment_starts=None,
+                all_layers=False, recurrent_weight=None):
         """input (T, B, input_size) (batch_first: (B, T, input_size)) or a PackedSequence;
         state None, a RecurrentState, (h, c) or h. Returns (output, RecurrentState).
 
@@ -261,7 +261,9 @@ class _MomentumLayers(nn.Module):
         alone: h, c, the momentum v, the second moment m and the step counter all start
         afresh (from `state`'s row of that segment) at every segment's first step. The state
         then has batch n, one row per segment (row by row, left to right): the initial state
-        of each segment, and each segment's state after its last step."""
+        of each segment, and each segment's state after its last step. `cu_seqlens_cpu`, a host
+        copy of cu_seqlens (as fla's), is checked on the host instead of cu_seqlens, so the
+        call reads nothing back from the device; it must equal cu_seqlens."""
         check_bool(all_layers, "all_layers")
         if recurrent_weight is not None:
             if not callable(recurrent_weight):
@@ -270,12 +272,15 @@ class _MomentumLayers(nn.Module):
             swapped = {f"weight_hh_l{k}": recurrent_weight(k, getattr(self, f"weight_hh_l{k}"))
                        for k in range(self.num_layers)}
             return torch.func.functional_call(self, swapped, (input, state),
-                                              dict(cu_seqlens=cu_seqlens, segment_starts=segment_starts,
-                                                   all_layers=all_layers))
+                                              dict(cu_seqlens=cu_seqlens, cu_seqlens_cpu=cu_seqlens_cpu,
+                                                   segment_starts=segment_starts, all_layers=all_layers))
+        if cu_seqlens_cpu is not None and cu_seqlens is None:
+            raise ValueError("cu_seqlens_cpu is the host copy of cu_seqlens: pass cu_seqlens too")
         if cu_seqlens is None and segment_starts is None:
             outputs, new_state = self._forward_sequence(input, state, all_layers)
         else:
-            outputs, new_state = self._forward_segments(input, state, cu_seqlens, segment_starts, all_layers)
+            outputs, new_state = self._forward_segments(input, state, cu_seqlens, segment_starts, all_layers,
+                                                        cu_seqlens_cpu)
         return (outputs if all_layers else outputs[-1]), new_state
 
     def _each_layer(self, x, layer):
@@ -290,7 +295,7 @@ class _MomentumLayers(nn.Module):
             finals.append(final)
         return outputs, finals
 
-    def _forward_segments(self, input, state, cu_seqlens, segment_starts, all_layers):
+    def _forward_segments(self, input, state, cu_seqlens, segment_starts, all_layers, cu_seqlens_cpu=None):
         """The segments of a packed row as a batch of n sequences in torch's packed layout
         (segments.py); empty segments keep their initial state."""
         if cu_seqlens is not None and segment_starts is not None:
@@ -302,7 +307,10 @@ class _MomentumLayers(nn.Module):
         x = as_sequence(input, self.input_size, self.batch_first).x
         check_input_dtype(x, self.weight_ih_l0)
         steps, batch = x.shape[:2]
-        if cu_seqlens is not None:
+        if cu_seqlens_cpu is not None:
+            check_offsets_metadata(cu_seqlens, x.device, batch, cu_seqlens_cpu.numel())
+            offsets = check_host_offsets(cu_seqlens_cpu, steps)
+        elif cu_seqlens is not None:
             offsets = check_offsets(cu_seqlens, steps, device=x.device, batch=batch).cpu()
         else:
             offsets = offsets_from_starts(segment_starts, batch, steps, x.device)
@@ -551,7 +559,8 @@ class MomentumLSTM(_MomentumLayers):
         if lengths is not None:
             lengths, order = torch.sort(lengths, descending=True)
             inverse = torch.argsort(order).to(x.device)
-            sizes = [int((lengths > t).sum()) for t in range(x.size(0))]
+            # lengths is on the host (pad_packed_sequence's): a list without a device wait
+            sizes = (lengths[None, :] > torch.arange(x.size(0))[:, None]).sum(1).tolist()
             order = order.to(x.device)
             x = x.index_select(1, order)
             h0, c0, v0, m0 = (t.index_select(0, order) for t in (h0, c0, v0, m0))

@@ -75,16 +75,53 @@ class Segments(NamedTuple):
 
 def segment_layout(offsets: Tensor, device) -> Segments:
     """The packed layout of the segments [offsets[s], offsets[s+1]) (offsets int64 on the CPU),
-    formed with a few vectorised index operations (no loop over segments)."""
-    lengths = offsets.diff()
-    keep = torch.nonzero(lengths > 0)[:, 0]
+    formed with a few vectorised index operations (no loop over segments); the host copy is read
+    as a list, so nothing here waits for the device."""
+    bounds = offsets.tolist()
+    sizes = [end - begin for begin, end in zip(bounds, bounds[1:])]
+    kept = [s for s, size in enumerate(sizes) if size > 0]
+    lengths = torch.tensor(sizes, dtype=torch.int64)
+    keep = torch.tensor(kept, dtype=torch.int64)
     sizes, starts = lengths[keep], offsets[:-1][keep]
     sizes, order = torch.sort(sizes, descending=True, stable=True)
-    t = torch.arange(int(sizes[0]))[:, None]
+    t = torch.arange(max(lengths.tolist()))[:, None]
     inside = t < sizes[None, :]
     batch_sizes = inside.sum(1)
     gather = (starts[order][None, :] + t)[inside]
     to = lambda i: i.to(device)
-    nonempty = None if keep.numel() == lengths.numel() else to(keep)
+    nonempty = None if len(kept) == len(bounds) - 1 else to(keep)
     return Segments(lengths, nonempty, batch_sizes, to(order), to(torch.argsort(order)), to(gather),
                     to(torch.argsort(gather)))
+
+
+def check_host_offsets(cu_seqlens_cpu, length: int) -> Tensor:
+    """The host copy of cu_seqlens (as fla's cu_seqlens_cpu): a 1-D integer CPU tensor of n + 1
+    offsets from 0, non-decreasing, ending at `length`; checked on the host, so no device wait.
+    Returns it as int64. ValueError naming `cu_seqlens_cpu` otherwise."""
+    if not isinstance(cu_seqlens_cpu, Tensor) or cu_seqlens_cpu.device.type != "cpu" \
+            or cu_seqlens_cpu.dim() != 1 or cu_seqlens_cpu.numel() < 2 \
+            or cu_seqlens_cpu.dtype not in (torch.int32, torch.int64):
+        got = (f"{tuple(cu_seqlens_cpu.shape)} {cu_seqlens_cpu.dtype} on {cu_seqlens_cpu.device}"
+               if isinstance(cu_seqlens_cpu, Tensor) else type(cu_seqlens_cpu).__name__)
+        raise ValueError(f"cu_seqlens_cpu must be a 1-D int32/int64 CPU tensor of n + 1 >= 2 offsets, "
+                         f"got {got}")
+    bounds = cu_seqlens_cpu.tolist()
+    if bounds[0] != 0 or bounds[-1] != length or any(b < a for a, b in zip(bounds, bounds[1:])):
+        raise ValueError(f"cu_seqlens_cpu must run from 0 to the sequence length {length} without "
+                         f"decreasing, got {bounds}")
+    return cu_seqlens_cpu.long()
+
+
+def check_offsets_metadata(cu_seqlens, device, batch: int, count: int) -> None:
+    """cu_seqlens beside its host copy: a tensor of `count` int32/int64 offsets on the input's
+    device over a batch of one row; its values are the host copy's (not read here)."""
+    if not isinstance(cu_seqlens, Tensor) or tuple(cu_seqlens.shape) != (count,) \
+            or cu_seqlens.dtype not in (torch.int32, torch.int64) \
+            or cu_seqlens.device != torch.device(device):
+        got = (f"{tuple(cu_seqlens.shape)} {cu_seqlens.dtype} on {cu_seqlens.device}"
+               if isinstance(cu_seqlens, Tensor) else type(cu_seqlens).__name__)
+        raise ValueError(f"cu_seqlens must be a ({count},) int32/int64 tensor on the input's device {device} "
+                         f"(the device copy of cu_seqlens_cpu), got {got}")
+    if batch != 1:
+        raise ValueError(f"cu_seqlens needs a batch of one row (batch 1, the sequences packed into it), got "
+                         f"batch {batch}: concatenate the rows into one")

@@ -51,7 +51,8 @@ def as_output(seq, out, batch_first):
     if seq.packed is None:
         return out.transpose(0, 1) if batch_first else out
     order = seq.packed.sorted_indices
-    lengths = seq.lengths if order is None else seq.lengths[order.cpu()]
+    # the lengths in the packed order are the host lengths sorted in decreasing order: no device read
+    lengths = seq.lengths if order is None else torch.sort(seq.lengths, descending=True).values
     out = out if order is None else out.index_select(1, order)
     repacked = pack_padded_sequence(out, lengths, enforce_sorted=True)
     return PackedSequence(repacked.data, repacked.batch_sizes, order, seq.packed.unsorted_indices)
