@@ -133,3 +133,44 @@ def limits_line(limits: Optional[Limits], name: str) -> str:
     return (f"roofline: {limits.label} published limits {limits.tb_s} TB/s, {limits.bf16} TFLOP/s bf16, "
             f"{limits.tf32} tf32, {limits.fp32} fp32 (CUDA cores: the fp32 cases' limit); dense rates, "
             "sources cited in benchmarks/roofline.py")
+
+
+# The Triton attention kernels' traffic (plugins/attention/triton): per kernel, the arguments it
+# reads and those it writes, each in full once per launch (per-chunk kernels whose tiles cover the
+# head dimension, as the pruner's largest tiles do at D ≤ 64; smaller tiles re-read q, k or v once
+# per tile of the other dimension). Entries "name?FLAG" count only where the launch's constant
+# FLAG is true. The ideal of attention_bytes is what these launches should approach.
+KERNEL_TRAFFIC = {
+    "fwd_h": (("k", "v", "s0?USE_INIT", "m0?USE_INIT", "z0?USE_INIT"),
+              ("h_s?STORE_H", "h_m?STORE_H", "h_z?STORE_H", "s_out", "m_out", "z_out")),
+    "merge_splits": (("s_loc", "m_loc", "z_loc", "s_init?USE_INIT", "m_init?USE_INIT", "z_init?USE_INIT"),
+                     ("s_seg", "m_seg", "z_seg", "s_fin", "m_fin", "z_fin")),
+    "fwd_o": (("q", "k", "v", "h_s", "h_m", "h_z"), ("o", "den")),
+    "bwd_prep": (("o", "do", "den"), ("dden",)),
+    "bwd_dh": (("q", "do", "den", "dden", "ds_fin?HAS_FINAL_GRAD", "dm_fin?HAS_FINAL_GRAD",
+                "dz_fin?HAS_FINAL_GRAD"),
+               ("dh_s?STORE_H", "dh_m?STORE_H", "dh_z?STORE_H", "ds0", "dm0", "dz0")),
+    "bwd_dv": (("q", "k", "do", "den", "dh_s", "dh_m"), ("dv",)),
+    "bwd_dqk": (("q", "k", "v", "do", "den", "dden", "h_s", "h_m", "h_z", "dh_s", "dh_m", "dh_z"),
+                ("dq", "dk")),
+}
+
+
+def launch_bytes(kernel: str, args: dict, constants: dict) -> int:
+    """Bytes one launch of a Triton attention kernel reads and writes, from its arguments (by
+    name) and constants. h_m / dh_m stand for h_s / dh_s without momentum (one buffer): not
+    counted twice."""
+    reads, writes = KERNEL_TRAFFIC[kernel]
+    seen, total = set(), 0
+    for entry in reads + writes:
+        name, _, flag = entry.partition("?")
+        if flag and not constants.get(flag):
+            continue
+        if name.endswith("_m") and name.startswith(("h", "dh")) and not constants.get("MOMENTUM"):
+            continue
+        tensor = args[name]
+        key = (id(tensor), entry in writes)
+        if key not in seen:
+            seen.add(key)
+            total += tensor.numel() * tensor.element_size()
+    return total
