@@ -22,6 +22,7 @@ import torch.distributed as dist
 
 from plugins.attention.context_parallel import slice_bounds
 from plugins.transformer import MultiHeadAttention
+from plugins.validation import check_group
 
 from .modeling_momentum_transformer import (
     MomentumTransformerForSequenceClassification,
@@ -32,23 +33,12 @@ IGNORE_INDEX = -100
 BATCH_KEYS = ("input_ids", "attention_mask", "labels")
 
 
-def check_group(group, name: str = "group"):
-    if not dist.is_available() or not dist.is_initialized():
-        raise ValueError(f"{name} needs torch.distributed initialised (init_process_group)")
-    if not isinstance(group, dist.ProcessGroup):
-        raise ValueError(f"{name} must be a torch.distributed ProcessGroup (e.g. dist.group.WORLD or "
-                         f"dist.new_group(...)), got {type(group).__name__}")
-    if dist.get_rank(group) < 0:
-        raise ValueError(f"{name} does not contain this rank")
-    return group
-
-
 def enable_context_parallel(model: torch.nn.Module, group: Optional[dist.ProcessGroup]) -> torch.nn.Module:
     """Makes every momentum attention layer of a native momentum transformer run over `group`
     (`momentum_attention(..., process_group=group)`); `group=None` turns it off. The model then
     needs the inputs of `shard_batch` (global position_ids, no cache). Returns the model."""
     if group is not None:
-        check_group(group)
+        check_group(group, "group")
     if isinstance(model, MomentumTransformerForSequenceClassification):
         raise ValueError("model: MomentumTransformerForSequenceClassification pools over its tokens, which "
                          "context parallelism splits over ranks; use MomentumTransformerModel or "
@@ -74,7 +64,7 @@ def shard_batch(batch: Mapping, group: dist.ProcessGroup) -> dict:
     `shift_labels` (labels shifted over the whole sequence, then sliced), the labels' slice, and
     `num_items_in_batch` (the real labels of the whole batch), so that the loss is this rank's
     share of the whole-sequence loss."""
-    group = check_group(group)
+    group = check_group(group, "group")
     if not isinstance(batch, Mapping):
         raise ValueError(f"batch must be a mapping with input_ids (and attention_mask, labels), "
                          f"got {type(batch).__name__}")
@@ -110,7 +100,7 @@ def shard_batch(batch: Mapping, group: dist.ProcessGroup) -> dict:
 
 def whole_sequence_loss(loss: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
     """The sum of the ranks' losses (detached), i.e. the loss of the whole batch in one process."""
-    group = check_group(group)
+    group = check_group(group, "group")
     total = loss.detach().clone()
     dist.all_reduce(total, group=group)
     return total

@@ -133,6 +133,19 @@ def check_tensors(parts: Mapping[str, object], owner: str) -> None:
                              f"{first[1].dtype} on {first[1].device} and {value.dtype} on {value.device}")
 
 
+def check_group(group, name: str = "process_group"):
+    """A torch.distributed process group that contains this rank (context parallelism)."""
+    import torch.distributed as dist
+    if not dist.is_available() or not dist.is_initialized():
+        raise ValueError(f"{name} needs torch.distributed initialised (init_process_group)")
+    if not isinstance(group, dist.ProcessGroup):
+        raise ValueError(f"{name} must be a torch.distributed ProcessGroup (e.g. dist.group.WORLD or "
+                         f"dist.new_group(...)), got {type(group).__name__}")
+    if dist.get_rank(group) < 0:
+        raise ValueError(f"{name} does not contain this rank")
+    return group
+
+
 OFFSET_DTYPES = (torch.int32, torch.int64)
 
 

@@ -5,7 +5,7 @@ import torch
 
 from ..packing import Segments
 from ..validation import check_bool, check_momentum, check_offsets, check_positive
-from .attend import attend, attend_step, mask_keys
+from .attend import attend, attend_slice, attend_step, mask_keys
 from .checks import (
     check_chunk_size,
     check_feature_dims,
@@ -16,7 +16,7 @@ from .checks import (
 from .context_parallel import context_parallel_attention
 from .feature_maps import FeatureMap, resolve_feature_map
 from .noncausal import apply_noncausal_summary, noncausal_summary
-from .nonfinite import split_finite
+from .nonfinite import all_finite, split_finite
 from .spec import AttentionSpec
 from .state import MomentumAttentionState, NonCausalSummary
 from .varlen import varlen_apply_summary, varlen_noncausal_summary
@@ -66,7 +66,7 @@ def momentum_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, mom
     return_state = check_bool(return_state, "return_state")
     if process_group is not None:
         return context_parallel_attention(
-            q, k, v, process_group=process_group, attend=momentum_attention, momentum=momentum,
+            q, k, v, process_group=process_group, attend=attend_slice, momentum=momentum,
             step_size=step_size, causal=causal, feature_map=feature_map, padding_mask=padding_mask,
             eps=eps, chunk_size=chunk_size, initial_state=initial_state, return_state=return_state,
             backend=backend, cu_seqlens=cu_seqlens)
@@ -77,7 +77,8 @@ def momentum_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, mom
     _check_state_type(initial_state, "initial_state")
     if not causal and (initial_state is not None or return_state):
         raise ValueError("initial_state and return_state need causal=True (eq. 14 has no recurrent form)")
-    return attend(q, k, v, spec, segments=segments, initial_state=initial_state, return_state=return_state)
+    return attend(q, k, v, spec, segments=segments, initial_state=initial_state, return_state=return_state,
+                  finite=_finite(q, k, v))
 
 
 def summarize_keys(k: torch.Tensor, v: torch.Tensor, *, momentum: float, step_size: float = 1.0,
@@ -188,7 +189,12 @@ def momentum_attention_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     if padding_mask is not None:
         check_padding_mask(padding_mask, q.shape[0], 1, k.device)
         segments = Segments.from_padding_mask(padding_mask, q.shape[0], 1)
-    return attend_step(q, k, v, state, spec, segments=segments)
+    return attend_step(q, k, v, state, spec, segments=segments, finite=_finite(q, k, v))
+
+
+def _finite(q, k, v) -> bool:
+    """The public functions' eager shortcut (one host read): finite inputs need no NaN marks."""
+    return not torch.compiler.is_compiling() and all_finite(q, k, v)
 
 
 def _segments(padding_mask, cu_seqlens, q, k) -> Optional[Segments]:

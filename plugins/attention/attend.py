@@ -8,9 +8,10 @@ from typing import Optional
 import torch
 
 from ..packing import Segments
-from . import backends
+from .backends import triton_for
 from .checks import compute_dtype
 from .chunk import chunk_causal_momentum_attention
+from .context_parallel import context_parallel_attention
 from .noncausal import apply_noncausal_summary, noncausal_summary
 from .nonfinite import NonFiniteMarks
 from .recurrent import fused_recurrent_step
@@ -21,50 +22,65 @@ from .varlen import segment_of_tokens, varlen_causal_momentum_attention, varlen_
 
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, spec: AttentionSpec, *,
            segments: Optional[Segments] = None, initial_state: Optional[MomentumAttentionState] = None,
-           return_state: bool = False, process_group=None):
+           return_state: bool = False, process_group=None, finite: bool = False):
     """Momentum attention on q, k (B, H, Nq|Nk, Dk), v (B, H, Nk, Dv) laid out as `segments` says
     (None: every token real). Packed segments run each document alone and take and return one
     state row per document; padded inputs of packed segments (`segments.index`) are packed here and
-    the output unpacked (zeros at padding). Returns out, or (out, state) with return_state."""
+    the output unpacked (zeros at padding). Returns out, or (out, state) with return_state.
+    finite: the caller has checked that q, k, v hold no NaN/inf (`nonfinite.all_finite`, a host
+    read that `attend` itself never makes); otherwise NaN/inf is kept causal by marks."""
     if process_group is not None:
-        from .api import momentum_attention  # context parallelism still agrees through the API
-        return momentum_attention(
-            q, k, v, momentum=spec.momentum, step_size=spec.step_size, causal=spec.causal,
-            feature_map=spec.feature_map, eps=spec.eps, chunk_size=spec.chunk_size, backend=spec.backend,
+        return context_parallel_attention(
+            q, k, v, process_group=process_group, attend=attend_slice, momentum=spec.momentum,
+            step_size=spec.step_size, causal=spec.causal, feature_map=spec.feature_map, eps=spec.eps,
+            chunk_size=spec.chunk_size, backend=spec.backend,
             padding_mask=None if segments is None else segments.padding_mask,
             cu_seqlens=None if segments is None else segments.cu_seqlens,
-            initial_state=initial_state, return_state=return_state, process_group=process_group)
+            initial_state=initial_state, return_state=return_state)
     repack = segments is not None and segments.packed and (segments.index is not None or segments.batch != 1)
     if repack:
         q, k, v = segments.pack(q), segments.pack(k), segments.pack(v)
     out_dtype = torch.promote_types(torch.promote_types(q.dtype, k.dtype), v.dtype)
     if not spec.causal:
-        out, state = _noncausal(q, k, v, spec, segments).to(out_dtype), None
+        out, state = _noncausal(q, k, v, spec, segments, finite).to(out_dtype), None
     else:
-        out, state = _causal_dispatch(q, k, v, spec, segments, initial_state, return_state)
+        out, state = _causal_dispatch(q, k, v, spec, segments, initial_state, return_state, finite)
         out = out.to(out_dtype)
     if repack:
         out = segments.unpack(out)
     return (out, state) if return_state else out
 
 
+def attend_slice(q, k, v, *, momentum, step_size, causal, feature_map, eps, chunk_size, backend,
+                 padding_mask=None, cu_seqlens=None, initial_state=None, return_state=False):
+    """Context parallelism's call for this rank's slice, from the state entering it: the arguments
+    were checked and agreed on by `context_parallel_attention`, so only their description is built."""
+    spec = AttentionSpec(momentum=momentum, step_size=step_size, causal=causal, feature_map=feature_map,
+                         eps=eps, chunk_size=chunk_size, backend=backend)
+    segments = None
+    if cu_seqlens is not None:
+        segments = Segments.from_cu_seqlens(cu_seqlens, q.shape[2])
+    elif padding_mask is not None:
+        segments = Segments.from_padding_mask(padding_mask, *padding_mask.shape)
+    return attend(q, k, v, spec, segments=segments, initial_state=initial_state, return_state=return_state)
+
+
 def attend_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, state: Optional[MomentumAttentionState],
-                spec: AttentionSpec, *, segments: Optional[Segments] = None):
+                spec: AttentionSpec, *, segments: Optional[Segments] = None, finite: bool = False):
     """Eq. 12 for n ≥ 1 new positions q, k (B, H, n, Dk), v (B, H, n, Dv) from `state` (None: a zero
     start). Returns (out (B, H, n, Dv), new state). One position of unpacked rows runs the fused
     single-token update (rows whose position is padding keep their state and output 0)."""
     if q.shape[2] != 1 or (segments is not None and segments.packed):
-        return attend(q, k, v, spec, segments=segments, initial_state=state, return_state=True)
+        return attend(q, k, v, spec, segments=segments, initial_state=state, return_state=True, finite=finite)
     real = None if segments is None else segments.padding_mask
     B, H, Dv = q.shape[0], q.shape[1], v.shape[-1]
     dtype = _state_dtype(state, compute_dtype(q, k, v))
-    step = fused_recurrent_step
-    if backends.use_triton(spec.backend, q.device, float64=dtype == torch.float64):
-        step = backends.triton_kernels().fused_recurrent_step
+    kernels = triton_for(spec.backend, q.device, float64=dtype == torch.float64)
+    step = fused_recurrent_step if kernels is None else kernels.fused_recurrent_step
     out_dtype = torch.promote_types(torch.promote_types(q.dtype, k.dtype), v.dtype)
     with torch.autocast(device_type=q.device.type, enabled=False):
         q, k, v = (mask_keys(t.to(dtype), real) for t in (q, k, v))
-        fq, fk, v, marks = NonFiniteMarks.feature_map(spec.phi, q, k, v)
+        fq, fk, v, marks = NonFiniteMarks.feature_map(spec.phi, q, k, v, finite)
         D = fk.shape[-1]
         if state is None:
             state = MomentumAttentionState.zeros(B, H, D, Dv, dtype=dtype, device=k.device)
@@ -76,12 +92,13 @@ def attend_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, state: Option
     return marks.step(out)[:, :, None].to(out_dtype), marks.state(state)
 
 
-def _causal_dispatch(q, k, v, spec, segments, initial_state, return_state):
+def _causal_dispatch(q, k, v, spec, segments, initial_state, return_state, finite):
     packed = segments is not None and segments.packed
     state_dtype = _state_dtype(initial_state, compute_dtype(q, k, v))
     extra = {}
-    if backends.use_triton(spec.backend, q.device, float64=state_dtype == torch.float64):
-        kernel, run_dtype = backends.triton_kernels().chunk_momentum_attention, torch.promote_types(
+    kernels = triton_for(spec.backend, q.device, float64=state_dtype == torch.float64)
+    if kernels is not None:
+        kernel, run_dtype = kernels.chunk_momentum_attention, torch.promote_types(
             torch.promote_types(q.dtype, k.dtype), v.dtype)
     elif packed:
         kernel, run_dtype = varlen_causal_momentum_attention, state_dtype
@@ -91,14 +108,15 @@ def _causal_dispatch(q, k, v, spec, segments, initial_state, return_state):
     with torch.autocast(device_type=q.device.type, enabled=False):
         q, k, v = q.to(run_dtype), k.to(run_dtype), v.to(run_dtype)
         hyper = dict(state_dtype=state_dtype, momentum=spec.momentum, step_size=spec.step_size, eps=spec.eps,
-                     chunk_size=spec.chunk_size, initial_state=initial_state, return_state=return_state)
+                     chunk_size=spec.chunk_size, initial_state=initial_state, return_state=return_state,
+                     finite=finite)
         if packed:
             return _causal_packed(q, k, v, spec.phi, segments.cu_seqlens, kernel=kernel, extra=extra, **hyper)
         return _causal(q, k, v, spec.phi, segments, kernel=kernel, **hyper)
 
 
 def _causal(q, k, v, phi, segments, *, kernel, state_dtype, momentum, step_size, eps, chunk_size,
-            initial_state, return_state):
+            initial_state, return_state, finite):
     """Causal form on any padding pattern: real tokens are moved to the front of their row
     (`segments.order`, a stable gather), run right-padded through `kernel` on finite inputs, and
     moved back."""
@@ -110,7 +128,7 @@ def _causal(q, k, v, phi, segments, *, kernel, state_dtype, momentum, step_size,
             q, k, v = (_gather(t, order) for t in (q, k, v))
         mask = torch.arange(N, device=q.device) < lengths[:, None]
     q, k, v = (mask_keys(t, mask) for t in (q, k, v))
-    fq, fk, v, marks = NonFiniteMarks.feature_map(phi, q, k, v)
+    fq, fk, v, marks = NonFiniteMarks.feature_map(phi, q, k, v, finite)
     fk, D = mask_keys(fk, mask), fk.shape[-1]
     if initial_state is not None:
         check_state(initial_state, B, H, D, Dv, q.device)
@@ -134,12 +152,12 @@ def _causal(q, k, v, phi, segments, *, kernel, state_dtype, momentum, step_size,
 
 
 def _causal_packed(q, k, v, phi, cu, *, kernel, extra, state_dtype, momentum, step_size, eps, chunk_size,
-                   initial_state, return_state):
+                   initial_state, return_state, finite):
     """Causal form on packed sequences (batch 1): every segment restarts from its own initial
     state; NaN marks stay inside their segment."""
     H, N, Dv = q.shape[1], q.shape[2], v.shape[-1]
     n = cu.numel() - 1
-    fq, fk, v, marks = NonFiniteMarks.feature_map(phi, q, k, v)
+    fq, fk, v, marks = NonFiniteMarks.feature_map(phi, q, k, v, finite)
     D = fk.shape[-1]
     if initial_state is not None:
         check_state(initial_state, n, H, D, Dv, q.device, packed=True)
@@ -159,14 +177,15 @@ def _causal_packed(q, k, v, phi, cu, *, kernel, extra, state_dtype, momentum, st
     return out, state
 
 
-def _noncausal(q, k, v, spec, segments):
+def _noncausal(q, k, v, spec, segments, finite):
     """Eq. 14 as two sums over the real keys (per segment when packed), in float32 (float64 for
     float64 inputs)."""
     mask = None if segments is None or segments.packed else segments.padding_mask
     dtype = compute_dtype(q, k, v)
     with torch.autocast(device_type=q.device.type, enabled=False):
         q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
-        fq, fk, v, marks = NonFiniteMarks.feature_map(spec.phi, q, mask_keys(k, mask), mask_keys(v, mask))
+        fq, fk, v, marks = NonFiniteMarks.feature_map(spec.phi, q, mask_keys(k, mask), mask_keys(v, mask),
+                                                      finite)
         if segments is not None and segments.packed:
             cu = segments.cu_seqlens
             if q.shape[2] == 0:

@@ -4,6 +4,7 @@
 package is imported only when a call may use it, so CPU-only installs never load it."""
 import os
 from types import ModuleType
+from typing import Optional
 
 import torch
 
@@ -34,6 +35,11 @@ def use_triton(backend: str, device: torch.device, float64: bool) -> bool:
         raise ValueError("backend='triton': the Triton kernels are not available on this machine "
                          "(plugins.attention.triton.is_available() is False); use backend='torch' or 'auto'")
     return True
+
+
+def triton_for(backend: str, device: torch.device, float64: bool) -> Optional[ModuleType]:
+    """The Triton kernels when `use_triton` says they run this call, else None (PyTorch)."""
+    return triton_kernels() if use_triton(backend, device, float64) else None
 
 
 def triton_kernels() -> ModuleType:

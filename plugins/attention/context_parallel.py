@@ -23,7 +23,7 @@ from typing import Callable, List, Optional, Tuple
 import torch
 import torch.distributed as dist
 
-from ..validation import check_momentum, check_offsets, check_positive
+from ..validation import check_group, check_momentum, check_offsets, check_positive
 from .checks import (
     check_backend,
     check_chunk_size,
@@ -35,6 +35,7 @@ from .checks import (
 from .coefficients import geometric
 from .feature_maps import FeatureMap, resolve_feature_map
 from .noncausal import apply_noncausal_summary
+from .nonfinite import split_finite
 from .state import MomentumAttentionState
 
 # The fields every rank must agree on, in the order of the descriptor each rank all-gathers.
@@ -51,17 +52,17 @@ def context_parallel_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
                                padding_mask: Optional[torch.Tensor], eps: float, chunk_size: int,
                                initial_state: Optional[MomentumAttentionState], return_state: bool,
                                backend: str, cu_seqlens: Optional[torch.Tensor] = None):
-    """`momentum_attention(..., process_group=group)` on this rank's slice q, k (B, H, N_r, Dk),
-    v (B, H, N_r, Dv), padding_mask (B, N_r): the whole sequence's result on the slice, forward
-    and backward. `attend` is the single-process entry point (`api.momentum_attention`). Every
-    rank of the group must call this with the same arguments except the slices, and, when
-    training, must back-propagate through its output (the backward exchanges the state
-    gradients). initial_state is the state before the whole sequence: rank 0 only. With
-    return_state, each rank gets the state after its own slice (the last rank's is the state
-    after the whole sequence). cu_seqlens: the offsets of the packed sequences over the whole
-    row (every rank's tokens concatenated, batch 1), the same tensor on every rank; causal only,
-    without initial_state / return_state (their per-segment states are not split over ranks)."""
-    group = _check_group(process_group)
+    """`momentum_attention(..., process_group=group)` on this rank's slice q, k (B, H, N_r, Dk), v
+    (B, H, N_r, Dv), padding_mask (B, N_r): the whole sequence's result on the slice, forward and
+    backward. `attend` runs one slice (`attend.attend_slice`; keyword arguments as
+    `momentum_attention`'s). Every rank of the group must call this with the same arguments except
+    the slices, and, when training, must back-propagate through its output (the backward exchanges
+    the state gradients). initial_state is the state before the whole sequence: rank 0 only. With
+    return_state, each rank gets the state after its own slice (the last rank's is the state after
+    the whole sequence). cu_seqlens: the offsets of the packed sequences over the whole row (every
+    rank's tokens concatenated, batch 1), the same tensor on every rank; causal only, without
+    initial_state / return_state (their per-segment states are not split over ranks)."""
+    group = check_group(process_group)
     rank = dist.get_rank(group)
     error, mask, own = None, None, None
     try:
@@ -114,7 +115,7 @@ def shard_sequence(x: torch.Tensor, process_group, dim: int = 1) -> Tuple[torch.
     global offset, the index of its first position in the whole sequence (position_ids of the
     slice are offset + arange(len)). Slices in rank order, as even as possible: the first T mod R
     ranks get one token more. A view of x, no copy."""
-    group = _check_group(process_group)
+    group = check_group(process_group)
     if not isinstance(x, torch.Tensor):
         raise ValueError(f"x must be a torch.Tensor, got {type(x).__name__}")
     if isinstance(dim, bool) or not isinstance(dim, int) or not -x.dim() <= dim < x.dim():
@@ -216,17 +217,6 @@ class _Attach(torch.autograd.Function):
     def backward(ctx, grad):
         (exchanged,) = ctx.saved_tensors
         return grad, torch.zeros_like(exchanged)
-
-
-def _check_group(process_group):
-    if not dist.is_available() or not dist.is_initialized():
-        raise ValueError("process_group needs torch.distributed initialised (init_process_group)")
-    if not isinstance(process_group, dist.ProcessGroup):
-        raise ValueError(f"process_group must be a torch.distributed ProcessGroup (e.g. dist.group.WORLD "
-                         f"or dist.new_group(...)), got {type(process_group).__name__}")
-    if dist.get_rank(process_group) < 0:
-        raise ValueError("process_group does not contain this rank")
-    return process_group
 
 
 def _describe(q, k, v, momentum, step_size, causal, feature_map, padding_mask, eps, chunk_size,
@@ -449,6 +439,11 @@ def _noncausal_over_ranks(q, k, v, phi, mask, lengths, rank, group, *, momentum,
         summed = _AllReduce.apply(group, torch.cat([kv.flatten(2), fk.sum(2)], dim=-1))
         D, Dv = fk.shape[-1], vv.shape[-1]
         kv, z = summed[..., :D * Dv].reshape(B, fk.shape[1], D, Dv), summed[..., D * Dv:]
-        out = apply_noncausal_summary(phi(q.to(dtype)), kv, z, eps=eps)
+        # φ and the matmuls see finite queries only: a NaN/inf query (padded or not) marks its own
+        # output and reaches no gradient (0 × NaN in the backward of fq @ kv would reach every key).
+        q, q_marks = split_finite(q.to(dtype))
+        fq, fq_marks = split_finite(phi(q))
+        marks = q_marks.sum(-1, keepdim=True) + fq_marks.sum(-1, keepdim=True)
+        out = apply_noncausal_summary(fq, kv, z, eps=eps) + marks
     out_dtype = torch.promote_types(torch.promote_types(q.dtype, k.dtype), v.dtype)
     return out.to(out_dtype)

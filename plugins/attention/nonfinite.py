@@ -8,8 +8,10 @@ the kernels therefore see only finite parts (non-finite entries replaced by 0 wi
 and each result gets its NaN back afterwards exactly where eq. 12 would carry a non-finite
 value: output i from q_i and from k_j, v_j with j ≤ i (causal) or any real j (eq. 14); a v entry
 only reaches its own value column. The marks are tensors of 0 and NaN, so adding them is exact
-and needs no data-dependent branch: under torch.compile they are always computed (and fused);
-in eager mode one sum per input first tells whether there is anything to mark."""
+and needs no data-dependent branch: the trusted path (`attend`) always computes them (fused under
+torch.compile), so that no layer waits for the device to say whether there is anything to mark;
+only a caller that has checked its inputs finite (the public functions, in eager mode, with one
+sum per input) skips them."""
 from dataclasses import dataclass
 from typing import Optional
 
@@ -30,8 +32,9 @@ def split_finite(t: torch.Tensor):
 
 
 def all_finite(*tensors: torch.Tensor) -> bool:
-    """Eager shortcut: True when no entry is NaN or inf (one sum per tensor, accumulated in at
-    least float32; a sum that overflows only sends the call down the exact marked path)."""
+    """Eager shortcut of the public functions: True when no entry is NaN or inf (one sum per
+    tensor, accumulated in at least float32; a sum that overflows only sends the call down the
+    exact marked path). Reads the device: never call it on the trusted path."""
     sums = [t.sum(dtype=torch.promote_types(t.dtype, torch.float32)) for t in tensors]
     return bool(torch.isfinite(torch.stack(sums)).all())
 
@@ -61,14 +64,14 @@ class NonFiniteMarks:
     value: torch.Tensor
 
     @classmethod
-    def feature_map(cls, phi, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
+    def feature_map(cls, phi, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, finite: bool = False):
         """φ on the finite parts of q and k: returns finite φ(q), φ(k), v and the marks. A
-        non-finite entry of q or k marks every feature of its position (φ may mix them)."""
-        if not torch.compiler.is_compiling() and all_finite(q, k, v):
+        non-finite entry of q or k marks every feature of its position (φ may mix them).
+        finite: the caller has checked q, k, v finite; with a built-in map nothing is marked."""
+        if finite and phi in FINITE_MAPS:
             fq, fk = phi(q), phi(k)
             check_feature_dims(fq, fk, q, k)
-            if phi in FINITE_MAPS or all_finite(fq, fk):
-                return fq, fk, v, FiniteInputs()
+            return fq, fk, v, FiniteInputs()
         q, q_marks = split_finite(q)
         k, k_marks = split_finite(k)
         v, value = split_finite(v)

@@ -56,7 +56,8 @@ class SegmentChunks:
         if cu_host is None or torch.compiler.is_compiling():
             total = -(-length // chunk) + n              # a static bound; trailing chunks stay unused
         else:
-            total = max(int(((cu_host.diff() + chunk - 1) // chunk).sum()), 1)
+            offsets = cu_host.tolist()                   # a host tensor: no device read
+            total = max(sum(-(-(b - a) // chunk) for a, b in zip(offsets[:-1], offsets[1:])), 1)
         t = torch.arange(total, device=device)
         segment = torch.searchsorted(ends, t, right=True).clamp(max=n - 1)
         index = t - starts[segment]                      # chunk index within its segment
