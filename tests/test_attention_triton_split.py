@@ -8,14 +8,14 @@ import importlib.util
 import pytest
 import torch
 import triton
-from test_attention_triton import TOL, loss_of, make_inputs, random_state, rel_rms, triton_ops
-from test_attention_triton_varlen import (
+from helpers.triton_attention import TOL, loss_of, make_inputs, random_state, rel_rms, triton_ops
+from helpers.triton_varlen import (
     each_segment_alone,
     offsets,
     packed_inputs,
     run_with_grads,
 )
-from test_attention_triton_varlen import random_state as segment_states
+from helpers.triton_varlen import random_state as segment_states
 
 from plugins.attention.naive import naive_recurrent_momentum_attention
 from plugins.attention.state import MomentumAttentionState

@@ -9,14 +9,20 @@ import importlib.util
 
 import pytest
 import torch
+from helpers.triton_varlen import (
+    EPS,
+    each_segment_alone,
+    offsets,
+    packed_inputs,
+    random_state,
+    run_with_grads,
+)
 
-from plugins.attention.naive import naive_recurrent_momentum_attention
 from plugins.attention.state import MomentumAttentionState
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton not installed")
 
 TOL = 1e-4                                   # relative RMS, fp32 kernels vs float64 references
-EPS = 1e-6
 
 
 def triton_ops():
@@ -38,55 +44,6 @@ def segment_error(got, expected, a, b):
     got, expected = got.detach().double(), expected.detach().double()
     err = (got[:, :, a:b] - expected[:, :, a:b]).pow(2).mean().sqrt()
     return (err / expected.pow(2).mean().sqrt().clamp(min=1e-30)).item()
-
-
-def offsets(lengths):
-    return torch.tensor([0] + lengths).cumsum(0)
-
-
-def packed_inputs(gen, H, T, Dk, Dv):
-    """Feature-mapped q, k (elu + 1 of random numbers) and random v, one row of T tokens."""
-    fq, fk = (torch.nn.functional.elu(torch.randn(1, H, T, Dk, generator=gen, dtype=torch.float64)) + 1
-              for _ in range(2))
-    return fq, fk, torch.randn(1, H, T, Dv, generator=gen, dtype=torch.float64)
-
-
-def random_state(gen, n, H, Dk, Dv):
-    return MomentumAttentionState(s=torch.randn(n, H, Dk, Dv, generator=gen, dtype=torch.float64),
-                                  z=torch.rand(n, H, Dk, generator=gen, dtype=torch.float64) * 3,
-                                  m=torch.randn(n, H, Dk, Dv, generator=gen, dtype=torch.float64))
-
-
-def each_segment_alone(fq, fk, v, cu, state0, beta, gamma):
-    """The float64 reference: eq. 12 token by token on every segment as its own batch-1 sequence,
-    from its own initial state (zeros without one); outputs concatenated, states stacked."""
-    outs, states = [], []
-    for s in range(len(cu) - 1):
-        a, b = int(cu[s]), int(cu[s + 1])
-        st = None if state0 is None else MomentumAttentionState(state0.s[s:s + 1], state0.z[s:s + 1],
-                                                                 state0.m[s:s + 1])
-        out, st = naive_recurrent_momentum_attention(fq[:, :, a:b], fk[:, :, a:b], v[:, :, a:b], st,
-                                                     momentum=beta, step_size=gamma, feature_map="identity",
-                                                     eps=EPS)
-        outs.append(out)
-        states.append(st)
-    return torch.cat(outs, 2), MomentumAttentionState(*(torch.cat([getattr(st, name) for st in states])
-                                                        for name in ("s", "z", "m")))
-
-
-def run_with_grads(fn, inputs, state0, ups, dtype):
-    """fn's output and state, and the gradients of a loss on both w.r.t. q, k, v (and the initial
-    state if there is one)."""
-    leaves = [t.to(dtype).requires_grad_() for t in inputs]
-    st = None
-    if state0 is not None:
-        st = MomentumAttentionState(*(t.to(dtype).requires_grad_() for t in (state0.s, state0.z, state0.m)))
-        leaves += [st.s, st.z, st.m]
-    out, state = fn(*leaves[:3], st)
-    loss = (out * ups[0].to(dtype)).sum()
-    for name, up in zip("szm", ups[1:]):
-        loss = loss + (getattr(state, name) * up.to(dtype)).sum()
-    return out, state, torch.autograd.grad(loss, leaves)
 
 
 # (segment lengths, chunk, β, γ, initial state): 1-token and empty segments (first, inside, last),

@@ -8,7 +8,7 @@ import textwrap
 import numpy as np
 import pytest
 import torch
-from test_fairseq_support import REPO, cli_env
+from helpers.fairseq_cli import REPO, cli_env
 
 HASOBJECT = 1       # numpy's NPY_ITEM_HASOBJECT flag in a pickled dtype state
 

@@ -11,20 +11,12 @@ import pytest
 import torch
 from fairseq_eval_sites import fairseq_eval_sites
 from helpers.fairseq_cli import USER_DIR, cli_env, preprocess_lm, run_cli, train, write_lm_text
+from helpers.fairseq_payloads import TINY_LM, load_state, payload
 from omegaconf import OmegaConf
 
 import fairseq_momentum  # noqa: F401  (installs the checks in this process)
 from fairseq_momentum import safe_config
 from fairseq_momentum.safe_config import UnsafeConfigError
-
-TINY_LM = ["--task", "language_modeling", "--arch", "momentum_transformer_lm", "--decoder-layers", "1",
-           "--decoder-embed-dim", "16", "--decoder-ffn-embed-dim", "16", "--decoder-attention-heads", "2",
-           "--tokens-per-sample", "16", "--batch-size", "8", "--optimizer", "adam", "--lr", "0.001"]
-
-
-def payload(marker) -> str:
-    return f"__import__('pathlib').Path({str(marker)!r}).touch()"
-
 
 # (case, architecture the checkpoint names, model fields set, the eval site it reaches in fairseq)
 SITES = [
@@ -56,10 +48,6 @@ def lm(tmp_path_factory):
                          root / "bin")
     train(data, root / "save", *TINY_LM, "--max-update", "1")
     return root / "save" / "checkpoint_last.pt", data
-
-
-def load_state(path):
-    return torch.load(path)
 
 
 def set_fields(namespace, arch, fields, marker):

@@ -9,9 +9,9 @@ import zipfile
 
 import pytest
 import torch
+from helpers.fairseq_cli import preprocess_lm, train, write_lm_text
+from helpers.fairseq_payloads import TINY_LM, load_state, payload
 from omegaconf.nodes import AnyNode
-from test_fairseq_safe_config import TINY_LM, load_state, payload
-from test_fairseq_support import preprocess_lm, train, write_lm_text
 
 from fairseq_momentum.safe_config import MAX_DEPTH, UnsafeConfigError
 

@@ -6,7 +6,7 @@ import importlib.util
 
 import pytest
 import torch
-from test_attention_triton_grid import record_launches
+from helpers.triton_grid import record_launches
 
 from benchmarks.roofline import KERNEL_TRAFFIC, attention_bytes, launch_bytes
 
