@@ -6,8 +6,9 @@ saved model is loaded. Rather than keeping a hand-written copy of the equations,
 gets a generated file: the given modules and everything they import relatively, in dependency
 order, with their relative imports removed (the names then live in one namespace) and their
 absolute imports (torch, stdlib) hoisted to the top. Two modules defining the same top-level
-name, a relative import under another name (`as`) or a relative import of a whole module are
-refused, so the flat file always means the same as the package.
+name or a relative import under another name (`as`) are refused, so the flat file always means
+the same as the package; a relative import of a whole module (`from . import backends`) becomes
+a namespace of that module's top-level names.
 """
 import ast
 import hashlib
@@ -29,11 +30,17 @@ def flatten_modules(roots: Iterable[str], exports: Sequence[str]) -> str:
     defined: Dict[str, str] = {}
     digest = hashlib.sha256()
     for name in order:
-        path, tree, source = _parse(name)
+        path, tree, source = _parse(name, bundled=frozenset(order))
         digest.update(source.encode())
         kept = []
         for node in tree.body:
             if _is_docstring(node):
+                continue
+            if isinstance(node, ast.ImportFrom) and node.level > 0 and node.module is None:
+                for alias in node.names:
+                    _check_alias(alias, name)
+                    kept.append(_namespace(alias.name, _submodule(name, node, alias.name)))
+                    defined[alias.name] = name
                 continue
             if isinstance(node, ast.ImportFrom) and node.level > 0:
                 _check_relative(node, name)
@@ -65,18 +72,19 @@ def flatten_modules(roots: Iterable[str], exports: Sequence[str]) -> str:
     return text
 
 
-def _parse(name: str) -> Tuple[Path, ast.Module, str]:
+def _parse(name: str, bundled: frozenset = frozenset()) -> Tuple[Path, ast.Module, str]:
     path = Path(importlib.import_module(name).__file__)
-    source = _absolute_nested_imports(name, path.read_text(encoding="utf-8"))
+    source = _absolute_nested_imports(name, path.read_text(encoding="utf-8"), bundled)
     return path, ast.parse(source), source
 
 
-def _absolute_nested_imports(name: str, source: str) -> str:
-    """Relative imports inside functions load optional fast paths (the Triton kernels), which
-    are not bundled: in the flat file they name the installed package instead, so they work
-    where it is installed and raise ImportError (which the callers turn into the PyTorch path)
-    where it is not. They must sit in a try block, where transformers' remote-code import check
-    does not read them."""
+def _absolute_nested_imports(name: str, source: str, bundled: frozenset = frozenset()) -> str:
+    """Relative imports inside functions of a module that is `bundled` (a lazy import that
+    avoids an import cycle) become `pass`: its names are already in the flat file's namespace.
+    The others load optional fast paths (the Triton kernels), which are not bundled: in the flat
+    file they name the installed package instead, so they work where it is installed and raise
+    ImportError (which the callers turn into the PyTorch path) where it is not. They must sit in
+    a try block, where transformers' remote-code import check does not read them."""
     tree = ast.parse(source)
     top = {id(node) for node in tree.body}
     lines = source.splitlines(keepends=True)
@@ -90,19 +98,42 @@ def _absolute_nested_imports(name: str, source: str) -> str:
             if node.lineno != node.end_lineno or relative not in line:
                 raise ValueError(f"cannot flatten {name}: nested relative import at line {node.lineno} "
                                  "must be one line")
-            lines[node.lineno - 1] = line.replace(relative, f"from {target} import", 1)
+            if target in bundled:
+                statement = line.strip().split("#", 1)[0].rstrip()
+                lines[node.lineno - 1] = line.replace(statement, "pass", 1)
+            else:
+                lines[node.lineno - 1] = line.replace(relative, f"from {target} import", 1)
     return "".join(lines)
 
 
 def _relative_targets(name: str, tree: ast.Module) -> List[str]:
-    package = name.rsplit(".", 1)[0] if not _is_package(name) else name
     targets = []
     for node in tree.body:
         if isinstance(node, ast.ImportFrom) and node.level > 0:
-            base = package.split(".")
-            base = base[:len(base) - (node.level - 1)]
-            targets.append(".".join(base + ([node.module] if node.module else [])))
+            if node.module is None:
+                targets.extend(_submodule(name, node, alias.name) for alias in node.names)
+            else:
+                targets.append(_package_of(name, node.level) + "." + node.module)
     return targets
+
+
+def _package_of(name: str, level: int) -> str:
+    package = (name if _is_package(name) else name.rsplit(".", 1)[0]).split(".")
+    return ".".join(package[:len(package) - (level - 1)])
+
+
+def _submodule(name: str, node: ast.ImportFrom, module: str) -> str:
+    """The module that `from . import module` in `name` imports."""
+    return _package_of(name, node.level) + "." + module
+
+
+def _namespace(alias: str, module: str) -> str:
+    """`from . import module` in the flat file: the module's top-level names (already defined
+    above, in dependency order) gathered under its name, so `module.name` reads as before."""
+    _, tree, _ = _parse(module)
+    names = [top for node in tree.body for top in _top_level_names(node)]
+    fields = ", ".join(f"{top}={top}" for top in dict.fromkeys(names))
+    return f"{alias} = __import__('types').SimpleNamespace({fields})"
 
 
 def _dependency_order(roots: List[str]) -> List[str]:
@@ -127,11 +158,13 @@ def _dependency_order(roots: List[str]) -> List[str]:
 
 
 def _check_relative(node: ast.ImportFrom, name: str) -> None:
-    if node.module is None:
-        raise ValueError(f"cannot flatten {name}: `from . import module` keeps a module namespace")
     for alias in node.names:
-        if alias.asname is not None and alias.asname != alias.name:
-            raise ValueError(f"cannot flatten {name}: relative import renames {alias.name} to {alias.asname}")
+        _check_alias(alias, name)
+
+
+def _check_alias(alias: ast.alias, name: str) -> None:
+    if alias.asname is not None and alias.asname != alias.name:
+        raise ValueError(f"cannot flatten {name}: relative import renames {alias.name} to {alias.asname}")
 
 
 def _segment(source: str, node: ast.stmt) -> str:

@@ -32,13 +32,13 @@ from .momentum_core import (
     BlockConfig,
     ConnectionState,
     MomentumAttentionState,
+    Segments,
     TransformerBlock,
     TransformerStack,
     masked_mean,
 )
 from .packing import (
     COLLATOR,
-    PackedRows,
     document_positions,
     document_starts,
     has_packing_kwargs,
@@ -108,14 +108,16 @@ class MomentumTransformerLayer(GradientCheckpointingLayer, TransformerBlock):
         super().__init__(config if isinstance(config, BlockConfig) else block_config(config))
         self.layer_idx = layer_idx
 
-    def forward(self, hidden_states, velocity=None, previous_update=None, padding_mask=None,
-                past_key_values=None, packed=None):
+    def forward(self, hidden_states, velocity=None, previous_update=None, segments=None,
+                past_key_values=None, padding_mask=None):
+        """segments: the model's one `Segments` of the batch (trusted); padding_mask (B, N): a
+        convenience for one call, turned into Segments here."""
         cache = past_key_values
         state = None if velocity is None else ConnectionState(velocity, previous_update)
         attention_state = None if cache is None else cache.get_attention_state(self.layer_idx)
-        out, state, attention_state = super().forward(hidden_states, state, padding_mask=padding_mask,
+        out, state, attention_state = super().forward(hidden_states, state, segments=segments,
                                                       attention_state=attention_state,
-                                                      recurrent=cache is not None, packed=packed)
+                                                      recurrent=cache is not None, padding_mask=padding_mask)
         if cache is not None:
             cache.set_attention_state(self.layer_idx, attention_state)
         if state is None:
@@ -128,11 +130,10 @@ class MomentumTransformerLayers(TransformerStack):
     layer as two tensors (which gradient checkpointing follows) and each layer reads and writes
     its attention state in the cache `past_key_values`."""
 
-    def call_block(self, block, x, connection_state, *, padding_mask, packed, attention_state, recurrent,
+    def call_block(self, block, x, connection_state, *, segments, attention_state, recurrent,
                    past_key_values):
         velocity, update = (None, None) if connection_state is None else connection_state
-        out, velocity, update = block(x, velocity, update, padding_mask=padding_mask,
-                                      past_key_values=past_key_values, packed=packed)
+        out, velocity, update = block(x, velocity, update, segments=segments, past_key_values=past_key_values)
         return out, None if velocity is None else ConnectionState(velocity, update), None
 
 
@@ -226,21 +227,25 @@ class MomentumTransformerModel(MomentumTransformerPreTrainedModel):
             raise ValueError(f"position {int(position_ids.max())} is beyond max_position_embeddings "
                              f"({self.config.max_position_embeddings})")
         hidden = self.dropout(inputs_embeds + self.embed_positions(position_ids))
-        hidden, all_hidden, _ = self.layers(hidden, padding_mask=padding_mask, packed=packed, final=self.norm,
+        if packed is None:
+            segments = Segments.from_padding_mask(padding_mask, batch, length)
+        else:
+            segments = packed
+        hidden, all_hidden, _ = self.layers(hidden, segments=segments, final=self.norm,
                                             output_hidden_states=output_hidden_states, past_key_values=cache)
         if isinstance(cache, StaticMomentumCache):
             cache.advance(length, padding_mask)
         elif cache is not None:
             cache.advance(length)
-            padded = padding_mask is not None and not bool(padding_mask.all())
-            cache.has_padding = cache.has_padding or padded
+            cache.has_padding = cache.has_padding or segments.padding_mask is not None
         out = BaseModelOutputWithPast(last_hidden_state=hidden, past_key_values=cache,
                                       hidden_states=all_hidden)
         return out if return_dict is not False else out.to_tuple()
 
     def _recurrent_inputs(self, cache, past_key_values, use_cache, attention_mask, position_ids, batch,
                           length, device, packing):
-        """padding mask, positions, packed rows and cache for a `MomentumCache` or no cache."""
+        """padding mask, positions, the Segments of packed rows (None unless packed) and cache for a
+        `MomentumCache` or no cache."""
         past = cache.get_seq_length() if cache is not None else 0
         mask = check_attention_mask(attention_mask, batch, past, length)
         if mask is not None:
@@ -260,7 +265,7 @@ class MomentumTransformerModel(MomentumTransformerPreTrainedModel):
                                      f"seq_idx from {COLLATOR}) are not supported with context "
                                      "parallelism: shard one document (or unpacked rows) over the ranks")
                 cache = None
-                packed = PackedRows(starts, padding_mask)
+                packed = Segments.from_document_starts(starts, padding_mask)
                 if position_ids is None:
                     position_ids = document_positions(starts, padding_mask)
         elif has_packing_kwargs(**packing):

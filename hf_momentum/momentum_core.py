@@ -22,6 +22,7 @@ from plugins.connection import (
     build_connection,
     unread_connection_fields,
 )
+from plugins.packing import Segments
 from plugins.transformer.attention import MultiHeadAttention
 from plugins.transformer.block import TransformerBlock
 from plugins.transformer.config import (
@@ -35,13 +36,13 @@ from plugins.transformer.pooling import masked_mean
 from plugins.transformer.stack import TransformerStack
 
 BUNDLED_MODULES = ("plugins.attention.api", "plugins.connection", "plugins.transformer.block",
-                   "plugins.transformer.pooling", "plugins.transformer.stack")
+                   "plugins.transformer.pooling", "plugins.transformer.stack", "plugins.packing")
 EXPORTS = ("FEATURE_MAPS", "MomentumAttentionState", "momentum_attention", "momentum_attention_step",
            "AdaptiveMomentumConnection", "ConnectionState", "MomentumConnection", "build_connection",
            "DEFAULT_CONNECTION_MOMENTUM", "DEFAULT_CONNECTION_STEP_SIZE", "DEFAULT_ADAPTIVE_DELTA",
            "CONNECTION_READS", "unread_connection_fields", "BlockConfig", "BLOCK_FEATURE_MAPS",
            "DEFAULT_ATTENTION_MOMENTUM", "DEFAULT_ATTENTION_STEP_SIZE", "NORM_PLACEMENTS",
-           "MultiHeadAttention", "TransformerBlock", "TransformerStack", "masked_mean")
+           "MultiHeadAttention", "TransformerBlock", "TransformerStack", "Segments", "masked_mean")
 
 
 def bundled_source() -> str:

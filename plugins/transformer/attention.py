@@ -9,8 +9,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..attention.api import attend_summary, momentum_attention, momentum_attention_step, summarize_keys
+from ..attention.api import attend_summary, summarize_keys
+from ..attention.attend import attend, attend_step
 from ..attention.state import MomentumAttentionState, NonCausalSummary
+from ..packing import Segments
 from ..validation import check_int
 from .config import BlockConfig
 from .kv_cache import KeyValueCache, cached_softmax_attention, extend_key_value_cache
@@ -32,6 +34,15 @@ def softmax_self_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
     return out * real[:, None, :, None].to(out.dtype) if causal else out
 
 
+def _segments_of_call(segments: Optional[Segments], padding_mask: Optional[torch.Tensor], x: torch.Tensor):
+    """The given segments, or those of a padding mask passed for one call."""
+    if padding_mask is None:
+        return segments
+    if segments is not None:
+        raise ValueError("pass segments or padding_mask, not both")
+    return Segments.from_padding_mask(padding_mask, *x.shape[:2])
+
+
 class MultiHeadAttention(nn.Module):
     """(B, N, d_model) → (B, N, d_model): A(x) = Dropout(o_proj(attend(q_proj x, k_proj x, v_proj x)))
     with `config.heads` heads. `process_group` (momentum/linear only): context parallelism, see
@@ -51,16 +62,19 @@ class MultiHeadAttention(nn.Module):
         self.dropout = nn.Dropout(config.attention_dropout)
         self.process_group = None
 
-    def forward(self, x: torch.Tensor, *, padding_mask: Optional[torch.Tensor] = None,
+    def forward(self, x: torch.Tensor, *, segments: Optional[Segments] = None,
                 state: Union[MomentumAttentionState, KeyValueCache, None] = None, recurrent: bool = False,
-                packed=None) -> Tuple[torch.Tensor, Union[MomentumAttentionState, KeyValueCache, None]]:
-        """padding_mask (B, N), True = real token. recurrent=True (causal blocks): continue `state`
-        (None: fresh) by eq. 12 (momentum/linear) or as a KeyValueCache (softmax) and return the
-        new state. `packed`: documents laid out as one row, an object with pack / unpack of
-        (B, H, N, D) and `cu_seqlens` (hf_momentum.packing). Returns (output, new state or None)."""
+                padding_mask: Optional[torch.Tensor] = None
+                ) -> Tuple[torch.Tensor, Union[MomentumAttentionState, KeyValueCache, None]]:
+        """segments: where the sequences of x are (`plugins.packing.Segments`, built once per forward
+        by the caller and trusted here; packed documents run each alone); None: every token real.
+        padding_mask (B, N), True = real token: a convenience for a single call, turned into
+        Segments here (pass segments instead from a stack of layers). recurrent=True (causal
+        blocks): continue `state` (None: fresh) by eq. 12 (momentum/linear) or as a KeyValueCache
+        (softmax) and return the new state. Returns (output, new state or None)."""
+        segments = _segments_of_call(segments, padding_mask, x)
         q, k, v = (self._heads(proj(x)) for proj in (self.q_proj, self.k_proj, self.v_proj))
-        out, state = self.attend(q, k, v, padding_mask=padding_mask, state=state, recurrent=recurrent,
-                                 packed=packed)
+        out, state = self.attend(q, k, v, segments=segments, state=state, recurrent=recurrent)
         return self._output(out), state
 
     def _heads(self, x: torch.Tensor) -> torch.Tensor:
@@ -73,39 +87,38 @@ class MultiHeadAttention(nn.Module):
         batch, _, length, _ = out.shape
         return self.dropout(self.o_proj(out.transpose(1, 2).reshape(batch, length, self.config.d_model)))
 
-    def attend(self, q, k, v, *, padding_mask=None, state=None, recurrent=False, packed=None):
-        """The attention of `config.attention` on (B, H, N, D) heads; returns (out, state). The
-        state is a `MomentumAttentionState` (eq. 12) or, for softmax, a `KeyValueCache`."""
+    def attend(self, q, k, v, *, segments: Optional[Segments] = None, state=None, recurrent=False):
+        """The attention of `config.attention` on (B, H, N, D) heads laid out as `segments` says;
+        returns (out, state). The state is a `MomentumAttentionState` (eq. 12) or, for softmax, a
+        `KeyValueCache`. Momentum and linear attention run `plugins.attention.attend` with the
+        config's one AttentionSpec."""
         config = self.config
         if state is not None and not recurrent:
             raise ValueError("state is continued only with recurrent=True")
         if recurrent and not config.causal:
             raise ValueError("recurrent=True needs a causal block (causal=False is eq. 14, which has "
                              "no recurrence)")
+        packed = segments is not None and segments.packed
         if config.attention == "softmax":
-            return self._attend_softmax(q, k, v, padding_mask=padding_mask, state=state,
-                                        recurrent=recurrent, packed=packed)
-        momentum, step_size = self.coefficients()
-        kwargs = dict(momentum=momentum, step_size=step_size, feature_map=config.feature_map,
-                      padding_mask=padding_mask, chunk_size=config.chunk_size)
-        if packed is not None:
-            if recurrent:
-                raise ValueError("packed documents run without a recurrent state")
-            kwargs["padding_mask"] = None
-            return packed.unpack(momentum_attention(packed.pack(q), packed.pack(k), packed.pack(v),
-                                                    causal=config.causal, cu_seqlens=packed.cu_seqlens,
-                                                    **kwargs)), None
+            return self._attend_softmax(q, k, v, segments=segments, state=state, recurrent=recurrent)
+        if packed and recurrent:
+            raise ValueError("packed documents run without a recurrent state")
         if recurrent:
-            return momentum_attention_step(q, k, v, state, **kwargs)
-        return momentum_attention(q, k, v, causal=config.causal, process_group=self.process_group,
-                                  **kwargs), None
+            if state is not None and not isinstance(state, MomentumAttentionState):
+                raise ValueError("state must be a MomentumAttentionState or None, got "
+                                 f"{type(state).__name__}; "
+                                 "pass the state this attention returned")
+            return attend_step(q, k, v, state, config.attention_spec, segments=segments)
+        out = attend(q, k, v, config.attention_spec, segments=segments, process_group=self.process_group)
+        return out, None
 
-    def _attend_softmax(self, q, k, v, *, padding_mask, state, recurrent, packed):
+    def _attend_softmax(self, q, k, v, *, segments, state, recurrent):
         """Eq. 1; recurrent=True appends k, v to the `KeyValueCache` `state` (None: fresh) and
         attends to all of it, so generation does not re-read the prefix."""
-        if packed is not None or self.process_group is not None:
+        if (segments is not None and segments.packed) or self.process_group is not None:
             raise ValueError("attention='softmax' has no packed path or context parallelism: use "
                              "attention='linear' or 'momentum'")
+        padding_mask = None if segments is None else segments.padding_mask
         if not recurrent:
             return softmax_self_attention(q, k, v, causal=self.config.causal, padding_mask=padding_mask), None
         state = extend_key_value_cache(state, k, v, padding_mask)

@@ -12,6 +12,7 @@ from torch import nn
 
 from ..attention.state import MomentumAttentionState
 from ..connection import ConnectionState, build_connection
+from ..packing import Segments
 from .attention import MultiHeadAttention
 from .config import BlockConfig
 
@@ -62,14 +63,14 @@ class TransformerBlock(nn.Module):
                                            delta=config.connection_delta)
 
     def forward(self, x: torch.Tensor, connection_state: Optional[ConnectionState] = None, *,
-                padding_mask: Optional[torch.Tensor] = None,
+                segments: Optional[Segments] = None,
                 attention_state: Optional[MomentumAttentionState] = None, recurrent: bool = False,
-                packed=None) -> BlockOutput:
-        """x (B, N, d_model); padding_mask, attention_state, recurrent and packed as in
+                padding_mask: Optional[torch.Tensor] = None) -> BlockOutput:
+        """x (B, N, d_model); segments, attention_state, recurrent and padding_mask as in
         `MultiHeadAttention.forward`."""
         update, attention_state = self.attention(self.attn_norm(x) if self.pre_norm else x,
-                                                 padding_mask=padding_mask, state=attention_state,
-                                                 recurrent=recurrent, packed=packed)
+                                                 segments=segments, state=attention_state,
+                                                 recurrent=recurrent, padding_mask=padding_mask)
         h, connection_state = self.residual(x, update, connection_state)
         if not self.pre_norm:
             h = self.attn_norm(h)

@@ -3,6 +3,7 @@ and their checks, written once for the HF model and the copy recipe."""
 from dataclasses import dataclass
 from typing import Callable, ClassVar, Mapping, Optional, Union
 
+from ..attention.spec import AttentionSpec
 from ..connection import (
     CONNECTIONS,
     DEFAULT_ADAPTIVE_DELTA,
@@ -91,6 +92,16 @@ class BlockConfig:
         check_momentum(self.connection_momentum, name("connection_momentum"))
         check_positive(self.connection_step_size, name("connection_step_size"))
         check_delta(self.connection_delta, name("connection_delta"))
+        object.__setattr__(self, "attention_spec", self._attention_spec())
+
+    def _attention_spec(self) -> Optional[AttentionSpec]:
+        """The one AttentionSpec of every momentum / linear attention call of this block (None for
+        softmax): β and γ of eq. 12-14, β = 0 and γ = 1 for "linear" (eq. 7)."""
+        if self.attention == "softmax":
+            return None
+        momentum, step_size = (self.momentum, self.step_size) if self.attention == "momentum" else (0.0, 1.0)
+        return AttentionSpec(momentum, step_size, causal=self.causal, feature_map=self.feature_map,
+                             chunk_size=self.chunk_size)
 
     def _resolve_attention_coefficients(self, name) -> None:
         """β, γ of eq. 13: defaults for "momentum"; refused for the kinds that never read them."""

@@ -10,6 +10,7 @@ from typing import Callable, List, NamedTuple, Optional, Tuple
 import torch
 from torch import nn
 
+from ..packing import Segments
 from .block import BlockOutput
 
 
@@ -23,11 +24,12 @@ class StackOutput(NamedTuple):
 
 
 class TransformerStack(nn.ModuleList):
-    """Blocks called in order as `block(x, connection_state, padding_mask=…, attention_state=…,
-    recurrent=…, packed=…)` (`TransformerBlock.forward`), the connection state starting at None.
+    """Blocks called in order as `block(x, connection_state, segments=…, attention_state=…,
+    recurrent=…)` (`TransformerBlock.forward`), the connection state starting at None, the one
+    `plugins.packing.Segments` of the batch (built once by the caller) handed to every block.
     A subclass whose blocks take other arguments overrides `call_block`."""
 
-    def forward(self, x: torch.Tensor, *, padding_mask: Optional[torch.Tensor] = None, packed=None,
+    def forward(self, x: torch.Tensor, *, segments: Optional[Segments] = None,
                 attention_states: Optional[List] = None, final: Optional[Callable] = None,
                 output_hidden_states: bool = False, **block_kwargs) -> StackOutput:
         """x (B, N, d_model). attention_states: one state per block (None entries start fresh),
@@ -40,7 +42,7 @@ class TransformerStack(nn.ModuleList):
         last = len(self) - 1
         for i, block in enumerate(self):
             x, connection, state = self.call_block(
-                block, x, connection, padding_mask=padding_mask, packed=packed,
+                block, x, connection, segments=segments,
                 attention_state=attention_states[i] if recurrent else None, recurrent=recurrent,
                 **block_kwargs)
             if recurrent:

@@ -27,6 +27,7 @@ import torch
 from torch import nn
 
 from plugins.connection import DEFAULT_CONNECTION_MOMENTUM, DEFAULT_CONNECTION_STEP_SIZE
+from plugins.packing import Segments
 from plugins.transformer import BlockConfig, TransformerBlock, TransformerStack, masked_mean
 from plugins.validation import check_int
 
@@ -141,7 +142,8 @@ class Encoder(nn.Module):
         if real is not None and not bool(real.any(dim=1).all()):
             raise ValueError("tokens: every sequence needs at least one non-padding token")
         x = self.dropout(self.embed(tokens) + self.positions.weight[:length])
-        return masked_mean(self.blocks(x, padding_mask=real, final=self.norm).hidden, real)
+        segments = None if real is None else Segments.from_padding_mask(real, *tokens.shape)
+        return masked_mean(self.blocks(x, segments=segments, final=self.norm).hidden, real)
 
 
 class LRAClassifier(nn.Module):
