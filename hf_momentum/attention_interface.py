@@ -48,8 +48,8 @@ from transformers import AttentionInterface, PreTrainedConfig
 from transformers.masking_utils import AttentionMaskInterface
 
 from .configuration_momentum_transformer import check_attention_hyperparameters
-from .momentum_core import momentum_attention
-from .packing import COLLATOR, PackedRows, document_starts, has_packing_kwargs
+from .momentum_core import AttentionSpec, Segments, attend
+from .packing import COLLATOR, document_starts, has_packing_kwargs
 
 MOMENTUM = "momentum"
 LINEAR = "linear_attention"
@@ -205,12 +205,10 @@ def _forward(module, query, key, value, attention_mask, is_causal, beta, gamma, 
         value = value.repeat_interleave(groups, dim=1)
     mask = _padding_mask(attention_mask, query.shape[0], key.shape[2])
     q_len, kv_len = query.shape[2], key.shape[2]
-    rows = _packed_rows(module, is_causal, query, q_len, kv_len, mask, kwargs)
-    if rows is not None:
-        out = momentum_attention(rows.pack(query), rows.pack(key), rows.pack(value), momentum=beta,
-                                 step_size=gamma, causal=bool(is_causal), feature_map=phi,
-                                 cu_seqlens=rows.cu_seqlens)
-        return rows.unpack(out).transpose(1, 2).contiguous(), None
+    spec = AttentionSpec(momentum=beta, step_size=gamma, causal=bool(is_causal), feature_map=phi)
+    segments = _segments(module, is_causal, query, q_len, kv_len, mask, kwargs)
+    if segments.packed:
+        return attend(query, key, value, spec, segments=segments).transpose(1, 2).contiguous(), None
     rows = None
     if is_causal and q_len != kv_len:
         if q_len > kv_len:
@@ -218,38 +216,40 @@ def _forward(module, query, key, value, attention_mask, is_causal, beta, gamma, 
         rows = _query_rows(mask, q_len, kv_len, query.shape[0], query.device)
         full = query.new_zeros(*query.shape[:2], kv_len, query.shape[3])
         query = full.scatter(2, _expand(rows, query), query)
-    out = momentum_attention(query, key, value, momentum=beta, step_size=gamma, causal=bool(is_causal),
-                             feature_map=phi, padding_mask=mask)
+    out = attend(query, key, value, spec, segments=segments)
     if rows is not None:
         out = out.gather(2, _expand(rows, out))
     return out.transpose(1, 2).contiguous(), None
 
 
-# The packed rows of the latest forward, derived by its first attention layer and reused by the
-# others: transformers hands every layer the same position_ids / collator tensor and the same mask
-# object. Valid only while both are the very objects (and versions) seen, so a buffer rewritten
-# in place is read again; the tensors are held weakly.
-_LAST_PACKED_ROWS = {}
+# The batch description of the latest forward (`plugins.packing.Segments`), built by its first
+# attention layer and reused by the others: transformers hands every layer the same position_ids
+# / collator tensor and the same mask object. Valid only while both are the very objects (and
+# versions) seen, so a buffer rewritten in place is read again; the tensors are held weakly.
+_LAST_SEGMENTS = {}
 _ANCHORS = ("position_ids", "cu_seq_lens_q", "seq_idx")
 
 
-def _packed_rows(module, is_causal, query, q_len: int, kv_len: int, mask, kwargs) -> Optional[PackedRows]:
-    """`PackedRows` of the documents packed in this forward's rows, or None (`_document_starts`)."""
-    anchor = next((kwargs[name] for name in _ANCHORS if isinstance(kwargs.get(name), torch.Tensor)), None)
+def _segments(module, is_causal, query, q_len: int, kv_len: int, mask, kwargs) -> Segments:
+    """The `Segments` of this forward's keys: packed documents (`_document_starts`) or padded rows."""
+    anchor = next((kwargs[name] for name in _ANCHORS if isinstance(kwargs.get(name), torch.Tensor)), mask)
     self_attention = bool(is_causal) or not getattr(module, "is_decoder", False)
     key = (self_attention, q_len, kv_len, query.shape[0], query.device,
            None if mask is None else mask._version, None if anchor is None else anchor._version)
-    last = _LAST_PACKED_ROWS
+    last = _LAST_SEGMENTS
     if anchor is not None and last and last["key"] == key and last["anchor"]() is anchor and \
             (mask is None) == (last["mask"] is None) and (mask is None or last["mask"]() is mask):
-        return last["rows"]
+        return last["segments"]
     starts = _document_starts(module, is_causal, query, q_len, kv_len, mask, kwargs)
-    rows = None if starts is None else PackedRows(starts, mask)
+    if starts is None:
+        segments = Segments.from_padding_mask(mask, query.shape[0], kv_len)
+    else:
+        segments = Segments.from_document_starts(starts, mask)
     last.clear()
     if anchor is not None:
         last.update(key=key, anchor=weakref.ref(anchor), mask=None if mask is None else weakref.ref(mask),
-                    rows=rows)
-    return rows
+                    segments=segments)
+    return segments
 
 
 def _document_starts(module, is_causal, query, q_len: int, kv_len: int, mask, kwargs):

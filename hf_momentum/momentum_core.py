@@ -7,7 +7,9 @@ modules under this file's name next to the saved modeling file (see `hf_momentum
 """
 from plugins.attention import (
     FEATURE_MAPS,
+    AttentionSpec,
     MomentumAttentionState,
+    attend,
     momentum_attention,
     momentum_attention_step,
 )
@@ -37,7 +39,8 @@ from plugins.transformer.stack import TransformerStack
 
 BUNDLED_MODULES = ("plugins.attention.api", "plugins.connection", "plugins.transformer.block",
                    "plugins.transformer.pooling", "plugins.transformer.stack", "plugins.packing")
-EXPORTS = ("FEATURE_MAPS", "MomentumAttentionState", "momentum_attention", "momentum_attention_step",
+EXPORTS = ("FEATURE_MAPS", "AttentionSpec", "attend", "MomentumAttentionState", "momentum_attention",
+           "momentum_attention_step",
            "AdaptiveMomentumConnection", "ConnectionState", "MomentumConnection", "build_connection",
            "DEFAULT_CONNECTION_MOMENTUM", "DEFAULT_CONNECTION_STEP_SIZE", "DEFAULT_ADAPTIVE_DELTA",
            "CONNECTION_READS", "unread_connection_fields", "BlockConfig", "BLOCK_FEATURE_MAPS",
