@@ -48,14 +48,22 @@ from transformers import AttentionInterface, PreTrainedConfig
 from transformers.masking_utils import AttentionMaskInterface
 
 from .configuration_momentum_transformer import check_attention_hyperparameters
-from .momentum_core import AttentionSpec, Segments, attend
+from .momentum_core import (
+    DEFAULT_ATTENTION_MOMENTUM,
+    DEFAULT_ATTENTION_STEP_SIZE,
+    AttentionSpec,
+    BlockConfig,
+    Segments,
+    attend,
+)
 from .packing import COLLATOR, document_starts, has_packing_kwargs
 
 MOMENTUM = "momentum"
 LINEAR = "linear_attention"
-DEFAULT_MOMENTUM = 0.6
-DEFAULT_STEP_SIZE = 1.0
-DEFAULT_FEATURE_MAP = "elu"
+# The block's defaults (Momentum Transformer, eq. 12/13's β and γ; φ = elu + 1), written once there.
+DEFAULT_MOMENTUM = DEFAULT_ATTENTION_MOMENTUM
+DEFAULT_STEP_SIZE = DEFAULT_ATTENTION_STEP_SIZE
+DEFAULT_FEATURE_MAP = BlockConfig.feature_map
 # What a saved config.json records as its attn_implementation (registered as aliases).
 RECORDED_NAMES = {
     MOMENTUM: "momentum (needs: pip install momentum-plugins, then import hf_momentum)",
