@@ -9,6 +9,7 @@ import importlib.util
 
 import pytest
 import torch
+from helpers.triton_attention import TOL, rel_rms, triton_ops
 from helpers.triton_varlen import (
     EPS,
     each_segment_alone,
@@ -21,21 +22,6 @@ from helpers.triton_varlen import (
 from plugins.attention.state import MomentumAttentionState
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton not installed")
-
-TOL = 1e-4                                   # relative RMS, fp32 kernels vs float64 references
-
-
-def triton_ops():
-    from plugins.attention import triton as tri
-    if not tri.is_available():
-        pytest.skip("Triton kernels need CUDA or TRITON_INTERPRET=1")
-    return tri
-
-
-def rel_rms(got, expected):
-    got, expected = got.detach().double(), expected.detach().double()
-    return ((got - expected).pow(2).mean().sqrt() / expected.pow(2).mean().sqrt().clamp(min=1e-30)).item()
-
 
 def segment_error(got, expected, a, b):
     """RMS error on tokens [a, b) relative to the RMS of the whole reference: a segment's error
