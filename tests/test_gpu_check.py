@@ -19,7 +19,7 @@ import roofline  # noqa: E402
 
 CHECK = ROOT / "benchmarks" / "gpu_check.py"
 TITLES = ["### Tests (`pytest -m gpu`)", "### Causal attention: ours (Triton, torch) vs SDPA and fla",
-          "### MomentumRNN vs cuDNN nn.LSTM", "### HF end to end: training and generation tokens/s"]
+          "### HF end to end: training and generation tokens/s", "### MomentumRNN vs cuDNN nn.LSTM"]
 
 
 def dry_run(out_dir, doc, *extra, env=None):
@@ -57,12 +57,17 @@ def test_dry_run_writes_one_section_with_every_part_and_resumes(first_run):
     assert "unknown device" in text
     assert "| tiny | torch nn.LSTM |" in text and "| tiny | adam |" in text
     assert "momentum / Llama" in text and "| 16 |" in text
+    for context in (16, 32):                       # the decode profile, at both dry-run contexts
+        assert f"Context {context}: " in text
+    assert "Ops at context 32 whose name and input shapes do not occur at 16 (" in text
+    assert "| calls/step | host µs/step | device µs/step |" in text and "| `aten::" in text
+    assert "within the 480 s of one command" in text
 
     second = dry_run(out_dir, doc)
     assert second.count(": cached (") == 4 and ": running" not in second
     again = doc.read_text()
     assert again.count("<!-- gpu-check:") == 1                    # replaced, not appended
-    assert "from earlier runs of the same code: tests, attention, rnn, hf" in again
+    assert "from earlier runs of the same code: tests, attention, hf, rnn" in again
 
 
 def test_force_reruns_a_cached_part(first_run, tmp_path):
@@ -213,6 +218,16 @@ def alive(pid):
     except FileNotFoundError:
         return False
     return "\nState:\tZ" not in state
+
+
+def test_the_full_plan_fits_one_eight_minute_command():
+    """Issue 27: the GPU run is one command of at most 8 minutes; the plan is each part's budget
+    (a part stops starting work before its budget ends) plus the ceilings' measurement."""
+    import gpu_check
+    assert gpu_check.PARTS[0] == "tests" and gpu_check.PARTS[-1] == "rnn"     # correctness first
+    assert gpu_check.plan_seconds() <= 8 * 60
+    assert gpu_check.TEST_START_S >= gpu_check.TEST_TIMEOUT_S      # a test started in time ends in time
+    assert gpu_check.plan_seconds({**gpu_check.BUDGET_S, "tests": 400}) > 8 * 60
 
 
 def test_budgets_override_and_refuse_bad_values():
