@@ -22,6 +22,7 @@ bandwidth and peak. Prints Markdown.
     python benchmarks/gpu_attention.py --device cpu --quick   # the same table on the CPU (no fractions)
 """
 import argparse
+import contextlib
 import inspect
 import json
 import os
@@ -42,7 +43,8 @@ from plugins.attention import linear_attention, momentum_attention
 BETA = 0.6
 CHUNK = 64
 SHAPES = [(4, 16, 64, 1024), (4, 16, 64, 4096), (4, 16, 64, 16384), (4, 16, 64, 32768), (8, 32, 128, 8192)]
-METHODS = ["momentum triton", "linear triton", "momentum torch", "linear torch", "fla linear", "sdpa"]
+METHODS = ["momentum triton", "momentum triton 1-pass", "linear triton", "momentum torch", "linear torch",
+           "fla linear", "sdpa"]
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 
@@ -50,14 +52,27 @@ def elu1(x):
     return F.elu(x) + 1
 
 
-def triton_method(momentum):
-    from plugins.attention.triton import chunk_momentum_attention
+def triton_method(momentum, one_pass=False):
+    """The Triton op; `one_pass`: measure() runs each step (forward and backward) with the
+    launcher's split choice (triton/split.py) replaced by one pass per row, to time what the
+    sequence-split scans gain or cost."""
+    from plugins.attention.triton import chunk, chunk_momentum_attention
 
     def run(q, k, v):
         out, _ = chunk_momentum_attention(elu1(q), elu1(k), v, momentum=momentum, step_size=1.0, eps=1e-6,
                                           chunk_size=CHUNK, initial_state=None, lengths=None,
                                           return_state=False)
         return out
+
+    @contextlib.contextmanager
+    def single_pass():
+        chosen, chunk.scan_splits = chunk.scan_splits, lambda rows, chunks, device: (1, max(chunks, 1))
+        try:
+            yield
+        finally:
+            chunk.scan_splits = chosen
+    if one_pass:
+        run.context = single_pass
     return run
 
 
@@ -83,6 +98,8 @@ def fla_method():
 def method_fn(name):
     if name == "momentum triton":
         return triton_method(BETA)
+    if name == "momentum triton 1-pass":
+        return triton_method(BETA, one_pass=True)
     if name == "linear triton":
         return triton_method(0.0)
     if name == "momentum torch":
@@ -120,9 +137,10 @@ def measure(fn, B, H, D, T, backward, dtype="bf16", device="cuda", repeats=None)
     grad = torch.randn(B, H, T, D, generator=gen, device=device, dtype=DTYPES[dtype])
 
     def step():
-        out = fn(q, k, v)
-        if backward:
-            torch.autograd.grad(out, (q, k, v), grad.view(out.shape))
+        with getattr(fn, "context", contextlib.nullcontext)():
+            out = fn(q, k, v)
+            if backward:
+                torch.autograd.grad(out, (q, k, v), grad.view(out.shape))
 
     step()
     synchronize(device)
@@ -148,10 +166,12 @@ def run_cases(shapes, dtypes, names, device="cuda", budget_s=None, log=None, rep
                 for backward in (False, True):
                     row = dict(method=name, B=B, H=H, D=D, T=T, dtype=dtype, backward=backward, ms=None,
                                peak_mib=None, status="ok")
+                    case_start = time.monotonic()
                     if budget_s is not None and time.monotonic() - start > budget_s:
                         row["status"] = "budget"
                     else:
                         row.update(_measure_row(fn, (B, H, D, T), backward, dtype, device, repeats))
+                        row["case_s"] = time.monotonic() - case_start    # compilation and tuning included
                     rows.append(row)
                     if log:
                         log(row)
@@ -215,7 +235,8 @@ def _ratio(row, reference):
 def log_row(row):
     cell = _ms(row) + (f"  {row['error']}" if "error" in row else "")
     print(f"  {row['dtype']} {row['B']}-{row['H']}-{row['D']}-{row['T']} {row['method']:16s} "
-          f"{'fwd+bwd' if row['backward'] else 'fwd':7s} {cell}", file=sys.stderr, flush=True)
+          f"{'fwd+bwd' if row['backward'] else 'fwd':7s} {cell}"
+          + (f"  ({row['case_s']:.1f} s)" if "case_s" in row else ""), file=sys.stderr, flush=True)
 
 
 def device_name(device):
