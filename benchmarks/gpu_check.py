@@ -67,7 +67,8 @@ SIZES = {
         # the PyTorch backends are the references of the tests, not contenders: left out here
         attention=dict(cases=[("bf16", [(16, 16, 64, 1024), (4, 16, 64, 4096), (1, 16, 64, 16384)]),
                               ("fp32", [(16, 16, 64, 1024)])],
-                       methods=["momentum triton", "momentum triton 1-pass", "fla linear", "sdpa", "linear triton"]),
+                       methods=["momentum triton", "momentum triton 1-pass", "fla linear", "sdpa",
+                                "linear triton"]),
         rnn=dict(shapes=["ptb-3x1150", "pmnist-256"], repeats=8),
         hf=dict(size=dict(layers=4, hidden=512, heads=8, ffn=2048, vocab=32000), lengths=[2048, 8192],
                 tokens=16384, steps=6, warmup=3, contexts=[512, 8192], new_tokens=64, repeats=3,
@@ -268,8 +269,10 @@ def hf_worker(mode, device, budget_s):
         for name in ("momentum", "llama"):
             generation[name, context] = ("budget" if over() else
                                          guarded(lambda: decode_rate(name, context, sizes, device), device))
-    profiles = {context: "budget" if over() else guarded(lambda: decode_profile(context, sizes, device), device)
-                for context in sizes["contexts"]}
+    profiles = {}
+    for context in sizes["contexts"]:
+        profiles[context] = ("budget" if over() else
+                             guarded(lambda: decode_profile(context, sizes, device), device))
     rows = dict(train={f"{k[0]}@{k[1]}": v for k, v in train.items()},
                 generation={f"{k[0]}@{k[1]}": v for k, v in generation.items()},
                 decode_profile={str(k): v for k, v in profiles.items()})
@@ -373,17 +376,18 @@ def profile_markdown(profiles, sizes):
     lines = [f"Where a decode step goes (momentum model, batch 1, {sizes['profile_steps']} cached steps "
              "after an untimed pass: ms/step with CUDA events, then the same steps under torch.profiler; "
              "host µs is the ops' self CPU time, device µs their kernels' time, both per step).", ""]
-    header = ["| op | input shapes | calls/step | host µs/step | device µs/step |", "|---|---|---:|---:|---:|"]
-    row = lambda o: (f"| `{o['op']}` | {o['shapes'].replace('|', '/')} | {o['calls']:.0f} | {o['host_us']:.1f} | "
-                     f"{o['device_us']:.1f} |")
+    header = ["| op | input shapes | calls/step | host µs/step | device µs/step |",
+              "|---|---|---:|---:|---:|"]
+    row = lambda o: (f"| `{o['op']}` | {o['shapes'].replace('|', '/')} | {o['calls']:.0f} | "
+                     f"{o['host_us']:.1f} | {o['device_us']:.1f} |")
     done = {c: p for c, p in profiles.items() if not isinstance(p, str)}
     for context, prof in profiles.items():
         if isinstance(prof, str):
             lines += [f"- context {context}: {prof}", ""]
             continue
-        lines += [f"Context {context}: {prof['step_ms']:.2f} ms/step; device busy {prof['device_busy_ms']:.3f} "
-                  f"ms/step in {prof['kernels_per_step']:.0f} kernels; ops' host time "
-                  f"{prof['host_op_ms']:.2f} ms/step. The costliest ops:", ""] + header
+        lines += [f"Context {context}: {prof['step_ms']:.2f} ms/step; device busy "
+                  f"{prof['device_busy_ms']:.3f} ms/step in {prof['kernels_per_step']:.0f} kernels; "
+                  f"ops' host time {prof['host_op_ms']:.2f} ms/step. The costliest ops:", ""] + header
         lines += [row(o) for o in prof["ops"][:12]] + [""]
     if len(done) >= 2:
         short, long = min(done), max(done)

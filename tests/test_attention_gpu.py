@@ -351,8 +351,8 @@ def padded_case(N, momentum, dtype):
     return check
 
 
-@pytest.mark.skipif(os.environ.get("GPU_TILE_SWEEP") != "1",
-                    reason="the forced tile-config sweep compiles every kept config: opt-in, GPU_TILE_SWEEP=1")
+@pytest.mark.skipif(os.environ.get("GPU_TILE_SWEEP") != "1", reason=(
+    "the forced tile-config sweep compiles every kept config: opt-in, GPU_TILE_SWEEP=1"))
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("kernel", CHUNK_KERNELS)
 def test_every_kept_tile_config(kernel, dtype, monkeypatch):
