@@ -8,8 +8,10 @@ budget), in this order, correctness first:
   tests      pytest -m gpu over the test files that hold gpu-marked tests, on xdist workers (Triton
              compiles in parallel); tests not started TEST_START_S before the budget ends are
              skipped and counted; the forced tile-config sweep is opt-in (GPU_TILE_SWEEP=1)   200 s
-  attention  benchmarks/gpu_attention.py: ours on Triton, fla when importable, SDPA; fwd and
-             fwd+bwd, bf16 at T = 1k, 4k, 16k and fp32 at 1k, with the roofline                 130 s
+  attention  benchmarks/gpu_attention.py: ours on Triton (and with the split scans off), SDPA;
+             fwd and fwd+bwd, bf16 at T = 1k, 4k, 16k, 32k and fp32 at 1k, with the roofline.
+             fla with --fla (its compilation and autotuning took 160 s on an H200: with
+             --parts attention, over the 8 minutes otherwise; FLA_BUDGET_S)                      130 s
   hf         training tokens/s, momentum_transformer vs Llama-SDPA (small size); greedy decoding
              tokens/s with the recurrent cache vs Llama's KV cache; where a decode step's time
              goes at a short and a long context (torch.profiler)                                80 s
@@ -58,6 +60,7 @@ TEST_TIMEOUT_S = 60          # per test (pytest-timeout; the slowest took 49 s o
 TEST_START_S = 60            # tests start until this long before the part's budget ends
 GRACE_S = 30
 CASE_MARGIN_S = 20           # benchmark parts start no new case this long before their budget ends
+FLA_BUDGET_S = 300           # the attention part's budget with --fla
 TITLES = {"tests": "Tests (`pytest -m gpu`)",
           "attention": "Causal attention: ours (Triton, torch) vs SDPA and fla, with the roofline",
           "hf": "HF end to end: training and generation tokens/s",
@@ -65,10 +68,10 @@ TITLES = {"tests": "Tests (`pytest -m gpu`)",
 SIZES = {
     "full": dict(
         # the PyTorch backends are the references of the tests, not contenders: left out here
-        attention=dict(cases=[("bf16", [(16, 16, 64, 1024), (4, 16, 64, 4096), (1, 16, 64, 16384)]),
+        attention=dict(cases=[("bf16", [(16, 16, 64, 1024), (4, 16, 64, 4096), (1, 16, 64, 16384),
+                                        (1, 8, 64, 32768)]),
                               ("fp32", [(16, 16, 64, 1024)])],
-                       methods=["momentum triton", "momentum triton 1-pass", "fla linear", "sdpa",
-                                "linear triton"]),
+                       methods=["momentum triton", "momentum triton 1-pass", "sdpa", "linear triton"]),
         rnn=dict(shapes=["ptb-3x1150", "pmnist-256"], repeats=8),
         hf=dict(size=dict(layers=4, hidden=512, heads=8, ffn=2048, vocab=32000), lengths=[2048, 8192],
                 tokens=16384, steps=6, warmup=3, contexts=[512, 8192], new_tokens=64, repeats=3,
@@ -193,11 +196,14 @@ def attention_worker(mode, device, budget_s):
     import gpu_attention as bench
     sizes = SIZES[mode]["attention"]
     methods = sizes["methods"] or bench.METHODS
+    if os.environ.get("GPU_CHECK_FLA") == "1" and "fla linear" not in methods:
+        methods = methods[:2] + ["fla linear"] + methods[2:]
     notes = [f"{name}: not run, {reason}." for name in methods
              if (reason := bench.unavailable(name, device))]
-    if sizes["methods"]:
-        notes.append("Not run here: " + ", ".join(m for m in bench.METHODS if m not in methods)
-                     + " (the tests' references; `python benchmarks/gpu_attention.py` times them).")
+    left_out = [m for m in bench.METHODS if m not in methods]
+    if left_out:
+        notes.append("Not run here: " + ", ".join(left_out) + " (the torch paths are the tests' references, "
+                     "and `python benchmarks/gpu_attention.py` times them; fla runs with `--fla`).")
     start, rows = time.monotonic(), []
     for dtype, shapes in sizes["cases"]:
         left = budget_s - CASE_MARGIN_S - (time.monotonic() - start)
@@ -208,7 +214,7 @@ def attention_worker(mode, device, budget_s):
         if r["status"] == "error":
             errors.setdefault(r["error"], []).append(
                 f"{r['method']} {r['dtype']} T={r['T']} {'fwd+bwd' if r['backward'] else 'fwd'}")
-    header = (f"B-H-D-T as listed (H 16, D 64; B·T = 16k tokens), β = {bench.BETA}, chunk "
+    header = (f"B-H-D-T as listed (D 64; B·T = 16k tokens, 32k at T = 32k), β = {bench.BETA}, chunk "
               f"{bench.CHUNK}; median of CUDA-event-timed runs after warm-up runs (Triton autotuning and "
               "compilation happen there); peak MiB above the inputs. × SDPA / × fla: time over theirs in "
               "the same case. Roofline columns: benchmarks/roofline.py (ideal bytes: read q, k, v and write "
@@ -588,7 +594,9 @@ def orchestrate(args):
     if env["status"] != "ok":
         sys.exit(f"gpu-check: could not read the device ({env['status']}):\n{env['markdown']}")
     info = env["info"]
-    key = dict(mode=mode, device=info["name"], code=code_hash())
+    key = dict(mode=mode, device=info["name"], code=code_hash(), fla=args.fla)
+    if args.fla:
+        os.environ["GPU_CHECK_FLA"] = "1"                  # read by the attention worker
     results, cached = {}, []
     for part in args.parts:
         path = out_dir / f"{part}.json"
@@ -597,7 +605,8 @@ def orchestrate(args):
             print(f"gpu-check: {part}: cached ({path}; --force runs it again)", flush=True)
             cached.append(part)
         else:
-            budget = args.budgets.get(part, BUDGET_S[part]) if mode == "full" else 120
+            default = FLA_BUDGET_S if part == "attention" and args.fla else BUDGET_S[part]
+            budget = args.budgets.get(part, default) if mode == "full" else 120
             print(f"gpu-check: {part}: running (budget {budget} s)", flush=True)
             result = dict(run_part(part, mode, device, out_dir, budget), key=key)
             path.write_text(json.dumps(result, indent=1, default=str))
@@ -620,6 +629,8 @@ def main():
     parser.add_argument("--dry-run", action="store_true", help="tiny sizes on the CPU (as --device cpu)")
     parser.add_argument("--parts", nargs="+", choices=PARTS, default=PARTS)
     parser.add_argument("--force", action="store_true", help="run the parts again even if cached")
+    parser.add_argument("--fla", action="store_true",
+                        help=f"time fla's chunk_linear_attn too (attention budget {FLA_BUDGET_S} s)")
     parser.add_argument("--budgets", nargs="+", default=[], metavar="PART=SECONDS",
                         help="override a part's time budget (default: "
                              + ", ".join(f"{p}={s}" for p, s in BUDGET_S.items()) + ")")

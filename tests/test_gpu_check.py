@@ -1,6 +1,7 @@
 """`make gpu-check` without a GPU: the dry run drives every part on the CPU at tiny sizes and
 writes one section (to a temporary file here), a second run reuses the finished parts; and the
 roofline's counts agree with what the code does."""
+import importlib.util
 import os
 import subprocess
 import sys
@@ -75,6 +76,18 @@ def test_force_reruns_a_cached_part(first_run, tmp_path):
     out = dry_run(out_dir, tmp_path / "a.md", "--parts", "rnn", "--force")
     assert "gpu-check: rnn: running" in out and ": cached (" not in out
     assert (tmp_path / "a.md").read_text().count("\n### ") == 1
+
+
+def test_fla_is_opt_in_and_named_when_it_cannot_run(first_run, tmp_path):
+    _, doc, _ = first_run
+    assert "fla runs with `--fla`" not in doc.read_text()          # the dry run times every method
+    out = tmp_path / "fla.md"
+    dry_run(tmp_path / "out", out, "--parts", "attention", "--fla")
+    text = out.read_text()
+    if importlib.util.find_spec("fla") is None:
+        assert "fla linear: not run, fla-core is not installed" in text
+    else:
+        assert "| fla linear | fwd+bwd |" in text
 
 
 def test_a_part_whose_import_fails_is_skipped_with_the_reason(tmp_path):

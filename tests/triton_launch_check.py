@@ -13,6 +13,7 @@ kernel loops over Dk blocks). "tf32" is fp32 inputs under torch.set_float32_matm
 launcher. Exit 0 when everything launched; `--table` prints registers and spills (ptxas -v) of
 every compiled kernel as a markdown table. Must run with TRITON_INTERPRET unset."""
 import argparse
+import contextlib
 import os
 import sys
 from pathlib import Path
@@ -50,6 +51,18 @@ def allow_cpu_tensors():
         return kernel
 
     adam_recurrence_triton._kernel = jit_kernel
+
+
+@contextlib.contextmanager
+def split_every_chunk():
+    """The launcher splits the state scans of few, long rows only (split.scan_splits): here every
+    chunk is its own split, so that the split scans and merge_splits launch at a small shape."""
+    from plugins.attention.triton import chunk
+    chosen, chunk.scan_splits = chunk.scan_splits, lambda rows, chunks, device: (chunks, 1)
+    try:
+        yield
+    finally:
+        chunk.scan_splits = chosen
 
 
 def attention(dtype, D, B=2, H=2, N=150):
@@ -189,6 +202,8 @@ def main() -> int:
         for D in args.dims:
             before = triton_standin._NoLaunch.launches
             attention(dtype, D)
+            with split_every_chunk():
+                attention(dtype, D)
             lstm_recurrences(dtype, D)
             kept = compiled_count(chunked)
             attention(dtype, D, B=4, H=2, N=1024)            # other buckets of N and B·H

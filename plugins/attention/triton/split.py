@@ -5,7 +5,7 @@ a span of L tokens (Momentum Transformer, eq. 12, with m' = −m):
   forward   S ← S + carry(L)·M' + ΔS,   M' ← β^L M' + ΔM',   Z ← Z + ΔZ,
   backward  dS ← dS + ΔdS,   dM' ← β^L dM' + carry(L)·dS + ΔdM',   dZ ← dZ + ΔdZ,
 carry(L) = γβ(1 − β^L)/(1 − β); the scan then runs again, each split from its chained state,
-storing the per-chunk states. G = 1 where the rows alone give every SM two programs."""
+storing the per-chunk states. G = 1 unless the rows are few and long (scan_splits)."""
 import functools
 
 import torch
@@ -16,6 +16,13 @@ from .utils import block, geometric
 
 PROGRAMS_PER_SM = 2
 H100_SMS = 132          # CPU tensors (the interpreter, the stand-in launch driver): size for an H100
+# Splitting costs a scan from zero, a merge and a rescan, and re-reads k, v. On an H200 (2026-11-26,
+# docs/benchmarks.md; bf16, D 64, B·T 16k tokens, fwd+bwd) it lost at every measured shape: 2.30 vs
+# 1.89 ms in one pass at B16-H16-T1k (256 rows), 3.59 vs 2.36 at B4-H16-T4k (64 rows), and tied at
+# B1-H16-T16k (16 rows, 256 chunks: 2.72 vs 2.67). So rows are split only where they are fewer than
+# one per FEW_ROWS SMs and longer than LONG_ROW chunks, where the serial walk of one program is longest.
+FEW_ROWS = 8
+LONG_ROW = 512
 
 
 @functools.lru_cache(maxsize=16)
@@ -26,10 +33,11 @@ def sm_count(device: torch.device) -> int:
 
 
 def scan_splits(rows: int, chunks: int, device: torch.device) -> tuple[int, int]:
-    """(G, CPS): splits per row and chunks per split, so that rows·G ≥ 2 programs per SM where
-    the row has that many chunks; (1, chunks) where the rows alone fill the GPU."""
-    wanted = triton.cdiv(PROGRAMS_PER_SM * sm_count(device), max(rows, 1))
-    if wanted <= 1 or chunks <= 1:
+    """(G, CPS): splits per row and chunks per split. Few long rows (under one per FEW_ROWS SMs,
+    over LONG_ROW chunks) are split so that rows·G ≥ 2 programs per SM; otherwise (1, chunks)."""
+    sms = sm_count(device)
+    wanted = triton.cdiv(PROGRAMS_PER_SM * sms, max(rows, 1))
+    if rows * FEW_ROWS >= sms or chunks < LONG_ROW or wanted <= 1:
         return 1, max(chunks, 1)
     cps = max(1, chunks // wanted)
     return triton.cdiv(chunks, cps), cps
