@@ -104,6 +104,7 @@ class MomentumTransformerConfig(PreTrainedConfig):
             self.intermediate_size = 4 * self.hidden_size
         self.check_momentum_fields()
         super().__post_init__(**kwargs)
+        self.check_layer_types()
 
     def validate(self):
         """transformers' checks, then this family's (run by save_pretrained and by the models)."""
@@ -148,12 +149,21 @@ class MomentumTransformerConfig(PreTrainedConfig):
         the block's fields by `plugins.transformer.BlockConfig`'s checks."""
         self.check_model_fields(NamedBlockConfig)
 
+    def check_layer_types(self) -> None:
+        """transformers' `layer_types`, where given, must name momentum attention for every layer."""
+        layer_types = getattr(self, "layer_types", None)
+        if layer_types is not None and any(kind != "linear_attention" for kind in layer_types):
+            raise ValueError(f"layer_types={list(layer_types)!r}: every layer of momentum_transformer is "
+                             "momentum attention ('linear_attention'); softmax layers ('full_attention', "
+                             "'sliding_attention') are not built (issue 29) and would be ignored")
+
     def check_model_fields(self, block_class):
         """`check_momentum_fields` with the block's fields checked by building `block_class` (a
         BlockConfig with `BLOCK_LABELS`), which is returned: a model builds its one block spec
         here and shares it with all its layers."""
         for name in ("vocab_size", "num_hidden_layers", "max_position_embeddings"):
             check_int(getattr(self, name), name, low=1)
+        self.check_layer_types()
         if self.attention_feature_map == "identity":
             check_attention_hyperparameters(self.attention_momentum, self.attention_step_size,
                                             self.attention_feature_map)

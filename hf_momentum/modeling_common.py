@@ -11,6 +11,7 @@ import torch
 from transformers.modeling_outputs import CausalLMOutputWithPast
 from transformers.utils import logging
 
+from .packing import has_packing_kwargs
 from .validation import check_bool, check_int
 
 logger = logging.get_logger(__name__)
@@ -78,13 +79,36 @@ def check_attention_mask(attention_mask, batch: int, past: int, length: int) -> 
     return attention_mask.bool()
 
 
+def refuse_packed_rows(head: str, position_ids, attention_mask, kwargs: dict) -> None:
+    """Sequence classification pools each row into one label, so a row must hold one sequence:
+    packed documents (DataCollatorWithFlattening's cu_seq_lens_q/k or seq_idx, or position_ids
+    that fall back to 0 between two real tokens of a row) would be pooled together. Refused at the
+    head's public entry (one host read of position_ids there, when they are given)."""
+    advice = "pad the batch instead (DataCollatorWithPadding)"
+    if has_packing_kwargs(**kwargs):
+        raise ValueError(f"{head} takes one sequence per row, but got packed documents (cu_seq_lens_q / "
+                         f"seq_idx): they would be pooled into one label; {advice}")
+    if position_ids is not None and position_ids.shape[-1] > 1:
+        restarts = (position_ids[..., 1:] == 0) & (position_ids[..., :-1] > 0)
+        if attention_mask is not None:                # padding's positions are not a document's
+            real = attention_mask.to(torch.bool)
+            restarts = restarts & real[..., 1:] & real[..., :-1]
+        if bool(restarts.any()):
+            raise ValueError(f"{head} takes one sequence per row, but position_ids restart at 0 within a "
+                             f"row (packed documents): they would be pooled into one label; {advice}")
+
+
 class RecurrentCausalLMMixin:
     """For a `...ForCausalLM` with `self.model` (embedding `embed_tokens`), `self.lm_head`, a
     `cache_class` (a RecurrentCache built from the config) and, where the decode step can be
-    compiled whole, a `static_cache_class` (generate's cache_implementation="static")."""
+    compiled whole, a `static_cache_class` (generate's cache_implementation="static").
+
+    `_is_stateful`: the recurrent state cannot be cropped back to a verified prefix, so generate
+    refuses assisted and prompt-lookup decoding before its first forward, as for Mamba (issue 29)."""
 
     cache_class = None
     static_cache_class = None
+    _is_stateful = True
 
     def get_input_embeddings(self):
         return self.model.embed_tokens

@@ -27,6 +27,7 @@ from .configuration_momentum_lstm import MomentumLSTMConfig
 from .modeling_common import (
     RecurrentCausalLMMixin,
     check_attention_mask,
+    refuse_packed_rows,
     resolve_cache,
     resolve_flag,
     warn_no_attention_weights,
@@ -296,7 +297,9 @@ class MomentumLSTMForSequenceClassification(MomentumLSTMPreTrainedModel):
         self.model.embed_tokens = value
 
     def forward(self, input_ids=None, attention_mask=None, inputs_embeds=None, labels=None,
-                output_hidden_states=None, output_attentions=None, return_dict=None, **kwargs):
+                output_hidden_states=None, output_attentions=None, return_dict=None, position_ids=None,
+                **kwargs):
+        refuse_packed_rows(type(self).__name__, position_ids, attention_mask, kwargs)
         outputs = self.model(input_ids=input_ids, attention_mask=attention_mask, inputs_embeds=inputs_embeds,
                              use_cache=False, output_hidden_states=output_hidden_states,
                              output_attentions=output_attentions, return_dict=True)

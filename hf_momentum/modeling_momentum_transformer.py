@@ -24,6 +24,7 @@ from .configuration_momentum_transformer import BLOCK_LABELS, MomentumTransforme
 from .modeling_common import (
     RecurrentCausalLMMixin,
     check_attention_mask,
+    refuse_packed_rows,
     resolve_cache,
     resolve_flag,
     warn_no_attention_weights,
@@ -364,6 +365,7 @@ class MomentumTransformerForSequenceClassification(MomentumTransformerPreTrained
 
     def forward(self, input_ids=None, attention_mask=None, position_ids=None, inputs_embeds=None, labels=None,
                 output_hidden_states=None, output_attentions=None, return_dict=None, **kwargs):
+        refuse_packed_rows(type(self).__name__, position_ids, attention_mask, kwargs)
         outputs = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                              inputs_embeds=inputs_embeds, use_cache=False,
                              output_hidden_states=output_hidden_states, output_attentions=output_attentions,
