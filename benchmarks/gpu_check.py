@@ -270,11 +270,11 @@ def hf_worker(mode, device, budget_s):
         for name, make in (("momentum", gpu_train.momentum_model), ("llama", gpu_train.llama_model)):
             args = (make, T, sizes["tokens"], sizes["steps"], sizes["warmup"], sizes["size"], device)
             train[name, T] = "budget" if over() else guarded(lambda: gpu_train.measure(*args), device)
-    generation = {}
+    generation, compiled = {}, {}
     for context in sizes["contexts"]:
-        for name in ("momentum", "llama"):
-            generation[name, context] = ("budget" if over() else
-                                         guarded(lambda: decode_rate(name, context, sizes, device), device))
+        for name in ("momentum", "llama", "momentum compiled"):
+            generation[name, context] = ("budget" if over() else guarded(
+                lambda: decode_rate(name, context, sizes, device, compiled), device))
     profiles = {}
     for context in sizes["contexts"]:
         profiles[context] = ("budget" if over() else
@@ -300,26 +300,48 @@ def guarded(fn, device):
             torch.cuda.empty_cache()
 
 
-def decode_rate(name, context, sizes, device):
+def decode_rate(name, context, sizes, device, compiled=None):
     """Greedy decoding tokens/s at batch 1 after a `context`-token prompt: prefill untimed, then
-    new_tokens cached forward steps (argmax fed back) timed as one region, median of repeats."""
+    new_tokens cached forward steps (argmax fed back) timed as one region, median of repeats.
+    name: "momentum" (MomentumCache, eager), "llama" (DynamicCache) or "momentum compiled": a
+    StaticMomentumCache, the prompt eager, every step through torch.compile(fullgraph=True,
+    dynamic=False) of the model, mode="reduce-overhead" (CUDA graphs) on CUDA; elsewhere (the dry
+    run) with the aot_eager backend, which traces the graph inductor would compile without its
+    C++ build (about 50 s on 2 shared cores). That model, its compiled step and its cache are
+    kept in `compiled` (a dict) for every context: the step's graph does not depend on the
+    context, so it is compiled once, and the cache is reset between passes, so the graph keeps
+    reading the same buffers."""
     import statistics
 
     import gpu_train
     import torch
     from timing import time_once_ms
 
-    from hf_momentum import MomentumCache
+    from hf_momentum import MomentumCache, StaticMomentumCache
     torch.manual_seed(0)
-    make = gpu_train.momentum_model if name == "momentum" else gpu_train.llama_model
-    model = make(context + sizes["new_tokens"] + 1, sizes["size"]).to(device).eval()
     prompt = torch.randint(0, sizes["size"]["vocab"], (1, context), device=device)
+    if name == "momentum compiled":
+        compiled = {} if compiled is None else compiled
+        if not compiled:
+            longest = max(sizes["contexts"]) + sizes["new_tokens"] + 1
+            model = gpu_train.momentum_model(longest, sizes["size"]).to(device).eval()
+            how = dict(mode="reduce-overhead") if device == "cuda" else dict(backend="aot_eager")
+            compiled.update(model=model, cache=StaticMomentumCache(model.config),
+                            step=torch.compile(model, fullgraph=True, dynamic=False, **how))
+        model, step = compiled["model"], compiled["step"]
+    else:
+        make = gpu_train.llama_model if name == "llama" else gpu_train.momentum_model
+        model = step = make(context + sizes["new_tokens"] + 1, sizes["size"]).to(device).eval()
 
     def decode():
-        cache = MomentumCache(model.config) if name == "momentum" else transformers_cache(model)
+        if name == "momentum compiled":
+            cache = compiled["cache"]
+            cache.reset()
+        else:
+            cache = MomentumCache(model.config) if name == "momentum" else transformers_cache(model)
         with torch.no_grad(), torch.autocast(device, dtype=torch.bfloat16):
             token = model(input_ids=prompt, past_key_values=cache, use_cache=True).logits[:, -1:].argmax(-1)
-            return lambda: _decode_steps(model, cache, token, sizes["new_tokens"])
+            return lambda: _decode_steps(step, cache, token, sizes["new_tokens"])
 
     rates = []
     for i in range(sizes["repeats"] + 1):
@@ -412,6 +434,7 @@ def transformers_cache(model):
 
 def hf_markdown(train, generation, sizes, mode):
     s = sizes["size"]
+    compile_how = "backend='aot_eager'" if mode == "dry-run" else "mode='reduce-overhead'"
     lines = [f"Both models {s['layers']} layers, hidden {s['hidden']}, {s['heads']} heads, FFN {s['ffn']}, "
              f"vocabulary {s['vocab']}, random weights. Training: bf16 autocast + AdamW, {sizes['tokens']} "
              f"tokens per step, median of {sizes['steps']} CUDA-event-timed steps after {sizes['warmup']} "
@@ -428,13 +451,17 @@ def hf_markdown(train, generation, sizes, mode):
                      f"{m[2] / 1e6:.1f}M / {ll[2] / 1e6:.1f}M |")
     lines += ["", f"Generation: batch 1, greedy, {sizes['new_tokens']} tokens after the prompt, one cached "
               "forward per token under bf16 autocast (prefill not timed), median of "
-              f"{sizes['repeats']} after one untimed pass. Momentum: MomentumCache (O(1) state per layer); "
-              "Llama: DynamicCache (KV grows with the context).", "",
-              "| context | momentum tok/s | Llama tok/s | momentum / Llama |", "|---:|---:|---:|---:|"]
+              f"{sizes['repeats']} after one untimed pass (which compiles). Momentum: MomentumCache (O(1) "
+              "state per layer), eager; momentum compiled: StaticMomentumCache, the prompt eager, each "
+              f"step through torch.compile(fullgraph=True, {compile_how}); Llama: DynamicCache "
+              "(KV grows with the context).", "",
+              f"| context | momentum tok/s | momentum, static cache + torch.compile({compile_how}) "
+              "tok/s | Llama tok/s | momentum / Llama | compiled / Llama |",
+              "|---:|---:|---:|---:|---:|---:|"]
     for context in sizes["contexts"]:
-        m, ll = generation["momentum", context], generation["llama", context]
-        ratio = "—" if isinstance(m, str) or isinstance(ll, str) else f"{m / ll:.2f}"
-        lines.append(f"| {context} | {_cell(m)} | {_cell(ll)} | {ratio} |")
+        m, c, ll = (generation[name, context] for name in ("momentum", "momentum compiled", "llama"))
+        ratio = lambda a: "—" if isinstance(a, str) or isinstance(ll, str) else f"{a / ll:.2f}"
+        lines.append(f"| {context} | {_cell(m)} | {_cell(c)} | {_cell(ll)} | {ratio(m)} | {ratio(c)} |")
     errors = [f"- {name} at {n}: `{value}`" for table in (train, generation)
               for (name, n), value in table.items() if isinstance(value, str) and value.startswith("error")]
     if errors:

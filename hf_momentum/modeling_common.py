@@ -65,8 +65,9 @@ def resolve_cache(model, past_key_values, use_cache, cache_class, *, can_cache: 
 
 
 def check_attention_mask(attention_mask, batch: int, past: int, length: int) -> Optional[torch.Tensor]:
-    """The (batch, past + length) padding mask as bool, 1/True for real tokens. A mask of any
-    other length is refused: one covering only the new tokens would restart positions at 0."""
+    """The new tokens' columns (batch, length) of the (batch, past + length) padding mask, as
+    bool, 1/True for real tokens. A mask of any other length is refused (it does not describe
+    the cache). Only the new columns are read: a decode step's work does not grow with `past`."""
     if attention_mask is None:
         return None
     if not isinstance(attention_mask, torch.Tensor) or attention_mask.dim() != 2:
@@ -76,7 +77,7 @@ def check_attention_mask(attention_mask, batch: int, past: int, length: int) -> 
         raise ValueError("attention_mask must have shape (batch, cached + new tokens) = "
                          f"({batch}, {past + length}) with {past} cached and {length} new tokens, "
                          f"got {tuple(attention_mask.shape)}")
-    return attention_mask.bool()
+    return attention_mask[:, past:].bool()
 
 
 def refuse_packed_rows(head: str, position_ids, attention_mask, kwargs: dict) -> None:

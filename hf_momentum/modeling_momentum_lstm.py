@@ -159,7 +159,7 @@ class MomentumLSTMModel(MomentumLSTMPreTrainedModel):
         cache = resolve_cache(self, past_key_values, use_cache, MomentumLSTMCache)
         past = cache.get_seq_length() if cache is not None else 0
         mask = check_attention_mask(attention_mask, batch, past, length)
-        mask = None if mask is None else mask[:, past:].to(x.device)
+        mask = None if mask is None else mask.to(x.device)
         packing = pop_packing_kwargs(kwargs)
         packed = None
         if past == 0 and length > 0:

@@ -58,17 +58,12 @@ AUTO_MAP = {
 
 
 class MomentumCache(RecurrentCache):
-    """Per layer the three tensors of `MomentumAttentionState` (S, z, m of eq. 12). `has_padding`
-    records that a padded token was absorbed: positions then count real tokens per row, which
-    only the attention_mask over all cached tokens can tell."""
+    """Per layer the three tensors of `MomentumAttentionState` (S, z, m of eq. 12), and each
+    row's count of real tokens (`row_positions`), from which the positions of new tokens follow
+    without reading the attention mask over the cached ones."""
 
     def __init__(self, config: MomentumTransformerConfig):
         super().__init__(config.num_hidden_layers, 3)
-        self.has_padding = False
-
-    def reset(self) -> None:
-        super().reset()
-        self.has_padding = False
 
     def get_attention_state(self, layer_idx: int) -> Optional[MomentumAttentionState]:
         states = self.get_states(layer_idx)
@@ -234,11 +229,8 @@ class MomentumTransformerModel(MomentumTransformerPreTrainedModel):
             segments = packed
         hidden, all_hidden, _ = self.layers(hidden, segments=segments, final=self.norm,
                                             output_hidden_states=output_hidden_states, past_key_values=cache)
-        if isinstance(cache, StaticMomentumCache):
+        if cache is not None:
             cache.advance(length, padding_mask)
-        elif cache is not None:
-            cache.advance(length)
-            cache.has_padding = cache.has_padding or segments.padding_mask is not None
         out = BaseModelOutputWithPast(last_hidden_state=hidden, past_key_values=cache,
                                       hidden_states=all_hidden)
         return out if return_dict is not False else out.to_tuple()
@@ -248,10 +240,9 @@ class MomentumTransformerModel(MomentumTransformerPreTrainedModel):
         """padding mask, positions, the Segments of packed rows (None unless packed) and cache for a
         `MomentumCache` or no cache."""
         past = cache.get_seq_length() if cache is not None else 0
-        mask = check_attention_mask(attention_mask, batch, past, length)
-        if mask is not None:
-            mask = mask.to(device)
-        padding_mask = None if mask is None else mask[:, past:]
+        padding_mask = check_attention_mask(attention_mask, batch, past, length)
+        if padding_mask is not None:
+            padding_mask = padding_mask.to(device)
         packed = None
         if past == 0:
             starts = document_starts(batch, length, device, padding_mask=padding_mask,
@@ -272,15 +263,19 @@ class MomentumTransformerModel(MomentumTransformerPreTrainedModel):
         elif has_packing_kwargs(**packing):
             raise ValueError(f"packed documents (cu_seq_lens_q / seq_idx from {COLLATOR}) cannot continue a "
                              f"cache that holds {past} tokens")
+        before = None if cache is None else cache.row_positions(batch, device)
         if position_ids is None:
-            if mask is not None:
-                position_ids = (mask.long().cumsum(-1) - 1).clamp(min=0)[:, past:]
-            elif cache is not None and cache.has_padding:
-                raise ValueError("the cache has absorbed padded tokens: pass the attention_mask over all "
-                                 "cached and new tokens so that positions count real tokens")
-            else:
-                position_ids = torch.arange(past, past + length, device=device)[None]
+            position_ids = real_token_positions(before, padding_mask, length, device)
         return padding_mask, position_ids, packed, cache
+
+
+def real_token_positions(before: Optional[torch.Tensor], padding_mask: Optional[torch.Tensor], length: int,
+                         device) -> torch.Tensor:
+    """Default positions of the new tokens: the real tokens before each one, `before` (batch,)
+    of them in the cache (None: none), so padding does not shift positions."""
+    count = (torch.arange(1, length + 1, device=device)[None] if padding_mask is None
+             else padding_mask.long().cumsum(-1))
+    return (count - 1 if before is None else before[:, None] + count - 1).clamp(min=0)
 
 
 def static_cache_inputs(cache: StaticMomentumCache, attention_mask, position_ids, batch: int, length: int,
@@ -307,9 +302,7 @@ def static_cache_inputs(cache: StaticMomentumCache, attention_mask, position_ids
         new = attention_mask[:, attention_mask.shape[1] - length:]
         padding_mask = new.to(device=device, dtype=torch.bool)
     if position_ids is None:
-        count = (torch.arange(1, length + 1, device=device)[None] if padding_mask is None
-                 else padding_mask.long().cumsum(-1))
-        position_ids = (before[:, None] + count - 1).clamp(min=0)
+        position_ids = real_token_positions(before, padding_mask, length, device)
     return padding_mask, position_ids
 
 

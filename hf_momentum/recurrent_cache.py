@@ -4,9 +4,10 @@ states in it, `reorder_cache` for beam search).
 
 Two pitfalls of using those layers alone are handled here: an all-linear cache cannot report
 its sequence length (`DynamicCache.get_seq_length()` raises), and `update_recurrent_state`
-does not mark a state as present. `RecurrentCache` counts the tokens it has absorbed and
-marks states itself. It is not compileable: its states are replaced by new tensors at every
-step. `StaticStateMixin` makes a subclass that is (fixed buffers updated in place).
+does not mark a state as present. `RecurrentCache` counts the tokens it has absorbed (and,
+once asked for `row_positions`, each row's real tokens) and marks states itself. It is not
+compileable: its states are replaced by new tensors at every step. `StaticStateMixin` makes a
+subclass that is (fixed buffers updated in place).
 """
 from typing import Optional, Sequence, Tuple
 
@@ -19,6 +20,7 @@ class RecurrentCache(Cache):
 
     is_compileable = False
     is_croppable = False
+    row_tokens: Optional[torch.Tensor] = None
 
     def __init__(self, num_layers: int, num_states: int):
         super().__init__(layers=[LinearAttentionLayer(number_of_states=num_states)
@@ -43,9 +45,30 @@ class RecurrentCache(Cache):
             layer.has_previous_state[i] = True
         layer.dtype, layer.device = states[0].dtype, states[0].device
 
-    def advance(self, num_tokens: int) -> None:
-        """Record that `num_tokens` more positions were absorbed by every layer."""
+    def row_positions(self, batch: int, device: torch.device) -> torch.Tensor:
+        """(batch,) real tokens absorbed so far by each row, from then on counted by `advance`:
+        a decode step's positions follow from it and the new tokens' mask alone, so the step
+        does the same work at any context. Before the first call every absorbed token counts
+        as real."""
+        if self.row_tokens is None:
+            self.row_tokens = self._new_counter(
+                torch.full((batch,), self.seen_tokens, dtype=torch.long, device=device))
+        elif self.row_tokens.shape[0] != batch:
+            raise ValueError(f"the cache holds {self.row_tokens.shape[0]} rows, got a batch of {batch}")
+        return self.row_tokens
+
+    def advance(self, num_tokens: int, real: Optional[torch.Tensor] = None) -> None:
+        """Record that `num_tokens` more positions were absorbed by every layer; `real` (batch,
+        num_tokens) bool marks the real ones (None: all real)."""
         self.seen_tokens += num_tokens
+        self._count_rows(num_tokens, real)
+
+    def _count_rows(self, num_tokens: int, real: Optional[torch.Tensor]) -> None:
+        if self.row_tokens is not None:
+            self.row_tokens.add_(num_tokens if real is None else real.sum(-1))
+
+    def _new_counter(self, counter: torch.Tensor) -> torch.Tensor:
+        return counter
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
         return self.seen_tokens
@@ -67,6 +90,10 @@ class RecurrentCache(Cache):
     def reset(self) -> None:
         super().reset()
         self.seen_tokens = 0
+        self.row_tokens = None
+
+    def reorder_cache(self, beam_idx: torch.Tensor) -> None:
+        self.batch_select_indices(beam_idx)
 
     def batch_repeat_interleave(self, repeats: int) -> None:
         self._map(lambda t: t.repeat_interleave(repeats, dim=0))
@@ -82,6 +109,11 @@ class RecurrentCache(Cache):
             states = self.get_states(idx)
             if states is not None:
                 self.set_states(idx, [fn(t) for t in states])
+        if self.row_tokens is not None:
+            self._set_rows(fn(self.row_tokens))
+
+    def _set_rows(self, rows: torch.Tensor) -> None:
+        self.row_tokens = rows
 
 
 class StaticStateMixin:
@@ -99,7 +131,6 @@ class StaticStateMixin:
 
     is_compileable = True
     tokens: Optional[torch.Tensor] = None
-    row_tokens: Optional[torch.Tensor] = None
 
     def set_states(self, layer_idx: int, states: Sequence[torch.Tensor]) -> None:
         if len(states) != self.num_states:
@@ -116,40 +147,35 @@ class StaticStateMixin:
                 layer.has_previous_state[i] = True
 
     def row_positions(self, batch: int, device: torch.device) -> torch.Tensor:
-        """(batch,) real tokens absorbed so far by each row, zeros before the first update."""
-        if self.row_tokens is None:
-            self.row_tokens = _static(torch.zeros(batch, dtype=torch.long, device=device))
+        if self.tokens is None:
             self.tokens = _static(torch.zeros((), dtype=torch.long, device=device))
-        elif self.row_tokens.shape[0] != batch:
-            raise ValueError(f"the cache holds {self.row_tokens.shape[0]} rows, got a batch of {batch}")
-        return self.row_tokens
+        return super().row_positions(batch, device)
 
     def advance(self, num_tokens: int, real: Optional[torch.Tensor] = None) -> None:
-        """Record `num_tokens` more positions; `real` (batch, num_tokens) bool marks the real ones
-        (None: all real). Call `row_positions` first."""
-        self.row_tokens.add_(num_tokens if real is None else real.sum(-1))
+        """As `RecurrentCache.advance`, with the count of positions a tensor too. Call
+        `row_positions` first."""
+        self._count_rows(num_tokens, real)
         self.tokens.add_(num_tokens)
+
+    def _new_counter(self, counter: torch.Tensor) -> torch.Tensor:
+        return _static(counter)
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
         return 0 if self.tokens is None else int(self.tokens)
 
     def reset(self) -> None:
+        rows = self.row_tokens
         super().reset()
+        self.row_tokens = rows   # zeroed in place: a captured graph keeps its address
         for counter in (self.tokens, self.row_tokens):
             if counter is not None:
                 counter.zero_()
 
-    def reorder_cache(self, beam_idx: torch.Tensor) -> None:
-        self.batch_select_indices(beam_idx)
-
-    def _map(self, fn) -> None:
-        super()._map(fn)
-        if self.row_tokens is not None:
-            rows = fn(self.row_tokens)
-            if rows.shape == self.row_tokens.shape:
-                self.row_tokens.copy_(rows)
-            else:
-                self.row_tokens = _static(rows)
+    def _set_rows(self, rows: torch.Tensor) -> None:
+        if rows.shape == self.row_tokens.shape:
+            self.row_tokens.copy_(rows)
+        else:
+            self.row_tokens = _static(rows)
 
 
 def _static(t: torch.Tensor) -> torch.Tensor:

@@ -2,12 +2,13 @@
 MomentumCache does the same work at any context length (the state is O(1)): the aten ops it
 dispatches, with the shapes and dtypes of their tensor arguments and results, are recorded by a
 TorchDispatchMode at contexts 512 and 8192 and must be the same lists. The step is called as
-generate() calls it, with the attention mask of the whole context."""
+generate() calls it, with the attention mask of the whole context. A view op (the slice that
+takes the new tokens' mask columns) reads no element, so only its result's size is compared:
+any op that computes on the whole mask still differs."""
 import os
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
@@ -17,7 +18,8 @@ from hf_momentum import MomentumCache
 
 
 class OpRecorder(TorchDispatchMode):
-    """Every aten op with the (shape, dtype) of each tensor among its arguments and results."""
+    """Every aten op with the (shape, dtype) of each tensor among its arguments and results (of
+    a view op, its results only)."""
 
     def __init__(self):
         super().__init__()
@@ -25,7 +27,8 @@ class OpRecorder(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
-        tensors = [t for t in tree_leaves((args, kwargs, out)) if isinstance(t, torch.Tensor)]
+        touched = out if func.is_view else (args, kwargs, out)
+        tensors = [t for t in tree_leaves(touched) if isinstance(t, torch.Tensor)]
         self.ops.append((str(func), tuple((tuple(t.shape), t.dtype) for t in tensors)))
         return out
 
@@ -44,11 +47,6 @@ def decode_step_ops(model, context: int, gen):
     return recorder.ops
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "issue 27 item 4: MomentumTransformerModel._recurrent_inputs takes the positions from "
-    "(mask.long().cumsum(-1) - 1).clamp(min=0)[:, past:] over all cached + new mask columns: "
-    "_to_copy, slice, cumsum, sub, clamp on (1, context + 1); the cache could count each row's real "
-    "tokens as StaticMomentumCache.row_positions does"))
 def test_decode_step_does_the_same_ops_on_the_same_sizes_at_any_context(make_generator):
     torch.manual_seed(0)
     config = AutoConfig.for_model(

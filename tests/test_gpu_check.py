@@ -3,6 +3,7 @@ writes one section (to a temporary file here), a second run reuses the finished 
 roofline's counts agree with what the code does."""
 import importlib.util
 import os
+import re
 import subprocess
 import sys
 import time
@@ -58,6 +59,9 @@ def test_dry_run_writes_one_section_with_every_part_and_resumes(first_run):
     assert "unknown device" in text
     assert "| tiny | torch nn.LSTM |" in text and "| tiny | adam |" in text
     assert "momentum / Llama" in text and "| 16 |" in text
+    assert "| momentum, static cache + torch.compile(backend='aot_eager') tok/s |" in text
+    for context in (16, 32):                       # eager, compiled (fullgraph) and Llama each gave a rate
+        assert re.search(rf"\n\| {context} \| [\d.]+ \| [\d.]+ \| [\d.]+ \| [\d.]+ \| [\d.]+ \|\n", text)
     for context in (16, 32):                       # the decode profile, at both dry-run contexts
         assert f"Context {context}: " in text
     assert "Ops at context 32 whose name and input shapes do not occur at 16 (" in text

@@ -48,17 +48,22 @@ def test_mask_over_the_new_tokens_only_is_refused(family, make_generator):
             model(input_ids=ids, attention_mask=mask[:, None, None])
 
 
-def test_positions_after_a_padded_prefix_need_the_mask(make_generator):
+def test_positions_after_a_padded_prefix_come_from_the_cache(make_generator):
+    """The cache counts each row's real tokens: a step without the mask continues each left-padded
+    row where it is, as the whole masked batch and as the row alone."""
     model = causal_lm("transformer")
     ids, mask = left_padded(make_generator(), [6, 3], 7)
     with torch.no_grad():
+        whole = model(input_ids=ids, attention_mask=mask, use_cache=False).logits[:, -1]
+        alone = model(input_ids=ids[1:, 4:], use_cache=False).logits[:, -1]
         cache = model(input_ids=ids[:, :-1], attention_mask=mask[:, :-1]).past_key_values
-        with pytest.raises(ValueError, match="attention_mask over all cached"):
-            model(input_ids=ids[:, -1:], past_key_values=cache)
+        padded_step = model(input_ids=ids[:, -1:], past_key_values=cache).logits[:, -1]
         unpadded = model(input_ids=ids[:1, :-1]).past_key_values
         step = model(input_ids=ids[:1, -1:], past_key_values=unpadded).logits[:, -1]
-        whole = model(input_ids=ids[:1], use_cache=False).logits[:, -1]
-    torch.testing.assert_close(step, whole, atol=1e-5, rtol=1e-4)
+        first = model(input_ids=ids[:1], use_cache=False).logits[:, -1]
+    torch.testing.assert_close(padded_step, whole, atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(padded_step[1:], alone, atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(step, first, atol=1e-5, rtol=1e-4)
 
 
 # use_cache=False with past_key_values continues the cache.
