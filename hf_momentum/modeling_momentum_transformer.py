@@ -40,9 +40,9 @@ from .momentum_core import (
 from .packing import (
     COLLATOR,
     document_positions,
-    document_starts,
     has_packing_kwargs,
     pop_packing_kwargs,
+    possible_document_starts,
 )
 from .recurrent_cache import RecurrentCache, StaticStateMixin
 from .saving import RemoteCodeMixin
@@ -212,6 +212,8 @@ class MomentumTransformerModel(MomentumTransformerPreTrainedModel):
                               can_cache=self.config.is_causal)
         packing = pop_packing_kwargs(kwargs)
         packed = None
+        counted_positions = position_ids is None and not isinstance(cache, StaticMomentumCache)
+        past = cache.get_seq_length() if counted_positions and cache is not None else 0
         if isinstance(cache, StaticMomentumCache):
             padding_mask, position_ids = static_cache_inputs(cache, attention_mask, position_ids, batch,
                                                              length, inputs_embeds.device, packing)
@@ -220,12 +222,9 @@ class MomentumTransformerModel(MomentumTransformerPreTrainedModel):
                 cache, past_key_values, use_cache, attention_mask, position_ids, batch, length,
                 inputs_embeds.device, packing)
         position_ids = position_ids.to(inputs_embeds.device)
-        # Under torch.compile the embedding's own index check stands in (a read of the maximum
-        # here would stop the graph).
-        if not torch.compiler.is_compiling() and position_ids.numel() and \
-                int(position_ids.max()) >= self.config.max_position_embeddings:
-            raise ValueError(f"position {int(position_ids.max())} is beyond max_position_embeddings "
-                             f"({self.config.max_position_embeddings})")
+        check_position_range(position_ids, self.config.max_position_embeddings,
+                             largest=None if packed is None else packed.max_position,
+                             bound=past + length - 1 if counted_positions else None)
         hidden = self.dropout(inputs_embeds + self.embed_positions(position_ids))
         if packed is None:
             segments = Segments.from_padding_mask(padding_mask, batch, length)
@@ -253,9 +252,11 @@ class MomentumTransformerModel(MomentumTransformerPreTrainedModel):
         padding_mask = None if mask is None else mask[:, past:]
         packed = None
         if past == 0:
-            starts = document_starts(batch, length, device, padding_mask=padding_mask,
-                                     position_ids=position_ids, **packing)
-            if starts is not None:
+            starts = possible_document_starts(batch, length, device, padding_mask=padding_mask,
+                                              position_ids=position_ids, **packing)
+            documents = None if starts is None else Segments.from_document_starts(
+                starts, padding_mask, positions=position_ids)
+            if documents is not None and documents.most_documents > 1:
                 if past_key_values is not None or use_cache:
                     raise ValueError("packed documents (position_ids that restart, or cu_seq_lens_q / "
                                      f"seq_idx from {COLLATOR}) cannot fill one cache; pass use_cache=False "
@@ -265,7 +266,7 @@ class MomentumTransformerModel(MomentumTransformerPreTrainedModel):
                                      f"seq_idx from {COLLATOR}) are not supported with context "
                                      "parallelism: shard one document (or unpacked rows) over the ranks")
                 cache = None
-                packed = Segments.from_document_starts(starts, padding_mask)
+                packed = documents
                 if position_ids is None:
                     position_ids = document_positions(starts, padding_mask)
         elif has_packing_kwargs(**packing):
@@ -280,6 +281,22 @@ class MomentumTransformerModel(MomentumTransformerPreTrainedModel):
             else:
                 position_ids = torch.arange(past, past + length, device=device)[None]
         return padding_mask, position_ids, packed, cache
+
+
+def check_position_range(position_ids: torch.Tensor, limit: int, *, largest: Optional[int] = None,
+                         bound: Optional[int] = None) -> None:
+    """Raise if a position is beyond the position embedding's `limit` rows. largest: the maximum
+    already on the host (read with the batch's `Segments`); bound: a host bound on positions the
+    model counted itself (real tokens before each one), within which nothing is read. Otherwise
+    the maximum is read, except under torch.compile, where the embedding's own index check
+    stands in (a read here would stop the graph)."""
+    if largest is None and (bound is None or bound >= limit):
+        if torch.compiler.is_compiling() or not position_ids.numel():
+            return
+        largest = int(position_ids.max())
+    if largest is not None and largest >= limit:
+        raise ValueError(f"position {largest} is beyond max_position_embeddings ({limit}); position_ids must "
+                         f"be in [0, {limit})")
 
 
 def static_cache_inputs(cache: StaticMomentumCache, attention_mask, position_ids, batch: int, length: int,
