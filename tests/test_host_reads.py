@@ -19,17 +19,6 @@ from plugins.packing import Segments
 BATCH, LENGTH, HIDDEN, VOCAB = 2, 96, 32, 50
 SYNCING_OPS = {"_local_scalar_dense", "nonzero"}
 LLAMA = "Llama, attn_implementation='momentum'"
-# Rows above Llama-SDPA's + 2 reads (issue 26); none grows with layers. The stock-model interface
-# reads transformers' mask function and the batch's packing once per forward.
-OVER_BUDGET = {(LLAMA, "padded"), (LLAMA, "packed"), (LLAMA, "decode")}
-
-
-def budget(row, form):
-    """xfail (strict) for the rows still over Llama-SDPA's + 2."""
-    if (row, form) in OVER_BUDGET:
-        return pytest.param(row, form, marks=pytest.mark.xfail(
-            strict=True, reason="issue 26: reads once per forward at the edge, but more than Llama-SDPA + 2"))
-    return pytest.param(row, form)
 
 
 class HostReads(TorchDispatchMode):
@@ -137,7 +126,8 @@ def test_training_reads_do_not_grow_with_layers(row, form):
     assert counts[0] == counts[1], f"{row}, {form}: {counts[0]} reads at 2 layers, {counts[1]} at 4"
 
 
-@pytest.mark.parametrize("row, form", [budget(row, form) for row in ROWS for form in ("padded", "packed")])
+@pytest.mark.parametrize("form", ["padded", "packed"])
+@pytest.mark.parametrize("row", list(ROWS))
 def test_training_reads_stay_within_llama_sdpa_plus_two(row, form):
     count = training_reads(ROWS[row](4), batch(form))
     assert count <= sdpa_training_reads(form) + 2, f"{row}, {form}: {count} reads"
@@ -149,8 +139,8 @@ def test_decoding_reads_do_not_grow_with_layers(row):
     assert counts[0] == counts[1], f"{row}: {counts[0]} reads at 2 layers, {counts[1]} at 4"
 
 
-@pytest.mark.parametrize("row, form", [budget(row, "decode") for row in ROWS])
-def test_decoding_reads_stay_within_llama_sdpa_plus_two(row, form):
+@pytest.mark.parametrize("row", list(ROWS))
+def test_decoding_reads_stay_within_llama_sdpa_plus_two(row):
     count = decoding_reads(ROWS[row](4))
     assert count <= decoding_reads(llama(4, "sdpa")) + 2, f"{row}: {count} reads in one decoding step"
 
