@@ -92,10 +92,9 @@ class Segments:
         keep = None if padding_mask is None else padding_mask.reshape(-1)
         flat = starts.reshape(-1)
         slot = torch.arange(total, device=starts.device)
-        packed_slot = slot if keep is None else keep.long().cumsum(0) - 1
+        packed_slot = slot if keep is None else keep.cumsum(0) - 1
         real = packed_slot.new_full((), total) if keep is None else keep.sum()
-        cu = _first_slots(real.repeat(total + 2), torch.where(flat, flat.long().cumsum(0) - 1, total + 1),
-                          packed_slot)
+        cu = _to_slots(real.repeat(total + 2), torch.where(flat, flat.cumsum(0) - 1, total + 1), packed_slot)
         top = (real.new_zeros(()) if positions is None or not positions.numel()
                else positions.max().long().to(real.device))
         most = starts.sum(-1).amax() if batch else real.new_zeros(())
@@ -105,8 +104,8 @@ class Segments:
             raise ValueError("starts must mark the first real token of every row as a document start")
         index = None
         if real_count < total:
-            index = _first_slots(slot.new_full((total + 1,), total), torch.where(keep, packed_slot, total),
-                                 slot)[:real_count]
+            index = _to_slots(slot.new_full((total + 1,), total), torch.where(keep, packed_slot, total),
+                              slot)[:real_count]
         return cls(batch=batch, length=length, cu_seqlens=cu[:count + 1], cu_seqlens_cpu=host[:count + 1],
                    index=index, most_documents=most_documents,
                    max_position=None if positions is None else max_position)
@@ -159,7 +158,8 @@ def _check_mask(mask, name: str, batch: int, length: int) -> None:
                          f"got {tuple(mask.shape)}")
 
 
-def _first_slots(fill: torch.Tensor, target: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
-    """fill with, at each target slot, the least of the values sent there: a fixed-size `nonzero`
-    (no read of how many), deterministic. Targets past the slots kept go to a last, unread slot."""
-    return fill.scatter_reduce(0, target, values, "amin")
+def _to_slots(fill: torch.Tensor, target: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+    """`fill` with each value written at its target slot: a `nonzero` of fixed size, which needs
+    no read of how many. Each kept slot is written at most once; the values not kept all go to
+    the last slot, which is never read (so which of them lands there does not matter)."""
+    return fill.scatter(0, target, values)
