@@ -250,9 +250,10 @@ def _segments(module, is_causal, query, q_len: int, kv_len: int, mask, kwargs) -
             (mask is None) == (last["mask"] is None) and (mask is None or last["mask"]() is mask):
         return last["segments"]
     starts = _document_starts(module, is_causal, query, q_len, kv_len, mask, kwargs)
-    segments = None if starts is None else Segments.from_document_starts(starts, mask)
-    if segments is None or segments.most_documents <= 1:
+    if starts is None:
         segments = Segments.from_padding_mask(mask, query.shape[0], kv_len)
+    else:
+        segments = Segments.from_starts_or_padding(starts, mask)
     last.clear()
     if anchor is not None:
         last.update(key=key, anchor=weakref.ref(anchor), mask=None if mask is None else weakref.ref(mask),

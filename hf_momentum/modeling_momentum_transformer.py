@@ -211,25 +211,25 @@ class MomentumTransformerModel(MomentumTransformerPreTrainedModel):
         cache = resolve_cache(self, past_key_values, use_cache, MomentumCache,
                               can_cache=self.config.is_causal)
         packing = pop_packing_kwargs(kwargs)
-        packed = None
+        described = None
         counted_positions = position_ids is None and not isinstance(cache, StaticMomentumCache)
         past = cache.get_seq_length() if counted_positions and cache is not None else 0
         if isinstance(cache, StaticMomentumCache):
             padding_mask, position_ids = static_cache_inputs(cache, attention_mask, position_ids, batch,
                                                              length, inputs_embeds.device, packing)
         else:
-            padding_mask, position_ids, packed, cache = self._recurrent_inputs(
+            padding_mask, position_ids, described, cache = self._recurrent_inputs(
                 cache, past_key_values, use_cache, attention_mask, position_ids, batch, length,
                 inputs_embeds.device, packing)
         position_ids = position_ids.to(inputs_embeds.device)
         check_position_range(position_ids, self.config.max_position_embeddings,
-                             largest=None if packed is None else packed.max_position,
+                             largest=None if described is None else described.max_position,
                              bound=past + length - 1 if counted_positions else None)
         hidden = self.dropout(inputs_embeds + self.embed_positions(position_ids))
-        if packed is None:
+        if described is None:
             segments = Segments.from_padding_mask(padding_mask, batch, length)
         else:
-            segments = packed
+            segments = described
         hidden, all_hidden, _ = self.layers(hidden, segments=segments, final=self.norm,
                                             output_hidden_states=output_hidden_states, past_key_values=cache)
         if isinstance(cache, StaticMomentumCache):
@@ -243,20 +243,21 @@ class MomentumTransformerModel(MomentumTransformerPreTrainedModel):
 
     def _recurrent_inputs(self, cache, past_key_values, use_cache, attention_mask, position_ids, batch,
                           length, device, packing):
-        """padding mask, positions, the Segments of packed rows (None unless packed) and cache for a
-        `MomentumCache` or no cache."""
+        """padding mask, positions, the batch's Segments where position_ids or the collator's forms
+        described it (packed rows, or padded rows when each holds one document; else None) and
+        cache for a `MomentumCache` or no cache."""
         past = cache.get_seq_length() if cache is not None else 0
         mask = check_attention_mask(attention_mask, batch, past, length)
         if mask is not None:
             mask = mask.to(device)
         padding_mask = None if mask is None else mask[:, past:]
-        packed = None
+        described = None
         if past == 0:
             starts = possible_document_starts(batch, length, device, padding_mask=padding_mask,
                                               position_ids=position_ids, **packing)
-            documents = None if starts is None else Segments.from_document_starts(
+            described = None if starts is None else Segments.from_starts_or_padding(
                 starts, padding_mask, positions=position_ids)
-            if documents is not None and documents.most_documents > 1:
+            if described is not None and described.packed:
                 if past_key_values is not None or use_cache:
                     raise ValueError("packed documents (position_ids that restart, or cu_seq_lens_q / "
                                      f"seq_idx from {COLLATOR}) cannot fill one cache; pass use_cache=False "
@@ -266,7 +267,6 @@ class MomentumTransformerModel(MomentumTransformerPreTrainedModel):
                                      f"seq_idx from {COLLATOR}) are not supported with context "
                                      "parallelism: shard one document (or unpacked rows) over the ranks")
                 cache = None
-                packed = documents
                 if position_ids is None:
                     position_ids = document_positions(starts, padding_mask)
         elif has_packing_kwargs(**packing):
@@ -280,7 +280,7 @@ class MomentumTransformerModel(MomentumTransformerPreTrainedModel):
                                  "cached and new tokens so that positions count real tokens")
             else:
                 position_ids = torch.arange(past, past + length, device=device)[None]
-        return padding_mask, position_ids, packed, cache
+        return padding_mask, position_ids, described, cache
 
 
 def check_position_range(position_ids: torch.Tensor, limit: int, *, largest: Optional[int] = None,

@@ -77,6 +77,26 @@ class Segments:
         become one row of documents. positions: the input's position ids (optional), whose
         maximum is read with the offsets. One copy to the host: the offsets and index are
         built on the device in fixed-size buffers, then sliced to the counts that copy brings."""
+        return cls._read_documents(starts, padding_mask, positions)[0]
+
+    @classmethod
+    def from_starts_or_padding(cls, starts: torch.Tensor, padding_mask: Optional[torch.Tensor] = None, *,
+                               positions: Optional[torch.Tensor] = None) -> "Segments":
+        """`from_document_starts` when some row holds several documents, else the rows as
+        `from_padding_mask` describes them; either from the one copy to the host."""
+        documents, right_padded = cls._read_documents(starts, padding_mask, positions)
+        if documents.most_documents > 1:
+            return documents
+        known = dict(most_documents=documents.most_documents, max_position=documents.max_position)
+        if documents.index is None:
+            return cls(batch=documents.batch, length=documents.length, **known)
+        order = None if right_padded else torch.argsort((~padding_mask).to(torch.int8), dim=-1, stable=True)
+        return cls(batch=documents.batch, length=documents.length, padding_mask=padding_mask,
+                   lengths=padding_mask.sum(-1), order=order, **known)
+
+    @classmethod
+    def _read_documents(cls, starts, padding_mask, positions):
+        """(the packed Segments, whether padding is only on the right) from one copy to the host."""
         if not isinstance(starts, torch.Tensor) or starts.dtype != torch.bool or starts.dim() != 2:
             raise ValueError(f"starts must be a (batch, length) bool tensor, True where a document starts, "
                              f"got "
@@ -98,17 +118,20 @@ class Segments:
         top = (real.new_zeros(()) if positions is None or not positions.numel()
                else positions.max().long().to(real.device))
         most = starts.sum(-1).amax() if batch else real.new_zeros(())
-        host = torch.cat([cu[:total + 1], torch.stack([cu[0], flat.sum(), real, most, top])]).cpu()
-        first, count, real_count, most_documents, max_position = host[-5:].tolist()
+        right = (real.new_ones(()) if keep is None
+                 else (padding_mask[:, 1:] <= padding_mask[:, :-1]).all().long())
+        host = torch.cat([cu[:total + 1], torch.stack([cu[0], flat.sum(), real, most, top, right])]).cpu()
+        first, count, real_count, most_documents, max_position, right_padded = host[-6:].tolist()
         if real_count and first != 0:
             raise ValueError("starts must mark the first real token of every row as a document start")
         index = None
         if real_count < total:
             index = _to_slots(slot.new_full((total + 1,), total), torch.where(keep, packed_slot, total),
                               slot)[:real_count]
-        return cls(batch=batch, length=length, cu_seqlens=cu[:count + 1], cu_seqlens_cpu=host[:count + 1],
-                   index=index, most_documents=most_documents,
-                   max_position=None if positions is None else max_position)
+        documents = cls(batch=batch, length=length, cu_seqlens=cu[:count + 1],
+                        cu_seqlens_cpu=host[:count + 1], index=index, most_documents=most_documents,
+                        max_position=None if positions is None else max_position)
+        return documents, bool(right_padded)
 
     @property
     def packed(self) -> bool:

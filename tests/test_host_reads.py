@@ -197,3 +197,29 @@ def test_positions_beyond_the_embedding_are_refused(form):
     too_long = torch.randint(0, VOCAB, (1, limit + 1))
     with pytest.raises(ValueError, match=f"position {limit} is beyond max_position_embeddings"):
         model(input_ids=too_long, use_cache=False)
+
+
+@pytest.mark.parametrize("padding", ["none", "all real", "right", "left and middle"])
+def test_starts_or_padding_equals_the_padding_form_for_one_document_per_row(padding):
+    """With one document per row, the one-copy description is the one from_padding_mask gives
+    (reads aside); with several in a row it is from_document_starts'."""
+    gaps = torch.tensor([[0, 0, 1, 1, 1, 1, 1, 1, 1], [1, 1, 1, 0, 0, 1, 1, 1, 0]]).bool()
+    mask = {"none": None, "all real": torch.ones(2, 9, dtype=torch.bool),
+            "right": torch.arange(9) < torch.tensor([[6], [9]]), "left and middle": gaps}[padding]
+    real = torch.ones(2, 9, dtype=torch.bool) if mask is None else mask
+    starts = real & (real.long().cumsum(-1) == 1)
+    reads = HostReads()
+    with reads:
+        rows = Segments.from_starts_or_padding(starts, mask)
+    assert reads.count == 1
+    expected = Segments.from_padding_mask(mask, 2, 9)
+    assert not rows.packed and rows.most_documents == 1
+    for field in ("padding_mask", "lengths", "order"):
+        got, want = getattr(rows, field), getattr(expected, field)
+        assert (got is None) == (want is None), field
+        assert got is None or torch.equal(got, want), field
+    several = starts.clone()
+    several[1, 7] = True
+    packed = Segments.from_starts_or_padding(several, mask)
+    documents = Segments.from_document_starts(several, mask)
+    assert packed.packed and torch.equal(packed.cu_seqlens, documents.cu_seqlens)
