@@ -22,8 +22,8 @@ class Segments:
     only on the right. cu_seqlens (n + 1,) int64 on the device and cu_seqlens_cpu, its host copy:
     documents packed in one row of the real tokens; index: flat indices of those real tokens in
     the (batch, length) input, None when every token is real. most_documents: the most documents
-    in one row, max_position: the largest of the `positions` given to `from_document_starts`,
-    both read with the offsets' host copy (None when not described)."""
+    in one row, max_position: the largest of the `positions` given to `from_document_starts` or
+    `from_starts_or_padding`, both read with the offsets' host copy (None when not described)."""
 
     batch: int
     length: int
