@@ -153,9 +153,10 @@ def padding_mask_function(batch_size: int, q_length: int, kv_length: int, q_offs
                           mask_function=None, attention_mask: Optional[torch.Tensor] = None, device=None,
                           **kwargs) -> Optional[torch.Tensor]:
     """AttentionMaskInterface function: the (batch, kv_length) bool mask of keys that exist and
-    are not padding, or None when all are. For causal masks, cache slots after the newest query
-    (a StaticCache's unfilled tail) are marked absent too. Causality itself is applied by the
-    kernel, not by the mask."""
+    are not padding, or None without an attention_mask and unfilled slots. For causal masks,
+    cache slots after the newest query (a StaticCache's unfilled tail) are marked absent too.
+    Causality itself is applied by the kernel, not by the mask. Whether the mask marks every key
+    real is not read here: the `Segments` built from it reads that once."""
     mask = None
     if attention_mask is not None:
         mask = attention_mask.to(device=device, dtype=torch.bool)
@@ -170,7 +171,7 @@ def padding_mask_function(batch_size: int, q_length: int, kv_length: int, q_offs
         if not bool(filled.all()):
             filled = filled.expand(batch_size, kv_length)
             mask = filled if mask is None else mask & filled
-    return None if mask is None or bool(mask.all()) else mask
+    return mask
 
 
 def register() -> None:
