@@ -56,7 +56,7 @@ from .momentum_core import (
     Segments,
     attend,
 )
-from .packing import COLLATOR, document_starts, has_packing_kwargs
+from .packing import COLLATOR, has_packing_kwargs, possible_document_starts
 
 MOMENTUM = "momentum"
 LINEAR = "linear_attention"
@@ -153,9 +153,10 @@ def padding_mask_function(batch_size: int, q_length: int, kv_length: int, q_offs
                           mask_function=None, attention_mask: Optional[torch.Tensor] = None, device=None,
                           **kwargs) -> Optional[torch.Tensor]:
     """AttentionMaskInterface function: the (batch, kv_length) bool mask of keys that exist and
-    are not padding, or None when all are. For causal masks, cache slots after the newest query
-    (a StaticCache's unfilled tail) are marked absent too. Causality itself is applied by the
-    kernel, not by the mask."""
+    are not padding, or None without an attention_mask and unfilled slots. For causal masks,
+    cache slots after the newest query (a StaticCache's unfilled tail) are marked absent too.
+    Causality itself is applied by the kernel, not by the mask. Whether the mask marks every key
+    real is not read here: the `Segments` built from it reads that once."""
     mask = None
     if attention_mask is not None:
         mask = attention_mask.to(device=device, dtype=torch.bool)
@@ -163,13 +164,14 @@ def padding_mask_function(batch_size: int, q_length: int, kv_length: int, q_offs
         if missing > 0:
             mask = torch.nn.functional.pad(mask, (0, missing), value=False)
         mask = mask[:, kv_offset:kv_offset + kv_length]
-    if mask_function is not None and _is_causal(mask_function):
+    if mask_function is not None and _may_have_unfilled_slots(q_offset, q_length, kv_offset, kv_length) \
+            and _is_causal(mask_function):
         positions = torch.arange(kv_offset, kv_offset + kv_length, device=device)
         filled = positions < torch.as_tensor(q_offset, device=device) + q_length
         if not bool(filled.all()):
             filled = filled.expand(batch_size, kv_length)
             mask = filled if mask is None else mask & filled
-    return None if mask is None or bool(mask.all()) else mask
+    return mask
 
 
 def register() -> None:
@@ -252,7 +254,7 @@ def _segments(module, is_causal, query, q_len: int, kv_len: int, mask, kwargs) -
     if starts is None:
         segments = Segments.from_padding_mask(mask, query.shape[0], kv_len)
     else:
-        segments = Segments.from_document_starts(starts, mask)
+        segments = Segments.from_starts_or_padding(starts, mask)
     last.clear()
     if anchor is not None:
         last.update(key=key, anchor=weakref.ref(anchor), mask=None if mask is None else weakref.ref(mask),
@@ -261,13 +263,14 @@ def _segments(module, is_causal, query, q_len: int, kv_len: int, mask, kwargs) -
 
 
 def _document_starts(module, is_causal, query, q_len: int, kv_len: int, mask, kwargs):
-    """Packed documents (hf_momentum.packing) in self-attention over the whole sequence: a causal
-    module, or a bidirectional one that is not a decoder's cross-attention. The position_ids of
+    """Where packed documents (hf_momentum.packing) may start, in self-attention over the whole
+    sequence: a causal module, or a bidirectional one that is not a decoder's cross-attention;
+    whether any row holds several is read with the `Segments` built from them. The position_ids of
     a continued KV cache (q_len < kv_len) number only the new queries, as in transformers, which
     looks for packing only without a cache."""
     self_attention = bool(is_causal) or not getattr(module, "is_decoder", False)
     if self_attention and q_len == kv_len:
-        return document_starts(query.shape[0], q_len, query.device, padding_mask=mask, **kwargs)
+        return possible_document_starts(query.shape[0], q_len, query.device, padding_mask=mask, **kwargs)
     if has_packing_kwargs(**kwargs):
         where = "a KV cache continued by new queries" if self_attention else "cross-attention"
         raise ValueError(f"packed documents (cu_seq_lens_q / seq_idx from {COLLATOR}) cannot be used with "
@@ -288,6 +291,13 @@ def _query_rows(mask, q_len: int, kv_len: int, batch: int, device) -> torch.Tens
 
 def _expand(rows: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     return rows[:, None, :, None].expand(like.shape[0], like.shape[1], rows.shape[1], like.shape[3])
+
+
+def _may_have_unfilled_slots(q_offset, q_length: int, kv_offset: int, kv_length: int) -> bool:
+    """Whether keys may lie after the newest query (a StaticCache's unfilled tail): not when the
+    offsets are host numbers that say the keys end with the queries (a dynamic cache, no cache),
+    so neither the mask function nor the slots are read then."""
+    return isinstance(q_offset, torch.Tensor) or kv_offset + kv_length > q_offset + q_length
 
 
 def _is_causal(mask_function) -> bool:

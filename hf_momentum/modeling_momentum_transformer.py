@@ -41,9 +41,9 @@ from .momentum_core import (
 from .packing import (
     COLLATOR,
     document_positions,
-    document_starts,
     has_packing_kwargs,
     pop_packing_kwargs,
+    possible_document_starts,
 )
 from .recurrent_cache import RecurrentCache, StaticStateMixin
 from .saving import RemoteCodeMixin
@@ -207,26 +207,25 @@ class MomentumTransformerModel(MomentumTransformerPreTrainedModel):
         cache = resolve_cache(self, past_key_values, use_cache, MomentumCache,
                               can_cache=self.config.is_causal)
         packing = pop_packing_kwargs(kwargs)
-        packed = None
+        described = None
+        counted_positions = position_ids is None and not isinstance(cache, StaticMomentumCache)
+        past = cache.get_seq_length() if counted_positions and cache is not None else 0
         if isinstance(cache, StaticMomentumCache):
             padding_mask, position_ids = static_cache_inputs(cache, attention_mask, position_ids, batch,
                                                              length, inputs_embeds.device, packing)
         else:
-            padding_mask, position_ids, packed, cache = self._recurrent_inputs(
+            padding_mask, position_ids, described, cache = self._recurrent_inputs(
                 cache, past_key_values, use_cache, attention_mask, position_ids, batch, length,
                 inputs_embeds.device, packing)
         position_ids = position_ids.to(inputs_embeds.device)
-        # Under torch.compile the embedding's own index check stands in (a read of the maximum
-        # here would stop the graph).
-        if not torch.compiler.is_compiling() and position_ids.numel() and \
-                int(position_ids.max()) >= self.config.max_position_embeddings:
-            raise ValueError(f"position {int(position_ids.max())} is beyond max_position_embeddings "
-                             f"({self.config.max_position_embeddings})")
+        check_position_range(position_ids, self.config.max_position_embeddings,
+                             largest=None if described is None else described.max_position,
+                             bound=past + length - 1 if counted_positions else None)
         hidden = self.dropout(inputs_embeds + self.embed_positions(position_ids))
-        if packed is None:
+        if described is None:
             segments = Segments.from_padding_mask(padding_mask, batch, length)
         else:
-            segments = packed
+            segments = described
         hidden, all_hidden, _ = self.layers(hidden, segments=segments, final=self.norm,
                                             output_hidden_states=output_hidden_states, past_key_values=cache)
         if cache is not None:
@@ -237,17 +236,20 @@ class MomentumTransformerModel(MomentumTransformerPreTrainedModel):
 
     def _recurrent_inputs(self, cache, past_key_values, use_cache, attention_mask, position_ids, batch,
                           length, device, packing):
-        """padding mask, positions, the Segments of packed rows (None unless packed) and cache for a
-        `MomentumCache` or no cache."""
+        """padding mask, positions, the batch's Segments where position_ids or the collator's forms
+        described it (packed rows, or padded rows when each holds one document; else None) and
+        cache for a `MomentumCache` or no cache."""
         past = cache.get_seq_length() if cache is not None else 0
         padding_mask = check_attention_mask(attention_mask, batch, past, length)
         if padding_mask is not None:
             padding_mask = padding_mask.to(device)
-        packed = None
+        described = None
         if past == 0:
-            starts = document_starts(batch, length, device, padding_mask=padding_mask,
-                                     position_ids=position_ids, **packing)
-            if starts is not None:
+            starts = possible_document_starts(batch, length, device, padding_mask=padding_mask,
+                                              position_ids=position_ids, **packing)
+            described = None if starts is None else Segments.from_starts_or_padding(
+                starts, padding_mask, positions=position_ids)
+            if described is not None and described.packed:
                 if past_key_values is not None or use_cache:
                     raise ValueError("packed documents (position_ids that restart, or cu_seq_lens_q / "
                                      f"seq_idx from {COLLATOR}) cannot fill one cache; pass use_cache=False "
@@ -257,7 +259,6 @@ class MomentumTransformerModel(MomentumTransformerPreTrainedModel):
                                      f"seq_idx from {COLLATOR}) are not supported with context "
                                      "parallelism: shard one document (or unpacked rows) over the ranks")
                 cache = None
-                packed = Segments.from_document_starts(starts, padding_mask)
                 if position_ids is None:
                     position_ids = document_positions(starts, padding_mask)
         elif has_packing_kwargs(**packing):
@@ -266,7 +267,23 @@ class MomentumTransformerModel(MomentumTransformerPreTrainedModel):
         before = None if cache is None else cache.row_positions(batch, device)
         if position_ids is None:
             position_ids = real_token_positions(before, padding_mask, length, device)
-        return padding_mask, position_ids, packed, cache
+        return padding_mask, position_ids, described, cache
+
+
+def check_position_range(position_ids: torch.Tensor, limit: int, *, largest: Optional[int] = None,
+                         bound: Optional[int] = None) -> None:
+    """Raise if a position is beyond the position embedding's `limit` rows. largest: the maximum
+    already on the host (read with the batch's `Segments`); bound: a host bound on positions the
+    model counted itself (real tokens before each one), within which nothing is read. Otherwise
+    the maximum is read, except under torch.compile, where the embedding's own index check
+    stands in (a read here would stop the graph)."""
+    if largest is None and (bound is None or bound >= limit):
+        if torch.compiler.is_compiling() or not position_ids.numel():
+            return
+        largest = int(position_ids.max())
+    if largest is not None and largest >= limit:
+        raise ValueError(f"position {largest} is beyond max_position_embeddings ({limit}); position_ids must "
+                         f"be in [0, {limit})")
 
 
 def real_token_positions(before: Optional[torch.Tensor], padding_mask: Optional[torch.Tensor], length: int,

@@ -35,13 +35,21 @@ def has_packing_kwargs(cu_seq_lens_q=None, cu_seq_lens_k=None, seq_idx=None, **i
     return any(x is not None for x in (cu_seq_lens_q, cu_seq_lens_k, seq_idx))
 
 
-def document_starts(batch: int, length: int, device, *, padding_mask: Optional[torch.Tensor] = None,
-                    position_ids=None, cu_seq_lens_q=None, cu_seq_lens_k=None, seq_idx=None,
-                    **ignored) -> Optional[torch.Tensor]:
+def document_starts(batch: int, length: int, device, **forms) -> Optional[torch.Tensor]:
+    """`possible_document_starts`, or None when no row holds more than one document (one read of
+    the device; a model's edge reads it with the rest of its `Segments` instead)."""
+    starts = possible_document_starts(batch, length, device, **forms)
+    return starts if starts is not None and bool((starts.sum(-1) > 1).any()) else None
+
+
+def possible_document_starts(batch: int, length: int, device, *, padding_mask: Optional[torch.Tensor] = None,
+                             position_ids=None, cu_seq_lens_q=None, cu_seq_lens_k=None, seq_idx=None,
+                             **ignored) -> Optional[torch.Tensor]:
     """(batch, length) bool, True at every real token that starts a document (each row's first
-    real token included), or None when no row holds more than one document. padding_mask:
-    (batch, length) bool, True = real token, or None. `ignored` takes max_length_q/k.
-    Raises ValueError for malformed forms and for forms that disagree."""
+    real token included), or None when no form of packing is given; whether any row holds more
+    than one is left on the device. padding_mask: (batch, length) bool, True = real token, or
+    None. `ignored` takes max_length_q/k. Raises ValueError for malformed forms and for forms
+    that disagree."""
     real = (torch.ones(batch, length, dtype=torch.bool, device=device) if padding_mask is None
             else padding_mask.to(device=device, dtype=torch.bool))
     arange = torch.arange(length, device=device)
@@ -65,10 +73,7 @@ def document_starts(batch: int, length: int, device, *, padding_mask: Optional[t
                 f"{names[0]} and {other} disagree on where the packed documents start: {names[0]} "
                 f"starts them at tokens {_where(found[names[0]])}, {other} at {_where(found[other])}; pass "
                 f"what {COLLATOR} returns for the same batch (position_ids restart at 0 at every document)")
-    if not names:
-        return None
-    starts = found[names[0]]
-    return starts if bool((starts.sum(-1) > 1).any()) else None
+    return found[names[0]] if names else None
 
 
 def document_positions(starts: torch.Tensor, padding_mask: Optional[torch.Tensor] = None) -> torch.Tensor:

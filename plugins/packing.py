@@ -21,7 +21,9 @@ class Segments:
     the stable permutation moving each row's real tokens to its front, None when the padding is
     only on the right. cu_seqlens (n + 1,) int64 on the device and cu_seqlens_cpu, its host copy:
     documents packed in one row of the real tokens; index: flat indices of those real tokens in
-    the (batch, length) input, None when every token is real."""
+    the (batch, length) input, None when every token is real. most_documents: the most documents
+    in one row, max_position: the largest of the `positions` given to `from_document_starts` or
+    `from_starts_or_padding`, both read with the offsets' host copy (None when not described)."""
 
     batch: int
     length: int
@@ -31,6 +33,8 @@ class Segments:
     cu_seqlens: Optional[torch.Tensor] = None
     cu_seqlens_cpu: Optional[torch.Tensor] = None
     index: Optional[torch.Tensor] = None
+    most_documents: Optional[int] = None
+    max_position: Optional[int] = None
 
     @classmethod
     def from_padding_mask(cls, padding_mask: Optional[torch.Tensor], batch: int, length: int) -> "Segments":
@@ -66,32 +70,68 @@ class Segments:
         return cls(batch=1, length=length, cu_seqlens=cu, cu_seqlens_cpu=host)
 
     @classmethod
-    def from_document_starts(cls, starts: torch.Tensor,
-                             padding_mask: Optional[torch.Tensor] = None) -> "Segments":
+    def from_document_starts(cls, starts: torch.Tensor, padding_mask: Optional[torch.Tensor] = None, *,
+                             positions: Optional[torch.Tensor] = None) -> "Segments":
         """starts (batch, length) bool, True where a document starts (each row's first real token
         included); padding_mask as in `from_padding_mask`. The real tokens of all rows, in order,
-        become one row of documents."""
+        become one row of documents. positions: the input's position ids (optional), whose
+        maximum is read with the offsets. One copy to the host: the offsets and index are
+        built on the device in fixed-size buffers, then sliced to the counts that copy brings."""
+        return cls._read_documents(starts, padding_mask, positions)[0]
+
+    @classmethod
+    def from_starts_or_padding(cls, starts: torch.Tensor, padding_mask: Optional[torch.Tensor] = None, *,
+                               positions: Optional[torch.Tensor] = None) -> "Segments":
+        """`from_document_starts` when some row holds several documents, else the rows as
+        `from_padding_mask` describes them; either from the one copy to the host."""
+        documents, right_padded = cls._read_documents(starts, padding_mask, positions)
+        if documents.most_documents > 1:
+            return documents
+        known = dict(most_documents=documents.most_documents, max_position=documents.max_position)
+        if documents.index is None:
+            return cls(batch=documents.batch, length=documents.length, **known)
+        order = None if right_padded else torch.argsort((~padding_mask).to(torch.int8), dim=-1, stable=True)
+        return cls(batch=documents.batch, length=documents.length, padding_mask=padding_mask,
+                   lengths=padding_mask.sum(-1), order=order, **known)
+
+    @classmethod
+    def _read_documents(cls, starts, padding_mask, positions):
+        """(the packed Segments, whether padding is only on the right) from one copy to the host."""
         if not isinstance(starts, torch.Tensor) or starts.dtype != torch.bool or starts.dim() != 2:
             raise ValueError(f"starts must be a (batch, length) bool tensor, True where a document starts, "
                              f"got "
                              f"{getattr(starts, 'dtype', type(starts).__name__)} of shape "
                              f"{tuple(getattr(starts, 'shape', ()))}")
         batch, length = starts.shape
-        index = None
         if padding_mask is not None:
             _check_mask(padding_mask, "padding_mask", batch, length)
             if padding_mask.device != starts.device:
                 raise ValueError(f"padding_mask is on {padding_mask.device} but starts is on {starts.device}")
-            keep = padding_mask.reshape(-1)
-            if not bool(keep.all()):
-                index = keep.nonzero().squeeze(1)
-        flat = starts.reshape(-1) if index is None else starts.reshape(-1)[index]
-        offsets = flat.nonzero().squeeze(1)
-        cu = torch.cat([offsets, offsets.new_tensor([flat.numel()])])
-        host = cu.cpu()
-        if flat.numel() and int(host[0]) != 0:
+            starts = starts & padding_mask
+        total = batch * length
+        keep = None if padding_mask is None else padding_mask.reshape(-1)
+        flat = starts.reshape(-1)
+        slot = torch.arange(total, device=starts.device)
+        packed_slot = slot if keep is None else keep.cumsum(0) - 1
+        real = packed_slot.new_full((), total) if keep is None else keep.sum()
+        cu = _to_slots(real.repeat(total + 2), torch.where(flat, flat.cumsum(0) - 1, total + 1), packed_slot)
+        top = (real.new_zeros(()) if positions is None or not positions.numel()
+               else positions.max().long().to(real.device))
+        most = starts.sum(-1).amax() if batch else real.new_zeros(())
+        right = (real.new_ones(()) if keep is None
+                 else (padding_mask[:, 1:] <= padding_mask[:, :-1]).all().long())
+        host = torch.cat([cu[:total + 1], torch.stack([cu[0], flat.sum(), real, most, top, right])]).cpu()
+        first, count, real_count, most_documents, max_position, right_padded = host[-6:].tolist()
+        if real_count and first != 0:
             raise ValueError("starts must mark the first real token of every row as a document start")
-        return cls(batch=batch, length=length, cu_seqlens=cu, cu_seqlens_cpu=host, index=index)
+        index = None
+        if real_count < total:
+            index = _to_slots(slot.new_full((total + 1,), total), torch.where(keep, packed_slot, total),
+                              slot)[:real_count]
+        documents = cls(batch=batch, length=length, cu_seqlens=cu[:count + 1],
+                        cu_seqlens_cpu=host[:count + 1], index=index, most_documents=most_documents,
+                        max_position=None if positions is None else max_position)
+        return documents, bool(right_padded)
 
     @property
     def packed(self) -> bool:
@@ -139,3 +179,10 @@ def _check_mask(mask, name: str, batch: int, length: int) -> None:
     if tuple(mask.shape) != (batch, length):
         raise ValueError(f"{name} must have shape (batch, length) = {(batch, length)}, "
                          f"got {tuple(mask.shape)}")
+
+
+def _to_slots(fill: torch.Tensor, target: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+    """`fill` with each value written at its target slot: a `nonzero` of fixed size, which needs
+    no read of how many. Each kept slot is written at most once; the values not kept all go to
+    the last slot, which is never read (so which of them lands there does not matter)."""
+    return fill.scatter(0, target, values)
