@@ -8,6 +8,7 @@ import os
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+import pytest
 import torch
 from helpers.hf_tiny_models import causal_lm
 
@@ -41,3 +42,15 @@ def test_padded_batch_compiles_whole_and_equals_eager(make_generator):
     mask[1, 20:] = 0
     mask[2, :9] = 0                                             # a left-padded row too
     check_compiled_equals_eager(model, input_ids=ids, attention_mask=mask)
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "issue 26: a packed batch's document layout is copied to the host once per forward "
+    "(plugins.packing.Segments.from_document_starts: the varlen kernels size their grids from it), "
+    "which torch.compile(fullgraph=True) refuses as a graph break"))
+def test_packed_documents_compile_whole_and_equal_eager(make_generator):
+    model = causal_lm("transformer").train()
+    gen = make_generator()
+    ids = torch.randint(3, 60, (1, 40), generator=gen)
+    positions = torch.tensor([list(range(15)) + list(range(19)) + list(range(6))])
+    check_compiled_equals_eager(model, input_ids=ids, position_ids=positions)
