@@ -32,8 +32,8 @@ from .modeling_common import (
     resolve_flag,
     warn_no_attention_weights,
 )
-from .momentum_rnn_core import MomentumLSTM, RecurrentState, read_hyperparameters
-from .packing import COLLATOR, PackedRows, document_starts, has_packing_kwargs, pop_packing_kwargs
+from .momentum_rnn_core import MomentumLSTM, RecurrentState, Segments, read_hyperparameters
+from .packing import COLLATOR, has_packing_kwargs, pop_packing_kwargs, possible_document_starts
 from .recurrent_cache import RecurrentCache
 from .saving import RemoteCodeMixin
 
@@ -163,15 +163,18 @@ class MomentumLSTMModel(MomentumLSTMPreTrainedModel):
         packing = pop_packing_kwargs(kwargs)
         packed = None
         if past == 0 and length > 0:
-            starts = document_starts(batch, length, x.device, padding_mask=mask, position_ids=position_ids,
-                                     **packing)
-            if starts is not None:
+            starts = possible_document_starts(batch, length, x.device, padding_mask=mask,
+                                              position_ids=position_ids, **packing)
+            # the one host copy of the batch's layout (plugins.packing.Segments): packed documents,
+            # or padded rows of one document each, which run as an unpacked batch below
+            described = None if starts is None else Segments.from_starts_or_padding(starts, mask)
+            if described is not None and described.packed:
                 if past_key_values is not None or use_cache:
                     raise ValueError("packed documents (position_ids that restart, or cu_seq_lens_q / "
                                      f"seq_idx from {COLLATOR}) cannot fill one cache; pass use_cache=False "
                                      "and no past_key_values, and generate from each document separately")
                 cache = None
-                packed = PackedRows(starts, mask)
+                packed = described
         elif has_packing_kwargs(**packing):
             raise ValueError(f"packed documents (cu_seq_lens_q / seq_idx from {COLLATOR}) cannot continue a "
                              f"cache that holds {past} tokens")
@@ -195,13 +198,12 @@ class MomentumLSTMModel(MomentumLSTMPreTrainedModel):
                                          hidden_states=hidden_states)
         return result if return_dict is not False else result.to_tuple()
 
-    def _documents(self, x, mask, packed: PackedRows, all_layers=False):
+    def _documents(self, x, mask, packed: Segments, all_layers=False):
         """Outputs of packed documents: the real tokens as one row split by cu_seqlens, each
         document from a zero state; zeros at padding."""
         row = packed.pack_tokens(x)
-        # the one host copy of the batch description: the stack reads nothing back from the device
-        outputs, _ = self.lstm(row, None, cu_seqlens=packed.cu_seqlens,
-                               cu_seqlens_cpu=packed.cu_seqlens.cpu(), all_layers=all_layers)
+        outputs, _ = self.lstm(row, None, cu_seqlens=packed.cu_seqlens, cu_seqlens_cpu=packed.cu_seqlens_cpu,
+                               all_layers=all_layers)
         return tuple(packed.unpack_tokens(out) for out in outputs)
 
     def _outputs(self, x, mask, all_layers=False):

@@ -3,6 +3,7 @@
 Same mechanism as `momentum_core`: in the package this re-exports `plugins.rnn`; a saved model
 gets the generated, self-contained copy that `bundled_source()` returns.
 """
+from plugins.packing import Segments
 from plugins.rnn import MomentumLSTM, RecurrentState
 from plugins.rnn.variants import (
     DEFAULT_CELL,
@@ -12,9 +13,9 @@ from plugins.rnn.variants import (
     unread_hyperparameters,
 )
 
-BUNDLED_MODULES = ("plugins.rnn.layers", "plugins.rnn.variants")
+BUNDLED_MODULES = ("plugins.rnn.layers", "plugins.rnn.variants", "plugins.packing")
 EXPORTS = ("MomentumLSTM", "RecurrentState", "DEFAULT_CELL", "DEFAULTS", "check_hyper",
-           "read_hyperparameters", "unread_hyperparameters")
+           "read_hyperparameters", "unread_hyperparameters", "Segments")
 
 
 def bundled_source() -> str:

@@ -85,49 +85,6 @@ def document_positions(starts: torch.Tensor, padding_mask: Optional[torch.Tensor
     return (count - start_count).clamp(min=0)
 
 
-class PackedRows:
-    """The real tokens of a (batch, length) input laid out as one row of documents: `pack` turns
-    (batch, H, length, D) into (1, H, M, D) over the M real tokens (rows in order), `pack_tokens`
-    (batch, length, D) into (1, M, D); `cu_seqlens` (n + 1,) int64 delimits the documents in that
-    row; `unpack` / `unpack_tokens` put outputs back (zeros at padding). No copy of a single row
-    without padding."""
-
-    def __init__(self, starts: torch.Tensor, padding_mask: Optional[torch.Tensor] = None):
-        self.batch, self.length = starts.shape
-        keep = None if padding_mask is None else padding_mask.to(torch.bool).reshape(-1)
-        self.index = None if keep is None or bool(keep.all()) else keep.nonzero().squeeze(1)
-        flat = starts.reshape(-1) if self.index is None else starts.reshape(-1)[self.index]
-        offsets = flat.nonzero().squeeze(1)
-        self.cu_seqlens = torch.cat([offsets, offsets.new_tensor([flat.numel()])])
-
-    def pack(self, x: torch.Tensor) -> torch.Tensor:
-        heads, dim = x.shape[1], x.shape[3]
-        flat = x.transpose(0, 1).reshape(heads, self.batch * self.length, dim)
-        if self.index is not None:
-            flat = flat.index_select(1, self.index)
-        return flat[None]
-
-    def unpack(self, y: torch.Tensor) -> torch.Tensor:
-        heads, dim = y.shape[1], y.shape[3]
-        flat = y[0]
-        if self.index is not None:
-            flat = flat.new_zeros(heads, self.batch * self.length, dim).index_copy(1, self.index, flat)
-        return flat.reshape(heads, self.batch, self.length, dim).transpose(0, 1)
-
-
-    def pack_tokens(self, x: torch.Tensor) -> torch.Tensor:
-        flat = x.reshape(self.batch * self.length, *x.shape[2:])
-        if self.index is not None:
-            flat = flat.index_select(0, self.index)
-        return flat[None]
-
-    def unpack_tokens(self, y: torch.Tensor) -> torch.Tensor:
-        flat = y[0]
-        if self.index is not None:
-            flat = flat.new_zeros(self.batch * self.length, *flat.shape[1:]).index_copy(0, self.index, flat)
-        return flat.reshape(self.batch, self.length, *flat.shape[1:])
-
-
 def _per_token(values, name: str, batch: int, length: int, device) -> torch.Tensor:
     if not isinstance(values, torch.Tensor) or values.dtype.is_floating_point or values.dtype.is_complex \
             or values.dtype == torch.bool:

@@ -1,11 +1,54 @@
-"""plugins.packing.Segments: each constructor against what it replaces (hf_momentum.packing.PackedRows,
+"""plugins.packing.Segments: each constructor against what it replaced (hf_momentum's PackedRows, below,
 plugins.validation.check_offsets, the padding shortcuts of momentum_attention) and its errors."""
+from typing import Optional
+
 import pytest
 import torch
 
-from hf_momentum.packing import PackedRows
 from plugins.attention import AttentionSpec, attend, momentum_attention
 from plugins.packing import Segments
+
+
+class PackedRows:
+    """The reference layout (hf_momentum's before Segments, kept here to test it): the real tokens
+    of a (batch, length) input as one row of documents; `pack` / `pack_tokens` and `unpack` /
+    `unpack_tokens` move (batch, H, length, D) / (batch, length, D) tensors in and out (zeros at
+    padding), `cu_seqlens` delimits the documents."""
+
+    def __init__(self, starts: torch.Tensor, padding_mask: Optional[torch.Tensor] = None):
+        self.batch, self.length = starts.shape
+        keep = None if padding_mask is None else padding_mask.to(torch.bool).reshape(-1)
+        self.index = None if keep is None or bool(keep.all()) else keep.nonzero().squeeze(1)
+        flat = starts.reshape(-1) if self.index is None else starts.reshape(-1)[self.index]
+        offsets = flat.nonzero().squeeze(1)
+        self.cu_seqlens = torch.cat([offsets, offsets.new_tensor([flat.numel()])])
+
+    def pack(self, x: torch.Tensor) -> torch.Tensor:
+        heads, dim = x.shape[1], x.shape[3]
+        flat = x.transpose(0, 1).reshape(heads, self.batch * self.length, dim)
+        if self.index is not None:
+            flat = flat.index_select(1, self.index)
+        return flat[None]
+
+    def unpack(self, y: torch.Tensor) -> torch.Tensor:
+        heads, dim = y.shape[1], y.shape[3]
+        flat = y[0]
+        if self.index is not None:
+            flat = flat.new_zeros(heads, self.batch * self.length, dim).index_copy(1, self.index, flat)
+        return flat.reshape(heads, self.batch, self.length, dim).transpose(0, 1)
+
+
+    def pack_tokens(self, x: torch.Tensor) -> torch.Tensor:
+        flat = x.reshape(self.batch * self.length, *x.shape[2:])
+        if self.index is not None:
+            flat = flat.index_select(0, self.index)
+        return flat[None]
+
+    def unpack_tokens(self, y: torch.Tensor) -> torch.Tensor:
+        flat = y[0]
+        if self.index is not None:
+            flat = flat.new_zeros(self.batch * self.length, *flat.shape[1:]).index_copy(0, self.index, flat)
+        return flat.reshape(self.batch, self.length, *flat.shape[1:])
 
 
 def random_starts(g, batch, length, mask=None):

@@ -10,7 +10,7 @@ collator do:
   segment. Its segments are numbered row by row, left to right (row 0's first, then row 1's …).
 
 The recurrences run the n segments as a batch of n sequences in torch's packed layout (sorted
-by decreasing length, `batch_sizes`; `Segments`): the fused kernels (cuDNN / oneDNN) and eq. 15's
+by decreasing length, `batch_sizes`; `SegmentLayout`): the fused kernels (cuDNN / oneDNN) and eq. 15's
 recurrence then see each segment from its own first step, with its own initial state, exactly as
 a separate sequence, and the row's steps are gathered into that layout and back by one index
 each (layers.py says which path filters the momentum on the row itself). Empty segments take no
@@ -44,7 +44,7 @@ def offsets_from_starts(segment_starts, batch, length, device) -> Tensor:
     return torch.cat([begin, torch.tensor([batch * length])])
 
 
-class Segments(NamedTuple):
+class SegmentLayout(NamedTuple):
     """Where each step of the flattened row sits in torch's packed layout of the non-empty segments.
 
     lengths (n,) int64 on the CPU; nonempty: indices of the segments with steps (on the device),
@@ -73,7 +73,7 @@ class Segments(NamedTuple):
         return data.index_select(0, self.scatter)
 
 
-def segment_layout(offsets: Tensor, device) -> Segments:
+def segment_layout(offsets: Tensor, device) -> SegmentLayout:
     """The packed layout of the segments [offsets[s], offsets[s+1]) (offsets int64 on the CPU),
     formed with a few vectorised index operations (no loop over segments); the host copy is read
     as a list, so nothing here waits for the device."""
@@ -90,7 +90,7 @@ def segment_layout(offsets: Tensor, device) -> Segments:
     gather = (starts[order][None, :] + t)[inside]
     to = lambda i: i.to(device)
     nonempty = None if len(kept) == len(bounds) - 1 else to(keep)
-    return Segments(lengths, nonempty, batch_sizes, to(order), to(torch.argsort(order)), to(gather),
+    return SegmentLayout(lengths, nonempty, batch_sizes, to(order), to(torch.argsort(order)), to(gather),
                     to(torch.argsort(gather)))
 
 
