@@ -5,7 +5,7 @@ Rank r holds tokens [o_r, o_r + N_r) of the whole sequence, in rank order (any N
 Eq. 12 is linear in the state it starts from, so after a slice with L real tokens the state is
 an affine map of the state entering the slice (m' = −m):
     m'_L = β^L m'_0 + M,   s_L = s_0 + γβ(1−β^L)/(1−β) m'_0 + S,   z_L = z_0 + Z,
-where (S, Z, M) is the slice's state from a zero start (its closed form, `slice_state`). Each
+where (S, Z, M) is the slice's state from a zero start (eq. 12's closed form, `closed_form`). Each
 rank computes its (S, Z, M), all-gathers them with L, composes the earlier ranks' maps into the
 state entering its slice and runs the ordinary causal attention from there
 (`initial_state=`); the gradients of the entering state reach the earlier ranks through the
@@ -32,6 +32,7 @@ from .checks import (
     check_qkv,
     compute_dtype,
 )
+from .closed_form import advance, run_state
 from .coefficients import geometric
 from .feature_maps import FeatureMap, resolve_feature_map
 from .noncausal import apply_noncausal_summary
@@ -89,7 +90,8 @@ def context_parallel_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
 
     with torch.autocast(device_type=q.device.type, enabled=False):
         fk, vv = _feature_keys(phi, k, v, mask, state_dtype)
-        local = slice_state(fk, vv, mask, momentum=momentum, step_size=step_size)
+        after = _real_after(mask, fk.shape[0], fk.shape[2], fk.device)
+        local = run_state(fk, vv, after, mask, momentum=momentum, step_size=step_size)
         if initial_state is not None:
             local = advance(initial_state.to(state_dtype), local, lengths[rank],
                             momentum=momentum, step_size=step_size)
@@ -133,39 +135,11 @@ def slice_bounds(length: int, world: int, rank: int) -> Tuple[int, int]:
     return start, start + base + (rank < extra)
 
 
-def slice_state(fk: torch.Tensor, v: torch.Tensor, mask: Optional[torch.Tensor], *, momentum: float,
-                step_size: float) -> MomentumAttentionState:
-    """The state eq. 12 reaches over a slice from a zero start, in closed form (Momentum
-    Transformer, eq. 12-13): with a_j the real tokens after j in the row,
-    m'_L = Σ_j β^(a_j) φ(k_j)v_jᵀ, s_L = Σ_j γ(1−β^(a_j+1))/(1−β) φ(k_j)v_jᵀ, z_L = Σ_j φ(k_j).
-    fk (B, H, N, D′) and v are zero at padded positions; mask (B, N) True = real token, any
-    pattern, or None."""
-    B, N = fk.shape[0], fk.shape[2]
+def _real_after(mask: Optional[torch.Tensor], batch: int, length: int, device) -> torch.Tensor:
+    """(B, N) the real tokens after each position of the slice (mask (B, N) True = real, or None)."""
     if mask is None:
-        after = torch.arange(N - 1, -1, -1, device=fk.device).expand(B, N)
-    else:
-        after = mask.flip(-1).cumsum(-1).flip(-1) - 1
-    after = after.clamp(min=0).to(torch.float64)
-    beta = torch.tensor(momentum, dtype=torch.float64, device=fk.device)
-    weights = torch.stack([beta ** after, step_size * geometric(momentum, after + 1)], dim=1)
-    if mask is not None:
-        weights = weights * mask[:, None]
-    both = torch.einsum("bhnd,bwn,bhne->bwhde", fk, weights.to(fk.dtype), v)
-    return MomentumAttentionState(s=both[:, 1], z=fk.sum(2), m=-both[:, 0])
-
-
-def advance(state: MomentumAttentionState, local: MomentumAttentionState, length: torch.Tensor, *,
-            momentum: float, step_size: float) -> MomentumAttentionState:
-    """The state after a slice of `length` (B,) real tokens whose zero-start state is `local`,
-    entered with `state` (eq. 12 is affine in its initial state; m' = −m):
-    m'_L = β^L m'_0 + M, s_L = s_0 + γβ(1−β^L)/(1−β) m'_0 + S, z_L = z_0 + Z."""
-    length = length.to(torch.float64)
-    beta = torch.tensor(momentum, dtype=torch.float64, device=length.device)
-    decay = (beta ** length).to(local.s.dtype)[:, None, None, None]
-    carry = (step_size * momentum * geometric(momentum, length)).to(local.s.dtype)[:, None, None, None]
-    m0 = -state.m
-    return MomentumAttentionState(s=state.s + carry * m0 + local.s, z=state.z + local.z,
-                                  m=-(decay * m0) + local.m)
+        return torch.arange(length - 1, -1, -1, device=device).expand(batch, length)
+    return mask.flip(-1).cumsum(-1).flip(-1) - 1
 
 
 class _AllGather(torch.autograd.Function):
@@ -396,7 +370,9 @@ def _packed(q, k, v, cu_seqlens, table, rank, group, *, attend, momentum, step_s
     with torch.autocast(device_type=q.device.type, enabled=False):
         fk, vv = _feature_keys(phi, k, v, None, state_dtype)
         tail = tails[rank]
-        local = slice_state(fk[:, :, tail:], vv[:, :, tail:], None, momentum=momentum, step_size=step_size)
+        after = _real_after(None, fk.shape[0], fk.shape[2] - tail, fk.device)
+        local = run_state(fk[:, :, tail:], vv[:, :, tail:], after, None, momentum=momentum,
+                          step_size=step_size)
         gathered = _AllGather.apply(group, _pack(local))
         states = [_unpack(g, fk.shape[-1], v.shape[-1]) for g in gathered.unbind(0)]
         entering = None
@@ -426,12 +402,8 @@ def _noncausal_over_ranks(q, k, v, phi, mask, lengths, rank, group, *, momentum,
     later = lengths[rank + 1:].sum(0)                                              # (B,)
     with torch.autocast(device_type=q.device.type, enabled=False):
         fk, vv = _feature_keys(phi, k, v, mask, dtype)
-        B, N = fk.shape[0], fk.shape[2]
-        if mask is None:
-            after = torch.arange(N - 1, -1, -1, device=fk.device).expand(B, N)
-        else:
-            after = mask.flip(-1).cumsum(-1).flip(-1) - 1
-        after = after.clamp(min=0) + later[:, None]
+        B = fk.shape[0]
+        after = _real_after(mask, B, fk.shape[2], fk.device).clamp(min=0) + later[:, None]
         weight = step_size * geometric(momentum, after + 1)
         if mask is not None:
             weight = weight * mask
