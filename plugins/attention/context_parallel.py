@@ -53,8 +53,7 @@ def context_parallel_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     the whole sequence)."""
     group = process_group
     rank = dist.get_rank(group)
-    ranks = agree(q, k, v, spec, group, segments=segments, initial_state=initial_state,
-                  return_state=return_state)
+    ranks = agree(q, k, v, spec, group, segments=segments, initial_state=initial_state)
     if segments is not None and segments.packed:
         return _packed(q, k, v, spec, segments, ranks, rank, group)
     mask = None if segments is None else segments.padding_mask

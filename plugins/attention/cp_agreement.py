@@ -32,8 +32,7 @@ class Agreement:
 
 
 def agree(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, spec: AttentionSpec, group, *,
-          segments: Optional[Segments], initial_state: Optional[MomentumAttentionState],
-          return_state: bool) -> Agreement:
+          segments: Optional[Segments], initial_state: Optional[MomentumAttentionState]) -> Agreement:
     """This rank's part of the protocol for an already checked call: its descriptor is all-gathered
     and checked against the other ranks'. A rank whose checks failed calls `report_invalid`
     instead."""
