@@ -35,7 +35,7 @@ BATCH_KEYS = ("input_ids", "attention_mask", "labels")
 
 def enable_context_parallel(model: torch.nn.Module, group: Optional[dist.ProcessGroup]) -> torch.nn.Module:
     """Makes every momentum attention layer of a native momentum transformer run over `group`
-    (`momentum_attention(..., process_group=group)`); `group=None` turns it off. The model then
+    (`plugins.attention.context_parallel`); `group=None` turns it off. The model then
     needs the inputs of `shard_batch` (global position_ids, no cache). Returns the model."""
     if group is not None:
         check_group(group, "group")

@@ -4,8 +4,8 @@ from typing import Optional, Tuple, Union
 import torch
 
 from ..packing import Segments
-from ..validation import check_bool, check_momentum, check_offsets, check_positive
-from .attend import attend, attend_slice, attend_step, mask_keys
+from ..validation import check_bool, check_group, check_momentum, check_offsets, check_positive
+from .attend import attend, attend_step, mask_keys
 from .checks import (
     check_chunk_size,
     check_feature_dims,
@@ -13,7 +13,8 @@ from .checks import (
     check_qkv,
     compute_dtype,
 )
-from .context_parallel import context_parallel_attention
+from .context_parallel import check_call, context_parallel_attention
+from .cp_agreement import report_invalid
 from .feature_maps import FeatureMap, resolve_feature_map
 from .noncausal import apply_noncausal_summary, noncausal_summary
 from .nonfinite import all_finite, split_finite
@@ -65,11 +66,17 @@ def momentum_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, mom
     causal = check_bool(causal, "causal")
     return_state = check_bool(return_state, "return_state")
     if process_group is not None:
-        return context_parallel_attention(
-            q, k, v, process_group=process_group, attend=attend_slice, momentum=momentum,
-            step_size=step_size, causal=causal, feature_map=feature_map, padding_mask=padding_mask,
-            eps=eps, chunk_size=chunk_size, initial_state=initial_state, return_state=return_state,
-            backend=backend, cu_seqlens=cu_seqlens)
+        group = check_group(process_group)
+        try:
+            spec, segments = check_call(q, k, v, momentum=momentum, step_size=step_size, causal=causal,
+                                        feature_map=feature_map, eps=eps, chunk_size=chunk_size,
+                                        backend=backend, padding_mask=padding_mask, cu_seqlens=cu_seqlens,
+                                        initial_state=initial_state, return_state=return_state)
+        except ValueError:
+            report_invalid(group)       # the other ranks raise too instead of waiting for this one
+            raise
+        return context_parallel_attention(q, k, v, spec, process_group=group, segments=segments,
+                                          initial_state=initial_state, return_state=return_state)
     check_qkv(q, k, v, causal=causal)
     spec = AttentionSpec(momentum=momentum, step_size=step_size, causal=causal, feature_map=feature_map,
                          eps=eps, chunk_size=chunk_size, backend=backend)

@@ -11,7 +11,6 @@ from ..packing import Segments
 from .backends import triton_for
 from .checks import compute_dtype
 from .chunk import chunk_causal_momentum_attention
-from .context_parallel import context_parallel_attention
 from .noncausal import apply_noncausal_summary, noncausal_summary
 from .nonfinite import NonFiniteMarks
 from .recurrent import fused_recurrent_step
@@ -22,21 +21,14 @@ from .varlen import segment_of_tokens, varlen_causal_momentum_attention, varlen_
 
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, spec: AttentionSpec, *,
            segments: Optional[Segments] = None, initial_state: Optional[MomentumAttentionState] = None,
-           return_state: bool = False, process_group=None, finite: bool = False):
+           return_state: bool = False, finite: bool = False):
     """Momentum attention on q, k (B, H, Nq|Nk, Dk), v (B, H, Nk, Dv) laid out as `segments` says
     (None: every token real). Packed segments run each document alone and take and return one
     state row per document; padded inputs of packed segments (`segments.index`) are packed here and
     the output unpacked (zeros at padding). Returns out, or (out, state) with return_state.
     finite: the caller has checked that q, k, v hold no NaN/inf (`nonfinite.all_finite`, a host
-    read that `attend` itself never makes); otherwise NaN/inf is kept causal by marks."""
-    if process_group is not None:
-        return context_parallel_attention(
-            q, k, v, process_group=process_group, attend=attend_slice, momentum=spec.momentum,
-            step_size=spec.step_size, causal=spec.causal, feature_map=spec.feature_map, eps=spec.eps,
-            chunk_size=spec.chunk_size, backend=spec.backend,
-            padding_mask=None if segments is None else segments.padding_mask,
-            cu_seqlens=None if segments is None else segments.cu_seqlens,
-            initial_state=initial_state, return_state=return_state)
+    read that `attend` itself never makes); otherwise NaN/inf is kept causal by marks. Context
+    parallelism (`context_parallel.context_parallel_attention`) wraps this function."""
     repack = segments is not None and segments.packed and (segments.index is not None or segments.batch != 1)
     if repack:
         q, k, v = segments.pack(q), segments.pack(k), segments.pack(v)
@@ -49,20 +41,6 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, spec: AttentionSpe
     if repack:
         out = segments.unpack(out)
     return (out, state) if return_state else out
-
-
-def attend_slice(q, k, v, *, momentum, step_size, causal, feature_map, eps, chunk_size, backend,
-                 padding_mask=None, cu_seqlens=None, initial_state=None, return_state=False):
-    """Context parallelism's call for this rank's slice, from the state entering it: the arguments
-    were checked and agreed on by `context_parallel_attention`, so only their description is built."""
-    spec = AttentionSpec(momentum=momentum, step_size=step_size, causal=causal, feature_map=feature_map,
-                         eps=eps, chunk_size=chunk_size, backend=backend)
-    segments = None
-    if cu_seqlens is not None:
-        segments = Segments.from_cu_seqlens(cu_seqlens, q.shape[2])
-    elif padding_mask is not None:
-        segments = Segments.from_padding_mask(padding_mask, *padding_mask.shape)
-    return attend(q, k, v, spec, segments=segments, initial_state=initial_state, return_state=return_state)
 
 
 def attend_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, state: Optional[MomentumAttentionState],

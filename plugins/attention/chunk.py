@@ -17,7 +17,8 @@ from typing import Optional, Tuple
 import torch
 import torch.nn.functional as F
 
-from .coefficients import ChunkCoefficients, geometric
+from .closed_form import advance, run_state
+from .coefficients import ChunkCoefficients
 from .state import MomentumAttentionState
 
 SCAN_BLOCK = 16
@@ -73,32 +74,16 @@ def chunk_causal_momentum_attention(
 def final_state(fk: torch.Tensor, v: torch.Tensor, *, momentum: float, step_size: float,
                 initial_state: Optional[MomentumAttentionState] = None,
                 lengths: Optional[torch.Tensor] = None) -> MomentumAttentionState:
-    """Closed form of eq. 12 after L_b real tokens (right padding), from state (s₀, m₀, z₀):
-    m'_L = β^L m'₀ + Σ_j β^(L−1−j) φ(k_j)v_jᵀ,
-    s_L  = s₀ + γβ(1−β^L)/(1−β) m'₀ + Σ_j γ(1−β^(L−j))/(1−β) φ(k_j)v_jᵀ,   z_L = z₀ + Σ_j φ(k_j)."""
-    B, H, N, Dk = fk.shape
+    """The state after each row's L_b real tokens (right padding) from `initial_state` (None: zero),
+    by eq. 12's closed form (`closed_form`): token j has L_b − 1 − j real tokens after it."""
+    B, N = fk.shape[0], fk.shape[2]
     if lengths is None:
         lengths = torch.full((B,), N, dtype=torch.long, device=fk.device)
-    j = torch.arange(N, device=fk.device, dtype=torch.float64)
-    after = lengths.to(torch.float64)[:, None] - 1 - j                       # (B, N)
-    real = after >= 0
-    zero = torch.zeros((), dtype=torch.float64, device=fk.device)
-    beta = torch.tensor(momentum, dtype=torch.float64, device=fk.device)
-    w_m = torch.where(real, beta ** after.clamp(min=0), zero)
-    w_s = torch.where(real, step_size * geometric(momentum, after.clamp(min=0) + 1), zero)
-    weights = torch.stack([w_m, w_s], dim=1).to(fk.dtype)                  # (B, 2, N)
-    both = torch.einsum("bhnd,bwn,bhne->bwhde", fk, weights, v)
-    m_prime, s = both[:, 0], both[:, 1]
-    z = fk.sum(2)
-    if initial_state is not None:
-        length = lengths.to(torch.float64)
-        m0 = -initial_state.m.to(fk.dtype)
-        decay = (beta ** length).to(fk.dtype)[:, None, None, None]
-        carry = (step_size * momentum * geometric(momentum, length)).to(fk.dtype)[:, None, None, None]
-        m_prime = m_prime + decay * m0
-        s = s + initial_state.s + carry * m0
-        z = z + initial_state.z
-    return MomentumAttentionState(s=s, z=z, m=-m_prime)
+    after = lengths[:, None] - 1 - torch.arange(N, device=fk.device)                # (B, N)
+    state = run_state(fk, v, after, after >= 0, momentum=momentum, step_size=step_size)
+    if initial_state is None:
+        return state
+    return advance(initial_state, state, lengths, momentum=momentum, step_size=step_size)
 
 
 def decayed_exclusive_scan(x: torch.Tensor, decay: float, start: Optional[torch.Tensor]) -> torch.Tensor:

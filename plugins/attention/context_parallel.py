@@ -5,7 +5,7 @@ Rank r holds tokens [o_r, o_r + N_r) of the whole sequence, in rank order (any N
 Eq. 12 is linear in the state it starts from, so after a slice with L real tokens the state is
 an affine map of the state entering the slice (m' = −m):
     m'_L = β^L m'_0 + M,   s_L = s_0 + γβ(1−β^L)/(1−β) m'_0 + S,   z_L = z_0 + Z,
-where (S, Z, M) is the slice's state from a zero start (its closed form, `slice_state`). Each
+where (S, Z, M) is the slice's state from a zero start (eq. 12's closed form, `closed_form`). Each
 rank computes its (S, Z, M), all-gathers them with L, composes the earlier ranks' maps into the
 state entering its slice and runs the ordinary causal attention from there
 (`initial_state=`); the gradients of the entering state reach the earlier ranks through the
@@ -17,79 +17,56 @@ rank): a segment restarts from zero, so only the segment open at a slice's end c
 to the next rank; each rank contributes the map of its slice's last segment (the tokens after
 its last boundary), and the composition restarts at a rank that holds a boundary.
 """
-import zlib
-from typing import Callable, List, Optional, Tuple
+from typing import Optional, Tuple
 
 import torch
 import torch.distributed as dist
 
-from ..validation import check_group, check_momentum, check_offsets, check_positive
-from .checks import (
-    check_backend,
-    check_chunk_size,
-    check_feature_dims,
-    check_padding_mask,
-    check_qkv,
-    compute_dtype,
-)
+from ..packing import Segments
+from ..validation import check_group
+from .attend import attend, mask_keys
+from .checks import check_feature_dims, check_padding_mask, check_qkv, compute_dtype
+from .closed_form import advance, run_state
 from .coefficients import geometric
-from .feature_maps import FeatureMap, resolve_feature_map
+from .cp_agreement import Agreement, agree
+from .feature_maps import FeatureMap
 from .noncausal import apply_noncausal_summary
 from .nonfinite import split_finite
+from .spec import AttentionSpec
 from .state import MomentumAttentionState
 
-# The fields every rank must agree on, in the order of the descriptor each rank all-gathers.
-_AGREED = ("batch", "heads", "key dim", "value dim", "dtype", "momentum", "step_size", "eps",
-           "feature_map", "causal", "requires_grad", "cu_seqlens")
-# Fields that may differ: validity, lengths, whether the rank has a padding mask or an
-# initial_state, whether its state runs in float64.
-_OWN = ("valid", "query length", "key length", "padding_mask", "initial_state", "float64 state")
 
-
-def context_parallel_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
-                               process_group, attend: Callable, momentum: float, step_size: float,
-                               causal: bool, feature_map: FeatureMap,
-                               padding_mask: Optional[torch.Tensor], eps: float, chunk_size: int,
-                               initial_state: Optional[MomentumAttentionState], return_state: bool,
-                               backend: str, cu_seqlens: Optional[torch.Tensor] = None):
-    """`momentum_attention(..., process_group=group)` on this rank's slice q, k (B, H, N_r, Dk), v
-    (B, H, N_r, Dv), padding_mask (B, N_r): the whole sequence's result on the slice, forward and
-    backward. `attend` runs one slice (`attend.attend_slice`; keyword arguments as
-    `momentum_attention`'s). Every rank of the group must call this with the same arguments except
-    the slices, and, when training, must back-propagate through its output (the backward exchanges
-    the state gradients). initial_state is the state before the whole sequence: rank 0 only. With
+def context_parallel_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, spec: AttentionSpec, *,
+                               process_group, segments: Optional[Segments] = None,
+                               initial_state: Optional[MomentumAttentionState] = None,
+                               return_state: bool = False):
+    """`attend` over the ranks of `process_group`, on this rank's slice q, k (B, H, N_r, Dk), v
+    (B, H, N_r, Dv): the whole sequence's result on the slice, forward and backward. spec and
+    segments are already checked (`check_call` for the public arguments); segments describes the
+    slice's padding, or, when packed, the documents of the whole row (every rank's tokens
+    concatenated, batch 1; causal only, without initial_state / return_state, whose per-document
+    states are not split over ranks). The ranks agree on the call first (`cp_agreement`), once.
+    Every rank of the group must call this with the same arguments except the slices, and, when
+    training, must back-propagate through its output (the backward exchanges the state
+    gradients). initial_state is the state before the whole sequence: rank 0 only. With
     return_state, each rank gets the state after its own slice (the last rank's is the state after
-    the whole sequence). cu_seqlens: the offsets of the packed sequences over the whole row (every
-    rank's tokens concatenated, batch 1), the same tensor on every rank; causal only, without
-    initial_state / return_state (their per-segment states are not split over ranks)."""
-    group = check_group(process_group)
+    the whole sequence)."""
+    group = process_group
     rank = dist.get_rank(group)
-    error, mask, own = None, None, None
-    try:
-        mask, own = _describe(q, k, v, momentum, step_size, causal, feature_map, padding_mask, eps,
-                              chunk_size, initial_state, return_state, backend, cu_seqlens)
-    except ValueError as raised:
-        error = raised
-    table = _all_gather_descriptor(own, group)
-    if error is not None:
-        raise error
-    _check_agreement(table)
-    if cu_seqlens is not None:
-        return _packed(q, k, v, cu_seqlens, table, rank, group, attend=attend, momentum=momentum,
-                       step_size=step_size, feature_map=feature_map, eps=eps, chunk_size=chunk_size,
-                       backend=backend)
-    lengths = _all_lengths(table, mask, k, group)
-    state_dtype = torch.float64 if bool(table[:, -1].any()) else compute_dtype(q, k, v)
-    phi = resolve_feature_map(feature_map)
-    momentum, step_size = check_momentum(momentum), check_positive(step_size, "step_size")
-    eps = check_positive(eps, "eps")
-    if not causal:
-        return _noncausal_over_ranks(q, k, v, phi, mask, lengths, rank, group, momentum=momentum,
-                          step_size=step_size, eps=eps, dtype=state_dtype)
+    ranks = agree(q, k, v, spec, group, segments=segments, initial_state=initial_state)
+    if segments is not None and segments.packed:
+        return _packed(q, k, v, spec, segments, ranks, rank, group)
+    mask = None if segments is None else segments.padding_mask
+    lengths = _all_lengths(ranks, segments, k, group)
+    state_dtype = torch.float64 if ranks.float64 else compute_dtype(q, k, v)
+    if not spec.causal:
+        return _noncausal_over_ranks(q, k, v, spec, mask, lengths, rank, group, dtype=state_dtype)
 
+    momentum, step_size = spec.momentum, spec.step_size
     with torch.autocast(device_type=q.device.type, enabled=False):
-        fk, vv = _feature_keys(phi, k, v, mask, state_dtype)
-        local = slice_state(fk, vv, mask, momentum=momentum, step_size=step_size)
+        fk, vv = _feature_keys(spec.phi, k, v, mask, state_dtype)
+        after = _real_after(mask, fk.shape[0], fk.shape[2], fk.device)
+        local = run_state(fk, vv, after, mask, momentum=momentum, step_size=step_size)
         if initial_state is not None:
             local = advance(initial_state.to(state_dtype), local, lengths[rank],
                             momentum=momentum, step_size=step_size)
@@ -101,13 +78,42 @@ def context_parallel_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
             for i in range(1, rank):
                 entering = advance(entering, states[i], lengths[i], momentum=momentum,
                                    step_size=step_size)
-    result = attend(q, k, v, momentum=momentum, step_size=step_size, causal=True,
-                    feature_map=feature_map, padding_mask=padding_mask, eps=eps, chunk_size=chunk_size,
-                    initial_state=entering, return_state=return_state, backend=backend)
+    result = attend(q, k, v, spec, segments=segments, initial_state=entering, return_state=return_state)
     if return_state:
         out, state = result
         return _Attach.apply(out, gathered), state
     return _Attach.apply(result, gathered)
+
+
+def check_call(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, momentum: float, step_size: float,
+               causal: bool, feature_map: FeatureMap, eps: float, chunk_size: int, backend: str,
+               padding_mask: Optional[torch.Tensor], cu_seqlens: Optional[torch.Tensor],
+               initial_state: Optional[MomentumAttentionState], return_state: bool
+               ) -> Tuple[AttentionSpec, Optional[Segments]]:
+    """This rank's checks of `momentum_attention(..., process_group=)`'s arguments (before the
+    ranks agree): its spec, and its Segments (the slice's padding, or the whole row's documents
+    for cu_seqlens, the global offsets)."""
+    check_qkv(q, k, v, causal=causal)
+    spec = AttentionSpec(momentum=momentum, step_size=step_size, causal=causal, feature_map=feature_map,
+                         eps=eps, chunk_size=chunk_size, backend=backend)
+    mask = check_padding_mask(padding_mask, k.shape[0], k.shape[2], k.device)
+    if initial_state is not None and not isinstance(initial_state, MomentumAttentionState):
+        raise ValueError(f"initial_state must be a MomentumAttentionState or None, "
+                         f"got {type(initial_state).__name__}")
+    if not causal and (initial_state is not None or return_state):
+        raise ValueError("initial_state and return_state need causal=True (eq. 14 has no recurrent form)")
+    if initial_state is not None:
+        phi = spec.phi
+        with torch.no_grad():
+            D = check_feature_dims(phi(k[:, :, :1]), phi(k[:, :, :1]), k[:, :, :1], k[:, :, :1])
+        initial_state.check(k.shape[0], k.shape[1], D, v.shape[-1])
+        if initial_state.s.device != k.device:
+            raise ValueError(f"initial_state is on {initial_state.s.device} but the inputs are on {k.device}")
+    if cu_seqlens is not None:
+        return spec, _whole_row(cu_seqlens, k, mask, causal, initial_state, return_state)
+    if mask is None:
+        return spec, None
+    return spec, Segments.from_padding_mask(mask, k.shape[0], k.shape[2])
 
 
 def shard_sequence(x: torch.Tensor, process_group, dim: int = 1) -> Tuple[torch.Tensor, int]:
@@ -133,39 +139,11 @@ def slice_bounds(length: int, world: int, rank: int) -> Tuple[int, int]:
     return start, start + base + (rank < extra)
 
 
-def slice_state(fk: torch.Tensor, v: torch.Tensor, mask: Optional[torch.Tensor], *, momentum: float,
-                step_size: float) -> MomentumAttentionState:
-    """The state eq. 12 reaches over a slice from a zero start, in closed form (Momentum
-    Transformer, eq. 12-13): with a_j the real tokens after j in the row,
-    m'_L = Σ_j β^(a_j) φ(k_j)v_jᵀ, s_L = Σ_j γ(1−β^(a_j+1))/(1−β) φ(k_j)v_jᵀ, z_L = Σ_j φ(k_j).
-    fk (B, H, N, D′) and v are zero at padded positions; mask (B, N) True = real token, any
-    pattern, or None."""
-    B, N = fk.shape[0], fk.shape[2]
+def _real_after(mask: Optional[torch.Tensor], batch: int, length: int, device) -> torch.Tensor:
+    """(B, N) the real tokens after each position of the slice (mask (B, N) True = real, or None)."""
     if mask is None:
-        after = torch.arange(N - 1, -1, -1, device=fk.device).expand(B, N)
-    else:
-        after = mask.flip(-1).cumsum(-1).flip(-1) - 1
-    after = after.clamp(min=0).to(torch.float64)
-    beta = torch.tensor(momentum, dtype=torch.float64, device=fk.device)
-    weights = torch.stack([beta ** after, step_size * geometric(momentum, after + 1)], dim=1)
-    if mask is not None:
-        weights = weights * mask[:, None]
-    both = torch.einsum("bhnd,bwn,bhne->bwhde", fk, weights.to(fk.dtype), v)
-    return MomentumAttentionState(s=both[:, 1], z=fk.sum(2), m=-both[:, 0])
-
-
-def advance(state: MomentumAttentionState, local: MomentumAttentionState, length: torch.Tensor, *,
-            momentum: float, step_size: float) -> MomentumAttentionState:
-    """The state after a slice of `length` (B,) real tokens whose zero-start state is `local`,
-    entered with `state` (eq. 12 is affine in its initial state; m' = −m):
-    m'_L = β^L m'_0 + M, s_L = s_0 + γβ(1−β^L)/(1−β) m'_0 + S, z_L = z_0 + Z."""
-    length = length.to(torch.float64)
-    beta = torch.tensor(momentum, dtype=torch.float64, device=length.device)
-    decay = (beta ** length).to(local.s.dtype)[:, None, None, None]
-    carry = (step_size * momentum * geometric(momentum, length)).to(local.s.dtype)[:, None, None, None]
-    m0 = -state.m
-    return MomentumAttentionState(s=state.s + carry * m0 + local.s, z=state.z + local.z,
-                                  m=-(decay * m0) + local.m)
+        return torch.arange(length - 1, -1, -1, device=device).expand(batch, length)
+    return mask.flip(-1).cumsum(-1).flip(-1) - 1
 
 
 class _AllGather(torch.autograd.Function):
@@ -219,53 +197,13 @@ class _Attach(torch.autograd.Function):
         return grad, torch.zeros_like(exchanged)
 
 
-def _describe(q, k, v, momentum, step_size, causal, feature_map, padding_mask, eps, chunk_size,
-              initial_state, return_state, backend, cu_seqlens):
-    """This rank's own checks, then its descriptor (_AGREED + _OWN) as float64 numbers."""
-    check_qkv(q, k, v, causal=causal)
-    momentum = check_momentum(momentum)
-    step_size = check_positive(step_size, "step_size")
-    eps = check_positive(eps, "eps")
-    check_chunk_size(chunk_size)
-    check_backend(backend)
-    phi = resolve_feature_map(feature_map)
-    if not isinstance(causal, bool):
-        raise ValueError(f"causal must be a bool, got {type(causal).__name__}")
-    mask = check_padding_mask(padding_mask, k.shape[0], k.shape[2], k.device)
-    if initial_state is not None and not isinstance(initial_state, MomentumAttentionState):
-        raise ValueError(f"initial_state must be a MomentumAttentionState or None, "
-                         f"got {type(initial_state).__name__}")
-    if not causal and (initial_state is not None or return_state):
-        raise ValueError("initial_state and return_state need causal=True (eq. 14 has no recurrent form)")
-    if initial_state is not None:
-        with torch.no_grad():
-            D = check_feature_dims(phi(k[:, :, :1]), phi(k[:, :, :1]), k[:, :, :1], k[:, :, :1])
-        initial_state.check(k.shape[0], k.shape[1], D, v.shape[-1])
-        if initial_state.s.device != k.device:
-            raise ValueError(f"initial_state is on {initial_state.s.device} but the inputs are on {k.device}")
-    cu_code = 0
-    if cu_seqlens is not None:
-        cu_code = _check_packed(cu_seqlens, k, mask, causal, initial_state, return_state)
-    name = feature_map if isinstance(feature_map, str) else getattr(feature_map, "__qualname__",
-                                                                     type(feature_map).__name__)
-    tensors = [q, k, v] + ([] if initial_state is None else [initial_state.s, initial_state.z,
-                                                              initial_state.m])
-    grad = torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
-    dtypes = ",".join(str(t.dtype) for t in (q, k, v))
-    float64_state = initial_state is not None and initial_state.s.dtype == torch.float64
-    agreed = (q.shape[0], q.shape[1], q.shape[3], v.shape[3], _code(dtypes), momentum, step_size, eps,
-              _code(name), causal, grad, cu_code)
-    own = (1, q.shape[2], k.shape[2], mask is not None, initial_state is not None, float64_state)
-    return mask, [float(x) for x in agreed + own]
-
-
-def _check_packed(cu_seqlens, k, mask, causal, initial_state, return_state) -> int:
-    """This rank's checks of the global cu_seqlens (its end is checked against the total length
-    once every rank's length is known); returns a code of its values for the agreement check."""
+def _whole_row(cu_seqlens, k, mask, causal, initial_state, return_state) -> Segments:
+    """The documents of the whole row from the global cu_seqlens (its end is checked against the
+    total length once every rank's length is known)."""
     claimed = -1
     if isinstance(cu_seqlens, torch.Tensor) and cu_seqlens.dim() == 1 and cu_seqlens.numel() > 0:
         claimed = int(cu_seqlens[-1])
-    cu = check_offsets(cu_seqlens, claimed, device=k.device, batch=k.shape[0])
+    segments = Segments.from_cu_seqlens(cu_seqlens, claimed, device=k.device, batch=k.shape[0])
     if mask is not None:
         raise ValueError("padding_mask marks padded tokens, but with cu_seqlens every token belongs to a "
                          "sequence: drop the padding from the packed row, or pass padding_mask=None")
@@ -276,86 +214,27 @@ def _check_packed(cu_seqlens, k, mask, causal, initial_state, return_state) -> i
         raise ValueError("initial_state and return_state with cu_seqlens and process_group are not "
                          "supported: their states are per segment and segments cross ranks; run the "
                          "prefill without process_group to get them")
-    return _code(",".join(str(x) for x in cu.tolist()))
+    return segments
 
 
-def _code(text: str) -> int:
-    """A number for a name, the same in every process (Python's hash() is salted per process)."""
-    return zlib.crc32(text.encode())
-
-
-def _all_gather_descriptor(own: Optional[List[float]], group) -> torch.Tensor:
-    """Every rank's descriptor (world, fields); a rank whose checks failed sends zeros (valid = 0).
-    On the device the backend needs, not the inputs' (which may be what failed the checks)."""
-    device = torch.device("cpu")
-    if dist.get_backend(group) == "nccl":
-        device = torch.device("cuda", torch.cuda.current_device())
-    size = len(_AGREED) + len(_OWN)
-    row = torch.tensor(own if own is not None else [0.0] * size, dtype=torch.float64, device=device)
-    parts = [torch.empty_like(row) for _ in range(dist.get_world_size(group))]
-    dist.all_gather(parts, row, group=group)
-    return torch.stack(parts).cpu()
-
-
-def _check_agreement(table: torch.Tensor) -> None:
-    """The same ValueError on every rank: a rank whose own checks failed, or the first
-    argument the ranks disagree on."""
-    valid = table[:, len(_AGREED)]
-    if not bool(valid.all()):
-        bad = [i for i in range(table.shape[0]) if not valid[i]]
-        raise ValueError(f"process_group: the arguments of rank(s) {bad} are invalid (see the ValueError "
-                         f"raised there)")
-    for column, name in enumerate(_AGREED):
-        values = table[:, column]
-        if not bool((values == values[0]).all()):
-            shown = ", ".join(f"rank {i}: {_show(name, x)}" for i, x in enumerate(values.tolist()))
-            raise ValueError(f"process_group ranks disagree on {_argument(name)} ({shown}); every rank "
-                             f"must pass the same {_argument(name)}")
-    later = [i for i in range(1, table.shape[0]) if table[i, len(_AGREED) + 4]]
-    if later:
-        raise ValueError(f"initial_state with process_group is the state before the whole sequence: "
-                         f"pass it on rank 0 only (rank(s) {later} passed one)")
-
-
-def _argument(name: str) -> str:
-    return {"batch": "q, k, v batch size", "heads": "q, k, v head count", "key dim": "q, k last dimension",
-            "value dim": "v last dimension", "dtype": "q, k, v dtype",
-            "requires_grad": "requires_grad of q, k, v (all ranks train, or none)",
-            "cu_seqlens": "cu_seqlens (the global offsets over all ranks' tokens)"}.get(name, name)
-
-
-def _show(name: str, value: float) -> str:
-    if name in ("batch", "heads", "key dim", "value dim", "causal", "requires_grad"):
-        return str(int(value)) if name not in ("causal", "requires_grad") else str(bool(value))
-    if name in ("dtype", "feature_map", "cu_seqlens"):
-        return f"name code {int(value)}"
-    return f"{value:g}"
-
-
-def _all_lengths(table: torch.Tensor, mask: Optional[torch.Tensor], k: torch.Tensor, group) -> torch.Tensor:
-    """(world, B) real keys per rank and row: from the descriptors, or all-gathered when any rank
+def _all_lengths(ranks: Agreement, segments: Optional[Segments], k: torch.Tensor, group) -> torch.Tensor:
+    """(world, B) real keys per rank and row: from the agreement, or all-gathered when any rank
     has a padding mask."""
-    world, B = table.shape[0], int(table[0, 0])
-    key_lengths = table[:, len(_AGREED) + 2].to(torch.long)
-    if not bool(table[:, len(_AGREED) + 3].any()):
-        return key_lengths[:, None].expand(world, B).to(k.device)
-    mine = mask.sum(-1) if mask is not None else torch.full((B,), k.shape[2], device=k.device)
-    mine = mine.to(torch.long)
+    world, B = len(ranks.key_lengths), k.shape[0]
+    if not ranks.masked:
+        return torch.tensor(ranks.key_lengths, device=k.device)[:, None].expand(world, B)
+    if segments is not None and segments.padding_mask is not None:
+        mine = segments.lengths.to(torch.long)
+    else:
+        mine = torch.full((B,), k.shape[2], dtype=torch.long, device=k.device)
     parts = [torch.empty_like(mine) for _ in range(world)]
     dist.all_gather(parts, mine, group=group)
     return torch.stack(parts)
 
 
-def _mask(t: torch.Tensor, mask: Optional[torch.Tensor]) -> torch.Tensor:
-    """Zero padded positions with `where` (NaN or inf in padding reaches neither sums nor gradients)."""
-    if mask is None:
-        return t
-    return torch.where(mask[:, None, :, None], t, torch.zeros((), dtype=t.dtype, device=t.device))
-
-
 def _feature_keys(phi, k, v, mask, dtype):
-    k, v = _mask(k.to(dtype), mask), _mask(v.to(dtype), mask)
-    fk = _mask(phi(k), mask)
+    k, v = mask_keys(k.to(dtype), mask), mask_keys(v.to(dtype), mask)
+    fk = mask_keys(phi(k), mask)
     check_feature_dims(fk, fk, k, k)
     return fk, v
 
@@ -371,32 +250,33 @@ def _unpack(packed: torch.Tensor, dk: int, dv: int) -> MomentumAttentionState:
                                   m=packed[..., n:2 * n].reshape(B, H, dk, dv), z=packed[..., 2 * n:])
 
 
-def _packed(q, k, v, cu_seqlens, table, rank, group, *, attend, momentum, step_size, feature_map, eps,
-            chunk_size, backend):
+def _packed(q, k, v, spec: AttentionSpec, segments: Segments, ranks: Agreement, rank: int, group):
     """Causal attention on packed sequences whose segments may cross ranks. Rank i's slice is
     [o_i, o_i + N_i) of the row; its last boundary b_i in (o_i, o_i + N_i], if any, restarts the
     state. It contributes the zero-start state of its tokens [b_i, o_i + N_i) (all its tokens when
     it holds no boundary); the state entering rank r's first segment composes the contributions
     of ranks < r from the last one that holds a boundary (eq. 12 restarts at a segment start)."""
-    starts = [0] + table[:, len(_AGREED) + 2].to(torch.long).cumsum(0).tolist()
+    starts = [0]
+    for length in ranks.key_lengths:
+        starts.append(starts[-1] + length)
     total = starts[-1]
-    cu = check_offsets(cu_seqlens, int(cu_seqlens[-1]), device=k.device)
-    if int(cu[-1]) != total:
+    boundaries = segments.cu_seqlens_cpu.tolist()
+    if boundaries[-1] != total:
         raise ValueError(f"cu_seqlens with process_group holds the offsets over the whole row (every rank's "
-                         f"tokens concatenated, {total} tokens), but it ends at {int(cu[-1])}")
-    boundaries = cu.tolist()
+                         f"tokens concatenated, {total} tokens), but it ends at {boundaries[-1]}")
     tails, restarts = [], []
     for lo, hi in zip(starts[:-1], starts[1:]):
         inside = [b for b in boundaries if lo < b <= hi]
         tails.append((inside[-1] if inside else lo) - lo)
         restarts.append(bool(inside))
     lo, hi = starts[rank], starts[rank + 1]
-    phi = resolve_feature_map(feature_map)
-    state_dtype = compute_dtype(q, k, v)
+    momentum, step_size = spec.momentum, spec.step_size
     with torch.autocast(device_type=q.device.type, enabled=False):
-        fk, vv = _feature_keys(phi, k, v, None, state_dtype)
+        fk, vv = _feature_keys(spec.phi, k, v, None, compute_dtype(q, k, v))
         tail = tails[rank]
-        local = slice_state(fk[:, :, tail:], vv[:, :, tail:], None, momentum=momentum, step_size=step_size)
+        after = _real_after(None, fk.shape[0], fk.shape[2] - tail, fk.device)
+        local = run_state(fk[:, :, tail:], vv[:, :, tail:], after, None, momentum=momentum,
+                          step_size=step_size)
         gathered = _AllGather.apply(group, _pack(local))
         states = [_unpack(g, fk.shape[-1], v.shape[-1]) for g in gathered.unbind(0)]
         entering = None
@@ -407,31 +287,27 @@ def _packed(q, k, v, cu_seqlens, table, rank, group, *, attend, momentum, step_s
             else:
                 entering = advance(entering, states[i], length, momentum=momentum, step_size=step_size)
         inner = [b - lo for b in boundaries if lo < b < hi]
-        local_cu = torch.tensor([0] + inner + [hi - lo], dtype=torch.long, device=k.device)
+        local_cu = torch.tensor([0] + inner + [hi - lo], dtype=torch.long)
+        documents = Segments.from_cu_seqlens(local_cu.to(k.device), hi - lo, cu_seqlens_cpu=local_cu)
         if entering is not None:
             rest = MomentumAttentionState.zeros(len(inner), *entering.s.shape[1:3], entering.s.shape[3],
                                                 dtype=entering.s.dtype, device=k.device)
             entering = MomentumAttentionState(*(torch.cat([a, b]) for a, b in (
                 (entering.s, rest.s), (entering.z, rest.z), (entering.m, rest.m))))
-    out = attend(q, k, v, momentum=momentum, step_size=step_size, causal=True, feature_map=feature_map,
-                 eps=eps, chunk_size=chunk_size, initial_state=entering, backend=backend,
-                 cu_seqlens=local_cu)
+    out = attend(q, k, v, spec, segments=documents, initial_state=entering)
     return _Attach.apply(out, gathered)
 
 
-def _noncausal_over_ranks(q, k, v, phi, mask, lengths, rank, group, *, momentum, step_size, eps, dtype):
+def _noncausal_over_ranks(q, k, v, spec: AttentionSpec, mask, lengths, rank, group, *, dtype):
     """Eq. 14 over the ranks: key j's weight γ(1−β^(a_j+1))/(1−β) counts the real keys a_j after
     it in the whole sequence (after it in this slice plus those of the later ranks); the two sums
     are all-reduced and each rank applies them to its own queries."""
     later = lengths[rank + 1:].sum(0)                                              # (B,)
     with torch.autocast(device_type=q.device.type, enabled=False):
+        phi, momentum, step_size = spec.phi, spec.momentum, spec.step_size
         fk, vv = _feature_keys(phi, k, v, mask, dtype)
-        B, N = fk.shape[0], fk.shape[2]
-        if mask is None:
-            after = torch.arange(N - 1, -1, -1, device=fk.device).expand(B, N)
-        else:
-            after = mask.flip(-1).cumsum(-1).flip(-1) - 1
-        after = after.clamp(min=0) + later[:, None]
+        B = fk.shape[0]
+        after = _real_after(mask, B, fk.shape[2], fk.device).clamp(min=0) + later[:, None]
         weight = step_size * geometric(momentum, after + 1)
         if mask is not None:
             weight = weight * mask
@@ -444,6 +320,6 @@ def _noncausal_over_ranks(q, k, v, phi, mask, lengths, rank, group, *, momentum,
         q, q_marks = split_finite(q.to(dtype))
         fq, fq_marks = split_finite(phi(q))
         marks = q_marks.sum(-1, keepdim=True) + fq_marks.sum(-1, keepdim=True)
-        out = apply_noncausal_summary(fq, kv, z, eps=eps) + marks
+        out = apply_noncausal_summary(fq, kv, z, eps=spec.eps) + marks
     out_dtype = torch.promote_types(torch.promote_types(q.dtype, k.dtype), v.dtype)
     return out.to(out_dtype)

@@ -11,6 +11,7 @@ from torch import nn
 
 from ..attention.api import attend_summary, summarize_keys
 from ..attention.attend import attend, attend_step
+from ..attention.context_parallel import context_parallel_attention
 from ..attention.state import MomentumAttentionState, NonCausalSummary
 from ..packing import Segments
 from ..validation import check_int
@@ -109,8 +110,10 @@ class MultiHeadAttention(nn.Module):
                                  f"{type(state).__name__}; "
                                  "pass the state this attention returned")
             return attend_step(q, k, v, state, config.attention_spec, segments=segments)
-        out = attend(q, k, v, config.attention_spec, segments=segments, process_group=self.process_group)
-        return out, None
+        if self.process_group is not None:
+            return context_parallel_attention(q, k, v, config.attention_spec, segments=segments,
+                                              process_group=self.process_group), None
+        return attend(q, k, v, config.attention_spec, segments=segments), None
 
     def _attend_softmax(self, q, k, v, *, segments, state, recurrent):
         """Eq. 1; recurrent=True appends k, v to the `KeyValueCache` `state` (None: fresh) and
