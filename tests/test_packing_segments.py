@@ -1,54 +1,10 @@
-"""plugins.packing.Segments: each constructor against what it replaced (hf_momentum's PackedRows, below,
-plugins.validation.check_offsets, the padding shortcuts of momentum_attention) and its errors."""
-from typing import Optional
-
+"""plugins.packing.Segments: each constructor against a plain loop or what it replaced
+(plugins.validation.check_offsets, the padding shortcuts of momentum_attention), and its errors."""
 import pytest
 import torch
 
 from plugins.attention import AttentionSpec, attend, momentum_attention
 from plugins.packing import Segments
-
-
-class PackedRows:
-    """The reference layout (hf_momentum's before Segments, kept here to test it): the real tokens
-    of a (batch, length) input as one row of documents; `pack` / `pack_tokens` and `unpack` /
-    `unpack_tokens` move (batch, H, length, D) / (batch, length, D) tensors in and out (zeros at
-    padding), `cu_seqlens` delimits the documents."""
-
-    def __init__(self, starts: torch.Tensor, padding_mask: Optional[torch.Tensor] = None):
-        self.batch, self.length = starts.shape
-        keep = None if padding_mask is None else padding_mask.to(torch.bool).reshape(-1)
-        self.index = None if keep is None or bool(keep.all()) else keep.nonzero().squeeze(1)
-        flat = starts.reshape(-1) if self.index is None else starts.reshape(-1)[self.index]
-        offsets = flat.nonzero().squeeze(1)
-        self.cu_seqlens = torch.cat([offsets, offsets.new_tensor([flat.numel()])])
-
-    def pack(self, x: torch.Tensor) -> torch.Tensor:
-        heads, dim = x.shape[1], x.shape[3]
-        flat = x.transpose(0, 1).reshape(heads, self.batch * self.length, dim)
-        if self.index is not None:
-            flat = flat.index_select(1, self.index)
-        return flat[None]
-
-    def unpack(self, y: torch.Tensor) -> torch.Tensor:
-        heads, dim = y.shape[1], y.shape[3]
-        flat = y[0]
-        if self.index is not None:
-            flat = flat.new_zeros(heads, self.batch * self.length, dim).index_copy(1, self.index, flat)
-        return flat.reshape(heads, self.batch, self.length, dim).transpose(0, 1)
-
-
-    def pack_tokens(self, x: torch.Tensor) -> torch.Tensor:
-        flat = x.reshape(self.batch * self.length, *x.shape[2:])
-        if self.index is not None:
-            flat = flat.index_select(0, self.index)
-        return flat[None]
-
-    def unpack_tokens(self, y: torch.Tensor) -> torch.Tensor:
-        flat = y[0]
-        if self.index is not None:
-            flat = flat.new_zeros(self.batch * self.length, *flat.shape[1:]).index_copy(0, self.index, flat)
-        return flat.reshape(self.batch, self.length, *flat.shape[1:])
 
 
 def random_starts(g, batch, length, mask=None):
@@ -60,7 +16,9 @@ def random_starts(g, batch, length, mask=None):
 
 
 @pytest.mark.parametrize("padded", [False, True])
-def test_from_document_starts_matches_packed_rows(padded, make_generator):
+def test_from_document_starts_lays_out_the_real_tokens_row_by_row(padded, make_generator):
+    """Against a plain loop over the tokens: the real tokens in row-major order are one row, a
+    document starts at each start, and unpacking puts every token back (zeros at padding)."""
     g = make_generator()
     batch, length = 3, 11
     mask = None
@@ -70,22 +28,20 @@ def test_from_document_starts_matches_packed_rows(padded, make_generator):
         mask[1, :] = False
         mask[2, 3] = True
     starts = random_starts(g, batch, length, mask)
-    segments, rows = Segments.from_document_starts(starts, mask), PackedRows(starts, mask)
+    real = [(b, t) for b in range(batch) for t in range(length) if mask is None or mask[b, t]]
+    offsets = [i for i, (b, t) in enumerate(real) if starts[b, t]] + [len(real)]
+    segments = Segments.from_document_starts(starts, mask)
     assert segments.packed and (segments.batch, segments.length) == (batch, length)
-    assert torch.equal(segments.cu_seqlens, rows.cu_seqlens)
-    assert torch.equal(segments.cu_seqlens_cpu, rows.cu_seqlens.cpu())
+    assert segments.cu_seqlens.tolist() == offsets and segments.cu_seqlens_cpu.tolist() == offsets
     assert segments.cu_seqlens_cpu.device.type == "cpu"
-    assert (segments.index is None) == (rows.index is None)
+    assert (segments.index is None) == (not padded)
     x = torch.randn(batch, 2, length, 4, generator=g)
     tokens = torch.randn(batch, length, 5, generator=g)
-    assert torch.equal(segments.pack(x), rows.pack(x))
-    assert torch.equal(segments.pack_tokens(tokens), rows.pack_tokens(tokens))
-    packed = segments.pack(x)
-    assert torch.equal(segments.unpack(packed), rows.unpack(packed))
-    assert torch.equal(segments.unpack_tokens(segments.pack_tokens(tokens)),
-                       rows.unpack_tokens(rows.pack_tokens(tokens)))
-    if padded:
-        assert (segments.unpack(packed)[~mask[:, None, :, None].expand_as(x)] == 0).all()
+    assert torch.equal(segments.pack(x), torch.stack([x[b, :, t] for b, t in real], 1)[None])
+    assert torch.equal(segments.pack_tokens(tokens), torch.stack([tokens[b, t] for b, t in real])[None])
+    keep = torch.ones(batch, length, dtype=torch.bool) if mask is None else mask
+    assert torch.equal(segments.unpack(segments.pack(x)), x * keep[:, None, :, None])
+    assert torch.equal(segments.unpack_tokens(segments.pack_tokens(tokens)), tokens * keep[..., None])
 
 
 def test_from_cu_seqlens_keeps_one_host_copy():
