@@ -1,0 +1,79 @@
+"""FSDP2 (torch's `fully_shard`) on the native models, as hf_momentum/README.md shows it: two gloo
+ranks, each layer and then the model sharded, one AdamW step on each rank's own batch. The loss
+of each rank and the parameters after the step equal one process that computes both ranks'
+losses, averages their gradients (what FSDP's reduce-scatter does) and takes the same step."""
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+from datetime import timedelta
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from helpers.hf_tiny_models import FAMILIES, causal_lm
+from ports import free_port
+
+WORLD = 2
+
+
+def rank_batch(rank):
+    g = torch.Generator().manual_seed(100 + rank)
+    ids = torch.randint(3, 60, (2, 21), generator=g)
+    mask = torch.ones(2, 21, dtype=torch.long)
+    mask[1, :5] = 0                                   # a left-padded row
+    return ids, mask
+
+
+def shard(model, mesh):
+    """The README's recipe: each decoder layer (the LSTM's stack is one module), then the model."""
+    from torch.distributed.fsdp import fully_shard
+    for block in getattr(model.model, "layers", None) or [model.model.lstm]:
+        fully_shard(block, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    return model
+
+
+def _worker(rank, port, family, out_dir):
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD,
+                            timeout=timedelta(seconds=120))
+    torch.set_num_threads(1)
+    try:
+        from torch.distributed.device_mesh import init_device_mesh
+        model = shard(causal_lm(family).train(), init_device_mesh("cpu", (WORLD,)))
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+        ids, mask = rank_batch(rank)
+        loss = model(input_ids=ids, attention_mask=mask, labels=ids).loss
+        loss.backward()
+        optimizer.step()
+        params = {name: p.full_tensor().detach() for name, p in model.named_parameters()}
+        torch.save({"loss": loss.detach(), "params": params}, f"{out_dir}/rank{rank}.pt")
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_fully_sharded_step_equals_one_process_with_averaged_gradients(family, tmp_path):
+    mp.spawn(_worker, args=(free_port(), family, str(tmp_path)), nprocs=WORLD)
+    got = [torch.load(tmp_path / f"rank{r}.pt") for r in range(WORLD)]
+
+    model = causal_lm(family).train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    losses = []
+    for rank in range(WORLD):
+        ids, mask = rank_batch(rank)
+        loss = model(input_ids=ids, attention_mask=mask, labels=ids).loss
+        (loss / WORLD).backward()
+        losses.append(loss.detach())
+    optimizer.step()
+    for rank in range(WORLD):
+        torch.testing.assert_close(got[rank]["loss"], losses[rank], rtol=1e-5, atol=1e-6)
+    expected = dict(model.named_parameters())
+    assert got[0]["params"].keys() == expected.keys()
+    moved = 0
+    for name, p in expected.items():
+        for rank in range(WORLD):
+            torch.testing.assert_close(got[rank]["params"][name], p.detach(), rtol=1e-5, atol=1e-6, msg=name)
+        moved += int(not torch.equal(p.detach(), dict(causal_lm(family).named_parameters())[name].detach()))
+    assert moved > len(expected) // 2                   # the step changed the weights
