@@ -202,8 +202,9 @@ def main() -> int:
         for D in args.dims:
             before = triton_standin._NoLaunch.launches
             attention(dtype, D)
-            with split_every_chunk():
-                attention(dtype, D)
+            if name == args.dtypes[0] and D == args.dims[0]:
+                with split_every_chunk():          # merge_splits reads fp32 states: one dtype suffices
+                    attention(dtype, D)
             lstm_recurrences(dtype, D)
             kept = compiled_count(chunked)
             attention(dtype, D, B=4, H=2, N=1024)            # other buckets of N and B·H
