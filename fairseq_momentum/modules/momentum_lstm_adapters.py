@@ -2,8 +2,9 @@
 model (fairseq/models/lstm.py), so the rest of that model (embeddings, attention, input
 feeding, caching, beam search) is used unchanged.
 
-- `MomentumLSTMEncoderRNN` replaces the encoder's `nn.LSTM`: same call, same outputs
-  (packed output, (h_n, c_n) laid out as nn.LSTM's, bidirectional included).
+- `MomentumLSTMEncoderRNN` replaces the encoder's `nn.LSTM` by one `MomentumLSTM` stack:
+  same call, same outputs (packed output, (h_n, c_n) laid out as nn.LSTM's, bidirectional
+  included).
 - `MomentumLSTMDecoderCell` replaces each decoder `nn.LSTMCell`. fairseq's decoder carries
   (h, c) per layer between time steps, caches them in `incremental_state` and reorders
   rows for beam search; the momentum state has to follow the same path, so it travels
@@ -12,39 +13,31 @@ feeding, caching, beam search) is used unchanged.
   hidden_size (fairseq's zero or encoder-initialised cell) starts a fresh momentum state.
   One time step is `momentum_lstm_step` (tests check it equals the sequence layer).
 """
+import re
 from typing import Tuple
 
 import torch
 from torch import Tensor, nn
-from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence, pad_packed_sequence
+from torch.nn.utils.rnn import PackedSequence
 
 from plugins.rnn import MomentumLSTM, RecurrentState
 
 from .momentum_lstm_step import momentum_lstm_step
 
 
-def _reverse_within_lengths(x: Tensor, lengths: Tensor) -> Tensor:
-    """x (T, B, C): reverse the first lengths[b] steps of each column b (padding stays)."""
-    steps = torch.arange(x.size(0))[:, None]
-    lengths = lengths.cpu()[None, :]
-    index = torch.where(steps < lengths, lengths - 1 - steps, steps).to(x.device)
-    return x.gather(0, index[:, :, None].expand_as(x))
-
-
 class MomentumLSTMEncoderRNN(nn.Module):
     """Drop-in for the encoder's nn.LSTM(input_size, hidden_size, num_layers, dropout,
-    bidirectional) on packed input, with the MomentumLSTM cell given by `cell_kwargs`."""
+    bidirectional) on packed input: one `MomentumLSTM` stack (bidirectional if it is) with the
+    cell given by `cell_kwargs`, its parameters named as nn.LSTM's under `rnn.`."""
 
     def __init__(self, input_size, hidden_size, num_layers, *, dropout=0.0, bidirectional=False,
                  **cell_kwargs):
         super().__init__()
         self.hidden_size, self.num_layers = hidden_size, num_layers
         self.bidirectional, self.dropout = bidirectional, dropout
-        directions = 2 if bidirectional else 1
-        self.layers = nn.ModuleList(
-            MomentumLSTM(input_size if i < directions else hidden_size * directions, hidden_size, 1,
-                         **cell_kwargs)
-            for i in range(num_layers * directions))
+        self.rnn = MomentumLSTM(input_size, hidden_size, num_layers, dropout=dropout,
+                                bidirectional=bidirectional, **cell_kwargs)
+        self._register_load_state_dict_pre_hook(self._rename_per_layer_modules)
 
     @classmethod
     def like(cls, module: nn.LSTM, **cell_kwargs):
@@ -52,24 +45,17 @@ class MomentumLSTMEncoderRNN(nn.Module):
                    bidirectional=module.bidirectional, **cell_kwargs)
 
     def forward(self, packed: PackedSequence, hx: Tuple[Tensor, Tensor]):
-        x, lengths = pad_packed_sequence(packed)
-        h0, c0 = hx
-        directions = 2 if self.bidirectional else 1
-        finals_h, finals_c = [], []
-        for k in range(self.num_layers):
-            if k > 0 and self.training and self.dropout > 0:
-                x = nn.functional.dropout(x, self.dropout, True)
-            outs = []
-            for d in range(directions):
-                i = k * directions + d
-                inp = x if d == 0 else _reverse_within_lengths(x, lengths)
-                out, state = self.layers[i](pack_padded_sequence(inp, lengths), (h0[i:i + 1], c0[i:i + 1]))
-                out, _ = pad_packed_sequence(out, total_length=x.size(0))
-                outs.append(out if d == 0 else _reverse_within_lengths(out, lengths))
-                finals_h.append(state.h)
-                finals_c.append(state.c)
-            x = torch.cat(outs, -1)
-        return pack_padded_sequence(x, lengths), (torch.cat(finals_h), torch.cat(finals_c))
+        out, state = self.rnn(packed, hx)
+        return out, (state.h, state.c)
+
+    def _rename_per_layer_modules(self, state_dict, prefix, *args):
+        """Checkpoints saved while the encoder held one single-layer MomentumLSTM per layer and
+        direction (`layers.{i}.weight_ih_l0`, i = layer * directions + direction) load into the
+        stack's names (`rnn.weight_ih_l{layer}`, `_reverse` for the backward direction)."""
+        old = re.compile(re.escape(prefix) + r"layers\.(\d+)\.(\w+)_l0$")
+        for key in [k for k in state_dict if old.match(k)]:
+            i, name = old.match(key).groups()
+            state_dict[f"{prefix}rnn.{name}_l{self.rnn.layer_name(int(i))}"] = state_dict.pop(key)
 
 
 class MomentumLSTMDecoderCell(nn.Module):

@@ -29,6 +29,11 @@ scattered back by one index each). Cells with a second moment (eq. 15) and the o
 RNN take the segments as a PackedSequence through their usual lengths path (padded to the
 longest segment inside, as for any PackedSequence input): eq. 15's recurrence, torch loop or
 Triton steps, then starts every segment from its own state with no change to its kernels.
+
+bidirectional=True lays parameters, state rows and outputs out as nn.LSTM's: each layer's
+backward direction is a layer of its own (`_reverse` parameters, its own v, m) run on every
+sequence reversed within its length, the next layer reading [forward | backward]. It runs
+whole sequences (padded or a PackedSequence), not packed rows nor `step`.
 """
 import math
 
@@ -165,6 +170,16 @@ def segment_rows(state, full, index):
                           rows(full.step, 0) if given is not None and given.step is not None else None)
 
 
+def reverse_within_lengths(x, lengths):
+    """x (T, B, C) with each column's first lengths[b] steps reversed, its padding left in place:
+    the input of a backward direction (lengths None: the whole time axis; lengths on the host)."""
+    if lengths is None:
+        return x.flip(0)
+    steps = torch.arange(x.size(0))[:, None]
+    index = torch.where(steps < lengths[None, :], lengths[None, :] - 1 - steps, steps).to(x.device)
+    return x.gather(0, index[:, :, None].expand_as(x))
+
+
 def tanh_step(weight_hh):
     """One tanh-RNN step h_t = tanh(p_t + U h_{t-1}) on a precomputed p (eq. 9, eq. 15)."""
     def step(p, state):
@@ -179,7 +194,7 @@ class _MomentumLayers(nn.Module):
 
     def __init__(self, input_size, hidden_size, num_layers=1, *, cell=DEFAULT_CELL, momentum=None,
                  step_size=None, beta=None, eps=None, restart=None, bias=True, batch_first=False,
-                 dropout=0.0):
+                 dropout=0.0, bidirectional=False):
         super().__init__()
         check_sizes(input_size, hidden_size)
         self.variant, hyper = layer_hyper(cell, self.plain, momentum, step_size, beta, eps, restart)
@@ -190,9 +205,12 @@ class _MomentumLayers(nn.Module):
         self.bias = check_bool(bias, "bias")
         self.batch_first = check_bool(batch_first, "batch_first")
         self.dropout = check_probability(dropout, "dropout")
+        self.bidirectional = check_bool(bidirectional, "bidirectional")
+        self.directions = 2 if self.bidirectional else 1
         self.joined_weights = JoinedWeightCache()
-        for k in range(self.num_layers):
-            self._register_layer(k, input_size if k == 0 else hidden_size)
+        for i in range(self.num_layers * self.directions):
+            self._register_layer(self.layer_name(i),
+                                 input_size if i < self.directions else hidden_size * self.directions)
         self.reset_parameters()
         self.flatten_parameters()
 
@@ -213,11 +231,19 @@ class _MomentumLayers(nn.Module):
     def extra_repr(self):
         read = "".join(f", {name}={getattr(self, name)}" for name in Hyper._fields
                        if getattr(self, name) is not None)
+        both = ", bidirectional=True" if self.bidirectional else ""
         return (f"{self.input_size}, {self.hidden_size}, num_layers={self.num_layers}, "
-                f"cell={self.cell!r}{read}, batch_first={self.batch_first}")
+                f"cell={self.cell!r}{read}, batch_first={self.batch_first}{both}")
+
+    def layer_name(self, i):
+        """Suffix of the parameters of layer i, counted as nn.LSTM's state rows: layer i // 2
+        (direction i % 2, "_reverse" for the backward one) when bidirectional, layer i otherwise."""
+        if not self.bidirectional:
+            return i
+        return f"{i // 2}_reverse" if i % 2 else f"{i // 2}"
 
     def layer_parameters(self, k):
-        get = lambda name: getattr(self, f"{name}_l{k}", None)
+        get = lambda name: getattr(self, f"{name}_l{self.layer_name(k)}", None)
         return get("weight_ih"), get("weight_hh"), get("bias_ih"), get("bias_hh")
 
     def _decay(self, steps, start_step):
@@ -241,8 +267,9 @@ class _MomentumLayers(nn.Module):
         return v / torch.sqrt(m + self.eps), last_step(v, lengths), last_step(m, lengths)
 
     def _state(self, state, batch, ref, steps):
-        return initial_state(state, num_layers=self.num_layers, batch=batch, hidden=self.hidden_size,
-                             width=self.gate_count * self.hidden_size, has_c=self.gate_count == 4,
+        return initial_state(state, num_layers=self.num_layers * self.directions, batch=batch,
+                             hidden=self.hidden_size, width=self.gate_count * self.hidden_size,
+                             has_c=self.gate_count == 4,
                              has_v=self.variant.has_v, has_m=self.variant.has_m, ref=ref, steps=steps)
 
     def forward(self, input, state=None, *, cu_seqlens=None, cu_seqlens_cpu=None, segment_starts=None,
@@ -269,8 +296,8 @@ class _MomentumLayers(nn.Module):
             if not callable(recurrent_weight):
                 raise ValueError(f"recurrent_weight must be a callable (k, weight_hh) -> weight, got "
                                  f"{type(recurrent_weight).__name__}")
-            swapped = {f"weight_hh_l{k}": recurrent_weight(k, getattr(self, f"weight_hh_l{k}"))
-                       for k in range(self.num_layers)}
+            swapped = {f"weight_hh_l{self.layer_name(k)}": recurrent_weight(k, self.layer_parameters(k)[1])
+                       for k in range(self.num_layers * self.directions)}
             return torch.func.functional_call(self, swapped, (input, state),
                                               dict(cu_seqlens=cu_seqlens, cu_seqlens_cpu=cu_seqlens_cpu,
                                                    segment_starts=segment_starts, all_layers=all_layers))
@@ -278,6 +305,9 @@ class _MomentumLayers(nn.Module):
             raise ValueError("cu_seqlens_cpu is the host copy of cu_seqlens: pass cu_seqlens too")
         if cu_seqlens is None and segment_starts is None:
             outputs, new_state = self._forward_sequence(input, state, all_layers)
+        elif self.bidirectional:
+            raise ValueError("cu_seqlens / segment_starts need a unidirectional layer (bidirectional=False); "
+                             "pass a bidirectional layer its sequences as a PackedSequence")
         else:
             outputs, new_state = self._forward_segments(input, state, cu_seqlens, segment_starts, all_layers,
                                                         cu_seqlens_cpu)
@@ -395,11 +425,20 @@ class _MomentumLayers(nn.Module):
         fresh = not isinstance(state, RecurrentState) or state.step is None
         decay = self._decay(steps, st.step[:1] if fresh else st.step)
 
+        def one(i, x):
+            c0, v0, m0 = (None if t is None else t[i] for t in (st.c, st.v, st.m))
+            return self._layer(i, x, lengths, decay, st.h[i], c0, v0, m0, carries_v)
+
         def layer(k, x):
-            c0, v0, m0 = (None if t is None else t[k] for t in (st.c, st.v, st.m))
-            return self._layer(k, x, lengths, decay, st.h[k], c0, v0, m0, carries_v)
+            if not self.bidirectional:
+                return one(k, x)
+            out, final = one(2 * k, x)
+            back, back_final = one(2 * k + 1, reverse_within_lengths(x, lengths))
+            return torch.cat([out, reverse_within_lengths(back, lengths)], -1), (final, back_final)
 
         outputs, finals = self._each_layer(x, layer)
+        if self.bidirectional:
+            finals = [f for pair in finals for f in pair]
         if not all_layers:
             outputs = outputs[-1:]
         stack = lambda i: None if finals[0][i] is None else torch.stack([f[i] for f in finals])
@@ -409,7 +448,7 @@ class _MomentumLayers(nn.Module):
     def _all_layers_fused(self):
         """The plain cell is one call of torch's fused multi-layer kernel on the module's own
         parameters, dropout between layers included: exactly nn.LSTM / nn.RNN's call."""
-        return self.variant.plain and self.fused_kind is not None
+        return self.variant.plain and self.fused_kind is not None and not self.bidirectional
 
     def _stack_weights(self):
         return [p for k in range(self.num_layers) for p in self.layer_parameters(k) if p is not None]
@@ -473,6 +512,9 @@ class _MomentumLayers(nn.Module):
         if not isinstance(input, Tensor) or input.dim() != 2 or input.size(1) != self.input_size:
             shape = tuple(input.shape) if isinstance(input, Tensor) else type(input).__name__
             raise ValueError(f"input must have shape (batch, {self.input_size}), got {shape}")
+        if self.bidirectional:
+            raise ValueError("step needs a unidirectional layer (bidirectional=False): the backward "
+                             "direction reads the sequence from its end")
         check_input_dtype(input, self.weight_ih_l0)
         st = self._state(state, input.size(0), input, 1)
         step, hyper = st.step + 1, self.hyper
@@ -523,7 +565,7 @@ class MomentumLSTM(_MomentumLayers):
     filters_input_for_adam = False  # its Adam recurrence forms v itself
 
     def reset_parameters(self):
-        for k in range(self.num_layers):
+        for k in range(self.num_layers * self.directions):
             w_ih, w_hh, b_ih, b_hh = self.layer_parameters(k)
             with torch.no_grad():
                 nn.init.orthogonal_(w_ih)
