@@ -196,7 +196,10 @@ def _prune(configs, named_args, kwargs, warps: int, other: tuple) -> list:
     so few are kept, chosen from the kernels' register needs on sm_90 (ptxas -v): tiles no larger
     than the head dimension's block and at least 32 where it allows, with `warps`, plus the
     (BK, BV, warps) in `other`. fp32/fp64 inputs with exact dots (CUDA cores: slow to compile, and
-    with 4 warps kilobytes of spills) get one: tiles of min(32, block), 8 warps. fp32 inputs with
+    with 4 warps kilobytes of spills) get two: tiles of min(32, block) with 8 warps, and of
+    min(16, block) with 4 (at 32 × 32 the momentum scans and bwd_dqk take 255 registers, the
+    whole register file of an SM at 8 warps, and bwd_dqk spills: the autotuner times both on the
+    GPU). fp32 inputs with
     tf32 dots hold fp32 operand tiles, twice fp16's, and reach 255 registers or spill with 4
     warps: the same tiles with 8 warps only."""
     dk, dv = block(kwargs["DK"]), block(kwargs["DV"])
@@ -204,7 +207,7 @@ def _prune(configs, named_args, kwargs, warps: int, other: tuple) -> list:
         return [c for c in configs if c.kwargs["BK"] == dk and c.kwargs["BV"] == dv]
     low_k, low_v = min(32, dk), min(32, dv)
     if kwargs["IEEE"]:
-        keep = {(low_k, low_v, 8)}
+        keep = {(low_k, low_v, 8), (min(16, dk), min(16, dv), 4)}
     else:
         keep = {(bk, bv, warps) for bk in (16, 32, 64) for bv in (16, 32, 64)
                 if low_k <= bk <= dk and low_v <= bv <= dv}
