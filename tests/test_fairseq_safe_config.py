@@ -10,8 +10,8 @@ import textwrap
 import pytest
 import torch
 from fairseq_eval_sites import fairseq_eval_sites
-from helpers.fairseq_cli import USER_DIR, cli_env, preprocess_lm, run_cli, train, write_lm_text
-from helpers.fairseq_payloads import TINY_LM, load_state, payload
+from helpers.fairseq_cli import USER_DIR, cli_env, run_cli
+from helpers.fairseq_payloads import load_state, payload, train_tiny_lm
 from omegaconf import OmegaConf
 
 import fairseq_momentum  # noqa: F401  (installs the checks in this process)
@@ -43,11 +43,7 @@ SITE_IDS = [case for case, *_ in SITES]
 @pytest.fixture(scope="module")
 def lm(tmp_path_factory):
     """A real fairseq-train checkpoint of a tiny momentum LM and its data-bin."""
-    root = tmp_path_factory.mktemp("lm")
-    data = preprocess_lm(write_lm_text(root / "text", sizes=(("train", 40), ("valid", 8), ("test", 8))),
-                         root / "bin")
-    train(data, root / "save", *TINY_LM, "--max-update", "1")
-    return root / "save" / "checkpoint_last.pt", data
+    return train_tiny_lm(tmp_path_factory.mktemp("lm"))
 
 
 def set_fields(namespace, arch, fields, marker):

@@ -9,8 +9,7 @@ import zipfile
 
 import pytest
 import torch
-from helpers.fairseq_cli import preprocess_lm, train, write_lm_text
-from helpers.fairseq_payloads import TINY_LM, load_state, payload
+from helpers.fairseq_payloads import load_state, payload, train_tiny_lm
 from omegaconf.nodes import AnyNode
 
 from fairseq_momentum.safe_config import MAX_DEPTH, UnsafeConfigError
@@ -19,11 +18,7 @@ from fairseq_momentum.safe_config import MAX_DEPTH, UnsafeConfigError
 @pytest.fixture(scope="module")
 def lm(tmp_path_factory):
     """A real fairseq-train checkpoint of a tiny momentum LM and its data-bin."""
-    root = tmp_path_factory.mktemp("lm")
-    data = preprocess_lm(write_lm_text(root / "text", sizes=(("train", 40), ("valid", 8), ("test", 8))),
-                         root / "bin")
-    train(data, root / "save", *TINY_LM, "--max-update", "1")
-    return root / "save" / "checkpoint_last.pt", data
+    return train_tiny_lm(tmp_path_factory.mktemp("lm"))
 
 
 @pytest.fixture
