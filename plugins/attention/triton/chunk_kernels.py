@@ -88,6 +88,18 @@ def _chunk_span(i_t, i_b, N, lengths, cu_seqlens, chunk_indices, HAS_LEN: tl.con
 
 
 @triton.jit
+def _store_chunk_state(h_s, h_m, h_z, c, S, M, Z, state_off, state_mask, o_k, mk, i_v,
+                       DK: tl.constexpr, DV: tl.constexpr, MOMENTUM: tl.constexpr):
+    """A scan's (BK, BV) tile of the state at chunk c (entering it in fwd_h, its gradient leaving it
+    in bwd_dh): S, and M with momentum, into h_s, h_m; Z (BK,) into h_z by the first V tile only."""
+    tl.store(h_s + c * DK * DV + state_off, S, mask=state_mask)
+    if MOMENTUM:
+        tl.store(h_m + c * DK * DV + state_off, M, mask=state_mask)
+    if i_v == 0:
+        tl.store(h_z + c * DK + o_k, Z, mask=mk)
+
+
+@triton.jit
 def _end_weights(rows, Lc, log_beta, inv, gamma, beta, MOMENTUM: tl.constexpr):
     """Weights of φ(k_j)v_jᵀ on S and on M' at the end of a chunk of Lc real tokens, the weight of
     the entering M' on the leaving S, and M's decay over the chunk."""
@@ -176,13 +188,9 @@ def fwd_h(k, v, h_s, h_m, h_z, s0, m0, z0, s_out, m_out, z_out, lengths, cu_seql
 
     c0 = i_g * CPS
     for c in range(c0, tl.minimum(c0 + CPS, tl.cdiv(L, BT))):
-        chunk = c
         if STORE_H:
-            tl.store(h_s + chunk * DK * DV + state_off, S, mask=state_mask)
-            if MOMENTUM:
-                tl.store(h_m + chunk * DK * DV + state_off, M, mask=state_mask)
-            if i_v == 0:
-                tl.store(h_z + chunk * DK + o_k, Z, mask=mk)
+            _store_chunk_state(h_s, h_m, h_z, c, S, M, Z, state_off, state_mask, o_k, mk, i_v, DK, DV,
+                               MOMENTUM)
         Lc = tl.minimum(L - c * BT, BT)
         t = c * BT + rows
         real = rows < Lc
@@ -368,13 +376,9 @@ def bwd_dh(q, do, den, dden, dh_s, dh_m, dh_z, ds_fin, dm_fin, dz_fin, ds0, dm0,
     c1 = tl.minimum(c0 + CPS, tl.cdiv(L, BT))
     for i in range(c1 - c0):
         c = c1 - 1 - i
-        chunk = c
         if STORE_H:
-            tl.store(dh_s + chunk * DK * DV + state_off, dS, mask=state_mask)
-            if MOMENTUM:
-                tl.store(dh_m + chunk * DK * DV + state_off, dM, mask=state_mask)
-            if i_v == 0:
-                tl.store(dh_z + chunk * DK + o_k, dZ, mask=mk)
+            _store_chunk_state(dh_s, dh_m, dh_z, c, dS, dM, dZ, state_off, state_mask, o_k, mk, i_v, DK, DV,
+                               MOMENTUM)
         Lc = tl.minimum(L - c * BT, BT)
         t = c * BT + rows
         real = rows < Lc
