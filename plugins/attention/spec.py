@@ -8,13 +8,15 @@ import torch
 from ..validation import check_bool, check_momentum, check_positive
 from .checks import check_backend, check_chunk_size
 from .feature_maps import FeatureMap, resolve_feature_map
+from .rule import MomentumRule, build_rule, check_rule
 
 
 @dataclass(frozen=True)
 class AttentionSpec:
     """momentum β ∈ [0, 1) and step_size γ > 0 (β = 0, γ = 1 is linear attention, eq. 7); causal:
     eq. 13 (≡ eq. 12), else eq. 14; feature_map: "elu", "relu", "identity" or a callable; eps > 0
-    guards the denominators; chunk_size ≥ 1; backend "auto", "torch" or "triton"."""
+    guards the denominators; chunk_size ≥ 1; backend "auto", "torch" or "triton"; rule: a name in
+    `rule.RULES` ("momentum", eq. 12, unless one is registered), built once here (`momentum_rule`)."""
 
     momentum: float
     step_size: float = 1.0
@@ -23,6 +25,7 @@ class AttentionSpec:
     eps: float = 1e-6
     chunk_size: int = 64
     backend: str = "auto"
+    rule: str = "momentum"
 
     def __post_init__(self):
         set_ = object.__setattr__
@@ -33,6 +36,12 @@ class AttentionSpec:
         set_(self, "eps", check_positive(self.eps, "eps"))
         set_(self, "chunk_size", check_chunk_size(self.chunk_size))
         set_(self, "backend", check_backend(self.backend))
+        set_(self, "_rule", build_rule(check_rule(self.rule), self.momentum, self.step_size))
+
+    @property
+    def momentum_rule(self) -> MomentumRule:
+        """The update rule every kernel reads (`plugins.attention.rule`)."""
+        return self._rule
 
     @property
     def phi(self) -> Callable[[torch.Tensor], torch.Tensor]:
