@@ -9,7 +9,8 @@ import torch
 
 from plugins.attention import momentum_attention
 from plugins.attention.chunk import chunk_causal_momentum_attention
-from plugins.attention.recurrent import fused_recurrent_step as torch_step
+from plugins.attention.recurrent import fused_recurrent_step
+from plugins.attention.rule import momentum_rule
 from plugins.attention.state import MomentumAttentionState
 
 pytestmark = [pytest.mark.gpu,
@@ -17,6 +18,11 @@ pytestmark = [pytest.mark.gpu,
 
 # relative RMS against float64: the input rounding of each dtype dominates
 TOL = {torch.float32: 1e-4, torch.float16: 1e-2, torch.bfloat16: 3e-2}
+
+
+def torch_step(fq, fk, v, state, *, momentum, step_size, **kw):
+    """The PyTorch step with the Triton step's arguments (β, γ instead of the rule object)."""
+    return fused_recurrent_step(fq, fk, v, state, rule=momentum_rule(momentum, step_size), **kw)
 
 
 def rel_rms(got, expected):

@@ -14,10 +14,16 @@ from plugins.attention.naive import (
     naive_causal_momentum_attention,
     naive_recurrent_momentum_attention,
 )
-from plugins.attention.recurrent import fused_recurrent_step as torch_step
+from plugins.attention.recurrent import fused_recurrent_step
+from plugins.attention.rule import momentum_rule
 from plugins.attention.state import MomentumAttentionState
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton not installed")
+
+
+def torch_step(fq, fk, v, state, *, momentum, step_size, **kw):
+    """The PyTorch step with the Triton step's arguments (β, γ instead of the rule object)."""
+    return fused_recurrent_step(fq, fk, v, state, rule=momentum_rule(momentum, step_size), **kw)
 
 
 # (N, D, chunk, β, γ, padded, initial state)

@@ -4,8 +4,8 @@ from typing import Optional, Tuple, Union
 import torch
 
 from ..packing import Segments
-from ..validation import check_bool, check_group, check_momentum, check_offsets, check_positive
-from .attend import attend, attend_step, mask_keys
+from ..validation import check_bool, check_group, check_offsets, check_positive
+from .attend import attend_step, execute, mask_keys
 from .checks import (
     check_chunk_size,
     check_feature_dims,
@@ -18,6 +18,7 @@ from .cp_agreement import report_invalid
 from .feature_maps import FeatureMap, resolve_feature_map
 from .noncausal import apply_noncausal_summary, noncausal_summary
 from .nonfinite import all_finite, split_finite
+from .plan import plan
 from .spec import AttentionSpec
 from .state import MomentumAttentionState, NonCausalSummary
 from .varlen import varlen_apply_summary, varlen_noncausal_summary
@@ -30,7 +31,8 @@ def momentum_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, mom
                        padding_mask: Optional[torch.Tensor] = None, eps: float = 1e-6,
                        chunk_size: int = 64, initial_state: Optional[MomentumAttentionState] = None,
                        return_state: bool = False, backend: str = "auto",
-                       cu_seqlens: Optional[torch.Tensor] = None, process_group=None) -> Output:
+                       cu_seqlens: Optional[torch.Tensor] = None, process_group=None,
+                       rule: str = "momentum") -> Output:
     """Momentum attention, O(N) time and memory.
 
     q, k: (B, H, Nq, Dk); v: (B, H, Nk, Dv) → (B, H, Nq, Dv) in the inputs' dtype.
@@ -62,46 +64,51 @@ def momentum_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, mom
     process_group (torch.distributed): context parallelism, one sequence split over the group's
     ranks in rank order, each passing its slice (`plugins.attention.context_parallel`,
     docs/context_parallel.md); the result on each rank is the whole sequence's on its slice.
+    rule: the update rule, "momentum" (eq. 12) or a name given to `plugins.attention.rule.register_rule`.
     """
     causal = check_bool(causal, "causal")
     return_state = check_bool(return_state, "return_state")
+    group = None
     if process_group is not None:
         group = check_group(process_group)
         try:
             spec, segments = check_call(q, k, v, momentum=momentum, step_size=step_size, causal=causal,
                                         feature_map=feature_map, eps=eps, chunk_size=chunk_size,
                                         backend=backend, padding_mask=padding_mask, cu_seqlens=cu_seqlens,
-                                        initial_state=initial_state, return_state=return_state)
+                                        initial_state=initial_state, return_state=return_state, rule=rule)
         except ValueError:
             report_invalid(group)       # the other ranks raise too instead of waiting for this one
             raise
+    else:
+        check_qkv(q, k, v, causal=causal)
+        spec = AttentionSpec(momentum=momentum, step_size=step_size, causal=causal, feature_map=feature_map,
+                             eps=eps, chunk_size=chunk_size, backend=backend, rule=rule)
+        segments = _segments(padding_mask, cu_seqlens, q, k)
+        _check_state_type(initial_state, "initial_state")
+        if not causal and (initial_state is not None or return_state):
+            raise ValueError("initial_state and return_state need causal=True (eq. 14 has no recurrent form)")
+    chosen = plan(spec, q, k, v, segments=segments, state=initial_state, process_group=group)
+    if chosen.path == "context_parallel":
         return context_parallel_attention(q, k, v, spec, process_group=group, segments=segments,
                                           initial_state=initial_state, return_state=return_state)
-    check_qkv(q, k, v, causal=causal)
-    spec = AttentionSpec(momentum=momentum, step_size=step_size, causal=causal, feature_map=feature_map,
-                         eps=eps, chunk_size=chunk_size, backend=backend)
-    segments = _segments(padding_mask, cu_seqlens, q, k)
-    _check_state_type(initial_state, "initial_state")
-    if not causal and (initial_state is not None or return_state):
-        raise ValueError("initial_state and return_state need causal=True (eq. 14 has no recurrent form)")
-    return attend(q, k, v, spec, segments=segments, initial_state=initial_state, return_state=return_state,
-                  finite=_finite(q, k, v))
+    return execute(chosen, q, k, v, spec, segments=segments, initial_state=initial_state,
+                   return_state=return_state, finite=_finite(q, k, v))
 
 
 def summarize_keys(k: torch.Tensor, v: torch.Tensor, *, momentum: float, step_size: float = 1.0,
                    feature_map: FeatureMap = "elu", padding_mask: Optional[torch.Tensor] = None,
-                   cu_seqlens: Optional[torch.Tensor] = None, chunk_size: int = 64) -> NonCausalSummary:
+                   cu_seqlens: Optional[torch.Tensor] = None, chunk_size: int = 64,
+                   rule: str = "momentum") -> NonCausalSummary:
     """The key/value sums of eq. 14 for k (B, H, Nk, Dk), v (B, H, Nk, Dv), padding_mask (B, Nk)
     True = real key: computed once, e.g. over an encoder's output, then applied to any number of
     queries with `attend_summary` — `attend_summary(q, summarize_keys(k, v, …))` equals
     `momentum_attention(q, k, v, causal=False, …)`. Sums in float32 (float64 for float64 input).
     cu_seqlens (packed keys of n sequences in one row, as in `momentum_attention`): one summary
-    row per sequence (batch n)."""
+    row per sequence (batch n). rule as in `momentum_attention`."""
     check_qkv(k[:, :, :0], k, v, causal=False)
-    momentum = check_momentum(momentum)
-    step_size = check_positive(step_size, "step_size")
-    chunk_size = check_chunk_size(chunk_size)
-    phi = resolve_feature_map(feature_map)
+    spec = AttentionSpec(momentum=momentum, step_size=step_size, causal=False, feature_map=feature_map,
+                         chunk_size=chunk_size, rule=rule)
+    chunk_size, phi = spec.chunk_size, spec.phi
     mask = check_padding_mask(padding_mask, k.shape[0], k.shape[2], k.device)
     cu = None
     if cu_seqlens is not None:
@@ -113,10 +120,10 @@ def summarize_keys(k: torch.Tensor, v: torch.Tensor, *, momentum: float, step_si
         fk, v = mask_keys(phi(mask_keys(k, mask)), mask), mask_keys(v, mask)
         check_feature_dims(fk, fk, k, k)
         if cu is not None:
-            kv, z = varlen_noncausal_summary(fk, v, cu_seqlens=cu, momentum=momentum, step_size=step_size,
+            kv, z = varlen_noncausal_summary(fk, v, cu_seqlens=cu, rule=spec.momentum_rule,
                                              chunk_size=chunk_size)
         else:
-            kv, z = noncausal_summary(fk, v, momentum=momentum, step_size=step_size, key_mask=mask)
+            kv, z = noncausal_summary(fk, v, rule=spec.momentum_rule, key_mask=mask)
     return NonCausalSummary(kv=kv, z=z)
 
 
@@ -174,7 +181,7 @@ def momentum_attention_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                             step_size: float = 1.0, feature_map: FeatureMap = "elu",
                             eps: float = 1e-6, padding_mask: Optional[torch.Tensor] = None,
                             chunk_size: int = 64, backend: str = "auto",
-                            cu_seqlens: Optional[torch.Tensor] = None,
+                            cu_seqlens: Optional[torch.Tensor] = None, rule: str = "momentum",
                             ) -> Tuple[torch.Tensor, MomentumAttentionState]:
     """Recurrent form eq. 12 for decoding: q, k (B, H, n, Dk), v (B, H, n, Dv) are n ≥ 1 new
     positions; state is a `MomentumAttentionState` (a plain (s, z, m) tuple is refused: build
@@ -182,16 +189,17 @@ def momentum_attention_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     Returns (out (B, H, n, Dv), new_state). One position runs the fused single-token update;
     several run the chunked form from `state`. backend as in `momentum_attention`.
     cu_seqlens: the new positions of n packed sequences in one row (batch 1), as in
-    `momentum_attention`; the state then has batch n (e.g. continuing a packed prefill)."""
+    `momentum_attention`; the state then has batch n (e.g. continuing a packed prefill). rule as in
+    `momentum_attention`."""
     check_qkv(q, k, v, causal=True)
     _check_state_type(state, "state")
     if q.shape[2] != 1 or cu_seqlens is not None:
         return momentum_attention(q, k, v, momentum=momentum, step_size=step_size, causal=True,
                                   feature_map=feature_map, padding_mask=padding_mask, eps=eps,
                                   chunk_size=chunk_size, initial_state=state, return_state=True,
-                                  backend=backend, cu_seqlens=cu_seqlens)
+                                  backend=backend, cu_seqlens=cu_seqlens, rule=rule)
     spec = AttentionSpec(momentum=momentum, step_size=step_size, feature_map=feature_map, eps=eps,
-                         chunk_size=chunk_size, backend=backend)
+                         chunk_size=chunk_size, backend=backend, rule=rule)
     segments = None
     if padding_mask is not None:
         check_padding_mask(padding_mask, q.shape[0], 1, k.device)

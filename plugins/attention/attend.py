@@ -2,17 +2,17 @@
 `attend_step` take an already validated `AttentionSpec` and `plugins.packing.Segments` and check
 nothing more than what protects memory (shapes). They read no device value to the host (no
 bool()/int()/.item()/nonzero of a device tensor), so the CPU runs ahead of the GPU and
-torch.compile sees no data-dependent branch; the public functions of `api` validate and call them."""
+torch.compile sees no data-dependent branch; the public functions of `api` validate and call them.
+The path is chosen once per call by `plan.plan`; the functions here execute it."""
 from typing import Optional
 
 import torch
 
 from ..packing import Segments
-from .backends import triton_for
-from .checks import compute_dtype
 from .chunk import chunk_causal_momentum_attention
 from .noncausal import apply_noncausal_summary, noncausal_summary
 from .nonfinite import NonFiniteMarks
+from .plan import Plan, plan
 from .recurrent import fused_recurrent_step
 from .spec import AttentionSpec
 from .state import MomentumAttentionState
@@ -29,18 +29,8 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, spec: AttentionSpe
     finite: the caller has checked that q, k, v hold no NaN/inf (`nonfinite.all_finite`, a host
     read that `attend` itself never makes); otherwise NaN/inf is kept causal by marks. Context
     parallelism (`context_parallel.context_parallel_attention`) wraps this function."""
-    repack = segments is not None and segments.packed and (segments.index is not None or segments.batch != 1)
-    if repack:
-        q, k, v = segments.pack(q), segments.pack(k), segments.pack(v)
-    out_dtype = torch.promote_types(torch.promote_types(q.dtype, k.dtype), v.dtype)
-    if not spec.causal:
-        out, state = _noncausal(q, k, v, spec, segments, finite).to(out_dtype), None
-    else:
-        out, state = _causal_dispatch(q, k, v, spec, segments, initial_state, return_state, finite)
-        out = out.to(out_dtype)
-    if repack:
-        out = segments.unpack(out)
-    return (out, state) if return_state else out
+    return execute(plan(spec, q, k, v, segments=segments, state=initial_state), q, k, v, spec,
+                   segments=segments, initial_state=initial_state, return_state=return_state, finite=finite)
 
 
 def attend_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, state: Optional[MomentumAttentionState],
@@ -48,13 +38,16 @@ def attend_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, state: Option
     """Eq. 12 for n ≥ 1 new positions q, k (B, H, n, Dk), v (B, H, n, Dv) from `state` (None: a zero
     start). Returns (out (B, H, n, Dv), new state). One position of unpacked rows runs the fused
     single-token update (rows whose position is padding keep their state and output 0)."""
-    if q.shape[2] != 1 or (segments is not None and segments.packed):
-        return attend(q, k, v, spec, segments=segments, initial_state=state, return_state=True, finite=finite)
+    chosen = plan(spec, q, k, v, segments=segments, state=state, step=True)
+    if chosen.path not in ("step", "triton_step"):
+        return execute(chosen, q, k, v, spec, segments=segments, initial_state=state, return_state=True,
+                       finite=finite)
     real = None if segments is None else segments.padding_mask
     B, H, Dv = q.shape[0], q.shape[1], v.shape[-1]
-    dtype = _state_dtype(state, compute_dtype(q, k, v))
-    kernels = triton_for(spec.backend, q.device, float64=dtype == torch.float64)
-    step = fused_recurrent_step if kernels is None else kernels.fused_recurrent_step
+    dtype = chosen.state_dtype
+    step = fused_recurrent_step if chosen.kernels is None else chosen.kernels.fused_recurrent_step
+    rule = spec.momentum_rule
+    hyper = dict(rule=rule) if chosen.kernels is None else dict(momentum=rule.decay, step_size=rule.direct)
     out_dtype = torch.promote_types(torch.promote_types(q.dtype, k.dtype), v.dtype)
     with torch.autocast(device_type=q.device.type, enabled=False):
         q, k, v = (mask_keys(t.to(dtype), real) for t in (q, k, v))
@@ -65,36 +58,52 @@ def attend_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, state: Option
         else:
             check_state(state, B, H, D, Dv, k.device)
             state = state.to(dtype)
-        out, state = step(fq[:, :, 0], fk[:, :, 0], v[:, :, 0], state, momentum=spec.momentum,
-                          step_size=spec.step_size, eps=spec.eps, real=None if real is None else real[:, 0])
+        out, state = step(fq[:, :, 0], fk[:, :, 0], v[:, :, 0], state, eps=spec.eps,
+                          real=None if real is None else real[:, 0], **hyper)
     return marks.step(out)[:, :, None].to(out_dtype), marks.state(state)
 
 
-def _causal_dispatch(q, k, v, spec, segments, initial_state, return_state, finite):
-    packed = segments is not None and segments.packed
-    state_dtype = _state_dtype(initial_state, compute_dtype(q, k, v))
-    extra = {}
-    kernels = triton_for(spec.backend, q.device, float64=state_dtype == torch.float64)
-    if kernels is not None:
-        kernel, run_dtype = kernels.chunk_momentum_attention, torch.promote_types(
-            torch.promote_types(q.dtype, k.dtype), v.dtype)
-    elif packed:
-        kernel, run_dtype = varlen_causal_momentum_attention, state_dtype
-        extra = dict(cu_seqlens_cpu=segments.cu_seqlens_cpu)
+def execute(chosen: Plan, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, spec: AttentionSpec, *,
+            segments: Optional[Segments] = None, initial_state: Optional[MomentumAttentionState] = None,
+            return_state: bool = False, finite: bool = False):
+    """Runs `chosen` (a `plan` of `attend`'s arguments, not "context_parallel" nor a step path):
+    packs padded inputs of packed segments, runs the path, unpacks."""
+    repack = segments is not None and segments.packed and (segments.index is not None or segments.batch != 1)
+    if repack:
+        q, k, v = segments.pack(q), segments.pack(k), segments.pack(v)
+    out_dtype = torch.promote_types(torch.promote_types(q.dtype, k.dtype), v.dtype)
+    if chosen.path in ("noncausal", "noncausal_varlen"):
+        out, state = _noncausal(q, k, v, spec, segments, finite, chosen.state_dtype).to(out_dtype), None
     else:
-        kernel, run_dtype = chunk_causal_momentum_attention, state_dtype
+        out, state = _causal(chosen, q, k, v, spec, segments, initial_state, return_state, finite)
+        out = out.to(out_dtype)
+    if repack:
+        out = segments.unpack(out)
+    return (out, state) if return_state else out
+
+
+def _causal(chosen, q, k, v, spec, segments, initial_state, return_state, finite):
+    rule = spec.momentum_rule
+    extra = {}
+    if chosen.path == "triton":
+        kernel = chosen.kernels.chunk_momentum_attention
+        extra = dict(momentum=rule.decay, step_size=rule.direct)
+    elif chosen.path == "varlen":
+        kernel = varlen_causal_momentum_attention
+        extra = dict(rule=rule, cu_seqlens_cpu=segments.cu_seqlens_cpu)
+    else:
+        kernel, extra = chunk_causal_momentum_attention, dict(rule=rule)
     with torch.autocast(device_type=q.device.type, enabled=False):
-        q, k, v = q.to(run_dtype), k.to(run_dtype), v.to(run_dtype)
-        hyper = dict(state_dtype=state_dtype, momentum=spec.momentum, step_size=spec.step_size, eps=spec.eps,
-                     chunk_size=spec.chunk_size, initial_state=initial_state, return_state=return_state,
-                     finite=finite)
-        if packed:
+        q, k, v = q.to(chosen.run_dtype), k.to(chosen.run_dtype), v.to(chosen.run_dtype)
+        hyper = dict(state_dtype=chosen.state_dtype, eps=spec.eps, chunk_size=spec.chunk_size,
+                     initial_state=initial_state, return_state=return_state, finite=finite)
+        if segments is not None and segments.packed:
             return _causal_packed(q, k, v, spec.phi, segments.cu_seqlens, kernel=kernel, extra=extra, **hyper)
-        return _causal(q, k, v, spec.phi, segments, kernel=kernel, **hyper)
+        return _causal_rows(q, k, v, spec.phi, segments, kernel=kernel, extra=extra, **hyper)
 
 
-def _causal(q, k, v, phi, segments, *, kernel, state_dtype, momentum, step_size, eps, chunk_size,
-            initial_state, return_state, finite):
+def _causal_rows(q, k, v, phi, segments, *, kernel, extra, state_dtype, eps, chunk_size,
+                 initial_state, return_state, finite):
     """Causal form on any padding pattern: real tokens are moved to the front of their row
     (`segments.order`, a stable gather), run right-padded through `kernel` on finite inputs, and
     moved back."""
@@ -116,9 +125,8 @@ def _causal(q, k, v, phi, segments, *, kernel, state_dtype, momentum, step_size,
         if return_state and initial_state is None:
             initial_state = MomentumAttentionState.zeros(B, H, D, Dv, dtype=state_dtype, device=q.device)
         return out, initial_state
-    out, state = kernel(fq, fk, v, momentum=momentum, step_size=step_size, eps=eps,
-                        chunk_size=chunk_size, initial_state=initial_state, lengths=lengths,
-                        return_state=return_state)
+    out, state = kernel(fq, fk, v, eps=eps, chunk_size=chunk_size, initial_state=initial_state,
+                        lengths=lengths, return_state=return_state, **extra)
     out = marks.causal(out)
     if return_state:
         state = marks.state(state)
@@ -129,7 +137,7 @@ def _causal(q, k, v, phi, segments, *, kernel, state_dtype, momentum, step_size,
     return out, state
 
 
-def _causal_packed(q, k, v, phi, cu, *, kernel, extra, state_dtype, momentum, step_size, eps, chunk_size,
+def _causal_packed(q, k, v, phi, cu, *, kernel, extra, state_dtype, eps, chunk_size,
                    initial_state, return_state, finite):
     """Causal form on packed sequences (batch 1): every segment restarts from its own initial
     state; NaN marks stay inside their segment."""
@@ -145,9 +153,8 @@ def _causal_packed(q, k, v, phi, cu, *, kernel, extra, state_dtype, momentum, st
         if return_state and initial_state is None:
             initial_state = MomentumAttentionState.zeros(n, H, D, Dv, dtype=state_dtype, device=q.device)
         return out, initial_state
-    out, state = kernel(fq, fk, v, momentum=momentum, step_size=step_size, eps=eps,
-                        chunk_size=chunk_size, initial_state=initial_state, return_state=return_state,
-                        cu_seqlens=cu, **extra)
+    out, state = kernel(fq, fk, v, eps=eps, chunk_size=chunk_size, initial_state=initial_state,
+                        return_state=return_state, cu_seqlens=cu, **extra)
     segments = segment_of_tokens(cu, N)
     out = marks.causal(out, segments=segments)
     if return_state:
@@ -155,11 +162,10 @@ def _causal_packed(q, k, v, phi, cu, *, kernel, extra, state_dtype, momentum, st
     return out, state
 
 
-def _noncausal(q, k, v, spec, segments, finite):
+def _noncausal(q, k, v, spec, segments, finite, dtype):
     """Eq. 14 as two sums over the real keys (per segment when packed), in float32 (float64 for
     float64 inputs)."""
     mask = None if segments is None or segments.packed else segments.padding_mask
-    dtype = compute_dtype(q, k, v)
     with torch.autocast(device_type=q.device.type, enabled=False):
         q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
         fq, fk, v, marks = NonFiniteMarks.feature_map(spec.phi, q, mask_keys(k, mask), mask_keys(v, mask),
@@ -169,11 +175,11 @@ def _noncausal(q, k, v, spec, segments, finite):
             if q.shape[2] == 0:
                 return v.new_zeros(v.shape) + (fq.sum() + fk.sum())
             out = varlen_noncausal_momentum_attention(
-                fq, fk, v, cu_seqlens=cu, momentum=spec.momentum, step_size=spec.step_size, eps=spec.eps,
+                fq, fk, v, cu_seqlens=cu, rule=spec.momentum_rule, eps=spec.eps,
                 chunk_size=spec.chunk_size, cu_seqlens_cpu=segments.cu_seqlens_cpu)
             return marks.noncausal(out, segments=segment_of_tokens(cu, q.shape[2]), count=cu.numel() - 1)
         fk = mask_keys(fk, mask)
-        kv, z = noncausal_summary(fk, v, momentum=spec.momentum, step_size=spec.step_size, key_mask=mask)
+        kv, z = noncausal_summary(fk, v, rule=spec.momentum_rule, key_mask=mask)
         return marks.noncausal(apply_noncausal_summary(fq, kv, z, eps=spec.eps))
 
 
@@ -187,12 +193,6 @@ def mask_keys(t: torch.Tensor, mask: Optional[torch.Tensor]) -> torch.Tensor:
 
 def _gather(t: torch.Tensor, order: torch.Tensor) -> torch.Tensor:
     return t.gather(2, order[:, None, :, None].expand(t.shape[0], t.shape[1], -1, t.shape[3]))
-
-
-def _state_dtype(state: Optional[MomentumAttentionState], dtype: torch.dtype) -> torch.dtype:
-    if state is not None and state.s.dtype == torch.float64:
-        return torch.float64
-    return dtype
 
 
 def check_state(state: MomentumAttentionState, B: int, H: int, Dk: int, Dv: int,

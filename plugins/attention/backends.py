@@ -8,6 +8,8 @@ from typing import Optional
 
 import torch
 
+from .rule import MomentumRule
+
 _FAILED = {}      # the import error of plugins.attention.triton, once "auto" has met it
 
 
@@ -37,8 +39,16 @@ def use_triton(backend: str, device: torch.device, float64: bool) -> bool:
     return True
 
 
-def triton_for(backend: str, device: torch.device, float64: bool) -> Optional[ModuleType]:
-    """The Triton kernels when `use_triton` says they run this call, else None (PyTorch)."""
+def triton_for(backend: str, device: torch.device, float64: bool,
+               rule: Optional[MomentumRule] = None) -> Optional[ModuleType]:
+    """The Triton kernels when `use_triton` says they run this call, else None (PyTorch). The
+    kernels compute eq. 12's coefficients from (β, γ): a rule that is not eq. 12
+    (`MomentumRule.is_momentum`) runs in PyTorch, and backend="triton" refuses it."""
+    if rule is not None and not rule.is_momentum:
+        if backend == "triton":
+            raise ValueError("backend='triton' runs the momentum rule (eq. 12) only; a registered rule "
+                             "other than 'momentum' runs with backend='torch' or 'auto'")
+        return None
     return triton_kernels() if use_triton(backend, device, float64) else None
 
 

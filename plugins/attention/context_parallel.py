@@ -27,7 +27,6 @@ from ..validation import check_group
 from .attend import attend, mask_keys
 from .checks import check_feature_dims, check_padding_mask, check_qkv, compute_dtype
 from .closed_form import advance, run_state
-from .coefficients import geometric
 from .cp_agreement import Agreement, agree
 from .feature_maps import FeatureMap
 from .noncausal import apply_noncausal_summary
@@ -88,14 +87,14 @@ def context_parallel_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
 def check_call(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, momentum: float, step_size: float,
                causal: bool, feature_map: FeatureMap, eps: float, chunk_size: int, backend: str,
                padding_mask: Optional[torch.Tensor], cu_seqlens: Optional[torch.Tensor],
-               initial_state: Optional[MomentumAttentionState], return_state: bool
+               initial_state: Optional[MomentumAttentionState], return_state: bool, rule: str = "momentum"
                ) -> Tuple[AttentionSpec, Optional[Segments]]:
     """This rank's checks of `momentum_attention(..., process_group=)`'s arguments (before the
     ranks agree): its spec, and its Segments (the slice's padding, or the whole row's documents
     for cu_seqlens, the global offsets)."""
     check_qkv(q, k, v, causal=causal)
     spec = AttentionSpec(momentum=momentum, step_size=step_size, causal=causal, feature_map=feature_map,
-                         eps=eps, chunk_size=chunk_size, backend=backend)
+                         eps=eps, chunk_size=chunk_size, backend=backend, rule=rule)
     mask = check_padding_mask(padding_mask, k.shape[0], k.shape[2], k.device)
     if initial_state is not None and not isinstance(initial_state, MomentumAttentionState):
         raise ValueError(f"initial_state must be a MomentumAttentionState or None, "
@@ -299,16 +298,16 @@ def _packed(q, k, v, spec: AttentionSpec, segments: Segments, ranks: Agreement, 
 
 
 def _noncausal_over_ranks(q, k, v, spec: AttentionSpec, mask, lengths, rank, group, *, dtype):
-    """Eq. 14 over the ranks: key j's weight γ(1−β^(a_j+1))/(1−β) counts the real keys a_j after
-    it in the whole sequence (after it in this slice plus those of the later ranks); the two sums
-    are all-reduced and each rank applies them to its own queries."""
+    """Eq. 14 over the ranks: key j's weight γ(1−β^(a_j+1))/(1−β) (`rule.input_on_s(a_j)`) counts the
+    real keys a_j after it in the whole sequence (after it in this slice plus those of the later
+    ranks); the two sums are all-reduced and each rank applies them to its own queries."""
     later = lengths[rank + 1:].sum(0)                                              # (B,)
     with torch.autocast(device_type=q.device.type, enabled=False):
-        phi, momentum, step_size = spec.phi, spec.momentum, spec.step_size
+        phi = spec.phi
         fk, vv = _feature_keys(phi, k, v, mask, dtype)
         B = fk.shape[0]
         after = _real_after(mask, B, fk.shape[2], fk.device).clamp(min=0) + later[:, None]
-        weight = step_size * geometric(momentum, after + 1)
+        weight = spec.momentum_rule.input_on_s(after)
         if mask is not None:
             weight = weight * mask
         kv = torch.einsum("bhnd,bn,bhne->bhde", fk, weight.to(dtype), vv)

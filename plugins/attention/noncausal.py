@@ -6,21 +6,22 @@ from typing import Optional, Tuple
 
 import torch
 
-from .coefficients import geometric
+from .rule import MomentumRule
 
 
-def noncausal_summary(fk: torch.Tensor, v: torch.Tensor, *, momentum: float, step_size: float,
+def noncausal_summary(fk: torch.Tensor, v: torch.Tensor, *, rule: MomentumRule,
                       key_mask: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor]:
     """The sums of eq. 14: kv = γ Σ_j (1−β^(N−j+1))/(1−β) φ(k_j)v_jᵀ (B, H, Dk, Dv) and
     z = Σ_j φ(k_j) (B, H, Dk). fk (B, H, Nk, Dk), v (B, H, Nk, Dv): feature-mapped, padded keys
     zeroed; N and j count each row's real keys (key_mask (B, Nk), True = real; any pattern),
-    so a padded row equals the same sequence alone."""
+    so a padded row equals the same sequence alone. The weight is `rule.input_on_s` of the real
+    keys after j (eq. 12's s after the whole sequence)."""
     B, Nk = fk.shape[0], fk.shape[2]
     if key_mask is None:
         after = torch.arange(Nk - 1, -1, -1, device=fk.device).expand(B, Nk)
     else:
         after = key_mask.flip(-1).cumsum(-1).flip(-1) - 1      # real keys after j: N − j
-    weight = step_size * geometric(momentum, after.clamp(min=0) + 1)
+    weight = rule.input_on_s(after.clamp(min=0))
     if key_mask is not None:
         weight = weight * key_mask
     kv = torch.einsum("bhnd,bn,bhne->bhde", fk, weight.to(fk.dtype), v)

@@ -6,6 +6,7 @@ import types
 import plugins.attention
 from plugins.attention.chunk import chunk_causal_momentum_attention
 from plugins.attention.recurrent import fused_recurrent_step
+from plugins.attention.rule import momentum_rule
 
 KERNELS = "plugins.attention.triton"
 
@@ -22,7 +23,9 @@ def fake_kernels(calls, available=True):
 
     def step(fq, fk, v, state, **kw):
         calls.append(dict(form="step", dtypes=(fq.dtype, fk.dtype, v.dtype), state=state.s.dtype, **kw))
-        return fused_recurrent_step(fq, fk, v, state, **kw)
+        hyper = dict(kw)
+        rule = momentum_rule(hyper.pop("momentum"), hyper.pop("step_size"))
+        return fused_recurrent_step(fq, fk, v, state, rule=rule, **hyper)
 
     module.is_available = lambda: available
     module.chunk_momentum_attention = chunk
