@@ -207,7 +207,16 @@ class MomentumLSTMModel(MomentumLSTMPreTrainedModel):
         return tuple(packed.unpack_tokens(out) for out in outputs)
 
     def _outputs(self, x, mask, all_layers=False):
-        return self._run(x, mask, None, all_layers)[0]
+        """Outputs without a state in or out. Padded rows run whole, their real tokens moved to
+        the front: the stack is causal, so the outputs at real tokens never see the padding behind
+        them. No row length is read to the host, and no shape depends on the mask's values
+        (torch.export with a dynamic batch and length, ONNX)."""
+        if mask is None:
+            return self._run(x, None, None, all_layers)[0]
+        order, back = front_order(mask)
+        outputs, _ = self._stack(x.gather(1, order[..., None].expand_as(x)), None, all_layers)
+        return tuple(out.gather(1, back[..., None].expand_as(out)) * mask[..., None].to(out.dtype)
+                     for out in outputs)
 
     def _run(self, x, mask, state, all_layers=False):
         """(outputs, final state): a tuple of the last layer's output or, with all_layers,
@@ -230,12 +239,23 @@ class MomentumLSTMModel(MomentumLSTMPreTrainedModel):
         """Padded rows (lengths: real tokens per row, on the host) as a PackedSequence."""
         if 0 in lengths.tolist():
             raise ValueError("every row needs at least one real token in attention_mask")
-        order = torch.argsort((~mask).to(torch.int8), dim=-1, stable=True)
+        order, back = front_order(mask)
         front = x.gather(1, order[..., None].expand_as(x))
         packed = pack_padded_sequence(front, lengths, batch_first=True, enforce_sorted=False)
         outputs, state = self._stack(packed, state, all_layers)
-        back = torch.argsort(order, dim=-1)
         return tuple(unpack(out, back, mask) for out in outputs), state
+
+
+def front_order(mask):
+    """(order, back) of a (batch, length) mask: order[b] lists row b's real positions, then its
+    padded ones, each in their order (a stable partition computed with cumulative sums, not a
+    sort); back is its inverse permutation."""
+    real = mask.to(torch.long)
+    padded_after = real.sum(-1, keepdim=True) + (1 - real).cumsum(-1) - 1
+    destination = torch.where(mask, real.cumsum(-1) - 1, padded_after)
+    positions = torch.arange(mask.shape[1], device=mask.device).expand_as(destination)
+    order = torch.empty_like(destination).scatter_(1, destination, positions)
+    return order, destination
 
 
 def unpack(packed, back, mask):

@@ -70,11 +70,16 @@ class ConstantDecay:
     def lag_blocks(self, n, chunks):
         """M[0..n, 0..n] and M[c·n, j·n] (c, j < chunks) as float64 matrices, built once per
         decay: a forward pass shares one decay among its layers and their bias channels."""
+        if torch.compiler.is_compiling():      # symbolic sizes (torch.export): no cache key
+            return self._build_lag_blocks(n, chunks)
         if (n, chunks) not in self._lag_blocks:
-            tau = torch.arange(n + 1, device=self.device)
-            ends = torch.arange(chunks, device=self.device) * n
-            self._lag_blocks[n, chunks] = (self.matrix(tau, tau)[0], self.matrix(ends, ends)[0])
+            self._lag_blocks[n, chunks] = self._build_lag_blocks(n, chunks)
         return self._lag_blocks[n, chunks]
+
+    def _build_lag_blocks(self, n, chunks):
+        tau = torch.arange(n + 1, device=self.device)
+        ends = torch.arange(chunks, device=self.device) * n
+        return self.matrix(tau, tau)[0], self.matrix(ends, ends)[0]
 
 
 class NAGDecay:
@@ -179,7 +184,8 @@ def stationary_filter(seq, decay, step_size, chunk=128):
     the chunk's own part), i.e. L = A e with A[c, j] = M[c·n, j·n]. A fixed number of
     kernels for any T (the chunk loop launched ~20 per chunk); memory O(T + n² + (T/n)²)."""
     steps = seq.size(0)
-    n = min(chunk, steps)
+    # traced with a symbolic length, the chunk stays `chunk` (min() would guard on the length)
+    n = chunk if torch.compiler.is_compiling() else min(chunk, steps)
     chunks = -(-steps // n)
     full, across = decay.lag_blocks(n, chunks)
     block = (step_size * full[1:, 1:]).to(device=seq.device, dtype=seq.dtype)

@@ -1,0 +1,57 @@
+"""torch.export of the native models' scoring forward (logits, use_cache=False) with an
+attention_mask and dynamic shapes: the exported program equals eager at the traced shape and at
+others, and each padded row equals its sequence alone."""
+import pytest
+import torch
+from helpers.hf_tiny_models import causal_lm, left_padded
+from torch.export import Dim, export
+
+
+class Logits(torch.nn.Module):
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids, attention_mask):
+        return self.model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits
+
+
+def batch(seed, lengths, total):
+    return left_padded(torch.Generator().manual_seed(seed), lengths, total)
+
+
+def check_against_eager(program, model, ids, mask):
+    wrapped = Logits(model)
+    got, want = program.module()(ids, mask), wrapped(ids, mask)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    for row, n in enumerate(mask.sum(-1).tolist()):
+        alone = model(input_ids=ids[row:row + 1, ids.shape[1] - n:], use_cache=False).logits[0]
+        torch.testing.assert_close(got[row, ids.shape[1] - n:], alone, rtol=1e-5, atol=1e-5)
+
+
+def test_lstm_exports_with_a_dynamic_batch_and_a_mask():
+    model = causal_lm("lstm")
+    ids, mask = batch(0, [5, 8], 8)
+    rows = Dim("batch", min=1, max=64)
+    program = export(Logits(model), (ids, mask), dynamic_shapes=({0: rows}, {0: rows}))
+    check_against_eager(program, model, ids, mask)
+    check_against_eager(program, model, *batch(1, [2, 8, 7], 8))
+    check_against_eager(program, model, *batch(2, [1], 8))
+
+
+@pytest.mark.xfail(strict=True, raises=torch._dynamo.exc.UserError, reason=(
+    "torch.export decomposes aten.lstm into a loop over the time steps, which fixes the length: "
+    "a plain nn.LSTM fails the same way (test_torch_lstm_fixes_the_length)"))
+def test_lstm_exports_with_a_dynamic_length():
+    model = causal_lm("lstm")
+    ids, mask = batch(0, [5, 8], 8)
+    rows, length = Dim("batch", min=1, max=64), Dim("length", min=2, max=64)
+    export(Logits(model), (ids, mask), dynamic_shapes=({0: rows, 1: length}, {0: rows, 1: length}))
+
+
+def test_torch_lstm_fixes_the_length():
+    """The reason for the xfail above: if torch lifts this, the LSTM test starts passing (strict
+    xfail fails) and the README's export section must be updated."""
+    lstm = torch.nn.LSTM(4, 8, batch_first=True)
+    with pytest.raises(torch._dynamo.exc.UserError, match="specialized it to be a constant"):
+        export(lstm, (torch.randn(2, 8, 4),), dynamic_shapes=({1: Dim("length", min=2, max=64)},))
