@@ -10,6 +10,7 @@ import torch
 from plugins.attention import momentum_attention
 from plugins.attention.chunk import chunk_causal_momentum_attention
 from plugins.attention.recurrent import fused_recurrent_step as torch_step
+from plugins.attention.rule import momentum_rule
 from plugins.attention.state import MomentumAttentionState
 
 pytestmark = [pytest.mark.gpu,
@@ -43,7 +44,8 @@ def triton_attention(fq, fk, v, **kw):
 def torch_attention(fq, fk, v, **kw):
     kw = {"momentum": 0.9, "step_size": 1.0, "eps": 1e-6, "chunk_size": 64, "initial_state": None,
           "lengths": None, "return_state": False, **kw}
-    return chunk_causal_momentum_attention(fq, fk, v, **kw)
+    rule = momentum_rule(kw.pop("momentum"), kw.pop("step_size"))
+    return chunk_causal_momentum_attention(fq, fk, v, rule=rule, **kw)
 
 
 def value_and_grads(fn, tensors, dtype, upstream):

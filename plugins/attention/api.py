@@ -18,6 +18,7 @@ from .cp_agreement import report_invalid
 from .feature_maps import FeatureMap, resolve_feature_map
 from .noncausal import apply_noncausal_summary, noncausal_summary
 from .nonfinite import all_finite, split_finite
+from .rule import momentum_rule
 from .spec import AttentionSpec
 from .state import MomentumAttentionState, NonCausalSummary
 from .varlen import varlen_apply_summary, varlen_noncausal_summary
@@ -113,7 +114,7 @@ def summarize_keys(k: torch.Tensor, v: torch.Tensor, *, momentum: float, step_si
         fk, v = mask_keys(phi(mask_keys(k, mask)), mask), mask_keys(v, mask)
         check_feature_dims(fk, fk, k, k)
         if cu is not None:
-            kv, z = varlen_noncausal_summary(fk, v, cu_seqlens=cu, momentum=momentum, step_size=step_size,
+            kv, z = varlen_noncausal_summary(fk, v, cu_seqlens=cu, rule=momentum_rule(momentum, step_size),
                                              chunk_size=chunk_size)
         else:
             kv, z = noncausal_summary(fk, v, momentum=momentum, step_size=step_size, key_mask=mask)

@@ -75,9 +75,11 @@ def _causal_dispatch(q, k, v, spec, segments, initial_state, return_state, finit
     state_dtype = _state_dtype(initial_state, compute_dtype(q, k, v))
     extra = {}
     kernels = triton_for(spec.backend, q.device, float64=state_dtype == torch.float64)
+    rule = dict(rule=spec.momentum_rule)
     if kernels is not None:
         kernel, run_dtype = kernels.chunk_momentum_attention, torch.promote_types(
             torch.promote_types(q.dtype, k.dtype), v.dtype)
+        rule = dict(momentum=spec.momentum, step_size=spec.step_size)
     elif packed:
         kernel, run_dtype = varlen_causal_momentum_attention, state_dtype
         extra = dict(cu_seqlens_cpu=segments.cu_seqlens_cpu)
@@ -85,7 +87,7 @@ def _causal_dispatch(q, k, v, spec, segments, initial_state, return_state, finit
         kernel, run_dtype = chunk_causal_momentum_attention, state_dtype
     with torch.autocast(device_type=q.device.type, enabled=False):
         q, k, v = q.to(run_dtype), k.to(run_dtype), v.to(run_dtype)
-        hyper = dict(state_dtype=state_dtype, momentum=spec.momentum, step_size=spec.step_size, eps=spec.eps,
+        hyper = dict(state_dtype=state_dtype, rule=rule, eps=spec.eps,
                      chunk_size=spec.chunk_size, initial_state=initial_state, return_state=return_state,
                      finite=finite)
         if packed:
@@ -93,7 +95,7 @@ def _causal_dispatch(q, k, v, spec, segments, initial_state, return_state, finit
         return _causal(q, k, v, spec.phi, segments, kernel=kernel, **hyper)
 
 
-def _causal(q, k, v, phi, segments, *, kernel, state_dtype, momentum, step_size, eps, chunk_size,
+def _causal(q, k, v, phi, segments, *, kernel, state_dtype, rule, eps, chunk_size,
             initial_state, return_state, finite):
     """Causal form on any padding pattern: real tokens are moved to the front of their row
     (`segments.order`, a stable gather), run right-padded through `kernel` on finite inputs, and
@@ -116,7 +118,7 @@ def _causal(q, k, v, phi, segments, *, kernel, state_dtype, momentum, step_size,
         if return_state and initial_state is None:
             initial_state = MomentumAttentionState.zeros(B, H, D, Dv, dtype=state_dtype, device=q.device)
         return out, initial_state
-    out, state = kernel(fq, fk, v, momentum=momentum, step_size=step_size, eps=eps,
+    out, state = kernel(fq, fk, v, **rule, eps=eps,
                         chunk_size=chunk_size, initial_state=initial_state, lengths=lengths,
                         return_state=return_state)
     out = marks.causal(out)
@@ -129,7 +131,7 @@ def _causal(q, k, v, phi, segments, *, kernel, state_dtype, momentum, step_size,
     return out, state
 
 
-def _causal_packed(q, k, v, phi, cu, *, kernel, extra, state_dtype, momentum, step_size, eps, chunk_size,
+def _causal_packed(q, k, v, phi, cu, *, kernel, extra, state_dtype, rule, eps, chunk_size,
                    initial_state, return_state, finite):
     """Causal form on packed sequences (batch 1): every segment restarts from its own initial
     state; NaN marks stay inside their segment."""
@@ -145,7 +147,7 @@ def _causal_packed(q, k, v, phi, cu, *, kernel, extra, state_dtype, momentum, st
         if return_state and initial_state is None:
             initial_state = MomentumAttentionState.zeros(n, H, D, Dv, dtype=state_dtype, device=q.device)
         return out, initial_state
-    out, state = kernel(fq, fk, v, momentum=momentum, step_size=step_size, eps=eps,
+    out, state = kernel(fq, fk, v, **rule, eps=eps,
                         chunk_size=chunk_size, initial_state=initial_state, return_state=return_state,
                         cu_seqlens=cu, **extra)
     segments = segment_of_tokens(cu, N)
@@ -169,7 +171,7 @@ def _noncausal(q, k, v, spec, segments, finite):
             if q.shape[2] == 0:
                 return v.new_zeros(v.shape) + (fq.sum() + fk.sum())
             out = varlen_noncausal_momentum_attention(
-                fq, fk, v, cu_seqlens=cu, momentum=spec.momentum, step_size=spec.step_size, eps=spec.eps,
+                fq, fk, v, cu_seqlens=cu, rule=spec.momentum_rule, eps=spec.eps,
                 chunk_size=spec.chunk_size, cu_seqlens_cpu=segments.cu_seqlens_cpu)
             return marks.noncausal(out, segments=segment_of_tokens(cu, q.shape[2]), count=cu.numel() - 1)
         fk = mask_keys(fk, mask)
