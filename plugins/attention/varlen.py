@@ -3,8 +3,8 @@
 [cu[s], cu[s+1])). Each segment is its own sequence: eq. 12's S, z and m, the denominators and the
 momentum's step count restart at every boundary, so a packed row equals its segments run alone.
 
-The chunked form (eq. 13) runs on a chunk-aligned layout: every chunk belongs to one segment
-(the last chunk of a segment is partial), as in fla's varlen kernels. The states entering the
+The chunked form (eq. 13) is `chunk.chunk_body` on a chunk-aligned layout: every chunk belongs to
+one segment (the last chunk of a segment is partial), as in fla's varlen kernels. The states entering the
 chunks come from one scan over all chunks of the row in which the first chunk of a segment
 restarts from that segment's initial state — no Python loop over segments, no (n, longest)
 padded batch. The layout costs at most C − 1 empty slots per segment."""
