@@ -45,7 +45,8 @@ def affine_scan(a: Union[float, torch.Tensor], u: torch.Tensor) -> torch.Tensor:
     G = SCAN_BLOCK
     ng = -(-T // G)
     pad = ng * G - T
-    u_blocks = torch.cat([flat, flat.new_zeros(B, H, pad, width)], 2).reshape(B, H, ng, G, width)
+    padded = torch.cat([flat, flat.new_zeros(B, H, pad, width)], 2) if pad else flat
+    u_blocks = padded.reshape(B, H, ng, G, width)
     if isinstance(a, float):
         reach = torch.tensor(a, dtype=torch.float64) ** torch.arange(1, G + 1, dtype=torch.float64)
         a_within, a_blocks = a, a ** G                          # a float: no tensor is read back
