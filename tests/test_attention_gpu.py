@@ -49,7 +49,8 @@ def triton_attention(fq, fk, v, **kw):
 def torch_attention(fq, fk, v, **kw):
     kw = {"momentum": 0.9, "step_size": 1.0, "eps": 1e-6, "chunk_size": 64, "initial_state": None,
           "lengths": None, "return_state": False, **kw}
-    return chunk_causal_momentum_attention(fq, fk, v, **kw)
+    rule = momentum_rule(kw.pop("momentum"), kw.pop("step_size"))
+    return chunk_causal_momentum_attention(fq, fk, v, rule=rule, **kw)
 
 
 def value_and_grads(fn, tensors, dtype, upstream):

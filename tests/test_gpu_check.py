@@ -14,6 +14,7 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from plugins.attention.chunk import chunk_causal_momentum_attention
+from plugins.attention.rule import momentum_rule
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
@@ -120,7 +121,7 @@ def test_chunked_flops_formula_counts_the_torch_path(momentum, T, C, make_genera
     fq, fk, v = (torch.rand(B, H, T, D, generator=gen, requires_grad=True) for _ in range(3))
 
     def forward():
-        return chunk_causal_momentum_attention(fq, fk, v, momentum=momentum, step_size=1.0, eps=1e-6,
+        return chunk_causal_momentum_attention(fq, fk, v, rule=momentum_rule(momentum, 1.0), eps=1e-6,
                                                chunk_size=C)[0]
 
     def forward_backward():

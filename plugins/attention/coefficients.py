@@ -1,9 +1,11 @@
-"""β-power coefficients of the chunked and closed forms of eq. 12/13, computed in float64
-directly as geometric sums, then cast: nothing is ever obtained by subtracting two large
+"""Coefficients of the chunked forms of eq. 12/13, computed in float64 directly as geometric sums
+(`rule.MomentumRule`), then cast: nothing is ever obtained by subtracting two large
 momentum-weighted states, which would lose precision for β close to 1."""
 from dataclasses import dataclass
 
 import torch
+
+from .rule import MomentumRule
 
 
 def geometric(beta: float, n: torch.Tensor) -> torch.Tensor:
@@ -16,13 +18,14 @@ def geometric(beta: float, n: torch.Tensor) -> torch.Tensor:
 
 @dataclass
 class ChunkCoefficients:
-    """For one chunk of C positions (local index a, key index j):
-    intra[a, j]  γ(1 − β^(a−j+1))/(1 − β) for j ≤ a, else 0 — eq. 13's weight inside the chunk;
-    carry[a]     γβ(1 − β^(a+1))/(1 − β) — weight of the momentum m' entering the chunk on s_a;
-    to_end_m[j]  β^(C−1−j) — weight of φ(k_j)v_jᵀ on m' at the chunk's end;
-    to_end_s[j]  intra[C−1, j] — its weight on s at the chunk's end;
+    """The weights of a rule (`rule.MomentumRule`) for one chunk of C positions (local index a,
+    key index j; Momentum Transformer, eq. 13 for eq. 12's rule):
+    intra[a, j]  input_on_s(a − j) for j ≤ a, else 0 — token j's weight on s_a inside the chunk;
+    carry[a]     m_on_s(a + 1) — weight of the m' entering the chunk on s_a;
+    to_end_m[j]  input_on_m(C − 1 − j) — weight of φ(k_j)v_jᵀ on m' at the chunk's end;
+    to_end_s[j]  input_on_s(C − 1 − j) — its weight on s at the chunk's end;
     causal[a, j] True for j ≤ a (bool: later keys are removed with `where`, not weight 0);
-    decay        β^C — decay of m' over a whole chunk.
+    decay        m_on_m(C) — decay of m' over a whole chunk.
     """
 
     intra: torch.Tensor
@@ -33,19 +36,19 @@ class ChunkCoefficients:
     decay: float
 
     @classmethod
-    def build(cls, beta: float, gamma: float, chunk: int, dtype: torch.dtype,
+    def build(cls, rule: MomentumRule, chunk: int, dtype: torch.dtype,
               device: torch.device) -> "ChunkCoefficients":
         a = torch.arange(chunk, dtype=torch.float64)
         distance = a[:, None] - a[None, :]
-        intra = torch.where(distance >= 0, gamma * geometric(beta, distance.clamp(min=0) + 1),
+        intra = torch.where(distance >= 0, rule.input_on_s(distance.clamp(min=0)),
                             torch.zeros((), dtype=torch.float64))
-        carry = gamma * beta * geometric(beta, a + 1)
-        to_end_m = torch.tensor(beta, dtype=torch.float64) ** (chunk - 1 - a)
+        to_end = chunk - 1 - a
+        cast = dict(dtype=dtype, device=device)
         return cls(
-            intra=intra.to(dtype=dtype, device=device),
+            intra=intra.to(**cast),
             causal=(distance >= 0).to(device=device),
-            carry=carry.to(dtype=dtype, device=device),
-            to_end_m=to_end_m.to(dtype=dtype, device=device),
-            to_end_s=intra[-1].to(dtype=dtype, device=device),
-            decay=float(beta ** chunk),
+            carry=rule.m_on_s(a + 1).to(**cast),
+            to_end_m=rule.input_on_m(to_end).to(**cast),
+            to_end_s=rule.input_on_s(to_end).to(**cast),
+            decay=rule.decay ** chunk,               # m_on_m(C) = r^C, a Python float: no tensor is read back
         )

@@ -61,22 +61,20 @@ def context_parallel_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     if not spec.causal:
         return _noncausal_over_ranks(q, k, v, spec, mask, lengths, rank, group, dtype=state_dtype)
 
-    momentum, step_size = spec.momentum, spec.step_size
     with torch.autocast(device_type=q.device.type, enabled=False):
         fk, vv = _feature_keys(spec.phi, k, v, mask, state_dtype)
         after = _real_after(mask, fk.shape[0], fk.shape[2], fk.device)
-        local = run_state(fk, vv, after, mask, momentum=momentum, step_size=step_size)
+        local = run_state(fk, vv, after, mask, rule=spec.momentum_rule)
         if initial_state is not None:
             local = advance(initial_state.to(state_dtype), local, lengths[rank],
-                            momentum=momentum, step_size=step_size)
+                            rule=spec.momentum_rule)
         gathered = _AllGather.apply(group, _pack(local))
         states = [_unpack(g, fk.shape[-1], v.shape[-1]) for g in gathered.unbind(0)]
         entering = initial_state
         if rank > 0:
             entering = states[0]
             for i in range(1, rank):
-                entering = advance(entering, states[i], lengths[i], momentum=momentum,
-                                   step_size=step_size)
+                entering = advance(entering, states[i], lengths[i], rule=spec.momentum_rule)
     result = attend(q, k, v, spec, segments=segments, initial_state=entering, return_state=return_state)
     if return_state:
         out, state = result
@@ -269,13 +267,11 @@ def _packed(q, k, v, spec: AttentionSpec, segments: Segments, ranks: Agreement, 
         tails.append((inside[-1] if inside else lo) - lo)
         restarts.append(bool(inside))
     lo, hi = starts[rank], starts[rank + 1]
-    momentum, step_size = spec.momentum, spec.step_size
     with torch.autocast(device_type=q.device.type, enabled=False):
         fk, vv = _feature_keys(spec.phi, k, v, None, compute_dtype(q, k, v))
         tail = tails[rank]
         after = _real_after(None, fk.shape[0], fk.shape[2] - tail, fk.device)
-        local = run_state(fk[:, :, tail:], vv[:, :, tail:], after, None, momentum=momentum,
-                          step_size=step_size)
+        local = run_state(fk[:, :, tail:], vv[:, :, tail:], after, None, rule=spec.momentum_rule)
         gathered = _AllGather.apply(group, _pack(local))
         states = [_unpack(g, fk.shape[-1], v.shape[-1]) for g in gathered.unbind(0)]
         entering = None
@@ -284,7 +280,7 @@ def _packed(q, k, v, spec: AttentionSpec, segments: Segments, ranks: Agreement, 
             if entering is None or restarts[i]:
                 entering = states[i]
             else:
-                entering = advance(entering, states[i], length, momentum=momentum, step_size=step_size)
+                entering = advance(entering, states[i], length, rule=spec.momentum_rule)
         inner = [b - lo for b in boundaries if lo < b < hi]
         local_cu = torch.tensor([0] + inner + [hi - lo], dtype=torch.long)
         documents = Segments.from_cu_seqlens(local_cu.to(k.device), hi - lo, cu_seqlens_cpu=local_cu)

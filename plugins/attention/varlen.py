@@ -3,8 +3,8 @@
 [cu[s], cu[s+1])). Each segment is its own sequence: eq. 12's S, z and m, the denominators and the
 momentum's step count restart at every boundary, so a packed row equals its segments run alone.
 
-The chunked form (eq. 13) runs on a chunk-aligned layout: every chunk belongs to one segment
-(the last chunk of a segment is partial), as in fla's varlen kernels. The states entering the
+The chunked form (eq. 13) is `chunk.chunk_body` on a chunk-aligned layout: every chunk belongs to
+one segment (the last chunk of a segment is partial), as in fla's varlen kernels. The states entering the
 chunks come from one scan over all chunks of the row in which the first chunk of a segment
 restarts from that segment's initial state — no Python loop over segments, no (n, longest)
 padded batch. The layout costs at most C − 1 empty slots per segment."""
@@ -13,8 +13,8 @@ from typing import Optional, Tuple
 
 import torch
 
-from .chunk import SCAN_BLOCK, final_state
-from .coefficients import ChunkCoefficients, geometric
+from .chunk import Entering, chunk_body, last_chunk_states
+from .rule import MomentumRule
 from .state import MomentumAttentionState
 
 
@@ -75,131 +75,52 @@ class SegmentChunks:
 
 
 def varlen_causal_momentum_attention(
-    fq: torch.Tensor, fk: torch.Tensor, v: torch.Tensor, *, cu_seqlens: torch.Tensor, momentum: float,
-    step_size: float, eps: float, chunk_size: int, initial_state: Optional[MomentumAttentionState] = None,
+    fq: torch.Tensor, fk: torch.Tensor, v: torch.Tensor, *, cu_seqlens: torch.Tensor, rule: MomentumRule,
+    eps: float, chunk_size: int, initial_state: Optional[MomentumAttentionState] = None,
     return_state: bool = False, cu_seqlens_cpu: Optional[torch.Tensor] = None,
 ) -> Tuple[torch.Tensor, Optional[MomentumAttentionState]]:
-    """Eq. 13 per segment on feature-mapped, finite fq, fk (1, H, N, Dk), v (1, H, N, Dv) in the
-    compute dtype, N ≥ 1; cu_seqlens checked (int64). initial_state / the returned state have
-    batch n (one per segment)."""
-    _, H, N, Dk = fq.shape
-    Dv = v.shape[-1]
+    """Causal attention of `rule` (eq. 13) per segment on feature-mapped, finite fq, fk (1, H, N, Dk),
+    v (1, H, N, Dv) in the compute dtype, N ≥ 1; cu_seqlens checked (int64). initial_state / the
+    returned state have batch n (one per segment)."""
+    H, N = fq.shape[1], fq.shape[2]
     n = cu_seqlens.numel() - 1
-    C = chunk_size
-    layout = SegmentChunks.build(cu_seqlens, N, C, cu_seqlens_cpu)
-    coef = ChunkCoefficients.build(momentum, step_size, C, fq.dtype, fq.device)
+    layout = SegmentChunks.build(cu_seqlens, N, chunk_size, cu_seqlens_cpu)
     zero = torch.zeros((), dtype=fq.dtype, device=fq.device)
     valid = layout.valid[None, None, :, :, None]
     Q, K, V = (torch.where(valid, t[:, :, layout.token], zero) for t in (fq, fk, v))   # (1, H, T, C, ·)
-
-    scores = Q @ K.transpose(-1, -2)
-    numerator = torch.where(coef.causal, scores * coef.intra, zero) @ V
-    intra_den = torch.where(coef.causal, scores, zero).sum(-1, keepdim=True)
-
     init = initial_state
-
-    def at_chunk(t):                          # a per-segment state, read at every chunk: (1, H, T, ...)
-        return None if init is None else t[layout.segment].transpose(0, 1)[None]
-
-    keep = (~layout.first).to(fq.dtype)                                  # 0 where a segment starts
-    z_in = _restarting_scan(keep, K.sum(3), at_chunk(init and init.z), layout.first)
-    Kt = K.transpose(-1, -2)
-    if momentum == 0.0:
-        s_in = _restarting_scan(keep, Kt @ V * step_size, at_chunk(init and init.s),
-                                layout.first)
-        numerator = numerator + Q @ s_in
-        m_in = None
-    else:
-        local_m = (Kt * coef.to_end_m) @ V
-        local_s = (Kt * coef.to_end_s) @ V
-        m_in = _restarting_scan(keep * coef.decay, local_m, at_chunk(init and -init.m),
-                                layout.first)
-        s_in = _restarting_scan(keep, local_s + coef.carry[-1] * m_in, at_chunk(init and init.s),
-                                layout.first)
-        numerator = numerator + Q @ s_in + coef.carry[:, None] * (Q @ m_in)
-    denominator = intra_den + (Q * z_in[:, :, :, None]).sum(-1, keepdim=True)
-    out = (numerator / (denominator + eps)).reshape(1, H, -1, Dv)[:, :, layout.slot]
-
-    state = None
-    if return_state:
-        state = _segment_final_states(K, V, s_in, z_in, m_in, layout, momentum, step_size, init, n)
-    return out, state
-
-
-def _segment_final_states(K, V, s_in, z_in, m_in, layout, momentum, step_size, init, n):
-    """Each segment's state after its last token: the closed form of eq. 12 over its last chunk
-    (`final_state`, one row per segment), started from the state entering that chunk (at β = 0
-    no m is carried; the closed form's β⁰ = 1 gives the last token's m alone)."""
+    restart = None
+    if init is not None:                      # a per-segment state, read at every chunk: (1, H, T, ...)
+        at_chunk = lambda t: t[layout.segment].transpose(0, 1)[None]
+        restart = Entering(at_chunk(init.s), at_chunk(init.z), at_chunk(-init.m))
+    out, enter = chunk_body(Q, K, V, rule=rule, eps=eps, first=layout.first, restart=restart,
+                            carry_m=rule.carries_momentum or return_state)
+    out = out.reshape(1, H, -1, v.shape[-1])[:, :, layout.slot]
+    if not return_state:
+        return out, None
     last = layout.last
-    per_row = lambda t: t[0][:, last].transpose(0, 1)                    # (n, H, ...)
-    m_enter = per_row(m_in) if m_in is not None else torch.zeros_like(per_row(s_in))
-    entering = MomentumAttentionState(s=per_row(s_in), z=per_row(z_in), m=-m_enter)
-    state = final_state(per_row(K), per_row(V), momentum=momentum, step_size=step_size,
-                        initial_state=entering, lengths=layout.count)
-    if init is None:
-        init = MomentumAttentionState.zeros(n, K.shape[1], K.shape[-1], V.shape[-1], dtype=K.dtype,
-                                            device=K.device)
-    empty = layout.empty
-    pick = lambda a, b: torch.where(empty.view(-1, *([1] * (a.dim() - 1))), b.to(a.dtype), a)
-    return MomentumAttentionState(s=pick(state.s, init.s), z=pick(state.z, init.z), m=pick(state.m, init.m))
+    state = last_chunk_states(K, V, enter, torch.zeros_like(last), last, layout.count, rule=rule)
+    if init is None:                          # a segment of no tokens has no chunk: it keeps init
+        init = MomentumAttentionState.zeros(n, H, K.shape[-1], V.shape[-1], dtype=K.dtype, device=K.device)
+    keep = lambda a, b: torch.where(layout.empty.view(-1, *([1] * (a.dim() - 1))), b.to(a.dtype), a)
+    return out, MomentumAttentionState(s=keep(state.s, init.s), z=keep(state.z, init.z),
+                                       m=keep(state.m, init.m))
 
 
-def _restarting_scan(keep: torch.Tensor, local: torch.Tensor, restart: Optional[torch.Tensor],
-                     first: torch.Tensor) -> torch.Tensor:
-    """The state entering each chunk (dim 2 of local (1, H, T, ...)):
-    y[t] = restart[t] (0 if None) where a segment starts at chunk t, else keep[t]·y[t−1] + local[t−1];
-    keep is 0 at starts, β^C (m′) or 1 (s, z) elsewhere."""
-    shifted = torch.cat([torch.zeros_like(local[:, :, :1]), local[:, :, :-1]], 2)
-    flag = first.view(1, 1, -1, *([1] * (local.dim() - 3)))
-    start = torch.zeros((), dtype=local.dtype, device=local.device) if restart is None else restart
-    return affine_scan(keep, torch.where(flag, start, shifted))
-
-
-def affine_scan(a: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
-    """y[t] = a[t]·y[t−1] + u[t] with y[−1] = 0, along dim 2 of u (B, H, T, ...); a (T,). Up to
-    SCAN_BLOCK steps run as the recurrence; longer scans run it inside blocks of SCAN_BLOCK and
-    recurse on the block totals (O(log T) levels), as `chunk.decayed_exclusive_scan`."""
-    B, H, T = u.shape[:3]
-    flat = u.reshape(B, H, T, -1)
-    if T <= SCAN_BLOCK:
-        return _recurrence(a, flat).reshape(u.shape)
-    G = SCAN_BLOCK
-    ng = -(-T // G)
-    pad = ng * G - T
-    a_blocks = torch.cat([a, a.new_ones(pad)]).reshape(ng, G)
-    u_blocks = torch.cat([flat, flat.new_zeros(B, H, pad, flat.shape[-1])], 2).reshape(B, H, ng, G, -1)
-    within = _recurrence(a_blocks.transpose(0, 1), u_blocks.transpose(2, 3)).transpose(2, 3)
-    reach = a_blocks.to(torch.float64).cumprod(1).to(u.dtype)               # Π a over the block so far
-    ends = affine_scan(reach[:, -1], within[:, :, :, -1])                   # y at the end of each block
-    entering = torch.cat([torch.zeros_like(ends[:, :, :1]), ends[:, :, :-1]], 2)
-    y = within + reach[None, None, :, :, None] * entering[:, :, :, None]
-    return y.reshape(B, H, ng * G, -1)[:, :, :T].reshape(u.shape)
-
-
-def _recurrence(a: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
-    """y[t] = a[t]·y[t−1] + u[t] along dim 2 of u; a (T, ...) broadcast against u's dims 3.."""
-    steps = u.unbind(2)
-    ys = [steps[0]]
-    for t in range(1, len(steps)):
-        coef = a[t].reshape(*a[t].shape, *([1] * (steps[t].dim() - 2 - a[t].dim())))
-        ys.append(coef * ys[-1] + steps[t])
-    return torch.stack(ys, 2)
-
-
-def varlen_noncausal_momentum_attention(fq, fk, v, *, cu_seqlens: torch.Tensor, momentum: float,
-                                        step_size: float, eps: float, chunk_size: int,
+def varlen_noncausal_momentum_attention(fq, fk, v, *, cu_seqlens: torch.Tensor, rule: MomentumRule,
+                                        eps: float, chunk_size: int,
                                         cu_seqlens_cpu: Optional[torch.Tensor] = None) -> torch.Tensor:
     """Eq. 14 per segment on feature-mapped fq, fk (1, H, N, Dk), v (1, H, N, Dv): each query
     attends to the keys of its own segment, with N the segment's length."""
     layout = SegmentChunks.build(cu_seqlens, fq.shape[2], chunk_size, cu_seqlens_cpu)   # for both halves
-    kv, z = varlen_noncausal_summary(fk, v, cu_seqlens=cu_seqlens, momentum=momentum, step_size=step_size,
-                                     chunk_size=chunk_size, layout=layout)
+    kv, z = varlen_noncausal_summary(fk, v, cu_seqlens=cu_seqlens, rule=rule, chunk_size=chunk_size,
+                                     layout=layout)
     return varlen_apply_summary(fq, kv, z, cu_seqlens=cu_seqlens, eps=eps, chunk_size=chunk_size,
                                 layout=layout)
 
 
-def varlen_noncausal_summary(fk, v, *, cu_seqlens: torch.Tensor, momentum: float, step_size: float,
-                             chunk_size: int, layout: Optional[SegmentChunks] = None,
+def varlen_noncausal_summary(fk, v, *, cu_seqlens: torch.Tensor, rule: MomentumRule, chunk_size: int,
+                             layout: Optional[SegmentChunks] = None,
                              cu_seqlens_cpu: Optional[torch.Tensor] = None,
                              ) -> Tuple[torch.Tensor, torch.Tensor]:
     """Eq. 14's two sums per segment: kv (n, H, Dk, Dv), z (n, H, Dk), from feature-mapped keys
@@ -210,7 +131,7 @@ def varlen_noncausal_summary(fk, v, *, cu_seqlens: torch.Tensor, momentum: float
     n = cu_seqlens.numel() - 1
     layout = SegmentChunks.build(cu_seqlens, N, chunk_size, cu_seqlens_cpu) if layout is None else layout
     after = cu_seqlens[1:][segment_of_tokens(cu_seqlens, N)] - 1 - torch.arange(N, device=fk.device)
-    weight = (step_size * geometric(momentum, after + 1)).to(fk.dtype)   # later keys in the segment
+    weight = rule.input_on_s(after).to(fk.dtype)                         # later keys in the segment
     zero = torch.zeros((), dtype=fk.dtype, device=fk.device)
     valid = layout.valid[None, None, :, :, None]
     K, V = (torch.where(valid, t[:, :, layout.token], zero) for t in (fk, v))

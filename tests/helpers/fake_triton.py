@@ -18,7 +18,8 @@ def fake_kernels(calls, available=True):
 
     def chunk(fq, fk, v, **kw):
         calls.append(dict(form="chunk", dtypes=(fq.dtype, fk.dtype, v.dtype), **kw))
-        out, state = chunk_causal_momentum_attention(fq.float(), fk.float(), v.float(), **kw)
+        rule = momentum_rule(kw.pop("momentum"), kw.pop("step_size"))
+        out, state = chunk_causal_momentum_attention(fq.float(), fk.float(), v.float(), rule=rule, **kw)
         return out.to(fq.dtype), state
 
     def step(fq, fk, v, state, **kw):

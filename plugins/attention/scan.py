@@ -1,0 +1,75 @@
+"""The scan that carries eq. 12's states across chunks (Momentum Transformer, eq. 12, read per
+chunk): y[t] = a[t]·y[t−1] + u[t], with a restarting wherever a sequence starts (a = 0 there).
+
+Causality holds entry by entry: `entering` shifts the chunk contributions by one before the scan,
+so the contribution of chunk c′ never meets, even with weight 0, the state entering a chunk
+c ≤ c′ (inf·0 = NaN). Decay powers are float64 products, cast once where they are used."""
+import math
+from typing import Optional, Union
+
+import torch
+
+SCAN_BLOCK = 16
+
+
+def entering(local: torch.Tensor, decay: float, first: Optional[torch.Tensor],
+             restart: Optional[torch.Tensor]) -> torch.Tensor:
+    """The state entering each chunk (dim 2 of local (B, H, T, ...), the state each chunk adds
+    from a zero start): y[t] = restart[t] (0 if None) where a sequence starts at chunk t, else
+    decay·y[t−1] + local[t−1]. first (T,) bool marks the starting chunks; None: only chunk 0
+    starts (one sequence per row), and restart (B, H, 1, ...) is read there."""
+    zero = torch.zeros((), dtype=local.dtype, device=local.device)
+    start = zero if restart is None else restart
+    if first is None:
+        head = torch.broadcast_to(start, (*local.shape[:2], 1, *local.shape[3:]))
+        return affine_scan(decay, torch.cat([head, local[:, :, :-1]], 2))
+    shifted = torch.cat([torch.zeros_like(local[:, :, :1]), local[:, :, :-1]], 2)
+    flag = first.view(1, 1, -1, *([1] * (local.dim() - 3)))
+    a = torch.where(first, torch.zeros((), dtype=torch.float64, device=first.device),
+                    torch.full((), decay, dtype=torch.float64, device=first.device))
+    return affine_scan(a, torch.where(flag, start, shifted))
+
+
+def affine_scan(a: Union[float, torch.Tensor], u: torch.Tensor) -> torch.Tensor:
+    """y[t] = a[t]·y[t−1] + u[t] with y[−1] = 0, along dim 2 of u (B, H, T, ...); a is one float
+    for every t or a float64 tensor (T,). a = 1 is a cumulative sum. Otherwise up to SCAN_BLOCK
+    steps run as the recurrence; longer scans run it inside blocks of SCAN_BLOCK and recurse on
+    the block totals (O(log T) levels), each y[t] reading only u[t′ ≤ t]."""
+    if isinstance(a, float) and a == 1.0:
+        return u.cumsum(2)
+    B, H, T = u.shape[:3]
+    width = math.prod(u.shape[3:])                  # explicit, so that B = 0 reshapes too
+    flat = u.reshape(B, H, T, width)
+    if T <= SCAN_BLOCK:
+        return _recurrence(a, flat).reshape(u.shape)
+    G = SCAN_BLOCK
+    ng = -(-T // G)
+    pad = ng * G - T
+    padded = torch.cat([flat, flat.new_zeros(B, H, pad, width)], 2) if pad else flat
+    u_blocks = padded.reshape(B, H, ng, G, width)
+    if isinstance(a, float):
+        reach = torch.tensor(a, dtype=torch.float64) ** torch.arange(1, G + 1, dtype=torch.float64)
+        a_within, a_blocks = a, a ** G                          # a float: no tensor is read back
+        reach = reach[None].expand(ng, G)
+    else:
+        blocks = torch.cat([a, a.new_ones(pad)]).reshape(ng, G)
+        reach = blocks.cumprod(1)                                       # Π a over the block so far
+        a_within, a_blocks = blocks.transpose(0, 1), reach[:, -1]
+    within = _recurrence(a_within, u_blocks.transpose(2, 3)).transpose(2, 3)     # from a zero start
+    ends = affine_scan(a_blocks, within[:, :, :, -1])                   # y at the end of each block
+    before = torch.cat([torch.zeros_like(ends[:, :, :1]), ends[:, :, :-1]], 2)
+    reach = reach.to(dtype=u.dtype, device=u.device)
+    y = within + reach[None, None, :, :, None] * before[:, :, :, None]
+    return y.reshape(B, H, ng * G, width)[:, :, :T].reshape(u.shape)
+
+
+def _recurrence(a: Union[float, torch.Tensor], u: torch.Tensor) -> torch.Tensor:
+    """y[t] = a[t]·y[t−1] + u[t] along dim 2 of u (a short axis: SCAN_BLOCK at most); a float, or
+    a tensor (T, ...) broadcast against u's dims 3.."""
+    steps = u.unbind(2)                 # one backward for all steps (indexing would zero-fill u per step)
+    if not isinstance(a, float):
+        a = a.to(dtype=u.dtype, device=u.device).reshape(*a.shape, *([1] * (u.dim() - 2 - a.dim())))
+    ys = [steps[0]]
+    for t in range(1, len(steps)):
+        ys.append((a if isinstance(a, float) else a[t]) * ys[-1] + steps[t])
+    return torch.stack(ys, 2)
