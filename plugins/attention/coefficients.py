@@ -8,14 +8,6 @@ import torch
 from .rule import MomentumRule
 
 
-def geometric(beta: float, n: torch.Tensor) -> torch.Tensor:
-    """(1 − β^n) / (1 − β) = Σ_{t<n} β^t, float64, for integer n ≥ 0 (β = 0 gives 1 for n ≥ 1)."""
-    n = n.to(torch.float64)
-    if beta == 0.0:
-        return (n > 0).to(torch.float64)
-    return -torch.expm1(n * torch.log(torch.tensor(beta, dtype=torch.float64))) / (1.0 - beta)
-
-
 @dataclass
 class ChunkCoefficients:
     """The weights of a rule (`rule.MomentumRule`) for one chunk of C positions (local index a,
