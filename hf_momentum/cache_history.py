@@ -96,21 +96,23 @@ class CroppableStatesMixin:
         self.history = None
         super().reset()
 
-    def take_pending(self) -> List[Inputs]:
-        """The inputs of the accepted tokens the states do not hold yet (none: []), the token count
-        set back to the states', so that a forward over them brings the cache to `get_seq_length()`."""
+    def take_pending(self, embed) -> Optional[Inputs]:
+        """The inputs of the accepted tokens the states do not hold yet as one forward's (None if
+        none; `embed`: the model's input embedding, for a round that gave embeddings), the token
+        count set back to the states', so that this forward brings it to `get_seq_length()`."""
         history = self.history
         if history is None or history.pending == 0:
-            return []
+            return None
         steps, count = [], history.pending
         for step in history.inputs:
             if count <= 0:
                 break
             steps.append(step if step.length <= count else _head(step, count))
             count -= step.length
+        pending = _concatenate(steps, embed)
         history.pending = 0
         self.seen_tokens = history.start
-        return steps
+        return pending
 
     def record(self, inputs: Inputs) -> None:
         """Keep the inputs of a forward that is about to run, starting a new window (a snapshot
@@ -173,9 +175,8 @@ def replay_accepted(model, past_key_values, input_ids=None, inputs_embeds=None, 
     cache = past_key_values
     if not isinstance(cache, CroppableStatesMixin):
         return
-    steps = cache.take_pending()
-    if steps:
-        pending = _concatenate(steps, model.get_input_embeddings())
+    pending = cache.take_pending(model.get_input_embeddings())
+    if pending is not None:
         mask = None if pending.mask is None else F.pad(pending.mask, (cache.seen_tokens, 0), value=True)
         cache.replaying = True
         try:

@@ -239,3 +239,39 @@ def test_the_readme_example_runs():
     section = readme.split("### Speculative decoding", 1)[1]
     code = re.search(r"^```python\n(.*?)^```$", section, re.M | re.S).group(1)
     exec(compile(code, "hf_momentum/README.md", "exec"), {})
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_a_window_of_embeddings_and_ids_is_replayed_as_embeddings(family, make_generator):
+    """A round whose first forward gave inputs_embeds and whose next gave ids: the accepted
+    tokens are re-run as embeddings (the ids' looked up), equal to a cache fed ids only."""
+    model = target(family)
+    ids = torch.randint(3, 60, (1, 12), generator=make_generator())
+    embed = model.get_input_embeddings()
+    cache = model.cache_class(model.config)
+    with torch.no_grad():
+        model(input_ids=ids[:, :4], past_key_values=cache)
+        cache.activate_past_recording()
+        model(inputs_embeds=embed(ids[:, 4:8]), past_key_values=cache)
+        model(input_ids=ids[:, 8:11], past_key_values=cache)
+        cache.crop(-1)
+        got = model(input_ids=ids[:, 10:], past_key_values=cache).logits
+        reference = model.cache_class(model.config)
+        model(input_ids=ids[:, :10], past_key_values=reference)
+        want = model(input_ids=ids[:, 10:], past_key_values=reference).logits
+    torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
+    assert_same_states(cache, reference)
+
+
+def test_position_ids_given_to_part_of_a_round_are_refused(make_generator):
+    model = target("transformer")
+    ids = torch.randint(3, 60, (1, 10), generator=make_generator())
+    cache = model.cache_class(model.config)
+    cache.activate_past_recording()
+    with torch.no_grad():
+        model(input_ids=ids[:, :6], position_ids=torch.arange(6)[None], past_key_values=cache)
+        model(input_ids=ids[:, 6:8], past_key_values=cache)
+        cache.crop(-1)
+        with pytest.raises(ValueError, match="position_ids were given to some forwards"):
+            model(input_ids=ids[:, 7:], past_key_values=cache)
+    assert cache.get_seq_length() == 7                     # the refused forward changed nothing
