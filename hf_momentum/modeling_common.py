@@ -8,6 +8,7 @@ import warnings
 from typing import Optional
 
 import torch
+from transformers.generation.configuration_utils import GenerationMode
 from transformers.modeling_outputs import CausalLMOutputWithPast
 from transformers.utils import logging
 
@@ -104,12 +105,12 @@ class RecurrentCausalLMMixin:
     `cache_class` (a RecurrentCache built from the config) and, where the decode step can be
     compiled whole, a `static_cache_class` (generate's cache_implementation="static").
 
-    `_is_stateful`: the recurrent state cannot be cropped back to a verified prefix, so generate
-    refuses assisted and prompt-lookup decoding before its first forward, as for Mamba (issue 29)."""
+    Assisted and prompt-lookup decoding work with `cache_class`, which generate can crop back to
+    the verified tokens (hf_momentum.cache_history); the static cache cannot, so they are refused
+    with it before generating."""
 
     cache_class = None
     static_cache_class = None
-    _is_stateful = True
 
     def get_input_embeddings(self):
         return self.model.embed_tokens
@@ -152,11 +153,21 @@ class RecurrentCausalLMMixin:
                              "input_ids=torch.full((batch, 1), config.bos_token_id)")
         return super().generate(inputs, *args, **kwargs)
 
-    def _prepare_cache_for_generation(self, generation_config, model_kwargs, *args, **kwargs):
+    def _prepare_cache_for_generation(self, generation_config, model_kwargs, generation_mode=None, *args,
+                                      **kwargs):
         """generate() would build a DynamicCache; install this model's recurrent cache instead
-        (its `static_cache_class` for cache_implementation="static", which generate() compiles)."""
+        (its `static_cache_class` for cache_implementation="static", which generate() compiles).
+        A cache built for an assistant records its past, as generate() does for its own caches."""
         cache = model_kwargs.get("past_key_values")
         static = generation_config.cache_implementation == "static"
+        if generation_mode == GenerationMode.ASSISTED_GENERATION and \
+                (static or getattr(cache, "is_compileable", False)):
+            option = ("prompt_lookup_num_tokens" if generation_config.prompt_lookup_num_tokens is not None
+                      else "assistant_model")
+            raise ValueError(f"{option}= (speculative decoding) crops the cache back to the accepted tokens, "
+                             "which a static cache (cache_implementation='static' or a StaticMomentumCache), "
+                             "updated in place, cannot do; leave cache_implementation unset and pass no "
+                             "static cache")
         if static and self.static_cache_class is None:
             raise ValueError(f"cache_implementation='static' is not available for {type(self).__name__}: "
                              "its decode step has no compileable cache; leave cache_implementation unset")
@@ -178,3 +189,5 @@ class RecurrentCausalLMMixin:
             return
         cache_class = self.static_cache_class if static else self.cache_class
         model_kwargs["past_key_values"] = cache_class(self.config)
+        if generation_config.is_assistant:
+            model_kwargs["past_key_values"].activate_past_recording()

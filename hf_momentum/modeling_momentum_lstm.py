@@ -23,6 +23,7 @@ from transformers import GenerationMixin, PreTrainedModel
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import BaseModelOutputWithPast, SequenceClassifierOutput
 
+from .cache_history import replay_accepted
 from .configuration_momentum_lstm import MomentumLSTMConfig
 from .modeling_common import (
     RecurrentCausalLMMixin,
@@ -152,6 +153,7 @@ class MomentumLSTMModel(MomentumLSTMPreTrainedModel):
         dropout, i.e. last_hidden_state)."""
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("pass exactly one of input_ids and inputs_embeds")
+        replay_accepted(self, past_key_values, input_ids, inputs_embeds, attention_mask, position_ids)
         x = self.dropout(self.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds)
         batch, length = x.shape[:2]
         output_hidden_states = resolve_flag(output_hidden_states, self.config, "output_hidden_states")

@@ -20,6 +20,7 @@ from transformers import GenerationMixin, PreTrainedModel
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import BaseModelOutputWithPast, SequenceClassifierOutput
 
+from .cache_history import replay_accepted
 from .configuration_momentum_transformer import BLOCK_LABELS, MomentumTransformerConfig
 from .modeling_common import (
     RecurrentCausalLMMixin,
@@ -192,6 +193,7 @@ class MomentumTransformerModel(MomentumTransformerPreTrainedModel):
         output (the last one after the final norm)."""
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("pass exactly one of input_ids and inputs_embeds")
+        replay_accepted(self, past_key_values, input_ids, inputs_embeds, attention_mask, position_ids)
         if inputs_embeds is None:
             inputs_embeds = self.embed_tokens(input_ids)
         batch, length = inputs_embeds.shape[:2]

@@ -14,9 +14,12 @@ from typing import Optional, Sequence, Tuple
 import torch
 from transformers.cache_utils import Cache, LinearAttentionLayer
 
+from .cache_history import CroppableStatesMixin
 
-class RecurrentCache(Cache):
-    """`num_states` tensors per layer (e.g. S, z, m of eq. 12, or an LSTM's h, c)."""
+
+class RecurrentCache(CroppableStatesMixin, Cache):
+    """`num_states` tensors per layer (e.g. S, z, m of eq. 12, or an LSTM's h, c). `crop`: see
+    hf_momentum.cache_history (speculative decoding)."""
 
     is_compileable = False
     is_croppable = False
@@ -100,9 +103,6 @@ class RecurrentCache(Cache):
 
     def batch_select_indices(self, indices: torch.Tensor) -> None:
         self._map(lambda t: t[indices])
-
-    def crop(self, tokens_to_remove: int) -> None:
-        raise RuntimeError("a recurrent state cannot be cropped: it keeps no per-token history")
 
     def _map(self, fn) -> None:
         for idx in range(len(self.layers)):

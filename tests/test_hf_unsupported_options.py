@@ -1,38 +1,15 @@
 """Options the native models cannot honour yet are refused before any work, naming the option,
-instead of failing halfway or being silently ignored (issue 29): assisted and prompt-lookup
-decoding (a recurrent state cannot be cropped back to the verified tokens), softmax `layer_types`
-(no hybrid layers yet), and packed documents in the sequence-classification heads (each row is
-pooled into one label)."""
+instead of failing halfway or being silently ignored (issue 29): softmax `layer_types` (no hybrid
+layers yet), and packed documents in the sequence-classification heads (each row is pooled into
+one label). Speculative decoding now works: tests/test_hf_speculative.py."""
 import os
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import pytest
 import torch
-from helpers.hf_tiny_models import FAMILIES, causal_lm, config
+from helpers.hf_tiny_models import FAMILIES, config
 from transformers import AutoModelForSequenceClassification
-
-FORWARD_REFUSED = "assisted generation is not supported with stateful models"
-
-
-def counted(model):
-    calls = []
-    model.model.register_forward_pre_hook(lambda *args: calls.append(1))
-    return calls
-
-
-@pytest.mark.parametrize("family", FAMILIES)
-@pytest.mark.parametrize("option", ["prompt_lookup", "assistant"])
-def test_speculative_decoding_is_refused_before_the_first_forward(family, option, make_generator):
-    model = causal_lm(family)
-    ids = torch.randint(3, 60, (1, 12), generator=make_generator())
-    extra = ({"prompt_lookup_num_tokens": 3} if option == "prompt_lookup"
-             else {"assistant_model": causal_lm(family)})
-    calls = counted(model)
-    with pytest.raises(ValueError, match=FORWARD_REFUSED):
-        model.generate(ids, max_new_tokens=5, do_sample=False, **extra)
-    assert calls == []
-    assert model.generate(ids, max_new_tokens=5, do_sample=False).shape == (1, 17)     # greedy still works
 
 
 def test_softmax_layer_types_are_refused_and_all_momentum_is_accepted():
