@@ -8,8 +8,10 @@ import os
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+import pytest
 import torch
 from helpers.hf_tiny_models import causal_lm
+from transformers import DataCollatorWithFlattening
 
 # aot_eager with inductor's decompositions: plain aot_eager replays elu_backward, whose CPU kernel
 # lays out its result after the incoming gradient while the traced graph expected the layout of
@@ -81,3 +83,21 @@ def test_compiled_padded_rows_of_documents_equal_each_document_alone(make_genera
         unpacked = model(input_ids=ids, attention_mask=mask).logits[mask.bool()]
     torch.testing.assert_close(packed, alone, rtol=1e-4, atol=1e-5)
     assert (unpacked - alone).abs().max() > 1e-2
+
+
+@pytest.mark.parametrize("form", [dict(return_flash_attn_kwargs=True), dict(return_seq_idx=True)],
+                         ids=["cu_seq_lens", "seq_idx"])
+def test_collator_forms_compile_whole_and_equal_each_document_alone(form, make_generator):
+    """DataCollatorWithFlattening's other forms, without position_ids (the model derives them
+    from the documents): compiled logits equal each document run alone (eager)."""
+    model = causal_lm("transformer").eval()
+    gen = make_generator()
+    docs = [torch.randint(3, 60, (n,), generator=gen) for n in (15, 19, 6)]
+    batch = DataCollatorWithFlattening(**form)([{"input_ids": d.tolist()} for d in docs])
+    del batch["labels"], batch["position_ids"]
+    torch._dynamo.reset()
+    logits = torch.compile(lambda **inputs: model(**inputs).logits, fullgraph=True, backend=DECOMPOSED)
+    with torch.no_grad():
+        packed = logits(**batch)[0]
+        alone = torch.cat([model(input_ids=d[None]).logits[0] for d in docs])
+    torch.testing.assert_close(packed, alone, rtol=1e-4, atol=1e-5)
