@@ -91,10 +91,15 @@ class Segments:
 
     @classmethod
     def from_starts_or_padding(cls, starts: torch.Tensor, padding_mask: Optional[torch.Tensor] = None, *,
-                               positions: Optional[torch.Tensor] = None) -> "Segments":
+                               positions: Optional[torch.Tensor] = None,
+                               offsets: Optional[torch.Tensor] = None) -> "Segments":
         """`from_document_starts` when some row holds several documents, else the rows as
         `from_padding_mask` describes them; either from the one copy to the host. Under
-        torch.compile always the documents (exact either way; which one is a read of the device)."""
+        torch.compile always the documents (exact either way; which one is a read of the device).
+        offsets: the same documents' cu_seqlens over one unpadded row (a collator's), if given;
+        under torch.compile they are the layout (`_bucketed_offsets`), far smaller than the static one."""
+        if offsets is not None and padding_mask is None and torch.compiler.is_compiling():
+            return cls._bucketed_offsets(offsets, starts)
         documents, right_padded = cls._read_documents(starts, padding_mask, positions)
         if right_padded is None or documents.most_documents > 1:
             return documents
@@ -146,6 +151,21 @@ class Segments:
                         cu_seqlens_cpu=host[:count + 1], index=index, most_documents=most_documents,
                         max_position=None if positions is None else max_position)
         return documents, bool(right_padded)
+
+    @classmethod
+    def _bucketed_offsets(cls, offsets: torch.Tensor, starts: torch.Tensor) -> "Segments":
+        """Offsets of one unpadded row under torch.compile, padded with empty documents to a
+        power of two of entries. Their count is a shape, which the varlen chunk layout is sized
+        by (no read of the device); the padding lets every count within one power of two share a
+        compiled graph (dynamo guards on the range, not the count), for at most twice the
+        documents' share of the chunks."""
+        batch, length = starts.shape
+        cu = check_offsets_on_host(offsets, length, name="cu_seqlens", device=starts.device, batch=batch)[0]
+        size = 2
+        while size < cu.numel():
+            size *= 2
+        cu = torch.cat([cu, cu.new_full((size - cu.numel(),), length)])
+        return cls(batch=batch, length=length, cu_seqlens=cu)
 
     @classmethod
     def _static_documents(cls, starts: torch.Tensor, padding_mask: Optional[torch.Tensor]) -> "Segments":

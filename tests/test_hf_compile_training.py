@@ -89,15 +89,17 @@ def test_compiled_padded_rows_of_documents_equal_each_document_alone(make_genera
                          ids=["cu_seq_lens", "seq_idx"])
 def test_collator_forms_compile_whole_and_equal_each_document_alone(form, make_generator):
     """DataCollatorWithFlattening's other forms, without position_ids (the model derives them
-    from the documents): compiled logits equal each document run alone (eager)."""
+    from the documents): compiled logits equal each document run alone (eager), also for a
+    second batch whose number of documents differs (cu_seq_lens: a new shape, so a new graph)."""
     model = causal_lm("transformer").eval()
     gen = make_generator()
-    docs = [torch.randint(3, 60, (n,), generator=gen) for n in (15, 19, 6)]
-    batch = DataCollatorWithFlattening(**form)([{"input_ids": d.tolist()} for d in docs])
-    del batch["labels"], batch["position_ids"]
     torch._dynamo.reset()
     logits = torch.compile(lambda **inputs: model(**inputs).logits, fullgraph=True, backend=DECOMPOSED)
-    with torch.no_grad():
-        packed = logits(**batch)[0]
-        alone = torch.cat([model(input_ids=d[None]).logits[0] for d in docs])
-    torch.testing.assert_close(packed, alone, rtol=1e-4, atol=1e-5)
+    for lengths in ((15, 19, 6), (3, 30, 1, 5, 1)):
+        docs = [torch.randint(3, 60, (n,), generator=gen) for n in lengths]
+        batch = DataCollatorWithFlattening(**form)([{"input_ids": d.tolist()} for d in docs])
+        del batch["labels"], batch["position_ids"]
+        with torch.no_grad():
+            packed = logits(**batch)[0]
+            alone = torch.cat([model(input_ids=d[None]).logits[0] for d in docs])
+        torch.testing.assert_close(packed, alone, rtol=1e-4, atol=1e-5)

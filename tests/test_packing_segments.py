@@ -196,3 +196,23 @@ def test_static_documents_lay_out_offsets_and_padding(monkeypatch):
     assert back[..., 0].tolist() == [[1, 2, 3, 0], [0, 6, 7, 8]]
     plain = Segments.from_document_starts(starts[:1, :3])
     assert plain.cu_seqlens.tolist() == [0, 2, 3, 3] and plain.index is None
+
+
+@pytest.mark.parametrize("offsets, padded", [
+    ([0, 3, 7, 10], [0, 3, 7, 10]),
+    ([0, 3, 7, 9, 10], [0, 3, 7, 9, 10, 10, 10, 10]),
+    ([0, 10], [0, 10]),
+])
+def test_collator_offsets_under_compile_pad_to_a_power_of_two(offsets, padded, make_generator, monkeypatch):
+    """Under torch.compile a collator's offsets are the layout, padded with empty documents to a
+    power of two of entries; attention over them equals the host-sized layout of the same starts."""
+    g = make_generator()
+    starts = torch.zeros(1, 10, dtype=torch.bool)
+    starts[0, offsets[:-1]] = True
+    q, k, v = (torch.randn(1, 2, 10, 3, generator=g, dtype=torch.float64) for _ in range(3))
+    spec = AttentionSpec(momentum=0.6, step_size=0.7, chunk_size=4)
+    eager = attend(q, k, v, spec, segments=Segments.from_starts_or_padding(starts))
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    segments = Segments.from_starts_or_padding(starts, offsets=torch.tensor(offsets, dtype=torch.int32))
+    assert segments.cu_seqlens.tolist() == padded and segments.cu_seqlens_cpu is None
+    torch.testing.assert_close(attend(q, k, v, spec, segments=segments), eager, rtol=1e-10, atol=1e-12)
