@@ -160,7 +160,7 @@ class Segments:
         compiled graph (dynamo guards on the range, not the count), for at most twice the
         documents' share of the chunks."""
         batch, length = starts.shape
-        cu = check_offsets_on_host(offsets, length, name="cu_seqlens", device=starts.device, batch=batch)[0]
+        cu = check_offsets_on_host(offsets, length, name="offsets", device=starts.device, batch=batch)[0]
         size = 2
         while size < cu.numel():
             size *= 2
