@@ -250,7 +250,7 @@ class MomentumTransformerModel(MomentumTransformerPreTrainedModel):
             starts = possible_document_starts(batch, length, device, padding_mask=padding_mask,
                                               position_ids=position_ids, **packing)
             described = None if starts is None else Segments.from_starts_or_padding(
-                starts, padding_mask, positions=position_ids)
+                starts, padding_mask, positions=position_ids, offsets=packing.get("cu_seq_lens_q"))
             if described is not None and described.packed:
                 if past_key_values is not None or use_cache:
                     raise ValueError("packed documents (position_ids that restart, or cu_seq_lens_q / "

@@ -49,7 +49,8 @@ def possible_document_starts(batch: int, length: int, device, *, padding_mask: O
     real token included), or None when no form of packing is given; whether any row holds more
     than one is left on the device. padding_mask: (batch, length) bool, True = real token, or
     None. `ignored` takes max_length_q/k. Raises ValueError for malformed forms and for forms
-    that disagree."""
+    that disagree; under torch.compile only their types and shapes are checked (the values would
+    be a read of the device) and the first form given is trusted."""
     real = (torch.ones(batch, length, dtype=torch.bool, device=device) if padding_mask is None
             else padding_mask.to(device=device, dtype=torch.bool))
     arange = torch.arange(length, device=device)
@@ -67,7 +68,7 @@ def possible_document_starts(batch: int, length: int, device, *, padding_mask: O
     if cu_seq_lens_q is not None or cu_seq_lens_k is not None:
         found["cu_seq_lens_q"] = _starts_from_offsets(cu_seq_lens_q, cu_seq_lens_k, real, first)
     names = list(found)
-    for other in names[1:]:
+    for other in [] if torch.compiler.is_compiling() else names[1:]:   # a comparison reads the device
         if not torch.equal(found[names[0]], found[other]):
             raise ValueError(
                 f"{names[0]} and {other} disagree on where the packed documents start: {names[0]} "
@@ -108,19 +109,21 @@ def _starts_from_offsets(cu_q, cu_k, real: torch.Tensor, first: torch.Tensor) ->
                          "returns both")
     batch, length = real.shape
     cu = check_offsets(cu_q, length, name="cu_seq_lens_q").to(real.device)
-    if not torch.equal(cu, check_offsets(cu_k, length, name="cu_seq_lens_k").to(real.device)):
+    cu_k = check_offsets(cu_k, length, name="cu_seq_lens_k").to(real.device)
+    compiling = torch.compiler.is_compiling()
+    if not compiling and not torch.equal(cu, cu_k):
         raise ValueError(f"cu_seq_lens_q {cu.tolist()[:16]} and cu_seq_lens_k {cu_k.tolist()[:16]} differ: "
                          "momentum self-attention splits queries and keys alike")
     if batch != 1:
         raise ValueError(f"cu_seq_lens_q needs the documents flattened into one row (batch 1, as {COLLATOR} "
                          f"returns), got batch {batch}")
-    if not bool(real.all()):
+    if not compiling and not bool(real.all()):
         raise ValueError("cu_seq_lens_q covers every token of the row, but the attention_mask marks "
                          f"padding; {COLLATOR} adds no padding (pass no attention_mask)")
-    starts = first.clone()
-    inner = cu[:-1][cu[:-1] < length]
-    starts[0, inner] = True
-    return starts
+    # a scatter, not a boolean index (whose size is data): offsets equal to length land in the
+    # dropped last slot, and the clamp keeps unchecked offsets (under torch.compile) in memory
+    marked = torch.zeros(1, length + 1, dtype=torch.bool, device=real.device)
+    return first | marked.scatter(1, cu[None, :-1].clamp(0, length), True)[:, :length]
 
 
 def _where(starts: torch.Tensor) -> list:

@@ -5,7 +5,11 @@ is tokens [cu[s], cu[s+1])).
 A `Segments` is built once per forward at the model's edge and validated when it is built: its
 constructors are the only place that reads device values to the host (the all-real and
 right-padding shortcuts of a padding mask, one host copy of the offsets, kept as
-`cu_seqlens_cpu` as fla does). Every layer, attention op and kernel then trusts it."""
+`cu_seqlens_cpu` as fla does). Every layer, attention op and kernel then trusts it.
+
+Under torch.compile nothing is read: documents get offsets of a static size (every token may
+start one; the unused offsets are empty documents at the end) and no host copy, so the varlen
+kernels size their chunk layout by a static bound (`varlen.SegmentChunks.build`)."""
 from dataclasses import dataclass
 from typing import Optional
 
@@ -23,7 +27,10 @@ class Segments:
     documents packed in one row of the real tokens; index: flat indices of those real tokens in
     the (batch, length) input, None when every token is real. most_documents: the most documents
     in one row, max_position: the largest of the `positions` given to `from_document_starts` or
-    `from_starts_or_padding`, both read with the offsets' host copy (None when not described)."""
+    `from_starts_or_padding`, both read with the offsets' host copy (None when not described).
+    real (batch * length,) bool, True at real tokens, when the packed row holds every token (under
+    torch.compile: index is then a permutation putting the padding last, as one more document,
+    and pack / unpack zero it); None otherwise."""
 
     batch: int
     length: int
@@ -35,6 +42,7 @@ class Segments:
     index: Optional[torch.Tensor] = None
     most_documents: Optional[int] = None
     max_position: Optional[int] = None
+    real: Optional[torch.Tensor] = None
 
     @classmethod
     def from_padding_mask(cls, padding_mask: Optional[torch.Tensor], batch: int, length: int) -> "Segments":
@@ -76,16 +84,24 @@ class Segments:
         included); padding_mask as in `from_padding_mask`. The real tokens of all rows, in order,
         become one row of documents. positions: the input's position ids (optional), whose
         maximum is read with the offsets. One copy to the host: the offsets and index are
-        built on the device in fixed-size buffers, then sliced to the counts that copy brings."""
+        built on the device in fixed-size buffers, then sliced to the counts that copy brings.
+        Under torch.compile no copy: `_static_documents` (trusting that starts mark every row's
+        first real token, which `hf_momentum.packing.possible_document_starts` guarantees)."""
         return cls._read_documents(starts, padding_mask, positions)[0]
 
     @classmethod
     def from_starts_or_padding(cls, starts: torch.Tensor, padding_mask: Optional[torch.Tensor] = None, *,
-                               positions: Optional[torch.Tensor] = None) -> "Segments":
+                               positions: Optional[torch.Tensor] = None,
+                               offsets: Optional[torch.Tensor] = None) -> "Segments":
         """`from_document_starts` when some row holds several documents, else the rows as
-        `from_padding_mask` describes them; either from the one copy to the host."""
+        `from_padding_mask` describes them; either from the one copy to the host. Under
+        torch.compile always the documents (exact either way; which one is a read of the device).
+        offsets: the same documents' cu_seqlens over one unpadded row (a collator's), if given;
+        under torch.compile they are the layout (`_bucketed_offsets`), far smaller than the static one."""
+        if offsets is not None and padding_mask is None and torch.compiler.is_compiling():
+            return cls._bucketed_offsets(offsets, starts)
         documents, right_padded = cls._read_documents(starts, padding_mask, positions)
-        if documents.most_documents > 1:
+        if right_padded is None or documents.most_documents > 1:
             return documents
         known = dict(most_documents=documents.most_documents, max_position=documents.max_position)
         if documents.index is None:
@@ -96,7 +112,8 @@ class Segments:
 
     @classmethod
     def _read_documents(cls, starts, padding_mask, positions):
-        """(the packed Segments, whether padding is only on the right) from one copy to the host."""
+        """(the packed Segments, whether padding is only on the right) from one copy to the host;
+        under torch.compile (the static layout, None) from none."""
         if not isinstance(starts, torch.Tensor) or starts.dtype != torch.bool or starts.dim() != 2:
             raise ValueError(f"starts must be a (batch, length) bool tensor, True where a document starts, "
                              f"got "
@@ -108,6 +125,8 @@ class Segments:
             if padding_mask.device != starts.device:
                 raise ValueError(f"padding_mask is on {padding_mask.device} but starts is on {starts.device}")
             starts = starts & padding_mask
+        if torch.compiler.is_compiling():
+            return cls._static_documents(starts, padding_mask), None
         total = batch * length
         keep = None if padding_mask is None else padding_mask.reshape(-1)
         flat = starts.reshape(-1)
@@ -133,6 +152,44 @@ class Segments:
                         max_position=None if positions is None else max_position)
         return documents, bool(right_padded)
 
+    @classmethod
+    def _bucketed_offsets(cls, offsets: torch.Tensor, starts: torch.Tensor) -> "Segments":
+        """Offsets of one unpadded row under torch.compile, padded with empty documents to a
+        power of two of entries. Their count is a shape, which the varlen chunk layout is sized
+        by (no read of the device); the padding lets every count within one power of two share a
+        compiled graph (dynamo guards on the range, not the count), for at most twice the
+        documents' share of the chunks."""
+        batch, length = starts.shape
+        cu = check_offsets_on_host(offsets, length, name="offsets", device=starts.device, batch=batch)[0]
+        size = 2
+        while size < cu.numel():
+            size *= 2
+        cu = torch.cat([cu, cu.new_full((size - cu.numel(),), length)])
+        return cls(batch=batch, length=length, cu_seqlens=cu)
+
+    @classmethod
+    def _static_documents(cls, starts: torch.Tensor, padding_mask: Optional[torch.Tensor]) -> "Segments":
+        """The documents of `starts` (already limited to real tokens) in shapes that depend on
+        (batch, length) alone, N = batch · length: offsets (N + 1,) whose unused entries repeat the
+        number of real tokens (empty documents), and with padding, the row of all N tokens with
+        the padding moved behind the real tokens as one last document (offsets end at N)."""
+        batch, length = starts.shape
+        total = batch * length
+        flat = starts.reshape(-1)
+        slot = torch.arange(total, device=starts.device)
+        document = torch.where(flat, flat.cumsum(0) - 1, total + 1)
+        if padding_mask is None:
+            cu = _to_slots(slot.new_full((total + 2,), total), document, slot)[:total + 1]
+            return cls(batch=batch, length=length, cu_seqlens=cu)
+        keep = padding_mask.reshape(-1)
+        before = keep.cumsum(0) - keep.long()                # real tokens before each token
+        real = keep.sum()
+        cu = _to_slots(real.repeat(total + 2), document, before)[:total]
+        cu = torch.cat([cu, cu.new_full((1,), total)])
+        target = torch.where(keep, before, real + slot - before)   # padding after the real tokens
+        index = _to_slots(torch.empty_like(slot), target, slot)
+        return cls(batch=batch, length=length, cu_seqlens=cu, index=index, real=keep)
+
     @property
     def packed(self) -> bool:
         return self.cu_seqlens is not None
@@ -143,9 +200,10 @@ class Segments:
         return self.cu_seqlens.numel() - 1 if self.packed else self.batch
 
     def pack(self, x: torch.Tensor) -> torch.Tensor:
-        """(batch, H, length, D) → (1, H, M, D) over the M real tokens, rows in order."""
+        """(batch, H, length, D) → (1, H, M, D) over the M real tokens, rows in order (with `real`:
+        all M = batch · length tokens, the padding zeroed and last)."""
         heads, dim = x.shape[1], x.shape[3]
-        flat = x.transpose(0, 1).reshape(heads, self.batch * self.length, dim)
+        flat = _zero_padding(x.transpose(0, 1).reshape(heads, self.batch * self.length, dim), self.real, 1)
         if self.index is not None:
             flat = flat.index_select(1, self.index)
         return flat[None]
@@ -155,12 +213,13 @@ class Segments:
         heads, dim = y.shape[1], y.shape[3]
         flat = y[0]
         if self.index is not None:
-            flat = flat.new_zeros(heads, self.batch * self.length, dim).index_copy(1, self.index, flat)
+            flat = _zero_padding(flat.new_zeros(heads, self.batch * self.length, dim).index_copy(
+                1, self.index, flat), self.real, 1)
         return flat.reshape(heads, self.batch, self.length, dim).transpose(0, 1)
 
     def pack_tokens(self, x: torch.Tensor) -> torch.Tensor:
         """(batch, length, ...) → (1, M, ...)."""
-        flat = x.reshape(self.batch * self.length, *x.shape[2:])
+        flat = _zero_padding(x.reshape(self.batch * self.length, *x.shape[2:]), self.real, 0)
         if self.index is not None:
             flat = flat.index_select(0, self.index)
         return flat[None]
@@ -168,7 +227,8 @@ class Segments:
     def unpack_tokens(self, y: torch.Tensor) -> torch.Tensor:
         flat = y[0]
         if self.index is not None:
-            flat = flat.new_zeros(self.batch * self.length, *flat.shape[1:]).index_copy(0, self.index, flat)
+            flat = _zero_padding(flat.new_zeros(self.batch * self.length, *flat.shape[1:]).index_copy(
+                0, self.index, flat), self.real, 0)
         return flat.reshape(self.batch, self.length, *flat.shape[1:])
 
 
@@ -179,6 +239,16 @@ def _check_mask(mask, name: str, batch: int, length: int) -> None:
     if tuple(mask.shape) != (batch, length):
         raise ValueError(f"{name} must have shape (batch, length) = {(batch, length)}, "
                          f"got {tuple(mask.shape)}")
+
+
+def _zero_padding(flat: torch.Tensor, real: Optional[torch.Tensor], dim: int) -> torch.Tensor:
+    """flat with zeros at the padding tokens along dim (a `where`, so neither NaN in padding nor
+    the padding's own document reaches the real tokens or their gradients)."""
+    if real is None:
+        return flat
+    shape = [1] * flat.dim()
+    shape[dim] = -1
+    return torch.where(real.view(shape), flat, torch.zeros((), dtype=flat.dtype, device=flat.device))
 
 
 def _to_slots(fill: torch.Tensor, target: torch.Tensor, values: torch.Tensor) -> torch.Tensor:

@@ -142,3 +142,77 @@ def test_attend_with_segments_equals_each_document_alone(causal, make_generator)
             alone = momentum_attention(q[b:b + 1, :, at], k[b:b + 1, :, at], v[b:b + 1, :, at], momentum=0.6,
                                        step_size=0.7, causal=causal, chunk_size=4)
             torch.testing.assert_close(out[b:b + 1, :, at], alone, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("padded", [False, True])
+def test_static_documents_under_compile_equal_the_host_sized_layout(causal, padded, make_generator,
+                                                                    monkeypatch):
+    """What torch.compile builds (is_compiling() True: no host copy, offsets sized by (batch,
+    length) alone, the padding as a last document) gives the host-sized layout's outputs and
+    gradients (float64), with NaN in the padding reaching neither; documents of 1 to 9 tokens
+    against chunk 4."""
+    g = make_generator()
+    batch, length, H, D = 3, 17, 2, 3
+    mask = None
+    if padded:
+        mask = torch.rand(batch, length, generator=g) < 0.8
+        mask[1, :4] = False
+        mask[2, -3:] = False
+    starts = random_starts(g, batch, length, mask)
+    keep = torch.ones(batch, length, dtype=torch.bool) if mask is None else mask
+    inputs = [torch.randn(batch, H, length, D, generator=g, dtype=torch.float64) for _ in range(3)]
+    inputs = [torch.where(keep[:, None, :, None], t, float("nan")).requires_grad_() for t in inputs]
+    spec = AttentionSpec(momentum=0.6, step_size=0.7, causal=causal, chunk_size=4)
+    weight = torch.randn(batch, H, length, D, generator=g, dtype=torch.float64)
+
+    def run(segments):
+        out = attend(*inputs, spec, segments=segments)
+        return (out, *torch.autograd.grad((out * weight).sum(), inputs))
+
+    eager = run(Segments.from_document_starts(starts, mask))
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    static = Segments.from_starts_or_padding(starts, mask)
+    assert static.packed and static.cu_seqlens_cpu is None and static.count == batch * length
+    assert (static.index is None) == (not padded)
+    compiled = run(static)
+    for got, want in zip(compiled, eager):
+        assert torch.isfinite(got).all()
+        torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
+
+
+def test_static_documents_lay_out_offsets_and_padding(monkeypatch):
+    """The static layout against values written by hand: two rows of 4, padding at (0, 3) and
+    (1, 0), documents [a b][c] and [d e f]."""
+    mask = torch.tensor([[True, True, True, False], [False, True, True, True]])
+    starts = torch.tensor([[True, False, True, False], [False, True, False, False]])
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    segments = Segments.from_document_starts(starts, mask)
+    assert segments.cu_seqlens.tolist() == [0, 2, 3, 6, 6, 6, 6, 6, 8]
+    assert segments.index.tolist() == [0, 1, 2, 5, 6, 7, 3, 4]
+    tokens = torch.arange(1.0, 9.0).reshape(2, 4, 1)
+    assert segments.pack_tokens(tokens)[0, :, 0].tolist() == [1, 2, 3, 6, 7, 8, 0, 0]
+    back = segments.unpack_tokens(segments.pack_tokens(tokens))
+    assert back[..., 0].tolist() == [[1, 2, 3, 0], [0, 6, 7, 8]]
+    plain = Segments.from_document_starts(starts[:1, :3])
+    assert plain.cu_seqlens.tolist() == [0, 2, 3, 3] and plain.index is None
+
+
+@pytest.mark.parametrize("offsets, padded", [
+    ([0, 3, 7, 10], [0, 3, 7, 10]),
+    ([0, 3, 7, 9, 10], [0, 3, 7, 9, 10, 10, 10, 10]),
+    ([0, 10], [0, 10]),
+])
+def test_collator_offsets_under_compile_pad_to_a_power_of_two(offsets, padded, make_generator, monkeypatch):
+    """Under torch.compile a collator's offsets are the layout, padded with empty documents to a
+    power of two of entries; attention over them equals the host-sized layout of the same starts."""
+    g = make_generator()
+    starts = torch.zeros(1, 10, dtype=torch.bool)
+    starts[0, offsets[:-1]] = True
+    q, k, v = (torch.randn(1, 2, 10, 3, generator=g, dtype=torch.float64) for _ in range(3))
+    spec = AttentionSpec(momentum=0.6, step_size=0.7, chunk_size=4)
+    eager = attend(q, k, v, spec, segments=Segments.from_starts_or_padding(starts))
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    segments = Segments.from_starts_or_padding(starts, offsets=torch.tensor(offsets, dtype=torch.int32))
+    assert segments.cu_seqlens.tolist() == padded and segments.cu_seqlens_cpu is None
+    torch.testing.assert_close(attend(q, k, v, spec, segments=segments), eager, rtol=1e-10, atol=1e-12)
