@@ -29,7 +29,7 @@ from .checks import check_feature_dims, check_padding_mask, check_qkv, compute_d
 from .closed_form import advance, run_state
 from .cp_agreement import Agreement, agree
 from .feature_maps import FeatureMap
-from .noncausal import apply_noncausal_summary
+from .noncausal import apply_noncausal_summary, real_after
 from .nonfinite import split_finite
 from .spec import AttentionSpec
 from .state import MomentumAttentionState
@@ -63,7 +63,7 @@ def context_parallel_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
 
     with torch.autocast(device_type=q.device.type, enabled=False):
         fk, vv = _feature_keys(spec.phi, k, v, mask, state_dtype)
-        after = _real_after(mask, fk.shape[0], fk.shape[2], fk.device)
+        after = real_after(mask, fk.shape[0], fk.shape[2], fk.device)
         local = run_state(fk, vv, after, mask, rule=spec.momentum_rule)
         if initial_state is not None:
             local = advance(initial_state.to(state_dtype), local, lengths[rank],
@@ -134,13 +134,6 @@ def slice_bounds(length: int, world: int, rank: int) -> Tuple[int, int]:
     base, extra = divmod(length, world)
     start = rank * base + min(rank, extra)
     return start, start + base + (rank < extra)
-
-
-def _real_after(mask: Optional[torch.Tensor], batch: int, length: int, device) -> torch.Tensor:
-    """(B, N) the real tokens after each position of the slice (mask (B, N) True = real, or None)."""
-    if mask is None:
-        return torch.arange(length - 1, -1, -1, device=device).expand(batch, length)
-    return mask.flip(-1).cumsum(-1).flip(-1) - 1
 
 
 class _AllGather(torch.autograd.Function):
@@ -270,7 +263,7 @@ def _packed(q, k, v, spec: AttentionSpec, segments: Segments, ranks: Agreement, 
     with torch.autocast(device_type=q.device.type, enabled=False):
         fk, vv = _feature_keys(spec.phi, k, v, None, compute_dtype(q, k, v))
         tail = tails[rank]
-        after = _real_after(None, fk.shape[0], fk.shape[2] - tail, fk.device)
+        after = real_after(None, fk.shape[0], fk.shape[2] - tail, fk.device)
         local = run_state(fk[:, :, tail:], vv[:, :, tail:], after, None, rule=spec.momentum_rule)
         gathered = _AllGather.apply(group, _pack(local))
         states = [_unpack(g, fk.shape[-1], v.shape[-1]) for g in gathered.unbind(0)]
@@ -302,7 +295,7 @@ def _noncausal_over_ranks(q, k, v, spec: AttentionSpec, mask, lengths, rank, gro
         phi = spec.phi
         fk, vv = _feature_keys(phi, k, v, mask, dtype)
         B = fk.shape[0]
-        after = _real_after(mask, B, fk.shape[2], fk.device).clamp(min=0) + later[:, None]
+        after = real_after(mask, B, fk.shape[2], fk.device).clamp(min=0) + later[:, None]
         weight = spec.momentum_rule.input_on_s(after)
         if mask is not None:
             weight = weight * mask

@@ -16,16 +16,20 @@ def noncausal_summary(fk: torch.Tensor, v: torch.Tensor, *, rule: MomentumRule,
     zeroed; N and j count each row's real keys (key_mask (B, Nk), True = real; any pattern),
     so a padded row equals the same sequence alone. The weight is `rule.input_on_s` of the real
     keys after j (eq. 12's s after the whole sequence)."""
-    B, Nk = fk.shape[0], fk.shape[2]
-    if key_mask is None:
-        after = torch.arange(Nk - 1, -1, -1, device=fk.device).expand(B, Nk)
-    else:
-        after = key_mask.flip(-1).cumsum(-1).flip(-1) - 1      # real keys after j: N − j
+    after = real_after(key_mask, fk.shape[0], fk.shape[2], fk.device)
     weight = rule.input_on_s(after.clamp(min=0))
     if key_mask is not None:
         weight = weight * key_mask
     kv = torch.einsum("bhnd,bn,bhne->bhde", fk, weight.to(fk.dtype), v)
     return kv, fk.sum(2)
+
+
+def real_after(mask: Optional[torch.Tensor], batch: int, length: int, device) -> torch.Tensor:
+    """(B, N) the real tokens after each position (mask (B, N) True = real, or None: all real);
+    −1 at padding after a row's last real token."""
+    if mask is None:
+        return torch.arange(length - 1, -1, -1, device=device).expand(batch, length)
+    return mask.flip(-1).cumsum(-1).flip(-1) - 1
 
 
 def apply_noncausal_summary(fq: torch.Tensor, kv: torch.Tensor, z: torch.Tensor, *,
