@@ -1,8 +1,8 @@
 """Options the native models cannot honour yet are refused before any work, naming the option,
 instead of failing halfway or being silently ignored (issue 29): assisted and prompt-lookup
-decoding (a recurrent state cannot be cropped back to the verified tokens), softmax `layer_types`
-(no hybrid layers yet), and packed documents in the sequence-classification heads (each row is
-pooled into one label)."""
+decoding (a recurrent state cannot be cropped back to the verified tokens), `layer_types` the
+family does not build (hybrids of momentum and softmax layers: tests/test_hf_hybrid.py), and
+packed documents in the sequence-classification heads (each row is pooled into one label)."""
 import os
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -35,10 +35,10 @@ def test_speculative_decoding_is_refused_before_the_first_forward(family, option
     assert model.generate(ids, max_new_tokens=5, do_sample=False).shape == (1, 17)     # greedy still works
 
 
-def test_softmax_layer_types_are_refused_and_all_momentum_is_accepted():
-    with pytest.raises(ValueError, match=r"layer_types=.*'full_attention'.*issue 29"):
-        config("transformer", layer_types=["linear_attention", "full_attention"])
-    with pytest.raises(ValueError, match="layer_types="):
+def test_unbuilt_layer_types_are_refused_and_all_momentum_is_accepted():
+    with pytest.raises(ValueError, match=r"layer_types=.*not \['chunked_attention'\]"):
+        config("transformer", layer_types=["linear_attention", "chunked_attention"])
+    with pytest.raises(ValueError, match="sliding_window is None"):
         config("transformer", layer_types=["sliding_attention", "linear_attention"])
     accepted = config("transformer", layer_types=["linear_attention", "linear_attention"])
     assert list(accepted.layer_types) == ["linear_attention"] * 2
