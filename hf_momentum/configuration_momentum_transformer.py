@@ -188,10 +188,6 @@ class MomentumTransformerConfig(PreTrainedConfig):
             return ["linear_attention"] * self.num_hidden_layers
         return list(self.layer_types)
 
-    def softmax_layers(self) -> list:
-        """Indices of the layers with softmax attention (their cache holds keys and values)."""
-        return [i for i, kind in enumerate(self.layer_kinds()) if LAYER_KINDS[kind] == "softmax"]
-
     def layer_blocks(self, block) -> tuple:
         """Each layer's block config from the model's one checked `block` (momentum attention):
         `plugins.transformer.layer_configs`, so each other kind is checked once and shared by its
