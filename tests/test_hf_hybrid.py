@@ -262,6 +262,29 @@ def test_gradient_checkpointing_gives_the_same_loss_and_gradients(make_generator
         torch.testing.assert_close(g1[name], g0[name], atol=1e-6, rtol=1e-5)
 
 
+def test_padded_training_forward_compiles_whole_and_equals_eager(make_generator):
+    """torch.compile(fullgraph=True) of a hybrid's padded training loss: the softmax masks are
+    built without a host read (aot_eager backend, as tests/test_hf_compile_training.py)."""
+    model = hybrid_model().train()
+    ids, mask = padded_batch(make_generator())
+
+    def loss():
+        model.zero_grad(set_to_none=True)
+        value = model(input_ids=ids, attention_mask=mask, labels=ids).loss
+        value.backward()
+        return value.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}
+
+    torch._dynamo.reset()
+    eager, eager_grads = loss()
+    compiled_forward = torch.compile(model.forward, fullgraph=True, backend="aot_eager")
+    model.forward = compiled_forward
+    compiled, compiled_grads = loss()
+    del model.forward
+    torch.testing.assert_close(compiled, eager, rtol=1e-5, atol=1e-6)
+    for name, grad in eager_grads.items():
+        torch.testing.assert_close(compiled_grads[name], grad, rtol=1e-4, atol=1e-6, msg=name)
+
+
 @pytest.mark.parametrize("kwargs, match", [
     (dict(layer_types=["linear_attention", "bogus"]), "layer_types` entries must be in"),
     (dict(layer_types=["linear_attention", "chunked_attention"]),
