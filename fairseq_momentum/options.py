@@ -44,6 +44,9 @@ CONNECTION_FLAGS = {"momentum": "--connection-momentum", "step_size": "--connect
                     "delta": "--connection-delta"}
 CONNECTION_DEFAULTS = {"momentum": DEFAULT_CONNECTION_MOMENTUM, "step_size": DEFAULT_CONNECTION_STEP_SIZE,
                        "delta": DEFAULT_ADAPTIVE_DELTA}
+# --layer-types, in transformers' vocabulary as the HF config's layer_types: momentum attention
+# (the --attention-* values) or fairseq's own softmax MultiheadAttention.
+LAYER_TYPES = ("linear_attention", "full_attention")
 
 
 def number(text, kind=float):
@@ -78,6 +81,28 @@ probability = validated(validation.check_number, low=0.0, high=1.0)
 delta_value = validated(validation.check_number, low=0.0, high=1.0, low_open=True)
 
 
+def layer_types(text):
+    """--layer-types: a comma-separated list of LAYER_TYPES, one per layer."""
+    kinds = [kind.strip() for kind in text.split(",")]
+    unknown = [kind for kind in kinds if kind not in LAYER_TYPES]
+    if unknown:
+        raise argparse.ArgumentTypeError(f"each entry must be one of {', '.join(LAYER_TYPES)}, got "
+                                         f"{', '.join(map(repr, unknown))}")
+    return kinds
+
+
+def layer_kinds(cfg, layers: int, stack: str):
+    """The self-attention kind of each of a stack's `layers` layers from --layer-types (None: all
+    momentum attention); ValueError naming --layer-types when its length differs."""
+    kinds = getattr(cfg, "layer_types", None)
+    if kinds is None:
+        return ["linear_attention"] * layers
+    if len(kinds) != layers:
+        raise ValueError(f"--layer-types has {len(kinds)} entries but the {stack} has {layers} layers; "
+                         f"give one of {', '.join(LAYER_TYPES)} per layer")
+    return list(kinds)
+
+
 def add_momentum_attention_args(parser, *, cross_attention=True):
     """Arguments of momentum attention and the momentum connection
     (Momentum Transformer, eq. 12-15, 18; docs/equations.md)."""
@@ -108,6 +133,11 @@ def add_momentum_attention_args(parser, *, cross_attention=True):
     group.add_argument("--connection-delta", type=delta_value, metavar="D",
                        help="adaptive momentum is clamped to [0, 1 - delta] (eq. 18); read by "
                             f"--connection adaptive only (default {DEFAULT_ADAPTIVE_DELTA:g})")
+    group.add_argument("--layer-types", type=layer_types, metavar="KIND,...",
+                       help="self-attention of each layer, comma-separated: linear_attention (momentum "
+                            "attention, the --attention-* values) or full_attention (fairseq's softmax "
+                            "attention); one per layer of the encoder and of the decoder "
+                            "(default: all linear_attention)")
     if cross_attention:
         group.add_argument("--cross-attention", choices=CROSS_ATTENTION_CHOICES,
                            help="decoder attention over the encoder: softmax (fairseq's), "

@@ -8,6 +8,7 @@ from .momentum_core import (
     DEFAULT_ATTENTION_MOMENTUM,
     DEFAULT_ATTENTION_STEP_SIZE,
     BlockConfig,
+    layer_configs,
     unread_connection_fields,
 )
 from .validation import (
@@ -25,6 +26,8 @@ BLOCK_LABELS = {"d_model": "hidden_size", "heads": "num_attention_heads", "ffn_d
                 "momentum": "attention_momentum", "step_size": "attention_step_size",
                 "feature_map": "attention_feature_map", "causal": "is_causal", "norm": "layer_norm",
                 "connection_delta": "adaptive_delta"}
+# transformers' layer_types this family builds, and the core attention kind of each.
+LAYER_KINDS = {"linear_attention": "momentum", "full_attention": "softmax", "sliding_attention": "softmax"}
 
 
 class NamedBlockConfig(BlockConfig):
@@ -59,6 +62,11 @@ class MomentumTransformerConfig(PreTrainedConfig):
     `connection_momentum` μ_r ∈ [0, 1), `connection_step_size` γ_r > 0) or "adaptive" (eq. 15
     with μ_r from eq. 18 per token, clamped to [0, 1 − `adaptive_delta`], δ ∈ (0, 1]); defaults
     μ_r = 0.3, γ_r = 0.9 (Table 1), δ = 1e-3, shared with fairseq (`plugins.connection`).
+
+    Hybrid models: `layer_types`, one per layer in transformers' vocabulary (default: all
+    "linear_attention"): "linear_attention" is the momentum attention above, "full_attention"
+    softmax attention (causal unless `is_causal=False`), "sliding_attention" causal softmax
+    attention over the last `sliding_window` real tokens (which it requires, and only it reads).
 
     `layer_norm` "pre" or "post"; dropouts `embedding_dropout`, `attention_dropout` (on the
     attention block output), `hidden_dropout` (feed-forward) in [0, 1); learned absolute
@@ -98,10 +106,14 @@ class MomentumTransformerConfig(PreTrainedConfig):
     bos_token_id: int | None = None
     eos_token_id: int | list[int] | None = None
     tie_word_embeddings: bool = True
+    layer_types: list[str] | None = None
+    sliding_window: int | None = None
 
     def __post_init__(self, **kwargs):
         if self.intermediate_size is None:
             self.intermediate_size = 4 * self.hidden_size
+        if self.layer_types is None and isinstance(self.num_hidden_layers, int):
+            self.layer_types = ["linear_attention"] * self.num_hidden_layers
         self.check_momentum_fields()
         super().__post_init__(**kwargs)
         self.check_layer_types()
@@ -150,12 +162,39 @@ class MomentumTransformerConfig(PreTrainedConfig):
         self.check_model_fields(NamedBlockConfig)
 
     def check_layer_types(self) -> None:
-        """transformers' `layer_types`, where given, must name momentum attention for every layer."""
-        layer_types = getattr(self, "layer_types", None)
-        if layer_types is not None and any(kind != "linear_attention" for kind in layer_types):
-            raise ValueError(f"layer_types={list(layer_types)!r}: every layer of momentum_transformer is "
-                             "momentum attention ('linear_attention'); softmax layers ('full_attention', "
-                             "'sliding_attention') are not built (issue 29) and would be ignored")
+        """`layer_types` by transformers' own validator (known names, one per layer), then: only the
+        kinds this family builds, and `sliding_window` given exactly when a layer reads it."""
+        self.validate_layer_type()
+        layer_types = self.layer_kinds()
+        unknown = sorted({kind for kind in layer_types if kind not in LAYER_KINDS})
+        if unknown:
+            raise ValueError(f"layer_types={layer_types!r}: momentum_transformer builds {list(LAYER_KINDS)} "
+                             f"layers, not {unknown}")
+        sliding = [i for i, kind in enumerate(layer_types) if kind == "sliding_attention"]
+        if sliding and self.sliding_window is None:
+            raise ValueError(f"layer_types has 'sliding_attention' at layers {sliding} but sliding_window is "
+                             "None: set sliding_window (an int >= 1) or use 'full_attention'")
+        if self.sliding_window is not None:
+            check_int(self.sliding_window, "sliding_window", low=1)
+            if not sliding:
+                raise ValueError(f"sliding_window={self.sliding_window!r} is read by 'sliding_attention' "
+                                 "layers only and layer_types has none: leave sliding_window None or add one")
+            if not self.is_causal:
+                raise ValueError("layer_types 'sliding_attention' needs is_causal=True (a causal window)")
+
+    def layer_kinds(self) -> list:
+        """`layer_types`, or all "linear_attention" where it was set to None after construction."""
+        if self.layer_types is None:
+            return ["linear_attention"] * self.num_hidden_layers
+        return list(self.layer_types)
+
+    def layer_blocks(self, block) -> tuple:
+        """Each layer's block config from the model's one checked `block` (momentum attention):
+        `plugins.transformer.layer_configs`, so each other kind is checked once and shared by its
+        layers (`check_layer_types` has refused what it would refuse, naming this config's fields)."""
+        kinds = self.layer_kinds()
+        windows = [self.sliding_window if kind == "sliding_attention" else None for kind in kinds]
+        return layer_configs(block, [LAYER_KINDS[kind] for kind in kinds], windows)
 
     def check_model_fields(self, block_class):
         """`check_momentum_fields` with the block's fields checked by building `block_class` (a

@@ -33,6 +33,7 @@ from .modeling_common import (
 from .momentum_core import (
     BlockConfig,
     ConnectionState,
+    KeyValueCache,
     MomentumAttentionState,
     Segments,
     TransformerBlock,
@@ -59,19 +60,28 @@ AUTO_MAP = {
 
 
 class MomentumCache(RecurrentCache):
-    """Per layer the three tensors of `MomentumAttentionState` (S, z, m of eq. 12), and each
-    row's count of real tokens (`row_positions`), from which the positions of new tokens follow
-    without reading the attention mask over the cached ones."""
+    """Per momentum layer the three tensors of `MomentumAttentionState` (S, z, m of eq. 12), per
+    softmax layer of a hybrid (`layer_types`) its `KeyValueCache`, and each row's count of real
+    tokens (`row_positions`), from which the positions of new tokens follow without reading the
+    attention mask over the cached ones."""
 
     def __init__(self, config: MomentumTransformerConfig):
-        super().__init__(config.num_hidden_layers, 3)
+        softmax = [i for i, kind in enumerate(getattr(config, "layer_types", None) or ())
+                   if kind != "linear_attention"]
+        super().__init__(config.num_hidden_layers, 3, key_value_layers=softmax)
 
-    def get_attention_state(self, layer_idx: int) -> Optional[MomentumAttentionState]:
+    def get_attention_state(self, layer_idx: int):
+        if layer_idx in self.key_value_layers:
+            held = self.get_key_values(layer_idx)
+            return None if held is None else KeyValueCache(*held)
         states = self.get_states(layer_idx)
         return None if states is None else MomentumAttentionState(*states)
 
-    def set_attention_state(self, layer_idx: int, state: MomentumAttentionState) -> None:
-        self.set_states(layer_idx, (state.s, state.z, state.m))
+    def set_attention_state(self, layer_idx: int, state) -> None:
+        if isinstance(state, KeyValueCache):
+            self.set_key_values(layer_idx, state.key, state.value, state.real)
+        else:
+            self.set_states(layer_idx, (state.s, state.z, state.m))
 
 
 class StaticMomentumCache(StaticStateMixin, MomentumCache):
@@ -106,15 +116,17 @@ class MomentumTransformerLayer(GradientCheckpointingLayer, TransformerBlock):
         self.layer_idx = layer_idx
 
     def forward(self, hidden_states, velocity=None, previous_update=None, segments=None,
-                past_key_values=None, padding_mask=None):
+                past_key_values=None, padding_mask=None, softmax_masks=None):
         """segments: the model's one `Segments` of the batch (trusted); padding_mask (B, N): a
-        convenience for one call, turned into Segments here."""
+        convenience for one call, turned into Segments here; softmax_masks: the stack's (softmax
+        layers of a hybrid)."""
         cache = past_key_values
         state = None if velocity is None else ConnectionState(velocity, previous_update)
         attention_state = None if cache is None else cache.get_attention_state(self.layer_idx)
         out, state, attention_state = super().forward(hidden_states, state, segments=segments,
                                                       attention_state=attention_state,
-                                                      recurrent=cache is not None, padding_mask=padding_mask)
+                                                      recurrent=cache is not None, padding_mask=padding_mask,
+                                                      softmax_masks=softmax_masks)
         if cache is not None:
             cache.set_attention_state(self.layer_idx, attention_state)
         if state is None:
@@ -128,9 +140,10 @@ class MomentumTransformerLayers(TransformerStack):
     its attention state in the cache `past_key_values`."""
 
     def call_block(self, block, x, connection_state, *, segments, attention_state, recurrent,
-                   past_key_values):
+                   past_key_values, softmax_masks=None):
         velocity, update = (None, None) if connection_state is None else connection_state
-        out, velocity, update = block(x, velocity, update, segments=segments, past_key_values=past_key_values)
+        out, velocity, update = block(x, velocity, update, segments=segments, past_key_values=past_key_values,
+                                      softmax_masks=softmax_masks)
         return out, None if velocity is None else ConnectionState(velocity, update), None
 
 
@@ -164,8 +177,9 @@ class MomentumTransformerModel(MomentumTransformerPreTrainedModel):
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size, config.pad_token_id)
         self.embed_positions = nn.Embedding(config.max_position_embeddings, config.hidden_size)
         self.dropout = nn.Dropout(config.embedding_dropout)
-        self.layers = MomentumTransformerLayers(MomentumTransformerLayer(self.block, i)
-                                                for i in range(config.num_hidden_layers))
+        layer_blocks = config.layer_blocks(self.block)    # per layer_types; one checked config per kind
+        self.layers = MomentumTransformerLayers(MomentumTransformerLayer(layer_block, i)
+                                                for i, layer_block in enumerate(layer_blocks))
         pre_norm = self.block.norm == "pre"
         self.norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps) if pre_norm else nn.Identity()
         self.gradient_checkpointing = False

@@ -33,7 +33,9 @@ from plugins.transformer.config import (
     DEFAULT_ATTENTION_STEP_SIZE,
     NORM_PLACEMENTS,
     BlockConfig,
+    layer_configs,
 )
+from plugins.transformer.kv_cache import KeyValueCache
 from plugins.transformer.pooling import masked_mean
 from plugins.transformer.stack import TransformerStack
 
@@ -45,7 +47,8 @@ EXPORTS = ("FEATURE_MAPS", "AttentionSpec", "attend", "MomentumAttentionState", 
            "DEFAULT_CONNECTION_MOMENTUM", "DEFAULT_CONNECTION_STEP_SIZE", "DEFAULT_ADAPTIVE_DELTA",
            "CONNECTION_READS", "unread_connection_fields", "BlockConfig", "BLOCK_FEATURE_MAPS",
            "DEFAULT_ATTENTION_MOMENTUM", "DEFAULT_ATTENTION_STEP_SIZE", "NORM_PLACEMENTS",
-           "MultiHeadAttention", "TransformerBlock", "TransformerStack", "Segments", "masked_mean")
+           "MultiHeadAttention", "TransformerBlock", "TransformerStack", "Segments", "masked_mean",
+           "layer_configs", "KeyValueCache")
 
 
 def bundled_source() -> str:

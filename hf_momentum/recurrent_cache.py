@@ -8,28 +8,82 @@ does not mark a state as present. `RecurrentCache` counts the tokens it has abso
 once asked for `row_positions`, each row's real tokens) and marks states itself. It is not
 compileable: its states are replaced by new tensors at every step. `StaticStateMixin` makes a
 subclass that is (fixed buffers updated in place).
+
+A hybrid model's softmax layers hold their keys and values instead (`KeyValueLayer`, transformers'
+`DynamicLayer`, as Qwen3-Next's cache mixes linear-attention and attention layers), with which
+cached positions are real tokens, so padded rows stay apart.
 """
 from typing import Optional, Sequence, Tuple
 
 import torch
-from transformers.cache_utils import Cache, LinearAttentionLayer
+from transformers.cache_utils import Cache, DynamicLayer, LinearAttentionLayer
+
+KeyValues = Tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]
+
+
+class KeyValueLayer(DynamicLayer):
+    """A softmax layer's keys and values (B, H, N, D) of every cached position, and `real` (B, N)
+    bool, True = real token (None: all real). Set whole by `set`: the layer's attention extends
+    them itself."""
+
+    real: Optional[torch.Tensor] = None
+
+    def set(self, keys: torch.Tensor, values: torch.Tensor, real: Optional[torch.Tensor]) -> None:
+        self.keys, self.values, self.real = keys, values, real
+        self.dtype, self.device = keys.dtype, keys.device
+        self.is_initialized = True
+
+    def get(self) -> Optional[KeyValues]:
+        return (self.keys, self.values, self.real) if self.is_initialized else None
+
+    def reset(self) -> None:
+        super().reset()
+        self.real = None
+
+    def crop(self, tokens_to_remove: int) -> None:
+        raise RuntimeError("crop the whole cache (RecurrentCache.crop, which restores every layer), "
+                           "not one of its layers")
+
+    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
+        self.batch_select_indices(beam_idx)
+
+    def batch_repeat_interleave(self, repeats: int) -> None:
+        super().batch_repeat_interleave(repeats)
+        if self.real is not None:
+            self.real = self.real.repeat_interleave(repeats, dim=0)
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        super().batch_select_indices(indices)
+        if self.real is not None:
+            self.real = self.real[indices.to(self.real.device)]
 
 from .cache_history import CroppableStatesMixin
 
 
 class RecurrentCache(CroppableStatesMixin, Cache):
-    """`num_states` tensors per layer (e.g. S, z, m of eq. 12, or an LSTM's h, c). `crop`: see
+    """`num_states` tensors per layer (e.g. S, z, m of eq. 12, or an LSTM's h, c); the layers in
+    `key_value_layers` (softmax attention) hold a `KeyValueLayer` instead. `crop`: see
     hf_momentum.cache_history (speculative decoding)."""
 
     is_compileable = False
     is_croppable = False
     row_tokens: Optional[torch.Tensor] = None
 
-    def __init__(self, num_layers: int, num_states: int):
-        super().__init__(layers=[LinearAttentionLayer(number_of_states=num_states)
-                                 for _ in range(num_layers)])
+    def __init__(self, num_layers: int, num_states: int, key_value_layers: Sequence[int] = ()):
+        self.key_value_layers = tuple(sorted(set(key_value_layers)))
+        super().__init__(layers=[KeyValueLayer() if i in self.key_value_layers
+                                 else LinearAttentionLayer(number_of_states=num_states)
+                                 for i in range(num_layers)])
         self.num_states = num_states
         self.seen_tokens = 0
+
+    def get_key_values(self, layer_idx: int) -> Optional[KeyValues]:
+        """A softmax layer's (keys, values, real), or None before its first update."""
+        return self.layers[layer_idx].get()
+
+    def set_key_values(self, layer_idx: int, keys: torch.Tensor, values: torch.Tensor,
+                       real: Optional[torch.Tensor]) -> None:
+        self.layers[layer_idx].set(keys, values, real)
 
     def get_states(self, layer_idx: int) -> Optional[Tuple[torch.Tensor, ...]]:
         """The layer's states, or None before its first update."""
@@ -87,7 +141,9 @@ class RecurrentCache(CroppableStatesMixin, Cache):
 
     @property
     def batch_size(self) -> int:
-        states = self.get_states(0) if self.layers else None
+        if not self.layers:
+            return -1
+        states = self.get_key_values(0) if 0 in self.key_value_layers else self.get_states(0)
         return -1 if states is None else states[0].shape[0]
 
     def reset(self) -> None:
@@ -106,6 +162,12 @@ class RecurrentCache(CroppableStatesMixin, Cache):
 
     def _map(self, fn) -> None:
         for idx in range(len(self.layers)):
+            if idx in self.key_value_layers:
+                held = self.get_key_values(idx)
+                if held is not None:
+                    keys, values, real = held
+                    self.set_key_values(idx, fn(keys), fn(values), None if real is None else fn(real))
+                continue
             states = self.get_states(idx)
             if states is not None:
                 self.set_states(idx, [fn(t) for t in states])
@@ -131,6 +193,14 @@ class StaticStateMixin:
 
     is_compileable = True
     tokens: Optional[torch.Tensor] = None
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        if self.key_value_layers:
+            raise ValueError(f"{type(self).__name__} (cache_implementation='static') holds fixed-size states "
+                             f"only, but layers {list(self.key_value_layers)} are softmax attention "
+                             "(layer_types 'full_attention' / 'sliding_attention'), whose keys and values "
+                             "grow with the sequence; leave cache_implementation unset for a hybrid model")
 
     def set_states(self, layer_idx: int, states: Sequence[torch.Tensor]) -> None:
         if len(states) != self.num_states:

@@ -72,14 +72,20 @@ class ModelTester:
 TRANSFORMER = ModelTester("momentum_transformer",
                           dict(num_attention_heads=2, intermediate_size=32, connection="momentum"))
 LSTM = ModelTester("momentum_lstm", dict(cell="adam"))
+HYBRID = ModelTester("momentum_transformer",      # softmax layers among momentum layers (issue 29)
+                     dict(num_attention_heads=2, intermediate_size=32, connection="momentum",
+                          layer_types=["linear_attention", "full_attention", "sliding_attention"],
+                          sliding_window=3))
+TRANSFORMER_CLASSES = [MomentumTransformerModel, MomentumTransformerForCausalLM,
+                       MomentumTransformerForSequenceClassification]
 CASES = [
-    (TRANSFORMER, [MomentumTransformerModel, MomentumTransformerForCausalLM,
-                   MomentumTransformerForSequenceClassification]),
+    (TRANSFORMER, TRANSFORMER_CLASSES),
     (LSTM, [MomentumLSTMModel, MomentumLSTMForCausalLM, MomentumLSTMForSequenceClassification]),
+    (HYBRID, TRANSFORMER_CLASSES),
 ]
-IDS = ["transformer", "lstm"]
+IDS = ["transformer", "lstm", "hybrid"]
 HEADS = [(model_class, tester) for tester, classes in CASES for model_class in classes[1:]]
-HEAD_IDS = [model_class.__name__ for model_class, _ in HEADS]
+HEAD_IDS = [model_class.__name__ + ("-hybrid" if tester is HYBRID else "") for model_class, tester in HEADS]
 
 
 def prepare_for_class(tester, inputs_dict, model_class, return_labels=False):

@@ -1,7 +1,8 @@
 """Options the native models cannot honour yet are refused before any work, naming the option,
-instead of failing halfway or being silently ignored (issue 29): softmax `layer_types` (no hybrid
-layers yet), and packed documents in the sequence-classification heads (each row is pooled into
-one label). Speculative decoding now works: tests/test_hf_speculative.py."""
+instead of failing halfway or being silently ignored (issue 29): `layer_types` the family does not
+build (hybrids of momentum and softmax layers: tests/test_hf_hybrid.py), and packed documents in
+the sequence-classification heads (each row is pooled into one label). Speculative decoding works:
+tests/test_hf_speculative.py."""
 import os
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -12,10 +13,10 @@ from helpers.hf_tiny_models import FAMILIES, config
 from transformers import AutoModelForSequenceClassification
 
 
-def test_softmax_layer_types_are_refused_and_all_momentum_is_accepted():
-    with pytest.raises(ValueError, match=r"layer_types=.*'full_attention'.*issue 29"):
-        config("transformer", layer_types=["linear_attention", "full_attention"])
-    with pytest.raises(ValueError, match="layer_types="):
+def test_unbuilt_layer_types_are_refused_and_all_momentum_is_accepted():
+    with pytest.raises(ValueError, match=r"layer_types=.*not \['chunked_attention'\]"):
+        config("transformer", layer_types=["linear_attention", "chunked_attention"])
+    with pytest.raises(ValueError, match="sliding_window is None"):
         config("transformer", layer_types=["sliding_attention", "linear_attention"])
     accepted = config("transformer", layer_types=["linear_attention", "linear_attention"])
     assert list(accepted.layer_types) == ["linear_attention"] * 2

@@ -199,7 +199,7 @@ def test_unsupported_combinations_are_refused():
     x = torch.zeros(1, 3, 8)
     softmax = TransformerBlock(BlockConfig(8, 2, attention="softmax"))
     softmax.attention.process_group = object()
-    with pytest.raises(ValueError, match="attention='softmax' has no packed path or context parallelism"):
+    with pytest.raises(ValueError, match="attention='softmax' has no context parallelism"):
         softmax(x)
     with pytest.raises(ValueError, match="recurrent=True needs a causal block"):
         TransformerBlock(BlockConfig(8, 2, causal=False))(x, recurrent=True)

@@ -6,6 +6,10 @@ feed-forward block, dropout and pre-/post-LN placement are fairseq's. The moment
 connection (eq. 15, adaptive eq. 18) carries a velocity from one layer to the next within
 a forward pass: the layers of one encoder or decoder share a `ConnectionCarrier`, which
 the encoder or decoder clears at the start and end of every forward pass.
+
+`--layer-types` makes some layers softmax attention (fairseq's own MultiheadAttention, with
+its causal mask, key padding mask and incremental key/value cache) among the momentum layers;
+their residual is still the connection, as in the HF hybrid.
 """
 from fairseq.distributed import fsdp_wrap
 from fairseq.models.transformer import TransformerConfig
@@ -14,6 +18,7 @@ from fairseq.modules.transformer_layer import TransformerDecoderLayerBase, Trans
 
 from plugins.connection import CONNECTION_READS, build_connection
 
+from ..options import layer_kinds
 from .momentum_attention import MomentumMultiheadAttention
 
 PRINT_ALIGNMENT_NEEDS_SOFTMAX = (
@@ -33,6 +38,14 @@ def shared_carrier(owner):
     if "_connection_carrier" not in owner.__dict__:
         owner.__dict__["_connection_carrier"] = ConnectionCarrier()
     return owner.__dict__["_connection_carrier"]
+
+
+def next_layer_kind(owner, cfg, layers: int, stack: str) -> str:
+    """The --layer-types entry of the next layer `owner` (an encoder or decoder) builds: fairseq
+    builds its layers in order through build_*_layer, which gets no index."""
+    built = owner.__dict__.setdefault("_layers_built", 0)
+    owner.__dict__["_layers_built"] = built + 1
+    return layer_kinds(cfg, layers, stack)[built % layers]
 
 
 def build_momentum_attention(embed_dim, num_heads, cfg, *, causal, cross=False):
@@ -75,11 +88,14 @@ class _MomentumResidual:
 class MomentumTransformerEncoderLayer(_MomentumResidual, TransformerEncoderLayerBase):
     """fairseq encoder layer with non-causal momentum self-attention (eq. 14)."""
 
-    def __init__(self, cfg, carrier, return_fc=False):
+    def __init__(self, cfg, carrier, return_fc=False, *, kind="linear_attention"):
+        self.kind = kind
         super().__init__(cfg, return_fc=return_fc)
         self._init_connection(cfg, carrier)
 
     def build_self_attention(self, embed_dim, cfg):
+        if self.kind == "full_attention":
+            return super().build_self_attention(embed_dim, cfg)
         return build_momentum_attention(embed_dim, cfg.encoder.attention_heads, cfg, causal=False)
 
 
@@ -87,8 +103,8 @@ class MomentumTransformerDecoderLayer(_MomentumResidual, TransformerDecoderLayer
     """fairseq decoder layer with causal momentum self-attention (eq. 12/13), or non-causal
     (eq. 14) for non-autoregressive decoders; cross-attention per --cross-attention."""
 
-    def __init__(self, cfg, carrier, *, causal=True, no_encoder_attn=False):
-        self.causal = causal
+    def __init__(self, cfg, carrier, *, causal=True, no_encoder_attn=False, kind="linear_attention"):
+        self.causal, self.kind = causal, kind
         super().__init__(cfg, no_encoder_attn=no_encoder_attn)
         self._init_connection(cfg, carrier)
 
@@ -96,6 +112,8 @@ class MomentumTransformerDecoderLayer(_MomentumResidual, TransformerDecoderLayer
         if add_bias_kv or add_zero_attn or cfg.cross_self_attention:
             raise ValueError("momentum attention does not support --cross-self-attention, "
                              "add_bias_kv or add_zero_attn")
+        if self.kind == "full_attention":
+            return super().build_self_attention(embed_dim, cfg)
         return build_momentum_attention(embed_dim, cfg.decoder.attention_heads, cfg,
                                         causal=self.causal)
 
@@ -118,7 +136,8 @@ class MomentumEncoderMixin:
 
     def build_encoder_layer(self, cfg):
         cfg = _as_config(cfg)
-        return _wrap_layer(MomentumTransformerEncoderLayer(cfg, shared_carrier(self)), cfg)
+        kind = next_layer_kind(self, cfg, cfg.encoder.layers, "encoder")
+        return _wrap_layer(MomentumTransformerEncoderLayer(cfg, shared_carrier(self), kind=kind), cfg)
 
     def forward(self, *args, **kwargs):
         carrier = shared_carrier(self)
@@ -137,9 +156,10 @@ class MomentumDecoderMixin:
 
     def build_decoder_layer(self, cfg, no_encoder_attn=False):
         cfg = _as_config(cfg)
+        kind = next_layer_kind(self, cfg, cfg.decoder.layers, "decoder")
         layer = MomentumTransformerDecoderLayer(cfg, shared_carrier(self),
                                                 causal=self.causal_self_attention,
-                                                no_encoder_attn=no_encoder_attn)
+                                                no_encoder_attn=no_encoder_attn, kind=kind)
         return _wrap_layer(layer, cfg)
 
     def extract_features(self, *args, **kwargs):

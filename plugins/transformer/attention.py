@@ -17,22 +17,19 @@ from ..packing import Segments
 from ..validation import check_int
 from .config import BlockConfig
 from .kv_cache import KeyValueCache, cached_softmax_attention, extend_key_value_cache
+from .softmax_mask import SoftmaxMasks, softmax_mask
 
 
 def softmax_self_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool,
-                           padding_mask: Optional[torch.Tensor]) -> torch.Tensor:
-    """softmax(q kᵀ / √D) v over the real keys (padding_mask (B, N), True = real). Causal outputs
-    at padded positions are 0, as momentum attention's are."""
-    if padding_mask is None:
-        return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
-    real = padding_mask.to(torch.bool)
-    allowed = real[:, None, None, :]
-    if causal:
-        n = q.shape[2]
-        own = torch.eye(n, dtype=torch.bool, device=q.device)
-        allowed = (allowed & torch.ones_like(own).tril()) | own
-    out = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed)
-    return out * real[:, None, :, None].to(out.dtype) if causal else out
+                           padding_mask: Optional[torch.Tensor], sliding_window: Optional[int] = None
+                           ) -> torch.Tensor:
+    """softmax(q kᵀ / √D) v over the real keys (padding_mask (B, N), True = real), each query within
+    its `sliding_window` (causal; None: no window). Causal outputs at padded positions are 0, as
+    momentum attention's are."""
+    real = None if padding_mask is None else padding_mask.to(torch.bool)
+    mask = softmax_mask(real, None, q.shape[2], q.device, causal=causal, window=sliding_window)
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal and mask is None)
+    return out * real[:, None, :, None].to(out.dtype) if causal and real is not None else out
 
 
 def _segments_of_call(segments: Optional[Segments], padding_mask: Optional[torch.Tensor], x: torch.Tensor):
@@ -65,17 +62,19 @@ class MultiHeadAttention(nn.Module):
 
     def forward(self, x: torch.Tensor, *, segments: Optional[Segments] = None,
                 state: Union[MomentumAttentionState, KeyValueCache, None] = None, recurrent: bool = False,
-                padding_mask: Optional[torch.Tensor] = None
+                padding_mask: Optional[torch.Tensor] = None, softmax_masks: Optional[SoftmaxMasks] = None
                 ) -> Tuple[torch.Tensor, Union[MomentumAttentionState, KeyValueCache, None]]:
         """segments: where the sequences of x are (`plugins.packing.Segments`, built once per forward
         by the caller and trusted here; packed documents run each alone); None: every token real.
         padding_mask (B, N), True = real token: a convenience for a single call, turned into
         Segments here (pass segments instead from a stack of layers). recurrent=True (causal
         blocks): continue `state` (None: fresh) by eq. 12 (momentum/linear) or as a KeyValueCache
-        (softmax) and return the new state. Returns (output, new state or None)."""
+        (softmax) and return the new state. softmax_masks: the stack's masks of these segments
+        (softmax only; None: built here). Returns (output, new state or None)."""
         segments = _segments_of_call(segments, padding_mask, x)
         q, k, v = (self._heads(proj(x)) for proj in (self.q_proj, self.k_proj, self.v_proj))
-        out, state = self.attend(q, k, v, segments=segments, state=state, recurrent=recurrent)
+        out, state = self.attend(q, k, v, segments=segments, state=state, recurrent=recurrent,
+                                 softmax_masks=softmax_masks)
         return self._output(out), state
 
     def _heads(self, x: torch.Tensor) -> torch.Tensor:
@@ -88,11 +87,12 @@ class MultiHeadAttention(nn.Module):
         batch, _, length, _ = out.shape
         return self.dropout(self.o_proj(out.transpose(1, 2).reshape(batch, length, self.config.d_model)))
 
-    def attend(self, q, k, v, *, segments: Optional[Segments] = None, state=None, recurrent=False):
+    def attend(self, q, k, v, *, segments: Optional[Segments] = None, state=None, recurrent=False,
+               softmax_masks: Optional[SoftmaxMasks] = None):
         """The attention of `config.attention` on (B, H, N, D) heads laid out as `segments` says;
         returns (out, state). The state is a `MomentumAttentionState` (eq. 12) or, for softmax, a
         `KeyValueCache`. Momentum and linear attention run `plugins.attention.attend` with the
-        config's one AttentionSpec."""
+        config's one AttentionSpec; softmax reads the keys `softmax_masks` allows."""
         config = self.config
         if state is not None and not recurrent:
             raise ValueError("state is continued only with recurrent=True")
@@ -100,10 +100,11 @@ class MultiHeadAttention(nn.Module):
             raise ValueError("recurrent=True needs a causal block (causal=False is eq. 14, which has "
                              "no recurrence)")
         packed = segments is not None and segments.packed
-        if config.attention == "softmax":
-            return self._attend_softmax(q, k, v, segments=segments, state=state, recurrent=recurrent)
         if packed and recurrent:
             raise ValueError("packed documents run without a recurrent state")
+        if config.attention == "softmax":
+            return self._attend_softmax(q, k, v, segments=segments, state=state, recurrent=recurrent,
+                                        masks=softmax_masks)
         if recurrent:
             if state is not None and not isinstance(state, MomentumAttentionState):
                 raise ValueError("state must be a MomentumAttentionState or None, got "
@@ -115,17 +116,24 @@ class MultiHeadAttention(nn.Module):
                                               process_group=self.process_group), None
         return attend(q, k, v, config.attention_spec, segments=segments), None
 
-    def _attend_softmax(self, q, k, v, *, segments, state, recurrent):
-        """Eq. 1; recurrent=True appends k, v to the `KeyValueCache` `state` (None: fresh) and
-        attends to all of it, so generation does not re-read the prefix."""
-        if (segments is not None and segments.packed) or self.process_group is not None:
-            raise ValueError("attention='softmax' has no packed path or context parallelism: use "
-                             "attention='linear' or 'momentum'")
-        padding_mask = None if segments is None else segments.padding_mask
-        if not recurrent:
-            return softmax_self_attention(q, k, v, causal=self.config.causal, padding_mask=padding_mask), None
-        state = extend_key_value_cache(state, k, v, padding_mask)
-        return cached_softmax_attention(q, state), state
+    def _attend_softmax(self, q, k, v, *, segments, state, recurrent, masks):
+        """Eq. 1 over the keys the layout allows: own document, real, causal, within the sliding
+        window (`plugins.transformer.softmax_mask`). recurrent=True appends k, v to the
+        `KeyValueCache` `state` (None: fresh) and attends to all of it, so generation does not
+        re-read the prefix."""
+        causal, window = self.config.causal, self.config.sliding_window
+        if self.process_group is not None:
+            raise ValueError("attention='softmax' has no context parallelism: use attention='linear' or "
+                             "'momentum'")
+        if recurrent:
+            padding_mask = None if segments is None else segments.padding_mask
+            state = extend_key_value_cache(state, k, v, padding_mask)
+            return cached_softmax_attention(q, state, sliding_window=window), state
+        if masks is None:
+            masks = SoftmaxMasks(segments, q.shape[2], q.device)
+        mask = masks.mask(causal=causal, window=window)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal and mask is None)
+        return masks.zero_padding(out, causal=causal), None
 
     def coefficients(self) -> Tuple[float, float]:
         """β and γ of eq. 12-14: the config's for attention="momentum"; 0 and 1 for "linear",

@@ -15,6 +15,7 @@ from ..connection import ConnectionState, build_connection
 from ..packing import Segments
 from .attention import MultiHeadAttention
 from .config import BlockConfig
+from .softmax_mask import SoftmaxMasks
 
 ACTIVATION_MODULES = {"relu": nn.ReLU, "gelu": nn.GELU}
 
@@ -65,12 +66,14 @@ class TransformerBlock(nn.Module):
     def forward(self, x: torch.Tensor, connection_state: Optional[ConnectionState] = None, *,
                 segments: Optional[Segments] = None,
                 attention_state: Optional[MomentumAttentionState] = None, recurrent: bool = False,
-                padding_mask: Optional[torch.Tensor] = None) -> BlockOutput:
-        """x (B, N, d_model); segments, attention_state, recurrent and padding_mask as in
-        `MultiHeadAttention.forward`."""
+                padding_mask: Optional[torch.Tensor] = None,
+                softmax_masks: Optional[SoftmaxMasks] = None) -> BlockOutput:
+        """x (B, N, d_model); segments, attention_state, recurrent, padding_mask and softmax_masks
+        as in `MultiHeadAttention.forward`."""
         update, attention_state = self.attention(self.attn_norm(x) if self.pre_norm else x,
                                                  segments=segments, state=attention_state,
-                                                 recurrent=recurrent, padding_mask=padding_mask)
+                                                 recurrent=recurrent, padding_mask=padding_mask,
+                                                 softmax_masks=softmax_masks)
         h, connection_state = self.residual(x, update, connection_state)
         if not self.pre_norm:
             h = self.attn_norm(h)

@@ -1,7 +1,7 @@
 """The hyperparameters of one transformer block (`plugins.transformer.block`), their defaults
 and their checks, written once for the HF model and the copy recipe."""
-from dataclasses import dataclass
-from typing import Callable, ClassVar, Mapping, Optional, Union
+from dataclasses import dataclass, replace
+from typing import Callable, ClassVar, Mapping, Optional, Sequence, Tuple, Union
 
 from ..attention.spec import AttentionSpec
 from ..connection import (
@@ -36,7 +36,9 @@ class BlockConfig:
 
     attention: "softmax" (scaled dot product), "linear" (eq. 7) or "momentum" (eq. 13, eq. 14
     with causal=False); momentum β ∈ [0, 1) and step_size γ > 0 are read by "momentum" only (None:
-    0.6 and 1.0). feature_map φ ∈ {"elu", "relu"} for "linear" and "momentum".
+    0.6 and 1.0). feature_map φ ∈ {"elu", "relu"} for "linear" and "momentum". sliding_window
+    (causal softmax only; None: no window): each position reads itself and the W − 1 real
+    positions before it.
     norm: "pre" or "post" layer norm; activation: "relu", "gelu" or a callable.
     connection: the residual around attention, "none", "momentum" (eq. 15) or "adaptive"
     (eq. 18), with `plugins.connection.build_connection`'s defaults and checks.
@@ -65,6 +67,7 @@ class BlockConfig:
     connection_momentum: float = DEFAULT_CONNECTION_MOMENTUM
     connection_step_size: float = DEFAULT_CONNECTION_STEP_SIZE
     connection_delta: float = DEFAULT_ADAPTIVE_DELTA
+    sliding_window: Optional[int] = None
 
     def __post_init__(self):
         name = lambda field: self.labels.get(field, field)
@@ -81,6 +84,7 @@ class BlockConfig:
         check_choice(self.feature_map, name("feature_map"), BLOCK_FEATURE_MAPS)
         check_bool(self.causal, name("causal"))
         check_int(self.chunk_size, name("chunk_size"), low=1)
+        self._check_sliding_window(name)
         check_choice(self.norm, name("norm"), NORM_PLACEMENTS)
         check_positive(self.layer_norm_eps, name("layer_norm_eps"))
         if not callable(self.activation):
@@ -117,6 +121,41 @@ class BlockConfig:
         object.__setattr__(self, "momentum", check_momentum(momentum, name("momentum")))
         object.__setattr__(self, "step_size", check_positive(step_size, name("step_size")))
 
+    def _check_sliding_window(self, name) -> None:
+        """A window is read by causal softmax attention only; elsewhere it would be ignored."""
+        if self.sliding_window is None:
+            return
+        check_int(self.sliding_window, name("sliding_window"), low=1)
+        if self.attention != "softmax" or not self.causal:
+            raise ValueError(f"{name('sliding_window')}={self.sliding_window!r} is read by causal softmax "
+                             f"attention only, not by {name('attention')}={self.attention!r} with "
+                             f"{name('causal')}={self.causal!r}: leave it None")
+
     @property
     def head_dim(self) -> int:
         return self.d_model // self.heads
+
+
+def layer_configs(base: BlockConfig, kinds: Sequence[str],
+                  sliding_windows: Optional[Sequence[Optional[int]]] = None) -> Tuple[BlockConfig, ...]:
+    """One BlockConfig per layer of a stack whose layers differ in attention only: layer i has
+    attention kinds[i] (ATTENTION_KINDS) and sliding_windows[i] (None: no window), every other field
+    base's. A layer like base is base itself; each other distinct (kind, window) is one config,
+    checked once and shared by its layers. β, γ of a derived "momentum" layer are base's when base
+    is momentum attention, else the defaults."""
+    if isinstance(kinds, str) or not isinstance(kinds, Sequence) or not kinds:
+        raise ValueError(f"the layers' attention kinds must be a non-empty list of {ATTENTION_KINDS}, "
+                         f"got {kinds!r}")
+    windows = [None] * len(kinds) if sliding_windows is None else list(sliding_windows)
+    if len(windows) != len(kinds):
+        raise ValueError(f"sliding_windows has {len(windows)} entries for {len(kinds)} layers")
+    for i, kind in enumerate(kinds):
+        check_choice(kind, f"attention of layer {i}", ATTENTION_KINDS)
+    built = {(base.attention, base.sliding_window): base}
+    for kind, window in zip(kinds, windows):
+        if (kind, window) not in built:
+            coefficients = dict(momentum=None, step_size=None)
+            if kind == "momentum" and base.attention == "momentum":
+                coefficients = dict(momentum=base.momentum, step_size=base.step_size)
+            built[kind, window] = replace(base, attention=kind, sliding_window=window, **coefficients)
+    return tuple(built[kind, window] for kind, window in zip(kinds, windows))

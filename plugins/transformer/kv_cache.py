@@ -73,19 +73,25 @@ def extend_key_value_cache(cache: Optional[KeyValueCache], k: torch.Tensor, v: t
     return KeyValueCache(torch.cat([cache.key, k], dim=2), torch.cat([cache.value, v], dim=2), real)
 
 
-def cached_softmax_attention(q: torch.Tensor, cache: KeyValueCache) -> torch.Tensor:
+def cached_softmax_attention(q: torch.Tensor, cache: KeyValueCache, *,
+                             sliding_window: Optional[int] = None) -> torch.Tensor:
     """Causal softmax attention (eq. 1) of the last n cached positions, q (B, H, n, Dk): position
-    i attends to the real cached positions ≤ i and to itself; outputs at padded positions are 0.
-    The same convention as `softmax_self_attention(causal=True)`, so steps equal its output."""
+    i attends to the real cached positions ≤ i (and, with a sliding window W, fewer than W real
+    positions before it) and to itself; outputs at padded positions are 0. The same convention
+    as `softmax_self_attention(causal=True)`, so steps equal its output."""
     n, length = q.shape[2], cache.length
     past = length - n
-    if cache.real is None and n == 1:   # the newest position sees the whole cache: no mask
+    if cache.real is None and n == 1 and sliding_window is None:   # the newest position sees the whole cache
         return F.scaled_dot_product_attention(q, cache.key, cache.value)
-    allowed = torch.ones(n, length, dtype=torch.bool, device=q.device).tril(diagonal=past)
+    allowed = torch.ones(n, length, dtype=torch.bool, device=q.device).tril(diagonal=past)[None]
+    if sliding_window is not None:
+        rank = (torch.arange(length, device=q.device)[None] if cache.real is None
+                else cache.real.long().cumsum(-1) - 1)
+        allowed = allowed & (rank[:, past:, None] - rank[:, None, :] < sliding_window)
     if cache.real is None:
-        return F.scaled_dot_product_attention(q, cache.key, cache.value, attn_mask=allowed)
-    own = torch.zeros_like(allowed)
+        return F.scaled_dot_product_attention(q, cache.key, cache.value, attn_mask=allowed[:, None])
+    own = torch.zeros(n, length, dtype=torch.bool, device=q.device)
     own[:, past:] = torch.eye(n, dtype=torch.bool, device=q.device)
-    allowed = (allowed & cache.real[:, None, None, :]) | own
-    out = F.scaled_dot_product_attention(q, cache.key, cache.value, attn_mask=allowed)
+    allowed = (allowed & cache.real[:, None, :]) | own
+    out = F.scaled_dot_product_attention(q, cache.key, cache.value, attn_mask=allowed[:, None])
     return out * cache.real[:, None, past:, None].to(out.dtype)
