@@ -29,15 +29,14 @@ from plugins.rnn.variants import (
     unread_hyperparameters,
 )
 from plugins.transformer.config import (
-    BLOCK_FEATURE_MAPS,
     DEFAULT_ATTENTION_MOMENTUM,
     DEFAULT_ATTENTION_STEP_SIZE,
     BlockConfig,
+    block_feature_maps,
 )
 
 # The shared block's defaults (plugins.transformer.BlockConfig), so both integrations agree.
 BLOCK_DEFAULTS = {field.name: field.default for field in dataclasses.fields(BlockConfig)}
-FEATURE_MAP_CHOICES = BLOCK_FEATURE_MAPS
 CONNECTION_CHOICES = CONNECTIONS
 CROSS_ATTENTION_CHOICES = ("softmax", "linear", "momentum")
 CONNECTION_FLAGS = {"momentum": "--connection-momentum", "step_size": "--connection-step-size",
@@ -114,7 +113,7 @@ def add_momentum_attention_args(parser, *, cross_attention=True):
     group.add_argument("--attention-step-size", type=positive_float, metavar="G",
                        help="step size gamma > 0 of momentum attention (eq. 12-14) "
                             f"(default {DEFAULT_ATTENTION_STEP_SIZE:g}; 0.6 for the NAT presets, Table 1)")
-    group.add_argument("--feature-map", choices=FEATURE_MAP_CHOICES,
+    group.add_argument("--feature-map", choices=block_feature_maps(),
                        help="feature map phi of linear attention (eq. 5); elu = elu(x) + 1 "
                             f"(default {BLOCK_DEFAULTS['feature_map']})")
     group.add_argument("--attention-chunk-size", type=positive_int, metavar="N",

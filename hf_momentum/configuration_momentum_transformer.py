@@ -3,11 +3,11 @@ from transformers import PreTrainedConfig
 from transformers.activations import ACT2FN
 
 from .momentum_core import (
-    BLOCK_FEATURE_MAPS,
     CONNECTION_READS,
     DEFAULT_ATTENTION_MOMENTUM,
     DEFAULT_ATTENTION_STEP_SIZE,
     BlockConfig,
+    block_feature_maps,
     layer_configs,
     unread_connection_fields,
 )
@@ -47,7 +47,7 @@ def check_attention_hyperparameters(momentum, step_size, feature_map):
                          "negative; use 'elu' (elu+1, the paper's) or 'relu'")
     return (check_momentum(momentum, "attention_momentum"),
             check_positive(step_size, "attention_step_size"),
-            check_choice(feature_map, "attention_feature_map", BLOCK_FEATURE_MAPS))
+            check_choice(feature_map, "attention_feature_map", block_feature_maps()))
 
 
 class MomentumTransformerConfig(PreTrainedConfig):

@@ -28,11 +28,11 @@ from plugins.packing import Segments
 from plugins.transformer.attention import MultiHeadAttention
 from plugins.transformer.block import TransformerBlock
 from plugins.transformer.config import (
-    BLOCK_FEATURE_MAPS,
     DEFAULT_ATTENTION_MOMENTUM,
     DEFAULT_ATTENTION_STEP_SIZE,
     NORM_PLACEMENTS,
     BlockConfig,
+    block_feature_maps,
     layer_configs,
 )
 from plugins.transformer.kv_cache import KeyValueCache
@@ -45,7 +45,7 @@ EXPORTS = ("FEATURE_MAPS", "AttentionSpec", "attend", "MomentumAttentionState", 
            "momentum_attention_step",
            "AdaptiveMomentumConnection", "ConnectionState", "MomentumConnection", "build_connection",
            "DEFAULT_CONNECTION_MOMENTUM", "DEFAULT_CONNECTION_STEP_SIZE", "DEFAULT_ADAPTIVE_DELTA",
-           "CONNECTION_READS", "unread_connection_fields", "BlockConfig", "BLOCK_FEATURE_MAPS",
+           "CONNECTION_READS", "unread_connection_fields", "BlockConfig", "block_feature_maps",
            "DEFAULT_ATTENTION_MOMENTUM", "DEFAULT_ATTENTION_STEP_SIZE", "NORM_PLACEMENTS",
            "MultiHeadAttention", "TransformerBlock", "TransformerStack", "Segments", "masked_mean",
            "layer_configs", "KeyValueCache")

@@ -18,6 +18,8 @@ from typing import Optional, Sequence, Tuple
 import torch
 from transformers.cache_utils import Cache, DynamicLayer, LinearAttentionLayer
 
+from .cache_history import CroppableStatesMixin
+
 KeyValues = Tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]
 
 
@@ -56,8 +58,6 @@ class KeyValueLayer(DynamicLayer):
         super().batch_select_indices(indices)
         if self.real is not None:
             self.real = self.real[indices.to(self.real.device)]
-
-from .cache_history import CroppableStatesMixin
 
 
 class RecurrentCache(CroppableStatesMixin, Cache):

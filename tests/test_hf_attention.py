@@ -29,7 +29,7 @@ from plugins.attention import (
     naive_causal_momentum_attention,
     naive_noncausal_momentum_attention,
 )
-from plugins.transformer.config import BLOCK_FEATURE_MAPS
+from plugins.transformer.config import block_feature_maps
 
 BETA, GAMMA = 0.5, 0.8
 PAD = 0
@@ -75,7 +75,7 @@ def test_registered_in_both_interfaces():
         assert name in AttentionInterface._global_mapping
         assert name in AttentionMaskInterface._global_mapping
     # every non-negative map of plugins; "identity" is refused for raw q, k projections
-    assert sorted(BLOCK_FEATURE_MAPS) == sorted(set(FEATURE_MAPS) - {"identity"})
+    assert sorted(block_feature_maps()) == sorted(set(FEATURE_MAPS) - {"identity"})
 
 
 @pytest.mark.parametrize("kwargs, argument", [

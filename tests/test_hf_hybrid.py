@@ -185,6 +185,23 @@ def test_beam_search_with_the_cache_equals_beam_search_without(make_generator):
     assert len(set(cached.beam_indices[:, -2].tolist())) > 1      # the beams were reordered
 
 
+@pytest.mark.parametrize("padding", [0, 3])
+def test_prompt_lookup_and_assisted_decoding_equal_greedy(padding):
+    """Speculative decoding crops the one cache back to the accepted tokens: the softmax layers'
+    key/values with the momentum states (hf_momentum.cache_history)."""
+    model = hybrid_model()
+    phrase = [7, 8, 9, 10, 11, 12]
+    ids = torch.tensor([[0] * padding + phrase * 3])
+    mask = (ids != 0).long()
+    greedy = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=12, do_sample=False)
+    lookup = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=12, do_sample=False,
+                            prompt_lookup_num_tokens=4)
+    draft = hybrid_model(["linear_attention", "full_attention"])
+    assisted = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=12, do_sample=False,
+                              assistant_model=draft)
+    assert torch.equal(lookup, greedy) and torch.equal(assisted, greedy)
+
+
 def test_static_cache_is_refused_for_a_hybrid_before_generating(make_generator):
     model = hybrid_model()
     ids, mask = padded_batch(make_generator())

@@ -3,6 +3,7 @@ and their checks, written once for the HF model and the copy recipe."""
 from dataclasses import dataclass, replace
 from typing import Callable, ClassVar, Mapping, Optional, Sequence, Tuple, Union
 
+from ..attention.feature_maps import FEATURE_MAPS
 from ..attention.spec import AttentionSpec
 from ..connection import (
     CONNECTIONS,
@@ -21,12 +22,19 @@ from ..validation import (
 )
 
 ATTENTION_KINDS = ("softmax", "linear", "momentum")
-BLOCK_FEATURE_MAPS = ("elu", "relu")
 NORM_PLACEMENTS = ("pre", "post")
 ACTIVATION_NAMES = ("relu", "gelu")
 # β and γ of Momentum Transformer, eq. 12/13 when attention="momentum" and they are not given.
 DEFAULT_ATTENTION_MOMENTUM = 0.6
 DEFAULT_ATTENTION_STEP_SIZE = 1.0
+
+
+def block_feature_maps() -> Tuple[str, ...]:
+    """The feature maps a block's q, k projections may use: every name in
+    `plugins.attention.FEATURE_MAPS` (read at each call, so a map added there is offered by the
+    HF config and fairseq's --feature-map too) except "identity", which is for inputs already
+    mapped."""
+    return tuple(name for name in FEATURE_MAPS if name != "identity")
 
 
 @dataclass(frozen=True)
@@ -81,7 +89,7 @@ class BlockConfig:
         check_int(self.ffn_dim, name("ffn_dim"), low=1)
         check_choice(self.attention, name("attention"), ATTENTION_KINDS)
         self._resolve_attention_coefficients(name)
-        check_choice(self.feature_map, name("feature_map"), BLOCK_FEATURE_MAPS)
+        check_choice(self.feature_map, name("feature_map"), block_feature_maps())
         check_bool(self.causal, name("causal"))
         check_int(self.chunk_size, name("chunk_size"), low=1)
         self._check_sliding_window(name)
