@@ -1,9 +1,10 @@
 """torch.export of the native models' scoring forward (logits, use_cache=False) with an
-attention_mask and dynamic shapes: the exported program equals eager at the traced shape and at
-others, and each padded row equals its sequence alone."""
+attention_mask and a dynamic batch: the exported program equals eager at the traced shape and at
+others, and each padded row equals its sequence alone. A dynamic length does not export yet
+(strict xfails naming why)."""
 import pytest
 import torch
-from helpers.hf_tiny_models import causal_lm, left_padded
+from helpers.hf_tiny_models import FAMILIES, causal_lm, left_padded
 from torch.export import Dim, export
 
 
@@ -29,8 +30,9 @@ def check_against_eager(program, model, ids, mask):
         torch.testing.assert_close(got[row, ids.shape[1] - n:], alone, rtol=1e-5, atol=1e-5)
 
 
-def test_lstm_exports_with_a_dynamic_batch_and_a_mask():
-    model = causal_lm("lstm")
+@pytest.mark.parametrize("family", FAMILIES)
+def test_exports_with_a_dynamic_batch_and_a_mask(family):
+    model = causal_lm(family)
     ids, mask = batch(0, [5, 8], 8)
     rows = Dim("batch", min=1, max=64)
     program = export(Logits(model), (ids, mask), dynamic_shapes=({0: rows}, {0: rows}))
@@ -44,6 +46,16 @@ def test_lstm_exports_with_a_dynamic_batch_and_a_mask():
     "a plain nn.LSTM fails the same way (test_torch_lstm_fixes_the_length)"))
 def test_lstm_exports_with_a_dynamic_length():
     model = causal_lm("lstm")
+    ids, mask = batch(0, [5, 8], 8)
+    rows, length = Dim("batch", min=1, max=64), Dim("length", min=2, max=64)
+    export(Logits(model), (ids, mask), dynamic_shapes=({0: rows, 1: length}, {0: rows, 1: length}))
+
+
+@pytest.mark.xfail(strict=True, raises=torch._dynamo.exc.UserError, reason=(
+    "issue 29: the chunked form's tiles are ceil(N / C) chunks; torch.export's symbolic shapes "
+    "cannot discharge the reshape and contiguity guards of ceil-divided sizes, so it fixes N"))
+def test_transformer_exports_with_a_dynamic_length():
+    model = causal_lm("transformer")
     ids, mask = batch(0, [5, 8], 8)
     rows, length = Dim("batch", min=1, max=64), Dim("length", min=2, max=64)
     export(Logits(model), (ids, mask), dynamic_shapes=({0: rows, 1: length}, {0: rows, 1: length}))

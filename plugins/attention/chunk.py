@@ -47,10 +47,11 @@ def chunk_causal_momentum_attention(
     state). Returns the output (B, H, N, Dv) and, if asked, the state after each row's last
     real token."""
     B, H, N, _ = fq.shape
-    C = min(chunk_size, N)
+    traced = torch.compiler.is_compiling()      # N may be symbolic: the chunk size must not follow it
+    C = chunk_size if traced else min(chunk_size, N)
     nc = -(-N // C)
     pad = nc * C - N
-    Q, K, V = ((F.pad(t, (0, 0, 0, pad)) if pad else t).reshape(B, H, nc, C, t.shape[-1])
+    Q, K, V = ((F.pad(t, (0, 0, 0, pad)) if traced or pad else t).reshape(B, H, nc, C, t.shape[-1])
                for t in (fq, fk, v))
     init = initial_state
     restart = None if init is None else Entering(init.s[:, :, None], init.z[:, :, None], -init.m[:, :, None])
