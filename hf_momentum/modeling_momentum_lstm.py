@@ -33,7 +33,7 @@ from .modeling_common import (
     resolve_flag,
     warn_no_attention_weights,
 )
-from .momentum_rnn_core import MomentumLSTM, RecurrentState, Segments, read_hyperparameters
+from .momentum_rnn_core import MomentumLSTM, RecurrentState, Segments, front_order, read_hyperparameters
 from .packing import COLLATOR, has_packing_kwargs, pop_packing_kwargs, possible_document_starts
 from .recurrent_cache import RecurrentCache
 from .saving import RemoteCodeMixin
@@ -246,18 +246,6 @@ class MomentumLSTMModel(MomentumLSTMPreTrainedModel):
         packed = pack_padded_sequence(front, lengths, batch_first=True, enforce_sorted=False)
         outputs, state = self._stack(packed, state, all_layers)
         return tuple(unpack(out, back, mask) for out in outputs), state
-
-
-def front_order(mask):
-    """(order, back) of a (batch, length) mask: order[b] lists row b's real positions, then its
-    padded ones, each in their order (a stable partition computed with cumulative sums, not a
-    sort); back is its inverse permutation."""
-    real = mask.to(torch.long)
-    padded_after = real.sum(-1, keepdim=True) + (1 - real).cumsum(-1) - 1
-    destination = torch.where(mask, real.cumsum(-1) - 1, padded_after)
-    positions = torch.arange(mask.shape[1], device=mask.device).expand_as(destination)
-    order = torch.empty_like(destination).scatter_(1, destination, positions)
-    return order, destination
 
 
 def unpack(packed, back, mask):

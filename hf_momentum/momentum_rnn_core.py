@@ -3,7 +3,7 @@
 Same mechanism as `momentum_core`: in the package this re-exports `plugins.rnn`; a saved model
 gets the generated, self-contained copy that `bundled_source()` returns.
 """
-from plugins.packing import Segments
+from plugins.packing import Segments, front_order
 from plugins.rnn import MomentumLSTM, RecurrentState
 from plugins.rnn.variants import (
     DEFAULT_CELL,
@@ -15,7 +15,7 @@ from plugins.rnn.variants import (
 
 BUNDLED_MODULES = ("plugins.rnn.layers", "plugins.rnn.variants", "plugins.packing")
 EXPORTS = ("MomentumLSTM", "RecurrentState", "DEFAULT_CELL", "DEFAULTS", "check_hyper",
-           "read_hyperparameters", "unread_hyperparameters", "Segments")
+           "read_hyperparameters", "unread_hyperparameters", "Segments", "front_order")
 
 
 def bundled_source() -> str:

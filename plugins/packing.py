@@ -11,19 +11,32 @@ Under torch.compile nothing is read: documents get offsets of a static size (eve
 start one; the unused offsets are empty documents at the end) and no host copy, so the varlen
 kernels size their chunk layout by a static bound (`varlen.SegmentChunks.build`)."""
 from dataclasses import dataclass
-from typing import Optional
+from typing import Optional, Tuple
 
 import torch
 
 from .validation import check_offsets_on_host
 
 
+def front_order(mask: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+    """(order, restore) of a (batch, length) bool mask, True = real: order[b] lists row b's real
+    positions, then its padded ones, each in their order (a stable partition from cumulative
+    sums, not a sort, so that ONNX and torch.export take it); restore is its inverse, the place
+    of each position in that order."""
+    real = mask.to(torch.long)
+    padded_after = real.sum(-1, keepdim=True) + (1 - real).cumsum(-1) - 1
+    restore = torch.where(mask, real.cumsum(-1) - 1, padded_after)
+    positions = torch.arange(mask.shape[1], device=mask.device).expand_as(restore)
+    return torch.empty_like(restore).scatter_(1, restore, positions), restore
+
+
 @dataclass(frozen=True, eq=False)
 class Segments:
     """batch, length: the input's (batch, length). padding_mask (batch, length) bool, True = real, or
     None when every token is real; lengths (batch,) int64 real tokens per row; order (batch, length)
-    the stable permutation moving each row's real tokens to its front, None when the padding is
-    only on the right. cu_seqlens (n + 1,) int64 on the device and cu_seqlens_cpu, its host copy:
+    the stable permutation moving each row's real tokens to its front and restore its inverse
+    (`front_order`), None when the padding is only on the right. cu_seqlens (n + 1,) int64 on the
+    device and cu_seqlens_cpu, its host copy:
     documents packed in one row of the real tokens; index: flat indices of those real tokens in
     the (batch, length) input, None when every token is real. most_documents: the most documents
     in one row, max_position: the largest of the `positions` given to `from_document_starts` or
@@ -37,6 +50,7 @@ class Segments:
     padding_mask: Optional[torch.Tensor] = None
     lengths: Optional[torch.Tensor] = None
     order: Optional[torch.Tensor] = None
+    restore: Optional[torch.Tensor] = None
     cu_seqlens: Optional[torch.Tensor] = None
     cu_seqlens_cpu: Optional[torch.Tensor] = None
     index: Optional[torch.Tensor] = None
@@ -57,10 +71,11 @@ class Segments:
         if not compiling and bool(padding_mask.all()):
             return cls(batch=batch, length=length)
         lengths = padding_mask.sum(-1)
-        order = None
+        order = restore = None
         if compiling or not bool((padding_mask[:, 1:] <= padding_mask[:, :-1]).all()):
-            order = torch.argsort((~padding_mask).to(torch.int8), dim=-1, stable=True)
-        return cls(batch=batch, length=length, padding_mask=padding_mask, lengths=lengths, order=order)
+            order, restore = front_order(padding_mask)
+        return cls(batch=batch, length=length, padding_mask=padding_mask, lengths=lengths, order=order,
+                   restore=restore)
 
     @classmethod
     def from_cu_seqlens(cls, cu_seqlens: torch.Tensor, length: int, *,
@@ -106,9 +121,9 @@ class Segments:
         known = dict(most_documents=documents.most_documents, max_position=documents.max_position)
         if documents.index is None:
             return cls(batch=documents.batch, length=documents.length, **known)
-        order = None if right_padded else torch.argsort((~padding_mask).to(torch.int8), dim=-1, stable=True)
+        order, restore = (None, None) if right_padded else front_order(padding_mask)
         return cls(batch=documents.batch, length=documents.length, padding_mask=padding_mask,
-                   lengths=padding_mask.sum(-1), order=order, **known)
+                   lengths=padding_mask.sum(-1), order=order, restore=restore, **known)
 
     @classmethod
     def _read_documents(cls, starts, padding_mask, positions):

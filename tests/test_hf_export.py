@@ -2,6 +2,9 @@
 attention_mask and a dynamic batch: the exported program equals eager at the traced shape and at
 others, and each padded row equals its sequence alone. A dynamic length does not export yet
 (strict xfails naming why)."""
+import re
+from pathlib import Path
+
 import pytest
 import torch
 from helpers.hf_tiny_models import FAMILIES, causal_lm, left_padded
@@ -41,6 +44,25 @@ def test_exports_with_a_dynamic_batch_and_a_mask(family):
     check_against_eager(program, model, *batch(2, [1], 8))
 
 
+@pytest.mark.parametrize("family", FAMILIES)
+def test_onnx_with_a_mask_runs_in_onnxruntime_as_eager(family, tmp_path):
+    """torch.onnx.export(dynamo=True) with an attention_mask and a dynamic batch; onnxruntime's
+    logits equal eager's at the traced batch and at another (the `export` extra)."""
+    onnxruntime = pytest.importorskip("onnxruntime")
+    pytest.importorskip("onnxscript")
+    model = causal_lm(family)
+    ids, mask = batch(0, [5, 8], 8)
+    rows = Dim("batch", min=1, max=64)
+    program = torch.onnx.export(Logits(model), (ids, mask), dynamic_shapes=({0: rows}, {0: rows}),
+                                dynamo=True, verbose=False)
+    program.save(str(tmp_path / "model.onnx"))
+    session = onnxruntime.InferenceSession(str(tmp_path / "model.onnx"))
+    names = [i.name for i in session.get_inputs()]
+    for ids, mask in ((ids, mask), batch(1, [2, 8, 7], 8)):
+        got = torch.from_numpy(session.run(None, {names[0]: ids.numpy(), names[1]: mask.numpy()})[0])
+        torch.testing.assert_close(got, Logits(model)(ids, mask).detach(), rtol=1e-4, atol=1e-5)
+
+
 @pytest.mark.xfail(strict=True, raises=torch._dynamo.exc.UserError, reason=(
     "torch.export decomposes aten.lstm into a loop over the time steps, which fixes the length: "
     "a plain nn.LSTM fails the same way (test_torch_lstm_fixes_the_length)"))
@@ -67,3 +89,11 @@ def test_torch_lstm_fixes_the_length():
     lstm = torch.nn.LSTM(4, 8, batch_first=True)
     with pytest.raises(torch._dynamo.exc.UserError, match="specialized it to be a constant"):
         export(lstm, (torch.randn(2, 8, 4),), dynamic_shapes=({1: Dim("length", min=2, max=64)},))
+
+
+def test_readme_export_example_runs_as_written():
+    text = (Path(__file__).resolve().parents[1] / "hf_momentum" / "README.md").read_text(encoding="utf-8")
+    code = re.search(r"```python\n(.*?)```", text.split("## E. Export", 1)[1], re.S).group(1)
+    namespace = {}
+    exec(compile(code, "hf_momentum/README.md", "exec"), namespace)
+    assert namespace["program"].module()(namespace["ids"], namespace["mask"]).shape == (2, 16, 100)

@@ -216,3 +216,18 @@ def test_collator_offsets_under_compile_pad_to_a_power_of_two(offsets, padded, m
     segments = Segments.from_starts_or_padding(starts, offsets=torch.tensor(offsets, dtype=torch.int32))
     assert segments.cu_seqlens.tolist() == padded and segments.cu_seqlens_cpu is None
     torch.testing.assert_close(attend(q, k, v, spec, segments=segments), eager, rtol=1e-10, atol=1e-12)
+
+
+def test_front_order_is_the_stable_partition_and_restore_its_inverse():
+    """front_order (cumulative sums, no sort: ONNX and torch.export take it) against the stable
+    argsort it replaces, on random masks with empty and full rows."""
+    from plugins.packing import front_order
+
+    g = torch.Generator().manual_seed(5)
+    mask = torch.rand(6, 11, generator=g) > 0.4
+    mask[0], mask[1] = False, True
+    order, restore = front_order(mask)
+    assert torch.equal(order, torch.argsort((~mask).to(torch.int8), dim=-1, stable=True))
+    positions = torch.arange(11).expand(6, 11)
+    assert torch.equal(order.gather(1, restore), positions)
+    assert torch.equal(restore.gather(1, order), positions)

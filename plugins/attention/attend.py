@@ -133,7 +133,7 @@ def _causal_rows(q, k, v, phi, segments, *, kernel, extra, state_dtype, eps, chu
     if mask is not None:
         out = mask_keys(out, mask)
     if order is not None:
-        out = _gather(out, torch.argsort(order, dim=-1))
+        out = _gather(out, segments.restore)
     return out, state
 
 
