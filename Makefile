@@ -31,7 +31,7 @@ _build-venv:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q torch==2.13.0 numpy cython setuptools wheel
 	$(BIN)/pip install -q --no-deps --no-build-isolation fairseq-fixed==0.12.3.1
-	$(BIN)/pip install -q --no-build-isolation -e '.[hf,recipes,test,fairseq,peft,export]'
+	$(BIN)/pip install -q --no-build-isolation -e '.[hf,recipes,test,fairseq,peft,export,eval]'
 	$(BIN)/python -c "import torch, fairseq, transformers, accelerate; print('torch', torch.__version__, '| fairseq', fairseq.__version__, '| transformers', transformers.__version__)"
 	echo "$(REQ_HASH)" > $(STAMP)
 
