@@ -6,6 +6,7 @@ import pytest
 import torch
 from fairseq.modules import MultiheadAttention
 from helpers.fairseq_cli import build_model, lm_args, parse_namespace, random_tokens
+from helpers.fairseq_decoding import check_incremental_decoding, padded_sentences
 
 from fairseq_momentum.modules.momentum_attention import MomentumMultiheadAttention
 
@@ -43,26 +44,11 @@ def test_layer_types_choose_each_layers_attention(tmp_path):
     assert kinds(plain.decoder.layers) == [MomentumMultiheadAttention] * 3
 
 
-def sentences(dictionary, lengths, generator, left_pad):
-    width = max(lengths)
-    batch = torch.full((len(lengths), width), dictionary.pad())
-    seqs = []
-    for i, n in enumerate(lengths):
-        s = torch.randint(dictionary.nspecial, len(dictionary), (n,), generator=generator)
-        s[-1] = dictionary.eos()
-        seqs.append(s)
-        if left_pad:
-            batch[i, width - n:] = s
-        else:
-            batch[i, :n] = s
-    return batch, seqs
-
-
 @pytest.mark.parametrize("left_pad", [True, False], ids=["left_pad", "right_pad"])
 def test_hybrid_encoder_rows_equal_each_sentence_alone(tmp_path, make_generator, left_pad):
     model, task = translation(tmp_path, *HYBRID)
     lengths = [9, 5, 2]
-    batch, seqs = sentences(task.source_dictionary, lengths, make_generator(), left_pad)
+    batch, seqs = padded_sentences(task.source_dictionary, lengths, make_generator(), left_pad)
     with torch.no_grad():
         out = model.encoder(batch, torch.tensor(lengths))["encoder_out"][0]
         for i, s in enumerate(seqs):
@@ -74,42 +60,27 @@ def test_hybrid_encoder_rows_equal_each_sentence_alone(tmp_path, make_generator,
 def test_hybrid_translation_decoding_equals_the_full_forward_with_beam_reordering(tmp_path, make_generator):
     model, task = translation(tmp_path, *HYBRID)
     g = make_generator()
-    src, _ = sentences(task.source_dictionary, [7, 4], g, left_pad=True)
+    src, _ = padded_sentences(task.source_dictionary, [7, 4], g, left_pad=True)
     src, src_lengths = src.repeat_interleave(2, 0), torch.tensor([7, 7, 4, 4])
     tgt = random_tokens(task, 4, 8, g)
     with torch.no_grad():
         enc = model.encoder(src, src_lengths)
-        full = model.decoder(tgt, encoder_out=enc)[0]
-        state, rows = {}, torch.arange(4)
-        for t in range(tgt.size(1)):
-            if t in (3, 5):
-                new_order = torch.tensor([1, 1, 3, 2]) if t == 3 else torch.tensor([0, 1, 2, 2])
-                model.decoder.reorder_incremental_state_scripting(state, new_order)
-                enc = model.encoder.reorder_encoder_out(enc, new_order)
-                rows = rows[new_order]
-            step = model.decoder(tgt[rows, : t + 1], encoder_out=enc, incremental_state=state)[0]
-            torch.testing.assert_close(step[:, -1], full[rows, t], **TOL)
+    check_incremental_decoding(model, tgt, {3: torch.tensor([1, 1, 3, 2]), 5: torch.tensor([0, 1, 2, 2])},
+                               encoder_out=enc, **TOL)
 
 
 def test_hybrid_lm_decoding_equals_the_full_forward_and_padded_rows_each_alone(tmp_path, make_generator):
     model, task = language_model(tmp_path, *HYBRID)
     assert kinds(model.decoder.layers)[1] is MultiheadAttention
     tokens = random_tokens(task, 4, 11, make_generator())
+    check_incremental_decoding(model, tokens, {4: torch.tensor([2, 0, 0, 3]), 8: torch.tensor([3, 1, 2, 1])},
+                               **TOL)
+    pad = task.target_dictionary.pad()
+    batch = torch.full((3, 7), pad)
+    seqs = [tokens[i, :n] for i, n in enumerate([7, 4, 2])]
+    for i, s in enumerate(seqs):
+        batch[i, : len(s)] = s
     with torch.no_grad():
-        full = model.decoder(tokens)[0]
-        state, rows = {}, torch.arange(4)
-        for t in range(tokens.size(1)):
-            if t in (4, 8):
-                new_order = torch.tensor([2, 0, 0, 3]) if t == 4 else torch.tensor([3, 1, 2, 1])
-                model.decoder.reorder_incremental_state_scripting(state, new_order)
-                rows = rows[new_order]
-            step = model.decoder(tokens[rows, : t + 1], incremental_state=state)[0]
-            torch.testing.assert_close(step[:, -1], full[rows, t], **TOL)
-        pad = task.target_dictionary.pad()
-        batch = torch.full((3, 7), pad)
-        seqs = [tokens[i, :n] for i, n in enumerate([7, 4, 2])]
-        for i, s in enumerate(seqs):
-            batch[i, : len(s)] = s
         out = model.decoder(batch)[0]
         for i, s in enumerate(seqs):
             torch.testing.assert_close(out[i, : len(s)], model.decoder(s[None])[0][0], **TOL)

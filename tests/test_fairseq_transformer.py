@@ -15,6 +15,7 @@ from helpers.fairseq_cli import (
     train,
     write_parallel_text,
 )
+from helpers.fairseq_decoding import check_incremental_decoding, padded_sentences
 
 TASK = ["--task", "translation", "--source-lang", "src", "--target-lang", "tgt"]
 SMALL = ["--encoder-layers", "2", "--decoder-layers", "2", "--encoder-embed-dim", "32",
@@ -33,28 +34,12 @@ def small_model(tmp_path, *extra, arch="momentum_transformer"):
     return model.double(), task
 
 
-def tokens(dictionary, lengths, generator, left_pad):
-    """A padded batch of random sentences ending in EOS, and the sentences alone."""
-    width = max(lengths)
-    batch = torch.full((len(lengths), width), dictionary.pad())
-    seqs = []
-    for i, n in enumerate(lengths):
-        s = torch.randint(dictionary.nspecial, len(dictionary), (n,), generator=generator)
-        s[-1] = dictionary.eos()
-        seqs.append(s)
-        if left_pad:
-            batch[i, width - n:] = s
-        else:
-            batch[i, :n] = s
-    return batch, seqs
-
-
 @pytest.mark.parametrize("config", CONFIGS)
 @pytest.mark.parametrize("left_pad", [True, False], ids=["left_pad", "right_pad"])
 def test_encoder_outputs_are_invariant_to_padding(tmp_path, make_generator, config, left_pad):
     model, task = small_model(tmp_path, *CONFIGS[config])
     lengths = [9, 5, 2]
-    batch, seqs = tokens(task.source_dictionary, lengths, make_generator(), left_pad)
+    batch, seqs = padded_sentences(task.source_dictionary, lengths, make_generator(), left_pad)
     with torch.no_grad():
         out = model.encoder(batch, torch.tensor(lengths))["encoder_out"][0]
         for i, s in enumerate(seqs):
@@ -68,21 +53,13 @@ def test_incremental_decoding_equals_full_forward_with_beam_reordering(tmp_path,
     """Beam-search layout: 2 sentences x 2 beams; hypotheses are reordered within a sentence."""
     model, task = small_model(tmp_path, *CONFIGS[config])
     g = make_generator()
-    src, _ = tokens(task.source_dictionary, [7, 4], g, left_pad=True)
+    src, _ = padded_sentences(task.source_dictionary, [7, 4], g, left_pad=True)
     src, src_lengths = src.repeat_interleave(2, 0), torch.tensor([7, 7, 4, 4])
-    tgt, _ = tokens(task.target_dictionary, [8] * 4, g, left_pad=False)
+    tgt, _ = padded_sentences(task.target_dictionary, [8] * 4, g, left_pad=False)
     with torch.no_grad():
         enc = model.encoder(src, src_lengths)
-        full = model.decoder(tgt, encoder_out=enc)[0]
-        state, rows = {}, torch.arange(4)
-        for t in range(tgt.size(1)):
-            if t in (3, 5):
-                new_order = torch.tensor([1, 1, 3, 2]) if t == 3 else torch.tensor([0, 1, 2, 2])
-                model.decoder.reorder_incremental_state_scripting(state, new_order)
-                enc = model.encoder.reorder_encoder_out(enc, new_order)
-                rows = rows[new_order]
-            step = model.decoder(tgt[rows, : t + 1], encoder_out=enc, incremental_state=state)[0]
-            torch.testing.assert_close(step[:, -1], full[rows, t], rtol=1e-9, atol=1e-9)
+    check_incremental_decoding(model, tgt, {3: torch.tensor([1, 1, 3, 2]), 5: torch.tensor([0, 1, 2, 2])},
+                               encoder_out=enc, rtol=1e-9, atol=1e-9)
 
 
 def test_attention_kinds_follow_the_arguments(tmp_path):

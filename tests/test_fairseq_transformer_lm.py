@@ -17,6 +17,7 @@ from helpers.fairseq_cli import (
     train,
     write_lm_text,
 )
+from helpers.fairseq_decoding import check_incremental_decoding
 
 from plugins.attention import naive_causal_momentum_attention, naive_noncausal_momentum_attention
 
@@ -38,16 +39,8 @@ def small_lm(tmp_path, *extra, arch="momentum_transformer_lm"):
 def test_incremental_decoding_equals_full_forward_with_beam_reordering(tmp_path, make_generator, extra):
     model, task = small_lm(tmp_path, *extra)
     tokens = random_tokens(task, 4, 11, make_generator())
-    with torch.no_grad():
-        full = model.decoder(tokens)[0]
-        state, rows = {}, torch.arange(4)
-        for t in range(tokens.size(1)):
-            if t in (4, 8):
-                new_order = torch.tensor([2, 0, 0, 3]) if t == 4 else torch.tensor([3, 1, 2, 1])
-                model.decoder.reorder_incremental_state_scripting(state, new_order)
-                rows = rows[new_order]
-            step = model.decoder(tokens[rows, : t + 1], incremental_state=state)[0]
-            torch.testing.assert_close(step[:, -1], full[rows, t], rtol=1e-9, atol=1e-9)
+    check_incremental_decoding(model, tokens, {4: torch.tensor([2, 0, 0, 3]), 8: torch.tensor([3, 1, 2, 1])},
+                               rtol=1e-9, atol=1e-9)
 
 
 @pytest.mark.parametrize("side", ["right", "left"])
