@@ -46,8 +46,6 @@ def attend_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, state: Option
     B, H, Dv = q.shape[0], q.shape[1], v.shape[-1]
     dtype = chosen.state_dtype
     step = fused_recurrent_step if chosen.kernels is None else chosen.kernels.fused_recurrent_step
-    rule = spec.momentum_rule
-    hyper = dict(rule=rule) if chosen.kernels is None else dict(momentum=rule.decay, step_size=rule.direct)
     out_dtype = torch.promote_types(torch.promote_types(q.dtype, k.dtype), v.dtype)
     with torch.autocast(device_type=q.device.type, enabled=False):
         q, k, v = (mask_keys(t.to(dtype), real) for t in (q, k, v))
@@ -59,7 +57,7 @@ def attend_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, state: Option
             check_state(state, B, H, D, Dv, k.device)
             state = state.to(dtype)
         out, state = step(fq[:, :, 0], fk[:, :, 0], v[:, :, 0], state, eps=spec.eps,
-                          real=None if real is None else real[:, 0], **hyper)
+                          real=None if real is None else real[:, 0], **chosen.rule_args)
     return marks.step(out)[:, :, None].to(out_dtype), marks.state(state)
 
 
@@ -83,16 +81,14 @@ def execute(chosen: Plan, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, spe
 
 
 def _causal(chosen, q, k, v, spec, segments, initial_state, return_state, finite):
-    rule = spec.momentum_rule
-    extra = {}
+    extra = dict(chosen.rule_args)
     if chosen.path == "triton":
         kernel = chosen.kernels.chunk_momentum_attention
-        extra = dict(momentum=rule.decay, step_size=rule.direct)
     elif chosen.path == "varlen":
         kernel = varlen_causal_momentum_attention
-        extra = dict(rule=rule, cu_seqlens_cpu=segments.cu_seqlens_cpu)
+        extra["cu_seqlens_cpu"] = segments.cu_seqlens_cpu
     else:
-        kernel, extra = chunk_causal_momentum_attention, dict(rule=rule)
+        kernel = chunk_causal_momentum_attention
     with torch.autocast(device_type=q.device.type, enabled=False):
         q, k, v = q.to(chosen.run_dtype), k.to(chosen.run_dtype), v.to(chosen.run_dtype)
         hyper = dict(state_dtype=chosen.state_dtype, eps=spec.eps, chunk_size=spec.chunk_size,

@@ -27,12 +27,14 @@ class Plan:
     """path: one of PATHS; kernels: the Triton module for "triton" / "triton_step", else None;
     state_dtype: states and denominators (float32, or float64 for float64 inputs or state);
     run_dtype: what q, k, v are cast to before the kernel (the Triton kernels take the inputs'
-    dtype and accumulate in float32 themselves)."""
+    dtype and accumulate in float32 themselves); rule_args: how the kernel takes the rule (the
+    PyTorch kernels the rule object, the Triton kernels eq. 12's β and γ)."""
 
     path: str
     kernels: Optional[ModuleType]
     state_dtype: torch.dtype
     run_dtype: torch.dtype
+    rule_args: dict
 
 
 def plan(spec: AttentionSpec, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
@@ -44,15 +46,17 @@ def plan(spec: AttentionSpec, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     if state is not None and state.s.dtype == torch.float64:
         state_dtype = torch.float64
     packed = segments is not None and segments.packed
+    rule = spec.momentum_rule
+    torch_args = dict(rule=rule)
     if process_group is not None:
-        return Plan("context_parallel", None, state_dtype, state_dtype)
+        return Plan("context_parallel", None, state_dtype, state_dtype, torch_args)
     if not spec.causal:
-        return Plan("noncausal_varlen" if packed else "noncausal", None, state_dtype, state_dtype)
-    kernels = triton_for(spec.backend, q.device, float64=state_dtype == torch.float64,
-                         rule=spec.momentum_rule)
+        return Plan("noncausal_varlen" if packed else "noncausal", None, state_dtype, state_dtype, torch_args)
+    kernels = triton_for(spec.backend, q.device, float64=state_dtype == torch.float64, rule=rule)
+    args = torch_args if kernels is None else dict(momentum=rule.decay, step_size=rule.direct)
     if step and q.shape[2] == 1 and not packed:
-        return Plan("step" if kernels is None else "triton_step", kernels, state_dtype, state_dtype)
+        return Plan("step" if kernels is None else "triton_step", kernels, state_dtype, state_dtype, args)
     if kernels is not None:
         inputs = torch.promote_types(torch.promote_types(q.dtype, k.dtype), v.dtype)
-        return Plan("triton", kernels, state_dtype, inputs)
-    return Plan("varlen" if packed else "chunk", None, state_dtype, state_dtype)
+        return Plan("triton", kernels, state_dtype, inputs, args)
+    return Plan("varlen" if packed else "chunk", None, state_dtype, state_dtype, args)
