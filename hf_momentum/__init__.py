@@ -14,6 +14,7 @@
   AutoModelForSequenceClassification.
 Saved models carry their code and load with `trust_remote_code=True` without this package.
 """
+from . import requirements  # noqa: F401,I001  (first: refuses a transformers below the floor)
 from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoModelForSequenceClassification
 
 from .attention_interface import (

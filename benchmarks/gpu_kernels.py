@@ -1,0 +1,103 @@
+"""Where a Triton momentum-attention forward+backward spends its GPU time, kernel by kernel
+(torch.profiler's device times, averaged over the profiled steps), with the launches per step.
+Together with benchmarks/roofline.py's per-launch bytes model (launch_bytes, computed offline on
+the same shapes) this gives each kernel's achieved bandwidth (issue 27 item 2).
+
+    python benchmarks/gpu_kernels.py                       # bf16, the issue's four shapes
+    python benchmarks/gpu_kernels.py --json kernels.json
+"""
+import argparse
+import collections
+import contextlib
+import json
+import os
+import sys
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from gpu_attention import BETA, DTYPES, triton_method
+
+SHAPES = [(16, 16, 64, 1024), (4, 16, 64, 4096), (1, 16, 64, 16384), (1, 8, 64, 32768)]
+
+
+def kernel_times(fn, B, H, D, T, dtype="bf16", steps=5):
+    """{kernel name: (mean µs per step, launches per step)} of fn's forward+backward."""
+    gen = torch.Generator(device="cuda").manual_seed(T)
+    q, k, v = (torch.randn(B, H, T, D, generator=gen, device="cuda", dtype=DTYPES[dtype]).requires_grad_()
+               for _ in range(3))
+    grad = torch.randn(B, H, T, D, generator=gen, device="cuda", dtype=DTYPES[dtype])
+
+    def step():
+        with getattr(fn, "context", contextlib.nullcontext)():
+            torch.autograd.grad(fn(q, k, v), (q, k, v), grad)
+
+    for _ in range(3):
+        step()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            step()
+        torch.cuda.synchronize()
+    totals, counts = collections.defaultdict(float), collections.defaultdict(int)
+    for event in prof.events():
+        if event.device_type == torch.autograd.DeviceType.CUDA:
+            totals[event.name] += event.device_time
+            counts[event.name] += 1
+    return {name: (totals[name] / steps, counts[name] / steps) for name in totals}
+
+
+def compiled_report(module_names=("plugins.attention.triton.chunk_kernels",)):
+    """Per compiled Triton kernel: warps, stages, registers and spills (ptxas), and each autotuner's
+    chosen configs; best effort across Triton versions."""
+    import importlib
+    lines = []
+    for module_name in module_names:
+        module = importlib.import_module(module_name)
+        for attr, obj in sorted(vars(module).items()):
+            fn = getattr(obj, "fn", obj)
+            if not hasattr(fn, "device_caches") or getattr(fn, "__module__", module_name) != module_name:
+                continue
+            for key, config in getattr(obj, "cache", {}).items():
+                lines.append(f"  {attr} tuned {key}: {config}")
+            for entry in getattr(fn, "device_caches", {}).values():
+                for kernel in entry[0].values():
+                    try:
+                        meta = kernel.metadata
+                        lines.append(f"  {attr}: warps {meta.num_warps} stages {meta.num_stages} "
+                                     f"regs {kernel.n_regs} spills {kernel.n_spills} shared {meta.shared}")
+                    except Exception as error:          # noqa: BLE001 (a report, across versions)
+                        lines.append(f"  {attr}: {type(error).__name__}: {error}")
+    return lines
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--json")
+    parser.add_argument("--dtype", default="bf16", choices=list(DTYPES))
+    parser.add_argument("--shapes", type=int, default=len(SHAPES), help="the first N shapes only")
+    args = parser.parse_args()
+    rows = []
+    print(f"{torch.cuda.get_device_name()}, {args.dtype}, momentum β = {BETA}, fwd+bwd, µs per step")
+    for shape in SHAPES[:args.shapes]:
+        for label, one_pass in (("split", False), ("1-pass", True)):
+            times = kernel_times(triton_method(BETA, one_pass=one_pass), *shape, dtype=args.dtype)
+            total = sum(t for t, _ in times.values())
+            launches = sum(n for _, n in times.values())
+            print(f"\nB-H-D-T {'-'.join(map(str, shape))} {label}: {total:.0f} µs in {launches:.0f} launches")
+            for name, (t, n) in sorted(times.items(), key=lambda item: -item[1][0]):
+                print(f"  {t:9.1f} µs  {n:4.0f}×  {name[:90]}")
+            rows.append(dict(shape=shape, mode=label, dtype=args.dtype, total_us=total, launches=launches,
+                             kernels={name: dict(us=t, launches=n) for name, (t, n) in times.items()}))
+    print("\ncompiled kernels (ptxas):")
+    print("\n".join(compiled_report()))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(dict(device=torch.cuda.get_device_name(), rows=rows), f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
