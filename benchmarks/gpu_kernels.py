@@ -23,6 +23,23 @@ from gpu_attention import BETA, DTYPES, triton_method
 SHAPES = [(16, 16, 64, 1024), (4, 16, 64, 4096), (1, 16, 64, 16384), (1, 8, 64, 32768)]
 
 
+@contextlib.contextmanager
+def forced_split():
+    """Split the state scans whatever the launcher would choose: rows·G ≥ 2 programs per SM."""
+    from plugins.attention.triton import chunk, split
+    chosen = chunk.scan_splits
+
+    def splits(rows, chunks, device):
+        wanted = -(-split.PROGRAMS_PER_SM * split.sm_count(device) // max(rows, 1))
+        cps = max(1, chunks // max(wanted, 1))
+        return -(-chunks // cps), cps
+    chunk.scan_splits = splits
+    try:
+        yield
+    finally:
+        chunk.scan_splits = chosen
+
+
 def kernel_times(fn, B, H, D, T, dtype="bf16", steps=5):
     """{kernel name: (mean µs per step, launches per step)} of fn's forward+backward."""
     gen = torch.Generator(device="cuda").manual_seed(T)
@@ -78,13 +95,20 @@ def main():
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--json")
     parser.add_argument("--dtype", default="bf16", choices=list(DTYPES))
-    parser.add_argument("--shapes", type=int, default=len(SHAPES), help="the first N shapes only")
+    parser.add_argument("--shapes", type=int, nargs="+", default=list(range(len(SHAPES))),
+                        help="indices into SHAPES")
+    parser.add_argument("--forced-split", action="store_true",
+                        help="also time the scans split at every shape")
     args = parser.parse_args()
     rows = []
     print(f"{torch.cuda.get_device_name()}, {args.dtype}, momentum β = {BETA}, fwd+bwd, µs per step")
-    for shape in SHAPES[:args.shapes]:
-        for label, one_pass in (("split", False), ("1-pass", True)):
-            times = kernel_times(triton_method(BETA, one_pass=one_pass), *shape, dtype=args.dtype)
+    modes = [("default", False), ("1-pass", True)] + ([("forced split", None)] if args.forced_split else [])
+    for shape in [SHAPES[i] for i in args.shapes]:
+        for label, one_pass in modes:
+            fn = triton_method(BETA, one_pass=bool(one_pass))
+            if one_pass is None:
+                fn.context = forced_split
+            times = kernel_times(fn, *shape, dtype=args.dtype)
             total = sum(t for t, _ in times.values())
             launches = sum(n for _, n in times.values())
             print(f"\nB-H-D-T {'-'.join(map(str, shape))} {label}: {total:.0f} µs in {launches:.0f} launches")

@@ -51,7 +51,8 @@ def _compiled_env(cache_dir):
 def test_public_api_launches_through_the_compiled_path(arch, tmp_path):
     """Attention forward + backward (padding, initial and final state), linear attention, a
     decoding step and the Adam/RMSProp LSTM recurrences, with no compilation for other autotuning
-    buckets, and a decoding step at Dk = 512; on sm_90 in bf16, fp16, fp32 and fp32 with tf32
+    buckets, and a decoding step at Dk = 512; in bf16 at D = 64, direct launches
+    (plugins.triton_launch) equal to Triton's own dispatch; on sm_90 in bf16, fp16, fp32 and fp32 with tf32
     dots at head sizes 64 and 128 (two processes, one per dtype group, share the two cores), on
     sm_80 the subset in MATRIX, when MOMENTUM_TEST_SM80=1."""
     if arch == 80 and os.environ.get(SM80_OPT_IN) != "1":
@@ -78,6 +79,8 @@ def test_public_api_launches_through_the_compiled_path(arch, tmp_path):
             for dim in dims:
                 assert f"sm_{arch} {dtype} D={dim}:" in output
             assert f"sm_{arch} {dtype} step Dk=512: launched" in output
+        if "bf16" in dtypes and 64 in dims:
+            assert "direct launch, misaligned v after aligned: 7 launches agree" in output
 
 
 def _jit_kernels():
@@ -99,3 +102,4 @@ def test_no_kernel_argument_is_shadowed_by_the_binder():
     clashes = [(str(path), name, sorted(set(args) & BINDER_NAMES)) for path, name, args in kernels
                if set(args) & BINDER_NAMES]
     assert not clashes, f"kernel arguments that Triton's binder overwrites: {clashes}"
+

@@ -10,8 +10,10 @@ Adam/RMSProp LSTM recurrences; then the attention again at other autotuning buck
 B·H, which must compile nothing new; per dtype, a decoding step at Dk = Dv = 512 (the step
 kernel loops over Dk blocks). "tf32" is fp32 inputs under torch.set_float32_matmul_precision
 ("high"): tf32 dots. Every kernel the autotuner keeps is compiled for the target and bound by the
-launcher. Exit 0 when everything launched; `--table` prints registers and spills (ptxas -v) of
-every compiled kernel as a markdown table. Must run with TRITON_INTERPRET unset."""
+launcher; in bf16 at D = 64, plugins.triton_launch.direct is compared with Triton's own dispatch
+(tests/triton_direct_launch_check.py). Exit 0 when everything launched and agreed; `--table`
+prints registers and spills (ptxas -v) of every compiled kernel as a markdown table. Must run
+with TRITON_INTERPRET unset."""
 import argparse
 import contextlib
 import os
@@ -217,6 +219,12 @@ def main() -> int:
                 return 1
         large_step(dtype, LARGE_DK)
         print(f"sm_{args.arch} {name} step Dk={LARGE_DK}: launched", flush=True)
+        if name == "bf16" and 64 in args.dims:     # compiled above: the direct launcher's check is cheap here
+            from triton_direct_launch_check import compare
+            failures = compare()
+            if failures:
+                print("\n".join(failures), file=sys.stderr)
+                return 1
     kernels = chunked + [fused_recurrent.step_kernel]
     kernels += LSTM_KERNELS
     for kernel in kernels:

@@ -47,6 +47,7 @@ class _NoLaunch:
     """The launcher the CUDA driver would build from the kernel's signature: takes the launch
     (grid, stream, function, metadata, hooks, the bound arguments) and does nothing."""
     launches = 0
+    record = None           # a list: each launch's (kernel name, compiled hash, grid, arguments)
 
     def __init__(self, src, metadata):
         self.metadata = metadata
@@ -59,6 +60,16 @@ class _NoLaunch:
         if grid_1 > 65535 or grid_2 > 65535:
             raise ValueError("grid dimensions 2 and 3 are limited to 65535 by CUDA")
         _NoLaunch.launches += 1
+        if _NoLaunch.record is not None:
+            _NoLaunch.record.append((self.metadata.name, self.metadata.hash, (grid_0, grid_1, grid_2),
+                                     tuple(_described(arg) for arg in args)))
+
+
+def _described(arg):
+    """A launch argument as a comparable value: a tensor by dtype, shape, strides and alignment."""
+    if isinstance(arg, torch.Tensor):
+        return arg.dtype, tuple(arg.shape), arg.stride(), arg.data_ptr() % 16
+    return arg
 
 
 def _benchmarker(kernel_call, quantiles=None, **kwargs):

@@ -25,6 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ..triton_launch import cdiv, direct, next_power_of_2
 from .adam_recurrence_buffers import forward_buffers, forward_results
 
 BLOCK_H = 32
@@ -184,15 +185,15 @@ class _StepKernel:
     kernel (only the grid shrinks)."""
 
     def __init__(self, fn, g, meta):
-        self.kernel = _kernel(fn, g.device.type != "cuda")
+        self.kernel = direct(_kernel(fn, g.device.type != "cuda"))
         batch, hidden = g.shape[1], g.shape[2] // 4
-        self.block_b = min(16, triton.next_power_of_2(batch))
-        self.columns = triton.cdiv(hidden, BLOCK_H)
+        self.block_b = min(16, next_power_of_2(batch))
+        self.columns = cdiv(hidden, BLOCK_H)
         self.meta = dict(meta, BLOCK_B=self.block_b, BLOCK_H=BLOCK_H)
         self.device = torch.cuda.device(g.device) if g.is_cuda else contextlib.nullcontext()
 
     def __call__(self, rows, *args):
-        self.kernel[(triton.cdiv(rows, self.block_b), self.columns)](*args, **self.meta)
+        self.kernel[(cdiv(rows, self.block_b), self.columns)](*args, **self.meta)
 
 
 def _constants(g, momentum, step_size, beta, eps):

@@ -15,9 +15,9 @@ Where the rows (batch·heads, or segments·heads) are too few to give every SM t
 state scans run in splits of the sequence and chain them (`split`): two scans of the splits and a
 short merge instead of one long scan per row."""
 import torch
-import triton
 
-from . import chunk_kernels as K
+from ...triton_launch import DirectKernels, cdiv, next_power_of_2
+from . import chunk_kernels
 from .split import merge, scan_splits
 from .utils import (
     accumulator_dtype,
@@ -29,6 +29,8 @@ from .utils import (
     kernel_flags,
     tuning_buckets,
 )
+
+K = DirectKernels(chunk_kernels)          # launches skip Triton's per-call dispatch once compiled
 
 
 class _Layout:
@@ -49,17 +51,17 @@ class _Layout:
             self.NT = self.chunk_indices.shape[0]
         else:
             self.S = self.B
-            self.NT = triton.cdiv(self.N, self.BT)
+            self.NT = cdiv(self.N, self.BT)
         self.lengths = lengths
 
     def scan_grid(self, G: int = 1):
         """State scans: one program per (Dk block, Dv block, batch·head or segment·head, split)."""
         DK, DV, rows = self.DK, self.DV, self.S * self.H * G
-        return lambda meta: (triton.cdiv(DK, meta["BK"]) * triton.cdiv(DV, meta["BV"]), rows)
+        return lambda meta: (cdiv(DK, meta["BK"]) * cdiv(DV, meta["BV"]), rows)
 
     def splits(self, device):
         """(G, CPS) of the state scans (split.scan_splits); a segment has at most N tokens."""
-        return scan_splits(self.S * self.H, triton.cdiv(self.N, self.BT), device)
+        return scan_splits(self.S * self.H, cdiv(self.N, self.BT), device)
 
     def split_states(self, like, G: int, with_m: bool = True):
         """(s, m, z) scratch of the splits' states, S·H·G of them, in the accumulator dtype."""
@@ -69,7 +71,7 @@ class _Layout:
     def chunk_grid(self, tile, dim):
         """Per-chunk kernels: one program per (block of `dim`, chunk, batch·head)."""
         NT, rows = self.NT, self.B * self.H
-        return lambda meta: (triton.cdiv(dim, meta[tile]), NT, rows)
+        return lambda meta: (cdiv(dim, meta[tile]), NT, rows)
 
     def meta(self, dtype, momentum):
         """The autotuned kernels' constants and tuning buckets (packed: the mean segment length
@@ -184,8 +186,8 @@ def _chunk_backward(fq, fk, v, out, den, do, s0, z0, m0, ds, dz, dm, lengths, cu
 
     # per position: a packed row is one row of real tokens (B = 1, no lengths)
     dden = torch.empty_like(den)
-    K.bwd_prep[(triton.cdiv(N, BT), B * H)](out, do, den, dden, lengths if lengths is not None else den, N, H,
-                                            DV=DV, BT=BT, BDV=triton.next_power_of_2(DV),
+    K.bwd_prep[(cdiv(N, BT), B * H)](out, do, den, dden, lengths if lengths is not None else den, N, H,
+                                            DV=DV, BT=BT, BDV=next_power_of_2(DV),
                                             HAS_LEN=lengths is not None)
 
     acc = coef.dtype

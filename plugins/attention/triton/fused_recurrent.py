@@ -5,6 +5,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ...triton_launch import cdiv, direct
 from .utils import block, check_grid, coefficients, device_of
 
 
@@ -79,7 +80,7 @@ def recurrent_step(fq, fk, v, s, z, m, real, momentum: float, step_size: float, 
     # a program holds a few (BK, BV) fp32 tiles in registers: at most 64 × 64 each, whatever Dk
     BK, BV = block(DK), block(DV)
     with device_of(fq):
-        step_kernel[(triton.cdiv(DV, BV), B * H)](
+        direct(step_kernel)[(cdiv(DV, BV), B * H)](
             fq, fk, v, s, z, m, real if real is not None else z, s_new, z_new, m_new, out, coef,
             DK=DK, DV=DV, BK=BK, BV=BV, HAS_REAL=real is not None)
     return out, s_new, z_new, m_new

@@ -12,6 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ...triton_launch import cdiv, direct
 from .utils import block, geometric
 
 PROGRAMS_PER_SM = 2
@@ -36,11 +37,11 @@ def scan_splits(rows: int, chunks: int, device: torch.device) -> tuple[int, int]
     """(G, CPS): splits per row and chunks per split. Few long rows (under one per FEW_ROWS SMs,
     over LONG_ROW chunks) are split so that rows·G ≥ 2 programs per SM; otherwise (1, chunks)."""
     sms = sm_count(device)
-    wanted = triton.cdiv(PROGRAMS_PER_SM * sms, max(rows, 1))
+    wanted = cdiv(PROGRAMS_PER_SM * sms, max(rows, 1))
     if rows * FEW_ROWS >= sms or chunks < LONG_ROW or wanted <= 1:
         return 1, max(chunks, 1)
     cps = max(1, chunks // wanted)
-    return triton.cdiv(chunks, cps), cps
+    return cdiv(chunks, cps), cps
 
 
 @triton.jit(do_not_specialize=["N", "H", "G", "CPS"])
@@ -124,7 +125,7 @@ def merge(loc, init, seg, fin, layout, G, CPS, coef, meta, reverse: bool) -> Non
     lengths = layout.lengths if layout.lengths is not None else dummy
     cu = layout.cu_seqlens if layout.varlen else dummy
     use_init = init is not None
-    merge_splits[(triton.cdiv(layout.DK, BK) * triton.cdiv(layout.DV, BV), rows)](
+    direct(merge_splits)[(cdiv(layout.DK, BK) * cdiv(layout.DV, BV), rows)](
         *loc, *(init if use_init else fin), *seg, *fin, lengths, cu, coef, layout.N, layout.H, G, CPS,
         DK=layout.DK, DV=layout.DV, BT=layout.BT, BK=BK, BV=BV, MOMENTUM=meta["MOMENTUM"],
         HAS_LEN=meta["HAS_LEN"], IS_VARLEN=meta["IS_VARLEN"], USE_INIT=use_init, REVERSE=reverse)

@@ -29,6 +29,8 @@ import torch
 import triton
 import triton.language as tl
 
+from ...triton_launch import next_power_of_2
+
 
 @triton.jit
 def expm1(x):
@@ -142,7 +144,7 @@ def device_of(t: torch.Tensor):
 
 def block(dim: int, cap: int = 64) -> int:
     """Tile size along a head dimension: a power of two, at least 16 (tl.dot's minimum)."""
-    return max(16, min(cap, triton.next_power_of_2(dim)))
+    return max(16, min(cap, next_power_of_2(dim)))
 
 
 GRID_LIMIT = 65535            # CUDA's limit on a grid's second and third dimensions
@@ -162,11 +164,11 @@ def check_grid(batch_heads: int, chunks: int = 1) -> None:
 def chunk_block(chunk_size: int) -> int:
     """The kernels' chunk length: chunk_size rounded up to a power of two in [16, 64]. The result
     does not depend on it beyond rounding (eq. 13 is computed exactly for any chunk)."""
-    return max(16, min(64, triton.next_power_of_2(chunk_size)))
+    return max(16, min(64, next_power_of_2(chunk_size)))
 
 
 def power_of_two_bucket(n: int, low: int, high: int) -> int:
-    return max(low, min(high, triton.next_power_of_2(max(n, 1))))
+    return max(low, min(high, next_power_of_2(max(n, 1))))
 
 
 def tuning_buckets(n: int, batch_heads: int) -> dict:

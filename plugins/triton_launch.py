@@ -1,0 +1,143 @@
+"""Launching a Triton kernel with less host work per call: `direct(kernel)[grid](*args, **kwargs)`
+does what `kernel[grid](*args, **kwargs)` does, and after the first launch of a specialisation it
+launches the compiled kernel Triton chose then (`CompiledKernel[grid](*args)`), skipping the
+autotuner's key, the binder and the cache lookup.
+
+Why: on an H200 (docs/benchmarks.md, 2026-11-27) a momentum-attention forward+backward kept the
+GPU busy 0.76 of 2.34 ms at B16-H16-T1k: the rest is the host's. An autotuned launch through
+Triton's launcher took the 2-core CPU machine 110-145 µs (benchmarks/triton_host_overhead.py),
+more than most of these kernels take on the device.
+
+The cache key is finer than what Triton specialises on, so a hit never reuses a kernel compiled
+for other arguments: per argument, a tensor's dtype and whether its address is 16-byte aligned,
+an int's equality to 1, divisibility by 16 and 32-bit range; the value of a constexpr, of a
+launch option and of the autotuner's key arguments; the current device; and, for an autotuned
+kernel, the autotuner's own cache (cleared or replaced: start over).
+Under TRITON_INTERPRET, for anything that is not a Triton kernel (a test's recorder), and where a
+config has a pre-hook, `direct` returns the kernel as it is."""
+import os
+
+import torch
+
+try:
+    from triton.runtime.autotuner import Autotuner
+    from triton.runtime.driver import driver
+    from triton.runtime.jit import JITFunction
+except ImportError:                                # no triton: nothing to launch
+    Autotuner = JITFunction = driver = None
+
+ENABLED = os.environ.get("TRITON_INTERPRET") != "1"
+_LAUNCHERS = {}                                    # id(kernel) → DirectLaunch (the kernel kept inside)
+_LAUNCH_OPTIONS = {"num_warps", "num_stages", "num_ctas", "maxnreg", "num_buffers_warp_spec",
+                   "num_consumer_groups", "reg_dec_producer", "reg_inc_consumer", "ir_override"}
+
+
+def direct(kernel):
+    """The direct launcher of `kernel` (a @triton.jit or autotuned function), or `kernel` itself
+    where launching directly does not apply."""
+    if not ENABLED or Autotuner is None:
+        return kernel
+    launcher = _LAUNCHERS.get(id(kernel))
+    if launcher is None or launcher.kernel is not kernel:
+        jit = kernel
+        while isinstance(jit, Autotuner):
+            jit = jit.fn
+        if not isinstance(jit, JITFunction):          # the interpreter's, or no Triton kernel
+            return kernel
+        launcher = _LAUNCHERS[id(kernel)] = DirectLaunch(kernel, jit)
+    return launcher
+
+
+class DirectKernels:
+    """A module's kernels, each through `direct`: `K = DirectKernels(chunk_kernels)`, then
+    `K.fwd_h[grid](...)`. An attribute set on it (a test's recorder) takes the kernel's place."""
+
+    def __init__(self, module):
+        self._module = module
+
+    def __getattr__(self, name):
+        return direct(getattr(self._module, name))
+
+
+class DirectLaunch:
+    def __init__(self, kernel, jit):
+        self.kernel = self.fn = kernel
+        self.names = list(jit.arg_names)
+        self.tuner = kernel if isinstance(kernel, Autotuner) else None
+        # taken by value: constexprs, the autotuner's key arguments, and launch options (num_warps)
+        by_value = {param.name for param in jit.params if param.is_constexpr}
+        by_value |= set(self.tuner.keys if self.tuner is not None else ())
+        self.by_value = [name in by_value for name in self.names]
+        self.specialised = set(self.names) - by_value
+        self.defaults = {param.name: param.default for param in jit.params if param.has_default}
+        self.compiled = {}
+        self.tuner_cache = None
+
+    def __getitem__(self, grid):
+        return lambda *args, **kwargs: self.launch(grid, args, kwargs)
+
+    def launch(self, grid, args, kwargs):
+        if self.tuner is not None:
+            seen = (id(self.tuner.cache), len(self.tuner.cache))
+            if seen != self.tuner_cache:            # the autotuner started over: so do we
+                self.compiled.clear()
+                self.tuner_cache = seen
+        key = self.key(args, kwargs)
+        entry = self.compiled.get(key)
+        if entry is None:
+            return self.first_launch(key, grid, args, kwargs)
+        compiled, config = entry
+        bound = dict(self.defaults)
+        bound.update(zip(self.names, args))
+        bound.update(kwargs)
+        bound.update(config)
+        if callable(grid):
+            grid = grid(bound)
+        grid = tuple(grid) + (1,) * (3 - len(grid))
+        compiled[grid](*[bound[name] for name in self.names])
+        return compiled
+
+    def first_launch(self, key, grid, args, kwargs):
+        """Through Triton (compiling and autotuning as needed), keeping what it launched."""
+        compiled = self.kernel[grid](*args, **kwargs)
+        config = {}
+        if self.tuner is not None:
+            chosen = self.tuner.best_config
+            if chosen.pre_hook is not None:
+                return compiled
+            config = {name: value for name, value in chosen.all_kwargs().items()
+                      if name not in _LAUNCH_OPTIONS}
+            self.tuner_cache = (id(self.tuner.cache), len(self.tuner.cache))
+        if compiled is not None and hasattr(compiled, "launch_metadata"):
+            self.compiled[key] = (compiled, config)
+        return compiled
+
+    def key(self, args, kwargs):
+        parts = [driver.active.get_current_device()]
+        add = parts.append
+        for value, by_value in zip(args, self.by_value):
+            add(value if by_value else _specialisation(value))
+        for name, value in kwargs.items():
+            add(name)
+            add(_specialisation(value) if name in self.specialised else value)
+        return tuple(parts)
+
+
+def _specialisation(value):
+    if isinstance(value, torch.Tensor):
+        return value.dtype, value.data_ptr() & 15 == 0
+    if value is None or value.__class__ is bool:
+        return value
+    if isinstance(value, int):
+        return int, value == 1, value & 15 == 0, -2 ** 31 <= value < 2 ** 31
+    return type(value)
+
+
+def cdiv(a: int, b: int) -> int:
+    """⌈a / b⌉ on the host (`triton.cdiv` is a constexpr function: about 10 µs per host call)."""
+    return -(-a // b)
+
+
+def next_power_of_2(n: int) -> int:
+    """The least power of two ≥ n (≥ 1), on the host (as cdiv, for `triton.next_power_of_2`)."""
+    return 1 << max(n - 1, 0).bit_length()

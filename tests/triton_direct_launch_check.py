@@ -1,0 +1,148 @@
+"""plugins.triton_launch.direct against Triton's own dispatch, through Triton's real launch path
+with the stand-in driver of `triton_standin` (compiled kernels, no-op launches that record what
+they were given): the same calls with direct launching off and on (twice: the second from its
+cache) must launch the same compiled kernels (by hash) with the same grids and arguments.
+
+    python tests/triton_direct_launch_check.py       # exit 0 when they agree
+tests/triton_launch_check.py runs `compare` after compiling bf16 at D = 64 (the same kernels).
+Cases: dense, padded (lengths) with an initial state and the final state's gradient, packed
+(cu_seqlens), the split scans, an input whose address is not 16-byte aligned after aligned calls
+(Triton specialises on alignment), β = 0, a decoding step, and the Adam / RMSProp LSTM steps;
+then the autotuner's cache cleared (direct launching starts over with it). Must run with
+TRITON_INTERPRET unset."""
+import os
+import sys
+from pathlib import Path
+
+if os.environ.get("TRITON_INTERPRET") == "1":
+    sys.exit("run without TRITON_INTERPRET: the interpreter skips the launcher this script checks")
+
+sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parents[1])]
+
+import triton_standin  # noqa: E402  (the stand-in must be active before any kernel is used)
+
+
+def cases():
+    import torch
+    from triton_launch_check import split_every_chunk
+
+    from plugins.attention import MomentumAttentionState, momentum_attention, momentum_attention_step
+    from plugins.attention.triton import chunk_momentum_attention
+    from plugins.rnn import MomentumLSTM
+    from plugins.rnn.adam_recurrence import recurrence_backend
+
+    gen = torch.Generator().manual_seed(0)
+    bf16 = torch.bfloat16
+
+    def leaf(*shape, dtype=bf16):
+        return torch.randn(*shape, generator=gen).to(dtype).requires_grad_()
+
+    def dense(beta=0.6, N=150):
+        q, k, v = (leaf(2, 2, N, 64) for _ in range(3))
+        momentum_attention(q, k, v, momentum=beta, backend="triton").float().sum().backward()
+
+    def padded():
+        q, k, v = (leaf(2, 2, 150, 64) for _ in range(3))
+        mask = torch.ones(2, 150, dtype=torch.bool)
+        mask[1, 90:] = False
+        init = MomentumAttentionState(s=leaf(2, 2, 64, 64, dtype=torch.float32),
+                                      z=leaf(2, 2, 64, dtype=torch.float32),
+                                      m=leaf(2, 2, 64, 64, dtype=torch.float32))
+        out, state = momentum_attention(q, k, v, momentum=0.6, padding_mask=mask, initial_state=init,
+                                        return_state=True, backend="triton")
+        (out.float().sum() + state.s.sum() + state.m.sum() + state.z.sum()).backward()
+
+    def packed():
+        cu = torch.tensor([0, 1, 40, 150], dtype=torch.int32)
+        q, k, v = (leaf(1, 2, 150, 64) for _ in range(3))
+        out, _ = chunk_momentum_attention(q, k, v, momentum=0.6, step_size=0.8, eps=1e-6, chunk_size=64,
+                                          cu_seqlens=cu)
+        out.float().sum().backward()
+
+    def split():
+        with split_every_chunk():
+            dense()
+
+    def misaligned():
+        """v 2 bytes past an aligned address (the chunk entry point takes it as it is)."""
+        flat = torch.randn(1 * 2 * 150 * 64 + 1, generator=gen).to(bf16)
+        v = flat[1:].view(1, 2, 150, 64).requires_grad_()
+        q, k = (leaf(1, 2, 150, 64) for _ in range(2))
+        out, _ = chunk_momentum_attention(q, k, v, momentum=0.6, step_size=0.8, eps=1e-6, chunk_size=64)
+        out.float().sum().backward()
+
+    def step():
+        q, k, v = (torch.randn(2, 2, 1, 64, generator=gen).to(bf16) for _ in range(3))
+        state = MomentumAttentionState.zeros(2, 2, 64, 64, dtype=torch.float32, device=q.device)
+        momentum_attention_step(q, k, v, state, momentum=0.6, backend="triton")
+
+    def lstm():
+        for cell in ("adam", "rmsprop"):
+            model = MomentumLSTM(16, 64, num_layers=1, cell=cell).to(bf16)
+            x = torch.randn(9, 3, 16, generator=gen).to(bf16).requires_grad_()
+            with recurrence_backend("triton"):
+                out, _ = model(x)
+                out.float().sum().backward()
+
+    def aligned():
+        q, k, v = (leaf(1, 2, 150, 64) for _ in range(3))
+        out, _ = chunk_momentum_attention(q, k, v, momentum=0.6, step_size=0.8, eps=1e-6, chunk_size=64)
+        out.float().sum().backward()
+
+    return [("dense", dense), ("padded", padded), ("packed", packed), ("split scans", split),
+            ("aligned v", aligned), ("misaligned v after aligned", misaligned),
+            ("β = 0", lambda: dense(beta=0.0, N=200)), ("decoding step", step), ("Adam/RMSProp LSTM", lstm)]
+
+
+def recorded(fn):
+    triton_standin._NoLaunch.record = []
+    try:
+        fn()
+        return triton_standin._NoLaunch.record
+    finally:
+        triton_standin._NoLaunch.record = None
+
+
+def compare() -> list[str]:
+    """Runs every case with direct launching off, then on (twice); the differences, as messages.
+    The stand-in must be active and CPU tensors allowed (triton_launch_check.allow_cpu_tensors)."""
+    from plugins import triton_launch
+    from plugins.attention.triton import chunk_kernels
+    failures = []
+    for name, case in cases():
+        triton_launch.ENABLED = False
+        case()                                   # autotuning's own launches stay out of the records
+        expected = recorded(case)
+        triton_launch.ENABLED = True
+        for attempt in ("first", "cached"):
+            got = recorded(case)
+            if got != expected:
+                at = next(i for i, (g, e) in enumerate(zip(got + [None], expected + [None])) if g != e)
+                failures.append(f"{name} ({attempt} direct launch): {len(got)} launches, expected "
+                                f"{len(expected)}; they differ from launch {at}: {got[at:at + 1]} "
+                                f"instead of {expected[at:at + 1]}")
+        print(f"direct launch, {name}: {len(expected)} launches agree", flush=True)
+    launcher = triton_launch.direct(chunk_kernels.fwd_o)
+    if not launcher.compiled:
+        failures.append("fwd_o was never launched directly")
+    chunk_kernels.fwd_o.cache.clear()
+    cases()[0][1]()
+    if not chunk_kernels.fwd_o.cache:
+        failures.append("after the autotuner's cache was cleared, direct launching did not go through it")
+    print("direct launch: after the autotuner's cache was cleared it went through the autotuner again",
+          flush=True)
+    return failures
+
+
+def main() -> int:
+    triton_standin.activate(90)
+    from triton_launch_check import allow_cpu_tensors
+    allow_cpu_tensors()
+    failures = compare()
+    for failure in failures:
+        print("FAILED", failure, file=sys.stderr)
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
