@@ -24,8 +24,9 @@ run again while the code (plugins/, hf_momentum/, benchmarks/, tests/), the devi
 the same, unless --force.
 
 It runs on whatever python it is started with (the machine's own: `make gpu-check` never builds
-.venv, whose torch is a CPU wheel), with the repo on PYTHONPATH. `--dry-run` (implied by
-`--device cpu`) runs every part at tiny sizes on the CPU and writes its section to
+.venv, whose torch is a CPU wheel), with the repo on PYTHONPATH and, first, the wheels carried in
+.whl (install_carried_wheels: transformers at setup.cfg's floor, and fla-core for --fla).
+`--dry-run` (implied by `--device cpu`) runs every part at tiny sizes on the CPU and writes its section to
 outputs/gpu-check-dry-run/section.md (its cache lives there too) unless --doc says otherwise: it
 checks the orchestration and prints the full run's plan, not speed.
 
@@ -393,9 +394,27 @@ def load_cached(path, key):
     return cached if cached.get("status") == "ok" and cached.get("key") == key else None
 
 
+def install_carried_wheels(folder=ROOT / ".whl", target=Path("/tmp/gpu-check-site")):
+    """A lent GPU machine has no network and its own packages (transformers 5.17 on 2026-11-27,
+    below setup.cfg's floor): wheels carried in .whl (README of the device tool) are installed into
+    `target`, which goes first on every part's PYTHONPATH. Returns the wheels' names."""
+    wheels = sorted(str(path) for path in folder.glob("*.whl")) if folder.is_dir() else []
+    if wheels:
+        subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps",
+                        "--no-compile", "--no-cache-dir", "--upgrade", "--target", str(target), *wheels],
+                       check=True)
+        paths = [str(target), os.environ.get("PYTHONPATH")]
+        os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, paths))
+    return [Path(wheel).name for wheel in wheels]
+
+
 def orchestrate(args):
     mode = "dry-run" if args.dry_run or args.device == "cpu" else "full"
     device = "cpu" if mode == "dry-run" else "cuda"
+    if mode == "full":
+        carried = install_carried_wheels()
+        if carried:
+            print(f"gpu-check: installed the carried wheels {', '.join(carried)}", flush=True)
     default_dir = ROOT / "outputs" / ("gpu-check" if mode == "full" else "gpu-check-dry-run")
     out_dir = Path(args.out_dir or default_dir)
     out_dir.mkdir(parents=True, exist_ok=True)

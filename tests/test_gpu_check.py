@@ -105,6 +105,31 @@ def test_a_part_whose_import_fails_is_skipped_with_the_reason(tmp_path):
     assert "Status: skipped" in text and "Skipped: ImportError: transformers hidden by the test" in text
 
 
+def test_carried_wheels_are_installed_first_on_the_parts_path(tmp_path, monkeypatch):
+    """What the device tool's README says to carry (.whl) is installed, and put before the
+    machine's own packages (its transformers is older than setup.cfg's floor)."""
+    import zipfile
+
+    import gpu_check
+    folder = tmp_path / ".whl"
+    folder.mkdir()
+    info = "carried_probe-1.0.dist-info"
+    with zipfile.ZipFile(folder / "carried_probe-1.0-py3-none-any.whl", "w") as wheel:
+        wheel.writestr("carried_probe/__init__.py", "VERSION = 'carried'\n")
+        wheel.writestr(f"{info}/METADATA", "Metadata-Version: 2.1\nName: carried-probe\nVersion: 1.0\n")
+        wheel.writestr(f"{info}/WHEEL", "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\n"
+                                        "Tag: py3-none-any\n")
+        wheel.writestr(f"{info}/RECORD", "")
+    monkeypatch.setenv("PYTHONPATH", "/elsewhere")
+    target = tmp_path / "site"
+    assert gpu_check.install_carried_wheels(folder, target) == ["carried_probe-1.0-py3-none-any.whl"]
+    assert os.environ["PYTHONPATH"].split(os.pathsep) == [str(target), "/elsewhere"]
+    probe = subprocess.run([sys.executable, "-c", "import carried_probe; print(carried_probe.VERSION)"],
+                           env={**os.environ}, capture_output=True, text=True)
+    assert probe.stdout.strip() == "carried", probe.stderr
+    assert gpu_check.install_carried_wheels(tmp_path / "none", target) == []
+
+
 def count_flops(fn, *args):
     with FlopCounterMode(display=False) as counter:
         fn(*args)
