@@ -256,6 +256,43 @@ def test_compiles_without_graph_break(make_generator):
         torch.testing.assert_close(a, b)
 
 
+@pytest.mark.parametrize("layout", ["padded", "packed"])
+def test_eager_calls_equal_the_registered_ops(make_generator, layout):
+    """Eager calls skip the custom-op dispatch (op._EagerChunk, op._EagerStep) and torch.compile
+    traces the registered ops: both run the same launchers, so outputs, final states and every
+    gradient (inputs, initial state, through the final state) are bit-identical."""
+    from plugins.attention.triton import op
+    gen = make_generator()
+    B, N = (2, 40) if layout == "padded" else (1, 40)
+    fq, fk, v, _ = make_inputs(gen, B, 2, N, 16, 24, torch.tensor([N, 23][:B]))
+    lengths = torch.tensor([N, 23], dtype=torch.int32) if layout == "padded" else None
+    cu = torch.tensor([0, 9, 9, 40], dtype=torch.int32) if layout == "packed" else None
+    S = B if cu is None else 3
+    state = random_state(gen, S, 2, 16, 24)
+    ups = [torch.randn(t.shape, generator=gen) for t in (v, state.s, state.z, state.m)]
+
+    def run(forward):
+        leaves = [t.float().requires_grad_() for t in (fq, fk, v, state.s, state.z, state.m)]
+        out, den, s, z, m = forward(*leaves, lengths, cu, 0.6, 0.8, 1e-6, 16)
+        loss = sum((t * u).sum() for t, u in zip((out, s, z, m), ups))
+        return (out, den, s, z, m) + torch.autograd.grad(loss, leaves)
+
+    for got, expected in zip(run(op._EagerChunk.apply), run(op.chunk_momentum_attention_forward)):
+        assert torch.equal(got, expected)
+
+    q1, k1, v1 = (t[:, :, 0].float().requires_grad_() for t in (fq, fk, v))
+    real = torch.tensor([1, 0][:B], dtype=torch.int8).repeat_interleave(2)      # (B·H,)
+
+    def step(forward):
+        leaves = [q1, k1, v1] + [t[:B].float().requires_grad_() for t in (state.s, state.z, state.m)]
+        outputs = forward(*leaves, real, 0.6, 0.8, 1e-6)
+        loss = sum((t * torch.ones_like(t)).sum() for t in outputs)
+        return tuple(outputs) + torch.autograd.grad(loss, leaves)
+
+    for got, expected in zip(step(op._EagerStep.apply), step(op.momentum_attention_step_forward)):
+        assert torch.equal(got, expected)
+
+
 def test_backward_keeps_no_per_position_states(make_generator):
     """What autograd keeps is O(N·D) (inputs, output, denominators), never the N·Dk·Dv per-position
     states nor the nchunks·Dk·Dv chunk states (the backward recomputes those)."""

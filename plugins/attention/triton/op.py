@@ -76,6 +76,11 @@ def _setup_context(ctx, inputs, output):
 
 
 def _backward(ctx, d_out, d_den, d_s, d_z, d_m):
+    return _gradients(chunk_momentum_attention_backward, ctx, d_out, d_s, d_z, d_m)
+
+
+def _gradients(backward, ctx, d_out, d_s, d_z, d_m):
+    """The op's input gradients through `backward` (the backward op, or chunk_backward itself)."""
     fq, fk, v, out, den, s0, z0, m0, lengths, cu_seqlens = ctx.saved_tensors
     if d_out is None:
         d_out = torch.zeros_like(out)
@@ -88,8 +93,8 @@ def _backward(ctx, d_out, d_den, d_s, d_z, d_m):
     else:
         final = tuple(den.new_zeros(shape) if g is None else g.to(den.dtype).contiguous()
                       for g, shape in zip(final, ((S, H, DK, DV), (S, H, DK), (S, H, DK, DV))))
-    dq, dk, dv, ds0, dz0, dm0 = chunk_momentum_attention_backward(
-        fq, fk, v, out, den, d_out.contiguous(), s0, z0, m0, *final, lengths, cu_seqlens, *ctx.hyper)
+    dq, dk, dv, ds0, dz0, dm0 = backward(fq, fk, v, out, den, d_out.contiguous(), s0, z0, m0, *final, lengths,
+                                         cu_seqlens, *ctx.hyper)
     if not ctx.has_init:
         ds0 = dz0 = dm0 = None
     return dq, dk, dv, ds0, dz0, dm0, None, None, None, None, None, None
@@ -98,15 +103,35 @@ def _backward(ctx, d_out, d_den, d_s, d_z, d_m):
 register_autograd(chunk_momentum_attention_forward, _backward, setup_context=_setup_context)
 
 
+class _EagerChunk(torch.autograd.Function):
+    """The op's forward and backward without the custom-op dispatch (its autograd, redispatch and
+    argument defaults took 0.45 of 0.73 ms of host time per forward+backward on the 2-core
+    machine, benchmarks/triton_host_overhead.py): what eager calls run; torch.compile traces the
+    registered op."""
+
+    @staticmethod
+    def forward(ctx, fq, fk, v, s0, z0, m0, lengths, cu_seqlens, momentum, step_size, eps, chunk):
+        inputs = (fq, fk, v, s0, z0, m0, lengths, cu_seqlens, momentum, step_size, eps, chunk)
+        output = chunk_forward(*inputs)
+        _setup_context(ctx, inputs, output)
+        ctx.mark_non_differentiable(output[1])
+        return output
+
+    @staticmethod
+    def backward(ctx, d_out, d_den, d_s, d_z, d_m):
+        return _gradients(chunk_backward, ctx, d_out, d_s, d_z, d_m)
+
+
 def chunk_momentum_attention_op(fq, fk, v, s0, z0, m0, lengths, cu_seqlens, momentum, step_size, eps, chunk):
-    """(out, s, z, m) through the registered op."""
-    out, _den, s, z, m = chunk_momentum_attention_forward(fq, fk, v, s0, z0, m0, lengths, cu_seqlens,
-                                                          momentum, step_size, eps, chunk)
+    """(out, s, z, m): through the registered op under torch.compile (one graph node), else
+    through the same forward and backward directly."""
+    run = chunk_momentum_attention_forward if torch.compiler.is_compiling() else _EagerChunk.apply
+    out, _den, s, z, m = run(fq, fk, v, s0, z0, m0, lengths, cu_seqlens, momentum, step_size, eps, chunk)
     return out, s, z, m
 
 
 @custom_op(f"{NAMESPACE}::momentum_attention_step", mutates_args=())
-def momentum_attention_step_op(
+def momentum_attention_step_forward(
     fq: Tensor, fk: Tensor, v: Tensor, s: Tensor, z: Tensor, m: Tensor, real: Tensor | None,
     momentum: float, step_size: float, eps: float,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
@@ -114,7 +139,7 @@ def momentum_attention_step_op(
     return recurrent_step(fq, fk, v, s, z, m, real, momentum, step_size, eps)
 
 
-@momentum_attention_step_op.register_fake
+@momentum_attention_step_forward.register_fake
 def _(fq, fk, v, s, z, m, real, momentum, step_size, eps):
     return torch.empty_like(v), torch.empty_like(s), torch.empty_like(z), torch.empty_like(m)
 
@@ -156,4 +181,26 @@ def _step_backward(ctx, d_out, d_s, d_z, d_m):
     return (dq.to(fq.dtype), dk.to(fk.dtype), dv.to(v.dtype), ds0, dz0, dm0, None, None, None, None)
 
 
-register_autograd(momentum_attention_step_op, _step_backward, setup_context=_step_setup_context)
+register_autograd(momentum_attention_step_forward, _step_backward, setup_context=_step_setup_context)
+
+
+class _EagerStep(torch.autograd.Function):
+    """The decoding step without the custom-op dispatch, as _EagerChunk (one per layer and token:
+    the step op took 145 µs of host time per call on the H200's host, docs/benchmarks.md)."""
+
+    @staticmethod
+    def forward(ctx, fq, fk, v, s, z, m, real, momentum, step_size, eps):
+        inputs = (fq, fk, v, s, z, m, real, momentum, step_size, eps)
+        output = recurrent_step(*inputs)
+        _step_setup_context(ctx, inputs, output)
+        return output
+
+    @staticmethod
+    def backward(ctx, d_out, d_s, d_z, d_m):
+        return _step_backward(ctx, d_out, d_s, d_z, d_m)
+
+
+def momentum_attention_step_op(fq, fk, v, s, z, m, real, momentum, step_size, eps):
+    """(out, s, z, m) after one decoding step: the registered op under torch.compile, else directly."""
+    run = momentum_attention_step_forward if torch.compiler.is_compiling() else _EagerStep.apply
+    return run(fq, fk, v, s, z, m, real, momentum, step_size, eps)
