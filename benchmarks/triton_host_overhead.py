@@ -23,18 +23,25 @@ sys.path[:0] = [str(ROOT / "tests"), str(ROOT)]
 import triton_standin  # noqa: E402  (active before any kernel is used)
 
 
-def fwd_bwd(B=2, H=2, N=256, D=64, beta=0.6):
-    """A closure running the public API's forward + backward on small CPU bf16 tensors (their
-    size does not matter: nothing runs)."""
+def fwd_bwd(B=1, H=1, N=64, D=64, beta=0.6, entry="api"):
+    """A closure running one forward + backward on small CPU bf16 tensors (small, so that the CPU
+    arithmetic of the torch ops around the kernels stays out of the time; nothing else runs):
+    `entry` "api" is plugins.attention.momentum_attention (the feature map, checks, dispatch),
+    "chunk" the Triton entry point on feature-mapped inputs (what benchmarks/gpu_attention.py
+    times after its own elu + 1)."""
     import torch
 
     from plugins.attention import momentum_attention
+    from plugins.attention.triton import chunk_momentum_attention
     gen = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(B, H, N, D, generator=gen).to(torch.bfloat16).requires_grad_() for _ in range(3))
     grad = torch.randn(B, H, N, D, generator=gen).to(torch.bfloat16)
 
     def step():
-        out = momentum_attention(q, k, v, momentum=beta, backend="triton")
+        if entry == "api":
+            out = momentum_attention(q, k, v, momentum=beta, backend="triton")
+        else:
+            out, _ = chunk_momentum_attention(q, k, v, momentum=beta, step_size=1.0, eps=1e-6, chunk_size=64)
         torch.autograd.grad(out, (q, k, v), grad)
     return step
 
@@ -54,6 +61,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--profile", type=int, default=0, help="print the N functions with the most own time")
+    parser.add_argument("--rounds", type=int, default=7)
     args = parser.parse_args()
     triton_standin.activate(90)
     import torch
@@ -64,10 +72,18 @@ def main():
     launches = triton_standin._NoLaunch.launches
     step()                                     # compiles and autotunes (the stand-in's timings)
     per_call = triton_standin._NoLaunch.launches - launches
+    chunk_step = fwd_bwd(entry="chunk")
     for _ in range(20):
         step()
-    print(f"momentum_attention fwd+bwd (bf16, Triton launch path, no-op launches): "
-          f"{host_us(step):.0f} µs host per call, {per_call} Triton launches")
+        chunk_step()
+    rounds = {"api": [], "chunk": []}
+    for _ in range(args.rounds):                 # alternating, so that load on the machine hits both
+        rounds["api"].append(host_us(step, rounds=1))
+        rounds["chunk"].append(host_us(chunk_step, rounds=1))
+    api, chunk = (statistics.median(rounds[name]) for name in ("api", "chunk"))
+    print(f"host µs per forward+backward (bf16, B1-H1-N64-D64, Triton launch path, no-op launches, median of "
+          f"{args.rounds} rounds of 50): momentum_attention {api:.0f}, chunk_momentum_attention {chunk:.0f}; "
+          f"{per_call} Triton launches in the first call (autotuning included)")
     if args.profile:
         profiler = cProfile.Profile()
         profiler.runcall(lambda: [step() for _ in range(100)])

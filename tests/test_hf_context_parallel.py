@@ -103,6 +103,9 @@ def _error_cases(group):
         "labels of another shape": lambda: shard_batch({"input_ids": ids, "labels": ids[:, :3]}, group),
         "a stock model": lambda: enable_context_parallel(MomentumLSTMForCausalLM(MomentumLSTMConfig(
             vocab_size=VOCAB, hidden_size=4, num_hidden_layers=1)), group),
+        "a hybrid": lambda: enable_context_parallel(MomentumTransformerForCausalLM(MomentumTransformerConfig(
+            vocab_size=VOCAB, hidden_size=4, num_hidden_layers=2, num_attention_heads=1,
+            layer_types=["linear_attention", "full_attention"])), group),
         "sequence classification": lambda: enable_context_parallel(
             MomentumTransformerForSequenceClassification(MomentumTransformerConfig(
                 vocab_size=VOCAB, hidden_size=4, num_hidden_layers=1, num_attention_heads=1)), group),
@@ -164,7 +167,8 @@ def test_without_the_process_group_the_check_fails(ranks):
 def test_bad_inputs_raise_value_errors_naming_the_argument(ranks):
     expected = {"no position_ids": "position_ids", "a cache": "use_cache",
                 "position_ids in the batch": "position_ids", "labels of another shape": "batch['labels']",
-                "a stock model": "native momentum_transformer", "sequence classification": "pools"}
+                "a stock model": "native momentum_transformer", "sequence classification": "pools",
+                "a hybrid": "layer_types has softmax layers ([1])"}
     for result in ranks[1]:
         for name, word in expected.items():
             message = result["errors"][name]
