@@ -179,8 +179,10 @@ def initial_state(state, *, num_layers, batch, hidden, width, has_c, has_v, has_
         raise ValueError(f"state.step must have shape (batch,) = ({batch},) (or be one count for every "
                          f"row), got {tuple(step.shape)}")
     step = step.long().expand(batch).contiguous()
-    # A carried counter is checked (one wait for an accelerator per call); a fresh one is 0.
-    if not fresh and (bool((step < 0).any()) or bool((step > MAX_INT - steps).any())):
+    # A carried counter is checked (one wait for an accelerator per call); a fresh one is 0. A
+    # graph being traced (torch.compile, torch.export) cannot read values: its caller checks.
+    if not fresh and not torch.compiler.is_compiling() and (
+            bool((step < 0).any()) or bool((step > MAX_INT - steps).any())):
         raise ValueError(f"state.step must be in [0, {MAX_INT - steps}] for {steps} more steps, "
                          f"got min {int(step.min())}, max {int(step.max())}")
     return RecurrentState(h, c, v, m, step)
