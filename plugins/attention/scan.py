@@ -20,6 +20,8 @@ def entering(local: torch.Tensor, decay: float, first: Optional[torch.Tensor],
     starts (one sequence per row), and restart (B, H, 1, ...) is read there."""
     zero = torch.zeros((), dtype=local.dtype, device=local.device)
     start = zero if restart is None else restart
+    if first is None and not isinstance(local.shape[2], int) and torch.compiler.is_exporting():
+        return _exported_entering(local, decay, start)
     if first is None:
         head = torch.broadcast_to(start, (*local.shape[:2], 1, *local.shape[3:]))
         return affine_scan(decay, torch.cat([head, local[:, :, :-1]], 2))
@@ -73,3 +75,18 @@ def _recurrence(a: Union[float, torch.Tensor], u: torch.Tensor) -> torch.Tensor:
     for t in range(1, len(steps)):
         ys.append((a if isinstance(a, float) else a[t]) * ys[-1] + steps[t])
     return torch.stack(ys, 2)
+
+
+def _exported_entering(local: torch.Tensor, decay: float, start: torch.Tensor) -> torch.Tensor:
+    """`entering` with one sequence per row under torch.export with a dynamic length (the chunk
+    count T symbolic): y[t] = decay^t·start + Σ_{j<t} decay^{t−1−j}·local[j] as one (T, T)
+    product, with no loop, branch or slice on T, each of which would fix it (a slice's contiguity
+    check guards T − 1 = 1). O(T²) in the chunk count: export only (torch.compile with dynamic
+    shapes keeps the scan)."""
+    steps = torch.arange(local.shape[2], device=local.device)
+    gap = steps[:, None] - steps[None, :]                                   # t − j
+    base = torch.tensor(decay, dtype=torch.float64, device=local.device)
+    weights = torch.where(gap >= 1, base ** (gap - 1).clamp(min=0), torch.zeros_like(base))
+    spread = torch.einsum("tj,bhj...->bht...", weights.to(local.dtype), local)
+    head = (base ** steps).to(local.dtype).reshape(1, 1, -1, *([1] * (local.dim() - 3)))
+    return spread + head * start
