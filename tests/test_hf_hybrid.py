@@ -174,6 +174,25 @@ def test_cached_logits_equal_the_uncached_forward(make_generator):
     assert cache.get_key_values(1)[0].shape[2] == 12 and cache.get_states(0) is not None
 
 
+def test_sliding_layers_keep_only_their_window_when_every_token_is_real(make_generator):
+    """Without padding a sliding layer's cache keeps the last sliding_window − 1 positions (all
+    the next position reads), the full layer every position, and greedy decoding still equals
+    the uncached forward; with padding the sliding cache stays whole (the mask is not read)."""
+    model = hybrid_model()
+    ids = torch.randint(3, VOCAB, (2, 9), generator=make_generator())
+    mask = torch.ones_like(ids)
+    out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=7, do_sample=False,
+                         return_dict_in_generate=True)
+    assert torch.equal(out.sequences, greedy_without_cache(model, ids, mask, 7))
+    cache = out.past_key_values
+    assert cache.get_key_values(2)[0].shape[2] == model.config.sliding_window - 1
+    assert cache.get_key_values(1)[0].shape[2] == 9 + 7 - 1
+    ids, mask = padded_batch(make_generator())
+    out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=3, do_sample=False,
+                         return_dict_in_generate=True)
+    assert out.past_key_values.get_key_values(2)[0].shape[2] == ids.shape[1] + 3 - 1
+
+
 def test_beam_search_with_the_cache_equals_beam_search_without(make_generator):
     model = hybrid_model()
     ids, mask = padded_batch(make_generator())

@@ -128,7 +128,7 @@ class MultiHeadAttention(nn.Module):
         if recurrent:
             padding_mask = None if segments is None else segments.padding_mask
             state = extend_key_value_cache(state, k, v, padding_mask)
-            return cached_softmax_attention(q, state, sliding_window=window), state
+            return cached_softmax_attention(q, state, sliding_window=window), state.within_window(window)
         if masks is None:
             masks = SoftmaxMasks(segments, q.shape[2], q.device)
         mask = masks.mask(causal=causal, window=window)

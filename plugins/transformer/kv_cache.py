@@ -44,6 +44,16 @@ class KeyValueCache:
         real = None if self.real is None else self.real.index_select(0, index)
         return KeyValueCache(self.key.index_select(0, index), self.value.index_select(0, index), real)
 
+    def within_window(self, window: Optional[int]) -> "KeyValueCache":
+        """What a sliding window of `window` real tokens still reads from the next position on:
+        the last window − 1 positions, when every cached position is real. With padding the
+        positions to keep differ by row and are unknown without reading the mask on the host, so
+        such a cache stays whole (exact either way: the window's mask ignores what is outside)."""
+        if window is None or self.real is not None or self.length < window:
+            return self
+        keep = max(window - 1, 1)
+        return KeyValueCache(self.key[:, :, -keep:], self.value[:, :, -keep:], None)
+
     def detach(self) -> "KeyValueCache":
         return KeyValueCache(self.key.detach(), self.value.detach(), self.real)
 
