@@ -184,3 +184,38 @@ def test_errors_name_the_argument():
         model.step(torch.zeros(1, dtype=torch.long), model.new_cache(), 10)
     with pytest.raises(ValueError, match=r"inputs must be the whole prefix \(N, 3\)"):
         tiny_model("softmax").step(torch.zeros(1, 2, dtype=torch.long), None, 2)
+
+
+HYBRID = ImageModelConfig(sequence_length=10, layers=2, heads=2, d_model=16, n_mix=3,
+                          layer_types=("full_attention", "linear_attention"))
+
+
+@pytest.mark.parametrize("name", ["momentum", "adaptive"])
+def test_a_hybrid_model_is_softmax_in_its_full_attention_layers_and_steps_as_it_forwards(name):
+    """--layer-types (issue 29): layer 0 softmax with a KV cache, layer 1 the model's momentum
+    attention with its recurrent state, each step equal to the teacher-forced forward."""
+    model = tiny_model(name, config=HYBRID)
+    plain = PixelTransformer(name, TINY)
+    assert [block.config.attention for block in model.blocks] == ["softmax", "momentum"]
+    assert model.blocks[1].config == plain.blocks[1].config
+    assert model.blocks[0].config.connection == plain.blocks[0].config.connection
+    assert model.state_dict().keys() == plain.state_dict().keys()
+    inputs, _ = teacher_forcing(random_images(3, HYBRID.sequence_length))
+    with torch.no_grad():
+        parallel = model(inputs)
+        cache, steps = model.new_cache(), []
+        for t in range(inputs.shape[1]):
+            params, cache = model.step(inputs[:, t], cache, t)
+            steps.append(params)
+    torch.testing.assert_close(torch.stack(steps, dim=1), parallel, atol=1e-10, rtol=0)
+    assert isinstance(cache[0], KeyValueCache) and isinstance(cache[1], MomentumAttentionState)
+
+
+def test_layer_types_are_recorded_and_refused_when_wrong():
+    from recipes.image_generation.model import settings
+    assert settings("momentum", HYBRID)["layer_types"] == ("full_attention", "linear_attention")
+    assert "layer_types" not in settings("momentum", TINY)      # the cache keys of earlier runs stay
+    with pytest.raises(ValueError, match="layer_types has 1 entries but the model has 2 layers"):
+        ImageModelConfig(layers=2, layer_types=["full_attention"])
+    with pytest.raises(ValueError, match="each entry must be one of linear_attention, full_attention"):
+        ImageModelConfig(layers=1, layer_types=["sliding_attention"])

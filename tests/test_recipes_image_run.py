@@ -1,6 +1,8 @@
 """python -m recipes.image_generation.run end to end on a few images, and its cache."""
 import csv
+import json
 
+import pytest
 from PIL import Image
 
 from recipes.image_generation import run
@@ -30,3 +32,33 @@ def test_run_writes_the_table_curves_and_grids_and_reuses_its_runs(tmp_path, mon
     monkeypatch.setattr(run, "train_image_model", no_training)
     run.main(ARGS + ["--out-dir", str(tmp_path)])
     assert (tmp_path / "results.md").read_text() == table
+
+
+def test_a_hybrid_run_is_cached_apart_from_the_plain_one(tmp_path, monkeypatch):
+    tiny = ["--models", "momentum", "--epochs", "1", "--train-images", "4", "--test-images", "2",
+            "--samples", "1", "--threads", "1", "--no-progress", "--out-dir", str(tmp_path)]
+    run.main(tiny)
+    trained, train = [], run.train_image_model
+
+    def recorded_training(name, model_config, *args, **kwargs):
+        trained.append(model_config)
+        return train(name, model_config, *args, **kwargs)
+
+    monkeypatch.setattr(run, "train_image_model", recorded_training)
+    run.main(tiny + ["--layer-types", "full_attention,linear_attention"])
+    assert [config.layer_types for config in trained] == [("full_attention", "linear_attention")]
+    assert len(list((tmp_path / "runs").glob("momentum-seed1-*"))) == 2
+    recorded = json.loads((tmp_path / "config.json").read_text())
+    assert recorded["model"]["layer_types"] == ["full_attention", "linear_attention"]
+    assert recorded["models"]["momentum"]["layer_types"] == ["full_attention", "linear_attention"]
+
+
+def test_layer_types_are_refused_at_parsing(capsys):
+    refusals = (("full_attention", "--layer-types has 1 entries but the model has 2 layers"),
+                ("full_attention,mamba",
+                 "--layer-types: each entry must be one of linear_attention, full_attention, got 'mamba'"))
+    for text, message in refusals:
+        with pytest.raises(SystemExit):
+            run.parse_args(["--layer-types", text])
+        assert message in capsys.readouterr().err
+    assert run.parse_args(["--full", "--layer-types", ",".join(["full_attention"] * 8)]).layer_types

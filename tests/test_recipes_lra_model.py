@@ -125,3 +125,49 @@ def test_bad_inputs_are_refused_early():
     with pytest.raises(ValueError, match=r"\(batch, 2, length\)"):
         LRAClassifier("linear", "retrieval", ClassifierConfig(**{**TINY, "dual": True}))(
             torch.ones(2, 5, dtype=torch.long))
+
+
+HYBRID = ("linear_attention", "full_attention")
+
+
+@pytest.mark.parametrize("name", ["momentum", "adaptive", "linear"])
+def test_a_hybrid_classifier_is_softmax_in_its_full_attention_layers(name):
+    """--layer-types (issue 29): softmax in layer 1, the model's attention (Table 1's constants)
+    in layer 0; a padded batch still gives each sequence its own logits."""
+    model, plain = model_of(name, layer_types=HYBRID), model_of(name)
+    configs = [block.config for block in model.encoder.blocks]
+    assert configs[0] == plain.encoder.blocks[0].config
+    assert configs[1].attention == "softmax" and configs[1].connection == configs[0].connection
+    assert configs[1].feature_map == configs[0].feature_map and not configs[1].causal
+    rows = random_rows([13, 5, 9, 1], seed=4)
+    padded = torch.zeros(len(rows), 13, dtype=torch.long)
+    for i, row in enumerate(rows):
+        padded[i, :len(row)] = row
+    with torch.no_grad():
+        batch = model(padded)
+        alone = torch.cat([model(row[None]) for row in rows])
+    torch.testing.assert_close(batch, alone, rtol=1e-10, atol=1e-10)
+
+
+def test_momentum_with_every_layer_full_attention_is_the_softmax_classifier():
+    """Same seed, same weights, same configs: a wrong mapping or weight draw breaks this."""
+    tokens = torch.tensor([[3, 5, 7, 0], [2, 4, 6, 8]])
+    torch.manual_seed(0)
+    everywhere = ClassifierConfig(**TINY, layer_types=["full_attention"] * 2)
+    hybrid = LRAClassifier("momentum", "listops", everywhere)
+    torch.manual_seed(0)
+    softmax = LRAClassifier("softmax", "listops", ClassifierConfig(**TINY))
+    assert hybrid.state_dict().keys() == softmax.state_dict().keys()
+    with torch.no_grad():
+        torch.testing.assert_close(hybrid.eval()(tokens), softmax.eval()(tokens), rtol=0, atol=0)
+
+
+def test_layer_types_are_in_the_settings_and_refused_when_wrong():
+    from recipes.lra.model import settings
+    plain, hybrid = ClassifierConfig(**TINY), ClassifierConfig(**TINY, layer_types=list(HYBRID))
+    assert settings("momentum", "text", hybrid)["layer_types"] == HYBRID
+    assert "layer_types" not in settings("momentum", "text", plain)    # earlier runs keep their cache keys
+    with pytest.raises(ValueError, match="layer_types has 3 entries but the model has 2 layers"):
+        ClassifierConfig(**TINY, layer_types=["full_attention"] * 3)
+    with pytest.raises(ValueError, match="each entry must be one of linear_attention, full_attention"):
+        ClassifierConfig(**TINY, layer_types=["full_attention", "momentum"])

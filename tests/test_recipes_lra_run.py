@@ -1,6 +1,7 @@
 """python -m recipes.lra.run end to end on two tiny tasks, two models, one seed; its caches; the
 results table's paper column and substitute names."""
 import csv
+import json
 from dataclasses import replace
 
 import pytest
@@ -86,3 +87,21 @@ def test_bad_arguments_exit_with_the_flag_named(argv, flag, capsys):
     with pytest.raises(SystemExit):
         run.parse_args(argv)
     assert flag in capsys.readouterr().err
+
+
+def test_layer_types_are_refused_at_parsing_and_key_their_own_runs(tmp_path, tiny_tasks, capsys):
+    with pytest.raises(SystemExit):
+        run.parse_args(["--layer-types", "full_attention"])
+    assert "--layer-types has 1 entries but the model has 2 layers" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        run.parse_args(["--layer-types", "full_attention,sliding_attention"])
+    message = "must be one of linear_attention, full_attention, got 'sliding_attention'"
+    assert message in capsys.readouterr().err
+    tiny = ["--tasks", "listops", "--models", "momentum", "--seeds", "1", "--steps", "2", "--eval-every", "2",
+            "--threads", "1", "--no-progress", "--out-dir", str(tmp_path)]
+    run.main(tiny)
+    run.main(tiny + ["--layer-types", "full_attention,linear_attention"])
+    assert len(list((tmp_path / "runs").glob("listops-momentum-seed1-*"))) == 2
+    recorded = json.loads((tmp_path / "config.json").read_text())
+    assert recorded["models"]["listops"]["momentum"]["layer_types"] == ["full_attention", "linear_attention"]
+    assert "layer types full_attention,linear_attention" in (tmp_path / "results.md").read_text()

@@ -24,6 +24,9 @@ from ..validation import (
 ATTENTION_KINDS = ("softmax", "linear", "momentum")
 NORM_PLACEMENTS = ("pre", "post")
 ACTIVATION_NAMES = ("relu", "gelu")
+# transformers' layer_types the recipes build: "linear_attention" keeps the model's own attention
+# (linear or momentum, or softmax for a softmax model), "full_attention" is softmax attention.
+LAYER_TYPES = ("linear_attention", "full_attention")
 # β and γ of Momentum Transformer, eq. 12/13 when attention="momentum" and they are not given.
 DEFAULT_ATTENTION_MOMENTUM = 0.6
 DEFAULT_ATTENTION_STEP_SIZE = 1.0
@@ -167,3 +170,22 @@ def layer_configs(base: BlockConfig, kinds: Sequence[str],
                 coefficients = dict(momentum=base.momentum, step_size=base.step_size)
             built[kind, window] = replace(base, attention=kind, sliding_window=window, **coefficients)
     return tuple(built[kind, window] for kind, window in zip(kinds, windows))
+
+
+def kinds_from_layer_types(layer_types: Sequence[str], linear_kind: str, layers: Optional[int] = None,
+                           name: str = "layer_types") -> Tuple[str, ...]:
+    """The core attention kind (ATTENTION_KINDS) of each layer named in transformers' vocabulary
+    (LAYER_TYPES), for `layer_configs`: "linear_attention" is `linear_kind`, the model's own
+    attention, "full_attention" softmax. `layers`: the stack's depth, which the list must match.
+    Errors name the list as `name` (a recipe's "--layer-types")."""
+    check_choice(linear_kind, "linear_kind", ATTENTION_KINDS)
+    allowed = ", ".join(LAYER_TYPES)
+    if isinstance(layer_types, str) or not isinstance(layer_types, Sequence) or not layer_types:
+        raise ValueError(f"{name} must be a non-empty list of {allowed}, got {layer_types!r}")
+    unknown = [kind for kind in layer_types if kind not in LAYER_TYPES]
+    if unknown:
+        raise ValueError(f"{name}: each entry must be one of {allowed}, got {', '.join(map(repr, unknown))}")
+    if layers is not None and len(layer_types) != layers:
+        raise ValueError(f"{name} has {len(layer_types)} entries but the model has {layers} layers; give "
+                         f"one of {allowed} per layer")
+    return tuple(linear_kind if kind == "linear_attention" else "softmax" for kind in layer_types)

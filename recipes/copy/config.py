@@ -1,5 +1,8 @@
 """Small (CPU, minutes) and full (Section 4.1) copy-task configurations."""
 from dataclasses import dataclass, replace
+from typing import Optional, Tuple
+
+from plugins.transformer.config import kinds_from_layer_types
 
 
 @dataclass(frozen=True)
@@ -16,6 +19,13 @@ class CopyConfig:
     lr_drop_step: int    # lr / 10 from this iteration on
     eval_every: int      # iterations per "epoch" of Figure 1
     eval_batches: int    # fixed test set = eval_batches * batch_size sequences
+    # transformers' layer_types, one per layer (None: every layer the model's own attention)
+    layer_types: Optional[Tuple[str, ...]] = None
+
+    def __post_init__(self):
+        if self.layer_types is not None:
+            kinds_from_layer_types(self.layer_types, "softmax", self.layers, name="layer_types")
+            object.__setattr__(self, "layer_types", tuple(self.layer_types))
 
 
 # Section 4.1: length 128, 10 symbols, 4 layers, 8 heads, D = 32 (per head, d_model 256, as in

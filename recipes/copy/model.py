@@ -8,12 +8,13 @@ Section 4.1 follows; the connection sits where `plugins.connection` documents fo
 """
 import math
 from dataclasses import dataclass
-from typing import Optional
+from typing import Optional, Sequence
 
 import torch
 from torch import nn
 
 from plugins.transformer import BlockConfig, TransformerBlock, TransformerStack
+from plugins.transformer.config import kinds_from_layer_types, layer_configs
 
 
 @dataclass(frozen=True)
@@ -53,6 +54,16 @@ def block_config(variant: Variant, d_model: int, heads: int, dropout: float) -> 
                        connection_step_size=variant.connection_step_size)
 
 
+def layer_block_configs(variant: Variant, d_model: int, heads: int, dropout: float, layers: int,
+                        layer_types: Optional[Sequence[str]] = None):
+    """One block config per layer: the variant's block, with softmax attention in the
+    "full_attention" layers of `layer_types` (transformers' vocabulary; None: none)."""
+    base = block_config(variant, d_model, heads, dropout)
+    if layer_types is None:
+        return (base,) * layers
+    return layer_configs(base, kinds_from_layer_types(layer_types, variant.attention, layers))
+
+
 def copy_block(config: BlockConfig) -> TransformerBlock:
     """A shared block initialised as the recipe's former block drew its weights (nn.Linear
     defaults: a fused (3·d, d) q/k/v projection, the output projection, the FFN), so a seeded
@@ -85,10 +96,13 @@ def sinusoidal_positions(length: int, dim: int) -> torch.Tensor:
 
 class CopyTransformer(nn.Module):
     """Token embedding (half the width) concatenated with sinusoidal positions (other half),
-    `layers` blocks, a linear next-token head over 0..n_symbols."""
+    `layers` blocks, a linear next-token head over 0..n_symbols. layer_types: transformers'
+    vocabulary per layer, "full_attention" for a softmax layer (None: the variant's attention in
+    every layer); each block draws its weights alike whatever its attention."""
 
     def __init__(self, variant: Variant, *, n_symbols: int, max_length: int, layers: int,
-                 heads: int, head_dim: int, dropout: float = 0.0):
+                 heads: int, head_dim: int, dropout: float = 0.0,
+                 layer_types: Optional[Sequence[str]] = None):
         super().__init__()
         d_model = heads * head_dim
         if d_model % 2:
@@ -96,8 +110,8 @@ class CopyTransformer(nn.Module):
         self.embed = nn.Embedding(n_symbols + 1, d_model // 2)
         self.register_buffer("positions", sinusoidal_positions(max_length, d_model // 2),
                              persistent=False)
-        config = block_config(variant, d_model, heads, dropout)
-        self.blocks = TransformerStack(copy_block(config) for _ in range(layers))
+        configs = layer_block_configs(variant, d_model, heads, dropout, layers, layer_types)
+        self.blocks = TransformerStack(copy_block(config) for config in configs)
         self.head = nn.Linear(d_model, n_symbols + 1)
 
     def forward(self, tokens):

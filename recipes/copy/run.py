@@ -1,6 +1,7 @@
 """Copy task: softmax vs linear vs momentum vs momentum+connection vs adaptive transformers.
 
-    python -m recipes.copy.run [--full] [--out-dir outputs/copy] [--seeds 1 2 3] [--models ...]
+    python -m recipes.copy.run [--full] [--out-dir outputs/copy] [--seeds 1 2 3] [--models ...] \\
+        [--layer-types KIND,...]
 """
 import argparse
 import time
@@ -10,6 +11,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
+from plugins.transformer.config import LAYER_TYPES, kinds_from_layer_types
 from recipes.common.cli import available_device, non_negative_int, positive_int, require_distinct
 from recipes.common.plots import write_run_config
 
@@ -28,6 +30,9 @@ def parse_args(argv=None):
     p.add_argument("--steps", type=positive_int, help="override the number of iterations")
     p.add_argument("--eval-every", type=positive_int, help="override iterations between evaluations")
     p.add_argument("--max-length", type=positive_int, help="override the maximum sequence length")
+    p.add_argument("--layer-types", type=lambda text: text.split(","), metavar="KIND,...",
+                   help=f"attention of each layer, comma-separated, one of {', '.join(LAYER_TYPES)}: "
+                        "the --models entry's own attention or softmax (default: all linear_attention)")
     p.add_argument("--device", type=available_device, default=torch.device("cpu"),
                    help="cpu (default), cuda[:n], or auto (cuda when a CUDA device is present)")
     p.add_argument("--threads", type=positive_int, default=1,
@@ -37,6 +42,12 @@ def parse_args(argv=None):
     require_distinct(p, args, "seeds", "models")
     if args.max_length is not None and args.max_length < 8:
         p.error(f"argument --max-length: must be at least 8, got {args.max_length}")
+    if args.layer_types is not None:
+        try:
+            kinds_from_layer_types(args.layer_types, "softmax", configure(args.full).layers,
+                                   name="--layer-types")
+        except ValueError as error:
+            p.error(str(error))
     return args
 
 
@@ -44,7 +55,7 @@ def main(argv=None):
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
     config = configure(args.full, steps=args.steps, eval_every=args.eval_every,
-                       max_length=args.max_length)
+                       max_length=args.max_length, layer_types=args.layer_types)
     args.out_dir.mkdir(parents=True, exist_ok=True)
     runs = {name: [] for name in args.models}
     started = time.perf_counter()
@@ -53,6 +64,8 @@ def main(argv=None):
         runs[name].append(train_copy_model(name, config, seed, progress=not args.no_progress,
                                            device=args.device))
     title = f"Copy task ({'full' if args.full else 'small'}, seeds {' '.join(map(str, args.seeds))})"
+    if config.layer_types is not None:
+        title += f", layer types {','.join(config.layer_types)}"
     table = write_report(runs, args.seeds, args.out_dir, title)
     print(table)
     write_run_config(args, started, {"config": asdict(config),

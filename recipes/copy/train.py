@@ -60,7 +60,8 @@ def train_copy_model(name: str, config: CopyConfig, seed: int, progress: bool = 
     torch.manual_seed(seed)
     model = CopyTransformer(VARIANTS[name], n_symbols=config.n_symbols,
                             max_length=config.max_length, layers=config.layers,
-                            heads=config.heads, head_dim=config.head_dim, dropout=config.dropout)
+                            heads=config.heads, head_dim=config.head_dim, dropout=config.dropout,
+                            layer_types=config.layer_types)
     optimizer = torch.optim.RAdam(model.parameters(), lr=config.lr)
     schedule = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda step: 1.0 if step < config.lr_drop_step else 0.1)

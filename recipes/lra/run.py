@@ -2,7 +2,7 @@
 connection and adaptive classifiers on ListOps, Text, Retrieval, Image and Pathfinder.
 
     python -m recipes.lra.run [--tasks listops text retrieval image pathfinder] [--models ...] \\
-        [--seeds 1 2 3] [--full] [--device cpu|cuda|auto] [--out-dir outputs/lra]
+        [--seeds 1 2 3] [--full] [--device cpu|cuda|auto] [--out-dir outputs/lra] [--layer-types KIND,...]
     accelerate launch -m recipes.lra.run --full --device cuda ...     # several GPUs
 
 Small (default): CPU minutes per model on shortened tasks (recipes/lra/tasks.py says what is
@@ -25,13 +25,14 @@ import torch
 from accelerate import PartialState
 from tqdm import tqdm
 
+from plugins.transformer.config import LAYER_TYPES, kinds_from_layer_types
 from recipes.common.cache import build_once, is_complete, keyed_dir
 from recipes.common.cli import available_device, non_negative_int, positive_int, require_distinct
 from recipes.common.plots import plot_curves, write_csv, write_results, write_run_config
 from recipes.common.stats import mean_points, mean_std, verdict
 
 from . import tasks as task_data
-from .model import MODELS, PAPER_ACCURACY, TASKS, settings
+from .model import MODELS, PAPER_ACCURACY, TASKS, ClassifierConfig, settings
 from .train import classifier_config, train_classifier
 
 TASK_NAMES = {"listops": "ListOps", "text": "Text", "retrieval": "Retrieval", "image": "Image",
@@ -61,6 +62,9 @@ def parse_args(argv=None):
         default = "generated offline" if task in ("listops", "pathfinder") else "a substitute"
         p.add_argument(f"--{task}-data", type=Path, metavar="PATH",
                        help=f"run the real {TASK_NAMES[task]} task from {what} (default: {default})")
+    p.add_argument("--layer-types", type=lambda text: text.split(","), metavar="KIND,...",
+                   help=f"attention of each layer, comma-separated, one of {', '.join(LAYER_TYPES)}: "
+                        "the --models entry's own attention or softmax (default: all linear_attention)")
     p.add_argument("--out-dir", "--out", type=Path, default=Path("outputs/lra"))
     p.add_argument("--cache-dir", type=Path, default=Path.home() / ".cache" / "momentum_plugins",
                    help="where the Austen corpus (Debian's r-cran-janeaustenr) is kept")
@@ -70,6 +74,12 @@ def parse_args(argv=None):
     p.add_argument("--no-progress", action="store_true")
     args = p.parse_args(argv)
     require_distinct(p, args, "tasks", "models", "seeds")
+    if args.layer_types is not None:
+        try:
+            layers = ClassifierConfig.__dataclass_fields__["layers"].default
+            kinds_from_layer_types(args.layer_types, "softmax", layers, name="--layer-types")
+        except ValueError as error:
+            p.error(str(error))
     return args
 
 
@@ -106,14 +116,15 @@ def run_once(task, name, seed, size, data, args, log) -> dict:
     """The result of one (task, model, seed) run, trained unless cached. Every rank trains (DDP
     under `accelerate launch`); the main process writes the cache."""
     folder, info, splits = data
-    params = {"model": settings(name, task, classifier_config(info)), "training": asdict(size.training),
+    model_config = classifier_config(info, args.layer_types)
+    params = {"model": settings(name, task, model_config), "training": asdict(size.training),
               "data": folder.name, "seed": seed, "device": args.device.type}
     stem = f"{task}-{name}-seed{seed}"
     target = keyed_dir(args.out_dir / "runs", stem, params)
     state = PartialState()
     if not is_complete(target, params):
         result = train_classifier(name, task, info, splits, size.training, seed, device=args.device,
-                                  progress=not args.no_progress)
+                                  progress=not args.no_progress, model_config=model_config)
         record = {"best_step": result.best_step, "val_accuracy": result.val_accuracy,
                   "test_accuracy": result.test_accuracy, "history": asdict(result.history)}
         if state.is_main_process:
@@ -223,6 +234,8 @@ def main(argv=None):
     headers, rows = results_table(runs, infos, args.models, args.seeds)
     title = (f"Long-Range Arena, {size_name}: test accuracy (%) at the best validation point, "
              f"seeds {' '.join(map(str, args.seeds))}, {args.device.type}")
+    if args.layer_types is not None:
+        title += f", layer types {','.join(args.layer_types)}"
     table = write_results(args.out_dir, title, headers, rows)
     notes = task_notes(infos, sizes_, args.full) + claim_lines(runs, infos, args.models)
     with open(args.out_dir / "results.md", "a") as f:
@@ -231,9 +244,10 @@ def main(argv=None):
     plot_validation(runs, args.out_dir, size_name)
     print(table)
     print("\n".join(notes))
+    configs = {t: classifier_config(infos[t], args.layer_types) for t in args.tasks}
     write_run_config(args, started, {"sizes": {t: asdict(s) for t, s in sizes_.items()},
-                                     "models": {t: {m: settings(m, t, classifier_config(infos[t]))
-                                                    for m in args.models} for t in args.tasks}})
+                                     "models": {t: {m: settings(m, t, configs[t]) for m in args.models}
+                                                for t in args.tasks}})
 
 
 if __name__ == "__main__":

@@ -7,7 +7,7 @@ accuracy every `eval_every` steps; the weights of the best validation point are 
 on the test split at the end.
 """
 from dataclasses import dataclass
-from typing import Dict, Optional
+from typing import Dict, Optional, Sequence
 
 import torch
 from torch.nn import functional as F
@@ -28,10 +28,11 @@ class Result:
     test_accuracy: float    # of the weights of that point
 
 
-def classifier_config(info: TaskInfo) -> ClassifierConfig:
-    """§4.3's sizes for a task (the dropout and head of ClassifierConfig's defaults)."""
+def classifier_config(info: TaskInfo, layer_types: Optional[Sequence[str]] = None) -> ClassifierConfig:
+    """§4.3's sizes for a task (the dropout and head of ClassifierConfig's defaults); layer_types:
+    transformers' vocabulary per layer (None: every layer the model's own attention)."""
     return ClassifierConfig(vocab_size=info.vocab_size, max_length=info.length, n_classes=info.n_classes,
-                            padding_id=info.padding_id, dual=info.dual)
+                            padding_id=info.padding_id, dual=info.dual, layer_types=layer_types)
 
 
 def batch_loss(model, batch):
