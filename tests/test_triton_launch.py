@@ -80,7 +80,7 @@ def test_public_api_launches_through_the_compiled_path(arch, tmp_path):
                 assert f"sm_{arch} {dtype} D={dim}:" in output
             assert f"sm_{arch} {dtype} step Dk=512: launched" in output
         if "bf16" in dtypes and 64 in dims:
-            assert "direct launch, misaligned v after aligned: 7 launches agree" in output
+            assert "direct launch, misaligned v after aligned: 1 launches agree" in output
 
 
 def _jit_kernels():

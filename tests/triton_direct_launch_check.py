@@ -6,8 +6,8 @@ cache) must launch the same compiled kernels (by hash) with the same grids and a
     python tests/triton_direct_launch_check.py       # exit 0 when they agree
 tests/triton_launch_check.py runs `compare` after compiling bf16 at D = 64 (the same kernels).
 Cases: dense, padded (lengths) with an initial state and the final state's gradient, packed
-(cu_seqlens), the split scans, an input whose address is not 16-byte aligned after aligned calls
-(Triton specialises on alignment), β = 0, a decoding step, and the Adam / RMSProp LSTM steps;
+(cu_seqlens), the split scans, β = 0, a decoding step, then one whose v is not 16-byte aligned
+(Triton specialises on alignment), and the Adam / RMSProp LSTM steps;
 then the autotuner's cache cleared (direct launching starts over with it). Must run with
 TRITON_INTERPRET unset."""
 import os
@@ -27,7 +27,7 @@ def cases():
     from triton_launch_check import split_every_chunk
 
     from plugins.attention import MomentumAttentionState, momentum_attention, momentum_attention_step
-    from plugins.attention.triton import chunk_momentum_attention
+    from plugins.attention.triton import chunk_momentum_attention, fused_recurrent_step
     from plugins.rnn import MomentumLSTM
     from plugins.rnn.adam_recurrence import recurrence_backend
 
@@ -63,14 +63,6 @@ def cases():
         with split_every_chunk():
             dense()
 
-    def misaligned():
-        """v 2 bytes past an aligned address (the chunk entry point takes it as it is)."""
-        flat = torch.randn(1 * 2 * 150 * 64 + 1, generator=gen).to(bf16)
-        v = flat[1:].view(1, 2, 150, 64).requires_grad_()
-        q, k = (leaf(1, 2, 150, 64) for _ in range(2))
-        out, _ = chunk_momentum_attention(q, k, v, momentum=0.6, step_size=0.8, eps=1e-6, chunk_size=64)
-        out.float().sum().backward()
-
     def step():
         q, k, v = (torch.randn(2, 2, 1, 64, generator=gen).to(bf16) for _ in range(3))
         state = MomentumAttentionState.zeros(2, 2, 64, 64, dtype=torch.float32, device=q.device)
@@ -84,14 +76,19 @@ def cases():
                 out, _ = model(x)
                 out.float().sum().backward()
 
-    def aligned():
-        q, k, v = (leaf(1, 2, 150, 64) for _ in range(3))
-        out, _ = chunk_momentum_attention(q, k, v, momentum=0.6, step_size=0.8, eps=1e-6, chunk_size=64)
-        out.float().sum().backward()
+    def entry_step(offset):
+        """A decoding step through the Triton entry point (feature-mapped bf16 inputs), v starting
+        `offset` elements into its buffer: 1 puts it 2 bytes past an aligned address, which
+        reaches the kernel as it is (one small kernel to compile for that specialisation)."""
+        q, k = (torch.rand(2, 2, 64, generator=gen).to(bf16) for _ in range(2))
+        v = torch.randn(2 * 2 * 64 + offset, generator=gen).to(bf16)[offset:].view(2, 2, 64)
+        state = MomentumAttentionState.zeros(2, 2, 64, 64, dtype=torch.float32, device=q.device)
+        fused_recurrent_step(q, k, v, state, momentum=0.6, step_size=0.8, eps=1e-6)
 
     return [("dense", dense), ("padded", padded), ("packed", packed), ("split scans", split),
-            ("aligned v", aligned), ("misaligned v after aligned", misaligned),
-            ("β = 0", lambda: dense(beta=0.0, N=200)), ("decoding step", step), ("Adam/RMSProp LSTM", lstm)]
+            ("β = 0", lambda: dense(beta=0.0, N=200)), ("decoding step", step),
+            ("aligned v", lambda: entry_step(0)),
+            ("misaligned v after aligned", lambda: entry_step(1)), ("Adam/RMSProp LSTM", lstm)]
 
 
 def recorded(fn):
