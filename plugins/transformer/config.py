@@ -189,3 +189,13 @@ def kinds_from_layer_types(layer_types: Sequence[str], linear_kind: str, layers:
         raise ValueError(f"{name} has {len(layer_types)} entries but the model has {layers} layers; give "
                          f"one of {allowed} per layer")
     return tuple(linear_kind if kind == "linear_attention" else "softmax" for kind in layer_types)
+
+
+def stack_configs(base: BlockConfig, layers: int,
+                  layer_types: Optional[Sequence[str]] = None) -> Tuple[BlockConfig, ...]:
+    """One block config per layer of a stack of `layers`: base everywhere (layer_types None), else
+    base's attention in the "linear_attention" layers and softmax in the "full_attention" ones
+    (`kinds_from_layer_types`, `layer_configs`)."""
+    if layer_types is None:
+        return (base,) * layers
+    return layer_configs(base, kinds_from_layer_types(layer_types, base.attention, layers))

@@ -4,6 +4,8 @@ import warnings
 
 import torch
 
+from plugins.transformer.config import LAYER_TYPES, kinds_from_layer_types
+
 
 def bounded_int(text: str, minimum: int) -> int:
     try:
@@ -99,3 +101,21 @@ def add_cache_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--verify", action=VerifyCache,
                         help="rebuild each reused cached corpus and data-bin from its source and stop if a "
                              "file differs (slower; the cache alone only protects against accidents)")
+
+
+def add_layer_types_argument(parser: argparse.ArgumentParser) -> None:
+    """--layer-types KIND,... of the §4 recipes (transformers' vocabulary, one per layer)."""
+    parser.add_argument("--layer-types", type=lambda text: text.split(","), metavar="KIND,...",
+                        help=f"attention of each layer, comma-separated, one of {', '.join(LAYER_TYPES)}: "
+                             "the --models entry's own attention or softmax (default: all linear_attention)")
+
+
+def check_layer_types(parser: argparse.ArgumentParser, layer_types, layers: int) -> None:
+    """Exit with an argparse error naming --layer-types unless it is absent or gives one known
+    kind per layer of the recipe's `layers`."""
+    if layer_types is None:
+        return
+    try:
+        kinds_from_layer_types(layer_types, "softmax", layers, name="--layer-types")
+    except ValueError as error:
+        parser.error(str(error))

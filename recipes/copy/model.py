@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from plugins.transformer import BlockConfig, TransformerBlock, TransformerStack
-from plugins.transformer.config import kinds_from_layer_types, layer_configs
+from plugins.transformer.config import stack_configs
 
 
 @dataclass(frozen=True)
@@ -58,10 +58,7 @@ def layer_block_configs(variant: Variant, d_model: int, heads: int, dropout: flo
                         layer_types: Optional[Sequence[str]] = None):
     """One block config per layer: the variant's block, with softmax attention in the
     "full_attention" layers of `layer_types` (transformers' vocabulary; None: none)."""
-    base = block_config(variant, d_model, heads, dropout)
-    if layer_types is None:
-        return (base,) * layers
-    return layer_configs(base, kinds_from_layer_types(layer_types, variant.attention, layers))
+    return stack_configs(block_config(variant, d_model, heads, dropout), layers, layer_types)
 
 
 def copy_block(config: BlockConfig) -> TransformerBlock:

@@ -11,8 +11,14 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from plugins.transformer.config import LAYER_TYPES, kinds_from_layer_types
-from recipes.common.cli import available_device, non_negative_int, positive_int, require_distinct
+from recipes.common.cli import (
+    add_layer_types_argument,
+    available_device,
+    check_layer_types,
+    non_negative_int,
+    positive_int,
+    require_distinct,
+)
 from recipes.common.plots import write_run_config
 
 from .config import configure
@@ -30,9 +36,7 @@ def parse_args(argv=None):
     p.add_argument("--steps", type=positive_int, help="override the number of iterations")
     p.add_argument("--eval-every", type=positive_int, help="override iterations between evaluations")
     p.add_argument("--max-length", type=positive_int, help="override the maximum sequence length")
-    p.add_argument("--layer-types", type=lambda text: text.split(","), metavar="KIND,...",
-                   help=f"attention of each layer, comma-separated, one of {', '.join(LAYER_TYPES)}: "
-                        "the --models entry's own attention or softmax (default: all linear_attention)")
+    add_layer_types_argument(p)
     p.add_argument("--device", type=available_device, default=torch.device("cpu"),
                    help="cpu (default), cuda[:n], or auto (cuda when a CUDA device is present)")
     p.add_argument("--threads", type=positive_int, default=1,
@@ -42,12 +46,7 @@ def parse_args(argv=None):
     require_distinct(p, args, "seeds", "models")
     if args.max_length is not None and args.max_length < 8:
         p.error(f"argument --max-length: must be at least 8, got {args.max_length}")
-    if args.layer_types is not None:
-        try:
-            kinds_from_layer_types(args.layer_types, "softmax", configure(args.full).layers,
-                                   name="--layer-types")
-        except ValueError as error:
-            p.error(str(error))
+    check_layer_types(p, args.layer_types, configure(args.full).layers)
     return args
 
 

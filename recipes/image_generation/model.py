@@ -30,7 +30,7 @@ import torch
 from torch import nn
 
 from plugins.transformer import BlockConfig, TransformerBlock, TransformerStack
-from plugins.transformer.config import kinds_from_layer_types, layer_configs
+from plugins.transformer.config import kinds_from_layer_types, stack_configs
 from plugins.validation import check_int
 
 from .data import START, teacher_forcing
@@ -100,10 +100,7 @@ def block_config(name: str, config: ImageModelConfig) -> BlockConfig:
 def layer_block_configs(name: str, config: ImageModelConfig) -> Tuple[BlockConfig, ...]:
     """One block config per layer: model `name`'s block, softmax in config.layer_types'
     "full_attention" layers."""
-    block = block_config(name, config)
-    if config.layer_types is None:
-        return (block,) * config.layers
-    return layer_configs(block, kinds_from_layer_types(config.layer_types, block.attention))
+    return stack_configs(block_config(name, config), config.layers, config.layer_types)
 
 
 class PixelTransformer(nn.Module):

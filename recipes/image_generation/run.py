@@ -22,9 +22,15 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from plugins.transformer.config import LAYER_TYPES, kinds_from_layer_types
 from recipes.common.cache import build_once
-from recipes.common.cli import available_device, non_negative_int, positive_int, require_distinct
+from recipes.common.cli import (
+    add_layer_types_argument,
+    available_device,
+    check_layer_types,
+    non_negative_int,
+    positive_int,
+    require_distinct,
+)
 from recipes.common.plots import plot_curves, write_results, write_run_config
 from recipes.common.stats import mean_curve, mean_std
 
@@ -59,9 +65,7 @@ def parse_args(argv=None):
     p.add_argument("--train-images", type=positive_int, help="use the first n training images")
     p.add_argument("--test-images", type=positive_int, help="use the first n test images")
     p.add_argument("--samples", type=positive_int, help="images generated per model for the grid")
-    p.add_argument("--layer-types", type=lambda text: text.split(","), metavar="KIND,...",
-                   help=f"attention of each layer, comma-separated, one of {', '.join(LAYER_TYPES)}: "
-                        "the --models entry's own attention or softmax (default: all linear_attention)")
+    add_layer_types_argument(p)
     p.add_argument("--out-dir", type=Path, default=Path("outputs/image_generation"))
     p.add_argument("--device", type=available_device, default=torch.device("cpu"),
                    help="cpu (default), cuda[:n], or auto (cuda when a CUDA device is present)")
@@ -69,12 +73,7 @@ def parse_args(argv=None):
     p.add_argument("--no-progress", action="store_true")
     args = p.parse_args(argv)
     require_distinct(p, args, "seeds", "models")
-    if args.layer_types is not None:
-        try:
-            kinds_from_layer_types(args.layer_types, "softmax", configure(args.full)[0].layers,
-                                   name="--layer-types")
-        except ValueError as error:
-            p.error(str(error))
+    check_layer_types(p, args.layer_types, configure(args.full)[0].layers)
     return args
 
 

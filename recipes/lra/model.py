@@ -29,7 +29,7 @@ from torch import nn
 from plugins.connection import DEFAULT_CONNECTION_MOMENTUM, DEFAULT_CONNECTION_STEP_SIZE
 from plugins.packing import Segments
 from plugins.transformer import BlockConfig, TransformerBlock, TransformerStack, masked_mean
-from plugins.transformer.config import kinds_from_layer_types, layer_configs
+from plugins.transformer.config import kinds_from_layer_types, stack_configs
 from plugins.validation import check_int
 
 MODELS = ("softmax", "linear", "momentum", "momentum_connection", "adaptive")
@@ -118,10 +118,7 @@ def block_config(name: str, task: str, config: ClassifierConfig) -> BlockConfig:
 def layer_block_configs(name: str, task: str, config: ClassifierConfig) -> Tuple[BlockConfig, ...]:
     """One block config per layer: model `name`'s block, softmax in config.layer_types'
     "full_attention" layers."""
-    block = block_config(name, task, config)
-    if config.layer_types is None:
-        return (block,) * config.layers
-    return layer_configs(block, kinds_from_layer_types(config.layer_types, block.attention))
+    return stack_configs(block_config(name, task, config), config.layers, config.layer_types)
 
 
 def settings(name: str, task: str, config: ClassifierConfig) -> Dict:

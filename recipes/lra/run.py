@@ -25,9 +25,15 @@ import torch
 from accelerate import PartialState
 from tqdm import tqdm
 
-from plugins.transformer.config import LAYER_TYPES, kinds_from_layer_types
 from recipes.common.cache import build_once, is_complete, keyed_dir
-from recipes.common.cli import available_device, non_negative_int, positive_int, require_distinct
+from recipes.common.cli import (
+    add_layer_types_argument,
+    available_device,
+    check_layer_types,
+    non_negative_int,
+    positive_int,
+    require_distinct,
+)
 from recipes.common.plots import plot_curves, write_csv, write_results, write_run_config
 from recipes.common.stats import mean_points, mean_std, verdict
 
@@ -62,9 +68,7 @@ def parse_args(argv=None):
         default = "generated offline" if task in ("listops", "pathfinder") else "a substitute"
         p.add_argument(f"--{task}-data", type=Path, metavar="PATH",
                        help=f"run the real {TASK_NAMES[task]} task from {what} (default: {default})")
-    p.add_argument("--layer-types", type=lambda text: text.split(","), metavar="KIND,...",
-                   help=f"attention of each layer, comma-separated, one of {', '.join(LAYER_TYPES)}: "
-                        "the --models entry's own attention or softmax (default: all linear_attention)")
+    add_layer_types_argument(p)
     p.add_argument("--out-dir", "--out", type=Path, default=Path("outputs/lra"))
     p.add_argument("--cache-dir", type=Path, default=Path.home() / ".cache" / "momentum_plugins",
                    help="where the Austen corpus (Debian's r-cran-janeaustenr) is kept")
@@ -74,12 +78,7 @@ def parse_args(argv=None):
     p.add_argument("--no-progress", action="store_true")
     args = p.parse_args(argv)
     require_distinct(p, args, "tasks", "models", "seeds")
-    if args.layer_types is not None:
-        try:
-            layers = ClassifierConfig.__dataclass_fields__["layers"].default
-            kinds_from_layer_types(args.layer_types, "softmax", layers, name="--layer-types")
-        except ValueError as error:
-            p.error(str(error))
+    check_layer_types(p, args.layer_types, ClassifierConfig.__dataclass_fields__["layers"].default)
     return args
 
 
