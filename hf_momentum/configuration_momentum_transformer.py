@@ -188,6 +188,10 @@ class MomentumTransformerConfig(PreTrainedConfig):
             return ["linear_attention"] * self.num_hidden_layers
         return list(self.layer_types)
 
+    def softmax_layers(self) -> list:
+        """The indices of the softmax layers ("full_attention", "sliding_attention")."""
+        return [i for i, kind in enumerate(self.layer_kinds()) if kind != "linear_attention"]
+
     def layer_blocks(self, block) -> tuple:
         """Each layer's block config from the model's one checked `block` (momentum attention):
         `plugins.transformer.layer_configs`, so each other kind is checked once and shared by its

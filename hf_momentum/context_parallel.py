@@ -47,8 +47,7 @@ def enable_context_parallel(model: torch.nn.Module, group: Optional[dist.Process
     if not bases:
         raise ValueError(f"model: context parallelism supports the native momentum_transformer only, "
                          f"got {type(model).__name__} (no MomentumTransformerModel inside)")
-    softmax = sorted({i for base in bases for i, kind in enumerate(base.config.layer_types or ())
-                      if kind != "linear_attention"})
+    softmax = sorted({i for base in bases for i in base.config.softmax_layers()})
     if group is not None and softmax:
         raise ValueError(f"model: layer_types has softmax layers ({softmax}), which have no context "
                          "parallelism (each rank would attend to its own slice only); use a model whose "

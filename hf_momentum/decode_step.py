@@ -25,13 +25,11 @@ class ExportableDecodeStep(torch.nn.Module):
         if not (isinstance(cache_class, type) and issubclass(cache_class, RecurrentCache)):
             raise ValueError(f"model: ExportableDecodeStep takes MomentumTransformerForCausalLM or "
                              f"MomentumLSTMForCausalLM, got {type(model).__name__}")
-        softmax = [i for i, kind in enumerate(getattr(model.config, "layer_types", None) or ())
-                   if kind != "linear_attention"]
-        if softmax:
-            raise ValueError(f"model: layer_types has softmax layers ({softmax}), whose keys and values grow "
-                             "with the context: a fixed-shape step cannot hold them")
-        self.model = model
         probe = cache_class(model.config)
+        if probe.key_value_layers:
+            raise ValueError(f"model: layer_types has softmax layers ({list(probe.key_value_layers)}), whose "
+                             "keys and values grow with the context: a fixed-shape step cannot hold them")
+        self.model = model
         self.layers, self.per_layer = len(probe.layers), probe.num_states
 
     def forward(self, input_ids: torch.Tensor, row_tokens: torch.Tensor, *states: torch.Tensor):
@@ -40,19 +38,23 @@ class ExportableDecodeStep(torch.nn.Module):
             cache.set_states(layer, states[layer * self.per_layer:(layer + 1) * self.per_layer])
         cache.row_tokens = row_tokens.clone()
         out = self.model(input_ids=input_ids, past_key_values=cache, use_cache=True)
-        return (out.logits[:, -1], cache.row_tokens) + self.states_of(cache)[1:]
+        return (out.logits[:, -1], *self._flat(cache))
 
     def states_of(self, cache: RecurrentCache) -> Tuple[torch.Tensor, ...]:
-        """(row_tokens, *states) of a cache the model filled (an eager prefill), as copies. A
-        cache that counts no rows (the LSTM's: it has no positions) gives its token count."""
+        """(row_tokens, *states) of a cache the model filled (an eager prefill), as copies."""
         if cache.get_states(0) is None:
             raise ValueError("cache: it holds no tokens yet (run the prompt through the model with it first)")
+        return tuple(t.clone() for t in self._flat(cache))
+
+    def _flat(self, cache: RecurrentCache) -> Tuple[torch.Tensor, ...]:
+        """(row_tokens, *states) as the cache holds them. A cache that counts no rows (the LSTM's:
+        it has no positions) gives its token count."""
         states = [t for layer in range(self.layers) for t in cache.get_states(layer)]
         rows = cache.row_tokens
         if rows is None:
             rows = torch.full(states[0].shape[:1], cache.seen_tokens, dtype=torch.long,
                               device=states[0].device)
-        return tuple(t.clone() for t in (rows, *states))
+        return (rows, *states)
 
     @torch.no_grad()
     def initial_states(self, batch: int) -> Tuple[torch.Tensor, ...]:

@@ -66,9 +66,7 @@ class MomentumCache(RecurrentCache):
     attention mask over the cached ones."""
 
     def __init__(self, config: MomentumTransformerConfig):
-        softmax = [i for i, kind in enumerate(getattr(config, "layer_types", None) or ())
-                   if kind != "linear_attention"]
-        super().__init__(config.num_hidden_layers, 3, key_value_layers=softmax)
+        super().__init__(config.num_hidden_layers, 3, key_value_layers=config.softmax_layers())
 
     def get_attention_state(self, layer_idx: int):
         if layer_idx in self.key_value_layers:
