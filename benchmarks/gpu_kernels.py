@@ -25,15 +25,9 @@ SHAPES = [(16, 16, 64, 1024), (4, 16, 64, 4096), (1, 16, 64, 16384), (1, 8, 64, 
 
 @contextlib.contextmanager
 def forced_split():
-    """Split the state scans whatever the launcher would choose: rows·G ≥ 2 programs per SM."""
+    """Split the state scans whatever the launcher would choose (split.even_splits)."""
     from plugins.attention.triton import chunk, split
-    chosen = chunk.scan_splits
-
-    def splits(rows, chunks, device):
-        wanted = -(-split.PROGRAMS_PER_SM * split.sm_count(device) // max(rows, 1))
-        cps = max(1, chunks // max(wanted, 1))
-        return -(-chunks // cps), cps
-    chunk.scan_splits = splits
+    chosen, chunk.scan_splits = chunk.scan_splits, split.even_splits
     try:
         yield
     finally:

@@ -5,8 +5,9 @@ autotuner's key, the binder and the cache lookup.
 
 Why: on an H200 (docs/benchmarks.md, 2026-11-27) a momentum-attention forward+backward kept the
 GPU busy 0.76 of 2.34 ms at B16-H16-T1k: the rest is the host's. An autotuned launch through
-Triton's launcher took the 2-core CPU machine 110-145 µs (benchmarks/triton_host_overhead.py),
-more than most of these kernels take on the device.
+Triton's launcher took the 2-core CPU machine 110-145 µs (a timer around each launch of a
+forward+backward on the stand-in driver of tests/triton_standin.py), more than most of these
+kernels take on the device.
 
 The cache key is finer than what Triton specialises on, so a hit never reuses a kernel compiled
 for other arguments: per argument, a tensor's dtype and whether its address is 16-byte aligned,

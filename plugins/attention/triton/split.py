@@ -36,9 +36,16 @@ def sm_count(device: torch.device) -> int:
 def scan_splits(rows: int, chunks: int, device: torch.device) -> tuple[int, int]:
     """(G, CPS): splits per row and chunks per split. Few long rows (under one per FEW_ROWS SMs,
     over LONG_ROW chunks) are split so that rows·G ≥ 2 programs per SM; otherwise (1, chunks)."""
-    sms = sm_count(device)
-    wanted = cdiv(PROGRAMS_PER_SM * sms, max(rows, 1))
-    if rows * FEW_ROWS >= sms or chunks < LONG_ROW or wanted <= 1:
+    if rows * FEW_ROWS >= sm_count(device) or chunks < LONG_ROW:
+        return 1, max(chunks, 1)
+    return even_splits(rows, chunks, device)
+
+
+def even_splits(rows: int, chunks: int, device: torch.device) -> tuple[int, int]:
+    """(G, CPS) with rows·G ≥ PROGRAMS_PER_SM programs per SM, whatever the rows' number and
+    length ((1, chunks) where the rows alone are enough)."""
+    wanted = cdiv(PROGRAMS_PER_SM * sm_count(device), max(rows, 1))
+    if wanted <= 1:
         return 1, max(chunks, 1)
     cps = max(1, chunks // wanted)
     return cdiv(chunks, cps), cps
