@@ -66,7 +66,9 @@ class MomentumCache(RecurrentCache):
     attention mask over the cached ones."""
 
     def __init__(self, config: MomentumTransformerConfig):
-        super().__init__(config.num_hidden_layers, 3, key_value_layers=config.softmax_layers())
+        # another family's config (refused later, naming the cache) has no softmax layers
+        softmax = config.softmax_layers() if hasattr(config, "softmax_layers") else ()
+        super().__init__(config.num_hidden_layers, 3, key_value_layers=softmax)
 
     def get_attention_state(self, layer_idx: int):
         if layer_idx in self.key_value_layers:
