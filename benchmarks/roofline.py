@@ -145,28 +145,28 @@ KERNEL_TRAFFIC = {
               ("h_s?STORE_H", "h_m?STORE_H", "h_z?STORE_H", "s_out", "m_out", "z_out")),
     "merge_splits": (("s_loc", "m_loc", "z_loc", "s_init?USE_INIT", "m_init?USE_INIT", "z_init?USE_INIT"),
                      ("s_seg", "m_seg", "z_seg", "s_fin", "m_fin", "z_fin")),
-    "fwd_o": (("q", "k", "v", "h_s", "h_m", "h_z"), ("o", "den")),
-    "bwd_prep": (("o", "do", "den"), ("dden",)),
-    "bwd_dh": (("q", "do", "den", "dden", "ds_fin?HAS_FINAL_GRAD", "dm_fin?HAS_FINAL_GRAD",
+    "fwd_o": (("q", "k", "v", "h_s", "h_m", "h_z", "e_s?SPLIT", "e_m?SPLIT", "e_z?SPLIT"), ("o", "den")),
+    "bwd_dh": (("q", "o", "do", "den", "ds_fin?HAS_FINAL_GRAD", "dm_fin?HAS_FINAL_GRAD",
                 "dz_fin?HAS_FINAL_GRAD"),
-               ("dh_s?STORE_H", "dh_m?STORE_H", "dh_z?STORE_H", "ds0", "dm0", "dz0")),
-    "bwd_dv": (("q", "k", "do", "den", "dh_s", "dh_m"), ("dv",)),
-    "bwd_dqk": (("q", "k", "v", "do", "den", "dden", "h_s", "h_m", "h_z", "dh_s", "dh_m", "dh_z"),
-                ("dq", "dk")),
+               ("dden", "dh_s?STORE_H", "dh_m?STORE_H", "dh_z?STORE_H", "ds0", "dm0", "dz0")),
+    "bwd_dv": (("q", "k", "do", "den", "dh_s", "dh_m", "de_s?SPLIT", "de_m?SPLIT"), ("dv",)),
+    "bwd_dqk": (("q", "k", "v", "do", "den", "dden", "h_s", "h_m", "h_z", "dh_s", "dh_m", "dh_z", "e_s?SPLIT",
+                 "e_m?SPLIT", "e_z?SPLIT", "de_s?SPLIT", "de_m?SPLIT", "de_z?SPLIT"), ("dq", "dk")),
 }
 
 
 def launch_bytes(kernel: str, args: dict, constants: dict) -> int:
     """Bytes one launch of a Triton attention kernel reads and writes, from its arguments (by
-    name) and constants. h_m / dh_m stand for h_s / dh_s without momentum (one buffer): not
-    counted twice."""
+    name) and constants. Without momentum the kernels read no M' (h_m / dh_m are h_s / dh_s, one
+    buffer; e_m / de_m are not read): not counted. The splits' edge states (e_*, de_*) are counted
+    once per launch like every tensor, though each program of a split reads them (from L2)."""
     reads, writes = KERNEL_TRAFFIC[kernel]
     seen, total = set(), 0
     for entry in reads + writes:
         name, _, flag = entry.partition("?")
         if flag and not constants.get(flag):
             continue
-        if name.endswith("_m") and name.startswith(("h", "dh")) and not constants.get("MOMENTUM"):
+        if name.endswith("_m") and name.startswith(("h", "dh", "e", "de")) and not constants.get("MOMENTUM"):
             continue
         tensor = args[name]
         key = (id(tensor), entry in writes)

@@ -115,7 +115,8 @@ def test_padding_and_states_match_torch_path():
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_split_scans_keep_long_packed_segments_separate(dtype, monkeypatch):
     """One packed row of segments of 5000, 0, 6001 and 129 tokens, H 2, the state scans forced into
-    splits of 8 chunks (22 per row; the launcher splits only longer rows, split.scan_splits), each
+    splits of 8 chunks (22 per row, partial splits at the segments' ends; split.scan_splits picks
+    other counts), each
     segment from its own initial state: outputs, final states and gradients as each segment run
     alone through the PyTorch path in float64."""
     from plugins.attention.triton import chunk

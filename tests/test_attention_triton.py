@@ -564,15 +564,15 @@ for dtype, momentum, ieee, varlen in (("bf16", True, False, False), ("bf16", Fal
     flags = {"LOW": dtype == "bf16", "IEEE": ieee}
     meta = dict(DK=DK, DV=DV, BT=BT, MOMENTUM=momentum, HAS_LEN=not varlen, IS_VARLEN=varlen, **flags)
     for kernel, prune, extra in ((K.fwd_h, prune_scan, {"USE_INIT": True, "STORE_H": True}),
-                                 (K.fwd_o, prune_chunk, {}),
+                                 (K.fwd_o, prune_chunk, {"SPLIT": True}),
                                  (K.bwd_dh, prune_scan, {"HAS_FINAL_GRAD": True, "STORE_H": True}),
-                                 (K.bwd_dv, prune_chunk, {}), (K.bwd_dqk, prune_chunk, {})):
+                                 (K.bwd_dv, prune_chunk, {"SPLIT": True}),
+                                 (K.bwd_dqk, prune_chunk, {"SPLIT": True})):
         first = {"q": torch.empty(0, dtype=TORCH_DTYPES[dtype])}     # the pruning reads its dtype
         config = prune(tuning_configs(), first, **meta)[-1]
         start = time.time()
         compile_for_sm90(kernel, dtype, {**meta, **extra, **config.kwargs}, config.num_warps)
         print(dtype, momentum, ieee, varlen, kernel.fn.__name__, config, f"{time.time() - start:.1f}s")
-compile_for_sm90(K.bwd_prep, "bf16", dict(DV=DV, BT=BT, BDV=32, HAS_LEN=True))
 for reverse in (False, True):
     merge_meta = dict(DK=DK, DV=DV, BT=BT, BK=32, BV=32, MOMENTUM=True, HAS_LEN=True, IS_VARLEN=False)
     compile_for_sm90(S.merge_splits, "bf16", dict(**merge_meta, USE_INIT=True, REVERSE=reverse))

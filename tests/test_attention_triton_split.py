@@ -25,7 +25,8 @@ pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reas
 H100_PROGRAMS = 2 * 132
 
 
-@pytest.mark.parametrize("B,H,T", [(1, 8, 32768), (1, 4, 65536), (1, 1, 32768)])
+@pytest.mark.parametrize("B,H,T", [(1, 8, 32768), (1, 4, 65536), (1, 1, 32768), (1, 16, 16384), (4, 16, 4096),
+                                   (1, 8, 4096)])
 def test_splits_give_every_h100_sm_two_programs(B, H, T):
     from plugins.attention.triton.split import scan_splits
     chunks = triton.cdiv(T, 64)
@@ -34,14 +35,15 @@ def test_splits_give_every_h100_sm_two_programs(B, H, T):
     assert (G - 1) * cps < chunks <= G * cps, "every split holds a chunk and every chunk is in one"
 
 
-def test_many_rows_or_short_rows_keep_one_pass():
-    """Splitting measured slower on an H200 at 256, 64 and 16 rows of 16, 64 and 256 chunks."""
+def test_a_row_per_sm_or_short_rows_keep_one_pass():
+    """From one row per SM on (132 on the CPU's stand-in H100), or under LONG_ROW = 32 chunks."""
     from plugins.attention.triton.split import scan_splits
     cpu = torch.device("cpu")
     assert scan_splits(H100_PROGRAMS, 512, cpu) == (1, 512)
     assert scan_splits(8, 1, cpu) == (1, 1)
-    for rows, chunks in ((256, 16), (64, 64), (16, 256), (17, 4096), (8, 511)):
+    for rows, chunks in ((256, 16), (132, 4096), (131, 31), (1, 31)):
         assert scan_splits(rows, chunks, cpu) == (1, chunks), (rows, chunks)
+    assert scan_splits(131, 32, cpu)[0] > 1
 
 
 def force_splits(monkeypatch, cps):

@@ -26,7 +26,7 @@ def record_launches(monkeypatch, B, H, T, D=64, dtype=torch.bfloat16, arguments=
     arguments by name are appended to `arguments` if given."""
     from plugins.attention.triton import chunk, split
     launches, arguments = [], [] if arguments is None else arguments
-    for name in ("fwd_h", "fwd_o", "bwd_prep", "bwd_dh", "bwd_dv", "bwd_dqk"):
+    for name in ("fwd_h", "fwd_o", "bwd_dh", "bwd_dv", "bwd_dqk"):
         monkeypatch.setattr(chunk.K, name, Recorder(name, getattr(chunk.K, name), launches, arguments))
     merge = Recorder("merge_splits", split.merge_splits, launches, arguments)
     monkeypatch.setattr(split, "merge_splits", merge)
@@ -37,3 +37,18 @@ def record_launches(monkeypatch, B, H, T, D=64, dtype=torch.bfloat16, arguments=
     chunk.chunk_backward(q, k, v, out, den, do, None, None, None, None, None, None, None, None,
                          0.9, 1.0, 1e-6, 64)
     return launches, forward, q
+
+
+def programs(name, grid, constants, first, monkeypatch):
+    """The fewest programs the launch can have: over the configs the GPU's pruner keeps."""
+    from plugins.attention.triton import utils
+    if not callable(grid):
+        return grid[0] * grid[1] * (grid[2] if len(grid) > 2 else 1)
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)       # the GPU's config list
+    prune = utils.prune_scan if name in ("fwd_h", "bwd_dh") else utils.prune_chunk
+    counts = []
+    for config in prune(utils.tuning_configs(), {"q": first}, **constants):
+        size = grid(config.kwargs)
+        counts.append(size[0] * size[1] * (size[2] if len(size) > 2 else 1))
+    assert counts, f"the pruner keeps no config of {name}"
+    return min(counts)

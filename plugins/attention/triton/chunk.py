@@ -11,12 +11,15 @@ Packed sequences (`cu_seqlens`, one row): the scans get one program per (segment
 per-chunk kernels one per chunk of any segment, through the tables of `varlen_tables`; the
 kernels read the packed row in place (no copy into a padded batch, no loop over segments).
 
-Where the rows (batch·heads, or segments·heads) are too few to give every SM two programs, the
-state scans run in splits of the sequence and chain them (`split`): two scans of the splits and a
-short merge instead of one long scan per row."""
+Where the rows (batch·heads, or segments·heads) are fewer than the SMs, the state scans run in
+splits of the sequence (`split`): each split scanned from zero, a short merge of the splits' edge
+states, and the per-chunk kernels (SPLIT) add each chunk's share of its split's edge state where
+they read the per-chunk states, so the scan runs once either way."""
+from typing import NamedTuple, Optional
+
 import torch
 
-from ...triton_launch import DirectKernels, cdiv, next_power_of_2
+from ...triton_launch import DirectKernels, cdiv
 from . import chunk_kernels
 from .split import merge, scan_splits
 from .utils import (
@@ -115,8 +118,10 @@ def varlen_tables(cu_seqlens, N: int, BT: int):
 
 
 def states_entering_chunks(fk, v, s0, z0, m0, layout, coef, meta):
-    """S, M' (in `chunk_state_dtype`) and Z (fp32/fp64) entering each chunk and the final state
-    (s, z, m with m = −M', fp32/fp64; batch B, or n segments)."""
+    """S, M' (in `chunk_state_dtype`) and Z (fp32/fp64) entering each chunk, the final state
+    (s, z, m with m = −M', fp32/fp64; batch B, or n segments), and `edges`: None, or where the
+    scan ran in G splits, the per-chunk states from each split's start and edges = (s, m, z) of
+    the states entering the splits (rows·G), which the per-chunk kernels add (SPLIT)."""
     B, H, N, DK, DV, NT, S = layout.B, layout.H, layout.N, layout.DK, layout.DV, layout.NT, layout.S
     acc = coef.dtype
     h_s = fk.new_empty(B * H, NT, DK, DV, dtype=chunk_state_dtype(fk.dtype))
@@ -132,16 +137,29 @@ def states_entering_chunks(fk, v, s0, z0, m0, layout, coef, meta):
         K.fwd_h[layout.scan_grid()](fk, v, h_s, h_m, h_z, s0 if use_init else s, m0 if use_init else m,
                                     z0 if use_init else z, s, m, z, *tables, coef,
                                     N, H, NT, CPS, 1, USE_INIT=use_init, STORE_H=True, **meta)
-        return h_s, h_m, h_z, s, z, m
+        return h_s, h_m, h_z, s, z, m, None
     local = layout.split_states(coef, G)
     K.fwd_h[layout.scan_grid(G)](fk, v, h_s, h_m, h_z, *local, *local, *tables, coef,
-                                 N, H, NT, CPS, G, USE_INIT=False, STORE_H=False, **meta)
-    entering = layout.split_states(coef, G)
-    merge(local, (s0, m0, z0) if use_init else None, entering, (s, m, z), layout, G, CPS, coef, meta,
+                                 N, H, NT, CPS, G, USE_INIT=False, STORE_H=True, **meta)
+    edges = layout.split_states(coef, G)
+    merge(local, (s0, m0, z0) if use_init else None, edges, (s, m, z), layout, G, CPS, coef, meta,
           reverse=False)
-    K.fwd_h[layout.scan_grid(G)](fk, v, h_s, h_m, h_z, *entering, *local, *tables, coef,
-                                 N, H, NT, CPS, G, USE_INIT=True, STORE_H=True, **meta)
-    return h_s, h_m, h_z, s, z, m
+    return h_s, h_m, h_z, s, z, m, SplitEdges(edges, CPS, G)
+
+
+class SplitEdges(NamedTuple):
+    """The merged states (s, m, z) at the edges of G splits of CPS chunks (rows·G of them)."""
+    states: tuple
+    cps: int
+    g: int
+
+
+def split_args(edges: Optional[SplitEdges], dummy: tuple, NT: int) -> tuple:
+    """The per-chunk kernels' (e_s, e_m, e_z), (CPS, G) and SPLIT flag; without splits `dummy`
+    (accumulator-dtype tensors the kernels do not read) and one split of all NT chunks."""
+    if edges is None:
+        return dummy, (NT, 1), False
+    return edges.states, (edges.cps, edges.g), True
 
 
 def chunk_forward(fq, fk, v, s0, z0, m0, lengths, cu_seqlens, momentum: float, step_size: float,
@@ -158,11 +176,12 @@ def _chunk_forward(fq, fk, v, s0, z0, m0, lengths, cu_seqlens, momentum, step_si
     check_grid(max(B, layout.S) * H, NT)
     coef = coefficients(momentum, step_size, eps, accumulator_dtype(fq.dtype), fq.device)
     meta = layout.meta(fq.dtype, momentum)
-    h_s, h_m, h_z, s, z, m = states_entering_chunks(fk, v, s0, z0, m0, layout, coef, meta)
+    h_s, h_m, h_z, s, z, m, edges = states_entering_chunks(fk, v, s0, z0, m0, layout, coef, meta)
     out = torch.empty_like(v)
     den = fq.new_empty(B, H, N, dtype=coef.dtype)
-    K.fwd_o[layout.chunk_grid("BV", DV)](fq, fk, v, h_s, h_m, h_z, out, den, *layout.chunk_tables(den), coef,
-                                         N, H, NT, **meta)
+    e, splits, split = split_args(edges, (s, m, z), layout.NT)
+    K.fwd_o[layout.chunk_grid("BV", DV)](fq, fk, v, h_s, h_m, h_z, *e, out, den, *layout.chunk_tables(den),
+                                         coef, N, H, NT, *splits, SPLIT=split, **meta)
     return out, den, s, z, m
 
 
@@ -178,18 +197,12 @@ def chunk_backward(fq, fk, v, out, den, do, s0, z0, m0, ds, dz, dm, lengths, cu_
 def _chunk_backward(fq, fk, v, out, den, do, s0, z0, m0, ds, dz, dm, lengths, cu_seqlens, momentum,
                     step_size, eps, chunk):
     layout = _Layout(fq, v, chunk, lengths, cu_seqlens)
-    B, H, N, DK, DV, BT, NT, S = (layout.B, layout.H, layout.N, layout.DK, layout.DV, layout.BT, layout.NT,
-                                  layout.S)
+    H, N, DK, DV, NT, S = layout.H, layout.N, layout.DK, layout.DV, layout.NT, layout.S
     coef = coefficients(momentum, step_size, eps, accumulator_dtype(fq.dtype), fq.device)
     meta = layout.meta(fq.dtype, momentum)
-    h_s, h_m, h_z, _s, _z, _m = states_entering_chunks(fk, v, s0, z0, m0, layout, coef, meta)
+    h_s, h_m, h_z, _s, _z, _m, edges = states_entering_chunks(fk, v, s0, z0, m0, layout, coef, meta)
 
-    # per position: a packed row is one row of real tokens (B = 1, no lengths)
-    dden = torch.empty_like(den)
-    K.bwd_prep[(cdiv(N, BT), B * H)](out, do, den, dden, lengths if lengths is not None else den, N, H,
-                                            DV=DV, BT=BT, BDV=next_power_of_2(DV),
-                                            HAS_LEN=lengths is not None)
-
+    dden = torch.empty_like(den)           # written by bwd_dh at the real positions, read there only
     acc = coef.dtype
     has_final = ds is not None
     dh_s = torch.empty_like(h_s)
@@ -198,28 +211,31 @@ def _chunk_backward(fq, fk, v, out, den, do, s0, z0, m0, ds, dz, dm, lengths, cu
     ds0 = fq.new_empty(S, H, DK, DV, dtype=acc)
     dm0 = fq.new_empty(S, H, DK, DV, dtype=acc)
     dz0 = fq.new_empty(S, H, DK, dtype=acc)
-    G, CPS = layout.splits(fq.device)
     tables = layout.scan_tables(den)
-    if G == 1:
-        K.bwd_dh[layout.scan_grid()](fq, do, den, dden, dh_s, dh_m, dh_z, ds if has_final else ds0,
+    back_edges = None
+    if edges is None:
+        K.bwd_dh[layout.scan_grid()](fq, out, do, den, dden, dh_s, dh_m, dh_z, ds if has_final else ds0,
                                      dm if has_final else dm0, dz if has_final else dz0, ds0, dm0, dz0,
-                                     *tables, coef, N, H, NT, CPS, 1, HAS_FINAL_GRAD=has_final, STORE_H=True,
+                                     *tables, coef, N, H, NT, NT, 1, HAS_FINAL_GRAD=has_final, STORE_H=True,
                                      **meta)
     else:
+        G, CPS = edges.g, edges.cps
         local = layout.split_states(coef, G)
-        K.bwd_dh[layout.scan_grid(G)](fq, do, den, dden, dh_s, dh_m, dh_z, *local, *local, *tables, coef,
-                                      N, H, NT, CPS, G, HAS_FINAL_GRAD=False, STORE_H=False, **meta)
+        K.bwd_dh[layout.scan_grid(G)](fq, out, do, den, dden, dh_s, dh_m, dh_z, *local, *local, *tables, coef,
+                                      N, H, NT, CPS, G, HAS_FINAL_GRAD=False, STORE_H=True, **meta)
         leaving = layout.split_states(coef, G)
         final = (ds, dm, dz) if has_final else None
         merge(local, final, leaving, (ds0, dm0, dz0), layout, G, CPS, coef, meta, reverse=True)
-        K.bwd_dh[layout.scan_grid(G)](fq, do, den, dden, dh_s, dh_m, dh_z, *leaving, *local, *tables, coef,
-                                      N, H, NT, CPS, G, HAS_FINAL_GRAD=True, STORE_H=True, **meta)
+        back_edges = SplitEdges(leaving, CPS, G)
 
+    e, splits, split = split_args(edges, (ds0, dm0, dz0), NT)
+    de, _, _ = split_args(back_edges, (ds0, dm0, dz0), NT)
     dv = torch.empty_like(v)
-    K.bwd_dv[layout.chunk_grid("BV", DV)](fq, fk, do, den, dh_s, dh_m, dv, *layout.chunk_tables(den), coef,
-                                          N, H, NT, **meta)
+    K.bwd_dv[layout.chunk_grid("BV", DV)](fq, fk, do, den, dh_s, dh_m, *de[:2], dv, *layout.chunk_tables(den),
+                                          coef, N, H, NT, *splits, SPLIT=split, **meta)
     dq = torch.empty_like(fq)
     dk = torch.empty_like(fk)
-    K.bwd_dqk[layout.chunk_grid("BK", DK)](fq, fk, v, do, den, dden, h_s, h_m, h_z, dh_s, dh_m, dh_z,
-                                           dq, dk, *layout.chunk_tables(den), coef, N, H, NT, **meta)
+    K.bwd_dqk[layout.chunk_grid("BK", DK)](fq, fk, v, do, den, dden, h_s, h_m, h_z, *e, dh_s, dh_m, dh_z, *de,
+                                           dq, dk, *layout.chunk_tables(den), coef, N, H, NT, *splits,
+                                           SPLIT=split, **meta)
     return dq, dk, dv, ds0, dz0, dm0

@@ -8,8 +8,10 @@ and over a chunk of Lc real tokens the carried states move as
   Z ← Z + Σ_j φ(k_j).
 Kernels (after flash-linear-attention's chunk_h / chunk_o split): `fwd_h` scans the states across
 chunks and stores the ones entering each chunk; `fwd_o` computes every chunk's outputs in
-parallel; `bwd_dh` scans the state gradients backwards; `bwd_dv` / `bwd_dqk` give the input
-gradients per chunk. Chunks past a row's length do no work; positions past it are masked loads.
+parallel; `bwd_dh` scans the state gradients backwards (and gives the denominators' gradients on
+the way); `bwd_dv` / `bwd_dqk` give the input gradients per chunk. Scanned in splits
+(triton/split.py), the stored states start from each split's edge, and the per-chunk kernels add
+the merged edge state (SPLIT). Chunks past a row's length do no work; positions past it are masked loads.
 With MOMENTUM = False (β = 0) only S is carried.
 
 Packed sequences (IS_VARLEN, after fla's varlen kernels): one row (B = 1) holding n segments,
@@ -134,6 +136,58 @@ def _intra_weights(rows, log_beta, inv, gamma, beta, MOMENTUM: tl.constexpr):
     return W, carry, causal
 
 
+@triton.jit
+def _split_of(i_t, i_c, i_bh, H, chunk_indices, CPS, G, IS_VARLEN: tl.constexpr):
+    """(index of the merged state of the split holding chunk i_c, that split) for a per-chunk
+    program: the scans' row (batch·head, or segment·head when packed) times G plus the split."""
+    if IS_VARLEN:
+        row = tl.maximum(tl.load(chunk_indices + 2 * i_t), 0) * H + i_bh
+    else:
+        row = i_bh
+    g = i_c // CPS
+    return (row * G + g).to(tl.int64), g
+
+
+@triton.jit
+def _carried(ell, log_beta, inv, gamma, beta, MOMENTUM: tl.constexpr):
+    """carry(ℓ) = γβ(1 − β^ℓ)/(1 − β) and β^ℓ: how a split's state moves over ℓ of its tokens
+    that add nothing (Momentum Transformer, eq. 12 composed, as split.merge_splits does)."""
+    ACC: tl.constexpr = log_beta.dtype
+    if MOMENTUM:
+        return gamma * beta * geometric(ell.to(ACC), log_beta, inv), tl.exp(ell.to(ACC) * log_beta)
+    else:
+        return gamma * 0.0, gamma * 0.0
+
+
+@triton.jit
+def _after_chunk(L, i_c, g, CPS, BT: tl.constexpr):
+    """Real tokens after chunk i_c in its split g (of CPS chunks, in a row or segment of L)."""
+    return tl.maximum(tl.minimum(L, (g + 1) * CPS * BT) - (i_c + 1) * BT, 0)
+
+
+@triton.jit
+def _with_split(ls, lm, e_s, e_m, at, mask, carry, decay, MOMENTUM: tl.constexpr, REVERSE: tl.constexpr):
+    """A per-chunk state tile scanned from its split's edge (ls = S, lm = M'; lm is ignored without
+    momentum), completed with the merged state at that edge (e_s, e_m = −M', the public sign)
+    carried over the ℓ tokens between (carry = carry(ℓ), decay = β^ℓ: `_carried`), eq. 12 composed:
+      forward (the state entering a chunk, from the one entering its split)
+        S = ls + S_e + carry·M'_e,   M' = lm + β^ℓ·M'_e;
+      REVERSE (the gradient leaving a chunk, from the one leaving its split)
+        dS = ls + dS_e,   dM' = lm + β^ℓ·dM'_e + carry·dS_e."""
+    ACC: tl.constexpr = carry.dtype
+    es = tl.load(e_s + at, mask=mask, other=0.0).to(ACC)
+    S = ls.to(ACC) + es
+    M = lm.to(ACC)
+    if MOMENTUM:
+        em = -tl.load(e_m + at, mask=mask, other=0.0).to(ACC)
+        M += decay * em
+        if REVERSE:
+            M += carry * es
+        else:
+            S += carry * em
+    return S, M
+
+
 @autotuned(prune_scan)
 @triton.jit(do_not_specialize=UNSPECIALISED)
 def fwd_h(k, v, h_s, h_m, h_z, s0, m0, z0, s_out, m_out, z_out, lengths, cu_seqlens, chunk_offsets, coef,
@@ -214,15 +268,16 @@ def fwd_h(k, v, h_s, h_m, h_z, s0, m0, z0, s_out, m_out, z_out, lengths, cu_seql
 
 @autotuned(prune_chunk)
 @triton.jit(do_not_specialize=UNSPECIALISED)
-def fwd_o(q, k, v, h_s, h_m, h_z, o, den, lengths, cu_seqlens, chunk_indices, coef,
-          N, H, NT, N_BUCKET, BH_BUCKET,
+def fwd_o(q, k, v, h_s, h_m, h_z, e_s, e_m, e_z, o, den, lengths, cu_seqlens, chunk_indices, coef,
+          N, H, NT, CPS, G, N_BUCKET, BH_BUCKET,
           DK: tl.constexpr, DV: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-          MOMENTUM: tl.constexpr, HAS_LEN: tl.constexpr, IS_VARLEN: tl.constexpr,
+          MOMENTUM: tl.constexpr, HAS_LEN: tl.constexpr, IS_VARLEN: tl.constexpr, SPLIT: tl.constexpr,
           LOW: tl.constexpr, IEEE: tl.constexpr):
     """Grid (cdiv(DV, BV), NT, B·H): outputs of one chunk (NT of all segments' chunks when
     packed); den (B·H, N) = φ(q)ᵀz + eps for the backward (1 at padded positions). A key that
     is not finite is cut out of the chunk's matmuls with `where`, so the outputs before it stay
-    exact; outputs from it on are not finite."""
+    exact; outputs from it on are not finite. SPLIT: h_s/h_m/h_z were scanned from the start of
+    each split of CPS chunks, and e_s/e_m/e_z (rows·G) hold the merged states entering the splits."""
     i_v = tl.program_id(0)
     i_t = tl.program_id(1)
     i_bh = tl.program_id(2)
@@ -252,6 +307,9 @@ def fwd_o(q, k, v, h_s, h_m, h_z, o, den, lengths, cu_seqlens, chunk_indices, co
     else:
         real = t < L
         chunk = i_t
+        if SPLIT:
+            e_row, g = _split_of(i_t, i_c, i_bh, H, chunk_indices, CPS, G, IS_VARLEN)
+            carry_e, decay_e = _carried((i_c - g * CPS) * BT, log_beta, inv, gamma, beta, MOMENTUM)
         A = tl.zeros([BT, BT], dtype=ACC)
         o_s = tl.zeros([BT, BV], dtype=ACC)
         o_m = tl.zeros([BT, BV], dtype=ACC)
@@ -265,12 +323,20 @@ def fwd_o(q, k, v, h_s, h_m, h_z, o, den, lengths, cu_seqlens, chunk_indices, co
             kk = tl.load(k + t[:, None] * DK + o_k[None, :], mask=row_mask, other=0.0)
             bad = tl.maximum(bad, tl.max(tl.where(finite(kk), 0, 1), axis=1))
             A += raw_dot(qq, tl.trans(kk), IEEE)
-            state_off = chunk * DK * DV + o_k[:, None] * DV + o_v[None, :]
+            tile = o_k[:, None] * DV + o_v[None, :]
             state_mask = mk[:, None] & mv[None, :]
-            o_s += mixed_dot(qq, tl.load(h_s + state_off, mask=state_mask, other=0.0), LOW, IEEE)
+            hs = tl.load(h_s + chunk * DK * DV + tile, mask=state_mask, other=0.0)
+            hm = hs
             if MOMENTUM:
-                o_m += mixed_dot(qq, tl.load(h_m + state_off, mask=state_mask, other=0.0), LOW, IEEE)
+                hm = tl.load(h_m + chunk * DK * DV + tile, mask=state_mask, other=0.0)
             zz = tl.load(h_z + chunk * DK + o_k, mask=mk, other=0.0)
+            if SPLIT:
+                hs, hm = _with_split(hs, hm, e_s, e_m, e_row * DK * DV + tile, state_mask, carry_e, decay_e,
+                                     MOMENTUM, False)
+                zz += tl.load(e_z + e_row * DK + o_k, mask=mk, other=0.0)
+            o_s += mixed_dot(qq, hs, LOW, IEEE)
+            if MOMENTUM:
+                o_m += mixed_dot(qq, hm, LOW, IEEE)
             qz += tl.sum(qq.to(ACC) * zz[None, :], axis=1)
         vv = tl.load(v + t[:, None] * DV + o_v[None, :], mask=real[:, None] & mv[None, :],
                      other=0.0)
@@ -292,32 +358,23 @@ def fwd_o(q, k, v, h_s, h_m, h_z, o, den, lengths, cu_seqlens, chunk_indices, co
             tl.store(den + t, tl.where(real, dn, 1.0), mask=t < end)
 
 
-@triton.jit(do_not_specialize=["N"])
-def bwd_prep(o, do, den, dden, lengths, N, H,
-             DV: tl.constexpr, BT: tl.constexpr, BDV: tl.constexpr, HAS_LEN: tl.constexpr):
-    """Grid (NT, B·H): dden = −(dO·out)/den, the gradient of each output's denominator."""
-    i_t = tl.program_id(0)
-    i_bh = tl.program_id(1)
-    L = _row_length(lengths, i_bh // H, N, HAS_LEN)
-    bh = i_bh.to(tl.int64)  # whole-tensor offsets in int64; offsets within a row stay int32
-    o += bh * N * DV
-    do += bh * N * DV
-    den += bh * N
-    dden += bh * N
-    t = i_t * BT + tl.arange(0, BT)
-    o_v = tl.arange(0, BDV)
-    real = t < L
-    mask = real[:, None] & (o_v < DV)[None, :]
-    ACC: tl.constexpr = den.dtype.element_ty
-    oo = tl.load(o + t[:, None] * DV + o_v[None, :], mask=mask, other=0.0).to(ACC)
-    dd = tl.load(do + t[:, None] * DV + o_v[None, :], mask=mask, other=0.0).to(ACC)
-    dn = tl.load(den + t, mask=real, other=1.0)
-    tl.store(dden + t, tl.where(real, -tl.sum(oo * dd, axis=1) / dn, 0.0), mask=t < N)
+@triton.jit
+def _denominator_grad(o, do, t, real, dn, DV: tl.constexpr, BT: tl.constexpr, BV: tl.constexpr):
+    """dden = −(dO·out)/den at positions t of a chunk (0 where not real), over DV in BV tiles."""
+    ACC: tl.constexpr = dn.dtype
+    dot = tl.zeros([BT], dtype=ACC)
+    for j in range(tl.cdiv(DV, BV)):
+        o_j = j * BV + tl.arange(0, BV)
+        mask = real[:, None] & (o_j < DV)[None, :]
+        oo = tl.load(o + t[:, None] * DV + o_j[None, :], mask=mask, other=0.0).to(ACC)
+        dd = tl.load(do + t[:, None] * DV + o_j[None, :], mask=mask, other=0.0).to(ACC)
+        dot += tl.sum(oo * dd, axis=1)
+    return -dot / dn
 
 
 @autotuned(prune_scan)
 @triton.jit(do_not_specialize=UNSPECIALISED)
-def bwd_dh(q, do, den, dden, dh_s, dh_m, dh_z, ds_fin, dm_fin, dz_fin, ds0, dm0, dz0, lengths, cu_seqlens,
+def bwd_dh(q, o, do, den, dden, dh_s, dh_m, dh_z, ds_fin, dm_fin, dz_fin, ds0, dm0, dz0, lengths, cu_seqlens,
            chunk_offsets, coef,
            N, H, NT, CPS, G, N_BUCKET, BH_BUCKET,
            DK: tl.constexpr, DV: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
@@ -328,7 +385,10 @@ def bwd_dh(q, do, den, dden, dh_s, dh_m, dh_z, ds_fin, dm_fin, dz_fin, ds0, dm0,
     states leaving each chunk (dS, dM' into dh_s, dh_m; dZ into dh_z, if STORE_H) and of the
     state entering the split:
       dS_in = dS_out + Qᵀ dNum,   dZ_in = dZ_out + Qᵀ dden,
-      dM'_in = β^Lc dM'_out + carry[Lc−1]·dS_out + Qᵀ diag(carry) dNum,   dNum = dO / den."""
+      dM'_in = β^Lc dM'_out + carry[Lc−1]·dS_out + Qᵀ diag(carry) dNum,   dNum = dO / den,
+    where dden = −(dO·out)/den, the gradient of each output's denominator, is computed here from
+    the whole rows of o and dO (no launch of its own) and stored by the first tile's programs
+    (real positions only: no kernel reads the others) for bwd_dqk."""
     i_kv = tl.program_id(0)
     i_bh = tl.program_id(1) // G
     i_g = tl.program_id(1) % G
@@ -339,6 +399,7 @@ def bwd_dh(q, do, den, dden, dh_s, dh_m, dh_z, ds_fin, dm_fin, dz_fin, ds0, dm0,
     bh = tl.program_id(1).to(tl.int64)  # whole-tensor offsets in int64; offsets within a row stay int32
     r = row.to(tl.int64)
     q += r * N * DK + bos * DK
+    o += r * N * DV + bos * DV
     do += r * N * DV + bos * DV
     den += r * N + bos
     dden += r * N + bos
@@ -387,7 +448,9 @@ def bwd_dh(q, do, den, dden, dh_s, dh_m, dh_z, ds_fin, dm_fin, dz_fin, ds0, dm0,
         dd = tl.load(do + t[:, None] * DV + o_v[None, :], mask=real[:, None] & mv[None, :],
                      other=0.0).to(ACC)
         dn = tl.load(den + t, mask=real, other=1.0)
-        ddn = tl.load(dden + t, mask=real, other=0.0)
+        ddn = _denominator_grad(o, do, t, real, dn, DV, BT, BV)
+        if i_kv == 0:
+            tl.store(dden + t, ddn, mask=real)
         dnum = dd / dn[:, None]
         qt = tl.trans(qq.to(ACC))
         if MOMENTUM:
@@ -404,12 +467,14 @@ def bwd_dh(q, do, den, dden, dh_s, dh_m, dh_z, ds_fin, dm_fin, dz_fin, ds0, dm0,
 
 @autotuned(prune_chunk)
 @triton.jit(do_not_specialize=UNSPECIALISED)
-def bwd_dv(q, k, do, den, dh_s, dh_m, dv, lengths, cu_seqlens, chunk_indices, coef,
-           N, H, NT, N_BUCKET, BH_BUCKET,
+def bwd_dv(q, k, do, den, dh_s, dh_m, de_s, de_m, dv, lengths, cu_seqlens, chunk_indices, coef,
+           N, H, NT, CPS, G, N_BUCKET, BH_BUCKET,
            DK: tl.constexpr, DV: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-           MOMENTUM: tl.constexpr, HAS_LEN: tl.constexpr, IS_VARLEN: tl.constexpr,
+           MOMENTUM: tl.constexpr, HAS_LEN: tl.constexpr, IS_VARLEN: tl.constexpr, SPLIT: tl.constexpr,
            LOW: tl.constexpr, IEEE: tl.constexpr):
-    """Grid (cdiv(DV, BV), NT, B·H): dV = (A⊙W)ᵀ dNum + diag(w_s) K dS_out + diag(w_m) K dM'_out."""
+    """Grid (cdiv(DV, BV), NT, B·H): dV = (A⊙W)ᵀ dNum + diag(w_s) K dS_out + diag(w_m) K dM'_out.
+    SPLIT: dh_s/dh_m were scanned back from the end of each split, de_s/de_m hold the merged
+    gradients leaving the splits (as fwd_o's e_s/e_m)."""
     i_v = tl.program_id(0)
     i_t = tl.program_id(1)
     i_bh = tl.program_id(2)
@@ -438,6 +503,10 @@ def bwd_dv(q, k, do, den, dh_s, dh_m, dv, lengths, cu_seqlens, chunk_indices, co
         Lc = tl.minimum(L - i_c * BT, BT)
         chunk = i_t
         w_s, w_m, _carry_end, _decay = _end_weights(rows, Lc, log_beta, inv, gamma, beta, MOMENTUM)
+        if SPLIT:
+            de_row, g = _split_of(i_t, i_c, i_bh, H, chunk_indices, CPS, G, IS_VARLEN)
+            after = _after_chunk(L, i_c, g, CPS, BT)
+            carry_d, decay_d = _carried(after, log_beta, inv, gamma, beta, MOMENTUM)
         A = tl.zeros([BT, BT], dtype=ACC)
         acc = tl.zeros([BT, BV], dtype=ACC)
         for i_k in range(tl.cdiv(DK, BK)):
@@ -447,14 +516,19 @@ def bwd_dv(q, k, do, den, dh_s, dh_m, dv, lengths, cu_seqlens, chunk_indices, co
             qq = tl.load(q + t[:, None] * DK + o_k[None, :], mask=row_mask, other=0.0)
             kk = tl.load(k + t[:, None] * DK + o_k[None, :], mask=row_mask, other=0.0)
             A += raw_dot(qq, tl.trans(kk), IEEE)
-            state_off = chunk * DK * DV + o_k[:, None] * DV + o_v[None, :]
+            tile = o_k[:, None] * DV + o_v[None, :]
             state_mask = mk[:, None] & mv[None, :]
-            kf = kk.to(ACC)
-            acc += mixed_dot(kf * w_s[:, None], tl.load(dh_s + state_off, mask=state_mask, other=0.0),
-                             LOW, IEEE)
+            dhs = tl.load(dh_s + chunk * DK * DV + tile, mask=state_mask, other=0.0)
+            dhm = dhs
             if MOMENTUM:
-                acc += mixed_dot(kf * w_m[:, None], tl.load(dh_m + state_off, mask=state_mask, other=0.0),
-                                 LOW, IEEE)
+                dhm = tl.load(dh_m + chunk * DK * DV + tile, mask=state_mask, other=0.0)
+            if SPLIT:
+                dhs, dhm = _with_split(dhs, dhm, de_s, de_m, de_row * DK * DV + tile, state_mask, carry_d,
+                                       decay_d, MOMENTUM, True)
+            kf = kk.to(ACC)
+            acc += mixed_dot(kf * w_s[:, None], dhs, LOW, IEEE)
+            if MOMENTUM:
+                acc += mixed_dot(kf * w_m[:, None], dhm, LOW, IEEE)
         dd = tl.load(do + t[:, None] * DV + o_v[None, :], mask=real[:, None] & mv[None, :],
                      other=0.0).to(ACC)
         dn = tl.load(den + t, mask=real, other=1.0)
@@ -467,14 +541,15 @@ def bwd_dv(q, k, do, den, dh_s, dh_m, dv, lengths, cu_seqlens, chunk_indices, co
 
 @autotuned(prune_chunk)
 @triton.jit(do_not_specialize=UNSPECIALISED)
-def bwd_dqk(q, k, v, do, den, dden, h_s, h_m, h_z, dh_s, dh_m, dh_z, dq, dk, lengths, cu_seqlens,
-            chunk_indices, coef, N, H, NT, N_BUCKET, BH_BUCKET,
+def bwd_dqk(q, k, v, do, den, dden, h_s, h_m, h_z, e_s, e_m, e_z, dh_s, dh_m, dh_z, de_s, de_m, de_z, dq, dk,
+            lengths, cu_seqlens, chunk_indices, coef, N, H, NT, CPS, G, N_BUCKET, BH_BUCKET,
             DK: tl.constexpr, DV: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-            MOMENTUM: tl.constexpr, HAS_LEN: tl.constexpr, IS_VARLEN: tl.constexpr,
+            MOMENTUM: tl.constexpr, HAS_LEN: tl.constexpr, IS_VARLEN: tl.constexpr, SPLIT: tl.constexpr,
             LOW: tl.constexpr, IEEE: tl.constexpr):
     """Grid (cdiv(DK, BK), NT, B·H), with dA = (dNum Vᵀ)⊙W + dden·1ᵀ on j ≤ a:
     dQ = dA K + dNum Sᵀ + diag(carry) dNum M'ᵀ + dden zᵀ;
-    dK = dAᵀ Q + diag(w_s) V dS_outᵀ + diag(w_m) V dM'_outᵀ + 1 dZ_outᵀ."""
+    dK = dAᵀ Q + diag(w_s) V dS_outᵀ + diag(w_m) V dM'_outᵀ + 1 dZ_outᵀ.
+    SPLIT: states and gradients per split, completed with e_* and de_* as in fwd_o and bwd_dv."""
     i_k = tl.program_id(0)
     i_t = tl.program_id(1)
     i_bh = tl.program_id(2)
@@ -513,6 +588,11 @@ def bwd_dqk(q, k, v, do, den, dden, h_s, h_m, h_z, dh_s, dh_m, dh_z, dq, dk, len
         w_s, w_m, _carry_end, _decay = _end_weights(rows, Lc, log_beta, inv, gamma, beta, MOMENTUM)
         dn = tl.load(den + t, mask=real, other=1.0)
         ddn = tl.load(dden + t, mask=real, other=0.0)
+        if SPLIT:
+            e_row, g = _split_of(i_t, i_c, i_bh, H, chunk_indices, CPS, G, IS_VARLEN)
+            carry_e, decay_e = _carried((i_c - g * CPS) * BT, log_beta, inv, gamma, beta, MOMENTUM)
+            after = _after_chunk(L, i_c, g, CPS, BT)
+            carry_d, decay_d = _carried(after, log_beta, inv, gamma, beta, MOMENTUM)
         dNV = tl.zeros([BT, BT], dtype=ACC)
         dq_s = tl.zeros([BT, BK], dtype=ACC)
         dq_m = tl.zeros([BT, BK], dtype=ACC)
@@ -525,16 +605,26 @@ def bwd_dqk(q, k, v, do, den, dden, h_s, h_m, h_z, dh_s, dh_m, dh_z, dq, dk, len
             dd = tl.load(do + t[:, None] * DV + o_v[None, :], mask=row_mask, other=0.0)
             dnum = dd.to(ACC) / dn[:, None]
             dNV += mixed_dot(dnum, tl.trans(vv), LOW, IEEE)
-            state_off = chunk * DK * DV + o_k[None, :] * DV + o_v[:, None]         # (BV, BK): Sᵀ
+            tile = o_k[None, :] * DV + o_v[:, None]                                # (BV, BK): Sᵀ
             state_mask = mk[None, :] & mv[:, None]
-            dq_s += mixed_dot(dnum, tl.load(h_s + state_off, mask=state_mask, other=0.0), LOW, IEEE)
-            vf = vv.to(ACC)
-            dk_acc += mixed_dot(vf * w_s[:, None], tl.load(dh_s + state_off, mask=state_mask, other=0.0),
-                                LOW, IEEE)
+            hs = tl.load(h_s + chunk * DK * DV + tile, mask=state_mask, other=0.0)
+            dhs = tl.load(dh_s + chunk * DK * DV + tile, mask=state_mask, other=0.0)
+            hm = hs
+            dhm = dhs
             if MOMENTUM:
-                dq_m += mixed_dot(dnum, tl.load(h_m + state_off, mask=state_mask, other=0.0), LOW, IEEE)
-                dk_acc += mixed_dot(vf * w_m[:, None],
-                                    tl.load(dh_m + state_off, mask=state_mask, other=0.0), LOW, IEEE)
+                hm = tl.load(h_m + chunk * DK * DV + tile, mask=state_mask, other=0.0)
+                dhm = tl.load(dh_m + chunk * DK * DV + tile, mask=state_mask, other=0.0)
+            if SPLIT:
+                hs, hm = _with_split(hs, hm, e_s, e_m, e_row * DK * DV + tile, state_mask, carry_e, decay_e,
+                                     MOMENTUM, False)
+                dhs, dhm = _with_split(dhs, dhm, de_s, de_m, e_row * DK * DV + tile, state_mask, carry_d,
+                                       decay_d, MOMENTUM, True)
+            dq_s += mixed_dot(dnum, hs, LOW, IEEE)
+            vf = vv.to(ACC)
+            dk_acc += mixed_dot(vf * w_s[:, None], dhs, LOW, IEEE)
+            if MOMENTUM:
+                dq_m += mixed_dot(dnum, hm, LOW, IEEE)
+                dk_acc += mixed_dot(vf * w_m[:, None], dhm, LOW, IEEE)
         row_mask = real[:, None] & mk[None, :]
         qq = tl.load(q + off_k, mask=row_mask, other=0.0)
         kk = tl.load(k + off_k, mask=row_mask, other=0.0)
@@ -542,6 +632,9 @@ def bwd_dqk(q, k, v, do, den, dden, h_s, h_m, h_z, dh_s, dh_m, dh_z, dq, dk, len
         dA = tl.where(causal, dNV * W + ddn[:, None], 0.0)
         zz = tl.load(h_z + chunk * DK + o_k, mask=mk, other=0.0)
         dzz = tl.load(dh_z + chunk * DK + o_k, mask=mk, other=0.0)
+        if SPLIT:
+            zz += tl.load(e_z + e_row * DK + o_k, mask=mk, other=0.0)
+            dzz += tl.load(de_z + e_row * DK + o_k, mask=mk, other=0.0)
         dq_acc = mixed_dot(dA, kk, LOW, IEEE) + dq_s + ddn[:, None] * zz[None, :]
         if MOMENTUM:
             dq_acc += carry[:, None] * dq_m

@@ -1,11 +1,14 @@
 """Sequence-split state scans (after flash-linear-attention's intra-card context parallelism,
-fla/ops/common/intracard_cp.py): a row's chunks are cut into G splits of CPS chunks, scanned in
-parallel from zero, and the splits' states are then chained by eq. 12's affine composition over
-a span of L tokens (Momentum Transformer, eq. 12, with m' = −m):
+fla/ops/common/intracard_cp.py): a row's chunks are cut into G splits of CPS chunks, each scanned
+in parallel from zero (storing its per-chunk states), and the splits' edge states are then
+chained by eq. 12's affine composition over a span of L tokens (Momentum Transformer, eq. 12,
+with m' = −m):
   forward   S ← S + carry(L)·M' + ΔS,   M' ← β^L M' + ΔM',   Z ← Z + ΔZ,
   backward  dS ← dS + ΔdS,   dM' ← β^L dM' + carry(L)·dS + ΔdM',   dZ ← dZ + ΔdZ,
-carry(L) = γβ(1 − β^L)/(1 − β); the scan then runs again, each split from its chained state,
-storing the per-chunk states. G = 1 unless the rows are few and long (scan_splits)."""
+carry(L) = γβ(1 − β^L)/(1 − β). There is no second scan: the per-chunk kernels add each chunk's
+share of its split's edge state where they read the per-chunk states (chunk_kernels._with_split),
+so splitting costs one short merge launch per scan and an L2-resident read of the edge states.
+G = 1 unless the rows are fewer than the SMs and long (scan_splits)."""
 import functools
 
 import torch
@@ -17,13 +20,14 @@ from .utils import block, geometric
 
 PROGRAMS_PER_SM = 2
 H100_SMS = 132          # CPU tensors (the interpreter, the stand-in launch driver): size for an H100
-# Splitting costs a scan from zero, a merge and a rescan, and re-reads k, v. On an H200 (2026-11-26,
-# docs/benchmarks.md; bf16, D 64, B·T 16k tokens, fwd+bwd) it lost at every measured shape: 2.30 vs
-# 1.89 ms in one pass at B16-H16-T1k (256 rows), 3.59 vs 2.36 at B4-H16-T4k (64 rows), and tied at
-# B1-H16-T16k (16 rows, 256 chunks: 2.72 vs 2.67). So rows are split only where they are fewer than
-# one per FEW_ROWS SMs and longer than LONG_ROW chunks, where the serial walk of one program is longest.
-FEW_ROWS = 8
-LONG_ROW = 512
+# A row is split where the rows number fewer than the SMs (from one row per SM on, the scans'
+# tiles give each SM work, and a split only adds launches: at B16-H16-T1k, 256 rows, the scans took
+# 0.157 of 0.763 ms of device time on an H200, while each launch cost the host about 0.1 ms;
+# docs/benchmarks.md, 2026-11-27) and hold at least LONG_ROW chunks. The split with a second scan
+# cut the scans' device time at 16k and 32k tokens (1-16-64-16384: 1.755 → 1.266 ms of kernels;
+# 1-8-64-32768: 2.88 → 0.41 + 0.11 ms merge) and lost at 4k (0.949 → 1.217 ms, G = 6); this
+# split without the second scan is unmeasured on a GPU (make gpu-check's "1-pass" rows compare).
+LONG_ROW = 32
 
 
 @functools.lru_cache(maxsize=16)
@@ -34,9 +38,9 @@ def sm_count(device: torch.device) -> int:
 
 
 def scan_splits(rows: int, chunks: int, device: torch.device) -> tuple[int, int]:
-    """(G, CPS): splits per row and chunks per split. Few long rows (under one per FEW_ROWS SMs,
-    over LONG_ROW chunks) are split so that rows·G ≥ 2 programs per SM; otherwise (1, chunks)."""
-    if rows * FEW_ROWS >= sm_count(device) or chunks < LONG_ROW:
+    """(G, CPS): splits per row and chunks per split. Rows fewer than the SMs and at least
+    LONG_ROW chunks long are split so that rows·G ≥ 2 programs per SM; otherwise (1, chunks)."""
+    if rows >= sm_count(device) or chunks < LONG_ROW:
         return 1, max(chunks, 1)
     return even_splits(rows, chunks, device)
 
