@@ -4,7 +4,7 @@ tests/triton_standin.py, whose launches are no-ops, so what is timed is everythi
 per call. On a GPU this time is what the device waits for whenever it exceeds the kernels' own
 time (docs/benchmarks.md, 2026-11-27: 0.76 ms of kernels in a 2.34 ms fwd+bwd at B16-H16-T1k).
 
-    python benchmarks/triton_host_overhead.py [--profile 25]
+    python benchmarks/triton_host_overhead.py [--length 64] [--profile 25]
 Must run without TRITON_INTERPRET (the interpreter skips the launcher)."""
 import argparse
 import cProfile
@@ -62,17 +62,19 @@ def main():
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--profile", type=int, default=0, help="print the N functions with the most own time")
     parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--length", type=int, default=64,
+                        help="N (B1-H1-D64): from 2048 on, one row splits its scans (split.scan_splits)")
     args = parser.parse_args()
     triton_standin.activate(90)
     import torch
     torch.set_num_threads(1)
     from triton_launch_check import allow_cpu_tensors
     allow_cpu_tensors()
-    step = fwd_bwd()
+    step = fwd_bwd(N=args.length)
     launches = triton_standin._NoLaunch.launches
     step()                                     # compiles and autotunes (the stand-in's timings)
     per_call = triton_standin._NoLaunch.launches - launches
-    chunk_step = fwd_bwd(entry="chunk")
+    chunk_step = fwd_bwd(N=args.length, entry="chunk")
     for _ in range(20):
         step()
         chunk_step()
@@ -81,7 +83,7 @@ def main():
         rounds["api"].append(host_us(step, rounds=1))
         rounds["chunk"].append(host_us(chunk_step, rounds=1))
     api, chunk = (statistics.median(rounds[name]) for name in ("api", "chunk"))
-    print(f"host µs per forward+backward (bf16, B1-H1-N64-D64, Triton launch path, no-op launches, median of "
+    print(f"host µs per forward+backward (bf16, B1-H1-N{args.length}-D64, Triton launch path, no-op launches, median of "
           f"{args.rounds} rounds of 50): momentum_attention {api:.0f}, chunk_momentum_attention {chunk:.0f}; "
           f"{per_call} Triton launches in the first call (autotuning included)")
     if args.profile:
