@@ -166,9 +166,9 @@ def resource_table(kernels) -> list[str]:
         names = kernel.src.fn.arg_names
         consts = {names[k[0]] if isinstance(k, tuple) else k: v for k, v in kernel.src.constants.items()}
         shown = {k: v for k, v in consts.items()
-                 if k in ("DK", "DV", "BT", "BK", "BV", "MOMENTUM", "IS_VARLEN", "IEEE", "BLOCK_B",
+                 if k in ("DK", "DV", "BT", "BK", "BV", "MOMENTUM", "IS_VARLEN", "SPLIT", "IEEE", "BLOCK_B",
                           "BLOCK_H")
-                 and (k != "IS_VARLEN" or v)}          # marked on the packed-sequence kernels only
+                 and (k not in ("IS_VARLEN", "SPLIT") or v)}   # marked on the packed / split kernels only
         key = (name, dtype, str(shown.items()), kernel.metadata.num_warps)
         if key in seen:
             continue
@@ -195,7 +195,7 @@ def main() -> int:
     from plugins.attention.triton import chunk_kernels, fused_recurrent, split
     allow_cpu_tensors()
 
-    chunked = [chunk_kernels.fwd_h, chunk_kernels.fwd_o, chunk_kernels.bwd_prep, chunk_kernels.bwd_dh,
+    chunked = [chunk_kernels.fwd_h, chunk_kernels.fwd_o, chunk_kernels.bwd_dh,
                chunk_kernels.bwd_dv, chunk_kernels.bwd_dqk, split.merge_splits]
     compiled = []
     for name in args.dtypes:
