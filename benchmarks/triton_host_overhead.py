@@ -83,9 +83,10 @@ def main():
         rounds["api"].append(host_us(step, rounds=1))
         rounds["chunk"].append(host_us(chunk_step, rounds=1))
     api, chunk = (statistics.median(rounds[name]) for name in ("api", "chunk"))
-    print(f"host µs per forward+backward (bf16, B1-H1-N{args.length}-D64, Triton launch path, no-op launches, median of "
-          f"{args.rounds} rounds of 50): momentum_attention {api:.0f}, chunk_momentum_attention {chunk:.0f}; "
-          f"{per_call} Triton launches in the first call (autotuning included)")
+    print(f"host µs per forward+backward (bf16, B1-H1-N{args.length}-D64, Triton launch path, no-op "
+          f"launches, median of {args.rounds} rounds of 50): momentum_attention {api:.0f}, "
+          f"chunk_momentum_attention {chunk:.0f}; {per_call} Triton launches in the first call "
+          "(autotuning included)")
     if args.profile:
         profiler = cProfile.Profile()
         profiler.runcall(lambda: [step() for _ in range(100)])
