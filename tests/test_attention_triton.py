@@ -543,7 +543,7 @@ def compile_for_sm90(kernel, dtype, consts, num_warps=4):
     for name in fn.arg_names:
         if name in consts:
             types[name] = "constexpr"
-        elif name in ("N", "H", "NT", "CPS", "G", "N_BUCKET", "BH_BUCKET"):
+        elif name in ("N", "H", "NT", "CPS", "G", "N_BUCKET", "BH_BUCKET", "FLAG_ROWS"):
             types[name] = "i32"
         else:
             element = {"lengths": "i32", "real": "i8", "cu_seqlens": "i32", "chunk_offsets": "i32",
@@ -576,7 +576,8 @@ for dtype, momentum, ieee, varlen in (("bf16", True, False, False), ("bf16", Fal
 for reverse in (False, True):
     merge_meta = dict(DK=DK, DV=DV, BT=BT, BK=32, BV=32, MOMENTUM=True, HAS_LEN=True, IS_VARLEN=False)
     compile_for_sm90(S.merge_splits, "bf16", dict(**merge_meta, USE_INIT=True, REVERSE=reverse))
-compile_for_sm90(F.step_kernel, "bf16", dict(DK=DK, DV=DV, BK=32, BV=32, HAS_REAL=True))
+for phi in (0, 1):
+    compile_for_sm90(F.step_kernel, "bf16", dict(DK=DK, DV=DV, BK=32, BV=32, HAS_REAL=True, PHI=phi))
 '''
 
 

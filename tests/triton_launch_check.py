@@ -103,6 +103,9 @@ def attention(dtype, D, B=2, H=2, N=150, momentum_only=False):
     out1, _ = momentum_attention_step(q1, k1, v1, step_state, momentum=0.6, padding_mask=mask[:, :1],
                                       backend="triton")
     out1.float().sum().backward()
+    with torch.no_grad():                          # the marked step (feature map and marks in-kernel)
+        momentum_attention_step(q1, k1, v1, step_state, momentum=0.6, padding_mask=mask[:, :1],
+                                backend="triton")
     packed(leaf, H, N, D)
 
 

@@ -11,7 +11,7 @@ import torch
 from ..packing import Segments
 from .chunk import chunk_causal_momentum_attention
 from .noncausal import apply_noncausal_summary, noncausal_summary
-from .nonfinite import NonFiniteMarks
+from .nonfinite import FINITE_MAPS, NonFiniteMarks
 from .plan import Plan, plan
 from .recurrent import fused_recurrent_step
 from .spec import AttentionSpec
@@ -47,6 +47,9 @@ def attend_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, state: Option
     dtype = chosen.state_dtype
     step = fused_recurrent_step if chosen.kernels is None else chosen.kernels.fused_recurrent_step
     out_dtype = torch.promote_types(torch.promote_types(q.dtype, k.dtype), v.dtype)
+    if (chosen.path == "triton_step" and spec.phi in FINITE_MAPS and not torch.compiler.is_compiling()
+            and not _needs_grad(q, k, v, state)):
+        return _marked_step(chosen, q, k, v, state, spec, real, out_dtype)
     with torch.autocast(device_type=q.device.type, enabled=False):
         q, k, v = (mask_keys(t.to(dtype), real) for t in (q, k, v))
         fq, fk, v, marks = NonFiniteMarks.feature_map(spec.phi, q, k, v, finite)
@@ -59,6 +62,26 @@ def attend_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, state: Option
         out, state = step(fq[:, :, 0], fk[:, :, 0], v[:, :, 0], state, eps=spec.eps,
                           real=None if real is None else real[:, 0], **chosen.rule_args)
     return marks.step(out)[:, :, None].to(out_dtype), marks.state(state)
+
+
+def _needs_grad(q, k, v, state) -> bool:
+    tensors = (q, k, v) + (() if state is None else (state.s, state.z, state.m))
+    return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
+
+
+def _marked_step(chosen, q, k, v, state, spec, real, out_dtype):
+    """The decoding step without gradients in one Triton launch (feature map, marks and eq. 12:
+    triton.marked_recurrent_step), in eager mode; compiled graphs fuse attend_step's own ops."""
+    if state is None:
+        state = MomentumAttentionState.zeros(q.shape[0], q.shape[1], q.shape[-1], v.shape[-1],
+                                             dtype=chosen.state_dtype, device=k.device)
+    else:
+        check_state(state, q.shape[0], q.shape[1], q.shape[-1], v.shape[-1], k.device)
+        state = state.to(chosen.state_dtype)
+    out, state = chosen.kernels.marked_recurrent_step(
+        q[:, :, 0], k[:, :, 0], v[:, :, 0], state, feature_map=spec.phi, eps=spec.eps,
+        real=None if real is None else real[:, 0], out_dtype=out_dtype, **chosen.rule_args)
+    return out[:, :, None], state
 
 
 def execute(chosen: Plan, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, spec: AttentionSpec, *,

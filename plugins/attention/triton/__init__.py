@@ -49,6 +49,15 @@ def fused_recurrent_step(fq: torch.Tensor, fk: torch.Tensor, v: torch.Tensor,
     return impl(fq, fk, v, state, momentum=momentum, step_size=step_size, eps=eps, real=real)
 
 
+def marked_recurrent_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, state: MomentumAttentionState,
+                          **kw) -> tuple[torch.Tensor, MomentumAttentionState]:
+    """One step of eq. 12 on raw inputs with their non-finite marks; see
+    `entry_points.marked_recurrent_step`."""
+    _check_device(q)
+    from .entry_points import marked_recurrent_step as impl
+    return impl(q, k, v, state, **kw)
+
+
 def _check_device(t: torch.Tensor) -> None:
     if not HAS_TRITON:
         raise RuntimeError("the Triton kernels need triton (pip install triton)")

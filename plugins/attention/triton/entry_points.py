@@ -4,10 +4,16 @@ lengths clamped, empty inputs answered without a launch, the state wrapped, and 
 the custom ops of `op` (which launch the kernels through `chunk` and `fused_recurrent`). Imports
 go one way: entry_points → op → chunk / fused_recurrent → chunk_kernels / utils."""
 import torch
+import torch.nn.functional as F
 
+from ..feature_maps import elu_plus_one, identity
 from ..state import MomentumAttentionState
+from .fused_recurrent import marked_step
 from .op import chunk_momentum_attention_op, momentum_attention_step_op
 from .utils import accumulator_dtype, kernel_inputs
+
+# The feature maps that marked_recurrent_step applies in-kernel (fused_recurrent._feature).
+MARKED_FEATURE_MAPS = {elu_plus_one: 1, F.relu: 2, identity: 3}
 
 
 def chunk_momentum_attention(
@@ -125,4 +131,23 @@ def fused_recurrent_step(fq: torch.Tensor, fk: torch.Tensor, v: torch.Tensor,
         return v.new_zeros(v.shape, dtype=out_dtype), MomentumAttentionState(s=s, z=z, m=m)
     out, s, z, m = momentum_attention_step_op(fq, fk, v, s, z, m, flags, float(momentum), float(step_size),
                                               float(eps))
+    return out.to(out_dtype), MomentumAttentionState(s=s, z=z, m=m)
+
+
+def marked_recurrent_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, state: MomentumAttentionState,
+                          *, feature_map, momentum: float, step_size: float, eps: float,
+                          real: torch.Tensor | None, out_dtype: torch.dtype,
+                          ) -> tuple[torch.Tensor, MomentumAttentionState]:
+    """Eq. 12 for one new position from raw q, k (B, H, Dk) and v (B, H, Dv) and a built-in
+    feature map (MARKED_FEATURE_MAPS), with the non-finite marks of nonfinite.NonFiniteMarks, in
+    one launch; the state's dtype (fp32, or fp64) is the step's. `real` (B,) bool: rows where it
+    is False keep their state and output 0. Returns the output (B, H, Dv) in out_dtype and the new
+    state. Not differentiable: attend.attend_step takes it only for steps without gradients."""
+    q, k, v = kernel_inputs(q, k, v)
+    s, z, m = (t.contiguous() for t in (state.s, state.z, state.m))
+    if q.numel() == 0 or v.numel() == 0:
+        return v.new_zeros(v.shape, dtype=out_dtype), MomentumAttentionState(s=s, z=z, m=m)
+    flags = None if real is None else real.to(device=q.device, dtype=torch.int8)
+    out, s, z, m = marked_step(q, k, v, s, z, m, flags, MARKED_FEATURE_MAPS[feature_map], float(momentum),
+                               float(step_size), float(eps))
     return out.to(out_dtype), MomentumAttentionState(s=s, z=z, m=m)
