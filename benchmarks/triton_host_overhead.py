@@ -5,6 +5,7 @@ per call. On a GPU this time is what the device waits for whenever it exceeds th
 time (docs/benchmarks.md, 2026-11-27: 0.76 ms of kernels in a 2.34 ms fwd+bwd at B16-H16-T1k).
 
     python benchmarks/triton_host_overhead.py [--length 64] [--profile 25]
+    python benchmarks/triton_host_overhead.py --decode        # one decoding step, no gradients
 Must run without TRITON_INTERPRET (the interpreter skips the launcher)."""
 import argparse
 import cProfile
@@ -46,6 +47,37 @@ def fwd_bwd(B=1, H=1, N=64, D=64, beta=0.6, entry="api"):
     return step
 
 
+def decode_step(B=1, H=8, D=64, beta=0.6):
+    """A closure running attend_step, the trusted path a decoder layer takes (no argument checks,
+    plugins/transformer/attention.py), on one bf16 token per row of a padded batch (a padding
+    mask, as HF generation passes one) from an fp32 state, without gradients."""
+    import torch
+
+    from plugins.attention import MomentumAttentionState
+    from plugins.attention.attend import attend_step
+    from plugins.attention.spec import AttentionSpec
+    from plugins.packing import Segments
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(B, H, 1, D, generator=gen).to(torch.bfloat16) for _ in range(3))
+    state = MomentumAttentionState.zeros(B, H, D, D, dtype=torch.float32, device=q.device)
+    spec = AttentionSpec(momentum=beta, backend="triton")
+    segments = Segments.from_padding_mask(torch.ones(B, 1, dtype=torch.bool), B, 1)
+
+    def step():
+        with torch.no_grad():
+            attend_step(q, k, v, state, spec, segments=segments)
+    return step
+
+
+def aten_ops(step) -> int:
+    """Top-level aten ops of one call (each a kernel launch on a GPU)."""
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        step()
+    return sum(1 for e in prof.events() if e.name.startswith("aten::")
+               and not (e.cpu_parent is not None and e.cpu_parent.name.startswith("aten::")))
+
+
 def host_us(step, rounds=7, calls=50):
     """Median over rounds of the mean host µs per call."""
     times = []
@@ -64,12 +96,25 @@ def main():
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--length", type=int, default=64,
                         help="N (B1-H1-D64): from 2048 on, one row splits its scans (split.scan_splits)")
+    parser.add_argument("--decode", action="store_true", help="time one decoding step (B1-H8-D64) instead")
     args = parser.parse_args()
     triton_standin.activate(90)
     import torch
     torch.set_num_threads(1)
     from triton_launch_check import allow_cpu_tensors
     allow_cpu_tensors()
+    if args.decode:
+        step = decode_step()
+        launches = triton_standin._NoLaunch.launches
+        step()
+        per_call = triton_standin._NoLaunch.launches - launches
+        for _ in range(20):
+            step()
+        us = statistics.median(host_us(step, rounds=1) for _ in range(args.rounds))
+        print(f"host µs per decoding step (bf16, B1-H8-D64, padding mask, no gradients, median of "
+              f"{args.rounds} rounds of 50): attend_step {us:.0f}; {per_call} Triton launches "
+              f"and {aten_ops(step)} aten ops per call")
+        return
     step = fwd_bwd(N=args.length)
     launches = triton_standin._NoLaunch.launches
     step()                                     # compiles and autotunes (the stand-in's timings)
