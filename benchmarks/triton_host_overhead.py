@@ -69,13 +69,25 @@ def decode_step(B=1, H=8, D=64, beta=0.6):
     return step
 
 
-def aten_ops(step) -> int:
-    """Top-level aten ops of one call (each a kernel launch on a GPU)."""
+# Ops that launch no kernel on a GPU (views, allocations, metadata; a cast counts only when it copies).
+NO_KERNEL = {"aten::" + name for name in (
+    "to", "promote_types", "empty_like", "empty", "empty_strided", "select", "unsqueeze", "detach",
+    "as_strided", "view", "alias", "expand", "slice", "reshape", "_unsafe_view", "t", "transpose",
+    "lift_fresh", "resolve_conj", "resolve_neg")}
+
+
+def aten_ops(step) -> tuple[int, int]:
+    """(top-level aten ops of one call, those that compute: a kernel each on a GPU)."""
     from torch.profiler import ProfilerActivity, profile
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         step()
-    return sum(1 for e in prof.events() if e.name.startswith("aten::")
-               and not (e.cpu_parent is not None and e.cpu_parent.name.startswith("aten::")))
+
+    def computes(event):
+        return event.name not in NO_KERNEL or any(computes(child) for child in event.cpu_children
+                                                  if child.name != "aten::detach")
+    top = [e for e in prof.events() if e.name.startswith("aten::")
+           and not (e.cpu_parent is not None and e.cpu_parent.name.startswith("aten::"))]
+    return len(top), sum(1 for e in top if e.name != "aten::detach" and computes(e))
 
 
 def host_us(step, rounds=7, calls=50):
@@ -112,8 +124,8 @@ def main():
             step()
         us = statistics.median(host_us(step, rounds=1) for _ in range(args.rounds))
         print(f"host µs per decoding step (bf16, B1-H8-D64, padding mask, no gradients, median of "
-              f"{args.rounds} rounds of 50): attend_step {us:.0f}; {per_call} Triton launches "
-              f"and {aten_ops(step)} aten ops per call")
+              f"{args.rounds} rounds of 50): attend_step {us:.0f}; {per_call} Triton launches and "
+              "%d aten ops per call, %d of them computing" % aten_ops(step))
         return
     step = fwd_bwd(N=args.length)
     launches = triton_standin._NoLaunch.launches
