@@ -121,19 +121,7 @@ def step_kernel(q, k, v, s, z, m, real, s_new, z_new, m_new, o, coef, FLAG_ROWS,
 def recurrent_step(fq, fk, v, s, z, m, real, momentum: float, step_size: float, eps: float):
     """Launch the step on contiguous (B, H, Dk) / (B, H, Dv) inputs and fp32/fp64 states;
     `real` (B·H,) int8 or None. Returns (out, s, z, m), new tensors."""
-    B, H, DK = fq.shape
-    DV = v.shape[-1]
-    check_grid(B * H)
-    coef = coefficients(momentum, step_size, eps, s.dtype, s.device)
-    s_new, m_new, z_new = torch.empty_like(s), torch.empty_like(m), torch.empty_like(z)
-    out = torch.empty_like(v)
-    # a program holds a few (BK, BV) fp32 tiles in registers: at most 64 × 64 each, whatever Dk
-    BK, BV = block(DK), block(DV)
-    with device_of(fq):
-        direct(step_kernel)[(cdiv(DV, BV), B * H)](
-            fq, fk, v, s, z, m, real if real is not None else z, s_new, z_new, m_new, out, coef, 1,
-            DK=DK, DV=DV, BK=BK, BV=BV, HAS_REAL=real is not None, PHI=0)
-    return out, s_new, z_new, m_new
+    return _launch(fq, fk, v, s, z, m, real, 1, 0, momentum, step_size, eps)
 
 
 def marked_step(q, k, v, s, z, m, real, phi: int, momentum: float, step_size: float, eps: float):
@@ -141,15 +129,20 @@ def marked_step(q, k, v, s, z, m, real, phi: int, momentum: float, step_size: fl
     (B, H, Dk), v (B, H, Dv) of one float dtype and contiguous fp32/fp64 states; `real` (B,) int8
     or None. Returns (out in v's dtype, s, z, m), new tensors. No autograd: for steps that need no
     gradient (attend.attend_step decides)."""
+    return _launch(q, k, v, s, z, m, real, q.shape[1], phi, momentum, step_size, eps)
+
+
+def _launch(q, k, v, s, z, m, real, flag_rows: int, phi: int, momentum: float, step_size: float, eps: float):
     B, H, DK = q.shape
     DV = v.shape[-1]
     check_grid(B * H)
     coef = coefficients(momentum, step_size, eps, s.dtype, s.device)
     s_new, m_new, z_new = torch.empty_like(s), torch.empty_like(m), torch.empty_like(z)
     out = torch.empty_like(v)
+    # a program holds a few (BK, BV) fp32 tiles in registers: at most 64 × 64 each, whatever Dk
     BK, BV = block(DK), block(DV)
     with device_of(q):
         direct(step_kernel)[(cdiv(DV, BV), B * H)](
-            q, k, v, s, z, m, real if real is not None else z, s_new, z_new, m_new, out, coef, H,
+            q, k, v, s, z, m, real if real is not None else z, s_new, z_new, m_new, out, coef, flag_rows,
             DK=DK, DV=DV, BK=BK, BV=BV, HAS_REAL=real is not None, PHI=phi)
     return out, s_new, z_new, m_new
