@@ -115,6 +115,10 @@ def test_dispatch_hands_the_kernels_inputs_in_their_dtype(monkeypatch, make_gene
     assert calls[-1]["momentum"] == 0.0
     step_out, _ = momentum_attention_step(q[:, :, :1], k[:, :, :1], v[:, :, :1], init, momentum=0.6,
                                           backend="triton")
+    assert calls[-1]["form"] == "marked_step" and calls[-1]["dtypes"] == (dtype,) * 3   # raw, no gradients
+    assert step_out.dtype == dtype
+    leaves = [t[:, :, :1].clone().requires_grad_() for t in (q, k, v)]
+    step_out, _ = momentum_attention_step(*leaves, init, momentum=0.6, backend="triton")
     assert calls[-1]["form"] == "step" and calls[-1]["dtypes"] == (torch.float32,) * 3
     assert step_out.dtype == dtype
 

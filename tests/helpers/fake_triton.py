@@ -4,7 +4,9 @@ import sys
 import types
 
 import plugins.attention
+from plugins.attention.attend import mask_keys
 from plugins.attention.chunk import chunk_causal_momentum_attention
+from plugins.attention.nonfinite import NonFiniteMarks
 from plugins.attention.recurrent import fused_recurrent_step
 from plugins.attention.rule import momentum_rule
 
@@ -28,9 +30,21 @@ def fake_kernels(calls, available=True):
         rule = momentum_rule(hyper.pop("momentum"), hyper.pop("step_size"))
         return fused_recurrent_step(fq, fk, v, state, rule=rule, **hyper)
 
+    def marked_step(q, k, v, state, *, feature_map, momentum, step_size, eps, real, out_dtype):
+        """The raw inputs' step (feature map and marks included), as the PyTorch path computes it."""
+        calls.append(dict(form="marked_step", dtypes=(q.dtype, k.dtype, v.dtype), state=state.s.dtype,
+                          momentum=momentum, real=real))
+        mask = None if real is None else real[:, None]
+        q, k, v = (mask_keys(t[:, :, None].to(state.s.dtype), mask) for t in (q, k, v))
+        fq, fk, v, marks = NonFiniteMarks.feature_map(feature_map, q, k, v)
+        out, state = fused_recurrent_step(fq[:, :, 0], fk[:, :, 0], v[:, :, 0], state,
+                                          rule=momentum_rule(momentum, step_size), eps=eps, real=real)
+        return marks.step(out).to(out_dtype), marks.state(state)
+
     module.is_available = lambda: available
     module.chunk_momentum_attention = chunk
     module.fused_recurrent_step = step
+    module.marked_recurrent_step = marked_step
     return module
 
 
