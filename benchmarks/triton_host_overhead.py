@@ -101,6 +101,14 @@ def host_us(step, rounds=7, calls=50):
     return statistics.median(times)
 
 
+def launches_of(step) -> int:
+    """Triton launches of one call of `step` (the first one also compiles and autotunes, with the
+    stand-in's timings)."""
+    before = triton_standin._NoLaunch.launches
+    step()
+    return triton_standin._NoLaunch.launches - before
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -117,20 +125,16 @@ def main():
     allow_cpu_tensors()
     if args.decode:
         step = decode_step()
-        launches = triton_standin._NoLaunch.launches
-        step()
-        per_call = triton_standin._NoLaunch.launches - launches
+        per_call = launches_of(step)
         for _ in range(20):
             step()
-        us = statistics.median(host_us(step, rounds=1) for _ in range(args.rounds))
+        us = host_us(step, rounds=args.rounds)
         print(f"host µs per decoding step (bf16, B1-H8-D64, padding mask, no gradients, median of "
               f"{args.rounds} rounds of 50): attend_step {us:.0f}; {per_call} Triton launches and "
               "%d aten ops per call, %d of them computing" % aten_ops(step))
         return
     step = fwd_bwd(N=args.length)
-    launches = triton_standin._NoLaunch.launches
-    step()                                     # compiles and autotunes (the stand-in's timings)
-    per_call = triton_standin._NoLaunch.launches - launches
+    per_call = launches_of(step)
     chunk_step = fwd_bwd(N=args.length, entry="chunk")
     for _ in range(20):
         step()

@@ -53,12 +53,7 @@ def attend_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, state: Option
     with torch.autocast(device_type=q.device.type, enabled=False):
         q, k, v = (mask_keys(t.to(dtype), real) for t in (q, k, v))
         fq, fk, v, marks = NonFiniteMarks.feature_map(spec.phi, q, k, v, finite)
-        D = fk.shape[-1]
-        if state is None:
-            state = MomentumAttentionState.zeros(B, H, D, Dv, dtype=dtype, device=k.device)
-        else:
-            check_state(state, B, H, D, Dv, k.device)
-            state = state.to(dtype)
+        state = _step_state(state, B, H, fk.shape[-1], Dv, dtype, k.device)
         out, state = step(fq[:, :, 0], fk[:, :, 0], v[:, :, 0], state, eps=spec.eps,
                           real=None if real is None else real[:, 0], **chosen.rule_args)
     return marks.step(out)[:, :, None].to(out_dtype), marks.state(state)
@@ -69,15 +64,18 @@ def _needs_grad(q, k, v, state) -> bool:
     return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
 
 
+def _step_state(state, B: int, H: int, D: int, Dv: int, dtype: torch.dtype, device) -> MomentumAttentionState:
+    """The state a step starts from: zeros for None, else checked against (B, H, D, Dv) and cast."""
+    if state is None:
+        return MomentumAttentionState.zeros(B, H, D, Dv, dtype=dtype, device=device)
+    check_state(state, B, H, D, Dv, device)
+    return state.to(dtype)
+
+
 def _marked_step(chosen, q, k, v, state, spec, real, out_dtype):
     """The decoding step without gradients in one Triton launch (feature map, marks and eq. 12:
     triton.marked_recurrent_step), in eager mode; compiled graphs fuse attend_step's own ops."""
-    if state is None:
-        state = MomentumAttentionState.zeros(q.shape[0], q.shape[1], q.shape[-1], v.shape[-1],
-                                             dtype=chosen.state_dtype, device=k.device)
-    else:
-        check_state(state, q.shape[0], q.shape[1], q.shape[-1], v.shape[-1], k.device)
-        state = state.to(chosen.state_dtype)
+    state = _step_state(state, *q.shape[:2], q.shape[-1], v.shape[-1], chosen.state_dtype, k.device)
     out, state = chosen.kernels.marked_recurrent_step(
         q[:, :, 0], k[:, :, 0], v[:, :, 0], state, feature_map=spec.phi, eps=spec.eps,
         real=None if real is None else real[:, 0], out_dtype=out_dtype, **chosen.rule_args)

@@ -137,15 +137,21 @@ def _intra_weights(rows, log_beta, inv, gamma, beta, MOMENTUM: tl.constexpr):
 
 
 @triton.jit
-def _split_of(i_t, i_c, i_bh, H, chunk_indices, CPS, G, IS_VARLEN: tl.constexpr):
-    """(index of the merged state of the split holding chunk i_c, that split) for a per-chunk
-    program: the scans' row (batch·head, or segment·head when packed) times G plus the split."""
+def _split_of(i_t, i_c, i_bh, H, chunk_indices, L, CPS, G, log_beta, inv, gamma, beta, BT: tl.constexpr,
+              MOMENTUM: tl.constexpr, IS_VARLEN: tl.constexpr):
+    """For a per-chunk program, where chunk i_c (of a row or segment of L tokens) sits in its split
+    of CPS chunks: the index of the split's merged edge states (the scans' row, batch·head or
+    segment·head when packed, times G plus the split), and `_carried` over the tokens between the
+    split's start and the chunk (forward) and between the chunk's end and the split's end
+    (backward). A kernel uses the carries it needs; the compiler drops the others."""
     if IS_VARLEN:
         row = tl.maximum(tl.load(chunk_indices + 2 * i_t), 0) * H + i_bh
     else:
         row = i_bh
     g = i_c // CPS
-    return (row * G + g).to(tl.int64), g
+    carry_e, decay_e = _carried((i_c - g * CPS) * BT, log_beta, inv, gamma, beta, MOMENTUM)
+    carry_d, decay_d = _carried(_after_chunk(L, i_c, g, CPS, BT), log_beta, inv, gamma, beta, MOMENTUM)
+    return (row * G + g).to(tl.int64), carry_e, decay_e, carry_d, decay_d
 
 
 @triton.jit
@@ -308,8 +314,9 @@ def fwd_o(q, k, v, h_s, h_m, h_z, e_s, e_m, e_z, o, den, lengths, cu_seqlens, ch
         real = t < L
         chunk = i_t
         if SPLIT:
-            e_row, g = _split_of(i_t, i_c, i_bh, H, chunk_indices, CPS, G, IS_VARLEN)
-            carry_e, decay_e = _carried((i_c - g * CPS) * BT, log_beta, inv, gamma, beta, MOMENTUM)
+            e_row, carry_e, decay_e, _carry_d, _decay_d = _split_of(
+                i_t, i_c, i_bh, H, chunk_indices, L, CPS, G, log_beta, inv, gamma, beta, BT, MOMENTUM,
+                IS_VARLEN)
         A = tl.zeros([BT, BT], dtype=ACC)
         o_s = tl.zeros([BT, BV], dtype=ACC)
         o_m = tl.zeros([BT, BV], dtype=ACC)
@@ -504,9 +511,9 @@ def bwd_dv(q, k, do, den, dh_s, dh_m, de_s, de_m, dv, lengths, cu_seqlens, chunk
         chunk = i_t
         w_s, w_m, _carry_end, _decay = _end_weights(rows, Lc, log_beta, inv, gamma, beta, MOMENTUM)
         if SPLIT:
-            de_row, g = _split_of(i_t, i_c, i_bh, H, chunk_indices, CPS, G, IS_VARLEN)
-            after = _after_chunk(L, i_c, g, CPS, BT)
-            carry_d, decay_d = _carried(after, log_beta, inv, gamma, beta, MOMENTUM)
+            de_row, _carry_e, _decay_e, carry_d, decay_d = _split_of(
+                i_t, i_c, i_bh, H, chunk_indices, L, CPS, G, log_beta, inv, gamma, beta, BT, MOMENTUM,
+                IS_VARLEN)
         A = tl.zeros([BT, BT], dtype=ACC)
         acc = tl.zeros([BT, BV], dtype=ACC)
         for i_k in range(tl.cdiv(DK, BK)):
@@ -589,10 +596,9 @@ def bwd_dqk(q, k, v, do, den, dden, h_s, h_m, h_z, e_s, e_m, e_z, dh_s, dh_m, dh
         dn = tl.load(den + t, mask=real, other=1.0)
         ddn = tl.load(dden + t, mask=real, other=0.0)
         if SPLIT:
-            e_row, g = _split_of(i_t, i_c, i_bh, H, chunk_indices, CPS, G, IS_VARLEN)
-            carry_e, decay_e = _carried((i_c - g * CPS) * BT, log_beta, inv, gamma, beta, MOMENTUM)
-            after = _after_chunk(L, i_c, g, CPS, BT)
-            carry_d, decay_d = _carried(after, log_beta, inv, gamma, beta, MOMENTUM)
+            e_row, carry_e, decay_e, carry_d, decay_d = _split_of(
+                i_t, i_c, i_bh, H, chunk_indices, L, CPS, G, log_beta, inv, gamma, beta, BT, MOMENTUM,
+                IS_VARLEN)
         dNV = tl.zeros([BT, BT], dtype=ACC)
         dq_s = tl.zeros([BT, BK], dtype=ACC)
         dq_m = tl.zeros([BT, BK], dtype=ACC)
