@@ -43,8 +43,8 @@ from plugins.attention import linear_attention, momentum_attention
 BETA = 0.6
 CHUNK = 64
 SHAPES = [(4, 16, 64, 1024), (4, 16, 64, 4096), (4, 16, 64, 16384), (4, 16, 64, 32768), (8, 32, 128, 8192)]
-METHODS = ["momentum triton", "momentum triton 1-pass", "linear triton", "momentum torch", "linear torch",
-           "fla linear", "sdpa"]
+METHODS = ["momentum triton", "momentum triton fused", "momentum triton 1-pass", "linear triton",
+           "momentum torch", "linear torch", "fla linear", "sdpa"]
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 
@@ -52,10 +52,11 @@ def elu1(x):
     return F.elu(x) + 1
 
 
-def triton_method(momentum, one_pass=False):
+def triton_method(momentum, one_pass=False, scan="chunked"):
     """The Triton op; `one_pass`: measure() runs each step (forward and backward) with the
     launcher's split choice (triton/split.py) replaced by one pass per row, to time what the
-    sequence-split scans gain or cost."""
+    sequence-split scans gain or cost; `scan`: the kernels that run (chunk.SCANS), as
+    MOMENTUM_TRITON_SCAN would set them."""
     from plugins.attention.triton import chunk, chunk_momentum_attention
 
     def run(q, k, v):
@@ -71,8 +72,17 @@ def triton_method(momentum, one_pass=False):
             yield
         finally:
             chunk.scan_splits = chosen
+    @contextlib.contextmanager
+    def scans():
+        chosen, chunk.SCAN = chunk.SCAN, scan
+        try:
+            yield
+        finally:
+            chunk.SCAN = chosen
     if one_pass:
         run.context = single_pass
+    elif scan != chunk.SCAN:
+        run.context = scans
     return run
 
 
@@ -100,6 +110,8 @@ def method_fn(name):
         return triton_method(BETA)
     if name == "momentum triton 1-pass":
         return triton_method(BETA, one_pass=True)
+    if name == "momentum triton fused":
+        return triton_method(BETA, scan="fused")
     if name == "linear triton":
         return triton_method(0.0)
     if name == "momentum torch":

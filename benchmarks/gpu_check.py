@@ -8,7 +8,7 @@ budget), in this order, correctness first:
   tests      pytest -m gpu over the test files that hold gpu-marked tests, on xdist workers (Triton
              compiles in parallel); tests not started TEST_START_S before the budget ends are
              skipped and counted; the forced tile-config sweep is opt-in (GPU_TILE_SWEEP=1)   180 s
-  attention  benchmarks/gpu_attention.py: ours on Triton (and with the split scans off), SDPA;
+  attention  benchmarks/gpu_attention.py: ours on Triton (chunked and fused kernels), SDPA;
              fwd and fwd+bwd, bf16 at T = 1k, 4k, 16k, 32k and fp32 at 1k, with the roofline.
              fla with --fla (its compilation and autotuning took 160 s on an H200: with
              --parts attention, over the 8 minutes otherwise; FLA_BUDGET_S)                      130 s
@@ -73,7 +73,7 @@ SIZES = {
         attention=dict(cases=[("bf16", [(16, 16, 64, 1024), (4, 16, 64, 4096), (1, 16, 64, 16384),
                                         (1, 8, 64, 32768)]),
                               ("fp32", [(16, 16, 64, 1024)])],
-                       methods=["momentum triton", "momentum triton 1-pass", "sdpa", "linear triton"]),
+                       methods=["momentum triton", "momentum triton fused", "sdpa", "linear triton"]),
         rnn=dict(shapes=["ptb-3x1150", "pmnist-256"], repeats=8),
         hf=dict(size=dict(layers=4, hidden=512, heads=8, ffn=2048, vocab=32000), lengths=[2048, 8192],
                 tokens=16384, steps=6, warmup=3, contexts=[512, 8192], new_tokens=64, repeats=3,

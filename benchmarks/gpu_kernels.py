@@ -1,5 +1,6 @@
 """Where a Triton momentum-attention forward+backward spends its GPU time, kernel by kernel
-(torch.profiler's device times, averaged over the profiled steps), with the launches per step.
+(torch.profiler's device times, averaged over the profiled steps), with the launches per step:
+the chunked kernels as the launcher splits them and in one pass, and the fused kernels.
 Together with benchmarks/roofline.py's per-launch bytes model (launch_bytes, computed offline on
 the same shapes) this gives each kernel's achieved bandwidth (issue 27 item 2).
 
@@ -60,7 +61,8 @@ def kernel_times(fn, B, H, D, T, dtype="bf16", steps=5):
     return {name: (totals[name] / steps, counts[name] / steps) for name in totals}
 
 
-def compiled_report(module_names=("plugins.attention.triton.chunk_kernels",)):
+def compiled_report(module_names=("plugins.attention.triton.chunk_kernels",
+                                  "plugins.attention.triton.fused_chunk_kernels")):
     """Per compiled Triton kernel: warps, stages, registers and spills (ptxas), and each autotuner's
     chosen configs; best effort across Triton versions."""
     import importlib
@@ -96,10 +98,12 @@ def main():
     args = parser.parse_args()
     rows = []
     print(f"{torch.cuda.get_device_name()}, {args.dtype}, momentum β = {BETA}, fwd+bwd, µs per step")
-    modes = [("default", False), ("1-pass", True)] + ([("forced split", None)] if args.forced_split else [])
+    modes = [("default", False), ("1-pass", True), ("fused", "fused")]
+    modes += [("forced split", None)] if args.forced_split else []
     for shape in [SHAPES[i] for i in args.shapes]:
         for label, one_pass in modes:
-            fn = triton_method(BETA, one_pass=bool(one_pass))
+            scan = "fused" if one_pass == "fused" else "chunked"
+            fn = triton_method(BETA, one_pass=one_pass is True, scan=scan)
             if one_pass is None:
                 fn.context = forced_split
             times = kernel_times(fn, *shape, dtype=args.dtype)

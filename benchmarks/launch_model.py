@@ -16,14 +16,14 @@ sys.path[:0] = [str(ROOT / "tests"), str(ROOT)]
 SHAPES = ["1-8-32768", "1-16-16384", "4-16-4096", "16-16-1024"]
 
 
-def model(B: int, H: int, T: int, D: int = 64) -> dict:
+def model(B: int, H: int, T: int, D: int = 64, scan: str = "chunked") -> dict:
     from _pytest.monkeypatch import MonkeyPatch
     from helpers.triton_grid import programs, record_launches
 
     from benchmarks.roofline import attention_bytes, launch_bytes
     patch, arguments = MonkeyPatch(), []
     try:
-        launches, forward, first = record_launches(patch, B, H, T, D, arguments=arguments)
+        launches, forward, first = record_launches(patch, B, H, T, D, arguments=arguments, scan=scan)
         rows = [(name, programs(name, grid, constants, first, patch), launch_bytes(name, args, constants))
                 for (name, grid, constants), args in zip(launches, arguments)]
     finally:
@@ -35,15 +35,16 @@ def model(B: int, H: int, T: int, D: int = 64) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--shapes", nargs="+", default=SHAPES, help="B-H-T, bf16, D 64")
+    parser.add_argument("--scans", nargs="+", default=["chunked", "fused"], help="chunk.SCANS to model")
     args = parser.parse_args()
-    print("| B-H-D-T | launches fwd + bwd | fewest programs per launch | modelled MB (× ideal) |")
-    print("|---|---:|---|---:|")
-    for shape in args.shapes:
+    print("| B-H-D-T | kernels | launches fwd + bwd | fewest programs per launch | modelled MB (× ideal) |")
+    print("|---|---|---:|---|---:|")
+    for shape, scan in ((shape, scan) for shape in args.shapes for scan in args.scans):
         B, H, T = (int(x) for x in shape.split("-"))
-        m = model(B, H, T)
+        m = model(B, H, T, scan=scan)
         total = sum(n for _, _, n in m["rows"])
         launches = ", ".join(f"{name} {count}" for name, count, _ in m["rows"])
-        print(f"| {B}-{H}-64-{T} | {m['forward']} + {len(m['rows']) - m['forward']} | {launches} | "
+        print(f"| {B}-{H}-64-{T} | {scan} | {m['forward']} + {len(m['rows']) - m['forward']} | {launches} | "
               f"{total / 1e6:.0f} ({total / m['ideal']:.2f}×) |")
 
 

@@ -139,7 +139,8 @@ def limits_line(limits: Optional[Limits], name: str) -> str:
 # reads and those it writes, each in full once per launch (per-chunk kernels whose tiles cover the
 # head dimension, as the pruner's largest tiles do at D ≤ 64; smaller tiles re-read q, k or v once
 # per tile of the other dimension). Entries "name?FLAG" count only where the launch's constant
-# FLAG is true. The ideal of attention_bytes is what these launches should approach.
+# FLAG is true ("name?!FLAG" where it is false). The ideal of attention_bytes is what these launches
+# should approach.
 KERNEL_TRAFFIC = {
     "fwd_h": (("k", "v", "s0?USE_INIT", "m0?USE_INIT", "z0?USE_INIT"),
               ("h_s?STORE_H", "h_m?STORE_H", "h_z?STORE_H", "s_out", "m_out", "z_out")),
@@ -152,6 +153,15 @@ KERNEL_TRAFFIC = {
     "bwd_dv": (("q", "k", "do", "den", "dh_s", "dh_m", "de_s?SPLIT", "de_m?SPLIT"), ("dv",)),
     "bwd_dqk": (("q", "k", "v", "do", "den", "dden", "h_s", "h_m", "h_z", "dh_s", "dh_m", "dh_z", "e_s?SPLIT",
                  "e_m?SPLIT", "e_z?SPLIT", "de_s?SPLIT", "de_m?SPLIT", "de_z?SPLIT"), ("dq", "dk")),
+    # fused_chunk_kernels: the splits' states (*_loc) are empty tensors where the rows are not split
+    "fused_fwd": (("q", "k", "v", "s0?USE_INIT", "m0?USE_INIT", "z0?USE_INIT", "s_loc", "m_loc", "z_loc"),
+                  ("o", "den", "s_out", "m_out", "z_out")),
+    "fused_bwd_dkv": (("q", "k", "v", "o?!DDEN_READY", "do", "den", "dden?DDEN_READY",
+                       "ds_fin?HAS_FINAL_GRAD", "dm_fin?HAS_FINAL_GRAD", "dz_fin?HAS_FINAL_GRAD", "ds_loc",
+                       "dm_loc", "dz_loc"),
+                      ("dk", "dv", "dden?!DDEN_READY", "ds0", "dm0", "dz0")),
+    "fused_bwd_dq": (("k", "v", "do", "den", "dden", "s0?USE_INIT", "m0?USE_INIT", "z0?USE_INIT", "s_loc",
+                      "m_loc", "z_loc"), ("dq",)),
 }
 
 
@@ -164,7 +174,7 @@ def launch_bytes(kernel: str, args: dict, constants: dict) -> int:
     seen, total = set(), 0
     for entry in reads + writes:
         name, _, flag = entry.partition("?")
-        if flag and not constants.get(flag):
+        if flag and bool(constants.get(flag.lstrip("!"))) == flag.startswith("!"):
             continue
         if name.endswith("_m") and name.startswith(("h", "dh", "e", "de")) and not constants.get("MOMENTUM"):
             continue

@@ -8,7 +8,16 @@ import math
 
 import pytest
 import torch
-from helpers.triton_attention import TOL, loss_of, make_inputs, random_state, rel_rms, triton_ops
+from helpers.triton_attention import (
+    SCANS,
+    TOL,
+    loss_of,
+    make_inputs,
+    random_state,
+    rel_rms,
+    triton_ops,
+    use_scan,
+)
 
 from plugins.attention.naive import (
     naive_causal_momentum_attention,
@@ -41,10 +50,12 @@ CASES = [
 ]
 
 
+@pytest.mark.parametrize("scan", SCANS)
 @pytest.mark.parametrize("N,D,chunk,beta,gamma,padded,init", CASES)
-def test_chunk_forward_gradients_and_state_match_float64_references(make_generator, N, D, chunk, beta,
-                                                                    gamma, padded, init):
+def test_chunk_forward_gradients_and_state_match_float64_references(make_generator, monkeypatch, scan, N, D,
+                                                                    chunk, beta, gamma, padded, init):
     tri = triton_ops()
+    use_scan(monkeypatch, scan)
     gen = make_generator()
     B, H, Dk, Dv = 2, 1, D, D - 8                             # Dv not a power of two
     lengths = torch.tensor([N, N // 2 if padded else N])                # N = 1 padded: a row of length 0
@@ -126,11 +137,13 @@ def test_momentum_close_to_one_is_stable(make_generator):
         assert rel_rms(got, expected) <= TOL
 
 
+@pytest.mark.parametrize("scan", SCANS)
 @pytest.mark.parametrize("where", ["k", "v"])
 @pytest.mark.parametrize("bad", [float("nan"), float("inf")])
-def test_non_finite_real_token_does_not_reach_earlier_outputs(make_generator, where, bad):
+def test_non_finite_real_token_does_not_reach_earlier_outputs(make_generator, monkeypatch, scan, where, bad):
     """An output at position i depends on positions ≤ i only, non-finite values included."""
     tri = triton_ops()
+    use_scan(monkeypatch, scan)
     gen = make_generator()
     fq, fk, v, _ = make_inputs(gen, 1, 2, 20, 16, 16, torch.tensor([20]))
     fq, fk, v = fq.float(), fk.float(), v.float()
@@ -235,10 +248,16 @@ def test_half_precision_inputs_keep_their_dtype(make_generator, dtype):
         assert rel_rms(got, expected) <= 5e-2
 
 
-def test_compiles_without_graph_break(make_generator):
+@pytest.mark.parametrize("scan", SCANS)
+def test_compiles_without_graph_break(make_generator, monkeypatch, scan):
     """The registered triton_op traces under torch.compile(fullgraph=True), forward and backward
-    (aot_eager on CPU: the kernels themselves still run through the interpreter)."""
+    (aot_eager on CPU: the kernels themselves still run through the interpreter); fused, in splits
+    of one chunk, so that the op's fake output for the split states has their real size."""
     tri = triton_ops()
+    use_scan(monkeypatch, scan)
+    if scan == "fused":
+        from plugins.attention.triton import chunk
+        monkeypatch.setattr(chunk, "scan_splits", lambda rows, chunks, device: (chunks, 1))
     gen = make_generator()
     fq, fk, v, _ = make_inputs(gen, 1, 2, 20, 16, 16, torch.tensor([20]))
     leaves = [t.float().requires_grad_() for t in (fq, fk, v)]
@@ -273,7 +292,7 @@ def test_eager_calls_equal_the_registered_ops(make_generator, layout):
 
     def run(forward):
         leaves = [t.float().requires_grad_() for t in (fq, fk, v, state.s, state.z, state.m)]
-        out, den, s, z, m = forward(*leaves, lengths, cu, 0.6, 0.8, 1e-6, 16)
+        out, den, s, z, m, _splits = forward(*leaves, lengths, cu, 0.6, 0.8, 1e-6, 16)
         loss = sum((t * u).sum() for t, u in zip((out, s, z, m), ups))
         return (out, den, s, z, m) + torch.autograd.grad(loss, leaves)
 
@@ -293,12 +312,17 @@ def test_eager_calls_equal_the_registered_ops(make_generator, layout):
         assert torch.equal(got, expected)
 
 
-def test_backward_keeps_no_per_position_states(make_generator):
+@pytest.mark.parametrize("scan", SCANS)
+@pytest.mark.parametrize("N", [256, 512])
+def test_backward_keeps_no_per_position_states(make_generator, monkeypatch, scan, N):
     """What autograd keeps is O(N·D) (inputs, output, denominators), never the N·Dk·Dv per-position
-    states nor the nchunks·Dk·Dv chunk states (the backward recomputes those)."""
+    states nor the nchunks·Dk·Dv chunk states (the backward recomputes those, or, fused, never
+    stores them). The fused kernels keep the states of the forward's splits (N = 512: 32 chunks
+    of one row are split), at most one per program of two per SM: a bound that does not grow with N."""
     tri = triton_ops()
+    use_scan(monkeypatch, scan)
     gen = make_generator()
-    N, D = 256, 16
+    D = 16
     fq, fk, v, _ = make_inputs(gen, 1, 1, N, D, D, torch.tensor([N]))
     leaves = [t.float().requires_grad_() for t in (fq, fk, v)]
     saved = []
@@ -310,7 +334,8 @@ def test_backward_keeps_no_per_position_states(make_generator):
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         tri.chunk_momentum_attention(*leaves, momentum=0.6, step_size=1.0, eps=1e-6, chunk_size=16,
                                      initial_state=None, lengths=None, return_state=False)
-    assert sum(saved) <= 4 * N * D + N, f"saved {sum(saved)} elements for N·D = {N * D}"
+    splits = (1 + 2 * 132) * (2 * D * D + D) if scan == "fused" else 0
+    assert sum(saved) <= 4 * N * D + N + splits, f"saved {sum(saved)} elements for N·D = {N * D}"
 
 
 def test_decoding_step_gradients_match_the_torch_step(make_generator):
@@ -464,10 +489,12 @@ def test_launches_past_cuda_grid_limits_are_refused_clearly():
         check_grid(1, 65536)
 
 
+@pytest.mark.parametrize("scan", SCANS)
 @pytest.mark.parametrize("beta", [0.0, 0.6])
-def test_non_finite_padding_is_a_masked_no_op(make_generator, beta):
+def test_non_finite_padding_is_a_masked_no_op(make_generator, monkeypatch, scan, beta):
     """Padded positions are never read: NaN there changes no output, state or gradient."""
     tri = triton_ops()
+    use_scan(monkeypatch, scan)
     gen = make_generator()
     lengths = torch.tensor([20, 9, 0])
     fq, fk, v, real = make_inputs(gen, 3, 1, 20, 16, 16, lengths)
@@ -527,6 +554,7 @@ from triton.compiler import ASTSource
 from triton.runtime.autotuner import Autotuner
 
 from plugins.attention.triton import chunk_kernels as K
+from plugins.attention.triton import fused_chunk_kernels as FK
 from plugins.attention.triton import fused_recurrent as F
 from plugins.attention.triton import split as S
 from plugins.attention.triton.utils import prune_chunk, prune_scan, tuning_configs
@@ -573,6 +601,21 @@ for dtype, momentum, ieee, varlen in (("bf16", True, False, False), ("bf16", Fal
         start = time.time()
         compile_for_sm90(kernel, dtype, {**meta, **extra, **config.kwargs}, config.num_warps)
         print(dtype, momentum, ieee, varlen, kernel.fn.__name__, config, f"{time.time() - start:.1f}s")
+# the fused kernels (8 warps, chunks of 32; bf16 padded at D 64 runs in tests/triton_launch_check.py) and
+# the scans from zero before them
+for dtype, momentum, ieee, varlen in (("bf16", True, False, True), ("bf16", False, False, False),
+                                      ("fp32", True, True, False)):
+    meta = dict(DK=DK, DV=DV, BT=32, BK=32, BV=32, SPLIT_V=False, MOMENTUM=momentum, HAS_LEN=not varlen,
+                IS_VARLEN=varlen, LOW=dtype == "bf16", IEEE=ieee)
+    for kernel, extra in ((FK.fused_fwd, {"USE_INIT": True}), (FK.fused_bwd_dq, {"USE_INIT": True}),
+                          (FK.fused_bwd_dkv, {"HAS_FINAL_GRAD": True, "DDEN_READY": varlen})):
+        start = time.time()
+        compile_for_sm90(kernel, dtype, {**meta, **extra}, 8)
+        print(dtype, momentum, ieee, varlen, kernel.fn.__name__, f"{time.time() - start:.1f}s")
+scan_meta = dict(DK=DK, DV=DV, BT=32, BK=32, BV=32, MOMENTUM=True, HAS_LEN=True, IS_VARLEN=False, LOW=True,
+                 IEEE=False)
+compile_for_sm90(K.fwd_h, "bf16", dict(**scan_meta, USE_INIT=False, STORE_H=False))
+compile_for_sm90(K.bwd_dh, "bf16", dict(**scan_meta, HAS_FINAL_GRAD=False, STORE_H=False))
 for reverse in (False, True):
     merge_meta = dict(DK=DK, DV=DV, BT=BT, BK=32, BV=32, MOMENTUM=True, HAS_LEN=True, IS_VARLEN=False)
     compile_for_sm90(S.merge_splits, "bf16", dict(**merge_meta, USE_INIT=True, REVERSE=reverse))
@@ -602,7 +645,8 @@ def test_kernels_compile_for_an_h100():
     """The interpreter accepts what the compiler may refuse (dot shapes and dtypes, constexpr
     rules, layouts): every kernel is compiled to an sm_90 cubin, without a GPU, for bf16 (one and
     two states; packed sequences too), fp16 and fp32 (exact and tf32 dots), with the launch
-    settings the autotuner would keep."""
+    settings the autotuner would keep; the fused kernels for bf16 (packed, and one state) and
+    exact fp32."""
     import os
     import subprocess
     import sys

@@ -7,7 +7,8 @@ sequence must give each SM two programs; a pass that only combines the splits' s
 its name) is exempt (issue 27, acceptance). The split scans once: the per-chunk kernels add the
 splits' edge states. At B16-H16-T1k (256 rows, 1.9 per SM) the scans run in one pass: a split
 would add three launches per forward and backward for scans that took a fifth of the device time
-there (split.py)."""
+there (split.py). The fused kernels (chunk.SCAN = "fused") follow the same split rule: their
+programs are whole scans, one launch per pass, after a scan from zero per split where split."""
 import importlib.util
 
 import pytest
@@ -21,6 +22,8 @@ ONE_PASS_SHAPES = [(16, 16, 1024), (32, 16, 256), (8, 16, 1024), (1, 16, 1984)]
 ONE_PASS = ["fwd_h", "fwd_o", "fwd_h", "bwd_dh", "bwd_dv", "bwd_dqk"]
 SPLIT = ["fwd_h", "merge_splits", "fwd_o", "fwd_h", "merge_splits", "bwd_dh", "merge_splits", "bwd_dv",
          "bwd_dqk"]
+FUSED_ONE_PASS = ["fused_fwd", "fused_bwd_dkv", "fused_bwd_dq"]
+FUSED_SPLIT = ["fwd_h", "fused_fwd", "bwd_dh", "fused_bwd_dkv", "fused_bwd_dq"]
 
 
 @pytest.mark.parametrize("B,H,T", SPLIT_SHAPES)
@@ -42,3 +45,33 @@ def test_many_or_short_rows_scan_in_one_pass(monkeypatch, B, H, T):
     launches, forward, _ = record_launches(monkeypatch, B, H, T)
     assert [name for name, _, _ in launches] == ONE_PASS
     assert forward == 2
+
+
+@pytest.mark.parametrize("B,H,T", SPLIT_SHAPES + [(8, 16, 1024), (1, 16, 1984)])
+def test_fused_split_launches_give_each_h100_sm_two_programs(monkeypatch, B, H, T):
+    """Fused: a scan from zero per split (no per-chunk state stored), then one launch per pass,
+    each chaining the splits in-kernel (no merge launch): every launch ≥ 2 programs per SM. The
+    fused kernels' chunks are 32 tokens (fused_chunk_kernels.MAX_CHUNK), so rows of 1k tokens hold
+    split.LONG_ROW chunks and split where the chunked kernels' rows do not."""
+    launches, forward, first = record_launches(monkeypatch, B, H, T, scan="fused")
+    assert [name for name, _, _ in launches] == FUSED_SPLIT
+    assert forward == 2
+    assert [c["STORE_H"] for name, _, c in launches if name in ("fwd_h", "bwd_dh")] == [False, False]
+    assert [c["DDEN_READY"] for name, _, c in launches if name == "fused_bwd_dkv"] == [True]
+    for name, grid, constants in launches:
+        fewest = programs(name, grid, constants, first, monkeypatch)
+        assert fewest >= H100_PROGRAMS, f"{name} at B{B}-H{H}-T{T}: {fewest} programs"
+
+
+@pytest.mark.parametrize("B,H,T", [(16, 16, 1024), (32, 16, 256), (8, 16, 992)])
+def test_fused_one_pass_is_three_launches(monkeypatch, B, H, T):
+    launches, forward, _ = record_launches(monkeypatch, B, H, T, scan="fused")
+    assert [name for name, _, _ in launches] == FUSED_ONE_PASS
+    assert forward == 1
+    assert [c["DDEN_READY"] for name, _, c in launches if name == "fused_bwd_dkv"] == [False]
+
+
+def test_fused_kernels_take_head_dimensions_up_to_64(monkeypatch):
+    """Past 64 the fused kernels' whole states would not fit the registers: the chunked ones run."""
+    launches, _, _ = record_launches(monkeypatch, 2, 2, 256, D=80, scan="fused")
+    assert [name for name, _, _ in launches] == ONE_PASS

@@ -8,7 +8,16 @@ import importlib.util
 import pytest
 import torch
 import triton
-from helpers.triton_attention import TOL, loss_of, make_inputs, random_state, rel_rms, triton_ops
+from helpers.triton_attention import (
+    SCANS,
+    TOL,
+    loss_of,
+    make_inputs,
+    random_state,
+    rel_rms,
+    triton_ops,
+    use_scan,
+)
 from helpers.triton_varlen import (
     each_segment_alone,
     offsets,
@@ -55,9 +64,12 @@ def force_splits(monkeypatch, cps):
     monkeypatch.setattr(chunk, "scan_splits", splits)
 
 
+@pytest.mark.parametrize("scan", SCANS)
 @pytest.mark.parametrize("cps,beta", [(None, 0.9), (1, 0.9), (3, 0.9), (4, 0.0), ("auto", 0.99)])
-def test_split_scans_match_float64_with_padding_and_an_initial_state(make_generator, monkeypatch, cps, beta):
+def test_split_scans_match_float64_with_padding_and_an_initial_state(make_generator, monkeypatch, scan, cps,
+                                                                     beta):
     tri = triton_ops()
+    use_scan(monkeypatch, scan)
     if cps != "auto":
         force_splits(monkeypatch, cps)
     gen = make_generator()
@@ -88,9 +100,11 @@ def test_split_scans_match_float64_with_padding_and_an_initial_state(make_genera
         assert rel_rms(g, r) <= TOL, f"d{name}: {rel_rms(g, r):.2e}"
 
 
+@pytest.mark.parametrize("scan", SCANS)
 @pytest.mark.parametrize("cps,init", [(2, True), (1, False)])
-def test_split_scans_keep_packed_segments_separate(make_generator, monkeypatch, cps, init):
+def test_split_scans_keep_packed_segments_separate(make_generator, monkeypatch, scan, cps, init):
     tri = triton_ops()
+    use_scan(monkeypatch, scan)
     force_splits(monkeypatch, cps)
     gen = make_generator()
     lengths, H, Dk, Dv, beta, gamma = [5, 0, 37, 1, 50], 2, 16, 8, 0.6, 0.8

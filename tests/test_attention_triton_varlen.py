@@ -9,7 +9,7 @@ import importlib.util
 
 import pytest
 import torch
-from helpers.triton_attention import TOL, rel_rms, triton_ops
+from helpers.triton_attention import SCANS, TOL, rel_rms, triton_ops, use_scan
 from helpers.triton_varlen import (
     EPS,
     each_segment_alone,
@@ -43,9 +43,12 @@ CASES = [
 ]
 
 
+@pytest.mark.parametrize("scan", SCANS)
 @pytest.mark.parametrize("lengths,chunk,beta,gamma,init", CASES)
-def test_packed_segments_match_each_segment_run_alone(make_generator, lengths, chunk, beta, gamma, init):
+def test_packed_segments_match_each_segment_run_alone(make_generator, monkeypatch, scan, lengths, chunk, beta,
+                                                      gamma, init):
     tri = triton_ops()
+    use_scan(monkeypatch, scan)
     gen = make_generator()
     H, Dk, Dv = 2, 16, 12                                   # Dv not a power of two
     n, T = len(lengths), sum(lengths)

@@ -5,7 +5,8 @@ the stand-in driver of `triton_standin` (compiled kernels, no-op launches):
 
 Per dtype and head size: momentum attention forward + backward (padding, initial state, the final
 state's gradient), plain linear attention (the one-state kernels), packed sequences (cu_seqlens:
-per-segment initial and final states, β > 0 and β = 0), a decoding step, and the
+per-segment initial and final states, β > 0 and β = 0), the fused kernels (padded momentum, bf16
+at the first head size), a decoding step, and the
 Adam/RMSProp LSTM recurrences; then the attention again at other autotuning buckets of N and
 B·H, which must compile nothing new; per dtype, a decoding step at Dk = Dv = 512 (the step
 kernel loops over Dk blocks). "tf32" is fp32 inputs under torch.set_float32_matmul_precision
@@ -53,6 +54,17 @@ def allow_cpu_tensors():
         return kernel
 
     adam_recurrence_triton._kernel = jit_kernel
+
+
+@contextlib.contextmanager
+def fused_scans():
+    """The fused kernels (plugins/attention/triton/fused_chunk_kernels) instead of the chunked ones."""
+    from plugins.attention.triton import chunk
+    chosen, chunk.SCAN = chunk.SCAN, "fused"
+    try:
+        yield
+    finally:
+        chunk.SCAN = chosen
 
 
 @contextlib.contextmanager
@@ -173,8 +185,8 @@ def resource_table(kernels) -> list[str]:
         names = kernel.src.fn.arg_names
         consts = {names[k[0]] if isinstance(k, tuple) else k: v for k, v in kernel.src.constants.items()}
         shown = {k: v for k, v in consts.items()
-                 if k in ("DK", "DV", "BT", "BK", "BV", "MOMENTUM", "IS_VARLEN", "SPLIT", "IEEE", "BLOCK_B",
-                          "BLOCK_H")
+                 if k in ("DK", "DV", "BT", "BK", "BV", "SPLIT_V", "MOMENTUM", "IS_VARLEN", "SPLIT", "IEEE",
+                          "BLOCK_B", "BLOCK_H")
                  and (k not in ("IS_VARLEN", "SPLIT") or v)}   # marked on the packed / split kernels only
         key = (name, dtype, str(shown.items()), kernel.metadata.num_warps)
         if key in seen:
@@ -199,11 +211,12 @@ def main() -> int:
 
     import torch
 
-    from plugins.attention.triton import chunk_kernels, fused_recurrent, split
+    from plugins.attention.triton import chunk_kernels, fused_chunk_kernels, fused_recurrent, split
     allow_cpu_tensors()
 
     chunked = [chunk_kernels.fwd_h, chunk_kernels.fwd_o, chunk_kernels.bwd_dh,
                chunk_kernels.bwd_dv, chunk_kernels.bwd_dqk, split.merge_splits]
+    fused = [getattr(fused_chunk_kernels, name) for name in ("fused_fwd", "fused_bwd_dkv", "fused_bwd_dq")]
     compiled = []
     for name in args.dtypes:
         torch.set_float32_matmul_precision("high" if name == "tf32" else "highest")
@@ -214,6 +227,9 @@ def main() -> int:
             if name == args.dtypes[0] and D == args.dims[0]:
                 with split_every_chunk():          # merge_splits reads fp32 states: one dtype suffices
                     attention(dtype, D, momentum_only=True)
+                if name == "bf16":                 # the fused kernels, one pass per row (other dtypes:
+                    with fused_scans():            # tests/test_attention_triton.py compiles them)
+                        attention(dtype, D, momentum_only=True)
             lstm_recurrences(dtype, D)
             kept = compiled_count(chunked)
             attention(dtype, D, B=4, H=2, N=1024)            # other buckets of N and B·H
@@ -232,7 +248,7 @@ def main() -> int:
             if failures:
                 print("\n".join(failures), file=sys.stderr)
                 return 1
-    kernels = chunked + [fused_recurrent.step_kernel]
+    kernels = chunked + (fused if "bf16" in args.dtypes else []) + [fused_recurrent.step_kernel]
     kernels += LSTM_KERNELS
     for kernel in kernels:
         name = kernel.fn.__name__ if hasattr(kernel, "configs") else kernel.__name__.lstrip("_")

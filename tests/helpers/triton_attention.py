@@ -5,6 +5,13 @@ import torch
 from plugins.attention.state import MomentumAttentionState
 
 TOL = 1e-4                                   # relative RMS, fp32 kernels vs float64 references
+SCANS = ["chunked", "fused"]                 # plugins.attention.triton.chunk.SCANS
+
+
+def use_scan(monkeypatch, scan):
+    """Run the chunked or the fused kernels (chunk.SCAN, which MOMENTUM_TRITON_SCAN sets)."""
+    from plugins.attention.triton import chunk
+    monkeypatch.setattr(chunk, "SCAN", scan)
 
 
 def triton_ops():

@@ -1,5 +1,6 @@
 """Records each Triton launch's grid on meta tensors (the launch-grid and bytes-model tests)."""
 import inspect
+import math
 
 import torch
 
@@ -21,34 +22,47 @@ class Recorder:
         return launch
 
 
-def record_launches(monkeypatch, B, H, T, D=64, dtype=torch.bfloat16, arguments=None):
-    """(launches of a forward and backward, how many of them the forward made, q); the launches'
-    arguments by name are appended to `arguments` if given."""
+FUSED = ("fused_fwd", "fused_bwd_dkv", "fused_bwd_dq")
+
+
+def record_launches(monkeypatch, B, H, T, D=64, dtype=torch.bfloat16, arguments=None, scan="chunked"):
+    """(launches of a forward and backward, how many of them the forward made, q) of the `scan`
+    kernels (chunk.SCANS); the launches' arguments by name are appended to `arguments` if given."""
     from plugins.attention.triton import chunk, split
+    from plugins.attention.triton import launches as kernels
     launches, arguments = [], [] if arguments is None else arguments
+    monkeypatch.setattr(chunk, "SCAN", scan)
     for name in ("fwd_h", "fwd_o", "bwd_dh", "bwd_dv", "bwd_dqk"):
-        monkeypatch.setattr(chunk.K, name, Recorder(name, getattr(chunk.K, name), launches, arguments))
+        monkeypatch.setattr(kernels.K, name, Recorder(name, getattr(kernels.K, name), launches, arguments))
+    for name in FUSED:
+        monkeypatch.setattr(kernels.F, name, Recorder(name, getattr(kernels.F, name), launches, arguments))
     merge = Recorder("merge_splits", split.merge_splits, launches, arguments)
     monkeypatch.setattr(split, "merge_splits", merge)
     meta = torch.device("meta")
     q, k, v, do = (torch.empty(B, H, T, D, dtype=dtype, device=meta) for _ in range(4))
-    out, den, *_ = chunk.chunk_forward(q, k, v, None, None, None, None, None, 0.9, 1.0, 1e-6, 64)
+    out, den, _s, _z, _m, splits = chunk.chunk_forward(q, k, v, None, None, None, None, None, 0.9, 1.0, 1e-6,
+                                                       64)
     forward = len(launches)
-    chunk.chunk_backward(q, k, v, out, den, do, None, None, None, None, None, None, None, None,
+    chunk.chunk_backward(q, k, v, out, den, splits, do, None, None, None, None, None, None, None, None,
                          0.9, 1.0, 1e-6, 64)
     return launches, forward, q
 
 
 def programs(name, grid, constants, first, monkeypatch):
     """The fewest programs the launch can have: over the configs the GPU's pruner keeps."""
-    from plugins.attention.triton import utils
+    from plugins.attention.triton import fused_chunk_kernels, utils
     if not callable(grid):
-        return grid[0] * grid[1] * (grid[2] if len(grid) > 2 else 1)
+        return math.prod(grid)
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)       # the GPU's config list
-    prune = utils.prune_scan if name in ("fwd_h", "bwd_dh") else utils.prune_chunk
+    if name in FUSED:
+        configs = fused_chunk_kernels.fused_configs(tile_v=True)
+        kept = fused_chunk_kernels._prune_v(configs, {"q": first}, **constants)
+    else:
+        prune = utils.prune_scan if name in ("fwd_h", "bwd_dh") else utils.prune_chunk
+        kept = prune(utils.tuning_configs(), {"q": first}, **constants)
     counts = []
-    for config in prune(utils.tuning_configs(), {"q": first}, **constants):
-        size = grid(config.kwargs)
-        counts.append(size[0] * size[1] * (size[2] if len(size) > 2 else 1))
+    for config in kept:
+        size = grid({**constants, **config.kwargs})
+        counts.append(math.prod(size))
     assert counts, f"the pruner keeps no config of {name}"
     return min(counts)

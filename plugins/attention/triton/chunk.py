@@ -14,13 +14,20 @@ kernels read the packed row in place (no copy into a padded batch, no loop over 
 Where the rows (batch·heads, or segments·heads) are fewer than the SMs, the state scans run in
 splits of the sequence (`split`): each split scanned from zero, a short merge of the splits' edge
 states, and the per-chunk kernels (SPLIT) add each chunk's share of its split's edge state where
-they read the per-chunk states, so the scan runs once either way."""
+they read the per-chunk states, so the scan runs once either way.
+
+With SCAN = "fused" (MOMENTUM_TRITON_SCAN=fused) and head dimensions up to 64, the launchers of
+`fused_chunk` run instead: the states stay in registers, a forward is one launch and a backward
+two (after a scan from zero per split where split), and no per-chunk state reaches memory."""
+import os
 from typing import NamedTuple, Optional
 
 import torch
 
-from ...triton_launch import DirectKernels, cdiv
-from . import chunk_kernels
+from ...triton_launch import cdiv
+from .fused_chunk import fused_backward, fused_forward, split_numel
+from .fused_chunk_kernels import fits, fused_chunk_size
+from .launches import K
 from .split import merge, scan_splits
 from .utils import (
     accumulator_dtype,
@@ -33,7 +40,30 @@ from .utils import (
     tuning_buckets,
 )
 
-K = DirectKernels(chunk_kernels)          # launches skip Triton's per-call dispatch once compiled
+# The kernels that run eq. 13 where both can: "chunked" (chunk_kernels, the per-chunk states through
+# memory; timed on an H100 and an H200, docs/benchmarks.md) or "fused" (fused_chunk_kernels, the
+# states in registers, head dimensions up to 64: half the modelled bytes, GPU speed unmeasured).
+SCANS = ("chunked", "fused")
+SCAN = os.environ.get("MOMENTUM_TRITON_SCAN", "chunked")
+
+
+def fused_scans(DK: int, DV: int) -> bool:
+    """Whether a launch of these head dimensions runs the fused kernels (SCAN, where they fit)."""
+    if SCAN not in SCANS:
+        raise ValueError(f"MOMENTUM_TRITON_SCAN must be one of {SCANS}, got {SCAN!r}")
+    return SCAN == "fused" and fits(DK, DV)
+
+
+def kept_splits_numel(fq, v, cu_seqlens, chunk: int) -> int:
+    """Values of the split states that chunk_forward returns for the backward (`splits`): the fused
+    kernels' states of each split from zero where the rows are split, else none."""
+    _, H, N, DK = fq.shape
+    DV = v.shape[-1]
+    if not fused_scans(DK, DV):
+        return 0
+    rows = (fq.shape[0] if cu_seqlens is None else cu_seqlens.shape[0] - 1) * H
+    G, _ = scan_splits(rows, cdiv(N, chunk_block(fused_chunk_size(chunk))), fq.device)
+    return split_numel(rows, G, DK, DV)
 
 
 class _Layout:
@@ -65,6 +95,11 @@ class _Layout:
     def splits(self, device):
         """(G, CPS) of the state scans (split.scan_splits); a segment has at most N tokens."""
         return scan_splits(self.S * self.H, cdiv(self.N, self.BT), device)
+
+    def states(self, like, dtype):
+        """(s, m, z) of the S sequences: (S, H, DK, DV) twice and (S, H, DK), empty, in `dtype`."""
+        s = like.new_empty(self.S, self.H, self.DK, self.DV, dtype=dtype)
+        return s, torch.empty_like(s), like.new_empty(self.S, self.H, self.DK, dtype=dtype)
 
     def split_states(self, like, G: int, with_m: bool = True):
         """(s, m, z) scratch of the splits' states, S·H·G of them, in the accumulator dtype."""
@@ -122,14 +157,12 @@ def states_entering_chunks(fk, v, s0, z0, m0, layout, coef, meta):
     (s, z, m with m = −M', fp32/fp64; batch B, or n segments), and `edges`: None, or where the
     scan ran in G splits, the per-chunk states from each split's start and edges = (s, m, z) of
     the states entering the splits (rows·G), which the per-chunk kernels add (SPLIT)."""
-    B, H, N, DK, DV, NT, S = layout.B, layout.H, layout.N, layout.DK, layout.DV, layout.NT, layout.S
+    B, H, N, DK, DV, NT = layout.B, layout.H, layout.N, layout.DK, layout.DV, layout.NT
     acc = coef.dtype
     h_s = fk.new_empty(B * H, NT, DK, DV, dtype=chunk_state_dtype(fk.dtype))
     h_m = torch.empty_like(h_s) if meta["MOMENTUM"] else h_s
     h_z = fk.new_empty(B * H, NT, DK, dtype=acc)
-    s = fk.new_empty(S, H, DK, DV, dtype=acc)
-    m = fk.new_empty(S, H, DK, DV, dtype=acc)
-    z = fk.new_empty(S, H, DK, dtype=acc)
+    s, m, z = layout.states(fk, acc)
     use_init = s0 is not None
     G, CPS = layout.splits(fk.device)
     tables = layout.scan_tables(z)
@@ -164,42 +197,50 @@ def split_args(edges: Optional[SplitEdges], dummy: tuple, NT: int) -> tuple:
 
 def chunk_forward(fq, fk, v, s0, z0, m0, lengths, cu_seqlens, momentum: float, step_size: float,
                   eps: float, chunk: int):
-    """out (input dtype), den (B, H, N) accumulator dtype, and the final s, z, m (batch B, or n
-    segments with `cu_seqlens`: int32, n + 1 offsets over the one row)."""
+    """out (input dtype), den (B, H, N) accumulator dtype, the final s, z, m (batch B, or n
+    segments with `cu_seqlens`: int32, n + 1 offsets over the one row), and `splits` for the
+    backward (kept_splits_numel values, accumulator dtype; empty for the chunked kernels)."""
     with device_of(fq):
         return _chunk_forward(fq, fk, v, s0, z0, m0, lengths, cu_seqlens, momentum, step_size, eps, chunk)
 
 
 def _chunk_forward(fq, fk, v, s0, z0, m0, lengths, cu_seqlens, momentum, step_size, eps, chunk):
-    layout = _Layout(fq, v, chunk, lengths, cu_seqlens)
+    fused = fused_scans(fq.shape[-1], v.shape[-1])
+    layout = _Layout(fq, v, fused_chunk_size(chunk) if fused else chunk, lengths, cu_seqlens)
     B, H, N, DV, NT = layout.B, layout.H, layout.N, layout.DV, layout.NT
     check_grid(max(B, layout.S) * H, NT)
     coef = coefficients(momentum, step_size, eps, accumulator_dtype(fq.dtype), fq.device)
     meta = layout.meta(fq.dtype, momentum)
+    if fused:
+        return fused_forward(fq, fk, v, s0, z0, m0, layout, coef, meta)
     h_s, h_m, h_z, s, z, m, edges = states_entering_chunks(fk, v, s0, z0, m0, layout, coef, meta)
     out = torch.empty_like(v)
     den = fq.new_empty(B, H, N, dtype=coef.dtype)
     e, splits, split = split_args(edges, (s, m, z), layout.NT)
     K.fwd_o[layout.chunk_grid("BV", DV)](fq, fk, v, h_s, h_m, h_z, *e, out, den, *layout.chunk_tables(den),
                                          coef, N, H, NT, *splits, SPLIT=split, **meta)
-    return out, den, s, z, m
+    return out, den, s, z, m, den.new_empty(0)
 
 
-def chunk_backward(fq, fk, v, out, den, do, s0, z0, m0, ds, dz, dm, lengths, cu_seqlens, momentum: float,
-                   step_size: float, eps: float, chunk: int):
+def chunk_backward(fq, fk, v, out, den, splits, do, s0, z0, m0, ds, dz, dm, lengths, cu_seqlens,
+                   momentum: float, step_size: float, eps: float, chunk: int):
     """Gradients of fq, fk, v (input dtype) and of the initial s, z, m (accumulator dtype), given
-    the output gradient do and the final state's gradients ds, dz, dm (None = 0)."""
+    the forward's out, den and splits, the output gradient do and the final state's gradients ds,
+    dz, dm (None = 0)."""
     with device_of(fq):
-        return _chunk_backward(fq, fk, v, out, den, do, s0, z0, m0, ds, dz, dm, lengths, cu_seqlens,
+        return _chunk_backward(fq, fk, v, out, den, splits, do, s0, z0, m0, ds, dz, dm, lengths, cu_seqlens,
                                momentum, step_size, eps, chunk)
 
 
-def _chunk_backward(fq, fk, v, out, den, do, s0, z0, m0, ds, dz, dm, lengths, cu_seqlens, momentum,
+def _chunk_backward(fq, fk, v, out, den, splits, do, s0, z0, m0, ds, dz, dm, lengths, cu_seqlens, momentum,
                     step_size, eps, chunk):
-    layout = _Layout(fq, v, chunk, lengths, cu_seqlens)
-    H, N, DK, DV, NT, S = layout.H, layout.N, layout.DK, layout.DV, layout.NT, layout.S
+    fused = fused_scans(fq.shape[-1], v.shape[-1])
+    layout = _Layout(fq, v, fused_chunk_size(chunk) if fused else chunk, lengths, cu_seqlens)
+    H, N, DK, DV, NT = layout.H, layout.N, layout.DK, layout.DV, layout.NT
     coef = coefficients(momentum, step_size, eps, accumulator_dtype(fq.dtype), fq.device)
     meta = layout.meta(fq.dtype, momentum)
+    if fused:
+        return fused_backward(fq, fk, v, out, den, do, s0, z0, m0, ds, dz, dm, splits, layout, coef, meta)
     h_s, h_m, h_z, _s, _z, _m, edges = states_entering_chunks(fk, v, s0, z0, m0, layout, coef, meta)
 
     dden = torch.empty_like(den)           # written by bwd_dh at the real positions, read there only
@@ -208,9 +249,7 @@ def _chunk_backward(fq, fk, v, out, den, do, s0, z0, m0, ds, dz, dm, lengths, cu
     dh_s = torch.empty_like(h_s)
     dh_m = torch.empty_like(h_m) if meta["MOMENTUM"] else dh_s
     dh_z = torch.empty_like(h_z)
-    ds0 = fq.new_empty(S, H, DK, DV, dtype=acc)
-    dm0 = fq.new_empty(S, H, DK, DV, dtype=acc)
-    dz0 = fq.new_empty(S, H, DK, dtype=acc)
+    ds0, dm0, dz0 = layout.states(fq, acc)
     tables = layout.scan_tables(den)
     back_edges = None
     if edges is None:

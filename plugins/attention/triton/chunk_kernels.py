@@ -56,18 +56,26 @@ def _row_length(lengths, i_b, N, HAS_LEN: tl.constexpr):
 
 
 @triton.jit
-def _scan_span(i_nh, H, N, lengths, cu_seqlens, chunk_offsets, HAS_LEN: tl.constexpr,
-               IS_VARLEN: tl.constexpr):
-    """(row, bos, L, first) of a state scan's program i_nh: the (batch·head) row its tokens are
-    in, its first token bos and length L there, and the index of its first chunk in the chunk
-    states. Packed: segment i_nh // H of head i_nh % H."""
+def _sequence(i_nh, H, N, lengths, cu_seqlens, HAS_LEN: tl.constexpr, IS_VARLEN: tl.constexpr):
+    """(row, bos, L) of a scan's program i_nh: the (batch·head) row its tokens are in, and its
+    first token bos and length L there. Packed: segment i_nh // H of head i_nh % H."""
     if IS_VARLEN:
         seg = i_nh // H
         bos = tl.load(cu_seqlens + seg)
-        L = tl.load(cu_seqlens + seg + 1) - bos
-        return i_nh % H, bos, L, tl.load(chunk_offsets + seg)
+        return i_nh % H, bos, tl.load(cu_seqlens + seg + 1) - bos
     else:
-        return i_nh, 0, _row_length(lengths, i_nh // H, N, HAS_LEN), 0
+        return i_nh, 0, _row_length(lengths, i_nh // H, N, HAS_LEN)
+
+
+@triton.jit
+def _scan_span(i_nh, H, N, lengths, cu_seqlens, chunk_offsets, HAS_LEN: tl.constexpr,
+               IS_VARLEN: tl.constexpr):
+    """`_sequence`'s (row, bos, L), and the index of the program's first chunk in the chunk states."""
+    row, bos, L = _sequence(i_nh, H, N, lengths, cu_seqlens, HAS_LEN, IS_VARLEN)
+    if IS_VARLEN:
+        return row, bos, L, tl.load(chunk_offsets + i_nh // H)
+    else:
+        return row, bos, L, 0
 
 
 @triton.jit

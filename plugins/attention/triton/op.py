@@ -10,7 +10,7 @@ import torch
 from torch import Tensor
 from torch.library import custom_op, register_autograd
 
-from .chunk import chunk_backward, chunk_forward
+from .chunk import chunk_backward, chunk_forward, kept_splits_numel
 from .fused_recurrent import recurrent_step
 from .utils import accumulator_dtype
 
@@ -27,9 +27,10 @@ def chunk_momentum_attention_forward(
     fq: Tensor, fk: Tensor, v: Tensor, s0: Tensor | None, z0: Tensor | None, m0: Tensor | None,
     lengths: Tensor | None, cu_seqlens: Tensor | None, momentum: float, step_size: float, eps: float,
     chunk: int,
-) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
-    """(out, den, s, z, m): eq. 13's output, its denominator (kept for the backward) and the final
-    state (per row, or per segment of `cu_seqlens`). The chunk tables of a packed row are built
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """(out, den, s, z, m, splits): eq. 13's output, its denominator, the final state (per row, or
+    per segment of `cu_seqlens`) and the fused kernels' split states (1-D, often empty; den and
+    splits are kept for the backward). The chunk tables of a packed row are built
     inside (chunk.varlen_tables): their size depends on the offsets' values, which the op's
     fake implementation does not need."""
     return chunk_forward(fq, fk, v, s0, z0, m0, lengths, cu_seqlens, momentum, step_size, eps, chunk)
@@ -42,22 +43,24 @@ def _(fq, fk, v, s0, z0, m0, lengths, cu_seqlens, momentum, step_size, eps, chun
     S = _states(fq, v, cu_seqlens)
     acc = accumulator_dtype(fq.dtype)
     return (torch.empty_like(v), fq.new_empty(B, H, N, dtype=acc), fq.new_empty(S, H, DK, DV, dtype=acc),
-            fq.new_empty(S, H, DK, dtype=acc), fq.new_empty(S, H, DK, DV, dtype=acc))
+            fq.new_empty(S, H, DK, dtype=acc), fq.new_empty(S, H, DK, DV, dtype=acc),
+            fq.new_empty(kept_splits_numel(fq, v, cu_seqlens, chunk), dtype=acc))
 
 
 @custom_op(f"{NAMESPACE}::chunk_momentum_attention_backward", mutates_args=())
 def chunk_momentum_attention_backward(
-    fq: Tensor, fk: Tensor, v: Tensor, out: Tensor, den: Tensor, do: Tensor, s0: Tensor | None,
-    z0: Tensor | None, m0: Tensor | None, ds: Tensor | None, dz: Tensor | None,
+    fq: Tensor, fk: Tensor, v: Tensor, out: Tensor, den: Tensor, splits: Tensor, do: Tensor,
+    s0: Tensor | None, z0: Tensor | None, m0: Tensor | None, ds: Tensor | None, dz: Tensor | None,
     dm: Tensor | None, lengths: Tensor | None, cu_seqlens: Tensor | None, momentum: float, step_size: float,
     eps: float, chunk: int,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
-    return chunk_backward(fq, fk, v, out, den, do, s0, z0, m0, ds, dz, dm, lengths, cu_seqlens, momentum,
-                          step_size, eps, chunk)
+    return chunk_backward(fq, fk, v, out, den, splits, do, s0, z0, m0, ds, dz, dm, lengths, cu_seqlens,
+                          momentum, step_size, eps, chunk)
 
 
 @chunk_momentum_attention_backward.register_fake
-def _(fq, fk, v, out, den, do, s0, z0, m0, ds, dz, dm, lengths, cu_seqlens, momentum, step_size, eps, chunk):
+def _(fq, fk, v, out, den, splits, do, s0, z0, m0, ds, dz, dm, lengths, cu_seqlens, momentum, step_size, eps,
+      chunk):
     _, H, _, DK = fq.shape
     DV = v.shape[-1]
     S = _states(fq, v, cu_seqlens)
@@ -69,19 +72,19 @@ def _(fq, fk, v, out, den, do, s0, z0, m0, ds, dz, dm, lengths, cu_seqlens, mome
 
 def _setup_context(ctx, inputs, output):
     fq, fk, v, s0, z0, m0, lengths, cu_seqlens, momentum, step_size, eps, chunk = inputs
-    out, den = output[0], output[1]
-    ctx.save_for_backward(fq, fk, v, out, den, s0, z0, m0, lengths, cu_seqlens)
+    out, den, splits = output[0], output[1], output[5]
+    ctx.save_for_backward(fq, fk, v, out, den, splits, s0, z0, m0, lengths, cu_seqlens)
     ctx.hyper = (momentum, step_size, eps, chunk)
     ctx.has_init = s0 is not None
 
 
-def _backward(ctx, d_out, d_den, d_s, d_z, d_m):
+def _backward(ctx, d_out, d_den, d_s, d_z, d_m, d_splits):
     return _gradients(chunk_momentum_attention_backward, ctx, d_out, d_s, d_z, d_m)
 
 
 def _gradients(backward, ctx, d_out, d_s, d_z, d_m):
     """The op's input gradients through `backward` (the backward op, or chunk_backward itself)."""
-    fq, fk, v, out, den, s0, z0, m0, lengths, cu_seqlens = ctx.saved_tensors
+    fq, fk, v, out, den, splits, s0, z0, m0, lengths, cu_seqlens = ctx.saved_tensors
     if d_out is None:
         d_out = torch.zeros_like(out)
     _, H, _, DK = fq.shape
@@ -93,8 +96,8 @@ def _gradients(backward, ctx, d_out, d_s, d_z, d_m):
     else:
         final = tuple(den.new_zeros(shape) if g is None else g.to(den.dtype).contiguous()
                       for g, shape in zip(final, ((S, H, DK, DV), (S, H, DK), (S, H, DK, DV))))
-    dq, dk, dv, ds0, dz0, dm0 = backward(fq, fk, v, out, den, d_out.contiguous(), s0, z0, m0, *final, lengths,
-                                         cu_seqlens, *ctx.hyper)
+    dq, dk, dv, ds0, dz0, dm0 = backward(fq, fk, v, out, den, splits, d_out.contiguous(), s0, z0, m0, *final,
+                                         lengths, cu_seqlens, *ctx.hyper)
     if not ctx.has_init:
         ds0 = dz0 = dm0 = None
     return dq, dk, dv, ds0, dz0, dm0, None, None, None, None, None, None
@@ -114,11 +117,11 @@ class _EagerChunk(torch.autograd.Function):
         inputs = (fq, fk, v, s0, z0, m0, lengths, cu_seqlens, momentum, step_size, eps, chunk)
         output = chunk_forward(*inputs)
         _setup_context(ctx, inputs, output)
-        ctx.mark_non_differentiable(output[1])
+        ctx.mark_non_differentiable(output[1], output[5])
         return output
 
     @staticmethod
-    def backward(ctx, d_out, d_den, d_s, d_z, d_m):
+    def backward(ctx, d_out, d_den, d_s, d_z, d_m, d_splits):
         return _gradients(chunk_backward, ctx, d_out, d_s, d_z, d_m)
 
 
@@ -126,7 +129,8 @@ def chunk_momentum_attention_op(fq, fk, v, s0, z0, m0, lengths, cu_seqlens, mome
     """(out, s, z, m): through the registered op under torch.compile (one graph node), else
     through the same forward and backward directly."""
     run = chunk_momentum_attention_forward if torch.compiler.is_compiling() else _EagerChunk.apply
-    out, _den, s, z, m = run(fq, fk, v, s0, z0, m0, lengths, cu_seqlens, momentum, step_size, eps, chunk)
+    out, _den, s, z, m, _splits = run(fq, fk, v, s0, z0, m0, lengths, cu_seqlens, momentum, step_size, eps,
+                                      chunk)
     return out, s, z, m
 
 

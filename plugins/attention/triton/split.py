@@ -16,7 +16,7 @@ import triton
 import triton.language as tl
 
 from ...triton_launch import cdiv, direct
-from .utils import block, geometric
+from .utils import block, compose
 
 PROGRAMS_PER_SM = 2
 H100_SMS = 132          # CPU tensors (the interpreter, the stand-in launch driver): size for an H100
@@ -90,11 +90,11 @@ def merge_splits(s_loc, m_loc, z_loc, s_init, m_init, z_init, s_seg, m_seg, z_se
     state_mask = mk[:, None] & (o_v < DV)[None, :]
 
     S = tl.zeros([BK, BV], dtype=ACC)
-    M = tl.zeros([BK, BV], dtype=ACC)
+    M = tl.zeros([BK, BV], dtype=ACC)                       # m′ = −m: the public m is stored
     Z = tl.zeros([BK], dtype=ACC)
     if USE_INIT:
         S += tl.load(s_init + r * DK * DV + state_off, mask=state_mask, other=0.0).to(ACC)
-        M += tl.load(m_init + r * DK * DV + state_off, mask=state_mask, other=0.0).to(ACC)
+        M -= tl.load(m_init + r * DK * DV + state_off, mask=state_mask, other=0.0).to(ACC)
         Z += tl.load(z_init + r * DK + o_k, mask=mk, other=0.0).to(ACC)
     for i in range(G):
         if REVERSE:
@@ -104,25 +104,18 @@ def merge_splits(s_loc, m_loc, z_loc, s_init, m_init, z_init, s_seg, m_seg, z_se
         at = (r * G + g) * DK * DV + state_off
         tl.store(s_seg + at, S, mask=state_mask)
         if MOMENTUM:
-            tl.store(m_seg + at, M, mask=state_mask)
+            tl.store(m_seg + at, -M, mask=state_mask)
         if i_v == 0:
             tl.store(z_seg + (r * G + g) * DK + o_k, Z, mask=mk)
         span = tl.minimum(tl.maximum(L - g * CPS * BT, 0), CPS * BT).to(ACC)
         dS = tl.load(s_loc + at, mask=state_mask, other=0.0).to(ACC)
+        dM = dS
         if MOMENTUM:
-            carry = gamma * beta * geometric(span, log_beta, inv)
-            dM = tl.load(m_loc + at, mask=state_mask, other=0.0).to(ACC)
-            if REVERSE:
-                M = tl.exp(span * log_beta) * M - carry * S + dM
-                S += dS
-            else:
-                S += dS - carry * M
-                M = tl.exp(span * log_beta) * M + dM
-        else:
-            S += dS
+            dM = -tl.load(m_loc + at, mask=state_mask, other=0.0).to(ACC)
+        S, M = compose(S, M, dS, dM, span, log_beta, inv, gamma, beta, MOMENTUM, REVERSE)
         Z += tl.load(z_loc + (r * G + g) * DK + o_k, mask=mk, other=0.0).to(ACC)
     tl.store(s_fin + r * DK * DV + state_off, S, mask=state_mask)
-    tl.store(m_fin + r * DK * DV + state_off, M, mask=state_mask)
+    tl.store(m_fin + r * DK * DV + state_off, -M, mask=state_mask)
     if i_v == 0:
         tl.store(z_fin + r * DK + o_k, Z, mask=mk)
 

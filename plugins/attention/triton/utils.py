@@ -54,6 +54,26 @@ def geometric(n, log_beta, inv_one_minus_beta):
 
 
 @triton.jit
+def compose(S, M, dS, dM, span, log_beta, inv_one_minus_beta, gamma, beta, MOMENTUM: tl.constexpr,
+            REVERSE: tl.constexpr):
+    """A state (S, M = m′ = −m) carried over a span of ℓ tokens (float) that added (ΔS, ΔM) from zero,
+    Momentum Transformer eq. 12 composed, carry(ℓ) = γβ(1 − β^ℓ)/(1 − β):
+      forward  S ← S + carry(ℓ)·M + ΔS,   M ← β^ℓ·M + ΔM;
+      REVERSE (their gradients, from the span's end to its start)
+               M ← β^ℓ·M + carry(ℓ)·S + ΔM,   S ← S + ΔS.
+    Without momentum only S ← S + ΔS (M is returned as it came)."""
+    if MOMENTUM:
+        carry = gamma * beta * geometric(span, log_beta, inv_one_minus_beta)
+        decay = tl.exp(span * log_beta)
+        if REVERSE:
+            M = decay * M + carry * S + dM
+        else:
+            S += carry * M
+            M = decay * M + dM
+    return S + dS, M
+
+
+@triton.jit
 def mixed_dot(a, b, LOW: tl.constexpr, IEEE: tl.constexpr):
     """a @ b where one side holds fp32 (fp64) values: bf16 inputs cast both to bf16 (the fla
     convention; bf16 has fp32's range), otherwise both go in fp32/fp64 so fp16 states cannot

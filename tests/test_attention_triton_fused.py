@@ -1,0 +1,76 @@
+"""The fused kernels (plugins/attention/triton/fused_chunk_kernels) beside the chunked ones: the
+exactness tests of test_attention_triton*.py run both (helpers.triton_attention.SCANS); here, a
+backward whose forward ran the other kernels (a forward without split states for the fused
+backward, which scans for them again), against the float64 token loop of eq. 12."""
+import importlib.util
+
+import pytest
+import torch
+import triton
+from helpers.triton_attention import TOL, loss_of, make_inputs, random_state, rel_rms, triton_ops, use_scan
+
+from plugins.attention.naive import naive_recurrent_momentum_attention
+from plugins.attention.state import MomentumAttentionState
+
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton not installed")
+
+
+@pytest.mark.parametrize("forward,backward", [("chunked", "fused"), ("fused", "chunked")])
+def test_a_backward_after_the_other_kernels_forward_matches_float64(make_generator, monkeypatch, forward,
+                                                                     backward):
+    tri = triton_ops()
+    from plugins.attention.triton import chunk
+    monkeypatch.setattr(chunk, "scan_splits", lambda rows, chunks, device: (triton.cdiv(chunks, 2), 2))
+    gen = make_generator()
+    B, H, N, Dk, Dv, beta, gamma = 2, 2, 90, 16, 12, 0.8, 0.7      # 6 chunks of 16 in 3 splits
+    lengths = torch.tensor([N, 37])
+    fq, fk, v, real = make_inputs(gen, B, H, N, Dk, Dv, lengths)
+    state0 = random_state(gen, B, H, Dk, Dv)
+    ups = [torch.randn(B, H, N, Dv, generator=gen, dtype=torch.float64),
+           torch.randn(B, H, Dk, Dv, generator=gen, dtype=torch.float64),
+           torch.randn(B, H, Dk, generator=gen, dtype=torch.float64),
+           torch.randn(B, H, Dk, Dv, generator=gen, dtype=torch.float64)]
+
+    def run(fn, dtype, before_backward=lambda: None):
+        leaves = [t.to(dtype).requires_grad_() for t in (fq, fk, v, state0.s, state0.z, state0.m)]
+        out, state = fn(*leaves[:3], MomentumAttentionState(*leaves[3:]))
+        before_backward()
+        return out, state, torch.autograd.grad(loss_of(out, state, [u.to(dtype) for u in ups]), leaves)
+
+    ref = run(lambda q, k, x, st: naive_recurrent_momentum_attention(
+        q, k, x, st, momentum=beta, step_size=gamma, feature_map="identity", padding_mask=real),
+        torch.float64)
+    use_scan(monkeypatch, forward)
+    got = run(lambda q, k, x, st: tri.chunk_momentum_attention(
+        q, k, x, momentum=beta, step_size=gamma, eps=1e-6, chunk_size=16, initial_state=st, lengths=lengths,
+        return_state=True), torch.float32, lambda: use_scan(monkeypatch, backward))
+    assert rel_rms(got[0], ref[0]) <= TOL
+    for name, g, r in zip(["fq", "fk", "v", "s0", "z0", "m0"], got[2], ref[2]):
+        assert rel_rms(g, r) <= TOL, f"d{name}: {rel_rms(g, r):.2e}"
+
+
+def test_an_unknown_scan_is_refused(monkeypatch):
+    from plugins.attention.triton import chunk
+    monkeypatch.setattr(chunk, "SCAN", "fast")
+    with pytest.raises(ValueError, match="MOMENTUM_TRITON_SCAN must be one of"):
+        chunk.fused_scans(64, 64)
+
+
+@pytest.mark.parametrize("B,H,N,packed", [(1, 2, 1024, False), (2, 1, 100, False), (1, 2, 1100, True)])
+def test_the_ops_fake_split_states_have_the_real_size(monkeypatch, B, H, N, packed):
+    """torch.compile allocates the op's outputs from its fake implementation (op.py), which sizes
+    the split states with chunk.kept_splits_numel: the launchers' real ones must match, fused or
+    chunked, split or not."""
+    from helpers.triton_grid import record_launches
+
+    from plugins.attention.triton import chunk
+    record_launches(monkeypatch, 1, 1, 64)                  # every kernel replaced by a recorder
+    meta = torch.device("meta")
+    q, k, v = (torch.empty(B, H, N, 16, device=meta) for _ in range(3))
+    cu = torch.tensor([0, 5, 300, N], dtype=torch.int32, device=meta) if packed else None
+    for scan in ("chunked", "fused"):
+        use_scan(monkeypatch, scan)
+        outputs = chunk.chunk_forward(q, k, v, None, None, None, None, cu, 0.9, 1.0, 1e-6, 64)
+        assert outputs[5].numel() == chunk.kept_splits_numel(q, v, cu, 64), scan
+        if scan == "fused" and N >= 1024:
+            assert outputs[5].numel() > 0, "split: the forward keeps its split states"
