@@ -312,6 +312,30 @@ def test_eager_calls_equal_the_registered_ops(make_generator, layout):
         assert torch.equal(got, expected)
 
 
+@pytest.mark.parametrize("eager", [True, False])
+def test_outputs_without_gradients_reach_the_backward_as_none(make_generator, monkeypatch, eager):
+    """Autograd would otherwise fill zero tensors for the denominators, the split states and an
+    unused final state (one memset launch each on a GPU), and the kernels would read the zero final
+    state's gradient as a given one (HAS_FINAL_GRAD). Eager calls and the registered op alike."""
+    from plugins.attention.triton import op
+    gen = make_generator()
+    fq, fk, v, _ = make_inputs(gen, 1, 2, 40, 16, 16, torch.tensor([40]))
+    leaves = [t.float().requires_grad_() for t in (fq, fk, v)]
+    finals = []
+
+    def backward(*args):
+        finals.append(args[10:13])                    # ds, dz, dm
+        return op.chunk_backward.__wrapped__(*args)
+    backward.__wrapped__ = op.chunk_backward
+    monkeypatch.setattr(op, "chunk_backward", backward)
+    forward = op._EagerChunk.apply if eager else op.chunk_momentum_attention_forward
+    out, _den, s, _z, _m, _splits = forward(*leaves, None, None, None, None, None, 0.6, 1.0, 1e-6, 16)
+    torch.autograd.grad(out.sum(), leaves, retain_graph=True)
+    torch.autograd.grad(out.sum() + s.sum(), leaves)
+    assert finals[0] == (None, None, None)
+    assert all(g is not None for g in finals[1]), "a used final state's gradient, zeros for its unused parts"
+
+
 @pytest.mark.parametrize("scan", SCANS)
 @pytest.mark.parametrize("N", [256, 512])
 def test_backward_keeps_no_per_position_states(make_generator, monkeypatch, scan, N):

@@ -76,6 +76,9 @@ def _setup_context(ctx, inputs, output):
     ctx.save_for_backward(fq, fk, v, out, den, splits, s0, z0, m0, lengths, cu_seqlens)
     ctx.hyper = (momentum, step_size, eps, chunk)
     ctx.has_init = s0 is not None
+    # outputs without a gradient (den, the split states, a final state nobody used) reach the
+    # backward as None, not as zero tensors filled for it and read by the kernels
+    ctx.set_materialize_grads(False)
 
 
 def _backward(ctx, d_out, d_den, d_s, d_z, d_m, d_splits):
