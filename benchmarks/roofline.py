@@ -169,9 +169,11 @@ def launch_bytes(kernel: str, args: dict, constants: dict) -> int:
     """Bytes one launch of a Triton attention kernel reads and writes, from its arguments (by
     name) and constants. Without momentum the kernels read no M' (h_m / dh_m are h_s / dh_s, one
     buffer; e_m / de_m are not read): not counted. The splits' edge states (e_*, de_*) are counted
-    once per launch like every tensor, though each program of a split reads them (from L2)."""
+    once per launch like every tensor, though each program of a split reads them (from L2); the
+    fused kernels' scans from zero read the keys and values of all splits but the last."""
     reads, writes = KERNEL_TRAFFIC[kernel]
     seen, total = set(), 0
+    scanned = _scanned_fraction(kernel, args, constants)
     for entry in reads + writes:
         name, _, flag = entry.partition("?")
         if flag and bool(constants.get(flag.lstrip("!"))) == flag.startswith("!"):
@@ -182,5 +184,15 @@ def launch_bytes(kernel: str, args: dict, constants: dict) -> int:
         key = (id(tensor), entry in writes)
         if key not in seen:
             seen.add(key)
-            total += tensor.numel() * tensor.element_size()
+            share = scanned if name in ("k", "v") else 1.0
+            total += int(tensor.numel() * tensor.element_size() * share)
     return total
+
+
+def _scanned_fraction(kernel: str, args: dict, constants: dict) -> float:
+    """The share of the keys and values a launch reads: fwd_h without STORE_H (the fused kernels'
+    scans from zero) skips the last of its G splits, which no other split chains."""
+    if kernel != "fwd_h" or constants.get("STORE_H"):
+        return 1.0
+    N, G, CPS = args["N"], args["G"], args["CPS"]
+    return min((G - 1) * CPS * constants["BT"], N) / max(N, 1)

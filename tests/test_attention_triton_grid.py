@@ -5,10 +5,12 @@ of its grid, and each autotuned grid is evaluated at every tile config the GPU's
 of at least split.LONG_ROW chunks: split.scan_splits), every launch whose work grows with the
 sequence must give each SM two programs; a pass that only combines the splits' states (`merge` in
 its name) is exempt (issue 27, acceptance). The split scans once: the per-chunk kernels add the
-splits' edge states. At B16-H16-T1k (256 rows, 1.9 per SM) the scans run in one pass: a split
-would add three launches per forward and backward for scans that took a fifth of the device time
-there (split.py). The fused kernels (chunk.SCAN = "fused") follow the same split rule: their
-programs are whole scans, one launch per pass, after a scan from zero per split where split."""
+splits' edge states. At B16-H16-T1k (256 rows, 1.9 per SM) the scans run in one pass, over tiles
+that give each SM two programs (utils.prune_scan): a split would add three launches per forward
+and backward for scans that took a fifth of the device time there (split.py). The fused kernels
+(chunk.SCAN = "fused", opt-in) follow the same split rule; their programs are whole rows (no tiles),
+so at B16-H16-T1k they launch 256, one per SM at a time (split.py: splitting would not shorten
+their critical path): one launch per pass, after a scan from zero per split where split."""
 import importlib.util
 
 import pytest
@@ -19,6 +21,7 @@ pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reas
 H100_PROGRAMS = 2 * 132
 SPLIT_SHAPES = [(1, 8, 32768), (1, 16, 16384), (4, 16, 4096), (1, 4, 65536), (2, 2, 131072)]
 ONE_PASS_SHAPES = [(16, 16, 1024), (32, 16, 256), (8, 16, 1024), (1, 16, 1984)]
+FILLED_ONE_PASS_SHAPES = [(16, 16, 1024), (32, 16, 256), (8, 16, 1024)]
 ONE_PASS = ["fwd_h", "fwd_o", "fwd_h", "bwd_dh", "bwd_dv", "bwd_dqk"]
 SPLIT = ["fwd_h", "merge_splits", "fwd_o", "fwd_h", "merge_splits", "bwd_dh", "merge_splits", "bwd_dv",
          "bwd_dqk"]
@@ -45,6 +48,16 @@ def test_many_or_short_rows_scan_in_one_pass(monkeypatch, B, H, T):
     launches, forward, _ = record_launches(monkeypatch, B, H, T)
     assert [name for name, _, _ in launches] == ONE_PASS
     assert forward == 2
+
+
+@pytest.mark.parametrize("B,H,T", FILLED_ONE_PASS_SHAPES)
+def test_one_pass_launches_give_each_h100_sm_two_programs(monkeypatch, B, H, T):
+    """From 66 rows on (D 64: 4 tiles of 32 × 32 per row), the one-pass scans' kept tiles give
+    each SM two programs, as the per-chunk kernels' do; under that, the rows are split or short."""
+    launches, _, first = record_launches(monkeypatch, B, H, T)
+    for name, grid, constants in launches:
+        fewest = programs(name, grid, constants, first, monkeypatch)
+        assert fewest >= H100_PROGRAMS, f"{name} at B{B}-H{H}-T{T}: {fewest} programs"
 
 
 @pytest.mark.parametrize("B,H,T", SPLIT_SHAPES + [(8, 16, 1024), (1, 16, 1984)])

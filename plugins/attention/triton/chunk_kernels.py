@@ -26,7 +26,17 @@ Stores are masked to the segment, so a chunk never writes the next segment's pos
 import triton
 import triton.language as tl
 
-from .utils import finite, geometric, mixed_dot, prune_chunk, prune_scan, raw_dot, tuning_configs
+from .utils import (
+    carried,
+    compose,
+    finite,
+    geometric,
+    mixed_dot,
+    prune_chunk,
+    prune_scan,
+    raw_dot,
+    tuning_configs,
+)
 
 # The autotuner also keys on every tensor argument's dtype. N_BUCKET and BH_BUCKET (utils.tuning_buckets)
 # are plain int arguments the kernels do not read: a new bucket re-times the kept configs but,
@@ -149,7 +159,7 @@ def _split_of(i_t, i_c, i_bh, H, chunk_indices, L, CPS, G, log_beta, inv, gamma,
               MOMENTUM: tl.constexpr, IS_VARLEN: tl.constexpr):
     """For a per-chunk program, where chunk i_c (of a row or segment of L tokens) sits in its split
     of CPS chunks: the index of the split's merged edge states (the scans' row, batch·head or
-    segment·head when packed, times G plus the split), and `_carried` over the tokens between the
+    segment·head when packed, times G plus the split), and `carried` over the tokens between the
     split's start and the chunk (forward) and between the chunk's end and the split's end
     (backward). A kernel uses the carries it needs; the compiler drops the others."""
     if IS_VARLEN:
@@ -157,20 +167,9 @@ def _split_of(i_t, i_c, i_bh, H, chunk_indices, L, CPS, G, log_beta, inv, gamma,
     else:
         row = i_bh
     g = i_c // CPS
-    carry_e, decay_e = _carried((i_c - g * CPS) * BT, log_beta, inv, gamma, beta, MOMENTUM)
-    carry_d, decay_d = _carried(_after_chunk(L, i_c, g, CPS, BT), log_beta, inv, gamma, beta, MOMENTUM)
+    carry_e, decay_e = carried((i_c - g * CPS) * BT, log_beta, inv, gamma, beta, MOMENTUM)
+    carry_d, decay_d = carried(_after_chunk(L, i_c, g, CPS, BT), log_beta, inv, gamma, beta, MOMENTUM)
     return (row * G + g).to(tl.int64), carry_e, decay_e, carry_d, decay_d
-
-
-@triton.jit
-def _carried(ell, log_beta, inv, gamma, beta, MOMENTUM: tl.constexpr):
-    """carry(ℓ) = γβ(1 − β^ℓ)/(1 − β) and β^ℓ: how a split's state moves over ℓ of its tokens
-    that add nothing (Momentum Transformer, eq. 12 composed, as split.merge_splits does)."""
-    ACC: tl.constexpr = log_beta.dtype
-    if MOMENTUM:
-        return gamma * beta * geometric(ell.to(ACC), log_beta, inv), tl.exp(ell.to(ACC) * log_beta)
-    else:
-        return gamma * 0.0, gamma * 0.0
 
 
 @triton.jit
@@ -183,23 +182,17 @@ def _after_chunk(L, i_c, g, CPS, BT: tl.constexpr):
 def _with_split(ls, lm, e_s, e_m, at, mask, carry, decay, MOMENTUM: tl.constexpr, REVERSE: tl.constexpr):
     """A per-chunk state tile scanned from its split's edge (ls = S, lm = M'; lm is ignored without
     momentum), completed with the merged state at that edge (e_s, e_m = −M', the public sign)
-    carried over the ℓ tokens between (carry = carry(ℓ), decay = β^ℓ: `_carried`), eq. 12 composed:
+    carried over the ℓ tokens between (carry, decay = β^ℓ: `carried`), eq. 12 composed (`compose`):
       forward (the state entering a chunk, from the one entering its split)
-        S = ls + S_e + carry·M'_e,   M' = lm + β^ℓ·M'_e;
+        S = S_e + carry·M'_e + ls,   M' = β^ℓ·M'_e + lm;
       REVERSE (the gradient leaving a chunk, from the one leaving its split)
-        dS = ls + dS_e,   dM' = lm + β^ℓ·dM'_e + carry·dS_e."""
+        dS = dS_e + ls,   dM' = β^ℓ·dM'_e + carry·dS_e + lm."""
     ACC: tl.constexpr = carry.dtype
     es = tl.load(e_s + at, mask=mask, other=0.0).to(ACC)
-    S = ls.to(ACC) + es
-    M = lm.to(ACC)
+    em = lm.to(ACC)                                   # without momentum: returned as it came
     if MOMENTUM:
         em = -tl.load(e_m + at, mask=mask, other=0.0).to(ACC)
-        M += decay * em
-        if REVERSE:
-            M += carry * es
-        else:
-            S += carry * em
-    return S, M
+    return compose(es, em, ls.to(ACC), lm.to(ACC), carry, decay, MOMENTUM, REVERSE)
 
 
 @autotuned(prune_scan)
@@ -213,7 +206,8 @@ def fwd_h(k, v, h_s, h_m, h_z, s0, m0, z0, s_out, m_out, z_out, lengths, cu_seql
     of a row scans its chunks [g·CPS, (g+1)·CPS) from its own initial state (s0/m0/z0 at
     row·G + g), storing S, M' (and Z for the first DV block) entering each chunk into h_s, h_m
     (B·H, NT, DK, DV), h_z (B·H, NT, DK) if STORE_H, and the state leaving the split into
-    s/m/z_out at row·G + g. G = 1, CPS ≥ chunks per row: one pass over the whole row."""
+    s/m/z_out at row·G + g. G = 1, CPS ≥ chunks per row: one pass over the whole row. Without
+    STORE_H (the fused kernels' scans from zero) the last split is not scanned: zeros are stored."""
     i_kv = tl.program_id(0)
     i_bh = tl.program_id(1) // G
     i_g = tl.program_id(1) % G
@@ -255,7 +249,11 @@ def fwd_h(k, v, h_s, h_m, h_z, s0, m0, z0, s_out, m_out, z_out, lengths, cu_seql
         Z += tl.load(z0 + o_k, mask=mk, other=0.0).to(ACC)
 
     c0 = i_g * CPS
-    for c in range(c0, tl.minimum(c0 + CPS, tl.cdiv(L, BT))):
+    stop = tl.minimum(c0 + CPS, tl.cdiv(L, BT))
+    if not STORE_H:
+        if i_g == G - 1:
+            stop = c0           # the fused kernels chain splits 0 … G−2 only: the last is not read
+    for c in range(c0, stop):
         if STORE_H:
             _store_chunk_state(h_s, h_m, h_z, c, S, M, Z, state_off, state_mask, o_k, mk, i_v, DK, DV,
                                MOMENTUM)

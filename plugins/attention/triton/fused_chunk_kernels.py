@@ -28,7 +28,7 @@ from .chunk_kernels import (
     _load_coef,
     _sequence,
 )
-from .utils import compose, finite, mixed_dot, raw_dot
+from .utils import carried, compose, finite, mixed_dot, raw_dot
 
 MAX_HEAD_DIM = 64
 # Chunks of at most 32 tokens: a program holds whole (Dk, Dv) states beside its chunk's tiles. On
@@ -108,12 +108,13 @@ def _chain(S, M, Z, s_loc, m_loc, z_loc, r, g, G, L, CPS, state_off, state_mask,
         else:
             h = i
         at = (r * G + h) * DK * DV + state_off
-        span = tl.minimum(tl.maximum(L - h * CPS * BT, 0), CPS * BT).to(S.dtype)
+        span = tl.minimum(tl.maximum(L - h * CPS * BT, 0), CPS * BT)
         dS = tl.load(s_loc + at, mask=state_mask, other=0.0).to(S.dtype)
         dM = dS
         if MOMENTUM:
             dM = -tl.load(m_loc + at, mask=state_mask, other=0.0).to(S.dtype)
-        S, M = compose(S, M, dS, dM, span, log_beta, inv, gamma, beta, MOMENTUM, REVERSE)
+        carry, decay = carried(span, log_beta, inv, gamma, beta, MOMENTUM)
+        S, M = compose(S, M, dS, dM, carry, decay, MOMENTUM, REVERSE)
         Z += tl.load(z_loc + (r * G + h) * DK + o_k, mask=mk, other=0.0).to(S.dtype)
     return S, M, Z
 

@@ -9,32 +9,24 @@ carry(L) = γβ(1 − β^L)/(1 − β). There is no second scan: the per-chunk k
 share of its split's edge state where they read the per-chunk states (chunk_kernels._with_split),
 so splitting costs one short merge launch per scan and an L2-resident read of the edge states.
 G = 1 unless the rows are fewer than the SMs and long (scan_splits)."""
-import functools
-
 import torch
 import triton
 import triton.language as tl
 
 from ...triton_launch import cdiv, direct
-from .utils import block, compose
+from .utils import PROGRAMS_PER_SM, block, carried, compose, sm_count
 
-PROGRAMS_PER_SM = 2
-H100_SMS = 132          # CPU tensors (the interpreter, the stand-in launch driver): size for an H100
-# A row is split where the rows number fewer than the SMs (from one row per SM on, the scans'
-# tiles give each SM work, and a split only adds launches: at B16-H16-T1k, 256 rows, the scans took
-# 0.157 of 0.763 ms of device time on an H200, while each launch cost the host about 0.1 ms;
-# docs/benchmarks.md, 2026-11-27) and hold at least LONG_ROW chunks. The split with a second scan
-# cut the scans' device time at 16k and 32k tokens (1-16-64-16384: 1.755 → 1.266 ms of kernels;
-# 1-8-64-32768: 2.88 → 0.41 + 0.11 ms merge) and lost at 4k (0.949 → 1.217 ms, G = 6); this
+# A row is split where the rows number fewer than the SMs and hold at least LONG_ROW chunks. From
+# one row per SM on, the scans' tiles give each SM two programs (utils.prune_scan), and a split only
+# adds launches: at B16-H16-T1k, 256 rows, the scans took 0.157 of 0.763 ms of device time on an
+# H200, while each launch cost the host about 0.1 ms (docs/benchmarks.md, 2026-11-27). The fused
+# kernels (one program per row's whole state, 255 registers × 8 warps: the whole register file, so
+# one program per SM at a time) split by the same rule: 256 rows are two waves, and 512 half rows
+# four half waves, the same critical path plus two launches and the scans' bytes. The split with a
+# second scan cut the scans' device time at 16k and 32k tokens (1-16-64-16384: 1.755 → 1.266 ms of
+# kernels; 1-8-64-32768: 2.88 → 0.41 + 0.11 ms merge) and lost at 4k (0.949 → 1.217 ms, G = 6); this
 # split without the second scan is unmeasured on a GPU (make gpu-check's "1-pass" rows compare).
 LONG_ROW = 32
-
-
-@functools.lru_cache(maxsize=16)
-def sm_count(device: torch.device) -> int:
-    if device.type == "cuda":
-        return torch.cuda.get_device_properties(device).multi_processor_count
-    return H100_SMS
 
 
 def scan_splits(rows: int, chunks: int, device: torch.device) -> tuple[int, int]:
@@ -107,12 +99,13 @@ def merge_splits(s_loc, m_loc, z_loc, s_init, m_init, z_init, s_seg, m_seg, z_se
             tl.store(m_seg + at, -M, mask=state_mask)
         if i_v == 0:
             tl.store(z_seg + (r * G + g) * DK + o_k, Z, mask=mk)
-        span = tl.minimum(tl.maximum(L - g * CPS * BT, 0), CPS * BT).to(ACC)
+        span = tl.minimum(tl.maximum(L - g * CPS * BT, 0), CPS * BT)
         dS = tl.load(s_loc + at, mask=state_mask, other=0.0).to(ACC)
         dM = dS
         if MOMENTUM:
             dM = -tl.load(m_loc + at, mask=state_mask, other=0.0).to(ACC)
-        S, M = compose(S, M, dS, dM, span, log_beta, inv, gamma, beta, MOMENTUM, REVERSE)
+        carry, decay = carried(span, log_beta, inv, gamma, beta, MOMENTUM)
+        S, M = compose(S, M, dS, dM, carry, decay, MOMENTUM, REVERSE)
         Z += tl.load(z_loc + (r * G + g) * DK + o_k, mask=mk, other=0.0).to(ACC)
     tl.store(s_fin + r * DK * DV + state_off, S, mask=state_mask)
     tl.store(m_fin + r * DK * DV + state_off, -M, mask=state_mask)

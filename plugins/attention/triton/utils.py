@@ -29,7 +29,17 @@ import torch
 import triton
 import triton.language as tl
 
-from ...triton_launch import next_power_of_2
+from ...triton_launch import cdiv, next_power_of_2
+
+PROGRAMS_PER_SM = 2
+H100_SMS = 132          # CPU tensors (the interpreter, the stand-in launch driver): size for an H100
+
+
+@functools.lru_cache(maxsize=16)
+def sm_count(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return H100_SMS
 
 
 @triton.jit
@@ -54,17 +64,26 @@ def geometric(n, log_beta, inv_one_minus_beta):
 
 
 @triton.jit
-def compose(S, M, dS, dM, span, log_beta, inv_one_minus_beta, gamma, beta, MOMENTUM: tl.constexpr,
-            REVERSE: tl.constexpr):
-    """A state (S, M = m′ = −m) carried over a span of ℓ tokens (float) that added (ΔS, ΔM) from zero,
-    Momentum Transformer eq. 12 composed, carry(ℓ) = γβ(1 − β^ℓ)/(1 − β):
+def carried(span, log_beta, inv_one_minus_beta, gamma, beta, MOMENTUM: tl.constexpr):
+    """carry(ℓ) = γβ(1 − β^ℓ)/(1 − β) and β^ℓ over a span of ℓ tokens: how a state moves across
+    tokens that add nothing (Momentum Transformer, eq. 12 composed); zeros without momentum."""
+    ACC: tl.constexpr = log_beta.dtype
+    if MOMENTUM:
+        ell = span.to(ACC)
+        return gamma * beta * geometric(ell, log_beta, inv_one_minus_beta), tl.exp(ell * log_beta)
+    else:
+        return gamma * 0.0, gamma * 0.0
+
+
+@triton.jit
+def compose(S, M, dS, dM, carry, decay, MOMENTUM: tl.constexpr, REVERSE: tl.constexpr):
+    """A state (S, M = m′ = −m) carried over a span of ℓ tokens that added (ΔS, ΔM) from zero,
+    Momentum Transformer eq. 12 composed, with (carry, decay) = (carry(ℓ), β^ℓ) from `carried`:
       forward  S ← S + carry(ℓ)·M + ΔS,   M ← β^ℓ·M + ΔM;
       REVERSE (their gradients, from the span's end to its start)
                M ← β^ℓ·M + carry(ℓ)·S + ΔM,   S ← S + ΔS.
     Without momentum only S ← S + ΔS (M is returned as it came)."""
     if MOMENTUM:
-        carry = gamma * beta * geometric(span, log_beta, inv_one_minus_beta)
-        decay = tl.exp(span * log_beta)
         if REVERSE:
             M = decay * M + carry * S + dM
         else:
@@ -241,8 +260,27 @@ def _prune(configs, named_args, kwargs, warps: int, other: tuple) -> list:
 
 
 def prune_scan(configs, named_args, **kwargs) -> list:
-    """The state scans hold two (BK, BV) fp32 states: 4 warps, and 64 × 64 with 8 (4 spill)."""
-    return _prune(configs, named_args, kwargs, 4, ((64, 64, 8),))
+    """The state scans hold two (BK, BV) fp32 states: 4 warps, and 64 × 64 with 8 (4 spill); of
+    those, the tiles that give each SM PROGRAMS_PER_SM programs, where any do (issue 27: one pass
+    over 256 rows at D 64 has 256 programs of 64 × 64 tiles, fewer than 2 per SM on an H100, and
+    512 or 1024 of smaller ones)."""
+    kept = _prune(configs, named_args, kwargs, 4, ((64, 64, 8),))
+    first = next(iter(named_args.values()), None)
+    return filling(kept, kwargs, getattr(first, "device", torch.device("cpu")))
+
+
+def filling(configs, kwargs, device: torch.device) -> list:
+    """Of `configs`, those whose tiles give a scan over BH_BUCKET rows (batch·heads rounded up to
+    a power of two: the tuning key's, so the kept set is the key's alone) PROGRAMS_PER_SM programs
+    per SM; all of them where none does (few rows: those are split, split.scan_splits), or where
+    the rows are not given (a compile check's constants)."""
+    wanted = PROGRAMS_PER_SM * sm_count(device)
+    rows = kwargs.get("BH_BUCKET")
+    if rows is None:
+        return configs
+    full = [c for c in configs
+            if cdiv(kwargs["DK"], c.kwargs["BK"]) * cdiv(kwargs["DV"], c.kwargs["BV"]) * rows >= wanted]
+    return full or configs
 
 
 # (BK, BV, warps) that the chunk-parallel kernels must not take. Triton 3.6 on an H100 (sm_90),
