@@ -74,3 +74,29 @@ def test_the_ops_fake_split_states_have_the_real_size(monkeypatch, B, H, N, pack
         assert outputs[5].numel() == chunk.kept_splits_numel(q, v, cu, 64), scan
         if scan == "fused" and N >= 1024:
             assert outputs[5].numel() > 0, "split: the forward keeps its split states"
+
+
+def test_the_forward_keeps_each_split_state_from_zero_but_the_last(make_generator, monkeypatch):
+    """The fused forward's `splits`: fwd_h without STORE_H scans splits 0 … G−2 of each row from
+    zero (what the fused programs chain, eq. 12 composed) and skips the last, which no split chains
+    (its state stays zero, and its tokens are not read)."""
+    tri = triton_ops()
+    from plugins.attention.triton import chunk
+    from plugins.attention.triton.fused_chunk import split_views
+    use_scan(monkeypatch, "fused")
+    monkeypatch.setattr(chunk, "scan_splits", lambda rows, chunks, device: (triton.cdiv(chunks, 2), 2))
+    gen = make_generator()
+    B, H, N, Dk, Dv, beta, gamma = 1, 2, 80, 16, 8, 0.8, 0.7      # 5 chunks of 16: splits of 32, 32, 16
+    fq, fk, v, _ = make_inputs(gen, B, H, N, Dk, Dv, torch.tensor([N]))
+    assert tri.is_available()
+    splits = chunk.chunk_forward(fq.float(), fk.float(), v.float(), None, None, None, None, None, beta, gamma,
+                                 1e-6, 16)[5]
+    s, m, z = split_views(splits, B * H, 3, Dk, Dv)
+    for g in range(2):
+        span = slice(32 * g, 32 * g + 32)
+        _, ref = naive_recurrent_momentum_attention(fq[:, :, span], fk[:, :, span], v[:, :, span], None,
+                                                    momentum=beta, step_size=gamma, feature_map="identity")
+        rows = slice(g, None, 3)
+        for name, got, want in (("s", s[rows], ref.s[0]), ("m", m[rows], ref.m[0]), ("z", z[rows], ref.z[0])):
+            assert rel_rms(got, want) <= TOL, f"split {g}, {name}: {rel_rms(got, want):.2e}"
+    assert not s[2::3].any() and not m[2::3].any() and not z[2::3].any(), "the last split is not scanned"
