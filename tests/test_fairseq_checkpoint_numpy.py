@@ -1,12 +1,12 @@
 """numpy values in a fairseq checkpoint: a dtype or array whose pickled state hides object fields is
 refused with the file's name, in a fresh process that must not crash (issue 28: SIGSEGV), while the
 numeric scalars and arrays fairseq writes still load with their values."""
+import re
 import subprocess
 import sys
 import textwrap
 
 import numpy as np
-import pytest
 import torch
 from helpers.fairseq_cli import REPO, cli_env
 
@@ -56,23 +56,31 @@ import sys
 from fairseq import checkpoint_utils
 import fairseq_momentum
 from fairseq_momentum.checkpoints import CheckpointReadError
-try:
-    state = checkpoint_utils.load_checkpoint_to_cpu(sys.argv[1])
-    print("loaded", state["extra_state"]["epoch"] + 1)
-except CheckpointReadError as error:
-    print("refused:", error)
+for path in sys.argv[1:]:
+    try:
+        state = checkpoint_utils.load_checkpoint_to_cpu(path)
+        print("loaded", state["extra_state"]["epoch"] + 1)
+    except CheckpointReadError as error:
+        print("refused:", error)
+    print("done", path, flush=True)
 """
 
 
-@pytest.mark.parametrize("name", sorted(GADGETS))
-def test_a_numpy_gadget_is_refused_with_the_file_name_and_no_crash(tmp_path, name):
-    path = tmp_path / f"{name}.pt"
-    torch.save({"model": {}, "args": None, "cfg": None, "extra_state": {"epoch": GADGETS[name]}}, path)
-    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(LOAD), str(path)], capture_output=True,
-                          text=True, cwd=REPO, env=cli_env(PYTHONPATH=str(REPO)), timeout=300)
-    assert proc.returncode == 0, f"rc={proc.returncode}: {proc.stderr[-2000:]}"
-    assert "refused:" in proc.stdout and str(path) in proc.stdout, proc.stdout[-2000:]
-    assert "only plain numeric dtypes" in proc.stdout
+def test_each_numpy_gadget_is_refused_with_the_file_name_and_no_crash(tmp_path):
+    """One fresh process loads every gadget in turn (a crash stops it: the output names the file
+    it was loading), each refused with its file's name (one process: fairseq's import takes ~10 s)."""
+    paths = [tmp_path / f"{name}.pt" for name in sorted(GADGETS)]
+    for path in paths:
+        checkpoint = {"model": {}, "args": None, "cfg": None, "extra_state": {"epoch": GADGETS[path.stem]}}
+        torch.save(checkpoint, path)
+    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(LOAD), *map(str, paths)], text=True,
+                          capture_output=True, cwd=REPO, env=cli_env(PYTHONPATH=str(REPO)), timeout=300)
+    assert proc.returncode == 0, f"rc={proc.returncode} after {proc.stdout[-300:]}: {proc.stderr[-2000:]}"
+    reports = re.split(r"^done .*$", proc.stdout, flags=re.M)
+    assert len(reports) == len(paths) + 1, proc.stdout[-2000:]
+    for path, report in zip(paths, reports):
+        assert "refused:" in report and str(path) in report, f"{path.stem}: {report[-1000:]}"
+        assert "only plain numeric dtypes" in report, f"{path.stem}: {report[-1000:]}"
 
 
 def test_numeric_scalars_and_arrays_fairseq_writes_still_load(tmp_path):

@@ -15,17 +15,21 @@ ROOT = Path(__file__).resolve().parents[1]
 # The binder Triton generates for each kernel (triton.runtime.jit.create_function_from_signature)
 # binds these names itself; a kernel argument with one of them is overwritten before it is used.
 BINDER_NAMES = {"params", "specialization", "options", "backend", "specialize_impl", "JITCallable"}
-# Per arch, both groups together: ~6 min on two idle cores for sm_90, several times that when
-# other jobs share them (900 s was exceeded that way). make test's --timeout 900 applies to
-# every other test; this one has its own (a run at load 9 on 2 cores hit 900 s).
+# Per arch, both groups together: ~7 min on two idle cores for sm_90, more when other jobs share
+# them (900 s was exceeded that way). make test's --timeout 900 applies to every other test; this
+# one has its own (a run at load 9 on 2 cores hit 900 s).
 TIMEOUT = 2700
-# sm_90 (H100, the GPU users train on) gets the full matrix. sm_80 (A100) differs in what fits:
-# 164 KB of shared memory instead of 227 KB, so the autotuner must prune the largest tiles
-# without failing; that shows at D = 128 in the two widest dtypes' configs (bf16, and fp32 with
-# tf32 dots, whose bwd_dqk tiles need 184 KB on sm_90). sm_80 is opt-in (MOMENTUM_TEST_SM80=1):
-# it took 349 s of a 2992 s make test, and the project requires the launch check for sm_90 only.
-MATRIX = {90: dict(groups=(["bf16", "tf32"], ["fp16", "fp32"]), dims=(64, 128)),
-          80: dict(groups=(["bf16", "tf32"],), dims=(128,))}
+# (dtype:head sizes) per process; the two sm_90 groups take about as long (6.5 and 7 min alone).
+# sm_90 (H100, the GPU users train on) gets bf16 at D = 64 and 128, fp16 and exact fp32 at 64, and
+# fp32 with tf32 dots at 128. D = 128 matters where the tiles' shared memory does: bf16, and tf32,
+# whose bwd_dqk tiles need 184 KB (fp16 and exact fp32 together peaked at 164 KB; exact fp32 keeps
+# tiles of 32 and 16 at either size). fp16 and exact fp32 at 128 and tf32 at 64 took 378 of the two
+# processes' 1190 s on 2 cores, 2026-11-27. sm_80 (A100) differs in what fits: 164 KB of shared
+# memory instead of 227 KB, so the autotuner must prune the largest tiles without failing; that
+# shows at D = 128 in the two widest dtypes' configs. sm_80 is opt-in (MOMENTUM_TEST_SM80=1): it
+# took 349 s of a 2992 s make test, and the project requires the launch check for sm_90 only.
+MATRIX = {90: (["bf16:64,128"], ["fp16:64", "fp32:64", "tf32:128"]),
+          80: (["bf16:128", "tf32:128"],)}
 SM80_OPT_IN = "MOMENTUM_TEST_SM80"
 
 
@@ -52,20 +56,20 @@ def test_public_api_launches_through_the_compiled_path(arch, tmp_path):
     """Attention forward + backward (padding, initial and final state), linear attention, a
     decoding step and the Adam/RMSProp LSTM recurrences, with no compilation for other autotuning
     buckets, and a decoding step at Dk = 512; in bf16 at D = 64, direct launches
-    (plugins.triton_launch) equal to Triton's own dispatch; on sm_90 in bf16, fp16, fp32 and fp32 with tf32
-    dots at head sizes 64 and 128 (two processes, one per dtype group, share the two cores), on
-    sm_80 the subset in MATRIX, when MOMENTUM_TEST_SM80=1."""
+    (plugins.triton_launch) equal to Triton's own dispatch; on sm_90 in bf16, fp16, fp32 and fp32 with
+    tf32 dots at the head sizes of MATRIX (two processes, one per group, share the two cores), on
+    sm_80 MATRIX's subset, when MOMENTUM_TEST_SM80=1."""
     if arch == 80 and os.environ.get(SM80_OPT_IN) != "1":
         pytest.skip(f"the sm_80 (A100) matrix is opt-in: {SM80_OPT_IN}=1 runs it (docs/developing.md)")
     pytest.importorskip("triton")
     if not _has_nvidia_backend():
         pytest.skip("this triton has no NVIDIA backend")
-    groups, dims = MATRIX[arch]["groups"], MATRIX[arch]["dims"]
+    groups = MATRIX[arch]
     runs = [subprocess.Popen([sys.executable, str(ROOT / "tests" / "triton_launch_check.py"), "--arch",
-                              str(arch), "--dtypes", *dtypes, "--dims", *map(str, dims)],
+                              str(arch), "--dtypes", *cases],
                              env=_compiled_env(tmp_path / str(i)), cwd=ROOT,
                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-            for i, dtypes in enumerate(groups)]
+            for i, cases in enumerate(groups)]
     try:
         outputs = [run.communicate(timeout=TIMEOUT)[0] for run in runs]
     finally:
@@ -73,13 +77,14 @@ def test_public_api_launches_through_the_compiled_path(arch, tmp_path):
             if run.poll() is None:
                 run.kill()
                 run.wait()
-    for run, dtypes, output in zip(runs, groups, outputs):
-        assert run.returncode == 0, f"sm_{arch} {dtypes}:\n{output[-6000:]}"
-        for dtype in dtypes:
-            for dim in dims:
+    for run, cases, output in zip(runs, groups, outputs):
+        assert run.returncode == 0, f"sm_{arch} {cases}:\n{output[-6000:]}"
+        for case in cases:
+            dtype, dims = case.split(":")
+            for dim in dims.split(","):
                 assert f"sm_{arch} {dtype} D={dim}:" in output
             assert f"sm_{arch} {dtype} step Dk=512: launched" in output
-        if "bf16" in dtypes and 64 in dims:
+        if "bf16:64,128" in cases:
             assert "direct launch, misaligned v after aligned: 1 launches agree" in output
 
 

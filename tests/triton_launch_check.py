@@ -1,7 +1,7 @@
 """Drive the public API through Triton's real launch path for one GPU target, on CPU tensors, with
 the stand-in driver of `triton_standin` (compiled kernels, no-op launches):
 
-    python tests/triton_launch_check.py --arch 90 [--dtypes bf16 fp16 fp32] [--dims 64 128] [--table]
+    python tests/triton_launch_check.py --arch 90 [--dtypes bf16 fp16:64 tf32:128] [--dims 64 128] [--table]
 
 Per dtype and head size: momentum attention forward + backward (padding, initial state, the final
 state's gradient), plain linear attention (the one-state kernels), packed sequences (cu_seqlens:
@@ -200,11 +200,24 @@ def resource_table(kernels) -> list[str]:
     return rows
 
 
+def dtype_case(text: str) -> tuple:
+    """"bf16" → ("bf16", None): the --dims head sizes; "tf32:128" or "fp16:64,128" → its own."""
+    name, _, dims = text.partition(":")
+    if name not in DTYPES:
+        raise argparse.ArgumentTypeError(f"dtype must be one of {sorted(DTYPES)}, got {name!r}")
+    try:
+        return name, [int(d) for d in dims.split(",")] if dims else None
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"head sizes after ':' must be integers, got {dims!r}") from None
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--arch", type=int, choices=sorted(triton_standin.DEVICES), default=90)
-    parser.add_argument("--dtypes", nargs="+", choices=sorted(DTYPES), default=["bf16", "fp16", "fp32"])
-    parser.add_argument("--dims", nargs="+", type=int, default=[64, 128])
+    parser.add_argument("--dtypes", nargs="+", type=dtype_case, default=["bf16", "fp16", "fp32"],
+                        help=f"{'/'.join(sorted(DTYPES))}, each with its own head sizes if given (tf32:128)")
+    parser.add_argument("--dims", nargs="+", type=int, default=[64, 128],
+                        help="head sizes of the dtypes given without")
     parser.add_argument("--table", action="store_true", help="print registers and spills per kernel")
     args = parser.parse_args()
     stand_in = triton_standin.activate(args.arch)
@@ -218,13 +231,15 @@ def main() -> int:
                chunk_kernels.bwd_dv, chunk_kernels.bwd_dqk, split.merge_splits]
     fused = [getattr(fused_chunk_kernels, name) for name in ("fused_fwd", "fused_bwd_dkv", "fused_bwd_dq")]
     compiled = []
-    for name in args.dtypes:
+    cases = [(name, dims or args.dims) for name, dims in args.dtypes]
+    first = (cases[0][0], cases[0][1][0])
+    for name, dims in cases:
         torch.set_float32_matmul_precision("high" if name == "tf32" else "highest")
         dtype = getattr(torch, DTYPES[name])
-        for D in args.dims:
+        for D in dims:
             before = triton_standin._NoLaunch.launches
             attention(dtype, D)
-            if name == args.dtypes[0] and D == args.dims[0]:
+            if (name, D) == first:
                 with split_every_chunk():          # merge_splits reads fp32 states: one dtype suffices
                     attention(dtype, D, momentum_only=True)
                 if name == "bf16":                 # the fused kernels, one pass per row (other dtypes:
@@ -242,13 +257,13 @@ def main() -> int:
                 return 1
         large_step(dtype, LARGE_DK)
         print(f"sm_{args.arch} {name} step Dk={LARGE_DK}: launched", flush=True)
-        if name == "bf16" and 64 in args.dims:     # compiled above: the direct launcher's check is cheap here
+        if name == "bf16" and 64 in dims:          # compiled above: the direct launcher's check is cheap here
             from triton_direct_launch_check import compare
             failures = compare()
             if failures:
                 print("\n".join(failures), file=sys.stderr)
                 return 1
-    kernels = chunked + (fused if "bf16" in args.dtypes else []) + [fused_recurrent.step_kernel]
+    kernels = chunked + (fused if first[0] == "bf16" else []) + [fused_recurrent.step_kernel]
     kernels += LSTM_KERNELS
     for kernel in kernels:
         name = kernel.fn.__name__ if hasattr(kernel, "configs") else kernel.__name__.lstrip("_")
