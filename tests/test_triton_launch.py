@@ -15,11 +15,12 @@ ROOT = Path(__file__).resolve().parents[1]
 # The binder Triton generates for each kernel (triton.runtime.jit.create_function_from_signature)
 # binds these names itself; a kernel argument with one of them is overwritten before it is used.
 BINDER_NAMES = {"params", "specialization", "options", "backend", "specialize_impl", "JITCallable"}
-# Per arch, both groups together: ~7 min on two idle cores for sm_90, more when other jobs share
-# them (900 s was exceeded that way). make test's --timeout 900 applies to every other test; this
-# one has its own (a run at load 9 on 2 cores hit 900 s).
+# Per arch, both groups together: 213 s on two idle cores for sm_90 (2026-11-27; 11 min before the
+# first-key sweep of triton_launch_check.sweep_first_key_only and the matrix below), more when
+# other jobs share them. make test's --timeout 900 applies to every other test; this one has its
+# own (a run at load 9 on 2 cores once hit 900 s).
 TIMEOUT = 2700
-# (dtype:head sizes) per process; the two sm_90 groups take about as long (6.5 and 7 min alone).
+# (dtype:head sizes) per process, two processes of about the same length.
 # sm_90 (H100, the GPU users train on) gets bf16 at D = 64 and 128, fp16 and exact fp32 at 64, and
 # fp32 with tf32 dots at 128. D = 128 matters where the tiles' shared memory does: bf16, and tf32,
 # whose bwd_dqk tiles need 184 KB (fp16 and exact fp32 together peaked at 164 KB; exact fp32 keeps

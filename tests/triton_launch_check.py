@@ -6,14 +6,14 @@ the stand-in driver of `triton_standin` (compiled kernels, no-op launches):
 Per dtype and head size: momentum attention forward + backward (padding, initial state, the final
 state's gradient), plain linear attention (the one-state kernels), packed sequences (cu_seqlens:
 per-segment initial and final states, β > 0 and β = 0), the fused kernels (padded momentum, bf16
-at the first head size), a decoding step, and the
-Adam/RMSProp LSTM recurrences; then the attention again at other autotuning buckets of N and
-B·H, which must compile nothing new; per dtype, a decoding step at Dk = Dv = 512 (the step
-kernel loops over Dk blocks). "tf32" is fp32 inputs under torch.set_float32_matmul_precision
-("high"): tf32 dots. Every kernel the autotuner keeps is compiled for the target and bound by the
-launcher; in bf16 at D = 64, plugins.triton_launch.direct is compared with Triton's own dispatch
-(tests/triton_direct_launch_check.py). Exit 0 when everything launched and agreed; `--table`
-prints registers and spills (ptxas -v) of every compiled kernel as a markdown table. Must run
+at the first head size), a decoding step, and the Adam/RMSProp LSTM recurrences; then the
+attention again at other autotuning buckets of N and B·H, which must compile nothing new; per
+dtype, a decoding step at Dk = Dv = 512 (the step kernel loops over Dk blocks). "tf32" is fp32
+inputs under torch.set_float32_matmul_precision("high"): tf32 dots. Every config the autotuner
+keeps is compiled for the target and bound by the launcher (at each kernel's first tuning key:
+sweep_first_key_only); in bf16 at D = 64, plugins.triton_launch.direct is compared with Triton's
+own dispatch (tests/triton_direct_launch_check.py). Exit 0 when everything launched and agreed;
+`--table` prints registers and spills (ptxas -v) of every compiled kernel as a markdown table. Must run
 with TRITON_INTERPRET unset."""
 import argparse
 import contextlib
@@ -54,6 +54,27 @@ def allow_cpu_tensors():
         return kernel
 
     adam_recurrence_triton._kernel = jit_kernel
+
+
+def sweep_first_key_only(kernels):
+    """Each autotuned kernel compiles every config its pruner keeps at the first tuning key it
+    meets per input dtype, head sizes and dot precision (the padded momentum call), and the first
+    kept config at its other keys (one state, packed sequences, other buckets): the configs and the
+    flag variants are each compiled once, not all of one for each of the other (bf16 at D 64: 70
+    kernels compiled instead of 146). `--table` keeps every pair."""
+    swept = set()
+    for kernel in kernels:
+        prune = kernel.early_config_prune
+
+        def first_key_sweeps(configs, named_args, _prune=prune, _kernel=kernel, **kwargs):
+            kept = _prune(configs, named_args, **kwargs) if _prune else configs
+            first = next(iter(named_args.values()))
+            key = (_kernel, first.dtype, kwargs["DK"], kwargs["DV"], kwargs.get("IEEE"))
+            if key in swept:
+                return kept[:1]
+            swept.add(key)
+            return kept
+        kernel.early_config_prune = first_key_sweeps
 
 
 @contextlib.contextmanager
@@ -218,7 +239,8 @@ def main() -> int:
                         help=f"{'/'.join(sorted(DTYPES))}, each with its own head sizes if given (tf32:128)")
     parser.add_argument("--dims", nargs="+", type=int, default=[64, 128],
                         help="head sizes of the dtypes given without")
-    parser.add_argument("--table", action="store_true", help="print registers and spills per kernel")
+    parser.add_argument("--table", action="store_true",
+                        help="print registers and spills per kernel (every kept config at every tuning key)")
     args = parser.parse_args()
     stand_in = triton_standin.activate(args.arch)
 
@@ -230,6 +252,8 @@ def main() -> int:
     chunked = [chunk_kernels.fwd_h, chunk_kernels.fwd_o, chunk_kernels.bwd_dh,
                chunk_kernels.bwd_dv, chunk_kernels.bwd_dqk, split.merge_splits]
     fused = [getattr(fused_chunk_kernels, name) for name in ("fused_fwd", "fused_bwd_dkv", "fused_bwd_dq")]
+    if not args.table:
+        sweep_first_key_only(chunked[:5] + fused)
     compiled = []
     cases = [(name, dims or args.dims) for name, dims in args.dtypes]
     first = (cases[0][0], cases[0][1][0])
