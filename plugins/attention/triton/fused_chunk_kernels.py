@@ -79,6 +79,13 @@ def _end(L, N, IS_VARLEN: tl.constexpr):
 
 
 @triton.jit
+def _padding_chunks(L, c0, CPS, NT, BT: tl.constexpr):
+    """(first, stop) of split c0's chunks (of CPS, NT per padded row) past the row's L real tokens:
+    the chunks whose outputs a padded row's program fills with zeros."""
+    return tl.maximum(c0, tl.cdiv(L, BT)), tl.minimum(c0 + CPS, NT)
+
+
+@triton.jit
 def _state_tiles(i_v, BK: tl.constexpr, TV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr):
     """(o_k, o_v, mk, mv, offsets, mask) of a program's (BK, TV) state tile: all of Dk, Dv block i_v."""
     o_k = tl.arange(0, BK)
@@ -227,7 +234,8 @@ def fused_fwd(q, k, v, o, den, s0, m0, z0, s_loc, m_loc, z_loc, s_out, m_out, z_
             tl.store(den + t, tl.where(real, dn, 1.0), mask=t < end)
         S, M, Z = _state_update(S, M, Z, kk, vv, rows, Lc, log_beta, inv, gamma, beta, MOMENTUM, LOW, IEEE)
     if not IS_VARLEN:
-        for c in range(tl.maximum(c0, tl.cdiv(L, BT)), tl.minimum(c0 + CPS, NT)):
+        first, stop = _padding_chunks(L, c0, CPS, NT, BT)
+        for c in range(first, stop):
             t = c * BT + rows
             tl.store(o + t[:, None] * DV + o_v[None, :], tl.zeros([BT, TV], dtype=o.dtype.element_ty),
                      mask=(t < N)[:, None] & mv[None, :])
@@ -329,7 +337,8 @@ def fused_bwd_dkv(q, k, v, o, do, den, dden, dk, dv, ds_fin, dm_fin, dz_fin, ds0
         dS += mixed_dot(qt, dnum, LOW, IEEE)
         dZ += tl.sum(qt * ddn[None, :], axis=1)
     if not IS_VARLEN:
-        for c in range(tl.maximum(c0, tl.cdiv(L, BT)), tl.minimum(c0 + CPS, NT)):
+        first, stop = _padding_chunks(L, c0, CPS, NT, BT)
+        for c in range(first, stop):
             t = c * BT + rows
             _zero_rows(dk, t, DK, N, BT, BK)
             _zero_rows(dv, t, DV, N, BT, BV)
@@ -390,5 +399,6 @@ def fused_bwd_dq(k, v, do, den, dden, dq, s0, m0, z0, s_loc, m_loc, z_loc, lengt
                  mask=(t < end)[:, None] & mk[None, :])
         S, M, Z = _state_update(S, M, Z, kk, vv, rows, Lc, log_beta, inv, gamma, beta, MOMENTUM, LOW, IEEE)
     if not IS_VARLEN:
-        for c in range(tl.maximum(c0, tl.cdiv(L, BT)), tl.minimum(c0 + CPS, NT)):
+        first, stop = _padding_chunks(L, c0, CPS, NT, BT)
+        for c in range(first, stop):
             _zero_rows(dq, c * BT + rows, DK, N, BT, BK)
