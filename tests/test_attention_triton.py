@@ -16,6 +16,7 @@ from helpers.triton_attention import (
     random_state,
     rel_rms,
     triton_ops,
+    upstreams,
     use_scan,
 )
 
@@ -61,10 +62,7 @@ def test_chunk_forward_gradients_and_state_match_float64_references(make_generat
     lengths = torch.tensor([N, N // 2 if padded else N])                # N = 1 padded: a row of length 0
     fq, fk, v, real = make_inputs(gen, B, H, N, Dk, Dv, lengths)
     state0 = random_state(gen, B, H, Dk, Dv) if init else None
-    ups = [torch.randn(B, H, N, Dv, generator=gen, dtype=torch.float64),
-           torch.randn(B, H, Dk, Dv, generator=gen, dtype=torch.float64),
-           torch.randn(B, H, Dk, generator=gen, dtype=torch.float64),
-           torch.randn(B, H, Dk, Dv, generator=gen, dtype=torch.float64)]
+    ups = upstreams(gen, B, H, N, Dk, Dv)
 
     def run(fn, dtype):
         leaves = [t.to(dtype).requires_grad_() for t in (fq, fk, v)]

@@ -7,7 +7,16 @@ import importlib.util
 import pytest
 import torch
 import triton
-from helpers.triton_attention import TOL, loss_of, make_inputs, random_state, rel_rms, triton_ops, use_scan
+from helpers.triton_attention import (
+    TOL,
+    loss_of,
+    make_inputs,
+    random_state,
+    rel_rms,
+    triton_ops,
+    upstreams,
+    use_scan,
+)
 
 from plugins.attention.naive import naive_recurrent_momentum_attention
 from plugins.attention.state import MomentumAttentionState
@@ -26,10 +35,7 @@ def test_a_backward_after_the_other_kernels_forward_matches_float64(make_generat
     lengths = torch.tensor([N, 37])
     fq, fk, v, real = make_inputs(gen, B, H, N, Dk, Dv, lengths)
     state0 = random_state(gen, B, H, Dk, Dv)
-    ups = [torch.randn(B, H, N, Dv, generator=gen, dtype=torch.float64),
-           torch.randn(B, H, Dk, Dv, generator=gen, dtype=torch.float64),
-           torch.randn(B, H, Dk, generator=gen, dtype=torch.float64),
-           torch.randn(B, H, Dk, Dv, generator=gen, dtype=torch.float64)]
+    ups = upstreams(gen, B, H, N, Dk, Dv)
 
     def run(fn, dtype, before_backward=lambda: None):
         leaves = [t.to(dtype).requires_grad_() for t in (fq, fk, v, state0.s, state0.z, state0.m)]

@@ -16,6 +16,7 @@ from helpers.triton_attention import (
     random_state,
     rel_rms,
     triton_ops,
+    upstreams,
     use_scan,
 )
 from helpers.triton_varlen import (
@@ -84,10 +85,7 @@ def test_split_scans_match_float64_with_padding_and_an_initial_state(make_genera
     lengths = torch.tensor([N, 41])
     fq, fk, v, real = make_inputs(gen, B, H, N, Dk, Dv, lengths)
     state0 = random_state(gen, B, H, Dk, Dv)
-    ups = [torch.randn(B, H, N, Dv, generator=gen, dtype=torch.float64),
-           torch.randn(B, H, Dk, Dv, generator=gen, dtype=torch.float64),
-           torch.randn(B, H, Dk, generator=gen, dtype=torch.float64),
-           torch.randn(B, H, Dk, Dv, generator=gen, dtype=torch.float64)]
+    ups = upstreams(gen, B, H, N, Dk, Dv)
 
     def run(fn, dtype):
         leaves = [t.to(dtype).requires_grad_() for t in (fq, fk, v, state0.s, state0.z, state0.m)]

@@ -46,6 +46,14 @@ def random_state(gen, B, H, Dk, Dv):
                                   m=torch.randn(B, H, Dk, Dv, generator=gen, dtype=torch.float64))
 
 
+def upstreams(gen, B, H, N, Dk, Dv):
+    """Random float64 gradients of a loss (loss_of) w.r.t. the output and the final s, z, m."""
+    return [torch.randn(B, H, N, Dv, generator=gen, dtype=torch.float64),
+            torch.randn(B, H, Dk, Dv, generator=gen, dtype=torch.float64),
+            torch.randn(B, H, Dk, generator=gen, dtype=torch.float64),
+            torch.randn(B, H, Dk, Dv, generator=gen, dtype=torch.float64)]
+
+
 def loss_of(out, state, ups):
     loss = (out * ups[0]).sum()
     if state is not None:
