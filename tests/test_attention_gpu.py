@@ -6,6 +6,7 @@ import os
 
 import pytest
 import torch
+from helpers.triton_attention import SCANS, use_scan
 
 from plugins.attention import momentum_attention
 from plugins.attention.chunk import chunk_causal_momentum_attention
@@ -80,6 +81,25 @@ def test_triton_matches_float64_torch_path(shape, momentum, dtype):
         assert rel_rms(got, expected) <= 3 * TOL[dtype]
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("shape", [(4, 16, 1024, 64, 64), (2, 4, 777, 32, 24), (1, 4, 20000, 64, 64)])
+def test_fused_kernels_match_float64_torch_path(shape, dtype, monkeypatch):
+    """The fused kernels (chunk.SCAN = "fused", head sizes up to 64): full rows, a length that is no
+    multiple of their chunk with masked value columns, and few long rows, where the launcher splits
+    the scans and the kernels chain the splits."""
+    use_scan(monkeypatch, "fused")
+    B, H, N, D, Dv = shape
+    tensors = inputs(N + D + 1, B, H, N, D, Dv)
+    upstream = torch.randn(B, H, N, Dv, device="cuda")
+    ref, ref_grads = value_and_grads(lambda *t: torch_attention(*t, momentum=0.9), tensors, torch.float64,
+                                     upstream.double())
+    out, grads = value_and_grads(lambda *t: triton_attention(*t, momentum=0.9), tensors, dtype, upstream)
+    assert rel_rms(out, ref) <= TOL[dtype]
+    for got, expected in zip(grads, ref_grads):
+        assert torch.isfinite(got).all()
+        assert rel_rms(got, expected) <= 3 * TOL[dtype]
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_long_sequence_is_finite_and_close_to_fp32(dtype):
     B, H, N, D = 1, 4, 65536, 64
@@ -94,7 +114,9 @@ def test_long_sequence_is_finite_and_close_to_fp32(dtype):
         assert rel_rms(got, expected) <= 3 * TOL[dtype]
 
 
-def test_padding_and_states_match_torch_path():
+@pytest.mark.parametrize("scan", SCANS)
+def test_padding_and_states_match_torch_path(scan, monkeypatch):
+    use_scan(monkeypatch, scan)
     B, H, N, D = 3, 4, 1000, 64
     fq, fk, v = (t.double() for t in inputs(3, B, H, N, D))
     lengths = torch.tensor([1000, 517, 0], device="cuda")
@@ -112,14 +134,16 @@ def test_padding_and_states_match_torch_path():
         assert rel_rms(getattr(got_state, name), getattr(ref_state, name)) <= 1e-4
 
 
+@pytest.mark.parametrize("scan", SCANS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_split_scans_keep_long_packed_segments_separate(dtype, monkeypatch):
+def test_split_scans_keep_long_packed_segments_separate(dtype, scan, monkeypatch):
     """One packed row of segments of 5000, 0, 6001 and 129 tokens, H 2, the state scans forced into
     splits of 8 chunks (22 per row, partial splits at the segments' ends; split.scan_splits picks
     other counts), each
     segment from its own initial state: outputs, final states and gradients as each segment run
     alone through the PyTorch path in float64."""
     from plugins.attention.triton import chunk
+    use_scan(monkeypatch, scan)
     monkeypatch.setattr(chunk, "scan_splits", lambda rows, chunks, device: (-(-chunks // 8), 8))
     lengths, H, D = [5000, 0, 6001, 129], 2, 64
     cu = torch.tensor([0] + lengths, device="cuda").cumsum(0)
@@ -281,9 +305,10 @@ def check_against_float64(inputs, mask, state, ups, momentum, dtype, tol):
         assert rel_rms(got, expected) <= tol["grad"], f"d{name}: {rel_rms(got, expected):.2e}"
 
 
+@pytest.mark.parametrize("scan", SCANS)
 @pytest.mark.parametrize("momentum", [0.0, 0.6, 0.99])
 @pytest.mark.parametrize("N", [100, 1000, 2053])
-def test_bf16_kernels_match_float64_on_the_same_inputs(N, momentum):
+def test_bf16_kernels_match_float64_on_the_same_inputs(N, momentum, scan, monkeypatch):
     """bf16 q, k, v through backend="triton" (LOW mode: derived fp32 operands and the per-chunk
     states in bf16, states and accumulators in fp32) against the float64 PyTorch path on the
     same bf16 values; padding, an initial state, lengths that are no multiple of the chunk (64).
@@ -297,7 +322,8 @@ def test_bf16_kernels_match_float64_on_the_same_inputs(N, momentum):
     interpreter (operands rounded to bf16, outputs and gradients stored in bf16), N = 300:
     outputs 2.3e-3, states 1.8e-3, gradients 5.8e-3 at most; the tolerances are 1e-2 for outputs
     and states and 3e-2 for gradients (≈ 4–5× those, for longer N and the GPU's own order of
-    accumulation)."""
+    accumulation). Both kernel sets (chunk.SCAN)."""
+    use_scan(monkeypatch, scan)
     inputs, mask, state, ups = same_inputs_case(N + int(100 * momentum), N, torch.bfloat16)
     check_against_float64(inputs, mask, state, ups, momentum, torch.bfloat16, BF16_TOL)
 
