@@ -305,9 +305,13 @@ def check_against_float64(inputs, mask, state, ups, momentum, dtype, tol):
         assert rel_rms(got, expected) <= tol["grad"], f"d{name}: {rel_rms(got, expected):.2e}"
 
 
-@pytest.mark.parametrize("scan", SCANS)
-@pytest.mark.parametrize("momentum", [0.0, 0.6, 0.99])
-@pytest.mark.parametrize("N", [100, 1000, 2053])
+# the chunked kernels at each length and momentum; the fused ones at one momentum per length (the
+# tests part of gpu-check starts every test in its budget)
+SAME_INPUT_CASES = [(N, m, "chunked") for N in (100, 1000, 2053) for m in (0.0, 0.6, 0.99)]
+SAME_INPUT_CASES += [(100, 0.0, "fused"), (1000, 0.99, "fused"), (2053, 0.6, "fused")]
+
+
+@pytest.mark.parametrize("N, momentum, scan", SAME_INPUT_CASES)
 def test_bf16_kernels_match_float64_on_the_same_inputs(N, momentum, scan, monkeypatch):
     """bf16 q, k, v through backend="triton" (LOW mode: derived fp32 operands and the per-chunk
     states in bf16, states and accumulators in fp32) against the float64 PyTorch path on the
@@ -322,7 +326,7 @@ def test_bf16_kernels_match_float64_on_the_same_inputs(N, momentum, scan, monkey
     interpreter (operands rounded to bf16, outputs and gradients stored in bf16), N = 300:
     outputs 2.3e-3, states 1.8e-3, gradients 5.8e-3 at most; the tolerances are 1e-2 for outputs
     and states and 3e-2 for gradients (≈ 4–5× those, for longer N and the GPU's own order of
-    accumulation). Both kernel sets (chunk.SCAN)."""
+    accumulation). Both kernel sets (chunk.SCAN: SAME_INPUT_CASES)."""
     use_scan(monkeypatch, scan)
     inputs, mask, state, ups = same_inputs_case(N + int(100 * momentum), N, torch.bfloat16)
     check_against_float64(inputs, mask, state, ups, momentum, torch.bfloat16, BF16_TOL)
