@@ -81,12 +81,16 @@ def test_triton_matches_float64_torch_path(shape, momentum, dtype):
         assert rel_rms(got, expected) <= 3 * TOL[dtype]
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
-@pytest.mark.parametrize("shape", [(4, 16, 1024, 64, 64), (2, 4, 777, 32, 24), (1, 4, 20000, 64, 64)])
+@pytest.mark.parametrize("shape, dtype", [((4, 16, 1024, 64, 64), torch.float32),
+                                          ((4, 16, 1024, 64, 64), torch.bfloat16),
+                                          ((2, 4, 777, 32, 24), torch.float16),
+                                          ((1, 4, 20000, 64, 64), torch.bfloat16)])
 def test_fused_kernels_match_float64_torch_path(shape, dtype, monkeypatch):
     """The fused kernels (chunk.SCAN = "fused", head sizes up to 64): full rows, a length that is no
     multiple of their chunk with masked value columns, and few long rows, where the launcher splits
-    the scans and the kernels chain the splits."""
+    the scans and the kernels chain the splits (in fp32 there:
+    test_split_scans_keep_long_packed_segments_separate). Each dtype and shape once: gpu-check's
+    tests part starts every test in its budget."""
     use_scan(monkeypatch, "fused")
     B, H, N, D, Dv = shape
     tensors = inputs(N + D + 1, B, H, N, D, Dv)
