@@ -6,6 +6,7 @@ the same shapes) this gives each kernel's achieved bandwidth (issue 27 item 2).
 
     python benchmarks/gpu_kernels.py                       # bf16, the issue's four shapes
     python benchmarks/gpu_kernels.py --json kernels.json
+    python benchmarks/gpu_kernels.py --dtype fp32 --shapes 0 --modes default
 """
 import argparse
 import collections
@@ -95,10 +96,13 @@ def main():
                         help="indices into SHAPES")
     parser.add_argument("--forced-split", action="store_true",
                         help="also time the scans split at every shape")
+    parser.add_argument("--modes", nargs="+", choices=["default", "1-pass", "fused"],
+                        default=["default", "1-pass", "fused"])
     args = parser.parse_args()
     rows = []
     print(f"{torch.cuda.get_device_name()}, {args.dtype}, momentum β = {BETA}, fwd+bwd, µs per step")
     modes = [("default", False), ("1-pass", True), ("fused", "fused")]
+    modes = [(label, one_pass) for label, one_pass in modes if label in args.modes]
     modes += [("forced split", None)] if args.forced_split else []
     for shape in [SHAPES[i] for i in args.shapes]:
         for label, one_pass in modes:
