@@ -28,7 +28,8 @@ from .chunk_kernels import (
     _load_coef,
     _sequence,
 )
-from .utils import carried, compose, finite, mixed_dot, raw_dot
+from .split import add_split
+from .utils import finite, mixed_dot, raw_dot
 
 MAX_HEAD_DIM = 64
 # Chunks of at most 32 tokens: a program holds whole (Dk, Dv) states beside its chunk's tiles. On
@@ -104,7 +105,7 @@ def _chain(S, M, Z, s_loc, m_loc, z_loc, r, g, G, L, CPS, state_off, state_mask,
     from zero (s/m/z_loc at r·G + split, public sign m = −M'), eq. 12 composed:
       forward  S ← S + carry(ℓ)·M' + ΔS,   M' ← β^ℓ·M' + ΔM',   Z ← Z + ΔZ   over splits 0 … g−1;
       REVERSE  dM' ← β^ℓ·dM' + carry(ℓ)·dS + ΔdM',   dS ← dS + ΔdS,   dZ ← dZ + ΔdZ   over G−1 … g+1
-    (utils.compose, as split.merge_splits chains them)."""
+    (split.add_split, as split.merge_splits chains them)."""
     if REVERSE:
         n = G - 1 - g
     else:
@@ -114,15 +115,8 @@ def _chain(S, M, Z, s_loc, m_loc, z_loc, r, g, G, L, CPS, state_off, state_mask,
             h = G - 1 - i
         else:
             h = i
-        at = (r * G + h) * DK * DV + state_off
-        span = tl.minimum(tl.maximum(L - h * CPS * BT, 0), CPS * BT)
-        dS = tl.load(s_loc + at, mask=state_mask, other=0.0).to(S.dtype)
-        dM = dS
-        if MOMENTUM:
-            dM = -tl.load(m_loc + at, mask=state_mask, other=0.0).to(S.dtype)
-        carry, decay = carried(span, log_beta, inv, gamma, beta, MOMENTUM)
-        S, M = compose(S, M, dS, dM, carry, decay, MOMENTUM, REVERSE)
-        Z += tl.load(z_loc + (r * G + h) * DK + o_k, mask=mk, other=0.0).to(S.dtype)
+        S, M, Z = add_split(S, M, Z, s_loc, m_loc, z_loc, r * G + h, L - h * CPS * BT, CPS * BT, state_off,
+                            state_mask, o_k, mk, log_beta, inv, gamma, beta, DK, DV, MOMENTUM, REVERSE)
     return S, M, Z
 
 

@@ -47,6 +47,25 @@ def even_splits(rows: int, chunks: int, device: torch.device) -> tuple[int, int]
     return cdiv(chunks, cps), cps
 
 
+@triton.jit
+def add_split(S, M, Z, s_loc, m_loc, z_loc, row, left, most, state_off, state_mask, o_k, mk, log_beta, inv,
+              gamma, beta, DK: tl.constexpr, DV: tl.constexpr, MOMENTUM: tl.constexpr, REVERSE: tl.constexpr):
+    """S, M', Z composed with one split's state from zero, s/m/z_loc at `row` of rows·G (public
+    sign m = −M'), over the split's span: the `left` tokens of the row from the split's start, at
+    most `most` (CPS·BT). Eq. 12 composed (utils.compose); merge_splits and the fused kernels'
+    chains call it split after split."""
+    at = row * DK * DV + state_off
+    span = tl.minimum(tl.maximum(left, 0), most)
+    dS = tl.load(s_loc + at, mask=state_mask, other=0.0).to(S.dtype)
+    dM = dS
+    if MOMENTUM:
+        dM = -tl.load(m_loc + at, mask=state_mask, other=0.0).to(S.dtype)
+    carry, decay = carried(span, log_beta, inv, gamma, beta, MOMENTUM)
+    S, M = compose(S, M, dS, dM, carry, decay, MOMENTUM, REVERSE)
+    Z += tl.load(z_loc + row * DK + o_k, mask=mk, other=0.0).to(S.dtype)
+    return S, M, Z
+
+
 @triton.jit(do_not_specialize=["N", "H", "G", "CPS"])
 def merge_splits(s_loc, m_loc, z_loc, s_init, m_init, z_init, s_seg, m_seg, z_seg, s_fin, m_fin, z_fin,
                  lengths, cu_seqlens, coef, N, H, G, CPS,
@@ -99,14 +118,8 @@ def merge_splits(s_loc, m_loc, z_loc, s_init, m_init, z_init, s_seg, m_seg, z_se
             tl.store(m_seg + at, -M, mask=state_mask)
         if i_v == 0:
             tl.store(z_seg + (r * G + g) * DK + o_k, Z, mask=mk)
-        span = tl.minimum(tl.maximum(L - g * CPS * BT, 0), CPS * BT)
-        dS = tl.load(s_loc + at, mask=state_mask, other=0.0).to(ACC)
-        dM = dS
-        if MOMENTUM:
-            dM = -tl.load(m_loc + at, mask=state_mask, other=0.0).to(ACC)
-        carry, decay = carried(span, log_beta, inv, gamma, beta, MOMENTUM)
-        S, M = compose(S, M, dS, dM, carry, decay, MOMENTUM, REVERSE)
-        Z += tl.load(z_loc + (r * G + g) * DK + o_k, mask=mk, other=0.0).to(ACC)
+        S, M, Z = add_split(S, M, Z, s_loc, m_loc, z_loc, r * G + g, L - g * CPS * BT, CPS * BT, state_off,
+                            state_mask, o_k, mk, log_beta, inv, gamma, beta, DK, DV, MOMENTUM, REVERSE)
     tl.store(s_fin + r * DK * DV + state_off, S, mask=state_mask)
     tl.store(m_fin + r * DK * DV + state_off, -M, mask=state_mask)
     if i_v == 0:
