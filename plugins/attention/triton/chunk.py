@@ -41,8 +41,10 @@ from .utils import (
 )
 
 # The kernels that run eq. 13 where both can: "chunked" (chunk_kernels, the per-chunk states through
-# memory; timed on an H100 and an H200, docs/benchmarks.md) or "fused" (fused_chunk_kernels, the
-# states in registers, head dimensions up to 64: half the modelled bytes, GPU speed unmeasured).
+# memory) or "fused" (fused_chunk_kernels, the states in registers, head dimensions up to 64: half
+# the modelled bytes and the peak memory). On an H200 (docs/benchmarks.md, 2026-11-27) the fused
+# kernels took longer on the device at every shape (bf16 fwd+bwd 1174 vs 790 µs at B16-H16-T1k; one
+# program per SM) and tied or lost in wall time: "chunked" stays the default.
 SCANS = ("chunked", "fused")
 SCAN = os.environ.get("MOMENTUM_TRITON_SCAN", "chunked")
 

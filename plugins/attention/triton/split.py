@@ -24,8 +24,9 @@ from .utils import PROGRAMS_PER_SM, block, carried, compose, sm_count
 # one program per SM at a time) split by the same rule: 256 rows are two waves, and 512 half rows
 # four half waves, the same critical path plus two launches and the scans' bytes. The split with a
 # second scan cut the scans' device time at 16k and 32k tokens (1-16-64-16384: 1.755 → 1.266 ms of
-# kernels; 1-8-64-32768: 2.88 → 0.41 + 0.11 ms merge) and lost at 4k (0.949 → 1.217 ms, G = 6); this
-# split without the second scan is unmeasured on a GPU (make gpu-check's "1-pass" rows compare).
+# kernels; 1-8-64-32768: 2.88 → 0.41 + 0.11 ms merge) and lost at 4k (0.949 → 1.217 ms, G = 6). This
+# split, without the second scan, against one pass (fwd+bwd device time, bf16, H200, 2026-11-27):
+# 4-16-4k 1036 vs 1040 µs, 1-16-16k 1073 vs 2158, 1-8-32k 1107 vs 3715 (docs/benchmarks.md).
 LONG_ROW = 32
 
 
