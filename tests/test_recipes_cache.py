@@ -5,6 +5,7 @@ import random
 import string
 
 import pytest
+from helpers.fairseq_cli import preprocess
 
 from recipes.common import cache, corpora, fairseq_runs
 from recipes.common.fairseq_runs import preprocess_lm
@@ -20,13 +21,16 @@ def documents(prefix):
 
 @pytest.fixture
 def counted_runs(monkeypatch):
-    """The fairseq commands the recipes run, by tool name (the commands still run)."""
+    """The fairseq commands the recipes run, by tool name (the commands still run; what the
+    recipes run here is fairseq-preprocess alone, in this process)."""
     calls = []
-    real = fairseq_runs.run
 
     def counting(cmd, *args, **kwargs):
-        calls.append(str(cmd[0]).rsplit("/", 1)[-1])
-        return real(cmd, *args, **kwargs)
+        name = str(cmd[0]).rsplit("/", 1)[-1]
+        calls.append(name)
+        assert name == "fairseq-preprocess", f"a recipe ran {name}: run it through fairseq_runs.run"
+        preprocess(*cmd[1:])
+        return ""
 
     monkeypatch.setattr(fairseq_runs, "run", counting)
     monkeypatch.setattr(iwslt, "run", counting)

@@ -68,17 +68,35 @@ def run_cli(name, *args, stdin=None, cwd=None, env=None, check=True):
     return proc
 
 
+def preprocess(*args):
+    """fairseq-preprocess in this process (the tests' data, not the console script under test:
+    test_readme and the demo run that): the same files, without a Python start that imports torch
+    and fairseq again (3-4 s each). The log handler fairseq adds per call is closed after it."""
+    import logging
+
+    from fairseq import options
+    from fairseq_cli import preprocess as cli
+
+    logger = logging.getLogger(cli.logger.name)
+    before = list(logger.handlers)
+    try:
+        cli.main(options.get_preprocessing_parser().parse_args([str(a) for a in args]))
+    finally:
+        for handler in logger.handlers[len(before):]:
+            logger.removeHandler(handler)
+            handler.close()
+
+
 def preprocess_lm(text_dir, dest):
-    run_cli("preprocess", "--only-source", "--trainpref", text_dir / "train.txt",
-            "--validpref", text_dir / "valid.txt", "--testpref", text_dir / "test.txt",
-            "--destdir", dest, "--workers", "1")
+    preprocess("--only-source", "--trainpref", text_dir / "train.txt", "--validpref", text_dir / "valid.txt",
+               "--testpref", text_dir / "test.txt", "--destdir", dest, "--workers", "1")
     return dest
 
 
 def preprocess_translation(text_dir, dest):
-    run_cli("preprocess", "--source-lang", "src", "--target-lang", "tgt",
-            "--trainpref", text_dir / "train", "--validpref", text_dir / "valid",
-            "--testpref", text_dir / "test", "--destdir", dest, "--workers", "1")
+    preprocess("--source-lang", "src", "--target-lang", "tgt", "--trainpref", text_dir / "train",
+               "--validpref", text_dir / "valid", "--testpref", text_dir / "test", "--destdir", dest,
+               "--workers", "1")
     return dest
 
 
