@@ -52,6 +52,21 @@ def measure(make_model, T, tokens, steps, warmup, size=SIZE, device="cuda"):
     empties the CUDA cache once the model is gone (measure_or_oom)."""
     from timing import time_once_ms
 
+    model, step, B = training_step(make_model, T, tokens, size, device)
+    for _ in range(warmup):
+        step()
+    if device == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+    times = [time_once_ms(step, device) / 1e3 for _ in range(steps)]
+    peak = torch.cuda.max_memory_allocated() / 2 ** 20 if device == "cuda" else 0.0
+    params = sum(p.numel() for p in model.parameters())
+    return B * T / statistics.median(times), peak, params
+
+
+def training_step(make_model, T, tokens, size=SIZE, device="cuda"):
+    """(model, step, batch): one training step of the model at sequence length T, `tokens` per
+    step (batch = tokens // T rows of random ids): bf16 autocast forward, loss, backward, AdamW
+    (fused on CUDA), gradients set to None."""
     torch.manual_seed(0)
     model = make_model(T, size).to(device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=device == "cuda")
@@ -64,15 +79,7 @@ def measure(make_model, T, tokens, steps, warmup, size=SIZE, device="cuda"):
         loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-
-    for _ in range(warmup):
-        step()
-    if device == "cuda":
-        torch.cuda.reset_peak_memory_stats()
-    times = [time_once_ms(step, device) / 1e3 for _ in range(steps)]
-    peak = torch.cuda.max_memory_allocated() / 2 ** 20 if device == "cuda" else 0.0
-    params = sum(p.numel() for p in model.parameters())
-    return B * T / statistics.median(times), peak, params
+    return model, step, B
 
 
 def main():

@@ -1,7 +1,8 @@
 """`make gpu-check`'s hf part (benchmarks/gpu_check.py runs it in its own process): training
 tokens/s of momentum_transformer vs Llama-SDPA, greedy decoding tokens/s (MomentumCache eager, a
-StaticMomentumCache step under torch.compile, Llama's DynamicCache), and where an eager decode
-step's time goes at two contexts (torch.profiler). Each cell is a number, or the reason it is
+StaticMomentumCache step under torch.compile, Llama's DynamicCache), where an eager decode
+step's time goes at two contexts, and where a training step's goes for both models at the longest
+length (torch.profiler). Each cell is a number, or the reason it is
 missing (OOM, budget, the error)."""
 import time
 
@@ -32,10 +33,17 @@ def run(sizes, mode, device, budget_s):
     for context in sizes["contexts"]:
         profiles[context] = ("budget" if over() else
                              guarded(lambda: decode_profile(context, sizes, device), device))
+    longest = max(sizes["lengths"])
+    steps = {}
+    for name in ("momentum", "llama"):
+        steps[name] = ("budget" if over() else
+                       guarded(lambda: train_profile(name, longest, sizes, device), device))
     rows = dict(train={f"{k[0]}@{k[1]}": v for k, v in train.items()},
                 generation={f"{k[0]}@{k[1]}": v for k, v in generation.items()},
-                decode_profile={str(k): v for k, v in profiles.items()})
-    markdown = hf_markdown(train, generation, sizes, mode) + "\n\n" + profile_markdown(profiles, sizes)
+                decode_profile={str(k): v for k, v in profiles.items()},
+                train_profile={f"{name}@{longest}": v for name, v in steps.items()})
+    markdown = "\n\n".join([hf_markdown(train, generation, sizes, mode), profile_markdown(profiles, sizes),
+                             train_profile_markdown(steps, longest, sizes)])
     return dict(status="ok", rows=rows, markdown=markdown)
 
 
@@ -151,6 +159,65 @@ def decode_profile(context, sizes, device):
                 device_busy_ms=sum(e.time_range.elapsed_us() for e in kernels) / n / 1e3,
                 host_op_ms=sum(o["host_us"] for o in ops) / 1e3,
                 ops=sorted(ops, key=lambda o: -(o["host_us"] + o["device_us"])))
+
+
+def train_profile(name, T, sizes, device, top=15):
+    """Where one training step of `name` ("momentum" or "llama") goes at sequence length T, the
+    training table's step (gpu_train.training_step): after two untimed steps, one timed with CUDA
+    events, then one under torch.profiler. The step's wall ms, device-busy ms and kernel count,
+    the ops' host time, and the `top` kernels by device time (grouped by kernel name; on the CPU,
+    where there are none, the top ops by host time)."""
+    import gpu_train
+    import torch
+    from timing import synchronize, time_once_ms
+
+    make = gpu_train.llama_model if name == "llama" else gpu_train.momentum_model
+    _model, step, _batch = gpu_train.training_step(make, T, sizes["tokens"], sizes["size"], device)
+    for _ in range(2):
+        step()
+    synchronize(device)
+    step_ms = time_once_ms(step, device)
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if device == "cuda":
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    with torch.profiler.profile(activities=activities) as prof:
+        step()
+        synchronize(device)
+    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    grouped = {}
+    for event in kernels:
+        calls, us = grouped.get(event.name, (0, 0.0))
+        grouped[event.name] = (calls + 1, us + event.time_range.elapsed_us())
+    ops = [(avg.key, avg.count, avg.self_cpu_time_total) for avg in prof.key_averages()]
+    if grouped:
+        ranked = sorted(((n, c, us, "device") for n, (c, us) in grouped.items()), key=lambda r: -r[2])
+    else:
+        ranked = sorted(((n, c, us, "host") for n, c, us in ops), key=lambda r: -r[2])
+    return dict(step_ms=step_ms, kernels=len(kernels),
+                device_busy_ms=sum(e.time_range.elapsed_us() for e in kernels) / 1e3,
+                host_op_ms=sum(us for _, _, us in ops) / 1e3,
+                top=[dict(name=n[:90], calls=c, us=us, clock=clock) for n, c, us, clock in ranked[:top]])
+
+
+def train_profile_markdown(steps, T, sizes):
+    """The training-step profiles of train_profile, one table per model."""
+    B = max(1, sizes["tokens"] // T)
+    lines = [f"Where a training step goes at T = {T} (batch {B}; the training table's step: bf16 autocast, "
+             "forward, backward, AdamW; one step timed with CUDA events after two untimed ones, then one "
+             "under torch.profiler; kernels grouped by name, µs per step).", ""]
+    for name, prof in steps.items():
+        if isinstance(prof, str):
+            lines += [f"- {name}: {prof}", ""]
+            continue
+        clock = prof["top"][0]["clock"] if prof["top"] else "device"
+        what = "kernel" if clock == "device" else "op"
+        lines += [f"{name}: {prof['step_ms']:.2f} ms/step; device busy {prof['device_busy_ms']:.2f} ms in "
+                  f"{prof['kernels']} kernels; ops' host time {prof['host_op_ms']:.2f} ms.", "",
+                  f"| {what} | calls | {clock} µs | share of {clock} time |", "|---|---:|---:|---:|"]
+        total = prof["device_busy_ms"] * 1e3 if clock == "device" else prof["host_op_ms"] * 1e3
+        lines += [f"| `{t['name'].replace('|', '/')}` | {t['calls']} | {t['us']:.0f} | "
+                  f"{t['us'] / max(total, 1e-9):.1%} |" for t in prof["top"]] + [""]
+    return "\n".join(lines).rstrip()
 
 
 def profile_markdown(profiles, sizes):

@@ -67,6 +67,11 @@ def test_dry_run_writes_one_section_with_every_part_and_resumes(first_run):
         assert f"Context {context}: " in text
     assert "Ops at context 32 whose name and input shapes do not occur at 16 (" in text
     assert "| calls/step | host µs/step | device µs/step |" in text and "| `aten::" in text
+    assert "Where a training step goes at T = 32 (batch 2;" in text      # both models, ops by host time
+    for name in ("momentum", "llama"):
+        summary = rf"\n{name}: [\d.]+ ms/step; device busy 0.00 ms in 0 kernels; ops' host time [\d.]+ ms\."
+        table = r"\| op \| calls \| host µs \| share of host time \|\n\|---\|---:\|---:\|---:\|\n\| `"
+        assert re.search(summary + r"\n\n" + table, text)
     assert "within the 480 s of one command" in text
 
     second = dry_run(out_dir, doc)
