@@ -6,6 +6,7 @@ time (docs/benchmarks.md, 2026-11-27: 0.76 ms of kernels in a 2.34 ms fwd+bwd at
 
     python benchmarks/triton_host_overhead.py [--length 64] [--profile 25]
     python benchmarks/triton_host_overhead.py --decode        # one decoding step, no gradients
+    python benchmarks/triton_host_overhead.py --model-decode  # a 4-layer HF model's decoding step
 Must run without TRITON_INTERPRET (the interpreter skips the launcher)."""
 import argparse
 import cProfile
@@ -69,6 +70,35 @@ def decode_step(B=1, H=8, D=64, beta=0.6):
     return step
 
 
+def model_decode_step(layers=4, hidden=64, heads=8, vocab=100, prompt=64):
+    """A closure running one eager greedy decoding step of MomentumTransformerForCausalLM (a
+    MomentumCache, bf16 autocast, batch 1), as benchmarks/hf_speed.py's decode_rate does, at tiny
+    widths so that the CPU arithmetic stays small: what is timed is the host's work per step,
+    the layers' attention through the Triton launcher (no-op launches)."""
+    import torch
+
+    from hf_momentum import MomentumCache, MomentumTransformerConfig, MomentumTransformerForCausalLM
+    from plugins.attention import api, backends
+
+    def triton_on_cpu(backend, device, float64):
+        return not float64
+    backends.use_triton = api.use_triton = triton_on_cpu       # the model's "auto" picks Triton here
+    torch.manual_seed(0)
+    config = MomentumTransformerConfig(vocab_size=vocab, hidden_size=hidden, num_hidden_layers=layers,
+                                       num_attention_heads=heads, intermediate_size=4 * hidden,
+                                       max_position_embeddings=100_000, hidden_dropout=0.0)
+    model = MomentumTransformerForCausalLM(config).eval()
+    cache = MomentumCache(config)
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        token = model(input_ids=torch.randint(0, vocab, (1, prompt)), past_key_values=cache,
+                      use_cache=True).logits[:, -1:].argmax(-1)
+
+    def step():
+        with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+            model(input_ids=token, past_key_values=cache, use_cache=True)
+    return step
+
+
 # Ops that launch no kernel on a GPU (views, allocations, metadata; a cast counts only when it copies).
 NO_KERNEL = {"aten::" + name for name in (
     "to", "promote_types", "empty_like", "empty", "empty_strided", "select", "unsqueeze", "detach",
@@ -117,12 +147,25 @@ def main():
     parser.add_argument("--length", type=int, default=64,
                         help="N (B1-H1-D64): from 2048 on, one row splits its scans (split.scan_splits)")
     parser.add_argument("--decode", action="store_true", help="time one decoding step (B1-H8-D64) instead")
+    parser.add_argument("--model-decode", action="store_true",
+                        help="time an eager decoding step of a 4-layer HF momentum model instead")
     args = parser.parse_args()
     triton_standin.activate(90)
     import torch
     torch.set_num_threads(1)
     from triton_launch_check import allow_cpu_tensors
     allow_cpu_tensors()
+    if args.model_decode:
+        step = model_decode_step()
+        per_call = launches_of(step)
+        for _ in range(20):
+            step()
+        us = host_us(step, rounds=args.rounds, calls=20)
+        print(f"host µs per eager decoding step of MomentumTransformerForCausalLM (4 layers, hidden 64, "
+              f"8 heads, batch 1, MomentumCache, bf16 autocast; median of {args.rounds} rounds of 20): "
+              f"{us:.0f}; "
+              f"{per_call} Triton launches and %d aten ops per step, %d of them computing" % aten_ops(step))
+        return
     if args.decode:
         step = decode_step()
         per_call = launches_of(step)

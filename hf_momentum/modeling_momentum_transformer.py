@@ -38,6 +38,7 @@ from .momentum_core import (
     Segments,
     TransformerBlock,
     TransformerStack,
+    apply_dropout,
     masked_mean,
 )
 from .packing import (
@@ -237,7 +238,7 @@ class MomentumTransformerModel(MomentumTransformerPreTrainedModel):
         check_position_range(position_ids, self.config.max_position_embeddings,
                              largest=None if described is None else described.max_position,
                              bound=past + length - 1 if counted_positions else None)
-        hidden = self.dropout(inputs_embeds + self.embed_positions(position_ids))
+        hidden = apply_dropout(self.dropout, inputs_embeds + self.embed_positions(position_ids))
         if described is None:
             segments = Segments.from_padding_mask(padding_mask, batch, length)
         else:

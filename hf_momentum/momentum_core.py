@@ -35,6 +35,7 @@ from plugins.transformer.config import (
     block_feature_maps,
     layer_configs,
 )
+from plugins.transformer.dropout import apply_dropout
 from plugins.transformer.kv_cache import KeyValueCache
 from plugins.transformer.pooling import masked_mean
 from plugins.transformer.stack import TransformerStack
@@ -48,7 +49,7 @@ EXPORTS = ("FEATURE_MAPS", "AttentionSpec", "attend", "MomentumAttentionState", 
            "CONNECTION_READS", "unread_connection_fields", "BlockConfig", "block_feature_maps",
            "DEFAULT_ATTENTION_MOMENTUM", "DEFAULT_ATTENTION_STEP_SIZE", "NORM_PLACEMENTS",
            "MultiHeadAttention", "TransformerBlock", "TransformerStack", "Segments", "masked_mean",
-           "layer_configs", "KeyValueCache")
+           "layer_configs", "KeyValueCache", "apply_dropout")
 
 
 def bundled_source() -> str:

@@ -164,6 +164,38 @@ def test_recurrent_steps_equal_the_parallel_forward(attention, make_generator):
     torch.testing.assert_close(torch.cat(steps, 1)[real], whole[real], atol=ATOL, rtol=0)
 
 
+def test_dropout_runs_while_training_only(make_generator):
+    """Training with p > 0: each dropout module runs (its masks change the output, and the same
+    seed gives the same output); in eval mode, or at p = 0, no dropout module is called at all
+    (a decoding step pays for no call) and the output is the block's without dropout."""
+    spec = dict(d_model=8, heads=2, attention="momentum", causal=True, norm="pre", activation="gelu",
+                chunk_size=4)
+    g = make_generator()
+    block = TransformerBlock(BlockConfig(**spec, hidden_dropout=0.5, attention_dropout=0.5,
+                                         activation_dropout=0.5)).double()
+    random_params(block, g)
+    plain = TransformerBlock(BlockConfig(**spec)).double()
+    plain.load_state_dict(block.state_dict())
+    x = torch.randn(2, 5, 8, generator=g, dtype=torch.float64)
+    calls = []
+    modules = [m for m in (*block.modules(), *plain.modules()) if isinstance(m, torch.nn.Dropout)]
+    assert len(modules) == 6
+    for module in modules:
+        module.register_forward_pre_hook(lambda module, args: calls.append(module))
+    block.eval()
+    plain.train()
+    reference = block(x).hidden
+    torch.testing.assert_close(plain(x).hidden, reference, atol=0, rtol=0)
+    assert calls == []
+    block.train()
+    torch.manual_seed(0)
+    first = block(x).hidden
+    assert len(calls) == 3
+    torch.manual_seed(0)
+    torch.testing.assert_close(block(x).hidden, first, atol=0, rtol=0)
+    assert (first - reference).abs().max() > 1e-3
+
+
 @pytest.mark.parametrize("kwargs, match", [
     (dict(d_model=6, heads=4), "d_model \\(6\\) must be divisible by heads \\(4\\)"),
     (dict(d_model=0, heads=1), "d_model"),

@@ -69,7 +69,7 @@ def _step_state(state, B: int, H: int, D: int, Dv: int, dtype: torch.dtype, devi
     if state is None:
         return MomentumAttentionState.zeros(B, H, D, Dv, dtype=dtype, device=device)
     check_state(state, B, H, D, Dv, device)
-    return state.to(dtype)
+    return state if state.s.dtype == dtype else state.to(dtype)
 
 
 def _marked_step(chosen, q, k, v, state, spec, real, out_dtype):
@@ -77,9 +77,9 @@ def _marked_step(chosen, q, k, v, state, spec, real, out_dtype):
     triton.marked_recurrent_step), in eager mode; compiled graphs fuse attend_step's own ops."""
     state = _step_state(state, *q.shape[:2], q.shape[-1], v.shape[-1], chosen.state_dtype, k.device)
     out, state = chosen.kernels.marked_recurrent_step(
-        q[:, :, 0], k[:, :, 0], v[:, :, 0], state, feature_map=spec.phi, eps=spec.eps,
-        real=None if real is None else real[:, 0], out_dtype=out_dtype, **chosen.rule_args)
-    return out[:, :, None], state
+        q.select(2, 0), k.select(2, 0), v.select(2, 0), state, feature_map=spec.phi, eps=spec.eps,
+        real=None if real is None else real.select(1, 0), out_dtype=out_dtype, **chosen.rule_args)
+    return out.unsqueeze(2), state
 
 
 def execute(chosen: Plan, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, spec: AttentionSpec, *,

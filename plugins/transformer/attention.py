@@ -16,6 +16,7 @@ from ..attention.state import MomentumAttentionState, NonCausalSummary
 from ..packing import Segments
 from ..validation import check_int
 from .config import BlockConfig
+from .dropout import apply_dropout
 from .kv_cache import KeyValueCache, cached_softmax_attention, extend_key_value_cache
 from .softmax_mask import SoftmaxMasks, softmax_mask
 
@@ -85,7 +86,8 @@ class MultiHeadAttention(nn.Module):
     def _output(self, out: torch.Tensor) -> torch.Tensor:
         """Heads (B, H, N, D) → Dropout(o_proj(concatenated heads)) (B, N, d_model)."""
         batch, _, length, _ = out.shape
-        return self.dropout(self.o_proj(out.transpose(1, 2).reshape(batch, length, self.config.d_model)))
+        merged = out.transpose(1, 2).reshape(batch, length, self.config.d_model)
+        return apply_dropout(self.dropout, self.o_proj(merged))
 
     def attend(self, q, k, v, *, segments: Optional[Segments] = None, state=None, recurrent=False,
                softmax_masks: Optional[SoftmaxMasks] = None):

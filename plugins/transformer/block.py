@@ -15,6 +15,7 @@ from ..connection import ConnectionState, build_connection
 from ..packing import Segments
 from .attention import MultiHeadAttention
 from .config import BlockConfig
+from .dropout import apply_dropout
 from .softmax_mask import SoftmaxMasks
 
 ACTIVATION_MODULES = {"relu": nn.ReLU, "gelu": nn.GELU}
@@ -42,7 +43,8 @@ class FeedForward(nn.Module):
         self.dropout = nn.Dropout(config.hidden_dropout)
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
-        return self.dropout(self.fc_out(self.activation_dropout(self.act(self.fc_in(h)))))
+        hidden = apply_dropout(self.activation_dropout, self.act(self.fc_in(h)))
+        return apply_dropout(self.dropout, self.fc_out(hidden))
 
 
 class TransformerBlock(nn.Module):
