@@ -306,9 +306,12 @@ def check_position_range(position_ids: torch.Tensor, limit: int, *, largest: Opt
 def real_token_positions(before: Optional[torch.Tensor], padding_mask: Optional[torch.Tensor], length: int,
                          device) -> torch.Tensor:
     """Default positions of the new tokens: the real tokens before each one, `before` (batch,)
-    of them in the cache (None: none), so padding does not shift positions."""
-    count = (torch.arange(1, length + 1, device=device)[None] if padding_mask is None
-             else padding_mask.long().cumsum(-1))
+    of them in the cache (None: none), so padding does not shift positions. Without padding two
+    ops at most (a decoding step runs this once per token)."""
+    if padding_mask is None:
+        steps = torch.arange(length, device=device)[None]
+        return steps if before is None else before[:, None] + steps
+    count = padding_mask.long().cumsum(-1)
     return (count - 1 if before is None else before[:, None] + count - 1).clamp(min=0)
 
 
