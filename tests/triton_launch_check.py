@@ -6,7 +6,7 @@ the stand-in driver of `triton_standin` (compiled kernels, no-op launches):
 Per dtype and head size: momentum attention forward + backward (padding, initial state, the final
 state's gradient), plain linear attention (the one-state kernels), packed sequences (cu_seqlens:
 per-segment initial and final states, β > 0 and β = 0), the fused kernels (padded momentum, bf16
-at the first head size), a decoding step, and the Adam/RMSProp LSTM recurrences; then the
+at the first head size up to 64), a decoding step, and the Adam/RMSProp LSTM recurrences; then the
 attention again at other autotuning buckets of N and B·H, which must compile nothing new; per
 dtype, a decoding step at Dk = Dv = 512 (the step kernel loops over Dk blocks). "tf32" is fp32
 inputs under torch.set_float32_matmul_precision("high"): tf32 dots. Every config the autotuner
@@ -257,6 +257,10 @@ def main() -> int:
     compiled = []
     cases = [(name, dims or args.dims) for name, dims in args.dtypes]
     first = (cases[0][0], cases[0][1][0])
+    # the fused kernels, one pass per row, at the first bf16 head size they take (other dtypes:
+    # tests/test_attention_triton.py compiles them); none where no bf16 case has one
+    fused_case = next(((name, D) for name, dims in cases for D in dims
+                       if name == "bf16" and fused_chunk_kernels.fits(D, D)), None)
     for name, dims in cases:
         torch.set_float32_matmul_precision("high" if name == "tf32" else "highest")
         dtype = getattr(torch, DTYPES[name])
@@ -266,9 +270,9 @@ def main() -> int:
             if (name, D) == first:
                 with split_every_chunk():          # merge_splits reads fp32 states: one dtype suffices
                     attention(dtype, D, momentum_only=True)
-                if name == "bf16":                 # the fused kernels, one pass per row (other dtypes:
-                    with fused_scans():            # tests/test_attention_triton.py compiles them)
-                        attention(dtype, D, momentum_only=True)
+            if (name, D) == fused_case:
+                with fused_scans():
+                    attention(dtype, D, momentum_only=True)
             lstm_recurrences(dtype, D)
             kept = compiled_count(chunked)
             attention(dtype, D, B=4, H=2, N=1024)            # other buckets of N and B·H
@@ -287,7 +291,7 @@ def main() -> int:
             if failures:
                 print("\n".join(failures), file=sys.stderr)
                 return 1
-    kernels = chunked + (fused if first[0] == "bf16" else []) + [fused_recurrent.step_kernel]
+    kernels = chunked + (fused if fused_case is not None else []) + [fused_recurrent.step_kernel]
     kernels += LSTM_KERNELS
     for kernel in kernels:
         name = kernel.fn.__name__ if hasattr(kernel, "configs") else kernel.__name__.lstrip("_")
