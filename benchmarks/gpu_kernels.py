@@ -14,6 +14,7 @@ import contextlib
 import json
 import os
 import sys
+import time
 
 import torch
 from torch.profiler import ProfilerActivity, profile
@@ -37,7 +38,10 @@ def forced_split():
 
 
 def kernel_times(fn, B, H, D, T, dtype="bf16", steps=5):
-    """{kernel name: (mean µs per step, launches per step)} of fn's forward+backward."""
+    """({kernel name: (mean µs per step, launches per step)} of fn's forward+backward, and the
+    host's µs to issue one step and a step's µs back to back, both over `steps` steps without a
+    sync between them: issue ≈ back to back above the device time means the host bounds the
+    step; back to back ≈ issue + device would mean the step waits for the device)."""
     gen = torch.Generator(device="cuda").manual_seed(T)
     q, k, v = (torch.randn(B, H, T, D, generator=gen, device="cuda", dtype=DTYPES[dtype]).requires_grad_()
                for _ in range(3))
@@ -50,6 +54,13 @@ def kernel_times(fn, B, H, D, T, dtype="bf16", steps=5):
     for _ in range(3):
         step()
     torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(steps):
+        step()
+    issued = time.perf_counter()
+    torch.cuda.synchronize()
+    done = time.perf_counter()
+    host = dict(issue_us=(issued - start) / steps * 1e6, back_to_back_us=(done - start) / steps * 1e6)
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(steps):
             step()
@@ -59,7 +70,7 @@ def kernel_times(fn, B, H, D, T, dtype="bf16", steps=5):
         if event.device_type == torch.autograd.DeviceType.CUDA:
             totals[event.name] += event.device_time
             counts[event.name] += 1
-    return {name: (totals[name] / steps, counts[name] / steps) for name in totals}
+    return {name: (totals[name] / steps, counts[name] / steps) for name in totals}, host
 
 
 def compiled_report(module_names=("plugins.attention.triton.chunk_kernels",
@@ -110,14 +121,17 @@ def main():
             fn = triton_method(BETA, one_pass=one_pass is True, scan=scan)
             if one_pass is None:
                 fn.context = forced_split
-            times = kernel_times(fn, *shape, dtype=args.dtype)
+            times, host = kernel_times(fn, *shape, dtype=args.dtype)
             total = sum(t for t, _ in times.values())
             launches = sum(n for _, n in times.values())
-            print(f"\nB-H-D-T {'-'.join(map(str, shape))} {label}: {total:.0f} µs in {launches:.0f} launches")
+            case = "-".join(map(str, shape))
+            print(f"\nB-H-D-T {case} {label}: {total:.0f} µs in {launches:.0f} launches; "
+                  f"the host issues a step in {host['issue_us']:.0f} µs, back to back a step takes "
+                  f"{host['back_to_back_us']:.0f} µs")
             for name, (t, n) in sorted(times.items(), key=lambda item: -item[1][0]):
                 print(f"  {t:9.1f} µs  {n:4.0f}×  {name[:90]}")
             rows.append(dict(shape=shape, mode=label, dtype=args.dtype, total_us=total, launches=launches,
-                             kernels={name: dict(us=t, launches=n) for name, (t, n) in times.items()}))
+                             **host, kernels={k: dict(us=t, launches=n) for k, (t, n) in times.items()}))
     print("\ncompiled kernels (ptxas):")
     print("\n".join(compiled_report()))
     if args.json:

@@ -192,6 +192,57 @@ def test_split_scans_keep_long_packed_segments_separate(dtype, scan, monkeypatch
         assert torch.isfinite(a).all() and rel_rms(a, b) <= 3 * TOL[dtype], f"d{name}"
 
 
+@pytest.mark.parametrize("scan", SCANS)
+def test_the_trusted_path_never_waits_for_the_device(scan, monkeypatch):
+    """No synchronizing CUDA call (a read back, a blocking copy) in what a model's layers run, after
+    one warm-up call (the autotuner's benchmarks synchronize): the Triton entry's forward +
+    backward with padding and states, in one pass and with split scans; `attend` with a padded
+    batch's Segments; `attend_step` with and without gradients. torch.cuda's sync debug mode
+    raises on any; a wait would put the host's time and the device's end to end."""
+    from plugins.attention import AttentionSpec, attend, attend_step
+    from plugins.packing import Segments
+    use_scan(monkeypatch, scan)
+    spec = AttentionSpec(momentum=0.6, backend="triton")
+
+    def chunked(B, H, N):
+        """The call, its inputs made here (a tensor from a list is a blocking copy)."""
+        fq, fk, v = (t.bfloat16().requires_grad_() for t in inputs(5, B, H, N, 64))
+        lengths = torch.tensor([N, N // 3][:B], device="cuda")
+        state = MomentumAttentionState.zeros(B, H, 64, 64, dtype=torch.float32, device="cuda")
+
+        def call():
+            out, final = triton_attention(fq, fk, v, initial_state=state, lengths=lengths, return_state=True)
+            torch.autograd.grad(out.float().sum() + final.s.sum(), (fq, fk, v))
+        return call
+
+    mask = torch.ones(2, 300, dtype=torch.bool, device="cuda")
+    mask[1, :40] = False
+    segments = Segments.from_padding_mask(mask, 2, 300)
+    q, k, v = (torch.randn(2, 4, 300, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+               for _ in range(3))
+    q1, k1, v1 = (t[:, :, :1].detach() for t in (q, k, v))
+    state = MomentumAttentionState.zeros(2, 4, 64, 64, dtype=torch.float32, device="cuda")
+
+    def layer_calls():
+        torch.autograd.grad(attend(q, k, v, spec, segments=segments).float().sum(), (q, k, v))
+        with torch.no_grad():
+            attend_step(q1, k1, v1, state, spec)
+        grad_q = q1.clone().requires_grad_()
+        out, _ = attend_step(grad_q, k1, v1, state, spec)
+        torch.autograd.grad(out.float().sum(), grad_q)
+
+    calls = [chunked(2, 4, 300), chunked(1, 2, 8192), layer_calls]
+    for call in calls:
+        call()
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for call in calls:
+            call()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_decoding_step_matches_torch_step(dtype):
     B, H, D = 8, 16, 64
