@@ -1,9 +1,11 @@
 """The trusted path (`attend`, `attend_step`) reads nothing back from the device: no
 bool()/int()/.item() of a tensor (aten._local_scalar_dense) and no nonzero (whose output size is
-data), forward and backward, padded and packed. On a GPU each such read drains the queue. The
+data), forward and backward, padded and packed, on the PyTorch path and through the Triton launchers (the
+interpreter here). On a GPU each such read drains the queue. The
 public functions may read while validating; their `Segments` are built before counting."""
 import pytest
 import torch
+from helpers.triton_attention import triton_ops
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from plugins.attention import AttentionSpec, MomentumAttentionState, attend, attend_step
@@ -53,13 +55,18 @@ def test_counter_sees_a_host_read():
     assert counter.reads == ["aten::_local_scalar_dense", "aten::nonzero"]
 
 
+@pytest.mark.parametrize("backend", ["torch", "triton"])
 @pytest.mark.parametrize("causal", [True, False])
 @pytest.mark.parametrize("momentum", [0.0, 0.6])
 @pytest.mark.parametrize("layout", ["dense", "right", "any", "cu_seqlens", "documents"])
-def test_attend_reads_nothing_back(layout, causal, momentum, make_generator):
+def test_attend_reads_nothing_back(layout, causal, momentum, backend, make_generator):
+    """Both backends (the Triton kernels under the interpreter: what a launcher does around them
+    is the same as on a GPU)."""
+    if backend == "triton":
+        triton_ops()                      # skips where the kernels cannot run
     g = make_generator()
     q, k, v = inputs(g)
-    spec = AttentionSpec(momentum=momentum, causal=causal, chunk_size=4, backend="torch")
+    spec = AttentionSpec(momentum=momentum, causal=causal, chunk_size=4, backend=backend)
     if layout == "dense":
         segments = None
     elif layout == "right":
@@ -85,14 +92,20 @@ def test_attend_reads_nothing_back_with_nonfinite_input(make_generator):
     assert run(q, k, v, spec, Segments.from_padding_mask(left_and_middle_padding(), 2, 21)) == []
 
 
+@pytest.mark.parametrize("backend", ["torch", "triton"])
 @pytest.mark.parametrize("padded", [False, True])
-def test_attend_step_reads_nothing_back(padded, make_generator):
+def test_attend_step_reads_nothing_back(padded, backend, make_generator):
+    """With gradients, and (the Triton path's one-launch step) without."""
+    if backend == "triton":
+        triton_ops()                      # skips where the kernels cannot run
     g = make_generator()
     q, k, v = (t[:, :, :1] for t in inputs(g))
-    spec = AttentionSpec(momentum=0.5, backend="torch")
+    spec = AttentionSpec(momentum=0.5, backend=backend)
     state = MomentumAttentionState.zeros(2, 2, 3, 3, dtype=torch.float32, device="cpu")
     segments = Segments.from_padding_mask(torch.tensor([[True], [False]]), 2, 1) if padded else None
     with CountHostReads() as counter:
-        out, state = attend_step(q, k, v, state, spec, segments=segments)
-        (out.sum() + state.s.sum()).backward()
+        out, new_state = attend_step(q, k, v, state, spec, segments=segments)
+        (out.sum() + new_state.s.sum()).backward()
+        with torch.no_grad():
+            attend_step(q, k, v, state, spec, segments=segments)
     assert counter.reads == []
