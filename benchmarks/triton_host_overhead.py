@@ -74,15 +74,11 @@ def model_decode_step(layers=4, hidden=64, heads=8, vocab=100, prompt=64):
     """A closure running one eager greedy decoding step of MomentumTransformerForCausalLM (a
     MomentumCache, bf16 autocast, batch 1), as benchmarks/hf_speed.py's decode_rate does, at tiny
     widths so that the CPU arithmetic stays small: what is timed is the host's work per step,
-    the layers' attention through the Triton launcher (no-op launches)."""
+    the layers' attention through the Triton launcher (no-op launches; the model's backend "auto"
+    takes it after allow_cpu_tensors(auto=True))."""
     import torch
 
     from hf_momentum import MomentumCache, MomentumTransformerConfig, MomentumTransformerForCausalLM
-    from plugins.attention import api, backends
-
-    def triton_on_cpu(backend, device, float64):
-        return not float64
-    backends.use_triton = api.use_triton = triton_on_cpu       # the model's "auto" picks Triton here
     torch.manual_seed(0)
     config = MomentumTransformerConfig(vocab_size=vocab, hidden_size=hidden, num_hidden_layers=layers,
                                        num_attention_heads=heads, intermediate_size=4 * hidden,
@@ -154,17 +150,18 @@ def main():
     import torch
     torch.set_num_threads(1)
     from triton_launch_check import allow_cpu_tensors
-    allow_cpu_tensors()
+    allow_cpu_tensors(auto=args.model_decode)
     if args.model_decode:
         step = model_decode_step()
         per_call = launches_of(step)
         for _ in range(20):
             step()
         us = host_us(step, rounds=args.rounds, calls=20)
+        ops, computing = aten_ops(step)
         print(f"host µs per eager decoding step of MomentumTransformerForCausalLM (4 layers, hidden 64, "
               f"8 heads, batch 1, MomentumCache, bf16 autocast; median of {args.rounds} rounds of 20): "
-              f"{us:.0f}; "
-              f"{per_call} Triton launches and %d aten ops per step, %d of them computing" % aten_ops(step))
+              f"{us:.0f}; {per_call} Triton launches and {ops} aten ops per step, {computing} of them "
+              "computing")
         return
     if args.decode:
         step = decode_step()

@@ -1,8 +1,8 @@
 """The trusted path (`attend`, `attend_step`) reads nothing back from the device: no
 bool()/int()/.item() of a tensor (aten._local_scalar_dense) and no nonzero (whose output size is
-data), forward and backward, padded and packed, on the PyTorch path and through the Triton launchers (the
-interpreter here). On a GPU each such read drains the queue. The
-public functions may read while validating; their `Segments` are built before counting."""
+data), forward and backward, padded and packed, on the PyTorch path and through the Triton
+launchers (the interpreter here). On a GPU each such read drains the queue. The public functions
+may read while validating; their `Segments` are built before counting."""
 import pytest
 import torch
 from helpers.triton_attention import triton_ops

@@ -33,15 +33,16 @@ DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32", "tf32": "flo
 LARGE_DK = 512
 
 
-def allow_cpu_tensors():
+def allow_cpu_tensors(auto: bool = False):
     """The library sends only CUDA tensors (or CPU tensors under the interpreter) to Triton: let
-    CPU tensors through to the compiled kernels, the one thing the stand-in changes."""
+    CPU tensors through to the compiled kernels, the one thing the stand-in changes. auto: the
+    default backend="auto" picks them too, as it would on CUDA (a model that passes no backend)."""
     from plugins.attention import api, backends
     from plugins.attention import triton as attention_kernels
     from plugins.rnn import adam_recurrence_triton
 
     def use_triton(backend, device, float64):
-        return backend == "triton"
+        return backend == "triton" or (auto and backend == "auto" and not float64)
 
     backends.use_triton = api.use_triton = use_triton
     attention_kernels._check_device = lambda t: None
