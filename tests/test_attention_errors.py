@@ -132,6 +132,18 @@ def test_state_fields_are_checked_on_construction(change, needle):
         MomentumAttentionState(**{**_state_parts(), **change})
 
 
+def test_state_to_is_the_state_itself_where_nothing_changes():
+    """As Tensor.to: the same object where no part changes, a new state of cast parts otherwise."""
+    gen = torch.Generator().manual_seed(0)
+    state = MomentumAttentionState(**{name: torch.randn(t.shape, generator=gen)
+                                      for name, t in _state_parts().items()})
+    assert state.to(torch.float32) is state
+    cast = state.to(torch.float64)
+    assert cast is not state and {t.dtype for t in (cast.s, cast.z, cast.m)} == {torch.float64}
+    for name in ("s", "z", "m"):
+        torch.testing.assert_close(getattr(cast, name), getattr(state, name).double(), atol=0, rtol=0)
+
+
 def test_summary_fields_are_checked_on_construction():
     with pytest.raises(ValueError, match="summary.z must be a torch.Tensor, got NoneType"):
         NonCausalSummary(kv=torch.zeros(2, 2, 4, 3), z=None)

@@ -50,8 +50,12 @@ class MomentumAttentionState:
         return MomentumAttentionState(self.s.detach(), self.z.detach(), self.m.detach())
 
     def to(self, *args, **kwargs) -> "MomentumAttentionState":
-        return MomentumAttentionState(self.s.to(*args, **kwargs), self.z.to(*args, **kwargs),
-                                      self.m.to(*args, **kwargs))
+        """As Tensor.to: this state itself where no part changes (a decoding step asks once per
+        layer and token, and a new state would be checked again)."""
+        moved = (self.s.to(*args, **kwargs), self.z.to(*args, **kwargs), self.m.to(*args, **kwargs))
+        if all(new is old for new, old in zip(moved, (self.s, self.z, self.m))):
+            return self
+        return MomentumAttentionState(*moved)
 
     def check(self, batch: int, heads: int, dk: int, dv: int) -> None:
         expected = {"s": (batch, heads, dk, dv), "z": (batch, heads, dk), "m": (batch, heads, dk, dv)}
