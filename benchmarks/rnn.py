@@ -6,8 +6,9 @@ input 400) and PMNIST 1 × 256 (T=784, B=128, input 1). float32. Variants: the A
 cell stepped in a Python loop (the authors' code, tests/reference_appendix_f.py; stacked
 for several layers), torch.nn.LSTM (cuDNN on CUDA), and every cell of
 plugins.rnn.MomentumLSTM (μ = 0.6, s = 1, β = 0.9; sr with F = 2); on CUDA also adam and
-rmsprop forced onto the torch loop (adam-torch, rmsprop-torch) beside their default Triton
-recurrence. Loss = sum of outputs.
+rmsprop forced onto the torch loop (adam-torch, rmsprop-torch) and onto the Triton recurrence
+with the GEMM inside the step kernel (adam-triton-one-launch, rmsprop-triton-one-launch) beside
+their default Triton recurrence (a cuBLAS GEMM and a kernel per step). Loss = sum of outputs.
 
 Time: one process per shape builds all variants and runs them round-robin, keeping each
 variant's best forward+backward time, so load from other processes hits every variant
@@ -49,7 +50,8 @@ SHAPES = {
 DEFAULT_SHAPES = {"cpu": ["mnist-128", "mnist-256", "ptb-1150"],
                   "cuda": ["ptb-3x1150", "pmnist-256"]}
 VARIANTS = ["appendix-f", "nn.LSTM", "lstm", "momentum", "nag", "sr", "adam", "rmsprop"]
-CUDA_VARIANTS = VARIANTS + ["adam-torch", "rmsprop-torch"]
+CUDA_VARIANTS = VARIANTS + ["adam-torch", "rmsprop-torch", "adam-triton-one-launch",
+                             "rmsprop-triton-one-launch"]
 HYPER = dict(momentum=0.6, step_size=1.0, beta=0.9, eps=1e-8)
 
 
@@ -165,7 +167,7 @@ def cuda_times(shape, repeats, loop_repeats, device="cuda"):
         peak_mib = cuda_peak_mib(run) if device == "cuda" else 0.0
         results.append({"shape": shape, "variant": variant, "peak_mib": peak_mib,
                         "seconds": statistics.median(times[variant])})
-        print(f"{shape:10s} {variant:13s} {results[-1]['seconds'] * 1e3:8.2f} ms "
+        print(f"{shape:10s} {variant:25s} {results[-1]['seconds'] * 1e3:8.2f} ms "
               f"{peak_mib:8.0f} MiB", file=sys.stderr, flush=True)
     return results
 
@@ -192,7 +194,9 @@ def table(results, unit="s"):
         for variant, r in rows.items():
             name = {"appendix-f": "Appendix-F loop", "nn.LSTM": "torch nn.LSTM",
                     "adam-torch": "adam, torch loop",
-                    "rmsprop-torch": "rmsprop, torch loop"}.get(variant, variant)
+                    "rmsprop-torch": "rmsprop, torch loop",
+                    "adam-triton-one-launch": "adam, one launch per step",
+                    "rmsprop-triton-one-launch": "rmsprop, one launch per step"}.get(variant, variant)
             lines.append(f"| {shape} | {name} | {r['seconds'] * scale:.3f} | {r['seconds'] / base:.2f} "
                          f"| {r['seconds'] / loop:.2f} | {r['peak_mib']:.0f} |")
     return "\n".join(lines)

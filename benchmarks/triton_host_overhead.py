@@ -7,6 +7,7 @@ time (docs/benchmarks.md, 2026-11-27: 0.76 ms of kernels in a 2.34 ms fwd+bwd at
     python benchmarks/triton_host_overhead.py [--length 64] [--profile 25]
     python benchmarks/triton_host_overhead.py --decode        # one decoding step, no gradients
     python benchmarks/triton_host_overhead.py --model-decode  # a 4-layer HF model's decoding step
+    python benchmarks/triton_host_overhead.py --lstm          # an Adam LSTM at PTB's steps and batch
 Must run without TRITON_INTERPRET (the interpreter skips the launcher)."""
 import argparse
 import cProfile
@@ -95,6 +96,25 @@ def model_decode_step(layers=4, hidden=64, heads=8, vocab=100, prompt=64):
     return step
 
 
+def lstm_fwd_bwd(backend, cell="adam", layers=3, steps=70, batch=20, hidden=32, width=16):
+    """A closure running one forward+backward of a `layers`-layer Adam (or RMSProp) MomentumLSTM at
+    PTB's steps and batch (benchmarks/rnn.py: 3 × 1150, T 70, B 20) on the Triton recurrence
+    `backend` ("triton": a GEMM and a kernel per step; "triton-one-launch": one kernel per step),
+    float32, at tiny widths so that the CPU arithmetic of the GEMMs stays small."""
+    import torch
+
+    from plugins.rnn import MomentumLSTM
+    from plugins.rnn.adam_recurrence import recurrence_backend
+    torch.manual_seed(0)
+    layer = MomentumLSTM(width, hidden, num_layers=layers, cell=cell)
+    x = torch.randn(steps, batch, width)
+
+    def step():
+        with recurrence_backend(backend):
+            layer(x)[0].sum().backward()
+    return step
+
+
 # Ops that launch no kernel on a GPU (views, allocations, metadata; a cast counts only when it copies).
 NO_KERNEL = {"aten::" + name for name in (
     "to", "promote_types", "empty_like", "empty", "empty_strided", "select", "unsqueeze", "detach",
@@ -145,6 +165,9 @@ def main():
     parser.add_argument("--decode", action="store_true", help="time one decoding step (B1-H8-D64) instead")
     parser.add_argument("--model-decode", action="store_true",
                         help="time an eager decoding step of a 4-layer HF momentum model instead")
+    parser.add_argument("--lstm", action="store_true",
+                        help="time a 3-layer Adam LSTM forward+backward (T 70, B 20) on both Triton "
+                             "recurrences")
     args = parser.parse_args()
     triton_standin.activate(90)
     import torch
@@ -162,6 +185,20 @@ def main():
               f"8 heads, batch 1, MomentumCache, bf16 autocast; median of {args.rounds} rounds of 20): "
               f"{us:.0f}; {per_call} Triton launches and {ops} aten ops per step, {computing} of them "
               "computing")
+        return
+    if args.lstm:
+        backends = ("triton", "triton-one-launch")
+        steps = {name: lstm_fwd_bwd(name) for name in backends}
+        counts = {name: (launches_of(steps[name]), aten_ops(steps[name])[1]) for name in backends}
+        rounds = {name: [] for name in backends}
+        for _ in range(args.rounds):             # alternating, so that load on the machine hits both
+            for name in backends:
+                rounds[name].append(host_us(steps[name], rounds=1, calls=3) / 1e3)
+        print(f"host ms per forward+backward of a 3-layer Adam MomentumLSTM (T 70, B 20, hidden 32, float32; "
+              f"Triton launch path, no-op launches; median of {args.rounds} rounds of 3):")
+        for name in backends:
+            print(f"  {name}: {statistics.median(rounds[name]):.2f} ms; {counts[name][0]} Triton launches "
+                  f"and {counts[name][1]} computing aten ops per call")
         return
     if args.decode:
         step = decode_step()

@@ -22,21 +22,26 @@ forces either implementation.
 import contextlib
 import functools
 import importlib.util
+import os
 
 import torch
 
 from ..validation import check_choice
 from .adam_recurrence_buffers import forward_buffers, forward_results
 
-BACKENDS = ("auto", "torch", "triton")
-_backend = "auto"
+BACKENDS = ("auto", "torch", "triton", "triton-one-launch")
+# the process's default, read once at import (as MOMENTUM_TRITON_SCAN for attention)
+_backend = check_choice(os.environ.get("MOMENTUM_LSTM_RECURRENCE", "auto"), "MOMENTUM_LSTM_RECURRENCE",
+                        BACKENDS)
 
 
 @contextlib.contextmanager
 def recurrence_backend(name):
     """Inside the block eq. 15 runs on `name`: "torch" (AdamLSTMRecurrence's own loop),
-    "triton" (adam_recurrence_triton: compiled on CUDA tensors, Triton's interpreter on CPU
-    tensors) or "auto" (triton for CUDA tensors when it is installed, else torch)."""
+    "triton" (adam_recurrence_triton: a cuBLAS GEMM and a Triton kernel per step, compiled on
+    CUDA tensors, Triton's interpreter on CPU tensors), "triton-one-launch" (the same with the
+    GEMM inside the step kernel: one launch per step) or "auto" (triton for CUDA tensors when
+    it is installed, else torch). Outside any block: MOMENTUM_LSTM_RECURRENCE (default auto)."""
     global _backend
     previous, _backend = _backend, check_choice(name, "backend", BACKENDS)
     try:
@@ -46,27 +51,33 @@ def recurrence_backend(name):
 
 
 @functools.cache
-def _triton_recurrence():
-    """TritonAdamLSTMRecurrence, or None where triton is not installed (or, in a saved model's
-    bundled code, where the kernels of this package are not importable)."""
+def _triton_recurrences():
+    """{backend: its autograd Function} for "triton" and "triton-one-launch", or None where triton
+    is not installed (or, in a saved model's bundled code, where the kernels of this package are
+    not importable)."""
     if importlib.util.find_spec("triton") is None:
         return None
     try:
-        from .adam_recurrence_triton import TritonAdamLSTMRecurrence
+        from .adam_recurrence_triton import OneLaunchAdamLSTMRecurrence, TritonAdamLSTMRecurrence
     except ImportError:
         return None
-    return TritonAdamLSTMRecurrence
+    return {"triton": TritonAdamLSTMRecurrence, "triton-one-launch": OneLaunchAdamLSTMRecurrence}
 
 
 def triton_available():
-    return _triton_recurrence() is not None
+    return _triton_recurrences() is not None
 
 
-def _uses_triton(g):
-    if _backend == "triton" and not triton_available():
-        raise RuntimeError("recurrence backend 'triton' needs the triton package "
-                           "(pip install momentum-plugins[triton])")
-    return _backend == "triton" or (_backend == "auto" and g.is_cuda and triton_available())
+def _triton_function(g):
+    """The Triton Function that runs eq. 15 on g under the current backend, or None (the torch loop)."""
+    if _backend.startswith("triton"):
+        if not triton_available():
+            raise RuntimeError(f"recurrence backend {_backend!r} needs the triton package "
+                               "(pip install momentum-plugins[triton])")
+        return _triton_recurrences()[_backend]
+    if _backend == "auto" and g.is_cuda and triton_available():
+        return _triton_recurrences()["triton"]
+    return None
 
 
 def gate_order(hidden, device=None):
@@ -98,8 +109,9 @@ class AdamLSTMRecurrence(torch.autograd.Function):
     def apply(cls, g, *args):
         """This Function, or the fused Triton steps (same arguments and results): see
         `recurrence_backend`."""
-        if _uses_triton(g):
-            return _triton_recurrence().apply(g, *args)
+        function = _triton_function(g)
+        if function is not None:
+            return function.apply(g, *args)
         return super().apply(g, *args)
 
     @staticmethod

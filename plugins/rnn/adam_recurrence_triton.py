@@ -8,7 +8,11 @@ sequences by batch_sizes; carried v, m, h, c), but each time step is
     backward: ONE kernel for the LSTM and eq. 15 adjoints of the step, then one GEMM
               dh_{t-1} = δ_t W_hh.
 
-instead of ~15 forward and ~25 backward small ops. As in the torch Function the gate
+instead of ~15 forward and ~25 backward small ops. `OneLaunchAdamLSTMRecurrence` (backend
+"triton-one-launch") moves the GEMM into the step kernel, forward (h_{t-1} against the tile's
+gate rows of W_hh) and backward (δ_{t+1} against the tile's columns of W_hh): one launch per
+step instead of two, for GPUs where the host's launches, not the device, bound the loop
+(docs/benchmarks.md: 3 × 70 steps at PTB). As in the torch Function the gate
 activations are recomputed in the backward pass rather than stored: all pre-activations
 h_{t-1} W_hhᵀ come from one batched GEMM over the saved h_0..h_{T-1}, and that buffer is
 overwritten step by step with the gate adjoints δ_t, so the weight and bias gradients are one
@@ -29,12 +33,17 @@ from ..triton_launch import cdiv, direct, next_power_of_2
 from .adam_recurrence_buffers import forward_buffers, forward_results
 
 BLOCK_H = 32
+# tiles of the steps that run the GEMM themselves: 16 units (64 gate rows of W_hh), K 32 at a time
+GEMM_BLOCK_H, GEMM_BLOCK_K = 16, 32
 
 
-def _adam_lstm_forward_step(g_ptr, pre_ptr, bias_ptr, m_ptr, v_prev_ptr, v_ptr, r_ptr, c_prev_ptr,
-                            c_ptr, h_ptr, hyper_ptr, rows, hidden, HAS_V: tl.constexpr,
-                            COMPUTE: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_H: tl.constexpr):
-    """Eq. 15 and eq. 2 for rows [0, rows) of one step; m is updated in place.
+def _adam_lstm_forward_step(g_ptr, pre_ptr, h_prev_ptr, w_ptr, bias_ptr, m_ptr, v_prev_ptr, v_ptr, r_ptr,
+                            c_prev_ptr, c_ptr, h_ptr, hyper_ptr, rows, hidden, HAS_V: tl.constexpr,
+                            COMPUTE: tl.constexpr, GEMM: tl.constexpr, IEEE: tl.constexpr,
+                            BLOCK_B: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_K: tl.constexpr):
+    """Eq. 15 and eq. 2 for rows [0, rows) of one step; m is updated in place. The recurrent
+    pre-activation h_{t-1} W_hhᵀ is read from pre_ptr, or with GEMM computed here from h_prev_ptr
+    and w_ptr (W_hh, (4H, H)): the tile's 4·BLOCK_H gate rows of W_hh against all H units.
 
     A program owns BLOCK_B rows × BLOCK_H hidden units and all four gates of those units:
     gate k of unit j of row b sits at b·4H + k·H + j, held here as a (BLOCK_B, BLOCK_H, 4)
@@ -70,7 +79,26 @@ def _adam_lstm_forward_step(g_ptr, pre_ptr, bias_ptr, m_ptr, v_prev_ptr, v_ptr, 
         drive = step_size * (g * r)
     bias = tl.load(bias_ptr + gate * hidden + col[None, :, None],
                    mask=(col < hidden)[None, :, None], other=0.0).to(COMPUTE)
-    z = drive + bias + tl.load(pre_ptr + wide, mask=mask3, other=0.0).to(COMPUTE)
+    if GEMM:
+        # lane jj·4 + k of the product is gate k of unit jj, as in the (BLOCK_B, BLOCK_H, 4) tile
+        lane = tl.arange(0, 4 * BLOCK_H)
+        unit = tl.program_id(1) * BLOCK_H + lane // 4
+        w_row = (lane % 4) * hidden + unit
+        acc = tl.zeros((BLOCK_B, 4 * BLOCK_H), dtype=COMPUTE)
+        for k0 in range(0, hidden, BLOCK_K):
+            k = k0 + tl.arange(0, BLOCK_K)
+            hh = tl.load(h_prev_ptr + row[:, None] * hidden + k[None, :],
+                         mask=(row < rows)[:, None] & (k < hidden)[None, :], other=0.0)
+            ww = tl.load(w_ptr + w_row[None, :] * hidden + k[:, None],
+                         mask=(unit < hidden)[None, :] & (k < hidden)[:, None], other=0.0)
+            if IEEE:
+                acc += tl.dot(hh, ww, input_precision="ieee", out_dtype=COMPUTE)
+            else:
+                acc += tl.dot(hh, ww, out_dtype=COMPUTE)
+        pre = tl.reshape(acc, (BLOCK_B, BLOCK_H, 4))
+    else:
+        pre = tl.load(pre_ptr + wide, mask=mask3, other=0.0).to(COMPUTE)
+    z = drive + bias + pre
     # sigmoid for i, f, o; tanh(z) = 2 sigmoid(2z) − 1 for the candidate c̃
     z = tl.where(gate == 3, 2.0 * z, z)
     e = tl.exp(-tl.abs(z))  # sigmoid without overflow: e^{-|z|} ≤ 1
@@ -90,15 +118,19 @@ def _adam_lstm_forward_step(g_ptr, pre_ptr, bias_ptr, m_ptr, v_prev_ptr, v_ptr, 
 
 
 def _adam_lstm_backward_step(delta_ptr, g_ptr, v_ptr, r_ptr, bias_ptr, c_prev_ptr, c_ptr,
-                             dh_ptr, grad_h_ptr, dc_ptr, dm_ptr, dv_ptr, dg_ptr, hyper_ptr, rows,
-                             batch, hidden, HAS_V: tl.constexpr, COMPUTE: tl.constexpr,
-                             BLOCK_B: tl.constexpr, BLOCK_H: tl.constexpr):
+                             dh_ptr, next_ptr, w_ptr, grad_h_ptr, dc_ptr, dm_ptr, dv_ptr, dg_ptr, hyper_ptr,
+                             rows, batch, hidden, HAS_V: tl.constexpr, COMPUTE: tl.constexpr,
+                             GEMM: tl.constexpr, HAS_NEXT: tl.constexpr, IEEE: tl.constexpr,
+                             BLOCK_B: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_K: tl.constexpr):
     """Adjoint of one step of `_adam_lstm_forward_step` for rows [0, rows).
 
     delta holds pre = h_{t-1} W_hhᵀ on entry and the gate adjoint δ = ∂L/∂gates on exit; dc,
     dm and dv carry ∂L/∂c_t, ∂L/∂m_t, ∂L/∂v_t in and ∂L/∂c_{t-1}, ∂L/∂m_{t-1}, ∂L/∂v_{t-1}
-    out; dh holds δ_{t+1} W_hh (∂L/∂h_t without the output's own gradient grad_h). Rows in
-    [rows, batch) have finished: their δ and ∂L/∂g are set to 0, their carried adjoints kept.
+    out; dh holds δ_{t+1} W_hh (∂L/∂h_t without the output's own gradient grad_h), or with GEMM
+    it is computed here from next_ptr (δ_{t+1}, all 4H gates of the tile's rows; 0 without
+    HAS_NEXT, at the last step) and w_ptr (W_hh's columns of the tile's units). Rows in
+    [rows, batch) have finished: their δ and ∂L/∂g are set to 0, their carried adjoints kept
+    (so δ_{t+1} is 0 on rows that end at t, and their dh with it).
     """
     row = tl.program_id(0) * BLOCK_B + tl.arange(0, BLOCK_B)
     col = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
@@ -139,8 +171,22 @@ def _adam_lstm_backward_step(delta_ptr, g_ptr, v_ptr, r_ptr, bias_ptr, c_prev_pt
     tanh_c = tl.where(c >= 0, 1.0, -1.0) * (1.0 - e) / (1.0 + e)
 
     # eq. 2 backwards: h = o tanh(c), c = f c_prev + i c̃
-    dh = (tl.load(dh_ptr + narrow, mask=mask2, other=0.0).to(COMPUTE)
-          + tl.load(grad_h_ptr + narrow, mask=mask2, other=0.0).to(COMPUTE))
+    if GEMM:
+        dh = tl.zeros((BLOCK_B, BLOCK_H), dtype=COMPUTE)
+        if HAS_NEXT:
+            for k0 in range(0, 4 * hidden, BLOCK_K):
+                k = k0 + tl.arange(0, BLOCK_K)
+                dd = tl.load(next_ptr + row[:, None] * (4 * hidden) + k[None, :],
+                             mask=(row < rows)[:, None] & (k < 4 * hidden)[None, :], other=0.0)
+                ww = tl.load(w_ptr + k[:, None] * hidden + col[None, :],
+                             mask=(k < 4 * hidden)[:, None] & (col < hidden)[None, :], other=0.0)
+                if IEEE:
+                    dh += tl.dot(dd, ww, input_precision="ieee", out_dtype=COMPUTE)
+                else:
+                    dh += tl.dot(dd, ww, out_dtype=COMPUTE)
+    else:
+        dh = tl.load(dh_ptr + narrow, mask=mask2, other=0.0).to(COMPUTE)
+    dh += tl.load(grad_h_ptr + narrow, mask=mask2, other=0.0).to(COMPUTE)
     dc = tl.load(dc_ptr + narrow, mask=mask2, other=0.0).to(COMPUTE)
     dc += dh * o * (1.0 - tanh_c * tanh_c)
     tl.store(dc_ptr + narrow, (dc * f).to(dc_ptr.dtype.element_ty), mask=mask2)
@@ -182,90 +228,125 @@ class _StepKernel:
     """Launches of one step kernel over a recurrence: kernel, tile and device fixed once.
 
     BLOCK_B follows the full batch, so packed steps with fewer rows reuse the same compiled
-    kernel (only the grid shrinks)."""
+    kernel (only the grid shrinks); with the GEMM inside it is 16, the least tl.dot takes."""
 
     def __init__(self, fn, g, meta):
         self.kernel = direct(_kernel(fn, g.device.type != "cuda"))
         batch, hidden = g.shape[1], g.shape[2] // 4
-        self.block_b = min(16, next_power_of_2(batch))
-        self.columns = cdiv(hidden, BLOCK_H)
-        self.meta = dict(meta, BLOCK_B=self.block_b, BLOCK_H=BLOCK_H)
+        gemm = meta["GEMM"]
+        self.block_b = 16 if gemm else min(16, next_power_of_2(batch))
+        block_h = GEMM_BLOCK_H if gemm else BLOCK_H
+        self.columns = cdiv(hidden, block_h)
+        self.meta = dict(meta, BLOCK_B=self.block_b, BLOCK_H=block_h, BLOCK_K=GEMM_BLOCK_K)
         self.device = torch.cuda.device(g.device) if g.is_cuda else contextlib.nullcontext()
 
-    def __call__(self, rows, *args):
-        self.kernel[(cdiv(rows, self.block_b), self.columns)](*args, **self.meta)
+    def __call__(self, rows, *args, **switches):
+        self.kernel[(cdiv(rows, self.block_b), self.columns)](*args, **self.meta, **switches)
 
 
-def _constants(g, momentum, step_size, beta, eps):
+def _constants(g, momentum, step_size, beta, eps, gemm):
     """μ, s, β, 1 − β, ε as a tensor (so that float64 runs get them unrounded) and the
-    compile-time switches: whether v is kept (μ > 0) and the dtype the math is done in."""
+    compile-time switches: whether v is kept (μ > 0), the dtype the math is done in, whether the
+    recurrent GEMM runs in the step kernel and, if so, whether its float32 products are exact
+    (IEEE; tf32 where torch allows it for float32 matmuls, as cuBLAS would)."""
     wide = g.dtype == torch.float64
     hyper = torch.tensor([momentum, step_size, beta, 1.0 - beta, eps],
                          dtype=torch.float64 if wide else torch.float32)
     if g.is_cuda:
         # from pinned memory the copy is queued behind the kernels instead of waiting for them
         hyper = hyper.pin_memory().to(g.device, non_blocking=True)
-    return hyper, {"HAS_V": bool(momentum), "COMPUTE": tl.float64 if wide else tl.float32}
+    ieee = wide or (g.dtype == torch.float32 and not torch.backends.cuda.matmul.allow_tf32)
+    return hyper, {"HAS_V": bool(momentum), "COMPUTE": tl.float64 if wide else tl.float32,
+                   "GEMM": gemm, "IEEE": gemm and ieee}
+
+
+def _forward(ctx, gemm, g, v0, h0, c0, m0, weight_hh, bias_hh, momentum, step_size, beta, eps, batch_sizes):
+    g = g.contiguous()
+    steps, _, width = g.shape
+    hidden = width // 4
+    sizes, hs, cs, rs, vs, m, bias = forward_buffers(g, v0, h0, c0, m0, bias_hh, momentum, batch_sizes)
+    weight = weight_hh.contiguous()
+    w_t = weight.t()
+    pre = torch.empty_like(g[0])
+    hyper, meta = _constants(g, momentum, step_size, beta, eps, gemm)
+    step = _StepKernel(_adam_lstm_forward_step, g, meta)
+    h_seq, c_seq = hs.unbind(0), cs.unbind(0)
+    v_seq = [g] * (steps + 1) if vs is None else vs.unbind(0)
+    with step.device:
+        for t, (g_t, r_t) in enumerate(zip(g.unbind(0), rs.unbind(0))):
+            n = sizes[t]
+            if not gemm:
+                torch.mm(h_seq[t][:n], w_t, out=pre[:n])
+            step(n, g_t, pre, h_seq[t], weight, bias, m, v_seq[t], v_seq[t + 1], r_t, c_seq[t], c_seq[t + 1],
+                 h_seq[t + 1], hyper, n, hidden)
+    return forward_results(ctx, (sizes, momentum, step_size, beta, eps), g, vs, weight_hh, bias_hh, hs, cs,
+                           rs, m)
+
+
+def _backward(ctx, gemm, grad_hs, grad_c, grad_v, grad_m):
+    g, vs, weight_hh, bias_hh, hs, cs, rs = ctx.saved_tensors
+    sizes, momentum, step_size, beta, eps = ctx.config
+    steps, batch, width = g.shape
+    hidden = width // 4
+    grad_hs = grad_hs.contiguous()
+    weight = weight_hh.contiguous()
+    # final-state gradients enter each row at its last step: later steps never touch it
+    dh = torch.zeros_like(hs[0])
+    dc = grad_c.contiguous().clone()
+    dm = grad_m.contiguous().clone()
+    dv = None
+    if momentum:
+        dv = torch.zeros_like(g[0]) if grad_v is None else grad_v.contiguous().clone()
+    dg = torch.empty_like(g)
+    bias = g.new_zeros(width) if bias_hh is None else bias_hh.contiguous()
+    h_prev = hs[:-1].reshape(steps * batch, hidden)
+    delta = torch.mm(h_prev, weight.t()).view(steps, batch, width)
+    hyper, meta = _constants(g, momentum, step_size, beta, eps, gemm)
+    step = _StepKernel(_adam_lstm_backward_step, g, meta)
+    g_seq, r_seq, c_seq, d_seq = g.unbind(0), rs.unbind(0), cs.unbind(0), delta.unbind(0)
+    v_seq = g_seq if vs is None else vs.unbind(0)[1:]
+    grad_h_seq, dg_seq = grad_hs.unbind(0), dg.unbind(0)
+    with step.device:
+        for t in reversed(range(steps)):
+            n = sizes[t]
+            following = d_seq[min(t + 1, steps - 1)]
+            step(batch, d_seq[t], g_seq[t], v_seq[t], r_seq[t], bias, c_seq[t], c_seq[t + 1], dh, following,
+                 weight, grad_h_seq[t + 1], dc, dm, g if dv is None else dv, dg_seq[t], hyper, n, batch,
+                 hidden, HAS_NEXT=gemm and t + 1 < steps)
+            if not gemm:
+                torch.mm(d_seq[t][:n], weight, out=dh[:n])
+    if gemm:
+        # ∂L/∂h_0 from δ_1 (rows whose sequence is empty have δ = 0)
+        torch.mm(d_seq[0], weight, out=dh)
+    delta = delta.view(steps * batch, width)
+    grad_w = torch.mm(delta.t(), h_prev)
+    grad_b = delta.sum(0) if bias_hh is not None else None
+    return (dg, dv, dh + grad_hs[0], dc, dm, grad_w, grad_b, None, None, None, None, None)
 
 
 class TritonAdamLSTMRecurrence(torch.autograd.Function):
-    """`adam_recurrence.AdamLSTMRecurrence` (same arguments and results) on the fused Triton steps."""
+    """`adam_recurrence.AdamLSTMRecurrence` (same arguments and results) on the fused Triton steps, each
+    step a cuBLAS GEMM and a Triton kernel."""
 
     @staticmethod
-    def forward(ctx, g, v0, h0, c0, m0, weight_hh, bias_hh, momentum, step_size, beta, eps,
-                batch_sizes):
-        g = g.contiguous()
-        steps, _, width = g.shape
-        hidden = width // 4
-        sizes, hs, cs, rs, vs, m, bias = forward_buffers(g, v0, h0, c0, m0, bias_hh, momentum,
-                                                         batch_sizes)
-        w_t = weight_hh.t()
-        pre = torch.empty_like(g[0])
-        hyper, meta = _constants(g, momentum, step_size, beta, eps)
-        step = _StepKernel(_adam_lstm_forward_step, g, meta)
-        h_seq, c_seq = hs.unbind(0), cs.unbind(0)
-        v_seq = [g] * (steps + 1) if vs is None else vs.unbind(0)
-        with step.device:
-            for t, (g_t, r_t) in enumerate(zip(g.unbind(0), rs.unbind(0))):
-                n = sizes[t]
-                torch.mm(h_seq[t][:n], w_t, out=pre[:n])
-                step(n, g_t, pre, bias, m, v_seq[t], v_seq[t + 1], r_t, c_seq[t], c_seq[t + 1],
-                     h_seq[t + 1], hyper, n, hidden)
-        return forward_results(ctx, (sizes, momentum, step_size, beta, eps), g, vs, weight_hh,
-                               bias_hh, hs, cs, rs, m)
+    def forward(ctx, g, v0, h0, c0, m0, weight_hh, bias_hh, momentum, step_size, beta, eps, batch_sizes):
+        return _forward(ctx, False, g, v0, h0, c0, m0, weight_hh, bias_hh, momentum, step_size, beta, eps,
+                        batch_sizes)
 
     @staticmethod
     def backward(ctx, grad_hs, grad_c, grad_v, grad_m):
-        g, vs, weight_hh, bias_hh, hs, cs, rs = ctx.saved_tensors
-        sizes, momentum, step_size, beta, eps = ctx.config
-        steps, batch, width = g.shape
-        hidden = width // 4
-        grad_hs = grad_hs.contiguous()
-        # final-state gradients enter each row at its last step: later steps never touch it
-        dh = torch.zeros_like(hs[0])
-        dc = grad_c.contiguous().clone()
-        dm = grad_m.contiguous().clone()
-        dv = None
-        if momentum:
-            dv = torch.zeros_like(g[0]) if grad_v is None else grad_v.contiguous().clone()
-        dg = torch.empty_like(g)
-        bias = g.new_zeros(width) if bias_hh is None else bias_hh.contiguous()
-        h_prev = hs[:-1].reshape(steps * batch, hidden)
-        delta = torch.mm(h_prev, weight_hh.t()).view(steps, batch, width)
-        hyper, meta = _constants(g, momentum, step_size, beta, eps)
-        step = _StepKernel(_adam_lstm_backward_step, g, meta)
-        g_seq, r_seq, c_seq, d_seq = g.unbind(0), rs.unbind(0), cs.unbind(0), delta.unbind(0)
-        v_seq = g_seq if vs is None else vs.unbind(0)[1:]
-        grad_h_seq, dg_seq = grad_hs.unbind(0), dg.unbind(0)
-        with step.device:
-            for t in reversed(range(steps)):
-                n = sizes[t]
-                step(batch, d_seq[t], g_seq[t], v_seq[t], r_seq[t], bias, c_seq[t], c_seq[t + 1],
-                     dh, grad_h_seq[t + 1], dc, dm, g if dv is None else dv, dg_seq[t], hyper, n,
-                     batch, hidden)
-                torch.mm(d_seq[t][:n], weight_hh, out=dh[:n])
-        delta = delta.view(steps * batch, width)
-        grad_w = torch.mm(delta.t(), h_prev)
-        grad_b = delta.sum(0) if bias_hh is not None else None
-        return (dg, dv, dh + grad_hs[0], dc, dm, grad_w, grad_b,
-                None, None, None, None, None)
+        return _backward(ctx, False, grad_hs, grad_c, grad_v, grad_m)
+
+
+class OneLaunchAdamLSTMRecurrence(torch.autograd.Function):
+    """`TritonAdamLSTMRecurrence` with the recurrent GEMM inside the step kernel: one launch per
+    step, forward and backward (plus one GEMM after the backward loop, for ∂L/∂h_0)."""
+
+    @staticmethod
+    def forward(ctx, g, v0, h0, c0, m0, weight_hh, bias_hh, momentum, step_size, beta, eps, batch_sizes):
+        return _forward(ctx, True, g, v0, h0, c0, m0, weight_hh, bias_hh, momentum, step_size, beta, eps,
+                        batch_sizes)
+
+    @staticmethod
+    def backward(ctx, grad_hs, grad_c, grad_v, grad_m):
+        return _backward(ctx, True, grad_hs, grad_c, grad_v, grad_m)
