@@ -7,7 +7,8 @@ cache) must launch the same compiled kernels (by hash) with the same grids and a
 tests/triton_launch_check.py runs `compare` after compiling bf16 at D = 64 (the same kernels).
 Cases: dense, padded (lengths) with an initial state and the final state's gradient, packed
 (cu_seqlens), the split scans, β = 0, a decoding step, then one whose v is not 16-byte aligned
-(Triton specialises on alignment), and the Adam / RMSProp LSTM steps;
+(Triton specialises on alignment), and the Adam / RMSProp LSTM steps of both Triton recurrences
+(pinned where every step aligns alike, triton_launch.pin);
 then the autotuner's cache cleared (direct launching starts over with it). Must run with
 TRITON_INTERPRET unset."""
 import os
@@ -24,6 +25,7 @@ import triton_standin  # noqa: E402  (the stand-in must be active before any ker
 
 def cases():
     import torch
+    from torch.nn.utils.rnn import pack_padded_sequence
     from triton_launch_check import split_every_chunk
 
     from plugins.attention import MomentumAttentionState, momentum_attention, momentum_attention_step
@@ -69,12 +71,20 @@ def cases():
         momentum_attention_step(q, k, v, state, momentum=0.6, backend="triton")
 
     def lstm():
-        for cell in ("adam", "rmsprop"):
-            model = MomentumLSTM(16, 64, num_layers=1, cell=cell).to(bf16)
-            x = torch.randn(9, 3, 16, generator=gen).to(bf16).requires_grad_()
-            with recurrence_backend("triton"):
-                out, _ = model(x)
-                out.float().sum().backward()
+        """Both Triton recurrences, whose step kernels are pinned per loop where every step's views
+        align alike: hidden 64 (bf16 steps of 384 bytes), whole and packed (steps of 3, 2 and 1
+        rows), and hidden 5, whose 30-byte steps alternate alignment (launched step by step)."""
+        for backend in ("triton", "triton-one-launch"):
+            for cell in ("adam", "rmsprop"):
+                for hidden, lengths in ((64, None), (64, [9, 4, 1]), (5, [9, 4, 1])):
+                    model = MomentumLSTM(16, hidden, num_layers=1, cell=cell).to(bf16)
+                    x = torch.randn(9, 3, 16, generator=gen).to(bf16).requires_grad_()
+                    with recurrence_backend(backend):
+                        if lengths is None:
+                            out = model(x)[0]
+                        else:
+                            out = model(pack_padded_sequence(x, torch.tensor(lengths)))[0].data
+                        out.float().sum().backward()
 
     def entry_step(offset):
         """A decoding step through the Triton entry point (feature-mapped bf16 inputs), v starting

@@ -29,7 +29,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..triton_launch import cdiv, direct, next_power_of_2
+from ..triton_launch import cdiv, direct, next_power_of_2, pin
 from .adam_recurrence_buffers import forward_buffers, forward_results
 
 BLOCK_H = 32
@@ -216,22 +216,30 @@ def _adam_lstm_backward_step(delta_ptr, g_ptr, v_ptr, r_ptr, bias_ptr, c_prev_pt
 
 @functools.cache
 def _kernel(fn, interpret):
-    """`fn` compiled by triton.jit, or run by Triton's interpreter (CPU tensors)."""
+    """`fn` compiled by triton.jit, or run by Triton's interpreter (CPU tensors). The rows a step
+    updates change from step to step in packed batches: not specialised on, so that every step of
+    a loop runs one compiled kernel (`_StepKernel` pins it)."""
     if interpret:
         from triton.runtime.interpreter import InterpretedFunction
 
         return InterpretedFunction(fn)
-    return triton.jit(fn)
+    return triton.jit(fn, do_not_specialize=["rows"])
 
 
 class _StepKernel:
     """Launches of one step kernel over a recurrence: kernel, tile and device fixed once.
 
     BLOCK_B follows the full batch, so packed steps with fewer rows reuse the same compiled
-    kernel (only the grid shrinks); with the GEMM inside it is 16, the least tl.dot takes."""
+    kernel (only the grid shrinks); with the GEMM inside it is 16, the least tl.dot takes.
+    `buffers`: the (T or T+1, ...) tensors whose step views the loop passes. Where each advances
+    by a multiple of 16 bytes per step, every step's arguments specialise as the first step's
+    (same dtypes, same alignment; `rows` is not specialised), so the kernel is pinned per value
+    of the switches (triton_launch.pin): the later steps skip the direct launcher's key."""
 
-    def __init__(self, fn, g, meta):
+    def __init__(self, fn, g, meta, buffers):
         self.kernel = direct(_kernel(fn, g.device.type != "cuda"))
+        self.stable = all(t.stride(0) * t.element_size() % 16 == 0 for t in buffers if t is not None)
+        self.pins = {}
         batch, hidden = g.shape[1], g.shape[2] // 4
         gemm = meta["GEMM"]
         self.block_b = 16 if gemm else min(16, next_power_of_2(batch))
@@ -241,7 +249,15 @@ class _StepKernel:
         self.device = torch.cuda.device(g.device) if g.is_cuda else contextlib.nullcontext()
 
     def __call__(self, rows, *args, **switches):
-        self.kernel[(cdiv(rows, self.block_b), self.columns)](*args, **self.meta, **switches)
+        grid = (cdiv(rows, self.block_b), self.columns)
+        switch = tuple(switches.values())
+        again = self.pins.get(switch)
+        if again is not None:
+            again(grid, *args)
+        elif self.stable:
+            self.pins[switch] = pin(self.kernel, grid, args, dict(self.meta, **switches))
+        else:
+            self.kernel[grid](*args, **self.meta, **switches)
 
 
 def _constants(g, momentum, step_size, beta, eps, gemm):
@@ -269,7 +285,7 @@ def _forward(ctx, gemm, g, v0, h0, c0, m0, weight_hh, bias_hh, momentum, step_si
     w_t = weight.t()
     pre = torch.empty_like(g[0])
     hyper, meta = _constants(g, momentum, step_size, beta, eps, gemm)
-    step = _StepKernel(_adam_lstm_forward_step, g, meta)
+    step = _StepKernel(_adam_lstm_forward_step, g, meta, (g, hs, cs, rs, vs))
     h_seq, c_seq = hs.unbind(0), cs.unbind(0)
     v_seq = [g] * (steps + 1) if vs is None else vs.unbind(0)
     with step.device:
@@ -302,7 +318,7 @@ def _backward(ctx, gemm, grad_hs, grad_c, grad_v, grad_m):
     h_prev = hs[:-1].reshape(steps * batch, hidden)
     delta = torch.mm(h_prev, weight.t()).view(steps, batch, width)
     hyper, meta = _constants(g, momentum, step_size, beta, eps, gemm)
-    step = _StepKernel(_adam_lstm_backward_step, g, meta)
+    step = _StepKernel(_adam_lstm_backward_step, g, meta, (delta, g, vs, rs, cs, grad_hs, dg))
     g_seq, r_seq, c_seq, d_seq = g.unbind(0), rs.unbind(0), cs.unbind(0), delta.unbind(0)
     v_seq = g_seq if vs is None else vs.unbind(0)[1:]
     grad_h_seq, dg_seq = grad_hs.unbind(0), dg.unbind(0)
