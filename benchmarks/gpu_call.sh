@@ -1,8 +1,9 @@
 #!/bin/bash
 # One device call for what issue 27 still asks of a GPU: `make gpu-check` in full (its tests, among
 # them that no Triton path waits for the device; the attention table; HF training and decoding, with
-# where a training step goes for both models; the RNN), then each kernel's device time beside the
-# host's issue time and the back-to-back step (benchmarks/gpu_kernels.py, default and one-pass scans).
+# where a training step goes for both models; the RNN, with the Adam/RMSProp LSTM's one-launch
+# recurrence beside the default), then each kernel's device time beside the host's issue time and the
+# back-to-back step, and where the host's time goes (benchmarks/gpu_kernels.py, default and one-pass).
 # About 9 minutes from a bare machine (gpu-check's plan is 475 s). Before the call, here: the wheels
 # in .whl (docs/developing.md, "Benchmarks and the GPU suite"); the call: `bash benchmarks/gpu_call.sh`
 # with carry [".whl"] and timeout_s 600.
@@ -14,8 +15,8 @@ timeout 500 python3 benchmarks/gpu_check.py --force --out-dir outputs/gpu-check 
 grep -E "passed|FAILED" $OUT/check.md | head -20
 grep -E "^\| (bf16|fp32|[0-9]+ \|)" $OUT/check.md | cut -d'|' -f2-8 | head -30
 echo "== kernels"
-PYTHONPATH=$R timeout 60 python3 benchmarks/gpu_kernels.py --modes default 1-pass --json $OUT/kernels.json \
-  > $OUT/kernels.log 2>&1
+PYTHONPATH=$R timeout 60 python3 benchmarks/gpu_kernels.py --modes default 1-pass --host-profile 25 \
+  --json $OUT/kernels.json > $OUT/kernels.log 2>&1
 grep -E "^B-H-D-T|Error" $OUT/kernels.log
 tar czf $OUT/outs.tgz outputs/gpu-check 2>/dev/null
 echo done

@@ -7,12 +7,16 @@ the same shapes) this gives each kernel's achieved bandwidth (issue 27 item 2).
     python benchmarks/gpu_kernels.py                       # bf16, the issue's four shapes
     python benchmarks/gpu_kernels.py --json kernels.json
     python benchmarks/gpu_kernels.py --dtype fp32 --shapes 0 --modes default
+    python benchmarks/gpu_kernels.py --host-profile 25    # also where the host's time to issue a step goes
 """
 import argparse
 import collections
 import contextlib
+import cProfile
+import io
 import json
 import os
+import pstats
 import sys
 import time
 
@@ -73,6 +77,29 @@ def kernel_times(fn, B, H, D, T, dtype="bf16", steps=5):
     return {name: (totals[name] / steps, counts[name] / steps) for name in totals}, host
 
 
+def host_profile(fn, B, H, D, T, dtype="bf16", steps=20, top=25):
+    """cProfile of the host issuing `steps` forward+backward steps (no sync between them; the
+    queue does not fill in 20 steps): the functions with the most own time, as text."""
+    gen = torch.Generator(device="cuda").manual_seed(T)
+    q, k, v = (torch.randn(B, H, T, D, generator=gen, device="cuda", dtype=DTYPES[dtype]).requires_grad_()
+               for _ in range(3))
+    grad = torch.randn(B, H, T, D, generator=gen, device="cuda", dtype=DTYPES[dtype])
+
+    def step():
+        with getattr(fn, "context", contextlib.nullcontext)():
+            torch.autograd.grad(fn(q, k, v), (q, k, v), grad)
+
+    for _ in range(3):
+        step()
+    torch.cuda.synchronize()
+    profiler = cProfile.Profile()
+    profiler.runcall(lambda: [step() for _ in range(steps)])
+    torch.cuda.synchronize()
+    text = io.StringIO()
+    pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(top)
+    return text.getvalue()
+
+
 def compiled_report(module_names=("plugins.attention.triton.chunk_kernels",
                                   "plugins.attention.triton.fused_chunk_kernels")):
     """Per compiled Triton kernel: warps, stages, registers and spills (ptxas), and each autotuner's
@@ -109,6 +136,9 @@ def main():
                         help="also time the scans split at every shape")
     parser.add_argument("--modes", nargs="+", choices=["default", "1-pass", "fused"],
                         default=["default", "1-pass", "fused"])
+    parser.add_argument("--host-profile", type=int, default=0, metavar="N",
+                        help="print the N functions with the most host time per step (first shape, "
+                             "default mode)")
     args = parser.parse_args()
     rows = []
     print(f"{torch.cuda.get_device_name()}, {args.dtype}, momentum β = {BETA}, fwd+bwd, µs per step")
@@ -132,6 +162,10 @@ def main():
                 print(f"  {t:9.1f} µs  {n:4.0f}×  {name[:90]}")
             rows.append(dict(shape=shape, mode=label, dtype=args.dtype, total_us=total, launches=launches,
                              **host, kernels={k: dict(us=t, launches=n) for k, (t, n) in times.items()}))
+    if args.host_profile:
+        print(f"\nhost profile, B-H-D-T {'-'.join(map(str, SHAPES[args.shapes[0]]))} default, 20 steps:")
+        print(host_profile(triton_method(BETA), *SHAPES[args.shapes[0]], dtype=args.dtype,
+                           top=args.host_profile))
     print("\ncompiled kernels (ptxas):")
     print("\n".join(compiled_report()))
     if args.json:
