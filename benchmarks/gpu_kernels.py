@@ -41,11 +41,9 @@ def forced_split():
         chunk.scan_splits = chosen
 
 
-def kernel_times(fn, B, H, D, T, dtype="bf16", steps=5):
-    """({kernel name: (mean µs per step, launches per step)} of fn's forward+backward, and the
-    host's µs to issue one step and a step's µs back to back, both over `steps` steps without a
-    sync between them: issue ≈ back to back above the device time means the host bounds the
-    step; back to back ≈ issue + device would mean the step waits for the device)."""
+def fwd_bwd_step(fn, B, H, D, T, dtype):
+    """A closure running fn's forward+backward on fresh CUDA inputs, after three warm-up runs
+    (compilation, autotuning) and a sync."""
     gen = torch.Generator(device="cuda").manual_seed(T)
     q, k, v = (torch.randn(B, H, T, D, generator=gen, device="cuda", dtype=DTYPES[dtype]).requires_grad_()
                for _ in range(3))
@@ -58,6 +56,15 @@ def kernel_times(fn, B, H, D, T, dtype="bf16", steps=5):
     for _ in range(3):
         step()
     torch.cuda.synchronize()
+    return step
+
+
+def kernel_times(fn, B, H, D, T, dtype="bf16", steps=5):
+    """({kernel name: (mean µs per step, launches per step)} of fn's forward+backward, and the
+    host's µs to issue one step and a step's µs back to back, both over `steps` steps without a
+    sync between them: issue ≈ back to back above the device time means the host bounds the
+    step; back to back ≈ issue + device would mean the step waits for the device)."""
+    step = fwd_bwd_step(fn, B, H, D, T, dtype)
     start = time.perf_counter()
     for _ in range(steps):
         step()
@@ -80,18 +87,7 @@ def kernel_times(fn, B, H, D, T, dtype="bf16", steps=5):
 def host_profile(fn, B, H, D, T, dtype="bf16", steps=20, top=25):
     """cProfile of the host issuing `steps` forward+backward steps (no sync between them; the
     queue does not fill in 20 steps): the functions with the most own time, as text."""
-    gen = torch.Generator(device="cuda").manual_seed(T)
-    q, k, v = (torch.randn(B, H, T, D, generator=gen, device="cuda", dtype=DTYPES[dtype]).requires_grad_()
-               for _ in range(3))
-    grad = torch.randn(B, H, T, D, generator=gen, device="cuda", dtype=DTYPES[dtype])
-
-    def step():
-        with getattr(fn, "context", contextlib.nullcontext)():
-            torch.autograd.grad(fn(q, k, v), (q, k, v), grad)
-
-    for _ in range(3):
-        step()
-    torch.cuda.synchronize()
+    step = fwd_bwd_step(fn, B, H, D, T, dtype)
     profiler = cProfile.Profile()
     profiler.runcall(lambda: [step() for _ in range(steps)])
     torch.cuda.synchronize()

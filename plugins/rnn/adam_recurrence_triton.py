@@ -340,29 +340,28 @@ def _backward(ctx, gemm, grad_hs, grad_c, grad_v, grad_m):
     return (dg, dv, dh + grad_hs[0], dc, dm, grad_w, grad_b, None, None, None, None, None)
 
 
-class TritonAdamLSTMRecurrence(torch.autograd.Function):
+def _recurrence_function(name, gemm, doc):
+    """The autograd Function of `_forward` / `_backward`, with the GEMM inside the step kernels or not."""
+    class Recurrence(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, g, v0, h0, c0, m0, weight_hh, bias_hh, momentum, step_size, beta, eps, batch_sizes):
+            return _forward(ctx, gemm, g, v0, h0, c0, m0, weight_hh, bias_hh, momentum, step_size, beta, eps,
+                            batch_sizes)
+
+        @staticmethod
+        def backward(ctx, grad_hs, grad_c, grad_v, grad_m):
+            return _backward(ctx, gemm, grad_hs, grad_c, grad_v, grad_m)
+
+    Recurrence.__name__ = Recurrence.__qualname__ = name
+    Recurrence.__doc__ = doc
+    return Recurrence
+
+
+TritonAdamLSTMRecurrence = _recurrence_function(
+    "TritonAdamLSTMRecurrence", False,
     """`adam_recurrence.AdamLSTMRecurrence` (same arguments and results) on the fused Triton steps, each
-    step a cuBLAS GEMM and a Triton kernel."""
-
-    @staticmethod
-    def forward(ctx, g, v0, h0, c0, m0, weight_hh, bias_hh, momentum, step_size, beta, eps, batch_sizes):
-        return _forward(ctx, False, g, v0, h0, c0, m0, weight_hh, bias_hh, momentum, step_size, beta, eps,
-                        batch_sizes)
-
-    @staticmethod
-    def backward(ctx, grad_hs, grad_c, grad_v, grad_m):
-        return _backward(ctx, False, grad_hs, grad_c, grad_v, grad_m)
-
-
-class OneLaunchAdamLSTMRecurrence(torch.autograd.Function):
+    step a cuBLAS GEMM and a Triton kernel.""")
+OneLaunchAdamLSTMRecurrence = _recurrence_function(
+    "OneLaunchAdamLSTMRecurrence", True,
     """`TritonAdamLSTMRecurrence` with the recurrent GEMM inside the step kernel: one launch per
-    step, forward and backward (plus one GEMM after the backward loop, for ∂L/∂h_0)."""
-
-    @staticmethod
-    def forward(ctx, g, v0, h0, c0, m0, weight_hh, bias_hh, momentum, step_size, beta, eps, batch_sizes):
-        return _forward(ctx, True, g, v0, h0, c0, m0, weight_hh, bias_hh, momentum, step_size, beta, eps,
-                        batch_sizes)
-
-    @staticmethod
-    def backward(ctx, grad_hs, grad_c, grad_v, grad_m):
-        return _backward(ctx, True, grad_hs, grad_c, grad_v, grad_m)
+    step, forward and backward (plus one GEMM after the backward loop, for ∂L/∂h_0).""")
