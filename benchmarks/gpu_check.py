@@ -247,7 +247,7 @@ def rnn_worker(mode, device, budget_s):
         if time.monotonic() - start > budget_s - CASE_MARGIN_S:
             skipped.append(shape)
             continue
-        results += rnn.cuda_times(shape, sizes["repeats"], 1, device)
+        results += rnn.cuda_times(shape, sizes["repeats"], 1, device, variants=rnn.GPU_CHECK_VARIANTS)
     header = (f"float32 forward + backward; median of {sizes['repeats']} round-robin rounds after a warm-up "
               "round (CUDA events), the Appendix-F loop timed in one round; peak = "
               "torch.cuda.max_memory_allocated during one forward+backward. nn.LSTM is cuDNN.")

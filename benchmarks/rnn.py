@@ -52,6 +52,8 @@ DEFAULT_SHAPES = {"cpu": ["mnist-128", "mnist-256", "ptb-1150"],
 VARIANTS = ["appendix-f", "nn.LSTM", "lstm", "momentum", "nag", "sr", "adam", "rmsprop"]
 CUDA_VARIANTS = VARIANTS + ["adam-torch", "rmsprop-torch", "adam-triton-one-launch",
                              "rmsprop-triton-one-launch"]
+# benchmarks/gpu_check.py's rnn part (50 s): without the torch loops, 9-15× nn.LSTM in every GPU run so far
+GPU_CHECK_VARIANTS = [variant for variant in CUDA_VARIANTS if not variant.endswith("-torch")]
 HYPER = dict(momentum=0.6, step_size=1.0, beta=0.9, eps=1e-8)
 
 
@@ -146,14 +148,14 @@ def subprocess_json(*args):
     return json.loads(out.strip().splitlines()[-1])
 
 
-def cuda_times(shape, repeats, loop_repeats, device="cuda"):
+def cuda_times(shape, repeats, loop_repeats, device="cuda", variants=CUDA_VARIANTS):
     """Median time (CUDA events on CUDA) and peak allocated memory (CUDA only, else 0) of every
     variant, in one process."""
     import statistics
 
     from timing import time_once_ms
 
-    runs = {variant: build(variant, **SHAPES[shape], device=device) for variant in CUDA_VARIANTS}
+    runs = {variant: build(variant, **SHAPES[shape], device=device) for variant in variants}
     for run in runs.values():
         run()
     times = {variant: [] for variant in runs}
