@@ -272,15 +272,14 @@ def test_gpu_triton_float64_matches_eq15(backend, mu, make_generator):
 @pytest.mark.gpu
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") == "1",
                     reason="compiled kernels only: TRITON_INTERPRET=1 would interpret them")
-@pytest.mark.parametrize("backend", TRITON)
 @pytest.mark.parametrize("cell", ["adam", "rmsprop"])
-def test_gpu_triton_recurrence_never_waits_for_the_device(backend, cell):
+def test_gpu_one_launch_recurrence_never_waits_for_the_device(cell):
     """torch's sync debug mode raises on any host-device synchronisation in a two-layer forward
     and backward; the first call (compilation) runs outside it. (tests/test_rnn_device.py checks
-    the layers on the default backend the same way.)"""
+    the layers on the default Triton recurrence the same way.)"""
     layer = MomentumLSTM(40, 64, num_layers=2, cell=cell).cuda()
     x = torch.randn(300, 8, 40, device="cuda", requires_grad=True)
-    with recurrence_backend(backend):
+    with recurrence_backend("triton-one-launch"):
         layer(x)[0].sum().backward()
         torch.cuda.synchronize()
         torch.cuda.set_sync_debug_mode("error")
