@@ -96,23 +96,13 @@ def model_decode_step(layers=4, hidden=64, heads=8, vocab=100, prompt=64):
     return step
 
 
-def lstm_fwd_bwd(backend, cell="adam", layers=3, steps=70, batch=20, hidden=32, width=16):
-    """A closure running one forward+backward of a `layers`-layer Adam (or RMSProp) MomentumLSTM at
-    PTB's steps and batch (benchmarks/rnn.py: 3 × 1150, T 70, B 20) on the Triton recurrence
-    `backend` ("triton": a GEMM and a kernel per step; "triton-one-launch": one kernel per step),
-    float32, at tiny widths so that the CPU arithmetic of the GEMMs stays small."""
-    import torch
-
-    from plugins.rnn import MomentumLSTM
-    from plugins.rnn.adam_recurrence import recurrence_backend
-    torch.manual_seed(0)
-    layer = MomentumLSTM(width, hidden, num_layers=layers, cell=cell)
-    x = torch.randn(steps, batch, width)
-
-    def step():
-        with recurrence_backend(backend):
-            layer(x)[0].sum().backward()
-    return step
+def lstm_fwd_bwd(backend):
+    """A closure running one forward+backward of a 3-layer Adam MomentumLSTM at PTB's steps and
+    batch (T 70, B 20) on the Triton recurrence `backend` ("triton": a GEMM and a kernel per step;
+    "triton-one-launch": one kernel per step), as benchmarks/rnn.py builds it, float32, at tiny
+    widths (input 16, hidden 32) so that the CPU arithmetic of the GEMMs stays small."""
+    import rnn
+    return rnn.build(f"adam-{backend}", T=70, B=20, D=16, H=32, L=3)
 
 
 # Ops that launch no kernel on a GPU (views, allocations, metadata; a cast counts only when it copies).

@@ -41,8 +41,7 @@ def pin(kernel, grid, args, kwargs):
     kernel compiled for this call on new positional arguments with the same kwargs. The caller
     guarantees that the new arguments specialise as these did: the same dtypes, tensors alike
     16-byte aligned or not, and no int Triton specialises on that changes its value class."""
-    if not isinstance(kernel, DirectLaunch):
-        kernel = direct(kernel)
+    kernel = direct(kernel)                           # a DirectLaunch stays as it is
     if isinstance(kernel, DirectLaunch):
         return kernel.pin(grid, args, kwargs)
     kernel[grid](*args, **kwargs)
