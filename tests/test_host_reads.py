@@ -90,15 +90,30 @@ def batch(form: str):
     return dict(input_ids=ids, position_ids=positions)
 
 
-def training_reads(model, inputs) -> int:
+class HostBuiltTensors(TorchDispatchMode):
+    """Counts the tensors built from host data (`torch.tensor(x, device=...)`, `as_tensor` of a
+    number): on an accelerator each is a copy from pageable host memory, which waits for the
+    device's queue to drain; on CPU the dispatcher shows it as `lift_fresh`."""
+
+    def __init__(self):
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func.overloadpacket.__name__ in ("lift_fresh", "lift_fresh_copy"):
+            self.count += 1
+        return func(*args, **(kwargs or {}))
+
+
+def training_reads(model, inputs, counter=HostReads) -> int:
     model.train()
-    reads = HostReads()
+    reads = counter()
     with reads:
         model(**inputs, labels=inputs["input_ids"], use_cache=False).loss.backward()
     return reads.count
 
 
-def decoding_reads(model) -> int:
+def decoding_reads(model, counter=HostReads) -> int:
     """Reads of one decoding step after a left-padded prompt."""
     model.eval()
     inputs = batch("padded")
@@ -106,7 +121,7 @@ def decoding_reads(model) -> int:
         out = model(**inputs, use_cache=True)
         token = out.logits[:, -1:].argmax(-1)
         mask = torch.cat([inputs["attention_mask"], torch.ones(BATCH, 1, dtype=torch.long)], dim=1)
-        reads = HostReads()
+        reads = counter()
         with reads:
             model(input_ids=token, attention_mask=mask, past_key_values=out.past_key_values, use_cache=True)
     return reads.count
@@ -143,6 +158,22 @@ def test_decoding_reads_do_not_grow_with_layers(row):
 def test_decoding_reads_stay_within_llama_sdpa_plus_two(row):
     count = decoding_reads(ROWS[row](4))
     assert count <= decoding_reads(llama(4, "sdpa")) + 2, f"{row}: {count} reads in one decoding step"
+
+
+@pytest.mark.parametrize("row", list(ROWS))
+def test_no_layer_builds_a_tensor_from_host_data(row):
+    """No layer builds a tensor from host numbers (eq. 13's decay powers did, once per layer: a
+    wait for the queue per layer on a GPU): the count is the same at 2 and 4 layers, training
+    (padded, packed) and decoding."""
+    for form in ("padded", "packed"):
+        counts = [training_reads(ROWS[row](layers), batch(form), HostBuiltTensors) for layers in (2, 4)]
+        assert counts[0] == counts[1], f"{row}, {form}: {counts[0]} at 2 layers, {counts[1]} at 4"
+    counts = [decoding_reads(ROWS[row](layers), HostBuiltTensors) for layers in (2, 4)]
+    assert counts[0] == counts[1], f"{row}, decoding: {counts[0]} at 2 layers, {counts[1]} at 4"
+    built = HostBuiltTensors()
+    with built:
+        torch.tensor(0.5) ** torch.arange(3.0)
+    assert built.count == 1
 
 
 def test_the_counter_sees_a_host_read_and_llama_sdpa_does_not_grow():

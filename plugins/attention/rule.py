@@ -59,8 +59,9 @@ class MomentumRule:
         return -torch.expm1(n * math.log(self.decay)) / (1.0 - self.decay)
 
     def power(self, n: torch.Tensor) -> torch.Tensor:
-        """r^n, float64 (0^0 = 1)."""
-        return torch.tensor(self.decay, dtype=torch.float64, device=n.device) ** n.to(torch.float64)
+        """r^n, float64 (0^0 = 1); r goes to the kernel as a scalar, not as a tensor built on the
+        host (on a GPU, a copy that waits for the device's queue, once per layer)."""
+        return torch.pow(self.decay, n.to(torch.float64))
 
     def input_on_m(self, n: torch.Tensor) -> torch.Tensor:
         """Weight of token j's φ(k_j)v_jᵀ on m' after n ≥ 0 further tokens: r^n."""
