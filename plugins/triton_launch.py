@@ -10,10 +10,13 @@ forward+backward on the stand-in driver of tests/triton_standin.py), more than m
 kernels take on the device.
 
 The cache key is finer than what Triton specialises on, so a hit never reuses a kernel compiled
-for other arguments: per argument, a tensor's dtype and whether its address is 16-byte aligned,
-an int's equality to 1, divisibility by 16 and 32-bit range; the value of a constexpr, of a
-launch option and of the autotuner's key arguments; the current device; and, for an autotuned
-kernel, the autotuner's own cache (cleared or replaced: start over).
+for other arguments: per positional argument, a tensor's dtype and whether its address is 16-byte
+aligned, an int's equality to 1, divisibility by 16 and 32-bit range; the value of a constexpr, of
+a launch option and of the autotuner's key arguments; the keyword arguments by value; the current
+device; and, for an autotuned kernel, the autotuner's own cache (cleared or replaced: start over).
+A keyword argument that Triton specialises on (not a constexpr) sends the launch through Triton's
+own dispatch. A hit appends the arguments after the positional ones, bound at the first launch,
+and gives a grid function the positional arguments only when it asks for one by name.
 A loop that launches one kernel many times on arguments that specialise alike at every call can
 `pin` it: the first launch goes through `direct`, the others launch the kernel compiled for it
 without computing that key (on the 2-core CPU machine a third of an Adam LSTM's host time).
@@ -93,6 +96,8 @@ class DirectLaunch:
         return lambda *args, **kwargs: self.launch(grid, args, kwargs)
 
     def launch(self, grid, args, kwargs):
+        if not self.specialised.isdisjoint(kwargs):    # an argument Triton specialises, by name
+            return self.kernel[grid](*args, **kwargs)
         if self.tuner is not None:
             seen = (id(self.tuner.cache), len(self.tuner.cache))
             if seen != self.tuner_cache:            # the autotuner started over: so do we
@@ -102,37 +107,29 @@ class DirectLaunch:
         entry = self.compiled.get(key)
         if entry is None:
             return self.first_launch(key, grid, args, kwargs)
-        compiled, config = entry
-        bound = dict(self.defaults)
-        bound.update(zip(self.names, args))
-        bound.update(kwargs)
-        bound.update(config)
+        compiled, after = entry
         if callable(grid):
-            grid = grid(bound)
-        grid = tuple(grid) + (1,) * (3 - len(grid))
-        compiled[grid](*[bound[name] for name in self.names])
+            grid = grid(_Meta(after, self.names, args))
+        compiled[tuple(grid) + (1,) * (3 - len(grid))](*args, *after.values())
         return compiled
 
     def pin(self, grid, args, kwargs):
         """`pin` for this launcher: after one launch, the compiled kernel with the arguments after
         the positional ones bound once."""
-        key = self.key(args, kwargs)
         self.launch(grid, args, kwargs)
-        entry = self.compiled.get(key)
-        if entry is None:                             # not kept (a config's pre-hook): launch each time
-            return lambda grid, *new: self.launch(grid, new, kwargs)
-        compiled, config = entry
-        bound = dict(self.defaults)
-        bound.update(kwargs)
-        bound.update(config)
-        tail = [bound[name] for name in self.names[len(args):]]
+        entry = self.compiled.get(self.key(args, kwargs)) if self.specialised.isdisjoint(kwargs) else None
+        if entry is None:                             # not kept (a config's pre-hook, a keyword Triton
+            return lambda grid, *new: self.launch(grid, new, kwargs)   # specialises): launch each time
+        compiled, tail = entry[0], list(entry[1].values())
 
         def again(grid, *new):
             compiled[tuple(grid) + (1,) * (3 - len(grid))](*new, *tail)
         return again
 
     def first_launch(self, key, grid, args, kwargs):
-        """Through Triton (compiling and autotuning as needed), keeping what it launched."""
+        """Through Triton (compiling and autotuning as needed), keeping what it launched and the
+        arguments after the positional ones, by name: defaults, the keyword arguments (all taken
+        by value, so the key fixes them) and the autotuner's choice."""
         compiled = self.kernel[grid](*args, **kwargs)
         config = {}
         if self.tuner is not None:
@@ -143,23 +140,45 @@ class DirectLaunch:
                       if name not in _LAUNCH_OPTIONS}
             self.tuner_cache = (id(self.tuner.cache), len(self.tuner.cache))
         if compiled is not None and hasattr(compiled, "launch_metadata"):
-            self.compiled[key] = (compiled, config)
+            bound = dict(self.defaults)
+            bound.update(kwargs)
+            bound.update(config)
+            self.compiled[key] = (compiled, {name: bound[name] for name in self.names[len(args):]})
         return compiled
 
     def key(self, args, kwargs):
+        """Per positional argument its value where taken by value, else what Triton specialises
+        on; the keyword arguments (constexprs and launch options) by value."""
         parts = [driver.active.get_current_device()]
         add = parts.append
         for value, by_value in zip(args, self.by_value):
-            add(value if by_value else _specialisation(value))
-        for name, value in kwargs.items():
-            add(name)
-            add(_specialisation(value) if name in self.specialised else value)
+            if by_value:
+                add(value)
+            elif isinstance(value, torch.Tensor):
+                add((value.dtype, not value.data_ptr() & 15))
+            else:
+                add(_specialisation(value))
+        add(tuple(kwargs.items()))
         return tuple(parts)
 
 
+class _Meta(dict):
+    """What a grid function reads: the launch's keyword arguments, defaults and autotuned config,
+    and, looked up only when asked for, its positional arguments by name (Triton's grid gets them
+    all; copying them into the dict at every launch costs host time that the grids here never use)."""
+    __slots__ = ("names", "args")
+
+    def __init__(self, fixed, names, args):
+        super().__init__(fixed)
+        self.names, self.args = names, args
+
+    def __missing__(self, name):
+        if name in self.names[:len(self.args)]:
+            return self.args[self.names.index(name)]
+        raise KeyError(name)
+
+
 def _specialisation(value):
-    if isinstance(value, torch.Tensor):
-        return value.dtype, value.data_ptr() & 15 == 0
     if value is None or value.__class__ is bool:
         return value
     if isinstance(value, int):

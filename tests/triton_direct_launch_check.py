@@ -11,6 +11,7 @@ Cases: dense, padded (lengths) with an initial state and the final state's gradi
 (pinned where every step aligns alike, triton_launch.pin);
 then the autotuner's cache cleared (direct launching starts over with it). Must run with
 TRITON_INTERPRET unset."""
+import functools
 import os
 import sys
 from pathlib import Path
@@ -95,10 +96,37 @@ def cases():
         state = MomentumAttentionState.zeros(2, 2, 64, 64, dtype=torch.float32, device=q.device)
         fused_recurrent_step(q, k, v, state, momentum=0.6, step_size=0.8, eps=1e-6)
 
+    def keywords():
+        """A small kernel: a grid that reads a positional argument by name, then arguments Triton
+        specialises on passed by keyword (n = 1 and a float), which go through Triton's dispatch."""
+        from plugins.triton_launch import direct
+        scale = _scale_kernel()
+        x, y = torch.randn(100, generator=gen), torch.empty(100)
+
+        def grid(meta):
+            return (-(-meta["n"] // meta["BLOCK"]),)
+        for _ in range(2):
+            direct(scale)[grid](x, y, 100, 2.0, BLOCK=32)
+            direct(scale)[grid](x, y, n=1, factor=2.0, BLOCK=32)
+            direct(scale)[grid](x, y, 64, factor=3.0, BLOCK=16)
+
     return [("dense", dense), ("padded", padded), ("packed", packed), ("split scans", split),
             ("β = 0", lambda: dense(beta=0.0, N=200)), ("decoding step", step),
             ("aligned v", lambda: entry_step(0)),
-            ("misaligned v after aligned", lambda: entry_step(1)), ("Adam/RMSProp LSTM", lstm)]
+            ("misaligned v after aligned", lambda: entry_step(1)), ("Adam/RMSProp LSTM", lstm),
+            ("keyword arguments", keywords)]
+
+
+@functools.cache
+def _scale_kernel():
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def scale(x, y, n, factor, BLOCK: tl.constexpr):
+        at = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        tl.store(y + at, tl.load(x + at, mask=at < n) * factor, mask=at < n)
+    return scale
 
 
 def recorded(fn):

@@ -1,0 +1,80 @@
+"""Waits for the device in one HF training step and one decoding step on a CUDA GPU (marker `gpu`):
+torch's sync debug mode warns at every operation that makes the host wait for the device (a read
+back, a copy from pageable host memory, a synchronising call). A model may wait at its edge, where
+it reads the batch's description once, but no layer may: the count is the same at 2 and 4 layers.
+The CPU tests (test_host_reads.py) count reads and tensors built from host data, but a copy to a
+device cannot show on a CPU-only run; this one sees every kind. Both rows run the Triton kernels,
+as a CUDA model does by default."""
+import importlib.util
+import warnings
+
+import pytest
+import torch
+from test_host_reads import BATCH, ROWS, batch
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton not installed")]
+
+
+def waits(step) -> int:
+    """The synchronisations that torch's debug mode reports while `step` runs."""
+    torch.cuda.synchronize()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            step()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    torch.cuda.synchronize()
+    return sum("synchroniz" in str(warning.message) for warning in caught)
+
+
+def training_waits(row: str, form: str, layers: int) -> int:
+    model = ROWS[row](layers).cuda().train()
+    inputs = {name: value.cuda() for name, value in batch(form).items()}
+
+    def step():
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = model(**inputs, labels=inputs["input_ids"], use_cache=False).loss
+        loss.backward()
+
+    step()                      # compiles and autotunes the kernels, which waits for the device
+    return waits(step)
+
+
+def decoding_waits(row: str, layers: int) -> int:
+    model = ROWS[row](layers).cuda().eval()
+    inputs = {name: value.cuda() for name, value in batch("padded").items()}
+    with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
+        out = model(**inputs, use_cache=True)
+        cache, mask = out.past_key_values, inputs["attention_mask"]
+        token = out.logits[:, -1:].argmax(-1)
+
+        def step():
+            nonlocal mask, token
+            mask = torch.cat([mask, torch.ones(BATCH, 1, dtype=mask.dtype, device="cuda")], dim=1)
+            token = model(input_ids=token, attention_mask=mask, past_key_values=cache,
+                          use_cache=True).logits[:, -1:].argmax(-1)
+
+        step()
+        return waits(step)
+
+
+@pytest.mark.parametrize("form", ["padded", "packed"])
+@pytest.mark.parametrize("row", list(ROWS))
+def test_no_layer_waits_for_the_device_in_training(row, form):
+    counts = [training_waits(row, form, layers) for layers in (2, 4)]
+    assert counts[0] == counts[1], f"{row}, {form}: {counts[0]} waits at 2 layers, {counts[1]} at 4"
+
+
+@pytest.mark.parametrize("row", list(ROWS))
+def test_no_layer_waits_for_the_device_in_decoding(row):
+    counts = [decoding_waits(row, layers) for layers in (2, 4)]
+    assert counts[0] == counts[1], f"{row}: {counts[0]} waits at 2 layers, {counts[1]} at 4"
+
+
+def test_the_debug_mode_is_seen():
+    """The count itself: a read back is reported."""
+    x = torch.ones(3, device="cuda")
+    assert waits(lambda: x.sum().item()) >= 1
