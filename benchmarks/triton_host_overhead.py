@@ -31,21 +31,28 @@ def fwd_bwd(B=1, H=1, N=64, D=64, beta=0.6, entry="api"):
     arithmetic of the torch ops around the kernels stays out of the time; nothing else runs):
     `entry` "api" is plugins.attention.momentum_attention (the feature map, checks, dispatch),
     "chunk" the Triton entry point on feature-mapped inputs (what benchmarks/gpu_attention.py
-    times after its own elu + 1)."""
+    times after its own elu + 1), "layer" the trusted path a decoder layer takes (attend: raw q,
+    k, v with heads transposed out of (B, N, H, D), the feature map and NaN marks always)."""
     import torch
 
     from plugins.attention import momentum_attention
+    from plugins.attention.attend import attend
+    from plugins.attention.spec import AttentionSpec
     from plugins.attention.triton import chunk_momentum_attention
     gen = torch.Generator().manual_seed(0)
-    q, k, v = (torch.randn(B, H, N, D, generator=gen).to(torch.bfloat16).requires_grad_() for _ in range(3))
+    leaves = [torch.randn(B, N, H, D, generator=gen).to(torch.bfloat16).requires_grad_() for _ in range(3)]
+    q, k, v = (t.transpose(1, 2) if entry == "layer" else t.view(B, H, N, D) for t in leaves)
     grad = torch.randn(B, H, N, D, generator=gen).to(torch.bfloat16)
+    spec = AttentionSpec(momentum=beta, step_size=1.0, backend="triton")
 
     def step():
         if entry == "api":
             out = momentum_attention(q, k, v, momentum=beta, backend="triton")
+        elif entry == "layer":
+            out = attend(q, k, v, spec)
         else:
             out, _ = chunk_momentum_attention(q, k, v, momentum=beta, step_size=1.0, eps=1e-6, chunk_size=64)
-        torch.autograd.grad(out, (q, k, v), grad)
+        torch.autograd.grad(out, leaves, grad)
     return step
 
 
@@ -200,21 +207,23 @@ def main():
               f"{args.rounds} rounds of 50): attend_step {us:.0f}; {per_call} Triton launches and "
               "%d aten ops per call, %d of them computing" % aten_ops(step))
         return
-    step = fwd_bwd(N=args.length)
+    entries = {"api": "momentum_attention", "chunk": "chunk_momentum_attention", "layer": "attend"}
+    steps = {entry: fwd_bwd(N=args.length, entry=entry) for entry in entries}
+    step = steps["api"]
     per_call = launches_of(step)
-    chunk_step = fwd_bwd(N=args.length, entry="chunk")
+    layer_launches = launches_of(steps["layer"])
     for _ in range(20):
-        step()
-        chunk_step()
-    rounds = {"api": [], "chunk": []}
-    for _ in range(args.rounds):                 # alternating, so that load on the machine hits both
-        rounds["api"].append(host_us(step, rounds=1))
-        rounds["chunk"].append(host_us(chunk_step, rounds=1))
-    api, chunk = (statistics.median(rounds[name]) for name in ("api", "chunk"))
+        for entry_step in steps.values():
+            entry_step()
+    rounds = {entry: [] for entry in entries}
+    for _ in range(args.rounds):                 # alternating, so that load on the machine hits all
+        for entry, entry_step in steps.items():
+            rounds[entry].append(host_us(entry_step, rounds=1))
+    times = ", ".join(f"{name} {statistics.median(rounds[entry]):.0f}" for entry, name in entries.items())
     print(f"host µs per forward+backward (bf16, B1-H1-N{args.length}-D64, Triton launch path, no-op "
-          f"launches, median of {args.rounds} rounds of 50): momentum_attention {api:.0f}, "
-          f"chunk_momentum_attention {chunk:.0f}; {per_call} Triton launches in the first call "
-          "(autotuning included)")
+          f"launches, median of {args.rounds} rounds of 50): {times}; {per_call} Triton launches in the "
+          f"first call (autotuning included); attend: {launches_of(steps['layer'])} launches per call after "
+          f"{layer_launches} in its first, {aten_ops(steps['layer'])[1]} computing aten ops")
     if args.profile:
         profiler = cProfile.Profile()
         profiler.runcall(lambda: [step() for _ in range(100)])

@@ -66,6 +66,14 @@ def cases():
         with split_every_chunk():
             dense()
 
+    def trusted():
+        """A decoder layer's call: raw q, k, v with heads transposed out of (B, N, H, D), the
+        feature map and NaN marks in feature_marks' kernels."""
+        from plugins.attention.attend import attend
+        from plugins.attention.spec import AttentionSpec
+        raw = [leaf(2, 150, 2, 64).transpose(1, 2) for _ in range(3)]
+        attend(*raw, AttentionSpec(momentum=0.6, step_size=0.8, backend="triton")).float().sum().backward()
+
     def step():
         q, k, v = (torch.randn(2, 2, 1, 64, generator=gen).to(bf16) for _ in range(3))
         state = MomentumAttentionState.zeros(2, 2, 64, 64, dtype=torch.float32, device=q.device)
@@ -111,7 +119,7 @@ def cases():
             direct(scale)[grid](x, y, 64, factor=3.0, BLOCK=16)
 
     return [("dense", dense), ("padded", padded), ("packed", packed), ("split scans", split),
-            ("β = 0", lambda: dense(beta=0.0, N=200)), ("decoding step", step),
+            ("β = 0", lambda: dense(beta=0.0, N=200)), ("trusted path", trusted), ("decoding step", step),
             ("aligned v", lambda: entry_step(0)),
             ("misaligned v after aligned", lambda: entry_step(1)), ("Adam/RMSProp LSTM", lstm),
             ("keyword arguments", keywords)]

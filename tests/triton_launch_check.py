@@ -130,6 +130,7 @@ def attention(dtype, D, B=2, H=2, N=150, momentum_only=False):
     loss.backward()
     if momentum_only:
         return
+    trusted_path(leaf, B, H, N, D)
     # the one-state kernels (β = 0), without padding, initial state or final-state gradient
     linear_attention(q, k, v, backend="triton").float().sum().backward()
     q1, k1, v1 = (leaf(B, H, 1, D) for _ in range(3))
@@ -141,6 +142,16 @@ def attention(dtype, D, B=2, H=2, N=150, momentum_only=False):
         momentum_attention_step(q1, k1, v1, step_state, momentum=0.6, padding_mask=mask[:, :1],
                                 backend="triton")
     packed(leaf, H, N, D)
+
+
+def trusted_path(leaf, B, H, N, D):
+    """A decoder layer's call: raw q, k, v with heads transposed out of (B, N, H, D), the feature
+    map and NaN marks in the kernels of feature_marks, forward + backward."""
+    from plugins.attention.attend import attend
+    from plugins.attention.spec import AttentionSpec
+
+    raw = [leaf(B, N, H, D).transpose(1, 2) for _ in range(3)]
+    attend(*raw, AttentionSpec(momentum=0.6, step_size=0.8, backend="triton")).float().sum().backward()
 
 
 def packed(leaf, H, N, D):
@@ -248,7 +259,13 @@ def main() -> int:
 
     import torch
 
-    from plugins.attention.triton import chunk_kernels, fused_chunk_kernels, fused_recurrent, split
+    from plugins.attention.triton import (
+        chunk_kernels,
+        feature_marks,
+        fused_chunk_kernels,
+        fused_recurrent,
+        split,
+    )
     allow_cpu_tensors()
 
     chunked = [chunk_kernels.fwd_h, chunk_kernels.fwd_o, chunk_kernels.bwd_dh,
@@ -294,6 +311,7 @@ def main() -> int:
                 print("\n".join(failures), file=sys.stderr)
                 return 1
     kernels = chunked + (fused if fused_case is not None else []) + [fused_recurrent.step_kernel]
+    kernels += [feature_marks.finite_features_fwd, feature_marks.finite_features_bwd]
     kernels += LSTM_KERNELS
     for kernel in kernels:
         name = kernel.fn.__name__ if hasattr(kernel, "configs") else kernel.__name__.lstrip("_")

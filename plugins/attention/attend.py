@@ -113,14 +113,15 @@ def _causal(chosen, q, k, v, spec, segments, initial_state, return_state, finite
     with torch.autocast(device_type=q.device.type, enabled=False):
         q, k, v = q.to(chosen.run_dtype), k.to(chosen.run_dtype), v.to(chosen.run_dtype)
         hyper = dict(state_dtype=chosen.state_dtype, eps=spec.eps, chunk_size=spec.chunk_size,
-                     initial_state=initial_state, return_state=return_state, finite=finite)
+                     initial_state=initial_state, return_state=return_state, finite=finite,
+                     kernels=chosen.kernels if chosen.path == "triton" else None)
         if segments is not None and segments.packed:
             return _causal_packed(q, k, v, spec.phi, segments.cu_seqlens, kernel=kernel, extra=extra, **hyper)
         return _causal_rows(q, k, v, spec.phi, segments, kernel=kernel, extra=extra, **hyper)
 
 
 def _causal_rows(q, k, v, phi, segments, *, kernel, extra, state_dtype, eps, chunk_size,
-                 initial_state, return_state, finite):
+                 initial_state, return_state, finite, kernels):
     """Causal form on any padding pattern: real tokens are moved to the front of their row
     (`segments.order`, a stable gather), run right-padded through `kernel` on finite inputs, and
     moved back."""
@@ -132,7 +133,7 @@ def _causal_rows(q, k, v, phi, segments, *, kernel, extra, state_dtype, eps, chu
             q, k, v = (_gather(t, order) for t in (q, k, v))
         mask = torch.arange(N, device=q.device) < lengths[:, None]
     q, k, v = (mask_keys(t, mask) for t in (q, k, v))
-    fq, fk, v, marks = NonFiniteMarks.feature_map(phi, q, k, v, finite)
+    fq, fk, v, marks = NonFiniteMarks.feature_map(phi, q, k, v, finite, kernels)
     fk, D = mask_keys(fk, mask), fk.shape[-1]
     if initial_state is not None:
         check_state(initial_state, B, H, D, Dv, q.device)
@@ -155,12 +156,12 @@ def _causal_rows(q, k, v, phi, segments, *, kernel, extra, state_dtype, eps, chu
 
 
 def _causal_packed(q, k, v, phi, cu, *, kernel, extra, state_dtype, eps, chunk_size,
-                   initial_state, return_state, finite):
+                   initial_state, return_state, finite, kernels):
     """Causal form on packed sequences (batch 1): every segment restarts from its own initial
     state; NaN marks stay inside their segment."""
     H, N, Dv = q.shape[1], q.shape[2], v.shape[-1]
     n = cu.numel() - 1
-    fq, fk, v, marks = NonFiniteMarks.feature_map(phi, q, k, v, finite)
+    fq, fk, v, marks = NonFiniteMarks.feature_map(phi, q, k, v, finite, kernels)
     D = fk.shape[-1]
     if initial_state is not None:
         check_state(initial_state, n, H, D, Dv, q.device, packed=True)

@@ -64,14 +64,22 @@ class NonFiniteMarks:
     value: torch.Tensor
 
     @classmethod
-    def feature_map(cls, phi, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, finite: bool = False):
+    def feature_map(cls, phi, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, finite: bool = False,
+                    kernels=None):
         """φ on the finite parts of q and k: returns finite φ(q), φ(k), v and the marks. A
         non-finite entry of q or k marks every feature of its position (φ may mix them).
-        finite: the caller has checked q, k, v finite; with a built-in map nothing is marked."""
+        finite: the caller has checked q, k, v finite; with a built-in map nothing is marked.
+        kernels: the Triton kernels, where the Triton path runs: in eager mode they compute the
+        same for a built-in map in one pass per tensor (compiled graphs fuse the ops below)."""
         if finite and phi in FINITE_MAPS:
             fq, fk = phi(q), phi(k)
             check_feature_dims(fq, fk, q, k)
             return fq, fk, v, FiniteInputs()
+        if kernels is not None and not torch.compiler.is_compiling():
+            fused = kernels.finite_features(phi, q, k, v)
+            if fused is not None:
+                fq, fk, v, query, key, value = fused
+                return fq, fk, v, cls(query, key, value)
         q, q_marks = split_finite(q)
         k, k_marks = split_finite(k)
         v, value = split_finite(v)

@@ -3,10 +3,12 @@ handed without Triton."""
 import sys
 import types
 
+import torch
+
 import plugins.attention
 from plugins.attention.attend import mask_keys
 from plugins.attention.chunk import chunk_causal_momentum_attention
-from plugins.attention.nonfinite import NonFiniteMarks
+from plugins.attention.nonfinite import FINITE_MAPS, NonFiniteMarks
 from plugins.attention.recurrent import fused_recurrent_step
 from plugins.attention.rule import momentum_rule
 
@@ -41,10 +43,20 @@ def fake_kernels(calls, available=True):
                                           rule=momentum_rule(momentum, step_size), eps=eps, real=real)
         return marks.step(out).to(out_dtype), marks.state(state)
 
+    def finite_features(phi, q, k, v):
+        """φ and the marks of raw q, k, v of a built-in map, as the PyTorch path computes them;
+        None for any other map or float64 (the contract of entry_points.finite_features)."""
+        if phi not in FINITE_MAPS or torch.float64 in (q.dtype, k.dtype, v.dtype):
+            return None
+        calls.append(dict(form="finite_features", dtypes=(q.dtype, k.dtype, v.dtype)))
+        fq, fk, v, marks = NonFiniteMarks.feature_map(phi, q, k, v)
+        return fq.contiguous(), fk.contiguous(), v.contiguous(), marks.query, marks.key, marks.value
+
     module.is_available = lambda: available
     module.chunk_momentum_attention = chunk
     module.fused_recurrent_step = step
     module.marked_recurrent_step = marked_step
+    module.finite_features = finite_features
     return module
 
 

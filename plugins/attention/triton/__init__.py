@@ -58,6 +58,14 @@ def marked_recurrent_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sta
     return impl(q, k, v, state, **kw)
 
 
+def finite_features(phi, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple | None:
+    """φ and the non-finite marks of raw q, k, v in one kernel per tensor; see
+    `entry_points.finite_features`."""
+    _check_device(q)
+    from .entry_points import finite_features as impl
+    return impl(phi, q, k, v)
+
+
 def _check_device(t: torch.Tensor) -> None:
     if not HAS_TRITON:
         raise RuntimeError("the Triton kernels need triton (pip install triton)")

@@ -8,6 +8,7 @@ import torch.nn.functional as F
 
 from ..feature_maps import elu_plus_one, identity
 from ..state import MomentumAttentionState
+from .feature_marks import FiniteFeatures
 from .fused_recurrent import marked_step
 from .op import chunk_momentum_attention_op, momentum_attention_step_op
 from .utils import accumulator_dtype, kernel_inputs
@@ -109,6 +110,20 @@ def _last_momentum(fk, v, lengths, cu_seqlens, m0):
     m = -(k_last[..., :, None] * v_last[..., None, :])
     fallback = torch.zeros_like(m) if m0 is None else m0
     return torch.where(empty[..., None], fallback, m)
+
+
+def finite_features(phi, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple | None:
+    """(φ(q), φ(k), v's finite part, query, key and value marks) as nonfinite.NonFiniteMarks
+    computes them from raw q, k (B, H, N, Dk) and v (B, H, N, Dv), one kernel per tensor forward and
+    backward, for a built-in feature map (MARKED_FEATURE_MAPS) on bf16, fp16 or fp32 inputs; None
+    otherwise. The features come out contiguous, in their inputs' dtype; differentiable in q, k, v."""
+    code = MARKED_FEATURE_MAPS.get(phi)
+    if code is None or torch.float64 in (q.dtype, k.dtype, v.dtype):
+        return None
+    fq, query = FiniteFeatures.apply(q, code, True)
+    fk, key = FiniteFeatures.apply(k, code, True)
+    v, value = FiniteFeatures.apply(v, MARKED_FEATURE_MAPS[identity], False)
+    return fq, fk, v, query, key, value
 
 
 def fused_recurrent_step(fq: torch.Tensor, fk: torch.Tensor, v: torch.Tensor,

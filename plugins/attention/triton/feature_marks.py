@@ -1,0 +1,142 @@
+"""The finite parts, a built-in feature map and the NaN marks of nonfinite.NonFiniteMarks in one pass
+per tensor, forward and backward, for the Triton path in eager mode.
+
+In PyTorch ops the marks cost q, k and v each a nan_to_num, a multiplication by 0 (and for q, k a
+sum) and φ forward, and backward φ's gradient and nan_to_num's (isfinite: four more passes): on
+the 2-core machine 40 aten ops and 6.1× the attention's ideal bytes per forward+backward
+(B1-H8-T1024, D 64, bf16), against 3.3× for the attention kernels themselves
+(docs/benchmarks.md). Here each tensor is read once and written once forward (read in any
+layout, written contiguous, as the attention kernels take it) and read twice and written once
+backward. The results are nonfinite's: φ(x·[x finite]) with x's non-finite entries as 0, the
+marks 0 where finite and NaN where not (per row of q and k, per entry of v), and the gradient
+g·φ′·[x finite] (a product, as nan_to_num's backward: an upstream NaN stays)."""
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+from ...triton_launch import cdiv, direct, next_power_of_2
+from .fused_recurrent import _feature, _mark
+from .utils import check_grid, device_of
+
+# Elements per program: one (BLOCK_N, BLOCK_D) tile.
+TILE = 4096
+
+
+@triton.jit
+def _feature_grad(grad, x, PHI: tl.constexpr):
+    """g·φ′(x) at a finite x as torch's backward of each map gives it: 1 elu + 1 (a product:
+    g·exp(x) where x ≤ 0), 2 relu (a choice: 0 where x ≤ 0, even for a NaN g), 3 identity."""
+    if PHI == 1:
+        return tl.where(x > 0, grad, grad * tl.exp(x))
+    elif PHI == 2:
+        return tl.where(x > 0, grad, 0.0)
+    else:
+        return grad
+
+
+@triton.jit
+def finite_features_fwd(x, y, marks, N, H, sxb, sxh, sxn, sxd, D: tl.constexpr, PHI: tl.constexpr,
+                        ROW_MARKS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+    """Grid (cdiv(N, BLOCK_N), B·H). y (B, H, N, D) contiguous: φ of x's finite part; marks
+    (B, H, N) per row (ROW_MARKS: NaN where any entry of the row is not finite) or (B, H, N, D)."""
+    i_n = tl.program_id(0)
+    i_bh = tl.program_id(1).to(tl.int64)
+    rows = i_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    cols = tl.arange(0, BLOCK_D)
+    mask = (rows < N)[:, None] & (cols < D)[None, :]
+    at = (i_bh // H) * sxb + (i_bh % H) * sxh + rows[:, None].to(tl.int64) * sxn + cols[None, :] * sxd
+    value = tl.load(x + at, mask=mask, other=0.0).to(tl.float32)
+    mark = _mark(value)
+    finite = tl.where(mark == 0.0, value, 0.0)
+    out = (i_bh * N + rows[:, None]) * D + cols[None, :]
+    tl.store(y + out, _feature(finite, PHI).to(y.dtype.element_ty), mask=mask)
+    if ROW_MARKS:
+        tl.store(marks + i_bh * N + rows, tl.sum(mark, axis=1).to(marks.dtype.element_ty), mask=rows < N)
+    else:
+        tl.store(marks + out, mark.to(marks.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def finite_features_bwd(x, g, dx, N, H, sxb, sxh, sxn, sxd, sdb, sdh, sdn, sdd, D: tl.constexpr,
+                        PHI: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+    """Grid as forward: dx (x's shape, strides sd*) = g·φ′(x's finite part)·[x finite], g (B, H, N, D)
+    contiguous; in fp32 (bf16, fp16 and fp32 inputs: float64 stays on the PyTorch path)."""
+    i_n = tl.program_id(0)
+    i_bh = tl.program_id(1).to(tl.int64)
+    rows = i_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    cols = tl.arange(0, BLOCK_D)
+    mask = (rows < N)[:, None] & (cols < D)[None, :]
+    b, h, n = i_bh // H, i_bh % H, rows[:, None].to(tl.int64)
+    source = x + b * sxb + h * sxh + n * sxn + cols[None, :] * sxd
+    value = tl.load(source, mask=mask, other=0.0).to(tl.float32)
+    keep = _mark(value) == 0.0
+    grad = tl.load(g + (i_bh * N + rows[:, None]) * D + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    out = _feature_grad(grad, tl.where(keep, value, 0.0), PHI) * tl.where(keep, 1.0, 0.0)
+    tl.store(dx + b * sdb + h * sdh + n * sdn + cols[None, :] * sdd, out.to(dx.dtype.element_ty), mask=mask)
+
+
+def _blocks(D: int) -> tuple[int, int]:
+    BLOCK_D = next_power_of_2(D)
+    return max(1, min(TILE // BLOCK_D, 128)), BLOCK_D
+
+
+def _interpreted(x: torch.Tensor) -> torch.Tensor:
+    """Under TRITON_INTERPRET bf16 runs in fp32 (utils.kernel_inputs: the interpreter keeps bf16 as
+    raw 16-bit integers)."""
+    if x.dtype == torch.bfloat16 and os.environ.get("TRITON_INTERPRET") == "1":
+        return x.float()
+    return x
+
+
+def forward(x: torch.Tensor, phi: int, row_marks: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """(φ(finite part) contiguous, marks (B, H, N, 1) or (B, H, N, D)) of x (B, H, N, D), in x's dtype."""
+    B, H, N, D = x.shape
+    check_grid(B * H)
+    source = _interpreted(x)
+    y = torch.empty(B, H, N, D, dtype=source.dtype, device=x.device)
+    marks = torch.empty(B, H, N, 1 if row_marks else D, dtype=source.dtype, device=x.device)
+    BLOCK_N, BLOCK_D = _blocks(D)
+    if y.numel():
+        with device_of(x):
+            direct(finite_features_fwd)[(cdiv(N, BLOCK_N), B * H)](
+                source, y, marks, N, H, *source.stride(), D=D, PHI=phi, ROW_MARKS=row_marks,
+                BLOCK_N=BLOCK_N, BLOCK_D=BLOCK_D)
+    return y.to(x.dtype), marks.to(x.dtype)
+
+
+def backward(x: torch.Tensor, grad: torch.Tensor, phi: int) -> torch.Tensor:
+    """The gradient of forward's first result with respect to x, in x's layout."""
+    B, H, N, D = x.shape
+    source = _interpreted(x)
+    grad = grad.to(source.dtype).contiguous()
+    dx = torch.empty_like(source)
+    BLOCK_N, BLOCK_D = _blocks(D)
+    if dx.numel():
+        with device_of(x):
+            direct(finite_features_bwd)[(cdiv(N, BLOCK_N), B * H)](
+                source, grad, dx, N, H, *source.stride(), *dx.stride(), D=D, PHI=phi, BLOCK_N=BLOCK_N,
+                BLOCK_D=BLOCK_D)
+    return dx.to(x.dtype)
+
+
+class FiniteFeatures(torch.autograd.Function):
+    """φ(x's finite part) and x's marks (no gradient), differentiable in x."""
+
+    @staticmethod
+    def forward(ctx, x, phi: int, row_marks: bool):
+        y, marks = forward(x, phi, row_marks)
+        ctx.save_for_backward(x)
+        ctx.phi = phi
+        ctx.mark_non_differentiable(marks)
+        ctx.set_materialize_grads(False)           # no zeros filled for the marks, nor for an unused y
+        return y, marks
+
+    @staticmethod
+    def backward(ctx, grad, _marks):
+        (x,) = ctx.saved_tensors
+        if grad is None:
+            return None, None, None
+        return backward(x, grad, ctx.phi), None, None

@@ -1,0 +1,108 @@
+"""The Triton path's feature map with its non-finite marks (plugins/attention/triton/feature_marks.py)
+against nonfinite.NonFiniteMarks in PyTorch ops: the same features, marks and gradients on inputs
+with NaN, inf and −inf, laid out as a decoder layer hands them over (heads transposed out of
+(B, N, H, D)), for each built-in map; and that the eager Triton path takes it. Under
+TRITON_INTERPRET=1 (tests/conftest.py); tests/triton_launch_check.py compiles it for sm_90."""
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from plugins.attention.attend import attend
+from plugins.attention.feature_maps import elu_plus_one, identity
+from plugins.attention.nonfinite import NonFiniteMarks
+from plugins.attention.spec import AttentionSpec
+
+kernels = pytest.importorskip("plugins.attention.triton")
+pytest.importorskip("triton")
+
+MAPS = [elu_plus_one, F.relu, identity]
+
+
+def raw_inputs(gen, B, H, N, D, Dv, dtype):
+    """q, k, v as (B, N, H, D) projections viewed per head, with NaN, inf and −inf entries."""
+    q, k = (torch.randn(B, N, H, D, generator=gen).to(dtype).transpose(1, 2) for _ in range(2))
+    v = torch.randn(B, N, H, Dv, generator=gen).to(dtype).transpose(1, 2)
+    for t, index, value in ((q, (0, 1, 5, 3), math.nan), (q, (-1, 0, -1, 0), -math.inf),
+                            (k, (-1, -1, 7, -1), math.inf), (v, (0, 0, 9, 2), -math.inf),
+                            (v, (-1, 1, 2, 0), math.nan)):
+        t[tuple(i % n for i, n in zip(index, t.shape))] = value
+    return q, k, v
+
+
+def features_and_gradients(phi, q, k, v, gen, use_kernels):
+    leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+    fq, fk, fv, marks = NonFiniteMarks.feature_map(phi, *leaves, kernels=kernels if use_kernels else None)
+    grads = [torch.randn(t.shape, generator=gen).to(t.dtype) for t in (fq, fk, fv)]
+    for grad, index in ((grads[0], (0, 0, 3, 1)), (grads[2], (0, 0, 9, 2))):   # finite and non-finite
+        grad[tuple(i % n for i, n in zip(index, grad.shape))] = math.nan
+
+    return (fq, fk, fv, marks.query, marks.key, marks.value), torch.autograd.grad((fq, fk, fv), leaves, grads)
+
+
+@pytest.mark.parametrize("phi", MAPS, ids=["elu+1", "relu", "identity"])
+@pytest.mark.parametrize("shape", [(2, 3, 37, 20, 12), (1, 2, 300, 64, 64), (3, 1, 1, 5, 3)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_feature_marks_match_the_pytorch_marks(phi, shape, dtype):
+    gen = torch.Generator().manual_seed(sum(shape))
+    q, k, v = raw_inputs(gen, *shape, dtype)
+    expected, expected_grads = features_and_gradients(phi, q, k, v, torch.Generator().manual_seed(1), False)
+    got, got_grads = features_and_gradients(phi, q, k, v, torch.Generator().manual_seed(1), True)
+    # fp32 products round alike; in fp16 torch rounds elu before adding 1, the kernel once
+    tol = dict(rtol=1e-6, atol=1e-7) if dtype == torch.float32 else dict(rtol=1e-3, atol=1e-3)
+    for name, a, b in zip(("φ(q)", "φ(k)", "v", "query marks", "key marks", "value marks"), got, expected):
+        assert a.shape == b.shape and a.dtype == b.dtype, name
+        assert torch.equal(a.isnan(), b.isnan()), name
+        torch.testing.assert_close(a, b, equal_nan=True, **tol, msg=name)
+    for name, a, b, leaf in zip("qkv", got_grads, expected_grads, (q, k, v)):
+        assert a.dtype == leaf.dtype, name
+        assert torch.equal(a.isnan(), b.isnan()), name
+        torch.testing.assert_close(a, b, equal_nan=True, **tol, msg=f"d{name}")
+    assert all(t.is_contiguous() for t in got[:3])
+
+
+def test_other_maps_and_float64_keep_the_pytorch_ops():
+    q = torch.randn(1, 1, 4, 3)
+    assert kernels.finite_features(torch.tanh, q, q, q) is None
+    assert kernels.finite_features(elu_plus_one, q.double(), q.double(), q.double()) is None
+
+
+class Ops(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.names = set()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.names.add(func.overloadpacket.__name__)
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("packed", [False, True])
+def test_the_eager_triton_path_takes_them_and_agrees_with_the_pytorch_path(packed):
+    """attend on raw inputs with a NaN key: no nan_to_num or isfinite op runs on the Triton path,
+    and its output (NaN where eq. 12 carries the key) and gradients match the PyTorch path's."""
+    from plugins.packing import Segments
+    gen = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(1, 2, 70, 16, generator=gen).requires_grad_() for _ in range(3))
+    with torch.no_grad():
+        k[0, 1, 40, 2] = math.nan
+    segments = Segments.from_cu_seqlens(torch.tensor([0, 30, 70]), 70, device=q.device, batch=1) if packed \
+        else None
+    upstream = torch.randn(1, 2, 70, 16, generator=gen)
+    results = {}
+    for backend in ("torch", "triton"):
+        spec = AttentionSpec(momentum=0.6, step_size=0.8, backend=backend)
+        ops = Ops()
+        with ops:
+            out = attend(q, k, v, spec, segments=segments)
+            grads = torch.autograd.grad(out, (q, k, v), upstream)
+        results[backend] = out, grads, ops.names
+    out, grads, names = results["triton"]
+    ref, ref_grads, ref_names = results["torch"]
+    assert "nan_to_num" in ref_names and not names & {"nan_to_num", "isfinite", "ne", "abs"}
+    assert torch.equal(out.isnan(), ref.isnan()) and out.isnan().any()
+    torch.testing.assert_close(out, ref, equal_nan=True, rtol=1e-4, atol=1e-5)
+    for a, b in zip(grads, ref_grads):
+        torch.testing.assert_close(a, b, equal_nan=True, rtol=1e-4, atol=1e-5)
