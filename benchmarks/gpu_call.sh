@@ -3,8 +3,9 @@
 # them that no Triton path waits for the device; the attention table; HF training and decoding, with
 # where a training step goes for both models; the RNN, with the Adam/RMSProp LSTM's one-launch
 # recurrence beside the default), then each kernel's device time beside the host's issue time and the
-# back-to-back step, and where the host's time goes (benchmarks/gpu_kernels.py, default and one-pass).
-# About 9 minutes from a bare machine (gpu-check's plan is 475 s). Before the call, here: the wheels
+# back-to-back step, and where the host's time goes (benchmarks/gpu_kernels.py, default and one-pass),
+# and a decoder layer's call with its NaN marks in Triton against the same in PyTorch ops.
+# About 9.5 minutes from a bare machine (gpu-check's plan is 475 s). Before the call, here: the wheels
 # in .whl (docs/developing.md, "Benchmarks and the GPU suite"); the call: `bash benchmarks/gpu_call.sh`
 # with carry [".whl"] and timeout_s 600.
 export PYTHONUNBUFFERED=1
@@ -18,5 +19,9 @@ echo "== kernels"
 PYTHONPATH=$R timeout 60 python3 benchmarks/gpu_kernels.py --modes default 1-pass --host-profile 25 \
   --json $OUT/kernels.json > $OUT/kernels.log 2>&1
 grep -E "^B-H-D-T|Error" $OUT/kernels.log
+echo "== a decoder layer's call: NaN marks in Triton, then in PyTorch ops"
+PYTHONPATH=$R timeout 30 python3 benchmarks/gpu_kernels.py --modes layer layer-torch-marks --shapes 0 2 \
+  --json $OUT/layer.json > $OUT/layer.log 2>&1
+grep -E "^B-H-D-T|Error" $OUT/layer.log
 tar czf $OUT/outs.tgz outputs/gpu-check 2>/dev/null
 echo done

@@ -8,6 +8,7 @@ the same shapes) this gives each kernel's achieved bandwidth (issue 27 item 2).
     python benchmarks/gpu_kernels.py --json kernels.json
     python benchmarks/gpu_kernels.py --dtype fp32 --shapes 0 --modes default
     python benchmarks/gpu_kernels.py --host-profile 25    # also where the host's time to issue a step goes
+    python benchmarks/gpu_kernels.py --modes layer layer-torch-marks   # a decoder layer's call, NaN marks
 """
 import argparse
 import collections
@@ -39,6 +40,30 @@ def forced_split():
         yield
     finally:
         chunk.scan_splits = chosen
+
+
+def layer_method(torch_marks=False):
+    """What a decoder layer runs (plugins.attention.attend: raw q, k, v, the feature map and the
+    NaN marks always, the trusted path); `torch_marks`: the marks in PyTorch ops, as before
+    feature_marks (the Triton module's finite_features then declines, as for a custom map)."""
+    from plugins.attention import triton as kernels
+    from plugins.attention.attend import attend
+    from plugins.attention.spec import AttentionSpec
+    spec = AttentionSpec(momentum=BETA, step_size=1.0, backend="triton")
+
+    def run(q, k, v):
+        return attend(q, k, v, spec)
+
+    @contextlib.contextmanager
+    def pytorch_marks():
+        fused, kernels.finite_features = kernels.finite_features, lambda *args: None
+        try:
+            yield
+        finally:
+            kernels.finite_features = fused
+    if torch_marks:
+        run.context = pytorch_marks
+    return run
 
 
 def fwd_bwd_step(fn, B, H, D, T, dtype):
@@ -130,21 +155,27 @@ def main():
                         help="indices into SHAPES")
     parser.add_argument("--forced-split", action="store_true",
                         help="also time the scans split at every shape")
-    parser.add_argument("--modes", nargs="+", choices=["default", "1-pass", "fused"],
-                        default=["default", "1-pass", "fused"])
+    parser.add_argument("--modes", nargs="+", default=["default", "1-pass", "fused"],
+                        choices=["default", "1-pass", "fused", "layer", "layer-torch-marks"],
+                        help="layer: a decoder layer's call (attend: feature map and NaN marks in Triton); "
+                             "layer-torch-marks: the same with the marks in PyTorch ops")
     parser.add_argument("--host-profile", type=int, default=0, metavar="N",
                         help="print the N functions with the most host time per step (first shape, "
                              "default mode)")
     args = parser.parse_args()
     rows = []
     print(f"{torch.cuda.get_device_name()}, {args.dtype}, momentum β = {BETA}, fwd+bwd, µs per step")
-    modes = [("default", False), ("1-pass", True), ("fused", "fused")]
+    modes = [("default", False), ("1-pass", True), ("fused", "fused"), ("layer", "layer"),
+             ("layer-torch-marks", "layer-torch-marks")]
     modes = [(label, one_pass) for label, one_pass in modes if label in args.modes]
     modes += [("forced split", None)] if args.forced_split else []
     for shape in [SHAPES[i] for i in args.shapes]:
         for label, one_pass in modes:
-            scan = "fused" if one_pass == "fused" else "chunked"
-            fn = triton_method(BETA, one_pass=one_pass is True, scan=scan)
+            if label.startswith("layer"):
+                fn = layer_method(torch_marks=label == "layer-torch-marks")
+            else:
+                scan = "fused" if one_pass == "fused" else "chunked"
+                fn = triton_method(BETA, one_pass=one_pass is True, scan=scan)
             if one_pass is None:
                 fn.context = forced_split
             times, host = kernel_times(fn, *shape, dtype=args.dtype)

@@ -1,6 +1,7 @@
 """Triton kernels of momentum attention (Momentum Transformer, eq. 12/13), one module per form
 after flash-linear-attention: `chunk_kernels` and its launchers `chunk` (training / prefill,
-forward and backward), `fused_recurrent` (one decoding step and its launcher), `op` (the launchers
+forward and backward), `fused_recurrent` (one decoding step and its launcher), `feature_marks` (a
+layer's feature map with its NaN marks, one kernel per tensor), `op` (the launchers
 registered as torch.library custom ops, so torch.compile keeps one graph) and `entry_points` (the
 public functions over the ops). Imports go one way, in that order from `entry_points` down.
 

@@ -137,6 +137,6 @@ class FiniteFeatures(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad, _marks):
         (x,) = ctx.saved_tensors
-        if grad is None:
+        if grad is None or not ctx.needs_input_grad[0]:
             return None, None, None
         return backward(x, grad, ctx.phi), None, None
