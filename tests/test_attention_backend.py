@@ -102,7 +102,8 @@ def test_dispatch_hands_the_kernels_inputs_in_their_dtype(monkeypatch, make_gene
     out, state = momentum_attention(q, k, v, backend="triton", **kw)
     ref, ref_state = momentum_attention(q, k, v, backend="torch", **kw)
     marks, call = calls                                           # the marks of the raw inputs first
-    assert marks == dict(form="finite_features", dtypes=(dtype,) * 3)
+    assert marks["form"] == "finite_features" and marks["dtypes"] == (dtype,) * 3
+    assert marks["lengths"].tolist() == [23, 30]
     assert call["dtypes"] == (dtype,) * 3 and call["initial_state"].s.dtype == torch.float32
     assert call["momentum"] == 0.6 and call["chunk_size"] == 8 and call["lengths"].tolist() == [23, 30]
     assert out.dtype == dtype and state.s.dtype == torch.float32

@@ -3,6 +3,7 @@ against nonfinite.NonFiniteMarks in PyTorch ops: the same features, marks and gr
 with NaN, inf and −inf, laid out as a decoder layer hands them over (heads transposed out of
 (B, N, H, D)), for each built-in map; and that the eager Triton path takes it. Under
 TRITON_INTERPRET=1 (tests/conftest.py); tests/triton_launch_check.py compiles it for sm_90."""
+import collections
 import math
 
 import pytest
@@ -10,9 +11,8 @@ import torch
 import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from plugins.attention.attend import attend
+from plugins.attention.attend import _feature_map, attend
 from plugins.attention.feature_maps import elu_plus_one, identity
-from plugins.attention.nonfinite import NonFiniteMarks
 from plugins.attention.spec import AttentionSpec
 
 kernels = pytest.importorskip("plugins.attention.triton")
@@ -32,9 +32,11 @@ def raw_inputs(gen, B, H, N, D, Dv, dtype):
     return q, k, v
 
 
-def features_and_gradients(phi, q, k, v, gen, use_kernels):
+def features_and_gradients(phi, q, k, v, lengths, gen, use_kernels):
+    """attend's feature map (padding from `lengths` on) through the Triton kernels or PyTorch ops."""
     leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
-    fq, fk, fv, marks = NonFiniteMarks.feature_map(phi, *leaves, kernels=kernels if use_kernels else None)
+    mask = None if lengths is None else torch.arange(q.shape[2]) < lengths[:, None]
+    fq, fk, fv, marks = _feature_map(phi, *leaves, False, kernels if use_kernels else None, mask, lengths)
     grads = [torch.randn(t.shape, generator=gen).to(t.dtype) for t in (fq, fk, fv)]
     for grad, index in ((grads[0], (0, 0, 3, 1)), (grads[2], (0, 0, 9, 2))):   # finite and non-finite
         grad[tuple(i % n for i, n in zip(index, grad.shape))] = math.nan
@@ -45,11 +47,16 @@ def features_and_gradients(phi, q, k, v, gen, use_kernels):
 @pytest.mark.parametrize("phi", MAPS, ids=["elu+1", "relu", "identity"])
 @pytest.mark.parametrize("shape", [(2, 3, 37, 20, 12), (1, 2, 300, 64, 64), (3, 1, 1, 5, 3)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
-def test_feature_marks_match_the_pytorch_marks(phi, shape, dtype):
+@pytest.mark.parametrize("padded", [False, True])
+def test_feature_marks_match_the_pytorch_marks(phi, shape, dtype, padded):
+    """Padded: rows of unequal lengths (none real in some), a non-finite entry in the padding."""
     gen = torch.Generator().manual_seed(sum(shape))
     q, k, v = raw_inputs(gen, *shape, dtype)
-    expected, expected_grads = features_and_gradients(phi, q, k, v, torch.Generator().manual_seed(1), False)
-    got, got_grads = features_and_gradients(phi, q, k, v, torch.Generator().manual_seed(1), True)
+    B, N = shape[0], shape[2]
+    lengths = torch.tensor([N - (7 * b + 3) % (N + 1) for b in range(B)]) if padded else None
+    expected, expected_grads = features_and_gradients(phi, q, k, v, lengths, torch.Generator().manual_seed(1),
+                                                      False)
+    got, got_grads = features_and_gradients(phi, q, k, v, lengths, torch.Generator().manual_seed(1), True)
     # fp32 products round alike; in fp16 torch rounds elu before adding 1, the kernel once
     tol = dict(rtol=1e-6, atol=1e-7) if dtype == torch.float32 else dict(rtol=1e-3, atol=1e-3)
     for name, a, b in zip(("φ(q)", "φ(k)", "v", "query marks", "key marks", "value marks"), got, expected):
@@ -72,25 +79,31 @@ def test_other_maps_and_float64_keep_the_pytorch_ops():
 class Ops(TorchDispatchMode):
     def __init__(self):
         super().__init__()
-        self.names = set()
+        self.names = collections.Counter()
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.names.add(func.overloadpacket.__name__)
+        self.names[func.overloadpacket.__name__] += 1
         return func(*args, **(kwargs or {}))
 
 
-@pytest.mark.parametrize("packed", [False, True])
-def test_the_eager_triton_path_takes_them_and_agrees_with_the_pytorch_path(packed):
+@pytest.mark.parametrize("layout", ["rows", "padded", "packed"])
+def test_the_eager_triton_path_takes_them_and_agrees_with_the_pytorch_path(layout):
     """attend on raw inputs with a NaN key: no nan_to_num or isfinite op runs on the Triton path,
-    and its output (NaN where eq. 12 carries the key) and gradients match the PyTorch path's."""
+    nor a `where` for padding, and its output (NaN where eq. 12 carries the key) and gradients
+    match the PyTorch path's."""
     from plugins.packing import Segments
     gen = torch.Generator().manual_seed(3)
-    q, k, v = (torch.randn(1, 2, 70, 16, generator=gen).requires_grad_() for _ in range(3))
+    B = 2 if layout == "padded" else 1
+    q, k, v = (torch.randn(B, 2, 70, 16, generator=gen).requires_grad_() for _ in range(3))
     with torch.no_grad():
         k[0, 1, 40, 2] = math.nan
-    segments = Segments.from_cu_seqlens(torch.tensor([0, 30, 70]), 70, device=q.device, batch=1) if packed \
-        else None
-    upstream = torch.randn(1, 2, 70, 16, generator=gen)
+        k[-1, 0, 65, 0] = math.inf                    # padding in the padded batch
+    segments = None
+    if layout == "packed":
+        segments = Segments.from_cu_seqlens(torch.tensor([0, 30, 70]), 70, device=q.device, batch=1)
+    elif layout == "padded":
+        segments = Segments.from_padding_mask(torch.arange(70) < torch.tensor([[70], [60]]), B, 70)
+    upstream = torch.randn(B, 2, 70, 16, generator=gen)
     results = {}
     for backend in ("torch", "triton"):
         spec = AttentionSpec(momentum=0.6, step_size=0.8, backend=backend)
@@ -101,7 +114,9 @@ def test_the_eager_triton_path_takes_them_and_agrees_with_the_pytorch_path(packe
         results[backend] = out, grads, ops.names
     out, grads, names = results["triton"]
     ref, ref_grads, ref_names = results["torch"]
-    assert "nan_to_num" in ref_names and not names & {"nan_to_num", "isfinite", "ne", "abs"}
+    assert "nan_to_num" in ref_names and not set(names) & {"nan_to_num", "isfinite", "ne", "abs"}
+    if layout != "packed":                            # padding: the output's mask only, forward and backward
+        assert names["where"] == (2 if layout == "padded" else 0) < ref_names["where"]
     assert torch.equal(out.isnan(), ref.isnan()) and out.isnan().any()
     torch.testing.assert_close(out, ref, equal_nan=True, rtol=1e-4, atol=1e-5)
     for a, b in zip(grads, ref_grads):

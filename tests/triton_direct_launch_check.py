@@ -68,11 +68,15 @@ def cases():
 
     def trusted():
         """A decoder layer's call: raw q, k, v with heads transposed out of (B, N, H, D), the
-        feature map and NaN marks in feature_marks' kernels."""
+        feature map and NaN marks in feature_marks' kernels, all rows real, then right-padded."""
         from plugins.attention.attend import attend
         from plugins.attention.spec import AttentionSpec
+        from plugins.packing import Segments
         raw = [leaf(2, 150, 2, 64).transpose(1, 2) for _ in range(3)]
-        attend(*raw, AttentionSpec(momentum=0.6, step_size=0.8, backend="triton")).float().sum().backward()
+        padded = Segments.from_padding_mask(torch.arange(150) < torch.tensor([[150], [90]]), 2, 150)
+        for segments in (None, padded):
+            attend(*raw, AttentionSpec(momentum=0.6, step_size=0.8, backend="triton"),
+                   segments=segments).float().sum().backward()
 
     def step():
         q, k, v = (torch.randn(2, 2, 1, 64, generator=gen).to(bf16) for _ in range(3))

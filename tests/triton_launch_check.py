@@ -146,12 +146,20 @@ def attention(dtype, D, B=2, H=2, N=150, momentum_only=False):
 
 def trusted_path(leaf, B, H, N, D):
     """A decoder layer's call: raw q, k, v with heads transposed out of (B, N, H, D), the feature
-    map and NaN marks in the kernels of feature_marks, forward + backward."""
+    map and NaN marks in the kernels of feature_marks, forward + backward, every row real and then
+    a right-padded batch (the kernels' HAS_LEN form)."""
+    import torch
+
     from plugins.attention.attend import attend
     from plugins.attention.spec import AttentionSpec
+    from plugins.packing import Segments
 
     raw = [leaf(B, N, H, D).transpose(1, 2) for _ in range(3)]
-    attend(*raw, AttentionSpec(momentum=0.6, step_size=0.8, backend="triton")).float().sum().backward()
+    lengths = torch.tensor([N] + [N - 50] * (B - 1))
+    padded = Segments.from_padding_mask(torch.arange(N) < lengths[:, None], B, N)
+    for segments in (None, padded):
+        attend(*raw, AttentionSpec(momentum=0.6, step_size=0.8, backend="triton"),
+               segments=segments).float().sum().backward()
 
 
 def packed(leaf, H, N, D):

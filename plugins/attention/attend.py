@@ -132,9 +132,8 @@ def _causal_rows(q, k, v, phi, segments, *, kernel, extra, state_dtype, eps, chu
         if order is not None:
             q, k, v = (_gather(t, order) for t in (q, k, v))
         mask = torch.arange(N, device=q.device) < lengths[:, None]
-    q, k, v = (mask_keys(t, mask) for t in (q, k, v))
-    fq, fk, v, marks = NonFiniteMarks.feature_map(phi, q, k, v, finite, kernels)
-    fk, D = mask_keys(fk, mask), fk.shape[-1]
+    fq, fk, v, marks = _feature_map(phi, q, k, v, finite, kernels, mask, lengths)
+    D = fk.shape[-1]
     if initial_state is not None:
         check_state(initial_state, B, H, D, Dv, q.device)
         initial_state = initial_state.to(state_dtype)
@@ -155,13 +154,28 @@ def _causal_rows(q, k, v, phi, segments, *, kernel, extra, state_dtype, eps, chu
     return out, state
 
 
+def _feature_map(phi, q, k, v, finite, kernels, mask=None, lengths=None):
+    """φ(q), φ(k), v's finite part and the marks of nonfinite.NonFiniteMarks, padded positions
+    (`mask`, from `lengths`) zeroed first (mask_keys) and φ(k) zeroed there again: one Triton kernel
+    per tensor (triton.finite_features) where they take the call (the Triton path, eager mode,
+    marks wanted, a built-in map, not float64), else PyTorch ops (fused under torch.compile)."""
+    if kernels is not None and not finite and not torch.compiler.is_compiling():
+        fused = kernels.finite_features(phi, q, k, v, lengths)
+        if fused is not None:
+            fq, fk, v, query, key, value = fused
+            return fq, fk, v, NonFiniteMarks(query, key, value)
+    q, k, v = (mask_keys(t, mask) for t in (q, k, v))
+    fq, fk, v, marks = NonFiniteMarks.feature_map(phi, q, k, v, finite)
+    return fq, mask_keys(fk, mask), v, marks
+
+
 def _causal_packed(q, k, v, phi, cu, *, kernel, extra, state_dtype, eps, chunk_size,
                    initial_state, return_state, finite, kernels):
     """Causal form on packed sequences (batch 1): every segment restarts from its own initial
     state; NaN marks stay inside their segment."""
     H, N, Dv = q.shape[1], q.shape[2], v.shape[-1]
     n = cu.numel() - 1
-    fq, fk, v, marks = NonFiniteMarks.feature_map(phi, q, k, v, finite, kernels)
+    fq, fk, v, marks = _feature_map(phi, q, k, v, finite, kernels)
     D = fk.shape[-1]
     if initial_state is not None:
         check_state(initial_state, n, H, D, Dv, q.device, packed=True)

@@ -10,7 +10,7 @@ value: output i from q_i and from k_j, v_j with j ≤ i (causal) or any real j (
 only reaches its own value column. The marks are tensors of 0 and NaN, so adding them is exact
 and needs no data-dependent branch: the trusted path (`attend`) always computes them (fused under
 torch.compile; on the Triton path in eager mode, with the feature map, by one kernel per tensor:
-triton/feature_marks.py), so that no layer waits for the device to say whether there is anything to mark;
+attend._feature_map), so that no layer waits for the device to say whether there is anything to mark;
 only a caller that has checked its inputs finite (the public functions, in eager mode, with one
 sum per input) skips them."""
 from dataclasses import dataclass
@@ -65,22 +65,15 @@ class NonFiniteMarks:
     value: torch.Tensor
 
     @classmethod
-    def feature_map(cls, phi, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, finite: bool = False,
-                    kernels=None):
+    def feature_map(cls, phi, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, finite: bool = False):
         """φ on the finite parts of q and k: returns finite φ(q), φ(k), v and the marks. A
         non-finite entry of q or k marks every feature of its position (φ may mix them).
         finite: the caller has checked q, k, v finite; with a built-in map nothing is marked.
-        kernels: the Triton kernels, where the Triton path runs: in eager mode they compute the
-        same for a built-in map in one pass per tensor (compiled graphs fuse the ops below)."""
+        (The Triton path computes the same in its own kernels: attend._feature_map.)"""
         if finite and phi in FINITE_MAPS:
             fq, fk = phi(q), phi(k)
             check_feature_dims(fq, fk, q, k)
             return fq, fk, v, FiniteInputs()
-        if kernels is not None and not torch.compiler.is_compiling():
-            fused = kernels.finite_features(phi, q, k, v)
-            if fused is not None:
-                fq, fk, v, query, key, value = fused
-                return fq, fk, v, cls(query, key, value)
         q, q_marks = split_finite(q)
         k, k_marks = split_finite(k)
         v, value = split_finite(v)

@@ -43,14 +43,17 @@ def fake_kernels(calls, available=True):
                                           rule=momentum_rule(momentum, step_size), eps=eps, real=real)
         return marks.step(out).to(out_dtype), marks.state(state)
 
-    def finite_features(phi, q, k, v):
-        """φ and the marks of raw q, k, v of a built-in map, as the PyTorch path computes them;
-        None for any other map or float64 (the contract of entry_points.finite_features)."""
+    def finite_features(phi, q, k, v, lengths=None):
+        """φ and the marks of raw q, k, v of a built-in map, padding from `lengths` on zeroed, as
+        the PyTorch path computes them; None for any other map or float64 (the contract of
+        entry_points.finite_features)."""
         if phi not in FINITE_MAPS or torch.float64 in (q.dtype, k.dtype, v.dtype):
             return None
-        calls.append(dict(form="finite_features", dtypes=(q.dtype, k.dtype, v.dtype)))
-        fq, fk, v, marks = NonFiniteMarks.feature_map(phi, q, k, v)
-        return fq.contiguous(), fk.contiguous(), v.contiguous(), marks.query, marks.key, marks.value
+        calls.append(dict(form="finite_features", dtypes=(q.dtype, k.dtype, v.dtype), lengths=lengths))
+        mask = None if lengths is None else torch.arange(q.shape[2]) < lengths[:, None]
+        fq, fk, v, marks = NonFiniteMarks.feature_map(phi, *(mask_keys(t, mask) for t in (q, k, v)))
+        return (fq.contiguous(), mask_keys(fk, mask).contiguous(), v.contiguous(), marks.query, marks.key,
+                marks.value)
 
     module.is_available = lambda: available
     module.chunk_momentum_attention = chunk

@@ -59,12 +59,13 @@ def marked_recurrent_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sta
     return impl(q, k, v, state, **kw)
 
 
-def finite_features(phi, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple | None:
+def finite_features(phi, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                    lengths: torch.Tensor | None = None) -> tuple | None:
     """φ and the non-finite marks of raw q, k, v in one kernel per tensor; see
     `entry_points.finite_features`."""
     _check_device(q)
     from .entry_points import finite_features as impl
-    return impl(phi, q, k, v)
+    return impl(phi, q, k, v, lengths)
 
 
 def _check_device(t: torch.Tensor) -> None:

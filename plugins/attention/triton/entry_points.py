@@ -112,17 +112,20 @@ def _last_momentum(fk, v, lengths, cu_seqlens, m0):
     return torch.where(empty[..., None], fallback, m)
 
 
-def finite_features(phi, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple | None:
+def finite_features(phi, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                    lengths: torch.Tensor | None = None) -> tuple | None:
     """(φ(q), φ(k), v's finite part, query, key and value marks) as nonfinite.NonFiniteMarks
     computes them from raw q, k (B, H, N, Dk) and v (B, H, N, Dv), one kernel per tensor forward and
     backward, for a built-in feature map (MARKED_FEATURE_MAPS) on bf16, fp16 or fp32 inputs; None
-    otherwise. The features come out contiguous, in their inputs' dtype; differentiable in q, k, v."""
+    otherwise. `lengths` (B,) integers on the inputs' device: the positions from lengths[b] on are
+    padding, zeroed first as attend.mask_keys does (and φ(k) zeroed there again). The features come
+    out contiguous, in their inputs' dtype; differentiable in q, k, v."""
     code = MARKED_FEATURE_MAPS.get(phi)
     if code is None or torch.float64 in (q.dtype, k.dtype, v.dtype):
         return None
-    fq, query = FiniteFeatures.apply(q, code, True)
-    fk, key = FiniteFeatures.apply(k, code, True)
-    v, value = FiniteFeatures.apply(v, MARKED_FEATURE_MAPS[identity], False)
+    fq, query = FiniteFeatures.apply(q, code, True, lengths, False)
+    fk, key = FiniteFeatures.apply(k, code, True, lengths, True)
+    v, value = FiniteFeatures.apply(v, MARKED_FEATURE_MAPS[identity], False, lengths, True)
     return fq, fk, v, query, key, value
 
 

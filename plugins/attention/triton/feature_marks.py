@@ -38,21 +38,37 @@ def _feature_grad(grad, x, PHI: tl.constexpr):
 
 
 @triton.jit
-def finite_features_fwd(x, y, marks, N, H, sxb, sxh, sxn, sxd, D: tl.constexpr, PHI: tl.constexpr,
-                        ROW_MARKS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+def _real(lengths, b, rows, HAS_LEN: tl.constexpr):
+    """Whether each row is a real token: before its batch row's length (HAS_LEN), else all."""
+    if HAS_LEN:
+        return rows < tl.load(lengths + b)
+    else:
+        return rows >= 0
+
+
+@triton.jit
+def finite_features_fwd(x, y, marks, lengths, N, H, sxb, sxh, sxn, sxd, D: tl.constexpr, PHI: tl.constexpr,
+                        ROW_MARKS: tl.constexpr, HAS_LEN: tl.constexpr, ZERO_PAD: tl.constexpr,
+                        BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
     """Grid (cdiv(N, BLOCK_N), B·H). y (B, H, N, D) contiguous: φ of x's finite part; marks
-    (B, H, N) per row (ROW_MARKS: NaN where any entry of the row is not finite) or (B, H, N, D)."""
+    (B, H, N) per row (ROW_MARKS: NaN where any entry of the row is not finite) or (B, H, N, D).
+    HAS_LEN: positions from `lengths[b]` on are padding, read as 0 (attend.mask_keys): no marks,
+    φ(0), or 0 with ZERO_PAD (for keys, masked again after φ)."""
     i_n = tl.program_id(0)
     i_bh = tl.program_id(1).to(tl.int64)
     rows = i_n * BLOCK_N + tl.arange(0, BLOCK_N)
     cols = tl.arange(0, BLOCK_D)
     mask = (rows < N)[:, None] & (cols < D)[None, :]
+    real = _real(lengths, i_bh // H, rows, HAS_LEN)[:, None]
     at = (i_bh // H) * sxb + (i_bh % H) * sxh + rows[:, None].to(tl.int64) * sxn + cols[None, :] * sxd
-    value = tl.load(x + at, mask=mask, other=0.0).to(tl.float32)
+    value = tl.load(x + at, mask=mask & real, other=0.0).to(tl.float32)
     mark = _mark(value)
     finite = tl.where(mark == 0.0, value, 0.0)
     out = (i_bh * N + rows[:, None]) * D + cols[None, :]
-    tl.store(y + out, _feature(finite, PHI).to(y.dtype.element_ty), mask=mask)
+    feature = _feature(finite, PHI)
+    if ZERO_PAD:
+        feature = tl.where(real, feature, 0.0)
+    tl.store(y + out, feature.to(y.dtype.element_ty), mask=mask)
     if ROW_MARKS:
         tl.store(marks + i_bh * N + rows, tl.sum(mark, axis=1).to(marks.dtype.element_ty), mask=rows < N)
     else:
@@ -60,21 +76,25 @@ def finite_features_fwd(x, y, marks, N, H, sxb, sxh, sxn, sxd, D: tl.constexpr, 
 
 
 @triton.jit
-def finite_features_bwd(x, g, dx, N, H, sxb, sxh, sxn, sxd, sdb, sdh, sdn, sdd, D: tl.constexpr,
-                        PHI: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+def finite_features_bwd(x, g, dx, lengths, N, H, sxb, sxh, sxn, sxd, sdb, sdh, sdn, sdd, D: tl.constexpr,
+                        PHI: tl.constexpr, HAS_LEN: tl.constexpr, BLOCK_N: tl.constexpr,
+                        BLOCK_D: tl.constexpr):
     """Grid as forward: dx (x's shape, strides sd*) = g·φ′(x's finite part)·[x finite], g (B, H, N, D)
-    contiguous; in fp32 (bf16, fp16 and fp32 inputs: float64 stays on the PyTorch path)."""
+    contiguous, and 0 at padding (a choice, as mask_keys' `where`); in fp32 (bf16, fp16 and fp32
+    inputs: float64 stays on the PyTorch path)."""
     i_n = tl.program_id(0)
     i_bh = tl.program_id(1).to(tl.int64)
     rows = i_n * BLOCK_N + tl.arange(0, BLOCK_N)
     cols = tl.arange(0, BLOCK_D)
     mask = (rows < N)[:, None] & (cols < D)[None, :]
     b, h, n = i_bh // H, i_bh % H, rows[:, None].to(tl.int64)
+    real = _real(lengths, b, rows, HAS_LEN)[:, None]
     source = x + b * sxb + h * sxh + n * sxn + cols[None, :] * sxd
-    value = tl.load(source, mask=mask, other=0.0).to(tl.float32)
+    value = tl.load(source, mask=mask & real, other=0.0).to(tl.float32)
     keep = _mark(value) == 0.0
     grad = tl.load(g + (i_bh * N + rows[:, None]) * D + cols[None, :], mask=mask, other=0.0).to(tl.float32)
     out = _feature_grad(grad, tl.where(keep, value, 0.0), PHI) * tl.where(keep, 1.0, 0.0)
+    out = tl.where(real, out, 0.0)
     tl.store(dx + b * sdb + h * sdh + n * sdn + cols[None, :] * sdd, out.to(dx.dtype.element_ty), mask=mask)
 
 
@@ -91,8 +111,11 @@ def _interpreted(x: torch.Tensor) -> torch.Tensor:
     return x
 
 
-def forward(x: torch.Tensor, phi: int, row_marks: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """(φ(finite part) contiguous, marks (B, H, N, 1) or (B, H, N, D)) of x (B, H, N, D), in x's dtype."""
+def forward(x: torch.Tensor, phi: int, row_marks: bool, lengths: torch.Tensor | None = None,
+            zero_pad: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """(φ(finite part) contiguous, marks (B, H, N, 1) or (B, H, N, D)) of x (B, H, N, D), in x's
+    dtype; `lengths` (B,) integers: positions from lengths[b] on read as 0 (φ(0), or 0 with
+    zero_pad)."""
     B, H, N, D = x.shape
     check_grid(B * H)
     source = _interpreted(x)
@@ -102,12 +125,14 @@ def forward(x: torch.Tensor, phi: int, row_marks: bool) -> tuple[torch.Tensor, t
     if y.numel():
         with device_of(x):
             direct(finite_features_fwd)[(cdiv(N, BLOCK_N), B * H)](
-                source, y, marks, N, H, *source.stride(), D=D, PHI=phi, ROW_MARKS=row_marks,
+                source, y, marks, source if lengths is None else lengths, N, H, *source.stride(), D=D,
+                PHI=phi, ROW_MARKS=row_marks, HAS_LEN=lengths is not None, ZERO_PAD=zero_pad,
                 BLOCK_N=BLOCK_N, BLOCK_D=BLOCK_D)
     return y.to(x.dtype), marks.to(x.dtype)
 
 
-def backward(x: torch.Tensor, grad: torch.Tensor, phi: int) -> torch.Tensor:
+def backward(x: torch.Tensor, grad: torch.Tensor, phi: int,
+             lengths: torch.Tensor | None = None) -> torch.Tensor:
     """The gradient of forward's first result with respect to x, in x's layout."""
     B, H, N, D = x.shape
     source = _interpreted(x)
@@ -117,18 +142,19 @@ def backward(x: torch.Tensor, grad: torch.Tensor, phi: int) -> torch.Tensor:
     if dx.numel():
         with device_of(x):
             direct(finite_features_bwd)[(cdiv(N, BLOCK_N), B * H)](
-                source, grad, dx, N, H, *source.stride(), *dx.stride(), D=D, PHI=phi, BLOCK_N=BLOCK_N,
-                BLOCK_D=BLOCK_D)
+                source, grad, dx, source if lengths is None else lengths, N, H, *source.stride(),
+                *dx.stride(), D=D, PHI=phi, HAS_LEN=lengths is not None, BLOCK_N=BLOCK_N, BLOCK_D=BLOCK_D)
     return dx.to(x.dtype)
 
 
 class FiniteFeatures(torch.autograd.Function):
-    """φ(x's finite part) and x's marks (no gradient), differentiable in x."""
+    """φ(x's finite part) and x's marks (no gradient), differentiable in x; `lengths` and
+    `zero_pad` as in `forward`."""
 
     @staticmethod
-    def forward(ctx, x, phi: int, row_marks: bool):
-        y, marks = forward(x, phi, row_marks)
-        ctx.save_for_backward(x)
+    def forward(ctx, x, phi: int, row_marks: bool, lengths, zero_pad: bool):
+        y, marks = forward(x, phi, row_marks, lengths, zero_pad)
+        ctx.save_for_backward(x, lengths)
         ctx.phi = phi
         ctx.mark_non_differentiable(marks)
         ctx.set_materialize_grads(False)           # no zeros filled for the marks, nor for an unused y
@@ -136,7 +162,7 @@ class FiniteFeatures(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad, _marks):
-        (x,) = ctx.saved_tensors
+        x, lengths = ctx.saved_tensors
         if grad is None or not ctx.needs_input_grad[0]:
-            return None, None, None
-        return backward(x, grad, ctx.phi), None, None
+            return None, None, None, None, None
+        return backward(x, grad, ctx.phi, lengths), None, None, None, None
