@@ -2,14 +2,15 @@
 per tensor, forward and backward, for the Triton path in eager mode.
 
 In PyTorch ops the marks cost q, k and v each a nan_to_num, a multiplication by 0 (and for q, k a
-sum) and φ forward, and backward φ's gradient and nan_to_num's (isfinite: four more passes): on
-the 2-core machine 40 aten ops and 6.1× the attention's ideal bytes per forward+backward
-(B1-H8-T1024, D 64, bf16), against 3.3× for the attention kernels themselves
-(docs/benchmarks.md). Here each tensor is read once and written once forward (read in any
-layout, written contiguous, as the attention kernels take it) and read twice and written once
-backward. The results are nonfinite's: φ(x·[x finite]) with x's non-finite entries as 0, the
-marks 0 where finite and NaN where not (per row of q and k, per entry of v), and the gradient
-g·φ′·[x finite] (a product, as nan_to_num's backward: an upstream NaN stays)."""
+sum) and φ forward, and backward φ's gradient and nan_to_num's (isfinite: four more passes), a
+`where` each for padding, and a copy to contiguous for heads transposed out of (B, N, H, D): 43
+aten ops and 6.6× the attention's ideal bytes per forward+backward at B1-H8-T1024, D 64, bf16
+(8.5× padded), against 3.3× for the attention kernels themselves (docs/benchmarks.md). Here each
+tensor is read once and written once forward (read in any layout, written contiguous, as the
+attention kernels take it) and read twice and written once backward. The results are nonfinite's
+after attend.mask_keys: φ(x·[x finite]) with x's non-finite entries and padding as 0, the marks 0
+where finite and NaN where not (per row of q and k, per entry of v), and the gradient
+g·φ′·[x finite] (a product, as nan_to_num's backward: an upstream NaN stays), 0 at padding."""
 
 import os
 
