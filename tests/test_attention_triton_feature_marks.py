@@ -2,7 +2,8 @@
 against nonfinite.NonFiniteMarks in PyTorch ops: the same features, marks and gradients on inputs
 with NaN, inf and −inf, laid out as a decoder layer hands them over (heads transposed out of
 (B, N, H, D)), for each built-in map; and that the eager Triton path takes it. Under
-TRITON_INTERPRET=1 (tests/conftest.py); tests/triton_launch_check.py compiles it for sm_90."""
+TRITON_INTERPRET=1 (tests/conftest.py); tests/triton_launch_check.py compiles it for sm_90, and the
+`gpu` test runs it compiled."""
 import collections
 import math
 
@@ -35,9 +36,9 @@ def raw_inputs(gen, B, H, N, D, Dv, dtype):
 def features_and_gradients(phi, q, k, v, lengths, gen, use_kernels):
     """attend's feature map (padding from `lengths` on) through the Triton kernels or PyTorch ops."""
     leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
-    mask = None if lengths is None else torch.arange(q.shape[2]) < lengths[:, None]
+    mask = None if lengths is None else torch.arange(q.shape[2], device=q.device) < lengths[:, None]
     fq, fk, fv, marks = _feature_map(phi, *leaves, False, kernels if use_kernels else None, mask, lengths)
-    grads = [torch.randn(t.shape, generator=gen).to(t.dtype) for t in (fq, fk, fv)]
+    grads = [torch.randn(t.shape, generator=gen).to(device=t.device, dtype=t.dtype) for t in (fq, fk, fv)]
     for grad, index in ((grads[0], (0, 0, 3, 1)), (grads[2], (0, 0, 9, 2))):   # finite and non-finite
         grad[tuple(i % n for i, n in zip(index, grad.shape))] = math.nan
 
@@ -68,6 +69,23 @@ def test_feature_marks_match_the_pytorch_marks(phi, shape, dtype, padded):
         assert torch.equal(a.isnan(), b.isnan()), name
         torch.testing.assert_close(a, b, equal_nan=True, **tol, msg=f"d{name}")
     assert all(t.is_contiguous() for t in got[:3])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("phi", [elu_plus_one, F.relu], ids=["elu+1", "relu"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_feature_marks_on_a_gpu_match_the_pytorch_marks(phi, dtype):
+    """The compiled kernels at a layer's size (B2-H4-T1000, D 64), heads transposed, one row padded,
+    NaN and inf in and out of the padding."""
+    q, k, v = (t.cuda() for t in raw_inputs(torch.Generator().manual_seed(5), 2, 4, 1000, 64, 64, dtype))
+    lengths = torch.tensor([1000, 777], device="cuda")
+    expected, expected_grads = features_and_gradients(phi, q, k, v, lengths, torch.Generator().manual_seed(1),
+                                                      False)
+    got, got_grads = features_and_gradients(phi, q, k, v, lengths, torch.Generator().manual_seed(1), True)
+    tol = dict(rtol=1e-6, atol=1e-6) if dtype == torch.float32 else dict(rtol=1e-2, atol=1e-2)
+    for a, b in zip(got + got_grads, expected + expected_grads):
+        assert a.shape == b.shape and a.dtype == b.dtype and torch.equal(a.isnan(), b.isnan())
+        torch.testing.assert_close(a, b, equal_nan=True, **tol)
 
 
 def test_other_maps_and_float64_keep_the_pytorch_ops():
