@@ -65,15 +65,15 @@ def _to_host(func, args, kwargs) -> bool:
     return source.device.type != "cpu" and target is not None and torch.device(target).type == "cpu"
 
 
-def native(layers: int):
-    config = MomentumTransformerConfig(vocab_size=VOCAB, hidden_size=HIDDEN, num_hidden_layers=layers,
+def native(layers: int, hidden: int = HIDDEN):
+    config = MomentumTransformerConfig(vocab_size=VOCAB, hidden_size=hidden, num_hidden_layers=layers,
                                        num_attention_heads=2, max_position_embeddings=LENGTH + 8,
                                        hidden_dropout=0.0)
     return MomentumTransformerForCausalLM(config)
 
 
-def llama(layers: int, implementation: str):
-    config = LlamaConfig(vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=2 * HIDDEN,
+def llama(layers: int, implementation: str, hidden: int = HIDDEN):
+    config = LlamaConfig(vocab_size=VOCAB, hidden_size=hidden, intermediate_size=2 * hidden,
                          num_hidden_layers=layers, num_attention_heads=2, num_key_value_heads=2,
                          max_position_embeddings=LENGTH + 8)
     return AutoModelForCausalLM.from_config(config, attn_implementation=implementation)
