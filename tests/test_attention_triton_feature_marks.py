@@ -14,6 +14,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from plugins.attention.attend import _feature_map, attend
 from plugins.attention.feature_maps import elu_plus_one, identity
+from plugins.attention.nonfinite import NonFiniteMarks
 from plugins.attention.spec import AttentionSpec
 
 kernels = pytest.importorskip("plugins.attention.triton")
@@ -88,6 +89,27 @@ def test_feature_marks_on_a_gpu_match_the_pytorch_marks(phi, dtype):
         torch.testing.assert_close(a, b, equal_nan=True, **tol)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_marked_output_matches_the_pytorch_causal_marks(dtype):
+    """The causal marks in one kernel (a scan over blocks of 32 rows) against
+    NonFiniteMarks.causal: sparse NaN marks early in long rows, a value width that is not a power
+    of two, an output of another dtype than the marks."""
+    from plugins.attention.triton.feature_marks import marked_output
+    gen = torch.Generator().manual_seed(7)
+    B, H, N, Dv = 2, 3, 150, 20
+
+    def marks(*shape, rate):
+        return torch.where(torch.rand(*shape, generator=gen) < rate, math.nan, 0.0)
+    query, key = marks(B, H, N, 1, rate=0.02), marks(B, H, N, 1, rate=0.005)
+    value = marks(B, H, N, Dv, rate=0.003)
+    out = torch.randn(B, H, N, Dv, generator=gen).to(dtype)
+    expected = NonFiniteMarks(query, key, value).causal(out)
+    got = marked_output(out, query, key, value)
+    assert got.dtype == dtype and 0 < got.isnan().float().mean() < 1
+    assert torch.equal(got.isnan(), expected.isnan())
+    assert torch.equal(got[~got.isnan()], expected[~expected.isnan()])
+
+
 def test_other_maps_and_float64_keep_the_pytorch_ops():
     q = torch.randn(1, 1, 4, 3)
     assert kernels.finite_features(torch.tanh, q, q, q) is None
@@ -115,6 +137,8 @@ def test_the_eager_triton_path_takes_them_and_agrees_with_the_pytorch_path(layou
     q, k, v = (torch.randn(B, 2, 70, 16, generator=gen).requires_grad_() for _ in range(3))
     with torch.no_grad():
         k[0, 1, 40, 2] = math.nan
+        v[0, 0, 20, 3] = -math.inf                    # marks its own column from position 20 on
+        q[0, 1, 10, 5] = math.nan                     # marks its own position only
         k[-1, 0, 65, 0] = math.inf                    # padding in the padded batch
     segments = None
     if layout == "packed":
@@ -135,6 +159,7 @@ def test_the_eager_triton_path_takes_them_and_agrees_with_the_pytorch_path(layou
     assert "nan_to_num" in ref_names and not set(names) & {"nan_to_num", "isfinite", "ne", "abs"}
     if layout != "packed":                            # padding: the output's mask only, forward and backward
         assert names["where"] == (2 if layout == "padded" else 0) < ref_names["where"]
+        assert "cumsum" in ref_names and "cumsum" not in names          # the causal marks in a kernel
     assert torch.equal(out.isnan(), ref.isnan()) and out.isnan().any()
     torch.testing.assert_close(out, ref, equal_nan=True, rtol=1e-4, atol=1e-5)
     for a, b in zip(grads, ref_grads):

@@ -319,7 +319,8 @@ def main() -> int:
                 print("\n".join(failures), file=sys.stderr)
                 return 1
     kernels = chunked + (fused if fused_case is not None else []) + [fused_recurrent.step_kernel]
-    kernels += [feature_marks.finite_features_fwd, feature_marks.finite_features_bwd]
+    kernels += [feature_marks.finite_features_fwd, feature_marks.finite_features_bwd,
+                feature_marks.mark_causal_kernel]
     kernels += LSTM_KERNELS
     for kernel in kernels:
         name = kernel.fn.__name__ if hasattr(kernel, "configs") else kernel.__name__.lstrip("_")

@@ -162,8 +162,7 @@ def _feature_map(phi, q, k, v, finite, kernels, mask=None, lengths=None):
     if kernels is not None and not finite and not torch.compiler.is_compiling():
         fused = kernels.finite_features(phi, q, k, v, lengths)
         if fused is not None:
-            fq, fk, v, query, key, value = fused
-            return fq, fk, v, NonFiniteMarks(query, key, value)
+            return fused
     q, k, v = (mask_keys(t, mask) for t in (q, k, v))
     fq, fk, v, marks = NonFiniteMarks.feature_map(phi, q, k, v, finite)
     return fq, mask_keys(fk, mask), v, marks

@@ -7,8 +7,9 @@ import torch
 import torch.nn.functional as F
 
 from ..feature_maps import elu_plus_one, identity
+from ..nonfinite import NonFiniteMarks
 from ..state import MomentumAttentionState
-from .feature_marks import FiniteFeatures
+from .feature_marks import FiniteFeatures, MarkedOutput
 from .fused_recurrent import marked_step
 from .op import chunk_momentum_attention_op, momentum_attention_step_op
 from .utils import accumulator_dtype, kernel_inputs
@@ -112,21 +113,31 @@ def _last_momentum(fk, v, lengths, cu_seqlens, m0):
     return torch.where(empty[..., None], fallback, m)
 
 
+class KernelMarks(NonFiniteMarks):
+    """NonFiniteMarks whose causal marks on unpacked rows one kernel adds (feature_marks.MarkedOutput)."""
+
+    def causal(self, out: torch.Tensor, segments: torch.Tensor | None = None) -> torch.Tensor:
+        if segments is not None:
+            return super().causal(out, segments)
+        return MarkedOutput.apply(out, self.query, self.key, self.value)
+
+
 def finite_features(phi, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                     lengths: torch.Tensor | None = None) -> tuple | None:
-    """(φ(q), φ(k), v's finite part, query, key and value marks) as nonfinite.NonFiniteMarks
-    computes them from raw q, k (B, H, N, Dk) and v (B, H, N, Dv), one kernel per tensor forward and
+    """(φ(q), φ(k), v's finite part, the marks) as nonfinite.NonFiniteMarks.feature_map computes
+    them from raw q, k (B, H, N, Dk) and v (B, H, N, Dv), one kernel per tensor forward and
     backward, for a built-in feature map (MARKED_FEATURE_MAPS) on bf16, fp16 or fp32 inputs; None
     otherwise. `lengths` (B,) integers on the inputs' device: the positions from lengths[b] on are
     padding, zeroed first as attend.mask_keys does (and φ(k) zeroed there again). The features come
-    out contiguous, in their inputs' dtype; differentiable in q, k, v."""
+    out contiguous, in their inputs' dtype; differentiable in q, k, v. The marks (KernelMarks) add
+    their causal marks to an output of unpacked rows in one kernel too."""
     code = MARKED_FEATURE_MAPS.get(phi)
     if code is None or torch.float64 in (q.dtype, k.dtype, v.dtype):
         return None
     fq, query = FiniteFeatures.apply(q, code, True, lengths, False)
     fk, key = FiniteFeatures.apply(k, code, True, lengths, True)
     v, value = FiniteFeatures.apply(v, MARKED_FEATURE_MAPS[identity], False, lengths, True)
-    return fq, fk, v, query, key, value
+    return fq, fk, v, KernelMarks(query, key, value)
 
 
 def fused_recurrent_step(fq: torch.Tensor, fk: torch.Tensor, v: torch.Tensor,

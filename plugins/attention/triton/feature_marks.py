@@ -10,7 +10,9 @@ tensor is read once and written once forward (read in any layout, written contig
 attention kernels take it) and read twice and written once backward. The results are nonfinite's
 after attend.mask_keys: φ(x·[x finite]) with x's non-finite entries and padding as 0, the marks 0
 where finite and NaN where not (per row of q and k, per entry of v), and the gradient
-g·φ′·[x finite] (a product, as nan_to_num's backward: an upstream NaN stays), 0 at padding."""
+g·φ′·[x finite] (a product, as nan_to_num's backward: an upstream NaN stays), 0 at padding.
+`marked_output` then adds the causal marks to the attention's output of unpacked rows in one
+kernel, where NonFiniteMarks.causal takes three adds and a cumsum."""
 
 import os
 
@@ -99,6 +101,31 @@ def finite_features_bwd(x, g, dx, lengths, N, H, sxb, sxh, sxn, sxd, sdb, sdh, s
     tl.store(dx + b * sdb + h * sdh + n * sdn + cols[None, :] * sdd, out.to(dx.dtype.element_ty), mask=mask)
 
 
+@triton.jit
+def mark_causal_kernel(out, query, key, value, res, N, DV: tl.constexpr, BLOCK_N: tl.constexpr,
+                       BLOCK_V: tl.constexpr):
+    """Grid (cdiv(DV, BLOCK_V), B·H): res = out + query_i + Σ_{j ≤ i} (key_j + value_j), the causal
+    marks of nonfinite.NonFiniteMarks.causal on (B, H, N, ·) contiguous tensors. The marks are 0 or
+    NaN, so the running sum (a scan over the row's blocks) is exact: NaN in a column from the row's
+    first non-finite key or value in it on."""
+    i_v = tl.program_id(0)
+    i_bh = tl.program_id(1).to(tl.int64)
+    cols = i_v * BLOCK_V + tl.arange(0, BLOCK_V)
+    carry = tl.zeros([BLOCK_V], dtype=tl.float32)
+    for start in range(0, N, BLOCK_N):
+        rows = start + tl.arange(0, BLOCK_N)
+        inside = rows < N
+        mask = inside[:, None] & (cols < DV)[None, :]
+        at = (i_bh * N + rows[:, None]) * DV + cols[None, :]
+        per_key = tl.load(value + at, mask=mask, other=0.0).to(tl.float32)
+        per_key += tl.load(key + i_bh * N + rows, mask=inside, other=0.0).to(tl.float32)[:, None]
+        running = tl.cumsum(per_key, axis=0) + carry[None, :]
+        carry += tl.sum(per_key, axis=0)
+        marks = running + tl.load(query + i_bh * N + rows, mask=inside, other=0.0).to(tl.float32)[:, None]
+        total = tl.load(out + at, mask=mask, other=0.0).to(tl.float32) + marks
+        tl.store(res + at, total.to(res.dtype.element_ty), mask=mask)
+
+
 def _blocks(D: int) -> tuple[int, int]:
     BLOCK_D = next_power_of_2(D)
     return max(1, min(TILE // BLOCK_D, 128)), BLOCK_D
@@ -167,3 +194,31 @@ class FiniteFeatures(torch.autograd.Function):
         if grad is None or not ctx.needs_input_grad[0]:
             return None, None, None, None, None
         return backward(x, grad, ctx.phi, lengths), None, None, None, None
+
+
+def marked_output(out: torch.Tensor, query: torch.Tensor, key: torch.Tensor,
+                  value: torch.Tensor) -> torch.Tensor:
+    """out (B, H, N, Dv) with the causal marks of query, key (B, H, N, 1) and value (B, H, N, Dv),
+    a new tensor in out's dtype."""
+    B, H, N, DV = out.shape
+    source = _interpreted(out.contiguous())
+    marks = [_interpreted(t.contiguous()) for t in (query, key, value)]
+    res = torch.empty_like(source)
+    BLOCK_V = min(next_power_of_2(DV), 64)
+    if res.numel():
+        with device_of(out):
+            direct(mark_causal_kernel)[(cdiv(DV, BLOCK_V), B * H)](
+                source, *marks, res, N, DV=DV, BLOCK_N=max(1, TILE // BLOCK_V // 2), BLOCK_V=BLOCK_V)
+    return res.to(out.dtype)
+
+
+class MarkedOutput(torch.autograd.Function):
+    """`marked_output`, differentiable in out (the marks carry no gradient: out's passes through)."""
+
+    @staticmethod
+    def forward(ctx, out, query, key, value):
+        return marked_output(out, query, key, value)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad, None, None, None
