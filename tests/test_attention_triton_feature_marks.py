@@ -89,8 +89,9 @@ def test_feature_marks_on_a_gpu_match_the_pytorch_marks(phi, dtype):
         torch.testing.assert_close(a, b, equal_nan=True, **tol)
 
 
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_marked_output_matches_the_pytorch_causal_marks(dtype):
+def test_marked_output_matches_the_pytorch_causal_marks(dtype, device):
     """The causal marks in one kernel (a scan over blocks of 32 rows) against
     NonFiniteMarks.causal: sparse NaN marks early in long rows, a value width that is not a power
     of two, an output of another dtype than the marks."""
@@ -103,6 +104,7 @@ def test_marked_output_matches_the_pytorch_causal_marks(dtype):
     query, key = marks(B, H, N, 1, rate=0.02), marks(B, H, N, 1, rate=0.005)
     value = marks(B, H, N, Dv, rate=0.003)
     out = torch.randn(B, H, N, Dv, generator=gen).to(dtype)
+    query, key, value, out = (t.to(device) for t in (query, key, value, out))
     expected = NonFiniteMarks(query, key, value).causal(out)
     got = marked_output(out, query, key, value)
     assert got.dtype == dtype and 0 < got.isnan().float().mean() < 1
