@@ -114,8 +114,8 @@ def lstm_fwd_bwd(backend):
 
 # Ops that launch no kernel on a GPU (views, allocations, metadata; a cast counts only when it copies).
 NO_KERNEL = {"aten::" + name for name in (
-    "to", "promote_types", "empty_like", "empty", "empty_strided", "select", "unsqueeze", "detach",
-    "as_strided", "view", "alias", "expand", "slice", "reshape", "_unsafe_view", "t", "transpose",
+    "to", "promote_types", "empty_like", "empty", "empty_strided", "new_empty", "select", "unsqueeze",
+    "detach", "as_strided", "view", "alias", "expand", "slice", "reshape", "_unsafe_view", "t", "transpose",
     "lift_fresh", "resolve_conj", "resolve_neg")}
 
 
