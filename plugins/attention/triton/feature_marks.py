@@ -14,15 +14,13 @@ g·φ′·[x finite] (a product, as nan_to_num's backward: an upstream NaN stays
 `marked_output` then adds the causal marks to the attention's output of unpacked rows in one
 kernel, where NonFiniteMarks.causal takes three adds and a cumsum."""
 
-import os
-
 import torch
 import triton
 import triton.language as tl
 
 from ...triton_launch import cdiv, direct, next_power_of_2
 from .fused_recurrent import _feature, _mark
-from .utils import check_grid, device_of
+from .utils import check_grid, device_of, kernel_dtype
 
 # Elements per program: one (BLOCK_N, BLOCK_D) tile.
 TILE = 4096
@@ -131,14 +129,6 @@ def _blocks(D: int) -> tuple[int, int]:
     return max(1, min(TILE // BLOCK_D, 128)), BLOCK_D
 
 
-def _interpreted(x: torch.Tensor) -> torch.Tensor:
-    """Under TRITON_INTERPRET bf16 runs in fp32 (utils.kernel_inputs: the interpreter keeps bf16 as
-    raw 16-bit integers)."""
-    if x.dtype == torch.bfloat16 and os.environ.get("TRITON_INTERPRET") == "1":
-        return x.float()
-    return x
-
-
 def forward(x: torch.Tensor, phi: int, row_marks: bool, lengths: torch.Tensor | None = None,
             zero_pad: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """(φ(finite part) contiguous, marks (B, H, N, 1) or (B, H, N, D)) of x (B, H, N, D), in x's
@@ -146,7 +136,7 @@ def forward(x: torch.Tensor, phi: int, row_marks: bool, lengths: torch.Tensor | 
     zero_pad)."""
     B, H, N, D = x.shape
     check_grid(B * H)
-    source = _interpreted(x)
+    source = x.to(kernel_dtype(x.dtype))
     y = torch.empty(B, H, N, D, dtype=source.dtype, device=x.device)
     marks = torch.empty(B, H, N, 1 if row_marks else D, dtype=source.dtype, device=x.device)
     BLOCK_N, BLOCK_D = _blocks(D)
@@ -163,7 +153,7 @@ def backward(x: torch.Tensor, grad: torch.Tensor, phi: int,
              lengths: torch.Tensor | None = None) -> torch.Tensor:
     """The gradient of forward's first result with respect to x, in x's layout."""
     B, H, N, D = x.shape
-    source = _interpreted(x)
+    source = x.to(kernel_dtype(x.dtype))
     grad = grad.to(source.dtype).contiguous()
     dx = torch.empty_like(source)
     BLOCK_N, BLOCK_D = _blocks(D)
@@ -201,8 +191,8 @@ def marked_output(out: torch.Tensor, query: torch.Tensor, key: torch.Tensor,
     """out (B, H, N, Dv) with the causal marks of query, key (B, H, N, 1) and value (B, H, N, Dv),
     a new tensor in out's dtype."""
     B, H, N, DV = out.shape
-    source = _interpreted(out.contiguous())
-    marks = [_interpreted(t.contiguous()) for t in (query, key, value)]
+    source = out.to(kernel_dtype(out.dtype)).contiguous()
+    marks = [t.to(kernel_dtype(t.dtype)).contiguous() for t in (query, key, value)]
     res = torch.empty_like(source)
     BLOCK_V = min(next_power_of_2(DV), 64)
     if res.numel():

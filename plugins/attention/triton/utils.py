@@ -140,17 +140,22 @@ def accumulator_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
+def kernel_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype the kernels take inputs of `dtype` in: itself, but fp32 for bf16 under
+    TRITON_INTERPRET (the interpreter stores bf16 as raw 16-bit integers and its tl.dot multiplies
+    those; the bf16 kernels are exercised on GPU only)."""
+    if dtype == torch.bfloat16 and os.environ.get("TRITON_INTERPRET") == "1":
+        return torch.float32
+    return dtype
+
+
 def kernel_inputs(*tensors: torch.Tensor) -> tuple:
-    """The tensors in their promoted dtype (the kernels' matmuls take two operands of one dtype),
-    contiguous (the kernels assume it). Under TRITON_INTERPRET bf16 runs in fp32: the interpreter
-    stores bf16 as raw 16-bit integers and its tl.dot multiplies those (the bf16 kernels are
-    exercised on GPU only)."""
+    """The tensors in their promoted dtype (the kernels' matmuls take two operands of one dtype;
+    `kernel_dtype` of it), contiguous (the kernels assume it)."""
     dtype = tensors[0].dtype
     for t in tensors[1:]:
         dtype = torch.promote_types(dtype, t.dtype)
-    if dtype == torch.bfloat16 and os.environ.get("TRITON_INTERPRET") == "1":
-        dtype = torch.float32
-    return tuple(t.to(dtype).contiguous() for t in tensors)
+    return tuple(t.to(kernel_dtype(dtype)).contiguous() for t in tensors)
 
 
 def tf32_allowed() -> bool:
