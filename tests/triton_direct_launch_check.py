@@ -27,7 +27,7 @@ import triton_standin  # noqa: E402  (the stand-in must be active before any ker
 def cases():
     import torch
     from torch.nn.utils.rnn import pack_padded_sequence
-    from triton_launch_check import split_every_chunk
+    from triton_launch_check import split_every_chunk, trusted_path
 
     from plugins.attention import MomentumAttentionState, momentum_attention, momentum_attention_step
     from plugins.attention.triton import chunk_momentum_attention, fused_recurrent_step
@@ -65,18 +65,6 @@ def cases():
     def split():
         with split_every_chunk():
             dense()
-
-    def trusted():
-        """A decoder layer's call: raw q, k, v with heads transposed out of (B, N, H, D), the
-        feature map and NaN marks in feature_marks' kernels, all rows real, then right-padded."""
-        from plugins.attention.attend import attend
-        from plugins.attention.spec import AttentionSpec
-        from plugins.packing import Segments
-        raw = [leaf(2, 150, 2, 64).transpose(1, 2) for _ in range(3)]
-        padded = Segments.from_padding_mask(torch.arange(150) < torch.tensor([[150], [90]]), 2, 150)
-        for segments in (None, padded):
-            attend(*raw, AttentionSpec(momentum=0.6, step_size=0.8, backend="triton"),
-                   segments=segments).float().sum().backward()
 
     def step():
         q, k, v = (torch.randn(2, 2, 1, 64, generator=gen).to(bf16) for _ in range(3))
@@ -123,7 +111,8 @@ def cases():
             direct(scale)[grid](x, y, 64, factor=3.0, BLOCK=16)
 
     return [("dense", dense), ("padded", padded), ("packed", packed), ("split scans", split),
-            ("β = 0", lambda: dense(beta=0.0, N=200)), ("trusted path", trusted), ("decoding step", step),
+            ("β = 0", lambda: dense(beta=0.0, N=200)),
+            ("trusted path", lambda: trusted_path(leaf, 2, 2, 150, 64)), ("decoding step", step),
             ("aligned v", lambda: entry_step(0)),
             ("misaligned v after aligned", lambda: entry_step(1)), ("Adam/RMSProp LSTM", lstm),
             ("keyword arguments", keywords)]
