@@ -48,6 +48,12 @@ def _real(lengths, b, rows, HAS_LEN: tl.constexpr):
 
 
 @triton.jit
+def _strided(i_bh, H, rows, cols, sb, sh, sn, sd):
+    """Offsets of a (rows, cols) tile of row i_bh = b·H + h of a (B, H, N, D) tensor of strides s*."""
+    return (i_bh // H) * sb + (i_bh % H) * sh + rows[:, None].to(tl.int64) * sn + cols[None, :] * sd
+
+
+@triton.jit
 def finite_features_fwd(x, y, marks, lengths, N, H, sxb, sxh, sxn, sxd, D: tl.constexpr, PHI: tl.constexpr,
                         ROW_MARKS: tl.constexpr, HAS_LEN: tl.constexpr, ZERO_PAD: tl.constexpr,
                         BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
@@ -61,8 +67,8 @@ def finite_features_fwd(x, y, marks, lengths, N, H, sxb, sxh, sxn, sxd, D: tl.co
     cols = tl.arange(0, BLOCK_D)
     mask = (rows < N)[:, None] & (cols < D)[None, :]
     real = _real(lengths, i_bh // H, rows, HAS_LEN)[:, None]
-    at = (i_bh // H) * sxb + (i_bh % H) * sxh + rows[:, None].to(tl.int64) * sxn + cols[None, :] * sxd
-    value = tl.load(x + at, mask=mask & real, other=0.0).to(tl.float32)
+    value = tl.load(x + _strided(i_bh, H, rows, cols, sxb, sxh, sxn, sxd), mask=mask & real,
+                    other=0.0).to(tl.float32)
     mark = _mark(value)
     finite = tl.where(mark == 0.0, value, 0.0)
     out = (i_bh * N + rows[:, None]) * D + cols[None, :]
@@ -88,15 +94,14 @@ def finite_features_bwd(x, g, dx, lengths, N, H, sxb, sxh, sxn, sxd, sdb, sdh, s
     rows = i_n * BLOCK_N + tl.arange(0, BLOCK_N)
     cols = tl.arange(0, BLOCK_D)
     mask = (rows < N)[:, None] & (cols < D)[None, :]
-    b, h, n = i_bh // H, i_bh % H, rows[:, None].to(tl.int64)
-    real = _real(lengths, b, rows, HAS_LEN)[:, None]
-    source = x + b * sxb + h * sxh + n * sxn + cols[None, :] * sxd
-    value = tl.load(source, mask=mask & real, other=0.0).to(tl.float32)
+    real = _real(lengths, i_bh // H, rows, HAS_LEN)[:, None]
+    value = tl.load(x + _strided(i_bh, H, rows, cols, sxb, sxh, sxn, sxd), mask=mask & real,
+                    other=0.0).to(tl.float32)
     keep = _mark(value) == 0.0
     grad = tl.load(g + (i_bh * N + rows[:, None]) * D + cols[None, :], mask=mask, other=0.0).to(tl.float32)
     out = _feature_grad(grad, tl.where(keep, value, 0.0), PHI) * tl.where(keep, 1.0, 0.0)
     out = tl.where(real, out, 0.0)
-    tl.store(dx + b * sdb + h * sdh + n * sdn + cols[None, :] * sdd, out.to(dx.dtype.element_ty), mask=mask)
+    tl.store(dx + _strided(i_bh, H, rows, cols, sdb, sdh, sdn, sdd), out.to(dx.dtype.element_ty), mask=mask)
 
 
 @triton.jit
