@@ -54,6 +54,20 @@ def _strided(i_bh, H, rows, cols, sb, sh, sn, sd):
 
 
 @triton.jit
+def _read_tile(x, lengths, N, H, sxb, sxh, sxn, sxd, D: tl.constexpr, HAS_LEN: tl.constexpr,
+               BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+    """This program's tile of x (grid (cdiv(N, BLOCK_N), B·H)) in fp32, padding read as 0: its row
+    i_bh, positions, columns, in-bounds mask, which positions are real (a column) and the values."""
+    i_bh = tl.program_id(1).to(tl.int64)
+    rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    cols = tl.arange(0, BLOCK_D)
+    mask = (rows < N)[:, None] & (cols < D)[None, :]
+    real = _real(lengths, i_bh // H, rows, HAS_LEN)[:, None]
+    value = tl.load(x + _strided(i_bh, H, rows, cols, sxb, sxh, sxn, sxd), mask=mask & real, other=0.0)
+    return i_bh, rows, cols, mask, real, value.to(tl.float32)
+
+
+@triton.jit
 def finite_features_fwd(x, y, marks, lengths, N, H, sxb, sxh, sxn, sxd, D: tl.constexpr, PHI: tl.constexpr,
                         ROW_MARKS: tl.constexpr, HAS_LEN: tl.constexpr, ZERO_PAD: tl.constexpr,
                         BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
@@ -61,14 +75,8 @@ def finite_features_fwd(x, y, marks, lengths, N, H, sxb, sxh, sxn, sxd, D: tl.co
     (B, H, N) per row (ROW_MARKS: NaN where any entry of the row is not finite) or (B, H, N, D).
     HAS_LEN: positions from `lengths[b]` on are padding, read as 0 (attend.mask_keys): no marks,
     φ(0), or 0 with ZERO_PAD (for keys, masked again after φ)."""
-    i_n = tl.program_id(0)
-    i_bh = tl.program_id(1).to(tl.int64)
-    rows = i_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    cols = tl.arange(0, BLOCK_D)
-    mask = (rows < N)[:, None] & (cols < D)[None, :]
-    real = _real(lengths, i_bh // H, rows, HAS_LEN)[:, None]
-    value = tl.load(x + _strided(i_bh, H, rows, cols, sxb, sxh, sxn, sxd), mask=mask & real,
-                    other=0.0).to(tl.float32)
+    i_bh, rows, cols, mask, real, value = _read_tile(x, lengths, N, H, sxb, sxh, sxn, sxd, D, HAS_LEN,
+                                                     BLOCK_N, BLOCK_D)
     mark = _mark(value)
     finite = tl.where(mark == 0.0, value, 0.0)
     out = (i_bh * N + rows[:, None]) * D + cols[None, :]
@@ -89,14 +97,8 @@ def finite_features_bwd(x, g, dx, lengths, N, H, sxb, sxh, sxn, sxd, sdb, sdh, s
     """Grid as forward: dx (x's shape, strides sd*) = g·φ′(x's finite part)·[x finite], g (B, H, N, D)
     contiguous, and 0 at padding (a choice, as mask_keys' `where`); in fp32 (bf16, fp16 and fp32
     inputs: float64 stays on the PyTorch path)."""
-    i_n = tl.program_id(0)
-    i_bh = tl.program_id(1).to(tl.int64)
-    rows = i_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    cols = tl.arange(0, BLOCK_D)
-    mask = (rows < N)[:, None] & (cols < D)[None, :]
-    real = _real(lengths, i_bh // H, rows, HAS_LEN)[:, None]
-    value = tl.load(x + _strided(i_bh, H, rows, cols, sxb, sxh, sxn, sxd), mask=mask & real,
-                    other=0.0).to(tl.float32)
+    i_bh, rows, cols, mask, real, value = _read_tile(x, lengths, N, H, sxb, sxh, sxn, sxd, D, HAS_LEN,
+                                                     BLOCK_N, BLOCK_D)
     keep = _mark(value) == 0.0
     grad = tl.load(g + (i_bh * N + rows[:, None]) * D + cols[None, :], mask=mask, other=0.0).to(tl.float32)
     out = _feature_grad(grad, tl.where(keep, value, 0.0), PHI) * tl.where(keep, 1.0, 0.0)
