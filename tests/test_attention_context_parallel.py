@@ -4,13 +4,11 @@ outputs, the returned states, and the gradients of q, k, v (and of rank 0's init
 each rank back-propagates its own part of the loss. One spawn per world size runs every case;
 each rank writes its errors to a file and the assertions run here."""
 import json
-from datetime import timedelta
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
-from ports import free_port
+from gloo_ranks import spawn_gloo
 
 from plugins.attention import MomentumAttentionState, linear_attention, momentum_attention
 from plugins.attention.context_parallel import shard_sequence, slice_bounds
@@ -165,23 +163,17 @@ def _error_cases(rank, group):
     return messages
 
 
-def _worker(rank, world, port, out_dir, seed):
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
-                            timeout=timedelta(seconds=120))
-    torch.set_num_threads(1)
+def _worker(rank, world, out_dir, seed):
     group = dist.group.WORLD
-    try:
-        results = {name: _run_case(case, seed + i, rank, group)
-                   for i, (name, case) in enumerate(CASES[world].items())}
-        results["ignoring earlier ranks"] = _run_case(CASES[world][next(iter(CASES[world]))], seed, rank,
-                                                      group, ignore_earlier_ranks=True)
-        results["errors"] = _error_cases(rank, group)
-        piece, offset = shard_sequence(torch.arange(2 * 10).reshape(2, 10), group, dim=-1)
-        results["shard"] = {"offset": offset, "piece": piece.tolist()}
-        with open(f"{out_dir}/rank{rank}.json", "w") as f:
-            json.dump(results, f)
-    finally:
-        dist.destroy_process_group()
+    results = {name: _run_case(case, seed + i, rank, group)
+               for i, (name, case) in enumerate(CASES[world].items())}
+    results["ignoring earlier ranks"] = _run_case(CASES[world][next(iter(CASES[world]))], seed, rank,
+                                                  group, ignore_earlier_ranks=True)
+    results["errors"] = _error_cases(rank, group)
+    piece, offset = shard_sequence(torch.arange(2 * 10).reshape(2, 10), group, dim=-1)
+    results["shard"] = {"offset": offset, "piece": piece.tolist()}
+    with open(f"{out_dir}/rank{rank}.json", "w") as f:
+        json.dump(results, f)
 
 
 @pytest.fixture(scope="module", params=[2, 3], ids=["2 ranks", "3 ranks"])
@@ -189,7 +181,7 @@ def ranks(request, tmp_path_factory):
     """Spawns `world` gloo ranks once; returns (world, [results of each rank])."""
     world = request.param
     out_dir = tmp_path_factory.mktemp(f"cp{world}")
-    mp.spawn(_worker, args=(world, free_port(), str(out_dir), 1000 * world), nprocs=world)
+    spawn_gloo(_worker, world, str(out_dir), 1000 * world)
     return world, [json.loads((out_dir / f"rank{r}.json").read_text()) for r in range(world)]
 
 

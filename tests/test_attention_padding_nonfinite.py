@@ -2,13 +2,11 @@
 not, in one process and with context parallelism (process_group) over 1-3 gloo ranks, each rank
 holding a slice of the same padded sequence."""
 import json
-from datetime import timedelta
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
-from ports import free_port
+from gloo_ranks import spawn_gloo
 
 from plugins.attention import momentum_attention
 from plugins.attention.context_parallel import slice_bounds
@@ -50,22 +48,16 @@ def test_one_process(causal, name, value):
     assert finite_everywhere(causal, name, value)
 
 
-def _worker(rank, world, port, out_dir):
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
-                            timeout=timedelta(seconds=120))
-    torch.set_num_threads(1)
-    try:
-        results = {f"{c}-{n}-{v}": finite_everywhere(c, n, v, world, rank, dist.group.WORLD)
-                   for c, n, v in CASES}
-        with open(f"{out_dir}/rank{rank}.json", "w") as f:
-            json.dump(results, f)
-    finally:
-        dist.destroy_process_group()
+def _worker(rank, world, out_dir):
+    results = {f"{c}-{n}-{v}": finite_everywhere(c, n, v, world, rank, dist.group.WORLD)
+               for c, n, v in CASES}
+    with open(f"{out_dir}/rank{rank}.json", "w") as f:
+        json.dump(results, f)
 
 
 @pytest.mark.parametrize("world", [1, 2, 3])
 def test_context_parallel(world, tmp_path):
-    mp.spawn(_worker, args=(world, free_port(), str(tmp_path)), nprocs=world)
+    spawn_gloo(_worker, world, str(tmp_path))
     for rank in range(world):
         results = json.loads((tmp_path / f"rank{rank}.json").read_text())
         failed = [case for case, ok in results.items() if not ok]

@@ -8,14 +8,12 @@ The toy rule is constant Nesterov-style look-ahead momentum:
 i.e. decay β, carry γβ², direct γ(1 + β). It is not eq. 12, so a kernel that still computed eq. 12's
 coefficients itself would fail these tests."""
 import json
-from datetime import timedelta
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 import torch.nn.functional as F
-from ports import free_port
+from gloo_ranks import spawn_gloo
 
 from plugins.attention import MomentumAttentionState, momentum_attention, momentum_attention_step
 from plugins.attention.api import attend_summary, summarize_keys
@@ -233,20 +231,14 @@ def _cp_case(name, case, rank, group):
     return max(errors)
 
 
-def _cp_worker(rank, world, port, out_dir):
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
-                            timeout=timedelta(seconds=120))
-    torch.set_num_threads(1)
-    try:
-        results = {name: _cp_case(name, case, rank, dist.group.WORLD) for name, case in CP_CASES.items()}
-        with open(f"{out_dir}/rank{rank}.json", "w") as f:
-            json.dump(results, f)
-    finally:
-        dist.destroy_process_group()
+def _cp_worker(rank, world, out_dir):
+    results = {name: _cp_case(name, case, rank, dist.group.WORLD) for name, case in CP_CASES.items()}
+    with open(f"{out_dir}/rank{rank}.json", "w") as f:
+        json.dump(results, f)
 
 
 def test_context_parallel_over_two_ranks(tmp_path):
-    mp.spawn(_cp_worker, args=(2, free_port(), str(tmp_path)), nprocs=2)
+    spawn_gloo(_cp_worker, 2, str(tmp_path))
     for rank in range(2):
         for name, error in json.loads((tmp_path / f"rank{rank}.json").read_text()).items():
             assert error < 1e-9, (rank, name, error)

@@ -5,12 +5,11 @@ parameter gradients (summed over ranks, as data-parallel training sums them) to 
 One spawn per world size runs every case; each rank writes its errors to a file and the
 assertions run here."""
 import json
-from datetime import timedelta
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+from gloo_ranks import spawn_gloo
 from ports import free_port
 
 from hf_momentum import (
@@ -120,28 +119,22 @@ def _error_cases(group):
     return messages
 
 
-def _worker(rank, world, port, out_dir, seed):
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
-                            timeout=timedelta(seconds=120))
-    torch.set_num_threads(1)
+def _worker(rank, world, out_dir, seed):
     group = dist.group.WORLD
-    try:
-        results = {name: _run_case(case, seed + i, group)
-                   for i, (name, case) in enumerate(CASES[world].items())}
-        first = next(iter(CASES[world].values()))
-        results["without the process group"] = _run_case(first, seed, group, use_group=False)
-        results["errors"] = _error_cases(group)
-        with open(f"{out_dir}/rank{rank}.json", "w") as f:
-            json.dump(results, f)
-    finally:
-        dist.destroy_process_group()
+    results = {name: _run_case(case, seed + i, group)
+               for i, (name, case) in enumerate(CASES[world].items())}
+    first = next(iter(CASES[world].values()))
+    results["without the process group"] = _run_case(first, seed, group, use_group=False)
+    results["errors"] = _error_cases(group)
+    with open(f"{out_dir}/rank{rank}.json", "w") as f:
+        json.dump(results, f)
 
 
 @pytest.fixture(scope="module", params=[2, 3], ids=["2 ranks", "3 ranks"])
 def ranks(request, tmp_path_factory):
     world = request.param
     out_dir = tmp_path_factory.mktemp(f"hfcp{world}")
-    mp.spawn(_worker, args=(world, free_port(), str(out_dir), 100 * world), nprocs=world)
+    spawn_gloo(_worker, world, str(out_dir), 100 * world)
     return world, [json.loads((out_dir / f"rank{r}.json").read_text()) for r in range(world)]
 
 

@@ -6,14 +6,10 @@ import os
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from datetime import timedelta
-
 import pytest
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
+from gloo_ranks import spawn_gloo
 from helpers.hf_tiny_models import FAMILIES, causal_lm
-from ports import free_port
 
 WORLD = 2
 
@@ -35,27 +31,21 @@ def shard(model, mesh):
     return model
 
 
-def _worker(rank, port, family, out_dir):
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD,
-                            timeout=timedelta(seconds=120))
-    torch.set_num_threads(1)
-    try:
-        from torch.distributed.device_mesh import init_device_mesh
-        model = shard(causal_lm(family).train(), init_device_mesh("cpu", (WORLD,)))
-        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
-        ids, mask = rank_batch(rank)
-        loss = model(input_ids=ids, attention_mask=mask, labels=ids).loss
-        loss.backward()
-        optimizer.step()
-        params = {name: p.full_tensor().detach() for name, p in model.named_parameters()}
-        torch.save({"loss": loss.detach(), "params": params}, f"{out_dir}/rank{rank}.pt")
-    finally:
-        dist.destroy_process_group()
+def _worker(rank, world, family, out_dir):
+    from torch.distributed.device_mesh import init_device_mesh
+    model = shard(causal_lm(family).train(), init_device_mesh("cpu", (world,)))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    ids, mask = rank_batch(rank)
+    loss = model(input_ids=ids, attention_mask=mask, labels=ids).loss
+    loss.backward()
+    optimizer.step()
+    params = {name: p.full_tensor().detach() for name, p in model.named_parameters()}
+    torch.save({"loss": loss.detach(), "params": params}, f"{out_dir}/rank{rank}.pt")
 
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_fully_sharded_step_equals_one_process_with_averaged_gradients(family, tmp_path):
-    mp.spawn(_worker, args=(free_port(), family, str(tmp_path)), nprocs=WORLD)
+    spawn_gloo(_worker, WORLD, family, str(tmp_path))
     got = [torch.load(tmp_path / f"rank{r}.pt") for r in range(WORLD)]
 
     model = causal_lm(family).train()
