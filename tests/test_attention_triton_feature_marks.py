@@ -43,7 +43,16 @@ def features_and_gradients(phi, q, k, v, lengths, gen, use_kernels):
     for grad, index in ((grads[0], (0, 0, 3, 1)), (grads[2], (0, 0, 9, 2))):   # finite and non-finite
         grad[tuple(i % n for i, n in zip(index, grad.shape))] = math.nan
 
-    return (fq, fk, fv, marks.query, marks.key, marks.value), torch.autograd.grad((fq, fk, fv), leaves, grads)
+    results = (fq, fk, fv, marks.query, marks.key, marks.value)
+    return results, torch.autograd.grad((fq, fk, fv), leaves, grads), getattr(marks, "first", None)
+
+
+def earliest(key: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
+    """feature_marks.first_marked's contents from 0/NaN marks: per row, the first position whose
+    key is marked (column 0) and whose value entry is (column 1 + c), N where none is."""
+    N = key.shape[2]
+    position = torch.arange(N, device=key.device)[:, None]
+    return torch.cat([torch.where(m.isnan(), position, N).amin(2) for m in (key, value)], -1).int()
 
 
 @pytest.mark.parametrize("phi", MAPS, ids=["elu+1", "relu", "identity"])
@@ -56,9 +65,11 @@ def test_feature_marks_match_the_pytorch_marks(phi, shape, dtype, padded):
     q, k, v = raw_inputs(gen, *shape, dtype)
     B, N = shape[0], shape[2]
     lengths = torch.tensor([N - (7 * b + 3) % (N + 1) for b in range(B)]) if padded else None
-    expected, expected_grads = features_and_gradients(phi, q, k, v, lengths, torch.Generator().manual_seed(1),
-                                                      False)
-    got, got_grads = features_and_gradients(phi, q, k, v, lengths, torch.Generator().manual_seed(1), True)
+    expected, expected_grads, _ = features_and_gradients(phi, q, k, v, lengths,
+                                                         torch.Generator().manual_seed(1), False)
+    got, got_grads, first = features_and_gradients(phi, q, k, v, lengths, torch.Generator().manual_seed(1),
+                                                   True)
+    assert torch.equal(first, earliest(*expected[4:])), "first marked positions"
     # fp32 products round alike; in fp16 torch rounds elu before adding 1, the kernel once
     tol = dict(rtol=1e-6, atol=1e-7) if dtype == torch.float32 else dict(rtol=1e-3, atol=1e-3)
     for name, a, b in zip(("φ(q)", "φ(k)", "v", "query marks", "key marks", "value marks"), got, expected):
@@ -72,6 +83,23 @@ def test_feature_marks_match_the_pytorch_marks(phi, shape, dtype, padded):
     assert all(t.is_contiguous() for t in got[:3])
 
 
+@pytest.mark.parametrize("used", ["q", "k", "v", "q and v"])
+def test_only_the_inputs_whose_features_are_used_get_a_gradient(used):
+    """One autograd node serves q, k and v: an input whose feature the loss does not use gets no
+    gradient (None, as through the PyTorch ops), the others the PyTorch path's."""
+    q, k, v = raw_inputs(torch.Generator().manual_seed(11), 2, 2, 40, 16, 8, torch.float32)
+    got = {}
+    for use_kernels in (False, True):
+        leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+        features = _feature_map(elu_plus_one, *leaves, False, kernels if use_kernels else None)[:3]
+        sum(f.sum() for f, name in zip(features, "qkv") if name in used).backward()
+        got[use_kernels] = [t.grad for t in leaves]
+    for name, a, b in zip("qkv", got[True], got[False]):
+        assert (a is None) == (b is None) == (name not in used), name
+        if a is not None:
+            torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7, msg=name)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("phi", [elu_plus_one, F.relu], ids=["elu+1", "relu"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -80,9 +108,11 @@ def test_feature_marks_on_a_gpu_match_the_pytorch_marks(phi, dtype):
     NaN and inf in and out of the padding."""
     q, k, v = (t.cuda() for t in raw_inputs(torch.Generator().manual_seed(5), 2, 4, 1000, 64, 64, dtype))
     lengths = torch.tensor([1000, 777], device="cuda")
-    expected, expected_grads = features_and_gradients(phi, q, k, v, lengths, torch.Generator().manual_seed(1),
-                                                      False)
-    got, got_grads = features_and_gradients(phi, q, k, v, lengths, torch.Generator().manual_seed(1), True)
+    expected, expected_grads, _ = features_and_gradients(phi, q, k, v, lengths,
+                                                         torch.Generator().manual_seed(1), False)
+    got, got_grads, first = features_and_gradients(phi, q, k, v, lengths, torch.Generator().manual_seed(1),
+                                                   True)
+    assert torch.equal(first, earliest(*expected[4:]))
     tol = dict(rtol=1e-6, atol=1e-6) if dtype == torch.float32 else dict(rtol=1e-2, atol=1e-2)
     for a, b in zip(got + got_grads, expected + expected_grads):
         assert a.shape == b.shape and a.dtype == b.dtype and torch.equal(a.isnan(), b.isnan())
@@ -92,9 +122,9 @@ def test_feature_marks_on_a_gpu_match_the_pytorch_marks(phi, dtype):
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_marked_output_matches_the_pytorch_causal_marks(dtype, device):
-    """The causal marks in one kernel (a scan over blocks of 32 rows) against
-    NonFiniteMarks.causal: sparse NaN marks early in long rows, a value width that is not a power
-    of two, an output of another dtype than the marks."""
+    """The causal marks in one kernel, each tile from the first marked positions, against
+    NonFiniteMarks.causal: sparse NaN marks in rows of several tiles, a value width that is not a
+    power of two, an output of another dtype than the marks."""
     from plugins.attention.triton.feature_marks import marked_output
     gen = torch.Generator().manual_seed(7)
     B, H, N, Dv = 2, 3, 150, 20
@@ -106,7 +136,7 @@ def test_marked_output_matches_the_pytorch_causal_marks(dtype, device):
     out = torch.randn(B, H, N, Dv, generator=gen).to(dtype)
     query, key, value, out = (t.to(device) for t in (query, key, value, out))
     expected = NonFiniteMarks(query, key, value).causal(out)
-    got = marked_output(out, query, key, value)
+    got = marked_output(out, query, earliest(key, value))
     assert got.dtype == dtype and 0 < got.isnan().float().mean() < 1
     assert torch.equal(got.isnan(), expected.isnan())
     assert torch.equal(got[~got.isnan()], expected[~expected.isnan()])

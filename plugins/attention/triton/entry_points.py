@@ -3,13 +3,15 @@ eq. 13 chunked and eq. 12's decoding step): inputs promoted to one dtype and mad
 lengths clamped, empty inputs answered without a launch, the state wrapped, and the work done by
 the custom ops of `op` (which launch the kernels through `chunk` and `fused_recurrent`). Imports
 go one way: entry_points → op → chunk / fused_recurrent → chunk_kernels / utils."""
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 
 from ..feature_maps import elu_plus_one, identity
 from ..nonfinite import NonFiniteMarks
 from ..state import MomentumAttentionState
-from .feature_marks import FiniteFeatures, MarkedOutput
+from .feature_marks import FiniteFeatures, MarkedOutput, first_marked
 from .fused_recurrent import marked_step
 from .op import chunk_momentum_attention_op, momentum_attention_step_op
 from .utils import accumulator_dtype, kernel_inputs
@@ -113,13 +115,18 @@ def _last_momentum(fk, v, lengths, cu_seqlens, m0):
     return torch.where(empty[..., None], fallback, m)
 
 
+@dataclass
 class KernelMarks(NonFiniteMarks):
-    """NonFiniteMarks whose causal marks on unpacked rows one kernel adds (feature_marks.MarkedOutput)."""
+    """NonFiniteMarks whose causal marks on unpacked rows one kernel adds (feature_marks.MarkedOutput),
+    from each column's first marked key or value position, which the feature kernels record
+    (`first`, feature_marks.first_marked)."""
+
+    first: torch.Tensor | None = None
 
     def causal(self, out: torch.Tensor, segments: torch.Tensor | None = None) -> torch.Tensor:
         if segments is not None:
             return super().causal(out, segments)
-        return MarkedOutput.apply(out, self.query, self.key, self.value)
+        return MarkedOutput.apply(out, self.query, self.first)
 
 
 def finite_features(phi, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -134,10 +141,11 @@ def finite_features(phi, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     code = MARKED_FEATURE_MAPS.get(phi)
     if code is None or torch.float64 in (q.dtype, k.dtype, v.dtype):
         return None
+    first = first_marked(*v.shape, v.device)
     fq, query = FiniteFeatures.apply(q, code, True, lengths, False)
-    fk, key = FiniteFeatures.apply(k, code, True, lengths, True)
-    v, value = FiniteFeatures.apply(v, MARKED_FEATURE_MAPS[identity], False, lengths, True)
-    return fq, fk, v, KernelMarks(query, key, value)
+    fk, key = FiniteFeatures.apply(k, code, True, lengths, True, first[..., :1])
+    v, value = FiniteFeatures.apply(v, MARKED_FEATURE_MAPS[identity], False, lengths, True, first[..., 1:])
+    return fq, fk, v, KernelMarks(query, key, value, first)
 
 
 def fused_recurrent_step(fq: torch.Tensor, fk: torch.Tensor, v: torch.Tensor,

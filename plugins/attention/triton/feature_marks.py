@@ -68,13 +68,16 @@ def _read_tile(x, lengths, N, H, sxb, sxh, sxn, sxd, D: tl.constexpr, HAS_LEN: t
 
 
 @triton.jit
-def finite_features_fwd(x, y, marks, lengths, N, H, sxb, sxh, sxn, sxd, D: tl.constexpr, PHI: tl.constexpr,
-                        ROW_MARKS: tl.constexpr, HAS_LEN: tl.constexpr, ZERO_PAD: tl.constexpr,
-                        BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+def finite_features_fwd(x, y, marks, lengths, first, first_row, N, H, sxb, sxh, sxn, sxd, D: tl.constexpr,
+                        PHI: tl.constexpr, ROW_MARKS: tl.constexpr, HAS_LEN: tl.constexpr,
+                        ZERO_PAD: tl.constexpr, HAS_FIRST: tl.constexpr, BLOCK_N: tl.constexpr,
+                        BLOCK_D: tl.constexpr):
     """Grid (cdiv(N, BLOCK_N), B·H). y (B, H, N, D) contiguous: φ of x's finite part; marks
     (B, H, N) per row (ROW_MARKS: NaN where any entry of the row is not finite) or (B, H, N, D).
     HAS_LEN: positions from `lengths[b]` on are padding, read as 0 (attend.mask_keys): no marks,
-    φ(0), or 0 with ZERO_PAD (for keys, masked again after φ)."""
+    φ(0), or 0 with ZERO_PAD (for keys, masked again after φ). HAS_FIRST: `first` (row i_bh at
+    i_bh·first_row; one int32 per column, or one per row with ROW_MARKS) gets the first marked
+    position by atomic min (it holds N or less before), for mark_causal_kernel."""
     i_bh, rows, cols, mask, real, value = _read_tile(x, lengths, N, H, sxb, sxh, sxn, sxd, D, HAS_LEN,
                                                      BLOCK_N, BLOCK_D)
     mark = _mark(value)
@@ -85,9 +88,16 @@ def finite_features_fwd(x, y, marks, lengths, N, H, sxb, sxh, sxn, sxd, D: tl.co
         feature = tl.where(real, feature, 0.0)
     tl.store(y + out, feature.to(y.dtype.element_ty), mask=mask)
     if ROW_MARKS:
-        tl.store(marks + i_bh * N + rows, tl.sum(mark, axis=1).to(marks.dtype.element_ty), mask=rows < N)
+        row_mark = tl.sum(mark, axis=1)
+        tl.store(marks + i_bh * N + rows, row_mark.to(marks.dtype.element_ty), mask=rows < N)
+        if HAS_FIRST:
+            earliest = tl.min(tl.where(row_mark == 0.0, N, rows), axis=0)
+            tl.atomic_min(first + i_bh * first_row, earliest, mask=earliest < N)
     else:
         tl.store(marks + out, mark.to(marks.dtype.element_ty), mask=mask)
+        if HAS_FIRST:
+            earliest = tl.min(tl.where(mark == 0.0, N, rows[:, None]), axis=0)
+            tl.atomic_min(first + i_bh * first_row + cols, earliest, mask=(cols < D) & (earliest < N))
 
 
 @triton.jit
@@ -107,28 +117,25 @@ def finite_features_bwd(x, g, dx, lengths, N, H, sxb, sxh, sxn, sxd, sdb, sdh, s
 
 
 @triton.jit
-def mark_causal_kernel(out, query, key, value, res, N, DV: tl.constexpr, BLOCK_N: tl.constexpr,
+def mark_causal_kernel(out, query, first, res, N, DV: tl.constexpr, BLOCK_N: tl.constexpr,
                        BLOCK_V: tl.constexpr):
-    """Grid (cdiv(DV, BLOCK_V), B·H): res = out + query_i + Σ_{j ≤ i} (key_j + value_j), the causal
-    marks of nonfinite.NonFiniteMarks.causal on (B, H, N, ·) contiguous tensors. The marks are 0 or
-    NaN, so the running sum (a scan over the row's blocks) is exact: NaN in a column from the row's
-    first non-finite key or value in it on."""
-    i_v = tl.program_id(0)
+    """Grid (cdiv(N, BLOCK_N), B·H): res = out + query_i, and NaN at i from the row's first marked
+    key in it on (first (B·H, 1 + DV): the first position with a non-finite key in column 0, with a
+    non-finite value entry in column 1 + c; N where none): the causal marks of
+    nonfinite.NonFiniteMarks.causal, whose cumsum of 0/NaN marks is NaN exactly from there on, on
+    (B, H, N, ·) contiguous tensors. Each program reads its tile alone: no scan along the row."""
     i_bh = tl.program_id(1).to(tl.int64)
-    cols = i_v * BLOCK_V + tl.arange(0, BLOCK_V)
-    carry = tl.zeros([BLOCK_V], dtype=tl.float32)
-    for start in range(0, N, BLOCK_N):
-        rows = start + tl.arange(0, BLOCK_N)
-        inside = rows < N
-        mask = inside[:, None] & (cols < DV)[None, :]
-        at = (i_bh * N + rows[:, None]) * DV + cols[None, :]
-        per_key = tl.load(value + at, mask=mask, other=0.0).to(tl.float32)
-        per_key += tl.load(key + i_bh * N + rows, mask=inside, other=0.0).to(tl.float32)[:, None]
-        running = tl.cumsum(per_key, axis=0) + carry[None, :]
-        carry += tl.sum(per_key, axis=0)
-        marks = running + tl.load(query + i_bh * N + rows, mask=inside, other=0.0).to(tl.float32)[:, None]
-        total = tl.load(out + at, mask=mask, other=0.0).to(tl.float32) + marks
-        tl.store(res + at, total.to(res.dtype.element_ty), mask=mask)
+    rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    cols = tl.arange(0, BLOCK_V)
+    inside = rows < N
+    mask = inside[:, None] & (cols < DV)[None, :]
+    at = (i_bh * N + rows[:, None]) * DV + cols[None, :]
+    row_first = first + i_bh * (1 + DV)
+    since = tl.minimum(tl.load(row_first), tl.load(row_first + 1 + cols, mask=cols < DV, other=N))
+    marks = tl.load(query + i_bh * N + rows, mask=inside, other=0.0).to(tl.float32)[:, None]
+    marks += tl.where(rows[:, None] >= since[None, :], float("nan"), 0.0)
+    total = tl.load(out + at, mask=mask, other=0.0).to(tl.float32) + marks
+    tl.store(res + at, total.to(res.dtype.element_ty), mask=mask)
 
 
 def _blocks(D: int) -> tuple[int, int]:
@@ -137,10 +144,11 @@ def _blocks(D: int) -> tuple[int, int]:
 
 
 def forward(x: torch.Tensor, phi: int, row_marks: bool, lengths: torch.Tensor | None = None,
-            zero_pad: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+            zero_pad: bool = False, first: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(φ(finite part) contiguous, marks (B, H, N, 1) or (B, H, N, D)) of x (B, H, N, D), in x's
     dtype; `lengths` (B,) integers: positions from lengths[b] on read as 0 (φ(0), or 0 with
-    zero_pad)."""
+    zero_pad). `first`: an int32 (B, H, 1 or D) view of a contiguous buffer filled with N, which
+    gets each column's first marked position (`first_marked`)."""
     B, H, N, D = x.shape
     check_grid(B * H)
     source = x.to(kernel_dtype(x.dtype))
@@ -150,9 +158,10 @@ def forward(x: torch.Tensor, phi: int, row_marks: bool, lengths: torch.Tensor | 
     if y.numel():
         with device_of(x):
             direct(finite_features_fwd)[(cdiv(N, BLOCK_N), B * H)](
-                source, y, marks, source if lengths is None else lengths, N, H, *source.stride(), D=D,
-                PHI=phi, ROW_MARKS=row_marks, HAS_LEN=lengths is not None, ZERO_PAD=zero_pad,
-                BLOCK_N=BLOCK_N, BLOCK_D=BLOCK_D)
+                source, y, marks, source if lengths is None else lengths, marks if first is None else first,
+                0 if first is None else first.stride(1), N, H, *source.stride(), D=D, PHI=phi,
+                ROW_MARKS=row_marks, HAS_LEN=lengths is not None, ZERO_PAD=zero_pad,
+                HAS_FIRST=first is not None, BLOCK_N=BLOCK_N, BLOCK_D=BLOCK_D)
     return y.to(x.dtype), marks.to(x.dtype)
 
 
@@ -174,11 +183,11 @@ def backward(x: torch.Tensor, grad: torch.Tensor, phi: int,
 
 class FiniteFeatures(torch.autograd.Function):
     """φ(x's finite part) and x's marks (no gradient), differentiable in x; `lengths` and
-    `zero_pad` as in `forward`."""
+    `zero_pad` and `first` as in `forward`."""
 
     @staticmethod
-    def forward(ctx, x, phi: int, row_marks: bool, lengths, zero_pad: bool):
-        y, marks = forward(x, phi, row_marks, lengths, zero_pad)
+    def forward(ctx, x, phi: int, row_marks: bool, lengths, zero_pad: bool, first=None):
+        y, marks = forward(x, phi, row_marks, lengths, zero_pad, first)
         ctx.save_for_backward(x, lengths)
         ctx.phi = phi
         ctx.mark_non_differentiable(marks)
@@ -189,23 +198,29 @@ class FiniteFeatures(torch.autograd.Function):
     def backward(ctx, grad, _marks):
         x, lengths = ctx.saved_tensors
         if grad is None or not ctx.needs_input_grad[0]:
-            return None, None, None, None, None
-        return backward(x, grad, ctx.phi, lengths), None, None, None, None
+            return None, None, None, None, None, None
+        return backward(x, grad, ctx.phi, lengths), None, None, None, None, None
 
 
-def marked_output(out: torch.Tensor, query: torch.Tensor, key: torch.Tensor,
-                  value: torch.Tensor) -> torch.Tensor:
-    """out (B, H, N, Dv) with the causal marks of query, key (B, H, N, 1) and value (B, H, N, Dv),
-    a new tensor in out's dtype."""
+def first_marked(B: int, H: int, N: int, DV: int, device) -> torch.Tensor:
+    """The buffer that `forward` fills for `marked_output`: (B, H, 1 + DV) int32, all N (no mark
+    yet); the keys' calls take column 0, the values' columns 1 to DV."""
+    return torch.full((B, H, 1 + DV), N, dtype=torch.int32, device=device)
+
+
+def marked_output(out: torch.Tensor, query: torch.Tensor, first: torch.Tensor) -> torch.Tensor:
+    """out (B, H, N, Dv) with the causal marks of query (B, H, N, 1) and of the keys and values
+    whose first marked positions `first` (`first_marked`) holds, a new tensor in out's dtype."""
     B, H, N, DV = out.shape
     source = out.to(kernel_dtype(out.dtype)).contiguous()
-    marks = [t.to(kernel_dtype(t.dtype)).contiguous() for t in (query, key, value)]
+    query = query.to(kernel_dtype(query.dtype)).contiguous()
     res = torch.empty_like(source)
-    BLOCK_V = min(next_power_of_2(DV), 64)
+    BLOCK_V = next_power_of_2(DV)
     if res.numel():
         with device_of(out):
-            direct(mark_causal_kernel)[(cdiv(DV, BLOCK_V), B * H)](
-                source, *marks, res, N, DV=DV, BLOCK_N=max(1, TILE // BLOCK_V // 2), BLOCK_V=BLOCK_V)
+            BLOCK_N = max(1, min(TILE // BLOCK_V, 128))
+            direct(mark_causal_kernel)[(cdiv(N, BLOCK_N), B * H)](
+                source, query, first, res, N, DV=DV, BLOCK_N=BLOCK_N, BLOCK_V=BLOCK_V)
     return res.to(out.dtype)
 
 
@@ -213,9 +228,9 @@ class MarkedOutput(torch.autograd.Function):
     """`marked_output`, differentiable in out (the marks carry no gradient: out's passes through)."""
 
     @staticmethod
-    def forward(ctx, out, query, key, value):
-        return marked_output(out, query, key, value)
+    def forward(ctx, out, query, first):
+        return marked_output(out, query, first)
 
     @staticmethod
     def backward(ctx, grad):
-        return grad, None, None, None
+        return grad, None, None
