@@ -4,7 +4,12 @@ back, a copy from pageable host memory, a synchronising call). A model may wait 
 it reads the batch's description once, but no layer may: the count is the same at 2 and 4 layers.
 The CPU tests (test_host_reads.py) count reads and tensors built from host data, but a copy to a
 device cannot show on a CPU-only run; this one sees every kind. Both rows run the Triton kernels,
-as a CUDA model does by default."""
+as a CUDA model does by default. Waits are told apart by the Python line that caused them: a wait
+in a layer comes from the same line once per layer, so no line may wait more often at 4 layers
+than at 2. Only the debug mode's own report counts: on an H200 (2026-11-28) the note that the mode
+is a prototype ("does not yet detect all synchronizing operations"), given once per process,
+made the first count of a process one more."""
+import collections
 import importlib.util
 import warnings
 
@@ -21,8 +26,12 @@ ROWS = {"native momentum_transformer": lambda layers: native(layers, hidden=128)
         LLAMA: lambda layers: llama(layers, "momentum", hidden=128)}
 
 
-def waits(step) -> int:
-    """The synchronisations that torch's debug mode reports while `step` runs."""
+# what torch's sync debug mode says at each synchronising operation (c10/cuda/CUDAFunctions.cpp)
+SYNC_REPORT = "called a synchronizing CUDA operation"
+
+
+def waits(step) -> collections.Counter:
+    """The synchronisations that torch's debug mode reports while `step` runs, per Python line."""
     torch.cuda.synchronize()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -32,10 +41,16 @@ def waits(step) -> int:
         finally:
             torch.cuda.set_sync_debug_mode("default")
     torch.cuda.synchronize()
-    return sum("synchroniz" in str(warning.message) for warning in caught)
+    return collections.Counter(f"{warning.filename}:{warning.lineno}" for warning in caught
+                               if SYNC_REPORT in str(warning.message))
 
 
-def training_waits(row: str, form: str, layers: int) -> int:
+def more_at_four_layers(counts: list) -> dict:
+    """The lines that waited more often at 4 layers than at 2: {line: (at 2, at 4)}."""
+    return {line: (counts[0][line], n) for line, n in counts[1].items() if n > counts[0][line]}
+
+
+def training_waits(row: str, form: str, layers: int) -> collections.Counter:
     model = ROWS[row](layers).cuda().train()
     inputs = {name: value.cuda() for name, value in batch(form).items()}
 
@@ -48,7 +63,7 @@ def training_waits(row: str, form: str, layers: int) -> int:
     return waits(step)
 
 
-def decoding_waits(row: str, layers: int) -> int:
+def decoding_waits(row: str, layers: int) -> collections.Counter:
     model = ROWS[row](layers).cuda().eval()
     inputs = {name: value.cuda() for name, value in batch("padded").items()}
     with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
@@ -70,16 +85,24 @@ def decoding_waits(row: str, layers: int) -> int:
 @pytest.mark.parametrize("row", list(ROWS))
 def test_no_layer_waits_for_the_device_in_training(row, form):
     counts = [training_waits(row, form, layers) for layers in (2, 4)]
-    assert counts[0] == counts[1], f"{row}, {form}: {counts[0]} waits at 2 layers, {counts[1]} at 4"
+    assert not more_at_four_layers(counts), f"{row}, {form}: waits per line at 2 and 4 layers {counts}"
 
 
 @pytest.mark.parametrize("row", list(ROWS))
 def test_no_layer_waits_for_the_device_in_decoding(row):
     counts = [decoding_waits(row, layers) for layers in (2, 4)]
-    assert counts[0] == counts[1], f"{row}: {counts[0]} waits at 2 layers, {counts[1]} at 4"
+    assert not more_at_four_layers(counts), f"{row}: waits per line at 2 and 4 layers {counts}"
 
 
 def test_the_debug_mode_is_seen():
     """The count itself: a read back is reported."""
     x = torch.ones(3, device="cuda")
-    assert waits(lambda: x.sum().item()) >= 1
+    assert sum(waits(lambda: x.sum().item()).values()) >= 1
+
+
+def test_a_wait_per_layer_is_caught():
+    """The comparison itself, on counts a layer's wait would give: one line twice as often."""
+    edge, layer = "modeling.py:10", "attend.py:20"
+    assert more_at_four_layers([collections.Counter({edge: 1, layer: 2}),
+                                collections.Counter({edge: 1, layer: 4})]) == {layer: (2, 4)}
+    assert not more_at_four_layers([collections.Counter({edge: 2}), collections.Counter({edge: 1})])
