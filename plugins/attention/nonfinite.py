@@ -9,7 +9,7 @@ and each result gets its NaN back afterwards exactly where eq. 12 would carry a 
 value: output i from q_i and from k_j, v_j with j ≤ i (causal) or any real j (eq. 14); a v entry
 only reaches its own value column. The marks are tensors of 0 and NaN, so adding them is exact
 and needs no data-dependent branch: the trusted path (`attend`) always computes them (fused under
-torch.compile; on the Triton path in eager mode, with the feature map, by one kernel per tensor:
+torch.compile; on the Triton path in eager mode, with the feature map, by one kernel for q, k, v:
 attend._feature_map), so that no layer waits for the device to say whether there is anything to mark;
 only a caller that has checked its inputs finite (the public functions, in eager mode, with one
 sum per input) skips them."""

@@ -1,7 +1,7 @@
 """Triton kernels of momentum attention (Momentum Transformer, eq. 12/13), one module per form
 after flash-linear-attention: `chunk_kernels` and its launchers `chunk` (training / prefill,
 forward and backward), `fused_recurrent` (one decoding step and its launcher), `feature_marks` (a
-layer's feature map with its NaN marks, one kernel per tensor), `op` (the launchers
+layer's feature map with its NaN marks, one kernel for q, k and v), `op` (the launchers
 registered as torch.library custom ops, so torch.compile keeps one graph) and `entry_points` (the
 public functions over the ops). Imports go one way, in that order from `entry_points` down.
 
@@ -61,7 +61,7 @@ def marked_recurrent_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sta
 
 def finite_features(phi, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                     lengths: torch.Tensor | None = None) -> tuple | None:
-    """φ and the non-finite marks of raw q, k, v in one kernel per tensor; see
+    """φ and the non-finite marks of raw q, k, v in one kernel for the three; see
     `entry_points.finite_features`."""
     _check_device(q)
     from .entry_points import finite_features as impl

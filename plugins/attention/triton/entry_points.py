@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from ..feature_maps import elu_plus_one, identity
 from ..nonfinite import NonFiniteMarks
 from ..state import MomentumAttentionState
-from .feature_marks import FiniteFeatures, MarkedOutput, first_marked
+from .feature_marks import FiniteFeatures, MarkedOutput
 from .fused_recurrent import marked_step
 from .op import chunk_momentum_attention_op, momentum_attention_step_op
 from .utils import accumulator_dtype, kernel_inputs
@@ -132,7 +132,7 @@ class KernelMarks(NonFiniteMarks):
 def finite_features(phi, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                     lengths: torch.Tensor | None = None) -> tuple | None:
     """(φ(q), φ(k), v's finite part, the marks) as nonfinite.NonFiniteMarks.feature_map computes
-    them from raw q, k (B, H, N, Dk) and v (B, H, N, Dv), one kernel per tensor forward and
+    them from raw q, k (B, H, N, Dk) and v (B, H, N, Dv), one kernel for the three forward and one
     backward, for a built-in feature map (MARKED_FEATURE_MAPS) on bf16, fp16 or fp32 inputs; None
     otherwise. `lengths` (B,) integers on the inputs' device: the positions from lengths[b] on are
     padding, zeroed first as attend.mask_keys does (and φ(k) zeroed there again). The features come
@@ -141,10 +141,7 @@ def finite_features(phi, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     code = MARKED_FEATURE_MAPS.get(phi)
     if code is None or torch.float64 in (q.dtype, k.dtype, v.dtype):
         return None
-    first = first_marked(*v.shape, v.device)
-    fq, query = FiniteFeatures.apply(q, code, True, lengths, False)
-    fk, key = FiniteFeatures.apply(k, code, True, lengths, True, first[..., :1])
-    v, value = FiniteFeatures.apply(v, MARKED_FEATURE_MAPS[identity], False, lengths, True, first[..., 1:])
+    fq, fk, v, query, key, value, first = FiniteFeatures.apply(q, k, v, code, lengths)
     return fq, fk, v, KernelMarks(query, key, value, first)
 
 

@@ -1,5 +1,5 @@
-"""The finite parts, a built-in feature map and the NaN marks of nonfinite.NonFiniteMarks in one pass
-per tensor, forward and backward, for the Triton path in eager mode.
+"""The finite parts, a built-in feature map and the NaN marks of nonfinite.NonFiniteMarks for q, k
+and v in one launch forward and one backward, for the Triton path in eager mode.
 
 In PyTorch ops the marks cost q, k and v each a nan_to_num, a multiplication by 0 (and for q, k a
 sum) and φ forward, and backward φ's gradient and nan_to_num's (isfinite: four more passes), a
@@ -10,9 +10,11 @@ tensor is read once and written once forward (read in any layout, written contig
 attention kernels take it) and read twice and written once backward. The results are nonfinite's
 after attend.mask_keys: φ(x·[x finite]) with x's non-finite entries and padding as 0, the marks 0
 where finite and NaN where not (per row of q and k, per entry of v), and the gradient
-g·φ′·[x finite] (a product, as nan_to_num's backward: an upstream NaN stays), 0 at padding.
-`marked_output` then adds the causal marks to the attention's output of unpacked rows in one
-kernel, where NonFiniteMarks.causal takes three adds and a cumsum."""
+g·φ′·[x finite] (a product, as nan_to_num's backward: an upstream NaN stays), 0 at padding. One
+launch serves all three tensors (the grid's third axis picks one): a layer's host time is mostly
+per launch and per autograd node (docs/benchmarks.md, 2026-11-28: an eager layer's host work sets
+its wall on an H200). `marked_output` then adds the causal marks to the attention's output of
+unpacked rows in one kernel, where NonFiniteMarks.causal takes three adds and a cumsum."""
 
 import torch
 import triton
@@ -24,6 +26,8 @@ from .utils import check_grid, device_of, kernel_dtype
 
 # Elements per program: one (BLOCK_N, BLOCK_D) tile.
 TILE = 4096
+# φ's code for v, whose finite part passes as it is (entry_points.MARKED_FEATURE_MAPS)
+IDENTITY = tl.constexpr(3)
 
 
 @triton.jit
@@ -56,7 +60,7 @@ def _strided(i_bh, H, rows, cols, sb, sh, sn, sd):
 @triton.jit
 def _read_tile(x, lengths, N, H, sxb, sxh, sxn, sxd, D: tl.constexpr, HAS_LEN: tl.constexpr,
                BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
-    """This program's tile of x (grid (cdiv(N, BLOCK_N), B·H)) in fp32, padding read as 0: its row
+    """This program's tile of x (grid (cdiv(N, BLOCK_N), B·H, ·)) in fp32, padding read as 0: its row
     i_bh, positions, columns, in-bounds mask, which positions are real (a column) and the values."""
     i_bh = tl.program_id(1).to(tl.int64)
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -68,11 +72,10 @@ def _read_tile(x, lengths, N, H, sxb, sxh, sxn, sxd, D: tl.constexpr, HAS_LEN: t
 
 
 @triton.jit
-def finite_features_fwd(x, y, marks, lengths, first, first_row, N, H, sxb, sxh, sxn, sxd, D: tl.constexpr,
-                        PHI: tl.constexpr, ROW_MARKS: tl.constexpr, HAS_LEN: tl.constexpr,
-                        ZERO_PAD: tl.constexpr, HAS_FIRST: tl.constexpr, BLOCK_N: tl.constexpr,
-                        BLOCK_D: tl.constexpr):
-    """Grid (cdiv(N, BLOCK_N), B·H). y (B, H, N, D) contiguous: φ of x's finite part; marks
+def _features(x, y, marks, lengths, first, first_row, N, H, sxb, sxh, sxn, sxd, D: tl.constexpr,
+              PHI: tl.constexpr, ROW_MARKS: tl.constexpr, HAS_LEN: tl.constexpr, ZERO_PAD: tl.constexpr,
+              HAS_FIRST: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+    """One tile of one tensor x. y (B, H, N, D) contiguous: φ of x's finite part; marks
     (B, H, N) per row (ROW_MARKS: NaN where any entry of the row is not finite) or (B, H, N, D).
     HAS_LEN: positions from `lengths[b]` on are padding, read as 0 (attend.mask_keys): no marks,
     φ(0), or 0 with ZERO_PAD (for keys, masked again after φ). HAS_FIRST: `first` (row i_bh at
@@ -101,10 +104,9 @@ def finite_features_fwd(x, y, marks, lengths, first, first_row, N, H, sxb, sxh, 
 
 
 @triton.jit
-def finite_features_bwd(x, g, dx, lengths, N, H, sxb, sxh, sxn, sxd, sdb, sdh, sdn, sdd, D: tl.constexpr,
-                        PHI: tl.constexpr, HAS_LEN: tl.constexpr, BLOCK_N: tl.constexpr,
-                        BLOCK_D: tl.constexpr):
-    """Grid as forward: dx (x's shape, strides sd*) = g·φ′(x's finite part)·[x finite], g (B, H, N, D)
+def _feature_grads(x, g, dx, lengths, N, H, sxb, sxh, sxn, sxd, sdb, sdh, sdn, sdd, D: tl.constexpr,
+                   PHI: tl.constexpr, HAS_LEN: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+    """One tile of one tensor: dx (x's shape, strides sd*) = g·φ′(x's finite part)·[x finite], g (B, H, N, D)
     contiguous, and 0 at padding (a choice, as mask_keys' `where`); in fp32 (bf16, fp16 and fp32
     inputs: float64 stays on the PyTorch path)."""
     i_bh, rows, cols, mask, real, value = _read_tile(x, lengths, N, H, sxb, sxh, sxn, sxd, D, HAS_LEN,
@@ -114,6 +116,46 @@ def finite_features_bwd(x, g, dx, lengths, N, H, sxb, sxh, sxn, sxd, sdb, sdh, s
     out = _feature_grad(grad, tl.where(keep, value, 0.0), PHI) * tl.where(keep, 1.0, 0.0)
     out = tl.where(real, out, 0.0)
     tl.store(dx + _strided(i_bh, H, rows, cols, sdb, sdh, sdn, sdd), out.to(dx.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def finite_features_fwd(q, k, v, fq, fk, fv, mq, mk, mv, lengths, first, N, H,
+                        sqb, sqh, sqn, sqd, skb, skh, skn, skd, svb, svh, svn, svd, DK: tl.constexpr,
+                        DV: tl.constexpr, PHI: tl.constexpr, HAS_LEN: tl.constexpr, BLOCK_N: tl.constexpr,
+                        BLOCK_D: tl.constexpr):
+    """Grid (cdiv(N, BLOCK_N), B·H, 3), the third axis q, k, v (strides s*): φ(q) and its row marks;
+    φ(k), 0 at padding, its row marks, and its first marked position into column 0 of `first`
+    ((B·H, 1 + DV) int32); v's finite part, 0 at padding, its marks per entry, and each column's
+    first marked position into columns 1 to DV."""
+    which = tl.program_id(2)
+    if which == 0:
+        _features(q, fq, mq, lengths, first, 0, N, H, sqb, sqh, sqn, sqd, DK, PHI, True, HAS_LEN, False,
+                  False, BLOCK_N, BLOCK_D)
+    elif which == 1:
+        _features(k, fk, mk, lengths, first, 1 + DV, N, H, skb, skh, skn, skd, DK, PHI, True, HAS_LEN, True,
+                  True, BLOCK_N, BLOCK_D)
+    else:
+        _features(v, fv, mv, lengths, first + 1, 1 + DV, N, H, svb, svh, svn, svd, DV, IDENTITY, False,
+                  HAS_LEN, True, True, BLOCK_N, BLOCK_D)
+
+
+@triton.jit
+def finite_features_bwd(q, k, v, gq, gk, gv, dq, dk, dv, lengths, N, H, sqb, sqh, sqn, sqd, skb, skh, skn,
+                        skd, svb, svh, svn, svd, s1b, s1h, s1n, s1d, s2b, s2h, s2n, s2d, s3b, s3h, s3n, s3d,
+                        DK: tl.constexpr, DV: tl.constexpr, PHI: tl.constexpr, HAS_LEN: tl.constexpr,
+                        BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+    """Grid as forward: the gradients of q, k, v (strides s1*, s2*, s3*) from those of φ(q), φ(k)
+    and v's finite part (gq, gk, gv, contiguous)."""
+    which = tl.program_id(2)
+    if which == 0:
+        _feature_grads(q, gq, dq, lengths, N, H, sqb, sqh, sqn, sqd, s1b, s1h, s1n, s1d, DK, PHI, HAS_LEN,
+                       BLOCK_N, BLOCK_D)
+    elif which == 1:
+        _feature_grads(k, gk, dk, lengths, N, H, skb, skh, skn, skd, s2b, s2h, s2n, s2d, DK, PHI, HAS_LEN,
+                       BLOCK_N, BLOCK_D)
+    else:
+        _feature_grads(v, gv, dv, lengths, N, H, svb, svh, svn, svd, s3b, s3h, s3n, s3d, DV, IDENTITY,
+                       HAS_LEN, BLOCK_N, BLOCK_D)
 
 
 @triton.jit
@@ -143,63 +185,75 @@ def _blocks(D: int) -> tuple[int, int]:
     return max(1, min(TILE // BLOCK_D, 128)), BLOCK_D
 
 
-def forward(x: torch.Tensor, phi: int, row_marks: bool, lengths: torch.Tensor | None = None,
-            zero_pad: bool = False, first: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """(φ(finite part) contiguous, marks (B, H, N, 1) or (B, H, N, D)) of x (B, H, N, D), in x's
-    dtype; `lengths` (B,) integers: positions from lengths[b] on read as 0 (φ(0), or 0 with
-    zero_pad). `first`: an int32 (B, H, 1 or D) view of a contiguous buffer filled with N, which
-    gets each column's first marked position (`first_marked`)."""
-    B, H, N, D = x.shape
+def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, phi: int,
+            lengths: torch.Tensor | None = None) -> tuple:
+    """(φ(q), φ(k), v's finite part, contiguous and in their inputs' dtypes; the marks of q and k
+    (B, H, N, 1) and of v (B, H, N, Dv); `first_marked`'s buffer, filled) of q, k (B, H, N, Dk)
+    and v (B, H, N, Dv) in any layout. `lengths` (B,) integers: positions from lengths[b] on are
+    padding, read as 0 (φ(0) for q; φ(k) and v 0 there)."""
+    B, H, N, DK = q.shape
+    DV = v.shape[3]
     check_grid(B * H)
-    source = x.to(kernel_dtype(x.dtype))
-    y = torch.empty(B, H, N, D, dtype=source.dtype, device=x.device)
-    marks = torch.empty(B, H, N, 1 if row_marks else D, dtype=source.dtype, device=x.device)
-    BLOCK_N, BLOCK_D = _blocks(D)
-    if y.numel():
-        with device_of(x):
-            direct(finite_features_fwd)[(cdiv(N, BLOCK_N), B * H)](
-                source, y, marks, source if lengths is None else lengths, marks if first is None else first,
-                0 if first is None else first.stride(1), N, H, *source.stride(), D=D, PHI=phi,
-                ROW_MARKS=row_marks, HAS_LEN=lengths is not None, ZERO_PAD=zero_pad,
-                HAS_FIRST=first is not None, BLOCK_N=BLOCK_N, BLOCK_D=BLOCK_D)
-    return y.to(x.dtype), marks.to(x.dtype)
+    sources = [t.to(kernel_dtype(t.dtype)) for t in (q, k, v)]
+    features = [torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in sources]
+    marks = [torch.empty(B, H, N, width, dtype=t.dtype, device=t.device)
+             for t, width in zip(sources, (1, 1, DV))]
+    first = first_marked(B, H, N, DV, q.device)
+    BLOCK_N, BLOCK_D = _blocks(max(DK, DV))
+    if B * H * N:
+        with device_of(q):
+            direct(finite_features_fwd)[(cdiv(N, BLOCK_N), B * H, 3)](
+                *sources, *features, *marks, sources[0] if lengths is None else lengths, first, N, H,
+                *sources[0].stride(), *sources[1].stride(), *sources[2].stride(), DK=DK, DV=DV, PHI=phi,
+                HAS_LEN=lengths is not None, BLOCK_N=BLOCK_N, BLOCK_D=BLOCK_D)
+    inputs = (q, k, v)
+    return (*(y.to(x.dtype) for y, x in zip(features, inputs)),
+            *(m.to(x.dtype) for m, x in zip(marks, inputs)), first)
 
 
-def backward(x: torch.Tensor, grad: torch.Tensor, phi: int,
-             lengths: torch.Tensor | None = None) -> torch.Tensor:
-    """The gradient of forward's first result with respect to x, in x's layout."""
-    B, H, N, D = x.shape
-    source = x.to(kernel_dtype(x.dtype))
-    grad = grad.to(source.dtype).contiguous()
-    dx = torch.empty_like(source)
-    BLOCK_N, BLOCK_D = _blocks(D)
-    if dx.numel():
-        with device_of(x):
-            direct(finite_features_bwd)[(cdiv(N, BLOCK_N), B * H)](
-                source, grad, dx, source if lengths is None else lengths, N, H, *source.stride(),
-                *dx.stride(), D=D, PHI=phi, HAS_LEN=lengths is not None, BLOCK_N=BLOCK_N, BLOCK_D=BLOCK_D)
-    return dx.to(x.dtype)
+def backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grads: list, phi: int,
+             lengths: torch.Tensor | None = None) -> list:
+    """The gradients of q, k and v, each in its own layout, from those of forward's φ(q), φ(k) and
+    v's finite part (`grads`)."""
+    B, H, N, DK = q.shape
+    DV = v.shape[3]
+    sources = [t.to(kernel_dtype(t.dtype)) for t in (q, k, v)]
+    grads = [g.to(s.dtype).contiguous() for g, s in zip(grads, sources)]
+    out = [torch.empty_like(s) for s in sources]
+    BLOCK_N, BLOCK_D = _blocks(max(DK, DV))
+    if B * H * N:
+        with device_of(q):
+            direct(finite_features_bwd)[(cdiv(N, BLOCK_N), B * H, 3)](
+                *sources, *grads, *out, sources[0] if lengths is None else lengths, N, H,
+                *sources[0].stride(), *sources[1].stride(), *sources[2].stride(), *out[0].stride(),
+                *out[1].stride(), *out[2].stride(), DK=DK, DV=DV, PHI=phi, HAS_LEN=lengths is not None,
+                BLOCK_N=BLOCK_N, BLOCK_D=BLOCK_D)
+    return [d.to(x.dtype) for d, x in zip(out, (q, k, v))]
 
 
 class FiniteFeatures(torch.autograd.Function):
-    """φ(x's finite part) and x's marks (no gradient), differentiable in x; `lengths` and
-    `zero_pad` and `first` as in `forward`."""
+    """`forward`'s seven results, the features differentiable in q, k and v (one autograd node and
+    one launch each way for the three)."""
 
     @staticmethod
-    def forward(ctx, x, phi: int, row_marks: bool, lengths, zero_pad: bool, first=None):
-        y, marks = forward(x, phi, row_marks, lengths, zero_pad, first)
-        ctx.save_for_backward(x, lengths)
+    def forward(ctx, q, k, v, phi: int, lengths):
+        results = forward(q, k, v, phi, lengths)
+        ctx.save_for_backward(q, k, v, lengths)
         ctx.phi = phi
-        ctx.mark_non_differentiable(marks)
-        ctx.set_materialize_grads(False)           # no zeros filled for the marks, nor for an unused y
-        return y, marks
+        ctx.mark_non_differentiable(*results[3:])
+        ctx.set_materialize_grads(False)           # no zeros filled for the marks
+        return results
 
     @staticmethod
-    def backward(ctx, grad, _marks):
-        x, lengths = ctx.saved_tensors
-        if grad is None or not ctx.needs_input_grad[0]:
-            return None, None, None, None, None, None
-        return backward(x, grad, ctx.phi, lengths), None, None, None, None, None
+    def backward(ctx, gq, gk, gv, *_marks):
+        q, k, v, lengths = ctx.saved_tensors
+        given = (gq, gk, gv)
+        need = [wanted and g is not None for wanted, g in zip(ctx.needs_input_grad[:3], given)]
+        if not any(need):
+            return None, None, None, None, None
+        grads = [torch.zeros_like(x) if g is None else g for g, x in zip(given, (q, k, v))]
+        dq, dk, dv = backward(q, k, v, grads, ctx.phi, lengths)
+        return dq if need[0] else None, dk if need[1] else None, dv if need[2] else None, None, None
 
 
 def first_marked(B: int, H: int, N: int, DV: int, device) -> torch.Tensor:
