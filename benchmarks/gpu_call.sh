@@ -4,10 +4,12 @@
 # where a training step goes for both models; the RNN, with the Adam/RMSProp LSTM's one-launch
 # recurrence beside the default), then each kernel's device time beside the host's issue time and the
 # back-to-back step, and where the host's time goes (benchmarks/gpu_kernels.py, default and one-pass),
-# and a decoder layer's call with its NaN marks in Triton against the same in PyTorch ops.
-# About 9.5 minutes from a bare machine (gpu-check's plan is 475 s). Before the call, here: the wheels
-# in .whl (docs/developing.md, "Benchmarks and the GPU suite"); the call: `bash benchmarks/gpu_call.sh`
-# with carry [".whl"] and timeout_s 600.
+# a decoder layer's call with its NaN marks in Triton against the same in PyTorch ops, and an HF
+# training step of both models at T = 8192 eager and compiled with CUDA graphs (the eager momentum
+# step is host-bound on the H200: docs/benchmarks.md, 2026-11-28).
+# About 9.5 minutes from a bare machine (gpu-check's 353 s on 2026-11-28, then about 170 s). Before
+# the call, here: the wheels in .whl (docs/developing.md, "Benchmarks and the GPU suite"); the call:
+# `bash benchmarks/gpu_call.sh` with carry [".whl"] and timeout_s 600.
 export PYTHONUNBUFFERED=1
 R=$PWD
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu,utilization.gpu --format=csv
@@ -20,8 +22,12 @@ PYTHONPATH=$R timeout 60 python3 benchmarks/gpu_kernels.py --modes default 1-pas
   --json $OUT/kernels.json > $OUT/kernels.log 2>&1
 grep -E "^B-H-D-T|Error" $OUT/kernels.log
 echo "== a decoder layer's call: NaN marks in Triton, then in PyTorch ops"
-PYTHONPATH=$R timeout 30 python3 benchmarks/gpu_kernels.py --modes layer layer-torch-marks --shapes 0 2 \
+PYTHONPATH=$R timeout 45 python3 benchmarks/gpu_kernels.py --modes layer layer-torch-marks --shapes 0 2 \
   --json $OUT/layer.json > $OUT/layer.log 2>&1
 grep -E "^B-H-D-T|Error" $OUT/layer.log
+echo "== an HF training step at T = 8192, eager and compiled with CUDA graphs"
+PYTHONPATH=/tmp/gpu-check-site:$R timeout 90 python3 benchmarks/train_host_profile.py --length 8192 --skip-profile \
+  --compile reduce-overhead > $OUT/train.log 2>&1
+grep -E "^==|Error" $OUT/train.log
 tar czf $OUT/outs.tgz outputs/gpu-check 2>/dev/null
 echo done
