@@ -38,8 +38,11 @@ def warn_no_attention_weights(model, output_attentions, what: str) -> None:
 def resolve_cache(model, past_key_values, use_cache, cache_class, *, can_cache: bool = True):
     """The cache `forward` runs with. A given `past_key_values` is always used (whatever
     `use_cache` says: dropping it would give the logits of a different prefix); `use_cache`
-    only decides whether a fresh cache is started. `use_cache=None` means the config's, for
-    models that can cache. Training with gradient checkpointing cannot carry a cache."""
+    only decides whether a fresh cache is started. `use_cache=None` means the config's in eval
+    mode and none in training, as transformers' own recurrent-state models (Mamba) decide: a
+    training step has no use for the final states, and computing them (eq. 12's state with its NaN
+    marks, per layer) costs a host-bound GPU step its time (docs/benchmarks.md, 2026-11-28).
+    Training with gradient checkpointing cannot carry a cache."""
     if past_key_values is not None and not isinstance(past_key_values, cache_class):
         raise ValueError(f"past_key_values must be a {cache_class.__name__}, "
                          f"got {type(past_key_values).__name__}")
@@ -51,7 +54,7 @@ def resolve_cache(model, past_key_values, use_cache, cache_class, *, can_cache: 
                              "(Momentum Transformer, eq. 14) has no recurrent form")
         return None
     if use_cache is None:
-        use_cache = bool(model.config.use_cache)
+        use_cache = bool(model.config.use_cache) and not model.training
     if getattr(model, "gradient_checkpointing", False) and model.training:
         if past_key_values is not None:
             raise ValueError("past_key_values cannot be carried through gradient checkpointing in training "

@@ -90,6 +90,21 @@ def test_generate_refuses_use_cache_false_with_a_cache(family):
 
 
 @pytest.mark.parametrize("family", FAMILIES)
+def test_training_starts_no_cache_unless_asked(family):
+    """use_cache=None: the config's (True) in eval mode, none in training (as transformers' Mamba);
+    use_cache=True in training still returns one, with the same logits."""
+    model = causal_lm(family)
+    ids = torch.arange(3, 9)[None]
+    assert model.config.use_cache
+    assert model.eval()(input_ids=ids).past_key_values is not None
+    model.train()
+    plain = model(input_ids=ids)
+    cached = model(input_ids=ids, use_cache=True)
+    assert plain.past_key_values is None and cached.past_key_values is not None
+    torch.testing.assert_close(plain.logits, cached.logits)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
 def test_wrong_cache_type_and_checkpointed_training_with_a_cache_are_refused(family):
     model = causal_lm(family)
     ids = torch.arange(3, 9)[None]
