@@ -103,6 +103,27 @@ def model_decode_step(layers=4, hidden=64, heads=8, vocab=100, prompt=64):
     return step
 
 
+def model_train_step(layers=4, hidden=128, heads=2, vocab=100, batch=2, length=64):
+    """A closure running one training forward+backward of MomentumTransformerForCausalLM (labels,
+    bf16 autocast, no optimizer) as a Trainer's step calls it, at tiny widths: the host's work per
+    step, the layers' attention through the Triton launcher (no-op launches)."""
+    import torch
+
+    from hf_momentum import MomentumTransformerConfig, MomentumTransformerForCausalLM
+    torch.manual_seed(0)
+    config = MomentumTransformerConfig(vocab_size=vocab, hidden_size=hidden, num_hidden_layers=layers,
+                                       num_attention_heads=heads, intermediate_size=2 * hidden,
+                                       max_position_embeddings=4 * length, hidden_dropout=0.0)
+    model = MomentumTransformerForCausalLM(config).train()
+    ids = torch.randint(0, vocab, (batch, length))
+
+    def step():
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+    return step
+
+
 def lstm_fwd_bwd(backend):
     """A closure running one forward+backward of a 3-layer Adam MomentumLSTM at PTB's steps and
     batch (T 70, B 20) on the Triton recurrence `backend` ("triton": a GEMM and a kernel per step;
@@ -162,6 +183,8 @@ def main():
     parser.add_argument("--decode", action="store_true", help="time one decoding step (B1-H8-D64) instead")
     parser.add_argument("--model-decode", action="store_true",
                         help="time an eager decoding step of a 4-layer HF momentum model instead")
+    parser.add_argument("--model-train", action="store_true",
+                        help="time a training forward+backward of a 4-layer HF momentum model instead")
     parser.add_argument("--lstm", action="store_true",
                         help="time a 3-layer Adam LSTM forward+backward (T 70, B 20) on both Triton "
                              "recurrences")
@@ -170,7 +193,19 @@ def main():
     import torch
     torch.set_num_threads(1)
     from triton_launch_check import allow_cpu_tensors
-    allow_cpu_tensors(auto=args.model_decode)
+    allow_cpu_tensors(auto=args.model_decode or args.model_train)
+    if args.model_train:
+        step = model_train_step()
+        for _ in range(5):
+            step()
+        per_call = launches_of(step)
+        us = host_us(step, rounds=args.rounds, calls=10)
+        ops, computing = aten_ops(step)
+        print(f"host ms per training forward+backward of MomentumTransformerForCausalLM (4 layers, hidden "
+              f"128, 2 heads, B2-T64, labels, bf16 autocast; median of {args.rounds} rounds of 10): "
+              f"{us / 1e3:.2f}; {per_call} Triton launches and {ops} aten ops per step, {computing} of "
+              "them computing")
+        return
     if args.model_decode:
         step = model_decode_step()
         per_call = launches_of(step)
