@@ -173,6 +173,15 @@ def launches_of(step) -> int:
     return triton_standin._NoLaunch.launches - before
 
 
+def model_step_report(step, rounds: int, calls: int, warm: int) -> tuple:
+    """(Triton launches, host µs, aten ops, computing aten ops) of one model step after `warm` steps
+    (compilation and autotuning)."""
+    for _ in range(warm):
+        step()
+    per_call = launches_of(step)
+    return (per_call, host_us(step, rounds=rounds, calls=calls), *aten_ops(step))
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -195,24 +204,14 @@ def main():
     from triton_launch_check import allow_cpu_tensors
     allow_cpu_tensors(auto=args.model_decode or args.model_train)
     if args.model_train:
-        step = model_train_step()
-        for _ in range(5):
-            step()
-        per_call = launches_of(step)
-        us = host_us(step, rounds=args.rounds, calls=10)
-        ops, computing = aten_ops(step)
+        per_call, us, ops, computing = model_step_report(model_train_step(), args.rounds, 10, warm=5)
         print(f"host ms per training forward+backward of MomentumTransformerForCausalLM (4 layers, hidden "
               f"128, 2 heads, B2-T64, labels, bf16 autocast; median of {args.rounds} rounds of 10): "
               f"{us / 1e3:.2f}; {per_call} Triton launches and {ops} aten ops per step, {computing} of "
               "them computing")
         return
     if args.model_decode:
-        step = model_decode_step()
-        per_call = launches_of(step)
-        for _ in range(20):
-            step()
-        us = host_us(step, rounds=args.rounds, calls=20)
-        ops, computing = aten_ops(step)
+        per_call, us, ops, computing = model_step_report(model_decode_step(), args.rounds, 20, warm=20)
         print(f"host µs per eager decoding step of MomentumTransformerForCausalLM (4 layers, hidden 64, "
               f"8 heads, batch 1, MomentumCache, bf16 autocast; median of {args.rounds} rounds of 20): "
               f"{us:.0f}; {per_call} Triton launches and {ops} aten ops per step, {computing} of them "
