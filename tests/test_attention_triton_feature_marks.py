@@ -119,24 +119,43 @@ def test_feature_marks_on_a_gpu_match_the_pytorch_marks(phi, dtype):
         torch.testing.assert_close(a, b, equal_nan=True, **tol)
 
 
+def earliest_per_sequence(key: torch.Tensor, value: torch.Tensor, segments: torch.Tensor,
+                          count: int) -> torch.Tensor:
+    """feature_marks.first_marked's contents for one packed row (B = 1): per sequence of
+    `segments`, the first marked key position (column 0) and value entry (column 1 + c)."""
+    N, H, Dv = key.shape[2], key.shape[1], value.shape[3]
+    first = torch.full((count, H, 1 + Dv), N, dtype=torch.int32)
+    for s in range(count):
+        inside = (segments == s).nonzero()[:, 0]
+        if len(inside):
+            within = earliest(key[:, :, inside], value[:, :, inside])[0]
+            first[s] = torch.where(within < len(inside), within + inside[0], N)
+    return first
+
+
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_marked_output_matches_the_pytorch_causal_marks(dtype, device):
+@pytest.mark.parametrize("packed", [False, True])
+def test_marked_output_matches_the_pytorch_causal_marks(dtype, device, packed):
     """The causal marks in one kernel, each tile from the first marked positions, against
     NonFiniteMarks.causal: sparse NaN marks in rows of several tiles, a value width that is not a
-    power of two, an output of another dtype than the marks."""
+    power of two, an output of another dtype than the marks; packed: one row of four sequences,
+    whose marks stay in their own sequence."""
     from plugins.attention.triton.feature_marks import marked_output
     gen = torch.Generator().manual_seed(7)
-    B, H, N, Dv = 2, 3, 150, 20
+    B, H, N, Dv = (1 if packed else 2), 3, 150, 20
 
     def marks(*shape, rate):
         return torch.where(torch.rand(*shape, generator=gen) < rate, math.nan, 0.0)
     query, key = marks(B, H, N, 1, rate=0.02), marks(B, H, N, 1, rate=0.005)
     value = marks(B, H, N, Dv, rate=0.003)
     out = torch.randn(B, H, N, Dv, generator=gen).to(dtype)
-    query, key, value, out = (t.to(device) for t in (query, key, value, out))
-    expected = NonFiniteMarks(query, key, value).causal(out)
-    got = marked_output(out, query, earliest(key, value))
+    segments = torch.repeat_interleave(torch.arange(4), torch.tensor([40, 1, 0, 109])) if packed else None
+    first = earliest_per_sequence(key, value, segments, 4) if packed else earliest(key, value)
+    query, key, value, out, first = (t.to(device) for t in (query, key, value, out, first))
+    segments = None if segments is None else segments.to(device)
+    expected = NonFiniteMarks(query, key, value).causal(out, segments)
+    got = marked_output(out, query, first, segments)
     assert got.dtype == dtype and 0 < got.isnan().float().mean() < 1
     assert torch.equal(got.isnan(), expected.isnan())
     assert torch.equal(got[~got.isnan()], expected[~expected.isnan()])
@@ -170,6 +189,7 @@ def test_the_eager_triton_path_takes_them_and_agrees_with_the_pytorch_path(layou
     with torch.no_grad():
         k[0, 1, 40, 2] = math.nan
         v[0, 0, 20, 3] = -math.inf                    # marks its own column from position 20 on
+        v[0, 1, 50, 7] = math.nan                     # the same in another head
         q[0, 1, 10, 5] = math.nan                     # marks its own position only
         k[-1, 0, 65, 0] = math.inf                    # padding in the padded batch
     segments = None
@@ -192,6 +212,8 @@ def test_the_eager_triton_path_takes_them_and_agrees_with_the_pytorch_path(layou
     if layout != "packed":                            # padding: the output's mask only, forward and backward
         assert names["where"] == (2 if layout == "padded" else 0) < ref_names["where"]
         assert "cumsum" in ref_names and "cumsum" not in names          # the causal marks in a kernel
+    else:                                             # per packed sequence, in a kernel too
+        assert "isnan" in ref_names and "isnan" not in names            # NonFiniteMarks.causal's packed form
     assert torch.equal(out.isnan(), ref.isnan()) and out.isnan().any()
     torch.testing.assert_close(out, ref, equal_nan=True, rtol=1e-4, atol=1e-5)
     for a, b in zip(grads, ref_grads):

@@ -146,8 +146,9 @@ def attention(dtype, D, B=2, H=2, N=150, momentum_only=False):
 
 def trusted_path(leaf, B, H, N, D):
     """A decoder layer's call: raw q, k, v with heads transposed out of (B, N, H, D), the feature
-    map and NaN marks in the kernels of feature_marks, forward + backward, every row real and then
-    a right-padded batch (the kernels' HAS_LEN form)."""
+    map and NaN marks in the kernels of feature_marks, forward + backward, every row real, a
+    right-padded batch (the kernels' HAS_LEN form), and the first row packed into three sequences
+    (HAS_SEG)."""
     import torch
 
     from plugins.attention.attend import attend
@@ -157,9 +158,11 @@ def trusted_path(leaf, B, H, N, D):
     raw = [leaf(B, N, H, D).transpose(1, 2) for _ in range(3)]
     lengths = torch.tensor([N] + [N - 50] * (B - 1))
     padded = Segments.from_padding_mask(torch.arange(N) < lengths[:, None], B, N)
+    packed = Segments.from_cu_seqlens(torch.tensor([0, 7, N // 2, N]), N, device=raw[0].device, batch=1)
+    spec = AttentionSpec(momentum=0.6, step_size=0.8, backend="triton")
     for segments in (None, padded):
-        attend(*raw, AttentionSpec(momentum=0.6, step_size=0.8, backend="triton"),
-               segments=segments).float().sum().backward()
+        attend(*raw, spec, segments=segments).float().sum().backward()
+    attend(*(t[:1] for t in raw), spec, segments=packed).float().sum().backward()
 
 
 def packed(leaf, H, N, D):

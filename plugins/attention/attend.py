@@ -154,13 +154,14 @@ def _causal_rows(q, k, v, phi, segments, *, kernel, extra, state_dtype, eps, chu
     return out, state
 
 
-def _feature_map(phi, q, k, v, finite, kernels, mask=None, lengths=None):
+def _feature_map(phi, q, k, v, finite, kernels, mask=None, lengths=None, segments=None, count=0):
     """φ(q), φ(k), v's finite part and the marks of nonfinite.NonFiniteMarks, padded positions
     (`mask`, from `lengths`) zeroed first (mask_keys) and φ(k) zeroed there again: one Triton kernel
-    per tensor (triton.finite_features) where they take the call (the Triton path, eager mode,
+    for q, k and v (triton.finite_features; `segments` (N,) and `count`: the packed sequences, whose
+    causal marks the kernels then keep apart) where they take the call (the Triton path, eager mode,
     marks wanted, a built-in map, not float64), else PyTorch ops (fused under torch.compile)."""
     if kernels is not None and not finite and not torch.compiler.is_compiling():
-        fused = kernels.finite_features(phi, q, k, v, lengths)
+        fused = kernels.finite_features(phi, q, k, v, lengths, segments, count)
         if fused is not None:
             return fused
     q, k, v = (mask_keys(t, mask) for t in (q, k, v))
@@ -174,7 +175,8 @@ def _causal_packed(q, k, v, phi, cu, *, kernel, extra, state_dtype, eps, chunk_s
     state; NaN marks stay inside their segment."""
     H, N, Dv = q.shape[1], q.shape[2], v.shape[-1]
     n = cu.numel() - 1
-    fq, fk, v, marks = _feature_map(phi, q, k, v, finite, kernels)
+    segments = segment_of_tokens(cu, N)
+    fq, fk, v, marks = _feature_map(phi, q, k, v, finite, kernels, segments=segments, count=n)
     D = fk.shape[-1]
     if initial_state is not None:
         check_state(initial_state, n, H, D, Dv, q.device, packed=True)
@@ -186,7 +188,6 @@ def _causal_packed(q, k, v, phi, cu, *, kernel, extra, state_dtype, eps, chunk_s
         return out, initial_state
     out, state = kernel(fq, fk, v, eps=eps, chunk_size=chunk_size, initial_state=initial_state,
                         return_state=return_state, cu_seqlens=cu, **extra)
-    segments = segment_of_tokens(cu, N)
     out = marks.causal(out, segments=segments)
     if return_state:
         state = marks.state(state, segments=segments, count=n)

@@ -43,7 +43,7 @@ def fake_kernels(calls, available=True):
                                           rule=momentum_rule(momentum, step_size), eps=eps, real=real)
         return marks.step(out).to(out_dtype), marks.state(state)
 
-    def finite_features(phi, q, k, v, lengths=None):
+    def finite_features(phi, q, k, v, lengths=None, segments=None, count=0):
         """φ and the marks of raw q, k, v of a built-in map, padding from `lengths` on zeroed, as
         the PyTorch path computes them; None for any other map or float64 (the contract of
         entry_points.finite_features)."""

@@ -60,12 +60,13 @@ def marked_recurrent_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sta
 
 
 def finite_features(phi, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                    lengths: torch.Tensor | None = None) -> tuple | None:
+                    lengths: torch.Tensor | None = None, segments: torch.Tensor | None = None,
+                    count: int = 0) -> tuple | None:
     """φ and the non-finite marks of raw q, k, v in one kernel for the three; see
     `entry_points.finite_features`."""
     _check_device(q)
     from .entry_points import finite_features as impl
-    return impl(phi, q, k, v, lengths)
+    return impl(phi, q, k, v, lengths, segments, count)
 
 
 def _check_device(t: torch.Tensor) -> None:

@@ -117,32 +117,35 @@ def _last_momentum(fk, v, lengths, cu_seqlens, m0):
 
 @dataclass
 class KernelMarks(NonFiniteMarks):
-    """NonFiniteMarks whose causal marks on unpacked rows one kernel adds (feature_marks.MarkedOutput),
-    from each column's first marked key or value position, which the feature kernels record
-    (`first`, feature_marks.first_marked)."""
+    """NonFiniteMarks whose causal marks one kernel adds (feature_marks.MarkedOutput), from each
+    column's first marked key or value position per row, or per packed sequence of `segments`,
+    which the feature kernels record (`first`, feature_marks.first_marked)."""
 
     first: torch.Tensor | None = None
+    segments: torch.Tensor | None = None
 
     def causal(self, out: torch.Tensor, segments: torch.Tensor | None = None) -> torch.Tensor:
-        if segments is not None:
+        if segments is not self.segments:          # the first marks were taken over another layout
             return super().causal(out, segments)
-        return MarkedOutput.apply(out, self.query, self.first)
+        return MarkedOutput.apply(out, self.query, self.first, segments)
 
 
 def finite_features(phi, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                    lengths: torch.Tensor | None = None) -> tuple | None:
+                    lengths: torch.Tensor | None = None, segments: torch.Tensor | None = None,
+                    count: int = 0) -> tuple | None:
     """(φ(q), φ(k), v's finite part, the marks) as nonfinite.NonFiniteMarks.feature_map computes
     them from raw q, k (B, H, N, Dk) and v (B, H, N, Dv), one kernel for the three forward and one
     backward, for a built-in feature map (MARKED_FEATURE_MAPS) on bf16, fp16 or fp32 inputs; None
     otherwise. `lengths` (B,) integers on the inputs' device: the positions from lengths[b] on are
     padding, zeroed first as attend.mask_keys does (and φ(k) zeroed there again). The features come
     out contiguous, in their inputs' dtype; differentiable in q, k, v. The marks (KernelMarks) add
-    their causal marks to an output of unpacked rows in one kernel too."""
+    their causal marks in one kernel too: per row, or with `segments` (N,) integers, each position's
+    sequence of `count` in one packed row (batch 1), per packed sequence."""
     code = MARKED_FEATURE_MAPS.get(phi)
     if code is None or torch.float64 in (q.dtype, k.dtype, v.dtype):
         return None
-    fq, fk, v, query, key, value, first = FiniteFeatures.apply(q, k, v, code, lengths)
-    return fq, fk, v, KernelMarks(query, key, value, first)
+    fq, fk, v, query, key, value, first = FiniteFeatures.apply(q, k, v, code, lengths, segments, count)
+    return fq, fk, v, KernelMarks(query, key, value, first, segments)
 
 
 def fused_recurrent_step(fq: torch.Tensor, fk: torch.Tensor, v: torch.Tensor,

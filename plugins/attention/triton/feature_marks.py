@@ -13,8 +13,9 @@ where finite and NaN where not (per row of q and k, per entry of v), and the gra
 g·φ′·[x finite] (a product, as nan_to_num's backward: an upstream NaN stays), 0 at padding. One
 launch serves all three tensors (the grid's third axis picks one): a layer's host time is mostly
 per launch and per autograd node (docs/benchmarks.md, 2026-11-28: an eager layer's host work sets
-its wall on an H200). `marked_output` then adds the causal marks to the attention's output of
-unpacked rows in one kernel, where NonFiniteMarks.causal takes three adds and a cumsum."""
+its wall on an H200). `marked_output` then adds the causal marks to the attention's output in one
+kernel, from each column's first marked position per row or per packed sequence, where
+NonFiniteMarks.causal takes three adds and a cumsum (a cummax and a searchsorted when packed)."""
 
 import torch
 import triton
@@ -72,15 +73,16 @@ def _read_tile(x, lengths, N, H, sxb, sxh, sxn, sxd, D: tl.constexpr, HAS_LEN: t
 
 
 @triton.jit
-def _features(x, y, marks, lengths, first, first_row, N, H, sxb, sxh, sxn, sxd, D: tl.constexpr,
+def _features(x, y, marks, lengths, seg, first, first_row, R, N, H, sxb, sxh, sxn, sxd, D: tl.constexpr,
               PHI: tl.constexpr, ROW_MARKS: tl.constexpr, HAS_LEN: tl.constexpr, ZERO_PAD: tl.constexpr,
-              HAS_FIRST: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+              HAS_FIRST: tl.constexpr, HAS_SEG: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
     """One tile of one tensor x. y (B, H, N, D) contiguous: φ of x's finite part; marks
     (B, H, N) per row (ROW_MARKS: NaN where any entry of the row is not finite) or (B, H, N, D).
     HAS_LEN: positions from `lengths[b]` on are padding, read as 0 (attend.mask_keys): no marks,
-    φ(0), or 0 with ZERO_PAD (for keys, masked again after φ). HAS_FIRST: `first` (row i_bh at
-    i_bh·first_row; one int32 per column, or one per row with ROW_MARKS) gets the first marked
-    position by atomic min (it holds N or less before), for mark_causal_kernel."""
+    φ(0), or 0 with ZERO_PAD (for keys, masked again after φ). HAS_FIRST: `first` (row r·H + h at
+    (r·H + h)·first_row; one int32 per column, or one per row with ROW_MARKS) gets the first marked
+    position by atomic min (it holds N or less before), for mark_causal_kernel: r is the batch row,
+    or with HAS_SEG each position's packed sequence `seg[i]` (of R)."""
     i_bh, rows, cols, mask, real, value = _read_tile(x, lengths, N, H, sxb, sxh, sxn, sxd, D, HAS_LEN,
                                                      BLOCK_N, BLOCK_D)
     mark = _mark(value)
@@ -93,12 +95,21 @@ def _features(x, y, marks, lengths, first, first_row, N, H, sxb, sxh, sxn, sxd, 
     if ROW_MARKS:
         row_mark = tl.sum(mark, axis=1)
         tl.store(marks + i_bh * N + rows, row_mark.to(marks.dtype.element_ty), mask=rows < N)
-        if HAS_FIRST:
+        if HAS_SEG:
+            r = tl.load(seg + rows, mask=rows < N, other=R)
+            hit = ((row_mark == 0.0) == 0) & (r < R)
+            tl.atomic_min(first + (r * H + i_bh % H) * first_row, rows, mask=hit)
+        elif HAS_FIRST:
             earliest = tl.min(tl.where(row_mark == 0.0, N, rows), axis=0)
             tl.atomic_min(first + i_bh * first_row, earliest, mask=earliest < N)
     else:
         tl.store(marks + out, mark.to(marks.dtype.element_ty), mask=mask)
-        if HAS_FIRST:
+        if HAS_SEG:
+            r = tl.load(seg + rows, mask=rows < N, other=R)
+            hit = mask & ((mark == 0.0) == 0) & (r < R)[:, None]
+            at = ((r * H + i_bh % H) * first_row)[:, None] + cols[None, :]
+            tl.atomic_min(first + at, tl.broadcast_to(rows[:, None], (BLOCK_N, BLOCK_D)), mask=hit)
+        elif HAS_FIRST:
             earliest = tl.min(tl.where(mark == 0.0, N, rows[:, None]), axis=0)
             tl.atomic_min(first + i_bh * first_row + cols, earliest, mask=(cols < D) & (earliest < N))
 
@@ -119,24 +130,25 @@ def _feature_grads(x, g, dx, lengths, N, H, sxb, sxh, sxn, sxd, sdb, sdh, sdn, s
 
 
 @triton.jit
-def finite_features_fwd(q, k, v, fq, fk, fv, mq, mk, mv, lengths, first, N, H,
+def finite_features_fwd(q, k, v, fq, fk, fv, mq, mk, mv, lengths, seg, first, R, N, H,
                         sqb, sqh, sqn, sqd, skb, skh, skn, skd, svb, svh, svn, svd, DK: tl.constexpr,
-                        DV: tl.constexpr, PHI: tl.constexpr, HAS_LEN: tl.constexpr, BLOCK_N: tl.constexpr,
-                        BLOCK_D: tl.constexpr):
+                        DV: tl.constexpr, PHI: tl.constexpr, HAS_LEN: tl.constexpr, HAS_SEG: tl.constexpr,
+                        BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
     """Grid (cdiv(N, BLOCK_N), B·H, 3), the third axis q, k, v (strides s*): φ(q) and its row marks;
     φ(k), 0 at padding, its row marks, and its first marked position into column 0 of `first`
-    ((B·H, 1 + DV) int32); v's finite part, 0 at padding, its marks per entry, and each column's
-    first marked position into columns 1 to DV."""
+    ((R·H, 1 + DV) int32: R batch rows, or with HAS_SEG the R packed sequences of `seg`); v's
+    finite part, 0 at padding, its marks per entry, and each column's first marked position into
+    columns 1 to DV."""
     which = tl.program_id(2)
     if which == 0:
-        _features(q, fq, mq, lengths, first, 0, N, H, sqb, sqh, sqn, sqd, DK, PHI, True, HAS_LEN, False,
-                  False, BLOCK_N, BLOCK_D)
+        _features(q, fq, mq, lengths, seg, first, 0, R, N, H, sqb, sqh, sqn, sqd, DK, PHI, True, HAS_LEN,
+                  False, False, False, BLOCK_N, BLOCK_D)
     elif which == 1:
-        _features(k, fk, mk, lengths, first, 1 + DV, N, H, skb, skh, skn, skd, DK, PHI, True, HAS_LEN, True,
-                  True, BLOCK_N, BLOCK_D)
+        _features(k, fk, mk, lengths, seg, first, 1 + DV, R, N, H, skb, skh, skn, skd, DK, PHI, True,
+                  HAS_LEN, True, True, HAS_SEG, BLOCK_N, BLOCK_D)
     else:
-        _features(v, fv, mv, lengths, first + 1, 1 + DV, N, H, svb, svh, svn, svd, DV, IDENTITY, False,
-                  HAS_LEN, True, True, BLOCK_N, BLOCK_D)
+        _features(v, fv, mv, lengths, seg, first + 1, 1 + DV, R, N, H, svb, svh, svn, svd, DV, IDENTITY,
+                  False, HAS_LEN, True, True, HAS_SEG, BLOCK_N, BLOCK_D)
 
 
 @triton.jit
@@ -159,23 +171,34 @@ def finite_features_bwd(q, k, v, gq, gk, gv, dq, dk, dv, lengths, N, H, sqb, sqh
 
 
 @triton.jit
-def mark_causal_kernel(out, query, first, res, N, DV: tl.constexpr, BLOCK_N: tl.constexpr,
-                       BLOCK_V: tl.constexpr):
-    """Grid (cdiv(N, BLOCK_N), B·H): res = out + query_i, and NaN at i from the row's first marked
-    key in it on (first (B·H, 1 + DV): the first position with a non-finite key in column 0, with a
-    non-finite value entry in column 1 + c; N where none): the causal marks of
-    nonfinite.NonFiniteMarks.causal, whose cumsum of 0/NaN marks is NaN exactly from there on, on
-    (B, H, N, ·) contiguous tensors. Each program reads its tile alone: no scan along the row."""
+def mark_causal_kernel(out, query, seg, first, res, R, N, H, DV: tl.constexpr, HAS_SEG: tl.constexpr,
+                       BLOCK_N: tl.constexpr, BLOCK_V: tl.constexpr):
+    """Grid (cdiv(N, BLOCK_N), B·H): res = out + query_i, and NaN at i from the first marked key of
+    i's row in it on (first (R·H, 1 + DV): the first position with a non-finite key in column 0,
+    with a non-finite value entry in column 1 + c, N where none; per batch row, or with HAS_SEG per
+    packed sequence seg[i] of R): the causal marks of nonfinite.NonFiniteMarks.causal, whose cumsum
+    of 0/NaN marks is NaN exactly from there on, on (B, H, N, ·) contiguous tensors. Each program
+    reads its tile alone: no scan along the row."""
     i_bh = tl.program_id(1).to(tl.int64)
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     cols = tl.arange(0, BLOCK_V)
     inside = rows < N
     mask = inside[:, None] & (cols < DV)[None, :]
     at = (i_bh * N + rows[:, None]) * DV + cols[None, :]
-    row_first = first + i_bh * (1 + DV)
-    since = tl.minimum(tl.load(row_first), tl.load(row_first + 1 + cols, mask=cols < DV, other=N))
+    if HAS_SEG:
+        r = tl.load(seg + rows, mask=inside, other=0)
+        known = inside & (r < R)
+        cell = first + (tl.where(known, r, 0) * H + i_bh % H) * (1 + DV)
+        key_first = tl.load(cell, mask=known, other=N)
+        value_first = tl.load(cell[:, None] + 1 + cols[None, :], mask=known[:, None] & (cols < DV)[None, :],
+                              other=N)
+        since = tl.minimum(key_first[:, None], value_first)
+    else:
+        row_first = first + i_bh * (1 + DV)
+        value_first = tl.load(row_first + 1 + cols, mask=cols < DV, other=N)
+        since = tl.minimum(tl.load(row_first), value_first)[None, :]
     marks = tl.load(query + i_bh * N + rows, mask=inside, other=0.0).to(tl.float32)[:, None]
-    marks += tl.where(rows[:, None] >= since[None, :], float("nan"), 0.0)
+    marks += tl.where(rows[:, None] >= since, float("nan"), 0.0)
     total = tl.load(out + at, mask=mask, other=0.0).to(tl.float32) + marks
     tl.store(res + at, total.to(res.dtype.element_ty), mask=mask)
 
@@ -186,11 +209,13 @@ def _blocks(D: int) -> tuple[int, int]:
 
 
 def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, phi: int,
-            lengths: torch.Tensor | None = None) -> tuple:
+            lengths: torch.Tensor | None = None, segments: torch.Tensor | None = None,
+            count: int = 0) -> tuple:
     """(φ(q), φ(k), v's finite part, contiguous and in their inputs' dtypes; the marks of q and k
     (B, H, N, 1) and of v (B, H, N, Dv); `first_marked`'s buffer, filled) of q, k (B, H, N, Dk)
     and v (B, H, N, Dv) in any layout. `lengths` (B,) integers: positions from lengths[b] on are
-    padding, read as 0 (φ(0) for q; φ(k) and v 0 there)."""
+    padding, read as 0 (φ(0) for q; φ(k) and v 0 there). `segments` (N,) integers of one packed
+    row (B = 1): each position's sequence, of `count`; the first marks are then per sequence."""
     B, H, N, DK = q.shape
     DV = v.shape[3]
     check_grid(B * H)
@@ -198,14 +223,16 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, phi: int,
     features = [torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in sources]
     marks = [torch.empty(B, H, N, width, dtype=t.dtype, device=t.device)
              for t, width in zip(sources, (1, 1, DV))]
-    first = first_marked(B, H, N, DV, q.device)
+    rows = B if segments is None else count
+    first = first_marked(rows, H, N, DV, q.device)
     BLOCK_N, BLOCK_D = _blocks(max(DK, DV))
     if B * H * N:
         with device_of(q):
             direct(finite_features_fwd)[(cdiv(N, BLOCK_N), B * H, 3)](
-                *sources, *features, *marks, sources[0] if lengths is None else lengths, first, N, H,
-                *sources[0].stride(), *sources[1].stride(), *sources[2].stride(), DK=DK, DV=DV, PHI=phi,
-                HAS_LEN=lengths is not None, BLOCK_N=BLOCK_N, BLOCK_D=BLOCK_D)
+                *sources, *features, *marks, sources[0] if lengths is None else lengths,
+                first if segments is None else segments, first, rows, N, H, *sources[0].stride(),
+                *sources[1].stride(), *sources[2].stride(), DK=DK, DV=DV, PHI=phi,
+                HAS_LEN=lengths is not None, HAS_SEG=segments is not None, BLOCK_N=BLOCK_N, BLOCK_D=BLOCK_D)
     inputs = (q, k, v)
     return (*(y.to(x.dtype) for y, x in zip(features, inputs)),
             *(m.to(x.dtype) for m, x in zip(marks, inputs)), first)
@@ -236,8 +263,8 @@ class FiniteFeatures(torch.autograd.Function):
     one launch each way for the three)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, phi: int, lengths):
-        results = forward(q, k, v, phi, lengths)
+    def forward(ctx, q, k, v, phi: int, lengths, segments=None, count: int = 0):
+        results = forward(q, k, v, phi, lengths, segments, count)
         ctx.save_for_backward(q, k, v, lengths)
         ctx.phi = phi
         ctx.mark_non_differentiable(*results[3:])
@@ -250,21 +277,23 @@ class FiniteFeatures(torch.autograd.Function):
         given = (gq, gk, gv)
         need = [wanted and g is not None for wanted, g in zip(ctx.needs_input_grad[:3], given)]
         if not any(need):
-            return None, None, None, None, None
+            return (None,) * 7
         grads = [torch.zeros_like(x) if g is None else g for g, x in zip(given, (q, k, v))]
         dq, dk, dv = backward(q, k, v, grads, ctx.phi, lengths)
-        return dq if need[0] else None, dk if need[1] else None, dv if need[2] else None, None, None
+        return (dq if need[0] else None, dk if need[1] else None, dv if need[2] else None) + (None,) * 4
 
 
-def first_marked(B: int, H: int, N: int, DV: int, device) -> torch.Tensor:
-    """The buffer that `forward` fills for `marked_output`: (B, H, 1 + DV) int32, all N (no mark
-    yet); the keys' calls take column 0, the values' columns 1 to DV."""
-    return torch.full((B, H, 1 + DV), N, dtype=torch.int32, device=device)
+def first_marked(rows: int, H: int, N: int, DV: int, device) -> torch.Tensor:
+    """The buffer that `forward` fills for `marked_output`: (rows, H, 1 + DV) int32 (rows: batch
+    rows, or packed sequences), all N (no mark yet); the keys take column 0, the values 1 to DV."""
+    return torch.full((rows, H, 1 + DV), N, dtype=torch.int32, device=device)
 
 
-def marked_output(out: torch.Tensor, query: torch.Tensor, first: torch.Tensor) -> torch.Tensor:
+def marked_output(out: torch.Tensor, query: torch.Tensor, first: torch.Tensor,
+                  segments: torch.Tensor | None = None) -> torch.Tensor:
     """out (B, H, N, Dv) with the causal marks of query (B, H, N, 1) and of the keys and values
-    whose first marked positions `first` (`first_marked`) holds, a new tensor in out's dtype."""
+    whose first marked positions `first` (`first_marked`: per batch row, or per packed sequence of
+    `segments` (N,), B = 1) holds, a new tensor in out's dtype."""
     B, H, N, DV = out.shape
     source = out.to(kernel_dtype(out.dtype)).contiguous()
     query = query.to(kernel_dtype(query.dtype)).contiguous()
@@ -274,7 +303,8 @@ def marked_output(out: torch.Tensor, query: torch.Tensor, first: torch.Tensor) -
         with device_of(out):
             BLOCK_N = max(1, min(TILE // BLOCK_V, 128))
             direct(mark_causal_kernel)[(cdiv(N, BLOCK_N), B * H)](
-                source, query, first, res, N, DV=DV, BLOCK_N=BLOCK_N, BLOCK_V=BLOCK_V)
+                source, query, first if segments is None else segments, first, res, first.shape[0], N, H,
+                DV=DV, HAS_SEG=segments is not None, BLOCK_N=BLOCK_N, BLOCK_V=BLOCK_V)
     return res.to(out.dtype)
 
 
@@ -282,9 +312,9 @@ class MarkedOutput(torch.autograd.Function):
     """`marked_output`, differentiable in out (the marks carry no gradient: out's passes through)."""
 
     @staticmethod
-    def forward(ctx, out, query, first):
-        return marked_output(out, query, first)
+    def forward(ctx, out, query, first, segments=None):
+        return marked_output(out, query, first, segments)
 
     @staticmethod
     def backward(ctx, grad):
-        return grad, None, None
+        return grad, None, None, None
