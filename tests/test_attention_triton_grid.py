@@ -12,9 +12,11 @@ and backward for scans that took a fifth of the device time there (split.py). Th
 so at B16-H16-T1k they launch 256, one per SM at a time (split.py: splitting would not shorten
 their critical path): one launch per pass, after a scan from zero per split where split."""
 import importlib.util
+import math
 
 import pytest
-from helpers.triton_grid import programs, record_launches
+import torch
+from helpers.triton_grid import Recorder, programs, record_launches
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton not installed")
 
@@ -88,3 +90,30 @@ def test_fused_kernels_take_head_dimensions_up_to_64(monkeypatch):
     """Past 64 the fused kernels' whole states would not fit the registers: the chunked ones run."""
     launches, _, _ = record_launches(monkeypatch, 2, 2, 256, D=80, scan="fused")
     assert [name for name, _, _ in launches] == ONE_PASS
+
+
+@pytest.mark.parametrize("B,H,T", SPLIT_SHAPES + FILLED_ONE_PASS_SHAPES)
+def test_a_layers_feature_and_marks_launches_give_each_h100_sm_two_programs(monkeypatch, B, H, T):
+    """A decoder layer's feature map and NaN marks (feature_marks: q, k and v in one launch each
+    way, then the causal marks) on heads transposed out of (B, N, H, D): every launch a program per
+    tile of its rows, so at least two per SM where the attention's own launches have them. The
+    causal marks once scanned each row in one program: 8 programs at B1-H8-T32768, which took as
+    long as the attention's kernels on an H200 (docs/benchmarks.md, 2026-11-28)."""
+    from plugins.attention.triton import feature_marks
+    launches = []
+
+    def recorder(kernel):
+        fn = kernel
+        while hasattr(fn, "fn"):
+            fn = fn.fn
+        return Recorder(fn.__name__, kernel, launches, [])
+    monkeypatch.setattr(feature_marks, "direct", recorder)
+    meta = dict(dtype=torch.bfloat16, device=torch.device("meta"))
+    q, k, v = (torch.empty(B, T, H, 64, **meta).transpose(1, 2) for _ in range(3))
+    *_, first = feature_marks.forward(q, k, v, 1)
+    feature_marks.backward(q, k, v, [torch.empty(B, H, T, 64, **meta)] * 3, 1)
+    feature_marks.marked_output(torch.empty(B, H, T, 64, **meta), torch.empty(B, H, T, 1, **meta), first)
+    assert [name for name, _, _ in launches] == ["finite_features_fwd", "finite_features_bwd",
+                                                 "mark_causal_kernel"]
+    for name, grid, _ in launches:
+        assert math.prod(grid) >= H100_PROGRAMS, f"{name} at B{B}-H{H}-T{T}: {grid}"
