@@ -59,6 +59,16 @@ def _strided(i_bh, H, rows, cols, sb, sh, sn, sd):
 
 
 @triton.jit
+def _first_row(seg, b, rows, N, R, HAS_SEG: tl.constexpr):
+    """The row of `first` that each position's marks go to: its packed sequence seg[i] (HAS_SEG;
+    R, no row, past N) or its batch row b."""
+    if HAS_SEG:
+        return tl.load(seg + rows, mask=rows < N, other=R)
+    else:
+        return tl.zeros_like(rows).to(tl.int64) + b
+
+
+@triton.jit
 def _read_tile(x, lengths, N, H, sxb, sxh, sxn, sxd, D: tl.constexpr, HAS_LEN: tl.constexpr,
                BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
     """This program's tile of x (grid (cdiv(N, BLOCK_N), B·H, ·)) in fp32, padding read as 0: its row
@@ -82,7 +92,7 @@ def _features(x, y, marks, lengths, seg, first, first_row, R, N, H, sxb, sxh, sx
     φ(0), or 0 with ZERO_PAD (for keys, masked again after φ). HAS_FIRST: `first` (row r·H + h at
     (r·H + h)·first_row; one int32 per column, or one per row with ROW_MARKS) gets the first marked
     position by atomic min (it holds N or less before), for mark_causal_kernel: r is the batch row,
-    or with HAS_SEG each position's packed sequence `seg[i]` (of R)."""
+    or with HAS_SEG each position's packed sequence `seg[i]` (of R). Only marked entries issue one."""
     i_bh, rows, cols, mask, real, value = _read_tile(x, lengths, N, H, sxb, sxh, sxn, sxd, D, HAS_LEN,
                                                      BLOCK_N, BLOCK_D)
     mark = _mark(value)
@@ -95,23 +105,17 @@ def _features(x, y, marks, lengths, seg, first, first_row, R, N, H, sxb, sxh, sx
     if ROW_MARKS:
         row_mark = tl.sum(mark, axis=1)
         tl.store(marks + i_bh * N + rows, row_mark.to(marks.dtype.element_ty), mask=rows < N)
-        if HAS_SEG:
-            r = tl.load(seg + rows, mask=rows < N, other=R)
-            hit = ((row_mark == 0.0) == 0) & (r < R)
-            tl.atomic_min(first + (r * H + i_bh % H) * first_row, rows, mask=hit)
-        elif HAS_FIRST:
-            earliest = tl.min(tl.where(row_mark == 0.0, N, rows), axis=0)
-            tl.atomic_min(first + i_bh * first_row, earliest, mask=earliest < N)
     else:
         tl.store(marks + out, mark.to(marks.dtype.element_ty), mask=mask)
-        if HAS_SEG:
-            r = tl.load(seg + rows, mask=rows < N, other=R)
+    if HAS_FIRST:
+        r = _first_row(seg, i_bh // H, rows, N, R, HAS_SEG)
+        cell = first + (r * H + i_bh % H) * first_row
+        if ROW_MARKS:
+            tl.atomic_min(cell, rows, mask=((row_mark == 0.0) == 0) & (r < R))
+        else:
             hit = mask & ((mark == 0.0) == 0) & (r < R)[:, None]
-            at = ((r * H + i_bh % H) * first_row)[:, None] + cols[None, :]
-            tl.atomic_min(first + at, tl.broadcast_to(rows[:, None], (BLOCK_N, BLOCK_D)), mask=hit)
-        elif HAS_FIRST:
-            earliest = tl.min(tl.where(mark == 0.0, N, rows[:, None]), axis=0)
-            tl.atomic_min(first + i_bh * first_row + cols, earliest, mask=(cols < D) & (earliest < N))
+            tl.atomic_min(cell[:, None] + cols[None, :], tl.broadcast_to(rows[:, None], (BLOCK_N, BLOCK_D)),
+                          mask=hit)
 
 
 @triton.jit
@@ -185,18 +189,12 @@ def mark_causal_kernel(out, query, seg, first, res, R, N, H, DV: tl.constexpr, H
     inside = rows < N
     mask = inside[:, None] & (cols < DV)[None, :]
     at = (i_bh * N + rows[:, None]) * DV + cols[None, :]
-    if HAS_SEG:
-        r = tl.load(seg + rows, mask=inside, other=0)
-        known = inside & (r < R)
-        cell = first + (tl.where(known, r, 0) * H + i_bh % H) * (1 + DV)
-        key_first = tl.load(cell, mask=known, other=N)
-        value_first = tl.load(cell[:, None] + 1 + cols[None, :], mask=known[:, None] & (cols < DV)[None, :],
-                              other=N)
-        since = tl.minimum(key_first[:, None], value_first)
-    else:
-        row_first = first + i_bh * (1 + DV)
-        value_first = tl.load(row_first + 1 + cols, mask=cols < DV, other=N)
-        since = tl.minimum(tl.load(row_first), value_first)[None, :]
+    r = _first_row(seg, i_bh // H, rows, N, R, HAS_SEG)
+    known = inside & (r < R)
+    cell = first + (tl.where(known, r, 0) * H + i_bh % H) * (1 + DV)
+    key_first = tl.load(cell, mask=known, other=N)
+    value_first = tl.load(cell[:, None] + 1 + cols[None, :], mask=mask & known[:, None], other=N)
+    since = tl.minimum(key_first[:, None], value_first)
     marks = tl.load(query + i_bh * N + rows, mask=inside, other=0.0).to(tl.float32)[:, None]
     marks += tl.where(rows[:, None] >= since, float("nan"), 0.0)
     total = tl.load(out + at, mask=mask, other=0.0).to(tl.float32) + marks
