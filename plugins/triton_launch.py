@@ -20,21 +20,35 @@ and gives a grid function the positional arguments only when it asks for one by 
 A loop that launches one kernel many times on arguments that specialise alike at every call can
 `pin` it: the first launch goes through `direct`, the others launch the kernel compiled for it
 without computing that key (on the 2-core CPU machine a third of an Adam LSTM's host time).
+A launcher that makes several launches per call can run them under `launch_plan(signature)`,
+where the signature describes the call's inputs (`described`): the n-th launch of a plan is then
+keyed by (signature, device, n) alone, its arguments' key computed only the first time.
+A hit calls the compiled kernel's launcher itself (`CompiledKernel.run`, as Triton's runner
+does) where no launch hook is set (Triton's profiling hooks get Triton's own runner).
 Under TRITON_INTERPRET, for anything that is not a Triton kernel (a test's recorder), and where a
 config has a pre-hook, `direct` returns the kernel as it is."""
 import os
+import threading
 
 import torch
 
 try:
+    from triton import knobs
     from triton.runtime.autotuner import Autotuner
     from triton.runtime.driver import driver
     from triton.runtime.jit import JITFunction
 except ImportError:                                # no triton: nothing to launch
-    Autotuner = JITFunction = driver = None
+    Autotuner = JITFunction = driver = knobs = None
 
 ENABLED = os.environ.get("TRITON_INTERPRET") != "1"
+# Every planned launch also computes its arguments' key and checks that it names the kernel the
+# plan launched (tests/triton_direct_launch_check.py): a signature that misses what a launch
+# specialises on fails there instead of launching a kernel compiled for other arguments.
+VERIFY_PLANS = os.environ.get("MOMENTUM_VERIFY_LAUNCH_PLANS") == "1"
+VERIFIED = 0                                       # planned launches checked so far
+PLANNED_KEYS = 4096                                # per kernel; at this many the planned keys start over
 _LAUNCHERS = {}                                    # id(kernel) → DirectLaunch (the kernel kept inside)
+_PLANS = threading.local()                         # .current: the innermost launch_plan, or None
 _LAUNCH_OPTIONS = {"num_warps", "num_stages", "num_ctas", "maxnreg", "num_buffers_warp_spec",
                    "num_consumer_groups", "reg_dec_producer", "reg_inc_consumer", "ir_override"}
 
@@ -67,6 +81,42 @@ def direct(kernel):
     return launcher
 
 
+def described(*values) -> tuple:
+    """A launch plan's signature of a call's inputs: each tensor by its dtype, shape and whether its
+    address is 16-byte aligned (what Triton specialises a pointer on), None as None, any other value
+    as it is. The launcher adds what else its launches depend on (flags, sizes, the precision)."""
+    return tuple((v.dtype, v.shape, not v.data_ptr() & 15) if isinstance(v, torch.Tensor) else v
+                 for v in values)
+
+
+class launch_plan:
+    """`with launch_plan(signature):` the direct launches inside are numbered, and the n-th is keyed
+    by (signature, current device, n): a call whose signature was seen launches each kernel compiled
+    for it then, without its arguments' key. The signature must determine everything those launches
+    specialise on: their count and order, every int and constant they take, and each tensor
+    argument's dtype and alignment (buffers allocated inside are aligned; inputs are described).
+    Without Triton, under TRITON_INTERPRET and while a launch hook is set, it plans nothing."""
+    __slots__ = ("signature", "prefix", "position", "device", "stream", "outer")
+
+    def __init__(self, signature):
+        self.signature = signature
+
+    def __enter__(self):
+        self.outer = getattr(_PLANS, "current", None)
+        if ENABLED and driver is not None and not _launch_hooks():
+            self.device = device = driver.active.get_current_device()
+            self.prefix = (self.signature, device)
+            self.position = 0
+            self.stream = driver.active.get_current_stream(device)
+            _PLANS.current = self
+        else:
+            _PLANS.current = None
+        return self
+
+    def __exit__(self, *exc):
+        _PLANS.current = self.outer
+
+
 class DirectKernels:
     """A module's kernels, each through `direct`: `K = DirectKernels(chunk_kernels)`, then
     `K.fwd_h[grid](...)`. An attribute set on it (a test's recorder) takes the kernel's place."""
@@ -90,6 +140,7 @@ class DirectLaunch:
         self.specialised = set(self.names) - by_value
         self.defaults = {param.name: param.default for param in jit.params if param.has_default}
         self.compiled = {}
+        self.planned = {}                          # (plan prefix, position) → an entry of compiled
         self.tuner_cache = None
 
     def __getitem__(self, grid):
@@ -102,16 +153,37 @@ class DirectLaunch:
             seen = (id(self.tuner.cache), len(self.tuner.cache))
             if seen != self.tuner_cache:            # the autotuner started over: so do we
                 self.compiled.clear()
+                self.planned.clear()
                 self.tuner_cache = seen
+        plan = getattr(_PLANS, "current", None)
+        if plan is not None:
+            planned = (plan.prefix, plan.position)
+            plan.position += 1
+            entry = self.planned.get(planned)
+            if entry is not None:
+                if VERIFY_PLANS:
+                    self.verify(entry, planned, args, kwargs)
+                return _run(entry, grid, self.names, args, plan.device, plan.stream)
         key = self.key(args, kwargs)
         entry = self.compiled.get(key)
         if entry is None:
-            return self.first_launch(key, grid, args, kwargs)
-        compiled, after = entry
-        if callable(grid):
-            grid = grid(_Meta(after, self.names, args))
-        compiled[tuple(grid) + (1,) * (3 - len(grid))](*args, *after.values())
+            compiled = self.first_launch(key, grid, args, kwargs)
+            entry = self.compiled.get(key)
+        else:
+            compiled = _run(entry, grid, self.names, args, key[0])
+        if plan is not None and entry is not None:
+            if len(self.planned) >= PLANNED_KEYS:      # many shapes seen: start over
+                self.planned.clear()
+            self.planned[planned] = entry
         return compiled
+
+    def verify(self, entry, planned, args, kwargs):
+        global VERIFIED
+        VERIFIED += 1
+        if self.compiled.get(self.key(args, kwargs)) is not entry:
+            raise AssertionError(f"launch plan {planned} of {self.names[:3]}…: its arguments' key names "
+                                 "another compiled kernel (the plan's signature misses what they "
+                                 "specialise on)")
 
     def pin(self, grid, args, kwargs):
         """`pin` for this launcher: after one launch, the compiled kernel with the arguments after
@@ -120,7 +192,7 @@ class DirectLaunch:
         entry = self.compiled.get(self.key(args, kwargs)) if self.specialised.isdisjoint(kwargs) else None
         if entry is None:                             # not kept (a config's pre-hook, a keyword Triton
             return lambda grid, *new: self.launch(grid, new, kwargs)   # specialises): launch each time
-        compiled, tail = entry[0], list(entry[1].values())
+        compiled, tail = entry[0], entry[2]
 
         def again(grid, *new):
             compiled[tuple(grid) + (1,) * (3 - len(grid))](*new, *tail)
@@ -143,7 +215,8 @@ class DirectLaunch:
             bound = dict(self.defaults)
             bound.update(kwargs)
             bound.update(config)
-            self.compiled[key] = (compiled, {name: bound[name] for name in self.names[len(args):]})
+            after = {name: bound[name] for name in self.names[len(args):]}
+            self.compiled[key] = (compiled, after, tuple(after.values()))
         return compiled
 
     def key(self, args, kwargs):
@@ -160,6 +233,32 @@ class DirectLaunch:
                 add(_specialisation(value))
         add(tuple(kwargs.items()))
         return tuple(parts)
+
+
+def _run(entry, grid, names, args, device, stream=None):
+    """Launches a kept (compiled, arguments after the positional ones, their values) on `grid` (a
+    tuple, or a function of the launch's _Meta) and `stream` (None: the current one of `device`,
+    the current device). Without a launch hook, through the compiled kernel's launcher as Triton's
+    runner calls it; with one, through Triton's runner."""
+    compiled, after, tail = entry
+    if callable(grid):
+        grid = grid(_Meta(after, names, args))
+    size = len(grid)
+    x, y, z = grid[0], grid[1] if size > 1 else 1, grid[2] if size > 2 else 1
+    if _launch_hooks():
+        compiled[(x, y, z)](*args, *tail)
+        return compiled
+    if stream is None:
+        stream = driver.active.get_current_stream(device)
+    compiled.run(x, y, z, stream, compiled.function, compiled.packed_metadata, None, None, None, *args, *tail)
+    return compiled
+
+
+def _launch_hooks() -> bool:
+    """Whether a launch hook is set: Triton keeps them in HookChains, set when they hold a call."""
+    enter, leave = knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook
+    return bool((enter is not None and getattr(enter, "calls", True))
+                or (leave is not None and getattr(leave, "calls", True)))
 
 
 class _Meta(dict):

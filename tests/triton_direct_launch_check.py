@@ -6,9 +6,11 @@ cache) must launch the same compiled kernels (by hash) with the same grids and a
     python tests/triton_direct_launch_check.py       # exit 0 when they agree
 tests/triton_launch_check.py runs `compare` after compiling bf16 at D = 64 (the same kernels).
 Cases: dense, padded (lengths) with an initial state and the final state's gradient, packed
-(cu_seqlens), the split scans, β = 0, a decoding step, then one whose v is not 16-byte aligned
-(Triton specialises on alignment), and the Adam / RMSProp LSTM steps of both Triton recurrences
-(pinned where every step aligns alike, triton_launch.pin);
+(cu_seqlens), the split scans, β = 0, the Triton entry with v aligned and then not (at the same
+shapes, with an initial state: chunk.py's launch plans must tell the two apart; every planned
+launch also checks its arguments' key, triton_launch.VERIFY_PLANS), a decoding step, then one
+whose v is not 16-byte aligned (Triton specialises on alignment), and the Adam / RMSProp LSTM
+steps of both Triton recurrences (pinned where every step aligns alike, triton_launch.pin);
 then the autotuner's cache cleared (direct launching starts over with it). Must run with
 TRITON_INTERPRET unset."""
 import functools
@@ -87,6 +89,21 @@ def cases():
                             out = model(pack_padded_sequence(x, torch.tensor(lengths)))[0].data
                         out.float().sum().backward()
 
+    def chunk_entry(offset, with_state=False):
+        """The Triton entry's forward and backward (launch plans of chunk.py) at one shape, v starting
+        `offset` elements into its buffer, with an initial state or without: a plan's signature that
+        missed v's alignment or the state would launch kernels specialised for another of them."""
+        q, k = (torch.rand(1, 2, 150, 64, generator=gen).to(bf16).requires_grad_() for _ in range(2))
+        v = torch.randn(2 * 150 * 64 + offset, generator=gen).to(bf16)[offset:].view(1, 2, 150, 64)
+        v.requires_grad_()
+        init = None
+        if with_state:
+            init = MomentumAttentionState(s=torch.zeros(1, 2, 64, 64), z=torch.zeros(1, 2, 64),
+                                          m=torch.zeros(1, 2, 64, 64))
+        out, _ = chunk_momentum_attention(q, k, v, momentum=0.6, step_size=0.8, eps=1e-6, chunk_size=64,
+                                          initial_state=init)
+        out.float().sum().backward()
+
     def entry_step(offset):
         """A decoding step through the Triton entry point (feature-mapped bf16 inputs), v starting
         `offset` elements into its buffer: 1 puts it 2 bytes past an aligned address, which
@@ -113,6 +130,8 @@ def cases():
     return [("dense", dense), ("padded", padded), ("packed", packed), ("split scans", split),
             ("β = 0", lambda: dense(beta=0.0, N=200)),
             ("trusted path", lambda: trusted_path(leaf, 2, 2, 150, 64)), ("decoding step", step),
+            ("chunk entry", lambda: chunk_entry(0)), ("chunk entry, misaligned v", lambda: chunk_entry(1)),
+            ("chunk entry, an initial state", lambda: chunk_entry(0, with_state=True)),
             ("aligned v", lambda: entry_step(0)),
             ("misaligned v after aligned", lambda: entry_step(1)), ("Adam/RMSProp LSTM", lstm),
             ("keyword arguments", keywords)]
@@ -144,6 +163,7 @@ def compare() -> list[str]:
     The stand-in must be active and CPU tensors allowed (triton_launch_check.allow_cpu_tensors)."""
     from plugins import triton_launch
     from plugins.attention.triton import chunk_kernels
+    triton_launch.VERIFY_PLANS = True            # each planned launch also checks its arguments' key
     failures = []
     for name, case in cases():
         triton_launch.ENABLED = False
@@ -151,7 +171,11 @@ def compare() -> list[str]:
         expected = recorded(case)
         triton_launch.ENABLED = True
         for attempt in ("first", "cached"):
-            got = recorded(case)
+            try:
+                got = recorded(case)
+            except AssertionError as error:          # a launch plan's check (VERIFY_PLANS)
+                failures.append(f"{name} ({attempt} direct launch): {error}")
+                break
             if got != expected:
                 at = next(i for i, (g, e) in enumerate(zip(got + [None], expected + [None])) if g != e)
                 failures.append(f"{name} ({attempt} direct launch): {len(got)} launches, expected "
@@ -161,6 +185,10 @@ def compare() -> list[str]:
     launcher = triton_launch.direct(chunk_kernels.fwd_o)
     if not launcher.compiled:
         failures.append("fwd_o was never launched directly")
+    if not triton_launch.VERIFIED:
+        failures.append("no launch was made through a launch plan's key (chunk.py's plans)")
+    print(f"direct launch: {triton_launch.VERIFIED} planned launches named the kernel their arguments' key "
+          "names", flush=True)
     chunk_kernels.fwd_o.cache.clear()
     cases()[0][1]()
     if not chunk_kernels.fwd_o.cache:

@@ -24,7 +24,7 @@ from typing import NamedTuple, Optional
 
 import torch
 
-from ...triton_launch import cdiv
+from ...triton_launch import cdiv, described, launch_plan
 from .fused_chunk import fused_backward, fused_forward, split_numel
 from .fused_chunk_kernels import fits, fused_chunk_size
 from .launches import K
@@ -88,6 +88,7 @@ class _Layout:
             self.S = self.B
             self.NT = cdiv(self.N, self.BT)
         self.lengths = lengths
+        self._splits = None
 
     def scan_grid(self, G: int = 1):
         """State scans: one program per (Dk block, Dv block, batch·head or segment·head, split)."""
@@ -95,8 +96,11 @@ class _Layout:
         return lambda meta: (cdiv(DK, meta["BK"]) * cdiv(DV, meta["BV"]), rows)
 
     def splits(self, device):
-        """(G, CPS) of the state scans (split.scan_splits); a segment has at most N tokens."""
-        return scan_splits(self.S * self.H, cdiv(self.N, self.BT), device)
+        """(G, CPS) of the state scans (split.scan_splits); a segment has at most N tokens. Decided
+        once per launcher call: the launch plan's signature holds it."""
+        if self._splits is None:
+            self._splits = scan_splits(self.S * self.H, cdiv(self.N, self.BT), device)
+        return self._splits
 
     def states(self, like, dtype):
         """(s, m, z) of the S sequences: (S, H, DK, DV) twice and (S, H, DK), empty, in `dtype`."""
@@ -209,12 +213,18 @@ def chunk_forward(fq, fk, v, s0, z0, m0, lengths, cu_seqlens, momentum: float, s
 def _chunk_forward(fq, fk, v, s0, z0, m0, lengths, cu_seqlens, momentum, step_size, eps, chunk):
     fused = fused_scans(fq.shape[-1], v.shape[-1])
     layout = _Layout(fq, v, fused_chunk_size(chunk) if fused else chunk, lengths, cu_seqlens)
-    B, H, N, DV, NT = layout.B, layout.H, layout.N, layout.DV, layout.NT
-    check_grid(max(B, layout.S) * H, NT)
+    check_grid(max(layout.B, layout.S) * layout.H, layout.NT)
     coef = coefficients(momentum, step_size, eps, accumulator_dtype(fq.dtype), fq.device)
     meta = layout.meta(fq.dtype, momentum)
-    if fused:
-        return fused_forward(fq, fk, v, s0, z0, m0, layout, coef, meta)
+    with launch_plan(("forward", fused, chunk, layout.splits(fq.device), *meta.values(),
+                      *described(fq, fk, v, s0, z0, m0, lengths, cu_seqlens))):
+        if fused:
+            return fused_forward(fq, fk, v, s0, z0, m0, layout, coef, meta)
+        return _chunked_forward(fq, fk, v, s0, z0, m0, layout, coef, meta)
+
+
+def _chunked_forward(fq, fk, v, s0, z0, m0, layout, coef, meta):
+    B, H, N, DV, NT = layout.B, layout.H, layout.N, layout.DV, layout.NT
     h_s, h_m, h_z, s, z, m, edges = states_entering_chunks(fk, v, s0, z0, m0, layout, coef, meta)
     out = torch.empty_like(v)
     den = fq.new_empty(B, H, N, dtype=coef.dtype)
@@ -238,11 +248,17 @@ def _chunk_backward(fq, fk, v, out, den, splits, do, s0, z0, m0, ds, dz, dm, len
                     step_size, eps, chunk):
     fused = fused_scans(fq.shape[-1], v.shape[-1])
     layout = _Layout(fq, v, fused_chunk_size(chunk) if fused else chunk, lengths, cu_seqlens)
-    H, N, DK, DV, NT = layout.H, layout.N, layout.DK, layout.DV, layout.NT
     coef = coefficients(momentum, step_size, eps, accumulator_dtype(fq.dtype), fq.device)
     meta = layout.meta(fq.dtype, momentum)
-    if fused:
-        return fused_backward(fq, fk, v, out, den, do, s0, z0, m0, ds, dz, dm, splits, layout, coef, meta)
+    with launch_plan(("backward", fused, chunk, layout.splits(fq.device), *meta.values(), *described(
+            fq, fk, v, out, den, splits, do, s0, z0, m0, ds, dz, dm, lengths, cu_seqlens))):
+        if fused:
+            return fused_backward(fq, fk, v, out, den, do, s0, z0, m0, ds, dz, dm, splits, layout, coef, meta)
+        return _chunked_backward(fq, fk, v, out, den, do, s0, z0, m0, ds, dz, dm, layout, coef, meta)
+
+
+def _chunked_backward(fq, fk, v, out, den, do, s0, z0, m0, ds, dz, dm, layout, coef, meta):
+    H, N, DK, DV, NT = layout.H, layout.N, layout.DK, layout.DV, layout.NT
     h_s, h_m, h_z, _s, _z, _m, edges = states_entering_chunks(fk, v, s0, z0, m0, layout, coef, meta)
 
     dden = torch.empty_like(den)           # written by bwd_dh at the real positions, read there only
