@@ -9,6 +9,7 @@ from typing import Optional
 import torch
 
 from ..packing import Segments
+from .checks import as_dtype
 from .chunk import chunk_causal_momentum_attention
 from .noncausal import apply_noncausal_summary, noncausal_summary
 from .nonfinite import FINITE_MAPS, NonFiniteMarks
@@ -95,7 +96,7 @@ def execute(chosen: Plan, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, spe
         out, state = _noncausal(q, k, v, spec, segments, finite, chosen.state_dtype).to(out_dtype), None
     else:
         out, state = _causal(chosen, q, k, v, spec, segments, initial_state, return_state, finite)
-        out = out.to(out_dtype)
+        out = as_dtype(out, out_dtype)
     if repack:
         out = segments.unpack(out)
     return (out, state) if return_state else out
@@ -111,7 +112,7 @@ def _causal(chosen, q, k, v, spec, segments, initial_state, return_state, finite
     else:
         kernel = chunk_causal_momentum_attention
     with torch.autocast(device_type=q.device.type, enabled=False):
-        q, k, v = q.to(chosen.run_dtype), k.to(chosen.run_dtype), v.to(chosen.run_dtype)
+        q, k, v = (as_dtype(t, chosen.run_dtype) for t in (q, k, v))
         hyper = dict(state_dtype=chosen.state_dtype, eps=spec.eps, chunk_size=spec.chunk_size,
                      initial_state=initial_state, return_state=return_state, finite=finite,
                      kernels=chosen.kernels if chosen.path == "triton" else None)

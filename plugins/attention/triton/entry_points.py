@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from ..checks import as_dtype
 from ..feature_maps import elu_plus_one, identity
 from ..nonfinite import NonFiniteMarks
 from ..state import MomentumAttentionState
@@ -62,7 +63,7 @@ def chunk_momentum_attention(
         return out, (state if return_state else None)
     out, s, z, m = chunk_momentum_attention_op(fq, fk, v, s0, z0, m0, lengths, cu_seqlens, float(momentum),
                                                float(step_size), float(eps), int(chunk_size))
-    out = out.to(out_dtype)
+    out = as_dtype(out, out_dtype)
     if not return_state:
         return out, None
     if momentum == 0.0:

@@ -22,6 +22,7 @@ import triton
 import triton.language as tl
 
 from ...triton_launch import cdiv, direct, next_power_of_2
+from ..checks import as_dtype
 from .fused_recurrent import _feature, _mark
 from .utils import check_grid, device_of, kernel_dtype
 
@@ -217,7 +218,7 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, phi: int,
     B, H, N, DK = q.shape
     DV = v.shape[3]
     check_grid(B * H)
-    sources = [t.to(kernel_dtype(t.dtype)) for t in (q, k, v)]
+    sources = [as_dtype(t, kernel_dtype(t.dtype)) for t in (q, k, v)]
     features = [torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in sources]
     marks = [torch.empty(B, H, N, width, dtype=t.dtype, device=t.device)
              for t, width in zip(sources, (1, 1, DV))]
@@ -232,8 +233,8 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, phi: int,
                 *sources[1].stride(), *sources[2].stride(), DK=DK, DV=DV, PHI=phi,
                 HAS_LEN=lengths is not None, HAS_SEG=segments is not None, BLOCK_N=BLOCK_N, BLOCK_D=BLOCK_D)
     inputs = (q, k, v)
-    return (*(y.to(x.dtype) for y, x in zip(features, inputs)),
-            *(m.to(x.dtype) for m, x in zip(marks, inputs)), first)
+    return (*(as_dtype(y, x.dtype) for y, x in zip(features, inputs)),
+            *(as_dtype(m, x.dtype) for m, x in zip(marks, inputs)), first)
 
 
 def backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grads: list, phi: int,
@@ -242,8 +243,8 @@ def backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grads: list, phi
     v's finite part (`grads`)."""
     B, H, N, DK = q.shape
     DV = v.shape[3]
-    sources = [t.to(kernel_dtype(t.dtype)) for t in (q, k, v)]
-    grads = [g.to(s.dtype).contiguous() for g, s in zip(grads, sources)]
+    sources = [as_dtype(t, kernel_dtype(t.dtype)) for t in (q, k, v)]
+    grads = [as_dtype(g, s.dtype).contiguous() for g, s in zip(grads, sources)]
     out = [torch.empty_like(s) for s in sources]
     BLOCK_N, BLOCK_D = _blocks(max(DK, DV))
     if B * H * N:
@@ -253,7 +254,7 @@ def backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grads: list, phi
                 *sources[0].stride(), *sources[1].stride(), *sources[2].stride(), *out[0].stride(),
                 *out[1].stride(), *out[2].stride(), DK=DK, DV=DV, PHI=phi, HAS_LEN=lengths is not None,
                 BLOCK_N=BLOCK_N, BLOCK_D=BLOCK_D)
-    return [d.to(x.dtype) for d, x in zip(out, (q, k, v))]
+    return [as_dtype(d, x.dtype) for d, x in zip(out, (q, k, v))]
 
 
 class FiniteFeatures(torch.autograd.Function):
@@ -293,8 +294,8 @@ def marked_output(out: torch.Tensor, query: torch.Tensor, first: torch.Tensor,
     whose first marked positions `first` (`first_marked`: per batch row, or per packed sequence of
     `segments` (N,), B = 1) holds, a new tensor in out's dtype."""
     B, H, N, DV = out.shape
-    source = out.to(kernel_dtype(out.dtype)).contiguous()
-    query = query.to(kernel_dtype(query.dtype)).contiguous()
+    source = as_dtype(out, kernel_dtype(out.dtype)).contiguous()
+    query = as_dtype(query, kernel_dtype(query.dtype)).contiguous()
     res = torch.empty_like(source)
     BLOCK_V = next_power_of_2(DV)
     if res.numel():
@@ -303,7 +304,7 @@ def marked_output(out: torch.Tensor, query: torch.Tensor, first: torch.Tensor,
             direct(mark_causal_kernel)[(cdiv(N, BLOCK_N), B * H)](
                 source, query, first if segments is None else segments, first, res, first.shape[0], N, H,
                 DV=DV, HAS_SEG=segments is not None, BLOCK_N=BLOCK_N, BLOCK_V=BLOCK_V)
-    return res.to(out.dtype)
+    return as_dtype(res, out.dtype)
 
 
 class MarkedOutput(torch.autograd.Function):

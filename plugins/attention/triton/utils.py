@@ -30,6 +30,7 @@ import triton
 import triton.language as tl
 
 from ...triton_launch import cdiv, next_power_of_2
+from ..checks import as_dtype
 
 PROGRAMS_PER_SM = 2
 H100_SMS = 132          # CPU tensors (the interpreter, the stand-in launch driver): size for an H100
@@ -140,11 +141,15 @@ def accumulator_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
+# Triton reads TRITON_INTERPRET once, when imported; so do the launchers (a lookup per call cost host time)
+INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
+
+
 def kernel_dtype(dtype: torch.dtype) -> torch.dtype:
     """The dtype the kernels take inputs of `dtype` in: itself, but fp32 for bf16 under
     TRITON_INTERPRET (the interpreter stores bf16 as raw 16-bit integers and its tl.dot multiplies
     those; the bf16 kernels are exercised on GPU only)."""
-    if dtype == torch.bfloat16 and os.environ.get("TRITON_INTERPRET") == "1":
+    if INTERPRETED and dtype == torch.bfloat16:
         return torch.float32
     return dtype
 
@@ -155,7 +160,8 @@ def kernel_inputs(*tensors: torch.Tensor) -> tuple:
     dtype = tensors[0].dtype
     for t in tensors[1:]:
         dtype = torch.promote_types(dtype, t.dtype)
-    return tuple(t.to(kernel_dtype(dtype)).contiguous() for t in tensors)
+    dtype = kernel_dtype(dtype)
+    return tuple(as_dtype(t, dtype).contiguous() for t in tensors)
 
 
 def tf32_allowed() -> bool:
