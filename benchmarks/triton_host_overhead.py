@@ -165,6 +165,14 @@ def host_us(step, rounds=7, calls=50):
     return statistics.median(times)
 
 
+def python_calls(step, calls=10) -> int:
+    """Function calls (Python's and built-ins', as cProfile counts them) per call of `step`: the
+    host work in a number that machine load does not move."""
+    profiler = cProfile.Profile()
+    profiler.runcall(lambda: [step() for _ in range(calls)])
+    return round(pstats.Stats(profiler).total_calls / calls)
+
+
 def launches_of(step) -> int:
     """Triton launches of one call of `step` (the first one also compiles and autotunes, with the
     stand-in's timings)."""
@@ -204,11 +212,12 @@ def main():
     from triton_launch_check import allow_cpu_tensors
     allow_cpu_tensors(auto=args.model_decode or args.model_train)
     if args.model_train:
-        per_call, us, ops, computing = model_step_report(model_train_step(), args.rounds, 10, warm=5)
+        step = model_train_step()
+        per_call, us, ops, computing = model_step_report(step, args.rounds, 10, warm=5)
         print(f"host ms per training forward+backward of MomentumTransformerForCausalLM (4 layers, hidden "
               f"128, 2 heads, B2-T64, labels, bf16 autocast; median of {args.rounds} rounds of 10): "
               f"{us / 1e3:.2f}; {per_call} Triton launches and {ops} aten ops per step, {computing} of "
-              "them computing")
+              f"them computing; {python_calls(step)} function calls per step (cProfile)")
         return
     if args.model_decode:
         per_call, us, ops, computing = model_step_report(model_decode_step(), args.rounds, 20, warm=20)
@@ -254,10 +263,12 @@ def main():
         for entry, entry_step in steps.items():
             rounds[entry].append(host_us(entry_step, rounds=1))
     times = ", ".join(f"{name} {statistics.median(rounds[entry]):.0f}" for entry, name in entries.items())
+    calls = ", ".join(f"{name} {python_calls(steps[entry])}" for entry, name in entries.items())
     print(f"host µs per forward+backward (bf16, B1-H1-N{args.length}-D64, Triton launch path, no-op "
           f"launches, median of {args.rounds} rounds of 50): {times}; {per_call} Triton launches in the "
           f"first call (autotuning included); attend: {launches_of(steps['layer'])} launches per call after "
-          f"{layer_launches} in its first, {aten_ops(steps['layer'])[1]} computing aten ops")
+          f"{layer_launches} in its first, {aten_ops(steps['layer'])[1]} computing aten ops; function calls "
+          f"per call (cProfile): {calls}")
     if args.profile:
         profiler = cProfile.Profile()
         profiler.runcall(lambda: [step() for _ in range(100)])
