@@ -227,6 +227,8 @@ class DirectLaunch:
         for value, by_value in zip(args, self.by_value):
             if by_value:
                 add(value)
+            elif value.__class__ is int:               # most arguments: _specialisation's, inlined
+                add((int, value == 1, value & 15 == 0, -2 ** 31 <= value < 2 ** 31))
             elif isinstance(value, torch.Tensor):
                 add((value.dtype, not value.data_ptr() & 15))
             else:

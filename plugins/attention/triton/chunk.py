@@ -158,17 +158,18 @@ def varlen_tables(cu_seqlens, N: int, BT: int):
     return offsets.to(torch.int32), torch.stack([segment, within], 1).to(torch.int32).contiguous()
 
 
-def states_entering_chunks(fk, v, s0, z0, m0, layout, coef, meta):
+def states_entering_chunks(fk, v, s0, z0, m0, layout, coef, meta, finals=None):
     """S, M' (in `chunk_state_dtype`) and Z (fp32/fp64) entering each chunk, the final state
-    (s, z, m with m = −M', fp32/fp64; batch B, or n segments), and `edges`: None, or where the
-    scan ran in G splits, the per-chunk states from each split's start and edges = (s, m, z) of
-    the states entering the splits (rows·G), which the per-chunk kernels add (SPLIT)."""
+    (s, z, m with m = −M', fp32/fp64; batch B, or n segments; written into `finals` (s, m, z) if
+    given), and `edges`: None, or where the scan ran in G splits, the per-chunk states from each
+    split's start and edges = (s, m, z) of the states entering the splits (rows·G), which the
+    per-chunk kernels add (SPLIT)."""
     B, H, N, DK, DV, NT = layout.B, layout.H, layout.N, layout.DK, layout.DV, layout.NT
     acc = coef.dtype
     h_s = fk.new_empty(B * H, NT, DK, DV, dtype=chunk_state_dtype(fk.dtype))
     h_m = torch.empty_like(h_s) if meta["MOMENTUM"] else h_s
     h_z = fk.new_empty(B * H, NT, DK, dtype=acc)
-    s, m, z = layout.states(fk, acc)
+    s, m, z = layout.states(fk, acc) if finals is None else finals
     use_init = s0 is not None
     G, CPS = layout.splits(fk.device)
     tables = layout.scan_tables(z)
@@ -259,15 +260,16 @@ def _chunk_backward(fq, fk, v, out, den, splits, do, s0, z0, m0, ds, dz, dm, len
 
 def _chunked_backward(fq, fk, v, out, den, do, s0, z0, m0, ds, dz, dm, layout, coef, meta):
     H, N, DK, DV, NT = layout.H, layout.N, layout.DK, layout.DV, layout.NT
-    h_s, h_m, h_z, _s, _z, _m, edges = states_entering_chunks(fk, v, s0, z0, m0, layout, coef, meta)
+    ds0, dm0, dz0 = layout.states(fq, coef.dtype)
+    # the recomputed final state is not needed: written where bwd_dh (or the merge) writes its gradient later
+    h_s, h_m, h_z, _s, _z, _m, edges = states_entering_chunks(fk, v, s0, z0, m0, layout, coef, meta,
+                                                              finals=(ds0, dm0, dz0))
 
     dden = torch.empty_like(den)           # written by bwd_dh at the real positions, read there only
-    acc = coef.dtype
     has_final = ds is not None
     dh_s = torch.empty_like(h_s)
     dh_m = torch.empty_like(h_m) if meta["MOMENTUM"] else dh_s
     dh_z = torch.empty_like(h_z)
-    ds0, dm0, dz0 = layout.states(fq, acc)
     tables = layout.scan_tables(den)
     back_edges = None
     if edges is None:
