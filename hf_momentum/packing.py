@@ -52,7 +52,7 @@ def possible_document_starts(batch: int, length: int, device, *, padding_mask: O
     that disagree; under torch.compile only their types and shapes are checked (the values would
     be a read of the device) and the first form given is trusted."""
     if position_ids is None and seq_idx is None and cu_seq_lens_q is None and cu_seq_lens_k is None:
-        return None                     # no form given: nothing to compute (six device ops a step before)
+        return None                     # no form given: nothing to compute (eight device ops a step before)
     real = (torch.ones(batch, length, dtype=torch.bool, device=device) if padding_mask is None
             else padding_mask.to(device=device, dtype=torch.bool))
     arange = torch.arange(length, device=device)
