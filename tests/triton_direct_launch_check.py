@@ -104,6 +104,19 @@ def cases():
                                           initial_state=init)
         out.float().sum().backward()
 
+    def layer_misaligned_q():
+        """A decoder layer's call (`attend`) whose q starts 2 bytes past an aligned address, after the
+        aligned calls of the trusted path at the same shape: the feature kernels' launch plans must
+        tell the two apart."""
+        from plugins.attention.attend import attend
+        from plugins.attention.spec import AttentionSpec
+        B, N, H, D = 2, 150, 2, 64
+        base = torch.randn(B * N * H * D + 1, generator=gen).to(bf16)
+        q = base[1:].view(B, N, H, D).requires_grad_()
+        k, v = (leaf(B, N, H, D) for _ in range(2))
+        spec = AttentionSpec(momentum=0.6, step_size=0.8, backend="triton")
+        attend(*(t.transpose(1, 2) for t in (q, k, v)), spec).float().sum().backward()
+
     def entry_step(offset):
         """A decoding step through the Triton entry point (feature-mapped bf16 inputs), v starting
         `offset` elements into its buffer: 1 puts it 2 bytes past an aligned address, which
@@ -129,7 +142,8 @@ def cases():
 
     return [("dense", dense), ("padded", padded), ("packed", packed), ("split scans", split),
             ("β = 0", lambda: dense(beta=0.0, N=200)),
-            ("trusted path", lambda: trusted_path(leaf, 2, 2, 150, 64)), ("decoding step", step),
+            ("trusted path", lambda: trusted_path(leaf, 2, 2, 150, 64)),
+            ("trusted path, q misaligned", layer_misaligned_q), ("decoding step", step),
             ("chunk entry", lambda: chunk_entry(0)), ("chunk entry, misaligned v", lambda: chunk_entry(1)),
             ("chunk entry, an initial state", lambda: chunk_entry(0, with_state=True)),
             ("aligned v", lambda: entry_step(0)),
@@ -189,12 +203,35 @@ def compare() -> list[str]:
         failures.append("no launch was made through a launch plan's key (chunk.py's plans)")
     print(f"direct launch: {triton_launch.VERIFIED} planned launches named the kernel their arguments' key "
           "names", flush=True)
+    failures += keys_of_a_seen_call(triton_launch, dict(cases()))
     chunk_kernels.fwd_o.cache.clear()
     cases()[0][1]()
     if not chunk_kernels.fwd_o.cache:
         failures.append("after the autotuner's cache was cleared, direct launching did not go through it")
     print("direct launch: after the autotuner's cache was cleared it went through the autotuner again",
           flush=True)
+    return failures
+
+
+def keys_of_a_seen_call(triton_launch, named) -> list[str]:
+    """The Triton entry's forward+backward, and a decoder layer's (`attend`: the feature and marks
+    kernels too), called again with inputs that describe alike compute no launch's key: every
+    launch is planned."""
+    counted, key = [], triton_launch.DirectLaunch.key
+    triton_launch.VERIFY_PLANS = False
+    triton_launch.DirectLaunch.key = lambda self, args, kwargs: counted.append(1) or key(self, args, kwargs)
+    failures = []
+    try:
+        for name in ("chunk entry", "trusted path"):
+            named[name]()
+            counted.clear()
+            named[name]()
+            if counted:
+                failures.append(f"{name}, called again alike: {len(counted)} launch keys computed, "
+                                "expected none (a launch outside every launch plan)")
+            print(f"direct launch, {name} called again alike: {len(counted)} launch keys", flush=True)
+    finally:
+        triton_launch.DirectLaunch.key = key
     return failures
 
 

@@ -21,7 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ...triton_launch import cdiv, direct, next_power_of_2
+from ...triton_launch import cdiv, described, direct, launch_plan, next_power_of_2
 from ..checks import as_dtype
 from .fused_recurrent import _feature, _mark
 from .utils import check_grid, device_of, kernel_dtype
@@ -226,7 +226,8 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, phi: int,
     first = first_marked(rows, H, N, DV, q.device)
     BLOCK_N, BLOCK_D = _blocks(max(DK, DV))
     if B * H * N:
-        with device_of(q):
+        with device_of(q), launch_plan(("features", phi, count, *(t.stride() for t in sources),
+                                        *described(*sources, lengths, segments))):
             direct(finite_features_fwd)[(cdiv(N, BLOCK_N), B * H, 3)](
                 *sources, *features, *marks, sources[0] if lengths is None else lengths,
                 first if segments is None else segments, first, rows, N, H, *sources[0].stride(),
@@ -248,7 +249,8 @@ def backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grads: list, phi
     out = [torch.empty_like(s) for s in sources]
     BLOCK_N, BLOCK_D = _blocks(max(DK, DV))
     if B * H * N:
-        with device_of(q):
+        with device_of(q), launch_plan(("feature grads", phi, *(t.stride() for t in sources),
+                                        *described(*sources, lengths, *grads))):
             direct(finite_features_bwd)[(cdiv(N, BLOCK_N), B * H, 3)](
                 *sources, *grads, *out, sources[0] if lengths is None else lengths, N, H,
                 *sources[0].stride(), *sources[1].stride(), *sources[2].stride(), *out[0].stride(),
@@ -299,7 +301,7 @@ def marked_output(out: torch.Tensor, query: torch.Tensor, first: torch.Tensor,
     res = torch.empty_like(source)
     BLOCK_V = next_power_of_2(DV)
     if res.numel():
-        with device_of(out):
+        with device_of(out), launch_plan(("marks", *described(source, query, first, segments))):
             BLOCK_N = max(1, min(TILE // BLOCK_V, 128))
             direct(mark_causal_kernel)[(cdiv(N, BLOCK_N), B * H)](
                 source, query, first if segments is None else segments, first, res, first.shape[0], N, H,
