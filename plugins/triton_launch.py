@@ -239,18 +239,19 @@ class DirectLaunch:
 
 def _run(entry, grid, names, args, device, stream=None):
     """Launches a kept (compiled, arguments after the positional ones, their values) on `grid` (a
-    tuple, or a function of the launch's _Meta) and `stream` (None: the current one of `device`,
-    the current device). Without a launch hook, through the compiled kernel's launcher as Triton's
-    runner calls it; with one, through Triton's runner."""
+    tuple, or a function of the launch's _Meta) and `stream` (a launch plan's, whose start found
+    no launch hook; None: the current one of `device`, the current device). Without a launch
+    hook, through the compiled kernel's launcher as Triton's runner calls it; with one, through
+    Triton's runner."""
     compiled, after, tail = entry
     if callable(grid):
         grid = grid(_Meta(after, names, args))
     size = len(grid)
     x, y, z = grid[0], grid[1] if size > 1 else 1, grid[2] if size > 2 else 1
-    if _launch_hooks():
-        compiled[(x, y, z)](*args, *tail)
-        return compiled
     if stream is None:
+        if _launch_hooks():
+            compiled[(x, y, z)](*args, *tail)
+            return compiled
         stream = driver.active.get_current_stream(device)
     compiled.run(x, y, z, stream, compiled.function, compiled.packed_metadata, None, None, None, *args, *tail)
     return compiled

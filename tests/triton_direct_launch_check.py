@@ -204,6 +204,7 @@ def compare() -> list[str]:
     print(f"direct launch: {triton_launch.VERIFIED} planned launches named the kernel their arguments' key "
           "names", flush=True)
     failures += keys_of_a_seen_call(triton_launch, dict(cases()))
+    failures += hooks_see_every_launch(dict(cases()))
     chunk_kernels.fwd_o.cache.clear()
     cases()[0][1]()
     if not chunk_kernels.fwd_o.cache:
@@ -233,6 +234,26 @@ def keys_of_a_seen_call(triton_launch, named) -> list[str]:
     finally:
         triton_launch.DirectLaunch.key = key
     return failures
+
+
+def hooks_see_every_launch(named) -> list[str]:
+    """With a launch hook registered (Triton's profiler registers one), every launch of a layer's
+    call goes through Triton's runner, which calls it: none is launched past it."""
+    from triton import knobs
+    called = []
+
+    def hook(metadata):
+        called.append(1)
+    knobs.runtime.launch_enter_hook.add(hook)
+    try:
+        launches = len(recorded(named["trusted path"]))
+    finally:
+        knobs.runtime.launch_enter_hook.remove(hook)
+    print(f"direct launch, trusted path with a launch hook: {len(called)} of {launches} launches called it",
+          flush=True)
+    if len(called) != launches:
+        return [f"a launch hook was called for {len(called)} of {launches} launches"]
+    return []
 
 
 def main() -> int:

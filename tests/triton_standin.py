@@ -59,10 +59,14 @@ class _NoLaunch:
                 raise ValueError(f"grid dimension {size!r}: must be a positive int")
         if grid_1 > 65535 or grid_2 > 65535:
             raise ValueError("grid dimensions 2 and 3 are limited to 65535 by CUDA")
+        if enter_hook is not None:              # as the CUDA launcher: the hooks around the launch
+            enter_hook(launch_metadata)
         _NoLaunch.launches += 1
         if _NoLaunch.record is not None:
             _NoLaunch.record.append((self.metadata.name, self.metadata.hash, (grid_0, grid_1, grid_2),
                                      tuple(_described(arg) for arg in args)))
+        if exit_hook is not None:
+            exit_hook(launch_metadata)
 
 
 def _described(arg):
