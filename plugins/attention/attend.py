@@ -133,6 +133,11 @@ def _causal_rows(q, k, v, phi, segments, *, kernel, extra, state_dtype, eps, chu
         if order is not None:
             q, k, v = (_gather(t, order) for t in (q, k, v))
         mask = torch.arange(N, device=q.device) < lengths[:, None]
+    if _one_node(kernels, finite, initial_state, return_state) and B * H * N:
+        out = kernels.marked_chunk_attention(phi, q, k, v, lengths=lengths, eps=eps, chunk_size=chunk_size,
+                                             **extra)
+        if out is not None:
+            return _restored(out, mask, order, segments), None
     fq, fk, v, marks = _feature_map(phi, q, k, v, finite, kernels, mask, lengths)
     D = fk.shape[-1]
     if initial_state is not None:
@@ -148,11 +153,23 @@ def _causal_rows(q, k, v, phi, segments, *, kernel, extra, state_dtype, eps, chu
     out = marks.causal(out)
     if return_state:
         state = marks.state(state)
+    return _restored(out, mask, order, segments), state
+
+
+def _restored(out, mask, order, segments):
+    """out with its padded positions zeroed and its rows' tokens back in place (`_causal_rows`)."""
     if mask is not None:
         out = mask_keys(out, mask)
     if order is not None:
         out = _gather(out, segments.restore)
-    return out, state
+    return out
+
+
+def _one_node(kernels, finite, initial_state, return_state) -> bool:
+    """Whether a layer's call runs as one autograd node (triton.marked_chunk_attention): the Triton
+    path in eager mode, marks wanted, no state in or out (training), as _feature_map's kernels."""
+    return (kernels is not None and not finite and initial_state is None and not return_state
+            and not torch.compiler.is_compiling())
 
 
 def _feature_map(phi, q, k, v, finite, kernels, mask=None, lengths=None, segments=None, count=0):
@@ -177,6 +194,11 @@ def _causal_packed(q, k, v, phi, cu, *, kernel, extra, state_dtype, eps, chunk_s
     H, N, Dv = q.shape[1], q.shape[2], v.shape[-1]
     n = cu.numel() - 1
     segments = segment_of_tokens(cu, N)
+    if _one_node(kernels, finite, initial_state, return_state) and N and H:
+        out = kernels.marked_chunk_attention(phi, q, k, v, segments=segments, count=n, cu_seqlens=cu, eps=eps,
+                                             chunk_size=chunk_size, **extra)
+        if out is not None:
+            return out, None
     fq, fk, v, marks = _feature_map(phi, q, k, v, finite, kernels, segments=segments, count=n)
     D = fk.shape[-1]
     if initial_state is not None:

@@ -54,11 +54,17 @@ def fake_kernels(calls, available=True):
         fq, fk, v, marks = NonFiniteMarks.feature_map(phi, *(mask_keys(t, mask) for t in (q, k, v)))
         return fq.contiguous(), mask_keys(fk, mask).contiguous(), v.contiguous(), marks
 
+    def marked_chunk_attention(phi, q, k, v, **kw):
+        """Declines the one-node call (None, as the real one does for a map without a kernel): the
+        calls recorded are the chain's, finite_features then chunk."""
+        return None
+
     module.is_available = lambda: available
     module.chunk_momentum_attention = chunk
     module.fused_recurrent_step = step
     module.marked_recurrent_step = marked_step
     module.finite_features = finite_features
+    module.marked_chunk_attention = marked_chunk_attention
     return module
 
 

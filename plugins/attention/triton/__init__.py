@@ -1,7 +1,8 @@
 """Triton kernels of momentum attention (Momentum Transformer, eq. 12/13), one module per form
 after flash-linear-attention: `chunk_kernels` and its launchers `chunk` (training / prefill,
 forward and backward), `fused_recurrent` (one decoding step and its launcher), `feature_marks` (a
-layer's feature map with its NaN marks, one kernel for q, k and v), `op` (the launchers
+layer's feature map with its NaN marks, one kernel for q, k and v), `layer_call` (a layer's eager
+training call through both in one autograd node), `op` (the launchers
 registered as torch.library custom ops, so torch.compile keeps one graph) and `entry_points` (the
 public functions over the ops). Imports go one way, in that order from `entry_points` down.
 
@@ -67,6 +68,15 @@ def finite_features(phi, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     _check_device(q)
     from .entry_points import finite_features as impl
     return impl(phi, q, k, v, lengths, segments, count)
+
+
+def marked_chunk_attention(phi, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                           **kw) -> torch.Tensor | None:
+    """A layer's eager call (φ and its marks, eq. 13 from a zero state) in one autograd node; see
+    `entry_points.marked_chunk_attention`."""
+    _check_device(q)
+    from .entry_points import marked_chunk_attention as impl
+    return impl(phi, q, k, v, **kw)
 
 
 def _check_device(t: torch.Tensor) -> None:

@@ -14,6 +14,7 @@ from ..nonfinite import NonFiniteMarks
 from ..state import MomentumAttentionState
 from .feature_marks import FiniteFeatures, MarkedOutput
 from .fused_recurrent import marked_step
+from .layer_call import MarkedChunk
 from .op import chunk_momentum_attention_op, momentum_attention_step_op
 from .utils import accumulator_dtype, kernel_inputs
 
@@ -44,18 +45,13 @@ def chunk_momentum_attention(
     fq, fk, v = kernel_inputs(fq, fk, v)
     acc = accumulator_dtype(fq.dtype)
     B, H, N, DK = fq.shape
-    states = B
-    if cu_seqlens is not None:
-        cu_seqlens = _packed_offsets(cu_seqlens, fq, lengths)
-        states = cu_seqlens.shape[0] - 1
+    lengths, cu_seqlens = _tables(fq, lengths, cu_seqlens)
+    states = B if cu_seqlens is None else cu_seqlens.shape[0] - 1
     if initial_state is None:
         s0 = z0 = m0 = None
     else:
         initial_state.check(states, H, DK, v.shape[3])
         s0, z0, m0 = (t.to(acc).contiguous() for t in (initial_state.s, initial_state.z, initial_state.m))
-    if lengths is not None:
-        # clamped on the device (no sync): a length past N would make the kernels read the next row
-        lengths = lengths.to(device=fq.device, dtype=torch.int32).clamp(0, fq.shape[2]).contiguous()
     if fq.numel() == 0 or v.numel() == 0:
         out = v.new_zeros(v.shape, dtype=out_dtype)
         state = initial_state if initial_state is not None else MomentumAttentionState.zeros(
@@ -69,6 +65,34 @@ def chunk_momentum_attention(
     if momentum == 0.0:
         m = _last_momentum(fk, v, lengths, cu_seqlens, m0)
     return out, MomentumAttentionState(s=s, z=z, m=m)
+
+
+def _tables(fq, lengths, cu_seqlens):
+    """(lengths, cu_seqlens) as the kernels read them: lengths int32 clamped into [0, N] on the device
+    (no sync: a length past N would make the kernels read the next row), the offsets as
+    `_packed_offsets` makes them; None stays None."""
+    if cu_seqlens is not None:
+        cu_seqlens = _packed_offsets(cu_seqlens, fq, lengths)
+    if lengths is not None:
+        lengths = lengths.to(device=fq.device, dtype=torch.int32).clamp(0, fq.shape[2]).contiguous()
+    return lengths, cu_seqlens
+
+
+def marked_chunk_attention(phi, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, momentum: float,
+                           step_size: float, eps: float, chunk_size: int, lengths: torch.Tensor | None = None,
+                           segments: torch.Tensor | None = None, count: int = 0,
+                           cu_seqlens: torch.Tensor | None = None) -> torch.Tensor | None:
+    """A layer's eager call without a state in or out, in one autograd node (layer_call.MarkedChunk):
+    φ of raw q, k (B, H, N, Dk) and v (B, H, N, Dv) with their non-finite marks (finite_features'
+    rules: `lengths`, or `segments` and `count` with the packed row's `cu_seqlens`), eq. 13 from a
+    zero state, and the causal marks; out in v's dtype. None where finite_features would not take
+    the call (a feature map without a kernel, float64): the caller chains the general path."""
+    code = MARKED_FEATURE_MAPS.get(phi)
+    if code is None or torch.float64 in (q.dtype, k.dtype, v.dtype):
+        return None
+    tables = _tables(q, lengths, cu_seqlens)
+    return MarkedChunk.apply(q, k, v, code, lengths, segments, count, tables, float(momentum),
+                             float(step_size), float(eps), int(chunk_size))
 
 
 def _packed_offsets(cu_seqlens, fq, lengths):
