@@ -86,7 +86,8 @@ def test_one_node_gives_the_chained_nodes_bits(phi, momentum, dtype):
         assert torch.equal(out.isnan(), expected.isnan()), name
         assert torch.equal(out.nan_to_num(), expected.nan_to_num()), name
         for x, a, b in zip("qkv", grads, expected_grads):
-            assert torch.equal(a.isnan(), b.isnan()) and torch.equal(a.nan_to_num(), b.nan_to_num()), (name, x)
+            assert torch.equal(a.isnan(), b.isnan()), (name, x)
+            assert torch.equal(a.nan_to_num(), b.nan_to_num()), (name, x)
 
 
 def test_inputs_without_gradient_get_none_and_the_others_the_chained_bits():
