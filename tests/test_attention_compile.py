@@ -51,7 +51,10 @@ def test_compiled_model_matches_eager(make_generator, padded):
     assert torch.isfinite(grads[0]).all()
     torch.testing.assert_close(out_c, out, **TOL, equal_nan=True)
     for g, g_c in zip(grads, grads_c):
-        torch.testing.assert_close(g_c, g, **TOL)
+        # fp32 sums taken in another order (AOTAutograd's decomposed backward) err in proportion to the
+        # largest terms, not to each entry: 1e-5 of the largest entry (one entry in 768 was 1.9e-6 off
+        # with atol 1e-6 for some initial weights, before and after 2026-11-29's changes)
+        torch.testing.assert_close(g_c, g, rtol=TOL["rtol"], atol=1e-5 * float(g.abs().max()))
 
 
 def test_compiled_decoding_step_and_triton_dispatch(make_generator, monkeypatch):
