@@ -168,8 +168,13 @@ def _restored(out, mask, order, segments):
 def _one_node(kernels, finite, initial_state, return_state) -> bool:
     """Whether a layer's call runs as one autograd node (triton.marked_chunk_attention): the Triton
     path in eager mode, marks wanted, no state in or out (training), as _feature_map's kernels."""
-    return (kernels is not None and not finite and initial_state is None and not return_state
-            and not torch.compiler.is_compiling())
+    return initial_state is None and not return_state and _marks_in_kernels(kernels, finite)
+
+
+def _marks_in_kernels(kernels, finite) -> bool:
+    """Whether the Triton kernels compute the feature map and its marks: the Triton path, marks
+    wanted, eager mode (compiled graphs fuse the PyTorch ops instead)."""
+    return kernels is not None and not finite and not torch.compiler.is_compiling()
 
 
 def _feature_map(phi, q, k, v, finite, kernels, mask=None, lengths=None, segments=None, count=0):
@@ -178,7 +183,7 @@ def _feature_map(phi, q, k, v, finite, kernels, mask=None, lengths=None, segment
     for q, k and v (triton.finite_features; `segments` (N,) and `count`: the packed sequences, whose
     causal marks the kernels then keep apart) where they take the call (the Triton path, eager mode,
     marks wanted, a built-in map, not float64), else PyTorch ops (fused under torch.compile)."""
-    if kernels is not None and not finite and not torch.compiler.is_compiling():
+    if _marks_in_kernels(kernels, finite):
         fused = kernels.finite_features(phi, q, k, v, lengths, segments, count)
         if fused is not None:
             return fused

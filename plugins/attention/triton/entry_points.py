@@ -87,8 +87,8 @@ def marked_chunk_attention(phi, q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
     rules: `lengths`, or `segments` and `count` with the packed row's `cu_seqlens`), eq. 13 from a
     zero state, and the causal marks; out in v's dtype. None where finite_features would not take
     the call (a feature map without a kernel, float64): the caller chains the general path."""
-    code = MARKED_FEATURE_MAPS.get(phi)
-    if code is None or torch.float64 in (q.dtype, k.dtype, v.dtype):
+    code = _feature_code(phi, q, k, v)
+    if code is None:
         return None
     tables = _tables(q, lengths, cu_seqlens)
     return MarkedChunk.apply(q, k, v, code, lengths, segments, count, tables, float(momentum),
@@ -155,6 +155,15 @@ class KernelMarks(NonFiniteMarks):
         return MarkedOutput.apply(out, self.query, self.first, segments)
 
 
+def _feature_code(phi, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> int | None:
+    """The feature kernels' code of `phi` (MARKED_FEATURE_MAPS), or None where they do not take the
+    call: a map without a kernel, or float64 inputs."""
+    code = MARKED_FEATURE_MAPS.get(phi)
+    if code is None or torch.float64 in (q.dtype, k.dtype, v.dtype):
+        return None
+    return code
+
+
 def finite_features(phi, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                     lengths: torch.Tensor | None = None, segments: torch.Tensor | None = None,
                     count: int = 0) -> tuple | None:
@@ -166,8 +175,8 @@ def finite_features(phi, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     out contiguous, in their inputs' dtype; differentiable in q, k, v. The marks (KernelMarks) add
     their causal marks in one kernel too: per row, or with `segments` (N,) integers, each position's
     sequence of `count` in one packed row (batch 1), per packed sequence."""
-    code = MARKED_FEATURE_MAPS.get(phi)
-    if code is None or torch.float64 in (q.dtype, k.dtype, v.dtype):
+    code = _feature_code(phi, q, k, v)
+    if code is None:
         return None
     fq, fk, v, query, key, value, first = FiniteFeatures.apply(q, k, v, code, lengths, segments, count)
     return fq, fk, v, KernelMarks(query, key, value, first, segments)
