@@ -18,8 +18,9 @@ A keyword argument that Triton specialises on (not a constexpr) sends the launch
 own dispatch. A hit appends the arguments after the positional ones, bound at the first launch,
 and gives a grid function the positional arguments only when it asks for one by name.
 A loop that launches one kernel many times on arguments that specialise alike at every call can
-`pin` it: the first launch goes through `direct`, the others launch the kernel compiled for it
-without computing that key (on the 2-core CPU machine a third of an Adam LSTM's host time).
+`pin` it: the first launch goes through `direct`, the others call the launcher of the kernel
+compiled for it without computing that key (on the 2-core CPU machine a third of an Adam LSTM's
+host time), on the stream current at the first launch.
 A launcher that makes several launches per call can run them under `launch_plan(signature)`,
 where the signature describes the call's inputs (`described`): the n-th launch of a plan is then
 keyed by (signature, device, n) alone, its arguments' key computed only the first time.
@@ -186,16 +187,24 @@ class DirectLaunch:
                                  "specialise on)")
 
     def pin(self, grid, args, kwargs):
-        """`pin` for this launcher: after one launch, the compiled kernel with the arguments after
-        the positional ones bound once."""
+        """`pin` for this launcher: after one launch, the compiled kernel's launcher with the
+        arguments after the positional ones bound once, on the stream current at that launch (no
+        launch hook set; with one, Triton's runner)."""
         self.launch(grid, args, kwargs)
         entry = self.compiled.get(self.key(args, kwargs)) if self.specialised.isdisjoint(kwargs) else None
         if entry is None:                             # not kept (a config's pre-hook, a keyword Triton
             return lambda grid, *new: self.launch(grid, new, kwargs)   # specialises): launch each time
         compiled, tail = entry[0], entry[2]
+        if _launch_hooks():                           # Triton's runner calls the hooks
+            return lambda grid, *new: compiled[tuple(grid) + (1,) * (3 - len(grid))](*new, *tail)
+        # the loop runs on the stream current now, as _run's launch plans do
+        run, function, metadata = compiled.run, compiled.function, compiled.packed_metadata
+        stream = driver.active.get_current_stream(driver.active.get_current_device())
 
         def again(grid, *new):
-            compiled[tuple(grid) + (1,) * (3 - len(grid))](*new, *tail)
+            size = len(grid)
+            run(grid[0], grid[1] if size > 1 else 1, grid[2] if size > 2 else 1, stream, function, metadata,
+                None, None, None, *new, *tail)
         return again
 
     def first_launch(self, key, grid, args, kwargs):
