@@ -137,7 +137,7 @@ def lstm_fwd_bwd(backend):
 NO_KERNEL = {"aten::" + name for name in (
     "to", "promote_types", "empty_like", "empty", "empty_strided", "new_empty", "select", "unsqueeze",
     "detach", "as_strided", "view", "alias", "expand", "slice", "reshape", "_unsafe_view", "t", "transpose",
-    "lift_fresh", "resolve_conj", "resolve_neg")}
+    "lift_fresh", "resolve_conj", "resolve_neg", "unbind")}
 
 
 def aten_ops(step) -> tuple[int, int]:
@@ -229,7 +229,8 @@ def main():
     if args.lstm:
         backends = ("triton", "triton-one-launch")
         steps = {name: lstm_fwd_bwd(name) for name in backends}
-        counts = {name: (launches_of(steps[name]), aten_ops(steps[name])[1]) for name in backends}
+        counts = {name: (launches_of(step), aten_ops(step)[1], python_calls(step, calls=3))
+                  for name, step in steps.items()}
         rounds = {name: [] for name in backends}
         for _ in range(args.rounds):             # alternating, so that load on the machine hits both
             for name in backends:
@@ -237,8 +238,9 @@ def main():
         print(f"host ms per forward+backward of a 3-layer Adam MomentumLSTM (T 70, B 20, hidden 32, float32; "
               f"Triton launch path, no-op launches; median of {args.rounds} rounds of 3):")
         for name in backends:
-            print(f"  {name}: {statistics.median(rounds[name]):.2f} ms; {counts[name][0]} Triton launches "
-                  f"and {counts[name][1]} computing aten ops per call")
+            print(f"  {name}: {statistics.median(rounds[name]):.2f} ms; {counts[name][0]} Triton launches, "
+                  f"{counts[name][1]} computing aten ops and {counts[name][2]} function calls (cProfile) "
+                  "per call")
         return
     if args.decode:
         step = decode_step()

@@ -10,7 +10,7 @@ Cases: dense, padded (lengths) with an initial state and the final state's gradi
 shapes, with an initial state: chunk.py's launch plans must tell the two apart; every planned
 launch also checks its arguments' key, triton_launch.VERIFY_PLANS), a decoding step, then one
 whose v is not 16-byte aligned (Triton specialises on alignment), and the Adam / RMSProp LSTM
-steps of both Triton recurrences (pinned where every step aligns alike, triton_launch.pin);
+steps of both Triton recurrences (pinned per loop, triton_launch.pin);
 then the autotuner's cache cleared (direct launching starts over with it). Must run with
 TRITON_INTERPRET unset."""
 import functools
@@ -74,9 +74,10 @@ def cases():
         momentum_attention_step(q, k, v, state, momentum=0.6, backend="triton")
 
     def lstm():
-        """Both Triton recurrences, whose step kernels are pinned per loop where every step's views
-        align alike: hidden 64 (bf16 steps of 384 bytes), whole and packed (steps of 3, 2 and 1
-        rows), and hidden 5, whose 30-byte steps alternate alignment (launched step by step)."""
+        """Both Triton recurrences, whose step kernels are pinned per loop (every step passes the
+        same buffers, indexed at the step in the kernel): hidden 64 (bf16 steps of 384 bytes),
+        whole and packed (steps of 3, 2 and 1 rows), and hidden 5, whose 30-byte steps would
+        alternate alignment as views."""
         for backend in ("triton", "triton-one-launch"):
             for cell in ("adam", "rmsprop"):
                 for hidden, lengths in ((64, None), (64, [9, 4, 1]), (5, [9, 4, 1])):
@@ -238,22 +239,25 @@ def keys_of_a_seen_call(triton_launch, named) -> list[str]:
 
 def hooks_see_every_launch(named) -> list[str]:
     """With a launch hook registered (Triton's profiler registers one), every launch of a layer's
-    call goes through Triton's runner, which calls it: none is launched past it."""
+    call (launch plans) and of the LSTM recurrences' loops (pinned steps) goes through Triton's
+    runner, which calls it: none is launched past it."""
     from triton import knobs
-    called = []
+    failures = []
+    for name in ("trusted path", "Adam/RMSProp LSTM"):
+        called = []
 
-    def hook(metadata):
-        called.append(1)
-    knobs.runtime.launch_enter_hook.add(hook)
-    try:
-        launches = len(recorded(named["trusted path"]))
-    finally:
-        knobs.runtime.launch_enter_hook.remove(hook)
-    print(f"direct launch, trusted path with a launch hook: {len(called)} of {launches} launches called it",
-          flush=True)
-    if len(called) != launches:
-        return [f"a launch hook was called for {len(called)} of {launches} launches"]
-    return []
+        def hook(metadata):
+            called.append(1)
+        knobs.runtime.launch_enter_hook.add(hook)
+        try:
+            launches = len(recorded(named[name]))
+        finally:
+            knobs.runtime.launch_enter_hook.remove(hook)
+        print(f"direct launch, {name} with a launch hook: {len(called)} of {launches} launches called it",
+              flush=True)
+        if len(called) != launches:
+            failures.append(f"{name}: a launch hook was called for {len(called)} of {launches} launches")
+    return failures
 
 
 def main() -> int:

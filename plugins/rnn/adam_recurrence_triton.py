@@ -37,13 +37,17 @@ BLOCK_H = 32
 GEMM_BLOCK_H, GEMM_BLOCK_K = 16, 32
 
 
-def _adam_lstm_forward_step(g_ptr, pre_ptr, h_prev_ptr, w_ptr, bias_ptr, m_ptr, v_prev_ptr, v_ptr, r_ptr,
-                            c_prev_ptr, c_ptr, h_ptr, hyper_ptr, rows, hidden, HAS_V: tl.constexpr,
-                            COMPUTE: tl.constexpr, GEMM: tl.constexpr, IEEE: tl.constexpr,
+def _adam_lstm_forward_step(g_ptr, pre_ptr, hs_ptr, w_ptr, bias_ptr, m_ptr, vs_ptr, rs_ptr, cs_ptr, hyper_ptr,
+                            t, rows, batch, hidden, HAS_V: tl.constexpr, COMPUTE: tl.constexpr,
+                            GEMM: tl.constexpr, IEEE: tl.constexpr,
                             BLOCK_B: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_K: tl.constexpr):
-    """Eq. 15 and eq. 2 for rows [0, rows) of one step; m is updated in place. The recurrent
-    pre-activation h_{t-1} W_hhᵀ is read from pre_ptr, or with GEMM computed here from h_prev_ptr
+    """Eq. 15 and eq. 2 for rows [0, rows) of step t; m is updated in place. The recurrent
+    pre-activation h_{t-1} W_hhᵀ is read from pre_ptr, or with GEMM computed here from h_{t-1}
     and w_ptr (W_hh, (4H, H)): the tile's 4·BLOCK_H gate rows of W_hh against all H units.
+
+    g, r (T, B, 4H), v (T+1, B, 4H: v_{t-1} at t) and h, c (T+1, B, H) come whole and are indexed
+    at t here, so that every step passes the same pointers: the host makes no per-step views,
+    and the kernel compiled for the first step fits every other (`t` is not specialised on).
 
     A program owns BLOCK_B rows × BLOCK_H hidden units and all four gates of those units:
     gate k of unit j of row b sits at b·4H + k·H + j, held here as a (BLOCK_B, BLOCK_H, 4)
@@ -51,6 +55,16 @@ def _adam_lstm_forward_step(g_ptr, pre_ptr, h_prev_ptr, w_ptr, bias_ptr, m_ptr, 
     functions), so the kernel also runs in the interpreter when triton was imported without
     TRITON_INTERPRET.
     """
+    step_wide = t.to(tl.int64) * batch * (4 * hidden)
+    step_narrow = t.to(tl.int64) * batch * hidden
+    g_ptr += step_wide
+    r_ptr = rs_ptr + step_wide
+    v_prev_ptr = vs_ptr + step_wide
+    v_ptr = v_prev_ptr + batch * (4 * hidden)
+    h_prev_ptr = hs_ptr + step_narrow
+    h_ptr = h_prev_ptr + batch * hidden
+    c_prev_ptr = cs_ptr + step_narrow
+    c_ptr = c_prev_ptr + batch * hidden
     row = tl.program_id(0) * BLOCK_B + tl.arange(0, BLOCK_B)
     col = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     gate = tl.arange(0, 4)[None, None, :]
@@ -117,21 +131,33 @@ def _adam_lstm_forward_step(g_ptr, pre_ptr, h_prev_ptr, w_ptr, bias_ptr, m_ptr, 
     tl.store(h_ptr + narrow, (o * tanh_c).to(h_ptr.dtype.element_ty), mask=mask2)
 
 
-def _adam_lstm_backward_step(delta_ptr, g_ptr, v_ptr, r_ptr, bias_ptr, c_prev_ptr, c_ptr,
-                             dh_ptr, next_ptr, w_ptr, grad_h_ptr, dc_ptr, dm_ptr, dv_ptr, dg_ptr, hyper_ptr,
-                             rows, batch, hidden, HAS_V: tl.constexpr, COMPUTE: tl.constexpr,
-                             GEMM: tl.constexpr, HAS_NEXT: tl.constexpr, IEEE: tl.constexpr,
+def _adam_lstm_backward_step(delta_ptr, g_ptr, vs_ptr, rs_ptr, bias_ptr, cs_ptr, dh_ptr, w_ptr, grad_hs_ptr,
+                             dc_ptr, dm_ptr, dv_ptr, dg_ptr, hyper_ptr, t, rows, batch, hidden,
+                             HAS_V: tl.constexpr, COMPUTE: tl.constexpr, GEMM: tl.constexpr,
+                             HAS_NEXT: tl.constexpr, IEEE: tl.constexpr,
                              BLOCK_B: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_K: tl.constexpr):
-    """Adjoint of one step of `_adam_lstm_forward_step` for rows [0, rows).
+    """Adjoint of step t of `_adam_lstm_forward_step` for rows [0, rows).
 
-    delta holds pre = h_{t-1} W_hhᵀ on entry and the gate adjoint δ = ∂L/∂gates on exit; dc,
-    dm and dv carry ∂L/∂c_t, ∂L/∂m_t, ∂L/∂v_t in and ∂L/∂c_{t-1}, ∂L/∂m_{t-1}, ∂L/∂v_{t-1}
-    out; dh holds δ_{t+1} W_hh (∂L/∂h_t without the output's own gradient grad_h), or with GEMM
-    it is computed here from next_ptr (δ_{t+1}, all 4H gates of the tile's rows; 0 without
-    HAS_NEXT, at the last step) and w_ptr (W_hh's columns of the tile's units). Rows in
-    [rows, batch) have finished: their δ and ∂L/∂g are set to 0, their carried adjoints kept
-    (so δ_{t+1} is 0 on rows that end at t, and their dh with it).
+    delta (T, B, 4H) holds pre = h_{t-1} W_hhᵀ on entry and the gate adjoint δ = ∂L/∂gates on
+    exit; dc, dm and dv carry ∂L/∂c_t, ∂L/∂m_t, ∂L/∂v_t in and ∂L/∂c_{t-1}, ∂L/∂m_{t-1},
+    ∂L/∂v_{t-1} out; dh holds δ_{t+1} W_hh (∂L/∂h_t without the output's own gradient, grad_hs at
+    t+1), or with GEMM it is computed here from δ_{t+1} (delta at t+1, all 4H gates of the tile's
+    rows; 0 without HAS_NEXT, at the last step) and w_ptr (W_hh's columns of the tile's units).
+    Rows in [rows, batch) have finished: their δ and ∂L/∂g are set to 0, their carried adjoints
+    kept (so δ_{t+1} is 0 on rows that end at t, and their dh with it). The (T or T+1)-long
+    buffers come whole and are indexed at t, as in the forward step.
     """
+    step_wide = t.to(tl.int64) * batch * (4 * hidden)
+    step_narrow = t.to(tl.int64) * batch * hidden
+    delta_ptr += step_wide
+    next_ptr = delta_ptr + batch * (4 * hidden)
+    g_ptr += step_wide
+    r_ptr = rs_ptr + step_wide
+    dg_ptr += step_wide
+    v_ptr = vs_ptr + step_wide + batch * (4 * hidden)
+    c_prev_ptr = cs_ptr + step_narrow
+    c_ptr = c_prev_ptr + batch * hidden
+    grad_h_ptr = grad_hs_ptr + step_narrow + batch * hidden
     row = tl.program_id(0) * BLOCK_B + tl.arange(0, BLOCK_B)
     col = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     gate = tl.arange(0, 4)[None, None, :]
@@ -223,7 +249,7 @@ def _kernel(fn, interpret):
         from triton.runtime.interpreter import InterpretedFunction
 
         return InterpretedFunction(fn)
-    return triton.jit(fn, do_not_specialize=["rows"])
+    return triton.jit(fn, do_not_specialize=["t", "rows"])
 
 
 class _StepKernel:
@@ -231,14 +257,12 @@ class _StepKernel:
 
     BLOCK_B follows the full batch, so packed steps with fewer rows reuse the same compiled
     kernel (only the grid shrinks); with the GEMM inside it is 16, the least tl.dot takes.
-    `buffers`: the (T or T+1, ...) tensors whose step views the loop passes. Where each advances
-    by a multiple of 16 bytes per step, every step's arguments specialise as the first step's
-    (same dtypes, same alignment; `rows` is not specialised), so the kernel is pinned per value
-    of the switches (triton_launch.pin): the later steps skip the direct launcher's key."""
+    Every step passes the same tensors and differs only in `t` and `rows`, which are not
+    specialised on: the kernel is pinned per value of the switches (triton_launch.pin), and the
+    later steps skip the direct launcher's key."""
 
-    def __init__(self, fn, g, meta, buffers):
+    def __init__(self, fn, g, meta):
         self.kernel = direct(_kernel(fn, g.device.type != "cuda"))
-        self.stable = all(t.stride(0) * t.element_size() % 16 == 0 for t in buffers if t is not None)
         self.pins = {}
         batch, hidden = g.shape[1], g.shape[2] // 4
         gemm = meta["GEMM"]
@@ -252,12 +276,10 @@ class _StepKernel:
         grid = (cdiv(rows, self.block_b), self.columns)
         switch = tuple(switches.values())
         again = self.pins.get(switch)
-        if again is not None:
-            again(grid, *args)
-        elif self.stable:
+        if again is None:
             self.pins[switch] = pin(self.kernel, grid, args, dict(self.meta, **switches))
         else:
-            self.kernel[grid](*args, **self.meta, **switches)
+            again(grid, *args)
 
 
 def _constants(g, momentum, step_size, beta, eps, gemm):
@@ -278,23 +300,21 @@ def _constants(g, momentum, step_size, beta, eps, gemm):
 
 def _forward(ctx, gemm, g, v0, h0, c0, m0, weight_hh, bias_hh, momentum, step_size, beta, eps, batch_sizes):
     g = g.contiguous()
-    steps, _, width = g.shape
+    _, batch, width = g.shape
     hidden = width // 4
     sizes, hs, cs, rs, vs, m, bias = forward_buffers(g, v0, h0, c0, m0, bias_hh, momentum, batch_sizes)
     weight = weight_hh.contiguous()
     w_t = weight.t()
     pre = torch.empty_like(g[0])
     hyper, meta = _constants(g, momentum, step_size, beta, eps, gemm)
-    step = _StepKernel(_adam_lstm_forward_step, g, meta, (g, hs, cs, rs, vs))
-    h_seq, c_seq = hs.unbind(0), cs.unbind(0)
-    v_seq = [g] * (steps + 1) if vs is None else vs.unbind(0)
+    step = _StepKernel(_adam_lstm_forward_step, g, meta)
+    h_seq = hs.unbind(0)
+    v_all = g if vs is None else vs                  # read only where μ > 0
     with step.device:
-        for t, (g_t, r_t) in enumerate(zip(g.unbind(0), rs.unbind(0))):
-            n = sizes[t]
+        for t, n in enumerate(sizes):
             if not gemm:
-                torch.mm(h_seq[t][:n], w_t, out=pre[:n])
-            step(n, g_t, pre, h_seq[t], weight, bias, m, v_seq[t], v_seq[t + 1], r_t, c_seq[t], c_seq[t + 1],
-                 h_seq[t + 1], hyper, n, hidden)
+                torch.mm(h_seq[t] if n == batch else h_seq[t][:n], w_t, out=pre if n == batch else pre[:n])
+            step(n, g, pre, hs, weight, bias, m, v_all, rs, cs, hyper, t, n, batch, hidden)
     return forward_results(ctx, (sizes, momentum, step_size, beta, eps), g, vs, weight_hh, bias_hh, hs, cs,
                            rs, m)
 
@@ -318,19 +338,16 @@ def _backward(ctx, gemm, grad_hs, grad_c, grad_v, grad_m):
     h_prev = hs[:-1].reshape(steps * batch, hidden)
     delta = torch.mm(h_prev, weight.t()).view(steps, batch, width)
     hyper, meta = _constants(g, momentum, step_size, beta, eps, gemm)
-    step = _StepKernel(_adam_lstm_backward_step, g, meta, (delta, g, vs, rs, cs, grad_hs, dg))
-    g_seq, r_seq, c_seq, d_seq = g.unbind(0), rs.unbind(0), cs.unbind(0), delta.unbind(0)
-    v_seq = g_seq if vs is None else vs.unbind(0)[1:]
-    grad_h_seq, dg_seq = grad_hs.unbind(0), dg.unbind(0)
+    step = _StepKernel(_adam_lstm_backward_step, g, meta)
+    d_seq = delta.unbind(0)
+    v_all, dv_or_g = (g, g) if vs is None else (vs, dv)   # read only where μ > 0
     with step.device:
         for t in reversed(range(steps)):
             n = sizes[t]
-            following = d_seq[min(t + 1, steps - 1)]
-            step(batch, d_seq[t], g_seq[t], v_seq[t], r_seq[t], bias, c_seq[t], c_seq[t + 1], dh, following,
-                 weight, grad_h_seq[t + 1], dc, dm, g if dv is None else dv, dg_seq[t], hyper, n, batch,
-                 hidden, HAS_NEXT=gemm and t + 1 < steps)
+            step(batch, delta, g, v_all, rs, bias, cs, dh, weight, grad_hs, dc, dm, dv_or_g, dg, hyper, t, n,
+                 batch, hidden, HAS_NEXT=gemm and t + 1 < steps)
             if not gemm:
-                torch.mm(d_seq[t][:n], weight, out=dh[:n])
+                torch.mm(d_seq[t] if n == batch else d_seq[t][:n], weight, out=dh if n == batch else dh[:n])
     if gemm:
         # ∂L/∂h_0 from δ_1 (rows whose sequence is empty have δ = 0)
         torch.mm(d_seq[0], weight, out=dh)
