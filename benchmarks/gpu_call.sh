@@ -8,7 +8,8 @@
 # training step of both models at T = 8192 eager and compiled with CUDA graphs (the eager momentum
 # step is host-bound on the H200: docs/benchmarks.md, 2026-11-28). Its host columns are where session
 # 17's launch plans (docs/benchmarks.md, 2026-11-29: a quarter to two fifths less host time per
-# call on the CPU machine) show, or do not, on a GPU.
+# call on the CPU machine) show, or do not, on a GPU; gpu-check's RNN table is where session 18's
+# LSTM loop without per-step views (a third less host time on the CPU machine) does.
 # About 9.5 minutes from a bare machine (gpu-check's 353 s on 2026-11-28, then about 170 s). Before
 # the call, here: the wheels in .whl (docs/developing.md, "Benchmarks and the GPU suite"); the call:
 # `bash benchmarks/gpu_call.sh` with carry [".whl"] and timeout_s 600.

@@ -23,7 +23,8 @@ compiled for it without computing that key (on the 2-core CPU machine a third of
 host time), on the stream current at the first launch.
 A launcher that makes several launches per call can run them under `launch_plan(signature)`,
 where the signature describes the call's inputs (`described`): the n-th launch of a plan is then
-keyed by (signature, device, n) alone, its arguments' key computed only the first time.
+keyed by (signature, device, n) alone, its arguments' key and its grid computed only the first
+time.
 A hit calls the compiled kernel's launcher itself (`CompiledKernel.run`, as Triton's runner
 does) where no launch hook is set (Triton's profiling hooks get Triton's own runner).
 Under TRITON_INTERPRET, for anything that is not a Triton kernel (a test's recorder), and where a
@@ -42,9 +43,10 @@ except ImportError:                                # no triton: nothing to launc
     Autotuner = JITFunction = driver = knobs = None
 
 ENABLED = os.environ.get("TRITON_INTERPRET") != "1"
-# Every planned launch also computes its arguments' key and checks that it names the kernel the
-# plan launched (tests/triton_direct_launch_check.py): a signature that misses what a launch
-# specialises on fails there instead of launching a kernel compiled for other arguments.
+# Every planned launch also computes its arguments' key and its grid and checks that they name the
+# kernel and the grid the plan launched (tests/triton_direct_launch_check.py): a signature that
+# misses what a launch specialises on or its grid depends on fails there instead of launching a
+# kernel compiled for other arguments, or on another grid.
 VERIFY_PLANS = os.environ.get("MOMENTUM_VERIFY_LAUNCH_PLANS") == "1"
 VERIFIED = 0                                       # planned launches checked so far
 PLANNED_KEYS = 4096                                # per kernel; at this many the planned keys start over
@@ -93,9 +95,10 @@ def described(*values) -> tuple:
 class launch_plan:
     """`with launch_plan(signature):` the direct launches inside are numbered, and the n-th is keyed
     by (signature, current device, n): a call whose signature was seen launches each kernel compiled
-    for it then, without its arguments' key. The signature must determine everything those launches
-    specialise on: their count and order, every int and constant they take, and each tensor
-    argument's dtype and alignment (buffers allocated inside are aligned; inputs are described).
+    for it then, on the grid it was launched on then, without its arguments' key or its grid
+    function. The signature must determine everything those launches specialise on and their
+    grids: their count and order, every int and constant they take, and each tensor argument's
+    dtype and alignment (buffers allocated inside are aligned; inputs are described).
     Without Triton, under TRITON_INTERPRET and while a launch hook is set, it plans nothing."""
     __slots__ = ("signature", "prefix", "position", "device", "stream", "outer")
 
@@ -160,31 +163,36 @@ class DirectLaunch:
         if plan is not None:
             planned = (plan.prefix, plan.position)
             plan.position += 1
-            entry = self.planned.get(planned)
-            if entry is not None:
+            hit = self.planned.get(planned)              # (entry, the grid it was launched on)
+            if hit is not None:
                 if VERIFY_PLANS:
-                    self.verify(entry, planned, args, kwargs)
-                return _run(entry, grid, self.names, args, plan.device, plan.stream)
+                    self.verify(hit, planned, grid, args, kwargs)
+                return _run(hit[0], hit[1], args, plan.device, plan.stream)
         key = self.key(args, kwargs)
         entry = self.compiled.get(key)
         if entry is None:
             compiled = self.first_launch(key, grid, args, kwargs)
             entry = self.compiled.get(key)
         else:
-            compiled = _run(entry, grid, self.names, args, key[0])
+            compiled = _run(entry, _grid(entry, grid, self.names, args), args, key[0])
         if plan is not None and entry is not None:
             if len(self.planned) >= PLANNED_KEYS:      # many shapes seen: start over
                 self.planned.clear()
-            self.planned[planned] = entry
+            self.planned[planned] = (entry, _grid(entry, grid, self.names, args))
         return compiled
 
-    def verify(self, entry, planned, args, kwargs):
+    def verify(self, hit, planned, grid, args, kwargs):
         global VERIFIED
         VERIFIED += 1
+        entry, kept = hit
         if self.compiled.get(self.key(args, kwargs)) is not entry:
             raise AssertionError(f"launch plan {planned} of {self.names[:3]}…: its arguments' key names "
                                  "another compiled kernel (the plan's signature misses what they "
                                  "specialise on)")
+        if _grid(entry, grid, self.names, args) != kept:
+            raise AssertionError(f"launch plan {planned} of {self.names[:3]}…: its grid is "
+                                 f"{_grid(entry, grid, self.names, args)}, the plan's {kept} (the plan's "
+                                 "signature misses what the grid depends on)")
 
     def pin(self, grid, args, kwargs):
         """`pin` for this launcher: after one launch, the compiled kernel's launcher with the
@@ -246,23 +254,26 @@ class DirectLaunch:
         return tuple(parts)
 
 
-def _run(entry, grid, names, args, device, stream=None):
-    """Launches a kept (compiled, arguments after the positional ones, their values) on `grid` (a
-    tuple, or a function of the launch's _Meta) and `stream` (a launch plan's, whose start found
-    no launch hook; None: the current one of `device`, the current device). Without a launch
-    hook, through the compiled kernel's launcher as Triton's runner calls it; with one, through
-    Triton's runner."""
-    compiled, after, tail = entry
+def _grid(entry, grid, names, args) -> tuple:
+    """`grid` (a tuple, or a function of the launch's _Meta) as (x, y, z) for a kept entry."""
     if callable(grid):
-        grid = grid(_Meta(after, names, args))
+        grid = grid(_Meta(entry[1], names, args))
     size = len(grid)
-    x, y, z = grid[0], grid[1] if size > 1 else 1, grid[2] if size > 2 else 1
+    return grid[0], grid[1] if size > 1 else 1, grid[2] if size > 2 else 1
+
+
+def _run(entry, xyz, args, device, stream=None):
+    """Launches a kept (compiled, arguments after the positional ones, their values) on the grid
+    `xyz` and `stream` (a launch plan's, whose start found no launch hook; None: the current one
+    of `device`, the current device). Without a launch hook, through the compiled kernel's
+    launcher as Triton's runner calls it; with one, through Triton's runner."""
+    compiled, _, tail = entry
     if stream is None:
         if _launch_hooks():
-            compiled[(x, y, z)](*args, *tail)
+            compiled[xyz](*args, *tail)
             return compiled
         stream = driver.active.get_current_stream(device)
-    compiled.run(x, y, z, stream, compiled.function, compiled.packed_metadata, None, None, None, *args, *tail)
+    compiled.run(*xyz, stream, compiled.function, compiled.packed_metadata, None, None, None, *args, *tail)
     return compiled
 
 
