@@ -203,7 +203,7 @@ def compare() -> list[str]:
     if not triton_launch.VERIFIED:
         failures.append("no launch was made through a launch plan's key (chunk.py's plans)")
     print(f"direct launch: {triton_launch.VERIFIED} planned launches named the kernel their arguments' key "
-          "names", flush=True)
+          "names, on the grid their grid function gives", flush=True)
     failures += keys_of_a_seen_call(triton_launch, dict(cases()))
     failures += hooks_see_every_launch(dict(cases()))
     chunk_kernels.fwd_o.cache.clear()
