@@ -308,7 +308,7 @@ def _forward(ctx, gemm, g, v0, h0, c0, m0, weight_hh, bias_hh, momentum, step_si
     pre = torch.empty_like(g[0])
     hyper, meta = _constants(g, momentum, step_size, beta, eps, gemm)
     step = _StepKernel(_adam_lstm_forward_step, g, meta)
-    h_seq = hs.unbind(0)
+    h_seq = None if gemm else hs.unbind(0)           # the host GEMM's operands
     v_all = g if vs is None else vs                  # read only where μ > 0
     with step.device:
         for t, n in enumerate(sizes):
@@ -339,7 +339,7 @@ def _backward(ctx, gemm, grad_hs, grad_c, grad_v, grad_m):
     delta = torch.mm(h_prev, weight.t()).view(steps, batch, width)
     hyper, meta = _constants(g, momentum, step_size, beta, eps, gemm)
     step = _StepKernel(_adam_lstm_backward_step, g, meta)
-    d_seq = delta.unbind(0)
+    d_seq = None if gemm else delta.unbind(0)        # the host GEMM's operands
     v_all, dv_or_g = (g, g) if vs is None else (vs, dv)   # read only where μ > 0
     with step.device:
         for t in reversed(range(steps)):
@@ -350,7 +350,7 @@ def _backward(ctx, gemm, grad_hs, grad_c, grad_v, grad_m):
                 torch.mm(d_seq[t] if n == batch else d_seq[t][:n], weight, out=dh if n == batch else dh[:n])
     if gemm:
         # ∂L/∂h_0 from δ_1 (rows whose sequence is empty have δ = 0)
-        torch.mm(d_seq[0], weight, out=dh)
+        torch.mm(delta[0], weight, out=dh)
     delta = delta.view(steps * batch, width)
     grad_w = torch.mm(delta.t(), h_prev)
     grad_b = delta.sum(0) if bias_hh is not None else None
