@@ -10,6 +10,8 @@
 # 17's launch plans (docs/benchmarks.md, 2026-11-29: a quarter to two fifths less host time per
 # call on the CPU machine) show, or do not, on a GPU; gpu-check's RNN table is where session 18's
 # LSTM loop without per-step views (a third less host time on the CPU machine) does.
+# gpu-check's tests not started in its tests part (13 on 2026-11-28) run at the end, in what is left
+# of the command's 10 minutes (gpu_check.py resumes them alone; their section goes to check-tests.md).
 # About 9.5 minutes from a bare machine (gpu-check's 353 s on 2026-11-28, then about 170 s). Before
 # the call, here: the wheels in .whl (docs/developing.md, "Benchmarks and the GPU suite"); the call:
 # `bash benchmarks/gpu_call.sh` with carry [".whl"] and timeout_s 600.
@@ -17,7 +19,8 @@ export PYTHONUNBUFFERED=1
 R=$PWD
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu,utilization.gpu --format=csv
 echo "== gpu-check"
-timeout 500 python3 benchmarks/gpu_check.py --force --out-dir outputs/gpu-check --doc $OUT/check.md 2>&1 | tail -6
+timeout 500 python3 benchmarks/gpu_check.py --force --limit 400 --out-dir outputs/gpu-check --doc $OUT/check.md \
+  2>&1 | tail -6
 grep -E "passed|FAILED" $OUT/check.md | head -20
 grep -E "^\| (bf16|fp32|[0-9]+ \|)" $OUT/check.md | cut -d'|' -f2-8 | head -30
 echo "== kernels"
@@ -32,5 +35,12 @@ echo "== an HF training step at T = 8192, eager and compiled with CUDA graphs"
 PYTHONPATH=/tmp/gpu-check-site:$R timeout 90 python3 benchmarks/train_host_profile.py --length 8192 --skip-profile \
   --compile reduce-overhead > $OUT/train.log 2>&1
 grep -E "^==|Error" $OUT/train.log
+LEFT=$((580 - SECONDS))        # the ceilings again (15 s), then what the 10 minutes leave to the tests
+if [ $LEFT -ge 100 ]; then
+  echo "== the gpu tests not started above, in ${LEFT} s"
+  timeout $LEFT python3 benchmarks/gpu_check.py --parts tests --budgets tests=$((LEFT - 20)) --limit $LEFT \
+    --out-dir outputs/gpu-check --doc $OUT/check-tests.md 2>&1 | tail -3
+  grep -E "passed|FAILED" $OUT/check-tests.md | head -20
+fi
 tar czf $OUT/outs.tgz outputs/gpu-check 2>/dev/null
 echo done

@@ -2,6 +2,7 @@
 writes one section (to a temporary file here), a second run reuses the finished parts; and the
 roofline's counts agree with what the code does."""
 import importlib.util
+import json
 import os
 import re
 import subprocess
@@ -234,7 +235,9 @@ def test_tests_part_stops_starting_tests_at_its_deadline_and_still_reports(tmp_p
     import gpu_check
     (tmp_path / "test_three.py").write_text("".join(f"def test_{i}():\n    pass\n" for i in range(3)))
     xml = tmp_path / "report.xml"
-    env = {**os.environ, "GPU_CHECK_DEADLINE": "0", "PYTHONPATH": str(ROOT / "benchmarks")}
+    record = tmp_path / "not-started"
+    env = {**os.environ, "GPU_CHECK_DEADLINE": "0", "GPU_CHECK_NOT_STARTED": str(record),
+           "PYTHONPATH": str(ROOT / "benchmarks")}
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "pytest_budget",
            f"--junitxml={xml}", "test_three.py"]
     proc = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=120, env=env)
@@ -242,6 +245,95 @@ def test_tests_part_stops_starting_tests_at_its_deadline_and_still_reports(tmp_p
     counts, failures = gpu_check.junit_summary(xml)
     assert counts["tests"] == counts["skipped"] == counts["budget"] == 3 and counts["passed"] == 0
     assert failures == []
+    assert sorted(record.read_text().split()) == [f"test_three.py::test_{i}" for i in range(3)]
+
+
+def test_the_tests_part_runs_only_the_node_ids_it_is_given(tmp_path):
+    """The second pass over the tests not started runs those alone (here two gpu tests, skipped on
+    a machine without CUDA, and none of the others)."""
+    only = ["tests/test_rnn_device.py::test_plain_cell_weights_in_one_cudnn_buffer[MomentumLSTM-LSTM]",
+            "tests/test_rnn_device.py::test_cuda_forward_backward_without_synchronisation[MomentumLSTM-adam]"]
+    (tmp_path / "only.json").write_text(json.dumps(only))
+    result = tmp_path / "tests.run.json"
+    worker = ["--worker", "tests", "--mode", "dry-run", "--device", "cpu", "--budget", "120"]
+    proc = subprocess.run([sys.executable, str(CHECK), *worker, "--result", str(result),
+                           "--only", str(tmp_path / "only.json")],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    report = json.loads(result.read_text())
+    assert report["counts"]["tests"] == report["counts"]["skipped"] == 2
+    assert report["counts"]["budget"] == 0 and report["not_started"] == []
+    assert report["lines"][0].startswith("2 tests: 0 passed, 0 failed, 0 errors, 2 skipped")
+
+
+def test_merged_passes_count_every_test_once():
+    import gpu_check
+    first = dict(status="ok", seconds=100.0, lines=["first pass"], failures=[["t.py::x", "bad"]],
+                 not_started=["t.py::a", "t.py::b", "t.py::c"],
+                 counts=dict(tests=10, passed=5, failed=1, errors=0, skipped=4, budget=3, seconds=90.0))
+    rest = dict(status="ok", seconds=30.0, lines=["3 tests: …"], failures=[["t.py::b", "worse"]],
+                not_started=["t.py::c"],
+                counts=dict(tests=3, passed=1, failed=1, errors=0, skipped=1, budget=1, seconds=20.0))
+    merged = gpu_check.merge_tests(first, rest, "later")
+    counts = merged["counts"]
+    assert (counts["passed"], counts["failed"], counts["skipped"], counts["budget"]) == (6, 2, 2, 1)
+    assert counts["passed"] == counts["tests"] - counts["failed"] - counts["errors"] - counts["skipped"]
+    assert merged["not_started"] == ["t.py::c"] and merged["seconds"] == 130.0
+    assert "- The 3 not started, run later: 3 tests: …" in merged["markdown"]
+    assert ("- In all: 6 passed, 2 failed, 0 errors, 2 skipped (110 s), of which 1 not started yet."
+            in merged["markdown"])
+    assert "FAILED `t.py::x`: bad" in merged["markdown"] and "FAILED `t.py::b`: worse" in merged["markdown"]
+    broken = gpu_check.merge_tests(first, dict(status="timeout", markdown="killed", seconds=5.0), "later")
+    assert broken["not_started"] == first["not_started"] and broken["counts"] == first["counts"]
+    assert "timeout; they are still to run" in broken["markdown"] and "killed" in broken["markdown"]
+
+
+def test_tests_not_started_run_in_the_time_left_and_a_later_call_resumes_them(tmp_path, monkeypatch):
+    """The orchestrator (its parts stand-ins): the tests the tests part did not start run after the
+    other parts when enough of --limit is left; else the next call of the same code runs them, and
+    only them, before taking the finished parts from its cache."""
+    import argparse
+
+    import gpu_check
+    calls = []
+
+    def run_part(part, mode, device, out_dir, budget_s, only=None):
+        calls.append((part, only and json.loads(Path(only).read_text())))
+        if part == "env":
+            ceilings = dict(copy_tb_s=1.0, matmul_bf16_tflop_s=1.0, matmul_fp32_tflop_s=1.0)
+            return dict(status="ok", seconds=1.0, info=dict(
+                name="CPU", cpu="x86_64", cores=2, torch="t", python="p", triton=None, transformers=None,
+                fla=None, ceilings=ceilings))
+        if part == "tests" and only is None:
+            return dict(status="ok", seconds=50.0, lines=["first pass"], failures=[], not_started=["t.py::a"],
+                        markdown="first pass",
+                        counts=dict(tests=3, passed=2, failed=0, errors=0, skipped=1, budget=1, seconds=40.0))
+        if part == "tests":
+            return dict(status="ok", seconds=5.0, lines=["1 tests: 0 passed, 1 failed"],
+                        failures=[["t.py::a", "boom"]], not_started=[], markdown="",
+                        counts=dict(tests=1, passed=0, failed=1, errors=0, skipped=0, budget=0, seconds=4.0))
+        return dict(status="ok", seconds=1.0, markdown=f"{part} done")
+
+    monkeypatch.setattr(gpu_check, "run_part", run_part)
+    doc = tmp_path / "doc.md"
+    args = argparse.Namespace(dry_run=True, device="cpu", out_dir=str(tmp_path), doc=str(doc), force=False,
+                              parts=gpu_check.PARTS, budgets={}, fla=False, limit=gpu_check.LIMIT_S)
+    assert gpu_check.orchestrate(args) == 1                        # the second pass has a failure
+    assert calls[-1] == ("tests", ["t.py::a"]) and len(calls) == 6
+    assert "- The 1 not started, run in the time the other parts left: 1 tests" in doc.read_text()
+    assert "FAILED `t.py::a`: boom" in doc.read_text()
+
+    calls.clear()
+    args.force, args.limit = True, gpu_check.REST_MIN_S - 1          # no time left for a second pass
+    assert gpu_check.orchestrate(args) == 0
+    assert [part for part, only in calls] == ["env"] + gpu_check.PARTS and "- The 1" not in doc.read_text()
+    calls.clear()
+    args.force = False
+    assert gpu_check.orchestrate(args) == 1
+    assert calls == [("env", None), ("tests", ["t.py::a"])]          # resumed; the other parts cached
+    assert "- The 1 not started, run resuming an earlier call's run: 1 tests" in doc.read_text()
+    calls.clear()
+    assert gpu_check.orchestrate(args) == 1 and calls == [("env", None)]       # nothing left to run
 
 
 def test_a_timed_out_part_is_killed_with_the_processes_it_started():
