@@ -19,13 +19,13 @@ budget), in this order, correctness first:
   rnn        benchmarks/rnn.py --device cuda: every MomentumLSTM cell vs cuDNN nn.LSTM         50 s
 The device line's ceilings (a 1 GiB copy, 8192³ matmuls) come first, in about 15 s. The section
 states the plan (the budgets' sum) against the 8-minute limit. The parts rarely use their whole
-budgets (353 of 460 s on an H200, 2026-11-28, while 13 tests did not start): the tests the tests
-part did not start run last, with their compiled kernels in Triton's cache, in what is left of
---limit (8 minutes) when that can start one; a later call of the same code (without --force)
-runs the ones still not started before it takes the finished parts from its cache. A part whose imports are missing
-is skipped with the reason. Results go to outputs/gpu-check/<part>.json; a finished part is not
-run again while the code (plugins/, hf_momentum/, benchmarks/, tests/), the device and the mode are
-the same, unless --force.
+budgets (353 of 460 s on an H200, 2026-11-28, while 13 tests did not start): the tests that the
+tests part did not start run last (with the kernels the first pass compiled in Triton's cache,
+and its tuning timings), in what is left of --limit (8 minutes) when that can start one. A part
+whose imports are missing is skipped with the reason. Results go to outputs/gpu-check/<part>.json;
+a finished part is not run again while the code (plugins/, hf_momentum/, benchmarks/, tests/), the
+device and the mode are the same, unless --force; of a finished tests part, the tests still not
+started are run, alone, before anything else.
 
 It runs on whatever python it is started with (the machine's own: `make gpu-check` never builds
 .venv, whose torch is a CPU wheel), with the repo on PYTHONPATH and, first, the wheels carried in
