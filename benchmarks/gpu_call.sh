@@ -22,6 +22,8 @@ echo "== gpu-check"
 timeout 500 python3 benchmarks/gpu_check.py --force --limit 400 --out-dir outputs/gpu-check --doc $OUT/check.md \
   2>&1 | tail -6
 grep -E "passed|FAILED" $OUT/check.md | head -20
+cubins() { find "${TRITON_CACHE_DIR:-$HOME/.triton/cache}" -name '*.cubin' 2>/dev/null | wc -l; }  # a kernel variant each
+echo "kernels compiled by gpu-check (cubins in Triton's cache): $(cubins)"
 grep -E "^\| (bf16|fp32|[0-9]+ \|)" $OUT/check.md | cut -d'|' -f2-8 | head -30
 echo "== kernels"
 PYTHONPATH=$R timeout 60 python3 benchmarks/gpu_kernels.py --modes default 1-pass --host-profile 25 \
@@ -42,5 +44,6 @@ if [ $LEFT -ge 100 ]; then
     --out-dir outputs/gpu-check --doc $OUT/check-tests.md 2>&1 | tail -3
   grep -E "passed|FAILED" $OUT/check-tests.md | head -20
 fi
+echo "kernels compiled in all (cubins in Triton's cache): $(cubins)"
 tar czf $OUT/outs.tgz outputs/gpu-check 2>/dev/null
 echo done
