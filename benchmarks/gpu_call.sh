@@ -11,7 +11,9 @@
 # call on the CPU machine) show, or do not, on a GPU; gpu-check's RNN table is where session 18's
 # LSTM loop without per-step views (a third less host time on the CPU machine) does.
 # gpu-check's tests not started in its tests part (13 on 2026-11-28) run at the end, in what is left
-# of the command's 10 minutes (gpu_check.py resumes them alone; their section goes to check-tests.md).
+# of the command's 10 minutes (gpu_check.py resumes them alone; their section goes to check-tests.md),
+# then, time left, exact fp32 with tiles that compute each chunk's intra-chunk product once
+# (gpu_kernels.py --tiles) beside the kept ones.
 # About 9.5 minutes from a bare machine (gpu-check's 353 s on 2026-11-28, then about 170 s). Before
 # the call, here: the wheels in .whl (docs/developing.md, "Benchmarks and the GPU suite"); the call:
 # `bash benchmarks/gpu_call.sh` with carry [".whl"] and timeout_s 600.
@@ -43,6 +45,16 @@ if [ $LEFT -ge 100 ]; then
   timeout $LEFT python3 benchmarks/gpu_check.py --parts tests --budgets tests=$((LEFT - 20)) --limit $LEFT \
     --out-dir outputs/gpu-check --doc $OUT/check-tests.md 2>&1 | tail -3
   grep -E "passed|FAILED" $OUT/check-tests.md | head -20
+fi
+LEFT=$((585 - SECONDS))
+if [ $LEFT -ge 50 ]; then
+  # exact fp32 (4.2× bf16 on 2026-11-28, the goal 3×): tiles that compute the chunk's intra-chunk
+  # product once per chunk (one V tile for fwd_o and bwd_dv, one K tile for bwd_dqk), which the
+  # pruner does not keep, timed per kernel beside the autotuner's choice
+  echo "== fp32 B16-H16-T1k: the kept tiles, then one V or K tile per chunk, in ${LEFT} s"
+  PYTHONPATH=$R timeout $LEFT python3 benchmarks/gpu_kernels.py --dtype fp32 --shapes 0 --modes default \
+    --tiles fwd_o=16,64,8 bwd_dv=16,64,8 bwd_dqk=64,16,8 --json $OUT/fp32_tiles.json > $OUT/fp32_tiles.log 2>&1
+  grep -E "^B-H-D-T|fwd_o|bwd_dv|bwd_dqk|Error" $OUT/fp32_tiles.log | head -12
 fi
 echo "kernels compiled in all (cubins in Triton's cache): $(cubins)"
 tar czf $OUT/outs.tgz outputs/gpu-check 2>/dev/null

@@ -9,6 +9,8 @@ the same shapes) this gives each kernel's achieved bandwidth (issue 27 item 2).
     python benchmarks/gpu_kernels.py --dtype fp32 --shapes 0 --modes default
     python benchmarks/gpu_kernels.py --host-profile 25    # also where the host's time to issue a step goes
     python benchmarks/gpu_kernels.py --modes layer layer-torch-marks   # a decoder layer's call, NaN marks
+    python benchmarks/gpu_kernels.py --dtype fp32 --shapes 0 --modes default --tiles bwd_dqk=64,16,8
+                                  # each mode also with the named kernels at the given (BK, BV, warps)
 """
 import argparse
 import collections
@@ -40,6 +42,41 @@ def forced_split():
         yield
     finally:
         chunk.scan_splits = chosen
+
+
+def parse_tile(text: str) -> tuple:
+    """"bwd_dqk=64,16,8" → ("bwd_dqk", (64, 16, 8)): a chunk kernel and its (BK, BV, warps)."""
+    from plugins.attention.triton import chunk_kernels
+    name, _, tile = text.partition("=")
+    numbers = tile.split(",")
+    if not hasattr(chunk_kernels, name) or len(numbers) != 3 or not all(n.isdigit() for n in numbers):
+        raise argparse.ArgumentTypeError(f"{text!r}: not KERNEL=BK,BV,WARPS with KERNEL a chunk kernel "
+                                         "(fwd_h, fwd_o, bwd_dh, bwd_dv, bwd_dqk)")
+    return name, tuple(int(n) for n in numbers)
+
+
+@contextlib.contextmanager
+def forced_tiles(tiles: dict):
+    """The chunk kernels named in `tiles` ({name: (BK, BV, warps)}) at that tile alone, kept by
+    their pruner or not (utils.prune_chunk keeps two tiles for exact fp32 dots): a candidate timed
+    beside what the autotuner chooses. Their tuning is kept apart and restored after."""
+    from plugins.attention.triton import chunk_kernels
+    saved = []
+    for name, tile in tiles.items():
+        tuner = getattr(chunk_kernels, name)
+
+        def only(configs, named_args, _tile=tile, _name=name, **kwargs):
+            chosen = [c for c in configs if (c.kwargs["BK"], c.kwargs["BV"], c.num_warps) == _tile]
+            if not chosen:
+                raise ValueError(f"{_name}: no tuning config has (BK, BV, warps) = {_tile}")
+            return chosen
+        saved.append((tuner, tuner.early_config_prune, tuner.cache))
+        tuner.early_config_prune, tuner.cache = only, {}     # a new cache: the direct launcher starts over
+    try:
+        yield
+    finally:
+        for tuner, prune, cache in saved:
+            tuner.early_config_prune, tuner.cache = prune, cache
 
 
 def layer_method(torch_marks=False):
@@ -159,6 +196,8 @@ def main():
                         choices=["default", "1-pass", "fused", "layer", "layer-torch-marks"],
                         help="layer: a decoder layer's call (attend: feature map and NaN marks in Triton); "
                              "layer-torch-marks: the same with the marks in PyTorch ops")
+    parser.add_argument("--tiles", nargs="+", type=parse_tile, default=[], metavar="KERNEL=BK,BV,WARPS",
+                        help="time each chunked mode again with these kernels at these tiles alone")
     parser.add_argument("--host-profile", type=int, default=0, metavar="N",
                         help="print the N functions with the most host time per step (first shape, "
                              "default mode)")
@@ -169,8 +208,13 @@ def main():
              ("layer-torch-marks", "layer-torch-marks")]
     modes = [(label, one_pass) for label, one_pass in modes if label in args.modes]
     modes += [("forced split", None)] if args.forced_split else []
+    tiles = dict(args.tiles)
+    tiled = " ".join(f"{name}={','.join(map(str, tile))}" for name, tile in tiles.items())
+    runs = [(label, one_pass, None) for label, one_pass in modes]
+    runs += [(f"{label}, {tiled}", one_pass, tiles) for label, one_pass in modes
+             if tiles and one_pass in (False, True)]
     for shape in [SHAPES[i] for i in args.shapes]:
-        for label, one_pass in modes:
+        for label, one_pass, forced in runs:
             if label.startswith("layer"):
                 fn = layer_method(torch_marks=label == "layer-torch-marks")
             else:
@@ -178,7 +222,8 @@ def main():
                 fn = triton_method(BETA, one_pass=one_pass is True, scan=scan)
             if one_pass is None:
                 fn.context = forced_split
-            times, host = kernel_times(fn, *shape, dtype=args.dtype)
+            with forced_tiles(forced or {}):
+                times, host = kernel_times(fn, *shape, dtype=args.dtype)
             total = sum(t for t, _ in times.values())
             launches = sum(n for _, n in times.values())
             case = "-".join(map(str, shape))
