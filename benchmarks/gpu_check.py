@@ -171,10 +171,7 @@ def tests_worker(mode, device, budget_s, result_path, only=None):
     if importlib.util.find_spec("pytest_timeout"):
         args.append(f"--timeout={TEST_TIMEOUT_S}")
     if mode == "full" and importlib.util.find_spec("xdist"):
-        # Triton compiles every kernel × tile config × dtype × head size the tests meet, one at a time
-        # per process: workers compile in parallel (the GPU holds their small tensors easily), one
-        # per core but two left for the orchestrator and the driver
-        args += ["-n", str(max(1, min(14, (os.cpu_count() or 1) - 2, len(targets))))]
+        args += ["-n", str(xdist_workers(os.cpu_count() or 1, len(targets) if only else None))]
     code = pytest.main(args)                     # in this process: the orchestrator's timeout applies
     if not xml.exists():
         return dict(status="error", markdown=f"pytest exited with code {code} and wrote no report "
@@ -185,6 +182,14 @@ def tests_worker(mode, device, budget_s, result_path, only=None):
     head = f"{what}: {pass_summary(counts, f'in the {budget_s:.0f} s budget')}."
     return dict(status="ok", counts=counts, failures=failures, not_started=waiting, lines=[head],
                 markdown=tests_markdown([head], failures))
+
+
+def xdist_workers(cores, tests=None):
+    """Triton compiles every kernel × tile config × dtype × head size the tests meet, one at a time
+    per process: workers compile in parallel (the GPU holds their small tensors easily), one per
+    core but two left for the orchestrator and the driver, up to 14, and no more than `tests`
+    where only those run."""
+    return max(1, min(14, cores - 2, tests or 14))
 
 
 def pass_summary(counts, budget):

@@ -266,6 +266,13 @@ def test_the_tests_part_runs_only_the_node_ids_it_is_given(tmp_path):
     assert report["lines"][0].startswith("2 tests: 0 passed, 0 failed, 0 errors, 2 skipped")
 
 
+def test_xdist_workers_leave_two_cores_and_follow_the_tests_given():
+    import gpu_check
+    assert gpu_check.xdist_workers(16) == 14 and gpu_check.xdist_workers(64) == 14
+    assert gpu_check.xdist_workers(8) == 6 and gpu_check.xdist_workers(2) == 1
+    assert gpu_check.xdist_workers(16, tests=3) == 3 and gpu_check.xdist_workers(16, tests=40) == 14
+
+
 def test_merged_passes_count_every_test_once():
     import gpu_check
     first = dict(status="ok", seconds=100.0, lines=["first pass"], failures=[["t.py::x", "bad"]],
