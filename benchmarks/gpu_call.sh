@@ -1,22 +1,23 @@
 #!/bin/bash
-# One device call for what issue 27 still asks of a GPU: `make gpu-check` in full (its tests, among
-# them that no Triton path waits for the device; the attention table; HF training and decoding, with
-# where a training step goes for both models; the RNN, with the Adam/RMSProp LSTM's one-launch
-# recurrence beside the default), then each kernel's device time beside the host's issue time and the
-# back-to-back step, and where the host's time goes (benchmarks/gpu_kernels.py, default and one-pass),
-# a decoder layer's call with its NaN marks in Triton against the same in PyTorch ops, and an HF
-# training step of both models at T = 8192 eager and compiled with CUDA graphs (the eager momentum
-# step is host-bound on the H200: docs/benchmarks.md, 2026-11-28). Its host columns are where session
-# 17's launch plans (docs/benchmarks.md, 2026-11-29: a quarter to two fifths less host time per
-# call on the CPU machine) show, or do not, on a GPU; gpu-check's RNN table is where session 18's
-# LSTM loop without per-step views (a third less host time on the CPU machine) does.
-# gpu-check's tests not started in its tests part (13 on 2026-11-28) run at the end, in what is left
-# of the command's 10 minutes (gpu_check.py resumes them alone; their section goes to check-tests.md),
-# then, time left, exact fp32 with tiles that compute each chunk's intra-chunk product once
-# (gpu_kernels.py --tiles) beside the kept ones.
-# About 9.5 minutes from a bare machine (gpu-check's 353 s on 2026-11-28, then about 170 s). Before
-# the call, here: the wheels in .whl (docs/developing.md, "Benchmarks and the GPU suite"); the call:
-# `bash benchmarks/gpu_call.sh` with carry [".whl"] and timeout_s 600.
+# One device call for what issue 27 still asks of a GPU:
+# - `make gpu-check` in full: its tests, among them that no Triton path waits for the device; the
+#   attention table; HF training and decoding, with where a training step goes for both models; the
+#   RNN, with the Adam/RMSProp LSTM's one-launch recurrence beside the default;
+# - each kernel's device time beside the host's issue time and the back-to-back step, and where the
+#   host's time goes (benchmarks/gpu_kernels.py, default and one-pass);
+# - exact fp32's kernels at the kept tiles and at tiles that compute each chunk's intra-chunk product
+#   once (gpu_kernels.py --tiles), in the place of session 16's NaN-marks comparison of a layer's
+#   call (`gpu_kernels.py --modes layer layer-torch-marks`, measured at B16-H16-T1k then);
+# - an HF training step of both models at T = 8192, eager and compiled with CUDA graphs (the eager
+#   momentum step was host-bound on the H200: docs/benchmarks.md, 2026-11-28);
+# - gpu-check's tests not started in its tests part (13 on 2026-11-28), in what is left of the
+#   command's 10 minutes (gpu_check.py resumes them alone; their section goes to check-tests.md).
+# Its host columns are where session 17's launch plans (docs/benchmarks.md, 2026-11-29: a quarter to
+# two fifths less host time per call on the CPU machine) show, or do not, on a GPU; gpu-check's RNN
+# table is where session 18's LSTM loop without per-step views (a third less host time on the CPU
+# machine) does. About 9.5 minutes from a bare machine (gpu-check's 353 s on 2026-11-28, then about
+# 180 s). Before the call, here: the wheels in .whl (docs/developing.md, "Benchmarks and the GPU
+# suite"); the call: `bash benchmarks/gpu_call.sh` with carry [".whl"] and timeout_s 600.
 export PYTHONUNBUFFERED=1
 R=$PWD
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu,utilization.gpu --format=csv
@@ -31,10 +32,13 @@ echo "== kernels"
 PYTHONPATH=$R timeout 60 python3 benchmarks/gpu_kernels.py --modes default 1-pass --host-profile 25 \
   --json $OUT/kernels.json > $OUT/kernels.log 2>&1
 grep -E "^B-H-D-T|Error" $OUT/kernels.log
-echo "== a decoder layer's call: NaN marks in Triton, then in PyTorch ops"
-PYTHONPATH=$R timeout 45 python3 benchmarks/gpu_kernels.py --modes layer layer-torch-marks --shapes 0 2 \
-  --json $OUT/layer.json > $OUT/layer.log 2>&1
-grep -E "^B-H-D-T|Error" $OUT/layer.log
+# exact fp32 (4.2× bf16 on 2026-11-28, the goal 3×): tiles that compute the chunk's intra-chunk
+# product once per chunk (one V tile for fwd_o and bwd_dv, one K tile for bwd_dqk), which the
+# pruner does not keep, timed per kernel beside the autotuner's choice
+echo "== fp32 B16-H16-T1k: the kept tiles, then one V or K tile per chunk"
+PYTHONPATH=$R timeout 50 python3 benchmarks/gpu_kernels.py --dtype fp32 --shapes 0 --modes default \
+  --tiles fwd_o=16,64,8 bwd_dv=16,64,8 bwd_dqk=64,16,8 --json $OUT/fp32_tiles.json > $OUT/fp32_tiles.log 2>&1
+grep -E "^B-H-D-T|fwd_o|bwd_dv|bwd_dqk|Error" $OUT/fp32_tiles.log | head -12
 echo "== an HF training step at T = 8192, eager and compiled with CUDA graphs"
 PYTHONPATH=/tmp/gpu-check-site:$R timeout 90 python3 benchmarks/train_host_profile.py --length 8192 --skip-profile \
   --compile reduce-overhead > $OUT/train.log 2>&1
@@ -45,16 +49,6 @@ if [ $LEFT -ge 100 ]; then
   timeout $LEFT python3 benchmarks/gpu_check.py --parts tests --budgets tests=$((LEFT - 20)) --limit $LEFT \
     --out-dir outputs/gpu-check --doc $OUT/check-tests.md 2>&1 | tail -3
   grep -E "passed|FAILED" $OUT/check-tests.md | head -20
-fi
-LEFT=$((585 - SECONDS))
-if [ $LEFT -ge 50 ]; then
-  # exact fp32 (4.2× bf16 on 2026-11-28, the goal 3×): tiles that compute the chunk's intra-chunk
-  # product once per chunk (one V tile for fwd_o and bwd_dv, one K tile for bwd_dqk), which the
-  # pruner does not keep, timed per kernel beside the autotuner's choice
-  echo "== fp32 B16-H16-T1k: the kept tiles, then one V or K tile per chunk, in ${LEFT} s"
-  PYTHONPATH=$R timeout $LEFT python3 benchmarks/gpu_kernels.py --dtype fp32 --shapes 0 --modes default \
-    --tiles fwd_o=16,64,8 bwd_dv=16,64,8 bwd_dqk=64,16,8 --json $OUT/fp32_tiles.json > $OUT/fp32_tiles.log 2>&1
-  grep -E "^B-H-D-T|fwd_o|bwd_dv|bwd_dqk|Error" $OUT/fp32_tiles.log | head -12
 fi
 echo "kernels compiled in all (cubins in Triton's cache): $(cubins)"
 tar czf $OUT/outs.tgz outputs/gpu-check 2>/dev/null
