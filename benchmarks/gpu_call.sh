@@ -36,7 +36,7 @@ grep -E "^B-H-D-T|Error" $OUT/kernels.log
 # product once per chunk (one V tile for fwd_o and bwd_dv, one K tile for bwd_dqk), which the
 # pruner does not keep, timed per kernel beside the autotuner's choice
 echo "== fp32 B16-H16-T1k: the kept tiles, then one V or K tile per chunk"
-PYTHONPATH=$R timeout 50 python3 benchmarks/gpu_kernels.py --dtype fp32 --shapes 0 --modes default \
+PYTHONPATH=$R timeout 60 python3 benchmarks/gpu_kernels.py --dtype fp32 --shapes 0 --modes default \
   --tiles fwd_o=16,64,8 bwd_dv=16,64,8 bwd_dqk=64,16,8 --json $OUT/fp32_tiles.json > $OUT/fp32_tiles.log 2>&1
 grep -E "^B-H-D-T|fwd_o|bwd_dv|bwd_dqk|Error" $OUT/fp32_tiles.log | head -12
 echo "== an HF training step at T = 8192, eager and compiled with CUDA graphs"
