@@ -40,6 +40,7 @@ def test_forced_tiles_run_there_exactly_and_restore_the_tuning(make_generator):
         q, k, x, None, momentum=beta, feature_map="identity", padding_mask=real)[0], torch.float64)
     prunes = {name: getattr(K, name).early_config_prune for name in ("bwd_dqk", "fwd_o")}
     caches = {name: getattr(K, name).cache for name in prunes}
+    tuned = {name: dict(cache) for name, cache in caches.items()}       # what earlier calls chose
     forced = {"bwd_dqk": (16, 32, 4), "fwd_o": (32, 16, 4)}   # the interpreter's pruner keeps (32, 32)
     with gpu_kernels.forced_tiles(forced):
         out, grads = run(lambda q, k, x: tri.chunk_momentum_attention(
@@ -52,8 +53,7 @@ def test_forced_tiles_run_there_exactly_and_restore_the_tuning(make_generator):
         assert rel_rms(got, expected) <= TOL, f"d{name}: {rel_rms(got, expected):.2e}"
     for name in prunes:
         assert getattr(K, name).early_config_prune is prunes[name]
-        assert getattr(K, name).cache is caches[name]
-        assert all(tile_of(c) != forced[name] for c in caches[name].values())
+        assert getattr(K, name).cache is caches[name] and caches[name] == tuned[name]
 
     with pytest.raises(ValueError, match="bwd_dqk: no tuning config has"), \
             gpu_kernels.forced_tiles({"bwd_dqk": (48, 32, 4)}):
