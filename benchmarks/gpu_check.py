@@ -178,7 +178,7 @@ def tests_worker(mode, device, budget_s, result_path, only=None):
                     "(its output is in outputs/gpu-check/tests.log).")
     counts, failures = junit_summary(xml)
     waiting = sorted(set(not_started.read_text().split("\n")) - {""}) if not_started.exists() else []
-    what = f"{len(targets)} tests" if only else f"`pytest -m gpu {' '.join(files)}`"
+    what = f"{len(targets)} test{'s' * (len(targets) != 1)}" if only else f"`pytest -m gpu {' '.join(files)}`"
     head = f"{what}: {pass_summary(counts, f'in the {budget_s:.0f} s budget')}."
     return dict(status="ok", counts=counts, failures=failures, not_started=waiting, lines=[head],
                 markdown=tests_markdown([head], failures))

@@ -316,7 +316,7 @@ def test_tests_not_started_run_in_the_time_left_and_a_later_call_resumes_them(tm
                         markdown="first pass",
                         counts=dict(tests=3, passed=2, failed=0, errors=0, skipped=1, budget=1, seconds=40.0))
         if part == "tests":
-            return dict(status="ok", seconds=5.0, lines=["1 tests: 0 passed, 1 failed"],
+            return dict(status="ok", seconds=5.0, lines=["1 test: 0 passed, 1 failed"],
                         failures=[["t.py::a", "boom"]], not_started=[], markdown="",
                         counts=dict(tests=1, passed=0, failed=1, errors=0, skipped=0, budget=0, seconds=4.0))
         return dict(status="ok", seconds=1.0, markdown=f"{part} done")
@@ -327,7 +327,7 @@ def test_tests_not_started_run_in_the_time_left_and_a_later_call_resumes_them(tm
                               parts=gpu_check.PARTS, budgets={}, fla=False, limit=gpu_check.LIMIT_S)
     assert gpu_check.orchestrate(args) == 1                        # the second pass has a failure
     assert calls[-1] == ("tests", ["t.py::a"]) and len(calls) == 6
-    assert "- The 1 not started, run in the time the other parts left: 1 tests" in doc.read_text()
+    assert "- The 1 not started, run in the time the other parts left: 1 test:" in doc.read_text()
     assert "FAILED `t.py::a`: boom" in doc.read_text()
 
     calls.clear()
@@ -338,7 +338,7 @@ def test_tests_not_started_run_in_the_time_left_and_a_later_call_resumes_them(tm
     args.force = False
     assert gpu_check.orchestrate(args) == 1
     assert calls == [("env", None), ("tests", ["t.py::a"])]          # resumed; the other parts cached
-    assert "- The 1 not started, run resuming an earlier call's run: 1 tests" in doc.read_text()
+    assert "- The 1 not started, run resuming an earlier call's run: 1 test:" in doc.read_text()
     calls.clear()
     assert gpu_check.orchestrate(args) == 1 and calls == [("env", None)]       # nothing left to run
 
