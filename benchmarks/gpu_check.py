@@ -499,8 +499,9 @@ def orchestrate(args):
     for part in args.parts:
         path = out_dir / f"{part}.json"
         result = None if args.force else load_cached(path, key)
+        default = FLA_BUDGET_S if part == "attention" and args.fla else BUDGET_S[part]
+        budget = args.budgets.get(part, default) if mode == "full" else 120
         if result is not None and result.get("not_started"):
-            budget = args.budgets.get(part, BUDGET_S[part]) if mode == "full" else 120
             result = dict(run_rest(result, mode, device, out_dir, budget, "resuming an earlier call's run"),
                           key=key)
             path.write_text(json.dumps(result, indent=1, default=str))
@@ -508,8 +509,6 @@ def orchestrate(args):
             print(f"gpu-check: {part}: cached ({path}; --force runs it again)", flush=True)
             cached.append(part)
         else:
-            default = FLA_BUDGET_S if part == "attention" and args.fla else BUDGET_S[part]
-            budget = args.budgets.get(part, default) if mode == "full" else 120
             print(f"gpu-check: {part}: running (budget {budget} s)", flush=True)
             result = dict(run_part(part, mode, device, out_dir, budget), key=key)
             path.write_text(json.dumps(result, indent=1, default=str))
