@@ -196,3 +196,71 @@ def _scanned_fraction(kernel: str, args: dict, constants: dict) -> float:
         return 1.0
     N, G, CPS = args["N"], args["G"], args["CPS"]
     return min((G - 1) * CPS * constants["BT"], N) / max(N, 1)
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _row_lengths(args: dict, constants: dict) -> list:
+    """The real tokens of each row a launch's programs walk: every batch row (or packed segment)
+    once per head."""
+    H, N = args["H"], args["N"]
+    if constants.get("IS_VARLEN"):
+        offsets = args["cu_seqlens"].tolist()
+        return [end - start for start, end in zip(offsets, offsets[1:])] * H
+    if constants.get("HAS_LEN"):
+        return [min(max(n, 0), N) for n in args["lengths"].tolist()] * H
+    rows = args["k" if "k" in args else "q"].numel() // (N * constants["DK"])
+    return [N] * rows
+
+
+def _chunk_dots(kernel: str, BT: int, DK: int, DV: int, BK: int, BV: int, M: int, SPLIT_V: bool) -> int:
+    """Flops of the tl.dot products one chunk costs `kernel`, summed over the programs that share
+    the chunk (one per K or V tile of the grid), each dot (m × k)·(k × n) counted 2·m·k·n at its
+    padded tile sizes, as the tensor cores or FMA units compute it."""
+    def dot(m, k, n):
+        return 2 * m * k * n
+    NK, NV = _cdiv(DK, BK), _cdiv(DV, BV)
+    states = 1 + M                                       # S, and M' with momentum
+    if kernel in ("fwd_h", "bwd_dh"):                    # grid NK·NV: a state tile's update per chunk
+        return NK * NV * states * dot(BK, BT, BV)
+    if kernel in ("fwd_o", "bwd_dv"):                    # grid NV, loop over K tiles: QKᵀ once per V tile
+        return NV * (NK * (dot(BT, BK, BT) + states * dot(BT, BK, BV)) + dot(BT, BT, BV))
+    if kernel == "bwd_dqk":                              # grid NK, loop over V tiles: dNum·Vᵀ once per K tile
+        return NK * (NV * (dot(BT, BV, BT) + 2 * states * dot(BT, BV, BK)) + 2 * dot(BT, BT, BK))
+    # the fused kernels hold whole (BK ≥ DK, BV ≥ DV) states; fused_fwd a TV-wide block of them
+    if kernel == "fused_fwd":
+        TV = BV // 2 if SPLIT_V else BV
+        per = dot(BT, BK, BT) + dot(BT, BT, TV) + states * (dot(BT, BK, TV) + dot(BK, BT, TV))
+        return _cdiv(DV, TV) * per
+    if kernel == "fused_bwd_dkv":
+        return (2 * dot(BT, BK, BT) + 2 * dot(BT, BT, BV)
+                + states * (2 * dot(BT, BK, BV) + dot(BK, BT, BV)))
+    if kernel == "fused_bwd_dq":
+        return dot(BT, BV, BT) + dot(BT, BT, BK) + states * (dot(BT, BV, BK) + dot(BK, BT, BV))
+    if kernel == "merge_splits":                         # eq. 12's composition: elementwise
+        return 0
+    raise KeyError(kernel)
+
+
+def launch_flops(kernel: str, args: dict, constants: dict, config: dict) -> int:
+    """Flops of the matrix products (tl.dot) one launch of a Triton attention kernel computes, from
+    its arguments (by name), constants and autotuned config (BK, BV; SPLIT_V): the chunks with real
+    tokens (padding chunks only store zeros) times `_chunk_dots`. Products repeated per tile count
+    each time: at BK < DK bwd_dqk recomputes the chunk's dNum·Vᵀ for every K tile, at BV < DV fwd_o
+    and bwd_dv recompute QKᵀ for every V tile. Elementwise work (weights, denominators) is left out.
+    A scan from zero without STORE_H (the fused kernels') skips its last split."""
+    if kernel == "merge_splits":
+        return 0
+    params = {**constants, **config}
+    BT, DK, DV = params["BT"], params["DK"], params["DV"]
+    per_chunk = _chunk_dots(kernel, BT, DK, DV, params["BK"], params["BV"], int(bool(params["MOMENTUM"])),
+                            bool(params.get("SPLIT_V")))
+    chunks = 0
+    for L in _row_lengths(args, params):
+        walked = _cdiv(L, BT)
+        if kernel == "fwd_h" and not params.get("STORE_H"):
+            walked = min(walked, (args["G"] - 1) * args["CPS"])
+        chunks += walked
+    return chunks * per_chunk

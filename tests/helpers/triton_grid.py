@@ -48,11 +48,9 @@ def record_launches(monkeypatch, B, H, T, D=64, dtype=torch.bfloat16, arguments=
     return launches, forward, q
 
 
-def programs(name, grid, constants, first, monkeypatch):
-    """The fewest programs the launch can have: over the configs the GPU's pruner keeps."""
+def kept_configs(name, constants, first, monkeypatch):
+    """The configs the GPU's pruner keeps for the launch (`first`: its first tensor argument)."""
     from plugins.attention.triton import fused_chunk_kernels, utils
-    if not callable(grid):
-        return math.prod(grid)
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)       # the GPU's config list
     if name in FUSED:
         configs = fused_chunk_kernels.fused_configs(tile_v=True)
@@ -60,9 +58,13 @@ def programs(name, grid, constants, first, monkeypatch):
     else:
         prune = utils.prune_scan if name in ("fwd_h", "bwd_dh") else utils.prune_chunk
         kept = prune(utils.tuning_configs(), {"q": first}, **constants)
-    counts = []
-    for config in kept:
-        size = grid({**constants, **config.kwargs})
-        counts.append(math.prod(size))
-    assert counts, f"the pruner keeps no config of {name}"
-    return min(counts)
+    assert kept, f"the pruner keeps no config of {name}"
+    return kept
+
+
+def programs(name, grid, constants, first, monkeypatch):
+    """The fewest programs the launch can have: over the configs the GPU's pruner keeps."""
+    if not callable(grid):
+        return math.prod(grid)
+    return min(math.prod(grid({**constants, **config.kwargs}))
+               for config in kept_configs(name, constants, first, monkeypatch))
