@@ -34,7 +34,8 @@ PYTHONPATH=$R timeout 60 python3 benchmarks/gpu_kernels.py --modes default 1-pas
 grep -E "^B-H-D-T|Error" $OUT/kernels.log
 # exact fp32 (4.2× bf16 on 2026-11-28, the goal 3×): tiles that compute the chunk's intra-chunk
 # product once per chunk (one V tile for fwd_o and bwd_dv, one K tile for bwd_dqk), which the
-# pruner does not keep, timed per kernel beside the autotuner's choice
+# pruner does not keep, timed per kernel beside the autotuner's choice, each with the TFLOP/s it
+# reaches (the kernels ran at 8.5-14.7 on 2026-11-28: docs/benchmarks.md, session 20)
 echo "== fp32 B16-H16-T1k: the kept tiles, then one V or K tile per chunk"
 PYTHONPATH=$R timeout 60 python3 benchmarks/gpu_kernels.py --dtype fp32 --shapes 0 --modes default \
   --tiles fwd_o=16,64,8 bwd_dv=16,64,8 bwd_dqk=64,16,8 --json $OUT/fp32_tiles.json > $OUT/fp32_tiles.log 2>&1

@@ -1,8 +1,10 @@
 """Where a Triton momentum-attention forward+backward spends its GPU time, kernel by kernel
 (torch.profiler's device times, averaged over the profiled steps), with the launches per step:
 the chunked kernels as the launcher splits them and in one pass, and the fused kernels.
-Together with benchmarks/roofline.py's per-launch bytes model (launch_bytes, computed offline on
-the same shapes) this gives each kernel's achieved bandwidth (issue 27 item 2).
+Each attention kernel's line also gives the flops of its matrix products in a step
+(benchmarks/roofline.py's launch_flops, from each launch's arguments and the tile it ran) and the
+TFLOP/s that makes; with the per-launch bytes model (launch_bytes, computed offline on the same
+shapes: benchmarks/launch_model.py) this gives each kernel's achieved bandwidth (issue 27 item 2).
 
     python benchmarks/gpu_kernels.py                       # bf16, the issue's four shapes
     python benchmarks/gpu_kernels.py --json kernels.json
@@ -16,6 +18,7 @@ import argparse
 import collections
 import contextlib
 import cProfile
+import inspect
 import io
 import json
 import os
@@ -121,11 +124,75 @@ def fwd_bwd_step(fn, B, H, D, T, dtype):
     return step
 
 
+class _Recording:
+    """Stands for an attention kernel on launches.K / launches.F: launches it as the launchers do
+    (directly, launch plans included) and keeps (name, arguments by name, constants, the config the
+    launch ran: the direct launcher's kept entry, or the autotuner's last choice)."""
+
+    def __init__(self, name, kernel, log):
+        from plugins.triton_launch import direct
+        self.name, self.launcher, self.log = name, direct(kernel), log
+        self.tuner = kernel
+        while hasattr(kernel, "fn"):
+            kernel = kernel.fn
+        self.arg_names = list(inspect.signature(kernel).parameters)
+
+    def __getitem__(self, grid):
+        run = self.launcher[grid]
+
+        def launch(*args, **constants):
+            result = run(*args, **constants)
+            named = dict(zip(self.arg_names, args))
+            self.log.append((self.name, named, constants, self.config(args, constants)))
+            return result
+        return launch
+
+    def config(self, args, constants) -> dict:
+        compiled = getattr(self.launcher, "compiled", None)
+        if compiled is not None:
+            entry = compiled.get(self.launcher.key(args, constants))
+            if entry is not None:
+                return entry[1]
+        chosen = getattr(self.tuner, "best_config", None)
+        return chosen.all_kwargs() if chosen is not None else {}
+
+
+@contextlib.contextmanager
+def recorded_launches(log: list):
+    """The chunked and fused attention kernels' launches inside, appended to `log`."""
+    from plugins.attention.triton import chunk_kernels, fused_chunk_kernels
+    from plugins.attention.triton import launches as kernels
+    sets = ((kernels.K, chunk_kernels, ("fwd_h", "fwd_o", "bwd_dh", "bwd_dv", "bwd_dqk")),
+            (kernels.F, fused_chunk_kernels, ("fused_fwd", "fused_bwd_dkv", "fused_bwd_dq")))
+    for holder, module, names in sets:
+        for name in names:
+            setattr(holder, name, _Recording(name, getattr(module, name), log))
+    try:
+        yield
+    finally:
+        for holder, _, names in sets:
+            for name in names:
+                vars(holder).pop(name, None)
+
+
+def step_flops(step) -> dict:
+    """{kernel name: flops of its matrix products in one call of `step`} (roofline.launch_flops at
+    the tiles each launch ran)."""
+    from roofline import launch_flops
+    log, flops = [], collections.defaultdict(int)
+    with recorded_launches(log):
+        step()
+    for name, args, constants, config in log:
+        flops[name] += launch_flops(name, args, constants, config)
+    return dict(flops)
+
+
 def kernel_times(fn, B, H, D, T, dtype="bf16", steps=5):
     """({kernel name: (mean µs per step, launches per step)} of fn's forward+backward, and the
     host's µs to issue one step and a step's µs back to back, both over `steps` steps without a
     sync between them: issue ≈ back to back above the device time means the host bounds the
-    step; back to back ≈ issue + device would mean the step waits for the device)."""
+    step; back to back ≈ issue + device would mean the step waits for the device), and the
+    attention kernels' flops in a step (step_flops)."""
     step = fwd_bwd_step(fn, B, H, D, T, dtype)
     start = time.perf_counter()
     for _ in range(steps):
@@ -143,7 +210,13 @@ def kernel_times(fn, B, H, D, T, dtype="bf16", steps=5):
         if event.device_type == torch.autograd.DeviceType.CUDA:
             totals[event.name] += event.device_time
             counts[event.name] += 1
-    return {name: (totals[name] / steps, counts[name] / steps) for name in totals}, host
+    try:
+        flops = step_flops(step)
+    except Exception as error:                  # noqa: BLE001 (the times stand without the flops)
+        print(f"flops not recorded: {type(error).__name__}: {error}")
+        flops = {}
+    torch.cuda.synchronize()
+    return {name: (totals[name] / steps, counts[name] / steps) for name in totals}, host, flops
 
 
 def host_profile(fn, B, H, D, T, dtype="bf16", steps=20, top=25):
@@ -223,7 +296,7 @@ def main():
             if one_pass is None:
                 fn.context = forced_split
             with forced_tiles(forced or {}):
-                times, host = kernel_times(fn, *shape, dtype=args.dtype)
+                times, host, flops = kernel_times(fn, *shape, dtype=args.dtype)
             total = sum(t for t, _ in times.values())
             launches = sum(n for _, n in times.values())
             case = "-".join(map(str, shape))
@@ -231,9 +304,14 @@ def main():
                   f"the host issues a step in {host['issue_us']:.0f} µs, back to back a step takes "
                   f"{host['back_to_back_us']:.0f} µs")
             for name, (t, n) in sorted(times.items(), key=lambda item: -item[1][0]):
-                print(f"  {t:9.1f} µs  {n:4.0f}×  {name[:90]}")
+                work = (f"  {flops[name] / 1e9:7.3f} GFLOP, {flops[name] / t / 1e6:6.1f} TFLOP/s"
+                        if flops.get(name) else "")
+                print(f"  {t:9.1f} µs  {n:4.0f}×  {name[:60]:60s}{work}")
+            for name in sorted(set(flops) - set(times)):     # a kernel the profiler named otherwise
+                print(f"  {name}: {flops[name] / 1e9:.3f} GFLOP a step, no device time under that name")
             rows.append(dict(shape=shape, mode=label, dtype=args.dtype, total_us=total, launches=launches,
-                             **host, kernels={k: dict(us=t, launches=n) for k, (t, n) in times.items()}))
+                             **host, kernels={k: dict(us=t, launches=n, flops=flops.get(k, 0))
+                                              for k, (t, n) in times.items()}))
     if args.host_profile:
         print(f"\nhost profile, B-H-D-T {'-'.join(map(str, SHAPES[args.shapes[0]]))} default, 20 steps:")
         print(host_profile(triton_method(BETA), *SHAPES[args.shapes[0]], dtype=args.dtype,
