@@ -298,7 +298,9 @@ def rnn_worker(mode, device, budget_s):
         results += rnn.cuda_times(shape, sizes["repeats"], 1, device, variants=rnn.GPU_CHECK_VARIANTS)
     header = (f"float32 forward + backward; median of {sizes['repeats']} round-robin rounds after a warm-up "
               "round (CUDA events), the Appendix-F loop timed in one round; peak = "
-              "torch.cuda.max_memory_allocated during one forward+backward. nn.LSTM is cuDNN.")
+              "torch.cuda.max_memory_allocated during one forward+backward. nn.LSTM is cuDNN, which "
+              "takes TF32 for float32 by torch's default, where float32 matmuls (and the Adam/RMSProp "
+              "recurrences) stay exact: the last column compares with cuDNN without TF32.")
     if mode == "dry-run":
         header = "Tiny shape (T 12, B 2, input 3, hidden 8, 2 layers) on the CPU: checks the plumbing."
     if skipped:

@@ -10,6 +10,14 @@ rmsprop forced onto the torch loop (adam-torch, rmsprop-torch) and onto the Trit
 with the GEMM inside the step kernel (adam-triton-one-launch, rmsprop-triton-one-launch) beside
 their default Triton recurrence (a cuBLAS GEMM and a kernel per step). Loss = sum of outputs.
 
+Precision. torch's defaults give float32 two precisions here: cuDNN's RNNs (nn.LSTM, and the
+fused LSTM of the plain and eq.-9 cells) take TF32 tensor cores (torch.backends.cudnn.rnn.
+fp32_precision "tf32"), float32 matmuls do not (torch.get_float32_matmul_precision() "highest"),
+and with them the Adam/RMSProp recurrences' GEMMs and Triton steps. On CUDA two more variants
+put each side at the other's precision: nn.LSTM-ieee (cuDNN without TF32) and adam-tf32 (float32
+matmuls in TF32, as torch.set_float32_matmul_precision("high") gives a user); the table's last
+ratio is against nn.LSTM-ieee.
+
 Time: one process per shape builds all variants and runs them round-robin, keeping each
 variant's best forward+backward time, so load from other processes hits every variant
 alike (the Appendix-F loop takes part in the first --loop-repeats rounds only).
@@ -29,6 +37,7 @@ the memory allocated just before it. Usage:
     python benchmarks/rnn.py --device cuda  # the two GPU shapes, median of 20 rounds
 """
 import argparse
+import contextlib
 import importlib.util
 import json
 import os
@@ -51,7 +60,7 @@ DEFAULT_SHAPES = {"cpu": ["mnist-128", "mnist-256", "ptb-1150"],
                   "cuda": ["ptb-3x1150", "pmnist-256"]}
 VARIANTS = ["appendix-f", "nn.LSTM", "lstm", "momentum", "nag", "sr", "adam", "rmsprop"]
 CUDA_VARIANTS = VARIANTS + ["adam-torch", "rmsprop-torch", "adam-triton-one-launch",
-                             "rmsprop-triton-one-launch"]
+                             "rmsprop-triton-one-launch", "nn.LSTM-ieee", "adam-tf32"]
 # benchmarks/gpu_check.py's rnn part (50 s): without the torch loops, 9-15× nn.LSTM in every GPU run so far
 GPU_CHECK_VARIANTS = [variant for variant in CUDA_VARIANTS if not variant.endswith("-torch")]
 HYPER = dict(momentum=0.6, step_size=1.0, beta=0.9, eps=1e-8)
@@ -62,9 +71,51 @@ def current_rss_kib():
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") // 1024
 
 
+@contextlib.contextmanager
+def fp32_precision(cudnn_rnn=None, matmul=None):
+    """float32's precision in cuDNN's RNNs and in matmuls, "tf32" or "ieee" (None: as it is), for
+    the calls inside, restored after (torch before 2.9 names cuDNN's as allow_tf32)."""
+    import torch
+    flags = getattr(torch.backends.cudnn, "rnn", None)
+    new_api = hasattr(flags, "fp32_precision")
+    saved_rnn = flags.fp32_precision if new_api else torch.backends.cudnn.allow_tf32
+    saved_matmul = torch.get_float32_matmul_precision()
+
+    def set_rnn(value):
+        if new_api:
+            flags.fp32_precision = value
+        else:
+            torch.backends.cudnn.allow_tf32 = value == "tf32"
+    try:
+        if cudnn_rnn is not None:
+            set_rnn(cudnn_rnn)
+        if matmul is not None:
+            torch.set_float32_matmul_precision("high" if matmul == "tf32" else "highest")
+        yield
+    finally:
+        torch.set_float32_matmul_precision(saved_matmul)
+        if new_api:
+            flags.fp32_precision = saved_rnn
+        else:
+            torch.backends.cudnn.allow_tf32 = saved_rnn
+
+
+def at_precision(run, **precision):
+    """`run` with fp32_precision(**precision) around each call."""
+    def precise():
+        with fp32_precision(**precision):
+            run()
+    return precise
+
+
 def build(variant, T, B, D, H, L=1, device="cpu"):
     """A closure running one forward+backward of `variant` at the given shape."""
     import torch
+
+    if variant == "nn.LSTM-ieee":
+        return at_precision(build("nn.LSTM", T, B, D, H, L, device), cudnn_rnn="ieee")
+    if variant.endswith("-tf32"):
+        return at_precision(build(variant.removesuffix("-tf32"), T, B, D, H, L, device), matmul="tf32")
 
     sys.path.insert(0, str(ROOT))
     from plugins.rnn import MomentumLSTM
@@ -186,21 +237,27 @@ def cuda_peak_mib(run):
     return (torch.cuda.max_memory_allocated() - before) / 2 ** 20
 
 
+NAMES = {"appendix-f": "Appendix-F loop", "nn.LSTM": "torch nn.LSTM", "adam-torch": "adam, torch loop",
+         "rmsprop-torch": "rmsprop, torch loop", "adam-triton-one-launch": "adam, one launch per step",
+         "rmsprop-triton-one-launch": "rmsprop, one launch per step",
+         "nn.LSTM-ieee": "torch nn.LSTM, cuDNN without TF32", "adam-tf32": "adam, float32 matmuls in TF32"}
+
+
 def table(results, unit="s"):
     scale = 1e3 if unit == "ms" else 1.0
-    lines = [f"| shape | variant | fwd+bwd ({unit}) | × nn.LSTM | × Appendix-F loop | peak memory (MiB) |",
-             "|---|---|---:|---:|---:|---:|"]
+    exact = any(r["variant"] == "nn.LSTM-ieee" for r in results)
+    lines = [f"| shape | variant | fwd+bwd ({unit}) | × nn.LSTM | × Appendix-F loop | peak memory (MiB) |"
+             + (" × nn.LSTM without TF32 |" if exact else ""),
+             "|---|---|---:|---:|---:|---:|" + ("---:|" if exact else "")]
     for shape in dict.fromkeys(r["shape"] for r in results):
         rows = {r["variant"]: r for r in results if r["shape"] == shape}
         base, loop = rows["nn.LSTM"]["seconds"], rows["appendix-f"]["seconds"]
         for variant, r in rows.items():
-            name = {"appendix-f": "Appendix-F loop", "nn.LSTM": "torch nn.LSTM",
-                    "adam-torch": "adam, torch loop",
-                    "rmsprop-torch": "rmsprop, torch loop",
-                    "adam-triton-one-launch": "adam, one launch per step",
-                    "rmsprop-triton-one-launch": "rmsprop, one launch per step"}.get(variant, variant)
-            lines.append(f"| {shape} | {name} | {r['seconds'] * scale:.3f} | {r['seconds'] / base:.2f} "
-                         f"| {r['seconds'] / loop:.2f} | {r['peak_mib']:.0f} |")
+            line = (f"| {shape} | {NAMES.get(variant, variant)} | {r['seconds'] * scale:.3f} | "
+                    f"{r['seconds'] / base:.2f} | {r['seconds'] / loop:.2f} | {r['peak_mib']:.0f} |")
+            if exact:
+                line += f" {r['seconds'] / rows['nn.LSTM-ieee']['seconds']:.2f} |"
+            lines.append(line)
     return "\n".join(lines)
 
 
