@@ -5,6 +5,7 @@ interpreter (TRITON_INTERPRET=1, set by conftest.py), which is slow: the grid N 
 factor at least once, mixed) rather than its full product."""
 import importlib.util
 import math
+import os
 
 import pytest
 import torch
@@ -101,7 +102,9 @@ def test_chunk_forward_gradients_and_state_match_float64_references(make_generat
         assert rel_rms(out, quadratic) <= TOL
 
 
-def test_float64_through_the_interpreter(make_generator):
+def test_float64_through_the_interpreter(make_generator, monkeypatch):
+    """fp64 keeps IEEE dots whatever exact fp32's are (bf16x6 splits fp32 values only)."""
+    monkeypatch.setenv("MOMENTUM_TRITON_FP32_DOTS", "bf16x6")
     tri = triton_ops()
     gen = make_generator()
     lengths = torch.tensor([40, 23])
@@ -440,22 +443,55 @@ def truncated_to_tf32(x):
     return (x.view(np.uint32) & np.uint32(0xFFFFE000)).view(np.float32)
 
 
+def bf16x6_product(a, b, d):
+    """d + a @ b of fp32 arrays as Triton's "bf16x6" computes it: each operand split into three
+    bf16 parts (hi, mid, lo; each rounded to nearest), the five smaller products of hi·hi, mid·hi,
+    hi·mid, mid·mid, lo·hi, hi·lo summed first (exact bf16 products, fp32 sums; NaN among them
+    dropped, as Triton drops it so that an infinite operand gives hi·hi's result), then hi·hi."""
+    import numpy as np
+
+    def parts(x):
+        out, rest = [], x
+        for _ in range(3):
+            part = torch.from_numpy(rest).to(torch.bfloat16).float().numpy()
+            out.append(part)
+            rest = rest - part
+        return out
+    with np.errstate(invalid="ignore"):            # inf − inf in the parts of an infinite operand
+        (a_hi, a_mid, a_lo), (b_hi, b_mid, b_lo) = parts(a), parts(b)
+        small = np.zeros(d.shape, dtype=np.float32)
+        for x, y in ((a_mid, b_mid), (a_lo, b_hi), (a_hi, b_lo), (a_mid, b_hi), (a_hi, b_mid)):
+            small = small + np.matmul(x, y, dtype=np.float32)
+    small = np.where(np.isnan(small), np.float32(0), small)
+    return (np.matmul(a_hi, b_hi, dtype=np.float32) + small) + d
+
+
 @pytest.fixture
 def tf32_dots(monkeypatch):
     """The interpreter's tl.dot computes fp32 products exactly whatever precision it is asked
-    for: here each dot records the precision asked, and fp32 operands of a tf32 dot are truncated
-    to tf32 first. Restores torch's float32 matmul precision afterwards."""
+    for: here each dot records the precision asked, fp32 operands of a tf32 dot are truncated
+    to tf32 first, and a bf16x6 dot (which the interpreter refuses: its precisions are
+    "tf32", "tf32x3" and "ieee") is computed as the GPU does (bf16x6_product). Restores torch's
+    float32 matmul precision afterwards."""
+    import dataclasses
+
     import numpy as np
     from triton._C.libtriton import ir
     from triton.runtime import interpreter
     asked = []
     create_dot = interpreter.InterpreterBuilder.create_dot
+    options = interpreter.interpreter_builder.options
+    monkeypatch.setattr(interpreter.interpreter_builder, "options", dataclasses.replace(
+        options, allowed_dot_input_precisions=(*options.allowed_dot_input_precisions, "bf16x6")))
 
     def tf32_create_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
         asked.append(input_precision)
         if input_precision == ir.INPUT_PRECISION.TF32 and a.data.dtype == np.float32:
             a = interpreter.TensorHandle(truncated_to_tf32(a.data), a.dtype)
             b = interpreter.TensorHandle(truncated_to_tf32(b.data), b.dtype)
+        if input_precision == ir.INPUT_PRECISION.BF16x6:
+            assert a.data.dtype == b.data.dtype == d.data.dtype == np.float32
+            return interpreter.TensorHandle(bf16x6_product(a.data, b.data, d.data), d.dtype.scalar)
         return create_dot(self, a, b, d, input_precision, max_num_imprecise_acc)
 
     monkeypatch.setattr(interpreter.InterpreterBuilder, "create_dot", tf32_create_dot)
@@ -464,11 +500,15 @@ def tf32_dots(monkeypatch):
     torch.set_float32_matmul_precision(precision)
 
 
-@pytest.mark.parametrize("precision", ["highest", "high", "medium"])
-def test_float32_takes_tf32_dots_where_torch_allows_them(make_generator, tf32_dots, precision):
+@pytest.mark.parametrize("precision", ["highest", "high", "medium", "highest, bf16x6"])
+def test_float32_takes_tf32_dots_where_torch_allows_them(make_generator, tf32_dots, monkeypatch, precision):
     """torch.set_float32_matmul_precision("high" / "medium") gives fp32 inputs tf32 dots, read at
-    each launch (forward and backward); "highest" (torch's default) exact fp32. Against the
-    float64 eq. 12 reference within the tolerances utils.py documents, with tf32 emulated."""
+    each launch (forward and backward); "highest" (torch's default) exact fp32, its dots in fp32
+    FMA or, with MOMENTUM_TRITON_FP32_DOTS=bf16x6, as six bf16 products. Against the float64
+    eq. 12 reference within the tolerances utils.py documents, with tf32 and bf16x6 emulated."""
+    precision, _, dots = precision.partition(", ")
+    if dots:
+        monkeypatch.setenv("MOMENTUM_TRITON_FP32_DOTS", dots)
     tri = triton_ops()
     asked, kinds = tf32_dots
     gen = make_generator()
@@ -491,13 +531,26 @@ def test_float32_takes_tf32_dots_where_torch_allows_them(make_generator, tf32_do
         q, k, x, momentum=0.9, step_size=0.8, eps=1e-6, chunk_size=32, initial_state=st, lengths=lengths,
         return_state=True), torch.float32)
     exact = precision == "highest"
-    assert set(asked) == {kinds.IEEE if exact else kinds.TF32}
+    assert set(asked) == {(kinds.BF16x6 if dots else kinds.IEEE) if exact else kinds.TF32}
     tol = {key: TOL for key in TF32_TOL} if exact else TF32_TOL
     assert rel_rms(out, ref_out) <= tol["out"]
     for name in ("s", "z", "m"):
         assert rel_rms(getattr(state, name), getattr(ref_state, name)) <= tol["state"], name
     for name, got, expected in zip(["fq", "fk", "v", "s0", "z0", "m0"], grads, ref_grads):
         assert rel_rms(got, expected) <= tol["grad"], f"d{name}: {rel_rms(got, expected):.2e}"
+
+
+@pytest.mark.parametrize("value,message", [
+    ("tf32x3", r"MOMENTUM_TRITON_FP32_DOTS must be one of \('ieee', 'bf16x6'\), got 'tf32x3'"),
+    ("bf16x6", r"MOMENTUM_TRITON_FP32_DOTS=bf16x6 needs a GPU: Triton's interpreter")])
+def test_exact_fp32_dots_this_triton_cannot_run_are_refused_by_name(monkeypatch, value, message):
+    tri = triton_ops()
+    if value == "bf16x6" and os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("a GPU's Triton runs bf16x6 dots: the refusal is the interpreter's")
+    monkeypatch.setenv("MOMENTUM_TRITON_FP32_DOTS", value)
+    q = torch.rand(1, 1, 8, 16)
+    with pytest.raises(ValueError, match=message):
+        tri.chunk_momentum_attention(q, q, q, momentum=0.5, step_size=1.0, eps=1e-6, chunk_size=16)
 
 
 def test_launches_past_cuda_grid_limits_are_refused_clearly():
@@ -579,7 +632,9 @@ from plugins.attention.triton import chunk_kernels as K
 from plugins.attention.triton import fused_chunk_kernels as FK
 from plugins.attention.triton import fused_recurrent as F
 from plugins.attention.triton import split as S
-from plugins.attention.triton.utils import prune_chunk, prune_scan, tuning_configs
+from plugins.attention.triton.utils import BF16X6, prune_chunk, prune_scan, tuning_configs
+
+BF16X6 = BF16X6.value      # exact fp32's dots as six bf16 products (Triton's "bf16x6")
 
 INPUTS = {"q", "k", "v", "o", "do", "dq", "dk", "dv"}
 TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
@@ -610,7 +665,7 @@ DK, DV, BT = 32, 24, 32
 # tiles). fp16, fp32 with tf32 dots and one state run through the real launcher at D = 64 / 128 in
 # tests/triton_launch_check.py (test_triton_launch.py), which compiles every kept config.
 for dtype, momentum, ieee, varlen in (("bf16", True, False, False), ("fp32", True, True, False),
-                                      ("bf16", True, False, True)):
+                                      ("fp32", True, BF16X6, False), ("bf16", True, False, True)):
     flags = {"LOW": dtype == "bf16", "IEEE": ieee}
     meta = dict(DK=DK, DV=DV, BT=BT, MOMENTUM=momentum, HAS_LEN=not varlen, IS_VARLEN=varlen, **flags)
     for kernel, prune, extra in ((K.fwd_h, prune_scan, {"USE_INIT": True, "STORE_H": True}),
@@ -626,7 +681,7 @@ for dtype, momentum, ieee, varlen in (("bf16", True, False, False), ("fp32", Tru
 # the fused kernels (8 warps, chunks of 32; bf16 padded at D 64 runs in tests/triton_launch_check.py) and
 # the scans from zero before them
 for dtype, momentum, ieee, varlen in (("bf16", True, False, True), ("bf16", False, False, False),
-                                      ("fp32", True, True, False)):
+                                      ("fp32", True, True, False), ("fp32", True, BF16X6, False)):
     meta = dict(DK=DK, DV=DV, BT=32, BK=32, BV=32, SPLIT_V=False, MOMENTUM=momentum, HAS_LEN=not varlen,
                 IS_VARLEN=varlen, LOW=dtype == "bf16", IEEE=ieee)
     for kernel, extra in ((FK.fused_fwd, {"USE_INIT": True}), (FK.fused_bwd_dq, {"USE_INIT": True}),
@@ -666,8 +721,9 @@ def test_chunk_pruning_never_keeps_a_config_that_faulted_on_a_gpu(d, dtype, monk
 def test_kernels_compile_for_an_h100():
     """The interpreter accepts what the compiler may refuse (dot shapes and dtypes, constexpr
     rules, layouts): every kernel is compiled to an sm_90 cubin, without a GPU, at Dk 32 and Dv 24,
-    for bf16 (padded and packed) and exact fp32, with the launch settings the autotuner would keep;
-    the fused kernels for bf16 (packed, and one state) and exact fp32."""
+    for bf16 (padded and packed) and exact fp32 (FMA dots, and bf16x6), with the launch settings
+    the autotuner would keep; the fused kernels for bf16 (packed, and one state) and exact fp32
+    (both ways)."""
     import os
     import subprocess
     import sys

@@ -9,7 +9,10 @@ every operand of every dot rounded to tf32) where torch allows it for its own fl
 (`kernel_flags`; torch's default "highest" keeps exact fp32).
 
 Tolerances against float64 on the same inputs, relative RMS: exact fp32 1e-4 (outputs, states
-and gradients; tests/test_attention_triton.py). tf32 keeps 10 of fp32's 23 mantissa bits: an
+and gradients; tests/test_attention_triton.py), with its dots in fp32 FMA or, opt-in
+(`exact_fp32_dots`), as six bf16 products: each operand split into bf16 parts of 8 significant
+bits each (24 in all, fp32's), the three products below 2⁻¹⁶ of the leading one left out, so a
+product's error stays near fp32's 2⁻²⁴. tf32 keeps 10 of fp32's 23 mantissa bits: an
 operand error up to 2⁻¹¹ ≈ 4.9e-4 rounded, 2⁻¹⁰ and biased towards zero where the tensor cores
 truncate. An output passes through two or three such dots; the states entering late chunks add
 their own operands' error, so the error grows with the position towards ~3 × 2⁻¹¹ (truncated
@@ -103,16 +106,25 @@ def mixed_dot(a, b, LOW: tl.constexpr, IEEE: tl.constexpr):
         return tl.dot(a.to(tl.bfloat16), b.to(tl.bfloat16))
     elif IEEE:
         acc = tl.float64 if a.dtype == tl.float64 or b.dtype == tl.float64 else tl.float32
-        return tl.dot(a.to(acc), b.to(acc), input_precision="ieee")
+        return raw_dot(a.to(acc), b.to(acc), IEEE)
     else:
         return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="tf32")
+
+
+# IEEE's values: False (tensor-core dots), True (exact fp32/fp64 dots on the CUDA cores) or BF16X6
+# (exact fp32's dots as six bf16 tensor-core products, `exact_fp32_dots`).
+BF16X6 = tl.constexpr(2)
 
 
 @triton.jit
 def raw_dot(a, b, IEEE: tl.constexpr):
     """a @ b of two input tensors in their own dtype (tensor cores for bf16/fp16; tf32 for fp32
-    unless IEEE, named here rather than left to TRITON_F32_DEFAULT), fp32 accumulate."""
-    if IEEE:
+    unless IEEE, named here rather than left to TRITON_F32_DEFAULT), fp32 accumulate. IEEE ==
+    BF16X6: each fp32 operand split into three bf16 parts, the six products that reach fp32's
+    precision summed in fp32 on the tensor cores (Triton's "bf16x6")."""
+    if IEEE == BF16X6:
+        return tl.dot(a, b, input_precision="bf16x6")
+    elif IEEE:
         return tl.dot(a, b, input_precision="ieee")
     elif a.dtype == tl.float32:
         return tl.dot(a, b, input_precision="tf32")
@@ -169,12 +181,34 @@ def tf32_allowed() -> bool:
     return torch.get_float32_matmul_precision() in ("high", "medium")
 
 
+FP32_DOTS_VARIABLE = "MOMENTUM_TRITON_FP32_DOTS"
+FP32_DOTS = ("ieee", "bf16x6")
+
+
+def exact_fp32_dots() -> str:
+    """How exact fp32 computes its dots: "ieee" (the default: fp32 FMA on the CUDA cores) or
+    "bf16x6" (MOMENTUM_TRITON_FP32_DOTS=bf16x6: six bf16 tensor-core products per dot, within a few
+    fp32 roundings of "ieee"; opt-in until a GPU has timed both, docs/benchmarks.md)."""
+    value = os.environ.get(FP32_DOTS_VARIABLE, "ieee")
+    if value not in FP32_DOTS:
+        raise ValueError(f"{FP32_DOTS_VARIABLE} must be one of {FP32_DOTS}, got {value!r}")
+    if value == "bf16x6" and INTERPRETED:
+        from triton.runtime.interpreter import interpreter_builder
+        if value not in interpreter_builder.options.allowed_dot_input_precisions:
+            raise ValueError(f"{FP32_DOTS_VARIABLE}=bf16x6 needs a GPU: Triton's interpreter "
+                             "(TRITON_INTERPRET=1) has no bf16x6 dots; unset it or set it to 'ieee'")
+    return value
+
+
 def kernel_flags(dtype: torch.dtype) -> dict:
     """LOW: derived fp32 operands are cast to bf16 for the tensor cores; IEEE: exact fp32/fp64
     dots, for fp64 and for fp32 unless `tf32_allowed()`, read here, when the launchers run (inside
     the custom ops, which torch.compile does not trace): fp32 with IEEE False runs the fp16
-    inputs' rules, every dot in tf32."""
+    inputs' rules, every dot in tf32. Exact fp32 takes `exact_fp32_dots()` (IEEE = BF16X6 for
+    "bf16x6"); fp64 always IEEE dots."""
     ieee = dtype == torch.float64 or (dtype == torch.float32 and not tf32_allowed())
+    if ieee and dtype == torch.float32 and exact_fp32_dots() == "bf16x6":
+        ieee = BF16X6.value
     return {"LOW": dtype == torch.bfloat16, "IEEE": ieee}
 
 
