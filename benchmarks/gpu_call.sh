@@ -7,7 +7,8 @@
 #   host's time goes (benchmarks/gpu_kernels.py, default and one-pass);
 # - exact fp32's kernels at the kept tiles and at tiles that compute each chunk's intra-chunk product
 #   once (gpu_kernels.py --tiles), in the place of session 16's NaN-marks comparison of a layer's
-#   call (`gpu_kernels.py --modes layer layer-torch-marks`, measured at B16-H16-T1k then);
+#   call (`gpu_kernels.py --modes layer layer-torch-marks`, measured at B16-H16-T1k then), and with
+#   its dots as six bf16 products (MOMENTUM_TRITON_FP32_DOTS=bf16x6);
 # - an HF training step of both models at T = 8192, eager and compiled with CUDA graphs (the eager
 #   momentum step was host-bound on the H200: docs/benchmarks.md, 2026-11-28);
 # - gpu-check's tests not started in its tests part (13 on 2026-11-28), in what is left of the
@@ -16,8 +17,9 @@
 # two fifths less host time per call on the CPU machine) show, or do not, on a GPU; gpu-check's RNN
 # table is where session 18's LSTM loop without per-step views (a third less host time on the CPU
 # machine) does. About 9.5 minutes from a bare machine (gpu-check's 353 s on 2026-11-28, then about
-# 180 s). Before the call, here: the wheels in .whl (docs/developing.md, "Benchmarks and the GPU
-# suite"); the call: `bash benchmarks/gpu_call.sh` with carry [".whl"] and timeout_s 600.
+# 220 s, and the not-started tests in what is left of 580 s). Before the call, here: the wheels in
+# .whl (docs/developing.md, "Benchmarks and the GPU suite"); the call: `bash benchmarks/gpu_call.sh`
+# with carry [".whl"] and timeout_s 600.
 export PYTHONUNBUFFERED=1
 R=$PWD
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu,utilization.gpu --format=csv
@@ -40,6 +42,13 @@ echo "== fp32 B16-H16-T1k: the kept tiles, then one V or K tile per chunk"
 PYTHONPATH=$R timeout 60 python3 benchmarks/gpu_kernels.py --dtype fp32 --shapes 0 --modes default \
   --tiles fwd_o=16,64,8 bwd_dv=16,64,8 bwd_dqk=64,16,8 --json $OUT/fp32_tiles.json > $OUT/fp32_tiles.log 2>&1
 grep -E "^B-H-D-T|fwd_o|bwd_dv|bwd_dqk|Error" $OUT/fp32_tiles.log | head -12
+# exact fp32's dots as six bf16 tensor-core products (MOMENTUM_TRITON_FP32_DOTS=bf16x6, opt-in;
+# compiled for sm_90 without spills where the FMA dots spill): its device time and TFLOP/s beside
+# the lines above; gpu-check's tests part has its exactness (test_fp32_with_bf16x6_dots_...)
+echo "== fp32 B16-H16-T1k with bf16x6 dots"
+MOMENTUM_TRITON_FP32_DOTS=bf16x6 PYTHONPATH=$R timeout 45 python3 benchmarks/gpu_kernels.py --dtype fp32 --shapes 0 \
+  --modes default --json $OUT/fp32_bf16x6.json > $OUT/fp32_bf16x6.log 2>&1
+grep -E "^B-H-D-T|fwd_o|bwd_dv|bwd_dqk|fwd_h|bwd_dh|Error" $OUT/fp32_bf16x6.log | head -8
 echo "== an HF training step at T = 8192, eager and compiled with CUDA graphs"
 PYTHONPATH=/tmp/gpu-check-site:$R timeout 90 python3 benchmarks/train_host_profile.py --length 8192 --skip-profile \
   --compile reduce-overhead > $OUT/train.log 2>&1
