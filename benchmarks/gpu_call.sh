@@ -22,6 +22,13 @@
 # with carry [".whl"] and timeout_s 600.
 export PYTHONUNBUFFERED=1
 R=$PWD
+END=585                # seconds of the call's 600 that its steps may take (the archive after them)
+within() {             # within MAX CMD...: CMD under a timeout of MAX or what is left before END
+  local left=$((END - SECONDS)) max=$1
+  shift
+  if [ $left -lt 20 ]; then echo "not run, ${left} s left: ${*:1:4} …"; return 0; fi
+  timeout $((left < max ? left : max)) "$@"
+}
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu,utilization.gpu --format=csv
 echo "== gpu-check"
 timeout 500 python3 benchmarks/gpu_check.py --force --limit 390 --out-dir outputs/gpu-check --doc $OUT/check.md \
@@ -31,7 +38,7 @@ cubins() { find "${TRITON_CACHE_DIR:-$HOME/.triton/cache}" -name '*.cubin' 2>/de
 echo "kernels compiled by gpu-check (cubins in Triton's cache): $(cubins)"
 grep -E "^\| (bf16|fp32|[0-9]+ \|)" $OUT/check.md | cut -d'|' -f2-8 | head -30
 echo "== kernels"
-PYTHONPATH=$R timeout 60 python3 benchmarks/gpu_kernels.py --modes default 1-pass --host-profile 25 \
+within 60 env PYTHONPATH=$R python3 benchmarks/gpu_kernels.py --modes default 1-pass --host-profile 25 \
   --json $OUT/kernels.json > $OUT/kernels.log 2>&1
 grep -E "^B-H-D-T|Error" $OUT/kernels.log
 # exact fp32 (4.2× bf16 on 2026-11-28, the goal 3×): tiles that compute the chunk's intra-chunk
@@ -39,19 +46,19 @@ grep -E "^B-H-D-T|Error" $OUT/kernels.log
 # pruner does not keep, timed per kernel beside the autotuner's choice, each with the TFLOP/s it
 # reaches (the kernels ran at 8.5-14.7 on 2026-11-28: docs/benchmarks.md, session 20)
 echo "== fp32 B16-H16-T1k: the kept tiles, then one V or K tile per chunk"
-PYTHONPATH=$R timeout 60 python3 benchmarks/gpu_kernels.py --dtype fp32 --shapes 0 --modes default \
+within 60 env PYTHONPATH=$R python3 benchmarks/gpu_kernels.py --dtype fp32 --shapes 0 --modes default \
   --tiles fwd_o=16,64,8 bwd_dv=16,64,8 bwd_dqk=64,16,8 --json $OUT/fp32_tiles.json > $OUT/fp32_tiles.log 2>&1
 grep -E "^B-H-D-T|fwd_o|bwd_dv|bwd_dqk|Error" $OUT/fp32_tiles.log | head -12
 # exact fp32's dots as six bf16 tensor-core products (MOMENTUM_TRITON_FP32_DOTS=bf16x6, opt-in;
 # compiled for sm_90 without spills where the FMA dots spill): its device time and TFLOP/s beside
 # the lines above; gpu-check's tests part has its exactness (test_fp32_with_bf16x6_dots_...)
 echo "== fp32 B16-H16-T1k with bf16x6 dots"
-MOMENTUM_TRITON_FP32_DOTS=bf16x6 PYTHONPATH=$R timeout 45 python3 benchmarks/gpu_kernels.py --dtype fp32 --shapes 0 \
-  --modes default --json $OUT/fp32_bf16x6.json > $OUT/fp32_bf16x6.log 2>&1
+within 45 env MOMENTUM_TRITON_FP32_DOTS=bf16x6 PYTHONPATH=$R python3 benchmarks/gpu_kernels.py --dtype fp32 \
+  --shapes 0 --modes default --json $OUT/fp32_bf16x6.json > $OUT/fp32_bf16x6.log 2>&1
 grep -E "^B-H-D-T|fwd_o|bwd_dv|bwd_dqk|fwd_h|bwd_dh|Error" $OUT/fp32_bf16x6.log | head -8
 echo "== an HF training step at T = 8192, eager and compiled with CUDA graphs"
-PYTHONPATH=/tmp/gpu-check-site:$R timeout 90 python3 benchmarks/train_host_profile.py --length 8192 --skip-profile \
-  --compile reduce-overhead > $OUT/train.log 2>&1
+within 90 env PYTHONPATH=/tmp/gpu-check-site:$R python3 benchmarks/train_host_profile.py --length 8192 \
+  --skip-profile --compile reduce-overhead > $OUT/train.log 2>&1
 grep -E "^==|Error" $OUT/train.log
 LEFT=$((580 - SECONDS))        # the ceilings again (15 s), then what the 10 minutes leave to the tests
 if [ $LEFT -ge 100 ]; then
