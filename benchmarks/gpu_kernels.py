@@ -159,17 +159,21 @@ class _Recording:
 
 @contextlib.contextmanager
 def recorded_launches(log: list):
-    """The chunked and fused attention kernels' launches inside, appended to `log`."""
-    from plugins.attention.triton import chunk_kernels, fused_chunk_kernels
+    """The chunked and fused attention kernels' launches inside, and the splits' merges, appended
+    to `log`."""
+    from plugins.attention.triton import chunk_kernels, fused_chunk_kernels, split
     from plugins.attention.triton import launches as kernels
     sets = ((kernels.K, chunk_kernels, ("fwd_h", "fwd_o", "bwd_dh", "bwd_dv", "bwd_dqk")),
             (kernels.F, fused_chunk_kernels, ("fused_fwd", "fused_bwd_dkv", "fused_bwd_dq")))
     for holder, module, names in sets:
         for name in names:
             setattr(holder, name, _Recording(name, getattr(module, name), log))
+    merge = split.merge_splits
+    split.merge_splits = _Recording("merge_splits", merge, log)
     try:
         yield
     finally:
+        split.merge_splits = merge
         for holder, _, names in sets:
             for name in names:
                 vars(holder).pop(name, None)

@@ -239,8 +239,6 @@ def _chunk_dots(kernel: str, BT: int, DK: int, DV: int, BK: int, BV: int, M: int
                 + states * (2 * dot(BT, BK, BV) + dot(BK, BT, BV)))
     if kernel == "fused_bwd_dq":
         return dot(BT, BV, BT) + dot(BT, BT, BK) + states * (dot(BT, BV, BK) + dot(BK, BT, BV))
-    if kernel == "merge_splits":                         # eq. 12's composition: elementwise
-        return 0
     raise KeyError(kernel)
 
 
@@ -250,7 +248,8 @@ def launch_flops(kernel: str, args: dict, constants: dict, config: dict) -> int:
     tokens (padding chunks only store zeros) times `_chunk_dots`. Products repeated per tile count
     each time: at BK < DK bwd_dqk recomputes the chunk's dNum·Vᵀ for every K tile, at BV < DV fwd_o
     and bwd_dv recompute QKᵀ for every V tile. Elementwise work (weights, denominators) is left out.
-    A scan from zero without STORE_H (the fused kernels') skips its last split."""
+    A scan from zero without STORE_H (the fused kernels') skips its last split. merge_splits
+    composes eq. 12 elementwise: none."""
     if kernel == "merge_splits":
         return 0
     params = {**constants, **config}

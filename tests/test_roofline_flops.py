@@ -4,8 +4,8 @@ every tl.dot is counted here (2·m·k·n flops), and the count must equal the mo
 arguments, constants and config. Tiles smaller than the head dimension (forced) make the per-chunk
 kernels repeat their intra-chunk products; padded rows, packed segments, splits, β = 0 and the
 fused kernels change which chunks are walked."""
+import collections
 import importlib.util
-import inspect
 import sys
 from pathlib import Path
 
@@ -23,50 +23,23 @@ CHUNKED = ("fwd_h", "fwd_o", "bwd_dh", "bwd_dv", "bwd_dqk")
 FUSED = ("fused_fwd", "fused_bwd_dkv", "fused_bwd_dq")
 
 
-class CountedLaunch:
-    """Stands for a kernel on launches.K / launches.F: launches it, and records (name, arguments by
-    name, constants, the config it ran, the flops of the dots it computed)."""
-
-    def __init__(self, name, kernel, tuner, counter, log):
-        self.name, self.kernel, self.tuner, self.counter, self.log = name, kernel, tuner, counter, log
-        fn = kernel
-        while hasattr(fn, "fn"):
-            fn = fn.fn
-        self.arg_names = list(inspect.signature(fn).parameters)
-
-    def __getitem__(self, grid):
-        def launch(*args, **constants):
-            before = self.counter[0]
-            self.kernel[grid](*args, **constants)
-            config = self.tuner.best_config.all_kwargs() if hasattr(self.tuner, "best_config") else {}
-            self.log.append((self.name, dict(zip(self.arg_names, args)), constants, config,
-                             self.counter[0] - before))
-        return launch
-
-
 @pytest.fixture
 def counted(monkeypatch):
-    """The launches of the attention kernels, each with the flops its tl.dot calls computed."""
+    """The attention kernels' launches as benchmarks/gpu_kernels.py records them (name, arguments
+    by name, constants, the config it ran), and the flops of the tl.dot calls each computed, by
+    its place in that list: a dot belongs to the launch running, logged once it returns."""
+    import gpu_kernels
     from triton.runtime import interpreter
-
-    from plugins.attention.triton import chunk_kernels, fused_chunk_kernels, split
-    from plugins.attention.triton import launches as kernels
-    counter, log = [0], []
+    log, flops = [], collections.Counter()
     dot = interpreter.InterpreterBuilder.create_dot
 
     def counting_dot(self, a, b, d, *rest):
         (m, k), n = a.data.shape, b.data.shape[1]
-        counter[0] += 2 * m * k * n
+        flops[len(log)] += 2 * m * k * n
         return dot(self, a, b, d, *rest)
     monkeypatch.setattr(interpreter.InterpreterBuilder, "create_dot", counting_dot)
-    sets = ((kernels.K, chunk_kernels, CHUNKED), (kernels.F, fused_chunk_kernels, FUSED))
-    for holder, module, names in sets:
-        for name in names:
-            tuner = getattr(module, name)
-            monkeypatch.setattr(holder, name, CountedLaunch(name, getattr(holder, name), tuner, counter, log))
-    merge = split.merge_splits
-    monkeypatch.setattr(split, "merge_splits", CountedLaunch("merge_splits", merge, merge, counter, log))
-    return log
+    with gpu_kernels.recorded_launches(log):
+        yield log, flops
 
 
 def run(make_generator, B, H, N, DK, DV, beta=0.6, lengths=None, cu_seqlens=None):
@@ -80,12 +53,14 @@ def run(make_generator, B, H, N, DK, DV, beta=0.6, lengths=None, cu_seqlens=None
     out.backward(torch.randn(out.shape, generator=gen))
 
 
-def check(log, expected_kernels):
+def check(counted, expected_kernels):
+    log, flops = counted
     assert {name for name, *_ in log} == set(expected_kernels)
-    for name, args, constants, config, counted in log:
+    assert set(flops) <= set(range(len(log))), "dots after the last recorded launch"
+    for i, (name, args, constants, config) in enumerate(log):
         modelled = launch_flops(name, args, constants, config)
-        assert modelled == counted, f"{name} {config}: modelled {modelled}, counted {counted}"
-    assert sum(counted for *_, counted in log) > 0
+        assert modelled == flops[i], f"{name} {config}: modelled {modelled}, counted {flops[i]}"
+    assert sum(flops.values()) > 0
 
 
 # (BK, BV, warps) forced per chunked kernel: tiles smaller than the blocks of DK 24 (32) and DV 40
@@ -105,7 +80,7 @@ def test_the_chunked_kernels_compute_the_modelled_flops(counted, make_generator,
         run(make_generator, 1, 2, 70, 24, 40, beta=beta)
     check(counted, CHUNKED)
     if tiles == "small":
-        assert {(name, config["BK"], config["BV"]) for name, _, _, config, _ in counted} == {
+        assert {(name, config["BK"], config["BV"]) for name, _, _, config in counted[0]} == {
             (name, bk, bv) for name, (bk, bv, _) in SMALL_TILES.items()}
 
 
