@@ -85,19 +85,16 @@ def fp32_precision(cudnn_rnn=None, matmul=None):
         if new_api:
             flags.fp32_precision = value
         else:
-            torch.backends.cudnn.allow_tf32 = value == "tf32"
+            torch.backends.cudnn.allow_tf32 = value
     try:
         if cudnn_rnn is not None:
-            set_rnn(cudnn_rnn)
+            set_rnn(cudnn_rnn if new_api else cudnn_rnn == "tf32")
         if matmul is not None:
             torch.set_float32_matmul_precision("high" if matmul == "tf32" else "highest")
         yield
     finally:
         torch.set_float32_matmul_precision(saved_matmul)
-        if new_api:
-            flags.fp32_precision = saved_rnn
-        else:
-            torch.backends.cudnn.allow_tf32 = saved_rnn
+        set_rnn(saved_rnn)
 
 
 def at_precision(run, **precision):

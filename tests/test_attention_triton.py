@@ -445,9 +445,9 @@ def truncated_to_tf32(x):
 
 def bf16x6_product(a, b, d):
     """d + a @ b of fp32 arrays as Triton's "bf16x6" computes it: each operand split into three
-    bf16 parts (hi, mid, lo; each rounded to nearest), the five smaller products of hi·hi, mid·hi,
-    hi·mid, mid·mid, lo·hi, hi·lo summed first (exact bf16 products, fp32 sums; NaN among them
-    dropped, as Triton drops it so that an infinite operand gives hi·hi's result), then hi·hi."""
+    bf16 parts (hi, mid, lo; each rounded to nearest), the five smaller products mid·mid, lo·hi,
+    hi·lo, mid·hi, hi·mid summed first (exact bf16 products, fp32 sums; NaN among them dropped, as
+    Triton drops it so that an infinite operand gives hi·hi's result), then hi·hi."""
     import numpy as np
 
     def parts(x):
