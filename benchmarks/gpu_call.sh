@@ -19,9 +19,19 @@
 # machine) does. About 9.5 minutes from a bare machine (gpu-check's 353 s on 2026-11-28, then about
 # 220 s, and the not-started tests in what is left of 580 s). Before the call, here: the wheels in
 # .whl (docs/developing.md, "Benchmarks and the GPU suite"); the call: `bash benchmarks/gpu_call.sh`
-# with carry [".whl"] and timeout_s 600.
+# with carry [".whl", ".triton-carry"] and timeout_s 600.
+# Triton's cache: the kernels an earlier call compiled come back from it as $OUT/triton-cache.tar.xz.N
+# (benchmarks/triton_cache.py; put them in .triton-carry here) and are unpacked before anything runs,
+# so that a kernel whose key has not changed loads instead of compiling; the call says how many it
+# compiled all the same. Its logs and outputs come back as one archive: $OUT returns at most 8 files.
 export PYTHONUNBUFFERED=1
 R=$PWD
+export TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-/tmp/momentum-triton-cache}
+CARRIED=${CARRIED:-.triton-carry}
+if compgen -G "$CARRIED/*.[0-9]" > /dev/null; then
+  python3 benchmarks/triton_cache.py unpack $CARRIED $TRITON_CACHE_DIR
+fi
+touch $TRITON_CACHE_DIR.stamp
 END=585                # seconds of the call's 600 that its steps may take (the archive after them)
 within() {             # within MAX CMD...: CMD under a timeout of MAX or what is left before END
   local left=$((END - SECONDS)) max=$1
@@ -34,8 +44,8 @@ echo "== gpu-check"
 timeout 500 python3 benchmarks/gpu_check.py --force --limit 390 --out-dir outputs/gpu-check --doc $OUT/check.md \
   2>&1 | tail -6
 grep -E "passed|FAILED" $OUT/check.md | head -20
-cubins() { find "${TRITON_CACHE_DIR:-$HOME/.triton/cache}" -name '*.cubin' 2>/dev/null | wc -l; }  # a kernel variant each
-echo "kernels compiled by gpu-check (cubins in Triton's cache): $(cubins)"
+compiled() { python3 benchmarks/triton_cache.py compiled $TRITON_CACHE_DIR --since $TRITON_CACHE_DIR.stamp; }
+echo "after gpu-check: $(compiled)"
 grep -E "^\| (bf16|fp32|[0-9]+ \|)" $OUT/check.md | cut -d'|' -f2-8 | head -30
 echo "== kernels"
 within 60 env PYTHONPATH=$R python3 benchmarks/gpu_kernels.py --modes default 1-pass --host-profile 25 \
@@ -60,13 +70,15 @@ echo "== an HF training step at T = 8192, eager and compiled with CUDA graphs"
 within 90 env PYTHONPATH=/tmp/gpu-check-site:$R python3 benchmarks/train_host_profile.py --length 8192 \
   --skip-profile --compile reduce-overhead > $OUT/train.log 2>&1
 grep -E "^==|Error" $OUT/train.log
-LEFT=$((580 - SECONDS))        # the ceilings again (15 s), then what the 10 minutes leave to the tests
+LEFT=$((570 - SECONDS))        # the ceilings again (15 s); the tests end 30 s before the archives
 if [ $LEFT -ge 100 ]; then
   echo "== the gpu tests not started above, in ${LEFT} s"
   timeout $LEFT python3 benchmarks/gpu_check.py --parts tests --budgets tests=$((LEFT - 20)) --limit $LEFT \
     --out-dir outputs/gpu-check --doc $OUT/check-tests.md 2>&1 | tail -3
   grep -E "passed|FAILED" $OUT/check-tests.md | head -20
 fi
-echo "kernels compiled in all (cubins in Triton's cache): $(cubins)"
-tar czf $OUT/outs.tgz outputs/gpu-check 2>/dev/null
+echo "at the end: $(compiled)"
+python3 benchmarks/triton_cache.py pack $TRITON_CACHE_DIR $OUT/triton-cache.tar.xz --part-mib 15 --max-parts 3
+(cd $OUT && tar czf results.tgz *.log *.json -C $R outputs/gpu-check 2>/dev/null; [ -s results.tgz ] && rm -f *.log *.json)
+ls $OUT
 echo done
