@@ -17,7 +17,7 @@
 # two fifths less host time per call on the CPU machine) show, or do not, on a GPU; gpu-check's RNN
 # table is where session 18's LSTM loop without per-step views (a third less host time on the CPU
 # machine) does. About 9.5 minutes from a bare machine (gpu-check's 353 s on 2026-11-28, then about
-# 220 s, and the not-started tests in what is left of 580 s). Before the call, here: the wheels in
+# 220 s, and the not-started tests in what is left of 570 s). Before the call, here: the wheels in
 # .whl (docs/developing.md, "Benchmarks and the GPU suite"); the call: `bash benchmarks/gpu_call.sh`
 # with carry [".whl", ".triton-carry"] and timeout_s 600.
 # Triton's cache: the kernels an earlier call compiled come back from it as $OUT/triton-cache.tar.xz.N
@@ -70,7 +70,7 @@ echo "== an HF training step at T = 8192, eager and compiled with CUDA graphs"
 within 90 env PYTHONPATH=/tmp/gpu-check-site:$R python3 benchmarks/train_host_profile.py --length 8192 \
   --skip-profile --compile reduce-overhead > $OUT/train.log 2>&1
 grep -E "^==|Error" $OUT/train.log
-LEFT=$((570 - SECONDS))        # the ceilings again (15 s); the tests end 30 s before the archives
+LEFT=$((570 - SECONDS))        # the ceilings again (15 s); the tests end by 570 s, before the archives
 if [ $LEFT -ge 100 ]; then
   echo "== the gpu tests not started above, in ${LEFT} s"
   timeout $LEFT python3 benchmarks/gpu_check.py --parts tests --budgets tests=$((LEFT - 20)) --limit $LEFT \
