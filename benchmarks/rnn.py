@@ -18,6 +18,10 @@ put each side at the other's precision: nn.LSTM-ieee (cuDNN without TF32) and ad
 matmuls in TF32, as torch.set_float32_matmul_precision("high") gives a user); the table's last
 ratio is against nn.LSTM-ieee.
 
+Structure. The momentum/nag/sr cells run cuDNN's LSTM one layer at a time (their filter sits
+between layers), where nn.LSTM runs all layers in one call; nn.LSTM-per-layer (CUDA) is nn.LSTM
+called that way, the floor of that structure, so that the cells' own cost reads against it.
+
 Time: one process per shape builds all variants and runs them round-robin, keeping each
 variant's best forward+backward time, so load from other processes hits every variant
 alike (the Appendix-F loop takes part in the first --loop-repeats rounds only).
@@ -60,7 +64,7 @@ DEFAULT_SHAPES = {"cpu": ["mnist-128", "mnist-256", "ptb-1150"],
                   "cuda": ["ptb-3x1150", "pmnist-256"]}
 VARIANTS = ["appendix-f", "nn.LSTM", "lstm", "momentum", "nag", "sr", "adam", "rmsprop"]
 CUDA_VARIANTS = VARIANTS + ["adam-torch", "rmsprop-torch", "adam-triton-one-launch",
-                             "rmsprop-triton-one-launch", "nn.LSTM-ieee", "adam-tf32"]
+                             "rmsprop-triton-one-launch", "nn.LSTM-ieee", "adam-tf32", "nn.LSTM-per-layer"]
 # benchmarks/gpu_check.py's rnn part (50 s): without the torch loops, 9-15× nn.LSTM in every GPU run so far
 GPU_CHECK_VARIANTS = [variant for variant in CUDA_VARIANTS if not variant.endswith("-torch")]
 HYPER = dict(momentum=0.6, step_size=1.0, beta=0.9, eps=1e-8)
@@ -124,6 +128,15 @@ def build(variant, T, B, D, H, L=1, device="cpu"):
     if variant == "nn.LSTM":
         lstm = torch.nn.LSTM(D, H, num_layers=L).to(device)
         return lambda: lstm(x)[0].sum().backward()
+    if variant == "nn.LSTM-per-layer":
+        layers = [torch.nn.LSTM(D if k == 0 else H, H).to(device) for k in range(L)]
+
+        def run():
+            seq = x
+            for layer in layers:
+                seq = layer(seq)[0]
+            seq.sum().backward()
+        return run
     if variant == "appendix-f":
         spec = importlib.util.spec_from_file_location(
             "reference_appendix_f", ROOT / "tests" / "reference_appendix_f.py")
@@ -237,7 +250,8 @@ def cuda_peak_mib(run):
 NAMES = {"appendix-f": "Appendix-F loop", "nn.LSTM": "torch nn.LSTM", "adam-torch": "adam, torch loop",
          "rmsprop-torch": "rmsprop, torch loop", "adam-triton-one-launch": "adam, one launch per step",
          "rmsprop-triton-one-launch": "rmsprop, one launch per step",
-         "nn.LSTM-ieee": "torch nn.LSTM, cuDNN without TF32", "adam-tf32": "adam, float32 matmuls in TF32"}
+         "nn.LSTM-ieee": "torch nn.LSTM, cuDNN without TF32", "adam-tf32": "adam, float32 matmuls in TF32",
+         "nn.LSTM-per-layer": "torch nn.LSTM, one call per layer"}
 
 
 def table(results, unit="s"):
