@@ -33,7 +33,9 @@ a 2-step warm-up).
 On CUDA everything runs in one process: after a warm-up round (Triton compilation, cuDNN
 set-up) the variants run round-robin, each round timed with CUDA events, and the median is
 reported; peak memory = torch.cuda.max_memory_allocated during one forward+backward minus
-the memory allocated just before it. Usage:
+the memory allocated just before it; device busy = the device time of one forward+backward's
+kernels and copies (torch.profiler) as a share of its median wall time: near 100 % the device
+bounds a variant, far below it the host does. Usage:
 
     python benchmarks/rnn.py                # all CPU shapes, about 3 min on 2 idle cores
     python benchmarks/rnn.py --quick        # MNIST H=128 only, 2 rounds
@@ -230,6 +232,11 @@ def cuda_times(shape, repeats, loop_repeats, device="cuda", variants=CUDA_VARIAN
         peak_mib = cuda_peak_mib(run) if device == "cuda" else 0.0
         results.append({"shape": shape, "variant": variant, "peak_mib": peak_mib,
                         "seconds": statistics.median(times[variant])})
+        if device == "cuda" and variant != "appendix-f":
+            try:
+                results[-1]["busy_seconds"] = device_busy_seconds(run)
+            except Exception as error:          # noqa: BLE001 (the times stand without it)
+                print(f"device busy not recorded: {type(error).__name__}: {error}", file=sys.stderr)
         print(f"{shape:10s} {variant:25s} {results[-1]['seconds'] * 1e3:8.2f} ms "
               f"{peak_mib:8.0f} MiB", file=sys.stderr, flush=True)
     return results
@@ -247,6 +254,22 @@ def cuda_peak_mib(run):
     return (torch.cuda.max_memory_allocated() - before) / 2 ** 20
 
 
+def device_busy_seconds(run):
+    """Seconds the device spends in one call's kernels and copies (torch.profiler; one stream, so
+    they do not overlap). Against the call's wall time: near it, the device bounds the call; far
+    below it, the device waits between launches for the host (the Adam LSTM issues two launches
+    per step)."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        run()
+        torch.cuda.synchronize()
+    return sum(event.device_time for event in prof.events()
+               if event.device_type == torch.autograd.DeviceType.CUDA) / 1e6
+
+
 NAMES = {"appendix-f": "Appendix-F loop", "nn.LSTM": "torch nn.LSTM", "adam-torch": "adam, torch loop",
          "rmsprop-torch": "rmsprop, torch loop", "adam-triton-one-launch": "adam, one launch per step",
          "rmsprop-triton-one-launch": "rmsprop, one launch per step",
@@ -257,9 +280,11 @@ NAMES = {"appendix-f": "Appendix-F loop", "nn.LSTM": "torch nn.LSTM", "adam-torc
 def table(results, unit="s"):
     scale = 1e3 if unit == "ms" else 1.0
     exact = any(r["variant"] == "nn.LSTM-ieee" for r in results)
+    busy = any("busy_seconds" in r for r in results)
+    extra = [name for name, shown in ((" × nn.LSTM without TF32 |", exact),
+                                      (" device busy (% of fwd+bwd) |", busy)) if shown]
     lines = [f"| shape | variant | fwd+bwd ({unit}) | × nn.LSTM | × Appendix-F loop | peak memory (MiB) |"
-             + (" × nn.LSTM without TF32 |" if exact else ""),
-             "|---|---|---:|---:|---:|---:|" + ("---:|" if exact else "")]
+             + "".join(extra), "|---|---|---:|---:|---:|---:|" + "---:|" * len(extra)]
     for shape in dict.fromkeys(r["shape"] for r in results):
         rows = {r["variant"]: r for r in results if r["shape"] == shape}
         base, loop = rows["nn.LSTM"]["seconds"], rows["appendix-f"]["seconds"]
@@ -268,6 +293,8 @@ def table(results, unit="s"):
                     f"{r['seconds'] / base:.2f} | {r['seconds'] / loop:.2f} | {r['peak_mib']:.0f} |")
             if exact:
                 line += f" {r['seconds'] / rows['nn.LSTM-ieee']['seconds']:.2f} |"
+            if busy:
+                line += f" {100 * r['busy_seconds'] / r['seconds']:.0f} |" if "busy_seconds" in r else " |"
             lines.append(line)
     return "\n".join(lines)
 
