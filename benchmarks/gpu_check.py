@@ -300,7 +300,10 @@ def rnn_worker(mode, device, budget_s):
               "round (CUDA events), the Appendix-F loop timed in one round; peak = "
               "torch.cuda.max_memory_allocated during one forward+backward. nn.LSTM is cuDNN, which "
               "takes TF32 for float32 by torch's default, where float32 matmuls (and the Adam/RMSProp "
-              "recurrences) stay exact: the last column compares with cuDNN without TF32.")
+              "recurrences) stay exact: a column compares with cuDNN without TF32. \"one call per layer\" "
+              "is nn.LSTM called as the momentum cells call cuDNN. Device busy: one forward+backward's "
+              "kernel and copy time (torch.profiler) over the median wall time; far below 100 %, the "
+              "host bounds the variant.")
     if mode == "dry-run":
         header = "Tiny shape (T 12, B 2, input 3, hidden 8, 2 layers) on the CPU: checks the plumbing."
     if skipped:
