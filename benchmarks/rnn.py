@@ -15,8 +15,8 @@ fused LSTM of the plain and eq.-9 cells) take TF32 tensor cores (torch.backends.
 fp32_precision "tf32"), float32 matmuls do not (torch.get_float32_matmul_precision() "highest"),
 and with them the Adam/RMSProp recurrences' GEMMs and Triton steps. On CUDA two more variants
 put each side at the other's precision: nn.LSTM-ieee (cuDNN without TF32) and adam-tf32 (float32
-matmuls in TF32, as torch.set_float32_matmul_precision("high") gives a user); the table's last
-ratio is against nn.LSTM-ieee.
+matmuls in TF32, as torch.set_float32_matmul_precision("high") gives a user); the table has a
+ratio column against nn.LSTM-ieee.
 
 Structure. The momentum/nag/sr cells run cuDNN's LSTM one layer at a time (their filter sits
 between layers), where nn.LSTM runs all layers in one call; nn.LSTM-per-layer (CUDA) is nn.LSTM
