@@ -47,6 +47,7 @@ grep -E "passed|FAILED" $OUT/check.md | head -20
 compiled() { python3 benchmarks/triton_cache.py compiled $TRITON_CACHE_DIR --since $TRITON_CACHE_DIR.stamp; }
 echo "after gpu-check: $(compiled)"
 grep -E "^\| (bf16|fp32|[0-9]+ \|)" $OUT/check.md | cut -d'|' -f2-8 | head -30
+grep -E "^\| (ptb|pmnist)" $OUT/check.md | cut -d"|" -f2-5,8-9 | head -40     # the RNN rows, with device busy
 echo "== kernels"
 within 60 env PYTHONPATH=$R python3 benchmarks/gpu_kernels.py --modes default 1-pass --host-profile 25 \
   --json $OUT/kernels.json > $OUT/kernels.log 2>&1
