@@ -27,11 +27,11 @@ import sys
 import time
 
 import torch
-from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from gpu_attention import BETA, DTYPES, triton_method
+from timing import device_kernel_times
 
 SHAPES = [(16, 16, 64, 1024), (4, 16, 64, 4096), (1, 16, 64, 16384), (1, 8, 64, 32768)]
 
@@ -205,22 +205,14 @@ def kernel_times(fn, B, H, D, T, dtype="bf16", steps=5):
     torch.cuda.synchronize()
     done = time.perf_counter()
     host = dict(issue_us=(issued - start) / steps * 1e6, back_to_back_us=(done - start) / steps * 1e6)
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(steps):
-            step()
-        torch.cuda.synchronize()
-    totals, counts = collections.defaultdict(float), collections.defaultdict(int)
-    for event in prof.events():
-        if event.device_type == torch.autograd.DeviceType.CUDA:
-            totals[event.name] += event.device_time
-            counts[event.name] += 1
+    kernels = device_kernel_times(step, steps)
     try:
         flops = step_flops(step)
     except Exception as error:                  # noqa: BLE001 (the times stand without the flops)
         print(f"flops not recorded: {type(error).__name__}: {error}")
         flops = {}
     torch.cuda.synchronize()
-    return {name: (totals[name] / steps, counts[name] / steps) for name in totals}, host, flops
+    return {name: (total / steps, count / steps) for name, (total, count) in kernels.items()}, host, flops
 
 
 def host_profile(fn, B, H, D, T, dtype="bf16", steps=20, top=25):

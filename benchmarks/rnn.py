@@ -255,19 +255,11 @@ def cuda_peak_mib(run):
 
 
 def device_busy_seconds(run):
-    """Seconds the device spends in one call's kernels and copies (torch.profiler; one stream, so
-    they do not overlap). Against the call's wall time: near it, the device bounds the call; far
-    below it, the device waits between launches for the host (the Adam LSTM issues two launches
-    per step)."""
-    import torch
-    from torch.profiler import ProfilerActivity, profile
-
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        run()
-        torch.cuda.synchronize()
-    return sum(event.device_time for event in prof.events()
-               if event.device_type == torch.autograd.DeviceType.CUDA) / 1e6
+    """Seconds the device spends in one call's kernels and copies (timing.device_kernel_times).
+    Against the call's wall time: near it, the device bounds the call; far below it, the device
+    waits between launches for the host (the Adam LSTM issues two launches per step)."""
+    from timing import device_kernel_times
+    return sum(total for total, _ in device_kernel_times(run).values()) / 1e6
 
 
 NAMES = {"appendix-f": "Appendix-F loop", "nn.LSTM": "torch nn.LSTM", "adam-torch": "adam, torch loop",
