@@ -20,6 +20,8 @@ sys.path[:0] = [str(ROOT / "tests"), str(ROOT)]
 # the launch plans (plugins/triton_launch.py) to ask for a device; the interpreter's plans are none.
 os.environ.setdefault("TRITON_INTERPRET", "1")
 
+from benchmarks.gpu_attention import DTYPES  # noqa: E402 (after the interpreter is chosen)
+
 SHAPES = ["1-8-32768", "1-16-16384", "4-16-4096", "16-16-1024"]
 
 
@@ -39,9 +41,6 @@ def model(B: int, H: int, T: int, D: int = 64, scan: str = "chunked") -> dict:
             "ideal": attention_bytes("momentum", B, H, T, D, D, "bf16", backward=True)}
 
 
-DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
-
-
 def tile_label(config) -> str:
     """A chunk kernel's (BK, BV, warps), or a fused kernel's SPLIT_V and warps."""
     if "BK" in config.kwargs:
@@ -52,14 +51,13 @@ def tile_label(config) -> str:
 def flops_model(B: int, H: int, T: int, D: int = 64, scan: str = "chunked", dtype: str = "bf16") -> dict:
     """Per launch of a forward+backward: (kernel, [(tile_label, flops) per kept config]), and eq. 13's
     own flops at the kernels' chunk of 64."""
-    import torch
     from _pytest.monkeypatch import MonkeyPatch
     from helpers.triton_grid import kept_configs, record_launches
 
     from benchmarks.roofline import attention_flops, launch_flops
     patch, arguments = MonkeyPatch(), []
     try:
-        launches, forward, first = record_launches(patch, B, H, T, D, dtype=getattr(torch, DTYPES[dtype]),
+        launches, forward, first = record_launches(patch, B, H, T, D, dtype=DTYPES[dtype],
                                                    arguments=arguments, scan=scan)
         rows = []
         for (name, grid, constants), args in zip(launches, arguments):
