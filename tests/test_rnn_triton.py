@@ -204,8 +204,11 @@ def test_the_process_default_comes_from_the_environment():
     assert done.stdout.strip() == "triton-one-launch", done.stderr
     env["MOMENTUM_LSTM_RECURRENCE"] = "cudnn"
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert done.stdout.strip() == "cudnn", done.stderr
+    env["MOMENTUM_LSTM_RECURRENCE"] = "cuda"
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert done.returncode != 0
-    assert "MOMENTUM_LSTM_RECURRENCE must be one of" in done.stderr and "'triton-one-launch'" in done.stderr
+    assert "MOMENTUM_LSTM_RECURRENCE must be one of" in done.stderr and "'cudnn'" in done.stderr
 
 
 GPU_SHAPES = {  # layers, hidden, steps, batch, input

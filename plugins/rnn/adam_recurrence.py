@@ -17,7 +17,9 @@ touches the first batch_sizes[t] rows, so finished rows keep their state.
 
 On CUDA tensors `AdamLSTMRecurrence.apply` runs the same recurrence as one GEMM and one fused
 Triton kernel per step (adam_recurrence_triton.py) when triton is installed; `recurrence_backend`
-forces either implementation.
+forces either implementation, or ("cudnn") takes MomentumLSTM's Adam/RMSProp layers off this
+Function altogether: onto torch's fused LSTM kernel, fed eq. 15's drive of every step
+(layers.MomentumLSTM._drive_first_layer).
 """
 import contextlib
 import functools
@@ -29,7 +31,7 @@ import torch
 from ..validation import check_choice
 from .adam_recurrence_buffers import forward_buffers, forward_results
 
-BACKENDS = ("auto", "torch", "triton", "triton-one-launch")
+BACKENDS = ("auto", "torch", "triton", "triton-one-launch", "cudnn")
 # the process's default, read once at import (as MOMENTUM_TRITON_SCAN for attention)
 _backend = check_choice(os.environ.get("MOMENTUM_LSTM_RECURRENCE", "auto"), "MOMENTUM_LSTM_RECURRENCE",
                         BACKENDS)
@@ -40,7 +42,9 @@ def recurrence_backend(name):
     """Inside the block eq. 15 runs on `name`: "torch" (AdamLSTMRecurrence's own loop),
     "triton" (adam_recurrence_triton: a cuBLAS GEMM and a Triton kernel per step, compiled on
     CUDA tensors, Triton's interpreter on CPU tensors), "triton-one-launch" (the same with the
-    GEMM inside the step kernel: one launch per step) or "auto" (triton for CUDA tensors when
+    GEMM inside the step kernel: one launch per step), "cudnn" (MomentumLSTM's layers form
+    eq. 15's drive for all steps first and run torch's fused LSTM kernel on it: cuDNN on CUDA, one
+    call per layer, no step loop in Python; aten on CPU) or "auto" (triton for CUDA tensors when
     it is installed, else torch). Outside any block: MOMENTUM_LSTM_RECURRENCE (default auto)."""
     global _backend
     previous, _backend = _backend, check_choice(name, "backend", BACKENDS)
@@ -62,6 +66,11 @@ def _triton_recurrences():
     except ImportError:
         return None
     return {"triton": TritonAdamLSTMRecurrence, "triton-one-launch": OneLaunchAdamLSTMRecurrence}
+
+
+def drive_first():
+    """Whether MomentumLSTM's Adam/RMSProp layers run on torch's fused LSTM kernel ("cudnn")."""
+    return _backend == "cudnn"
 
 
 def triton_available():

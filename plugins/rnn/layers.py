@@ -43,7 +43,7 @@ from torch.nn import functional as F
 from torch.nn.utils.rnn import PackedSequence
 
 from ..validation import check_bool, check_int, check_offsets, check_probability
-from .adam_recurrence import AdamLSTMRecurrence, gate_order
+from .adam_recurrence import AdamLSTMRecurrence, drive_first, gate_order
 from .checks import check_input_dtype, check_sizes
 from .filters import SegmentDecay, bias_channel, carried_channels, filter_sequence, second_moment
 from .lstm_cells import lstm_update
@@ -190,7 +190,6 @@ def tanh_step(weight_hh):
 class _MomentumLayers(nn.Module):
     plain = "lstm"
     gate_count = 4
-    filters_input_for_adam = True
 
     def __init__(self, input_size, hidden_size, num_layers=1, *, cell=DEFAULT_CELL, momentum=None,
                  step_size=None, beta=None, eps=None, restart=None, bias=True, batch_first=False,
@@ -249,21 +248,25 @@ class _MomentumLayers(nn.Module):
     def _decay(self, steps, start_step):
         """Momentum filter of this cell for the whole-sequence form (filters.py); None when
         μ ≡ 0 or when the layer forms v inside its own recurrence."""
-        if self.variant.has_m and not self.filters_input_for_adam:
+        if self.variant.has_m and self._recurrence_forms_v():
             return None
         return self.variant.decay(self.hyper, steps, start_step)
+
+    def _recurrence_forms_v(self):
+        """Whether this layer's eq.-15 recurrence forms v itself (then its input is not filtered)."""
+        return False
 
     def _joined_input_weight(self, k, decay, weight, bias):
         """[W | b_ih] of layer k for input_map (None where it takes the plain weight: μ ≡ 0)."""
         return None if decay is None else self.joined_weights.get(k, weight, bias)
 
-    def _adaptive_drive(self, x, inp, w, b, weight_ih, bias_ih, m0, lengths):
-        """Normalised pre-activation of eq. 15 for all steps, with its last v and m. Its callers
-        (MomentumRNN, OrthogonalMomentumRNN) run it in the weights' dtype with autocast off, g
-        included (see MomentumLSTM._adaptive_layer)."""
+    def _adaptive_drive(self, x, inp, w, b, weight_ih, bias_ih, m0, lengths, chunked=False):
+        """Normalised pre-activation of eq. 15 for all steps, with its last v and m (chunked: m in
+        a fixed number of kernels, `second_moment`). Its callers run it in the weights' dtype with
+        autocast off, g included (see MomentumLSTM._adaptive_layer)."""
         g = F.linear(x, weight_ih, bias_ih)
         v = F.linear(inp, w, b)
-        m = second_moment(g * g, m0, self.beta)
+        m = second_moment(g * g, m0, self.beta, chunked)
         return v / torch.sqrt(m + self.eps), last_step(v, lengths), last_step(m, lengths)
 
     def _state(self, state, batch, ref, steps):
@@ -562,7 +565,6 @@ class MomentumLSTM(_MomentumLayers):
     plain = "lstm"
     gate_count = 4
     fused_kind = "lstm"
-    filters_input_for_adam = False  # its Adam recurrence forms v itself
 
     def reset_parameters(self):
         for k in range(self.num_layers * self.directions):
@@ -575,8 +577,13 @@ class MomentumLSTM(_MomentumLayers):
                         b.zero_()
                         b[self.hidden_size:2 * self.hidden_size].fill_(1.0)
 
+    def _recurrence_forms_v(self):
+        return not drive_first()
+
     def _layer(self, k, x, lengths, decay, h0, c0, v0, m0, carries_v):
         w_ih, w_hh, b_ih, b_hh = self.layer_parameters(k)
+        if self.variant.has_m and drive_first():
+            return self._drive_first_layer(k, x, lengths, decay, h0, c0, v0, m0, carries_v)
         if self.variant.has_m:
             return self._adaptive_layer(x, lengths, w_ih, w_hh, b_ih, b_hh, h0, c0, v0, m0)
         inp, w, b = input_map(x, decay, self.variant.input_scale(self.hyper), w_ih, b_ih,
@@ -590,6 +597,29 @@ class MomentumLSTM(_MomentumLayers):
     def _recurrent_update(self, k, pre, h, c):
         _, w_hh, _, b_hh = self.layer_parameters(k)
         return lstm_update(pre + F.linear(h, w_hh, b_hh), c)
+
+    def _drive_first_layer(self, k, x, lengths, decay, h0, c0, v0, m0, carries_v):
+        """Adam/RMSProp layer on torch's fused LSTM kernel (recurrence backend "cudnn").
+
+        Eq. 15's drive d_t = v_t/√(m_t + ε) depends on the input only, so it is formed for all
+        steps first, as MomentumRNN forms it (v by eq. 9's filter in input space, m by the chunked
+        `second_moment`), and enters the kernel as its input through an identity input weight:
+        gates_t = I·d_t + U h_{t-1} + b_hh. The kernel runs the whole recurrence in one call
+        (cuDNN on CUDA, with no step loop on the host), for the identity's product: 2·T·B·(4H)²
+        flops forward, 4 times those of U h_{t-1}, and twice that backward (cuDNN forms the
+        gradient of its whole weight, the identity's included). Like the plain and eq.-9 cells'
+        cuDNN calls it follows torch.backends.cudnn's float32 precision (TF32 by default)."""
+        w_ih, w_hh, b_ih, b_hh = self.layer_parameters(k)
+        (x, h0, c0, v0, m0), precision = in_weight_dtype(w_hh, x, h0, c0, v0, m0)
+        with precision:
+            inp, w, b = input_map(x, decay, self.variant.input_scale(self.hyper), w_ih, b_ih,
+                                  v0 if carries_v else None, self._joined_input_weight(k, decay, w_ih, b_ih))
+            drive, v, m = self._adaptive_drive(x, inp, w, b, w_ih, b_ih, m0, lengths, chunked=True)
+            eye = torch.eye(drive.size(-1), dtype=drive.dtype, device=drive.device)
+            out, (h, c) = fused_recurrence("lstm", drive, lengths, (h0[None], c0[None]),
+                                           fused_weights(eye, w_hh, None, b_hh, self.bias), self.bias,
+                                           self.training)
+        return out, (h[0], c[0], v, m)
 
     def _adaptive_layer(self, x, lengths, w_ih, w_hh, b_ih, b_hh, h0, c0, v0, m0):
         """Adam/RMSProp layer: eq. 15 on the fused recurrence of adam_recurrence.py."""

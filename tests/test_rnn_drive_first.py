@@ -1,0 +1,256 @@
+"""MomentumLSTM's Adam/RMSProp layers on torch's fused LSTM kernel (recurrence backend "cudnn",
+MomentumRNN eq. 15 with eq. 2): the drive v_t/√(m_t + ε) of every step formed first, then one
+kernel call per layer through an identity input weight.
+
+Against a float64 transcription of the paper (rnn_literal: eq. 15's drive, eq. 2's LSTM) run on
+each sequence alone: outputs, final h, c, v, m and the gradients of the input, the parameters and
+the carried state, for full batches, unsorted padded lengths, lengths past the chunk of the
+filters (128) and not a multiple of it, two layers and bidirectional layers; on the meta device,
+no value is read back and nothing is copied from the host; under CPU autocast it runs in the
+weights' dtype, bit for bit as without it.
+"""
+import pytest
+import torch
+from rnn_literal import LITERAL_DRIVES, lstm_literal
+from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
+
+from plugins.rnn import MomentumLSTM, RecurrentState, adam_recurrence, layers
+from plugins.rnn.adam_recurrence import AdamLSTMRecurrence, recurrence_backend
+from plugins.rnn.filters import second_moment
+
+D, H = 3, 5
+MU, S, BETA, EPS = 0.6, 0.7, 0.8, 1e-8
+TOL = 1e-10
+CELLS = ["adam", "rmsprop"]
+
+
+def make_layer(cell, gen, num_layers=1, bias=True, bidirectional=False, batch_first=False):
+    hyper = dict(momentum=MU) if cell == "adam" else {}
+    layer = MomentumLSTM(D, H, num_layers, cell=cell, step_size=S, beta=BETA, eps=EPS, bias=bias,
+                         bidirectional=bidirectional, batch_first=batch_first, **hyper).double()
+    with torch.no_grad():
+        for p in layer.parameters():
+            p.copy_(0.5 * torch.randn(p.shape, generator=gen, dtype=p.dtype))
+    return layer
+
+
+def random_state(layer, gen, batch):
+    shape = (layer.num_layers * layer.directions, batch)
+    rnd = lambda n: torch.randn(shape + (n,), generator=gen, dtype=torch.float64).requires_grad_()
+    m = torch.rand(shape + (4 * H,), generator=gen, dtype=torch.float64).requires_grad_()
+    return RecurrentState(rnd(H), rnd(H), rnd(4 * H), m, torch.randint(0, 8, (batch,), generator=gen))
+
+
+def literal_layers(layer, x, state):
+    """Eq. 15's drive and eq. 2's LSTM step by step, layer after layer (unidirectional), on one
+    sequence x (T, 1, D). Returns the output (T, 1, H) and the final (h, c, v, m) of each layer."""
+    hp = dict(mu=MU if layer.cell == "adam" else 0.0, s=S, beta=BETA, eps=EPS, restart=None)
+    finals = []
+    for k in range(layer.num_layers):
+        w_ih, w_hh, b_ih, b_hh = layer.layer_parameters(k)
+        h, c, v, m = (t[k] for t in state[:4])
+        outs = []
+        for x_t in x:
+            g = x_t @ w_ih.T + (0.0 if b_ih is None else b_ih)
+            drive, v, m = LITERAL_DRIVES[layer.cell](g, v, m, None, hp)
+            h, c = lstm_literal(drive, h, c, w_hh, b_hh)
+            outs.append(h)
+        x = torch.stack(outs)
+        finals.append((h, c, v, m))
+    return x, finals
+
+
+def loss_and_literal(layer, x, lengths, state, gen):
+    """(a random linear function of the layer's padded output and final state under "cudnn", the same
+    function of the literal run of each sequence alone)."""
+    batch = x.size(1)
+    packed = x if lengths is None else pack_padded_sequence(x, lengths, enforce_sorted=False)
+    with recurrence_backend("cudnn"):
+        out, new = layer(packed, state)
+    if lengths is not None:
+        out, _ = pad_packed_sequence(out, total_length=x.size(0))
+    lengths = [x.size(0)] * batch if lengths is None else lengths.tolist()
+    ours = theirs = 0.0
+    for b, n in enumerate(lengths):
+        ref_out, finals = literal_layers(layer, x[:n, b:b + 1], [t[:, b:b + 1] for t in state[:4]])
+        torch.testing.assert_close(out[:n, b:b + 1], ref_out, atol=TOL, rtol=0)
+        assert torch.all(out[n:, b] == 0)
+        probe = torch.randn(ref_out.shape, generator=gen, dtype=torch.float64)
+        ours, theirs = ours + (out[:n, b:b + 1] * probe).sum(), theirs + (ref_out * probe).sum()
+        for i, name in enumerate("hcvm"):
+            ref = torch.stack([f[i] for f in finals])
+            torch.testing.assert_close(new[i][:, b:b + 1], ref, atol=TOL, rtol=0, msg=name)
+            probe = torch.randn(ref.shape, generator=gen, dtype=torch.float64)
+            ours, theirs = ours + (new[i][:, b:b + 1] * probe).sum(), theirs + (ref * probe).sum()
+    assert torch.equal(new.step, state.step + torch.tensor(lengths))
+    return ours, theirs
+
+
+def assert_same_gradients(ours, theirs, leaves):
+    for leaf, a, b in zip(leaves, torch.autograd.grad(ours, leaves), torch.autograd.grad(theirs, leaves)):
+        torch.testing.assert_close(a, b, atol=TOL, rtol=0)
+
+
+@pytest.mark.parametrize("cell", CELLS)
+@pytest.mark.parametrize("num_layers,bias", [(1, True), (2, True), (2, False)])
+@pytest.mark.parametrize("steps,lengths", [(6, None), (7, [7, 3, 1, 5]), (130, None), (131, [131, 2, 129])],
+                         ids=["full", "padded", "130", "padded-131"])
+def test_layer_matches_eq15_literal_float64(cell, num_layers, bias, steps, lengths, make_generator):
+    gen = make_generator()
+    layer = make_layer(cell, gen, num_layers, bias)
+    batch = 3 if lengths is None else len(lengths)
+    x = torch.randn(steps, batch, D, generator=gen, dtype=torch.float64, requires_grad=True)
+    state = random_state(layer, gen, batch)
+    ours, theirs = loss_and_literal(layer, x, None if lengths is None else torch.tensor(lengths), state, gen)
+    # μ = 0: the carried v never enters
+    leaves = [x, *layer.parameters(), state.h, state.c, state.m] + ([state.v] if cell == "adam" else [])
+    assert_same_gradients(ours, theirs, leaves)
+
+
+@pytest.mark.parametrize("cell", CELLS)
+def test_two_calls_chained_by_the_state_equal_the_torch_loop(cell, make_generator):
+    """The state one call returns (v, m included) carries into the next exactly as the torch
+    recurrence's does, a fresh state in the first call (no carried v), batch_first input."""
+    gen = make_generator()
+    layer = make_layer(cell, gen, num_layers=2, batch_first=True)
+    xs = [torch.randn(4, 9, D, generator=gen, dtype=torch.float64, requires_grad=True) for _ in range(2)]
+    results = {}
+    for backend in ("torch", "cudnn"):
+        state, outs = None, []
+        with recurrence_backend(backend):
+            for x in xs:
+                out, state = layer(x, state)
+                outs.append(out)
+        tensors = outs + [t for t in state[:4]]
+        probes = [torch.randn(t.shape, generator=make_generator("probe"), dtype=t.dtype) for t in tensors]
+        loss = sum((p * t).sum() for p, t in zip(probes, tensors))
+        results[backend] = tensors + list(torch.autograd.grad(loss, xs + list(layer.parameters())))
+    for a, b in zip(results["cudnn"], results["torch"]):
+        torch.testing.assert_close(a, b, atol=TOL, rtol=0)
+
+
+@pytest.mark.parametrize("cell", CELLS)
+def test_bidirectional_layers_equal_the_torch_loop(cell, make_generator):
+    gen = make_generator()
+    layer = make_layer(cell, gen, num_layers=2, bidirectional=True)
+    x = torch.randn(8, 4, D, generator=gen, dtype=torch.float64, requires_grad=True)
+    lengths = torch.tensor([8, 2, 5, 7])
+    state = random_state(layer, gen, 4)
+    results = {}
+    for backend in ("torch", "cudnn"):
+        with recurrence_backend(backend):
+            out, new = layer(pack_padded_sequence(x, lengths, enforce_sorted=False), state)
+        tensors = [out.data, *new[:4]]
+        probes = [torch.randn(t.shape, generator=make_generator("probe"), dtype=t.dtype) for t in tensors]
+        loss = sum((p * t).sum() for p, t in zip(probes, tensors))
+        results[backend] = tensors + list(torch.autograd.grad(loss, [x, *layer.parameters(), *state[:4]],
+                                                              allow_unused=True))
+    for a, b in zip(results["cudnn"], results["torch"]):
+        if b is None:
+            assert a is None or not a.any()
+        else:
+            torch.testing.assert_close(a, b, atol=TOL, rtol=0)
+
+
+@pytest.mark.parametrize("cell", CELLS)
+def test_one_fused_call_per_layer_and_no_step_loop(cell, monkeypatch, make_generator):
+    """Under "cudnn" each layer is one call of torch's fused LSTM kernel, on an input 4H wide with
+    an identity input weight, and AdamLSTMRecurrence (the loop over steps) never runs; under "torch"
+    it runs once per layer and the fused kernel never."""
+    calls = []
+    fused = layers.fused_recurrence
+
+    def counted(kind, x, lengths, hx, weights, *args, **kwargs):
+        calls.append((kind, x.size(-1), torch.equal(weights[0], torch.eye(4 * H, dtype=x.dtype))))
+        return fused(kind, x, lengths, hx, weights, *args, **kwargs)
+
+    loops = []
+    monkeypatch.setattr(layers, "fused_recurrence", counted)
+    monkeypatch.setattr(AdamLSTMRecurrence, "apply", classmethod(lambda cls, *a: loops.append(a) or 1 / 0))
+    layer = make_layer(cell, make_generator(), num_layers=3)
+    x = torch.randn(5, 2, D, dtype=torch.float64)
+    with recurrence_backend("cudnn"):
+        layer(x)[0].sum().backward()
+    assert calls == [("lstm", 4 * H, True)] * 3 and loops == []
+    with recurrence_backend("torch"), pytest.raises(ZeroDivisionError):
+        layer(x)
+    assert len(loops) == 1
+
+
+def test_cpu_autocast_runs_in_the_weights_dtype():
+    """The drive and the recurrence run in float32 with autocast off: the same bits as without
+    autocast (eq. 15's normaliser divides by |g|; bf16 rounding of g would be amplified)."""
+    torch.manual_seed(0)
+    layer = MomentumLSTM(D, H, 2, cell="adam")
+    x = torch.randn(9, 2, D)
+    with recurrence_backend("cudnn"):
+        plain_out, plain_state = layer(x)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            out, state = layer(x)
+    assert out.dtype == torch.float32 and state.m.dtype == torch.float32
+    assert torch.equal(out, plain_out) and all(torch.equal(a, b) for a, b in zip(state[:4], plain_state[:4]))
+
+
+@pytest.mark.parametrize("cell", CELLS)
+def test_forward_backward_never_wait_for_the_device(cell):
+    """On the meta device (tests/test_rnn_device.py's HostWaits): no value read back and no tensor
+    copied from the host, in the forward and backward of two layers with a fresh state."""
+    from test_rnn_device import HostWaits
+    layer = MomentumLSTM(D, H, 2, cell=cell).to("meta")
+    x = torch.randn(130, 2, D, device="meta", requires_grad=True)
+    with recurrence_backend("cudnn"), HostWaits() as watch:
+        out, state = layer(x)
+        (out.sum() + state.m.sum()).backward()
+    assert watch.reads == [] and watch.copies == []
+    assert x.grad.shape == x.shape
+
+
+@pytest.mark.parametrize("steps", [1, 127, 128, 129, 300])
+def test_chunked_second_moment_is_the_loop_and_the_literal(steps, make_generator):
+    """filters.second_moment(chunked=True): eq. 15's m through eq. 9's stationary filter, with m_0,
+    at lengths around the chunk (128) and several chunks, values and gradients."""
+    gen = make_generator()
+    g = torch.randn(steps, 3, 4, generator=gen, dtype=torch.float64, requires_grad=True)
+    m0 = torch.rand(3, 4, generator=gen, dtype=torch.float64, requires_grad=True)
+    literal, m = [], m0
+    for g_t in g:
+        m = BETA * m + (1 - BETA) * g_t * g_t
+        literal.append(m)
+    literal = torch.stack(literal)
+    probe = torch.randn(literal.shape, generator=gen, dtype=torch.float64)
+    want = torch.autograd.grad((literal * probe).sum(), [g, m0])
+    for chunked in (False, True):
+        got = second_moment(g * g, m0, BETA, chunked=chunked)
+        torch.testing.assert_close(got, literal, atol=1e-12, rtol=0)
+        for a, b in zip(torch.autograd.grad((got * probe).sum(), [g, m0]), want):
+            torch.testing.assert_close(a, b, atol=1e-12, rtol=0)
+
+
+def test_the_backend_is_named_and_chosen_only_when_asked():
+    assert "cudnn" in adam_recurrence.BACKENDS
+    assert not adam_recurrence.drive_first()  # auto: never on its own (GPU speed unmeasured)
+    with recurrence_backend("cudnn"):
+        assert adam_recurrence.drive_first()
+        with recurrence_backend("triton"):
+            assert not adam_recurrence.drive_first()
+    assert not adam_recurrence.drive_first()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("cell", CELLS)
+def test_gpu_cudnn_matches_the_triton_recurrence_at_ptb(cell):
+    """cuDNN without TF32 (float32 throughout) against the default Triton recurrence at the
+    benchmark's PTB shape, 3 layers × 1150: outputs, states and weight gradients."""
+    from benchmarks.rnn import fp32_precision
+    torch.manual_seed(0)
+    layer = MomentumLSTM(400, 1150, 3, cell=cell).cuda()
+    x = torch.randn(70, 20, 400, device="cuda")
+    results = {}
+    with fp32_precision(cudnn_rnn="ieee", matmul="ieee"):
+        for backend in ("triton", "cudnn"):
+            with recurrence_backend(backend):
+                out, state = layer(x)
+            grads = torch.autograd.grad(out.square().sum(), list(layer.parameters()))
+            results[backend] = [out, *state[:4], *grads]
+    for a, b in zip(results["cudnn"], results["triton"]):
+        torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-3)
