@@ -5,18 +5,21 @@ input 400, H=1150), one layer; on CUDA (--device cuda): PTB 3 layers × 1150 (T=
 input 400) and PMNIST 1 × 256 (T=784, B=128, input 1). float32. Variants: the Appendix-F
 cell stepped in a Python loop (the authors' code, tests/reference_appendix_f.py; stacked
 for several layers), torch.nn.LSTM (cuDNN on CUDA), and every cell of
-plugins.rnn.MomentumLSTM (μ = 0.6, s = 1, β = 0.9; sr with F = 2); on CUDA also adam and
+plugins.rnn.MomentumLSTM (μ = 0.6, s = 1, β = 0.9; sr with F = 2), and adam and rmsprop on
+torch's fused LSTM kernel after the drive of every step (adam-cudnn, rmsprop-cudnn: recurrence
+backend "cudnn", an identity input weight of 4H × 4H; aten's kernel on CPU); on CUDA also adam and
 rmsprop forced onto the torch loop (adam-torch, rmsprop-torch) and onto the Triton recurrence
 with the GEMM inside the step kernel (adam-triton-one-launch, rmsprop-triton-one-launch) beside
 their default Triton recurrence (a cuBLAS GEMM and a kernel per step). Loss = sum of outputs.
 
 Precision. torch's defaults give float32 two precisions here: cuDNN's RNNs (nn.LSTM, and the
-fused LSTM of the plain and eq.-9 cells) take TF32 tensor cores (torch.backends.cudnn.rnn.
-fp32_precision "tf32"), float32 matmuls do not (torch.get_float32_matmul_precision() "highest"),
-and with them the Adam/RMSProp recurrences' GEMMs and Triton steps. On CUDA two more variants
-put each side at the other's precision: nn.LSTM-ieee (cuDNN without TF32) and adam-tf32 (float32
-matmuls in TF32, as torch.set_float32_matmul_precision("high") gives a user); the table has a
-ratio column against nn.LSTM-ieee.
+fused LSTM of the plain and eq.-9 cells, of adam-cudnn and of rmsprop-cudnn) take TF32 tensor
+cores (torch.backends.cudnn.rnn.fp32_precision "tf32"), float32 matmuls do not
+(torch.get_float32_matmul_precision() "highest"), and with them the Adam/RMSProp recurrences' GEMMs
+and Triton steps. On CUDA two more variants put each side at the other's precision: nn.LSTM-ieee
+(cuDNN without TF32) and adam-tf32 (float32 matmuls in TF32, as
+torch.set_float32_matmul_precision("high") gives a user); the table has a ratio column against
+nn.LSTM-ieee.
 
 Structure. The momentum/nag/sr cells run cuDNN's LSTM one layer at a time (their filter sits
 between layers), where nn.LSTM runs all layers in one call; nn.LSTM-per-layer (CUDA) is nn.LSTM
@@ -64,7 +67,8 @@ SHAPES = {
 }
 DEFAULT_SHAPES = {"cpu": ["mnist-128", "mnist-256", "ptb-1150"],
                   "cuda": ["ptb-3x1150", "pmnist-256"]}
-VARIANTS = ["appendix-f", "nn.LSTM", "lstm", "momentum", "nag", "sr", "adam", "rmsprop"]
+VARIANTS = ["appendix-f", "nn.LSTM", "lstm", "momentum", "nag", "sr", "adam", "rmsprop", "adam-cudnn",
+            "rmsprop-cudnn"]
 CUDA_VARIANTS = VARIANTS + ["adam-torch", "rmsprop-torch", "adam-triton-one-launch",
                              "rmsprop-triton-one-launch", "nn.LSTM-ieee", "adam-tf32", "nn.LSTM-per-layer"]
 # benchmarks/gpu_check.py's rnn part (50 s): without the torch loops, 9-15× nn.LSTM in every GPU run so far
@@ -266,7 +270,9 @@ NAMES = {"appendix-f": "Appendix-F loop", "nn.LSTM": "torch nn.LSTM", "adam-torc
          "rmsprop-torch": "rmsprop, torch loop", "adam-triton-one-launch": "adam, one launch per step",
          "rmsprop-triton-one-launch": "rmsprop, one launch per step",
          "nn.LSTM-ieee": "torch nn.LSTM, cuDNN without TF32", "adam-tf32": "adam, float32 matmuls in TF32",
-         "nn.LSTM-per-layer": "torch nn.LSTM, one call per layer"}
+         "nn.LSTM-per-layer": "torch nn.LSTM, one call per layer",
+         "adam-cudnn": "adam, drive first, fused LSTM kernel",
+         "rmsprop-cudnn": "rmsprop, drive first, fused LSTM kernel"}
 
 
 def table(results, unit="s"):
