@@ -177,6 +177,29 @@ def test_one_fused_call_per_layer_and_no_step_loop(cell, monkeypatch, make_gener
     assert len(loops) == 1
 
 
+def test_compiled_with_aot_autograd_equals_eager(make_generator):
+    """torch.compile(fullgraph=True, aot_eager: forward and backward re-traced through
+    AOTAutograd) of two layers from a given (h, c): one graph, where the default recurrence is a
+    graph break per layer (its step loop runs eagerly), and outputs, states and gradients equal
+    eager's in float64."""
+    gen = make_generator()
+    layer = make_layer("adam", gen, num_layers=2)
+    x = torch.randn(6, 3, D, generator=gen, dtype=torch.float64, requires_grad=True)
+    state = random_state(layer, gen, 3)
+    hc = (state.h, state.c)
+    torch._dynamo.reset()
+    results = []
+    with recurrence_backend("cudnn"):
+        for run in (layer, torch.compile(layer, backend="aot_eager", fullgraph=True)):
+            out, new = run(x, hc)
+            tensors = [out, *new[:4]]
+            probes = [torch.linspace(-1, 1, t.numel(), dtype=t.dtype).view_as(t) for t in tensors]
+            loss = sum((t * probe).sum() for t, probe in zip(tensors, probes))
+            results.append(tensors + list(torch.autograd.grad(loss, [x, *layer.parameters(), *hc])))
+    for a, b in zip(*results):
+        torch.testing.assert_close(a, b, atol=TOL, rtol=0)
+
+
 def test_cpu_autocast_runs_in_the_weights_dtype():
     """The drive and the recurrence run in float32 with autocast off: the same bits as without
     autocast (eq. 15's normaliser divides by |g|; bf16 rounding of g would be amplified)."""
