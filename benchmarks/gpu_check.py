@@ -301,7 +301,9 @@ def rnn_worker(mode, device, budget_s):
               "torch.cuda.max_memory_allocated during one forward+backward. nn.LSTM is cuDNN, which "
               "takes TF32 for float32 by torch's default, where float32 matmuls (and the Adam/RMSProp "
               "recurrences) stay exact: a column compares with cuDNN without TF32. \"one call per layer\" "
-              "is nn.LSTM called as the momentum cells call cuDNN. Device busy: one forward+backward's "
+              "is nn.LSTM called as the momentum cells call cuDNN. \"drive first\": the Adam/RMSProp "
+              "layers on cuDNN's LSTM after eq. 15's drive of every step (identity input weight, cuDNN's "
+              "TF32). Device busy: one forward+backward's "
               "kernel and copy time (torch.profiler) over the median wall time; far below 100 %, the "
               "host bounds the variant.")
     if mode == "dry-run":
