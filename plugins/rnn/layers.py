@@ -16,7 +16,9 @@ Fast path. The momentum of every cell depends on the input only (filters.py), so
   is folded into the input and the kernel gets the module's own weight.
 - adam / rmsprop (LSTM): the input projection g = W x + b is one matrix product for all
   steps; v, m and the normalised pre-activation of eq. 15 are formed inside one fused
-  per-step recurrence with a hand-written backward (adam_recurrence.py). The tanh RNN forms
+  per-step recurrence with a hand-written backward (adam_recurrence.py); under the recurrence
+  backend "cudnn" they are formed for all steps first, as the tanh RNN forms them, and the
+  recurrence is one fused LSTM call per layer with an identity input weight. The tanh RNN forms
   v/√(m + ε) for all steps first and loops over its cheap tanh steps under autograd.
 Dropout between layers as in nn.LSTM.
 
