@@ -266,6 +266,30 @@ def test_torch_compile_matches_eager(cell, backend, padding, make_generator):
         torch.testing.assert_close(compiled_grads[name], grads[name], **exact, msg=name)
 
 
+@pytest.mark.parametrize("cell", ["adam", "rmsprop"])
+def test_adam_layers_on_cudnn_compile_whole(cell, make_generator):
+    """Under the recurrence backend "cudnn" (eq. 15's drive first, one fused LSTM call per layer)
+    the causal LM traces as one graph, forward and backward (fullgraph=True, aot_eager), where the
+    default recurrence breaks it at every layer; float64, loss, logits and gradients equal eager's,
+    on a left-padded batch (the packed path)."""
+    from plugins.rnn.adam_recurrence import recurrence_backend
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(tiny(cell=cell, vocab_size=40, hidden_size=8)).double().train()
+    ids, mask = padded(make_generator(), [5, 3], 5, "left")
+    ids = ids % 40
+    results = []
+    with recurrence_backend("cudnn"):
+        for run in (model, torch.compile(model, backend="aot_eager", fullgraph=True)):
+            model.zero_grad()
+            out = run(input_ids=ids, attention_mask=mask, labels=ids, use_cache=False)
+            out.loss.backward()
+            grads = [p.grad.clone() for p in model.parameters()]
+            results.append([out.loss.detach(), out.logits.detach(), *grads])
+    for a, b in zip(*results):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-12)
+
+
 @pytest.mark.parametrize("side", ["left", "right"])
 def test_sequence_classification_pools_the_last_real_token(side, make_generator):
     torch.manual_seed(0)
