@@ -262,6 +262,12 @@ class _MomentumLayers(nn.Module):
         """[W | b_ih] of layer k for input_map (None where it takes the plain weight: μ ≡ 0)."""
         return None if decay is None else self.joined_weights.get(k, weight, bias)
 
+    def _input_map(self, k, x, decay, v0):
+        """`input_map` of layer k's own weights (v0: the carried-in momentum, or None)."""
+        w_ih, _, b_ih, _ = self.layer_parameters(k)
+        return input_map(x, decay, self.variant.input_scale(self.hyper), w_ih, b_ih, v0,
+                         self._joined_input_weight(k, decay, w_ih, b_ih))
+
     def _adaptive_drive(self, x, inp, w, b, weight_ih, bias_ih, m0, lengths, chunked=False):
         """Normalised pre-activation of eq. 15 for all steps, with its last v and m (chunked: m in
         a fixed number of kernels, `second_moment`). Its callers run it in the weights' dtype with
@@ -395,10 +401,8 @@ class _MomentumLayers(nn.Module):
             last = (offsets[1:] - 1)[lengths > 0].to(x.device)
 
             def layer(k, row):
-                w_ih, w_hh, b_ih, b_hh = self.layer_parameters(k)
-                inp, w, b = input_map(row[:, None], decay, self.variant.input_scale(self.hyper), w_ih,
-                                      b_ih, st.v[k] if carries_v else None,
-                                      self._joined_input_weight(k, decay, w_ih, b_ih))
+                _, w_hh, _, b_hh = self.layer_parameters(k)
+                inp, w, b = self._input_map(k, row[:, None], decay, st.v[k] if carries_v else None)
                 data, (h, *c) = fused_packed(self.fused_kind, layout.pack(inp[:, 0]), hx(slice(k, k + 1)),
                                              fused_weights(w, w_hh, b, b_hh, self.bias), self.bias,
                                              self.training)
@@ -588,8 +592,7 @@ class MomentumLSTM(_MomentumLayers):
             return self._drive_first_layer(k, x, lengths, decay, h0, c0, v0, m0, carries_v)
         if self.variant.has_m:
             return self._adaptive_layer(x, lengths, w_ih, w_hh, b_ih, b_hh, h0, c0, v0, m0)
-        inp, w, b = input_map(x, decay, self.variant.input_scale(self.hyper), w_ih, b_ih,
-                              v0 if carries_v else None, self._joined_input_weight(k, decay, w_ih, b_ih))
+        inp, w, b = self._input_map(k, x, decay, v0 if carries_v else None)
         out, (h, c) = fused_recurrence("lstm", inp, lengths, (h0[None], c0[None]),
                                        fused_weights(w, w_hh, b, b_hh, self.bias), self.bias,
                                        self.training)
@@ -614,8 +617,7 @@ class MomentumLSTM(_MomentumLayers):
         w_ih, w_hh, b_ih, b_hh = self.layer_parameters(k)
         (x, h0, c0, v0, m0), precision = in_weight_dtype(w_hh, x, h0, c0, v0, m0)
         with precision:
-            inp, w, b = input_map(x, decay, self.variant.input_scale(self.hyper), w_ih, b_ih,
-                                  v0 if carries_v else None, self._joined_input_weight(k, decay, w_ih, b_ih))
+            inp, w, b = self._input_map(k, x, decay, v0 if carries_v else None)
             drive, v, m = self._adaptive_drive(x, inp, w, b, w_ih, b_ih, m0, lengths, chunked=True)
             eye = torch.eye(drive.size(-1), dtype=drive.dtype, device=drive.device)
             out, (h, c) = fused_recurrence("lstm", drive, lengths, (h0[None], c0[None]),
@@ -684,16 +686,13 @@ class MomentumRNN(_MomentumLayers):
             # (and g, as in MomentumLSTM._adaptive_layer)
             (x, h0, v0, m0), precision = in_weight_dtype(w_hh, x, h0, v0, m0)
             with precision:
-                inp, w, b = input_map(x, decay, self.variant.input_scale(self.hyper), w_ih, b_ih,
-                                      v0 if carries_v else None,
-                                      self._joined_input_weight(k, decay, w_ih, b_ih))
+                inp, w, b = self._input_map(k, x, decay, v0 if carries_v else None)
                 pre, v, m = self._adaptive_drive(x, inp, w, b, w_ih, b_ih, m0, lengths)
                 if b_hh is not None:
                     pre = pre + b_hh
                 out, (h,) = recurrence_loop(tanh_step(w_hh), pre, lengths, (h0,))
             return out, (h, None, v, m)
-        inp, w, b = input_map(x, decay, self.variant.input_scale(self.hyper), w_ih, b_ih,
-                              v0 if carries_v else None, self._joined_input_weight(k, decay, w_ih, b_ih))
+        inp, w, b = self._input_map(k, x, decay, v0 if carries_v else None)
         out, (h,) = fused_recurrence("rnn_tanh", inp, lengths, h0[None],
                                      fused_weights(w, w_hh, b, b_hh, self.bias), self.bias,
                                      self.training)
