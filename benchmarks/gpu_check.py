@@ -18,7 +18,8 @@ budget), in this order, correctness first:
              eager decode step's time goes at a short and a long context (torch.profiler)        90 s
   rnn        benchmarks/rnn.py --device cuda: every MomentumLSTM cell vs cuDNN nn.LSTM         50 s
 The device line's ceilings (a 1 GiB copy, 8192³ matmuls) come first, in about 15 s. The section
-states the plan (the budgets' sum) against the 8-minute limit. The parts rarely use their whole
+states the plan (the budgets' sum) against the 8-minute limit, then issue 27's goals as this run
+measured them (benchmarks/goals.py), then each part. The parts rarely use their whole
 budgets (353 of 460 s on an H200, 2026-11-28, while 13 tests did not start): the tests that the
 tests part did not start run last (with the kernels the first pass compiled in Triton's cache,
 and its tuning timings), in what is left of --limit (8 minutes) when that can start one. A part
@@ -58,6 +59,9 @@ ROOT = HERE.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(HERE))
 
+import goals  # noqa: E402
+from roofline import device_limits  # noqa: E402
+
 PARTS = ["tests", "attention", "hf", "rnn"]
 # measured on an H200 (docs/benchmarks.md, 2026-11-27): tests 154 s with 6 of 113 not started at
 # 180 (the fused kernels' GPU tests had joined), attention 84 s with the fused rows, hf 46-57 s
@@ -70,6 +74,7 @@ GRACE_S = 30
 REST_MIN_S = TEST_START_S + 20  # the tests not started get a second pass only if it can start some
 CASE_MARGIN_S = 20           # benchmark parts start no new case this long before their budget ends
 FLA_BUDGET_S = 300           # the attention part's budget with --fla
+GOALS_TITLE = "Issue 27's goals, as measured"
 TITLES = {"tests": "Tests (`pytest -m gpu`)",
           "attention": "Causal attention: ours (Triton, torch) vs SDPA and fla, with the roofline",
           "hf": "HF end to end: training and generation tokens/s",
@@ -431,6 +436,7 @@ def section(info, results, mode, cached, marker):
     if mode == "dry-run":
         lines.append("- A dry run on the CPU: every part at tiny sizes, to check the orchestration. "
                      "**GPU speed unmeasured.**")
+    lines += ["", f"### {GOALS_TITLE}", "", goals.markdown(results, device_limits(info["name"]))]
     for part, result in results.items():
         lines += ["", f"### {TITLES[part]}", "",
                   f"Status: {result['status']} ({result.get('seconds', 0.0):.0f} s).", "", result["markdown"]]
@@ -512,9 +518,11 @@ def orchestrate(args):
             result = dict(run_rest(result, mode, device, out_dir, budget, "resuming an earlier call's run"),
                           key=key)
             path.write_text(json.dumps(result, indent=1, default=str))
+            result["earlier"] = True                       # not timed within this one command
         elif result is not None:
             print(f"gpu-check: {part}: cached ({path}; --force runs it again)", flush=True)
             cached.append(part)
+            result["earlier"] = True
         else:
             print(f"gpu-check: {part}: running (budget {budget} s)", flush=True)
             result = dict(run_part(part, mode, device, out_dir, budget), key=key)

@@ -19,6 +19,7 @@ from plugins.attention.rule import momentum_rule
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
+import goals  # noqa: E402
 import roofline  # noqa: E402
 
 CHECK = ROOT / "benchmarks" / "gpu_check.py"
@@ -51,8 +52,11 @@ def test_dry_run_writes_one_section_with_every_part_and_resumes(first_run):
     assert text.count("<!-- gpu-check:") == 1 and text.count("<!-- /gpu-check -->") == 1
     assert "\n- Device: CPU (" in text and "torch " + torch.__version__ in text
     assert "GPU speed unmeasured" in text
-    positions = [text.index(title) for title in TITLES]
+    positions = [text.index(title) for title in ["### Issue 27's goals, as measured"] + TITLES]
     assert positions == sorted(positions)
+    table = text[positions[0]:positions[1]]                     # tiny sizes on the CPU: no goal measured
+    assert table.count("| not measured |") == len(goals.GOALS) and "| yes |" not in table
+    assert "| no |" not in table
     assert text.count("Status: ok") == 4
     assert " 0 failed, 0 errors, " in text and " skipped (" in text      # gpu tests collected, skipped here
     for method in ("| momentum torch | fwd+bwd |", "| linear torch | fwd |", "| sdpa | fwd+bwd |"):
@@ -82,13 +86,15 @@ def test_dry_run_writes_one_section_with_every_part_and_resumes(first_run):
     again = doc.read_text()
     assert again.count("<!-- gpu-check:") == 1                    # replaced, not appended
     assert "from earlier runs of the same code: tests, attention, hf, rnn" in again
+    assert "| not measured (from earlier calls: tests, attention, hf, rnn) | not measured |" in again
 
 
 def test_force_reruns_a_cached_part(first_run, tmp_path):
     out_dir, _, _ = first_run
     out = dry_run(out_dir, tmp_path / "a.md", "--parts", "rnn", "--force")
     assert "gpu-check: rnn: running" in out and ": cached (" not in out
-    assert (tmp_path / "a.md").read_text().count("\n### ") == 1
+    text = (tmp_path / "a.md").read_text()
+    assert text.count("\n### ") == 2 and "\n### MomentumRNN vs cuDNN nn.LSTM" in text
 
 
 def test_fla_is_opt_in_and_named_when_it_cannot_run(first_run, tmp_path):
