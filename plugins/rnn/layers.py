@@ -268,12 +268,14 @@ class _MomentumLayers(nn.Module):
         return input_map(x, decay, self.variant.input_scale(self.hyper), w_ih, b_ih, v0,
                          self._joined_input_weight(k, decay, w_ih, b_ih))
 
-    def _adaptive_drive(self, x, inp, w, b, weight_ih, bias_ih, m0, lengths, chunked=False):
+    def _adaptive_drive(self, x, decay, inp, w, b, weight_ih, bias_ih, m0, lengths, chunked=False):
         """Normalised pre-activation of eq. 15 for all steps, with its last v and m (chunked: m in
-        a fixed number of kernels, `second_moment`). Its callers run it in the weights' dtype with
-        autocast off, g included (see MomentumLSTM._adaptive_layer)."""
+        a fixed number of kernels, `second_moment`); (inp, w, b) from `input_map`. Its callers run
+        it in the weights' dtype with autocast off, g included (see MomentumLSTM._adaptive_layer)."""
         g = F.linear(x, weight_ih, bias_ih)
-        v = F.linear(inp, w, b)
+        # μ ≡ 0 (RMSProp): eq. 9's v_t = s g_t, g scaled rather than input_map's W(s x) + s b again
+        scale = self.variant.input_scale(self.hyper)
+        v = F.linear(inp, w, b) if decay is not None else g if scale == 1 else scale * g
         m = second_moment(g * g, m0, self.beta, chunked)
         return v / torch.sqrt(m + self.eps), last_step(v, lengths), last_step(m, lengths)
 
@@ -618,7 +620,7 @@ class MomentumLSTM(_MomentumLayers):
         (x, h0, c0, v0, m0), precision = in_weight_dtype(w_hh, x, h0, c0, v0, m0)
         with precision:
             inp, w, b = self._input_map(k, x, decay, v0 if carries_v else None)
-            drive, v, m = self._adaptive_drive(x, inp, w, b, w_ih, b_ih, m0, lengths, chunked=True)
+            drive, v, m = self._adaptive_drive(x, decay, inp, w, b, w_ih, b_ih, m0, lengths, chunked=True)
             eye = torch.eye(drive.size(-1), dtype=drive.dtype, device=drive.device)
             out, (h, c) = fused_recurrence("lstm", drive, lengths, (h0[None], c0[None]),
                                            fused_weights(eye, w_hh, None, b_hh, self.bias), self.bias,
@@ -687,7 +689,7 @@ class MomentumRNN(_MomentumLayers):
             (x, h0, v0, m0), precision = in_weight_dtype(w_hh, x, h0, v0, m0)
             with precision:
                 inp, w, b = self._input_map(k, x, decay, v0 if carries_v else None)
-                pre, v, m = self._adaptive_drive(x, inp, w, b, w_ih, b_ih, m0, lengths)
+                pre, v, m = self._adaptive_drive(x, decay, inp, w, b, w_ih, b_ih, m0, lengths)
                 if b_hh is not None:
                     pre = pre + b_hh
                 out, (h,) = recurrence_loop(tanh_step(w_hh), pre, lengths, (h0,))

@@ -179,7 +179,7 @@ class OrthogonalMomentumRNN(_MomentumLayers):
         inp, w, b = input_map(x, decay, self.variant.input_scale(self.hyper), w_ih, None,
                               v0 if carries_v else None)
         if self.variant.has_m:
-            drive, v, m = self._adaptive_drive(x, inp, w, b, w_ih, None, m0, lengths)
+            drive, v, m = self._adaptive_drive(x, decay, inp, w, b, w_ih, None, m0, lengths)
         else:
             drive, m = F.linear(inp, w, b), None
             v = last_step(drive, lengths) if self.variant.has_v else None
