@@ -7,7 +7,7 @@ time (docs/benchmarks.md, 2026-11-27: 0.76 ms of kernels in a 2.34 ms fwd+bwd at
     python benchmarks/triton_host_overhead.py [--length 64] [--profile 25]
     python benchmarks/triton_host_overhead.py --decode        # one decoding step, no gradients
     python benchmarks/triton_host_overhead.py --model-decode  # a 4-layer HF model's decoding step
-    python benchmarks/triton_host_overhead.py --lstm          # an Adam LSTM at PTB's steps and batch
+    python benchmarks/triton_host_overhead.py --lstm          # MomentumLSTMs at PTB's steps and batch
 Must run without TRITON_INTERPRET (the interpreter skips the launcher)."""
 import argparse
 import cProfile
@@ -124,13 +124,14 @@ def model_train_step(layers=4, hidden=128, heads=2, vocab=100, batch=2, length=6
     return step
 
 
-def lstm_fwd_bwd(backend):
-    """A closure running one forward+backward of a 3-layer Adam MomentumLSTM at PTB's steps and
-    batch (T 70, B 20) on the Triton recurrence `backend` ("triton": a GEMM and a kernel per step;
-    "triton-one-launch": one kernel per step), as benchmarks/rnn.py builds it, float32, at tiny
-    widths (input 16, hidden 32) so that the CPU arithmetic of the GEMMs stays small."""
+def lstm_fwd_bwd(variant):
+    """A closure running one forward+backward of a 3-layer MomentumLSTM at PTB's steps and batch
+    (T 70, B 20), benchmarks/rnn.py's `variant` ("adam-triton": a GEMM and a Triton kernel per
+    step; "adam-triton-one-launch": one kernel per step; "adam-cudnn": the drive first, then one
+    fused call per layer; "momentum": eq. 9's filter, then one fused call per layer), float32, at
+    tiny widths (input 16, hidden 32) so that the CPU arithmetic stays small."""
     import rnn
-    return rnn.build(f"adam-{backend}", T=70, B=20, D=16, H=32, L=3)
+    return rnn.build(variant, T=70, B=20, D=16, H=32, L=3)
 
 
 # Ops that launch no kernel on a GPU (views, allocations, metadata; a cast counts only when it copies).
@@ -203,8 +204,8 @@ def main():
     parser.add_argument("--model-train", action="store_true",
                         help="time a training forward+backward of a 4-layer HF momentum model instead")
     parser.add_argument("--lstm", action="store_true",
-                        help="time a 3-layer Adam LSTM forward+backward (T 70, B 20) on both Triton "
-                             "recurrences")
+                        help="time a 3-layer MomentumLSTM forward+backward (T 70, B 20): Adam on both "
+                             "Triton recurrences and drive first, and the momentum cell")
     args = parser.parse_args()
     triton_standin.activate(90)
     import torch
@@ -227,17 +228,17 @@ def main():
               "computing")
         return
     if args.lstm:
-        backends = ("triton", "triton-one-launch")
-        steps = {name: lstm_fwd_bwd(name) for name in backends}
+        variants = ("adam-triton", "adam-triton-one-launch", "adam-cudnn", "momentum")
+        steps = {name: lstm_fwd_bwd(name) for name in variants}
         counts = {name: (launches_of(step), aten_ops(step)[1], python_calls(step, calls=3))
                   for name, step in steps.items()}
-        rounds = {name: [] for name in backends}
-        for _ in range(args.rounds):             # alternating, so that load on the machine hits both
-            for name in backends:
+        rounds = {name: [] for name in variants}
+        for _ in range(args.rounds):             # alternating, so that load on the machine hits all
+            for name in variants:
                 rounds[name].append(host_us(steps[name], rounds=1, calls=3) / 1e3)
-        print(f"host ms per forward+backward of a 3-layer Adam MomentumLSTM (T 70, B 20, hidden 32, float32; "
+        print(f"host ms per forward+backward of a 3-layer MomentumLSTM (T 70, B 20, hidden 32, float32; "
               f"Triton launch path, no-op launches; median of {args.rounds} rounds of 3):")
-        for name in backends:
+        for name in variants:
             print(f"  {name}: {statistics.median(rounds[name]):.2f} ms; {counts[name][0]} Triton launches, "
                   f"{counts[name][1]} computing aten ops and {counts[name][2]} function calls (cProfile) "
                   "per call")

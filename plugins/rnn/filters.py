@@ -14,6 +14,8 @@ are built from their closed forms, never by dividing by small powers of μ, in f
 the sequence's device: no block is copied from the host, so on a GPU the forward pass
 never makes the host wait for the device.
 """
+import functools
+
 import torch
 
 
@@ -60,26 +62,64 @@ class ConstantDecay:
     def __init__(self, momentum, length, device="cpu"):
         self.momentum, self.length, self.groups = float(momentum), length, 1
         self.device = closed_form_device(device)
-        self._lag_blocks = {}
 
     def matrix(self, rows, cols):
         """M[rows, cols] as a float64 (1, len(rows), len(cols)) tensor on rows' device."""
         lag = (rows[:, None] - cols[None, :]).to(torch.float64)
         return torch.where(lag >= 0, torch.pow(self.momentum, lag.clamp(min=0)), 0.0).unsqueeze(0)
 
-    def lag_blocks(self, n, chunks):
-        """M[0..n, 0..n] and M[c·n, j·n] (c, j < chunks) as float64 matrices, built once per
-        decay: a forward pass shares one decay among its layers and their bias channels."""
-        if torch.compiler.is_compiling():      # symbolic sizes (torch.export): no cache key
-            return self._build_lag_blocks(n, chunks)
-        if (n, chunks) not in self._lag_blocks:
-            self._lag_blocks[n, chunks] = self._build_lag_blocks(n, chunks)
-        return self._lag_blocks[n, chunks]
+    def filter_operands(self, n, chunks, step_size, device, dtype):
+        """`stationary_filter`'s constants: s·M[1..n, 1..n] (every chunk's block), M[c·n, j·n]
+        for c, j < chunks − 1 (the carry across chunks) and M[1..n, 0], cast to `dtype` on
+        `device`. They depend on (μ, n, chunks, s) only, so eager calls share them with every
+        layer and every later call (`_cached`); traced calls (symbolic sizes) and CUDA
+        graph captures build their own."""
+        if _builds_its_own(device, step_size):
+            return _filter_operands(self.momentum, n, chunks, step_size, device, dtype)
+        return _cached(_filter_operands, self.momentum, n, chunks, step_size, device, dtype)
 
-    def _build_lag_blocks(self, n, chunks):
-        tau = torch.arange(n + 1, device=self.device)
-        ends = torch.arange(chunks, device=self.device) * n
-        return self.matrix(tau, tau)[0], self.matrix(ends, ends)[0]
+    def carried_and_bias_channel(self, step_size, device, dtype):
+        """(M[t, 0], c_t = s Σ_{1≤k≤t} M[t, k]) for t = 1..length, each (length,) in `dtype` on
+        `device`: the weight of a carried-in v_0 (or m_0) and the bias channel, shared like
+        `filter_operands`."""
+        if _builds_its_own(device, step_size):
+            return _constant_weights(self.momentum, self.length, step_size, device, dtype)
+        return _cached(_constant_weights, self.momentum, self.length, step_size, device, dtype)
+
+
+def _filter_operands(momentum, n, chunks, step_size, device, dtype):
+    """ConstantDecay.filter_operands, formed in float64 on the closed forms' device."""
+    decay = ConstantDecay(momentum, n * chunks, device)
+    tau = torch.arange(n + 1, device=decay.device)
+    ends = torch.arange(chunks, device=decay.device)[:-1] * n
+    full, across = decay.matrix(tau, tau)[0], decay.matrix(ends, ends)[0]
+    return tuple(t.to(device=device, dtype=dtype) for t in (step_size * full[1:, 1:], across, full[1:, 0]))
+
+
+def _constant_weights(momentum, length, step_size, device, dtype):
+    """ConstantDecay.carried_and_bias_channel: M[t, 0] in float64, and the filter of a constant 1 (as
+    `bias_channel` forms it for any decay)."""
+    decay = ConstantDecay(momentum, length, device)
+    rows = torch.arange(length + 1, device=decay.device)
+    carried = decay.matrix(rows[1:], rows[:1])[0, :, 0].to(device=device, dtype=dtype)
+    ones = torch.ones(length, 1, 1, dtype=dtype, device=device)
+    return carried, stationary_filter(ones, decay, step_size)[:, 0, 0]
+
+
+def _builds_its_own(device, step_size):
+    """Whether a ConstantDecay's constants are built for this call alone: traced (symbolic
+    sizes), inside a CUDA graph capture, or with a step size that is not a number."""
+    capturing = device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+    return torch.compiler.is_compiling() or capturing or not isinstance(step_size, (int, float))
+
+
+@functools.lru_cache(maxsize=128)
+def _cached(build, *key):
+    """build(*key), once per key and process, as ordinary tensors even under
+    torch.inference_mode (an inference tensor could not be saved for a later training call's
+    backward). A few small tensors per key: a (chunk × chunk) block and vectors of T."""
+    with torch.inference_mode(False), torch.no_grad():
+        return build(*key)
 
 
 class NAGDecay:
@@ -187,15 +227,12 @@ def stationary_filter(seq, decay, step_size, chunk=128):
     # traced with a symbolic length, the chunk stays `chunk` (min() would guard on the length)
     n = chunk if torch.compiler.is_compiling() else min(chunk, steps)
     chunks = -(-steps // n)
-    full, across = decay.lag_blocks(n, chunks)
-    block = (step_size * full[1:, 1:]).to(device=seq.device, dtype=seq.dtype)
+    block, across, carry = decay.filter_operands(n, chunks, step_size, seq.device, seq.dtype)
     x = torch.nn.functional.pad(seq.reshape(steps, -1), (0, 0, 0, chunks * n - steps))
     x = x.view(chunks, n, -1).transpose(0, 1).reshape(n, -1)
     y = torch.matmul(block, x).view(n, chunks, -1).transpose(0, 1)
     if chunks > 1:
-        across = across[:-1, :-1].to(device=seq.device, dtype=seq.dtype)
         last = torch.matmul(across, y[:-1, -1])
-        carry = full[1:, 0].to(device=seq.device, dtype=seq.dtype)
         shifted = torch.cat([torch.zeros_like(last[:1]), last])
         y = y + carry[None, :, None] * shifted[:, None, :]
     return y.reshape(chunks * n, *seq.shape[1:])[:steps]
@@ -219,7 +256,10 @@ def carried_channels(decay, batch):
 def bias_channel(decay, step_size, batch, dtype, device):
     """c_t = s Σ_{1≤k≤t} M[t, k]: how much of the input bias b the momentum v_t holds, (T, B).
 
-    The filter of a constant 1 (chunked like every filter, O(T·chunk))."""
+    The filter of a constant 1 (chunked like every filter, O(T·chunk)); a constant μ's is
+    formed once (ConstantDecay.carried_and_bias_channel)."""
+    if decay.stationary:
+        return decay.carried_and_bias_channel(step_size, device, dtype)[1][:, None].expand(-1, batch)
     ones = torch.ones(decay.length, decay.groups, 1, dtype=dtype, device=device)
     return filter_sequence(ones, decay, step_size)[..., 0].expand(-1, batch)
 
@@ -235,8 +275,8 @@ def second_moment(g_squared, m0, beta, chunked=False):
     """
     if chunked:
         decay = ConstantDecay(beta, g_squared.size(0), g_squared.device)
-        carried = carried_weight(decay, 1).to(device=g_squared.device, dtype=g_squared.dtype)
-        return stationary_filter(g_squared, decay, 1.0 - beta) + carried[:, :, None] * m0
+        carried, _ = decay.carried_and_bias_channel(1.0 - beta, g_squared.device, g_squared.dtype)
+        return stationary_filter(g_squared, decay, 1.0 - beta) + carried[:, None, None] * m0
     scaled = ((1.0 - beta) * g_squared).unbind(0)
     out = []
     m = m0
