@@ -1,8 +1,10 @@
-"""MomentumLSTM's Adam/RMSProp layers on torch's fused LSTM kernel (recurrence backend "cudnn",
-MomentumRNN eq. 15 with eq. 2): the drive v_t/√(m_t + ε) of every step formed first, then one
-kernel call per layer through an identity input weight.
+"""The Adam/RMSProp layers of MomentumLSTM and of the tanh MomentumRNN on torch's fused kernels
+(recurrence backend "cudnn", MomentumRNN eq. 15 with eq. 2 or the tanh RNN): the drive
+v_t/√(m_t + ε) of every step formed first, then one kernel call per layer through an identity input
+weight.
 
-Against a float64 transcription of the paper (rnn_literal: eq. 15's drive, eq. 2's LSTM) run on
+Against a float64 transcription of the paper (rnn_literal: eq. 15's drive, eq. 2's LSTM, the tanh
+step) run on
 each sequence alone: outputs, final h, c, v, m and the gradients of the input, the parameters and
 the carried state, for full batches, unsorted padded lengths, lengths past the chunk of the
 filters (128) and not a multiple of it, two layers and bidirectional layers; on the meta device,
@@ -14,7 +16,7 @@ import torch
 from rnn_literal import LITERAL_DRIVES, lstm_literal
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
-from plugins.rnn import MomentumLSTM, RecurrentState, adam_recurrence, layers
+from plugins.rnn import MomentumLSTM, MomentumRNN, RecurrentState, adam_recurrence, layers
 from plugins.rnn.adam_recurrence import AdamLSTMRecurrence, recurrence_backend
 from plugins.rnn.filters import second_moment
 
@@ -22,12 +24,13 @@ D, H = 3, 5
 MU, S, BETA, EPS = 0.6, 0.7, 0.8, 1e-8
 TOL = 1e-10
 CELLS = ["adam", "rmsprop"]
+CLASSES = [MomentumLSTM, MomentumRNN]
 
 
-def make_layer(cell, gen, num_layers=1, bias=True, bidirectional=False, batch_first=False):
+def make_layer(cell, gen, num_layers=1, bias=True, bidirectional=False, batch_first=False, cls=MomentumLSTM):
     hyper = dict(momentum=MU) if cell == "adam" else {}
-    layer = MomentumLSTM(D, H, num_layers, cell=cell, step_size=S, beta=BETA, eps=EPS, bias=bias,
-                         bidirectional=bidirectional, batch_first=batch_first, **hyper).double()
+    layer = cls(D, H, num_layers, cell=cell, step_size=S, beta=BETA, eps=EPS, bias=bias,
+                bidirectional=bidirectional, batch_first=batch_first, **hyper).double()
     with torch.no_grad():
         for p in layer.parameters():
             p.copy_(0.5 * torch.randn(p.shape, generator=gen, dtype=p.dtype))
@@ -37,23 +40,38 @@ def make_layer(cell, gen, num_layers=1, bias=True, bidirectional=False, batch_fi
 def random_state(layer, gen, batch):
     shape = (layer.num_layers * layer.directions, batch)
     rnd = lambda n: torch.randn(shape + (n,), generator=gen, dtype=torch.float64).requires_grad_()
-    m = torch.rand(shape + (4 * H,), generator=gen, dtype=torch.float64).requires_grad_()
-    return RecurrentState(rnd(H), rnd(H), rnd(4 * H), m, torch.randint(0, 8, (batch,), generator=gen))
+    width = layer.gate_count * H
+    m = torch.rand(shape + (width,), generator=gen, dtype=torch.float64).requires_grad_()
+    c = rnd(H) if layer.gate_count == 4 else None
+    return RecurrentState(rnd(H), c, rnd(width), m, torch.randint(0, 8, (batch,), generator=gen))
+
+
+def tensors_of(state):
+    """The state's h, c, v, m that are tensors (the tanh RNN has no c)."""
+    return [t for t in state[:4] if t is not None]
+
+
+def literal_step(layer, drive, h, c, w_hh, b_hh):
+    """Eq. 2's LSTM step, or the tanh RNN's h_t = tanh(d_t + U h_{t-1} + b_hh)."""
+    if layer.gate_count == 4:
+        return lstm_literal(drive, h, c, w_hh, b_hh)
+    return torch.tanh(drive + h @ w_hh.T + (0.0 if b_hh is None else b_hh)), None
 
 
 def literal_layers(layer, x, state):
-    """Eq. 15's drive and eq. 2's LSTM step by step, layer after layer (unidirectional), on one
-    sequence x (T, 1, D). Returns the output (T, 1, H) and the final (h, c, v, m) of each layer."""
+    """Eq. 15's drive and the layer's step (literal_step) step by step, layer after layer
+    (unidirectional), on one sequence x (T, 1, D). Returns the output (T, 1, H) and the final
+    (h, c, v, m) of each layer (c None for the tanh RNN)."""
     hp = dict(mu=MU if layer.cell == "adam" else 0.0, s=S, beta=BETA, eps=EPS, restart=None)
     finals = []
     for k in range(layer.num_layers):
         w_ih, w_hh, b_ih, b_hh = layer.layer_parameters(k)
-        h, c, v, m = (t[k] for t in state[:4])
+        h, c, v, m = (None if t is None else t[k] for t in state[:4])
         outs = []
         for x_t in x:
             g = x_t @ w_ih.T + (0.0 if b_ih is None else b_ih)
             drive, v, m = LITERAL_DRIVES[layer.cell](g, v, m, None, hp)
-            h, c = lstm_literal(drive, h, c, w_hh, b_hh)
+            h, c = literal_step(layer, drive, h, c, w_hh, b_hh)
             outs.append(h)
         x = torch.stack(outs)
         finals.append((h, c, v, m))
@@ -72,12 +90,16 @@ def loss_and_literal(layer, x, lengths, state, gen):
     lengths = [x.size(0)] * batch if lengths is None else lengths.tolist()
     ours = theirs = 0.0
     for b, n in enumerate(lengths):
-        ref_out, finals = literal_layers(layer, x[:n, b:b + 1], [t[:, b:b + 1] for t in state[:4]])
+        ref_out, finals = literal_layers(layer, x[:n, b:b + 1],
+                                         [None if t is None else t[:, b:b + 1] for t in state[:4]])
         torch.testing.assert_close(out[:n, b:b + 1], ref_out, atol=TOL, rtol=0)
         assert torch.all(out[n:, b] == 0)
         probe = torch.randn(ref_out.shape, generator=gen, dtype=torch.float64)
         ours, theirs = ours + (out[:n, b:b + 1] * probe).sum(), theirs + (ref_out * probe).sum()
         for i, name in enumerate("hcvm"):
+            if new[i] is None:
+                assert name == "c" and layer.gate_count == 1
+                continue
             ref = torch.stack([f[i] for f in finals])
             torch.testing.assert_close(new[i][:, b:b + 1], ref, atol=TOL, rtol=0, msg=name)
             probe = torch.randn(ref.shape, generator=gen, dtype=torch.float64)
@@ -91,28 +113,30 @@ def assert_same_gradients(ours, theirs, leaves):
         torch.testing.assert_close(a, b, atol=TOL, rtol=0)
 
 
+@pytest.mark.parametrize("cls", CLASSES)
 @pytest.mark.parametrize("cell", CELLS)
 @pytest.mark.parametrize("num_layers,bias", [(1, True), (2, True), (2, False)])
 @pytest.mark.parametrize("steps,lengths", [(6, None), (7, [7, 3, 1, 5]), (130, None), (131, [131, 2, 129])],
                          ids=["full", "padded", "130", "padded-131"])
-def test_layer_matches_eq15_literal_float64(cell, num_layers, bias, steps, lengths, make_generator):
+def test_layer_matches_eq15_literal_float64(cls, cell, num_layers, bias, steps, lengths, make_generator):
     gen = make_generator()
-    layer = make_layer(cell, gen, num_layers, bias)
+    layer = make_layer(cell, gen, num_layers, bias, cls=cls)
     batch = 3 if lengths is None else len(lengths)
     x = torch.randn(steps, batch, D, generator=gen, dtype=torch.float64, requires_grad=True)
     state = random_state(layer, gen, batch)
     ours, theirs = loss_and_literal(layer, x, None if lengths is None else torch.tensor(lengths), state, gen)
     # μ = 0: the carried v never enters
-    leaves = [x, *layer.parameters(), state.h, state.c, state.m] + ([state.v] if cell == "adam" else [])
+    leaves = [x, *layer.parameters(), *tensors_of(state._replace(v=state.v if cell == "adam" else None))]
     assert_same_gradients(ours, theirs, leaves)
 
 
+@pytest.mark.parametrize("cls", CLASSES)
 @pytest.mark.parametrize("cell", CELLS)
-def test_two_calls_chained_by_the_state_equal_the_torch_loop(cell, make_generator):
+def test_two_calls_chained_by_the_state_equal_the_torch_loop(cls, cell, make_generator):
     """The state one call returns (v, m included) carries into the next exactly as the torch
     recurrence's does, a fresh state in the first call (no carried v), batch_first input."""
     gen = make_generator()
-    layer = make_layer(cell, gen, num_layers=2, batch_first=True)
+    layer = make_layer(cell, gen, num_layers=2, batch_first=True, cls=cls)
     xs = [torch.randn(4, 9, D, generator=gen, dtype=torch.float64, requires_grad=True) for _ in range(2)]
     results = {}
     for backend in ("torch", "cudnn"):
@@ -121,7 +145,7 @@ def test_two_calls_chained_by_the_state_equal_the_torch_loop(cell, make_generato
             for x in xs:
                 out, state = layer(x, state)
                 outs.append(out)
-        tensors = outs + [t for t in state[:4]]
+        tensors = outs + tensors_of(state)
         probes = [torch.randn(t.shape, generator=make_generator("probe"), dtype=t.dtype) for t in tensors]
         loss = sum((p * t).sum() for p, t in zip(probes, tensors))
         results[backend] = tensors + list(torch.autograd.grad(loss, xs + list(layer.parameters())))
@@ -129,10 +153,11 @@ def test_two_calls_chained_by_the_state_equal_the_torch_loop(cell, make_generato
         torch.testing.assert_close(a, b, atol=TOL, rtol=0)
 
 
+@pytest.mark.parametrize("cls", CLASSES)
 @pytest.mark.parametrize("cell", CELLS)
-def test_bidirectional_layers_equal_the_torch_loop(cell, make_generator):
+def test_bidirectional_layers_equal_the_torch_loop(cls, cell, make_generator):
     gen = make_generator()
-    layer = make_layer(cell, gen, num_layers=2, bidirectional=True)
+    layer = make_layer(cell, gen, num_layers=2, bidirectional=True, cls=cls)
     x = torch.randn(8, 4, D, generator=gen, dtype=torch.float64, requires_grad=True)
     lengths = torch.tensor([8, 2, 5, 7])
     state = random_state(layer, gen, 4)
@@ -140,11 +165,11 @@ def test_bidirectional_layers_equal_the_torch_loop(cell, make_generator):
     for backend in ("torch", "cudnn"):
         with recurrence_backend(backend):
             out, new = layer(pack_padded_sequence(x, lengths, enforce_sorted=False), state)
-        tensors = [out.data, *new[:4]]
+        tensors = [out.data, *tensors_of(new)]
         probes = [torch.randn(t.shape, generator=make_generator("probe"), dtype=t.dtype) for t in tensors]
         loss = sum((p * t).sum() for p, t in zip(probes, tensors))
-        results[backend] = tensors + list(torch.autograd.grad(loss, [x, *layer.parameters(), *state[:4]],
-                                                              allow_unused=True))
+        leaves = [x, *layer.parameters(), *tensors_of(state)]
+        results[backend] = tensors + list(torch.autograd.grad(loss, leaves, allow_unused=True))
     for a, b in zip(results["cudnn"], results["torch"]):
         if b is None:
             assert a is None or not a.any()
@@ -152,74 +177,85 @@ def test_bidirectional_layers_equal_the_torch_loop(cell, make_generator):
             torch.testing.assert_close(a, b, atol=TOL, rtol=0)
 
 
+@pytest.mark.parametrize("cls", CLASSES)
 @pytest.mark.parametrize("cell", CELLS)
-def test_one_fused_call_per_layer_and_no_step_loop(cell, monkeypatch, make_generator):
-    """Under "cudnn" each layer is one call of torch's fused LSTM kernel, on an input 4H wide with
-    an identity input weight, and AdamLSTMRecurrence (the loop over steps) never runs; under "torch"
-    it runs once per layer and the fused kernel never."""
+def test_one_fused_call_per_layer_and_no_step_loop(cls, cell, monkeypatch, make_generator):
+    """Under "cudnn" each layer is one call of torch's fused LSTM (tanh-RNN) kernel, on an input 4H
+    (H) wide with an identity input weight, and the loop over steps (AdamLSTMRecurrence, the tanh
+    RNN's recurrence_loop) never runs; under "torch" it runs once per layer and the fused kernel
+    never."""
     calls = []
     fused = layers.fused_recurrence
+    width = (4 if cls is MomentumLSTM else 1) * H
 
     def counted(kind, x, lengths, hx, weights, *args, **kwargs):
-        calls.append((kind, x.size(-1), torch.equal(weights[0], torch.eye(4 * H, dtype=x.dtype))))
+        calls.append((kind, x.size(-1), torch.equal(weights[0], torch.eye(width, dtype=x.dtype))))
         return fused(kind, x, lengths, hx, weights, *args, **kwargs)
 
     loops = []
     monkeypatch.setattr(layers, "fused_recurrence", counted)
-    monkeypatch.setattr(AdamLSTMRecurrence, "apply", classmethod(lambda cls, *a: loops.append(a) or 1 / 0))
-    layer = make_layer(cell, make_generator(), num_layers=3)
+    if cls is MomentumLSTM:
+        monkeypatch.setattr(AdamLSTMRecurrence, "apply", classmethod(lambda _, *a: loops.append(a) or 1 / 0))
+    else:
+        monkeypatch.setattr(layers, "recurrence_loop", lambda *a: loops.append(a) or 1 / 0)
+    layer = make_layer(cell, make_generator(), num_layers=3, cls=cls)
     x = torch.randn(5, 2, D, dtype=torch.float64)
     with recurrence_backend("cudnn"):
         layer(x)[0].sum().backward()
-    assert calls == [("lstm", 4 * H, True)] * 3 and loops == []
+    assert calls == [(cls.fused_kind, width, True)] * 3 and loops == []
     with recurrence_backend("torch"), pytest.raises(ZeroDivisionError):
         layer(x)
     assert len(loops) == 1
 
 
-def test_compiled_with_aot_autograd_equals_eager(make_generator):
+@pytest.mark.parametrize("cls", CLASSES)
+def test_compiled_with_aot_autograd_equals_eager(cls, make_generator):
     """torch.compile(fullgraph=True, aot_eager: forward and backward re-traced through
     AOTAutograd) of two layers from a given (h, c): one graph, where the default recurrence is a
     graph break per layer (its step loop runs eagerly), and outputs, states and gradients equal
     eager's in float64."""
     gen = make_generator()
-    layer = make_layer("adam", gen, num_layers=2)
+    layer = make_layer("adam", gen, num_layers=2, cls=cls)
     x = torch.randn(6, 3, D, generator=gen, dtype=torch.float64, requires_grad=True)
     state = random_state(layer, gen, 3)
-    hc = (state.h, state.c)
+    hc = (state.h, state.c) if cls is MomentumLSTM else state.h
+    given = list(hc) if cls is MomentumLSTM else [hc]
     torch._dynamo.reset()
     results = []
     with recurrence_backend("cudnn"):
         for run in (layer, torch.compile(layer, backend="aot_eager", fullgraph=True)):
             out, new = run(x, hc)
-            tensors = [out, *new[:4]]
+            tensors = [out, *tensors_of(new)]
             probes = [torch.linspace(-1, 1, t.numel(), dtype=t.dtype).view_as(t) for t in tensors]
             loss = sum((t * probe).sum() for t, probe in zip(tensors, probes))
-            results.append(tensors + list(torch.autograd.grad(loss, [x, *layer.parameters(), *hc])))
+            results.append(tensors + list(torch.autograd.grad(loss, [x, *layer.parameters(), *given])))
     for a, b in zip(*results):
         torch.testing.assert_close(a, b, atol=TOL, rtol=0)
 
 
-def test_cpu_autocast_runs_in_the_weights_dtype():
+@pytest.mark.parametrize("cls", CLASSES)
+def test_cpu_autocast_runs_in_the_weights_dtype(cls):
     """The drive and the recurrence run in float32 with autocast off: the same bits as without
     autocast (eq. 15's normaliser divides by |g|; bf16 rounding of g would be amplified)."""
     torch.manual_seed(0)
-    layer = MomentumLSTM(D, H, 2, cell="adam")
+    layer = cls(D, H, 2, cell="adam")
     x = torch.randn(9, 2, D)
     with recurrence_backend("cudnn"):
         plain_out, plain_state = layer(x)
         with torch.autocast("cpu", dtype=torch.bfloat16):
             out, state = layer(x)
     assert out.dtype == torch.float32 and state.m.dtype == torch.float32
-    assert torch.equal(out, plain_out) and all(torch.equal(a, b) for a, b in zip(state[:4], plain_state[:4]))
+    assert torch.equal(out, plain_out)
+    assert all(torch.equal(a, b) for a, b in zip(tensors_of(state), tensors_of(plain_state)))
 
 
+@pytest.mark.parametrize("cls", CLASSES)
 @pytest.mark.parametrize("cell", CELLS)
-def test_forward_backward_never_wait_for_the_device(cell):
+def test_forward_backward_never_wait_for_the_device(cls, cell):
     """On the meta device (tests/test_rnn_device.py's HostWaits): no value read back and no tensor
     copied from the host, in the forward and backward of two layers with a fresh state."""
     from test_rnn_device import HostWaits
-    layer = MomentumLSTM(D, H, 2, cell=cell).to("meta")
+    layer = cls(D, H, 2, cell=cell).to("meta")
     x = torch.randn(130, 2, D, device="meta", requires_grad=True)
     with recurrence_backend("cudnn"), HostWaits() as watch:
         out, state = layer(x)

@@ -193,15 +193,16 @@ def test_segments_longer_than_a_filter_chunk(cell, make_generator):
     assert_same_run(layer, x, offsets(lengths), random_state(layer, gen, 4), gen)
 
 
-@pytest.mark.parametrize("backend", ["triton", "cudnn"])
+@pytest.mark.parametrize("backend,cls", [("triton", MomentumLSTM), ("cudnn", MomentumLSTM),
+                                         ("cudnn", MomentumRNN)], ids=["triton", "cudnn", "cudnn-tanh"])
 @pytest.mark.parametrize("cell", [name for name, v in VARIANTS.items() if v.has_m])
-def test_other_adam_recurrences_on_segments(cell, backend, make_generator):
+def test_other_adam_recurrences_on_segments(cell, backend, cls, make_generator):
     """eq. 15's recurrence on the Triton steps (interpreter on CPU), and on torch's fused LSTM
-    kernel after the drive of every step ("cudnn"), sees each segment alone."""
+    (tanh-RNN) kernel after the drive of every step ("cudnn"), sees each segment alone."""
     if backend == "triton":
         pytest.importorskip("triton")
     gen = make_generator()
-    layer = make(MomentumLSTM, cell, gen)
+    layer = make(cls, cell, gen)
     lengths = torch.tensor([3, 1, 0, 6, 2])
     x = torch.randn(int(lengths.sum()), D, generator=gen, dtype=torch.float64, requires_grad=True)
     with recurrence_backend(backend):

@@ -42,10 +42,11 @@ def recurrence_backend(name):
     """Inside the block eq. 15 runs on `name`: "torch" (AdamLSTMRecurrence's own loop),
     "triton" (adam_recurrence_triton: a cuBLAS GEMM and a Triton kernel per step, compiled on
     CUDA tensors, Triton's interpreter on CPU tensors), "triton-one-launch" (the same with the
-    GEMM inside the step kernel: one launch per step), "cudnn" (MomentumLSTM's layers form
-    eq. 15's drive for all steps first and run torch's fused LSTM kernel on it: cuDNN on CUDA, one
-    call per layer, no step loop in Python; aten on CPU) or "auto" (triton for CUDA tensors when
-    it is installed, else torch). Outside any block: MOMENTUM_LSTM_RECURRENCE (default auto)."""
+    GEMM inside the step kernel: one launch per step), "cudnn" (MomentumLSTM's layers, and the
+    tanh MomentumRNN's, form eq. 15's drive for all steps first and run torch's fused LSTM or
+    tanh-RNN kernel on it: cuDNN on CUDA, one call per layer, no step loop in Python; aten on CPU)
+    or "auto" (triton for CUDA tensors when it is installed, else torch). Outside any block:
+    MOMENTUM_LSTM_RECURRENCE (default auto)."""
     global _backend
     previous, _backend = _backend, check_choice(name, "backend", BACKENDS)
     try:
@@ -69,7 +70,8 @@ def _triton_recurrences():
 
 
 def drive_first():
-    """Whether MomentumLSTM's Adam/RMSProp layers run on torch's fused LSTM kernel ("cudnn")."""
+    """Whether the Adam/RMSProp layers of MomentumLSTM and of the tanh MomentumRNN run on torch's
+    fused kernels ("cudnn"); elsewhere the tanh layers loop over the steps in Python."""
     return _backend == "cudnn"
 
 

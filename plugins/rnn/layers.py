@@ -684,12 +684,15 @@ class MomentumRNN(_MomentumLayers):
     def _layer(self, k, x, lengths, decay, h0, c0, v0, m0, carries_v):
         w_ih, w_hh, b_ih, b_hh = self.layer_parameters(k)
         if self.variant.has_m:
-            # a Python loop whose carried h and v, m stay in the weights' dtype under autocast
-            # (and g, as in MomentumLSTM._adaptive_layer)
+            # a Python loop (under "cudnn" the fused kernel) whose carried h and v, m stay in the
+            # weights' dtype under autocast (and g, as in MomentumLSTM._adaptive_layer)
             (x, h0, v0, m0), precision = in_weight_dtype(w_hh, x, h0, v0, m0)
             with precision:
                 inp, w, b = self._input_map(k, x, decay, v0 if carries_v else None)
-                pre, v, m = self._adaptive_drive(x, decay, inp, w, b, w_ih, b_ih, m0, lengths)
+                fused = drive_first()
+                pre, v, m = self._adaptive_drive(x, decay, inp, w, b, w_ih, b_ih, m0, lengths, chunked=fused)
+                if fused:
+                    return self._fused_adaptive_layer(pre, lengths, w_hh, b_hh, h0, v, m)
                 if b_hh is not None:
                     pre = pre + b_hh
                 out, (h,) = recurrence_loop(tanh_step(w_hh), pre, lengths, (h0,))
@@ -700,6 +703,17 @@ class MomentumRNN(_MomentumLayers):
                                      self.training)
         v = carried_v(last_step(inp, lengths), w, b) if self.variant.has_v else None
         return out, (h[0], None, v, None)
+
+    def _fused_adaptive_layer(self, drive, lengths, w_hh, b_hh, h0, v, m):
+        """Adam/RMSProp layer on torch's fused tanh-RNN kernel (recurrence backend "cudnn", as
+        MomentumLSTM._drive_first_layer): eq. 15's drive of every step enters through an identity
+        input weight, h_t = tanh(I·d_t + U h_{t-1} + b_hh), in one call per layer (cuDNN on
+        CUDA, with no step loop on the host) for 2·T·B·H² more flops forward, as many as U h_{t-1}.
+        It follows torch.backends.cudnn's float32 precision (TF32 by default)."""
+        eye = torch.eye(self.hidden_size, dtype=drive.dtype, device=drive.device)
+        weights = fused_weights(eye, w_hh, None, b_hh, self.bias)
+        out, (h,) = fused_recurrence("rnn_tanh", drive, lengths, h0[None], weights, self.bias, self.training)
+        return out, (h[0], None, v, m)
 
     def _recurrent_update(self, k, pre, h, c):
         _, w_hh, _, b_hh = self.layer_parameters(k)
