@@ -10,7 +10,10 @@ torch's fused LSTM kernel after the drive of every step (adam-cudnn, rmsprop-cud
 backend "cudnn", an identity input weight of 4H × 4H; aten's kernel on CPU); on CUDA also adam and
 rmsprop forced onto the torch loop (adam-torch, rmsprop-torch) and onto the Triton recurrence
 with the GEMM inside the step kernel (adam-triton-one-launch, rmsprop-triton-one-launch) beside
-their default Triton recurrence (a cuBLAS GEMM and a kernel per step). Loss = sum of outputs.
+their default Triton recurrence (a cuBLAS GEMM and a kernel per step). With --tanh instead:
+torch.nn.RNN (tanh) and the tanh MomentumRNN's adam and rmsprop layers, on their Python step loop
+and drive first on torch's fused tanh-RNN kernel (tanh-adam-cudnn, tanh-rmsprop-cudnn: an H × H
+identity input weight), the table against nn.RNN. Loss = sum of outputs.
 
 Precision. torch's defaults give float32 two precisions here: cuDNN's RNNs (nn.LSTM, and the
 fused LSTM of the plain and eq.-9 cells, of adam-cudnn and of rmsprop-cudnn) take TF32 tensor
@@ -44,6 +47,7 @@ bounds a variant, far below it the host does. Usage:
     python benchmarks/rnn.py --quick        # MNIST H=128 only, 2 rounds
     python benchmarks/rnn.py --threads 1    # torch.set_num_threads(1) in every worker
     python benchmarks/rnn.py --device cuda  # the two GPU shapes, median of 20 rounds
+    python benchmarks/rnn.py --tanh         # the tanh MomentumRNN's Adam/RMSProp layers vs nn.RNN
 """
 import argparse
 import contextlib
@@ -73,6 +77,9 @@ CUDA_VARIANTS = VARIANTS + ["adam-torch", "rmsprop-torch", "adam-triton-one-laun
                              "rmsprop-triton-one-launch", "nn.LSTM-ieee", "adam-tf32", "nn.LSTM-per-layer"]
 # benchmarks/gpu_check.py's rnn part (50 s): without the torch loops, 9-15× nn.LSTM in every GPU run so far
 GPU_CHECK_VARIANTS = [variant for variant in CUDA_VARIANTS if not variant.endswith("-torch")]
+# --tanh: the tanh MomentumRNN's Adam/RMSProp layers (a Python loop over the steps by default; "cudnn":
+# the drive first, then torch's fused tanh-RNN kernel) against nn.RNN
+TANH_VARIANTS = ["nn.RNN", "tanh-adam", "tanh-adam-cudnn", "tanh-rmsprop", "tanh-rmsprop-cudnn"]
 HYPER = dict(momentum=0.6, step_size=1.0, beta=0.9, eps=1e-8)
 
 
@@ -125,15 +132,15 @@ def build(variant, T, B, D, H, L=1, device="cpu"):
         return at_precision(build(variant.removesuffix("-tf32"), T, B, D, H, L, device), matmul="tf32")
 
     sys.path.insert(0, str(ROOT))
-    from plugins.rnn import MomentumLSTM
+    from plugins.rnn import MomentumLSTM, MomentumRNN
     from plugins.rnn.adam_recurrence import recurrence_backend
     from plugins.rnn.variants import read_hyperparameters
 
     torch.manual_seed(0)
     x = torch.randn(T, B, D, device=device)
-    if variant == "nn.LSTM":
-        lstm = torch.nn.LSTM(D, H, num_layers=L).to(device)
-        return lambda: lstm(x)[0].sum().backward()
+    if variant in ("nn.LSTM", "nn.RNN"):
+        torch_layer = getattr(torch.nn, variant[3:])(D, H, num_layers=L).to(device)
+        return lambda: torch_layer(x)[0].sum().backward()
     if variant == "nn.LSTM-per-layer":
         layers = [torch.nn.LSTM(D if k == 0 else H, H).to(device) for k in range(L)]
 
@@ -163,9 +170,10 @@ def build(variant, T, B, D, H, L=1, device="cpu"):
                 seq = torch.stack(outs)
             seq.sum().backward()
         return run
-    cell, _, backend = variant.partition("-")
-    layer = MomentumLSTM(D, H, num_layers=L, cell=cell, restart=2 if cell == "sr" else None,
-                         **read_hyperparameters(cell, **HYPER)).to(device)
+    cls = MomentumRNN if variant.startswith("tanh-") else MomentumLSTM
+    cell, _, backend = variant.removeprefix("tanh-").partition("-")
+    layer = cls(D, H, num_layers=L, cell=cell, restart=2 if cell == "sr" else None,
+                **read_hyperparameters(cell, **HYPER)).to(device)
 
     def run():
         with recurrence_backend(backend or "auto"):
@@ -193,10 +201,10 @@ def memory_worker(shape, variant, threads):
     print(json.dumps(dict(peak_mib=peak_mib)))
 
 
-def time_worker(shape, repeats, loop_repeats, threads):
+def time_worker(shape, repeats, loop_repeats, threads, variants=VARIANTS):
     setup_threads(threads)
-    runs = {variant: build(variant, **SHAPES[shape]) for variant in VARIANTS}
-    best = dict.fromkeys(VARIANTS, float("inf"))
+    runs = {variant: build(variant, **SHAPES[shape]) for variant in variants}
+    best = dict.fromkeys(variants, float("inf"))
     for run in runs.values():
         run()
     for round_ in range(repeats):
@@ -272,23 +280,32 @@ NAMES = {"appendix-f": "Appendix-F loop", "nn.LSTM": "torch nn.LSTM", "adam-torc
          "nn.LSTM-ieee": "torch nn.LSTM, cuDNN without TF32", "adam-tf32": "adam, float32 matmuls in TF32",
          "nn.LSTM-per-layer": "torch nn.LSTM, one call per layer",
          "adam-cudnn": "adam, drive first, fused LSTM kernel",
-         "rmsprop-cudnn": "rmsprop, drive first, fused LSTM kernel"}
+         "rmsprop-cudnn": "rmsprop, drive first, fused LSTM kernel", "nn.RNN": "torch nn.RNN (tanh)",
+         "tanh-adam": "tanh adam, torch loop", "tanh-rmsprop": "tanh rmsprop, torch loop",
+         "tanh-adam-cudnn": "tanh adam, drive first, fused RNN kernel",
+         "tanh-rmsprop-cudnn": "tanh rmsprop, drive first, fused RNN kernel"}
 
 
 def table(results, unit="s"):
+    """Every row against the torch baseline of its shape (nn.LSTM, or nn.RNN for --tanh) and the
+    Appendix-F loop where it ran."""
     scale = 1e3 if unit == "ms" else 1.0
+    baseline = "nn.LSTM" if any(r["variant"] == "nn.LSTM" for r in results) else "nn.RNN"
+    looped = any(r["variant"] == "appendix-f" for r in results)
     exact = any(r["variant"] == "nn.LSTM-ieee" for r in results)
     busy = any("busy_seconds" in r for r in results)
     extra = [name for name, shown in ((" × nn.LSTM without TF32 |", exact),
                                       (" device busy (% of fwd+bwd) |", busy)) if shown]
-    lines = [f"| shape | variant | fwd+bwd ({unit}) | × nn.LSTM | × Appendix-F loop | peak memory (MiB) |"
-             + "".join(extra), "|---|---|---:|---:|---:|---:|" + "---:|" * len(extra)]
+    loop_head, loop_rule = (" × Appendix-F loop |", "---:|") if looped else ("", "")
+    lines = [f"| shape | variant | fwd+bwd ({unit}) | × {baseline} |{loop_head} peak memory (MiB) |"
+             + "".join(extra), f"|---|---|---:|---:|{loop_rule}---:|" + "---:|" * len(extra)]
     for shape in dict.fromkeys(r["shape"] for r in results):
         rows = {r["variant"]: r for r in results if r["shape"] == shape}
-        base, loop = rows["nn.LSTM"]["seconds"], rows["appendix-f"]["seconds"]
+        base = rows[baseline]["seconds"]
         for variant, r in rows.items():
+            loop = f" {r['seconds'] / rows['appendix-f']['seconds']:.2f} |" if looped else ""
             line = (f"| {shape} | {NAMES.get(variant, variant)} | {r['seconds'] * scale:.3f} | "
-                    f"{r['seconds'] / base:.2f} | {r['seconds'] / loop:.2f} | {r['peak_mib']:.0f} |")
+                    f"{r['seconds'] / base:.2f} |{loop} {r['peak_mib']:.0f} |")
             if exact:
                 line += f" {r['seconds'] / rows['nn.LSTM-ieee']['seconds']:.2f} |"
             if busy:
@@ -310,27 +327,30 @@ def main():
                         help="rounds in which the slow Appendix-F loop is timed (default 1)")
     parser.add_argument("--threads", type=int, default=0,
                         help="torch.set_num_threads in each worker (default: torch's default)")
+    parser.add_argument("--tanh", action="store_true",
+                        help="the tanh MomentumRNN's Adam/RMSProp layers (loop, drive first) vs nn.RNN")
     parser.add_argument("--memory-worker", nargs=2, help=argparse.SUPPRESS)
     parser.add_argument("--time-worker", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    variants = TANH_VARIANTS if args.tanh else VARIANTS
     default_repeats = 2 if args.quick else (20 if args.device == "cuda" else 3)
     repeats = args.repeats if args.repeats is not None else default_repeats
     if args.memory_worker:
         memory_worker(*args.memory_worker, args.threads)
         return
     if args.time_worker:
-        time_worker(args.time_worker, repeats, args.loop_repeats, args.threads)
+        time_worker(args.time_worker, repeats, args.loop_repeats, args.threads, variants)
         return
     if args.device == "cuda":
         cuda_main(args.shapes or (["pmnist-256"] if args.quick else DEFAULT_SHAPES["cuda"]),
-                  repeats, args.loop_repeats)
+                  repeats, args.loop_repeats, TANH_VARIANTS if args.tanh else CUDA_VARIANTS)
         return
     shapes = args.shapes or (["mnist-128"] if args.quick else DEFAULT_SHAPES["cpu"])
     results = []
     for shape in shapes:
-        best = subprocess_json("--time-worker", shape, "--repeats", repeats,
-                               "--loop-repeats", args.loop_repeats, "--threads", args.threads)
-        for variant in VARIANTS:
+        best = subprocess_json("--time-worker", shape, "--repeats", repeats, "--loop-repeats",
+                               args.loop_repeats, "--threads", args.threads, *["--tanh"] * args.tanh)
+        for variant in variants:
             peak = subprocess_json("--memory-worker", shape, variant,
                                    "--threads", args.threads)["peak_mib"]
             results.append(dict(shape=shape, variant=variant, seconds=best[variant],
@@ -340,12 +360,12 @@ def main():
     print(table(results))
 
 
-def cuda_main(shapes, repeats, loop_repeats):
+def cuda_main(shapes, repeats, loop_repeats, variants=CUDA_VARIANTS):
     import torch
 
     if not torch.cuda.is_available():
         raise SystemExit("--device cuda: torch sees no CUDA device")
-    results = [r for shape in shapes for r in cuda_times(shape, repeats, loop_repeats)]
+    results = [r for shape in shapes for r in cuda_times(shape, repeats, loop_repeats, variants=variants)]
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, float32, median of "
           f"{repeats} rounds (Appendix-F loop: {min(repeats, loop_repeats)})")
     print(table(results, unit="ms"))

@@ -33,3 +33,30 @@ def test_the_busy_column_is_the_device_time_over_the_wall_time():
 def test_without_device_times_there_is_no_busy_column():
     header = rnn.table(rows()).splitlines()[0]
     assert "busy" not in header and cells(header)[-1] == "peak memory (MiB)"
+
+
+def test_the_tanh_rows_read_against_nn_rnn_without_a_loop_column():
+    """--tanh: no Appendix-F loop ran, so its column goes, and nn.RNN is the baseline."""
+    table = rnn.table([dict(shape="s", variant="nn.RNN", seconds=0.02, peak_mib=1.0),
+                       dict(shape="s", variant="tanh-adam-cudnn", seconds=0.05, peak_mib=4.0)])
+    header, _, base, fused = table.splitlines()
+    assert cells(header) == ["shape", "variant", "fwd+bwd (s)", "× nn.RNN", "peak memory (MiB)"]
+    assert cells(base)[1:4] == ["torch nn.RNN (tanh)", "0.020", "1.00"]
+    assert cells(fused)[1:] == ["tanh adam, drive first, fused RNN kernel", "0.050", "2.50", "4"]
+
+
+def test_the_tanh_variants_build_the_tanh_layers_on_their_backend(monkeypatch):
+    """tanh-*-cudnn: one fused tanh-RNN call per layer; tanh-* (the step loop) and nn.RNN none."""
+    from plugins.rnn import layers
+    kinds = []
+    fused = layers.fused_recurrence
+
+    def counted(kind, *args, **kwargs):
+        kinds.append(kind)
+        return fused(kind, *args, **kwargs)
+
+    monkeypatch.setattr(layers, "fused_recurrence", counted)
+    for variant in rnn.TANH_VARIANTS:
+        rnn.build(variant, T=3, B=2, D=2, H=4, L=2)()
+        assert kinds == (["rnn_tanh"] * 2 if variant.endswith("-cudnn") else []), variant
+        kinds.clear()
