@@ -2,7 +2,8 @@
 # One device call for what issue 27 still asks of a GPU:
 # - `make gpu-check` in full: its tests, among them that no Triton path waits for the device; the
 #   attention table; HF training and decoding, with where a training step goes for both models; the
-#   RNN, with the Adam/RMSProp LSTM's one-launch recurrence beside the default;
+#   RNN, with the Adam/RMSProp LSTM's one-launch recurrence beside the default; its section opens with
+#   issue 27's goals judged from its rows (benchmarks/goals.py), printed here too;
 # - each kernel's device time beside the host's issue time and the back-to-back step, and where the
 #   host's time goes (benchmarks/gpu_kernels.py, default and one-pass);
 # - exact fp32's kernels at the kept tiles and at tiles that compute each chunk's intra-chunk product
@@ -44,6 +45,7 @@ echo "== gpu-check"
 timeout 500 python3 benchmarks/gpu_check.py --force --limit 390 --out-dir outputs/gpu-check --doc $OUT/check.md \
   2>&1 | tail -6
 grep -E "passed|FAILED" $OUT/check.md | head -20
+sed -n "/^### Issue 27's goals/,/^### Tests/p" $OUT/check.md | grep "^| " | cut -c1-220   # the verdicts
 compiled() { python3 benchmarks/triton_cache.py compiled $TRITON_CACHE_DIR --since $TRITON_CACHE_DIR.stamp; }
 echo "after gpu-check: $(compiled)"
 grep -E "^\| (bf16|fp32|[0-9]+ \|)" $OUT/check.md | cut -d'|' -f2-8 | head -30
