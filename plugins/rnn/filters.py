@@ -100,8 +100,7 @@ def _constant_weights(momentum, length, step_size, device, dtype):
     """ConstantDecay.carried_and_bias_channel: M[t, 0] in float64, and the filter of a constant 1 (as
     `bias_channel` forms it for any decay)."""
     decay = ConstantDecay(momentum, length, device)
-    rows = torch.arange(length + 1, device=decay.device)
-    carried = decay.matrix(rows[1:], rows[:1])[0, :, 0].to(device=device, dtype=dtype)
+    carried = carried_weight(decay, 1)[:, 0].to(device=device, dtype=dtype)
     ones = torch.ones(length, 1, 1, dtype=dtype, device=device)
     return carried, stationary_filter(ones, decay, step_size)[:, 0, 0]
 
