@@ -279,6 +279,17 @@ class _MomentumLayers(nn.Module):
         m = second_moment(g * g, m0, self.beta, chunked)
         return v / torch.sqrt(m + self.eps), last_step(v, lengths), last_step(m, lengths)
 
+    def _fused_on_drive(self, drive, lengths, hx, w_hh, b_hh):
+        """torch's fused kernel of this layer (`fused_kind`: cuDNN on CUDA, one call, no step loop
+        on the host) fed eq. 15's drive of every step through an identity input weight:
+        pre_t = I·d_t + U h_{t-1} + b_hh (recurrence backend "cudnn"). The identity costs
+        2·T·B·width² flops forward (4 times U h_{t-1}'s for the LSTM, as many for the tanh RNN),
+        and cuDNN forms its gradient too. Like the plain and eq.-9 cells' cuDNN calls it follows
+        torch.backends.cudnn's float32 precision (TF32 by default)."""
+        eye = torch.eye(drive.size(-1), dtype=drive.dtype, device=drive.device)
+        return fused_recurrence(self.fused_kind, drive, lengths, hx,
+                                fused_weights(eye, w_hh, None, b_hh, self.bias), self.bias, self.training)
+
     def _state(self, state, batch, ref, steps):
         return initial_state(state, num_layers=self.num_layers * self.directions, batch=batch,
                              hidden=self.hidden_size, width=self.gate_count * self.hidden_size,
@@ -610,21 +621,14 @@ class MomentumLSTM(_MomentumLayers):
 
         Eq. 15's drive d_t = v_t/√(m_t + ε) depends on the input only, so it is formed for all
         steps first, as MomentumRNN forms it (v by eq. 9's filter in input space, m by the chunked
-        `second_moment`), and enters the kernel as its input through an identity input weight:
-        gates_t = I·d_t + U h_{t-1} + b_hh. The kernel runs the whole recurrence in one call
-        (cuDNN on CUDA, with no step loop on the host), for the identity's product: 2·T·B·(4H)²
-        flops forward, 4 times those of U h_{t-1}, and twice that backward (cuDNN forms the
-        gradient of its whole weight, the identity's included). Like the plain and eq.-9 cells'
-        cuDNN calls it follows torch.backends.cudnn's float32 precision (TF32 by default)."""
+        `second_moment`), and the whole recurrence is one fused call (`_fused_on_drive`, a 4H × 4H
+        identity)."""
         w_ih, w_hh, b_ih, b_hh = self.layer_parameters(k)
         (x, h0, c0, v0, m0), precision = in_weight_dtype(w_hh, x, h0, c0, v0, m0)
         with precision:
             inp, w, b = self._input_map(k, x, decay, v0 if carries_v else None)
             drive, v, m = self._adaptive_drive(x, decay, inp, w, b, w_ih, b_ih, m0, lengths, chunked=True)
-            eye = torch.eye(drive.size(-1), dtype=drive.dtype, device=drive.device)
-            out, (h, c) = fused_recurrence("lstm", drive, lengths, (h0[None], c0[None]),
-                                           fused_weights(eye, w_hh, None, b_hh, self.bias), self.bias,
-                                           self.training)
+            out, (h, c) = self._fused_on_drive(drive, lengths, (h0[None], c0[None]), w_hh, b_hh)
         return out, (h[0], c[0], v, m)
 
     def _adaptive_layer(self, x, lengths, w_ih, w_hh, b_ih, b_hh, h0, c0, v0, m0):
@@ -692,7 +696,8 @@ class MomentumRNN(_MomentumLayers):
                 fused = drive_first()
                 pre, v, m = self._adaptive_drive(x, decay, inp, w, b, w_ih, b_ih, m0, lengths, chunked=fused)
                 if fused:
-                    return self._fused_adaptive_layer(pre, lengths, w_hh, b_hh, h0, v, m)
+                    out, (h,) = self._fused_on_drive(pre, lengths, h0[None], w_hh, b_hh)
+                    return out, (h[0], None, v, m)
                 if b_hh is not None:
                     pre = pre + b_hh
                 out, (h,) = recurrence_loop(tanh_step(w_hh), pre, lengths, (h0,))
@@ -703,17 +708,6 @@ class MomentumRNN(_MomentumLayers):
                                      self.training)
         v = carried_v(last_step(inp, lengths), w, b) if self.variant.has_v else None
         return out, (h[0], None, v, None)
-
-    def _fused_adaptive_layer(self, drive, lengths, w_hh, b_hh, h0, v, m):
-        """Adam/RMSProp layer on torch's fused tanh-RNN kernel (recurrence backend "cudnn", as
-        MomentumLSTM._drive_first_layer): eq. 15's drive of every step enters through an identity
-        input weight, h_t = tanh(I·d_t + U h_{t-1} + b_hh), in one call per layer (cuDNN on
-        CUDA, with no step loop on the host) for 2·T·B·H² more flops forward, as many as U h_{t-1}.
-        It follows torch.backends.cudnn's float32 precision (TF32 by default)."""
-        eye = torch.eye(self.hidden_size, dtype=drive.dtype, device=drive.device)
-        weights = fused_weights(eye, w_hh, None, b_hh, self.bias)
-        out, (h,) = fused_recurrence("rnn_tanh", drive, lengths, h0[None], weights, self.bias, self.training)
-        return out, (h[0], None, v, m)
 
     def _recurrent_update(self, k, pre, h, c):
         _, w_hh, _, b_hh = self.layer_parameters(k)
