@@ -7,7 +7,7 @@ Each check takes the parts' results ({part: result}) and the device's published 
 (what was measured, verdict); the verdict is "yes", "no" or "not measured"."""
 from typing import Callable, Optional
 
-from roofline import Limits, Roofline, attention_bytes, attention_flops
+from roofline import Limits, case_roofline
 
 NOT_MEASURED = "not measured"
 ATTENTION_SHAPES = {1024: (16, 16, 64), 4096: (4, 16, 64), 16384: (1, 16, 64), 32768: (1, 8, 64)}
@@ -37,11 +37,8 @@ def _why_not(*rows) -> str:
 
 
 def _floor_ms(row, limits: Limits) -> float:
-    """gpu_attention.roofline's floor of a row, from the same counts (without importing torch)."""
-    shape = (row["B"], row["H"], row["T"], row["D"], row["D"])
-    return Roofline(bytes=attention_bytes(row["method"], *shape, row["dtype"], row["backward"]),
-                    flops=attention_flops(row["method"], *shape, CHUNK, row["backward"]),
-                    ms=row["ms"], limits=limits, dtype=row["dtype"]).floor_ms()
+    """The floor of a row, as gpu_attention's table counts it (without importing torch)."""
+    return case_roofline(row, limits, CHUNK).floor_ms()
 
 
 def memory_floor(results, limits: Optional[Limits]):

@@ -35,7 +35,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from roofline import HEADER, Roofline, attention_bytes, attention_flops, device_limits, limits_line
+from roofline import HEADER, case_roofline, device_limits, limits_line
 from timing import median_ms, synchronize
 
 from plugins.attention import linear_attention, momentum_attention
@@ -204,11 +204,7 @@ def _measure_row(fn, shape, backward, dtype, device, repeats):
 
 
 def roofline(row, limits):
-    return Roofline(bytes=attention_bytes(row["method"], row["B"], row["H"], row["T"], row["D"], row["D"],
-                                          row["dtype"], row["backward"]),
-                    flops=attention_flops(row["method"], row["B"], row["H"], row["T"], row["D"], row["D"],
-                                          CHUNK, row["backward"]),
-                    ms=row["ms"], limits=limits, dtype=row["dtype"])
+    return case_roofline(row, limits, CHUNK)
 
 
 def markdown(rows, device_name):

@@ -127,6 +127,15 @@ class Roofline:
 HEADER = ["ideal MB", "GFLOP", "GB/s (% of BW)", "TFLOP/s (% of peak)", "% of floor (bound)"]
 
 
+def case_roofline(row: dict, limits: Optional[Limits], chunk: int) -> Roofline:
+    """The roofline of one timed attention case (benchmarks/gpu_attention.py's rows: method, B, H,
+    D, T, dtype, backward, ms), its flops counted at `chunk`."""
+    shape = (row["B"], row["H"], row["T"], row["D"], row["D"])
+    return Roofline(bytes=attention_bytes(row["method"], *shape, row["dtype"], row["backward"]),
+                    flops=attention_flops(row["method"], *shape, chunk, row["backward"]),
+                    ms=row["ms"], limits=limits, dtype=row["dtype"])
+
+
 def limits_line(limits: Optional[Limits], name: str) -> str:
     if limits is None:
         return f"roofline: {name} is not in benchmarks/roofline.py's table (unknown device): no fractions"
