@@ -1,8 +1,10 @@
 """Registers and spills (ptxas -v for sm_90a, no GPU needed) of the fused attention kernels at every
-config the autotuner keeps (fused_chunk_kernels.fused_configs), as markdown rows of
-docs/kernel_resources.md: bf16, fp16 and exact fp32, with and without momentum, D 64, chunks of 32.
+config the autotuner keeps (fused_chunk_kernels.fused_configs and prune_fused), as markdown rows of
+docs/kernel_resources.md: bf16, fp16 and exact fp32, with and without momentum, D 64, chunks of 32,
+every pointer 16-byte aligned as launched. The last column counts the loads Triton's software
+pipeline issues ahead of their chunk (0: not pipelined).
 
-    python benchmarks/fused_registers.py [--dim 64]       # without TRITON_INTERPRET"""
+    python benchmarks/fused_registers.py [--dim 64] [--stages 1 2 3]    # without TRITON_INTERPRET"""
 import argparse
 import sys
 from pathlib import Path
@@ -12,6 +14,7 @@ sys.path[:0] = [str(ROOT / "tests"), str(ROOT)]
 
 SCALARS = ("N", "H", "NT", "CPS", "G", "N_BUCKET", "BH_BUCKET")
 INPUTS = ("q", "k", "v", "o", "do", "dq", "dk", "dv")
+TORCH_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 EXTRA = {"fused_fwd": dict(USE_INIT=True), "fused_bwd_dq": dict(USE_INIT=True),
          "fused_bwd_dkv": dict(HAS_FINAL_GRAD=True, DDEN_READY=False)}
 
@@ -29,34 +32,67 @@ def pointer_types(fn, consts, dtype):
     return types
 
 
-def main():
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--dim", type=int, default=64)
-    dim = parser.parse_args().dim
+def aligned(fn, types) -> dict:
+    """Every pointer 16-byte aligned, as Triton's launcher specialises a torch allocation: the
+    software pipeliner's asynchronous copies need the alignment, so a kernel compiled without it
+    pipelines fewer loads than the launched one."""
+    return {(i,): [["tt.divisibility", 16]]
+            for i, name in enumerate(fn.arg_names) if types[name].startswith("*")}
+
+
+def prefetched_loads(compiled) -> int:
+    """Loads the software pipeliner issues ahead as asynchronous copies into shared memory (0: each
+    chunk's loads wait in line before its arithmetic)."""
+    return compiled.asm["ttgir"].count("async_copy_global_to_local")
+
+
+def kept_kernels(dtype: str, momentum: bool, dim: int = 64, stages=None):
+    """(kernel name, config, num_stages, CompiledKernel) of each fused kernel at every config the
+    pruner keeps for `dtype` inputs, compiled for sm_90a (at each of `stages` instead of the
+    config's own, if given); no GPU needed, nothing launched."""
+    import torch
     import triton
-    import triton_standin
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
     from plugins.attention.triton import fused_chunk_kernels as FK
     from plugins.attention.triton.utils import block
-    for dtype, ieee in (("bf16", False), ("fp16", False), ("fp32", True)):
+    first = torch.empty(0, dtype=getattr(torch, TORCH_DTYPES[dtype]))     # what the pruner reads
+    for name in ("fused_fwd", "fused_bwd_dkv", "fused_bwd_dq"):
+        kernel = getattr(FK, name)
+        consts = dict(DK=dim, DV=dim, BT=FK.MAX_CHUNK, BK=block(dim), BV=block(dim), MOMENTUM=momentum,
+                      HAS_LEN=True, IS_VARLEN=False, LOW=dtype == "bf16", IEEE=dtype == "fp32", **EXTRA[name])
+        for config in FK.prune_fused(FK.fused_configs(name == "fused_fwd"), {"q": first}, **consts):
+            full = {**consts, **config.kwargs}
+            types = pointer_types(kernel.fn, full, dtype)
+            source = ASTSource(kernel.fn, types, constexprs=full, attrs=aligned(kernel.fn, types))
+            for num_stages in stages or [config.num_stages]:
+                options = {"num_warps": config.num_warps, "num_stages": num_stages}
+                yield name, config, num_stages, triton.compile(source, target=GPUTarget("cuda", 90, 32),
+                                                               options=options)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--dim", type=int, default=64)
+    parser.add_argument("--stages", type=int, nargs="+", default=None,
+                        help="compile each kept config at these num_stages instead of its own")
+    args = parser.parse_args()
+    import triton_standin
+    for dtype in TORCH_DTYPES:
         for momentum in (True, False):
-            for name in ("fused_fwd", "fused_bwd_dkv", "fused_bwd_dq"):
-                kernel = getattr(FK, name)
-                tiles = dict(DK=dim, DV=dim, BT=FK.MAX_CHUNK, BK=block(dim), BV=block(dim))
-                consts = dict(**tiles, MOMENTUM=momentum, HAS_LEN=True, IS_VARLEN=False, LOW=dtype == "bf16",
-                              IEEE=ieee, **EXTRA[name])
-                for config in FK._prune_v(FK.fused_configs(name == "fused_fwd"), {}, **consts):
-                    full = {**consts, **config.kwargs}
-                    source = ASTSource(kernel.fn, pointer_types(kernel.fn, full, dtype), constexprs=full)
-                    options = {"num_warps": config.num_warps, "num_stages": config.num_stages}
-                    compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options)
-                    regs, stores, loads = triton_standin.registers_and_spills(compiled)
-                    shown = " ".join(f"{k}={int(full[k])}" for k in ("DK", "DV", "BT", "BK", "BV", "SPLIT_V",
-                                                                     "MOMENTUM", "IEEE"))
-                    print(f"| {name} | {dtype} | {shown} | {config.num_warps} | {config.num_stages} | {regs} "
-                          f"| {stores} / {loads} | {compiled.metadata.shared} |", flush=True)
+            for name, config, stages, compiled in kept_kernels(dtype, momentum, args.dim, args.stages):
+                regs, stores, loads = triton_standin.registers_and_spills(compiled)
+                shown = " ".join(f"{k}={int(v)}" for k, v in _shown(compiled).items())
+                print(f"| {name} | {dtype} | {shown} | {config.num_warps} | {stages} | {regs} "
+                      f"| {stores} / {loads} | {compiled.metadata.shared} | {prefetched_loads(compiled)} |",
+                      flush=True)
+
+
+def _shown(compiled) -> dict:
+    names = compiled.src.fn.arg_names
+    consts = {names[k[0]] if isinstance(k, tuple) else k: v for k, v in compiled.src.constants.items()}
+    return {k: consts[k] for k in ("DK", "DV", "BT", "BK", "BV", "SPLIT_V", "MOMENTUM", "IEEE")}
 
 
 if __name__ == "__main__":

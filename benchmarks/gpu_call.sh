@@ -5,7 +5,9 @@
 #   RNN, with the Adam/RMSProp LSTM's one-launch recurrence beside the default; its section opens with
 #   issue 27's goals judged from its rows (benchmarks/goals.py), printed here too;
 # - each kernel's device time beside the host's issue time and the back-to-back step, and where the
-#   host's time goes (benchmarks/gpu_kernels.py, default and one-pass);
+#   host's time goes (benchmarks/gpu_kernels.py), for the default kernels and the fused ones, whose
+#   chunk loop is now software-pipelined in bf16 (session 24; one pass against split scans was
+#   measured in session 16);
 # - exact fp32's kernels at the kept tiles and at tiles that compute each chunk's intra-chunk product
 #   once (gpu_kernels.py --tiles), in the place of session 16's NaN-marks comparison of a layer's
 #   call (`gpu_kernels.py --modes layer layer-torch-marks`, measured at B16-H16-T1k then), and with
@@ -51,7 +53,7 @@ echo "after gpu-check: $(compiled)"
 grep -E "^\| (bf16|fp32|[0-9]+ \|)" $OUT/check.md | cut -d'|' -f2-8 | head -30
 grep -E "^\| (ptb|pmnist)" $OUT/check.md | cut -d"|" -f2-5,8-9 | head -40     # the RNN rows, with device busy
 echo "== kernels"
-within 60 env PYTHONPATH=$R python3 benchmarks/gpu_kernels.py --modes default 1-pass --host-profile 25 \
+within 60 env PYTHONPATH=$R python3 benchmarks/gpu_kernels.py --modes default fused --host-profile 25 \
   --json $OUT/kernels.json > $OUT/kernels.log 2>&1
 grep -E "^B-H-D-T|Error" $OUT/kernels.log
 # exact fp32 (4.2× bf16 on 2026-11-28, the goal 3×): tiles that compute the chunk's intra-chunk

@@ -54,7 +54,7 @@ def kept_configs(name, constants, first, monkeypatch):
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)       # the GPU's config list
     if name in FUSED:
         configs = fused_chunk_kernels.fused_configs(tile_v=True)
-        kept = fused_chunk_kernels._prune_v(configs, {"q": first}, **constants)
+        kept = fused_chunk_kernels.prune_fused(configs, {"q": first}, **constants)
     else:
         prune = utils.prune_scan if name in ("fwd_h", "bwd_dh") else utils.prune_chunk
         kept = prune(utils.tuning_configs(), {"q": first}, **constants)

@@ -17,6 +17,7 @@ final state, the first's the initial state's gradient. G = 1: one program per ro
 Positions past a padded row's length get zero outputs and gradients (den 1), as in chunk_kernels."""
 import os
 
+import torch
 import triton
 import triton.language as tl
 
@@ -51,23 +52,39 @@ def fused_chunk_size(chunk_size: int) -> int:
 
 def fused_configs(tile_v: bool) -> list:
     """8 warps, and for `fused_fwd` (tile_v) also a Dv block of half the head (SPLIT_V: twice the
-    programs, each re-reading q and k) with 8 or 4 warps; one config under the interpreter. The
-    rest spill on sm_90 (ptxas -v, chunks of 32, D 64: 4 warps without SPLIT_V spill in fused_fwd
-    and far more in both backward kernels; docs/kernel_resources.md)."""
+    programs, each re-reading q and k) with 8 or 4 warps, each at 1 and PIPELINE_STAGES stages, of
+    which `prune_fused` keeps one; one config under the interpreter. The rest spill on sm_90
+    (ptxas -v, chunks of 32, D 64: 4 warps without SPLIT_V spill in fused_fwd and far more in both
+    backward kernels; docs/kernel_resources.md)."""
     if os.environ.get("TRITON_INTERPRET") == "1":
         return [triton.Config({"SPLIT_V": False}, num_warps=4)]
     kept = ((False, 8), (True, 8), (True, 4)) if tile_v else ((False, 8),)
-    return [triton.Config({"SPLIT_V": split_v}, num_warps=w, num_stages=1) for split_v, w in kept]
+    return [triton.Config({"SPLIT_V": split_v}, num_warps=w, num_stages=stages)
+            for split_v, w in kept for stages in (1, PIPELINE_STAGES)]
 
 
-def _prune_v(configs, named_args, **kwargs) -> list:
-    """A Dv block of half the head only where the head has more than 32 values."""
-    return [c for c in configs if not c.kwargs["SPLIT_V"] or kwargs["BV"] > 32]
+# A program walks its chunks in order. Unpipelined, each chunk's loads wait in line before its
+# arithmetic, at one program per SM with nothing else to run. With 2 stages Triton's software pipeline
+# copies the next chunk's tiles into shared memory while this one computes. On sm_90 (ptxas -v,
+# Triton 3.6 and 3.9, bf16 and fp16, D 64, chunks of 32) that spills nothing. Exact fp32 would spill
+# kilobytes, so it keeps 1 stage (docs/kernel_resources.md).
+PIPELINE_STAGES = 2
+
+
+def prune_fused(configs, named_args, **kwargs) -> list:
+    """A Dv block of half the head only where the head has more than 32 values; PIPELINE_STAGES
+    for 16-bit inputs (the kernel's first tensor argument), 1 for fp32."""
+    kept = [c for c in configs if not c.kwargs["SPLIT_V"] or kwargs["BV"] > 32]
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        return kept
+    first = next(iter(named_args.values()))
+    stages = 1 if first.dtype == torch.float32 else PIPELINE_STAGES
+    return [c for c in kept if c.num_stages == stages]
 
 
 def autotuned(tile_v: bool):
     return triton.autotune(configs=fused_configs(tile_v), key=TUNING_KEY,
-                           prune_configs_by={"early_config_prune": _prune_v} if tile_v else None)
+                           prune_configs_by={"early_config_prune": prune_fused})
 
 
 @triton.jit
