@@ -4,8 +4,13 @@ docs/kernel_resources.md: bf16, fp16 and exact fp32, with and without momentum, 
 every pointer 16-byte aligned as launched. The last column counts the loads Triton's software
 pipeline issues ahead of their chunk (0: not pipelined).
 
-    python benchmarks/fused_registers.py [--dim 64] [--stages 1 2 3]    # without TRITON_INTERPRET"""
+    python benchmarks/fused_registers.py [--dim 64] [--stages 1 2 3] [--dtypes bf16 fp16] [--json]
+
+Without TRITON_INTERPRET (under the interpreter the autotuner keeps one config). --json prints a
+JSON object per compiled kernel instead of a markdown row."""
 import argparse
+import json
+import os
 import sys
 from pathlib import Path
 
@@ -77,22 +82,33 @@ def main():
     parser.add_argument("--dim", type=int, default=64)
     parser.add_argument("--stages", type=int, nargs="+", default=None,
                         help="compile each kept config at these num_stages instead of its own")
+    parser.add_argument("--dtypes", nargs="+", choices=list(TORCH_DTYPES), default=list(TORCH_DTYPES))
+    parser.add_argument("--json", action="store_true", help="a JSON object per kernel instead of a row")
     args = parser.parse_args()
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        sys.exit("run without TRITON_INTERPRET: the interpreter's config list is not the GPU's")
     import triton_standin
-    for dtype in TORCH_DTYPES:
+    for dtype in args.dtypes:
         for momentum in (True, False):
             for name, config, stages, compiled in kept_kernels(dtype, momentum, args.dim, args.stages):
                 regs, stores, loads = triton_standin.registers_and_spills(compiled)
-                shown = " ".join(f"{k}={int(v)}" for k, v in _shown(compiled).items())
-                print(f"| {name} | {dtype} | {shown} | {config.num_warps} | {stages} | {regs} "
-                      f"| {stores} / {loads} | {compiled.metadata.shared} | {prefetched_loads(compiled)} |",
-                      flush=True)
+                row = dict(kernel=name, dtype=dtype, constants=_shown(compiled), warps=config.num_warps,
+                           stages=stages, registers=regs, spill_stores=stores, spill_loads=loads,
+                           shared=compiled.metadata.shared, prefetched=prefetched_loads(compiled))
+                print(json.dumps(row) if args.json else _markdown(row), flush=True)
+
+
+def _markdown(row: dict) -> str:
+    shown = " ".join(f"{k}={int(v)}" for k, v in row["constants"].items())
+    return (f"| {row['kernel']} | {row['dtype']} | {shown} | {row['warps']} | {row['stages']} "
+            f"| {row['registers']} | {row['spill_stores']} / {row['spill_loads']} | {row['shared']} "
+            f"| {row['prefetched']} |")
 
 
 def _shown(compiled) -> dict:
     names = compiled.src.fn.arg_names
     consts = {names[k[0]] if isinstance(k, tuple) else k: v for k, v in compiled.src.constants.items()}
-    return {k: consts[k] for k in ("DK", "DV", "BT", "BK", "BV", "SPLIT_V", "MOMENTUM", "IEEE")}
+    return {k: int(consts[k]) for k in ("DK", "DV", "BT", "BK", "BV", "SPLIT_V", "MOMENTUM", "IEEE")}
 
 
 if __name__ == "__main__":
