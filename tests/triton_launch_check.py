@@ -215,6 +215,26 @@ def lstm_recurrences(dtype, hidden):
                 out.float().sum().backward()
 
 
+# Kernels whose program walks a row's chunks in order (a scan): each chunk's loads must be issued ahead
+# by Triton's software pipeline (num_stages ≥ 2), or every chunk waits for memory before its arithmetic.
+# The fused kernels keep one stage for fp32 inputs (fused_chunk_kernels.prune_fused).
+SCANS = ("fwd_h", "bwd_dh", "fused_fwd", "fused_bwd_dkv", "fused_bwd_dq")
+
+
+def unpipelined(compiled) -> list[str]:
+    """The compiled scans among (name, dtype, CompiledKernel) whose chunk loop issues no load ahead."""
+    waiting = []
+    for name, dtype, kernel in compiled:
+        if name not in SCANS or (name.startswith("fused") and dtype == "fp32"):
+            continue
+        if "async_copy_global_to_local" not in kernel.asm["ttgir"]:
+            names = kernel.src.fn.arg_names
+            consts = {names[k[0]] if isinstance(k, tuple) else k: v for k, v in kernel.src.constants.items()}
+            waiting.append(f"{name} {dtype} {consts} warps {kernel.metadata.num_warps} "
+                           f"stages {kernel.metadata.num_stages}")
+    return waiting
+
+
 def kernel_dtype(kernel) -> str:
     """The dtype of the kernel's first tensor argument: its input dtype."""
     first = next(t for t in kernel.src.signature.values() if t.startswith("*"))
@@ -335,6 +355,11 @@ def main() -> int:
             compiled.append((name, kernel_dtype(ck), ck))
     print(f"sm_{args.arch}: {len(compiled)} attention kernels compiled, {len(stand_in.utils.loaded)} loaded; "
           f"largest shared memory {max(s for _, s in stand_in.utils.loaded)} B")
+    waiting = unpipelined(compiled)
+    if waiting:
+        print("chunk loops that load each chunk only when they reach it (Triton's software pipeline did "
+              "not apply):\n" + "\n".join(waiting), file=sys.stderr)
+        return 1
     if args.table:
         print("\n".join(resource_table(compiled)))
     return 0

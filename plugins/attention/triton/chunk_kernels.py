@@ -373,10 +373,12 @@ def fwd_o(q, k, v, h_s, h_m, h_z, e_s, e_m, e_z, o, den, lengths, cu_seqlens, ch
 
 @triton.jit
 def _denominator_grad(o, do, t, real, dn, DV: tl.constexpr, BT: tl.constexpr, BV: tl.constexpr):
-    """dden = −(dO·out)/den at positions t of a chunk (0 where not real), over DV in BV tiles."""
+    """dden = −(dO·out)/den at positions t of a chunk (0 where not real), over DV in BV tiles. The
+    tiles are unrolled: a loop here would nest in bwd_dh's chunk loop, which Triton's software
+    pipeline then leaves unpipelined (sm_90, BV < DV; docs/kernel_resources.md)."""
     ACC: tl.constexpr = dn.dtype
     dot = tl.zeros([BT], dtype=ACC)
-    for j in range(tl.cdiv(DV, BV)):
+    for j in tl.static_range((DV + BV - 1) // BV):
         o_j = j * BV + tl.arange(0, BV)
         mask = real[:, None] & (o_j < DV)[None, :]
         oo = tl.load(o + t[:, None] * DV + o_j[None, :], mask=mask, other=0.0).to(ACC)
