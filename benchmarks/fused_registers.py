@@ -45,12 +45,6 @@ def aligned(fn, types) -> dict:
             for i, name in enumerate(fn.arg_names) if types[name].startswith("*")}
 
 
-def prefetched_loads(compiled) -> int:
-    """Loads the software pipeliner issues ahead as asynchronous copies into shared memory (0: each
-    chunk's loads wait in line before its arithmetic)."""
-    return compiled.asm["ttgir"].count("async_copy_global_to_local")
-
-
 def kept_kernels(dtype: str, momentum: bool, dim: int = 64, stages=None):
     """(kernel name, config, num_stages, CompiledKernel) of each fused kernel at every config the
     pruner keeps for `dtype` inputs, compiled for sm_90a (at each of `stages` instead of the
@@ -87,11 +81,11 @@ def main():
     args = parser.parse_args()
     if os.environ.get("TRITON_INTERPRET") == "1":
         sys.exit("run without TRITON_INTERPRET: the interpreter's config list is not the GPU's")
-    import triton_standin
+    from triton_standin import prefetched_loads, registers_and_spills
     for dtype in args.dtypes:
         for momentum in (True, False):
             for name, config, stages, compiled in kept_kernels(dtype, momentum, args.dim, args.stages):
-                regs, stores, loads = triton_standin.registers_and_spills(compiled)
+                regs, stores, loads = registers_and_spills(compiled)
                 row = dict(kernel=name, dtype=dtype, constants=_shown(compiled), warps=config.num_warps,
                            stages=stages, registers=regs, spill_stores=stores, spill_loads=loads,
                            shared=compiled.metadata.shared, prefetched=prefetched_loads(compiled))
@@ -106,8 +100,8 @@ def _markdown(row: dict) -> str:
 
 
 def _shown(compiled) -> dict:
-    names = compiled.src.fn.arg_names
-    consts = {names[k[0]] if isinstance(k, tuple) else k: v for k, v in compiled.src.constants.items()}
+    from triton_standin import named_constants
+    consts = named_constants(compiled)
     return {k: int(consts[k]) for k in ("DK", "DV", "BT", "BK", "BV", "SPLIT_V", "MOMENTUM", "IEEE")}
 
 

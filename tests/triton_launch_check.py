@@ -227,9 +227,8 @@ def unpipelined(compiled) -> list[str]:
     for name, dtype, kernel in compiled:
         if name not in SCANS or (name.startswith("fused") and dtype == "fp32"):
             continue
-        if "async_copy_global_to_local" not in kernel.asm["ttgir"]:
-            names = kernel.src.fn.arg_names
-            consts = {names[k[0]] if isinstance(k, tuple) else k: v for k, v in kernel.src.constants.items()}
+        if not triton_standin.prefetched_loads(kernel):
+            consts = triton_standin.named_constants(kernel)
             waiting.append(f"{name} {dtype} {consts} warps {kernel.metadata.num_warps} "
                            f"stages {kernel.metadata.num_stages}")
     return waiting
@@ -247,8 +246,7 @@ def resource_table(kernels) -> list[str]:
             "|---|---|---|---|---|---|---|---|"]
     seen = set()
     for name, dtype, kernel in kernels:
-        names = kernel.src.fn.arg_names
-        consts = {names[k[0]] if isinstance(k, tuple) else k: v for k, v in kernel.src.constants.items()}
+        consts = triton_standin.named_constants(kernel)
         shown = {k: v for k, v in consts.items()
                  if k in ("DK", "DV", "BT", "BK", "BV", "SPLIT_V", "MOMENTUM", "IS_VARLEN", "SPLIT", "IEEE",
                           "BLOCK_B", "BLOCK_H")

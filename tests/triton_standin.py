@@ -165,3 +165,15 @@ def registers_and_spills(kernel) -> tuple[int, int, int]:
     stores = int(log.split("bytes spill stores")[0].split()[-1])
     loads = int(log.split("bytes spill loads")[0].split()[-1])
     return regs, stores, loads
+
+
+def named_constants(kernel) -> dict:
+    """A CompiledKernel's constexprs by argument name (Triton keys them by argument index)."""
+    names = kernel.src.fn.arg_names
+    return {names[k[0]] if isinstance(k, tuple) else k: v for k, v in kernel.src.constants.items()}
+
+
+def prefetched_loads(kernel) -> int:
+    """Loads of a CompiledKernel that Triton's software pipeline issues ahead, as asynchronous copies
+    into shared memory (0: each loop iteration's loads wait in line before its arithmetic)."""
+    return kernel.asm["ttgir"].count("async_copy_global_to_local")

@@ -53,9 +53,9 @@ def fused_chunk_size(chunk_size: int) -> int:
 def fused_configs(tile_v: bool) -> list:
     """8 warps, and for `fused_fwd` (tile_v) also a Dv block of half the head (SPLIT_V: twice the
     programs, each re-reading q and k) with 8 or 4 warps, each at 1 and PIPELINE_STAGES stages, of
-    which `prune_fused` keeps one; one config under the interpreter. The rest spill on sm_90
-    (ptxas -v, chunks of 32, D 64: 4 warps without SPLIT_V spill in fused_fwd and far more in both
-    backward kernels; docs/kernel_resources.md)."""
+    which `prune_fused` keeps one; one config under the interpreter. Without SPLIT_V, 4 warps spill
+    on sm_90 (ptxas -v, bf16, chunks of 32, D 64, pipelined, pointers aligned as launched): 12 B in
+    fused_fwd and 108 B in fused_bwd_dkv (docs/kernel_resources.md)."""
     if os.environ.get("TRITON_INTERPRET") == "1":
         return [triton.Config({"SPLIT_V": False}, num_warps=4)]
     kept = ((False, 8), (True, 8), (True, 4)) if tile_v else ((False, 8),)
