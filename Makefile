@@ -17,7 +17,7 @@ PYTEST_WORKERS ?= 2
 DEMO_ARGS ?=
 GPU_CHECK_ARGS ?=
 
-.PHONY: venv lint test demo bench gpu-check lock clean cells-doc
+.PHONY: venv lint test demo bench gpu-check triton-carry lock clean cells-doc
 
 venv:
 	@if [ "$$(cat $(STAMP) 2>/dev/null)" != "$(REQ_HASH)" ]; then \
@@ -60,6 +60,26 @@ cells-doc: venv
 # GPU_CHECK_ARGS="--device cpu" is the tiny dry run, "--force" reruns cached parts.
 gpu-check:
 	PYTHONPATH="$(CURDIR)$${PYTHONPATH:+:$$PYTHONPATH}" $(PYTHON) benchmarks/gpu_check.py $(GPU_CHECK_ARGS)
+
+# The GPU machine's Triton cache, built here for its Triton (3.6.0 under Python 3.12) with the cp311
+# wheel of the same release under the cp312 wheel's key; the next device call carries .triton-carry
+# (benchmarks/triton_cache_prebuild.py, docs/developing.md). Needs a Python 3.12 (pyenv's, or
+# DEVICE_PYTHON=...) and PyPI; about 20 minutes on 2 cores.
+DEVICE_TRITON := 3.6.0
+DEVICE_PYTHON ?= $(firstword $(wildcard $(HOME)/.pyenv/versions/3.12*/bin/python3.12) $(shell command -v python3.12))
+TRITON_BUILD := build/device-triton
+PREBUILD_ARGS ?=
+triton-carry: venv
+	@test -n "$(DEVICE_PYTHON)" || { echo "make triton-carry: no Python 3.12 found; set DEVICE_PYTHON"; exit 1; }
+	for py in 3.11 3.12; do \
+		PIP_CONSTRAINT= $(BIN)/pip download -q --no-deps --only-binary=:all: --python-version $$py \
+			--implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 \
+			-d $(TRITON_BUILD)/wheels triton==$(DEVICE_TRITON) || exit 1; \
+		tag=cp$$(echo $$py | tr -d .); rm -rf $(TRITON_BUILD)/$$tag; \
+		unzip -q $(TRITON_BUILD)/wheels/triton-$(DEVICE_TRITON)-$$tag-*.whl -d $(TRITON_BUILD)/$$tag || exit 1; \
+	done
+	$(BIN)/python benchmarks/triton_cache_prebuild.py --site $(TRITON_BUILD)/cp311 \
+		--device-python $(DEVICE_PYTHON) --device-site $(TRITON_BUILD)/cp312 --out .triton-carry --check $(PREBUILD_ARGS)
 
 # Re-resolve and rewrite the lock from what is installed in .venv (then commit it).
 lock: venv

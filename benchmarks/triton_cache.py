@@ -14,6 +14,12 @@ a call compiled after a stamp: with a carried cache that covers the call, none.
     python3 benchmarks/triton_cache.py pack CACHE_DIR OUT_PREFIX [--part-mib 15] [--max-parts 3]
     python3 benchmarks/triton_cache.py unpack PARTS_DIR_OR_PREFIX CACHE_DIR
     python3 benchmarks/triton_cache.py compiled CACHE_DIR --since STAMP_FILE
+    python3 benchmarks/triton_cache.py key [--expect CARRIED_DIR/KEY] [--write OUT/KEY --cache-dir CACHE_DIR]
+
+`key` prints the sha256 of this Triton's own key (triton_key(): its build) and the environment
+variables that would change every kernel's key, beside the key a carried cache was built for
+(a KEY file, which benchmarks/triton_cache_prebuild.py and the device call write beside the
+parts): where they differ, no carried kernel loads.
 
 Standard library only: it runs on the device before anything is installed.
 """
@@ -133,6 +139,46 @@ def compiled(cache_dir, since) -> dict:
     return counts
 
 
+def own_key() -> dict:
+    """This Triton's version, the sha256 of its key (triton_key(): its build) and of its sm_90
+    backend's (the ptxas it compiles with, and the target): both are in every kernel's key."""
+    import hashlib
+
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler.compiler import make_backend
+    from triton.runtime.cache import triton_key
+
+    backend = make_backend(GPUTarget("cuda", 90, 32)).hash()
+    return {"triton": triton.__version__,
+            "triton_key_sha256": hashlib.sha256(triton_key().encode()).hexdigest(),
+            "backend_sm90_sha256": hashlib.sha256(backend.encode()).hexdigest()}
+
+
+def write_key(path, built_by: str, kernels: int, key=None) -> None:
+    """The KEY file beside a packed cache: the Triton key its kernels were compiled under (`key`,
+    else this Triton's own), by whom, and how many."""
+    Path(path).write_text(json.dumps(dict(key or own_key(), built_by=built_by, kernels=kernels)) + "\n")
+
+
+def key_line(expect=None) -> str:
+    """This Triton's version, its key's sha256 and the cache-invalidating environment variables
+    set, and whether the key is the one in `expect` (a KEY file)."""
+    from triton._C.libtriton import get_cache_invalidating_env_vars
+
+    own = own_key()
+    digest = own["triton_key_sha256"]
+    line = (f"Triton {own['triton']} key sha256 {digest[:16]}, cache-invalidating variables "
+            f"{get_cache_invalidating_env_vars() or 'none'}")
+    if expect is not None and Path(expect).is_file():
+        built = json.loads(Path(expect).read_text())
+        same = all(built.get(k) == own[k] for k in ("triton_key_sha256", "backend_sm90_sha256"))
+        verdict = ("the same build and ptxas: they can load" if same
+                   else "another build or ptxas: none will load")
+        line += f"; the carried kernels were built for {built['triton_key_sha256'][:16]} ({verdict})"
+    return line
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -148,6 +194,10 @@ def main(argv=None):
     p = commands.add_parser("compiled")
     p.add_argument("cache_dir")
     p.add_argument("--since", required=True)
+    p = commands.add_parser("key")
+    p.add_argument("--expect", help="the KEY file of a carried cache built elsewhere")
+    p.add_argument("--write", help="write this Triton's KEY file for CACHE_DIR's kernels")
+    p.add_argument("--cache-dir", help="the cache whose kernels --write counts")
     args = parser.parse_args(argv)
     if args.command == "pack":
         paths = pack(args.cache_dir, args.prefix, args.part_mib, args.max_parts)
@@ -155,6 +205,12 @@ def main(argv=None):
         print(f"packed {args.cache_dir}: {len(paths)} part(s), {size / 2**20:.1f} MiB")
     elif args.command == "unpack":
         print(f"carried Triton cache: {unpack(args.source, args.cache_dir)} kernels into {args.cache_dir}")
+    elif args.command == "key":
+        print(key_line(args.expect))
+        if args.write:
+            kernels = sum(1 for p in Path(args.cache_dir or ".").glob("*/*")
+                          if p.name.endswith(BINARY_SUFFIXES))
+            write_key(args.write, "benchmarks/gpu_call.sh on the device", kernels)
     else:
         counts = compiled(args.cache_dir, args.since)
         print("{kernels} kernels and {launchers} launchers compiled since {since}; {older kernels} "
