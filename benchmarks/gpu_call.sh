@@ -21,12 +21,16 @@
 # table is where session 18's LSTM loop without per-step views (a third less host time on the CPU
 # machine) does. About 9.5 minutes from a bare machine (gpu-check's 353 s on 2026-11-28, then about
 # 220 s, and the not-started tests in what is left of 570 s). Before the call, here: the wheels in
-# .whl (docs/developing.md, "Benchmarks and the GPU suite"); the call: `bash benchmarks/gpu_call.sh`
-# with carry [".whl", ".triton-carry"] and timeout_s 600.
+# .whl (docs/developing.md, "Benchmarks and the GPU suite") and, where no earlier call's cache is in
+# .triton-carry, `make triton-carry`; the call: `bash benchmarks/gpu_call.sh` with carry [".whl",
+# ".triton-carry"] and timeout_s 600.
 # Triton's cache: the kernels an earlier call compiled come back from it as $OUT/triton-cache.tar.xz.N
-# (benchmarks/triton_cache.py; put them in .triton-carry here) and are unpacked before anything runs,
-# so that a kernel whose key has not changed loads instead of compiling; the call says how many it
-# compiled all the same. Its logs and outputs come back as one archive: $OUT returns at most 8 files.
+# with its KEY (benchmarks/triton_cache.py; put them in .triton-carry here, in place of what was
+# there; a cache over three parts of 15 MiB comes back without either), or `make triton-carry` builds
+# them on the CPU machine for this image's Triton (benchmarks/triton_cache_prebuild.py, with a KEY
+# file that the call compares with its Triton's key); they are unpacked before anything runs, so that
+# a kernel whose key has not changed loads instead of compiling; the call says how many it compiled
+# all the same. Its logs and outputs come back as one archive: $OUT returns at most 8 files.
 export PYTHONUNBUFFERED=1
 R=$PWD
 export TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-/tmp/momentum-triton-cache}
@@ -34,6 +38,7 @@ CARRIED=${CARRIED:-.triton-carry}
 if compgen -G "$CARRIED/*.[0-9]" > /dev/null; then
   python3 benchmarks/triton_cache.py unpack $CARRIED $TRITON_CACHE_DIR
 fi
+python3 benchmarks/triton_cache.py key --expect $CARRIED/KEY
 touch $TRITON_CACHE_DIR.stamp
 END=585                # seconds of the call's 600 that its steps may take (the archive after them)
 within() {             # within MAX CMD...: CMD under a timeout of MAX or what is left before END
@@ -83,7 +88,8 @@ if [ $LEFT -ge 100 ]; then
   grep -E "passed|FAILED" $OUT/check-tests.md | head -20
 fi
 echo "at the end: $(compiled)"
-python3 benchmarks/triton_cache.py pack $TRITON_CACHE_DIR $OUT/triton-cache.tar.xz --part-mib 15 --max-parts 3
+python3 benchmarks/triton_cache.py pack $TRITON_CACHE_DIR $OUT/triton-cache.tar.xz --part-mib 15 --max-parts 3 \
+  && python3 benchmarks/triton_cache.py key --write $OUT/KEY --cache-dir $TRITON_CACHE_DIR
 (cd $OUT && tar czf results.tgz *.log *.json -C $R outputs/gpu-check 2>/dev/null; [ -s results.tgz ] && rm -f *.log *.json)
 ls $OUT
 echo done

@@ -1,8 +1,8 @@
 """benchmarks/gpu_call.sh, the one device call, with stand-ins for python3's benchmark steps and
 nvidia-smi: the carried Triton cache is unpacked before the steps, what they compile is counted,
 and what comes back fits the device's $OUT (at most 8 files): the sections, one archive of the
-logs and outputs, and the cache's parts, which unpack to the carried kernels and the new ones; the
-output shows gpu-check's verdicts on issue 27's goals."""
+logs and outputs, and the cache's parts with their KEY, which unpack to the carried kernels and
+the new ones; the output shows gpu-check's verdicts on issue 27's goals."""
 import json
 import os
 import shutil
@@ -74,7 +74,10 @@ def test_the_call_carries_the_cache_and_returns_at_most_eight_files(tmp_path):
             "before (carried)") in log
     returned = sorted(p.name for p in out.iterdir())
     assert len(returned) <= 8 and all(p.is_file() for p in out.iterdir()), returned
-    assert {"check.md", "check-tests.md", "results.tgz", "triton-cache.tar.xz.0"} <= set(returned)
+    assert {"check.md", "check-tests.md", "results.tgz", "triton-cache.tar.xz.0", "KEY"} <= set(returned)
+    key = json.loads((out / "KEY").read_text())
+    assert key["triton_key_sha256"] == triton_cache.own_key()["triton_key_sha256"]
+    assert key["kernels"] == len(ran) + 1             # the carried kernel and one per step
     with tarfile.open(out / "results.tgz") as tar:
         names = set(tar.getnames())
     assert {"kernels.log", "kernels.json", "fp32_tiles.json", "fp32_bf16x6.log", "train.log"} <= names
