@@ -21,7 +21,8 @@ variables that would change every kernel's key, beside the key a carried cache w
 (a KEY file, which benchmarks/triton_cache_prebuild.py and the device call write beside the
 parts): where they differ, no carried kernel loads.
 
-Standard library only: it runs on the device before anything is installed.
+Standard library only (`key` imports Triton, which the image has): it runs on the device before
+anything is installed.
 """
 import argparse
 import io

@@ -16,6 +16,8 @@ import json
 import os
 import sys
 
+import triton_cache  # beside this script
+
 
 def use_key(key: str) -> None:
     """Make Triton's compile and autotuner caches key entries by `key` instead of this Triton's own."""
@@ -31,8 +33,6 @@ def probe(cache_dir: str) -> dict:
     import triton.language as tl
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
-    from triton.compiler.compiler import make_backend
-    from triton.runtime.cache import triton_key
 
     @triton.jit
     def chunk_dots(a, b, c, n, BM: tl.constexpr, BK: tl.constexpr):
@@ -49,13 +49,10 @@ def probe(cache_dir: str) -> dict:
     src = ASTSource(chunk_dots, {"a": "*bf16", "b": "*bf16", "c": "*fp32", "n": "i32", "BM": "constexpr",
                                  "BK": "constexpr"},
                     constexprs={"BM": 64, "BK": 32}, attrs={(0,): aligned, (1,): aligned, (2,): aligned})
-    target = GPUTarget("cuda", 90, 32)
-    kernel = triton.compile(src, target=target, options={"num_warps": 4, "num_stages": 2})
+    kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, "num_stages": 2})
     folders = sorted(name for name in os.listdir(cache_dir) if not name.startswith("."))
-    return {"folders": folders, "cubin_sha256": hashlib.sha256(kernel.asm["cubin"]).hexdigest(),
-            "triton_key_sha256": hashlib.sha256(triton_key().encode()).hexdigest(),
-            "backend_sm90_sha256": hashlib.sha256(make_backend(target).hash().encode()).hexdigest(),
-            "triton": triton.__version__, "python": sys.version.split()[0]}
+    return dict(triton_cache.own_key(), folders=folders, python=sys.version.split()[0],
+                cubin_sha256=hashlib.sha256(kernel.asm["cubin"]).hexdigest())
 
 
 def main(argv=None) -> int:
