@@ -313,3 +313,31 @@ def test_gpu_cudnn_matches_the_triton_recurrence_at_ptb(cell):
             results[backend] = [out, *state[:4], *grads]
     for a, b in zip(results["cudnn"], results["triton"]):
         torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-3)
+
+
+@pytest.mark.parametrize("cls, backend", [(MomentumLSTM, "cudnn"), (MomentumRNN, "cudnn"),
+                                          (MomentumRNN, "torch"), ("orthogonal", "torch")])
+def test_rmsprop_does_not_form_the_mapped_input_it_would_not_use(cls, backend, monkeypatch):
+    """The layers that form eq. 15's drive from eq. 9's v (MomentumLSTM's on "cudnn"; the tanh and
+    orthogonal MomentumRNN's): with μ ≡ 0, v_t is s·g_t, taken from g = W x + b scaled, and
+    input_map's W(s x) + s b (an elementwise pass over the input at s ≠ 1) is not formed. Adam
+    (μ > 0) forms it."""
+    from plugins.rnn import OrthogonalMomentumRNN, orthogonal
+    mapped = []
+    for module in (layers, orthogonal):
+        def recorded(*args, real=module.input_map, **kwargs):
+            mapped.append(args[1])
+            return real(*args, **kwargs)
+        monkeypatch.setattr(module, "input_map", recorded)
+    gen = torch.Generator().manual_seed(7)
+    x = torch.randn(6, 2, D, generator=gen, dtype=torch.float64)
+    for cell in CELLS:
+        mapped.clear()
+        if cls == "orthogonal":
+            layer = OrthogonalMomentumRNN(D, H, cell=cell, step_size=S, beta=BETA, eps=EPS,
+                                          **(dict(momentum=MU) if cell == "adam" else {})).double()
+        else:
+            layer = make_layer(cell, gen, cls=cls)
+        with recurrence_backend(backend):
+            layer(x)
+        assert bool(mapped) == (cell == "adam"), (cell, len(mapped))

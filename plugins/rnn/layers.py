@@ -37,6 +37,7 @@ backward direction is a layer of its own (`_reverse` parameters, its own v, m) r
 sequence reversed within its length, the next layer reading [forward | backward]. It runs
 whole sequences (padded or a PackedSequence), not packed rows nor `step`.
 """
+import functools
 import math
 
 import torch
@@ -268,14 +269,15 @@ class _MomentumLayers(nn.Module):
         return input_map(x, decay, self.variant.input_scale(self.hyper), w_ih, b_ih, v0,
                          self._joined_input_weight(k, decay, w_ih, b_ih))
 
-    def _adaptive_drive(self, x, decay, inp, w, b, weight_ih, bias_ih, m0, lengths, chunked=False):
+    def _adaptive_drive(self, x, decay, mapped, weight_ih, bias_ih, m0, lengths, chunked=False):
         """Normalised pre-activation of eq. 15 for all steps, with its last v and m (chunked: m in
-        a fixed number of kernels, `second_moment`); (inp, w, b) from `input_map`. Its callers run
-        it in the weights' dtype with autocast off, g included (see MomentumLSTM._adaptive_layer)."""
+        a fixed number of kernels, `second_moment`); mapped() gives `input_map`'s (inp, w, b),
+        asked for only where μ > 0. Its callers run it in the weights' dtype with autocast off, g
+        included (see MomentumLSTM._adaptive_layer)."""
         g = F.linear(x, weight_ih, bias_ih)
         # μ ≡ 0 (RMSProp): eq. 9's v_t = s g_t, g scaled rather than input_map's W(s x) + s b again
         scale = self.variant.input_scale(self.hyper)
-        v = F.linear(inp, w, b) if decay is not None else g if scale == 1 else scale * g
+        v = F.linear(*mapped()) if decay is not None else g if scale == 1 else scale * g
         m = second_moment(g * g, m0, self.beta, chunked)
         return v / torch.sqrt(m + self.eps), last_step(v, lengths), last_step(m, lengths)
 
@@ -626,8 +628,8 @@ class MomentumLSTM(_MomentumLayers):
         w_ih, w_hh, b_ih, b_hh = self.layer_parameters(k)
         (x, h0, c0, v0, m0), precision = in_weight_dtype(w_hh, x, h0, c0, v0, m0)
         with precision:
-            inp, w, b = self._input_map(k, x, decay, v0 if carries_v else None)
-            drive, v, m = self._adaptive_drive(x, decay, inp, w, b, w_ih, b_ih, m0, lengths, chunked=True)
+            mapped = functools.partial(self._input_map, k, x, decay, v0 if carries_v else None)
+            drive, v, m = self._adaptive_drive(x, decay, mapped, w_ih, b_ih, m0, lengths, chunked=True)
             out, (h, c) = self._fused_on_drive(drive, lengths, (h0[None], c0[None]), w_hh, b_hh)
         return out, (h[0], c[0], v, m)
 
@@ -692,9 +694,9 @@ class MomentumRNN(_MomentumLayers):
             # weights' dtype under autocast (and g, as in MomentumLSTM._adaptive_layer)
             (x, h0, v0, m0), precision = in_weight_dtype(w_hh, x, h0, v0, m0)
             with precision:
-                inp, w, b = self._input_map(k, x, decay, v0 if carries_v else None)
+                mapped = functools.partial(self._input_map, k, x, decay, v0 if carries_v else None)
                 fused = drive_first()
-                pre, v, m = self._adaptive_drive(x, decay, inp, w, b, w_ih, b_ih, m0, lengths, chunked=fused)
+                pre, v, m = self._adaptive_drive(x, decay, mapped, w_ih, b_ih, m0, lengths, chunked=fused)
                 if fused:
                     out, (h,) = self._fused_on_drive(pre, lengths, h0[None], w_hh, b_hh)
                     return out, (h[0], None, v, m)

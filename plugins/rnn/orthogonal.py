@@ -7,6 +7,7 @@ expRNN). We use torch.nn.utils.parametrizations.orthogonal, whose `base` buffer 
 The momentum variants replace W x_t by the filtered input of eq. 9 / eq. 15 / Section 2.4
 exactly as for the LSTM (the input kernel has no bias; the bias sits inside modReLU).
 """
+import functools
 import math
 
 import torch
@@ -176,12 +177,12 @@ class OrthogonalMomentumRNN(_MomentumLayers):
     def _full_precision_layer(self, k, x, lengths, decay, h0, v0, m0, carries_v):
         w_ih, bias = getattr(self, f"weight_ih_l{k}"), getattr(self, f"bias_l{k}")
         w_hh = getattr(self, f"weight_hh_l{k}")
-        inp, w, b = input_map(x, decay, self.variant.input_scale(self.hyper), w_ih, None,
-                              v0 if carries_v else None)
+        mapped = functools.partial(input_map, x, decay, self.variant.input_scale(self.hyper), w_ih, None,
+                                   v0 if carries_v else None)
         if self.variant.has_m:
-            drive, v, m = self._adaptive_drive(x, decay, inp, w, b, w_ih, None, m0, lengths)
+            drive, v, m = self._adaptive_drive(x, decay, mapped, w_ih, None, m0, lengths)
         else:
-            drive, m = F.linear(inp, w, b), None
+            drive, m = F.linear(*mapped()), None
             v = last_step(drive, lengths) if self.variant.has_v else None
         out, (h,) = recurrence_loop(modrelu_step(w_hh, bias), drive, lengths, (h0,))
         return out, (h, None, v, m)
