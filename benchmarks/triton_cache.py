@@ -140,6 +140,11 @@ def compiled(cache_dir, since) -> dict:
     return counts
 
 
+def kernel_count(cache_dir) -> int:
+    """The kernels (binaries) in a Triton cache."""
+    return sum(1 for path in Path(cache_dir).glob("*/*") if path.name.endswith(BINARY_SUFFIXES))
+
+
 def own_key() -> dict:
     """This Triton's version, the sha256 of its key (triton_key(): its build) and of its sm_90
     backend's (the ptxas it compiles with, and the target): both are in every kernel's key."""
@@ -209,9 +214,7 @@ def main(argv=None):
     elif args.command == "key":
         print(key_line(args.expect))
         if args.write:
-            kernels = sum(1 for p in Path(args.cache_dir or ".").glob("*/*")
-                          if p.name.endswith(BINARY_SUFFIXES))
-            write_key(args.write, "benchmarks/gpu_call.sh on the device", kernels)
+            write_key(args.write, "benchmarks/gpu_call.sh on the device", kernel_count(args.cache_dir or "."))
     else:
         counts = compiled(args.cache_dir, args.since)
         print("{kernels} kernels and {launchers} launchers compiled since {since}; {older kernels} "

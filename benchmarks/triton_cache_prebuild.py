@@ -39,6 +39,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from unittest import mock
 
 ROOT = Path(__file__).resolve().parents[1]
 BENCH = ROOT / "benchmarks"
@@ -150,10 +151,6 @@ def main(argv=None) -> int:
     return 0
 
 
-def cached_kernels() -> int:
-    return sum(1 for _ in Path(os.environ["TRITON_CACHE_DIR"]).glob("*/*.cubin"))
-
-
 def child(summary_path: str, only=None) -> int:
     """The build itself, in the process the stand-in drives."""
     import triton_key_probe
@@ -185,6 +182,21 @@ def _leaves(torch, dtype, *shapes, seed=0):
     return [torch.randn(*shape, generator=gen).to(dtype).requires_grad_() for shape in shapes]
 
 
+def cached_kernels() -> int:
+    return triton_cache.kernel_count(os.environ["TRITON_CACHE_DIR"])
+
+
+# benchmarks/timing.median_ms's arguments for one untimed pass: the stand-in's launches time nothing
+ONCE = dict(warmup=0, min_reps=1, max_reps=1)
+
+
+def _bf16x6_dots():
+    """Exact fp32's dots as six bf16 products (MOMENTUM_TRITON_FP32_DOTS=bf16x6, read at each call)
+    for the calls inside."""
+    from plugins.attention.triton.utils import FP32_DOTS_VARIABLE
+    return mock.patch.dict(os.environ, {FP32_DOTS_VARIABLE: "bf16x6"})
+
+
 def _gpu_check_sizes():
     import gpu_check
     return gpu_check.SIZES["full"]
@@ -195,7 +207,6 @@ def _table(torch, check):
     forward+backward, through benchmarks/gpu_attention.py's own calls."""
     import gpu_attention
     sizes = _gpu_check_sizes()["attention"]
-    once = dict(warmup=0, min_reps=1, max_reps=1)
     for dtype, shapes in sizes["cases"]:
         for name in sizes["methods"]:
             if "triton" not in name:
@@ -203,7 +214,7 @@ def _table(torch, check):
             fn = gpu_attention.method_fn(name)
             for B, H, D, T in shapes:
                 for backward in (False, True):
-                    gpu_attention.measure(fn, B, H, D, T, backward, dtype, "cpu", once)
+                    gpu_attention.measure(fn, B, H, D, T, backward, dtype, "cpu", ONCE)
 
 
 def _kernels(torch, check):
@@ -211,19 +222,15 @@ def _kernels(torch, check):
     exact fp32 steps (the kept tiles, and the dots as six bf16 products) at B16-H16-T1k."""
     import gpu_attention
     import gpu_kernels
-    once = dict(warmup=0, min_reps=1, max_reps=1)
     for name in ("momentum triton", "momentum triton fused"):
         fn = gpu_attention.method_fn(name)
         for B, H, D, T in gpu_kernels.SHAPES:
-            gpu_attention.measure(fn, B, H, D, T, True, "bf16", "cpu", once)
+            gpu_attention.measure(fn, B, H, D, T, True, "bf16", "cpu", ONCE)
     B, H, D, T = gpu_kernels.SHAPES[0]
     chunked = gpu_attention.method_fn("momentum triton")
-    gpu_attention.measure(chunked, B, H, D, T, True, "fp32", "cpu", once)
-    os.environ["MOMENTUM_TRITON_FP32_DOTS"] = "bf16x6"
-    try:
-        gpu_attention.measure(chunked, B, H, D, T, True, "fp32", "cpu", once)
-    finally:
-        del os.environ["MOMENTUM_TRITON_FP32_DOTS"]
+    gpu_attention.measure(chunked, B, H, D, T, True, "fp32", "cpu", ONCE)
+    with _bf16x6_dots():
+        gpu_attention.measure(chunked, B, H, D, T, True, "fp32", "cpu", ONCE)
 
 
 def _hf(torch, check):
@@ -338,13 +345,10 @@ def _tests_at_64(name, momenta=(0.9, 0.0), scans=("launcher", "split", "fused"),
 def _bf16x6(torch, check):
     """Exact fp32 with its dots as six bf16 products (MOMENTUM_TRITON_FP32_DOTS=bf16x6, opt-in),
     as gpu-check tests it: D 64 with each scan, D 16."""
-    os.environ["MOMENTUM_TRITON_FP32_DOTS"] = "bf16x6"
-    try:
+    with _bf16x6_dots():
         for H in HEADS:
             _scans(check, lambda: _plain(torch, torch.float32, 64, 64, 0.9, H))
             _plain(torch, torch.float32, 16, 16, 0.999, H)
-    finally:
-        del os.environ["MOMENTUM_TRITON_FP32_DOTS"]
 
 
 def _other_dims(torch, check):
