@@ -8,27 +8,8 @@ import importlib.util
 import pytest
 import torch
 import triton
-from helpers.triton_attention import (
-    SCANS,
-    TOL,
-    loss_of,
-    make_inputs,
-    random_state,
-    rel_rms,
-    triton_ops,
-    upstreams,
-    use_scan,
-)
-from helpers.triton_varlen import (
-    each_segment_alone,
-    offsets,
-    packed_inputs,
-    run_with_grads,
-)
-from helpers.triton_varlen import random_state as segment_states
-
-from plugins.attention.naive import naive_recurrent_momentum_attention
-from plugins.attention.state import MomentumAttentionState
+from helpers.triton_attention import SCANS, check_padded_batch, triton_ops, use_scan
+from helpers.triton_varlen import check_packed_segments
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton not installed")
 
@@ -80,29 +61,9 @@ def test_split_scans_match_float64_with_padding_and_an_initial_state(make_genera
     use_scan(monkeypatch, scan)
     if cps != "auto":
         force_splits(monkeypatch, cps)
-    gen = make_generator()
-    B, H, N, Dk, Dv, chunk, gamma = 2, 2, 150, 16, 12, 16, 0.7   # 10 chunks; row 2 ends in chunk 3
-    lengths = torch.tensor([N, 41])
-    fq, fk, v, real = make_inputs(gen, B, H, N, Dk, Dv, lengths)
-    state0 = random_state(gen, B, H, Dk, Dv)
-    ups = upstreams(gen, B, H, N, Dk, Dv)
-
-    def run(fn, dtype):
-        leaves = [t.to(dtype).requires_grad_() for t in (fq, fk, v, state0.s, state0.z, state0.m)]
-        out, state = fn(*leaves[:3], MomentumAttentionState(*leaves[3:]))
-        return out, state, torch.autograd.grad(loss_of(out, state, [u.to(dtype) for u in ups]), leaves)
-
-    ref = run(lambda q, k, x, st: naive_recurrent_momentum_attention(
-        q, k, x, st, momentum=beta, step_size=gamma, feature_map="identity", padding_mask=real),
-        torch.float64)
-    got = run(lambda q, k, x, st: tri.chunk_momentum_attention(
-        q, k, x, momentum=beta, step_size=gamma, eps=1e-6, chunk_size=chunk, initial_state=st,
-        lengths=lengths, return_state=True), torch.float32)
-    assert rel_rms(got[0], ref[0]) <= TOL
-    for name in ("s", "z", "m"):
-        assert rel_rms(getattr(got[1], name), getattr(ref[1], name)) <= TOL, f"state.{name}"
-    for name, g, r in zip(["fq", "fk", "v", "s0", "z0", "m0"], got[2], ref[2]):
-        assert rel_rms(g, r) <= TOL, f"d{name}: {rel_rms(g, r):.2e}"
+    # 10 chunks; row 2 ends in chunk 3
+    check_padded_batch(tri, make_generator(), B=2, H=2, N=150, Dk=16, Dv=12, lengths=torch.tensor([150, 41]),
+                       chunk=16, beta=beta, gamma=0.7)
 
 
 @pytest.mark.parametrize("scan,cps,init", [("chunked", 2, True), ("chunked", 1, False), ("fused", 2, True),
@@ -111,22 +72,5 @@ def test_split_scans_keep_packed_segments_separate(make_generator, monkeypatch, 
     tri = triton_ops()
     use_scan(monkeypatch, scan)
     force_splits(monkeypatch, cps)
-    gen = make_generator()
-    lengths, H, Dk, Dv, beta, gamma = [5, 0, 37, 1, 50], 2, 16, 8, 0.6, 0.8
-    cu = offsets(lengths)
-    inputs = packed_inputs(gen, H, sum(lengths), Dk, Dv)
-    state0 = segment_states(gen, len(lengths), H, Dk, Dv) if init else None
-    ups = [torch.randn(1, H, sum(lengths), Dv, generator=gen, dtype=torch.float64),
-           torch.randn(len(lengths), H, Dk, Dv, generator=gen, dtype=torch.float64),
-           torch.randn(len(lengths), H, Dk, generator=gen, dtype=torch.float64),
-           torch.randn(len(lengths), H, Dk, Dv, generator=gen, dtype=torch.float64)]
-    ref = run_with_grads(lambda q, k, x, st: each_segment_alone(q, k, x, cu, st, beta, gamma),
-                         inputs, state0, ups, torch.float64)
-    got = run_with_grads(lambda q, k, x, st: tri.chunk_momentum_attention(
-        q, k, x, momentum=beta, step_size=gamma, eps=1e-6, chunk_size=16, initial_state=st,
-        cu_seqlens=cu.to(torch.int32), return_state=True), inputs, state0, ups, torch.float32)
-    assert rel_rms(got[0], ref[0]) <= TOL
-    for name in ("s", "z", "m"):
-        assert rel_rms(getattr(got[1], name), getattr(ref[1], name)) <= TOL, f"state.{name}"
-    for g, r in zip(got[2], ref[2]):
-        assert rel_rms(g, r) <= TOL
+    check_packed_segments(tri, make_generator(), lengths=[5, 0, 37, 1, 50], H=2, Dk=16, Dv=8, chunk=16,
+                          beta=0.6, gamma=0.8, init=init)

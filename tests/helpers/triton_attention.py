@@ -2,6 +2,7 @@
 import pytest
 import torch
 
+from plugins.attention.naive import naive_recurrent_momentum_attention
 from plugins.attention.state import MomentumAttentionState
 
 TOL = 1e-4                                   # relative RMS, fp32 kernels vs float64 references
@@ -59,3 +60,29 @@ def loss_of(out, state, ups):
     if state is not None:
         loss = loss + (state.s * ups[1]).sum() + (state.z * ups[2]).sum() + (state.m * ups[3]).sum()
     return loss
+
+
+def check_padded_batch(tri, gen, *, B, H, N, Dk, Dv, lengths, chunk, beta, gamma):
+    """The kernels on a padded batch (`lengths`, a tensor of B) from a random initial state against
+    eq. 12's float64 token loop: outputs, final s, z, m, and the gradients of q, k, v and of the
+    initial state, each within TOL."""
+    fq, fk, v, real = make_inputs(gen, B, H, N, Dk, Dv, lengths)
+    state0 = random_state(gen, B, H, Dk, Dv)
+    ups = upstreams(gen, B, H, N, Dk, Dv)
+
+    def run(fn, dtype):
+        leaves = [t.to(dtype).requires_grad_() for t in (fq, fk, v, state0.s, state0.z, state0.m)]
+        out, state = fn(*leaves[:3], MomentumAttentionState(*leaves[3:]))
+        return out, state, torch.autograd.grad(loss_of(out, state, [u.to(dtype) for u in ups]), leaves)
+
+    ref = run(lambda q, k, x, st: naive_recurrent_momentum_attention(
+        q, k, x, st, momentum=beta, step_size=gamma, feature_map="identity", padding_mask=real),
+        torch.float64)
+    got = run(lambda q, k, x, st: tri.chunk_momentum_attention(
+        q, k, x, momentum=beta, step_size=gamma, eps=1e-6, chunk_size=chunk, initial_state=st,
+        lengths=lengths, return_state=True), torch.float32)
+    assert rel_rms(got[0], ref[0]) <= TOL
+    for name in ("s", "z", "m"):
+        assert rel_rms(getattr(got[1], name), getattr(ref[1], name)) <= TOL, f"state.{name}"
+    for name, g, r in zip(["fq", "fk", "v", "s0", "z0", "m0"], got[2], ref[2]):
+        assert rel_rms(g, r) <= TOL, f"d{name}: {rel_rms(g, r):.2e}"

@@ -4,6 +4,8 @@ import torch
 from plugins.attention.naive import naive_recurrent_momentum_attention
 from plugins.attention.state import MomentumAttentionState
 
+from .triton_attention import TOL, rel_rms
+
 EPS = 1e-6
 
 
@@ -54,3 +56,27 @@ def run_with_grads(fn, inputs, state0, ups, dtype):
     for name, up in zip("szm", ups[1:]):
         loss = loss + (getattr(state, name) * up.to(dtype)).sum()
     return out, state, torch.autograd.grad(loss, leaves)
+
+
+def check_packed_segments(tri, gen, *, lengths, H, Dk, Dv, chunk, beta, gamma, init):
+    """The kernels on one packed row of segments of `lengths` (`cu_seqlens`), from random initial
+    states if `init`, against each segment run alone through eq. 12's float64 token loop: outputs,
+    per-segment final states and every gradient, each within TOL."""
+    cu = offsets(lengths)
+    n, T = len(lengths), sum(lengths)
+    inputs = packed_inputs(gen, H, T, Dk, Dv)
+    state0 = random_state(gen, n, H, Dk, Dv) if init else None
+    ups = [torch.randn(1, H, T, Dv, generator=gen, dtype=torch.float64),
+           torch.randn(n, H, Dk, Dv, generator=gen, dtype=torch.float64),
+           torch.randn(n, H, Dk, generator=gen, dtype=torch.float64),
+           torch.randn(n, H, Dk, Dv, generator=gen, dtype=torch.float64)]
+    ref = run_with_grads(lambda q, k, x, st: each_segment_alone(q, k, x, cu, st, beta, gamma),
+                         inputs, state0, ups, torch.float64)
+    got = run_with_grads(lambda q, k, x, st: tri.chunk_momentum_attention(
+        q, k, x, momentum=beta, step_size=gamma, eps=EPS, chunk_size=chunk, initial_state=st,
+        cu_seqlens=cu.to(torch.int32), return_state=True), inputs, state0, ups, torch.float32)
+    assert rel_rms(got[0], ref[0]) <= TOL
+    for name in ("s", "z", "m"):
+        assert rel_rms(getattr(got[1], name), getattr(ref[1], name)) <= TOL, f"state.{name}"
+    for g, r in zip(got[2], ref[2]):
+        assert rel_rms(g, r) <= TOL
