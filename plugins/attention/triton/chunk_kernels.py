@@ -402,8 +402,9 @@ def bwd_dh(q, o, do, den, dden, dh_s, dh_m, dh_z, ds_fin, dm_fin, dz_fin, ds0, d
       dS_in = dS_out + Qᵀ dNum,   dZ_in = dZ_out + Qᵀ dden,
       dM'_in = β^Lc dM'_out + carry[Lc−1]·dS_out + Qᵀ diag(carry) dNum,   dNum = dO / den,
     where dden = −(dO·out)/den, the gradient of each output's denominator, is computed here from
-    the whole rows of o and dO (no launch of its own) and stored by the first tile's programs
-    (real positions only: no kernel reads the others) for bwd_dqk."""
+    the whole rows of o and dO (no launch of its own) by the programs of the first V tile, which
+    alone need it (dZ), and stored by the first of them (real positions only: no kernel reads the
+    others) for bwd_dqk."""
     i_kv = tl.program_id(0)
     i_bh = tl.program_id(1) // G
     i_g = tl.program_id(1) % G
@@ -463,7 +464,8 @@ def bwd_dh(q, o, do, den, dden, dh_s, dh_m, dh_z, ds_fin, dm_fin, dz_fin, ds0, d
         dd = tl.load(do + t[:, None] * DV + o_v[None, :], mask=real[:, None] & mv[None, :],
                      other=0.0).to(ACC)
         dn = tl.load(den + t, mask=real, other=1.0)
-        ddn = _denominator_grad(o, do, t, real, dn, DV, BT, BV)
+        # only the first V tile's programs use dden (for dZ) and store it: the others load no o or dO rows
+        ddn = _denominator_grad(o, do, t, rows < tl.where(i_v == 0, Lc, 0), dn, DV, BT, BV)
         if i_kv == 0:
             tl.store(dden + t, ddn, mask=real)
         dnum = dd / dn[:, None]
