@@ -64,7 +64,7 @@ gpu-check:
 # The GPU machine's Triton cache, built here for its Triton (3.6.0 under Python 3.12) with the cp311
 # wheel of the same release under the cp312 wheel's key; the next device call carries .triton-carry
 # (benchmarks/triton_cache_prebuild.py, docs/developing.md). Needs a Python 3.12 (pyenv's, or
-# DEVICE_PYTHON=...) and PyPI; about 20 minutes on 2 cores.
+# DEVICE_PYTHON=...) and PyPI; about 11 minutes on 2 cores (one build process per core).
 DEVICE_TRITON := 3.6.0
 DEVICE_PYTHON ?= $(firstword $(wildcard $(HOME)/.pyenv/versions/3.12*/bin/python3.12) $(shell command -v python3.12))
 TRITON_BUILD := build/device-triton

@@ -13,11 +13,12 @@ constants, specialisation, target and options. The steps:
 1. The key check (benchmarks/triton_key_probe.py): the device Python compiles a small kernel for
    sm_90 with the cp312 build, and this Python with the cp311 build under the cp312 key. Both must
    name the same cache folder and write the same cubin, else nothing is built.
-2. The build: a process of this Python, with the cp311 build under the cp312 key and the stand-in
-   driver of tests/triton_standin (Triton's real launcher: binder, autotuner, compilation to sm_90
-   cubins; no-op launches on CPU tensors), drives the library through `CASES`, in a device call's
-   order: gpu-check's attention, hf and rnn parts and gpu_call.sh's steps at their own shapes and
-   dtypes, then the forms of the gpu tests at small shapes. The autotuner compiles every config its
+2. The build: processes of this Python (`--jobs`, one per core), with the cp311 build under the
+   cp312 key and the stand-in driver of tests/triton_standin (Triton's real launcher: binder,
+   autotuner, compilation to sm_90 cubins; no-op launches on CPU tensors), drive the library
+   through `CASES`: gpu-check's attention, hf and rnn parts and gpu_call.sh's steps at their own
+   shapes and dtypes, then the forms of the gpu tests at small shapes. Each process takes the next
+   case that no other has, the longest first (`LONGEST_FIRST`). The autotuner compiles every config its
    pruner keeps. The kernels specialise none of their integer arguments but the heads H (a multiple
    of 16, or not), and the kept tiles depend on the sizes only for the scans, where small shapes
    keep them all: the tests' forms run at H = 2 and 16.
@@ -74,12 +75,33 @@ def child_env(site: str, cache: str, key_file: str) -> dict:
     return env
 
 
-def build(site: str, cache: str, key_file: str, only=None) -> dict:
-    """Run the build in a child process of this Python; returns its summary."""
-    with tempfile.NamedTemporaryFile(suffix=".json") as summary:
-        cmd = [sys.executable, __file__, "--child", summary.name] + (["--only", *only] if only else [])
-        subprocess.run(cmd, env=child_env(site, cache, key_file), check=True)
-        return json.loads(Path(summary.name).read_text())
+def build(site: str, cache: str, key_file: str, only=None, jobs: int = 1) -> dict:
+    """Run the build in `jobs` child processes of this Python, on one cache (Triton writes each
+    file whole, by a rename), each taking the next case no other has claimed; returns their
+    summaries' union. Compiling is single-threaded: one child per core."""
+    with tempfile.TemporaryDirectory() as work:
+        summaries = [Path(work) / f"summary-{i}.json" for i in range(jobs)]
+        claims = Path(work) / "claims"
+        claims.mkdir()
+        children = [subprocess.Popen([sys.executable, __file__, "--child", str(path), "--claims", str(claims)]
+                                     + (["--only", *only] if only else []),
+                                     env=child_env(site, cache, key_file)) for path in summaries]
+        codes = [child.wait() for child in children]
+        if any(codes):
+            raise subprocess.CalledProcessError(max(codes, key=abs), "the build's children")
+        done = [json.loads(path.read_text()) for path in summaries]
+    ran = {name for summary in done for name in summary["cases"]}
+    return dict(cases=[name for name in CASES if name in ran], kernels=triton_cache.kernel_count(cache),
+                launches=sum(summary["launches"] for summary in done))
+
+
+def claim(claims: Path, case: str) -> bool:
+    """Whether this child takes `case`: the first to create its file does (O_EXCL is atomic)."""
+    try:
+        os.close(os.open(claims / case.replace(" ", "_"), os.O_CREAT | os.O_EXCL))
+    except FileExistsError:
+        return False
+    return True
 
 
 def main(argv=None) -> int:
@@ -92,13 +114,18 @@ def main(argv=None) -> int:
     parser.add_argument("--check", action="store_true",
                         help="rebuild from the unpacked parts: nothing may compile")
     parser.add_argument("--only", nargs="+", help="run only the cases with these names (a quick look)")
+    parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1,
+                        help="build processes, one per core (default: this machine's cores)")
     parser.add_argument("--child", help=argparse.SUPPRESS)
+    parser.add_argument("--claims", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     unknown = set(args.only or ()) - set(CASES)
     if unknown:
         parser.error(f"--only takes case names among {list(CASES)}, got {sorted(unknown)}")
+    if args.jobs < 1:
+        parser.error(f"--jobs must be at least 1, got {args.jobs}")
     if args.child:
-        return child(args.child, args.only)
+        return child(args.child, Path(args.claims), args.only)
     for name in ("site", "device_python", "device_site"):
         if not getattr(args, name):
             parser.error(f"--{name.replace('_', '-')} is required (make triton-carry gives all three)")
@@ -118,9 +145,9 @@ def main(argv=None) -> int:
             return 1
         cache = str(Path(work) / "cache")
         start = time.perf_counter()
-        summary = build(args.site, cache, key_file, args.only)
+        summary = build(args.site, cache, key_file, args.only, args.jobs)
         print(f"built: {summary['kernels']} kernels in {time.perf_counter() - start:.0f} s "
-              f"({summary['launches']} launches, {len(summary['cases'])} cases)")
+              f"({summary['launches']} launches, {len(summary['cases'])} cases, {args.jobs} processes)")
         leftovers = [p.name for p in Path(cache).glob("*/*")
                      if p.suffix == ".so" or p.name.endswith(".autotune.json")]
         if leftovers:
@@ -142,7 +169,7 @@ def main(argv=None) -> int:
             stamp = Path(work) / "stamp"
             stamp.touch()
             time.sleep(1)
-            second = build(args.site, again, key_file, args.only)
+            second = build(args.site, again, key_file, args.only, args.jobs)
             counts = triton_cache.compiled(again, stamp)
             print(f"check: {loaded} kernels unpacked; the build again compiled {counts['kernels']} "
                   f"({second['kernels']} kernels used)")
@@ -151,8 +178,9 @@ def main(argv=None) -> int:
     return 0
 
 
-def child(summary_path: str, only=None) -> int:
-    """The build itself, in the process the stand-in drives."""
+def child(summary_path: str, claims: Path, only=None) -> int:
+    """The build itself, in a process the stand-in drives: the cases, in order, that no other
+    child has claimed."""
     import triton_key_probe
     triton_key_probe.use_key(Path(os.environ["PREBUILD_KEY_FILE"]).read_text())
     import triton_launch_check as check
@@ -162,9 +190,10 @@ def child(summary_path: str, only=None) -> int:
     import torch
 
     done, start = [], time.perf_counter()
-    for name, case in CASES.items():
-        if only and name not in only:
+    for name in claim_order():
+        if (only and name not in only) or not claim(claims, name):
             continue
+        case = CASES[name]
         before = time.perf_counter()
         case(torch, check)
         done.append(name)
@@ -351,10 +380,11 @@ def _bf16x6(torch, check):
             _plain(torch, torch.float32, 16, 16, 0.999, H)
 
 
-def _other_dims(torch, check):
-    """tests/test_attention_gpu.py's other head sizes in each dtype, β > 0 and linear (at D 128,
-    4096 tokens of 16 rows, the launcher splits), Dk 64 with Dv 48, and fused fp16 at 32 × 24."""
-    for name in ("bf16", "fp16", "fp32"):
+def _other_dims(name):
+    """tests/test_attention_gpu.py's other head sizes in one dtype, β > 0 and linear (at D 128,
+    4096 tokens of 16 rows, the launcher splits); with bf16 also Dk 64 with Dv 48, and fused fp16
+    at 32 × 24."""
+    def case(torch, check):
         dtype = _dtype(torch, check, name)
         for H in HEADS:
             for dk, dv in ((128, 128), (32, 24), (16, 16)):
@@ -363,10 +393,12 @@ def _other_dims(torch, check):
                 if (dk, dv) == (128, 128):
                     with check.split_every_chunk():
                         _plain(torch, dtype, dk, dv, 0.9, H)
-    for H in HEADS:
-        _scans(check, lambda: _plain(torch, torch.bfloat16, 64, 48, 0.9, H))
-        with check.fused_scans():
-            _plain(torch, torch.float16, 32, 24, 0.9, H)
+        if name == "bf16":
+            for H in HEADS:
+                _scans(check, lambda: _plain(torch, torch.bfloat16, 64, 48, 0.9, H))
+                with check.fused_scans():
+                    _plain(torch, torch.float16, 32, 24, 0.9, H)
+    return case
 
 
 def _layers(torch, check):
@@ -415,8 +447,19 @@ CASES = {
     "tests tf32": _tests_at_64("tf32", momenta=(0.9,), scans=("launcher", "split"), rich=False),
     "tests fp32 bf16x6": _bf16x6,
     "tests fp16": _tests_at_64("fp16", rich=False),
-    "tests other head sizes": _other_dims,
+    "tests other head sizes bf16": _other_dims("bf16"),
+    "tests other head sizes fp16": _other_dims("fp16"),
+    "tests other head sizes fp32": _other_dims("fp32"),
 }
+# The build's processes claim these first, then the others in CASES's order: the longest builds
+# (make triton-carry, 2026-11-30: the other head sizes of three dtypes together 308 s, fp32 186 s,
+# bf16 132 s, the attention table 124 s of 1000), so that no process starts one as the others finish.
+LONGEST_FIRST = ("tests other head sizes fp32", "tests other head sizes bf16", "tests other head sizes fp16",
+                 "tests fp32", "tests bf16", "gpu-check attention")
+
+
+def claim_order() -> list:
+    return list(LONGEST_FIRST) + [name for name in CASES if name not in LONGEST_FIRST]
 
 
 if __name__ == "__main__":

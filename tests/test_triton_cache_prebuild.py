@@ -61,15 +61,16 @@ def test_the_key_line_compares_the_carried_key_with_this_triton(tmp_path):
 
 
 def test_the_build_packs_what_a_rebuild_loads_without_compiling(tmp_path):
-    """The whole script, its case of the tests' LSTM, with this venv's Triton as the device's too:
-    the key check passes, the parts and KEY are written, and the rebuild from the unpacked parts
-    (--check) compiles nothing."""
+    """The whole script, its case of the tests' LSTM, with this venv's Triton as the device's too
+    and two build processes (one takes the case, the other finds it claimed): the key check
+    passes, the parts and KEY are written, and the rebuild from the unpacked parts (--check)
+    compiles nothing."""
     import triton
     site = str(Path(triton.__file__).resolve().parents[1])
     out = tmp_path / "carry"
     cmd = [sys.executable, str(ROOT / "benchmarks" / "triton_cache_prebuild.py"), "--site", site,
            "--device-python", sys.executable, "--device-site", site, "--out", str(out),
-           "--only", "tests lstm", "--check"]
+           "--only", "tests lstm", "--check", "--jobs", "2"]
     done = subprocess.run(cmd, env=compiled_env(), capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
     assert "the build again compiled 0" in done.stdout, done.stdout
@@ -77,3 +78,12 @@ def test_the_build_packs_what_a_rebuild_loads_without_compiling(tmp_path):
     assert key["triton_key_sha256"] == hashlib.sha256(own_key().encode()).hexdigest()
     parts = triton_cache.part_paths(out)
     assert parts and key["kernels"] == triton_cache.unpack(out, tmp_path / "unpacked") > 0
+
+
+def test_each_case_is_claimed_by_one_build_process(tmp_path):
+    """The build's processes share the cases: the first to claim one runs it, the others skip it."""
+    from benchmarks import triton_cache_prebuild as prebuild
+    order = prebuild.claim_order()
+    assert sorted(order) == sorted(prebuild.CASES), "every case once, the longest first"
+    assert all(prebuild.claim(tmp_path, name) for name in order)
+    assert not any(prebuild.claim(tmp_path, name) for name in order)
