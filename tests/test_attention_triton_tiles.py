@@ -8,11 +8,13 @@ tile's programs, and the per-chunk kernels sum over the other dimension's tiles.
 kernel (fwd_h, fwd_o, bwd_dh, bwd_dv, bwd_dqk) is held to tiles smaller than the head, with the
 last tile of each dimension partial (Dk 40, Dv 36), and the results must still be the float64
 references': a padded batch from an initial state, the scans in splits (whose merge then also
-runs on several tiles), and packed segments."""
+runs on several tiles), and packed segments. Likewise the fused forward's SPLIT_V config, which
+the GPU's autotuner may keep where Dv > 32 (two programs per head, each half the values)."""
 import importlib.util
 
 import pytest
 import torch
+import triton
 from helpers.triton_attention import SCANS, check_padded_batch, triton_ops, use_scan
 from helpers.triton_varlen import check_packed_segments
 
@@ -77,3 +79,20 @@ def test_packed_segments_on_several_tiles(make_generator, monkeypatch, hold_tile
     check_packed_segments(triton_ops(), make_generator(), lengths=[9, 0, 23, 1, 18], H=1, Dk=DK, Dv=DV,
                           chunk=16, beta=0.6, gamma=0.8, init=True)
     ran(*CHUNK_KERNELS)
+
+
+@pytest.mark.parametrize("cps", [None, 2])
+def test_fused_forward_on_half_the_values_per_program(make_generator, monkeypatch, cps):
+    """fused_fwd held to SPLIT_V (the interpreter's autotuner has no such config): the second
+    program's half of the Dv block is partial (36 of 64 values); with splits too."""
+    from plugins.attention.triton import fused_chunk_kernels
+    use_scan(monkeypatch, "fused")
+    if cps:
+        force_splits(monkeypatch, cps)
+    tuner = fused_chunk_kernels.fused_fwd
+    monkeypatch.setattr(tuner, "configs", [triton.Config({"SPLIT_V": True}, num_warps=4)])
+    monkeypatch.setattr(tuner, "cache", {})
+    monkeypatch.setattr(tuner, "best_config", None, raising=False)
+    check_padded_batch(triton_ops(), make_generator(), B=2, H=1, N=70, Dk=DK, Dv=DV,
+                       lengths=torch.tensor([70, 29]), chunk=16, beta=0.9, gamma=0.8)
+    assert tuner.best_config is not None and tuner.best_config.kwargs["SPLIT_V"]
