@@ -16,7 +16,8 @@ budget), in this order, correctness first:
              size); greedy decoding tokens/s with the recurrent cache (eager, and a static cache
              under torch.compile(mode="reduce-overhead"), CUDA graphs) vs Llama's KV cache; where an
              eager decode step's time goes at a short and a long context (torch.profiler)        90 s
-  rnn        benchmarks/rnn.py --device cuda: every MomentumLSTM cell vs cuDNN nn.LSTM         50 s
+  rnn        benchmarks/rnn.py --device cuda: every MomentumLSTM cell vs cuDNN nn.LSTM; then,
+             where time is left, the tanh MomentumRNN's Adam/RMSProp layers vs nn.RNN (--tanh)  50 s
 The device line's ceilings (a 1 GiB copy, 8192³ matmuls) come first, in about 15 s. The section
 states the plan (the budgets' sum) against the 8-minute limit, then issue 27's goals as this run
 measured them (benchmarks/goals.py), then each part. The parts rarely use their whole
@@ -86,14 +87,14 @@ SIZES = {
                                         (1, 8, 64, 32768)]),
                               ("fp32", [(16, 16, 64, 1024)])],
                        methods=["momentum triton", "momentum triton fused", "sdpa", "linear triton"]),
-        rnn=dict(shapes=["ptb-3x1150", "pmnist-256"], repeats=8),
+        rnn=dict(shapes=["ptb-3x1150", "pmnist-256"], tanh_shapes=["pmnist-256"], repeats=8),
         hf=dict(size=dict(layers=4, hidden=512, heads=8, ffn=2048, vocab=32000), lengths=[2048, 8192],
                 tokens=16384, steps=6, warmup=3, contexts=[512, 8192], new_tokens=64, repeats=3,
                 profile_steps=16)),
     "dry-run": dict(
         attention=dict(cases=[("bf16", [(1, 1, 16, 64)]), ("fp32", [(1, 1, 16, 64)])],
                        methods=None, repeats=dict(warmup=0, min_reps=1, max_reps=1)),
-        rnn=dict(shapes=["tiny"], repeats=2),
+        rnn=dict(shapes=["tiny"], tanh_shapes=["tiny"], repeats=2),
         hf=dict(size=dict(layers=2, hidden=32, heads=2, ffn=64, vocab=100), lengths=[32],
                 tokens=64, steps=1, warmup=1, contexts=[16, 32], new_tokens=4, repeats=1, profile_steps=2)),
 }
@@ -295,12 +296,15 @@ def _error_line(error, cases):
 def rnn_worker(mode, device, budget_s):
     import rnn
     sizes = SIZES[mode]["rnn"]
-    start, results, skipped = time.monotonic(), [], []
-    for shape in sizes["shapes"]:
-        if time.monotonic() - start > budget_s - CASE_MARGIN_S:
-            skipped.append(shape)
-            continue
-        results += rnn.cuda_times(shape, sizes["repeats"], 1, device, variants=rnn.GPU_CHECK_VARIANTS)
+    start, results, tanh, skipped = time.monotonic(), [], [], []
+    # the LSTM rows first (issue 27's goals), then the tanh RNN's where time is left
+    for shapes, rows, variants, label in ((sizes["shapes"], results, rnn.GPU_CHECK_VARIANTS, "{}"),
+                                          (sizes["tanh_shapes"], tanh, rnn.TANH_VARIANTS, "{} (tanh)")):
+        for shape in shapes:
+            if time.monotonic() - start > budget_s - CASE_MARGIN_S:
+                skipped.append(label.format(shape))
+                continue
+            rows += rnn.cuda_times(shape, sizes["repeats"], 1, device, variants=variants)
     header = (f"float32 forward + backward; median of {sizes['repeats']} round-robin rounds after a warm-up "
               "round (CUDA events), the Appendix-F loop timed in one round; peak = "
               "torch.cuda.max_memory_allocated during one forward+backward. nn.LSTM is cuDNN, which "
@@ -315,7 +319,12 @@ def rnn_worker(mode, device, budget_s):
         header = "Tiny shape (T 12, B 2, input 3, hidden 8, 2 layers) on the CPU: checks the plumbing."
     if skipped:
         header += f" Not started within the {budget_s:.0f} s budget: {', '.join(skipped)}."
-    return dict(status="ok", rows=results, markdown=header + "\n\n" + rnn.table(results, unit="ms"))
+    markdown = header + "\n\n" + rnn.table(results, unit="ms")
+    if tanh:
+        markdown += ("\n\nThe tanh MomentumRNN's Adam/RMSProp layers against nn.RNN: torch's step loop, and "
+                     "\"drive first\" (eq. 15's drive of every step, then torch's fused tanh-RNN kernel).\n\n"
+                     + rnn.table(tanh, unit="ms"))
+    return dict(status="ok", rows=results, tanh_rows=tanh, markdown=markdown)
 
 
 def hf_worker(mode, device, budget_s):
