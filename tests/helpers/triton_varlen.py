@@ -78,5 +78,5 @@ def check_packed_segments(tri, gen, *, lengths, H, Dk, Dv, chunk, beta, gamma, i
     assert rel_rms(got[0], ref[0]) <= TOL
     for name in ("s", "z", "m"):
         assert rel_rms(getattr(got[1], name), getattr(ref[1], name)) <= TOL, f"state.{name}"
-    for g, r in zip(got[2], ref[2]):
-        assert rel_rms(g, r) <= TOL
+    for name, g, r in zip(["fq", "fk", "v", "s0", "z0", "m0"], got[2], ref[2]):
+        assert rel_rms(g, r) <= TOL, f"d{name}: {rel_rms(g, r):.2e}"
