@@ -14,8 +14,8 @@ from helpers.triton_varlen import (
     EPS,
     each_segment_alone,
     offsets,
+    packed_case,
     packed_inputs,
-    random_state,
     run_with_grads,
 )
 
@@ -52,13 +52,7 @@ def test_packed_segments_match_each_segment_run_alone(make_generator, monkeypatc
     gen = make_generator()
     H, Dk, Dv = 2, 16, 12                                   # Dv not a power of two
     n, T = len(lengths), sum(lengths)
-    cu = offsets(lengths)
-    inputs = packed_inputs(gen, H, T, Dk, Dv)
-    state0 = random_state(gen, n, H, Dk, Dv) if init else None
-    ups = [torch.randn(1, H, T, Dv, generator=gen, dtype=torch.float64),
-           torch.randn(n, H, Dk, Dv, generator=gen, dtype=torch.float64),
-           torch.randn(n, H, Dk, generator=gen, dtype=torch.float64),
-           torch.randn(n, H, Dk, Dv, generator=gen, dtype=torch.float64)]
+    cu, inputs, state0, ups = packed_case(gen, lengths, H, Dk, Dv, init)
 
     def kernel(q, k, x, st):
         return tri.chunk_momentum_attention(q, k, x, momentum=beta, step_size=gamma, eps=EPS,

@@ -58,10 +58,9 @@ def run_with_grads(fn, inputs, state0, ups, dtype):
     return out, state, torch.autograd.grad(loss, leaves)
 
 
-def check_packed_segments(tri, gen, *, lengths, H, Dk, Dv, chunk, beta, gamma, init):
-    """The kernels on one packed row of segments of `lengths` (`cu_seqlens`), from random initial
-    states if `init`, against each segment run alone through eq. 12's float64 token loop: outputs,
-    per-segment final states and every gradient, each within TOL."""
+def packed_case(gen, lengths, H, Dk, Dv, init):
+    """A packed row of segments of `lengths`: cu_seqlens (int64), q, k, v, the segments' initial
+    states (None unless `init`) and random float64 gradients of the output and the final s, z, m."""
     cu = offsets(lengths)
     n, T = len(lengths), sum(lengths)
     inputs = packed_inputs(gen, H, T, Dk, Dv)
@@ -70,6 +69,14 @@ def check_packed_segments(tri, gen, *, lengths, H, Dk, Dv, chunk, beta, gamma, i
            torch.randn(n, H, Dk, Dv, generator=gen, dtype=torch.float64),
            torch.randn(n, H, Dk, generator=gen, dtype=torch.float64),
            torch.randn(n, H, Dk, Dv, generator=gen, dtype=torch.float64)]
+    return cu, inputs, state0, ups
+
+
+def check_packed_segments(tri, gen, *, lengths, H, Dk, Dv, chunk, beta, gamma, init):
+    """The kernels on one packed row of segments of `lengths` (`cu_seqlens`), from random initial
+    states if `init`, against each segment run alone through eq. 12's float64 token loop: outputs,
+    per-segment final states and every gradient, each within TOL."""
+    cu, inputs, state0, ups = packed_case(gen, lengths, H, Dk, Dv, init)
     ref = run_with_grads(lambda q, k, x, st: each_segment_alone(q, k, x, cu, st, beta, gamma),
                          inputs, state0, ups, torch.float64)
     got = run_with_grads(lambda q, k, x, st: tri.chunk_momentum_attention(
