@@ -179,8 +179,8 @@ def main(argv=None) -> int:
 
 
 def child(summary_path: str, claims: Path, only=None) -> int:
-    """The build itself, in a process the stand-in drives: the cases, in order, that no other
-    child has claimed."""
+    """The build itself, in a process the stand-in drives: the cases that no other child has
+    claimed, in `claim_order`."""
     import triton_key_probe
     triton_key_probe.use_key(Path(os.environ["PREBUILD_KEY_FILE"]).read_text())
     import triton_launch_check as check
