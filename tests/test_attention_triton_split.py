@@ -8,7 +8,7 @@ import importlib.util
 import pytest
 import torch
 import triton
-from helpers.triton_attention import SCANS, check_padded_batch, triton_ops, use_scan
+from helpers.triton_attention import SCANS, check_padded_batch, force_splits, triton_ops, use_scan
 from helpers.triton_varlen import check_packed_segments
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton not installed")
@@ -35,15 +35,6 @@ def test_a_row_per_sm_or_short_rows_keep_one_pass():
     for rows, chunks in ((256, 16), (132, 4096), (131, 31), (1, 31)):
         assert scan_splits(rows, chunks, cpu) == (1, chunks), (rows, chunks)
     assert scan_splits(131, 32, cpu)[0] > 1
-
-
-def force_splits(monkeypatch, cps):
-    """The launcher's split choice replaced: `cps` chunks per split, None = one pass."""
-    from plugins.attention.triton import chunk
-
-    def splits(rows, chunks, device):
-        return (1, chunks) if cps is None else (triton.cdiv(chunks, cps), cps)
-    monkeypatch.setattr(chunk, "scan_splits", splits)
 
 
 # (scan, chunks per split, β). One pass is the exactness tests' of test_attention_triton.py. Splits

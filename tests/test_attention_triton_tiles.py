@@ -15,7 +15,7 @@ import importlib.util
 import pytest
 import torch
 import triton
-from helpers.triton_attention import SCANS, check_padded_batch, triton_ops, use_scan
+from helpers.triton_attention import SCANS, check_padded_batch, force_splits, triton_ops, use_scan
 from helpers.triton_varlen import check_packed_segments
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton not installed")
@@ -45,11 +45,6 @@ def hold_tiles(monkeypatch):
                 assert (best.kwargs["BK"], best.kwargs["BV"]) == (bk, bv), name
         return ran
     return hold
-
-
-def force_splits(monkeypatch, cps):
-    from plugins.attention.triton import chunk
-    monkeypatch.setattr(chunk, "scan_splits", lambda rows, chunks, device: (-(-chunks // cps), cps))
 
 
 @pytest.mark.parametrize("bk,bv,beta", [(16, 16, 0.9), (32, 16, 0.0), (16, 32, 0.99)])

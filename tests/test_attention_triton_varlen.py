@@ -9,14 +9,13 @@ import importlib.util
 
 import pytest
 import torch
-from helpers.triton_attention import SCANS, TOL, rel_rms, triton_ops, use_scan
+from helpers.triton_attention import SCANS, TOL, rel_rms, run_with_grads, triton_ops, use_scan
 from helpers.triton_varlen import (
     EPS,
     each_segment_alone,
     offsets,
     packed_case,
     packed_inputs,
-    run_with_grads,
 )
 
 from plugins.attention.state import MomentumAttentionState

@@ -69,20 +69,41 @@ def check_padded_batch(tri, gen, *, B, H, N, Dk, Dv, lengths, chunk, beta, gamma
     fq, fk, v, real = make_inputs(gen, B, H, N, Dk, Dv, lengths)
     state0 = random_state(gen, B, H, Dk, Dv)
     ups = upstreams(gen, B, H, N, Dk, Dv)
-
-    def run(fn, dtype):
-        leaves = [t.to(dtype).requires_grad_() for t in (fq, fk, v, state0.s, state0.z, state0.m)]
-        out, state = fn(*leaves[:3], MomentumAttentionState(*leaves[3:]))
-        return out, state, torch.autograd.grad(loss_of(out, state, [u.to(dtype) for u in ups]), leaves)
-
-    ref = run(lambda q, k, x, st: naive_recurrent_momentum_attention(
+    ref = run_with_grads(lambda q, k, x, st: naive_recurrent_momentum_attention(
         q, k, x, st, momentum=beta, step_size=gamma, feature_map="identity", padding_mask=real),
-        torch.float64)
-    got = run(lambda q, k, x, st: tri.chunk_momentum_attention(
+        (fq, fk, v), state0, ups, torch.float64)
+    got = run_with_grads(lambda q, k, x, st: tri.chunk_momentum_attention(
         q, k, x, momentum=beta, step_size=gamma, eps=1e-6, chunk_size=chunk, initial_state=st,
-        lengths=lengths, return_state=True), torch.float32)
+        lengths=lengths, return_state=True), (fq, fk, v), state0, ups, torch.float32)
+    assert_matches(got, ref)
+
+
+def run_with_grads(fn, inputs, state0, ups, dtype):
+    """fn's output and state, and the gradients of a loss on both w.r.t. q, k, v (and the initial
+    state if there is one)."""
+    leaves = [t.to(dtype).requires_grad_() for t in inputs]
+    st = None
+    if state0 is not None:
+        st = MomentumAttentionState(*(t.to(dtype).requires_grad_() for t in (state0.s, state0.z, state0.m)))
+        leaves += [st.s, st.z, st.m]
+    out, state = fn(*leaves[:3], st)
+    return out, state, torch.autograd.grad(loss_of(out, state, [u.to(dtype) for u in ups]), leaves)
+
+
+def assert_matches(got, ref):
+    """(output, final state, gradients of q, k, v and of the initial s, z, m if given) of the
+    kernels against the float64 reference's, each within TOL."""
     assert rel_rms(got[0], ref[0]) <= TOL
     for name in ("s", "z", "m"):
         assert rel_rms(getattr(got[1], name), getattr(ref[1], name)) <= TOL, f"state.{name}"
     for name, g, r in zip(["fq", "fk", "v", "s0", "z0", "m0"], got[2], ref[2]):
         assert rel_rms(g, r) <= TOL, f"d{name}: {rel_rms(g, r):.2e}"
+
+
+def force_splits(monkeypatch, cps):
+    """The launcher's split choice replaced: `cps` chunks per split, None = one pass."""
+    from plugins.attention.triton import chunk
+
+    def splits(rows, chunks, device):
+        return (1, chunks) if cps is None else (-(-chunks // cps), cps)
+    monkeypatch.setattr(chunk, "scan_splits", splits)

@@ -4,7 +4,7 @@ import torch
 from plugins.attention.naive import naive_recurrent_momentum_attention
 from plugins.attention.state import MomentumAttentionState
 
-from .triton_attention import TOL, rel_rms
+from .triton_attention import assert_matches, run_with_grads
 
 EPS = 1e-6
 
@@ -43,21 +43,6 @@ def each_segment_alone(fq, fk, v, cu, state0, beta, gamma):
                                                         for name in ("s", "z", "m")))
 
 
-def run_with_grads(fn, inputs, state0, ups, dtype):
-    """fn's output and state, and the gradients of a loss on both w.r.t. q, k, v (and the initial
-    state if there is one)."""
-    leaves = [t.to(dtype).requires_grad_() for t in inputs]
-    st = None
-    if state0 is not None:
-        st = MomentumAttentionState(*(t.to(dtype).requires_grad_() for t in (state0.s, state0.z, state0.m)))
-        leaves += [st.s, st.z, st.m]
-    out, state = fn(*leaves[:3], st)
-    loss = (out * ups[0].to(dtype)).sum()
-    for name, up in zip("szm", ups[1:]):
-        loss = loss + (getattr(state, name) * up.to(dtype)).sum()
-    return out, state, torch.autograd.grad(loss, leaves)
-
-
 def packed_case(gen, lengths, H, Dk, Dv, init):
     """A packed row of segments of `lengths`: cu_seqlens (int64), q, k, v, the segments' initial
     states (None unless `init`) and random float64 gradients of the output and the final s, z, m."""
@@ -82,8 +67,4 @@ def check_packed_segments(tri, gen, *, lengths, H, Dk, Dv, chunk, beta, gamma, i
     got = run_with_grads(lambda q, k, x, st: tri.chunk_momentum_attention(
         q, k, x, momentum=beta, step_size=gamma, eps=EPS, chunk_size=chunk, initial_state=st,
         cu_seqlens=cu.to(torch.int32), return_state=True), inputs, state0, ups, torch.float32)
-    assert rel_rms(got[0], ref[0]) <= TOL
-    for name in ("s", "z", "m"):
-        assert rel_rms(getattr(got[1], name), getattr(ref[1], name)) <= TOL, f"state.{name}"
-    for name, g, r in zip(["fq", "fk", "v", "s0", "z0", "m0"], got[2], ref[2]):
-        assert rel_rms(g, r) <= TOL, f"d{name}: {rel_rms(g, r):.2e}"
+    assert_matches(got, ref)
