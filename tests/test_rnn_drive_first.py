@@ -11,6 +11,8 @@ filters (128) and not a multiple of it, two layers and bidirectional layers; on 
 no value is read back and nothing is copied from the host; under CPU autocast it runs in the
 weights' dtype, bit for bit as without it.
 """
+from types import SimpleNamespace
+
 import pytest
 import torch
 from rnn_literal import LITERAL_DRIVES, lstm_literal
@@ -231,6 +233,32 @@ def test_compiled_with_aot_autograd_equals_eager(cls, make_generator):
             results.append(tensors + list(torch.autograd.grad(loss, [x, *layer.parameters(), *given])))
     for a, b in zip(*results):
         torch.testing.assert_close(a, b, atol=TOL, rtol=0)
+
+
+@pytest.mark.parametrize("packed", [False, True])
+@pytest.mark.parametrize("cls", CLASSES)
+def test_final_states_keep_their_shape_where_the_fused_kernel_adds_a_dim(monkeypatch, make_generator, cls,
+                                                                         packed):
+    """torch 2.11's AOTAutograd traces aten::lstm's final h and c as (1, L, B, H) (the values
+    right): the layers' states keep the initial states' shape, with and without lengths. The
+    fused kernel is stood in for by one that adds that dim."""
+    from plugins.rnn import sequence
+    gen = make_generator()
+    layer = make_layer("adam", gen, num_layers=2, cls=cls)
+    x = torch.randn(6, 3, D, generator=gen, dtype=torch.float64)
+    lengths = torch.tensor([6, 2, 4]) if packed else None
+    results = []
+    for run in range(2):
+        if run:
+            adding = lambda fn: lambda *args: (lambda out: (out[0], *(t[None] for t in out[1:])))(fn(*args))
+            monkeypatch.setattr(sequence, "_VF", SimpleNamespace(lstm=adding(torch._VF.lstm),
+                                                                 rnn_tanh=adding(torch._VF.rnn_tanh)))
+        with recurrence_backend("cudnn"):
+            out, new = layer(pack_padded_sequence(x, lengths, enforce_sorted=False) if packed else x)
+        results.append([pad_packed_sequence(out)[0] if packed else out, *tensors_of(new)])
+    for a, b in zip(*results):
+        assert a.shape == b.shape
+        torch.testing.assert_close(a, b, atol=0, rtol=0)
 
 
 @pytest.mark.parametrize("cls", CLASSES)

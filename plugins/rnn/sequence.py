@@ -72,10 +72,18 @@ def valid_mask(lengths, steps, batch, device):
     return (t[:, None] < lengths[None, :]).to(device).view(steps, batch, 1)
 
 
+# Device types with an autocast, found once: torch.compile of torch 2.11 (the GPU machine's) cannot
+# trace torch.amp.is_autocast_available, and a compiled drive-first layer asks at each call.
+AUTOCAST_DEVICES = frozenset(
+    device for device in ("cpu", "cuda", "xpu", "mps", "hpu", "xla", "mtia", "maia", "ipu",
+                          torch._C._get_privateuse1_backend_name())
+    if torch.amp.is_autocast_available(device))
+
+
 def autocast_off(device_type: str):
     """A region without autocast on `device_type` (nothing to turn off where autocast does not
     exist, as on meta tensors, or is not enabled)."""
-    if not torch.amp.is_autocast_available(device_type) or not torch.is_autocast_enabled(device_type):
+    if device_type not in AUTOCAST_DEVICES or not torch.is_autocast_enabled(device_type):
         return contextlib.nullcontext()
     return torch.autocast(device_type, enabled=False)
 
@@ -115,7 +123,7 @@ def fused_recurrence(kind, x, lengths, hx, weights, has_biases, training, num_la
         x, hx, precision = cpu_autocast_off(x, hx, weights)
         with precision:
             out = fn(x, hx, weights, has_biases, num_layers, dropout, training, False, False)
-        return out[0], out[1:]
+        return out[0], shaped_as(out[1:], hx)
     packed = pack_padded_sequence(x, lengths, enforce_sorted=False)
     data, finals = fused_packed(kind, packed, hx, weights, has_biases, training, num_layers, dropout)
     out, _ = pad_packed_sequence(packed._replace(data=data), total_length=x.size(0))
@@ -131,7 +139,13 @@ def fused_packed(kind, packed, hx, weights, has_biases, training, num_layers=1, 
     data, hx, precision = cpu_autocast_off(packed.data, hx, weights)
     with precision:
         res = fn(data, packed.batch_sizes, hx, weights, has_biases, num_layers, dropout, training, False)
-    return res[0], tuple(t.index_select(1, packed.unsorted_indices) for t in res[1:])
+    return res[0], tuple(t.index_select(1, packed.unsorted_indices) for t in shaped_as(res[1:], hx))
+
+
+def shaped_as(finals, hx):
+    """The fused kernel's final states in the shape of the initial ones: torch 2.11's AOTAutograd
+    (torch.compile) traces aten::lstm's final h and c as (1, L, B, H), the values right."""
+    return tuple(f.view(h.shape) for f, h in zip(finals, hx if isinstance(hx, tuple) else (hx,)))
 
 
 def check_state_tensor(value, name, shape, ref):
