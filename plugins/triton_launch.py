@@ -30,6 +30,7 @@ does) where no launch hook is set (Triton's profiling hooks get Triton's own run
 Under TRITON_INTERPRET, for anything that is not a Triton kernel (a test's recorder), and where a
 config has a pre-hook, `direct` returns the kernel as it is."""
 import os
+import re
 import threading
 
 import torch
@@ -54,6 +55,25 @@ _LAUNCHERS = {}                                    # id(kernel) → DirectLaunch
 _PLANS = threading.local()                         # .current: the innermost launch_plan, or None
 _LAUNCH_OPTIONS = {"num_warps", "num_stages", "num_ctas", "maxnreg", "num_buffers_warp_spec",
                    "num_consumer_groups", "reg_dec_producer", "reg_inc_consumer", "ir_override"}
+
+
+# Triton's interpreter runs these kernels on CPU tensors from Triton 3.8 on. Before it, the autotuner
+# times even the one config left after pruning, through a GPU driver that a machine without a GPU lacks
+# ("0 active drivers"), and Triton 3.6's interpreter fails every loop over a run-time size under
+# numpy 2.4 or later. Compiled kernels on CUDA tensors run with Triton 3.6 and later.
+INTERPRETER_FLOOR = (3, 8)
+
+
+def check_interpreter(path: str) -> None:
+    """Refuses Triton's interpreter, before any launch, where the installed Triton cannot run the
+    kernels in it; `path` names what the caller can use instead."""
+    import triton
+    version = tuple(int(part) for part in re.findall(r"\d+", triton.__version__)[:2])
+    if version < INTERPRETER_FLOOR:
+        floor = ".".join(map(str, INTERPRETER_FLOOR))
+        raise RuntimeError(f"Triton's interpreter (TRITON_INTERPRET=1, CPU tensors) runs these kernels from "
+                           f"Triton {floor} on; this is Triton {triton.__version__}. Install triton>={floor} "
+                           f"or use {path}")
 
 
 def pin(kernel, grid, args, kwargs):

@@ -82,9 +82,13 @@ def marked_chunk_attention(phi, q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
 def _check_device(t: torch.Tensor) -> None:
     if not HAS_TRITON:
         raise RuntimeError("the Triton kernels need triton (pip install triton)")
-    if not t.is_cuda and os.environ.get("TRITON_INTERPRET") != "1":
-        raise ValueError(f"the Triton kernels run on CUDA tensors, got {t.device}; CPU tensors run through "
-                         "Triton's interpreter only with TRITON_INTERPRET=1 set before triton is imported")
+    if not t.is_cuda:
+        if os.environ.get("TRITON_INTERPRET") != "1":
+            raise ValueError(f"the Triton kernels run on CUDA tensors, got {t.device}; CPU tensors run "
+                             "through Triton's interpreter only with TRITON_INTERPRET=1 set before triton is "
+                             "imported")
+        from ...triton_launch import check_interpreter
+        check_interpreter("backend='torch'")
 
 
 __all__ = ["chunk_momentum_attention", "fused_recurrent_step", "is_available"]
