@@ -17,7 +17,7 @@ PYTEST_WORKERS ?= 2
 DEMO_ARGS ?=
 GPU_CHECK_ARGS ?=
 
-.PHONY: venv lint test demo bench gpu-check triton-carry lock clean cells-doc
+.PHONY: venv lint test demo bench gpu-check triton-carry device-torch-test lock clean cells-doc
 
 venv:
 	@if [ "$$(cat $(STAMP) 2>/dev/null)" != "$(REQ_HASH)" ]; then \
@@ -80,6 +80,28 @@ triton-carry: venv
 	done
 	$(BIN)/python benchmarks/triton_cache_prebuild.py --site $(TRITON_BUILD)/cp311 \
 		--device-python $(DEVICE_PYTHON) --device-site $(TRITON_BUILD)/cp312 --out .triton-carry --check $(PREBUILD_ARGS)
+
+# The whole suite on the GPU machine's torch (2.11, setup.cfg's floor; PyPI's CUDA build, about 6 GB,
+# runs on the CPU), with everything else at the lock's versions. Its Triton is the lock's: the tests run
+# the kernels through Triton's interpreter, which the machine's Triton 3.6 cannot (plugins/triton_launch.py,
+# INTERPRETER_FLOOR); 3.6 compiles them in `make triton-carry`. About 25 minutes on 2 cores.
+DEVICE_TORCH := 2.11.0
+DEVICE_VENV := build/device-torch
+device-torch-test:
+	@test -n "$(DEVICE_PYTHON)" || { echo "make device-torch-test: no Python 3.12 found; set DEVICE_PYTHON"; exit 1; }
+	rm -rf $(DEVICE_VENV)
+	$(DEVICE_PYTHON) -m venv $(DEVICE_VENV)
+	grep -v -e '^torch==' -e '^triton==' $(LOCK) > $(DEVICE_VENV)/constraints.txt
+	echo "torch==$(DEVICE_TORCH)" >> $(DEVICE_VENV)/constraints.txt
+	export PIP_CONSTRAINT=$(abspath $(DEVICE_VENV))/constraints.txt; \
+	$(DEVICE_VENV)/bin/pip install -q torch==$(DEVICE_TORCH) numpy cython setuptools wheel \
+	&& $(DEVICE_VENV)/bin/pip install -q --no-deps --no-build-isolation fairseq-fixed==0.12.3.1 \
+	&& $(DEVICE_VENV)/bin/pip install -q --no-build-isolation -e '.[hf,recipes,fairseq,peft,export,eval]' \
+		ruff pytest pytest-timeout pytest-xdist \
+	&& $(DEVICE_VENV)/bin/pip install -q --no-deps $$(grep '^triton==' $(LOCK))
+	$(DEVICE_VENV)/bin/python -c "import torch, triton; print('torch', torch.__version__, '| triton', triton.__version__)"
+	PATH=$(abspath $(DEVICE_VENV))/bin:$$PATH $(DEVICE_VENV)/bin/python -m pytest -n $(PYTEST_WORKERS) \
+		--dist loadscope --no-loadscope-reorder --timeout 900 $(PYTEST_ARGS)
 
 # Re-resolve and rewrite the lock from what is installed in .venv (then commit it).
 lock: venv
