@@ -81,10 +81,11 @@ triton-carry: venv
 	$(BIN)/python benchmarks/triton_cache_prebuild.py --site $(TRITON_BUILD)/cp311 \
 		--device-python $(DEVICE_PYTHON) --device-site $(TRITON_BUILD)/cp312 --out .triton-carry --check $(PREBUILD_ARGS)
 
-# The whole suite on the GPU machine's torch (2.11, setup.cfg's floor; PyPI's CUDA build, about 6 GB,
-# runs on the CPU), with everything else at the lock's versions. Its Triton is the lock's: the tests run
-# the kernels through Triton's interpreter, which the machine's Triton 3.6 cannot (plugins/triton_launch.py,
-# INTERPRETER_FLOOR); 3.6 compiles them in `make triton-carry`. About 25 minutes on 2 cores.
+# The whole suite on the GPU machine's torch (2.11, setup.cfg's floor; PyPI's CUDA build, 3 GB to
+# download and 6 GB installed, runs on the CPU), with everything else at the lock's versions. Its Triton
+# is the lock's: the tests run the kernels through Triton's interpreter, which the machine's Triton 3.6
+# cannot (plugins/triton_launch.py, INTERPRETER_FLOOR); 3.6 compiles them in `make triton-carry`.
+# About 20 minutes on 2 cores (pytest 18 of them).
 DEVICE_TORCH := 2.11.0
 DEVICE_VENV := build/device-torch
 device-torch-test:
