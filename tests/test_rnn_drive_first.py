@@ -235,28 +235,36 @@ def test_compiled_with_aot_autograd_equals_eager(cls, make_generator):
         torch.testing.assert_close(a, b, atol=TOL, rtol=0)
 
 
+def with_a_leading_dim(fused):
+    """torch's fused kernel `fused` with its final states as torch 2.11's AOTAutograd traces
+    aten::lstm's: (1, L, B, H), the values right."""
+    def call(*args):
+        out = fused(*args)
+        return (out[0], *(t[None] for t in out[1:]))
+    return call
+
+
 @pytest.mark.parametrize("packed", [False, True])
 @pytest.mark.parametrize("cls", CLASSES)
 def test_final_states_keep_their_shape_where_the_fused_kernel_adds_a_dim(monkeypatch, make_generator, cls,
                                                                          packed):
-    """torch 2.11's AOTAutograd traces aten::lstm's final h and c as (1, L, B, H) (the values
-    right): the layers' states keep the initial states' shape, with and without lengths. The
-    fused kernel is stood in for by one that adds that dim."""
+    """The layers' outputs and states on a fused kernel that adds that leading dim equal those on
+    torch's, shapes included, with and without lengths."""
     from plugins.rnn import sequence
     gen = make_generator()
     layer = make_layer("adam", gen, num_layers=2, cls=cls)
     x = torch.randn(6, 3, D, generator=gen, dtype=torch.float64)
-    lengths = torch.tensor([6, 2, 4]) if packed else None
-    results = []
-    for run in range(2):
-        if run:
-            adding = lambda fn: lambda *args: (lambda out: (out[0], *(t[None] for t in out[1:])))(fn(*args))
-            monkeypatch.setattr(sequence, "_VF", SimpleNamespace(lstm=adding(torch._VF.lstm),
-                                                                 rnn_tanh=adding(torch._VF.rnn_tanh)))
+    lengths = torch.tensor([6, 2, 4])
+
+    def run():
         with recurrence_backend("cudnn"):
             out, new = layer(pack_padded_sequence(x, lengths, enforce_sorted=False) if packed else x)
-        results.append([pad_packed_sequence(out)[0] if packed else out, *tensors_of(new)])
-    for a, b in zip(*results):
+        return [pad_packed_sequence(out)[0] if packed else out, *tensors_of(new)]
+
+    expected = run()
+    monkeypatch.setattr(sequence, "_VF", SimpleNamespace(lstm=with_a_leading_dim(torch._VF.lstm),
+                                                         rnn_tanh=with_a_leading_dim(torch._VF.rnn_tanh)))
+    for a, b in zip(run(), expected):
         assert a.shape == b.shape
         torch.testing.assert_close(a, b, atol=0, rtol=0)
 
