@@ -14,6 +14,7 @@ REQ_HASH := $(shell cat $(LOCK) setup.cfg pyproject.toml | sha256sum | cut -c1-1
 PYTEST_ARGS ?=
 # pytest-xdist workers for make test (CI has 2 cores; 0 runs in this process; docs/developing.md).
 PYTEST_WORKERS ?= 2
+PYTEST = -m pytest -n $(PYTEST_WORKERS) --dist loadscope --no-loadscope-reorder --timeout 900 $(PYTEST_ARGS)
 DEMO_ARGS ?=
 GPU_CHECK_ARGS ?=
 
@@ -40,7 +41,7 @@ lint: venv
 	$(BIN)/ruff check .
 
 test: venv lint
-	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadscope --no-loadscope-reorder --timeout 900 $(PYTEST_ARGS)
+	$(BIN)/python $(PYTEST)
 
 # The main job: momentum vs baseline LMs on the offline Austen corpus through fairseq-train.
 demo: venv
@@ -101,8 +102,7 @@ device-torch-test:
 		ruff pytest pytest-timeout pytest-xdist \
 	&& $(DEVICE_VENV)/bin/pip install -q --no-deps $$(grep '^triton==' $(LOCK))
 	$(DEVICE_VENV)/bin/python -c "import torch, triton; print('torch', torch.__version__, '| triton', triton.__version__)"
-	PATH=$(abspath $(DEVICE_VENV))/bin:$$PATH $(DEVICE_VENV)/bin/python -m pytest -n $(PYTEST_WORKERS) \
-		--dist loadscope --no-loadscope-reorder --timeout 900 $(PYTEST_ARGS)
+	PATH=$(abspath $(DEVICE_VENV))/bin:$$PATH $(DEVICE_VENV)/bin/python $(PYTEST)
 
 # Re-resolve and rewrite the lock from what is installed in .venv (then commit it).
 lock: venv
