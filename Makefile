@@ -25,15 +25,26 @@ venv:
 		$(MAKE) --no-print-directory _build-venv; \
 	else echo ".venv is up to date"; fi
 
-# fairseq-fixed is installed with --no-deps (its metadata pulls a CUDA torchaudio that breaks torch
-# and transformers); its import-time dependencies and numpy<2 come with setup.cfg's `fairseq` extra.
+# $(call build-venv,DIR,PYTHON,TORCH,CONSTRAINTS,EXTRAS,TEST_EXTRA) makes the venv DIR with PYTHON: torch==TORCH
+# first (before anything that depends on it, so that pip takes that wheel), fairseq-fixed with --no-deps
+# (its metadata pulls a CUDA torchaudio that breaks torch and transformers; its import-time dependencies
+# and numpy<2 come with setup.cfg's `fairseq` extra), then this package with EXTRAS and
+# TEST_EXTRA, all under the lock CONSTRAINTS.
+define build-venv
+rm -rf $(1)
+$(2) -m venv $(1)
+export PIP_CONSTRAINT=$(abspath $(4)); \
+$(1)/bin/pip install -q torch==$(3) numpy cython setuptools wheel \
+&& $(1)/bin/pip install -q --no-deps --no-build-isolation fairseq-fixed==0.12.3.1 \
+&& $(1)/bin/pip install -q --no-build-isolation -e '.[$(5),$(6)]'
+$(1)/bin/python -c "import torch, fairseq, transformers, accelerate; print('torch', torch.__version__, '| fairseq', fairseq.__version__, '| transformers', transformers.__version__)"
+endef
+
+TORCH := 2.13.0
+# What the suite imports; `test` adds its tools and the interpreter's Triton (setup.cfg).
+RUNTIME_EXTRAS := hf,recipes,fairseq,peft,export,eval
 _build-venv:
-	rm -rf $(VENV)
-	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install -q torch==2.13.0 numpy cython setuptools wheel
-	$(BIN)/pip install -q --no-deps --no-build-isolation fairseq-fixed==0.12.3.1
-	$(BIN)/pip install -q --no-build-isolation -e '.[hf,recipes,test,fairseq,peft,export,eval]'
-	$(BIN)/python -c "import torch, fairseq, transformers, accelerate; print('torch', torch.__version__, '| fairseq', fairseq.__version__, '| transformers', transformers.__version__)"
+	$(call build-venv,$(VENV),$(PYTHON),$(TORCH),$(LOCK),$(RUNTIME_EXTRAS),test)
 	echo "$(REQ_HASH)" > $(STAMP)
 
 # ruff's configuration is in pyproject.toml ([tool.ruff]).
@@ -85,29 +96,27 @@ triton-carry: venv
 # The whole suite on the GPU machine's torch (2.11, setup.cfg's floor; PyPI's CUDA build, 3 GB to
 # download and 6 GB installed, runs on the CPU), with everything else at the lock's versions. Its Triton
 # is the lock's: the tests run the kernels through Triton's interpreter, which the machine's Triton 3.6
-# cannot (plugins/triton_launch.py, INTERPRETER_FLOOR); 3.6 compiles them in `make triton-carry`.
+# cannot (plugins/triton_launch.py, INTERPRETER_FLOOR); 3.6 compiles them in `make triton-carry`. torch
+# 2.11 pins Triton 3.6, so the venv takes the `test-tools` extra (not `test`, which asks Triton >= 3.8)
+# and then the lock's Triton with --no-deps.
 # About 20 minutes on 2 cores (pytest 18 of them).
 DEVICE_TORCH := 2.11.0
 DEVICE_VENV := build/device-torch
+DEVICE_LOCK := build/device-torch-constraints.txt
 device-torch-test:
 	@test -n "$(DEVICE_PYTHON)" || { echo "make device-torch-test: no Python 3.12 found; set DEVICE_PYTHON"; exit 1; }
-	rm -rf $(DEVICE_VENV)
-	$(DEVICE_PYTHON) -m venv $(DEVICE_VENV)
-	grep -v -e '^torch==' -e '^triton==' $(LOCK) > $(DEVICE_VENV)/constraints.txt
-	echo "torch==$(DEVICE_TORCH)" >> $(DEVICE_VENV)/constraints.txt
-	export PIP_CONSTRAINT=$(abspath $(DEVICE_VENV))/constraints.txt; \
-	$(DEVICE_VENV)/bin/pip install -q torch==$(DEVICE_TORCH) numpy cython setuptools wheel \
-	&& $(DEVICE_VENV)/bin/pip install -q --no-deps --no-build-isolation fairseq-fixed==0.12.3.1 \
-	&& $(DEVICE_VENV)/bin/pip install -q --no-build-isolation -e '.[hf,recipes,fairseq,peft,export,eval]' \
-		ruff pytest pytest-timeout pytest-xdist \
-	&& $(DEVICE_VENV)/bin/pip install -q --no-deps $$(grep '^triton==' $(LOCK))
+	mkdir -p build
+	grep -v -e '^torch==' -e '^triton==' $(LOCK) > $(DEVICE_LOCK)
+	echo "torch==$(DEVICE_TORCH)" >> $(DEVICE_LOCK)
+	$(call build-venv,$(DEVICE_VENV),$(DEVICE_PYTHON),$(DEVICE_TORCH),$(DEVICE_LOCK),$(RUNTIME_EXTRAS),test-tools)
+	$(DEVICE_VENV)/bin/pip install -q --no-deps $$(grep '^triton==' $(LOCK))
 	$(DEVICE_VENV)/bin/python -c "import torch, triton; print('torch', torch.__version__, '| triton', triton.__version__)"
 	PATH=$(abspath $(DEVICE_VENV))/bin:$$PATH $(DEVICE_VENV)/bin/python $(PYTEST)
 
 # Re-resolve and rewrite the lock from what is installed in .venv (then commit it).
 lock: venv
 	$(BIN)/pip freeze --exclude-editable | grep -v -e '^-e' -e '^momentum-plugins' \
-		| sed -e 's/^torch==.*/torch==2.13.0/' > $(LOCK).new
+		| sed -e 's/^torch==.*/torch==$(TORCH)/' > $(LOCK).new
 	mv $(LOCK).new $(LOCK)
 
 clean:
