@@ -120,6 +120,54 @@ def _store_chunk_state(h_s, h_m, h_z, c, S, M, Z, state_off, state_mask, o_k, mk
 
 
 @triton.jit
+def _load_chunk_state(h_s, h_m, c, tile, tile_mask, DK: tl.constexpr, DV: tl.constexpr,
+                      MOMENTUM: tl.constexpr):
+    """A per-chunk kernel's tile of S and M' at chunk c, as `_store_chunk_state` stored them. Without
+    momentum both are S's tile: the kernels do not read the second then."""
+    hs = tl.load(h_s + c * DK * DV + tile, mask=tile_mask, other=0.0)
+    hm = hs
+    if MOMENTUM:
+        hm = tl.load(h_m + c * DK * DV + tile, mask=tile_mask, other=0.0)
+    return hs, hm
+
+
+@triton.jit
+def _state_tiles(i_k, i_v, BK: tl.constexpr, BV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr):
+    """(o_k, o_v, mk, mv, offsets, mask) of a program's (BK, BV) state tile: Dk block i_k, Dv block i_v."""
+    o_k = i_k * BK + tl.arange(0, BK)
+    o_v = i_v * BV + tl.arange(0, BV)
+    mk = o_k < DK
+    mv = o_v < DV
+    return o_k, o_v, mk, mv, o_k[:, None] * DV + o_v[None, :], mk[:, None] & mv[None, :]
+
+
+@triton.jit
+def _load_scan_state(s, m, z, state_off, state_mask, o_k, mk, log_beta, BK: tl.constexpr, BV: tl.constexpr,
+                     MOMENTUM: tl.constexpr, LOAD: tl.constexpr):
+    """A scan's (BK, BV) tile of S, M' = −m and Z it starts from (fwd_h: the initial state; bwd_dh: the
+    final state's gradient), from pointers at its row, if LOAD, else zeros; in log_beta's dtype."""
+    ACC: tl.constexpr = log_beta.dtype
+    S = tl.zeros([BK, BV], dtype=ACC)
+    M = tl.zeros([BK, BV], dtype=ACC)
+    Z = tl.zeros([BK], dtype=ACC)
+    if LOAD:
+        S += tl.load(s + state_off, mask=state_mask, other=0.0).to(ACC)
+        if MOMENTUM:
+            M -= tl.load(m + state_off, mask=state_mask, other=0.0).to(ACC)
+        Z += tl.load(z + o_k, mask=mk, other=0.0).to(ACC)
+    return S, M, Z
+
+
+@triton.jit
+def _store_scan_state(s, m, z, S, M, Z, state_off, state_mask, o_k, mk, FIRST_V):
+    """A scan's tile of S, m = −M' and (by the first Dv block) Z where it ends, to pointers at its row."""
+    tl.store(s + state_off, S, mask=state_mask)
+    tl.store(m + state_off, -M, mask=state_mask)
+    if FIRST_V:
+        tl.store(z + o_k, Z, mask=mk)
+
+
+@triton.jit
 def _end_weights(rows, Lc, log_beta, inv, gamma, beta, MOMENTUM: tl.constexpr):
     """Weights of φ(k_j)v_jᵀ on S and on M' at the end of a chunk of Lc real tokens, the weight of
     the entering M' on the leaving S, and M's decay over the chunk."""
@@ -232,21 +280,9 @@ def fwd_h(k, v, h_s, h_m, h_z, s0, m0, z0, s_out, m_out, z_out, lengths, cu_seql
     ACC: tl.constexpr = coef.dtype.element_ty
 
     rows = tl.arange(0, BT)
-    o_k = i_k * BK + tl.arange(0, BK)
-    o_v = i_v * BV + tl.arange(0, BV)
-    mk = o_k < DK
-    mv = o_v < DV
-    state_off = o_k[:, None] * DV + o_v[None, :]
-    state_mask = mk[:, None] & mv[None, :]
-
-    S = tl.zeros([BK, BV], dtype=ACC)
-    M = tl.zeros([BK, BV], dtype=ACC)
-    Z = tl.zeros([BK], dtype=ACC)
-    if USE_INIT:
-        S += tl.load(s0 + state_off, mask=state_mask, other=0.0).to(ACC)
-        if MOMENTUM:
-            M -= tl.load(m0 + state_off, mask=state_mask, other=0.0).to(ACC)
-        Z += tl.load(z0 + o_k, mask=mk, other=0.0).to(ACC)
+    o_k, o_v, mk, mv, state_off, state_mask = _state_tiles(i_k, i_v, BK, BV, DK, DV)
+    S, M, Z = _load_scan_state(s0, m0, z0, state_off, state_mask, o_k, mk, log_beta, BK, BV, MOMENTUM,
+                               USE_INIT)
 
     c0 = i_g * CPS
     stop = tl.minimum(c0 + CPS, tl.cdiv(L, BT))
@@ -271,11 +307,7 @@ def fwd_h(k, v, h_s, h_m, h_z, s0, m0, z0, s_out, m_out, z_out, lengths, cu_seql
             S += carry_end * M
             M = decay * M + mixed_dot(kt * w_m[None, :], vv, LOW, IEEE)
         Z += tl.sum(kk.to(ACC), axis=0)
-
-    tl.store(s_out + state_off, S, mask=state_mask)
-    tl.store(m_out + state_off, -M, mask=state_mask)
-    if i_v == 0:
-        tl.store(z_out + o_k, Z, mask=mk)
+    _store_scan_state(s_out, m_out, z_out, S, M, Z, state_off, state_mask, o_k, mk, i_v == 0)
 
 
 @autotuned(prune_chunk)
@@ -338,10 +370,7 @@ def fwd_o(q, k, v, h_s, h_m, h_z, e_s, e_m, e_z, o, den, lengths, cu_seqlens, ch
             A += raw_dot(qq, tl.trans(kk), IEEE)
             tile = o_k[:, None] * DV + o_v[None, :]
             state_mask = mk[:, None] & mv[None, :]
-            hs = tl.load(h_s + chunk * DK * DV + tile, mask=state_mask, other=0.0)
-            hm = hs
-            if MOMENTUM:
-                hm = tl.load(h_m + chunk * DK * DV + tile, mask=state_mask, other=0.0)
+            hs, hm = _load_chunk_state(h_s, h_m, chunk, tile, state_mask, DK, DV, MOMENTUM)
             zz = tl.load(h_z + chunk * DK + o_k, mask=mk, other=0.0)
             if SPLIT:
                 hs, hm = _with_split(hs, hm, e_s, e_m, e_row * DK * DV + tile, state_mask, carry_e, decay_e,
@@ -432,21 +461,9 @@ def bwd_dh(q, o, do, den, dden, dh_s, dh_m, dh_z, ds_fin, dm_fin, dz_fin, ds0, d
     ACC: tl.constexpr = coef.dtype.element_ty
 
     rows = tl.arange(0, BT)
-    o_k = i_k * BK + tl.arange(0, BK)
-    o_v = i_v * BV + tl.arange(0, BV)
-    mk = o_k < DK
-    mv = o_v < DV
-    state_off = o_k[:, None] * DV + o_v[None, :]
-    state_mask = mk[:, None] & mv[None, :]
-
-    dS = tl.zeros([BK, BV], dtype=ACC)
-    dM = tl.zeros([BK, BV], dtype=ACC)
-    dZ = tl.zeros([BK], dtype=ACC)
-    if HAS_FINAL_GRAD:
-        dS += tl.load(ds_fin + state_off, mask=state_mask, other=0.0).to(ACC)
-        if MOMENTUM:
-            dM -= tl.load(dm_fin + state_off, mask=state_mask, other=0.0).to(ACC)
-        dZ += tl.load(dz_fin + o_k, mask=mk, other=0.0).to(ACC)
+    o_k, o_v, mk, mv, state_off, state_mask = _state_tiles(i_k, i_v, BK, BV, DK, DV)
+    dS, dM, dZ = _load_scan_state(ds_fin, dm_fin, dz_fin, state_off, state_mask, o_k, mk, log_beta, BK, BV,
+                                  MOMENTUM, HAS_FINAL_GRAD)
     _W, carry, _causal = _intra_weights(rows, log_beta, inv, gamma, beta, MOMENTUM)
 
     c0 = i_g * CPS
@@ -475,11 +492,7 @@ def bwd_dh(q, o, do, den, dden, dh_s, dh_m, dh_z, ds_fin, dm_fin, dz_fin, ds0, d
             dM = decay * dM + carry_end * dS + mixed_dot(qt, dnum * carry[:, None], LOW, IEEE)
         dS += mixed_dot(qt, dnum, LOW, IEEE)
         dZ += tl.sum(qt * ddn[None, :], axis=1)
-
-    tl.store(ds0 + state_off, dS, mask=state_mask)
-    tl.store(dm0 + state_off, -dM, mask=state_mask)
-    if i_v == 0:
-        tl.store(dz0 + o_k, dZ, mask=mk)
+    _store_scan_state(ds0, dm0, dz0, dS, dM, dZ, state_off, state_mask, o_k, mk, i_v == 0)
 
 
 @autotuned(prune_chunk)
@@ -535,10 +548,7 @@ def bwd_dv(q, k, do, den, dh_s, dh_m, de_s, de_m, dv, lengths, cu_seqlens, chunk
             A += raw_dot(qq, tl.trans(kk), IEEE)
             tile = o_k[:, None] * DV + o_v[None, :]
             state_mask = mk[:, None] & mv[None, :]
-            dhs = tl.load(dh_s + chunk * DK * DV + tile, mask=state_mask, other=0.0)
-            dhm = dhs
-            if MOMENTUM:
-                dhm = tl.load(dh_m + chunk * DK * DV + tile, mask=state_mask, other=0.0)
+            dhs, dhm = _load_chunk_state(dh_s, dh_m, chunk, tile, state_mask, DK, DV, MOMENTUM)
             if SPLIT:
                 dhs, dhm = _with_split(dhs, dhm, de_s, de_m, de_row * DK * DV + tile, state_mask, carry_d,
                                        decay_d, MOMENTUM, True)

@@ -28,6 +28,7 @@ from .chunk_kernels import (
     _intra_weights,
     _load_coef,
     _sequence,
+    _state_tiles,
 )
 from .split import add_split
 from .utils import finite, mixed_dot, raw_dot
@@ -101,16 +102,6 @@ def _padding_chunks(L, c0, CPS, NT, BT: tl.constexpr):
     """(first, stop) of split c0's chunks (of CPS, NT per padded row) past the row's L real tokens:
     the chunks whose outputs a padded row's program fills with zeros."""
     return tl.maximum(c0, tl.cdiv(L, BT)), tl.minimum(c0 + CPS, NT)
-
-
-@triton.jit
-def _state_tiles(i_v, BK: tl.constexpr, TV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr):
-    """(o_k, o_v, mk, mv, offsets, mask) of a program's (BK, TV) state tile: all of Dk, Dv block i_v."""
-    o_k = tl.arange(0, BK)
-    o_v = i_v * TV + tl.arange(0, TV)
-    mk = o_k < DK
-    mv = o_v < DV
-    return o_k, o_v, mk, mv, o_k[:, None] * DV + o_v[None, :], mk[:, None] & mv[None, :]
 
 
 @triton.jit
@@ -212,7 +203,7 @@ def fused_fwd(q, k, v, o, den, s0, m0, z0, s_loc, m_loc, z_loc, s_out, m_out, z_
     ACC: tl.constexpr = coef.dtype.element_ty
 
     rows = tl.arange(0, BT)
-    o_k, o_v, mk, mv, state_off, state_mask = _state_tiles(i_v, BK, TV, DK, DV)
+    o_k, o_v, mk, mv, state_off, state_mask = _state_tiles(0, i_v, BK, TV, DK, DV)
     S, M, Z = _start(s0, m0, z0, s_loc, m_loc, z_loc, i_nh, i_g, G, L, CPS, state_off, state_mask, o_k, mk,
                      log_beta, inv, gamma, beta, BK, TV, DK, DV, BT, MOMENTUM, USE_INIT, False)
     end = _end(L, N, IS_VARLEN)
@@ -295,7 +286,7 @@ def fused_bwd_dkv(q, k, v, o, do, den, dden, dk, dv, ds_fin, dm_fin, dz_fin, ds0
     ACC: tl.constexpr = coef.dtype.element_ty
 
     rows = tl.arange(0, BT)
-    o_k, o_v, mk, mv, state_off, state_mask = _state_tiles(0, BK, BV, DK, DV)
+    o_k, o_v, mk, mv, state_off, state_mask = _state_tiles(0, 0, BK, BV, DK, DV)
     end = _end(L, N, IS_VARLEN)
     dS, dM, dZ = _start(ds_fin, dm_fin, dz_fin, ds_loc, dm_loc, dz_loc, i_nh, i_g, G, L, CPS, state_off,
                         state_mask, o_k, mk, log_beta, inv, gamma, beta, BK, BV, DK, DV, BT, MOMENTUM,
@@ -381,7 +372,7 @@ def fused_bwd_dq(k, v, do, den, dden, dq, s0, m0, z0, s_loc, m_loc, z_loc, lengt
     ACC: tl.constexpr = coef.dtype.element_ty
 
     rows = tl.arange(0, BT)
-    o_k, o_v, mk, mv, state_off, state_mask = _state_tiles(0, BK, BV, DK, DV)
+    o_k, o_v, mk, mv, state_off, state_mask = _state_tiles(0, 0, BK, BV, DK, DV)
     end = _end(L, N, IS_VARLEN)
     S, M, Z = _start(s0, m0, z0, s_loc, m_loc, z_loc, i_nh, i_g, G, L, CPS, state_off, state_mask, o_k, mk,
                      log_beta, inv, gamma, beta, BK, BV, DK, DV, BT, MOMENTUM, USE_INIT, False)
