@@ -25,11 +25,11 @@ venv:
 		$(MAKE) --no-print-directory _build-venv; \
 	else echo ".venv is up to date"; fi
 
-# $(call build-venv,DIR,PYTHON,TORCH,CONSTRAINTS,EXTRAS,TEST_EXTRA) makes the venv DIR with PYTHON: torch==TORCH
-# first (before anything that depends on it, so that pip takes that wheel), fairseq-fixed with --no-deps
-# (its metadata pulls a CUDA torchaudio that breaks torch and transformers; its import-time dependencies
-# and numpy<2 come with setup.cfg's `fairseq` extra), then this package with EXTRAS and
-# TEST_EXTRA, all under the lock CONSTRAINTS.
+# $(call build-venv,DIR,PYTHON,TORCH,CONSTRAINTS,EXTRAS,TEST_EXTRA) makes the venv DIR with PYTHON:
+# torch==TORCH first (before anything that depends on it, so that pip takes that wheel), fairseq-fixed
+# with --no-deps (its metadata pulls a CUDA torchaudio that breaks torch and transformers; its
+# import-time dependencies and numpy<2 come with setup.cfg's `fairseq` extra), then this package with
+# EXTRAS and TEST_EXTRA, all under the lock CONSTRAINTS.
 define build-venv
 rm -rf $(1)
 $(2) -m venv $(1)
