@@ -13,10 +13,15 @@ inputs under torch.set_float32_matmul_precision("high"): tf32 dots. Every config
 keeps is compiled for the target and bound by the launcher (at each kernel's first tuning key:
 sweep_first_key_only); in bf16 at D = 64, plugins.triton_launch.direct is compared with Triton's
 own dispatch (tests/triton_direct_launch_check.py). Exit 0 when everything launched and agreed;
-`--table` prints registers and spills (ptxas -v) of every compiled kernel as a markdown table. Must run
-with TRITON_INTERPRET unset."""
+`--table` prints registers and spills (ptxas -v) of every compiled kernel as a markdown table.
+`--ptx-record FILE` writes each compiled kernel's code (its PTX without line info: helpers/ptx_record.py),
+registers and spills; `--same-ptx-as FILE`, run with the same options in another revision of the
+kernels, exits 1 naming each kernel whose code differs from that record: a refactor shown to compile
+to the same code on every kernel needs no GPU to show that it is as fast. Must run with
+TRITON_INTERPRET unset."""
 import argparse
 import contextlib
+import json
 import os
 import sys
 from pathlib import Path
@@ -27,6 +32,7 @@ if os.environ.get("TRITON_INTERPRET") == "1":
 sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parents[1])]
 
 import triton_standin  # noqa: E402  (the stand-in must be active before any kernel is used)
+from helpers import ptx_record  # noqa: E402
 
 LSTM_KERNELS = []           # the Adam/RMSProp step kernels, compiled
 DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32", "tf32": "float32"}
@@ -263,6 +269,21 @@ def resource_table(kernels) -> list[str]:
     return rows
 
 
+def code_rows(compiled) -> list[dict]:
+    """helpers/ptx_record.py's rows of the compiled kernels: key (with the signature: argument dtypes and
+    alignment), label, code, registers, spills."""
+    rows = []
+    for name, dtype, kernel in compiled:
+        consts = " ".join(f"{k}={v}" for k, v in sorted(triton_standin.named_constants(kernel).items()))
+        regs, stores, loads = triton_standin.registers_and_spills(kernel)
+        meta = kernel.metadata
+        label = f"{name} {dtype} {consts} warps {meta.num_warps} stages {meta.num_stages}"
+        rows.append({"key": f"{label} {sorted(kernel.src.signature.items())}", "label": label,
+                     "code": ptx_record.code_fingerprint(kernel.asm["ptx"]), "registers": regs,
+                     "spills": [stores, loads]})
+    return rows
+
+
 def dtype_case(text: str) -> tuple:
     """"bf16" → ("bf16", None): the --dims head sizes; "tf32:128" or "fp16:64,128" → its own."""
     name, _, dims = text.partition(":")
@@ -283,6 +304,10 @@ def main() -> int:
                         help="head sizes of the dtypes given without")
     parser.add_argument("--table", action="store_true",
                         help="print registers and spills per kernel (every kept config at every tuning key)")
+    parser.add_argument("--ptx-record", metavar="FILE", help="write each compiled kernel's code, registers "
+                        "and spills to FILE (JSON)")
+    parser.add_argument("--same-ptx-as", metavar="FILE", help="exit 1 naming each kernel whose code differs "
+                        "from FILE's record (made with the same options in another revision)")
     args = parser.parse_args()
     stand_in = triton_standin.activate(args.arch)
 
@@ -353,6 +378,17 @@ def main() -> int:
             compiled.append((name, kernel_dtype(ck), ck))
     print(f"sm_{args.arch}: {len(compiled)} attention kernels compiled, {len(stand_in.utils.loaded)} loaded; "
           f"largest shared memory {max(s for _, s in stand_in.utils.loaded)} B")
+    if args.ptx_record or args.same_ptx_as:
+        rows = code_rows(compiled)
+        if args.ptx_record:
+            ptx_record.write(args.ptx_record, rows)
+        if args.same_ptx_as:
+            changed = ptx_record.differences(json.loads(Path(args.same_ptx_as).read_text()), rows)
+            print(f"sm_{args.arch}: {len(rows)} compiled kernels against {args.same_ptx_as}: "
+                  f"{len(changed)} keys with other code")
+            if changed:
+                print("\n".join(changed), file=sys.stderr)
+                return 1
     waiting = unpipelined(compiled)
     if waiting:
         print("chunk loops that load each chunk only when they reach it (Triton's software pipeline did "
