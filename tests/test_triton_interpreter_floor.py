@@ -1,8 +1,13 @@
 """Triton's interpreter runs the kernels on CPU tensors from Triton 3.8 on (plugins/triton_launch.py,
-INTERPRETER_FLOOR): an older Triton is refused at the public boundary, naming both versions and the
+INTERPRETER_FLOOR): an older Triton is refused before the first launch (at the attention's entry
+points; where the Adam/RMSProp recurrence picks the interpreter), naming both versions and the
 PyTorch path, instead of failing inside a launch ("0 active drivers" from 3.6's and 3.7's autotuner
 on a machine without a GPU)."""
 import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -13,6 +18,7 @@ from plugins.rnn.adam_recurrence import recurrence_backend
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None or torch.cuda.is_available(),
                                 reason="the interpreter's CPU path: triton installed, no GPU")
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def attention(gen):
@@ -46,3 +52,32 @@ def test_triton_3_8_and_later_run(monkeypatch, make_generator, run, new):
     import triton
     monkeypatch.setattr(triton, "__version__", new)
     assert torch.isfinite(run(make_generator())).all()
+
+
+COMPILED_FROM_CPU = """
+import sys
+sys.path[:0] = ["tests", "."]
+import triton_standin
+triton_standin.activate(90)
+import torch
+import triton
+triton.__version__ = "3.6.0"             # the GPU image's Triton, below the interpreter's floor
+from triton_launch_check import LSTM_KERNELS, allow_cpu_tensors, lstm_recurrences
+allow_cpu_tensors()
+lstm_recurrences(torch.float32, 16)
+print(sum(1 for kernel in LSTM_KERNELS for _ in triton_standin.compiled_kernels(kernel)))
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_compiling_for_the_gpu_from_cpu_tensors_is_not_refused():
+    """`make triton-carry` compiles the Adam/RMSProp step kernels for sm_90 with the GPU image's
+    Triton 3.6 on CPU tensors, through Triton's real launcher (tests/triton_standin.py): no
+    interpreter runs there, so its Triton floor must not refuse them (it did, from where the
+    backend was chosen, and the carry's build failed)."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    done = subprocess.run([sys.executable, "-c", COMPILED_FROM_CPU], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=540)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert int(done.stdout.split()[-1]) >= 4, done.stdout     # adam and rmsprop, each on both backends

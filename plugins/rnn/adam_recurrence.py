@@ -85,9 +85,6 @@ def _triton_function(g):
         if not triton_available():
             raise RuntimeError(f"recurrence backend {_backend!r} needs the triton package "
                                "(pip install momentum-plugins[triton])")
-        if not g.is_cuda:
-            from ..triton_launch import check_interpreter
-            check_interpreter("recurrence backend 'torch' or 'cudnn'")
         return _triton_recurrences()[_backend]
     if _backend == "auto" and g.is_cuda and triton_available():
         return _triton_recurrences()["triton"]

@@ -29,7 +29,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..triton_launch import cdiv, direct, next_power_of_2, pin
+from ..triton_launch import cdiv, check_interpreter, direct, next_power_of_2, pin
 from .adam_recurrence_buffers import forward_buffers, forward_results
 
 BLOCK_H = 32
@@ -244,8 +244,11 @@ def _adam_lstm_backward_step(delta_ptr, g_ptr, vs_ptr, rs_ptr, bias_ptr, cs_ptr,
 def _kernel(fn, interpret):
     """`fn` compiled by triton.jit, or run by Triton's interpreter (CPU tensors). The rows a step
     updates change from step to step in packed batches: not specialised on, so that every step of
-    a loop runs one compiled kernel (`_StepKernel` pins it)."""
+    a loop runs one compiled kernel (`_StepKernel` pins it). The interpreter's Triton floor is
+    checked here, where the interpreter is chosen: `make triton-carry` compiles these kernels on
+    CPU tensors with the GPU image's Triton 3.6 (tests/triton_launch_check.allow_cpu_tensors)."""
     if interpret:
+        check_interpreter("recurrence backend 'torch' or 'cudnn'")
         from triton.runtime.interpreter import InterpretedFunction
 
         return InterpretedFunction(fn)
