@@ -70,3 +70,10 @@ def test_a_key_compiled_twice_compares_as_a_set():
     before = [row("k", "c1"), row("k", "c2")]
     assert differences(before, [row("k", "c2"), row("k", "c1")]) == []
     assert differences(before, [row("k", "c1"), row("k", "c1")]) == ["K: other code"]
+    assert differences(before, [row("k", "c1"), row("k", "c2"), row("k", "c1")]) == []
+
+
+def test_registers_are_those_of_the_code_that_changed():
+    before = [row("k", "c1", registers=40), row("k", "c2", registers=80)]
+    after = [row("k", "c1", registers=40), row("k", "c3", registers=96)]
+    assert differences(before, after) == ["K: other code (registers 80 → 96, spills (0, 0) → (0, 0))"]

@@ -42,9 +42,14 @@ def differences(before: list[dict], after: list[dict]) -> list[str]:
         if key not in new or key not in old:
             lines.append(f"{label}: compiled only {'before' if key in old else 'after'}")
             continue
-        if sorted(r["code"] for r in old[key]) == sorted(r["code"] for r in new[key]):
+        # as sets: one code may be held twice (Triton's own dispatch and the direct launcher key
+        # their compiled kernels apart when one passes the compile options the other leaves implicit)
+        codes_before, codes_after = {r["code"] for r in old[key]}, {r["code"] for r in new[key]}
+        if codes_before == codes_after:
             continue
-        (r0, s0), (r1, s1) = [(r["registers"], tuple(r["spills"])) for r in (old[key][0], new[key][0])]
+        gone = [r for r in old[key] if r["code"] not in codes_after] or old[key]
+        came = [r for r in new[key] if r["code"] not in codes_before] or new[key]
+        (r0, s0), (r1, s1) = [(r["registers"], tuple(r["spills"])) for r in (gone[0], came[0])]
         change = "" if (r0, s0) == (r1, s1) else f" (registers {r0} → {r1}, spills {s0} → {s1})"
         lines.append(f"{label}: other code{change}")
     return lines
