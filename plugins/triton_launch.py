@@ -27,6 +27,7 @@ keyed by (signature, device, n) alone, its arguments' key and its grid computed 
 time.
 A hit calls the compiled kernel's launcher itself (`CompiledKernel.run`, as Triton's runner
 does) where no launch hook is set (Triton's profiling hooks get Triton's own runner).
+Triton compiles each kernel with COMPILE_OPTIONS (FMA contraction on), whatever its version's default.
 Under TRITON_INTERPRET, for anything that is not a Triton kernel (a test's recorder), and where a
 config has a pre-hook, `direct` returns the kernel as it is."""
 import os
@@ -55,6 +56,11 @@ _LAUNCHERS = {}                                    # id(kernel) → DirectLaunch
 _PLANS = threading.local()                         # .current: the innermost launch_plan, or None
 _LAUNCH_OPTIONS = {"num_warps", "num_stages", "num_ctas", "maxnreg", "num_buffers_warp_spec",
                    "num_consumer_groups", "reg_dec_producer", "reg_inc_consumer", "ir_override"}
+# Every kernel is compiled with FMA contraction (a * b + c rounded once), as Triton's default compiled
+# them through 3.9, and as every exactness test and GPU timing here saw them: Triton 3.9 warns where
+# a launch leaves it to that default, and 3.10 turns the default off. A launch's own option, and
+# TRITON_FORCE_DISABLE_FP_FUSION=1 (Triton 3.9 on), still turn it off.
+COMPILE_OPTIONS = {"enable_fp_fusion": True}
 
 
 # Triton's interpreter runs these kernels on CPU tensors from Triton 3.8 on. Before it, the autotuner
@@ -173,7 +179,7 @@ class DirectLaunch:
 
     def launch(self, grid, args, kwargs):
         if not self.specialised.isdisjoint(kwargs):    # an argument Triton specialises, by name
-            return self.kernel[grid](*args, **kwargs)
+            return self.kernel[grid](*args, **{**COMPILE_OPTIONS, **kwargs})
         if self.tuner is not None:
             seen = (id(self.tuner.cache), len(self.tuner.cache))
             if seen != self.tuner_cache:            # the autotuner started over: so do we
@@ -244,7 +250,7 @@ class DirectLaunch:
         """Through Triton (compiling and autotuning as needed), keeping what it launched and the
         arguments after the positional ones, by name: defaults, the keyword arguments (all taken
         by value, so the key fixes them) and the autotuner's choice."""
-        compiled = self.kernel[grid](*args, **kwargs)
+        compiled = self.kernel[grid](*args, **{**COMPILE_OPTIONS, **kwargs})
         config = {}
         if self.tuner is not None:
             chosen = self.tuner.best_config

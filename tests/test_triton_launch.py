@@ -45,6 +45,8 @@ def _has_nvidia_backend() -> bool:
 def _compiled_env(cache_dir):
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
+    # the direct-launch check's reference (Triton's own dispatch, without triton_launch.COMPILE_OPTIONS)
+    # must compile what the direct launcher does: fusion on, whatever this Triton's default
     env["TRITON_DEFAULT_FP_FUSION"] = "1"
     if cache_dir is not None:
         env["TRITON_CACHE_DIR"] = str(cache_dir)      # compile for real, not from an earlier run's cache
