@@ -4,15 +4,11 @@ nothing), each at the tile it ran, the direct launcher's kept entry. Forced tile
 differ only in BK must differ by the repeats of dNum·Vᵀ and nothing else; the scans' count is the
 closed form of eq. 13's state updates."""
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
+from helpers.compiled_process import run_compiled
 
 pytest.importorskip("triton")
-ROOT = Path(__file__).resolve().parents[1]
 
 SCRIPT = """
 import json, sys
@@ -43,12 +39,8 @@ print(json.dumps(found))
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_each_kernel_s_flops_at_the_tile_it_ran(tmp_path):
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env.update(TRITON_CACHE_DIR=str(tmp_path), TRITON_DEFAULT_FP_FUSION="1")
-    done = subprocess.run([sys.executable, "-c", SCRIPT], cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=900)
-    assert done.returncode == 0, done.stderr[-3000:]
-    found = json.loads(done.stdout.strip().splitlines()[-1])
+    found = json.loads(run_compiled(SCRIPT, timeout=900, TRITON_CACHE_DIR=tmp_path,
+                                    TRITON_DEFAULT_FP_FUSION=1))
     small, whole = found["16"], found["64"]
     assert set(small) == set(whole) == {"fwd_h", "fwd_o", "bwd_dh", "bwd_dv", "bwd_dqk"}
     chunks, cube = 2 * 4, 2 * 64 ** 3                  # B·H rows of cdiv(200, 64) chunks; one 64³ dot

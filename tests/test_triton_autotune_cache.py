@@ -5,15 +5,11 @@ the pruning keeps (9 on 2026-11-28, each compiled and loaded); a second one with
 the results on disk, times nothing and loads the two chosen kernels alone; without the setting it
 times them all again."""
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
+from helpers.compiled_process import run_compiled
 
 pytest.importorskip("triton")
-ROOT = Path(__file__).resolve().parents[1]
 
 SCRIPT = """
 import json, sys
@@ -35,14 +31,9 @@ print(json.dumps(dict(timed=len(timed), loaded=len(driver.active.utils.loaded)))
 
 
 def run(cache_dir, autotune_cache: bool) -> dict:
-    env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "TRITON_CACHE_AUTOTUNING")}
-    env.update(TRITON_CACHE_DIR=str(cache_dir), TRITON_DEFAULT_FP_FUSION="1")
-    if autotune_cache:
-        env["TRITON_CACHE_AUTOTUNING"] = "1"
-    done = subprocess.run([sys.executable, "-c", SCRIPT], cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return json.loads(run_compiled(SCRIPT, timeout=600, TRITON_CACHE_DIR=cache_dir,
+                                   TRITON_DEFAULT_FP_FUSION=1,
+                                   TRITON_CACHE_AUTOTUNING=1 if autotune_cache else None))
 
 
 @pytest.mark.slow

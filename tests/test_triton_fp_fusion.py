@@ -2,18 +2,14 @@
 the installed Triton's default: Triton 3.9 warns where a launch leaves it to the default, and 3.10
 turns the default off. Checked through Triton's real launch path without a GPU (tests/triton_standin.py),
 with the default turned off as 3.10 will have it and TRITON_DEFAULT_FP_FUSION unset: the attention's
-autotuned chunk kernels and its feature kernels, and the Adam/RMSProp step kernels (plain and pinned)."""
+autotuned chunk kernels and its feature kernels, and the Adam/RMSProp step kernels (pinned)."""
 import importlib.util
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
+from helpers.compiled_process import run_compiled
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton not installed")
-ROOT = Path(__file__).resolve().parents[1]
 
 SCRIPT = """
 import json, os, sys, warnings
@@ -47,12 +43,8 @@ print(json.dumps(dict(fused=sum(fusion), unfused=len(fusion) - sum(fusion), lstm
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_every_kernel_is_compiled_with_fma_contraction_whatever_the_default(tmp_path):
-    env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "TRITON_DEFAULT_FP_FUSION",
-                                                            "TRITON_FORCE_DISABLE_FP_FUSION")}
-    env["TRITON_CACHE_DIR"] = str(tmp_path)           # compile here, not load an earlier run's kernels
-    done = subprocess.run([sys.executable, "-c", SCRIPT], cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=840)
-    assert done.returncode == 0, done.stderr[-3000:]
-    result = json.loads(done.stdout.strip().splitlines()[-1])
+    result = json.loads(run_compiled(SCRIPT, timeout=840, TRITON_DEFAULT_FP_FUSION=None,
+                                     TRITON_FORCE_DISABLE_FP_FUSION=None,
+                                     TRITON_CACHE_DIR=tmp_path))   # compile here, not load earlier kernels
     assert result["unfused"] == 0 and result["fused"] >= 8 + result["lstm"], result
     assert result["lstm"] >= 2 and not result["warned"], result

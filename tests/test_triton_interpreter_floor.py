@@ -4,13 +4,10 @@ points; where the Adam/RMSProp recurrence picks the interpreter), naming both ve
 PyTorch path, instead of failing inside a launch ("0 active drivers" from 3.6's and 3.7's autotuner
 on a machine without a GPU)."""
 import importlib.util
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
+from helpers.compiled_process import run_compiled
 
 from plugins.attention import momentum_attention
 from plugins.rnn import MomentumLSTM
@@ -18,7 +15,6 @@ from plugins.rnn.adam_recurrence import recurrence_backend
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None or torch.cuda.is_available(),
                                 reason="the interpreter's CPU path: triton installed, no GPU")
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def attention(gen):
@@ -76,8 +72,5 @@ def test_compiling_for_the_gpu_from_cpu_tensors_is_not_refused():
     Triton 3.6 on CPU tensors, through Triton's real launcher (tests/triton_standin.py): no
     interpreter runs there, so its Triton floor must not refuse them (it did, from where the
     backend was chosen, and the carry's build failed)."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    done = subprocess.run([sys.executable, "-c", COMPILED_FROM_CPU], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=540)
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert int(done.stdout.split()[-1]) >= 4, done.stdout     # adam and rmsprop, each on both backends
+    compiled = int(run_compiled(COMPILED_FROM_CPU, timeout=540))
+    assert compiled >= 4, compiled          # adam and rmsprop, each on both backends
