@@ -66,6 +66,11 @@ class CroppableStatesMixin:
     history: Optional[History] = None
     replaying: bool = False
 
+    def recording_past(self) -> bool:
+        """Whether generate asked this cache to record its past (`activate_past_recording`). Read off
+        any layer that records: a hybrid's softmax layers (`KeyValueLayer`) do not, and may come first."""
+        return any(self.is_recording_past(idx) for idx in range(len(self.layers)))
+
     def crop(self, tokens_to_remove: int) -> None:
         """Remove the last `-tokens_to_remove` tokens (transformers' convention: 0 or negative). The
         kept tokens are final: the next forward starts a new window."""
@@ -120,7 +125,7 @@ class CroppableStatesMixin:
         states move past what it could restore."""
         if self.replaying:
             return
-        if not self.is_recording_past(0):
+        if not self.recording_past():
             self.history = None
             return
         if self.is_compileable:

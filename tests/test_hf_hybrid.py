@@ -204,11 +204,14 @@ def test_beam_search_with_the_cache_equals_beam_search_without(make_generator):
     assert len(set(cached.beam_indices[:, -2].tolist())) > 1      # the beams were reordered
 
 
+@pytest.mark.parametrize("layer_types", [HYBRID, ["full_attention", *HYBRID[:2], "linear_attention"]],
+                         ids=["linear-first", "softmax-first"])
 @pytest.mark.parametrize("padding", [0, 3])
-def test_prompt_lookup_and_assisted_decoding_equal_greedy(padding):
+def test_prompt_lookup_and_assisted_decoding_equal_greedy(padding, layer_types):
     """Speculative decoding crops the one cache back to the accepted tokens: the softmax layers'
-    key/values with the momentum states (hf_momentum.cache_history)."""
-    model = hybrid_model()
+    key/values with the momentum states (hf_momentum.cache_history), whichever kind of layer comes
+    first (the cache records its past in its linear-attention layers only)."""
+    model = hybrid_model(layer_types)
     phrase = [7, 8, 9, 10, 11, 12]
     ids = torch.tensor([[0] * padding + phrase * 3])
     mask = (ids != 0).long()
