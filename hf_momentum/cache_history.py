@@ -1,6 +1,6 @@
 """Cropping a recurrent cache back to a verified prefix, exactly: what assisted and prompt-lookup
 decoding need (issue 29). transformers' `_assisted_decoding` runs the target model once over
-the candidate tokens and then calls `past_key_values.crop(-rejected)`; an assistant's cache is
+the candidate tokens and then calls the cache's `crop(-rejected)`; an assistant's cache is
 cropped the same way before it drafts again.
 
 A recurrent state keeps no per-token history, so while generate records the past
@@ -65,6 +65,13 @@ class CroppableStatesMixin:
 
     history: Optional[History] = None
     replaying: bool = False
+
+    @property
+    def is_croppable(self) -> bool:
+        """Whether `crop` can return to an earlier token now: while generate records the past, in a
+        cache whose forwards replace its tensors (not a static one, updated in place). transformers'
+        assisted decoding asks this after its first forward (from 5.24)."""
+        return self.recording_past() and not self.is_compileable
 
     def recording_past(self) -> bool:
         """Whether generate asked this cache to record its past (`activate_past_recording`). Read off
@@ -172,12 +179,11 @@ def _ones(step: Inputs) -> torch.Tensor:
     return torch.ones(tokens.shape[:2], dtype=torch.bool, device=tokens.device)
 
 
-def replay_accepted(model, past_key_values, input_ids=None, inputs_embeds=None, attention_mask=None,
+def replay_accepted(model, cache, input_ids=None, inputs_embeds=None, attention_mask=None,
                     position_ids=None) -> None:
     """Called first in a model's forward. After a crop, run the accepted tokens the states do not
     hold yet (their outputs are dropped: only the cache is wanted); then, while generate records
     the past, keep this forward's inputs so a later crop can return to any of its tokens."""
-    cache = past_key_values
     if not isinstance(cache, CroppableStatesMixin):
         return
     pending = cache.take_pending(model.get_input_embeddings())
@@ -186,7 +192,7 @@ def replay_accepted(model, past_key_values, input_ids=None, inputs_embeds=None, 
         cache.replaying = True
         try:
             model(input_ids=pending.input_ids, inputs_embeds=pending.inputs_embeds, attention_mask=mask,
-                  position_ids=pending.position_ids, past_key_values=cache, use_cache=True)
+                  position_ids=pending.position_ids, cache=cache, use_cache=True)
         finally:
             cache.replaying = False
     if input_ids is None and inputs_embeds is None:

@@ -19,7 +19,7 @@ class MomentumLSTMConfig(PreTrainedConfig):
     """
 
     model_type = "momentum_lstm"
-    keys_to_ignore_at_inference = ["past_key_values"]
+    keys_to_ignore_at_inference = ["cache", "past_key_values"]
 
     vocab_size: int = 10000
     embedding_size: int | None = None

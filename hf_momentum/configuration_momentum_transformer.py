@@ -78,7 +78,7 @@ class MomentumTransformerConfig(PreTrainedConfig):
     """
 
     model_type = "momentum_transformer"
-    keys_to_ignore_at_inference = ["past_key_values"]
+    keys_to_ignore_at_inference = ["cache", "past_key_values"]
 
     vocab_size: int = 32000
     hidden_size: int = 256

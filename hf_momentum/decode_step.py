@@ -37,7 +37,7 @@ class ExportableDecodeStep(torch.nn.Module):
         for layer in range(self.layers):
             cache.set_states(layer, states[layer * self.per_layer:(layer + 1) * self.per_layer])
         cache.row_tokens = row_tokens.clone()
-        out = self.model(input_ids=input_ids, past_key_values=cache, use_cache=True)
+        out = self.model(input_ids=input_ids, cache=cache, use_cache=True)
         return (out.logits[:, -1], *self._flat(cache))
 
     def states_of(self, cache: RecurrentCache) -> Tuple[torch.Tensor, ...]:
@@ -63,6 +63,6 @@ class ExportableDecodeStep(torch.nn.Module):
         probe = self.model.cache_class(self.model.config)
         device = next(self.model.parameters()).device
         pad = self.model.config.pad_token_id or 0
-        self.model(input_ids=torch.full((batch, 1), pad, device=device), past_key_values=probe,
+        self.model(input_ids=torch.full((batch, 1), pad, device=device), cache=probe,
                    use_cache=True)
         return tuple(torch.zeros_like(t) for t in self.states_of(probe))

@@ -1,21 +1,42 @@
-"""What the native families share: output flags, the cache rules of `forward`, and one mixin
-for both `...ForCausalLM` classes (embedding accessors, logits slicing, loss and output,
+"""What the native families share: output flags, the cache's name and the cache rules of `forward`,
+and one mixin for both `...ForCausalLM` classes (embedding accessors, logits slicing, loss and output,
 `_prepare_cache_for_generation`, refusing empty prompts in generate()). A flat sibling of the
 modeling files (imported with `from .modeling_common import ...`), so a saved model's remote
 code carries it.
 """
+import dataclasses
 import warnings
 from typing import Optional
 
 import torch
 from transformers.generation.configuration_utils import GenerationMode
-from transformers.modeling_outputs import CausalLMOutputWithPast
+from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
 from transformers.utils import logging
 
 from .packing import has_packing_kwargs
 from .validation import check_bool, check_int
 
 logger = logging.get_logger(__name__)
+
+# transformers 5.24 renamed the generation cache from `past_key_values` to `cache`: a model's argument,
+# its outputs' field and generate()'s model_kwargs, the old name kept as a deprecated alias. The models
+# take either name, and name their outputs' field and generate()'s entry as the installed version does.
+CACHE_NAME = "cache" if "cache" in {f.name for f in dataclasses.fields(BaseModelOutputWithPast)} \
+    else "past_key_values"
+
+
+def given_cache(cache, past_key_values):
+    """The cache a forward was given, as `cache` or as `past_key_values` (the name before
+    transformers 5.24), not both."""
+    if cache is not None and past_key_values is not None:
+        raise ValueError("pass the cache once, as cache or as past_key_values (its name before transformers "
+                         "5.24), not both")
+    return past_key_values if cache is None else cache
+
+
+def output_with_cache(output_class, cache, **fields):
+    """`output_class(**fields)` with the cache in its field of the installed transformers."""
+    return output_class(**fields, **{CACHE_NAME: cache})
 
 
 def resolve_flag(value, config, name: str) -> bool:
@@ -35,36 +56,35 @@ def warn_no_attention_weights(model, output_attentions, what: str) -> None:
                       "`attentions` is None", UserWarning, stacklevel=3)
 
 
-def resolve_cache(model, past_key_values, use_cache, cache_class, *, can_cache: bool = True):
-    """The cache `forward` runs with. A given `past_key_values` is always used (whatever
-    `use_cache` says: dropping it would give the logits of a different prefix); `use_cache`
-    only decides whether a fresh cache is started. `use_cache=None` means the config's in eval
-    mode and none in training, as transformers' own recurrent-state models (Mamba) decide: a
-    training step has no use for the final states, and computing them (eq. 12's state with its NaN
-    marks, per layer) costs a host-bound GPU step its time (docs/benchmarks.md, 2026-11-28).
-    Training with gradient checkpointing cannot carry a cache."""
-    if past_key_values is not None and not isinstance(past_key_values, cache_class):
-        raise ValueError(f"past_key_values must be a {cache_class.__name__}, "
-                         f"got {type(past_key_values).__name__}")
+def resolve_cache(model, given, use_cache, cache_class, *, can_cache: bool = True):
+    """The cache `forward` runs with. A `given` cache is always used (whatever `use_cache` says:
+    dropping it would give the logits of a different prefix); `use_cache` only decides whether a
+    fresh cache is started. `use_cache=None` means the config's in eval mode and none in training,
+    as transformers' own recurrent-state models (Mamba) decide: a training step has no use for the
+    final states, and computing them (eq. 12's state with its NaN marks, per layer) costs a
+    host-bound GPU step its time (docs/benchmarks.md, 2026-11-28). Training with gradient
+    checkpointing cannot carry a cache."""
+    if given is not None and not isinstance(given, cache_class):
+        raise ValueError(f"{CACHE_NAME} must be a {cache_class.__name__}, got {type(given).__name__}")
     if use_cache is not None:
         use_cache = check_bool(use_cache, "use_cache")
     if not can_cache:
-        if use_cache or past_key_values is not None:
-            raise ValueError("use_cache / past_key_values need is_causal=True: bidirectional attention "
+        if use_cache or given is not None:
+            raise ValueError(f"use_cache / {CACHE_NAME} need is_causal=True: bidirectional attention "
                              "(Momentum Transformer, eq. 14) has no recurrent form")
         return None
     if use_cache is None:
         use_cache = bool(model.config.use_cache) and not model.training
     if getattr(model, "gradient_checkpointing", False) and model.training:
-        if past_key_values is not None:
-            raise ValueError("past_key_values cannot be carried through gradient checkpointing in training "
+        if given is not None:
+            raise ValueError(f"{CACHE_NAME} cannot be carried through gradient checkpointing in training "
                              "(the recomputed layers would update it twice); call model.eval() or pass none")
         if use_cache:
             logger.warning_once("use_cache=True is incompatible with gradient checkpointing in training; "
                                 "running without a cache")
         return None
-    if past_key_values is not None:
-        return past_key_values
+    if given is not None:
+        return given
     return cache_class(model.config) if use_cache else None
 
 
@@ -142,8 +162,8 @@ class RecurrentCausalLMMixin:
         if labels is not None:
             loss = self.loss_function(logits=logits, labels=labels, vocab_size=self.config.vocab_size,
                                       **loss_kwargs)
-        out = CausalLMOutputWithPast(loss=loss, logits=logits, past_key_values=outputs.past_key_values,
-                                     hidden_states=outputs.hidden_states)
+        out = output_with_cache(CausalLMOutputWithPast, getattr(outputs, CACHE_NAME), loss=loss,
+                                logits=logits, hidden_states=outputs.hidden_states)
         return out if return_dict is not False else out.to_tuple()
 
     def generate(self, inputs=None, *args, **kwargs):
@@ -156,12 +176,36 @@ class RecurrentCausalLMMixin:
                              "input_ids=torch.full((batch, 1), config.bos_token_id)")
         return super().generate(inputs, *args, **kwargs)
 
+    def prepare_inputs_for_generation(self, input_ids, next_sequence_length=None, *args, **kwargs):
+        """transformers' inputs for generate()'s next forward, with two changes.
+
+        - A prompt that continues a filled cache (one passed to generate(), or an assistant's
+          drafting again) keeps only the tokens the cache has not absorbed, as transformers
+          does for key-value caches. From 5.24 its prefill leaves the prompt whole when every
+          layer of the cache is a linear-attention one, whose length it cannot tell in general;
+          this cache counts its tokens.
+        - With the static cache, the 2D padding mask keeps only the new tokens' columns,
+          contiguous: one shape and stride at every decode step, so the compiled step is not
+          traced again (the cache counts each row's real tokens itself)."""
+        cache = kwargs.get(CACHE_NAME)
+        if next_sequence_length is None and cache is not None:
+            embeds = kwargs.get("inputs_embeds") if kwargs.get("is_first_iteration") else None
+            next_sequence_length = _unabsorbed_tokens(cache.get_seq_length(), input_ids,
+                                                      kwargs.get("attention_mask"), embeds)
+        inputs = super().prepare_inputs_for_generation(input_ids, next_sequence_length, *args, **kwargs)
+        mask = inputs.get("attention_mask")
+        if self.static_cache_class is not None and isinstance(cache, self.static_cache_class) and \
+                isinstance(mask, torch.Tensor) and mask.dim() == 2:
+            tokens = inputs["input_ids"] if inputs.get("input_ids") is not None else inputs["inputs_embeds"]
+            inputs["attention_mask"] = mask[:, mask.shape[1] - tokens.shape[1]:].contiguous()
+        return inputs
+
     def _prepare_cache_for_generation(self, generation_config, model_kwargs, generation_mode=None, *args,
                                       **kwargs):
         """generate() would build a DynamicCache; install this model's recurrent cache instead
         (its `static_cache_class` for cache_implementation="static", which generate() compiles).
         A cache built for an assistant records its past, as generate() does for its own caches."""
-        cache = model_kwargs.get("past_key_values")
+        cache = model_kwargs.get(CACHE_NAME)
         static = generation_config.cache_implementation == "static"
         if generation_mode == GenerationMode.ASSISTED_GENERATION and \
                 (static or getattr(cache, "is_compileable", False)):
@@ -175,14 +219,14 @@ class RecurrentCausalLMMixin:
             raise ValueError(f"cache_implementation='static' is not available for {type(self).__name__}: "
                              "its decode step has no compileable cache; leave cache_implementation unset")
         if cache is not None and static:
-            raise ValueError("pass either cache_implementation='static' or past_key_values (e.g. a "
+            raise ValueError(f"pass either cache_implementation='static' or {CACHE_NAME} (e.g. a "
                              f"{self.static_cache_class.__name__}), not both")
         if cache is not None:
             if not isinstance(cache, self.cache_class):
-                raise ValueError(f"past_key_values must be a {self.cache_class.__name__}, "
+                raise ValueError(f"{CACHE_NAME} must be a {self.cache_class.__name__}, "
                                  f"got {type(cache).__name__}")
             if generation_config.use_cache is False:
-                raise ValueError("generate(use_cache=False) with past_key_values: without a cache every step "
+                raise ValueError(f"generate(use_cache=False) with {CACHE_NAME}: without a cache every step "
                                  "re-reads the whole sequence, which the given cache has already absorbed")
             cache._is_user_defined = True
             return
@@ -191,6 +235,19 @@ class RecurrentCausalLMMixin:
                 raise ValueError("cache_implementation='static' needs use_cache=True")
             return
         cache_class = self.static_cache_class if static else self.cache_class
-        model_kwargs["past_key_values"] = cache_class(self.config)
+        model_kwargs[CACHE_NAME] = cache_class(self.config)
         if generation_config.is_assistant:
-            model_kwargs["past_key_values"].activate_past_recording()
+            model_kwargs[CACHE_NAME].activate_past_recording()
+
+
+def _unabsorbed_tokens(past: int, input_ids, attention_mask, inputs_embeds) -> Optional[int]:
+    """How many trailing prompt tokens a cache holding `past` tokens has not absorbed, by
+    transformers' own rule (its prefill before 5.24): prompt embeddings are the whole sequence; ids
+    are when the mask covers as many columns. None: the prompt is only the new tokens already."""
+    if past == 0:
+        return None
+    if inputs_embeds is not None:
+        return inputs_embeds.shape[1] - past
+    if attention_mask is not None and attention_mask.shape[1] == input_ids.shape[1]:
+        return input_ids.shape[1] - past
+    return None

@@ -26,8 +26,11 @@ from transformers.modeling_outputs import BaseModelOutputWithPast, SequenceClass
 from .cache_history import replay_accepted
 from .configuration_momentum_lstm import MomentumLSTMConfig
 from .modeling_common import (
+    CACHE_NAME,
     RecurrentCausalLMMixin,
     check_attention_mask,
+    given_cache,
+    output_with_cache,
     refuse_packed_rows,
     resolve_cache,
     resolve_flag,
@@ -75,7 +78,7 @@ class MomentumLSTMPreTrainedModel(RemoteCodeMixin, PreTrainedModel):
     base_model_prefix = "model"
     _no_split_modules = ["MomentumLSTMStack"]
     supports_gradient_checkpointing = True
-    _skip_keys_device_placement = ["past_key_values"]
+    _skip_keys_device_placement = ["cache", "past_key_values"]
     auto_map = AUTO_MAP
     card_hyperparameters = ("cell", "momentum", "step_size", "beta", "eps", "restart", "num_hidden_layers")
     card_papers = ("momentum_rnn",)
@@ -141,24 +144,25 @@ class MomentumLSTMModel(MomentumLSTMPreTrainedModel):
     def set_input_embeddings(self, value):
         self.embed_tokens = value
 
-    def forward(self, input_ids=None, attention_mask=None, past_key_values=None, inputs_embeds=None,
+    def forward(self, input_ids=None, attention_mask=None, cache=None, inputs_embeds=None,
                 use_cache=None, output_hidden_states=None, output_attentions=None, return_dict=None,
-                position_ids=None, **kwargs):
+                position_ids=None, past_key_values=None, **kwargs):
         """attention_mask: (batch, past + length), 1 for real tokens; padded tokens leave the
-        state unchanged and get zero outputs. A given `past_key_values` is continued even with
-        use_cache=False. position_ids serve only to find packed documents (hf_momentum.packing;
-        also from the collator's cu_seq_lens_q/k or seq_idx in kwargs): each then runs from a
-        zero state as if alone, without a cache (asking for one raises). hidden_states: the
-        (dropped-out) embeddings, then each layer's output (the last one after the output
-        dropout, i.e. last_hidden_state)."""
+        state unchanged and get zero outputs. A given `cache` (`past_key_values` before
+        transformers 5.24) is continued even with use_cache=False. position_ids serve only to
+        find packed documents (hf_momentum.packing; also from the collator's cu_seq_lens_q/k or
+        seq_idx in kwargs): each then runs from a zero state as if alone, without a cache (asking
+        for one raises). hidden_states: the (dropped-out) embeddings, then each layer's output
+        (the last one after the output dropout, i.e. last_hidden_state)."""
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("pass exactly one of input_ids and inputs_embeds")
-        replay_accepted(self, past_key_values, input_ids, inputs_embeds, attention_mask, position_ids)
+        given = given_cache(cache, past_key_values)
+        replay_accepted(self, given, input_ids, inputs_embeds, attention_mask, position_ids)
         x = self.dropout(self.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds)
         batch, length = x.shape[:2]
         output_hidden_states = resolve_flag(output_hidden_states, self.config, "output_hidden_states")
         warn_no_attention_weights(self, output_attentions, "an LSTM")
-        cache = resolve_cache(self, past_key_values, use_cache, MomentumLSTMCache)
+        cache = resolve_cache(self, given, use_cache, MomentumLSTMCache)
         past = cache.get_seq_length() if cache is not None else 0
         mask = check_attention_mask(attention_mask, batch, past, length)
         mask = None if mask is None else mask.to(x.device)
@@ -171,10 +175,10 @@ class MomentumLSTMModel(MomentumLSTMPreTrainedModel):
             # or padded rows of one document each, which run as an unpacked batch below
             described = None if starts is None else Segments.from_starts_or_padding(starts, mask)
             if described is not None and described.packed:
-                if past_key_values is not None or use_cache:
+                if given is not None or use_cache:
                     raise ValueError("packed documents (position_ids that restart, or cu_seq_lens_q / "
                                      f"seq_idx from {COLLATOR}) cannot fill one cache; pass use_cache=False "
-                                     "and no past_key_values, and generate from each document separately")
+                                     f"and no {CACHE_NAME}, and generate from each document separately")
                 cache = None
                 packed = described
         elif has_packing_kwargs(**packing):
@@ -196,8 +200,8 @@ class MomentumLSTMModel(MomentumLSTMPreTrainedModel):
             cache.advance(length)
         out = self.dropout(outputs[-1])
         hidden_states = (x, *outputs[:-1], out) if output_hidden_states else None
-        result = BaseModelOutputWithPast(last_hidden_state=out, past_key_values=cache,
-                                         hidden_states=hidden_states)
+        result = output_with_cache(BaseModelOutputWithPast, cache, last_hidden_state=out,
+                                   hidden_states=hidden_states)
         return result if return_dict is not False else result.to_tuple()
 
     def _documents(self, x, mask, packed: Segments, all_layers=False):
@@ -265,11 +269,11 @@ class MomentumLSTMForCausalLM(RecurrentCausalLMMixin, MomentumLSTMPreTrainedMode
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.post_init()
 
-    def forward(self, input_ids=None, attention_mask=None, past_key_values=None, inputs_embeds=None,
+    def forward(self, input_ids=None, attention_mask=None, cache=None, inputs_embeds=None,
                 labels=None, use_cache=None, output_hidden_states=None, output_attentions=None,
-                return_dict=None, logits_to_keep=0, **kwargs):
+                return_dict=None, logits_to_keep=0, past_key_values=None, **kwargs):
         outputs = self.model(input_ids=input_ids, attention_mask=attention_mask,
-                             past_key_values=past_key_values, inputs_embeds=inputs_embeds,
+                             cache=given_cache(cache, past_key_values), inputs_embeds=inputs_embeds,
                              use_cache=use_cache, output_hidden_states=output_hidden_states,
                              output_attentions=output_attentions, return_dict=True,
                              position_ids=kwargs.pop("position_ids", None), **pop_packing_kwargs(kwargs))

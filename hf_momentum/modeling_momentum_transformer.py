@@ -23,8 +23,11 @@ from transformers.modeling_outputs import BaseModelOutputWithPast, SequenceClass
 from .cache_history import replay_accepted
 from .configuration_momentum_transformer import BLOCK_LABELS, MomentumTransformerConfig
 from .modeling_common import (
+    CACHE_NAME,
     RecurrentCausalLMMixin,
     check_attention_mask,
+    given_cache,
+    output_with_cache,
     refuse_packed_rows,
     resolve_cache,
     resolve_flag,
@@ -157,7 +160,7 @@ class MomentumTransformerPreTrainedModel(RemoteCodeMixin, PreTrainedModel):
     base_model_prefix = "model"
     supports_gradient_checkpointing = True
     _no_split_modules = ["MomentumTransformerLayer"]
-    _skip_keys_device_placement = ["past_key_values"]
+    _skip_keys_device_placement = ["cache", "past_key_values"]
     auto_map = AUTO_MAP
     card_hyperparameters = ("attention_momentum", "attention_step_size", "attention_feature_map",
                             "connection", "connection_momentum", "connection_step_size", "adaptive_delta",
@@ -193,9 +196,9 @@ class MomentumTransformerModel(MomentumTransformerPreTrainedModel):
     def set_input_embeddings(self, value):
         self.embed_tokens = value
 
-    def forward(self, input_ids=None, attention_mask=None, position_ids=None, past_key_values=None,
+    def forward(self, input_ids=None, attention_mask=None, position_ids=None, cache=None,
                 inputs_embeds=None, use_cache=None, output_hidden_states=None, output_attentions=None,
-                return_dict=None, **kwargs):
+                return_dict=None, past_key_values=None, **kwargs):
         """attention_mask: (batch, past + length) with 1 for real tokens (with a
         `StaticMomentumCache` also (batch, length): it counts each row's real tokens itself).
         position_ids default to the count of real tokens before each position, so padding does
@@ -203,25 +206,26 @@ class MomentumTransformerModel(MomentumTransformerPreTrainedModel):
         Packed documents (hf_momentum.packing: position_ids that restart, or the
         `cu_seq_lens_q/k` / `seq_idx` of DataCollatorWithFlattening in kwargs) run each as if
         alone, positions restarting at every document, without a cache (asking for one raises).
-        A given `past_key_values` is continued even with use_cache=False; an encoder
-        (is_causal=False) runs without a cache. hidden_states: the embeddings, then each layer's
-        output (the last one after the final norm)."""
+        A given `cache` (`past_key_values` before transformers 5.24) is continued even with
+        use_cache=False; an encoder (is_causal=False) runs without a cache. hidden_states: the
+        embeddings, then each layer's output (the last one after the final norm)."""
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("pass exactly one of input_ids and inputs_embeds")
-        replay_accepted(self, past_key_values, input_ids, inputs_embeds, attention_mask, position_ids)
+        given = given_cache(cache, past_key_values)
+        replay_accepted(self, given, input_ids, inputs_embeds, attention_mask, position_ids)
         if inputs_embeds is None:
             inputs_embeds = self.embed_tokens(input_ids)
         batch, length = inputs_embeds.shape[:2]
         output_hidden_states = resolve_flag(output_hidden_states, self.config, "output_hidden_states")
         warn_no_attention_weights(self, output_attentions, "linear (momentum) attention")
         if self.context_parallel_group is not None:
-            if use_cache or past_key_values is not None:
-                raise ValueError("use_cache / past_key_values: context parallelism runs without a cache")
+            if use_cache or given is not None:
+                raise ValueError(f"use_cache / {CACHE_NAME}: context parallelism runs without a cache")
             if position_ids is None:
                 raise ValueError("position_ids: context parallelism needs the global positions of this "
                                  "rank's slice (hf_momentum.context_parallel.shard_batch gives them)")
             use_cache = False
-        cache = resolve_cache(self, past_key_values, use_cache, MomentumCache,
+        cache = resolve_cache(self, given, use_cache, MomentumCache,
                               can_cache=self.config.is_causal)
         packing = pop_packing_kwargs(kwargs)
         described = None
@@ -232,7 +236,7 @@ class MomentumTransformerModel(MomentumTransformerPreTrainedModel):
                                                              length, inputs_embeds.device, packing)
         else:
             padding_mask, position_ids, described, cache = self._recurrent_inputs(
-                cache, past_key_values, use_cache, attention_mask, position_ids, batch, length,
+                cache, given, use_cache, attention_mask, position_ids, batch, length,
                 inputs_embeds.device, packing)
         position_ids = position_ids.to(inputs_embeds.device)
         check_position_range(position_ids, self.config.max_position_embeddings,
@@ -247,11 +251,11 @@ class MomentumTransformerModel(MomentumTransformerPreTrainedModel):
                                             output_hidden_states=output_hidden_states, past_key_values=cache)
         if cache is not None:
             cache.advance(length, padding_mask)
-        out = BaseModelOutputWithPast(last_hidden_state=hidden, past_key_values=cache,
-                                      hidden_states=all_hidden)
+        out = output_with_cache(BaseModelOutputWithPast, cache, last_hidden_state=hidden,
+                                hidden_states=all_hidden)
         return out if return_dict is not False else out.to_tuple()
 
-    def _recurrent_inputs(self, cache, past_key_values, use_cache, attention_mask, position_ids, batch,
+    def _recurrent_inputs(self, cache, given, use_cache, attention_mask, position_ids, batch,
                           length, device, packing):
         """padding mask, positions, the batch's Segments where position_ids or the collator's forms
         described it (packed rows, or padded rows when each holds one document; else None) and
@@ -267,10 +271,10 @@ class MomentumTransformerModel(MomentumTransformerPreTrainedModel):
             described = None if starts is None else Segments.from_starts_or_padding(
                 starts, padding_mask, positions=position_ids, offsets=packing.get("cu_seq_lens_q"))
             if described is not None and described.packed:
-                if past_key_values is not None or use_cache:
+                if given is not None or use_cache:
                     raise ValueError("packed documents (position_ids that restart, or cu_seq_lens_q / "
                                      f"seq_idx from {COLLATOR}) cannot fill one cache; pass use_cache=False "
-                                     "and no past_key_values, and generate from each document separately")
+                                     f"and no {CACHE_NAME}, and generate from each document separately")
                 if self.context_parallel_group is not None:
                     raise ValueError("packed documents (position_ids that restart, or cu_seq_lens_q / "
                                      f"seq_idx from {COLLATOR}) are not supported with context "
@@ -323,7 +327,7 @@ def static_cache_inputs(cache: StaticMomentumCache, attention_mask, position_ids
     `length` columns are read). Positions default to each row's real tokens before each one."""
     if has_packing_kwargs(**packing):
         raise ValueError(f"packed documents (cu_seq_lens_q / seq_idx from {COLLATOR}) cannot fill one cache; "
-                         "pass use_cache=False and no past_key_values")
+                         f"pass use_cache=False and no {CACHE_NAME}")
     before = cache.row_positions(batch, device)
     padding_mask = None
     if attention_mask is not None:
@@ -357,24 +361,21 @@ class MomentumTransformerForCausalLM(RecurrentCausalLMMixin, MomentumTransformer
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.post_init()
 
-    def forward(self, input_ids=None, attention_mask=None, position_ids=None, past_key_values=None,
+    def forward(self, input_ids=None, attention_mask=None, position_ids=None, cache=None,
                 inputs_embeds=None, labels=None, use_cache=None, output_hidden_states=None,
-                output_attentions=None, return_dict=None, logits_to_keep=0, **kwargs):
+                output_attentions=None, return_dict=None, logits_to_keep=0, past_key_values=None, **kwargs):
         outputs = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                             past_key_values=past_key_values, inputs_embeds=inputs_embeds,
+                             cache=given_cache(cache, past_key_values), inputs_embeds=inputs_embeds,
                              use_cache=use_cache, output_hidden_states=output_hidden_states,
                              output_attentions=output_attentions, return_dict=True,
                              **pop_packing_kwargs(kwargs))
         return self.causal_lm_output(outputs, labels, logits_to_keep, return_dict, **kwargs)
 
-    def create_masks_for_generate(self, config, inputs_embeds, attention_mask, past_key_values, **kwargs):
-        """What generate() passes as attention_mask with a compileable cache (a
-        `StaticMomentumCache`): the new tokens' columns of the 2D padding mask, one shape at every
-        decode step (the cache counts each row's real tokens, so the cached columns are not needed)."""
-        if attention_mask is None or attention_mask.dim() != 2:
-            return attention_mask
-        return attention_mask[:, attention_mask.shape[1] - inputs_embeds.shape[1]:]
-
+    def create_masks_for_generate(self, config, inputs_embeds, attention_mask, *args, **kwargs):
+        """generate() would turn the padding mask into a 4D one for a compileable cache (transformers
+        before 5.24): it stays 2D, as `forward` takes it (prepare_inputs_for_generation keeps its new
+        tokens' columns)."""
+        return attention_mask
 
 class MomentumTransformerForSequenceClassification(MomentumTransformerPreTrainedModel):
     """Mean of the final hidden states over real tokens, then a linear classifier (the LRA

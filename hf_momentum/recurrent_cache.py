@@ -66,7 +66,6 @@ class RecurrentCache(CroppableStatesMixin, Cache):
     hf_momentum.cache_history (speculative decoding)."""
 
     is_compileable = False
-    is_croppable = False
     row_tokens: Optional[torch.Tensor] = None
 
     def __init__(self, num_layers: int, num_states: int, key_value_layers: Sequence[int] = ()):

@@ -19,6 +19,7 @@ from torch._dynamo.utils import counters
 from transformers import AutoConfig, AutoModelForCausalLM, CompileConfig
 
 from hf_momentum import MomentumCache, StaticMomentumCache
+from hf_momentum.modeling_common import CACHE_NAME
 
 STEPS = 5
 LENGTHS = (7, 4, 2)
@@ -171,7 +172,7 @@ def test_inductor_step_equals_eager(make_generator):
 def test_bad_static_cache_use_raises(model, make_generator):
     ids, mask = padded_prompts(make_generator())
     with torch.no_grad():
-        with pytest.raises(ValueError, match="cache_implementation='static' or past_key_values"):
+        with pytest.raises(ValueError, match=f"cache_implementation='static' or {CACHE_NAME}"):
             greedy(model, ids, cache_implementation="static",
                    past_key_values=StaticMomentumCache(model.config))
         cache = decode_cache(model, ids, mask)

@@ -19,6 +19,7 @@ from hf_momentum import (
     MomentumTransformerForCausalLM,
     MomentumTransformerModel,
 )
+from hf_momentum.modeling_common import CACHE_NAME
 
 # A mask over the new tokens only would restart positions at 0.
 
@@ -109,7 +110,7 @@ def test_wrong_cache_type_and_checkpointed_training_with_a_cache_are_refused(fam
     model = causal_lm(family)
     ids = torch.arange(3, 9)[None]
     other = MomentumLSTMCache if family == "transformer" else MomentumCache
-    with pytest.raises(ValueError, match="past_key_values must be a"):
+    with pytest.raises(ValueError, match=f"{CACHE_NAME} must be a"):
         model(input_ids=ids, past_key_values=other(model.config))
     with pytest.raises(ValueError, match="use_cache must be True or False"):
         model(input_ids=ids, use_cache="no")
@@ -133,7 +134,7 @@ def test_encoder_config_with_defaults_runs_a_plain_call(make_generator):
     torch.testing.assert_close(out.last_hidden_state, again.last_hidden_state, rtol=0, atol=0)
     with pytest.raises(ValueError, match="use_cache"):
         model(ids, use_cache=True)
-    with pytest.raises(ValueError, match="past_key_values"):
+    with pytest.raises(ValueError, match=CACHE_NAME):
         model(ids, past_key_values=MomentumCache(model.config))
 
 
