@@ -18,7 +18,7 @@ PYTEST = -m pytest -n $(PYTEST_WORKERS) --dist loadscope --no-loadscope-reorder 
 DEMO_ARGS ?=
 GPU_CHECK_ARGS ?=
 
-.PHONY: venv lint test demo bench gpu-check triton-carry device-torch-test lock clean cells-doc
+.PHONY: venv lint test demo bench gpu-check triton-carry device-torch-test latest-test lock clean cells-doc
 
 venv:
 	@if [ "$$(cat $(STAMP) 2>/dev/null)" != "$(REQ_HASH)" ]; then \
@@ -26,7 +26,7 @@ venv:
 	else echo ".venv is up to date"; fi
 
 # $(call build-venv,DIR,PYTHON,TORCH,CONSTRAINTS,EXTRAS,TEST_EXTRA) makes the venv DIR with PYTHON:
-# torch==TORCH first (before anything that depends on it, so that pip takes that wheel), fairseq-fixed
+# the requirement TORCH first (before anything that depends on it, so that pip takes that wheel), fairseq-fixed
 # with --no-deps (its metadata pulls a CUDA torchaudio that breaks torch and transformers; its
 # import-time dependencies and numpy<2 come with setup.cfg's `fairseq` extra), then this package with
 # EXTRAS and TEST_EXTRA, all under the lock CONSTRAINTS.
@@ -34,7 +34,7 @@ define build-venv
 rm -rf $(1)
 $(2) -m venv $(1)
 export PIP_CONSTRAINT=$(abspath $(4)); \
-$(1)/bin/pip install -q torch==$(3) numpy cython setuptools wheel \
+$(1)/bin/pip install -q '$(3)' numpy cython setuptools wheel \
 && $(1)/bin/pip install -q --no-deps --no-build-isolation fairseq-fixed==0.12.3.1 \
 && $(1)/bin/pip install -q --no-build-isolation -e '.[$(5),$(6)]'
 $(1)/bin/python -c "import torch, fairseq, transformers, accelerate; print('torch', torch.__version__, '| fairseq', fairseq.__version__, '| transformers', transformers.__version__)"
@@ -44,7 +44,7 @@ TORCH := 2.13.0
 # What the suite imports; `test` adds its tools and the interpreter's Triton (setup.cfg).
 RUNTIME_EXTRAS := hf,recipes,fairseq,peft,export,eval
 _build-venv:
-	$(call build-venv,$(VENV),$(PYTHON),$(TORCH),$(LOCK),$(RUNTIME_EXTRAS),test)
+	$(call build-venv,$(VENV),$(PYTHON),torch==$(TORCH),$(LOCK),$(RUNTIME_EXTRAS),test)
 	echo "$(REQ_HASH)" > $(STAMP)
 
 # ruff's configuration is in pyproject.toml ([tool.ruff]).
@@ -108,10 +108,24 @@ device-torch-test:
 	mkdir -p build
 	grep -v -e '^torch==' -e '^triton==' $(LOCK) > $(DEVICE_LOCK)
 	echo "torch==$(DEVICE_TORCH)" >> $(DEVICE_LOCK)
-	$(call build-venv,$(DEVICE_VENV),$(DEVICE_PYTHON),$(DEVICE_TORCH),$(DEVICE_LOCK),$(RUNTIME_EXTRAS),test-tools)
+	$(call build-venv,$(DEVICE_VENV),$(DEVICE_PYTHON),torch==$(DEVICE_TORCH),$(DEVICE_LOCK),$(RUNTIME_EXTRAS),test-tools)
 	$(DEVICE_VENV)/bin/pip install -q --no-deps $$(grep '^triton==' $(LOCK))
 	$(DEVICE_VENV)/bin/python -c "import torch, triton; print('torch', torch.__version__, '| triton', triton.__version__)"
 	PATH=$(abspath $(DEVICE_VENV))/bin:$$PATH $(DEVICE_VENV)/bin/python $(PYTEST)
+
+# The whole suite on the newest releases that setup.cfg admits, as pip resolves them for a user today
+# (no lock): the newest torch (PyPI's CUDA build, which runs on the CPU; about 3 GB to download) with
+# the Triton it pins, and the newest transformers, accelerate, peft, datasets, hub...; fairseq-fixed as
+# always, and numpy<2 for it. Run it when they release (docs/developing.md). A pip config that caps
+# torch or points at a local wheel (this workplace's /etc/xdg/pip) is lifted with PIP_CONFIG_FILE=/dev/null.
+LATEST_VENV := build/latest
+LATEST_TORCH ?= torch
+latest-test:
+	mkdir -p build
+	echo "numpy<2" > build/latest-constraints.txt
+	$(call build-venv,$(LATEST_VENV),$(PYTHON),$(LATEST_TORCH),build/latest-constraints.txt,$(RUNTIME_EXTRAS),test)
+	$(LATEST_VENV)/bin/pip list 2>/dev/null | grep -i -E '^(torch|triton|transformers|accelerate|peft|datasets|huggingface.hub) '
+	PATH=$(abspath $(LATEST_VENV))/bin:$$PATH $(LATEST_VENV)/bin/python $(PYTEST)
 
 # Re-resolve and rewrite the lock from what is installed in .venv (then commit it).
 lock: venv
