@@ -365,7 +365,7 @@ class MomentumTransformerForCausalLM(RecurrentCausalLMMixin, MomentumTransformer
                 inputs_embeds=None, labels=None, use_cache=None, output_hidden_states=None,
                 output_attentions=None, return_dict=None, logits_to_keep=0, past_key_values=None, **kwargs):
         outputs = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                             cache=given_cache(cache, past_key_values), inputs_embeds=inputs_embeds,
+                             cache=cache, past_key_values=past_key_values, inputs_embeds=inputs_embeds,
                              use_cache=use_cache, output_hidden_states=output_hidden_states,
                              output_attentions=output_attentions, return_dict=True,
                              **pop_packing_kwargs(kwargs))
