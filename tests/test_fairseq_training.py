@@ -3,7 +3,6 @@ resuming, threads per rank), and resuming from checkpoint_last.pt. Checkpoints a
 weights_only=True, as fairseq does."""
 import os
 import re
-import subprocess
 import sys
 
 import pytest
@@ -18,6 +17,7 @@ from helpers.fairseq_cli import (
     train_losses,
     write_lm_text,
 )
+from helpers.launched import run_launched
 
 import fairseq_momentum  # noqa: F401  (allowlists fairseq's checkpoint types for torch.load)
 
@@ -64,7 +64,7 @@ def run_two_ranks(lm_data, tmp_path, save, logs, max_update):
            "--save-dir", str(save), *LSTM_LM, "--max-update", str(max_update), "--num-workers", "0",
            "--log-format", "simple", "--log-interval", "1", "--seed", "3", "--no-epoch-checkpoints",
            "--required-batch-size-multiple", "1"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=400)
+    proc = run_launched(cmd, cwd=tmp_path, env=env, timeout=400, log_dir=logs)
     assert proc.returncode == 0, proc.stderr[-3000:] + "".join(
         p.read_text()[-3000:] for p in logs.glob("*/attempt_0/*/*.log"))
     checkpoints = [torch.load(save / f"checkpoint_last-rank{r}.pt") for r in (0, 1)]

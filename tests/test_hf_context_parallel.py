@@ -10,6 +10,7 @@ import pytest
 import torch
 import torch.distributed as dist
 from gloo_ranks import spawn_gloo
+from helpers.launched import run_launched
 from ports import free_port
 
 from hf_momentum import (
@@ -179,7 +180,6 @@ def test_train_clm_context_parallel_under_torchrun(tmp_path):
     every sequence) and end with the same parameters."""
     import os
     import random
-    import subprocess
     import sys
     from pathlib import Path
 
@@ -194,7 +194,7 @@ def test_train_clm_context_parallel_under_torchrun(tmp_path):
            "--num_heads", "2", "--block_size", "33", "--per_device_batch_size", "2", "--dropout", "0"]
     env = dict(os.environ, HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false", OMP_NUM_THREADS="1",
                ACCELERATE_USE_CPU="1", PYTHONPATH=str(repo))     # this checkout's hf_momentum
-    proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    proc = run_launched(cmd, cwd=tmp_path, env=env, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     ranks = [json.loads((tmp_path / "rec" / f"rank{r}.json").read_text()) for r in range(2)]
     assert ranks[0]["step"] == ranks[1]["step"] == 3

@@ -703,12 +703,16 @@ def main(argv=None):
         Path(args.record_dir, f"rank{accelerator.process_index}.json").write_text(json.dumps(record))
     unwrapped.save_pretrained(output / "final", is_main_process=accelerator.is_main_process,
                               save_function=accelerator.save)
-    accelerator.end_training()
     if accelerator.is_main_process:
         tokenizer.hf.save_pretrained(output / "final")
-        if args.push_to_hub:
-            unwrapped.push_to_hub(args.hub_model_id)
-            tokenizer.hf.push_to_hub(args.hub_model_id)
+    # end_training destroys the process group: every rank gets there together, after rank 0 has
+    # written, as torch.distributed asks of destroy_process_group (a rank tearing its group down while
+    # another still works can hang the launch)
+    accelerator.wait_for_everyone()
+    accelerator.end_training()
+    if accelerator.is_main_process and args.push_to_hub:
+        unwrapped.push_to_hub(args.hub_model_id)
+        tokenizer.hf.push_to_hub(args.hub_model_id)
 
 
 if __name__ == "__main__":

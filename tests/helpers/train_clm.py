@@ -3,9 +3,10 @@ the per-rank records it writes under --record_dir."""
 import importlib.util
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
+
+from helpers.launched import run_launched
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "recipes" / "hf" / "train_clm.py"
@@ -17,7 +18,7 @@ TINY = ["--hidden_size", "32", "--num_layers", "2", "--num_heads", "4", "--block
 def run(cmd, cwd, extra_env=None):
     env = dict(os.environ, HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false", OMP_NUM_THREADS="1",
                ACCELERATE_USE_CPU="1", PYTHONPATH=str(REPO), **(extra_env or {}))
-    proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=400)
+    proc = run_launched(cmd, cwd=cwd, env=env, timeout=400)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     return proc
 

@@ -1,0 +1,75 @@
+"""Running a launcher (torchrun, accelerate launch, a script that starts ranks) in a test. On a hang the
+test fails with every process's Python stack, not only "timed out": each process the launcher started,
+and the launcher, dumps its threads (faulthandler, on SIGABRT) before the tree is killed."""
+import resource
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+GRACE = 30
+
+
+def _tree(pid):
+    """The launcher's descendants, leaves first, then the launcher."""
+    try:
+        root = psutil.Process(pid)
+        return root.children(recursive=True)[::-1] + [root]
+    except psutil.NoSuchProcess:
+        return []
+
+
+def _signal(processes, sig):
+    for process in processes:
+        try:
+            process.send_signal(sig)
+        except psutil.NoSuchProcess:
+            pass
+
+
+def _log_tails(log_dir):
+    if log_dir is None:
+        return ""
+    return "".join(f"\n--- {path} ---\n{path.read_text(errors='replace')[-6000:]}"
+                   for path in sorted(Path(log_dir).rglob("*.log")))
+
+
+def _no_core_files():
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))     # SIGABRT dumps stacks, not cores into cwd
+
+
+def run_launched(cmd, *, cwd, env, timeout, log_dir=None):
+    """subprocess.run(cmd, capture_output=True, text=True) with `timeout` seconds; a launch still running
+    then fails the test with the processes' stacks (their stderr, and the *.log files under `log_dir`
+    where the launcher redirects its ranks)."""
+    env = dict(env, PYTHONFAULTHANDLER="1")
+    with subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          text=True, preexec_fn=_no_core_files) as proc:
+        try:
+            out, err = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            processes = _tree(proc.pid)
+            _signal(processes, signal.SIGABRT)
+            try:
+                out, err = proc.communicate(timeout=GRACE)
+            except subprocess.TimeoutExpired:
+                _signal(_tree(proc.pid), signal.SIGKILL)
+                out, err = proc.communicate()
+            time.sleep(0.5)
+            _signal([p for p in processes if p.is_running()], signal.SIGKILL)
+            pytest.fail(f"{Path(cmd[0]).name} still ran after {timeout} s; the stacks of its "
+                        f"{len(processes)} processes (pids {[p.pid for p in processes]}) at that moment:\n"
+                        f"{err[-20000:]}{_log_tails(log_dir)}\n--- stdout ---\n{out[-3000:]}",
+                        pytrace=False)
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
+def pid_alive(pid):
+    """Whether `pid` still runs (a zombie does not)."""
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
