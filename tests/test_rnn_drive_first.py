@@ -210,12 +210,14 @@ def test_one_fused_call_per_layer_and_no_step_loop(cls, cell, monkeypatch, make_
     assert len(loops) == 1
 
 
+@pytest.mark.parametrize("dynamic", [False, True])
 @pytest.mark.parametrize("cls", CLASSES)
-def test_compiled_with_aot_autograd_equals_eager(cls, make_generator):
+def test_compiled_with_aot_autograd_equals_eager(cls, dynamic, make_generator):
     """torch.compile(fullgraph=True, aot_eager: forward and backward re-traced through
     AOTAutograd) of two layers from a given (h, c): one graph, where the default recurrence is a
     graph break per layer (its step loop runs eagerly), and outputs, states and gradients equal
-    eager's in float64."""
+    eager's in float64; with static shapes, and with the length and batch symbolic (dynamic=True,
+    as torch.compile recompiles a function called at a second shape)."""
     gen = make_generator()
     layer = make_layer("adam", gen, num_layers=2, cls=cls)
     x = torch.randn(6, 3, D, generator=gen, dtype=torch.float64, requires_grad=True)
@@ -225,7 +227,7 @@ def test_compiled_with_aot_autograd_equals_eager(cls, make_generator):
     torch._dynamo.reset()
     results = []
     with recurrence_backend("cudnn"):
-        for run in (layer, torch.compile(layer, backend="aot_eager", fullgraph=True)):
+        for run in (layer, torch.compile(layer, backend="aot_eager", fullgraph=True, dynamic=dynamic)):
             out, new = run(x, hc)
             tensors = [out, *tensors_of(new)]
             probes = [torch.linspace(-1, 1, t.numel(), dtype=t.dtype).view_as(t) for t in tensors]
