@@ -95,7 +95,7 @@ def _per_token(values, name: str, batch: int, length: int, device) -> torch.Tens
                          f"{getattr(values, 'dtype', type(values).__name__)}")
     if values.dim() == 1:
         values = values[None]
-    # not `shape[0] in (1, batch)`: torch.compile with dynamic shapes can judge that wrongly
+    # not `shape[0] in (1, batch)`: torch 2.13's compile with dynamic shapes can judge that wrongly
     # (plugins/rnn/sequence.initial_state)
     if values.dim() != 2 or values.shape[1] != length or (values.shape[0] != 1 and values.shape[0] != batch):
         raise ValueError(f"{name} must have shape ({batch}, {length}) (or (1, {length})), got "

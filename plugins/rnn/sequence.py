@@ -189,8 +189,8 @@ def initial_state(state, *, num_layers, batch, hidden, width, has_c, has_v, has_
     step = torch.as_tensor(step, device=ref.device)
     if step.is_floating_point() or step.dtype == torch.bool:
         raise ValueError(f"state.step must be an integer tensor, got {step.dtype}")
-    # two comparisons, not `in (1, batch)`: torch.compile with dynamic shapes judged that False where
-    # numel() == batch
+    # two comparisons, not `in (1, batch)`: torch 2.13's compile with dynamic shapes judged that False
+    # where numel() == batch (2.15's does not)
     if step.dim() > 1 or (step.numel() != 1 and step.numel() != batch):
         raise ValueError(f"state.step must have shape (batch,) = ({batch},) (or be one count for every "
                          f"row), got {tuple(step.shape)}")
