@@ -16,6 +16,8 @@ MAX_INT = 2 ** 62
 
 def _plain(value, name: str):
     """Unwrap a 0-d tensor / numpy scalar; refuse bools and non-numbers."""
+    if type(value) in (int, float):
+        return value        # a number torch.compile traces symbolically (dynamic=True) has no hasattr
     if hasattr(value, "numel") and hasattr(value, "item"):
         if value.numel() != 1:
             raise ValueError(f"{name} must be a scalar, got a tensor of shape {tuple(value.shape)}")
@@ -31,7 +33,7 @@ def check_number(value, name: str, *, low: Optional[float] = None, high: Optiona
                  low_open: bool = False, high_open: bool = False) -> float:
     """A finite real number in the interval given by low/high (closed unless *_open)."""
     value = float(_plain(value, name))
-    if not math.isfinite(value):
+    if not -math.inf < value < math.inf:       # math.isfinite, in a form torch.compile traces; False for NaN
         raise ValueError(f"{name} must be a finite number, got {value}")
     below = low is not None and (value <= low if low_open else value < low)
     above = high is not None and (value >= high if high_open else value > high)

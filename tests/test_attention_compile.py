@@ -82,3 +82,54 @@ def test_compiled_decoding_step_and_triton_dispatch(make_generator, monkeypatch)
     for a, b in zip(compiled, eager):
         torch.testing.assert_close(a, b, **TOL)
     torch.testing.assert_close(eager[0], momentum_attention(q, k, v, momentum=0.9, backend="torch"), **TOL)
+
+
+@pytest.mark.parametrize("padded", [False, True])
+def test_dynamic_shapes_compile_whole(make_generator, padded):
+    """torch.compile(dynamic=True, fullgraph=True), as users compile for batches of varying length: the
+    call checks its numbers (a dataclass default such as eps is then a symbolic float, which has no
+    hasattr and no math.isfinite); lengths 17 and 21 (3 chunks of 8) share one graph, 29 (4 chunks: the
+    torch path's scan steps over the chunks in Python) gets its own, and each equals eager, forward and
+    gradients."""
+    from torch._dynamo.testing import CompileCounterWithBackend
+    gen = make_generator()
+    torch._dynamo.reset()
+    module = TinyAttention()
+    counter = CompileCounterWithBackend("aot_eager")
+    compiled = torch.compile(module, fullgraph=True, backend=counter, dynamic=True)
+    graphs = []
+    for length in (17, 21, 29):
+        x = torch.randn(2, length, 16, generator=gen)
+        mask = None
+        if padded:
+            mask = torch.ones(2, length, dtype=torch.bool)
+            mask[0, :5] = False
+        results = []
+        for fn in (module, compiled):
+            module.zero_grad()
+            out = fn(x, mask)
+            real = torch.ones((), dtype=torch.bool) if mask is None else mask[:, None, :, None]
+            torch.where(real, out, 0.0).pow(2).sum().backward()
+            results.append((out.detach(), [p.grad.clone() for p in module.parameters()]))
+        (out, grads), (out_c, grads_c) = results
+        torch.testing.assert_close(out_c, out, **TOL)
+        for g, g_c in zip(grads, grads_c):
+            torch.testing.assert_close(g_c, g, rtol=TOL["rtol"], atol=1e-5 * float(g.abs().max()))
+        graphs.append(counter.frame_count)
+    assert graphs[1] == graphs[0] < graphs[2], graphs
+
+
+def test_momentum_and_step_size_traced_as_numbers_compile_whole(make_generator):
+    """Under dynamic=True the momentum and step size given as a compiled function's arguments are traced
+    as symbolic floats: the rule's checks take them, and the output equals eager's in float64."""
+    gen = make_generator()
+    torch._dynamo.reset()
+    q, k, v = (torch.randn(2, 2, 13, 8, generator=gen, dtype=torch.float64) for _ in range(3))
+
+    def attend(q, k, v, momentum, step_size):
+        return momentum_attention(q, k, v, momentum=momentum, step_size=step_size, chunk_size=4)
+
+    compiled = torch.compile(attend, fullgraph=True, backend="aot_eager", dynamic=True)
+    for momentum, step_size in ((0.9, 0.6), (0.5, 1.3)):
+        expected = attend(q, k, v, momentum, step_size)
+        torch.testing.assert_close(compiled(q, k, v, momentum, step_size), expected, rtol=1e-12, atol=1e-12)
