@@ -52,7 +52,10 @@ def run_launched(cmd, *, cwd, env, timeout, log_dir=None):
             out, err = proc.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
             processes = _tree(proc.pid)
-            _signal(processes, signal.SIGABRT)
+            # stopped first, so that no process sees another die (a launcher whose rank has gone
+            # would go on to exit) before its own SIGABRT is delivered
+            for sig in (signal.SIGSTOP, signal.SIGABRT, signal.SIGCONT):
+                _signal(processes, sig)
             try:
                 out, err = proc.communicate(timeout=GRACE)
             except subprocess.TimeoutExpired:
