@@ -29,11 +29,16 @@ def _plain(value, name: str):
     return value
 
 
+def is_finite(value) -> bool:
+    """math.isfinite in a form torch.compile traces on a symbolic float (dynamic=True); False for NaN."""
+    return -math.inf < value < math.inf
+
+
 def check_number(value, name: str, *, low: Optional[float] = None, high: Optional[float] = None,
                  low_open: bool = False, high_open: bool = False) -> float:
     """A finite real number in the interval given by low/high (closed unless *_open)."""
     value = float(_plain(value, name))
-    if not -math.inf < value < math.inf:       # math.isfinite, in a form torch.compile traces; False for NaN
+    if not is_finite(value):
         raise ValueError(f"{name} must be a finite number, got {value}")
     below = low is not None and (value <= low if low_open else value < low)
     above = high is not None and (value >= high if high_open else value > high)

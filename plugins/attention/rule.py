@@ -22,6 +22,8 @@ from typing import Callable, Dict
 
 import torch
 
+from ..validation import is_finite
+
 
 @dataclass(frozen=True)
 class MomentumRule:
@@ -34,7 +36,7 @@ class MomentumRule:
     def __post_init__(self):
         for name, low in (("decay", 0.0), ("carry", 0.0), ("direct", 0.0)):
             value = getattr(self, name)
-            if not isinstance(value, float) or not -math.inf < value < math.inf or value < low:
+            if not isinstance(value, float) or not is_finite(value) or value < low:
                 raise ValueError(f"MomentumRule.{name} must be a finite float ≥ {low}, got {value!r}")
         if self.decay >= 1.0:
             raise ValueError(f"MomentumRule.decay must be in [0, 1), got {self.decay}")
