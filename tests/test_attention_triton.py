@@ -21,6 +21,7 @@ from helpers.triton_attention import (
     use_scan,
 )
 
+from plugins.attention import momentum_attention
 from plugins.attention.naive import (
     naive_causal_momentum_attention,
     naive_recurrent_momentum_attention,
@@ -274,6 +275,56 @@ def test_compiles_without_graph_break(make_generator, monkeypatch, scan):
     expected = torch.autograd.grad(loss(*leaves), leaves)
     for a, b in zip(got, expected):
         torch.testing.assert_close(a, b)
+
+
+@pytest.mark.parametrize("scan", SCANS + ["fused-split"])
+@pytest.mark.parametrize("layout", ["padded", "packed"])
+def test_dynamic_shapes_compile_whole_on_the_triton_path(make_generator, monkeypatch, scan, layout):
+    """torch.compile(dynamic=True, fullgraph=True) over the public call with backend="triton": the
+    registered op's fake outputs take the symbolic length, so lengths of 2, 2 and 5 chunks (and their
+    padding or segments) share one graph, each equal to the eager call, forward and gradients.
+    Fused in splits of two chunks, the split states' number follows the length: one more graph
+    where the rows start to split (split.scan_splits' threshold), none after."""
+    triton_ops()
+    use_scan(monkeypatch, scan.partition("-")[0])
+    if scan == "fused-split":
+        import triton
+
+        from plugins.attention.triton import chunk
+        monkeypatch.setattr(chunk, "scan_splits", lambda rows, chunks, device: (triton.cdiv(chunks, 2), 2))
+    from torch._dynamo.testing import CompileCounterWithBackend
+    gen = make_generator()
+    B = 2 if layout == "padded" else 1
+
+    def attend(q, k, v, mask, cu):
+        return momentum_attention(q, k, v, momentum=0.6, step_size=0.8, padding_mask=mask, cu_seqlens=cu,
+                                  chunk_size=16, backend="triton")
+
+    torch._dynamo.reset()
+    counter = CompileCounterWithBackend("aot_eager")
+    compiled = torch.compile(attend, fullgraph=True, dynamic=True, backend=counter)
+    graphs = []
+    for N, cut in ((20, 7), (27, 20), (70, 33)):
+        q, k, v = (torch.randn(B, 2, N, 16, generator=gen) for _ in range(3))
+        mask = cu = None
+        if layout == "padded":
+            mask = torch.ones(B, N, dtype=torch.bool)
+            mask[1, :cut] = False
+        else:
+            cu = torch.tensor([0, cut, N], dtype=torch.int32)
+        ups = torch.randn(B, 2, N, 16, generator=gen)
+        results = []
+        for run in (compiled, attend):
+            leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+            out = run(*leaves, mask, cu)
+            results.append((out,) + torch.autograd.grad((out * ups).sum(), leaves))
+        for got, expected in zip(*results):
+            torch.testing.assert_close(got, expected, rtol=1e-6, atol=1e-6)
+        graphs.append(counter.frame_count)
+    if scan == "fused-split":
+        assert graphs[0] == graphs[1] < graphs[2], graphs
+    else:
+        assert graphs[0] == graphs[1] == graphs[2], graphs
 
 
 @pytest.mark.parametrize("layout", ["padded", "packed"])
