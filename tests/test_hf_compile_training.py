@@ -1,9 +1,11 @@
 """Issue 26: the native transformer's training forward compiles whole (torch.compile with
 fullgraph=True: no graph break, so nothing in the path reads a device value to the host) and
-gives eager's loss and gradients, for a padded batch and for packed documents. The backend is
+gives eager's loss and gradients, for a padded batch and for packed documents, and on the Triton
+path with dynamic shapes in one graph for every length. The backend is
 aot_eager: dynamo and AOTAutograd trace forward and backward as inductor would, without the
 code generation (minutes on the 2-core CI machine); tests/test_hf_compiled_decode.py and the GPU
 tests compile with inductor."""
+import importlib.util
 import os
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -26,13 +28,15 @@ def loss_and_grads(model, fn, **batch):
     return loss.detach(), {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
 
 
-def check_compiled_equals_eager(model, backend="aot_eager", **batch):
+def check_compiled_equals_eager(model, backend="aot_eager", dynamic=None, keep_graphs=False, **batch):
+    """keep_graphs: reuse the graphs compiled by earlier calls (the caller resets dynamo)."""
     def loss(**inputs):
         return model(**inputs, labels=inputs["input_ids"]).loss
 
-    torch._dynamo.reset()
+    if not keep_graphs:
+        torch._dynamo.reset()
     eager, eager_grads = loss_and_grads(model, loss, **batch)
-    whole = torch.compile(loss, fullgraph=True, backend=backend)
+    whole = torch.compile(loss, fullgraph=True, backend=backend, dynamic=dynamic)
     compiled, compiled_grads = loss_and_grads(model, whole, **batch)
     torch.testing.assert_close(compiled, eager, rtol=1e-5, atol=1e-6)
     assert compiled_grads.keys() == eager_grads.keys() and len(eager_grads) > 4
@@ -103,3 +107,38 @@ def test_collator_forms_compile_whole_and_equal_each_document_alone(form, make_g
             packed = logits(**batch)[0]
             alone = torch.cat([model(input_ids=d[None]).logits[0] for d in docs])
         torch.testing.assert_close(packed, alone, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton not installed")
+@pytest.mark.parametrize("form", ["padded", "packed"])
+def test_triton_path_compiles_one_graph_for_every_length(form, make_generator, monkeypatch):
+    """What a CUDA model runs (the Triton kernels, here on CPU tensors under the interpreter) under
+    torch.compile(dynamic=True), as the Trainer's torch_compile meets batches of new lengths: padded
+    batches of 1 and 3 chunks, or packed rows of 3 and 5 documents, train through one graph, each
+    with eager's loss and gradients."""
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    from plugins.attention import backends
+    forced = backends.use_triton
+    monkeypatch.setattr(backends, "use_triton",
+                        lambda backend, device, float64: forced("triton", device, float64))
+    torch._dynamo.reset()
+    model = causal_lm("transformer", max_position_embeddings=160).train()
+    gen = make_generator()
+    counter = CompileCounterWithBackend(DECOMPOSED)
+    graphs = []
+    shapes = [(37, 19), (140, 70)] if form == "padded" else [(15, 19, 6), (3, 30, 1, 5, 1)]
+    for shape in shapes:
+        if form == "padded":
+            N, cut = shape
+            ids = torch.randint(3, 60, (3, N), generator=gen)
+            mask = torch.ones(3, N, dtype=torch.long)
+            mask[1, cut:] = 0
+            mask[2, :9] = 0
+            batch = dict(input_ids=ids, attention_mask=mask)
+        else:
+            ids = torch.randint(3, 60, (1, sum(shape)), generator=gen)
+            batch = dict(input_ids=ids, position_ids=torch.cat([torch.arange(n) for n in shape])[None])
+        check_compiled_equals_eager(model, backend=counter, dynamic=True, keep_graphs=True, **batch)
+        graphs.append(counter.frame_count)
+    assert graphs[0] == graphs[1], graphs
