@@ -94,9 +94,10 @@ def test_compiled_decoding_step_and_triton_dispatch(make_generator, monkeypatch)
 def test_dynamic_shapes_compile_whole(make_generator, padded):
     """torch.compile(dynamic=True, fullgraph=True), as users compile for batches of varying length: the
     call checks its numbers (a dataclass default such as eps is then a symbolic float, which has no
-    hasattr and no math.isfinite); lengths 17 and 21 (3 chunks of 8) share one graph, 29 (4 chunks: the
-    torch path's scan steps over the chunks in Python) gets its own, and each equals eager, forward and
-    gradients."""
+    hasattr and no math.isfinite). Traced, the chunks' scan runs in padded blocks of 16 chunks, so the
+    graph follows the number of block levels, not the length: 17 to 100 tokens (3 to 13 chunks of 8,
+    a multiple of the chunk among them) share one graph, 130 and 200 (over 16 chunks: a second level)
+    one more; each equals eager, forward and gradients."""
     from torch._dynamo.testing import CompileCounterWithBackend
     gen = make_generator()
     torch._dynamo.reset()
@@ -104,7 +105,7 @@ def test_dynamic_shapes_compile_whole(make_generator, padded):
     counter = CompileCounterWithBackend("aot_eager")
     compiled = torch.compile(module, fullgraph=True, backend=counter, dynamic=True)
     graphs = []
-    for length in (17, 21, 29):
+    for length in (17, 29, 64, 100, 130, 200):
         x = torch.randn(2, length, 16, generator=gen)
         mask = None
         if padded:
@@ -113,7 +114,61 @@ def test_dynamic_shapes_compile_whole(make_generator, padded):
         (out, grads), (out_c, grads_c) = eager_and_compiled(module, x, mask, compiled=compiled)
         assert_compiled_equals_eager(out, grads, out_c, grads_c)
         graphs.append(counter.frame_count)
-    assert graphs[1] == graphs[0] < graphs[2], graphs
+    assert graphs[0] == graphs[1] == graphs[2] == graphs[3] < graphs[4] == graphs[5], graphs
+
+
+def test_many_lengths_stay_under_the_recompile_limit(make_generator):
+    """Plain torch.compile(fullgraph=True) (dynamic=None: static first, then dynamic after a new
+    shape) over more lengths than torch's recompile limit (8): when the scan stepped over the chunks
+    in Python, every chunk count was a graph, and the ninth raised FailOnRecompileLimitHit."""
+    from torch._dynamo.testing import CompileCounterWithBackend
+    gen = make_generator()
+    torch._dynamo.reset()
+    module = TinyAttention()
+    counter = CompileCounterWithBackend("aot_eager")
+    compiled = torch.compile(module, fullgraph=True, backend=counter)
+    lengths = range(9, 113, 8)                           # 13 lengths, 2 to 14 chunks
+    assert len(lengths) > torch._dynamo.config.recompile_limit
+    for length in lengths:
+        x = torch.randn(1, length, 16, generator=gen)
+        (out, grads), (out_c, grads_c) = eager_and_compiled(module, x, None, compiled=compiled)
+        assert_compiled_equals_eager(out, grads, out_c, grads_c)
+    assert counter.frame_count == 2
+
+
+@pytest.mark.parametrize("layout", ["padded", "packed"])
+def test_traced_scan_equals_the_quadratic_form_in_float64(make_generator, layout):
+    """The traced form (padded scan blocks, one chunk more) against eq. 13 written out quadratically,
+    in float64, under dynamic shapes, at lengths on both sides of a block level (11 and 37 chunks of
+    4), padded left and right, or packed (the scan's restarts) with each document run alone."""
+    from plugins.attention.naive import naive_causal_momentum_attention
+    gen = make_generator()
+    torch._dynamo.reset()
+
+    def attend(q, k, v, mask, cu):
+        return momentum_attention(q, k, v, momentum=0.8, step_size=0.7, chunk_size=4, padding_mask=mask,
+                                  cu_seqlens=cu)
+
+    compiled = torch.compile(attend, fullgraph=True, backend="aot_eager", dynamic=True)
+    for N, cut in ((45, 7), (150, 61)):
+        B = 2 if layout == "padded" else 1
+        q, k, v = (torch.randn(B, 2, N, 8, generator=gen, dtype=torch.float64) for _ in range(3))
+        mask = cu = None
+        if layout == "padded":
+            mask = torch.ones(B, N, dtype=torch.bool)
+            mask[0, :cut] = False
+            mask[1, N - cut:] = False
+            real = mask[:, None, :, None]
+            got = torch.where(real, compiled(q, k, v, mask, cu), 0.0)
+            expected = torch.where(real, naive_causal_momentum_attention(q, k, v, momentum=0.8, step_size=0.7,
+                                                                         padding_mask=mask), 0.0)
+        else:
+            cu = torch.tensor([0, cut, N], dtype=torch.int32)
+            got = compiled(q, k, v, mask, cu)
+            expected = torch.cat([naive_causal_momentum_attention(q[:, :, a:b], k[:, :, a:b], v[:, :, a:b],
+                                                                  momentum=0.8, step_size=0.7)
+                                  for a, b in ((0, cut), (cut, N))], 2)
+        torch.testing.assert_close(got, expected, rtol=1e-10, atol=1e-12)
 
 
 def test_momentum_and_step_size_traced_as_numbers_compile_whole(make_generator):

@@ -109,6 +109,27 @@ def test_collator_forms_compile_whole_and_equal_each_document_alone(form, make_g
         torch.testing.assert_close(packed, alone, rtol=1e-4, atol=1e-5)
 
 
+def test_pytorch_path_compiles_one_graph_for_lengths_of_a_scan_level(make_generator):
+    """The PyTorch path (CPU, or a rule other than eq. 12 on CUDA) under torch.compile(dynamic=True):
+    padded batches of 2, 4 and 8 chunks (one level of the blocked scan: under 16 chunks) train
+    through one graph, each with eager's loss and gradients; it had one graph per chunk count, and
+    torch stops compiling after 8."""
+    from torch._dynamo.testing import CompileCounterWithBackend
+    torch._dynamo.reset()
+    model = causal_lm("transformer", max_position_embeddings=1024).train()
+    gen = make_generator()
+    counter = CompileCounterWithBackend("aot_eager")
+    graphs = []
+    for N in (100, 230, 500):
+        ids = torch.randint(3, 60, (2, N), generator=gen)
+        mask = torch.ones(2, N, dtype=torch.long)
+        mask[1, :N // 3] = 0
+        check_compiled_equals_eager(model, backend=counter, dynamic=True, keep_graphs=True, input_ids=ids,
+                                    attention_mask=mask)
+        graphs.append(counter.frame_count)
+    assert graphs[0] == graphs[1] == graphs[2], graphs
+
+
 @pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton not installed")
 @pytest.mark.parametrize("form", ["padded", "packed"])
 def test_triton_path_compiles_one_graph_for_every_length(form, make_generator, monkeypatch):

@@ -49,7 +49,9 @@ def chunk_causal_momentum_attention(
     B, H, N, _ = fq.shape
     traced = torch.compiler.is_compiling()      # N may be symbolic: the chunk size must not follow it
     C = chunk_size if traced else min(chunk_size, N)
-    nc = -(-N // C)
+    # traced, always one chunk of padding at least: whether N fills its chunks exactly (a slice that
+    # is whole or not) would otherwise be a graph of its own under dynamic shapes
+    nc = N // C + 1 if traced else -(-N // C)
     pad = nc * C - N
     Q, K, V = ((F.pad(t, (0, 0, 0, pad)) if traced or pad else t).reshape(B, H, nc, C, t.shape[-1])
                for t in (fq, fk, v))
@@ -57,7 +59,7 @@ def chunk_causal_momentum_attention(
     restart = None if init is None else Entering(init.s[:, :, None], init.z[:, :, None], -init.m[:, :, None])
     out, enter = chunk_body(Q, K, V, rule=rule, eps=eps, first=None, restart=restart,
                             carry_m=rule.carries_momentum or return_state)
-    out = out.reshape(B, H, nc * C, -1)[:, :, :N]
+    out = out.flatten(2, 3)[:, :, :N]
     if not return_state:
         return out, None
     if lengths is None:

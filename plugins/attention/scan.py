@@ -24,31 +24,49 @@ def entering(local: torch.Tensor, decay: float, first: Optional[torch.Tensor],
         return _exported_entering(local, decay, start)
     if first is None:
         head = torch.broadcast_to(start, (*local.shape[:2], 1, *local.shape[3:]))
-        return affine_scan(decay, torch.cat([head, local[:, :, :-1]], 2))
-    shifted = torch.cat([torch.zeros_like(local[:, :, :1]), local[:, :, :-1]], 2)
+        return affine_scan(decay, shifted_by_one(local, head))
+    shifted = shifted_by_one(local, torch.zeros_like(local[:, :, :1]))
     flag = first.view(1, 1, -1, *([1] * (local.dim() - 3)))
     a = torch.where(first, torch.zeros((), dtype=torch.float64, device=first.device),
                     torch.full((), decay, dtype=torch.float64, device=first.device))
     return affine_scan(a, torch.where(flag, start, shifted))
 
 
+def shifted_by_one(u: torch.Tensor, head: torch.Tensor) -> torch.Tensor:
+    """head (B, H, 1, ...) then u[:, :, :−1] along dim 2. Traced, the slice is taken after the
+    concatenation: a slice of T − 1 makes T = 2 (a size 1) a graph of its own under dynamic shapes."""
+    if torch.compiler.is_compiling():
+        return torch.cat([head, u], 2)[:, :, :-1]
+    return torch.cat([head, u[:, :, :-1]], 2)
+
+
 def affine_scan(a: Union[float, torch.Tensor], u: torch.Tensor) -> torch.Tensor:
     """y[t] = a[t]·y[t−1] + u[t] with y[−1] = 0, along dim 2 of u (B, H, T, ...); a is one float
     for every t or a float64 tensor (T,). a = 1 is a cumulative sum. Otherwise up to SCAN_BLOCK
     steps run as the recurrence; longer scans run it inside blocks of SCAN_BLOCK and recurse on
-    the block totals (O(log T) levels), each y[t] reading only u[t′ ≤ t]."""
+    the block totals (O(log T) levels), each y[t] reading only u[t′ ≤ t].
+    Traced (torch.compile), every T takes the blocks, padded, so that with dynamic shapes the graph
+    depends on the number of levels only, not on T (a loop of T steps would fix T; dynamo reports
+    a symbolic T as an int, so the choice cannot follow the type)."""
     if isinstance(a, float) and a == 1.0:
         return u.cumsum(2)
     B, H, T = u.shape[:3]
     width = math.prod(u.shape[3:])                  # explicit, so that B = 0 reshapes too
-    flat = u.reshape(B, H, T, width)
-    if T <= SCAN_BLOCK:
-        return _recurrence(a, flat).reshape(u.shape)
+    return _scan_rows(a, u.reshape(B, H, T, width)).reshape(u.shape)
+
+
+def _scan_rows(a: Union[float, torch.Tensor], flat: torch.Tensor) -> torch.Tensor:
+    """affine_scan on flat (B, H, T, W), with views only (no reshape of a strided input, whose
+    stride checks would add guards on T under dynamic shapes)."""
+    B, H, T, width = flat.shape
+    traced = torch.compiler.is_compiling()
+    if not traced and T <= SCAN_BLOCK:
+        return _recurrence(a, flat)
     G = SCAN_BLOCK
-    ng = -(-T // G)
+    ng = T // G + 1 if traced else -(-T // G)       # traced, never a pad of 0 (a size 0 is a graph)
     pad = ng * G - T
-    padded = torch.cat([flat, flat.new_zeros(B, H, pad, width)], 2) if pad else flat
-    u_blocks = padded.reshape(B, H, ng, G, width)
+    padded = torch.cat([flat, flat.new_zeros(B, H, pad, width)], 2) if traced or pad else flat
+    u_blocks = padded.unflatten(2, (ng, G))
     if isinstance(a, float):
         reach = torch.tensor(a, dtype=torch.float64) ** torch.arange(1, G + 1, dtype=torch.float64)
         a_within, a_blocks = a, a ** G                          # a float: no tensor is read back
@@ -58,11 +76,13 @@ def affine_scan(a: Union[float, torch.Tensor], u: torch.Tensor) -> torch.Tensor:
         reach = blocks.cumprod(1)                                       # Π a over the block so far
         a_within, a_blocks = blocks.transpose(0, 1), reach[:, -1]
     within = _recurrence(a_within, u_blocks.transpose(2, 3)).transpose(2, 3)     # from a zero start
-    ends = affine_scan(a_blocks, within[:, :, :, -1])                   # y at the end of each block
-    before = torch.cat([torch.zeros_like(ends[:, :, :1]), ends[:, :, :-1]], 2)
-    reach = reach.to(dtype=u.dtype, device=u.device)
+    if traced and ng == 1:                  # with dynamic shapes a guard on T < G, not on T
+        return within[:, :, 0, :T]
+    ends = _scan_rows(a_blocks, within[:, :, :, -1])                    # y at the end of each block
+    before = shifted_by_one(ends, torch.zeros_like(ends[:, :, :1]))
+    reach = reach.to(dtype=flat.dtype, device=flat.device)
     y = within + reach[None, None, :, :, None] * before[:, :, :, None]
-    return y.reshape(B, H, ng * G, width)[:, :, :T].reshape(u.shape)
+    return y.flatten(2, 3)[:, :, :T]
 
 
 def _recurrence(a: Union[float, torch.Tensor], u: torch.Tensor) -> torch.Tensor:
