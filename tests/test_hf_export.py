@@ -102,8 +102,9 @@ def test_exported_entering_equals_the_scan(make_generator):
 
 
 @pytest.mark.xfail(strict=True, raises=torch._dynamo.exc.UserError, reason=(
-    "issue 29: a length that is not a whole number of chunks: the padding to ceil(N / C) chunks and "
-    "the cut back to N guard N = C·ceil(N / C) (the multiples of C export: the test above)"))
+    "issue 29: a length that is not a whole number of chunks: the padding to whole chunks and the cut "
+    "back to N guard on N modulo C, which export cannot prove for the range (the multiples of C export: "
+    "the test above)"))
 def test_transformer_exports_with_a_dynamic_length():
     model = causal_lm("transformer")
     ids, mask = batch(0, [5, 8], 8)
