@@ -16,6 +16,7 @@ from helpers.triton_attention import (
     make_inputs,
     random_state,
     rel_rms,
+    run_with_grads,
     triton_ops,
     upstreams,
     use_scan,
@@ -312,14 +313,11 @@ def test_dynamic_shapes_compile_whole_on_the_triton_path(make_generator, monkeyp
             mask[1, :cut] = False
         else:
             cu = torch.tensor([0, cut, N], dtype=torch.int32)
-        ups = torch.randn(B, 2, N, 16, generator=gen)
-        results = []
-        for run in (compiled, attend):
-            leaves = [t.clone().requires_grad_() for t in (q, k, v)]
-            out = run(*leaves, mask, cu)
-            results.append((out,) + torch.autograd.grad((out * ups).sum(), leaves))
-        for got, expected in zip(*results):
-            torch.testing.assert_close(got, expected, rtol=1e-6, atol=1e-6)
+        ups = [torch.randn(B, 2, N, 16, generator=gen)]
+        got, expected = (run_with_grads(lambda q, k, x, _, run=run: (run(q, k, x, mask, cu), None), (q, k, v),
+                                        None, ups, torch.float32) for run in (compiled, attend))
+        for a, b in zip((got[0], *got[2]), (expected[0], *expected[2])):
+            torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
         graphs.append(counter.frame_count)
     if scan == "fused-split":
         assert graphs[0] == graphs[1] < graphs[2], graphs

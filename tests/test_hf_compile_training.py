@@ -28,12 +28,12 @@ def loss_and_grads(model, fn, **batch):
     return loss.detach(), {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
 
 
-def check_compiled_equals_eager(model, backend="aot_eager", dynamic=None, keep_graphs=False, **batch):
-    """keep_graphs: reuse the graphs compiled by earlier calls (the caller resets dynamo)."""
+def check_compiled_equals_eager(model, backend="aot_eager", dynamic=None, **batch):
+    """dynamic=True keeps the graphs that earlier calls compiled (graphs_after_each resets once)."""
     def loss(**inputs):
         return model(**inputs, labels=inputs["input_ids"]).loss
 
-    if not keep_graphs:
+    if not dynamic:
         torch._dynamo.reset()
     eager, eager_grads = loss_and_grads(model, loss, **batch)
     whole = torch.compile(loss, fullgraph=True, backend=backend, dynamic=dynamic)
@@ -42,6 +42,19 @@ def check_compiled_equals_eager(model, backend="aot_eager", dynamic=None, keep_g
     assert compiled_grads.keys() == eager_grads.keys() and len(eager_grads) > 4
     for name, grad in eager_grads.items():
         torch.testing.assert_close(compiled_grads[name], grad, rtol=1e-4, atol=1e-6, msg=name)
+
+
+def graphs_after_each(model, backend, batches):
+    """check_compiled_equals_eager under dynamic=True on each batch in turn, in one dynamo cache: the
+    number of graphs compiled after each."""
+    from torch._dynamo.testing import CompileCounterWithBackend
+    torch._dynamo.reset()
+    counter = CompileCounterWithBackend(backend)
+    graphs = []
+    for batch in batches:
+        check_compiled_equals_eager(model, backend=counter, dynamic=True, **batch)
+        graphs.append(counter.frame_count)
+    return graphs
 
 
 def test_padded_batch_compiles_whole_and_equals_eager(make_generator):
@@ -114,19 +127,15 @@ def test_pytorch_path_compiles_one_graph_for_lengths_of_a_scan_level(make_genera
     padded batches of 2, 4 and 8 chunks (one level of the blocked scan: under 16 chunks) train
     through one graph, each with eager's loss and gradients; it had one graph per chunk count, and
     torch stops compiling after 8."""
-    from torch._dynamo.testing import CompileCounterWithBackend
-    torch._dynamo.reset()
     model = causal_lm("transformer", max_position_embeddings=1024).train()
     gen = make_generator()
-    counter = CompileCounterWithBackend("aot_eager")
-    graphs = []
+    batches = []
     for N in (100, 230, 500):
         ids = torch.randint(3, 60, (2, N), generator=gen)
         mask = torch.ones(2, N, dtype=torch.long)
         mask[1, :N // 3] = 0
-        check_compiled_equals_eager(model, backend=counter, dynamic=True, keep_graphs=True, input_ids=ids,
-                                    attention_mask=mask)
-        graphs.append(counter.frame_count)
+        batches.append(dict(input_ids=ids, attention_mask=mask))
+    graphs = graphs_after_each(model, "aot_eager", batches)
     assert graphs[0] == graphs[1] == graphs[2], graphs
 
 
@@ -137,17 +146,13 @@ def test_triton_path_compiles_one_graph_for_every_length(form, make_generator, m
     torch.compile(dynamic=True), as the Trainer's torch_compile meets batches of new lengths: padded
     batches of 1 and 3 chunks, or packed rows of 3 and 5 documents, train through one graph, each
     with eager's loss and gradients."""
-    from torch._dynamo.testing import CompileCounterWithBackend
-
     from plugins.attention import backends
     forced = backends.use_triton
     monkeypatch.setattr(backends, "use_triton",
                         lambda backend, device, float64: forced("triton", device, float64))
-    torch._dynamo.reset()
     model = causal_lm("transformer", max_position_embeddings=160).train()
     gen = make_generator()
-    counter = CompileCounterWithBackend(DECOMPOSED)
-    graphs = []
+    batches = []
     shapes = [(37, 19), (140, 70)] if form == "padded" else [(15, 19, 6), (3, 30, 1, 5, 1)]
     for shape in shapes:
         if form == "padded":
@@ -160,6 +165,6 @@ def test_triton_path_compiles_one_graph_for_every_length(form, make_generator, m
         else:
             ids = torch.randint(3, 60, (1, sum(shape)), generator=gen)
             batch = dict(input_ids=ids, position_ids=torch.cat([torch.arange(n) for n in shape])[None])
-        check_compiled_equals_eager(model, backend=counter, dynamic=True, keep_graphs=True, **batch)
-        graphs.append(counter.frame_count)
+        batches.append(batch)
+    graphs = graphs_after_each(model, DECOMPOSED, batches)
     assert graphs[0] == graphs[1], graphs
