@@ -1,7 +1,7 @@
 """torch.compile(fullgraph=True) through momentum attention on CPU: no graph break (fullgraph
 raises on one), forward and gradients equal to eager. The aot_eager backend traces exactly what
 inductor would (Dynamo, then AOTAutograd's joint forward/backward graph) without its C++
-compile, which would take minutes here."""
+compile, which would take minutes here; one test compiles with inductor itself."""
 
 import pytest
 import torch
@@ -115,6 +115,25 @@ def test_dynamic_shapes_compile_whole(make_generator, padded):
         assert_compiled_equals_eager(out, grads, out_c, grads_c)
         graphs.append(counter.frame_count)
     assert graphs[0] == graphs[1] == graphs[2] == graphs[3] < graphs[4] == graphs[5], graphs
+
+
+def test_inductor_compiles_lengths_of_a_scan_level_into_one_graph(make_generator):
+    """torch.compile's default backend generates code, not only traces it: under dynamic=True,
+    inductor lowers the traced scan (padded blocks, symbolic chunk counts) once for 17 and 100
+    tokens, padded, and its code equals eager, forward and gradients (one C++ build, about 30 s)."""
+    from torch._dynamo.testing import CompileCounterWithBackend
+    gen = make_generator()
+    torch._dynamo.reset()
+    module = TinyAttention()
+    counter = CompileCounterWithBackend("inductor")
+    compiled = torch.compile(module, fullgraph=True, backend=counter, dynamic=True)
+    for length in (17, 100):
+        x = torch.randn(2, length, 16, generator=gen)
+        mask = torch.ones(2, length, dtype=torch.bool)
+        mask[0, :5] = False
+        (out, grads), (out_c, grads_c) = eager_and_compiled(module, x, mask, compiled=compiled)
+        assert_compiled_equals_eager(out, grads, out_c, grads_c)
+    assert counter.frame_count == 1
 
 
 def test_many_lengths_stay_under_the_recompile_limit(make_generator):
