@@ -71,25 +71,27 @@ def graphs_compiled() -> int:
 def prefill(model, prompt, cache, chunk: int):
     """The prompt into the cache in chunks (a static cache's explicit mask over the whole
     prompt would otherwise take batch × heads × context² floats)."""
+    from hf_momentum.modeling_common import CACHE_NAME
     for start in range(0, prompt.shape[1], chunk):
         ids = prompt[:, start:start + chunk]
         position = torch.arange(start, start + ids.shape[1], device=prompt.device).expand(ids.shape[0], -1)
-        model(input_ids=ids, position_ids=position, past_key_values=cache, use_cache=True)
+        model(input_ids=ids, position_ids=position, **{CACHE_NAME: cache}, use_cache=True)
 
 
 def momentum_cases(model, args, batch: int):
     """(name, kind, context, one step) for the eager and the compiled momentum step."""
     from hf_momentum import MomentumCache, StaticMomentumCache
+    from hf_momentum.modeling_common import CACHE_NAME
     prompt = torch.randint(1, args.vocab, (batch, args.prompt), device=args.device)
     token = prompt[:, -1:].clone()
     step = compiled(model, args.device)
     cases = []
     for kind, cache_class, run in (("eager", MomentumCache, model), ("compiled", StaticMomentumCache, step)):
         cache = cache_class(model.config)
-        model(input_ids=prompt, past_key_values=cache, use_cache=True)
+        model(input_ids=prompt, **{CACHE_NAME: cache}, use_cache=True)
 
         def one(run=run, cache=cache):
-            run(input_ids=token, past_key_values=cache, use_cache=True)
+            run(input_ids=token, **{CACHE_NAME: cache}, use_cache=True)
         cases.append(("momentum", kind, None, one))
     return cases
 
@@ -97,6 +99,8 @@ def momentum_cases(model, args, batch: int):
 def llama_cases(model, args, batch: int, context: int, steps: int):
     """The same for Llama after `context` tokens: DynamicCache eager, StaticCache compiled."""
     from transformers import DynamicCache, StaticCache
+
+    from hf_momentum.modeling_common import CACHE_NAME
     prompt = torch.randint(1, args.vocab, (batch, context), device=args.device)
     token = prompt[:, -1:].clone()
     step = compiled(model, args.device)
@@ -110,7 +114,7 @@ def llama_cases(model, args, batch: int, context: int, steps: int):
         position = torch.full((batch, 1), context, device=args.device)
 
         def one(run=run, cache=cache, position=position):
-            run(input_ids=token, position_ids=position.clone(), past_key_values=cache, use_cache=True)
+            run(input_ids=token, position_ids=position.clone(), **{CACHE_NAME: cache}, use_cache=True)
             position.add_(1)         # the next slot of the static cache; an eager op outside the graph
         cases.append(("llama", kind, context, one))
     return cases

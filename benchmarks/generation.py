@@ -26,6 +26,8 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 from transformers.generation.streamers import BaseStreamer
 
+from hf_momentum.modeling_common import CACHE_NAME
+
 MODELS = ("momentum", "softmax")
 
 
@@ -84,7 +86,7 @@ def worker(kind: str, context: int, args) -> dict:
     steps = min(runs, key=sum)
     return {"model": kind, "context": context, "tokens_per_s": len(steps) / sum(steps),
             "median_ms": 1000 * min(statistics.median(r) for r in runs),
-            "cache_mb": cache_bytes(out.past_key_values) / 2**20,
+            "cache_mb": cache_bytes(getattr(out, CACHE_NAME)) / 2**20,
             "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
             "params_m": sum(p.numel() for p in model.parameters()) / 1e6}
 
@@ -104,13 +106,13 @@ def latency_worker(args) -> list:
                 prompt = torch.randint(1, args.vocab, (1, n), generator=torch.Generator().manual_seed(n))
                 cache = (MomentumCache(model.config) if kind == "momentum"
                          else DynamicCache(config=model.config))
-                model(input_ids=prompt, past_key_values=cache, use_cache=True)
+                model(input_ids=prompt, **{CACHE_NAME: cache}, use_cache=True)
                 caches[kind, n] = cache
         best = {key: float("inf") for key in caches}
         for _ in range(args.latency_repeats):
             for (kind, n), cache in caches.items():
                 start = time.perf_counter()
-                models[kind](input_ids=token, past_key_values=cache, use_cache=True)
+                models[kind](input_ids=token, **{CACHE_NAME: cache}, use_cache=True)
                 best[kind, n] = min(best[kind, n], time.perf_counter() - start)
     return [{"model": kind, "context": n, "min_ms": 1000 * t} for (kind, n), t in best.items()]
 

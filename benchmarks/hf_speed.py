@@ -79,6 +79,7 @@ def decode_rate(name, context, sizes, device, compiled=None):
     from timing import time_once_ms
 
     from hf_momentum import MomentumCache, StaticMomentumCache
+    from hf_momentum.modeling_common import CACHE_NAME
     torch.manual_seed(0)
     prompt = torch.randint(0, sizes["size"]["vocab"], (1, context), device=device)
     if name == "momentum compiled":
@@ -101,7 +102,7 @@ def decode_rate(name, context, sizes, device, compiled=None):
         else:
             cache = MomentumCache(model.config) if name == "momentum" else transformers_cache(model)
         with torch.no_grad(), torch.autocast(device, dtype=torch.bfloat16):
-            token = model(input_ids=prompt, past_key_values=cache, use_cache=True).logits[:, -1:].argmax(-1)
+            token = model(input_ids=prompt, **{CACHE_NAME: cache}, use_cache=True).logits[:, -1:].argmax(-1)
             return lambda: _decode_steps(step, cache, token, sizes["new_tokens"])
 
     rates = []
@@ -115,9 +116,11 @@ def decode_rate(name, context, sizes, device, compiled=None):
 
 def _decode_steps(model, cache, token, n):
     import torch
+
+    from hf_momentum.modeling_common import CACHE_NAME
     with torch.no_grad(), torch.autocast(token.device.type, dtype=torch.bfloat16):
         for _ in range(n):
-            token = model(input_ids=token, past_key_values=cache, use_cache=True).logits[:, -1:].argmax(-1)
+            token = model(input_ids=token, **{CACHE_NAME: cache}, use_cache=True).logits[:, -1:].argmax(-1)
 
 
 def decode_profile(context, sizes, device):
@@ -132,13 +135,14 @@ def decode_profile(context, sizes, device):
     from timing import time_once_ms
 
     from hf_momentum import MomentumCache
+    from hf_momentum.modeling_common import CACHE_NAME
     torch.manual_seed(0)
     n = sizes["profile_steps"]
     model = gpu_train.momentum_model(context + 3 * n + 2, sizes["size"]).to(device).eval()
     prompt = torch.randint(0, sizes["size"]["vocab"], (1, context), device=device)
     cache = MomentumCache(model.config)
     with torch.no_grad(), torch.autocast(device, dtype=torch.bfloat16):
-        token = model(input_ids=prompt, past_key_values=cache, use_cache=True).logits[:, -1:].argmax(-1)
+        token = model(input_ids=prompt, **{CACHE_NAME: cache}, use_cache=True).logits[:, -1:].argmax(-1)
     _decode_steps(model, cache, token, n)
     step_ms = time_once_ms(lambda: _decode_steps(model, cache, token, n), device) / n
     activities = [torch.profiler.ProfilerActivity.CPU]

@@ -22,6 +22,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from timing import median_ms  # noqa: E402
 
 from hf_momentum import MomentumTransformerConfig, MomentumTransformerForCausalLM  # noqa: E402
+from hf_momentum.modeling_common import CACHE_NAME  # noqa: E402
 
 MODELS = {
     "all momentum": ["linear_attention"] * 4,
@@ -65,7 +66,7 @@ def decode_bytes(model, prompt, device):
     with torch.no_grad():
         for length in (prompt, 2 * prompt):
             ids = torch.randint(0, 1000, (1, length), device=device)
-            sizes.append(cache_bytes(model(input_ids=ids, use_cache=True).past_key_values))
+            sizes.append(cache_bytes(getattr(model(input_ids=ids, use_cache=True), CACHE_NAME)))
     return sizes
 
 

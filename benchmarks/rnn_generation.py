@@ -32,27 +32,31 @@ def best_time(fn, repeats):
     return best
 
 
-def decode(model, prompt, tokens, cache_class, sequence_layer):
-    """Prefill, then `tokens` greedy tokens one by one; returns the decode time only."""
+def decode(model, prompt, tokens, cache, sequence_layer):
+    """Prefill into `cache`, then `tokens` greedy tokens one by one; returns the decode time only,
+    and every greedy token (the prefill's, then each step's)."""
     import torch
 
-    cache = cache_class(model.config)
+    from hf_momentum.modeling_common import CACHE_NAME
     with torch.no_grad():
-        logits = model(input_ids=prompt, past_key_values=cache, use_cache=True).logits
+        logits = model(input_ids=prompt, **{CACHE_NAME: cache}, use_cache=True).logits
         step = model.model.lstm.step
         if sequence_layer:  # the pre-`step` path: the whole layer on a length-1 input
             layer = model.model.lstm
-            def one_token_layer(x, state):
-                out, state = layer(x[:, None], state)
-                return out[:, 0], state
+            def one_token_layer(x, state, *, all_layers=False):
+                outs, state = layer(x[:, None], state, all_layers=all_layers)
+                outs = tuple(out[:, 0] for out in outs)
+                return (outs if all_layers else outs[0]), state
 
             model.model.lstm.step = one_token_layer
         try:
             token = logits[:, -1:].argmax(-1)
+            generated = [token]
             start = time.perf_counter()
             for _ in range(tokens):
-                token = model(input_ids=token, past_key_values=cache, use_cache=True).logits.argmax(-1)
-            return time.perf_counter() - start
+                token = model(input_ids=token, **{CACHE_NAME: cache}, use_cache=True).logits.argmax(-1)
+                generated.append(token)
+            return time.perf_counter() - start, generated
         finally:
             if sequence_layer:
                 del model.model.lstm.step
@@ -93,9 +97,9 @@ def main():
         shortest = None
         for length in args.lengths:
             prompt = torch.randint(0, 1000, (1, length))
-            step = min(decode(model, prompt, args.tokens, MomentumLSTMCache, False)
+            step = min(decode(model, prompt, args.tokens, MomentumLSTMCache(config), False)[0]
                        for _ in range(args.repeats)) / args.tokens
-            layer = min(decode(model, prompt, args.tokens, MomentumLSTMCache, True)
+            layer = min(decode(model, prompt, args.tokens, MomentumLSTMCache(config), True)[0]
                         for _ in range(args.repeats)) / args.tokens
             longer = torch.randint(0, 1000, (1, length + 1))
             with torch.no_grad():

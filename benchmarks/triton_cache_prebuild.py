@@ -268,6 +268,7 @@ def _hf(torch, check):
     import gpu_train
 
     from hf_momentum import MomentumCache
+    from hf_momentum.modeling_common import CACHE_NAME
     sizes = _gpu_check_sizes()["hf"]
     size = dict(sizes["size"], layers=1, vocab=256)
     for T in sizes["lengths"]:
@@ -280,7 +281,7 @@ def _hf(torch, check):
         with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
             token = prompt
             for _ in range(3):               # the prompt, then two cached steps
-                logits = model(input_ids=token, past_key_values=cache, use_cache=True).logits
+                logits = model(input_ids=token, **{CACHE_NAME: cache}, use_cache=True).logits
                 token = logits[:, -1:].argmax(-1)
 
 

@@ -87,6 +87,7 @@ def model_decode_step(layers=4, hidden=64, heads=8, vocab=100, prompt=64):
     import torch
 
     from hf_momentum import MomentumCache, MomentumTransformerConfig, MomentumTransformerForCausalLM
+    from hf_momentum.modeling_common import CACHE_NAME
     torch.manual_seed(0)
     config = MomentumTransformerConfig(vocab_size=vocab, hidden_size=hidden, num_hidden_layers=layers,
                                        num_attention_heads=heads, intermediate_size=4 * hidden,
@@ -94,12 +95,12 @@ def model_decode_step(layers=4, hidden=64, heads=8, vocab=100, prompt=64):
     model = MomentumTransformerForCausalLM(config).eval()
     cache = MomentumCache(config)
     with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
-        token = model(input_ids=torch.randint(0, vocab, (1, prompt)), past_key_values=cache,
+        token = model(input_ids=torch.randint(0, vocab, (1, prompt)), **{CACHE_NAME: cache},
                       use_cache=True).logits[:, -1:].argmax(-1)
 
     def step():
         with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
-            model(input_ids=token, past_key_values=cache, use_cache=True)
+            model(input_ids=token, **{CACHE_NAME: cache}, use_cache=True)
     return step
 
 
