@@ -63,6 +63,37 @@ def test_onnx_with_a_mask_runs_in_onnxruntime_as_eager(family, tmp_path):
         torch.testing.assert_close(got, Logits(model)(ids, mask).detach(), rtol=1e-4, atol=1e-5)
 
 
+def test_a_compiled_lstm_after_an_onnx_export_keeps_eager_gradients(make_generator):
+    """torch.onnx.export with a dynamic batch runs aten.lstm through a while_loop decomposition for
+    the export (plugins/rnn/stale_rnn_dispatch.py): afterwards, in the same process, a compiled Adam
+    MomentumLSTM on torch's fused kernel equals eager in float64, outputs and gradients. Without the
+    fix, torch 2.15 kept the export's decomposition there, gradients off by up to 470."""
+    pytest.importorskip("onnxscript")
+    from plugins.rnn import MomentumLSTM
+    from plugins.rnn.adam_recurrence import recurrence_backend
+    model = causal_lm("lstm")
+    ids, mask = batch(0, [5, 8], 8)
+    rows = Dim("batch", min=1, max=64)
+    torch.onnx.export(Logits(model), (ids, mask), dynamic_shapes=({0: rows}, {0: rows}), dynamo=True,
+                      verbose=False)
+    gen = make_generator()
+    layer = MomentumLSTM(3, 5, 2, cell="adam", momentum=0.6, step_size=0.7, beta=0.8, eps=1e-8).double()
+    with torch.no_grad():
+        for p in layer.parameters():
+            p.copy_(0.5 * torch.randn(p.shape, generator=gen, dtype=p.dtype))
+    x = torch.randn(6, 3, 3, generator=gen, dtype=torch.float64, requires_grad=True)
+    torch._dynamo.reset()
+    results = []
+    with recurrence_backend("cudnn"):
+        for run in (layer, torch.compile(layer, backend="aot_eager", fullgraph=True)):
+            out, state = run(x)
+            probe = torch.linspace(-1, 1, out.numel(), dtype=out.dtype).view_as(out)
+            loss = (out * probe).sum() + state.h.sum() + state.c.sum()
+            results.append([out, *torch.autograd.grad(loss, [x, *layer.parameters()])])
+    for eager, compiled in zip(*results):
+        torch.testing.assert_close(compiled, eager, rtol=0, atol=1e-10)
+
+
 @pytest.mark.xfail(strict=True, raises=torch._dynamo.exc.UserError, reason=(
     "torch.export decomposes aten.lstm into a loop over the time steps, which fixes the length: "
     "a plain nn.LSTM fails the same way (test_torch_lstm_fixes_the_length)"))

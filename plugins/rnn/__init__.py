@@ -10,6 +10,7 @@ from .lstm_cells import (
 )
 from .orthogonal import OrthogonalMomentumRNN, OrthogonalRNNCell
 from .sequence import RecurrentState
+from .stale_rnn_dispatch import clear_dispatch_after_export_swaps
 from .tanh_rnn_cell import MomentumRNNCell
 from .variants import VARIANTS, CellVariant, cell_names, get_variant, register_cell
 
@@ -19,3 +20,5 @@ __all__ = [
     "OrthogonalRNNCell", "RecurrentState", "VARIANTS", "CellVariant", "cell_names", "get_variant",
     "register_cell",
 ]
+
+clear_dispatch_after_export_swaps()
