@@ -17,6 +17,8 @@ import pytest
 import torch
 from test_host_reads import BATCH, LLAMA, batch, llama, native
 
+from hf_momentum.modeling_common import CACHE_NAME
+
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton not installed")]
 
@@ -68,13 +70,13 @@ def decoding_waits(row: str, layers: int) -> collections.Counter:
     inputs = {name: value.cuda() for name, value in batch("padded").items()}
     with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
         out = model(**inputs, use_cache=True)
-        cache, mask = out.past_key_values, inputs["attention_mask"]
+        cache, mask = getattr(out, CACHE_NAME), inputs["attention_mask"]
         token = out.logits[:, -1:].argmax(-1)
 
         def step():
             nonlocal mask, token
             mask = torch.cat([mask, torch.ones(BATCH, 1, dtype=mask.dtype, device="cuda")], dim=1)
-            token = model(input_ids=token, attention_mask=mask, past_key_values=cache,
+            token = model(input_ids=token, attention_mask=mask, **{CACHE_NAME: cache},
                           use_cache=True).logits[:, -1:].argmax(-1)
 
         step()

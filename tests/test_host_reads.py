@@ -14,6 +14,7 @@ from transformers import AutoModelForCausalLM, LlamaConfig
 
 import hf_momentum  # noqa: F401  (registers attn_implementation="momentum")
 from hf_momentum import MomentumTransformerConfig, MomentumTransformerForCausalLM
+from hf_momentum.modeling_common import CACHE_NAME
 from plugins.packing import Segments
 
 BATCH, LENGTH, HIDDEN, VOCAB = 2, 96, 32, 50
@@ -123,7 +124,8 @@ def decoding_reads(model, counter=HostReads) -> int:
         mask = torch.cat([inputs["attention_mask"], torch.ones(BATCH, 1, dtype=torch.long)], dim=1)
         reads = counter()
         with reads:
-            model(input_ids=token, attention_mask=mask, past_key_values=out.past_key_values, use_cache=True)
+            model(input_ids=token, attention_mask=mask, **{CACHE_NAME: getattr(out, CACHE_NAME)},
+              use_cache=True)
     return reads.count
 
 

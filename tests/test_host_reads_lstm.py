@@ -12,6 +12,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from hf_momentum import MomentumLSTMConfig
+from hf_momentum.modeling_common import CACHE_NAME
 from hf_momentum.modeling_momentum_lstm import MomentumLSTMCache, MomentumLSTMForCausalLM
 
 BATCH, LENGTH, HIDDEN, VOCAB = 2, 96, 32, 50
@@ -71,11 +72,12 @@ def decoding_reads(model, inputs):
     model.eval()
     with torch.no_grad():
         cache = MomentumLSTMCache(model.config) if isinstance(model, MomentumLSTMForCausalLM) else None
-        out = model(**inputs, past_key_values=cache, use_cache=True)
+        out = model(**inputs, **{CACHE_NAME: cache}, use_cache=True)
         token = out.logits[:, -1:].argmax(-1)
         mask = torch.cat([inputs["attention_mask"], inputs["attention_mask"][:, -1:]], 1)
         with HostReads() as reads:
-            model(input_ids=token, attention_mask=mask, past_key_values=out.past_key_values, use_cache=True)
+            model(input_ids=token, attention_mask=mask, **{CACHE_NAME: getattr(out, CACHE_NAME)},
+              use_cache=True)
     return reads.total
 
 
