@@ -9,10 +9,13 @@ the few types fairseq saves in them, and makes an unreadable checkpoint fail wit
 It also makes fairseq read the config strings it would `eval` (character_filters, adam_betas,
 eval_str_list / eval_bool fields, ...) as literals only: a checkpoint whose config holds code there
 is refused before its model is built (fairseq_momentum/safe_config.py). Model archives of
-`from_pretrained` are extracted with no member written outside their folder (archives.py).
+`from_pretrained` are extracted with no member written outside their folder (archives.py). A rank
+that ends normally destroys its gloo process group at exit, which fairseq never does; without it,
+ranks died at exit with SIGABRT (process_group_exit.py).
 """
-from . import archives, checkpoints, models, safe_config  # noqa: F401  (models registers the architectures)
+from . import archives, checkpoints, models, process_group_exit, safe_config  # noqa: F401  (models registers the architectures)
 
 archives.install()
 checkpoints.install()
+process_group_exit.install()
 safe_config.install()
