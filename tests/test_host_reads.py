@@ -125,7 +125,7 @@ def decoding_reads(model, counter=HostReads) -> int:
         reads = counter()
         with reads:
             model(input_ids=token, attention_mask=mask, **{CACHE_NAME: getattr(out, CACHE_NAME)},
-              use_cache=True)
+                  use_cache=True)
     return reads.count
 
 

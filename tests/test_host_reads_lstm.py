@@ -77,7 +77,7 @@ def decoding_reads(model, inputs):
         mask = torch.cat([inputs["attention_mask"], inputs["attention_mask"][:, -1:]], 1)
         with HostReads() as reads:
             model(input_ids=token, attention_mask=mask, **{CACHE_NAME: getattr(out, CACHE_NAME)},
-              use_cache=True)
+                  use_cache=True)
     return reads.total
 
 
