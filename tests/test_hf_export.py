@@ -1,7 +1,8 @@
 """torch.export of the native models' scoring forward (logits, use_cache=False) with an
 attention_mask and a dynamic batch: the exported program equals eager at the traced shape and at
-others, and each padded row equals its sequence alone; the transformer also with a length in whole
-chunks. Other lengths, and any for the LSTM, do not export yet (strict xfails naming why)."""
+others, and each padded row equals its sequence alone; the transformer also with a dynamic length
+(whole chunks, or any), also through ONNX. The LSTM's length does not export yet (a strict xfail
+naming why)."""
 import re
 from pathlib import Path
 
@@ -132,15 +133,40 @@ def test_exported_entering_equals_the_scan(make_generator):
             torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
 
 
-@pytest.mark.xfail(strict=True, raises=torch._dynamo.exc.UserError, reason=(
-    "issue 29: a length that is not a whole number of chunks: the padding to whole chunks and the cut "
-    "back to N guard on N modulo C, which export cannot prove for the range (the multiples of C export: "
-    "the test above)"))
-def test_transformer_exports_with_a_dynamic_length():
-    model = causal_lm("transformer")
+LENGTHS = ((1, [3, 63, 1], 63), (2, [64, 10], 64), (3, [65, 100], 100), (4, [200, 130, 7], 200),
+           (5, [2, 2], 2), (6, [1], 1))
+
+
+@pytest.mark.parametrize("traced", [8, 100])
+def test_transformer_exports_with_any_dynamic_length(traced):
+    """A dynamic length that need not fill its chunks (chunk.py's `_exported_tiles`), traced within
+    one chunk and across two: the program equals eager, and each left-padded row its sequence alone,
+    at lengths inside one chunk, at and past a chunk boundary, and at several chunks."""
+    model = causal_lm("transformer", max_position_embeddings=512)
+    ids, mask = batch(0, [5, traced], traced)
+    rows, length = Dim("batch", min=1, max=64), Dim("length", min=1, max=512)
+    program = export(Logits(model), (ids, mask), dynamic_shapes=({0: rows, 1: length}, {0: rows, 1: length}))
+    for seed, lengths, total in LENGTHS:
+        check_against_eager(program, model, *batch(seed, lengths, total))
+
+
+def test_transformer_onnx_with_a_dynamic_length_runs_in_onnxruntime_as_eager(tmp_path):
+    """The same dynamic length through torch.onnx.export(dynamo=True): onnxruntime's logits equal
+    eager's at lengths other than the traced one, within a chunk and across chunks."""
+    onnxruntime = pytest.importorskip("onnxruntime")
+    pytest.importorskip("onnxscript")
+    model = causal_lm("transformer", max_position_embeddings=512)
     ids, mask = batch(0, [5, 8], 8)
-    rows, length = Dim("batch", min=1, max=64), Dim("length", min=2, max=64)
-    export(Logits(model), (ids, mask), dynamic_shapes=({0: rows, 1: length}, {0: rows, 1: length}))
+    rows, length = Dim("batch", min=1, max=64), Dim("length", min=1, max=512)
+    program = torch.onnx.export(Logits(model), (ids, mask), dynamo=True, verbose=False,
+                                dynamic_shapes=({0: rows, 1: length}, {0: rows, 1: length}))
+    program.save(str(tmp_path / "model.onnx"))
+    session = onnxruntime.InferenceSession(str(tmp_path / "model.onnx"))
+    names = [i.name for i in session.get_inputs()]
+    for seed, lengths, total in LENGTHS:
+        ids, mask = batch(seed, lengths, total)
+        got = torch.from_numpy(session.run(None, {names[0]: ids.numpy(), names[1]: mask.numpy()})[0])
+        torch.testing.assert_close(got, Logits(model)(ids, mask).detach(), rtol=1e-4, atol=1e-5)
 
 
 def test_torch_lstm_fixes_the_length():

@@ -49,17 +49,22 @@ def chunk_causal_momentum_attention(
     B, H, N, _ = fq.shape
     traced = torch.compiler.is_compiling()      # N may be symbolic: the chunk size must not follow it
     C = chunk_size if traced else min(chunk_size, N)
-    # traced, always one chunk of padding at least: whether N fills its chunks exactly (a slice that
-    # is whole or not) would otherwise be a graph of its own under dynamic shapes
-    nc = N // C + 1 if traced else -(-N // C)
-    pad = nc * C - N
-    Q, K, V = ((F.pad(t, (0, 0, 0, pad)) if traced or pad else t).reshape(B, H, nc, C, t.shape[-1])
-               for t in (fq, fk, v))
+    exported = not isinstance(N, int) and torch.compiler.is_exporting()
+    if exported:
+        Q, K, V = (_exported_tiles(t, C) for t in (fq, fk, v))
+    else:
+        # traced, always one chunk of padding at least: whether N fills its chunks exactly (a slice
+        # that is whole or not) would otherwise be a graph of its own under dynamic shapes
+        nc = N // C + 1 if traced else -(-N // C)
+        pad = nc * C - N
+        Q, K, V = ((F.pad(t, (0, 0, 0, pad)) if traced or pad else t).reshape(B, H, nc, C, t.shape[-1])
+                   for t in (fq, fk, v))
     init = initial_state
     restart = None if init is None else Entering(init.s[:, :, None], init.z[:, :, None], -init.m[:, :, None])
     out, enter = chunk_body(Q, K, V, rule=rule, eps=eps, first=None, restart=restart,
                             carry_m=rule.carries_momentum or return_state)
-    out = out.flatten(2, 3)[:, :, :N]
+    out = out.flatten(2, 3)
+    out = out.index_select(2, torch.arange(N, device=out.device)) if exported else out[:, :, :N]
     if not return_state:
         return out, None
     if lengths is None:
@@ -67,6 +72,17 @@ def chunk_causal_momentum_attention(
     last = (lengths - 1).clamp(min=0) // C
     rows = torch.arange(B, device=fq.device)
     return out, last_chunk_states(K, V, enter, rows, last, lengths - last * C, rule=rule)
+
+
+def _exported_tiles(t: torch.Tensor, C: int) -> torch.Tensor:
+    """t (B, H, N, D) as chunk tiles (B, H, N // C + 2, C, D), zero past N, under torch.export with
+    N symbolic. A gather, because padding then reshaping guards on N modulo C (the reshape's
+    divisibility, the cut's strides), which export cannot prove for a range of N; two chunks more
+    than N // C, so that the chunk count is never 1, which a contiguity check would guard on."""
+    N = t.shape[2]
+    slots = torch.arange(N // C + 2, device=t.device)[:, None] * C + torch.arange(C, device=t.device)
+    zero = torch.zeros((), dtype=t.dtype, device=t.device)
+    return torch.where((slots < N)[..., None], t[:, :, slots.clamp(max=N - 1)], zero)
 
 
 def chunk_body(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, *, rule: MomentumRule, eps: float,

@@ -1,0 +1,44 @@
+"""torch.export of `momentum_attention` (causal, eq. 13) with a dynamic length, float64: the
+exported program equals the quadratic reference at lengths inside one chunk, at and across chunk
+boundaries and over several chunks, for plain linear attention and momentum, with a padding mask
+(chunk.py's `_exported_tiles` and scan.py's `_exported_entering`)."""
+import pytest
+import torch
+from test_attention_exactness import random_qkv
+from torch.export import Dim, export
+
+from plugins.attention import momentum_attention, naive_causal_momentum_attention
+
+CHUNK = 16
+
+
+class Attention(torch.nn.Module):
+    def __init__(self, momentum, step_size):
+        super().__init__()
+        self.momentum, self.step_size = momentum, step_size
+
+    def forward(self, q, k, v, mask):
+        return momentum_attention(q, k, v, momentum=self.momentum, step_size=self.step_size,
+                                  padding_mask=mask, chunk_size=CHUNK, backend="torch")
+
+
+def left_padded_mask(N, pads):
+    return torch.arange(N)[None, :] >= torch.tensor(pads)[:, None]
+
+
+@pytest.mark.parametrize("momentum,step_size", [(0.0, 1.0), (0.6, 0.6), (0.99, 2.0)])
+def test_exported_attention_with_a_dynamic_length_equals_eq13(make_generator, momentum, step_size):
+    module = Attention(momentum, step_size)
+    gen = make_generator()
+    q, k, v = (t.detach() for t in random_qkv(gen, N=20))
+    length = Dim("length", min=1, max=256)
+    shapes = {2: length}
+    program = export(module, (q, k, v, left_padded_mask(20, [0, 3])),
+                     dynamic_shapes=(shapes, shapes, shapes, {1: length}))
+    for N in (1, 2, 15, 16, 17, 32, 50, 100):
+        q, k, v = (t.detach() for t in random_qkv(gen, N=N))
+        mask = left_padded_mask(N, [0, N // 3])
+        want = naive_causal_momentum_attention(q, k, v, momentum=momentum, step_size=step_size,
+                                               padding_mask=mask)
+        torch.testing.assert_close(program.module()(q, k, v, mask), want, rtol=1e-9, atol=1e-10,
+                                   msg=lambda m: f"N = {N}: {m}")
