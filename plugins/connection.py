@@ -19,6 +19,7 @@ from typing import NamedTuple, Optional, Tuple
 import torch
 from torch import nn
 
+from .exported_eps import plus_eps
 from .validation import check_choice, check_momentum, check_number, check_positive
 
 CONNECTIONS = ("none", "momentum", "adaptive")
@@ -61,7 +62,7 @@ def adaptive_momentum(update: torch.Tensor, previous_update: torch.Tensor, *, de
     at 0 when two consecutive layers give the same update."""
     with torch.no_grad():
         change = torch.linalg.vector_norm(update - previous_update, dim=-1, keepdim=True)
-        scale = torch.linalg.vector_norm(previous_update, dim=-1, keepdim=True) + eps
+        scale = plus_eps(torch.linalg.vector_norm(previous_update, dim=-1, keepdim=True), eps)
         return ((1.0 - torch.sqrt(change / scale)) ** 2).clamp(0.0, 1.0 - delta)
 
 

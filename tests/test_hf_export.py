@@ -1,8 +1,8 @@
 """torch.export of the native models' scoring forward (logits, use_cache=False) with an
 attention_mask and a dynamic batch: the exported program equals eager at the traced shape and at
-others, and each padded row equals its sequence alone; the transformer also with a dynamic length
-(whole chunks, or any), also through ONNX. The LSTM's length does not export yet (a strict xfail
-naming why)."""
+others, and each padded row equals its sequence alone; also with a dynamic length (the
+transformer's chunks gathered, the LSTM's cells as a scan), and through ONNX into onnxruntime,
+eq. 15's ε = 1e-8 included."""
 import re
 from pathlib import Path
 
@@ -19,6 +19,18 @@ class Logits(torch.nn.Module):
 
     def forward(self, input_ids, attention_mask):
         return self.model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits
+
+
+CELLS = ["lstm", "momentum", "adam", "rmsprop", "nag", "sr"]
+# (seed, real tokens per row, length): inside one chunk of 64, at and past its end, several chunks
+LENGTHS = ((1, [3, 63, 1], 63), (2, [64, 10], 64), (3, [65, 100], 100), (4, [200, 130, 7], 200),
+           (5, [2, 2], 2), (6, [1], 1))
+
+
+def lstm_of(cell, **kwargs):
+    """The tiny LSTM LM with `cell` (sr with a restart every 3 steps, so that blocks restart)."""
+    return causal_lm("lstm", **({} if cell == "momentum" else {"cell": cell}),
+                     **({"restart": 3} if cell == "sr" else {}), **kwargs)
 
 
 def batch(seed, lengths, total):
@@ -45,13 +57,14 @@ def test_exports_with_a_dynamic_batch_and_a_mask(family):
     check_against_eager(program, model, *batch(2, [1], 8))
 
 
-@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("family", FAMILIES + ["adam"])
 def test_onnx_with_a_mask_runs_in_onnxruntime_as_eager(family, tmp_path):
     """torch.onnx.export(dynamo=True) with an attention_mask and a dynamic batch; onnxruntime's
-    logits equal eager's at the traced batch and at another (the `export` extra)."""
+    logits equal eager's at the traced batch and at another (the `export` extra). "adam": the
+    LSTM with eq. 15's cell, whose ε = 1e-8 onnxscript's optimiser used to drop (exported_eps.py)."""
     onnxruntime = pytest.importorskip("onnxruntime")
     pytest.importorskip("onnxscript")
-    model = causal_lm(family)
+    model = lstm_of("adam") if family == "adam" else causal_lm(family)
     ids, mask = batch(0, [5, 8], 8)
     rows = Dim("batch", min=1, max=64)
     program = torch.onnx.export(Logits(model), (ids, mask), dynamic_shapes=({0: rows}, {0: rows}),
@@ -95,14 +108,17 @@ def test_a_compiled_lstm_after_an_onnx_export_keeps_eager_gradients(make_generat
         torch.testing.assert_close(compiled, eager, rtol=0, atol=1e-10)
 
 
-@pytest.mark.xfail(strict=True, raises=torch._dynamo.exc.UserError, reason=(
-    "torch.export decomposes aten.lstm into a loop over the time steps, which fixes the length: "
-    "a plain nn.LSTM fails the same way (test_torch_lstm_fixes_the_length)"))
-def test_lstm_exports_with_a_dynamic_length():
-    model = causal_lm("lstm")
+@pytest.mark.parametrize("cell", CELLS)
+def test_lstm_exports_with_any_dynamic_length(cell):
+    """Every cell with a dynamic length (plugins/rnn/export_scan.py: each layer a scan of its step):
+    the program equals eager, and each left-padded row its sequence alone, at lengths other than
+    the traced one, 1 and 200 included."""
+    model = lstm_of(cell)
     ids, mask = batch(0, [5, 8], 8)
-    rows, length = Dim("batch", min=1, max=64), Dim("length", min=2, max=64)
-    export(Logits(model), (ids, mask), dynamic_shapes=({0: rows, 1: length}, {0: rows, 1: length}))
+    rows, length = Dim("batch", min=1, max=64), Dim("length", min=1, max=512)
+    program = export(Logits(model), (ids, mask), dynamic_shapes=({0: rows, 1: length}, {0: rows, 1: length}))
+    for seed, lengths, total in LENGTHS:
+        check_against_eager(program, model, *batch(seed, lengths, total))
 
 
 def test_transformer_exports_with_a_length_in_multiples_of_the_chunk():
@@ -133,10 +149,6 @@ def test_exported_entering_equals_the_scan(make_generator):
             torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
 
 
-LENGTHS = ((1, [3, 63, 1], 63), (2, [64, 10], 64), (3, [65, 100], 100), (4, [200, 130, 7], 200),
-           (5, [2, 2], 2), (6, [1], 1))
-
-
 @pytest.mark.parametrize("traced", [8, 100])
 def test_transformer_exports_with_any_dynamic_length(traced):
     """A dynamic length that need not fill its chunks (chunk.py's `_exported_tiles`), traced within
@@ -150,12 +162,15 @@ def test_transformer_exports_with_any_dynamic_length(traced):
         check_against_eager(program, model, *batch(seed, lengths, total))
 
 
-def test_transformer_onnx_with_a_dynamic_length_runs_in_onnxruntime_as_eager(tmp_path):
-    """The same dynamic length through torch.onnx.export(dynamo=True): onnxruntime's logits equal
-    eager's at lengths other than the traced one, within a chunk and across chunks."""
+@pytest.mark.parametrize("model_name", ["transformer", "momentum", "adam", "nag"])
+def test_onnx_with_a_dynamic_length_runs_in_onnxruntime_as_eager(model_name, tmp_path):
+    """A dynamic length through torch.onnx.export(dynamo=True), the transformer and LSTM cells
+    (eq. 9, eq. 15, the NAG schedule; the LSTM's scan becomes an ONNX Scan): onnxruntime's logits
+    equal eager's at lengths other than the traced one."""
     onnxruntime = pytest.importorskip("onnxruntime")
     pytest.importorskip("onnxscript")
-    model = causal_lm("transformer", max_position_embeddings=512)
+    model = (causal_lm("transformer", max_position_embeddings=512) if model_name == "transformer"
+             else lstm_of(model_name))
     ids, mask = batch(0, [5, 8], 8)
     rows, length = Dim("batch", min=1, max=64), Dim("length", min=1, max=512)
     program = torch.onnx.export(Logits(model), (ids, mask), dynamo=True, verbose=False,
@@ -170,8 +185,8 @@ def test_transformer_onnx_with_a_dynamic_length_runs_in_onnxruntime_as_eager(tmp
 
 
 def test_torch_lstm_fixes_the_length():
-    """The reason for the xfail above: if torch lifts this, the LSTM test starts passing (strict
-    xfail fails) and the README's export section must be updated."""
+    """Why an exported layer scans its steps (plugins/rnn/export_scan.py): torch.export of torch's
+    own LSTM fixes the length. If torch lifts this, the README's export section is to be updated."""
     lstm = torch.nn.LSTM(4, 8, batch_first=True)
     with pytest.raises(torch._dynamo.exc.UserError, match="specialized it to be a constant"):
         export(lstm, (torch.randn(2, 8, 4),), dynamic_shapes=({1: Dim("length", min=2, max=64)},))

@@ -21,6 +21,7 @@ from typing import NamedTuple, Optional, Tuple
 import torch
 import torch.nn.functional as F
 
+from ..exported_eps import plus_eps
 from .closed_form import advance, run_state
 from .coefficients import ChunkCoefficients
 from .rule import MomentumRule
@@ -113,7 +114,7 @@ def chunk_body(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, *, rule: Momen
     numerator = numerator + Q @ s_in
     if rule.carries_momentum:
         numerator = numerator + coef.carry[:, None] * (Q @ m_in)
-    return numerator / (denominator + eps), Entering(s_in, z_in, m_in)
+    return numerator / plus_eps(denominator, eps), Entering(s_in, z_in, m_in)
 
 
 def last_chunk_states(K: torch.Tensor, V: torch.Tensor, enter: Entering, rows: torch.Tensor,

@@ -6,6 +6,7 @@ from typing import Optional, Tuple
 
 import torch
 
+from ..exported_eps import plus_eps
 from .rule import MomentumRule
 
 
@@ -35,5 +36,5 @@ def real_after(mask: Optional[torch.Tensor], batch: int, length: int, device) ->
 def apply_noncausal_summary(fq: torch.Tensor, kv: torch.Tensor, z: torch.Tensor, *,
                             eps: float) -> torch.Tensor:
     """Eq. 14's output for feature-mapped queries fq (B, H, Nq, Dk): φ(q_i)ᵀkv / (φ(q_i)ᵀz + eps)."""
-    denominator = (fq * z[:, :, None, :]).sum(-1, keepdim=True) + eps
+    denominator = plus_eps((fq * z[:, :, None, :]).sum(-1, keepdim=True), eps)
     return (fq @ kv) / denominator

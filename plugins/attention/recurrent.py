@@ -3,6 +3,7 @@ from typing import Optional, Tuple
 
 import torch
 
+from ..exported_eps import plus_eps
 from .rule import MomentumRule
 from .state import MomentumAttentionState
 
@@ -20,7 +21,7 @@ def fused_recurrent_step(fq: torch.Tensor, fk: torch.Tensor, v: torch.Tensor,
     m = rule.decay * state.m - outer
     s = state.s - rule.carry * state.m + rule.direct * outer
     z = state.z + fk
-    out = (fq[..., None, :] @ s)[..., 0, :] / ((fq * z).sum(-1, keepdim=True) + eps)
+    out = (fq[..., None, :] @ s)[..., 0, :] / plus_eps((fq * z).sum(-1, keepdim=True), eps)
     if real is not None:
         keep = real[:, None]
         m = torch.where(keep[..., None, None], m, state.m)

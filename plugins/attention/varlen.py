@@ -13,6 +13,7 @@ from typing import Optional, Tuple
 
 import torch
 
+from ..exported_eps import plus_eps
 from .chunk import Entering, chunk_body, last_chunk_states
 from .rule import MomentumRule
 from .state import MomentumAttentionState
@@ -154,5 +155,5 @@ def varlen_apply_summary(fq, kv, z, *, cu_seqlens: torch.Tensor, eps: float, chu
     Q = torch.where(layout.valid[None, None, :, :, None], fq[:, :, layout.token], zero)
     kv_t = kv[layout.segment].transpose(0, 1)[None]                                 # (1, H, T, Dk, Dv)
     z_t = z[layout.segment].transpose(0, 1)[None]
-    out = (Q @ kv_t) / ((Q * z_t[:, :, :, None]).sum(-1, keepdim=True) + eps)
+    out = (Q @ kv_t) / plus_eps((Q * z_t[:, :, :, None]).sum(-1, keepdim=True), eps)
     return out.reshape(1, H, -1, Dv)[:, :, layout.slot]

@@ -28,6 +28,7 @@ import os
 
 import torch
 
+from ..exported_eps import eps_operand
 from ..validation import check_choice
 from .adam_recurrence_buffers import forward_buffers, forward_results
 
@@ -144,12 +145,13 @@ class AdamLSTMRecurrence(torch.autograd.Function):
         w_t = weight_hh.t()
         scale = 1.0 if momentum else step_size
         acts, tanh_c = torch.empty_like(g[0]), torch.empty_like(hs[0])
+        eps_term = eps_operand(eps, g)
         for t, (g_t, r) in enumerate(zip(g.unbind(0), rs.unbind(0))):
             n = sizes[t]
             g_t, r, a, tc, m_n, h_prev, c_prev, c, h = _rows(
                 (g_t, r, acts, tanh_c, m, hs[t], cs[t], cs[t + 1], hs[t + 1]), n, batch)
             m_n.mul_(beta).addcmul_(g_t, g_t, value=1.0 - beta)
-            torch.add(m_n, eps, out=r).rsqrt_()
+            torch.add(m_n, eps_term, out=r).rsqrt_()
             v_t = g_t
             if momentum:
                 v_prev, v_t = _rows((vs[t], vs[t + 1]), n, batch)

@@ -18,6 +18,8 @@ import functools
 
 import torch
 
+from ..exported_eps import plus_eps
+
 
 def closed_form_device(device):
     """Where the float64 closed forms are evaluated: the sequence's own device, except MPS,
@@ -51,7 +53,7 @@ def adam_step(v, m, g, momentum, step_size, beta, eps):
     """One step of eq. 15: v_t = μ v + s g; m_t = β m + (1−β) g⊙g; returns v/√(m+ε), v, m."""
     v = momentum * v + step_size * g
     m = beta * m + (1.0 - beta) * g * g
-    return v / torch.sqrt(m + eps), v, m
+    return v / torch.sqrt(plus_eps(m, eps)), v, m
 
 
 class ConstantDecay:

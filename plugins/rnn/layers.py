@@ -45,9 +45,11 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 from torch.nn.utils.rnn import PackedSequence
 
+from ..exported_eps import plus_eps
 from ..validation import check_bool, check_int, check_offsets, check_probability
 from .adam_recurrence import AdamLSTMRecurrence, drive_first, gate_order
 from .checks import check_input_dtype, check_sizes
+from .export_scan import exports_a_length, scanned_forward
 from .filters import SegmentDecay, bias_channel, carried_channels, filter_sequence, second_moment
 from .lstm_cells import lstm_update
 from .segments import check_host_offsets, check_offsets_metadata, offsets_from_starts, segment_layout
@@ -279,7 +281,7 @@ class _MomentumLayers(nn.Module):
         scale = self.variant.input_scale(self.hyper)
         v = F.linear(*mapped()) if decay is not None else g if scale == 1 else scale * g
         m = second_moment(g * g, m0, self.beta, chunked)
-        return v / torch.sqrt(m + self.eps), last_step(v, lengths), last_step(m, lengths)
+        return v / torch.sqrt(plus_eps(m, self.eps)), last_step(v, lengths), last_step(m, lengths)
 
     def _fused_on_drive(self, drive, lengths, hx, w_hh, b_hh):
         """torch's fused kernel of this layer (`fused_kind`: cuDNN on CUDA, one call, no step loop
@@ -329,6 +331,9 @@ class _MomentumLayers(nn.Module):
                                                    segment_starts=segment_starts, all_layers=all_layers))
         if cu_seqlens_cpu is not None and cu_seqlens is None:
             raise ValueError("cu_seqlens_cpu is the host copy of cu_seqlens: pass cu_seqlens too")
+        if (cu_seqlens is None and segment_starts is None and not self.bidirectional
+                and exports_a_length(input, self.batch_first)):
+            return scanned_forward(self, input, state, all_layers)
         if cu_seqlens is None and segment_starts is None:
             outputs, new_state = self._forward_sequence(input, state, all_layers)
         elif self.bidirectional:
@@ -545,14 +550,21 @@ class _MomentumLayers(nn.Module):
 
         def layer(k, x):
             c0, v0, m0 = (None if t is None else t[k] for t in (st.c, st.v, st.m))
-            pre, v, m = self.variant.drive(self._input_projection(k, x), v0, m0, step, hyper)
-            h, c = self._recurrent_update(k, pre, st.h[k], c0)
+            h, c, v, m = self._layer_step(k, self._input_projection(k, x), st.h[k], c0, v0, m0, step, hyper)
             return h, (h, c, v, m)
 
         outputs, finals = self._each_layer(input, layer)
         stack = lambda i: None if finals[0][i] is None else torch.stack([f[i] for f in finals])
         state = RecurrentState(stack(0), stack(1), stack(2), stack(3), step)
         return (tuple(outputs) if all_layers else outputs[-1]), state
+
+    def _layer_step(self, k, g, h, c, v, m, step, hyper):
+        """One time step of layer k from its input pre-activation g = W x_t + b (batch, width):
+        the cell's drive (variants.py), then the family's recurrence. Returns (h, c, v, m), None
+        where the cell has no such part; step (batch,) counts the steps including this one."""
+        pre, v, m = self.variant.drive(g, v, m, step, hyper)
+        h, c = self._recurrent_update(k, pre, h, c)
+        return h, c, v, m
 
     def _input_projection(self, k, x):
         w_ih, _, b_ih, _ = self.layer_parameters(k)

@@ -1,0 +1,72 @@
+"""The layers' whole-sequence forward under torch.export with a symbolic length: `step` (one time
+step of every layer, the cells' step-wise equations) as torch's scan over the steps.
+
+The batch form cannot export a length: torch.export decomposes torch's fused aten.lstm /
+aten.rnn_tanh into one step per position, and the momentum filters pad and reshape into chunks,
+which guards the length modulo the chunk; either fixes the length. A scan keeps it symbolic
+and becomes one ONNX Scan. Eager, compiled and exported calls of a fixed length keep the batch
+form; the step and batch forms are the same equations (tests/test_rnn_step.py compares them)."""
+import torch
+from torch import Tensor
+from torch.nn.utils import parametrize
+
+
+def exports_a_length(input, batch_first: bool) -> bool:
+    """Whether `input` is a padded (not packed) sequence whose length is symbolic under
+    torch.export."""
+    if not isinstance(input, Tensor) or input.dim() != 3:
+        return False
+    return not isinstance(input.shape[1 if batch_first else 0], int) and torch.compiler.is_exporting()
+
+
+def scanned_forward(layers, input: Tensor, state, all_layers: bool):
+    """`layers.forward(input, state, all_layers=all_layers)` (a unidirectional MomentumLSTM /
+    MomentumRNN) with each layer as a scan of its step (`_layer_step`) over the time axis:
+    (output, RecurrentState)."""
+    x = input.transpose(0, 1) if layers.batch_first else input            # (T, B, D)
+    steps = x.shape[0]
+    start = layers._state(state, x.shape[1], x, steps)
+    hyper = layers.hyper
+    # the step count including step t, as `step` gives it (an input of each step, not a carry)
+    counts = start.step[None, :] + torch.arange(1, steps + 1, device=start.step.device)[:, None]
+
+    def layer(k, x):
+        first = tuple(None if part is None else part[k] for part in start[:4])       # h, c, v, m
+        final, out = _scan_layer(layers, k, layers._input_projection(k, x), first, counts, hyper)
+        return out, final
+
+    # a parametrized weight (DTRIV's orthogonal one) is formed once, not at every step: read
+    # here, it enters parametrize's cache outside the scan, which may not write to it
+    with parametrize.cached():
+        for k in range(layers.num_layers):
+            layers.layer_parameters(k)
+        outputs, finals = layers._each_layer(x, layer)
+    stack = lambda i: None if finals[0][i] is None else torch.stack([f[i] for f in finals])
+    new_state = type(start)(*(stack(i) for i in range(4)), start.step + steps)
+    outputs = tuple(o.transpose(0, 1) if layers.batch_first else o for o in outputs)
+    return (outputs if all_layers else outputs[-1]), new_state
+
+
+def _scan_layer(layers, k, g, first, counts, hyper):
+    """Layer k over the steps of its input pre-activations g (T, B, width) from first = (h, c, v,
+    m) of (B, ·) each (None where the cell has none): (final (h, c, v, m), outputs (T, B, H)).
+    The scan carries (B, ·) tensors only: ONNX's conversion of a scan whose carry is sliced
+    inside the step fails (torch 2.13), and None is not a tensor."""
+    from torch._higher_order_ops.scan import scan
+
+    present = [i for i, part in enumerate(first) if part is not None]
+
+    def parts(carried):
+        fields = [None] * len(first)
+        for i, part in zip(present, carried):
+            fields[i] = part
+        return fields
+
+    def one_step(carried, inputs):
+        g_t, count = inputs
+        new = layers._layer_step(k, g_t, *parts(carried), count, hyper)
+        # scan's outputs must not alias its carry (h is both)
+        return tuple(new[i] for i in present), new[0].clone()
+
+    final, out = scan(one_step, tuple(first[i] for i in present), (g, counts))
+    return tuple(parts(final)), out

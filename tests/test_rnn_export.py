@@ -1,0 +1,103 @@
+"""torch.export of every recurrent layer family and cell with a dynamic length
+(plugins/rnn/export_scan.py: each layer a scan of its step), float64: the exported program,
+given a random state (h, c, v, m and the step counter of the NAG/SR schedules), equals the
+paper's equations written as a loop (helpers/rnn_layers.literal), outputs of every layer and the
+final state, at lengths other than the traced one; batch_first too. And the ε of eq. 15 reaches
+onnxruntime (plugins/exported_eps.py)."""
+import helpers.rnn_layers as shared
+import pytest
+import torch
+from torch.export import Dim, export
+
+from plugins.exported_eps import plus_eps
+from plugins.rnn import RecurrentState
+
+FIELDS = ("h", "c", "v", "m")
+
+
+class Layers(torch.nn.Module):
+    """The layer with its state as plain tensors (the present fields, then the step counter)."""
+
+    def __init__(self, layer, present):
+        super().__init__()
+        self.layer, self.present = layer, present
+
+    def forward(self, x, *parts):
+        fields = dict(zip(self.present, parts))
+        state = RecurrentState(*(fields.get(name) for name in FIELDS), parts[-1])
+        outputs, final = self.layer(x, state, all_layers=True)
+        return (*outputs, *(getattr(final, name) for name in self.present), final.step)
+
+
+# every case time-major, and each family's adaptive cell batch-first
+LAYOUTS = ([(case, False) for case in shared.CASES]
+           + [(case, True) for case in shared.CASES if case[1] == "adam"])
+LAYOUT_IDS = [f"{shared.case_id(case)}-{'batch' if first else 'time'}" for case, first in LAYOUTS]
+
+
+@pytest.mark.parametrize("case,batch_first", LAYOUTS, ids=LAYOUT_IDS)
+def test_exported_layers_with_a_dynamic_length_equal_the_equations(make_generator, case, batch_first):
+    cls, cell = case
+    gen = make_generator()
+    layer = shared.make(cls, cell, 2, gen).eval()
+    layer.batch_first = batch_first
+    state = shared.random_state(layer, gen, 3)
+    present = [name for name in FIELDS if getattr(state, name) is not None]
+    parts = [getattr(state, name).detach() for name in present] + [state.step]
+    module = Layers(layer, present)
+
+    def sequence(T):
+        x = torch.randn(T, 3, shared.D, generator=gen, dtype=torch.float64)
+        return x, (x.transpose(0, 1) if batch_first else x)
+
+    _, traced = sequence(6)
+    length = Dim("length", min=1, max=128)
+    program = export(module, (traced, *parts),
+                     dynamic_shapes=({1 if batch_first else 0: length}, (None,) * len(parts))).module()
+    for T in (1, 2, 11, 40):
+        x, given = sequence(T)
+        got = program(given, *parts)
+        want_out, finals = shared.literal(layer, x, state)
+        last = got[layer.num_layers - 1]
+        torch.testing.assert_close(last.transpose(0, 1) if batch_first else last, want_out,
+                                   rtol=shared.TOL, atol=shared.TOL, msg=lambda m: f"T = {T}: {m}")
+        for i, name in enumerate(present):
+            want = torch.stack([f[FIELDS.index(name)] for f in finals])
+            torch.testing.assert_close(got[layer.num_layers + i], want, rtol=shared.TOL, atol=shared.TOL,
+                                       msg=lambda m: f"T = {T}, final {name}: {m}")
+        assert torch.equal(got[-1], state.step + T)
+
+
+class AdaptiveDenominator(torch.nn.Module):
+    def __init__(self, add):
+        super().__init__()
+        self.add = add
+
+    def forward(self, v, m):
+        return v / torch.sqrt(self.add(m))
+
+
+def onnxruntime_of(module, inputs, tmp_path):
+    onnxruntime = pytest.importorskip("onnxruntime")
+    pytest.importorskip("onnxscript")
+    torch.onnx.export(module, inputs, dynamo=True, verbose=False).save(str(tmp_path / "model.onnx"))
+    session = onnxruntime.InferenceSession(str(tmp_path / "model.onnx"))
+    names = [i.name for i in session.get_inputs()]
+    return torch.from_numpy(session.run(None, {n: t.numpy() for n, t in zip(names, inputs)})[0])
+
+
+@pytest.mark.parametrize("eps", [1e-8, 1e-12])
+def test_an_eps_as_small_as_eq15s_reaches_onnxruntime(tmp_path, eps):
+    """v / √(m + ε) with m ≈ 0, where ε decides the result: onnxruntime equals eager."""
+    v, m = torch.full((2, 3), 1e-5), torch.zeros(2, 3)
+    module = AdaptiveDenominator(lambda m: plus_eps(m, eps))
+    torch.testing.assert_close(onnxruntime_of(module, (v, m), tmp_path), module(v, m), rtol=1e-5, atol=0)
+
+
+def test_onnxscript_drops_a_scalar_eps(tmp_path):
+    """Why plus_eps exists: torch.onnx.export's default optimiser removes `m + 1e-8`. If onnxscript
+    stops doing so, this fails, and exported_eps.py can go."""
+    v, m = torch.full((2, 3), 1e-5), torch.zeros(2, 3)
+    module = AdaptiveDenominator(lambda m: m + 1e-8)
+    got = onnxruntime_of(module, (v, m), tmp_path)
+    assert not torch.allclose(got, module(v, m)), "onnxscript keeps a scalar eps now: plus_eps can go"
