@@ -27,11 +27,14 @@ FINITE_MAPS = tuple(FEATURE_MAPS.values())
 
 
 def split_finite(t: torch.Tensor):
-    """(finite part, marks): non-finite entries → 0 in the first (whose gradient there is 0),
-    NaN in the second (t·0: 0 where t is finite). `where` rather than nan_to_num, which ONNX
-    spells as three passes (NaN, −inf, +inf), each a Where over the whole tensor."""
-    zero = torch.zeros((), dtype=t.dtype, device=t.device)
-    return torch.where(torch.isfinite(t), t, zero), t.detach() * 0
+    """(finite part, marks): non-finite entries → 0 in the first (whose gradient there is 0,
+    as a product: nan_to_num's backward keeps an upstream NaN, as the Triton marks do), NaN in the
+    second (t·0: 0 where t is finite). Under export (no backward) one `where` instead, which ONNX
+    runs in one pass over t, where it spells nan_to_num as three (NaN, −inf, +inf)."""
+    if torch.compiler.is_exporting():
+        zero = torch.zeros((), dtype=t.dtype, device=t.device)
+        return torch.where(torch.isfinite(t), t, zero), t.detach() * 0
+    return torch.nan_to_num(t, nan=0.0, posinf=0.0, neginf=0.0), t.detach() * 0
 
 
 def all_finite(*tensors: torch.Tensor) -> bool:
