@@ -19,7 +19,7 @@ import tempfile
 
 import torch
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks.timing import time_once_ms  # noqa: E402
 from plugins.attention import momentum_attention  # noqa: E402
