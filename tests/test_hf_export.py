@@ -37,6 +37,16 @@ def batch(seed, lengths, total):
     return left_padded(torch.Generator().manual_seed(seed), lengths, total)
 
 
+def onnxruntime_logits(program, tmp_path):
+    """A function (ids, mask) -> logits of the ONNX `program`, run by onnxruntime."""
+    import onnxruntime
+    program.save(str(tmp_path / "model.onnx"))
+    session = onnxruntime.InferenceSession(str(tmp_path / "model.onnx"))
+    names = [i.name for i in session.get_inputs()]
+    return lambda ids, mask: torch.from_numpy(session.run(None, {names[0]: ids.numpy(),
+                                                                 names[1]: mask.numpy()})[0])
+
+
 def check_against_eager(program, model, ids, mask):
     wrapped = Logits(model)
     got, want = program.module()(ids, mask), wrapped(ids, mask)
@@ -62,19 +72,16 @@ def test_onnx_with_a_mask_runs_in_onnxruntime_as_eager(family, tmp_path):
     """torch.onnx.export(dynamo=True) with an attention_mask and a dynamic batch; onnxruntime's
     logits equal eager's at the traced batch and at another (the `export` extra). "adam": the
     LSTM with eq. 15's cell, whose ε = 1e-8 onnxscript's optimiser used to drop (exported_eps.py)."""
-    onnxruntime = pytest.importorskip("onnxruntime")
+    pytest.importorskip("onnxruntime")
     pytest.importorskip("onnxscript")
     model = lstm_of("adam") if family == "adam" else causal_lm(family)
     ids, mask = batch(0, [5, 8], 8)
     rows = Dim("batch", min=1, max=64)
     program = torch.onnx.export(Logits(model), (ids, mask), dynamic_shapes=({0: rows}, {0: rows}),
                                 dynamo=True, verbose=False)
-    program.save(str(tmp_path / "model.onnx"))
-    session = onnxruntime.InferenceSession(str(tmp_path / "model.onnx"))
-    names = [i.name for i in session.get_inputs()]
+    run = onnxruntime_logits(program, tmp_path)
     for ids, mask in ((ids, mask), batch(1, [2, 8, 7], 8)):
-        got = torch.from_numpy(session.run(None, {names[0]: ids.numpy(), names[1]: mask.numpy()})[0])
-        torch.testing.assert_close(got, Logits(model)(ids, mask).detach(), rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(run(ids, mask), Logits(model)(ids, mask).detach(), rtol=1e-4, atol=1e-5)
 
 
 def test_a_compiled_lstm_after_an_onnx_export_keeps_eager_gradients(make_generator):
@@ -167,7 +174,7 @@ def test_onnx_with_a_dynamic_length_runs_in_onnxruntime_as_eager(model_name, tmp
     """A dynamic length through torch.onnx.export(dynamo=True), the transformer and LSTM cells
     (eq. 9, eq. 15, the NAG schedule; the LSTM's scan becomes an ONNX Scan): onnxruntime's logits
     equal eager's at lengths other than the traced one."""
-    onnxruntime = pytest.importorskip("onnxruntime")
+    pytest.importorskip("onnxruntime")
     pytest.importorskip("onnxscript")
     model = (causal_lm("transformer", max_position_embeddings=512) if model_name == "transformer"
              else lstm_of(model_name))
@@ -175,13 +182,10 @@ def test_onnx_with_a_dynamic_length_runs_in_onnxruntime_as_eager(model_name, tmp
     rows, length = Dim("batch", min=1, max=64), Dim("length", min=1, max=512)
     program = torch.onnx.export(Logits(model), (ids, mask), dynamo=True, verbose=False,
                                 dynamic_shapes=({0: rows, 1: length}, {0: rows, 1: length}))
-    program.save(str(tmp_path / "model.onnx"))
-    session = onnxruntime.InferenceSession(str(tmp_path / "model.onnx"))
-    names = [i.name for i in session.get_inputs()]
+    run = onnxruntime_logits(program, tmp_path)
     for seed, lengths, total in LENGTHS:
         ids, mask = batch(seed, lengths, total)
-        got = torch.from_numpy(session.run(None, {names[0]: ids.numpy(), names[1]: mask.numpy()})[0])
-        torch.testing.assert_close(got, Logits(model)(ids, mask).detach(), rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(run(ids, mask), Logits(model)(ids, mask).detach(), rtol=1e-4, atol=1e-5)
 
 
 def test_torch_lstm_fixes_the_length():

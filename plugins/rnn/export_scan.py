@@ -1,11 +1,12 @@
-"""The layers' whole-sequence forward under torch.export with a symbolic length: `step` (one time
-step of every layer, the cells' step-wise equations) as torch's scan over the steps.
+"""The layers' whole-sequence forward under torch.export with a symbolic length: each layer as
+torch's scan of its time step (`_layer_step`, the cells' step-wise equations that `step` runs).
 
 The batch form cannot export a length: torch.export decomposes torch's fused aten.lstm /
 aten.rnn_tanh into one step per position, and the momentum filters pad and reshape into chunks,
 which guards the length modulo the chunk; either fixes the length. A scan keeps it symbolic
 and becomes one ONNX Scan. Eager, compiled and exported calls of a fixed length keep the batch
-form; the step and batch forms are the same equations (tests/test_rnn_step.py compares them)."""
+form; the step and batch forms are the same equations (tests/test_rnn_variants.py
+`test_step_equals_forward_for_50_steps` compares them)."""
 import torch
 from torch import Tensor
 from torch.nn.utils import parametrize
