@@ -2,15 +2,15 @@
 (plugins/rnn/export_scan.py: each layer a scan of its step), float64: the exported program,
 given a random state (h, c, v, m and the step counter of the NAG/SR schedules), equals the
 paper's equations written as a loop (helpers/rnn_layers.literal), outputs of every layer and the
-final state, at lengths other than the traced one; batch_first too. And the ε of eq. 15 reaches
-onnxruntime (plugins/exported_eps.py)."""
+final state, at lengths other than the traced one; batch_first and bidirectional too. And the ε
+of eq. 15 reaches onnxruntime (plugins/exported_eps.py)."""
 import helpers.rnn_layers as shared
 import pytest
 import torch
 from torch.export import Dim, export
 
 from plugins.exported_eps import plus_eps
-from plugins.rnn import RecurrentState
+from plugins.rnn import MomentumLSTM, OrthogonalMomentumRNN, RecurrentState
 
 FIELDS = ("h", "c", "v", "m")
 
@@ -33,13 +33,25 @@ class Layers(torch.nn.Module):
 LAYOUTS = ([(case, False) for case in shared.CASES]
            + [(case, True) for case in shared.CASES if case[1] == "adam"])
 LAYOUT_IDS = [f"{shared.case_id(case)}-{'batch' if first else 'time'}" for case, first in LAYOUTS]
+# the families that have a backward direction (DTRIV's has none)
+BIDIRECTIONAL = [case for case in shared.CASES if case[0] is not OrthogonalMomentumRNN]
 
 
 @pytest.mark.parametrize("case,batch_first", LAYOUTS, ids=LAYOUT_IDS)
 def test_exported_layers_with_a_dynamic_length_equal_the_equations(make_generator, case, batch_first):
+    check_exported(make_generator, case, batch_first, bidirectional=False)
+
+
+@pytest.mark.parametrize("case", BIDIRECTIONAL, ids=shared.case_id)
+def test_exported_bidirectional_layers_with_a_dynamic_length_equal_the_equations(make_generator, case):
+    """The backward direction scans the flipped sequence (export_scan.py)."""
+    check_exported(make_generator, case, case[1] == "adam", bidirectional=True)
+
+
+def check_exported(make_generator, case, batch_first, bidirectional):
     cls, cell = case
     gen = make_generator()
-    layer = shared.make(cls, cell, 2, gen).eval()
+    layer = shared.make(cls, cell, 2, gen, **({"bidirectional": True} if bidirectional else {})).eval()
     layer.batch_first = batch_first
     state = shared.random_state(layer, gen, 3)
     present = [name for name in FIELDS if getattr(state, name) is not None]
@@ -101,3 +113,33 @@ def test_onnxscript_drops_a_scalar_eps(tmp_path):
     module = AdaptiveDenominator(lambda m: m + 1e-8)
     got = onnxruntime_of(module, (v, m), tmp_path)
     assert not torch.allclose(got, module(v, m)), "onnxscript keeps a scalar eps now: plus_eps can go"
+
+
+class Outputs(torch.nn.Module):
+    def __init__(self, layer):
+        super().__init__()
+        self.layer = layer
+
+    def forward(self, x):
+        return self.layer(x)[0]
+
+
+@pytest.mark.parametrize("cell", ["momentum", "adam"])
+def test_a_bidirectional_layer_with_a_dynamic_length_runs_in_onnxruntime_as_eager(make_generator, cell,
+                                                                                   tmp_path):
+    """The backward direction's flips and scan through ONNX: onnxruntime equals eager at lengths
+    other than the traced one."""
+    onnxruntime = pytest.importorskip("onnxruntime")
+    pytest.importorskip("onnxscript")
+    gen = make_generator()
+    layer = shared.make(MomentumLSTM, cell, 2, gen, bidirectional=True).float().eval()
+    x = lambda T: torch.randn(T, 3, shared.D, generator=gen)
+    length = Dim("length", min=1, max=128)
+    torch.onnx.export(Outputs(layer), (x(6),), dynamic_shapes=({0: length},), dynamo=True,
+                      verbose=False).save(str(tmp_path / "model.onnx"))
+    session = onnxruntime.InferenceSession(str(tmp_path / "model.onnx"))
+    name = session.get_inputs()[0].name
+    for T in (1, 13, 40):
+        given = x(T)
+        got = torch.from_numpy(session.run(None, {name: given.numpy()})[0])
+        torch.testing.assert_close(got, layer(given)[0], rtol=1e-5, atol=1e-5, msg=lambda m: f"T = {T}: {m}")

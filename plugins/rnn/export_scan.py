@@ -21,9 +21,11 @@ def exports_a_length(input, batch_first: bool) -> bool:
 
 
 def scanned_forward(layers, input: Tensor, state, all_layers: bool):
-    """`layers.forward(input, state, all_layers=all_layers)` (a unidirectional MomentumLSTM /
-    MomentumRNN) with each layer as a scan of its step (`_layer_step`) over the time axis:
-    (output, RecurrentState)."""
+    """`layers.forward(input, state, all_layers=all_layers)` (a MomentumLSTM / MomentumRNN /
+    OrthogonalMomentumRNN) with each layer as a scan of its step (`_layer_step`) over the time
+    axis: (output, RecurrentState). A bidirectional layer's backward direction scans the flipped
+    input and its output is flipped back, as the batch form reverses a tensor input whole; both
+    directions count steps from the state's counter, as in the batch form."""
     x = input.transpose(0, 1) if layers.batch_first else input            # (T, B, D)
     steps = x.shape[0]
     start = layers._state(state, x.shape[1], x, steps)
@@ -31,17 +33,26 @@ def scanned_forward(layers, input: Tensor, state, all_layers: bool):
     # the step count including step t, as `step` gives it (an input of each step, not a carry)
     counts = start.step[None, :] + torch.arange(1, steps + 1, device=start.step.device)[:, None]
 
-    def layer(k, x):
-        first = tuple(None if part is None else part[k] for part in start[:4])       # h, c, v, m
-        final, out = _scan_layer(layers, k, layers._input_projection(k, x), first, counts, hyper)
+    def one(i, x):
+        first = tuple(None if part is None else part[i] for part in start[:4])       # h, c, v, m
+        final, out = _scan_layer(layers, i, layers._input_projection(i, x), first, counts, hyper)
         return out, final
+
+    def layer(k, x):
+        if not layers.bidirectional:
+            return one(k, x)
+        out, final = one(2 * k, x)
+        back, back_final = one(2 * k + 1, x.flip(0))
+        return torch.cat([out, back.flip(0)], -1), (final, back_final)
 
     # a parametrized weight (DTRIV's orthogonal one) is formed once, not at every step: read
     # here, it enters parametrize's cache outside the scan, which may not write to it
     with parametrize.cached():
-        for k in range(layers.num_layers):
-            layers.layer_parameters(k)
+        for i in range(layers.num_layers * layers.directions):
+            layers.layer_parameters(i)
         outputs, finals = layers._each_layer(x, layer)
+    if layers.bidirectional:
+        finals = [f for pair in finals for f in pair]
     stack = lambda i: None if finals[0][i] is None else torch.stack([f[i] for f in finals])
     new_state = type(start)(*(stack(i) for i in range(4)), start.step + steps)
     outputs = tuple(o.transpose(0, 1) if layers.batch_first else o for o in outputs)

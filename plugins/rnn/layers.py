@@ -35,7 +35,8 @@ Triton steps, then starts every segment from its own state with no change to its
 bidirectional=True lays parameters, state rows and outputs out as nn.LSTM's: each layer's
 backward direction is a layer of its own (`_reverse` parameters, its own v, m) run on every
 sequence reversed within its length, the next layer reading [forward | backward]. It runs
-whole sequences (padded or a PackedSequence), not packed rows nor `step`.
+whole sequences (padded or a PackedSequence, and a symbolic length under torch.export,
+export_scan.py), not packed rows nor `step`.
 """
 import functools
 import math
@@ -331,8 +332,7 @@ class _MomentumLayers(nn.Module):
                                                    segment_starts=segment_starts, all_layers=all_layers))
         if cu_seqlens_cpu is not None and cu_seqlens is None:
             raise ValueError("cu_seqlens_cpu is the host copy of cu_seqlens: pass cu_seqlens too")
-        if (cu_seqlens is None and segment_starts is None and not self.bidirectional
-                and exports_a_length(input, self.batch_first)):
+        if cu_seqlens is None and segment_starts is None and exports_a_length(input, self.batch_first):
             return scanned_forward(self, input, state, all_layers)
         if cu_seqlens is None and segment_starts is None:
             outputs, new_state = self._forward_sequence(input, state, all_layers)

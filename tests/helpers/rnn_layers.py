@@ -28,10 +28,10 @@ def takes_restart(cell):
     return VARIANTS[cell].restart != "refused"
 
 
-def make(cls, cell, num_layers, gen):
+def make(cls, cell, num_layers, gen, **kwargs):
     hyper = read_hyperparameters(cell, momentum=HP["mu"], step_size=HP["s"], beta=HP["beta"], eps=HP["eps"])
     layer = cls(D, H, num_layers, cell=cell, restart=HP["restart"] if takes_restart(cell) else None,
-                **hyper).double()
+                **hyper, **kwargs).double()
     with torch.no_grad():
         for name, p in layer.named_parameters():
             p.copy_((0.3 if "original" in name else 0.5) * torch.randn(p.shape, generator=gen, dtype=p.dtype))
@@ -43,7 +43,7 @@ def width(layer):
 
 
 def random_state(layer, gen, batch):
-    shape = (layer.num_layers, batch)
+    shape = (layer.num_layers * layer.directions, batch)
     variant = VARIANTS[layer.cell]
     rnd = lambda n: torch.randn(shape + (n,), generator=gen, dtype=torch.float64).requires_grad_()
     return RecurrentState(
@@ -60,31 +60,44 @@ def literal_modrelu(z, b):
 
 def literal(layer, x, state):
     """The layer as a float64 loop over the paper's equations: x (T, B, D) one row per
-    sequence length; returns outputs and the final (h, c, v, m) of every layer."""
-    drive = LITERAL_DRIVES[layer.cell]
+    sequence length; returns outputs and the final (h, c, v, m) of every layer (of every layer
+    and direction, nn.LSTM's order, when bidirectional: the backward direction reads x flipped,
+    its step counter starting from the state's, as the forward one's)."""
     finals = []
     for k in range(layer.num_layers):
-        w_ih = getattr(layer, f"weight_ih_l{k}")
-        w_hh = getattr(layer, f"weight_hh_l{k}")
-        h = state.h[k]
-        c = None if state.c is None else state.c[k]
-        v = None if state.v is None else state.v[k]
-        m = None if state.m is None else state.m[k]
-        step = state.step.clone()
-        outs = []
-        for xt in x:
-            step = step + 1
-            if isinstance(layer, OrthogonalMomentumRNN):
-                pre, v, m = drive(xt @ w_ih.T, v, m, step, HP)
-                h = literal_modrelu(pre + h @ w_hh.T, getattr(layer, f"bias_l{k}"))
-            else:
-                b_ih, b_hh = getattr(layer, f"bias_ih_l{k}"), getattr(layer, f"bias_hh_l{k}")
-                pre, v, m = drive(xt @ w_ih.T + b_ih, v, m, step, HP)
-                if isinstance(layer, MomentumLSTM):
-                    h, c = lstm_literal(pre, h, c, w_hh, b_hh)
-                else:
-                    h = torch.tanh(pre + h @ w_hh.T + b_hh)
-            outs.append(h)
-        x = torch.stack(outs)
-        finals.append((h, c, v, m))
+        if not layer.bidirectional:
+            x, final = literal_direction(layer, str(k), x, state, k)
+            finals.append(final)
+            continue
+        ahead, final = literal_direction(layer, str(k), x, state, 2 * k)
+        behind, back_final = literal_direction(layer, f"{k}_reverse", x.flip(0), state, 2 * k + 1)
+        x = torch.cat([ahead, behind.flip(0)], -1)
+        finals += [final, back_final]
     return x, finals
+
+
+def literal_direction(layer, name, x, state, row):
+    """One layer's direction (parameters `*_l{name}`) from the state's row `row`: (outputs, final)."""
+    drive = LITERAL_DRIVES[layer.cell]
+    w_ih = getattr(layer, f"weight_ih_l{name}")
+    w_hh = getattr(layer, f"weight_hh_l{name}")
+    h = state.h[row]
+    c = None if state.c is None else state.c[row]
+    v = None if state.v is None else state.v[row]
+    m = None if state.m is None else state.m[row]
+    step = state.step.clone()
+    outs = []
+    for xt in x:
+        step = step + 1
+        if isinstance(layer, OrthogonalMomentumRNN):
+            pre, v, m = drive(xt @ w_ih.T, v, m, step, HP)
+            h = literal_modrelu(pre + h @ w_hh.T, getattr(layer, f"bias_l{name}"))
+        else:
+            b_ih, b_hh = getattr(layer, f"bias_ih_l{name}"), getattr(layer, f"bias_hh_l{name}")
+            pre, v, m = drive(xt @ w_ih.T + b_ih, v, m, step, HP)
+            if isinstance(layer, MomentumLSTM):
+                h, c = lstm_literal(pre, h, c, w_hh, b_hh)
+            else:
+                h = torch.tanh(pre + h @ w_hh.T + b_hh)
+        outs.append(h)
+    return torch.stack(outs), (h, c, v, m)
