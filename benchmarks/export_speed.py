@@ -1,6 +1,6 @@
 """What an export with a dynamic length costs at run time, against eager in the same run (CPU):
 causal momentum attention (`momentum_attention`, PyTorch path; under export its chunks are
-gathered and the states entering them carried by one product over the chunk count) and a
+gathered and the states entering them carried by a cumulative sum and a scan over the chunks) and a
 two-layer MomentumLSTM per cell (under export each layer is a scan of its step). Each is
 exported once with `Dim("length")`, then timed at several lengths three ways: eager, the
 torch.export program (`.module()`) and onnxruntime on `torch.onnx.export(dynamo=True)`'s model.
@@ -97,10 +97,10 @@ def main(argv=None):
     rows = []
     with torch.no_grad():
         qkv = lambda n: tuple(torch.randn(1, heads, n, dim) for _ in range(3))
-        rows += compare(f"attention B1-H{heads}-D{dim}", Attention(), qkv, (2, 2, 2), attention_lengths,
-                        rounds)
+        rows += compare(f"attention B1-H{heads}-D{dim}", Attention().eval(), qkv, (2, 2, 2),
+                        attention_lengths, rounds)
         for cell in ("lstm", "momentum", "adam"):
-            layer = LSTMOutput(MomentumLSTM(hidden, hidden, 2, cell=cell).eval())
+            layer = LSTMOutput(MomentumLSTM(hidden, hidden, 2, cell=cell)).eval()
             sequence = lambda n: (torch.randn(n, batch, hidden),)
             rows += compare(f"MomentumLSTM {cell} 2x{hidden} B{batch}", layer, sequence, (0,), lstm_lengths,
                             rounds)

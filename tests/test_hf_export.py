@@ -130,7 +130,7 @@ def test_lstm_exports_with_any_dynamic_length(cell):
 
 def test_transformer_exports_with_a_length_in_multiples_of_the_chunk():
     """A dynamic length of whole chunks (64 tokens, at least two): the chunks' states are carried
-    by one product over the symbolic chunk count (scan._exported_entering). The program equals
+    over the symbolic chunk count (scan._exported_entering). The program equals
     eager, and each left-padded row its sequence alone, at lengths other than the traced one."""
     model = causal_lm("transformer", max_position_embeddings=512)
     ids, mask = batch(0, [100, 128], 128)

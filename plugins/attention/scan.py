@@ -99,21 +99,23 @@ def _recurrence(a: Union[float, torch.Tensor], u: torch.Tensor) -> torch.Tensor:
 
 def _exported_entering(local: torch.Tensor, decay: float, start: torch.Tensor) -> torch.Tensor:
     """`entering` with one sequence per row under torch.export with a dynamic length (the chunk
-    count T symbolic): y[t] = decay^t·start + Σ_{j<t} decay^{t−1−j}·local[j] as one (T, T)
-    product, with no loop, branch or slice on T, each of which would fix it (a slice's contiguity
-    check guards T − 1 = 1). O(T²) in the chunk count: export only (torch.compile with dynamic
-    shapes keeps the scan). A decay of 1 (s and z) is instead the cumulative sum of local shifted
-    by one chunk (by a gather), O(T). The product is a matmul over the flattened state, which
-    onnxruntime runs several times faster than the equivalent Einsum."""
+    count T symbolic), with no Python loop, branch or slice on T, each of which would fix it (a
+    slice's contiguity check guards T − 1 = 1). A decay of 1 (s and z) is the cumulative sum of
+    local shifted by one chunk (by a gather). Another (m′) is torch's scan over the chunks, y[t]
+    then decay·y[t] + local[t]: an ONNX Scan, O(T); the (T, T) product of decay powers it replaced
+    took 6.6× its time in onnxruntime at 256 chunks (docs/benchmarks.md)."""
     steps = torch.arange(local.shape[2], device=local.device)
     if decay == 1.0:
         earlier = (steps >= 1).reshape(1, 1, -1, *([1] * (local.dim() - 3)))
         shifted = torch.where(earlier, local.index_select(2, (steps - 1).clamp(min=0)),
                               torch.zeros((), dtype=local.dtype, device=local.device))
         return shifted.cumsum(2) + start
-    gap = steps[:, None] - steps[None, :]                                   # t − j
-    base = torch.tensor(decay, dtype=torch.float64, device=local.device)
-    weights = torch.where(gap >= 1, base ** (gap - 1).clamp(min=0), torch.zeros_like(base))
-    spread = torch.matmul(weights.to(local.dtype), local.flatten(3)).view(local.shape)
-    head = (base ** steps).to(local.dtype).reshape(1, 1, -1, *([1] * (local.dim() - 3)))
-    return spread + head * start
+    from torch._higher_order_ops.scan import scan
+
+    first = torch.broadcast_to(start, (*local.shape[:2], 1, *local.shape[3:]))[:, :, 0].contiguous()
+
+    def chunk(state, gained):
+        # the scan's output may not alias its carry
+        return decay * state + gained, state.clone()
+
+    return scan(chunk, first, local.movedim(2, 0))[1].movedim(0, 2)
