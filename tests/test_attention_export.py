@@ -1,7 +1,8 @@
 """torch.export of `momentum_attention` (causal, eq. 13) with a dynamic length, float64: the
 exported program equals the quadratic reference at lengths inside one chunk, at and across chunk
 boundaries and over several chunks, for plain linear attention and momentum, with a padding mask
-(chunk.py's `_exported_tiles` and scan.py's `_exported_entering`)."""
+(chunk.py's `_exported_tiles` and scan.py's `_exported_entering`); and with NaN and ±inf inputs,
+the program and onnxruntime as eager (nonfinite.py's `split_finite`)."""
 import pytest
 import torch
 from test_attention_exactness import random_qkv
@@ -42,3 +43,41 @@ def test_exported_attention_with_a_dynamic_length_equals_eq13(make_generator, mo
                                                padding_mask=mask)
         torch.testing.assert_close(program.module()(q, k, v, mask), want, rtol=1e-9, atol=1e-10,
                                    msg=lambda m: f"N = {N}: {m}")
+
+
+def with_non_finite(t, gen):
+    """t with NaN, +inf and −inf at random entries."""
+    t = t.clone()
+    flat = t.view(-1)
+    spots = torch.randperm(flat.numel(), generator=gen)[:6]
+    flat[spots] = torch.tensor([float("nan"), float("inf"), -float("inf")] * 2, dtype=t.dtype)
+    return t
+
+
+def test_exported_attention_keeps_non_finite_inputs_where_eager_does(make_generator, tmp_path):
+    """NaN and ±inf in q, k, v (nonfinite.py's `split_finite`, one where under export): the program
+    and onnxruntime give eager's outputs, NaN exactly where eager has NaN, at lengths other than the
+    traced one."""
+    module = Attention(0.6, 0.6)
+    gen = make_generator()
+    q, k, v = (t.detach().float() for t in random_qkv(gen, N=20))
+    length = Dim("length", min=1, max=256)
+    shapes = {2: length}
+    inputs = (q, k, v, left_padded_mask(20, [0, 3]))
+    dynamic = (shapes, shapes, shapes, {1: length})
+    program = export(module, inputs, dynamic_shapes=dynamic).module()
+    onnxruntime = pytest.importorskip("onnxruntime")
+    pytest.importorskip("onnxscript")
+    torch.onnx.export(module, inputs, dynamic_shapes=dynamic, dynamo=True,
+                      verbose=False).save(str(tmp_path / "attention.onnx"))
+    session = onnxruntime.InferenceSession(str(tmp_path / "attention.onnx"))
+    names = [i.name for i in session.get_inputs()]
+    for N in (7, 40):
+        q, k, v = (with_non_finite(t.detach().float(), gen) for t in random_qkv(gen, N=N))
+        given = (q, k, v, left_padded_mask(N, [0, N // 3]))
+        want = module(*given)
+        assert want.isnan().any() and not want.isnan().all(), "the inputs must reach some outputs, not all"
+        ort = torch.from_numpy(session.run(None, {n: t.numpy() for n, t in zip(names, given)})[0])
+        for name, got in (("program", program(*given)), ("onnxruntime", ort)):
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5, equal_nan=True,
+                                       msg=lambda m: f"{name}, N = {N}: {m}")

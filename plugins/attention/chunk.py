@@ -77,13 +77,17 @@ def chunk_causal_momentum_attention(
 
 def _exported_tiles(t: torch.Tensor, C: int) -> torch.Tensor:
     """t (B, H, N, D) as chunk tiles (B, H, N // C + 2, C, D), zero past N, under torch.export with
-    N symbolic. A gather, because padding then reshaping guards on N modulo C (the reshape's
-    divisibility, the cut's strides), which export cannot prove for a range of N; two chunks more
-    than N // C, so that the chunk count is never 1, which a contiguity check would guard on."""
-    N = t.shape[2]
-    slots = torch.arange(N // C + 2, device=t.device)[:, None] * C + torch.arange(C, device=t.device)
-    zero = torch.zeros((), dtype=t.dtype, device=t.device)
-    return torch.where((slots < N)[..., None], t[:, :, slots.clamp(max=N - 1)], zero)
+    N symbolic: a gather (ONNX Gather) from t with one zero row appended, which every slot past N
+    reads. Padding then reshaping guards on N modulo C (the reshape's divisibility, the cut's
+    strides), which export cannot prove for a range of N; so does a view that splits the gathered
+    slots chunk-first (C·(N // C + 2) modulo N // C + 2), but not slot-first (modulo C). Two chunks
+    more than N // C, so that the chunk count is never 1, which a contiguity check would guard on."""
+    B, H, N, D = t.shape
+    chunks = N // C + 2
+    slot_first = torch.arange(C, device=t.device)[:, None] + C * torch.arange(chunks, device=t.device)
+    padded = torch.cat([t, t.new_zeros(B, H, 1, D)], 2)
+    gathered = padded.index_select(2, slot_first.clamp(max=N).flatten())
+    return gathered.view(B, H, C, chunks, D).transpose(2, 3).contiguous()
 
 
 def chunk_body(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, *, rule: MomentumRule, eps: float,

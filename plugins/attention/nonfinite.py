@@ -13,6 +13,7 @@ torch.compile; on the Triton path in eager mode, with the feature map, by one ke
 attend._feature_map), so that no layer waits for the device to say whether there is anything to mark;
 only a caller that has checked its inputs finite (the public functions, in eager mode, with one
 sum per input) skips them."""
+import math
 from dataclasses import dataclass
 from typing import Optional
 
@@ -30,10 +31,11 @@ def split_finite(t: torch.Tensor):
     """(finite part, marks): non-finite entries → 0 in the first (whose gradient there is 0,
     as a product: nan_to_num's backward keeps an upstream NaN, as the Triton marks do), NaN in the
     second (t·0: 0 where t is finite). Under export (no backward) one `where` instead, which ONNX
-    runs in one pass over t, where it spells nan_to_num as three (NaN, −inf, +inf)."""
+    runs in one pass over t, where it spells nan_to_num as three (NaN, −inf, +inf); its mask is
+    |t| < inf (false for NaN and ±inf), two ONNX ops where isfinite is four."""
     if torch.compiler.is_exporting():
         zero = torch.zeros((), dtype=t.dtype, device=t.device)
-        return torch.where(torch.isfinite(t), t, zero), t.detach() * 0
+        return torch.where(t.abs() < math.inf, t, zero), t.detach() * 0
     return torch.nan_to_num(t, nan=0.0, posinf=0.0, neginf=0.0), t.detach() * 0
 
 
