@@ -113,9 +113,11 @@ def _exported_entering(local: torch.Tensor, decay: float, start: torch.Tensor) -
     from torch._higher_order_ops.scan import scan
 
     first = torch.broadcast_to(start, (*local.shape[:2], 1, *local.shape[3:]))[:, :, 0].contiguous()
+    # a tensor: torch 2.15 runs an eager scan through dynamo, which refuses a float it closes over
+    gain = torch.full((), decay, dtype=local.dtype, device=local.device)
 
     def chunk(state, gained):
         # the scan's output may not alias its carry
-        return decay * state + gained, state.clone()
+        return gain * state + gained, state.clone()
 
     return scan(chunk, first, local.movedim(2, 0))[1].movedim(0, 2)
