@@ -101,14 +101,12 @@ def _exported_entering(local: torch.Tensor, decay: float, start: torch.Tensor) -
     """`entering` with one sequence per row under torch.export with a dynamic length (the chunk
     count T symbolic), with no Python loop, branch or slice on T, each of which would fix it (a
     slice's contiguity check guards T − 1 = 1). A decay of 1 (s and z) is the cumulative sum of
-    local shifted by one chunk (by a gather). Another (m′) is torch's scan over the chunks, y[t]
-    then decay·y[t] + local[t]: an ONNX Scan, O(T); the (T, T) product of decay powers it replaced
-    took 6.6× its time in onnxruntime at 256 chunks (docs/benchmarks.md)."""
-    steps = torch.arange(local.shape[2], device=local.device)
+    local shifted by one chunk (a gather after a zero chunk). Another (m′) is torch's scan over
+    the chunks, y[t] then decay·y[t] + local[t]: an ONNX Scan, O(T); the (T, T) product of decay
+    powers it replaced took 6.6× its time in onnxruntime at 256 chunks (docs/benchmarks.md)."""
     if decay == 1.0:
-        earlier = (steps >= 1).reshape(1, 1, -1, *([1] * (local.dim() - 3)))
-        shifted = torch.where(earlier, local.index_select(2, (steps - 1).clamp(min=0)),
-                              torch.zeros((), dtype=local.dtype, device=local.device))
+        ahead = torch.cat([local.new_zeros(*local.shape[:2], 1, *local.shape[3:]), local], 2)
+        shifted = ahead.index_select(2, torch.arange(local.shape[2], device=local.device))
         return shifted.cumsum(2) + start
     from torch._higher_order_ops.scan import scan
 
