@@ -81,3 +81,41 @@ def test_exported_attention_keeps_non_finite_inputs_where_eager_does(make_genera
         for name, got in (("program", program(*given)), ("onnxruntime", ort)):
             torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5, equal_nan=True,
                                        msg=lambda m: f"{name}, N = {N}: {m}")
+
+
+def test_torch_export_keeps_the_triton_kernels_as_custom_ops(make_generator):
+    """torch.export alone (what AOTInductor builds on) keeps backend='triton': the program calls
+    the kernels' custom op and equals eager at a length other than the traced one (run under
+    Triton's interpreter here, on CPU tensors)."""
+    pytest.importorskip("plugins.attention.triton")
+    module = TritonAttention()
+    gen = make_generator()
+    q, k, v = (t.detach().float() for t in random_qkv(gen, N=20))
+    length = Dim("length", min=1, max=256)
+    program = export(module, (q, k, v), dynamic_shapes=tuple({2: length} for _ in range(3)))
+    assert "momentum_plugins.chunk_momentum_attention" in str(program.graph_module.code) + "".join(
+        str(m.code) for m in program.graph_module.modules() if hasattr(m, "code"))
+    q, k, v = (t.detach().float() for t in random_qkv(gen, N=45))
+    torch.testing.assert_close(program.module()(q, k, v), module(q, k, v), rtol=0, atol=0)
+
+
+class TritonAttention(torch.nn.Module):
+    def forward(self, q, k, v):
+        return momentum_attention(q, k, v, momentum=0.6, step_size=0.6, backend="triton")
+
+
+def test_under_onnx_export_auto_takes_the_pytorch_path_and_triton_is_refused(monkeypatch):
+    """The kernels are custom ops, which ONNX has no form of: while torch.onnx.export traces,
+    "auto" on a CUDA device takes the PyTorch path, and "triton" is refused by name. (No CUDA here:
+    the kernels are declared available and the export flags set, as torch.onnx.export's
+    non-strict capture sets them.)"""
+    from plugins.attention import backends
+    monkeypatch.setattr(backends, "_available", lambda: True)
+    cuda = torch.device("cuda")
+    assert backends.use_triton("auto", cuda, float64=False), "outside export, auto runs the kernels on CUDA"
+    monkeypatch.setattr(torch.compiler, "is_exporting", lambda: True)
+    assert backends.use_triton("auto", cuda, float64=False), "torch.export alone keeps the kernels"
+    monkeypatch.setattr(torch.onnx, "is_in_onnx_export", lambda: True)
+    assert not backends.use_triton("auto", cuda, float64=False)
+    with pytest.raises(ValueError, match="backend='triton' cannot be exported to ONNX"):
+        backends.use_triton("triton", cuda, float64=False)

@@ -143,3 +143,21 @@ def test_a_bidirectional_layer_with_a_dynamic_length_runs_in_onnxruntime_as_eage
         given = x(T)
         got = torch.from_numpy(session.run(None, {name: given.numpy()})[0])
         torch.testing.assert_close(got, layer(given)[0], rtol=1e-5, atol=1e-5, msg=lambda m: f"T = {T}: {m}")
+
+
+def test_the_triton_recurrence_is_refused_under_export_and_auto_takes_the_torch_loop(monkeypatch):
+    """Eq. 15's Triton Function launches kernels on the tensors' memory, which export's fake
+    tensors lack (torch's own error then says only "Cannot access data pointer"): a forced
+    "triton" recurrence is refused by name, and "auto", which picks it for CUDA tensors, takes
+    the torch loop while exporting."""
+    from plugins.rnn import adam_recurrence
+    pytest.importorskip("triton")
+    layer = Outputs(MomentumLSTM(4, 4, 1, cell="adam")).eval()
+    with adam_recurrence.recurrence_backend("triton"):
+        with pytest.raises(ValueError, match="recurrence backend 'triton' cannot be exported"):
+            export(layer, (torch.randn(5, 2, 4),))
+    on_cuda = type("OnCuda", (), {"is_cuda": True})()
+    with adam_recurrence.recurrence_backend("auto"):
+        assert adam_recurrence._triton_function(on_cuda) is not None, "outside export, auto runs Triton"
+        monkeypatch.setattr(torch.compiler, "is_exporting", lambda: True)
+        assert adam_recurrence._triton_function(on_cuda) is None

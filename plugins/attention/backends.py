@@ -16,11 +16,17 @@ _FAILED = {}      # the import error of plugins.attention.triton, once "auto" ha
 def use_triton(backend: str, device: torch.device, float64: bool) -> bool:
     """backend is one of checks.BACKENDS: "torch" never, "auto" for CUDA tensors when the
     kernels are available, "triton" always — or a ValueError saying why it cannot run here.
-    float64 (inputs or state) stays on the PyTorch reference path."""
+    float64 (inputs or state) stays on the PyTorch reference path. Under torch.onnx.export the
+    kernels cannot run: they are custom ops (triton/op.py), which ONNX has no form of, so "auto"
+    takes the PyTorch path there; torch.export alone keeps them (its program calls the ops)."""
     if backend == "torch":
         return False
     if backend == "auto":
-        return device.type == "cuda" and not float64 and _available()
+        return device.type == "cuda" and not float64 and not onnx_exporting() and _available()
+    if onnx_exporting():
+        raise ValueError("backend='triton' cannot be exported to ONNX: its kernels are torch custom ops, "
+                         "which ONNX has no form of; export with backend='auto' or 'torch' (the PyTorch "
+                         "path, which 'auto' takes under torch.onnx.export)")
     if float64:
         raise ValueError("backend='triton' runs bfloat16, float16 and float32 inputs and states; "
                          "for float64 use backend='torch' or 'auto'")
@@ -60,6 +66,11 @@ def triton_kernels() -> ModuleType:
         raise ValueError("backend='triton' needs plugins.attention.triton, which does not import here "
                          f"({error}); use backend='torch' or 'auto'") from error
     return kernels
+
+
+def onnx_exporting() -> bool:
+    """torch.onnx.export is tracing the call (its torch.export stage included)."""
+    return torch.compiler.is_exporting() and torch.onnx.is_in_onnx_export()
 
 
 def _available() -> bool:

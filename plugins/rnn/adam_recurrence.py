@@ -81,7 +81,15 @@ def triton_available():
 
 
 def _triton_function(g):
-    """The Triton Function that runs eq. 15 on g under the current backend, or None (the torch loop)."""
+    """The Triton Function that runs eq. 15 on g under the current backend, or None (the torch loop).
+    Under torch.export the torch loop: the Triton Function launches its kernels on the tensors'
+    memory, which export's fake tensors do not have."""
+    if torch.compiler.is_exporting():
+        if _backend.startswith("triton"):
+            raise ValueError(f"recurrence backend {_backend!r} cannot be exported (torch.export, "
+                             "torch.onnx.export): its Triton kernels launch outside torch's tracing; "
+                             "export under recurrence_backend('auto') or 'torch' (the torch loop)")
+        return None
     if _backend.startswith("triton"):
         if not triton_available():
             raise RuntimeError(f"recurrence backend {_backend!r} needs the triton package "
