@@ -119,3 +119,30 @@ def test_under_onnx_export_auto_takes_the_pytorch_path_and_triton_is_refused(mon
     assert not backends.use_triton("auto", cuda, float64=False)
     with pytest.raises(ValueError, match="backend='triton' cannot be exported to ONNX"):
         backends.use_triton("triton", cuda, float64=False)
+
+
+class ExportFlag(torch.nn.Module):
+    def forward(self, x):
+        from plugins.attention.backends import onnx_exporting
+        return x + float(onnx_exporting())
+
+
+@pytest.mark.parametrize("strict", [False, True])
+def test_onnx_export_is_seen_in_both_of_the_exporters_captures(monkeypatch, strict):
+    """torch.onnx.export captures with torch.export(strict=False), then, if that fails, strict
+    (dynamo), which folds torch.onnx.is_in_onnx_export() to False: backends.onnx_exporting sees
+    the export in both, and nothing outside one."""
+    from torch.onnx._internal.exporter import _flags
+    x = torch.zeros(2)
+    assert torch.equal(export(ExportFlag(), (x,), strict=strict).module()(x), x)
+    monkeypatch.setattr(_flags, "_is_onnx_exporting", True)
+    assert torch.equal(export(ExportFlag(), (x,), strict=strict).module()(x), x + 1)
+
+
+def test_onnx_export_of_the_triton_backend_is_refused_by_name(tmp_path):
+    """Through torch.onnx.export itself (both captures refuse, under Triton's interpreter here)."""
+    pytest.importorskip("plugins.attention.triton")
+    pytest.importorskip("onnxscript")
+    q, k, v = torch.randn(3, 1, 2, 20, 8).unbind(0)
+    with pytest.raises(Exception, match="backend='triton' cannot be exported to ONNX"):
+        torch.onnx.export(TritonAttention(), (q, k, v), dynamo=True, verbose=False)
