@@ -93,8 +93,8 @@ def test_torch_export_keeps_the_triton_kernels_as_custom_ops(make_generator):
     q, k, v = (t.detach().float() for t in random_qkv(gen, N=20))
     length = Dim("length", min=1, max=256)
     program = export(module, (q, k, v), dynamic_shapes=tuple({2: length} for _ in range(3)))
-    assert "momentum_plugins.chunk_momentum_attention" in str(program.graph_module.code) + "".join(
-        str(m.code) for m in program.graph_module.modules() if hasattr(m, "code"))
+    code = "".join(str(m.code) for m in program.graph_module.modules() if hasattr(m, "code"))
+    assert "momentum_plugins.chunk_momentum_attention" in code
     q, k, v = (t.detach().float() for t in random_qkv(gen, N=45))
     torch.testing.assert_close(program.module()(q, k, v), module(q, k, v), rtol=0, atol=0)
 
@@ -139,7 +139,7 @@ def test_onnx_export_is_seen_in_both_of_the_exporters_captures(monkeypatch, stri
     assert torch.equal(export(ExportFlag(), (x,), strict=strict).module()(x), x + 1)
 
 
-def test_onnx_export_of_the_triton_backend_is_refused_by_name(tmp_path):
+def test_onnx_export_of_the_triton_backend_is_refused_by_name():
     """Through torch.onnx.export itself (both captures refuse, under Triton's interpreter here)."""
     pytest.importorskip("plugins.attention.triton")
     pytest.importorskip("onnxscript")
