@@ -5,10 +5,12 @@ boundaries and over several chunks, for plain linear attention and momentum, wit
 the program and onnxruntime as eager (nonfinite.py's `split_finite`)."""
 import pytest
 import torch
+from helpers.onnx_runtime import onnxruntime_function
 from test_attention_exactness import random_qkv
 from torch.export import Dim, export
 
 from plugins.attention import momentum_attention, naive_causal_momentum_attention
+from plugins.attention.backends import onnx_exporting
 
 CHUNK = 16
 
@@ -66,19 +68,16 @@ def test_exported_attention_keeps_non_finite_inputs_where_eager_does(make_genera
     inputs = (q, k, v, left_padded_mask(20, [0, 3]))
     dynamic = (shapes, shapes, shapes, {1: length})
     program = export(module, inputs, dynamic_shapes=dynamic).module()
-    onnxruntime = pytest.importorskip("onnxruntime")
+    pytest.importorskip("onnxruntime")
     pytest.importorskip("onnxscript")
-    torch.onnx.export(module, inputs, dynamic_shapes=dynamic, dynamo=True,
-                      verbose=False).save(str(tmp_path / "attention.onnx"))
-    session = onnxruntime.InferenceSession(str(tmp_path / "attention.onnx"))
-    names = [i.name for i in session.get_inputs()]
+    run = onnxruntime_function(torch.onnx.export(module, inputs, dynamic_shapes=dynamic, dynamo=True,
+                                                 verbose=False), tmp_path)
     for N in (7, 40):
         q, k, v = (with_non_finite(t.detach().float(), gen) for t in random_qkv(gen, N=N))
         given = (q, k, v, left_padded_mask(N, [0, N // 3]))
         want = module(*given)
         assert want.isnan().any() and not want.isnan().all(), "the inputs must reach some outputs, not all"
-        ort = torch.from_numpy(session.run(None, {n: t.numpy() for n, t in zip(names, given)})[0])
-        for name, got in (("program", program(*given)), ("onnxruntime", ort)):
+        for name, got in (("program", program(*given)), ("onnxruntime", run(*given))):
             torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5, equal_nan=True,
                                        msg=lambda m: f"{name}, N = {N}: {m}")
 
@@ -123,7 +122,6 @@ def test_under_onnx_export_auto_takes_the_pytorch_path_and_triton_is_refused(mon
 
 class ExportFlag(torch.nn.Module):
     def forward(self, x):
-        from plugins.attention.backends import onnx_exporting
         return x + float(onnx_exporting())
 
 

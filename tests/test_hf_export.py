@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 from helpers.hf_tiny_models import FAMILIES, causal_lm, left_padded
+from helpers.onnx_runtime import onnxruntime_function
 from torch.export import Dim, export
 
 
@@ -35,16 +36,6 @@ def lstm_of(cell, **kwargs):
 
 def batch(seed, lengths, total):
     return left_padded(torch.Generator().manual_seed(seed), lengths, total)
-
-
-def onnxruntime_logits(program, tmp_path):
-    """A function (ids, mask) -> logits of the ONNX `program`, run by onnxruntime."""
-    import onnxruntime
-    program.save(str(tmp_path / "model.onnx"))
-    session = onnxruntime.InferenceSession(str(tmp_path / "model.onnx"))
-    names = [i.name for i in session.get_inputs()]
-    return lambda ids, mask: torch.from_numpy(session.run(None, {names[0]: ids.numpy(),
-                                                                 names[1]: mask.numpy()})[0])
 
 
 def check_against_eager(program, model, ids, mask):
@@ -79,7 +70,7 @@ def test_onnx_with_a_mask_runs_in_onnxruntime_as_eager(family, tmp_path):
     rows = Dim("batch", min=1, max=64)
     program = torch.onnx.export(Logits(model), (ids, mask), dynamic_shapes=({0: rows}, {0: rows}),
                                 dynamo=True, verbose=False)
-    run = onnxruntime_logits(program, tmp_path)
+    run = onnxruntime_function(program, tmp_path)
     for ids, mask in ((ids, mask), batch(1, [2, 8, 7], 8)):
         torch.testing.assert_close(run(ids, mask), Logits(model)(ids, mask).detach(), rtol=1e-4, atol=1e-5)
 
@@ -182,7 +173,7 @@ def test_onnx_with_a_dynamic_length_runs_in_onnxruntime_as_eager(model_name, tmp
     rows, length = Dim("batch", min=1, max=64), Dim("length", min=1, max=512)
     program = torch.onnx.export(Logits(model), (ids, mask), dynamo=True, verbose=False,
                                 dynamic_shapes=({0: rows, 1: length}, {0: rows, 1: length}))
-    run = onnxruntime_logits(program, tmp_path)
+    run = onnxruntime_function(program, tmp_path)
     for seed, lengths, total in LENGTHS:
         ids, mask = batch(seed, lengths, total)
         torch.testing.assert_close(run(ids, mask), Logits(model)(ids, mask).detach(), rtol=1e-4, atol=1e-5)

@@ -7,6 +7,7 @@ of eq. 15 reaches onnxruntime (plugins/exported_eps.py)."""
 import helpers.rnn_layers as shared
 import pytest
 import torch
+from helpers.onnx_runtime import onnxruntime_function
 from torch.export import Dim, export
 
 from plugins.exported_eps import plus_eps
@@ -90,12 +91,10 @@ class AdaptiveDenominator(torch.nn.Module):
 
 
 def onnxruntime_of(module, inputs, tmp_path):
-    onnxruntime = pytest.importorskip("onnxruntime")
+    pytest.importorskip("onnxruntime")
     pytest.importorskip("onnxscript")
-    torch.onnx.export(module, inputs, dynamo=True, verbose=False).save(str(tmp_path / "model.onnx"))
-    session = onnxruntime.InferenceSession(str(tmp_path / "model.onnx"))
-    names = [i.name for i in session.get_inputs()]
-    return torch.from_numpy(session.run(None, {n: t.numpy() for n, t in zip(names, inputs)})[0])
+    program = torch.onnx.export(module, inputs, dynamo=True, verbose=False)
+    return onnxruntime_function(program, tmp_path)(*inputs)
 
 
 @pytest.mark.parametrize("eps", [1e-8, 1e-12])
@@ -129,20 +128,18 @@ def test_a_bidirectional_layer_with_a_dynamic_length_runs_in_onnxruntime_as_eage
                                                                                    tmp_path):
     """The backward direction's flips and scan through ONNX: onnxruntime equals eager at lengths
     other than the traced one."""
-    onnxruntime = pytest.importorskip("onnxruntime")
+    pytest.importorskip("onnxruntime")
     pytest.importorskip("onnxscript")
     gen = make_generator()
     layer = shared.make(MomentumLSTM, cell, 2, gen, bidirectional=True).float().eval()
     x = lambda T: torch.randn(T, 3, shared.D, generator=gen)
     length = Dim("length", min=1, max=128)
-    torch.onnx.export(Outputs(layer), (x(6),), dynamic_shapes=({0: length},), dynamo=True,
-                      verbose=False).save(str(tmp_path / "model.onnx"))
-    session = onnxruntime.InferenceSession(str(tmp_path / "model.onnx"))
-    name = session.get_inputs()[0].name
+    run = onnxruntime_function(torch.onnx.export(Outputs(layer), (x(6),), dynamic_shapes=({0: length},),
+                                                 dynamo=True, verbose=False), tmp_path)
     for T in (1, 13, 40):
         given = x(T)
-        got = torch.from_numpy(session.run(None, {name: given.numpy()})[0])
-        torch.testing.assert_close(got, layer(given)[0], rtol=1e-5, atol=1e-5, msg=lambda m: f"T = {T}: {m}")
+        torch.testing.assert_close(run(given), layer(given)[0], rtol=1e-5, atol=1e-5,
+                                   msg=lambda m: f"T = {T}: {m}")
 
 
 def test_the_triton_recurrence_is_refused_under_export_and_auto_takes_the_torch_loop(monkeypatch):
