@@ -176,7 +176,8 @@ class RecurrentCausalLMMixin:
                              "input_ids=torch.full((batch, 1), config.bos_token_id)")
         return super().generate(inputs, *args, **kwargs)
 
-    def prepare_inputs_for_generation(self, input_ids, next_sequence_length=None, *args, **kwargs):
+    def prepare_inputs_for_generation(self, input_ids, next_sequence_length=None, *args, inputs_embeds=None,
+                                      **kwargs):
         """transformers' inputs for generate()'s next forward, with two changes.
 
         - A prompt that continues a filled cache (one passed to generate(), or an assistant's
@@ -186,13 +187,17 @@ class RecurrentCausalLMMixin:
           this cache counts its tokens.
         - With the static cache, the 2D padding mask keeps only the new tokens' columns,
           contiguous: one shape and stride at every decode step, so the compiled step is not
-          traced again (the cache counts each row's real tokens itself)."""
+          traced again (the cache counts each row's real tokens itself).
+
+        `inputs_embeds` is named in the signature because generate() reads it there to accept a
+        prompt given as embeddings."""
         cache = kwargs.get(CACHE_NAME)
         if next_sequence_length is None and cache is not None:
-            embeds = kwargs.get("inputs_embeds") if kwargs.get("is_first_iteration") else None
+            embeds = inputs_embeds if kwargs.get("is_first_iteration") else None
             next_sequence_length = _unabsorbed_tokens(cache.get_seq_length(), input_ids,
                                                       kwargs.get("attention_mask"), embeds)
-        inputs = super().prepare_inputs_for_generation(input_ids, next_sequence_length, *args, **kwargs)
+        inputs = super().prepare_inputs_for_generation(input_ids, next_sequence_length, *args,
+                                                       inputs_embeds=inputs_embeds, **kwargs)
         mask = inputs.get("attention_mask")
         if self.static_cache_class is not None and isinstance(cache, self.static_cache_class) and \
                 isinstance(mask, torch.Tensor) and mask.dim() == 2:

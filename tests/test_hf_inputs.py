@@ -156,6 +156,65 @@ def test_empty_prompt_forward_then_continue(family, make_generator):
         model.generate(empty, max_new_tokens=2, pad_token_id=PAD)
 
 
+# A prompt given as embeddings (GenerationTesterMixin.test_generate_from_inputs_embeds and
+# test_generate_continue_from_inputs_embeds).
+
+GENERATION_MODES = {"greedy": dict(do_sample=False), "sample": dict(do_sample=True, top_k=5),
+                    "beam": dict(do_sample=False, num_beams=2)}
+WITH_HYBRID = {"transformer": ("transformer", {}), "lstm": ("lstm", {}),
+               "hybrid": ("transformer", dict(num_hidden_layers=3, sliding_window=3, layer_types=[
+                   "linear_attention", "full_attention", "sliding_attention"]))}
+
+
+def new_tokens(model, seed=0, **kwargs):
+    """The tokens generate() adds (it returns only those for a prompt of embeddings alone)."""
+    torch.manual_seed(seed)
+    out = model.generate(max_new_tokens=4, min_new_tokens=4, pad_token_id=PAD, **kwargs)
+    given = kwargs.get("input_ids")
+    return out if given is None else out[:, given.shape[1]:]
+
+
+@pytest.mark.parametrize("mode", GENERATION_MODES)
+@pytest.mark.parametrize("family", WITH_HYBRID)
+def test_generate_from_inputs_embeds_equals_generate_from_the_ids(family, mode, make_generator):
+    """A left-padded prompt as embeddings gives the tokens its ids give; with both, the embeddings
+    are what the model reads (those of other ids give those ids' tokens)."""
+    model = causal_lm(WITH_HYBRID[family][0], **WITH_HYBRID[family][1])
+    ids, mask = left_padded(make_generator(), [6, 3], 7)
+    other = torch.where(mask.bool(), (ids + 7) % 57 + 3, ids)
+    embed = model.get_input_embeddings()
+    with torch.no_grad():
+        from_ids = new_tokens(model, input_ids=ids, attention_mask=mask, **GENERATION_MODES[mode])
+        from_embeds = new_tokens(model, inputs_embeds=embed(ids), attention_mask=mask,
+                                 **GENERATION_MODES[mode])
+        both = new_tokens(model, input_ids=ids, inputs_embeds=embed(other), attention_mask=mask,
+                          **GENERATION_MODES[mode])
+        from_other = new_tokens(model, input_ids=other, attention_mask=mask, **GENERATION_MODES[mode])
+    assert from_embeds.shape == (2, 4)
+    assert torch.equal(from_embeds, from_ids)
+    assert torch.equal(both, from_other)
+    assert not torch.equal(from_other, from_ids)
+
+
+@pytest.mark.parametrize("family", WITH_HYBRID)
+def test_generate_continues_from_inputs_embeds_and_the_returned_cache(family, make_generator):
+    """Generating 3 tokens from embeddings, then 3 more from the embeddings of everything so far
+    with the cache the first call returned, gives the 6 tokens of one call."""
+    model = causal_lm(WITH_HYBRID[family][0], **WITH_HYBRID[family][1])
+    ids, mask = left_padded(make_generator(), [6, 3], 7)
+    embed = model.get_input_embeddings()
+    kwargs = dict(do_sample=False, pad_token_id=PAD)
+    with torch.no_grad():
+        whole = model.generate(inputs_embeds=embed(ids), attention_mask=mask, max_new_tokens=6, **kwargs)
+        first = model.generate(inputs_embeds=embed(ids), attention_mask=mask, max_new_tokens=3,
+                               return_dict_in_generate=True, **kwargs)
+        so_far = torch.cat([ids, first.sequences], 1)
+        more_mask = torch.cat([mask, torch.ones_like(first.sequences)], 1)
+        rest = model.generate(inputs_embeds=embed(so_far), attention_mask=more_mask,
+                              past_key_values=first.past_key_values, max_new_tokens=3, **kwargs)
+    assert torch.equal(torch.cat([first.sequences, rest], 1), whole)
+
+
 # One mixin; logits_to_keep as an int or a tensor of positions.
 
 @pytest.mark.parametrize("family", FAMILIES)
