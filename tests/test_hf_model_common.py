@@ -12,6 +12,8 @@ with the same assertions:
   gradients, hence the same set of non-zero gradients, as without checkpointing),
 - `test_enable_input_require_grads_with_gradient_checkpointing` (frozen embeddings, as with PEFT),
 - `test_sequence_classification_model{,_for_single_label,_for_multi_label}` and regression;
+- `test_resize_tokens_embeddings`, `test_resize_embeddings_untied` (plus: the kept tokens' outputs
+  unchanged, and through save / reload);
 plus what linear attention and the LSTM do with `output_attentions` (one warning, no matrices)
 and gradient checkpointing through `transformers.Trainer`."""
 import copy
@@ -272,6 +274,58 @@ def test_enable_input_require_grads_with_gradient_checkpointing(model_class, tes
     assert all(g is not None for g in grads[1].values()), [n for n, g in grads[1].items() if g is None]
     for name in grads[0]:
         torch.testing.assert_close(grads[1][name], grads[0][name], atol=1e-6, rtol=1e-5, msg=name)
+
+
+def logits_of(model, inputs_dict):
+    with torch.no_grad():
+        return model(**inputs_dict)[0]
+
+
+@pytest.mark.parametrize("tied", [True, False], ids=["tied", "untied"])
+@pytest.mark.parametrize("tester, model_classes", CASES, ids=IDS)
+def test_resize_tokens_embeddings(tester, model_classes, tied, tmp_path):
+    """ModelTesterMixin.test_resize_tokens_embeddings and test_resize_embeddings_untied: the
+    vocabulary grows (new rows at the old rows' mean) and shrinks in the config and in every
+    embedding, the kept rows stay, a tied head stays tied and an untied one is resized too. Beyond
+    transformers' test: the outputs on the kept tokens do not move, and the resized model saves and
+    reloads them."""
+    config, inputs_dict = tester.prepare_config_and_inputs_for_common()
+    config.tie_word_embeddings = tied
+    config.pad_token_id = 0          # kept when the vocabulary shrinks below the tester's pad id
+    vocab = tester.vocab_size
+    for model_class in model_classes:
+        model = model_class(copy.deepcopy(config)).eval()
+        kind = type(model.get_input_embeddings())
+        kept = model.get_input_embeddings().weight.detach().clone()
+        before = logits_of(model, inputs_dict)
+        head = model.get_output_embeddings()
+        grown = model.resize_token_embeddings(vocab + 10)
+        assert model.config.vocab_size == vocab + 10 and type(grown) is kind, model_class.__name__
+        assert grown.weight.shape[0] == vocab + 10
+        torch.testing.assert_close(grown.weight[vocab:].mean(0), grown.weight[:vocab].mean(0),
+                                   rtol=1e-3, atol=1e-3)
+        after = logits_of(model, inputs_dict)
+        if head is None:
+            torch.testing.assert_close(after, before, rtol=0, atol=0)
+        else:
+            assert model.get_output_embeddings().weight.shape[0] == vocab + 10
+            assert (model.get_output_embeddings().weight is grown.weight) == tied, model_class.__name__
+            torch.testing.assert_close(after[..., :vocab], before, rtol=0, atol=0)
+            assert after.shape[-1] == vocab + 10
+        model.save_pretrained(tmp_path / model_class.__name__)
+        reloaded = model_class.from_pretrained(tmp_path / model_class.__name__).eval()
+        assert reloaded.config.vocab_size == vocab + 10
+        torch.testing.assert_close(logits_of(reloaded, inputs_dict), after, rtol=0, atol=0)
+
+        shrunk = model.resize_token_embeddings(vocab - 15)
+        assert model.config.vocab_size == vocab - 15 and shrunk.weight.shape[0] == vocab - 15
+        torch.testing.assert_close(shrunk.weight, kept[:vocab - 15], rtol=0, atol=0)
+        if head is not None:
+            assert model.get_output_embeddings().weight.shape[0] == vocab - 15
+        fewer = dict(inputs_dict, input_ids=inputs_dict["input_ids"].clamp(max=vocab - 16))
+        assert logits_of(model, fewer).shape[-1] == (vocab - 15 if head is not None else before.shape[-1])
+        padded = model.resize_token_embeddings(vocab + 13, pad_to_multiple_of=64)
+        assert padded.weight.shape[0] == 128 and model.config.vocab_size == 128
 
 
 @pytest.mark.parametrize("problem_type", [None, "single_label_classification", "multi_label_classification",
