@@ -168,7 +168,12 @@ class RecurrentCausalLMMixin:
 
     def generate(self, inputs=None, *args, **kwargs):
         """transformers' generate(), after refusing an empty prompt (it would fail reading the
-        last prompt token, which an empty prompt does not have)."""
+        last prompt token, which an empty prompt does not have) and continuous batching, which
+        transformers starts before any hook of the model's."""
+        if kwargs.get("cache_implementation") == "paged":
+            raise ValueError("cache_implementation='paged' is one of transformers' key-value caches "
+                             "(continuous batching, which pages key-value blocks); momentum layers keep a "
+                             "state of fixed size instead: generate() a padded batch without it")
         ids = inputs if inputs is not None else kwargs.get("input_ids")
         if isinstance(ids, torch.Tensor) and ids.dim() == 2 and ids.shape[1] == 0:
             raise ValueError("generate() needs a prompt of at least one token (input_ids has length 0); "
@@ -211,7 +216,15 @@ class RecurrentCausalLMMixin:
         (its `static_cache_class` for cache_implementation="static", which generate() compiles).
         A cache built for an assistant records its past, as generate() does for its own caches."""
         cache = model_kwargs.get(CACHE_NAME)
-        static = generation_config.cache_implementation == "static"
+        implementation = generation_config.cache_implementation
+        if implementation not in (None, "dynamic", "static"):
+            static_hint = "" if self.static_cache_class is None else \
+                ", or 'static' for a compiled decode step"
+            raise ValueError(f"cache_implementation={implementation!r} is one of transformers' key-value "
+                             f"caches; {type(self).__name__} keeps its own ({self.cache_class.__name__}: a "
+                             "state of fixed size per momentum layer), so leave cache_implementation unset "
+                             f"(or 'dynamic'){static_hint}")
+        static = implementation == "static"
         if generation_mode == GenerationMode.ASSISTED_GENERATION and \
                 (static or getattr(cache, "is_compileable", False)):
             option = ("prompt_lookup_num_tokens" if generation_config.prompt_lookup_num_tokens is not None

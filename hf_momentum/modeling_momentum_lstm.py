@@ -195,7 +195,8 @@ class MomentumLSTMModel(MomentumLSTMPreTrainedModel):
             outputs = self.stack_run(x, mask, run=partial(self._outputs, all_layers=output_hidden_states))
         else:
             outputs, state = self._run(x, mask, cache.get_lstm_state(), output_hidden_states)
-            cache.set_lstm_state(state)
+            if state is not None:                           # None: no real token yet, none here
+                cache.set_lstm_state(state)
         if cache is not None:
             cache.advance(length)
         out = self.dropout(outputs[-1])
@@ -244,12 +245,35 @@ class MomentumLSTMModel(MomentumLSTMPreTrainedModel):
     def _packed(self, x, mask, lengths, state, all_layers):
         """Padded rows (lengths: real tokens per row, on the host) as a PackedSequence."""
         if 0 in lengths.tolist():
-            raise ValueError("every row needs at least one real token in attention_mask")
+            return self._rows_as_segments(x, mask, lengths, state, all_layers)
         order, back = front_order(mask)
         front = x.gather(1, order[..., None].expand_as(x))
         packed = pack_padded_sequence(front, lengths, batch_first=True, enforce_sorted=False)
         outputs, state = self._stack(packed, state, all_layers)
         return tuple(unpack(out, back, mask) for out in outputs), state
+
+    def _rows_as_segments(self, x, mask, lengths, state, all_layers):
+        """Padded rows of which some hold no real token, as a chunk of a left-padded prompt does
+        (generate's prefill_chunk_size; a PackedSequence takes no length 0): the real tokens as
+        one packed row, one segment per batch row, where an empty segment keeps its state (the
+        stack's cu_seqlens form). Zero outputs at padding; no real token at all runs nothing."""
+        batch, length = mask.shape
+        if not any(lengths.tolist()):
+            layers = self.config.num_hidden_layers if all_layers else 1
+            return (x.new_zeros(batch, length, self.config.hidden_size),) * layers, state
+        offsets = nn.functional.pad(lengths.cumsum(0), (1, 0))
+        index = torch.cat([torch.arange(n) + row * length for row, n in enumerate(lengths.tolist())])
+        index = index.to(x.device)
+        order, back = front_order(mask)
+        front = x.gather(1, order[..., None].expand_as(x)).reshape(batch * length, -1)
+        outputs, state = self.lstm(front.index_select(0, index)[None], state, cu_seqlens=offsets.to(x.device),
+                                   cu_seqlens_cpu=offsets, all_layers=all_layers)
+
+        def unpack_row(out):
+            full = out.new_zeros(batch * length, out.shape[-1]).index_copy(0, index, out[0])
+            full = full.view(batch, length, -1)
+            return full.gather(1, back[..., None].expand_as(full)) * mask[..., None].to(full.dtype)
+        return tuple(unpack_row(out) for out in outputs), state
 
 
 def unpack(packed, back, mask):

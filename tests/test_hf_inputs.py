@@ -162,6 +162,7 @@ def test_empty_prompt_forward_then_continue(family, make_generator):
 GENERATION_MODES = {"greedy": dict(do_sample=False), "sample": dict(do_sample=True, top_k=5),
                     "beam": dict(do_sample=False, num_beams=2)}
 WITH_HYBRID = {"transformer": ("transformer", {}), "lstm": ("lstm", {}),
+               "lstm-nag": ("lstm", dict(cell="nag")), "lstm-adam": ("lstm", dict(cell="adam")),
                "hybrid": ("transformer", dict(num_hidden_layers=3, sliding_window=3, layer_types=[
                    "linear_attention", "full_attention", "sliding_attention"]))}
 
@@ -213,6 +214,64 @@ def test_generate_continues_from_inputs_embeds_and_the_returned_cache(family, ma
         rest = model.generate(inputs_embeds=embed(so_far), attention_mask=more_mask,
                               past_key_values=first.past_key_values, max_new_tokens=3, **kwargs)
     assert torch.equal(torch.cat([first.sequences, rest], 1), whole)
+
+
+# A left-padded prompt in chunks (generate's prefill_chunk_size): a chunk may hold no real token
+# of a row, or of any row.
+
+@pytest.mark.parametrize("lengths", [[6, 3, 1], [3, 2]], ids=["some-rows-empty", "all-rows-empty"])
+@pytest.mark.parametrize("chunk", [1, 3])
+@pytest.mark.parametrize("family", WITH_HYBRID)
+def test_prompt_in_chunks_equals_the_prompt_at_once(family, chunk, lengths, make_generator):
+    """Each chunk continues the cache: the logits of every real token, and of one step after the
+    prompt, equal the prompt's at once and each row's alone."""
+    model = causal_lm(WITH_HYBRID[family][0], **WITH_HYBRID[family][1])
+    ids, mask = left_padded(make_generator(), lengths, 7)
+    nxt = torch.randint(3, 60, (len(lengths), 1), generator=make_generator())
+    whole_mask = torch.cat([mask, torch.ones_like(nxt)], 1)
+    real = mask.bool()
+    with torch.no_grad():
+        at_once = model(input_ids=ids, attention_mask=mask)
+        step = model(input_ids=nxt, attention_mask=whole_mask, past_key_values=at_once.past_key_values)
+        cache, logits = None, []
+        for start in range(0, 7, chunk):
+            out = model(input_ids=ids[:, start:start + chunk], attention_mask=mask[:, :start + chunk],
+                        past_key_values=cache, use_cache=True)
+            cache, logits = out.past_key_values, logits + [out.logits]
+        chunked_step = model(input_ids=nxt, attention_mask=whole_mask, past_key_values=cache).logits
+        alone = [model(input_ids=torch.cat([row[row_mask.bool()], n])[None]).logits[0]
+                 for row, row_mask, n in zip(ids, mask, nxt)]
+    chunked = torch.cat(logits, 1)
+    torch.testing.assert_close(chunked[real], at_once.logits[real], atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(chunked_step, step.logits, atol=1e-5, rtol=1e-4)
+    for row, n in enumerate(lengths):
+        torch.testing.assert_close(chunked[row][real[row]], alone[row][:n], atol=1e-5, rtol=1e-4)
+        torch.testing.assert_close(chunked_step[row, 0], alone[row][n], atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("family", WITH_HYBRID)
+def test_generate_with_prefill_chunk_size_equals_generate(family, make_generator):
+    model = causal_lm(WITH_HYBRID[family][0], **WITH_HYBRID[family][1])
+    ids, mask = left_padded(make_generator(), [6, 3, 1], 7)
+    with torch.no_grad():
+        plain = new_tokens(model, input_ids=ids, attention_mask=mask, do_sample=False)
+        chunked = new_tokens(model, input_ids=ids, attention_mask=mask, do_sample=False, prefill_chunk_size=3)
+    assert torch.equal(chunked, plain)
+
+
+@pytest.mark.parametrize("implementation", ["offloaded", "quantized", "offloaded_static", "sliding_window",
+                                            "paged"])
+@pytest.mark.parametrize("family", ["transformer", "lstm", "hybrid"])
+def test_key_value_cache_implementations_are_refused_naming_the_option(family, implementation):
+    """generate() builds each model's own cache: a key-value cache asked for by name would
+    otherwise be silently ignored ('paged': fail inside transformers' continuous batching)."""
+    model = causal_lm(WITH_HYBRID[family][0], **WITH_HYBRID[family][1])
+    with pytest.raises(ValueError, match=f"cache_implementation='{implementation}' is one of transformers'"):
+        model.generate(torch.arange(3, 9)[None], max_new_tokens=2, pad_token_id=PAD,
+                       cache_implementation=implementation)
+    assert torch.equal(model.generate(torch.arange(3, 9)[None], max_new_tokens=2, pad_token_id=PAD,
+                                      cache_implementation="dynamic"),
+                       model.generate(torch.arange(3, 9)[None], max_new_tokens=2, pad_token_id=PAD))
 
 
 # One mixin; logits_to_keep as an int or a tensor of positions.
