@@ -209,6 +209,10 @@ def _recording_to_dict(to_dict):
 def _forward(module, query, key, value, attention_mask, is_causal, beta, gamma, phi, kwargs):
     if is_causal is None:
         is_causal = getattr(module, "is_causal", False)
+    if query.shape[1] % key.shape[1] or value.shape[1] != key.shape[1]:
+        raise ValueError(f"{type(module).__name__}: {query.shape[1]} query heads cannot share "
+                         f"{key.shape[1]} key and {value.shape[1]} value heads; num_attention_heads must be "
+                         "a multiple of num_key_value_heads (grouped-query attention)")
     groups = query.shape[1] // key.shape[1]
     if groups > 1:
         key = key.repeat_interleave(groups, dim=1)

@@ -139,6 +139,22 @@ def test_kernel_cross_attention_against_naive(make_generator):
         q, k, v, momentum=0.0, step_size=1.0, padding_mask=mask))
 
 
+def test_heads_that_grouped_query_attention_cannot_share_are_refused():
+    """A config whose num_key_value_heads does not divide num_attention_heads (qwen2's default of
+    32 key/value heads with 4 query heads) is named, where the kernel would fail on a reshape."""
+    q = torch.randn(1, 4, 3, 8)
+    for k, v in ((torch.randn(1, 32, 3, 8),) * 2, (torch.randn(1, 3, 3, 8),) * 2,
+                 (torch.randn(1, 2, 3, 8), torch.randn(1, 4, 3, 8))):
+        with pytest.raises(ValueError, match="num_attention_heads must be a multiple of num_key_value_heads"):
+            ai.momentum_attention_forward(module(True), q, k, v, None)
+    config = AutoConfig.for_model("qwen2", hidden_size=32, num_hidden_layers=1, num_attention_heads=4,
+                                  vocab_size=60, intermediate_size=64)
+    hf_momentum.set_momentum_attention(config)
+    model = AutoModelForCausalLM.from_config(config, attn_implementation="momentum")
+    with pytest.raises(ValueError, match=r"Qwen2Attention: 4 query heads cannot share 32 key"):
+        model(torch.arange(3, 9)[None])
+
+
 def test_four_d_masks_are_refused():
     q = torch.randn(1, 1, 2, 4)
     with pytest.raises(ValueError, match="2D"):
