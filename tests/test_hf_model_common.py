@@ -14,8 +14,9 @@ with the same assertions:
 - `test_sequence_classification_model{,_for_single_label,_for_multi_label}` and regression;
 - `test_resize_tokens_embeddings`, `test_resize_embeddings_untied` (plus: the kept tokens' outputs
   unchanged, and through save / reload);
-plus what linear attention and the LSTM do with `output_attentions` (one warning, no matrices)
-and gradient checkpointing through `transformers.Trainer`."""
+plus what linear attention and the LSTM do with `output_attentions` (one warning, no matrices),
+gradient checkpointing through `transformers.Trainer`, and the text-classification and
+feature-extraction pipelines on padded batches."""
 import copy
 import math
 import os
@@ -409,3 +410,42 @@ def test_trainer_with_gradient_checkpointing(model_class, tester, tmp_path):
             torch.testing.assert_close(got[name], expected[name], atol=1e-6, rtol=1e-5,
                                        msg=f"step {step} {name}")
     assert losses == pytest.approx(plain_losses, rel=1e-5)
+
+
+def word_tokenizer(tester):
+    """A word-level tokenizer over the tester's vocabulary ("w0" ... ; pad is its last id)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+    vocab = {f"w{i}": i for i in range(tester.vocab_size - 2)}
+    vocab.update({"[UNK]": tester.vocab_size - 2, "[PAD]": tester.vocab_size - 1})
+    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    return PreTrainedTokenizerFast(tokenizer_object=tokenizer, pad_token="[PAD]", unk_token="[UNK]")
+
+
+@pytest.mark.parametrize("side", ["right", "left"])
+@pytest.mark.parametrize("tester, model_classes", CASES, ids=IDS)
+def test_pipelines_give_each_text_of_a_padded_batch_its_result_alone(tester, model_classes, side):
+    """transformers' text-classification and feature-extraction pipelines (PipelineTesterMixin's
+    tasks for these heads) on a word-level tokenizer: texts of different lengths batched, padded
+    on either side, each get the scores and features they get alone."""
+    from transformers import pipeline
+    config, _ = tester.prepare_config_and_inputs_for_common()
+    tokenizer = word_tokenizer(tester)
+    tokenizer.padding_side = side
+    texts = ["w3 w5 w7", "w1 w2 w3 w4 w9 w10 w11 w12"]
+    torch.manual_seed(0)
+    classify = pipeline("text-classification", model=model_classes[-1](config).eval(), tokenizer=tokenizer,
+                        top_k=None)
+    features = pipeline("feature-extraction", model=model_classes[0](config).eval(), tokenizer=tokenizer,
+                        return_tensors=True)
+    by_label = lambda result: {entry["label"]: entry["score"] for entry in result}
+    batched, alone = classify(texts, batch_size=2), [classify([text])[0] for text in texts]
+    for together, single in zip(batched, alone):
+        assert by_label(together).keys() == by_label(single).keys()
+        for label, score in by_label(single).items():
+            assert math.isclose(by_label(together)[label], score, rel_tol=1e-5, abs_tol=1e-6)
+    for text, together in zip(texts, features(texts, batch_size=2)):
+        single = features(text)
+        real = together[0][:single.shape[1]] if side == "right" else together[0][-single.shape[1]:]
+        torch.testing.assert_close(real, single[0], atol=1e-5, rtol=1e-4)
