@@ -168,18 +168,21 @@ class RecurrentCausalLMMixin:
 
     def generate(self, inputs=None, *args, **kwargs):
         """transformers' generate(), after refusing an empty prompt (it would fail reading the
-        last prompt token, which an empty prompt does not have) and continuous batching, which
-        transformers starts before any hook of the model's."""
-        if kwargs.get("cache_implementation") == "paged":
-            raise ValueError("cache_implementation='paged' is one of transformers' key-value caches "
-                             "(continuous batching, which pages key-value blocks); momentum layers keep a "
-                             "state of fixed size instead: generate() a padded batch without it")
+        last prompt token, which an empty prompt does not have)."""
         ids = inputs if inputs is not None else kwargs.get("input_ids")
         if isinstance(ids, torch.Tensor) and ids.dim() == 2 and ids.shape[1] == 0:
             raise ValueError("generate() needs a prompt of at least one token (input_ids has length 0); "
                              "start from the bos token, e.g. "
                              "input_ids=torch.full((batch, 1), config.bos_token_id)")
         return super().generate(inputs, *args, **kwargs)
+
+    def init_continuous_batching(self, *args, **kwargs):
+        """Refused: transformers' continuous batching (`generate_batch`, and generate() with
+        cache_implementation="paged", both start here) pages key-value blocks, which momentum layers
+        do not have."""
+        raise ValueError("cache_implementation='paged' is one of transformers' key-value caches (continuous "
+                         "batching: generate_batch, init_continuous_batching), which pages key-value blocks; "
+                         "momentum layers keep a state of fixed size instead: generate() a padded batch")
 
     def prepare_inputs_for_generation(self, input_ids, next_sequence_length=None, *args, inputs_embeds=None,
                                       **kwargs):

@@ -9,6 +9,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import pytest
 import torch
 from helpers.hf_tiny_models import FAMILIES, PAD, causal_lm, config, left_padded
+from transformers import GenerationConfig
 
 import hf_momentum
 from hf_momentum import (
@@ -272,6 +273,11 @@ def test_key_value_cache_implementations_are_refused_naming_the_option(family, i
     assert torch.equal(model.generate(torch.arange(3, 9)[None], max_new_tokens=2, pad_token_id=PAD,
                                       cache_implementation="dynamic"),
                        model.generate(torch.arange(3, 9)[None], max_new_tokens=2, pad_token_id=PAD))
+    if implementation == "paged":          # continuous batching's own entry points
+        with pytest.raises(ValueError, match="continuous batching"):
+            model.generate_batch([[3, 4, 5]], generation_config=GenerationConfig(max_new_tokens=2))
+        with pytest.raises(ValueError, match="continuous batching"):
+            model.init_continuous_batching()
 
 
 # One mixin; logits_to_keep as an int or a tensor of positions.
