@@ -208,10 +208,14 @@ class MomentumLSTMModel(MomentumLSTMPreTrainedModel):
     def _documents(self, x, mask, packed: Segments, all_layers=False):
         """Outputs of packed documents: the real tokens as one row split by cu_seqlens, each
         document from a zero state; zeros at padding."""
-        row = packed.pack_tokens(x)
-        outputs, _ = self.lstm(row, None, cu_seqlens=packed.cu_seqlens, cu_seqlens_cpu=packed.cu_seqlens_cpu,
-                               all_layers=all_layers)
-        return tuple(packed.unpack_tokens(out) for out in outputs)
+        return self._segments(x, packed, None, all_layers)[0]
+
+    def _segments(self, x, packed: Segments, state, all_layers):
+        """(outputs, state) of the stack over the packed row of `packed`'s segments, each from its
+        row of `state` (None: zero); zeros at the tokens left out."""
+        outputs, state = self.lstm(packed.pack_tokens(x), state, cu_seqlens=packed.cu_seqlens,
+                                   cu_seqlens_cpu=packed.cu_seqlens_cpu, all_layers=all_layers)
+        return tuple(packed.unpack_tokens(out) for out in outputs), state
 
     def _outputs(self, x, mask, all_layers=False):
         """Outputs without a state in or out. Padded rows run whole, their real tokens moved to
@@ -262,18 +266,12 @@ class MomentumLSTMModel(MomentumLSTMPreTrainedModel):
             layers = self.config.num_hidden_layers if all_layers else 1
             return (x.new_zeros(batch, length, self.config.hidden_size),) * layers, state
         offsets = nn.functional.pad(lengths.cumsum(0), (1, 0))
-        index = torch.cat([torch.arange(n) + row * length for row, n in enumerate(lengths.tolist())])
-        index = index.to(x.device)
-        order, back = front_order(mask)
-        front = x.gather(1, order[..., None].expand_as(x)).reshape(batch * length, -1)
-        outputs, state = self.lstm(front.index_select(0, index)[None], state, cu_seqlens=offsets.to(x.device),
-                                   cu_seqlens_cpu=offsets, all_layers=all_layers)
-
-        def unpack_row(out):
-            full = out.new_zeros(batch * length, out.shape[-1]).index_copy(0, index, out[0])
-            full = full.view(batch, length, -1)
-            return full.gather(1, back[..., None].expand_as(full)) * mask[..., None].to(full.dtype)
-        return tuple(unpack_row(out) for out in outputs), state
+        # each row's real tokens are the first `lengths` of its front order: their flat positions
+        first = torch.cat([torch.arange(n) + row * length for row, n in enumerate(lengths.tolist())])
+        order = front_order(mask)[0] + torch.arange(batch, device=x.device)[:, None] * length
+        rows = Segments(batch=batch, length=length, cu_seqlens=offsets.to(x.device), cu_seqlens_cpu=offsets,
+                        index=order.reshape(-1).index_select(0, first.to(x.device)))
+        return self._segments(x, rows, state, all_layers)
 
 
 def unpack(packed, back, mask):

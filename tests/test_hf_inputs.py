@@ -162,7 +162,7 @@ def test_empty_prompt_forward_then_continue(family, make_generator):
 
 GENERATION_MODES = {"greedy": dict(do_sample=False), "sample": dict(do_sample=True, top_k=5),
                     "beam": dict(do_sample=False, num_beams=2)}
-WITH_HYBRID = {"transformer": ("transformer", {}), "lstm": ("lstm", {}),
+MODELS = {"transformer": ("transformer", {}), "lstm": ("lstm", {}),
                "lstm-nag": ("lstm", dict(cell="nag")), "lstm-adam": ("lstm", dict(cell="adam")),
                "hybrid": ("transformer", dict(num_hidden_layers=3, sliding_window=3, layer_types=[
                    "linear_attention", "full_attention", "sliding_attention"]))}
@@ -177,11 +177,11 @@ def new_tokens(model, seed=0, **kwargs):
 
 
 @pytest.mark.parametrize("mode", GENERATION_MODES)
-@pytest.mark.parametrize("family", WITH_HYBRID)
+@pytest.mark.parametrize("family", MODELS)
 def test_generate_from_inputs_embeds_equals_generate_from_the_ids(family, mode, make_generator):
     """A left-padded prompt as embeddings gives the tokens its ids give; with both, the embeddings
     are what the model reads (those of other ids give those ids' tokens)."""
-    model = causal_lm(WITH_HYBRID[family][0], **WITH_HYBRID[family][1])
+    model = causal_lm(MODELS[family][0], **MODELS[family][1])
     ids, mask = left_padded(make_generator(), [6, 3], 7)
     other = torch.where(mask.bool(), (ids + 7) % 57 + 3, ids)
     embed = model.get_input_embeddings()
@@ -198,11 +198,11 @@ def test_generate_from_inputs_embeds_equals_generate_from_the_ids(family, mode, 
     assert not torch.equal(from_other, from_ids)
 
 
-@pytest.mark.parametrize("family", WITH_HYBRID)
+@pytest.mark.parametrize("family", MODELS)
 def test_generate_continues_from_inputs_embeds_and_the_returned_cache(family, make_generator):
     """Generating 3 tokens from embeddings, then 3 more from the embeddings of everything so far
     with the cache the first call returned, gives the 6 tokens of one call."""
-    model = causal_lm(WITH_HYBRID[family][0], **WITH_HYBRID[family][1])
+    model = causal_lm(MODELS[family][0], **MODELS[family][1])
     ids, mask = left_padded(make_generator(), [6, 3], 7)
     embed = model.get_input_embeddings()
     kwargs = dict(do_sample=False, pad_token_id=PAD)
@@ -222,11 +222,11 @@ def test_generate_continues_from_inputs_embeds_and_the_returned_cache(family, ma
 
 @pytest.mark.parametrize("lengths", [[6, 3, 1], [3, 2]], ids=["some-rows-empty", "all-rows-empty"])
 @pytest.mark.parametrize("chunk", [1, 3])
-@pytest.mark.parametrize("family", WITH_HYBRID)
+@pytest.mark.parametrize("family", MODELS)
 def test_prompt_in_chunks_equals_the_prompt_at_once(family, chunk, lengths, make_generator):
     """Each chunk continues the cache: the logits of every real token, and of one step after the
     prompt, equal the prompt's at once and each row's alone."""
-    model = causal_lm(WITH_HYBRID[family][0], **WITH_HYBRID[family][1])
+    model = causal_lm(MODELS[family][0], **MODELS[family][1])
     ids, mask = left_padded(make_generator(), lengths, 7)
     nxt = torch.randint(3, 60, (len(lengths), 1), generator=make_generator())
     whole_mask = torch.cat([mask, torch.ones_like(nxt)], 1)
@@ -250,9 +250,9 @@ def test_prompt_in_chunks_equals_the_prompt_at_once(family, chunk, lengths, make
         torch.testing.assert_close(chunked_step[row, 0], alone[row][n], atol=1e-5, rtol=1e-4)
 
 
-@pytest.mark.parametrize("family", WITH_HYBRID)
+@pytest.mark.parametrize("family", MODELS)
 def test_generate_with_prefill_chunk_size_equals_generate(family, make_generator):
-    model = causal_lm(WITH_HYBRID[family][0], **WITH_HYBRID[family][1])
+    model = causal_lm(MODELS[family][0], **MODELS[family][1])
     ids, mask = left_padded(make_generator(), [6, 3, 1], 7)
     with torch.no_grad():
         plain = new_tokens(model, input_ids=ids, attention_mask=mask, do_sample=False)
@@ -266,7 +266,7 @@ def test_generate_with_prefill_chunk_size_equals_generate(family, make_generator
 def test_key_value_cache_implementations_are_refused_naming_the_option(family, implementation):
     """generate() builds each model's own cache: a key-value cache asked for by name would
     otherwise be silently ignored ('paged': fail inside transformers' continuous batching)."""
-    model = causal_lm(WITH_HYBRID[family][0], **WITH_HYBRID[family][1])
+    model = causal_lm(MODELS[family][0], **MODELS[family][1])
     with pytest.raises(ValueError, match=f"cache_implementation='{implementation}' is one of transformers'"):
         model.generate(torch.arange(3, 9)[None], max_new_tokens=2, pad_token_id=PAD,
                        cache_implementation=implementation)
