@@ -7,15 +7,22 @@
   a model running them records the implementation and its β, γ, φ in its saved config.json, so
   `from_pretrained` restores it here and refuses (naming this package) where it is not imported;
 - model_type "momentum_transformer" (MomentumTransformerConfig, ...Model, ...ForCausalLM,
-  ...ForSequenceClassification; StaticMomentumCache for a compiled decode step) with AutoConfig /
-  AutoModel / AutoModelForCausalLM / AutoModelForSequenceClassification;
+  ...ForSequenceClassification, ...ForTokenClassification; StaticMomentumCache for a compiled
+  decode step) with AutoConfig / AutoModel / AutoModelForCausalLM /
+  AutoModelForSequenceClassification / AutoModelForTokenClassification;
 - model_type "momentum_lstm" (MomentumLSTMConfig, MomentumLSTMModel, MomentumLSTMForCausalLM,
-  MomentumLSTMForSequenceClassification) with AutoConfig / AutoModel / AutoModelForCausalLM /
-  AutoModelForSequenceClassification.
+  MomentumLSTMForSequenceClassification, MomentumLSTMForTokenClassification) with the same Auto
+  classes.
 Saved models carry their code and load with `trust_remote_code=True` without this package.
 """
 from . import requirements  # noqa: F401,I001  (first: refuses a transformers below the floor)
-from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoModelForSequenceClassification
+from transformers import (
+    AutoConfig,
+    AutoModel,
+    AutoModelForCausalLM,
+    AutoModelForSequenceClassification,
+    AutoModelForTokenClassification,
+)
 
 from .attention_interface import (
     IGNORING_MODEL_TYPES,
@@ -37,6 +44,7 @@ from .modeling_momentum_lstm import (
     MomentumLSTMCache,
     MomentumLSTMForCausalLM,
     MomentumLSTMForSequenceClassification,
+    MomentumLSTMForTokenClassification,
     MomentumLSTMModel,
     MomentumLSTMPreTrainedModel,
 )
@@ -44,6 +52,7 @@ from .modeling_momentum_transformer import (
     MomentumCache,
     MomentumTransformerForCausalLM,
     MomentumTransformerForSequenceClassification,
+    MomentumTransformerForTokenClassification,
     MomentumTransformerModel,
     MomentumTransformerPreTrainedModel,
     StaticMomentumCache,
@@ -56,11 +65,15 @@ AutoModel.register(MomentumTransformerConfig, MomentumTransformerModel, exist_ok
 AutoModelForCausalLM.register(MomentumTransformerConfig, MomentumTransformerForCausalLM, exist_ok=True)
 AutoModelForSequenceClassification.register(MomentumTransformerConfig,
                                             MomentumTransformerForSequenceClassification, exist_ok=True)
+AutoModelForTokenClassification.register(MomentumTransformerConfig, MomentumTransformerForTokenClassification,
+                                         exist_ok=True)
 AutoConfig.register(MomentumLSTMConfig.model_type, MomentumLSTMConfig, exist_ok=True)
 AutoModel.register(MomentumLSTMConfig, MomentumLSTMModel, exist_ok=True)
 AutoModelForCausalLM.register(MomentumLSTMConfig, MomentumLSTMForCausalLM, exist_ok=True)
 AutoModelForSequenceClassification.register(MomentumLSTMConfig, MomentumLSTMForSequenceClassification,
                                             exist_ok=True)
+AutoModelForTokenClassification.register(MomentumLSTMConfig, MomentumLSTMForTokenClassification,
+                                         exist_ok=True)
 
 __all__ = [
     "MOMENTUM", "LINEAR", "TESTED_MODEL_TYPES", "SMOKE_TESTED_MODEL_TYPES", "SUPPORTED_MODEL_TYPES",
@@ -68,8 +81,10 @@ __all__ = [
     "set_momentum_attention", "check_model", "momentum_attention_forward", "linear_attention_forward",
     "register",
     "MomentumTransformerConfig", "MomentumTransformerPreTrainedModel", "MomentumTransformerModel",
-    "MomentumTransformerForCausalLM", "MomentumTransformerForSequenceClassification", "MomentumCache",
+    "MomentumTransformerForCausalLM", "MomentumTransformerForSequenceClassification",
+    "MomentumTransformerForTokenClassification", "MomentumCache",
     "StaticMomentumCache", "RecurrentCache", "StaticStateMixin", "MomentumLSTMConfig",
     "MomentumLSTMPreTrainedModel", "MomentumLSTMModel",
-    "MomentumLSTMForCausalLM", "MomentumLSTMForSequenceClassification", "MomentumLSTMCache",
+    "MomentumLSTMForCausalLM", "MomentumLSTMForSequenceClassification", "MomentumLSTMForTokenClassification",
+    "MomentumLSTMCache",
 ]

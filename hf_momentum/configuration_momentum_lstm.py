@@ -11,8 +11,9 @@ class MomentumLSTMConfig(PreTrainedConfig):
     `cell`: "lstm" (plain) or a momentum cell of the table `plugins.rnn.variants` (docs/cells.md),
     read when the config is checked: μ = `momentum` ∈ [0, 1) and s = `step_size` > 0 (eq. 9),
     `beta` ∈ [0, 1) and `eps` > 0 (eq. 15), `restart` an integer ≥ 1 for the cells that take one
-    (required by "sr", Section 2.4). `dropout` between LSTM layers and
-    `embedding_dropout` on the embeddings and the output, in [0, 1). Tied embeddings need
+    (required by "sr", Section 2.4). `dropout` between LSTM layers, `embedding_dropout` on the
+    embeddings and the output, and `classifier_dropout` on the outputs a classification head
+    reads, in [0, 1). Tied embeddings need
     `embedding_size` == `hidden_size` (default: equal). Every value is checked when the config is
     built and again when a model is built from it (`validate()`), so keyword overrides of
     `from_pretrained` are checked too.
@@ -34,6 +35,7 @@ class MomentumLSTMConfig(PreTrainedConfig):
     restart: int | None = DEFAULTS.restart
     dropout: float = 0.0
     embedding_dropout: float = 0.0
+    classifier_dropout: float = 0.0
     initializer_range: float = 0.02
     use_cache: bool = True
     pad_token_id: int | None = None
@@ -65,6 +67,7 @@ class MomentumLSTMConfig(PreTrainedConfig):
                                  "a cell that uses it (docs/cells.md)")
         check_probability(self.dropout, "dropout")
         check_probability(self.embedding_dropout, "embedding_dropout")
+        check_probability(self.classifier_dropout, "classifier_dropout")
         check_positive(self.initializer_range, "initializer_range")
         check_bool(self.use_cache, "use_cache")
         check_bool(self.tie_word_embeddings, "tie_word_embeddings")

@@ -69,7 +69,8 @@ class MomentumTransformerConfig(PreTrainedConfig):
     attention over the last `sliding_window` real tokens (which it requires, and only it reads).
 
     `layer_norm` "pre" or "post"; dropouts `embedding_dropout`, `attention_dropout` (on the
-    attention block output), `hidden_dropout` (feed-forward) in [0, 1); learned absolute
+    attention block output), `hidden_dropout` (feed-forward), `classifier_dropout` (on the final
+    hidden states a classification head reads) in [0, 1); learned absolute
     positions up to `max_position_embeddings`. `use_cache` applies to causal models only: an
     encoder (`is_causal=False`) runs without a cache unless one is asked for, which raises.
 
@@ -97,6 +98,7 @@ class MomentumTransformerConfig(PreTrainedConfig):
     embedding_dropout: float = 0.0
     attention_dropout: float = BlockConfig.attention_dropout
     hidden_dropout: float = 0.1
+    classifier_dropout: float = 0.0
     layer_norm: str = BlockConfig.norm
     layer_norm_eps: float = BlockConfig.layer_norm_eps
     is_causal: bool = BlockConfig.causal
@@ -213,6 +215,7 @@ class MomentumTransformerConfig(PreTrainedConfig):
         block = block_class(**self.block_fields())
         self.check_connection_fields()
         check_probability(self.embedding_dropout, "embedding_dropout")
+        check_probability(self.classifier_dropout, "classifier_dropout")
         check_positive(self.initializer_range, "initializer_range")
         check_bool(self.is_causal, "is_causal")
         check_bool(self.use_cache, "use_cache")

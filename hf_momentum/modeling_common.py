@@ -1,6 +1,7 @@
 """What the native families share: output flags, the cache's name and the cache rules of `forward`,
-and one mixin for both `...ForCausalLM` classes (embedding accessors, logits slicing, loss and output,
-`_prepare_cache_for_generation`, refusing empty prompts in generate()). A flat sibling of the
+one mixin for both `...ForCausalLM` classes (embedding accessors, logits slicing, loss and output,
+`_prepare_cache_for_generation`, refusing empty prompts in generate()) and one for both
+`...ForTokenClassification` classes. A flat sibling of the
 modeling files (imported with `from .modeling_common import ...`), so a saved model's remote
 code carries it.
 """
@@ -10,10 +11,14 @@ from typing import Optional
 
 import torch
 from transformers.generation.configuration_utils import GenerationMode
-from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
+from transformers.modeling_outputs import (
+    BaseModelOutputWithPast,
+    CausalLMOutputWithPast,
+    TokenClassifierOutput,
+)
 from transformers.utils import logging
 
-from .packing import has_packing_kwargs
+from .packing import has_packing_kwargs, pop_packing_kwargs
 from .validation import check_bool, check_int
 
 logger = logging.get_logger(__name__)
@@ -121,6 +126,33 @@ def refuse_packed_rows(head: str, position_ids, attention_mask, kwargs: dict) ->
         if bool(restarts.any()):
             raise ValueError(f"{head} takes one sequence per row, but position_ids restart at 0 within a "
                              f"row (packed documents): they would be pooled into one label; {advice}")
+
+
+class TokenClassificationMixin:
+    """For a `...ForTokenClassification` with `self.model` (embedding `embed_tokens`),
+    `self.dropout` and `self.score`: a label per token (NER, tagging), as transformers'
+    GenericForTokenClassification, with its loss (`ForTokenClassification`: labels -100 ignored,
+    `num_items_in_batch` honoured). Each token keeps its own logits, so packed rows
+    (DataCollatorWithFlattening) are taken: every document runs as if alone."""
+
+    def get_input_embeddings(self):
+        return self.model.embed_tokens
+
+    def set_input_embeddings(self, value):
+        self.model.embed_tokens = value
+
+    def forward(self, input_ids=None, attention_mask=None, position_ids=None, inputs_embeds=None, labels=None,
+                output_hidden_states=None, output_attentions=None, return_dict=None, **kwargs):
+        outputs = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                             inputs_embeds=inputs_embeds, use_cache=False,
+                             output_hidden_states=output_hidden_states, output_attentions=output_attentions,
+                             return_dict=True, **pop_packing_kwargs(kwargs))
+        logits = self.score(self.dropout(outputs.last_hidden_state))
+        loss = None
+        if labels is not None:
+            loss = self.loss_function(logits, labels, self.config, **kwargs)
+        out = TokenClassifierOutput(loss=loss, logits=logits, hidden_states=outputs.hidden_states)
+        return out if return_dict is not False else out.to_tuple()
 
 
 class RecurrentCausalLMMixin:

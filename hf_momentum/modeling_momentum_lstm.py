@@ -28,6 +28,7 @@ from .configuration_momentum_lstm import MomentumLSTMConfig
 from .modeling_common import (
     CACHE_NAME,
     RecurrentCausalLMMixin,
+    TokenClassificationMixin,
     check_attention_mask,
     given_cache,
     output_with_cache,
@@ -46,6 +47,7 @@ AUTO_MAP = {
     "AutoModel": "modeling_momentum_lstm.MomentumLSTMModel",
     "AutoModelForCausalLM": "modeling_momentum_lstm.MomentumLSTMForCausalLM",
     "AutoModelForSequenceClassification": "modeling_momentum_lstm.MomentumLSTMForSequenceClassification",
+    "AutoModelForTokenClassification": "modeling_momentum_lstm.MomentumLSTMForTokenClassification",
 }
 STATE_FIELDS = ("h", "c", "v", "m", "step")
 
@@ -325,6 +327,7 @@ class MomentumLSTMForSequenceClassification(MomentumLSTMPreTrainedModel):
         super().__init__(config)
         self.num_labels = config.num_labels
         self.model = MomentumLSTMModel(config)
+        self.dropout = nn.Dropout(config.classifier_dropout)
         self.score = nn.Linear(config.hidden_size, config.num_labels)
         self.post_init()
 
@@ -347,9 +350,22 @@ class MomentumLSTMForSequenceClassification(MomentumLSTMPreTrainedModel):
             raise ValueError("sequence classification needs at least one token per row")
         last = last_real_positions(attention_mask, input_ids, self.config.pad_token_id, batch, length,
                                    hidden.device)
-        logits = self.score(hidden[torch.arange(batch, device=hidden.device), last])
+        logits = self.score(self.dropout(hidden[torch.arange(batch, device=hidden.device), last]))
         loss = None
         if labels is not None:
             loss = self.loss_function(labels=labels, pooled_logits=logits, config=self.config)
         out = SequenceClassifierOutput(loss=loss, logits=logits, hidden_states=outputs.hidden_states)
         return out if return_dict is not False else out.to_tuple()
+
+
+class MomentumLSTMForTokenClassification(TokenClassificationMixin, MomentumLSTMPreTrainedModel):
+    """A linear classifier on every output of the stack (TokenClassificationMixin): each token's
+    label reads the tokens up to it."""
+
+    def __init__(self, config: MomentumLSTMConfig):
+        super().__init__(config)
+        self.num_labels = config.num_labels
+        self.model = MomentumLSTMModel(config)
+        self.dropout = nn.Dropout(config.classifier_dropout)
+        self.score = nn.Linear(config.hidden_size, config.num_labels)
+        self.post_init()

@@ -25,6 +25,7 @@ from .configuration_momentum_transformer import BLOCK_LABELS, MomentumTransforme
 from .modeling_common import (
     CACHE_NAME,
     RecurrentCausalLMMixin,
+    TokenClassificationMixin,
     check_attention_mask,
     given_cache,
     output_with_cache,
@@ -60,6 +61,8 @@ AUTO_MAP = {
     "AutoModelForCausalLM": "modeling_momentum_transformer.MomentumTransformerForCausalLM",
     "AutoModelForSequenceClassification":
         "modeling_momentum_transformer.MomentumTransformerForSequenceClassification",
+    "AutoModelForTokenClassification":
+        "modeling_momentum_transformer.MomentumTransformerForTokenClassification",
 }
 
 
@@ -385,6 +388,7 @@ class MomentumTransformerForSequenceClassification(MomentumTransformerPreTrained
         super().__init__(config)
         self.num_labels = config.num_labels
         self.model = MomentumTransformerModel(config, self.block)
+        self.dropout = nn.Dropout(config.classifier_dropout)
         self.score = nn.Linear(config.hidden_size, config.num_labels)
         self.post_init()
 
@@ -402,9 +406,22 @@ class MomentumTransformerForSequenceClassification(MomentumTransformerPreTrained
                              output_hidden_states=output_hidden_states, output_attentions=output_attentions,
                              return_dict=True)
         hidden = outputs.last_hidden_state
-        logits = self.score(masked_mean(hidden, attention_mask))
+        logits = self.score(self.dropout(masked_mean(hidden, attention_mask)))
         loss = None
         if labels is not None:
             loss = self.loss_function(labels=labels, pooled_logits=logits, config=self.config)
         out = SequenceClassifierOutput(loss=loss, logits=logits, hidden_states=outputs.hidden_states)
         return out if return_dict is not False else out.to_tuple()
+
+
+class MomentumTransformerForTokenClassification(TokenClassificationMixin, MomentumTransformerPreTrainedModel):
+    """A linear classifier on every final hidden state (TokenClassificationMixin); set
+    `is_causal=False` so that each token's label reads the whole sequence (eq. 14)."""
+
+    def __init__(self, config: MomentumTransformerConfig):
+        super().__init__(config)
+        self.num_labels = config.num_labels
+        self.model = MomentumTransformerModel(config, self.block)
+        self.dropout = nn.Dropout(config.classifier_dropout)
+        self.score = nn.Linear(config.hidden_size, config.num_labels)
+        self.post_init()

@@ -54,7 +54,8 @@ CITATIONS = {
 
 LICENSE = "mit"
 PIPELINE_TAGS = {"AutoModelForCausalLM": "text-generation", "AutoModelForSequenceClassification":
-                 "text-classification", "AutoModel": "feature-extraction"}
+                 "text-classification", "AutoModelForTokenClassification": "token-classification",
+                 "AutoModel": "feature-extraction"}
 
 
 class RemoteCodeMixin:

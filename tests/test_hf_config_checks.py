@@ -33,6 +33,8 @@ from hf_momentum.modeling_momentum_transformer import MomentumTransformerLayer
     ("lstm", dict(dropout=True), "dropout"),
     ("lstm", dict(initializer_range=float("inf")), "initializer_range"),
     ("lstm", dict(step_size=-float("inf")), "step_size"),
+    ("transformer", dict(classifier_dropout=1.5), "classifier_dropout"),
+    ("lstm", dict(classifier_dropout=-0.5), "classifier_dropout"),
 ])
 def test_from_pretrained_overrides_are_validated(family, override, argument, tmp_path):
     causal_lm(family).save_pretrained(tmp_path)

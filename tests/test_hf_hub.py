@@ -20,12 +20,22 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import pytest
 import torch
 from helpers.clean_process import run_clean
-from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoModelForSequenceClassification
+from transformers import (
+    AutoConfig,
+    AutoModel,
+    AutoModelForCausalLM,
+    AutoModelForSequenceClassification,
+    AutoModelForTokenClassification,
+)
 
 import hf_momentum
 from hf_momentum.flatten import GENERATED_MARK, flatten_modules
 
 REPO = Path(__file__).resolve().parents[1]
+AUTO_CLASSES = {"AutoConfig", "AutoModel", "AutoModelForCausalLM", "AutoModelForSequenceClassification",
+                "AutoModelForTokenClassification"}
+
+
 def tiny_config(**kwargs):
     base = dict(vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
                 intermediate_size=64, max_position_embeddings=64, hidden_dropout=0.0,
@@ -54,6 +64,7 @@ def test_flatten_bundle_is_self_contained_and_refuses_collisions():
 
 @pytest.mark.parametrize("auto_class, kwargs", [
     (AutoModelForCausalLM, {}), (AutoModel, {}), (AutoModelForSequenceClassification, dict(is_causal=False)),
+    (AutoModelForTokenClassification, dict(is_causal=False)),
 ])
 def test_save_load_round_trip_is_exact(auto_class, kwargs, tmp_path):
     torch.manual_seed(0)
@@ -65,8 +76,7 @@ def test_save_load_round_trip_is_exact(auto_class, kwargs, tmp_path):
             "saving.py", "modeling_common.py", "validation.py"} <= files
     assert GENERATED_MARK in (tmp_path / "validation.py").read_text()
     config = json.loads((tmp_path / "config.json").read_text())
-    assert set(config["auto_map"]) == {"AutoConfig", "AutoModel", "AutoModelForCausalLM",
-                                       "AutoModelForSequenceClassification"}
+    assert set(config["auto_map"]) == AUTO_CLASSES
     assert GENERATED_MARK in (tmp_path / "momentum_core.py").read_text()
     card = (tmp_path / "README.md").read_text()
     assert "attention_momentum" in card and "0.4" in card and "Momentum Transformer" in card
@@ -128,23 +138,24 @@ def test_remote_code_loads_in_a_clean_process(make_config, tmp_path):
             assert (isolated / "resaved" / core).read_text() == (isolated / "model" / core).read_text()
 
 
-def test_lstm_classifier_remote_code_loads_in_a_clean_process(tmp_path):
-    """MomentumLSTMForSequenceClassification saves an auto_map entry for every Auto class and
-    loads with its remote code where our packages cannot be imported, hidden states included
+@pytest.mark.parametrize("auto_class", [AutoModelForSequenceClassification, AutoModelForTokenClassification],
+                         ids=["sequence", "token"])
+def test_lstm_classifier_remote_code_loads_in_a_clean_process(auto_class, tmp_path):
+    """The LSTM's classifiers (sequence and token) save an auto_map entry for every Auto class and
+    load with their remote code where our packages cannot be imported, hidden states included
     (the layer-by-layer path)."""
     torch.manual_seed(0)
-    model = AutoModelForSequenceClassification.from_config(lstm_config()).eval()
+    model = auto_class.from_config(lstm_config()).eval()
     model.save_pretrained(tmp_path / "model")
     config = json.loads((tmp_path / "model" / "config.json").read_text())
-    assert set(config["auto_map"]) == {"AutoConfig", "AutoModel", "AutoModelForCausalLM",
-                                       "AutoModelForSequenceClassification"}
+    assert set(config["auto_map"]) == AUTO_CLASSES
     with torch.no_grad():
         out = model(input_ids=sample_ids(), output_hidden_states=True)
     torch.save({"logits": out.logits, "hidden": out.hidden_states}, tmp_path / "expected.pt")
-    proc = run_clean("""
+    proc = run_clean(f"""
         import torch
-        from transformers import AutoModelForSequenceClassification
-        model = AutoModelForSequenceClassification.from_pretrained("model", trust_remote_code=True).eval()
+        from transformers import {auto_class.__name__}
+        model = {auto_class.__name__}.from_pretrained("model", trust_remote_code=True).eval()
         expected = torch.load("expected.pt")
         ids = torch.arange(3, 3 + 2 * 9).remainder(97).add(3).view(2, 9)
         with torch.no_grad():
@@ -155,7 +166,7 @@ def test_lstm_classifier_remote_code_loads_in_a_clean_process(tmp_path):
             torch.testing.assert_close(got, want, rtol=0, atol=0)
         print("OK", type(model).__name__, type(model).__module__)
     """, tmp_path, {"HF_HUB_OFFLINE": "1"})
-    assert "OK MomentumLSTMForSequenceClassification transformers_modules" in proc.stdout
+    assert f"OK {type(model).__name__} transformers_modules" in proc.stdout
 
 
 class LocalHub(BaseHTTPRequestHandler):

@@ -7,7 +7,12 @@ from pathlib import Path
 import pytest
 import torch
 from huggingface_hub import ModelCard
-from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSequenceClassification
+from transformers import (
+    AutoConfig,
+    AutoModelForCausalLM,
+    AutoModelForSequenceClassification,
+    AutoModelForTokenClassification,
+)
 
 from hf_momentum import saving
 
@@ -24,7 +29,8 @@ def tiny(model_type, auto=AutoModelForCausalLM):
 
 @pytest.mark.parametrize("model_type", sorted(SIZES))
 @pytest.mark.parametrize("auto, pipeline_tag", [(AutoModelForCausalLM, "text-generation"),
-                                                (AutoModelForSequenceClassification, "text-classification")])
+                                                (AutoModelForSequenceClassification, "text-classification"),
+                                                (AutoModelForTokenClassification, "token-classification")])
 def test_saved_card_metadata(tmp_path, model_type, auto, pipeline_tag):
     model = tiny(model_type, auto)
     model.save_pretrained(tmp_path)

@@ -12,6 +12,7 @@ with the same assertions:
   gradients, hence the same set of non-zero gradients, as without checkpointing),
 - `test_enable_input_require_grads_with_gradient_checkpointing` (frozen embeddings, as with PEFT),
 - `test_sequence_classification_model{,_for_single_label,_for_multi_label}` and regression;
+- every test on the token classifiers too (transformers' GenericForTokenClassification heads);
 - `test_resize_tokens_embeddings`, `test_resize_embeddings_untied` (plus: the kept tokens' outputs
   unchanged, and through save / reload);
 plus what linear attention and the LSTM do with `output_attentions` (one warning, no matrices),
@@ -35,9 +36,11 @@ import hf_momentum  # noqa: F401  (registers the model types)
 from hf_momentum import (
     MomentumLSTMForCausalLM,
     MomentumLSTMForSequenceClassification,
+    MomentumLSTMForTokenClassification,
     MomentumLSTMModel,
     MomentumTransformerForCausalLM,
     MomentumTransformerForSequenceClassification,
+    MomentumTransformerForTokenClassification,
     MomentumTransformerModel,
 )
 
@@ -80,15 +83,21 @@ HYBRID = ModelTester("momentum_transformer",      # softmax layers among momentu
                           layer_types=["linear_attention", "full_attention", "sliding_attention"],
                           sliding_window=3))
 TRANSFORMER_CLASSES = [MomentumTransformerModel, MomentumTransformerForCausalLM,
-                       MomentumTransformerForSequenceClassification]
+                       MomentumTransformerForSequenceClassification, MomentumTransformerForTokenClassification]
 CASES = [
     (TRANSFORMER, TRANSFORMER_CLASSES),
-    (LSTM, [MomentumLSTMModel, MomentumLSTMForCausalLM, MomentumLSTMForSequenceClassification]),
+    (LSTM, [MomentumLSTMModel, MomentumLSTMForCausalLM, MomentumLSTMForSequenceClassification,
+            MomentumLSTMForTokenClassification]),
     (HYBRID, TRANSFORMER_CLASSES),
 ]
 IDS = ["transformer", "lstm", "hybrid"]
 HEADS = [(model_class, tester) for tester, classes in CASES for model_class in classes[1:]]
 HEAD_IDS = [model_class.__name__ + ("-hybrid" if tester is HYBRID else "") for model_class, tester in HEADS]
+
+
+def head_of(model_classes, kind: str):
+    """The class among `model_classes` whose name ends with `kind` ("ForSequenceClassification")."""
+    return next(model_class for model_class in model_classes if model_class.__name__.endswith(kind))
 
 
 def prepare_for_class(tester, inputs_dict, model_class, return_labels=False):
@@ -345,7 +354,7 @@ def test_sequence_classification_model(tester, model_classes, problem_type):
         config.num_labels = 1
         labels = torch.rand(tester.batch_size, generator=generator)
     config.problem_type = problem_type
-    model = model_classes[-1](config).eval()
+    model = head_of(model_classes, "ForSequenceClassification")(config).eval()
     result = model(input_ids=ids, attention_mask=ids.ne(1), labels=labels)
     assert result.logits.shape == (tester.batch_size, config.num_labels)
     assert result.loss.dim() == 0 and torch.isfinite(result.loss)
@@ -357,8 +366,12 @@ class TokenDataset(Dataset):
     def __init__(self, tester, model_class, rows=8):
         generator = torch.Generator().manual_seed(3)
         self.ids = torch.randint(0, tester.vocab_size - 1, (rows, tester.seq_length), generator=generator)
-        self.classify = model_class.__name__.endswith("ForSequenceClassification")
-        self.labels = self.ids[:, 0] % tester.num_labels if self.classify else self.ids
+        if model_class.__name__.endswith("ForSequenceClassification"):
+            self.labels = self.ids[:, 0] % tester.num_labels
+        elif model_class.__name__.endswith("ForTokenClassification"):
+            self.labels = self.ids % tester.num_labels
+        else:
+            self.labels = self.ids
 
     def __len__(self):
         return len(self.ids)
@@ -435,7 +448,8 @@ def test_pipelines_give_each_text_of_a_padded_batch_its_result_alone(tester, mod
     tokenizer.padding_side = side
     texts = ["w3 w5 w7", "w1 w2 w3 w4 w9 w10 w11 w12"]
     torch.manual_seed(0)
-    classify = pipeline("text-classification", model=model_classes[-1](config).eval(), tokenizer=tokenizer,
+    classifier = head_of(model_classes, "ForSequenceClassification")
+    classify = pipeline("text-classification", model=classifier(config).eval(), tokenizer=tokenizer,
                         top_k=None)
     features = pipeline("feature-extraction", model=model_classes[0](config).eval(), tokenizer=tokenizer,
                         return_tensors=True)
