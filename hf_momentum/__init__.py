@@ -7,12 +7,13 @@
   a model running them records the implementation and its β, γ, φ in its saved config.json, so
   `from_pretrained` restores it here and refuses (naming this package) where it is not imported;
 - model_type "momentum_transformer" (MomentumTransformerConfig, ...Model, ...ForCausalLM,
-  ...ForSequenceClassification, ...ForTokenClassification; StaticMomentumCache for a compiled
-  decode step) with AutoConfig / AutoModel / AutoModelForCausalLM /
-  AutoModelForSequenceClassification / AutoModelForTokenClassification;
+  ...ForSequenceClassification, ...ForTokenClassification, ...ForQuestionAnswering;
+  StaticMomentumCache for a compiled decode step) with AutoConfig / AutoModel /
+  AutoModelForCausalLM / AutoModelForSequenceClassification / AutoModelForTokenClassification /
+  AutoModelForQuestionAnswering;
 - model_type "momentum_lstm" (MomentumLSTMConfig, MomentumLSTMModel, MomentumLSTMForCausalLM,
-  MomentumLSTMForSequenceClassification, MomentumLSTMForTokenClassification) with the same Auto
-  classes.
+  MomentumLSTMForSequenceClassification, MomentumLSTMForTokenClassification,
+  MomentumLSTMForQuestionAnswering) with the same Auto classes.
 Saved models carry their code and load with `trust_remote_code=True` without this package.
 """
 from . import requirements  # noqa: F401,I001  (first: refuses a transformers below the floor)
@@ -20,6 +21,7 @@ from transformers import (
     AutoConfig,
     AutoModel,
     AutoModelForCausalLM,
+    AutoModelForQuestionAnswering,
     AutoModelForSequenceClassification,
     AutoModelForTokenClassification,
 )
@@ -43,6 +45,7 @@ from .configuration_momentum_transformer import MomentumTransformerConfig
 from .modeling_momentum_lstm import (
     MomentumLSTMCache,
     MomentumLSTMForCausalLM,
+    MomentumLSTMForQuestionAnswering,
     MomentumLSTMForSequenceClassification,
     MomentumLSTMForTokenClassification,
     MomentumLSTMModel,
@@ -51,6 +54,7 @@ from .modeling_momentum_lstm import (
 from .modeling_momentum_transformer import (
     MomentumCache,
     MomentumTransformerForCausalLM,
+    MomentumTransformerForQuestionAnswering,
     MomentumTransformerForSequenceClassification,
     MomentumTransformerForTokenClassification,
     MomentumTransformerModel,
@@ -67,6 +71,8 @@ AutoModelForSequenceClassification.register(MomentumTransformerConfig,
                                             MomentumTransformerForSequenceClassification, exist_ok=True)
 AutoModelForTokenClassification.register(MomentumTransformerConfig, MomentumTransformerForTokenClassification,
                                          exist_ok=True)
+AutoModelForQuestionAnswering.register(MomentumTransformerConfig, MomentumTransformerForQuestionAnswering,
+                                       exist_ok=True)
 AutoConfig.register(MomentumLSTMConfig.model_type, MomentumLSTMConfig, exist_ok=True)
 AutoModel.register(MomentumLSTMConfig, MomentumLSTMModel, exist_ok=True)
 AutoModelForCausalLM.register(MomentumLSTMConfig, MomentumLSTMForCausalLM, exist_ok=True)
@@ -74,6 +80,7 @@ AutoModelForSequenceClassification.register(MomentumLSTMConfig, MomentumLSTMForS
                                             exist_ok=True)
 AutoModelForTokenClassification.register(MomentumLSTMConfig, MomentumLSTMForTokenClassification,
                                          exist_ok=True)
+AutoModelForQuestionAnswering.register(MomentumLSTMConfig, MomentumLSTMForQuestionAnswering, exist_ok=True)
 
 __all__ = [
     "MOMENTUM", "LINEAR", "TESTED_MODEL_TYPES", "SMOKE_TESTED_MODEL_TYPES", "SUPPORTED_MODEL_TYPES",
@@ -82,9 +89,9 @@ __all__ = [
     "register",
     "MomentumTransformerConfig", "MomentumTransformerPreTrainedModel", "MomentumTransformerModel",
     "MomentumTransformerForCausalLM", "MomentumTransformerForSequenceClassification",
-    "MomentumTransformerForTokenClassification", "MomentumCache",
+    "MomentumTransformerForTokenClassification", "MomentumTransformerForQuestionAnswering", "MomentumCache",
     "StaticMomentumCache", "RecurrentCache", "StaticStateMixin", "MomentumLSTMConfig",
     "MomentumLSTMPreTrainedModel", "MomentumLSTMModel",
     "MomentumLSTMForCausalLM", "MomentumLSTMForSequenceClassification", "MomentumLSTMForTokenClassification",
-    "MomentumLSTMCache",
+    "MomentumLSTMForQuestionAnswering", "MomentumLSTMCache",
 ]

@@ -1,7 +1,7 @@
 """What the native families share: output flags, the cache's name and the cache rules of `forward`,
 one mixin for both `...ForCausalLM` classes (embedding accessors, logits slicing, loss and output,
-`_prepare_cache_for_generation`, refusing empty prompts in generate()) and one for both
-`...ForTokenClassification` classes. A flat sibling of the
+`_prepare_cache_for_generation`, refusing empty prompts in generate()), and one each for both
+`...ForTokenClassification` and both `...ForQuestionAnswering` classes. A flat sibling of the
 modeling files (imported with `from .modeling_common import ...`), so a saved model's remote
 code carries it.
 """
@@ -14,6 +14,7 @@ from transformers.generation.configuration_utils import GenerationMode
 from transformers.modeling_outputs import (
     BaseModelOutputWithPast,
     CausalLMOutputWithPast,
+    QuestionAnsweringModelOutput,
     TokenClassifierOutput,
 )
 from transformers.utils import logging
@@ -109,15 +110,17 @@ def check_attention_mask(attention_mask, batch: int, past: int, length: int) -> 
     return attention_mask[:, past:].bool()
 
 
-def refuse_packed_rows(head: str, position_ids, attention_mask, kwargs: dict) -> None:
-    """Sequence classification pools each row into one label, so a row must hold one sequence:
-    packed documents (DataCollatorWithFlattening's cu_seq_lens_q/k or seq_idx, or position_ids
-    that fall back to 0 between two real tokens of a row) would be pooled together. Refused at the
-    head's public entry (one host read of position_ids there, when they are given)."""
+def refuse_packed_rows(head: str, position_ids, attention_mask, kwargs: dict,
+                       effect: str = "they would be pooled into one label") -> None:
+    """Sequence classification pools each row into one label (question answering picks one span
+    in it), so a row must hold one sequence: packed documents (DataCollatorWithFlattening's
+    cu_seq_lens_q/k or seq_idx, or position_ids that fall back to 0 between two real tokens of a
+    row) would be mixed; `effect` says how. Refused at the head's public entry (one host read of
+    position_ids there, when they are given)."""
     advice = "pad the batch instead (DataCollatorWithPadding)"
     if has_packing_kwargs(**kwargs):
         raise ValueError(f"{head} takes one sequence per row, but got packed documents (cu_seq_lens_q / "
-                         f"seq_idx): they would be pooled into one label; {advice}")
+                         f"seq_idx): {effect}; {advice}")
     if position_ids is not None and position_ids.shape[-1] > 1:
         restarts = (position_ids[..., 1:] == 0) & (position_ids[..., :-1] > 0)
         if attention_mask is not None:                # padding's positions are not a document's
@@ -125,21 +128,25 @@ def refuse_packed_rows(head: str, position_ids, attention_mask, kwargs: dict) ->
             restarts = restarts & real[..., 1:] & real[..., :-1]
         if bool(restarts.any()):
             raise ValueError(f"{head} takes one sequence per row, but position_ids restart at 0 within a "
-                             f"row (packed documents): they would be pooled into one label; {advice}")
+                             f"row (packed documents): {effect}; {advice}")
 
 
-class TokenClassificationMixin:
-    """For a `...ForTokenClassification` with `self.model` (embedding `embed_tokens`),
-    `self.dropout` and `self.score`: a label per token (NER, tagging), as transformers'
-    GenericForTokenClassification, with its loss (`ForTokenClassification`: labels -100 ignored,
-    `num_items_in_batch` honoured). Each token keeps its own logits, so packed rows
-    (DataCollatorWithFlattening) are taken: every document runs as if alone."""
+class HeadOverModelMixin:
+    """For a head over `self.model`, the family's base model (embedding `embed_tokens`)."""
 
     def get_input_embeddings(self):
         return self.model.embed_tokens
 
     def set_input_embeddings(self, value):
         self.model.embed_tokens = value
+
+
+class TokenClassificationMixin(HeadOverModelMixin):
+    """For a `...ForTokenClassification` with `self.model`, `self.dropout` and `self.score`: a
+    label per token (NER, tagging), as transformers' GenericForTokenClassification, with its loss
+    (`ForTokenClassification`: labels -100 ignored, `num_items_in_batch` honoured). Each token
+    keeps its own logits, so packed rows (DataCollatorWithFlattening) are taken: every document
+    runs as if alone."""
 
     def forward(self, input_ids=None, attention_mask=None, position_ids=None, inputs_embeds=None, labels=None,
                 output_hidden_states=None, output_attentions=None, return_dict=None, **kwargs):
@@ -155,7 +162,36 @@ class TokenClassificationMixin:
         return out if return_dict is not False else out.to_tuple()
 
 
-class RecurrentCausalLMMixin:
+class QuestionAnsweringMixin(HeadOverModelMixin):
+    """For a `...ForQuestionAnswering` with `self.model` and `self.qa_outputs` (hidden → 2): the
+    start and end logits of an answer span (extractive QA), as transformers'
+    GenericForQuestionAnswering, with its loss (`ForQuestionAnswering`: positions past the row
+    ignored). Padded positions get the dtype's lowest logit, so that a padded row's span scores and
+    loss are those of the row alone. A span is chosen over a whole row: packed documents are refused."""
+
+    def forward(self, input_ids=None, attention_mask=None, position_ids=None, inputs_embeds=None,
+                start_positions=None, end_positions=None, output_hidden_states=None, output_attentions=None,
+                return_dict=None, **kwargs):
+        refuse_packed_rows(type(self).__name__, position_ids, attention_mask, kwargs,
+                           "one answer span would be chosen across them")
+        outputs = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                             inputs_embeds=inputs_embeds, use_cache=False,
+                             output_hidden_states=output_hidden_states, output_attentions=output_attentions,
+                             return_dict=True)
+        logits = self.qa_outputs(outputs.last_hidden_state)
+        if attention_mask is not None:
+            padding = ~attention_mask.to(device=logits.device, dtype=torch.bool)
+            logits = logits.masked_fill(padding[..., None], torch.finfo(logits.dtype).min)
+        start_logits, end_logits = (part.squeeze(-1).contiguous() for part in logits.split(1, dim=-1))
+        loss = None
+        if start_positions is not None and end_positions is not None:
+            loss = self.loss_function(start_logits, end_logits, start_positions, end_positions, **kwargs)
+        out = QuestionAnsweringModelOutput(loss=loss, start_logits=start_logits, end_logits=end_logits,
+                                           hidden_states=outputs.hidden_states)
+        return out if return_dict is not False else out.to_tuple()
+
+
+class RecurrentCausalLMMixin(HeadOverModelMixin):
     """For a `...ForCausalLM` with `self.model` (embedding `embed_tokens`), `self.lm_head`, a
     `cache_class` (a RecurrentCache built from the config) and, where the decode step can be
     compiled whole, a `static_cache_class` (generate's cache_implementation="static").
@@ -166,12 +202,6 @@ class RecurrentCausalLMMixin:
 
     cache_class = None
     static_cache_class = None
-
-    def get_input_embeddings(self):
-        return self.model.embed_tokens
-
-    def set_input_embeddings(self, value):
-        self.model.embed_tokens = value
 
     def get_output_embeddings(self):
         return self.lm_head

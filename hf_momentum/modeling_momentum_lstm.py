@@ -27,6 +27,8 @@ from .cache_history import replay_accepted
 from .configuration_momentum_lstm import MomentumLSTMConfig
 from .modeling_common import (
     CACHE_NAME,
+    HeadOverModelMixin,
+    QuestionAnsweringMixin,
     RecurrentCausalLMMixin,
     TokenClassificationMixin,
     check_attention_mask,
@@ -48,6 +50,7 @@ AUTO_MAP = {
     "AutoModelForCausalLM": "modeling_momentum_lstm.MomentumLSTMForCausalLM",
     "AutoModelForSequenceClassification": "modeling_momentum_lstm.MomentumLSTMForSequenceClassification",
     "AutoModelForTokenClassification": "modeling_momentum_lstm.MomentumLSTMForTokenClassification",
+    "AutoModelForQuestionAnswering": "modeling_momentum_lstm.MomentumLSTMForQuestionAnswering",
 }
 STATE_FIELDS = ("h", "c", "v", "m", "step")
 
@@ -317,7 +320,7 @@ def last_real_positions(attention_mask, input_ids, pad_token_id, batch: int, len
     return (torch.arange(length, device=device) * real).argmax(-1)
 
 
-class MomentumLSTMForSequenceClassification(MomentumLSTMPreTrainedModel):
+class MomentumLSTMForSequenceClassification(HeadOverModelMixin, MomentumLSTMPreTrainedModel):
     """The output at each row's last real token (`last_real_positions`), then a linear
     classifier: a unidirectional LSTM's summary of the whole sequence (the bidirectional
     MomentumTransformer classifier averages over real tokens instead, which here would weigh
@@ -330,12 +333,6 @@ class MomentumLSTMForSequenceClassification(MomentumLSTMPreTrainedModel):
         self.dropout = nn.Dropout(config.classifier_dropout)
         self.score = nn.Linear(config.hidden_size, config.num_labels)
         self.post_init()
-
-    def get_input_embeddings(self):
-        return self.model.embed_tokens
-
-    def set_input_embeddings(self, value):
-        self.model.embed_tokens = value
 
     def forward(self, input_ids=None, attention_mask=None, inputs_embeds=None, labels=None,
                 output_hidden_states=None, output_attentions=None, return_dict=None, position_ids=None,
@@ -368,4 +365,15 @@ class MomentumLSTMForTokenClassification(TokenClassificationMixin, MomentumLSTMP
         self.model = MomentumLSTMModel(config)
         self.dropout = nn.Dropout(config.classifier_dropout)
         self.score = nn.Linear(config.hidden_size, config.num_labels)
+        self.post_init()
+
+
+class MomentumLSTMForQuestionAnswering(QuestionAnsweringMixin, MomentumLSTMPreTrainedModel):
+    """Start and end logits of an answer span from every output of the stack
+    (QuestionAnsweringMixin): each position reads the tokens up to it, so put the question first."""
+
+    def __init__(self, config: MomentumLSTMConfig):
+        super().__init__(config)
+        self.model = MomentumLSTMModel(config)
+        self.qa_outputs = nn.Linear(config.hidden_size, 2)
         self.post_init()

@@ -24,6 +24,8 @@ from .cache_history import replay_accepted
 from .configuration_momentum_transformer import BLOCK_LABELS, MomentumTransformerConfig
 from .modeling_common import (
     CACHE_NAME,
+    HeadOverModelMixin,
+    QuestionAnsweringMixin,
     RecurrentCausalLMMixin,
     TokenClassificationMixin,
     check_attention_mask,
@@ -63,6 +65,7 @@ AUTO_MAP = {
         "modeling_momentum_transformer.MomentumTransformerForSequenceClassification",
     "AutoModelForTokenClassification":
         "modeling_momentum_transformer.MomentumTransformerForTokenClassification",
+    "AutoModelForQuestionAnswering": "modeling_momentum_transformer.MomentumTransformerForQuestionAnswering",
 }
 
 
@@ -380,7 +383,7 @@ class MomentumTransformerForCausalLM(RecurrentCausalLMMixin, MomentumTransformer
         tokens' columns)."""
         return attention_mask
 
-class MomentumTransformerForSequenceClassification(MomentumTransformerPreTrainedModel):
+class MomentumTransformerForSequenceClassification(HeadOverModelMixin, MomentumTransformerPreTrainedModel):
     """Mean of the final hidden states over real tokens, then a linear classifier (the LRA
     setup); set `is_causal=False` for bidirectional attention (eq. 14)."""
 
@@ -391,12 +394,6 @@ class MomentumTransformerForSequenceClassification(MomentumTransformerPreTrained
         self.dropout = nn.Dropout(config.classifier_dropout)
         self.score = nn.Linear(config.hidden_size, config.num_labels)
         self.post_init()
-
-    def get_input_embeddings(self):
-        return self.model.embed_tokens
-
-    def set_input_embeddings(self, value):
-        self.model.embed_tokens = value
 
     def forward(self, input_ids=None, attention_mask=None, position_ids=None, inputs_embeds=None, labels=None,
                 output_hidden_states=None, output_attentions=None, return_dict=None, **kwargs):
@@ -424,4 +421,16 @@ class MomentumTransformerForTokenClassification(TokenClassificationMixin, Moment
         self.model = MomentumTransformerModel(config, self.block)
         self.dropout = nn.Dropout(config.classifier_dropout)
         self.score = nn.Linear(config.hidden_size, config.num_labels)
+        self.post_init()
+
+
+class MomentumTransformerForQuestionAnswering(QuestionAnsweringMixin, MomentumTransformerPreTrainedModel):
+    """Start and end logits of an answer span from every final hidden state
+    (QuestionAnsweringMixin); set `is_causal=False` so that each position reads the whole question
+    and context (eq. 14)."""
+
+    def __init__(self, config: MomentumTransformerConfig):
+        super().__init__(config)
+        self.model = MomentumTransformerModel(config, self.block)
+        self.qa_outputs = nn.Linear(config.hidden_size, 2)
         self.post_init()

@@ -55,7 +55,7 @@ CITATIONS = {
 LICENSE = "mit"
 PIPELINE_TAGS = {"AutoModelForCausalLM": "text-generation", "AutoModelForSequenceClassification":
                  "text-classification", "AutoModelForTokenClassification": "token-classification",
-                 "AutoModel": "feature-extraction"}
+                 "AutoModelForQuestionAnswering": "question-answering", "AutoModel": "feature-extraction"}
 
 
 class RemoteCodeMixin:

@@ -24,6 +24,7 @@ from transformers import (
     AutoConfig,
     AutoModel,
     AutoModelForCausalLM,
+    AutoModelForQuestionAnswering,
     AutoModelForSequenceClassification,
     AutoModelForTokenClassification,
 )
@@ -33,7 +34,7 @@ from hf_momentum.flatten import GENERATED_MARK, flatten_modules
 
 REPO = Path(__file__).resolve().parents[1]
 AUTO_CLASSES = {"AutoConfig", "AutoModel", "AutoModelForCausalLM", "AutoModelForSequenceClassification",
-                "AutoModelForTokenClassification"}
+                "AutoModelForTokenClassification", "AutoModelForQuestionAnswering"}
 
 
 def tiny_config(**kwargs):
@@ -65,6 +66,7 @@ def test_flatten_bundle_is_self_contained_and_refuses_collisions():
 @pytest.mark.parametrize("auto_class, kwargs", [
     (AutoModelForCausalLM, {}), (AutoModel, {}), (AutoModelForSequenceClassification, dict(is_causal=False)),
     (AutoModelForTokenClassification, dict(is_causal=False)),
+    (AutoModelForQuestionAnswering, dict(is_causal=False)),
 ])
 def test_save_load_round_trip_is_exact(auto_class, kwargs, tmp_path):
     torch.manual_seed(0)
@@ -86,9 +88,10 @@ def test_save_load_round_trip_is_exact(auto_class, kwargs, tmp_path):
         assert torch.equal(a, b), name
     with torch.no_grad():
         out, again = model(input_ids=sample_ids()), loaded(input_ids=sample_ids())
-    first = out.logits if hasattr(out, "logits") else out.last_hidden_state
-    torch.testing.assert_close(first, again.logits if hasattr(again, "logits") else again.last_hidden_state,
-                               rtol=0, atol=0)
+    names = [name for name in ("logits", "start_logits", "end_logits", "last_hidden_state") if name in out]
+    assert names
+    for name in names:
+        torch.testing.assert_close(again[name], out[name], rtol=0, atol=0)
 
 
 def lstm_config():
@@ -138,12 +141,12 @@ def test_remote_code_loads_in_a_clean_process(make_config, tmp_path):
             assert (isolated / "resaved" / core).read_text() == (isolated / "model" / core).read_text()
 
 
-@pytest.mark.parametrize("auto_class", [AutoModelForSequenceClassification, AutoModelForTokenClassification],
-                         ids=["sequence", "token"])
+@pytest.mark.parametrize("auto_class", [AutoModelForSequenceClassification, AutoModelForTokenClassification,
+                                        AutoModelForQuestionAnswering], ids=["sequence", "token", "span"])
 def test_lstm_classifier_remote_code_loads_in_a_clean_process(auto_class, tmp_path):
-    """The LSTM's classifiers (sequence and token) save an auto_map entry for every Auto class and
-    load with their remote code where our packages cannot be imported, hidden states included
-    (the layer-by-layer path)."""
+    """The LSTM's heads (sequence and token classifiers, question answering) save an auto_map entry
+    for every Auto class and load with their remote code where our packages cannot be imported,
+    hidden states included (the layer-by-layer path)."""
     torch.manual_seed(0)
     model = auto_class.from_config(lstm_config()).eval()
     model.save_pretrained(tmp_path / "model")
@@ -151,7 +154,8 @@ def test_lstm_classifier_remote_code_loads_in_a_clean_process(auto_class, tmp_pa
     assert set(config["auto_map"]) == AUTO_CLASSES
     with torch.no_grad():
         out = model(input_ids=sample_ids(), output_hidden_states=True)
-    torch.save({"logits": out.logits, "hidden": out.hidden_states}, tmp_path / "expected.pt")
+    logits = [out[name] for name in ("logits", "start_logits", "end_logits") if name in out]
+    torch.save({"logits": logits, "hidden": out.hidden_states}, tmp_path / "expected.pt")
     proc = run_clean(f"""
         import torch
         from transformers import {auto_class.__name__}
@@ -160,7 +164,10 @@ def test_lstm_classifier_remote_code_loads_in_a_clean_process(auto_class, tmp_pa
         ids = torch.arange(3, 3 + 2 * 9).remainder(97).add(3).view(2, 9)
         with torch.no_grad():
             out = model(input_ids=ids, output_hidden_states=True)
-        torch.testing.assert_close(out.logits, expected["logits"], rtol=0, atol=0)
+        logits = [out[name] for name in ("logits", "start_logits", "end_logits") if name in out]
+        assert len(logits) == len(expected["logits"]) > 0
+        for got, want in zip(logits, expected["logits"]):
+            torch.testing.assert_close(got, want, rtol=0, atol=0)
         assert len(out.hidden_states) == len(expected["hidden"]) == 3
         for got, want in zip(out.hidden_states, expected["hidden"]):
             torch.testing.assert_close(got, want, rtol=0, atol=0)

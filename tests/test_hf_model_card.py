@@ -10,6 +10,7 @@ from huggingface_hub import ModelCard
 from transformers import (
     AutoConfig,
     AutoModelForCausalLM,
+    AutoModelForQuestionAnswering,
     AutoModelForSequenceClassification,
     AutoModelForTokenClassification,
 )
@@ -30,7 +31,8 @@ def tiny(model_type, auto=AutoModelForCausalLM):
 @pytest.mark.parametrize("model_type", sorted(SIZES))
 @pytest.mark.parametrize("auto, pipeline_tag", [(AutoModelForCausalLM, "text-generation"),
                                                 (AutoModelForSequenceClassification, "text-classification"),
-                                                (AutoModelForTokenClassification, "token-classification")])
+                                                (AutoModelForTokenClassification, "token-classification"),
+                                                (AutoModelForQuestionAnswering, "question-answering")])
 def test_saved_card_metadata(tmp_path, model_type, auto, pipeline_tag):
     model = tiny(model_type, auto)
     model.save_pretrained(tmp_path)

@@ -12,7 +12,8 @@ with the same assertions:
   gradients, hence the same set of non-zero gradients, as without checkpointing),
 - `test_enable_input_require_grads_with_gradient_checkpointing` (frozen embeddings, as with PEFT),
 - `test_sequence_classification_model{,_for_single_label,_for_multi_label}` and regression;
-- every test on the token classifiers too (transformers' GenericForTokenClassification heads);
+- every test on the token classifiers and question-answering heads too (transformers'
+  GenericForTokenClassification and GenericForQuestionAnswering);
 - `test_resize_tokens_embeddings`, `test_resize_embeddings_untied` (plus: the kept tokens' outputs
   unchanged, and through save / reload);
 plus what linear attention and the LSTM do with `output_attentions` (one warning, no matrices),
@@ -35,10 +36,12 @@ from transformers.modeling_layers import GradientCheckpointingLayer
 import hf_momentum  # noqa: F401  (registers the model types)
 from hf_momentum import (
     MomentumLSTMForCausalLM,
+    MomentumLSTMForQuestionAnswering,
     MomentumLSTMForSequenceClassification,
     MomentumLSTMForTokenClassification,
     MomentumLSTMModel,
     MomentumTransformerForCausalLM,
+    MomentumTransformerForQuestionAnswering,
     MomentumTransformerForSequenceClassification,
     MomentumTransformerForTokenClassification,
     MomentumTransformerModel,
@@ -83,11 +86,12 @@ HYBRID = ModelTester("momentum_transformer",      # softmax layers among momentu
                           layer_types=["linear_attention", "full_attention", "sliding_attention"],
                           sliding_window=3))
 TRANSFORMER_CLASSES = [MomentumTransformerModel, MomentumTransformerForCausalLM,
-                       MomentumTransformerForSequenceClassification, MomentumTransformerForTokenClassification]
+                       MomentumTransformerForSequenceClassification,
+                       MomentumTransformerForTokenClassification, MomentumTransformerForQuestionAnswering]
 CASES = [
     (TRANSFORMER, TRANSFORMER_CLASSES),
     (LSTM, [MomentumLSTMModel, MomentumLSTMForCausalLM, MomentumLSTMForSequenceClassification,
-            MomentumLSTMForTokenClassification]),
+            MomentumLSTMForTokenClassification, MomentumLSTMForQuestionAnswering]),
     (HYBRID, TRANSFORMER_CLASSES),
 ]
 IDS = ["transformer", "lstm", "hybrid"]
@@ -101,9 +105,13 @@ def head_of(model_classes, kind: str):
 
 
 def prepare_for_class(tester, inputs_dict, model_class, return_labels=False):
-    """transformers' `_prepare_for_class`: zero labels of the head's shape."""
+    """transformers' `_prepare_for_class`: zero labels of the head's shape (start and end
+    positions for question answering)."""
     inputs_dict = copy.deepcopy(inputs_dict)
-    if return_labels:
+    if return_labels and model_class.__name__.endswith("ForQuestionAnswering"):
+        inputs_dict["start_positions"] = torch.zeros(tester.batch_size, dtype=torch.long)
+        inputs_dict["end_positions"] = torch.zeros(tester.batch_size, dtype=torch.long)
+    elif return_labels:
         shape = (tester.batch_size,) if model_class.__name__.endswith("ForSequenceClassification") \
             else (tester.batch_size, tester.seq_length)
         inputs_dict["labels"] = torch.zeros(shape, dtype=torch.long)
@@ -366,7 +374,10 @@ class TokenDataset(Dataset):
     def __init__(self, tester, model_class, rows=8):
         generator = torch.Generator().manual_seed(3)
         self.ids = torch.randint(0, tester.vocab_size - 1, (rows, tester.seq_length), generator=generator)
-        if model_class.__name__.endswith("ForSequenceClassification"):
+        self.spans = model_class.__name__.endswith("ForQuestionAnswering")
+        if self.spans:
+            self.labels = (self.ids[:, :2] % tester.seq_length).sort(-1).values   # start <= end
+        elif model_class.__name__.endswith("ForSequenceClassification"):
             self.labels = self.ids[:, 0] % tester.num_labels
         elif model_class.__name__.endswith("ForTokenClassification"):
             self.labels = self.ids % tester.num_labels
@@ -377,8 +388,10 @@ class TokenDataset(Dataset):
         return len(self.ids)
 
     def __getitem__(self, i):
-        return {"input_ids": self.ids[i], "attention_mask": torch.ones_like(self.ids[i]),
-                "labels": self.labels[i]}
+        row = {"input_ids": self.ids[i], "attention_mask": torch.ones_like(self.ids[i])}
+        if self.spans:
+            return {**row, "start_positions": self.labels[i, 0], "end_positions": self.labels[i, 1]}
+        return {**row, "labels": self.labels[i]}
 
 
 class GradientRecorder(TrainerCallback):

@@ -106,7 +106,11 @@ def test_saved_adapter_reloads_onto_a_fresh_base_exactly(trained, tmp_path):
     reloaded = PeftModel.from_pretrained(fresh, tmp_path / "adapter").eval()
     for p in model.parameters():      # as the reloaded model's: PEFT forms LoRA weights of trainable
         p.requires_grad_(False)        # factors in another order (a 1-ulp difference in the LSTM)
-    assert torch.equal(logits(reloaded, ids), logits(model, ids))
+    with torch.no_grad():
+        got, want = reloaded(input_ids=ids), model(input_ids=ids)
+    for name in ("logits", "start_logits", "end_logits"):
+        if name in want:
+            assert torch.equal(got[name], want[name]), name
     assert not any(p.requires_grad for p in reloaded.parameters())
 
 
@@ -155,21 +159,37 @@ def test_lstm_biases_are_not_lora_targets():
         get_peft_model(model, config)
 
 
-@pytest.mark.parametrize("task_type", ["SEQ_CLS", "TOKEN_CLS"])
+HEADS = {"SEQ_CLS": ("AutoModelForSequenceClassification", "score"),
+         "TOKEN_CLS": ("AutoModelForTokenClassification", "score"),
+         "QUESTION_ANS": ("AutoModelForQuestionAnswering", "qa_outputs")}
+
+
+def head_targets(task_type):
+    """The loss inputs of each task, drawn at random for a batch (4, 9)."""
+    generator = torch.Generator().manual_seed(2)
+    return {"SEQ_CLS": dict(labels=torch.randint(0, 3, (4,), generator=generator)),
+            "TOKEN_CLS": dict(labels=torch.randint(0, 3, (4, 9), generator=generator)),
+            "QUESTION_ANS": dict(start_positions=torch.randint(0, 9, (4,), generator=generator),
+                                 end_positions=torch.randint(0, 9, (4,), generator=generator))}[task_type]
+
+
+@pytest.mark.parametrize("task_type", HEADS)
 @pytest.mark.parametrize("family", ["momentum_transformer", "momentum_lstm:adam"])
-def test_classifier_heads_train_whole_beside_the_adapter(family, task_type, tmp_path):
-    """PEFT's classification tasks find the heads by their conventional name (`score`) and train
-    them whole (modules_to_save) beside the LoRA factors; the saved adapter carries the trained
-    head, and onto a fresh base reproduces the adapted logits exactly. (PEFT excludes a head from
-    "all-linear" for SEQ_CLS only, so TOKEN_CLS names the transformer's linear layers.)"""
-    from transformers import AutoModelForSequenceClassification, AutoModelForTokenClassification
-    auto = AutoModelForSequenceClassification if task_type == "SEQ_CLS" else AutoModelForTokenClassification
+def test_task_heads_train_whole_beside_the_adapter(family, task_type, tmp_path):
+    """PEFT's classification and question-answering tasks find the heads by their conventional
+    names (`score`, `qa_outputs`) and train them whole (modules_to_save) beside the LoRA factors;
+    the saved adapter carries the trained head, and onto a fresh base reproduces the adapted
+    outputs exactly. (PEFT leaves a head out of "all-linear" for SEQ_CLS only, so the other tasks
+    name the transformer's linear layers.)"""
+    import transformers
+    auto_name, head_name = HEADS[task_type]
+    auto = getattr(transformers, auto_name)
     torch.manual_seed(0)
     config = base_model(family).config
     config.num_labels = 3
     base = auto.from_config(config)
     base.save_pretrained(tmp_path / "base")
-    head = base.score.weight.detach().clone()
+    head = getattr(base, head_name).weight.detach().clone()
     if family == "momentum_transformer":
         targets = "all-linear" if task_type == "SEQ_CLS" else ["q_proj", "k_proj", "v_proj", "o_proj"]
         lora = LoraConfig(r=RANK, target_modules=targets, task_type=task_type)
@@ -178,26 +198,29 @@ def test_classifier_heads_train_whole_beside_the_adapter(family, task_type, tmp_
     model = get_peft_model(base, lora)
     trainable = [name for name, p in model.named_parameters() if p.requires_grad]
     assert {name for name in trainable if "lora_" not in name} == {
-        "base_model.model.score.modules_to_save.default.weight",
-        "base_model.model.score.modules_to_save.default.bias"}
+        f"base_model.model.{head_name}.modules_to_save.default.weight",
+        f"base_model.model.{head_name}.modules_to_save.default.bias"}
     assert any(".lora_A." in name for name in trainable)
-    generator = torch.Generator().manual_seed(2)
-    ids = torch.randint(3, VOCAB, (4, 9), generator=generator)
-    labels = torch.randint(0, 3, (4,) if task_type == "SEQ_CLS" else (4, 9), generator=generator)
+    ids = torch.randint(3, VOCAB, (4, 9), generator=torch.Generator().manual_seed(1))
+    targets = head_targets(task_type)
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2)
     losses = []
     model.train()
     for _ in range(10):
-        loss = model(input_ids=ids, labels=labels).loss
+        loss = model(input_ids=ids, **targets).loss
         loss.backward()
         optimizer.step()
         optimizer.zero_grad()
         losses.append(loss.item())
     assert losses[-1] < losses[0] - 0.05, losses
     model.eval()
-    assert not torch.equal(model.base_model.model.score.modules_to_save["default"].weight, head)
+    assert not torch.equal(getattr(model.base_model.model, head_name).modules_to_save["default"].weight, head)
     model.save_pretrained(tmp_path / "adapter")
     reloaded = PeftModel.from_pretrained(auto.from_pretrained(tmp_path / "base"), tmp_path / "adapter").eval()
     for p in model.parameters():      # frozen as the reloaded model is: PEFT's wrapped head gives
         p.requires_grad_(False)        # logits 1 ulp apart when trainable (seen with the LSTM)
-    assert torch.equal(logits(reloaded, ids), logits(model, ids))
+    with torch.no_grad():
+        got, want = reloaded(input_ids=ids), model(input_ids=ids)
+    for name in ("logits", "start_logits", "end_logits"):
+        if name in want:
+            assert torch.equal(got[name], want[name]), name

@@ -1,0 +1,114 @@
+"""The native families' question-answering heads (`...ForQuestionAnswering`,
+AutoModelForQuestionAnswering: start and end logits of an answer span): a padded row (either
+side) gets the span logits, loss and gradients of its sequence alone, padding scored lowest; the
+loss is transformers' ForQuestionAnswering cross entropy (positions past the row ignored); packed
+documents are refused by name, since one span is chosen per row."""
+import math
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import pytest
+import torch
+from transformers import AutoConfig, AutoModelForQuestionAnswering, DataCollatorWithFlattening
+
+import hf_momentum  # noqa: F401  (registers the model types)
+from hf_momentum import MomentumLSTMForQuestionAnswering, MomentumTransformerForQuestionAnswering
+
+VOCAB = 40
+PAD = VOCAB - 1
+TOL = 1e-5
+TRANSFORMER = dict(num_attention_heads=2, intermediate_size=32, max_position_embeddings=64,
+                   hidden_dropout=0.0, attention_momentum=0.5, attention_step_size=0.8, connection="adaptive")
+MODELS = {
+    "transformer-causal": ("momentum_transformer", TRANSFORMER),
+    "transformer-bidirectional": ("momentum_transformer", dict(TRANSFORMER, is_causal=False)),
+    "hybrid-bidirectional": ("momentum_transformer", dict(
+        TRANSFORMER, is_causal=False, layer_types=["linear_attention", "full_attention"])),
+    "lstm-momentum": ("momentum_lstm", dict(cell="momentum", initializer_range=0.5)),
+    "lstm-adam": ("momentum_lstm", dict(cell="adam", initializer_range=0.5)),
+}
+
+
+def build(name):
+    model_type, kwargs = MODELS[name]
+    config = AutoConfig.for_model(model_type, vocab_size=VOCAB, hidden_size=16, num_hidden_layers=2,
+                                  pad_token_id=PAD, **kwargs)
+    torch.manual_seed(0)
+    return AutoModelForQuestionAnswering.from_config(config)
+
+
+def test_auto_class_builds_the_question_answering_heads():
+    assert type(build("transformer-bidirectional")) is MomentumTransformerForQuestionAnswering
+    assert type(build("lstm-adam")) is MomentumLSTMForQuestionAnswering
+
+
+def gradients(model, loss):
+    return torch.autograd.grad(loss, list(model.parameters()))
+
+
+@pytest.mark.parametrize("side", ["right", "left"])
+@pytest.mark.parametrize("name", MODELS)
+def test_padded_rows_get_the_span_logits_loss_and_gradients_of_each_row_alone(name, side, make_generator):
+    model = build(name).train()                      # no dropout in these configs
+    generator = make_generator()
+    lengths = (6, 11, 2)
+    seqs = [torch.randint(0, PAD, (n,), generator=generator) for n in lengths]
+    spans = [sorted(torch.randint(0, n, (2,), generator=generator).tolist()) for n in lengths]
+    width = max(lengths)
+    ids = torch.full((len(seqs), width), PAD)
+    mask = torch.zeros_like(ids)
+    offsets = []
+    for row, s in enumerate(seqs):
+        offset = 0 if side == "right" else width - len(s)
+        ids[row, offset:offset + len(s)], mask[row, offset:offset + len(s)] = s, 1
+        offsets.append(offset)
+    start = torch.tensor([span[0] + offset for span, offset in zip(spans, offsets)])
+    end = torch.tensor([span[1] + offset for span, offset in zip(spans, offsets)])
+    batched = model(input_ids=ids, attention_mask=mask, start_positions=start, end_positions=end)
+    singles = [model(input_ids=s[None], start_positions=torch.tensor(span[:1]),
+                     end_positions=torch.tensor(span[1:])) for s, span in zip(seqs, spans)]
+    lowest = torch.finfo(batched.start_logits.dtype).min
+    for row, single in enumerate(singles):
+        real = mask[row].bool()
+        for got, want in ((batched.start_logits, single.start_logits),
+                          (batched.end_logits, single.end_logits)):
+            assert (got[row][real] - want[0]).abs().max() <= TOL, row
+            assert bool((got[row][~real] == lowest).all()), row
+    expected = sum(single.loss for single in singles) / len(singles)
+    assert math.isclose(batched.loss.item(), expected.item(), rel_tol=1e-5)
+    for g, w in zip(gradients(model, batched.loss), gradients(model, expected)):
+        torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-6)
+
+
+def test_loss_is_cross_entropy_of_start_and_end_with_positions_past_the_row_ignored(make_generator):
+    """transformers' ForQuestionAnsweringLoss: the mean of the start and end cross entropies over
+    the rows, a position past the row (clamped to its length) ignored."""
+    model = build("transformer-bidirectional").eval()
+    ids = torch.randint(0, PAD, (3, 8), generator=make_generator())
+    start, end = torch.tensor([1, 4, 50]), torch.tensor([3, 4, 7])
+    out = model(input_ids=ids, start_positions=start, end_positions=end)
+
+    def cross_entropy(logits, positions):
+        kept = positions < logits.shape[1]
+        picked = logits.log_softmax(-1)[kept].gather(-1, positions[kept, None])
+        return -picked.mean()
+    expected = (cross_entropy(out.start_logits, start) + cross_entropy(out.end_logits, end)) / 2
+    assert math.isclose(out.loss.item(), expected.item(), rel_tol=1e-5)
+    loss, start_logits, end_logits = model(input_ids=ids, start_positions=start, end_positions=end,
+                                           return_dict=False)[:3]
+    assert torch.equal(start_logits, out.start_logits) and torch.equal(end_logits, out.end_logits)
+
+
+@pytest.mark.parametrize("form", ["position_ids", "flash_attn_kwargs", "seq_idx"])
+@pytest.mark.parametrize("name", ["transformer-bidirectional", "lstm-adam"])
+def test_packed_documents_are_refused_naming_the_head(name, form):
+    model = build(name).eval()
+    kwargs = {"flash_attn_kwargs": dict(return_flash_attn_kwargs=True), "seq_idx": dict(return_seq_idx=True)}
+    collator = DataCollatorWithFlattening(**kwargs.get(form, {}))
+    batch = collator([{"input_ids": [3, 4, 5]}, {"input_ids": [6, 7]}])
+    batch.pop("labels")
+    if form != "position_ids":
+        batch.pop("position_ids")
+    with pytest.raises(ValueError, match=f"{type(model).__name__} takes one sequence per row.*answer span"):
+        model(**batch)
