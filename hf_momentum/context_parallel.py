@@ -25,7 +25,9 @@ from plugins.transformer import MultiHeadAttention
 from plugins.validation import check_group
 
 from .modeling_momentum_transformer import (
+    MomentumTransformerForQuestionAnswering,
     MomentumTransformerForSequenceClassification,
+    MomentumTransformerForTokenClassification,
     MomentumTransformerModel,
 )
 
@@ -39,10 +41,14 @@ def enable_context_parallel(model: torch.nn.Module, group: Optional[dist.Process
     needs the inputs of `shard_batch` (global position_ids, no cache). Returns the model."""
     if group is not None:
         check_group(group, "group")
-    if isinstance(model, MomentumTransformerForSequenceClassification):
-        raise ValueError("model: MomentumTransformerForSequenceClassification pools over its tokens, which "
-                         "context parallelism splits over ranks; use MomentumTransformerModel or "
-                         "MomentumTransformerForCausalLM")
+    unsplittable = {MomentumTransformerForSequenceClassification: "pools over its tokens",
+                    MomentumTransformerForQuestionAnswering: "picks one answer span over its tokens",
+                    MomentumTransformerForTokenClassification: "takes per-token labels, and shard_batch "
+                                                               "prepares a causal LM's shifted ones"}
+    for head, why in unsplittable.items():
+        if isinstance(model, head):
+            raise ValueError(f"model: {head.__name__} {why}, which context parallelism splits over ranks; "
+                             "use MomentumTransformerModel or MomentumTransformerForCausalLM")
     bases = [m for m in model.modules() if isinstance(m, MomentumTransformerModel)]
     if not bases:
         raise ValueError(f"model: context parallelism supports the native momentum_transformer only, "

@@ -18,7 +18,9 @@ from hf_momentum import (
     MomentumLSTMForCausalLM,
     MomentumTransformerConfig,
     MomentumTransformerForCausalLM,
+    MomentumTransformerForQuestionAnswering,
     MomentumTransformerForSequenceClassification,
+    MomentumTransformerForTokenClassification,
 )
 from hf_momentum.context_parallel import enable_context_parallel, shard_batch, whole_sequence_loss
 from plugins.attention.context_parallel import slice_bounds
@@ -106,10 +108,12 @@ def _error_cases(group):
         "a hybrid": lambda: enable_context_parallel(MomentumTransformerForCausalLM(MomentumTransformerConfig(
             vocab_size=VOCAB, hidden_size=4, num_hidden_layers=2, num_attention_heads=1,
             layer_types=["linear_attention", "full_attention"])), group),
-        "sequence classification": lambda: enable_context_parallel(
-            MomentumTransformerForSequenceClassification(MomentumTransformerConfig(
-                vocab_size=VOCAB, hidden_size=4, num_hidden_layers=1, num_attention_heads=1)), group),
     }
+    for name, head in (("sequence classification", MomentumTransformerForSequenceClassification),
+                       ("question answering", MomentumTransformerForQuestionAnswering),
+                       ("token classification", MomentumTransformerForTokenClassification)):
+        calls[name] = lambda head=head: enable_context_parallel(head(MomentumTransformerConfig(
+            vocab_size=VOCAB, hidden_size=4, num_hidden_layers=1, num_attention_heads=1)), group)
     messages = {}
     for name, call in calls.items():
         try:
@@ -162,6 +166,7 @@ def test_bad_inputs_raise_value_errors_naming_the_argument(ranks):
     expected = {"no position_ids": "position_ids", "a cache": "use_cache",
                 "position_ids in the batch": "position_ids", "labels of another shape": "batch['labels']",
                 "a stock model": "native momentum_transformer", "sequence classification": "pools",
+                "question answering": "one answer span", "token classification": "per-token labels",
                 "a hybrid": "layer_types has softmax layers ([1])"}
     for result in ranks[1]:
         for name, word in expected.items():
