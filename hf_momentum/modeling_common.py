@@ -10,6 +10,7 @@ import warnings
 from typing import Optional
 
 import torch
+from torch import nn
 from transformers.generation.configuration_utils import GenerationMode
 from transformers.modeling_outputs import (
     BaseModelOutputWithPast,
@@ -133,6 +134,13 @@ def refuse_packed_rows(head: str, position_ids, attention_mask, kwargs: dict,
 
 class HeadOverModelMixin:
     """For a head over `self.model`, the family's base model (embedding `embed_tokens`)."""
+
+    def add_classifier(self, config) -> None:
+        """`num_labels` and the linear classifier `score` (PEFT's and transformers' name) over
+        `hidden_size` features, read through `classifier_dropout`."""
+        self.num_labels = config.num_labels
+        self.dropout = nn.Dropout(config.classifier_dropout)
+        self.score = nn.Linear(config.hidden_size, config.num_labels)
 
     def get_input_embeddings(self):
         return self.model.embed_tokens

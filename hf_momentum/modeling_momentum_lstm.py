@@ -328,10 +328,8 @@ class MomentumLSTMForSequenceClassification(HeadOverModelMixin, MomentumLSTMPreT
 
     def __init__(self, config: MomentumLSTMConfig):
         super().__init__(config)
-        self.num_labels = config.num_labels
         self.model = MomentumLSTMModel(config)
-        self.dropout = nn.Dropout(config.classifier_dropout)
-        self.score = nn.Linear(config.hidden_size, config.num_labels)
+        self.add_classifier(config)
         self.post_init()
 
     def forward(self, input_ids=None, attention_mask=None, inputs_embeds=None, labels=None,
@@ -361,10 +359,8 @@ class MomentumLSTMForTokenClassification(TokenClassificationMixin, MomentumLSTMP
 
     def __init__(self, config: MomentumLSTMConfig):
         super().__init__(config)
-        self.num_labels = config.num_labels
         self.model = MomentumLSTMModel(config)
-        self.dropout = nn.Dropout(config.classifier_dropout)
-        self.score = nn.Linear(config.hidden_size, config.num_labels)
+        self.add_classifier(config)
         self.post_init()
 
 

@@ -389,10 +389,8 @@ class MomentumTransformerForSequenceClassification(HeadOverModelMixin, MomentumT
 
     def __init__(self, config: MomentumTransformerConfig):
         super().__init__(config)
-        self.num_labels = config.num_labels
         self.model = MomentumTransformerModel(config, self.block)
-        self.dropout = nn.Dropout(config.classifier_dropout)
-        self.score = nn.Linear(config.hidden_size, config.num_labels)
+        self.add_classifier(config)
         self.post_init()
 
     def forward(self, input_ids=None, attention_mask=None, position_ids=None, inputs_embeds=None, labels=None,
@@ -417,10 +415,8 @@ class MomentumTransformerForTokenClassification(TokenClassificationMixin, Moment
 
     def __init__(self, config: MomentumTransformerConfig):
         super().__init__(config)
-        self.num_labels = config.num_labels
         self.model = MomentumTransformerModel(config, self.block)
-        self.dropout = nn.Dropout(config.classifier_dropout)
-        self.score = nn.Linear(config.hidden_size, config.num_labels)
+        self.add_classifier(config)
         self.post_init()
 
 

@@ -10,32 +10,17 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import pytest
 import torch
-from transformers import AutoConfig, AutoModelForQuestionAnswering, DataCollatorWithFlattening
+from helpers.hf_heads import MODELS, PAD, head_config
+from transformers import AutoModelForQuestionAnswering, DataCollatorWithFlattening
 
-import hf_momentum  # noqa: F401  (registers the model types)
 from hf_momentum import MomentumLSTMForQuestionAnswering, MomentumTransformerForQuestionAnswering
 
-VOCAB = 40
-PAD = VOCAB - 1
 TOL = 1e-5
-TRANSFORMER = dict(num_attention_heads=2, intermediate_size=32, max_position_embeddings=64,
-                   hidden_dropout=0.0, attention_momentum=0.5, attention_step_size=0.8, connection="adaptive")
-MODELS = {
-    "transformer-causal": ("momentum_transformer", TRANSFORMER),
-    "transformer-bidirectional": ("momentum_transformer", dict(TRANSFORMER, is_causal=False)),
-    "hybrid-bidirectional": ("momentum_transformer", dict(
-        TRANSFORMER, is_causal=False, layer_types=["linear_attention", "full_attention"])),
-    "lstm-momentum": ("momentum_lstm", dict(cell="momentum", initializer_range=0.5)),
-    "lstm-adam": ("momentum_lstm", dict(cell="adam", initializer_range=0.5)),
-}
 
 
 def build(name):
-    model_type, kwargs = MODELS[name]
-    config = AutoConfig.for_model(model_type, vocab_size=VOCAB, hidden_size=16, num_hidden_layers=2,
-                                  pad_token_id=PAD, **kwargs)
     torch.manual_seed(0)
-    return AutoModelForQuestionAnswering.from_config(config)
+    return AutoModelForQuestionAnswering.from_config(head_config(name))
 
 
 def test_auto_class_builds_the_question_answering_heads():

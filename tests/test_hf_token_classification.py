@@ -13,6 +13,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import pytest
 import torch
 import torch.nn.functional as F
+from helpers.hf_heads import MODELS, PAD, VOCAB, head_config
 from transformers import (
     AutoConfig,
     AutoModelForTokenClassification,
@@ -22,31 +23,16 @@ from transformers import (
     TrainingArguments,
 )
 
-import hf_momentum  # noqa: F401  (registers the model types)
 from hf_momentum import MomentumLSTMForTokenClassification, MomentumTransformerForTokenClassification
 
-VOCAB = 40
 LABELS = 5
-PAD = VOCAB - 1
 TOL = 1e-5
-TRANSFORMER = dict(num_attention_heads=2, intermediate_size=32, max_position_embeddings=64,
-                   hidden_dropout=0.0, attention_momentum=0.5, attention_step_size=0.8, connection="adaptive")
-MODELS = {
-    "transformer-causal": ("momentum_transformer", TRANSFORMER),
-    "transformer-bidirectional": ("momentum_transformer", dict(TRANSFORMER, is_causal=False)),
-    "hybrid-bidirectional": ("momentum_transformer", dict(
-        TRANSFORMER, is_causal=False, layer_types=["linear_attention", "full_attention"])),
-    "lstm-momentum": ("momentum_lstm", dict(cell="momentum", initializer_range=0.5)),
-    "lstm-adam": ("momentum_lstm", dict(cell="adam", initializer_range=0.5)),
-}
 FORMS = {"position_ids": {}, "flash_attn_kwargs": dict(return_flash_attn_kwargs=True),
          "seq_idx": dict(return_seq_idx=True)}
 
 
 def config_of(name, **overrides):
-    model_type, kwargs = MODELS[name]
-    sizes = dict(vocab_size=VOCAB, hidden_size=16, num_hidden_layers=2, num_labels=LABELS, pad_token_id=PAD)
-    return AutoConfig.for_model(model_type, **{**sizes, **kwargs, **overrides})
+    return head_config(name, num_labels=LABELS, **overrides)
 
 
 def build(name, **overrides):
