@@ -47,9 +47,11 @@ def check_against_eager(program, model, ids, mask):
         torch.testing.assert_close(got[row, ids.shape[1] - n:], alone, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("family", FAMILIES + ["adam"])
 def test_exports_with_a_dynamic_batch_and_a_mask(family):
-    model = causal_lm(family)
+    """The program runs with gradients enabled (as check_against_eager calls it): "adam", eq. 15's
+    cell, exports in its drive-first form, whose ops all have gradients (plugins/rnn/adam_recurrence.py)."""
+    model = lstm_of("adam") if family == "adam" else causal_lm(family)
     ids, mask = batch(0, [5, 8], 8)
     rows = Dim("batch", min=1, max=64)
     program = export(Logits(model), (ids, mask), dynamic_shapes=({0: rows}, {0: rows}))

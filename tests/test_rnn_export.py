@@ -142,19 +142,29 @@ def test_a_bidirectional_layer_with_a_dynamic_length_runs_in_onnxruntime_as_eage
                                    msg=lambda m: f"T = {T}: {m}")
 
 
-def test_the_triton_recurrence_is_refused_under_export_and_auto_takes_the_torch_loop(monkeypatch):
-    """Eq. 15's Triton Function launches kernels on the tensors' memory, which export's fake
-    tensors lack (torch's own error then says only "Cannot access data pointer"): a forced
-    "triton" recurrence is refused by name, and "auto", which picks it for CUDA tensors, takes
-    the torch loop while exporting."""
+@pytest.mark.parametrize("backend", ["auto", "torch", "triton", "cudnn"])
+@pytest.mark.parametrize("cell", ["adam", "rmsprop"])
+def test_every_recurrence_backend_exports_eq15_as_a_differentiable_program(cell, backend, make_generator):
+    """Under torch.export eq. 15 always takes the drive-first form (torch's fused LSTM fed the drive
+    of every step), whatever the recurrence backend: the Triton Functions launch kernels on memory
+    that export's fake tensors lack, and the torch loop's Function writes into its buffers, which
+    an exported program replays without the Function's backward ("functions with out=...
+    arguments don't support automatic differentiation" wherever gradients are enabled). At a
+    fixed length, float64: the program's outputs and parameter gradients equal eager's (the torch
+    loop's), with gradients enabled."""
     from plugins.rnn import adam_recurrence
-    pytest.importorskip("triton")
-    layer = Outputs(MomentumLSTM(4, 4, 1, cell="adam")).eval()
-    with adam_recurrence.recurrence_backend("triton"):
-        with pytest.raises(ValueError, match="recurrence backend 'triton' cannot be exported"):
-            export(layer, (torch.randn(5, 2, 4),))
-    on_cuda = type("OnCuda", (), {"is_cuda": True})()
-    with adam_recurrence.recurrence_backend("auto"):
-        assert adam_recurrence._triton_function(on_cuda) is not None, "outside export, auto runs Triton"
-        monkeypatch.setattr(torch.compiler, "is_exporting", lambda: True)
-        assert adam_recurrence._triton_function(on_cuda) is None
+    if backend == "triton":
+        pytest.importorskip("triton")
+    gen = make_generator()
+    layer = shared.make(MomentumLSTM, cell, 2, gen).eval()
+    x = torch.randn(7, 3, shared.D, dtype=torch.float64, generator=gen)
+    with adam_recurrence.recurrence_backend(backend):
+        program = export(Outputs(layer), (x,)).module()
+    got, want = program(x), Outputs(layer)(x)
+    torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
+    probe = torch.randn(got.shape, dtype=torch.float64, generator=gen)
+    grads = torch.autograd.grad((got * probe).sum(), list(program.parameters()))
+    expected = torch.autograd.grad((want * probe).sum(), list(layer.parameters()))
+    assert len(grads) == len(expected) > 0
+    for g, e in zip(grads, expected):
+        torch.testing.assert_close(g, e, rtol=1e-9, atol=1e-11)

@@ -19,7 +19,7 @@ On CUDA tensors `AdamLSTMRecurrence.apply` runs the same recurrence as one GEMM 
 Triton kernel per step (adam_recurrence_triton.py) when triton is installed; `recurrence_backend`
 forces either implementation, or ("cudnn") takes MomentumLSTM's Adam/RMSProp layers off this
 Function altogether: onto torch's fused LSTM kernel, fed eq. 15's drive of every step
-(layers.MomentumLSTM._drive_first_layer).
+(layers.MomentumLSTM._drive_first_layer). torch.export always takes that form (`drive_first`).
 """
 import contextlib
 import functools
@@ -72,8 +72,11 @@ def _triton_recurrences():
 
 def drive_first():
     """Whether the Adam/RMSProp layers of MomentumLSTM and of the tanh MomentumRNN run on torch's
-    fused kernels ("cudnn"); elsewhere the tanh layers loop over the steps in Python."""
-    return _backend == "cudnn"
+    fused kernels ("cudnn"; elsewhere the tanh layers loop over the steps in Python), as they
+    always do under torch.export: the other recurrences are autograd Functions whose forward
+    writes into its buffers (out=, in place), which an exported program replays without their
+    backward, so it would fail wherever gradients are enabled."""
+    return _backend == "cudnn" or torch.compiler.is_exporting()
 
 
 def triton_available():
@@ -81,15 +84,8 @@ def triton_available():
 
 
 def _triton_function(g):
-    """The Triton Function that runs eq. 15 on g under the current backend, or None (the torch loop).
-    Under torch.export the torch loop: the Triton Function launches its kernels on the tensors'
-    memory, which export's fake tensors do not have."""
-    if torch.compiler.is_exporting():
-        if _backend.startswith("triton"):
-            raise ValueError(f"recurrence backend {_backend!r} cannot be exported (torch.export, "
-                             "torch.onnx.export): its Triton kernels launch outside torch's tracing; "
-                             "export under recurrence_backend('auto') or 'torch' (the torch loop)")
-        return None
+    """The Triton Function that runs eq. 15 on g under the current backend, or None (the torch
+    loop). Never reached under torch.export (`drive_first`)."""
     if _backend.startswith("triton"):
         if not triton_available():
             raise RuntimeError(f"recurrence backend {_backend!r} needs the triton package "
