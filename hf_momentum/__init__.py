@@ -7,13 +7,14 @@
   a model running them records the implementation and its β, γ, φ in its saved config.json, so
   `from_pretrained` restores it here and refuses (naming this package) where it is not imported;
 - model_type "momentum_transformer" (MomentumTransformerConfig, ...Model, ...ForCausalLM,
-  ...ForSequenceClassification, ...ForTokenClassification, ...ForQuestionAnswering;
-  StaticMomentumCache for a compiled decode step) with AutoConfig / AutoModel /
+  ...ForSequenceClassification, ...ForTokenClassification, ...ForQuestionAnswering,
+  ...ForMaskedLM; StaticMomentumCache for a compiled decode step) with AutoConfig / AutoModel /
   AutoModelForCausalLM / AutoModelForSequenceClassification / AutoModelForTokenClassification /
-  AutoModelForQuestionAnswering;
+  AutoModelForQuestionAnswering / AutoModelForMaskedLM;
 - model_type "momentum_lstm" (MomentumLSTMConfig, MomentumLSTMModel, MomentumLSTMForCausalLM,
   MomentumLSTMForSequenceClassification, MomentumLSTMForTokenClassification,
-  MomentumLSTMForQuestionAnswering) with the same Auto classes.
+  MomentumLSTMForQuestionAnswering) with the same Auto classes but AutoModelForMaskedLM (an LSTM
+  reads one direction).
 Saved models carry their code and load with `trust_remote_code=True` without this package.
 """
 from . import requirements  # noqa: F401,I001  (first: refuses a transformers below the floor)
@@ -21,6 +22,7 @@ from transformers import (
     AutoConfig,
     AutoModel,
     AutoModelForCausalLM,
+    AutoModelForMaskedLM,
     AutoModelForQuestionAnswering,
     AutoModelForSequenceClassification,
     AutoModelForTokenClassification,
@@ -54,6 +56,7 @@ from .modeling_momentum_lstm import (
 from .modeling_momentum_transformer import (
     MomentumCache,
     MomentumTransformerForCausalLM,
+    MomentumTransformerForMaskedLM,
     MomentumTransformerForQuestionAnswering,
     MomentumTransformerForSequenceClassification,
     MomentumTransformerForTokenClassification,
@@ -73,6 +76,7 @@ AutoModelForTokenClassification.register(MomentumTransformerConfig, MomentumTran
                                          exist_ok=True)
 AutoModelForQuestionAnswering.register(MomentumTransformerConfig, MomentumTransformerForQuestionAnswering,
                                        exist_ok=True)
+AutoModelForMaskedLM.register(MomentumTransformerConfig, MomentumTransformerForMaskedLM, exist_ok=True)
 AutoConfig.register(MomentumLSTMConfig.model_type, MomentumLSTMConfig, exist_ok=True)
 AutoModel.register(MomentumLSTMConfig, MomentumLSTMModel, exist_ok=True)
 AutoModelForCausalLM.register(MomentumLSTMConfig, MomentumLSTMForCausalLM, exist_ok=True)
@@ -89,7 +93,8 @@ __all__ = [
     "register",
     "MomentumTransformerConfig", "MomentumTransformerPreTrainedModel", "MomentumTransformerModel",
     "MomentumTransformerForCausalLM", "MomentumTransformerForSequenceClassification",
-    "MomentumTransformerForTokenClassification", "MomentumTransformerForQuestionAnswering", "MomentumCache",
+    "MomentumTransformerForTokenClassification", "MomentumTransformerForQuestionAnswering",
+    "MomentumTransformerForMaskedLM", "MomentumCache",
     "StaticMomentumCache", "RecurrentCache", "StaticStateMixin", "MomentumLSTMConfig",
     "MomentumLSTMPreTrainedModel", "MomentumLSTMModel",
     "MomentumLSTMForCausalLM", "MomentumLSTMForSequenceClassification", "MomentumLSTMForTokenClassification",

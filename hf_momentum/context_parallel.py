@@ -25,6 +25,7 @@ from plugins.transformer import MultiHeadAttention
 from plugins.validation import check_group
 
 from .modeling_momentum_transformer import (
+    MomentumTransformerForMaskedLM,
     MomentumTransformerForQuestionAnswering,
     MomentumTransformerForSequenceClassification,
     MomentumTransformerForTokenClassification,
@@ -44,7 +45,9 @@ def enable_context_parallel(model: torch.nn.Module, group: Optional[dist.Process
     unsplittable = {MomentumTransformerForSequenceClassification: "pools over its tokens",
                     MomentumTransformerForQuestionAnswering: "picks one answer span over its tokens",
                     MomentumTransformerForTokenClassification: "takes per-token labels, and shard_batch "
-                                                               "prepares a causal LM's shifted ones"}
+                                                               "prepares a causal LM's shifted ones",
+                    MomentumTransformerForMaskedLM: "takes masked tokens' labels unshifted, and shard_batch "
+                                                    "prepares a causal LM's shifted ones"}
     for head, why in unsplittable.items():
         if isinstance(model, head):
             raise ValueError(f"model: {head.__name__} {why}, which context parallelism splits over ranks; "

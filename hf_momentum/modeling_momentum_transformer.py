@@ -17,8 +17,9 @@ from typing import Optional
 import torch
 from torch import nn
 from transformers import GenerationMixin, PreTrainedModel
+from transformers.activations import ACT2FN
 from transformers.modeling_layers import GradientCheckpointingLayer
-from transformers.modeling_outputs import BaseModelOutputWithPast, SequenceClassifierOutput
+from transformers.modeling_outputs import BaseModelOutputWithPast, MaskedLMOutput, SequenceClassifierOutput
 
 from .cache_history import replay_accepted
 from .configuration_momentum_transformer import BLOCK_LABELS, MomentumTransformerConfig
@@ -66,6 +67,7 @@ AUTO_MAP = {
     "AutoModelForTokenClassification":
         "modeling_momentum_transformer.MomentumTransformerForTokenClassification",
     "AutoModelForQuestionAnswering": "modeling_momentum_transformer.MomentumTransformerForQuestionAnswering",
+    "AutoModelForMaskedLM": "modeling_momentum_transformer.MomentumTransformerForMaskedLM",
 }
 
 
@@ -430,3 +432,58 @@ class MomentumTransformerForQuestionAnswering(QuestionAnsweringMixin, MomentumTr
         self.model = MomentumTransformerModel(config, self.block)
         self.qa_outputs = nn.Linear(config.hidden_size, 2)
         self.post_init()
+
+
+class MaskedLMTransform(nn.Module):
+    """BERT's prediction-head transform (dense, `hidden_act`, LayerNorm) between the encoder and
+    the tied vocabulary projection: the embedding matrix then scores features made for it."""
+
+    def __init__(self, config: MomentumTransformerConfig):
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+        self.act = ACT2FN[config.hidden_act]
+        self.norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.norm(self.act(self.dense(hidden)))
+
+
+class MomentumTransformerForMaskedLM(HeadOverModelMixin, MomentumTransformerPreTrainedModel):
+    """Masked language modelling (BERT's objective) over a bidirectional encoder: every token reads
+    the whole sequence (Momentum Transformer, eq. 14), so it needs `is_causal=False`. The final
+    hidden states go through `MaskedLMTransform`, then `lm_head` (tied to the input embedding, with
+    a bias), with transformers' ForMaskedLM loss (labels -100 ignored, `num_items_in_batch`
+    honoured). Each token keeps its own logits, so packed rows (DataCollatorWithFlattening) are
+    taken: every document runs as if alone."""
+
+    _tied_weights_keys = {"lm_head.weight": "model.embed_tokens.weight"}
+
+    def __init__(self, config: MomentumTransformerConfig):
+        super().__init__(config)
+        if config.is_causal:
+            raise ValueError("MomentumTransformerForMaskedLM needs is_causal=False: a masked token is "
+                             "predicted from the tokens on both sides (Momentum Transformer, eq. 14); for "
+                             "next-token prediction use MomentumTransformerForCausalLM")
+        self.model = MomentumTransformerModel(config, self.block)
+        self.transform = MaskedLMTransform(config)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size)
+        self.post_init()
+
+    def get_output_embeddings(self):
+        return self.lm_head
+
+    def set_output_embeddings(self, value):
+        self.lm_head = value
+
+    def forward(self, input_ids=None, attention_mask=None, position_ids=None, inputs_embeds=None, labels=None,
+                output_hidden_states=None, output_attentions=None, return_dict=None, **kwargs):
+        outputs = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                             inputs_embeds=inputs_embeds, use_cache=False,
+                             output_hidden_states=output_hidden_states, output_attentions=output_attentions,
+                             return_dict=True, **pop_packing_kwargs(kwargs))
+        logits = self.lm_head(self.transform(outputs.last_hidden_state))
+        loss = None
+        if labels is not None:
+            loss = self.loss_function(logits, labels, vocab_size=self.config.vocab_size, **kwargs)
+        out = MaskedLMOutput(loss=loss, logits=logits, hidden_states=outputs.hidden_states)
+        return out if return_dict is not False else out.to_tuple()

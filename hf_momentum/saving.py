@@ -55,7 +55,8 @@ CITATIONS = {
 LICENSE = "mit"
 PIPELINE_TAGS = {"AutoModelForCausalLM": "text-generation", "AutoModelForSequenceClassification":
                  "text-classification", "AutoModelForTokenClassification": "token-classification",
-                 "AutoModelForQuestionAnswering": "question-answering", "AutoModel": "feature-extraction"}
+                 "AutoModelForQuestionAnswering": "question-answering", "AutoModelForMaskedLM": "fill-mask",
+                 "AutoModel": "feature-extraction"}
 
 
 class RemoteCodeMixin:

@@ -18,6 +18,7 @@ from hf_momentum import (
     MomentumLSTMForCausalLM,
     MomentumTransformerConfig,
     MomentumTransformerForCausalLM,
+    MomentumTransformerForMaskedLM,
     MomentumTransformerForQuestionAnswering,
     MomentumTransformerForSequenceClassification,
     MomentumTransformerForTokenClassification,
@@ -111,9 +112,11 @@ def _error_cases(group):
     }
     for name, head in (("sequence classification", MomentumTransformerForSequenceClassification),
                        ("question answering", MomentumTransformerForQuestionAnswering),
-                       ("token classification", MomentumTransformerForTokenClassification)):
+                       ("token classification", MomentumTransformerForTokenClassification),
+                       ("masked LM", MomentumTransformerForMaskedLM)):
         calls[name] = lambda head=head: enable_context_parallel(head(MomentumTransformerConfig(
-            vocab_size=VOCAB, hidden_size=4, num_hidden_layers=1, num_attention_heads=1)), group)
+            vocab_size=VOCAB, hidden_size=4, num_hidden_layers=1, num_attention_heads=1,
+            is_causal=head is not MomentumTransformerForMaskedLM)), group)
     messages = {}
     for name, call in calls.items():
         try:
@@ -167,6 +170,7 @@ def test_bad_inputs_raise_value_errors_naming_the_argument(ranks):
                 "position_ids in the batch": "position_ids", "labels of another shape": "batch['labels']",
                 "a stock model": "native momentum_transformer", "sequence classification": "pools",
                 "question answering": "one answer span", "token classification": "per-token labels",
+                "masked LM": "masked tokens' labels unshifted",
                 "a hybrid": "layer_types has softmax layers ([1])"}
     for result in ranks[1]:
         for name, word in expected.items():

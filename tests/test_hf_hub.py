@@ -24,6 +24,7 @@ from transformers import (
     AutoConfig,
     AutoModel,
     AutoModelForCausalLM,
+    AutoModelForMaskedLM,
     AutoModelForQuestionAnswering,
     AutoModelForSequenceClassification,
     AutoModelForTokenClassification,
@@ -33,8 +34,9 @@ import hf_momentum
 from hf_momentum.flatten import GENERATED_MARK, flatten_modules
 
 REPO = Path(__file__).resolve().parents[1]
-AUTO_CLASSES = {"AutoConfig", "AutoModel", "AutoModelForCausalLM", "AutoModelForSequenceClassification",
-                "AutoModelForTokenClassification", "AutoModelForQuestionAnswering"}
+LSTM_AUTO_CLASSES = {"AutoConfig", "AutoModel", "AutoModelForCausalLM", "AutoModelForSequenceClassification",
+                     "AutoModelForTokenClassification", "AutoModelForQuestionAnswering"}
+TRANSFORMER_AUTO_CLASSES = LSTM_AUTO_CLASSES | {"AutoModelForMaskedLM"}   # an LSTM reads one direction
 
 
 def tiny_config(**kwargs):
@@ -66,7 +68,7 @@ def test_flatten_bundle_is_self_contained_and_refuses_collisions():
 @pytest.mark.parametrize("auto_class, kwargs", [
     (AutoModelForCausalLM, {}), (AutoModel, {}), (AutoModelForSequenceClassification, dict(is_causal=False)),
     (AutoModelForTokenClassification, dict(is_causal=False)),
-    (AutoModelForQuestionAnswering, dict(is_causal=False)),
+    (AutoModelForQuestionAnswering, dict(is_causal=False)), (AutoModelForMaskedLM, dict(is_causal=False)),
 ])
 def test_save_load_round_trip_is_exact(auto_class, kwargs, tmp_path):
     torch.manual_seed(0)
@@ -78,7 +80,7 @@ def test_save_load_round_trip_is_exact(auto_class, kwargs, tmp_path):
             "saving.py", "modeling_common.py", "validation.py"} <= files
     assert GENERATED_MARK in (tmp_path / "validation.py").read_text()
     config = json.loads((tmp_path / "config.json").read_text())
-    assert set(config["auto_map"]) == AUTO_CLASSES
+    assert set(config["auto_map"]) == TRANSFORMER_AUTO_CLASSES
     assert GENERATED_MARK in (tmp_path / "momentum_core.py").read_text()
     card = (tmp_path / "README.md").read_text()
     assert "attention_momentum" in card and "0.4" in card and "Momentum Transformer" in card
@@ -141,17 +143,21 @@ def test_remote_code_loads_in_a_clean_process(make_config, tmp_path):
             assert (isolated / "resaved" / core).read_text() == (isolated / "model" / core).read_text()
 
 
-@pytest.mark.parametrize("auto_class", [AutoModelForSequenceClassification, AutoModelForTokenClassification,
-                                        AutoModelForQuestionAnswering], ids=["sequence", "token", "span"])
-def test_lstm_classifier_remote_code_loads_in_a_clean_process(auto_class, tmp_path):
-    """The LSTM's heads (sequence and token classifiers, question answering) save an auto_map entry
-    for every Auto class and load with their remote code where our packages cannot be imported,
-    hidden states included (the layer-by-layer path)."""
+@pytest.mark.parametrize("auto_class, make_config, auto_classes", [
+    (AutoModelForSequenceClassification, lstm_config, LSTM_AUTO_CLASSES),
+    (AutoModelForTokenClassification, lstm_config, LSTM_AUTO_CLASSES),
+    (AutoModelForQuestionAnswering, lstm_config, LSTM_AUTO_CLASSES),
+    (AutoModelForMaskedLM, lambda: tiny_config(is_causal=False), TRANSFORMER_AUTO_CLASSES),
+], ids=["lstm-sequence", "lstm-token", "lstm-span", "transformer-masked"])
+def test_task_heads_remote_code_loads_in_a_clean_process(auto_class, make_config, auto_classes, tmp_path):
+    """The LSTM's heads (sequence and token classifiers, question answering; hidden states through
+    the layer-by-layer path) and the transformer's masked LM save an auto_map entry for every Auto
+    class of their family and load with their remote code where our packages cannot be imported."""
     torch.manual_seed(0)
-    model = auto_class.from_config(lstm_config()).eval()
+    model = auto_class.from_config(make_config()).eval()
     model.save_pretrained(tmp_path / "model")
     config = json.loads((tmp_path / "model" / "config.json").read_text())
-    assert set(config["auto_map"]) == AUTO_CLASSES
+    assert set(config["auto_map"]) == auto_classes
     with torch.no_grad():
         out = model(input_ids=sample_ids(), output_hidden_states=True)
     logits = [out[name] for name in ("logits", "start_logits", "end_logits") if name in out]

@@ -10,6 +10,7 @@ from huggingface_hub import ModelCard
 from transformers import (
     AutoConfig,
     AutoModelForCausalLM,
+    AutoModelForMaskedLM,
     AutoModelForQuestionAnswering,
     AutoModelForSequenceClassification,
     AutoModelForTokenClassification,
@@ -23,16 +24,22 @@ SIZES = {"momentum_transformer": dict(vocab_size=50, hidden_size=16, num_hidden_
          "momentum_lstm": dict(vocab_size=50, hidden_size=16, num_hidden_layers=1)}
 
 
+HEAD_TAGS = [(AutoModelForCausalLM, "text-generation"),
+             (AutoModelForSequenceClassification, "text-classification"),
+             (AutoModelForTokenClassification, "token-classification"),
+             (AutoModelForQuestionAnswering, "question-answering")]
+CARD_CASES = [(model_type, auto, tag) for model_type in sorted(SIZES) for auto, tag in HEAD_TAGS] + \
+    [("momentum_transformer", AutoModelForMaskedLM, "fill-mask")]
+
+
 def tiny(model_type, auto=AutoModelForCausalLM):
     torch.manual_seed(0)
-    return auto.from_config(AutoConfig.for_model(model_type, **SIZES[model_type]))
+    encoder = dict(is_causal=False) if auto is AutoModelForMaskedLM else {}
+    return auto.from_config(AutoConfig.for_model(model_type, **SIZES[model_type], **encoder))
 
 
-@pytest.mark.parametrize("model_type", sorted(SIZES))
-@pytest.mark.parametrize("auto, pipeline_tag", [(AutoModelForCausalLM, "text-generation"),
-                                                (AutoModelForSequenceClassification, "text-classification"),
-                                                (AutoModelForTokenClassification, "token-classification"),
-                                                (AutoModelForQuestionAnswering, "question-answering")])
+@pytest.mark.parametrize("model_type, auto, pipeline_tag", CARD_CASES,
+                         ids=[f"{m}-{tag}" for m, _, tag in CARD_CASES])
 def test_saved_card_metadata(tmp_path, model_type, auto, pipeline_tag):
     model = tiny(model_type, auto)
     model.save_pretrained(tmp_path)

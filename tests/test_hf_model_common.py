@@ -13,7 +13,8 @@ with the same assertions:
 - `test_enable_input_require_grads_with_gradient_checkpointing` (frozen embeddings, as with PEFT),
 - `test_sequence_classification_model{,_for_single_label,_for_multi_label}` and regression;
 - every test on the token classifiers and question-answering heads too (transformers'
-  GenericForTokenClassification and GenericForQuestionAnswering);
+  GenericForTokenClassification and GenericForQuestionAnswering), and on a bidirectional encoder
+  (eq. 14) with every head, the masked LM included;
 - `test_resize_tokens_embeddings`, `test_resize_embeddings_untied` (plus: the kept tokens' outputs
   unchanged, and through save / reload);
 plus what linear attention and the LSTM do with `output_attentions` (one warning, no matrices),
@@ -41,6 +42,7 @@ from hf_momentum import (
     MomentumLSTMForTokenClassification,
     MomentumLSTMModel,
     MomentumTransformerForCausalLM,
+    MomentumTransformerForMaskedLM,
     MomentumTransformerForQuestionAnswering,
     MomentumTransformerForSequenceClassification,
     MomentumTransformerForTokenClassification,
@@ -85,6 +87,10 @@ HYBRID = ModelTester("momentum_transformer",      # softmax layers among momentu
                      dict(num_attention_heads=2, intermediate_size=32, connection="momentum",
                           layer_types=["linear_attention", "full_attention", "sliding_attention"],
                           sliding_window=3))
+ENCODER = ModelTester("momentum_transformer",     # bidirectional (eq. 14), a softmax layer among them
+                      dict(num_attention_heads=2, intermediate_size=32, connection="adaptive",
+                           is_causal=False,
+                           layer_types=["linear_attention", "full_attention", "linear_attention"]))
 TRANSFORMER_CLASSES = [MomentumTransformerModel, MomentumTransformerForCausalLM,
                        MomentumTransformerForSequenceClassification,
                        MomentumTransformerForTokenClassification, MomentumTransformerForQuestionAnswering]
@@ -93,10 +99,14 @@ CASES = [
     (LSTM, [MomentumLSTMModel, MomentumLSTMForCausalLM, MomentumLSTMForSequenceClassification,
             MomentumLSTMForTokenClassification, MomentumLSTMForQuestionAnswering]),
     (HYBRID, TRANSFORMER_CLASSES),
+    (ENCODER, [MomentumTransformerModel, MomentumTransformerForMaskedLM,
+               MomentumTransformerForSequenceClassification, MomentumTransformerForTokenClassification,
+               MomentumTransformerForQuestionAnswering]),
 ]
-IDS = ["transformer", "lstm", "hybrid"]
+IDS = ["transformer", "lstm", "hybrid", "encoder"]
 HEADS = [(model_class, tester) for tester, classes in CASES for model_class in classes[1:]]
-HEAD_IDS = [model_class.__name__ + ("-hybrid" if tester is HYBRID else "") for model_class, tester in HEADS]
+SUFFIXES = {id(HYBRID): "-hybrid", id(ENCODER): "-encoder"}
+HEAD_IDS = [model_class.__name__ + SUFFIXES.get(id(tester), "") for model_class, tester in HEADS]
 
 
 def head_of(model_classes, kind: str):
