@@ -1,5 +1,5 @@
-"""fairseq user-dir of momentum-plugins: momentum transformers (MT, LM, NAT) and the
-MomentumLSTM (LM, MT).
+"""fairseq user-dir of momentum-plugins: momentum transformers (MT, LM, NAT, RoBERTa-style masked LM)
+and the MomentumLSTM (LM, MT).
 
     fairseq-train DATA --user-dir "$(python -m fairseq_momentum)" --arch momentum_transformer_lm ...
 

@@ -64,6 +64,21 @@ def test_lm_config_trains_with_its_momentum_settings(tmp_path):
     assert len(model.decoder.layers) == 1 and model.decoder.embed_dim == 16
 
 
+def test_roberta_config_pretrains_with_its_momentum_settings(tmp_path):
+    data = preprocess_lm(write_lm_text(tmp_path / "text", seed=5), tmp_path / "bin")
+    save = tmp_path / "ckpt"
+    hydra_train("momentum_roberta", data, save, "task.tokens_per_sample=16", "model.encoder_layers=1",
+                "model.encoder_embed_dim=16", "model.encoder_ffn_embed_dim=32",
+                "model.encoder_attention_heads=2", "model.attention_momentum=0.3",
+                "lr_scheduler.warmup_updates=1", "+lr_scheduler.total_num_update=2")
+    model, cfg = load(save / "checkpoint_last.pt")
+    assert cfg.optimization.max_update == 2 and type(model).__name__ == "MomentumRobertaModel"
+    # from the command line (0.3), the preset (step size 1) and the yaml (adaptive connection)
+    assert attention_settings(model.modules()) == {(0.3, 1.0, False)}
+    assert connections(model) == {"AdaptiveMomentumConnection"}
+    assert len(model.encoder.sentence_encoder.layers) == 1
+
+
 def test_translation_config_trains_with_its_momentum_settings(tmp_path):
     data = preprocess_translation(write_parallel_text(tmp_path / "text"), tmp_path / "bin")
     save = tmp_path / "ckpt"

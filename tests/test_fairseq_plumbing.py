@@ -12,7 +12,8 @@ ARCHS = ["momentum_transformer", "momentum_transformer_iwslt_de_en", "linear_tra
          "momentum_transformer_lm_gpt", "momentum_transformer_lm_gpt2_small", "linear_transformer_lm",
          "momentum_lstm_lm", "momentum_lstm_lm_ptb", "momentum_lstm",
          "momentum_lstm_wiseman_iwslt_de_en", "momentum_iterative_nat",
-         "momentum_iterative_nat_iwslt16", "linear_iterative_nat_iwslt16"]
+         "momentum_iterative_nat_iwslt16", "linear_iterative_nat_iwslt16", "momentum_roberta",
+         "momentum_roberta_base", "momentum_roberta_large", "momentum_roberta_prenorm", "linear_roberta"]
 
 IMPORT_TWICE = f"""
 import importlib, os
@@ -24,7 +25,7 @@ from fairseq import checkpoint_utils, utils
 from fairseq.models import ARCH_MODEL_REGISTRY
 utils.import_user_module(Namespace(user_dir={USER_DIR!r}))
 for name in ("momentum_transformer", "momentum_transformer_lm", "momentum_lstm_lm",
-             "momentum_lstm", "momentum_nat"):
+             "momentum_lstm", "momentum_nat", "momentum_roberta"):
     importlib.reload(importlib.import_module("fairseq_momentum.models." + name))
 importlib.reload(fairseq_momentum)
 loader = checkpoint_utils.load_checkpoint_to_cpu
