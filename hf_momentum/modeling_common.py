@@ -142,6 +142,15 @@ class HeadOverModelMixin:
         self.dropout = nn.Dropout(config.classifier_dropout)
         self.score = nn.Linear(config.hidden_size, config.num_labels)
 
+    def token_features(self, input_ids, attention_mask, position_ids, inputs_embeds, output_hidden_states,
+                       output_attentions, kwargs: dict):
+        """`self.model`'s outputs without a cache, for a head that scores every token on its own:
+        packed rows are taken (the packing kwargs are popped from `kwargs`, the loss's stay)."""
+        return self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                          inputs_embeds=inputs_embeds, use_cache=False,
+                          output_hidden_states=output_hidden_states, output_attentions=output_attentions,
+                          return_dict=True, **pop_packing_kwargs(kwargs))
+
     def get_input_embeddings(self):
         return self.model.embed_tokens
 
@@ -158,10 +167,8 @@ class TokenClassificationMixin(HeadOverModelMixin):
 
     def forward(self, input_ids=None, attention_mask=None, position_ids=None, inputs_embeds=None, labels=None,
                 output_hidden_states=None, output_attentions=None, return_dict=None, **kwargs):
-        outputs = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                             inputs_embeds=inputs_embeds, use_cache=False,
-                             output_hidden_states=output_hidden_states, output_attentions=output_attentions,
-                             return_dict=True, **pop_packing_kwargs(kwargs))
+        outputs = self.token_features(input_ids, attention_mask, position_ids, inputs_embeds,
+                                      output_hidden_states, output_attentions, kwargs)
         logits = self.score(self.dropout(outputs.last_hidden_state))
         loss = None
         if labels is not None:

@@ -477,10 +477,8 @@ class MomentumTransformerForMaskedLM(HeadOverModelMixin, MomentumTransformerPreT
 
     def forward(self, input_ids=None, attention_mask=None, position_ids=None, inputs_embeds=None, labels=None,
                 output_hidden_states=None, output_attentions=None, return_dict=None, **kwargs):
-        outputs = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                             inputs_embeds=inputs_embeds, use_cache=False,
-                             output_hidden_states=output_hidden_states, output_attentions=output_attentions,
-                             return_dict=True, **pop_packing_kwargs(kwargs))
+        outputs = self.token_features(input_ids, attention_mask, position_ids, inputs_embeds,
+                                      output_hidden_states, output_attentions, kwargs)
         logits = self.lm_head(self.transform(outputs.last_hidden_state))
         loss = None
         if labels is not None:

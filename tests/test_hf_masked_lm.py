@@ -14,7 +14,14 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers.hf_heads import PAD, VOCAB, head_config
+from helpers.hf_heads import (
+    FORMS,
+    PAD,
+    VOCAB,
+    assert_packed_row_is_its_documents,
+    assert_padded_rows_are_their_sequences,
+    head_config,
+)
 from transformers import (
     AutoModelForMaskedLM,
     DataCollatorForLanguageModeling,
@@ -29,8 +36,6 @@ MASK = VOCAB - 3                 # the word tokenizer's [MASK]; [UNK] and [PAD] 
 WORDS = MASK                     # w0 ... w36
 ENCODERS = ["transformer-bidirectional", "hybrid-bidirectional"]
 TOL = 1e-5
-FORMS = {"position_ids": {}, "flash_attn_kwargs": dict(return_flash_attn_kwargs=True),
-         "seq_idx": dict(return_seq_idx=True)}
 
 
 def build(name="transformer-bidirectional", **overrides):
@@ -87,22 +92,7 @@ def test_logits_are_the_tied_projection_of_the_transformed_hidden_states(make_ge
 @pytest.mark.parametrize("name", ENCODERS)
 def test_padded_batch_gives_every_token_its_logits_alone(name, side, make_generator):
     model = build(name)
-    seqs = sequences(make_generator(), (6, 11, 1))
-    width = max(len(s) for s in seqs)
-    ids = torch.full((len(seqs), width), PAD)
-    mask = torch.zeros_like(ids)
-    for row, s in enumerate(seqs):
-        span = slice(0, len(s)) if side == "right" else slice(width - len(s), width)
-        ids[row, span], mask[row, span] = s, 1
-    with torch.no_grad():
-        batched = model(input_ids=ids, attention_mask=mask).logits
-        unmasked = model(input_ids=ids).logits
-        alone = [model(input_ids=s[None]).logits[0] for s in seqs]
-    assert batched.shape == (len(seqs), width, VOCAB)
-    for row, expected in enumerate(alone):
-        assert (batched[row][mask[row].bool()] - expected).abs().max() <= TOL, row
-    real = mask[0].bool()                            # without the mask the padding is read as tokens
-    assert (unmasked[0][real] - batched[0][real]).abs().max() > 100 * TOL
+    assert_padded_rows_are_their_sequences(model, sequences(make_generator(), (6, 11, 1)), side, TOL)
 
 
 @pytest.mark.parametrize("form", FORMS)
@@ -122,20 +112,7 @@ def test_packed_documents_get_their_logits_and_loss_alone(name, form, make_gener
     if form != "position_ids":                       # the documents known from that form alone
         del batch["position_ids"]
     model.train()                                    # no dropout in these configs: train and eval agree
-    packed = model(**batch)
-    flat = torch.cat([model(input_ids=i[None]).logits[0] for i in inputs])
-    expected = F.cross_entropy(flat, batch["labels"][0], ignore_index=-100)
-    assert (packed.logits[0] - flat).abs().max() <= TOL
-    assert math.isclose(packed.loss.item(), expected.item(), rel_tol=1e-5)
-    got = torch.autograd.grad(packed.loss, list(model.parameters()), allow_unused=True)
-    want = torch.autograd.grad(expected, list(model.parameters()), allow_unused=True)
-    for (param_name, _), g, w in zip(model.named_parameters(), got, want):
-        assert (g is None) == (w is None), param_name
-        if w is not None:
-            torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-6, msg=param_name)
-    with torch.no_grad():
-        mixed = model(input_ids=batch["input_ids"]).logits[0]
-    assert (mixed - flat).abs().max() > 100 * TOL    # run as one sequence, the documents would mix
+    assert_packed_row_is_its_documents(model, batch, inputs, TOL)
 
 
 def test_loss_is_cross_entropy_over_the_masked_tokens(make_generator):

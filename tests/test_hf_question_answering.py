@@ -10,7 +10,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import pytest
 import torch
-from helpers.hf_heads import MODELS, PAD, head_config
+from helpers.hf_heads import MODELS, PAD, head_config, padded
 from transformers import AutoModelForQuestionAnswering, DataCollatorWithFlattening
 
 from hf_momentum import MomentumLSTMForQuestionAnswering, MomentumTransformerForQuestionAnswering
@@ -40,14 +40,8 @@ def test_padded_rows_get_the_span_logits_loss_and_gradients_of_each_row_alone(na
     lengths = (6, 11, 2)
     seqs = [torch.randint(0, PAD, (n,), generator=generator) for n in lengths]
     spans = [sorted(torch.randint(0, n, (2,), generator=generator).tolist()) for n in lengths]
-    width = max(lengths)
-    ids = torch.full((len(seqs), width), PAD)
-    mask = torch.zeros_like(ids)
-    offsets = []
-    for row, s in enumerate(seqs):
-        offset = 0 if side == "right" else width - len(s)
-        ids[row, offset:offset + len(s)], mask[row, offset:offset + len(s)] = s, 1
-        offsets.append(offset)
+    ids, mask = padded(seqs, side)
+    offsets = [0 if side == "right" else ids.shape[1] - len(s) for s in seqs]
     start = torch.tensor([span[0] + offset for span, offset in zip(spans, offsets)])
     end = torch.tensor([span[1] + offset for span, offset in zip(spans, offsets)])
     batched = model(input_ids=ids, attention_mask=mask, start_positions=start, end_positions=end)

@@ -13,7 +13,15 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers.hf_heads import MODELS, PAD, VOCAB, head_config
+from helpers.hf_heads import (
+    FORMS,
+    MODELS,
+    PAD,
+    VOCAB,
+    assert_packed_row_is_its_documents,
+    assert_padded_rows_are_their_sequences,
+    head_config,
+)
 from transformers import (
     AutoConfig,
     AutoModelForTokenClassification,
@@ -27,8 +35,6 @@ from hf_momentum import MomentumLSTMForTokenClassification, MomentumTransformerF
 
 LABELS = 5
 TOL = 1e-5
-FORMS = {"position_ids": {}, "flash_attn_kwargs": dict(return_flash_attn_kwargs=True),
-         "seq_idx": dict(return_seq_idx=True)}
 
 
 def config_of(name, **overrides):
@@ -50,11 +56,6 @@ def words():
     return word_tokenizer(ModelTester("momentum_transformer", {}, vocab_size=VOCAB))
 
 
-def alone(model, seqs):
-    with torch.no_grad():
-        return [model(input_ids=s[None]).logits[0] for s in seqs]
-
-
 def test_auto_classes_build_the_token_classifiers():
     assert type(build("transformer-bidirectional")) is MomentumTransformerForTokenClassification
     assert type(build("lstm-adam")) is MomentumLSTMForTokenClassification
@@ -64,23 +65,8 @@ def test_auto_classes_build_the_token_classifiers():
 @pytest.mark.parametrize("name", MODELS)
 def test_padded_batch_gives_every_token_its_logits_alone(name, side, make_generator):
     model = build(name)
-    seqs = sequences(make_generator(), (6, 11, 1))
-    width = max(len(s) for s in seqs)
-    ids = torch.full((len(seqs), width), PAD)
-    mask = torch.zeros_like(ids)
-    for row, s in enumerate(seqs):
-        span = slice(0, len(s)) if side == "right" else slice(width - len(s), width)
-        ids[row, span], mask[row, span] = s, 1
-    with torch.no_grad():
-        batched = model(input_ids=ids, attention_mask=mask).logits
-        unmasked = model(input_ids=ids).logits
-    assert batched.shape == (len(seqs), width, LABELS)
-    for row, expected in enumerate(alone(model, seqs)):
-        got = batched[row][mask[row].bool()]
-        assert (got - expected).abs().max() <= TOL, row
-    if side == "left" or "bidirectional" in name:    # where padding could reach a real token
-        real = mask[0].bool()                        # without the mask the padding is read as tokens
-        assert (unmasked[0][real] - batched[0][real]).abs().max() > 100 * TOL
+    assert_padded_rows_are_their_sequences(model, sequences(make_generator(), (6, 11, 1)), side, TOL,
+                                           padding_reaches_tokens=side == "left" or "bidirectional" in name)
 
 
 @pytest.mark.parametrize("form", FORMS)
@@ -96,23 +82,8 @@ def test_packed_documents_get_their_logits_and_loss_alone(name, form, make_gener
         [{"input_ids": s.tolist(), "labels": t.tolist()} for s, t in zip(seqs, tags)])
     if form != "position_ids":                       # the documents known from that form alone
         del batch["position_ids"]
-    labels = batch["labels"][0]
     model.train()                                    # no dropout in these configs: train and eval agree
-    packed = model(**batch)
-    logits = [model(input_ids=s[None]).logits[0] for s in seqs]
-    flat = torch.cat(logits)
-    expected = F.cross_entropy(flat, labels, ignore_index=-100)
-    assert (packed.logits[0] - flat).abs().max() <= TOL
-    assert math.isclose(packed.loss.item(), expected.item(), rel_tol=1e-5)
-    got = torch.autograd.grad(packed.loss, list(model.parameters()), allow_unused=True)
-    want = torch.autograd.grad(expected, list(model.parameters()), allow_unused=True)
-    for (param_name, _), g, w in zip(model.named_parameters(), got, want):
-        assert (g is None) == (w is None), param_name
-        if w is not None:
-            torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-6, msg=param_name)
-    with torch.no_grad():
-        mixed = model(input_ids=batch["input_ids"]).logits[0]
-    assert (mixed - flat).abs().max() > 100 * TOL    # run as one sequence, the documents would mix
+    assert_packed_row_is_its_documents(model, batch, seqs, TOL)
 
 
 @pytest.mark.parametrize("name", ["transformer-bidirectional", "lstm-adam"])
