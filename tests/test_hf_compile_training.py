@@ -75,6 +75,27 @@ def test_packed_documents_compile_whole_and_equal_eager(make_generator):
     check_compiled_equals_eager(model, backend=DECOMPOSED, input_ids=ids, position_ids=positions)
 
 
+@pytest.mark.parametrize("packed", [False, True], ids=["padded", "packed"])
+def test_masked_lm_encoder_compiles_whole_and_equals_eager(packed, make_generator):
+    """The bidirectional encoder (eq. 14) under MomentumTransformerForMaskedLM: its training forward
+    compiles whole for a left-padded batch and for DataCollatorWithFlattening's cu_seq_lens row."""
+    from helpers.hf_heads import head_config, padded
+    from transformers import AutoModelForMaskedLM
+    torch.manual_seed(0)
+    model = AutoModelForMaskedLM.from_config(head_config("transformer-bidirectional",
+                                                         max_position_embeddings=128)).train()
+    gen = make_generator()
+    docs = [torch.randint(0, 37, (n,), generator=gen) for n in (5, 70, 3)]     # one past a chunk (64)
+    if packed:
+        batch = DataCollatorWithFlattening(return_flash_attn_kwargs=True)([{"input_ids": d.tolist()}
+                                                                            for d in docs])
+        del batch["labels"], batch["position_ids"]
+    else:
+        ids, mask = padded(docs, "left")
+        batch = dict(input_ids=ids, attention_mask=mask)
+    check_compiled_equals_eager(model, backend=DECOMPOSED, **batch)
+
+
 def test_compiled_padded_rows_of_documents_equal_each_document_alone(make_generator):
     """Two right- and left-padded rows of packed documents, some longer than the chunk (64) and
     none a multiple of it: the compiled logits at the real tokens equal each document run alone
