@@ -69,9 +69,11 @@ class MomentumTransformerConfig(PreTrainedConfig):
     attention over the last `sliding_window` real tokens (which it requires, and only it reads).
 
     `layer_norm` "pre" or "post"; dropouts `embedding_dropout`, `attention_dropout` (on the
-    attention block output), `hidden_dropout` (feed-forward), `classifier_dropout` (on the final
-    hidden states a classification head reads) in [0, 1); learned absolute
-    positions up to `max_position_embeddings`. `use_cache` applies to causal models only: an
+    attention block output), `hidden_dropout` (feed-forward), `activation_dropout` (inside the
+    feed-forward, after `hidden_act`), `classifier_dropout` (on the final hidden states a
+    classification head reads) in [0, 1); learned absolute positions up to
+    `max_position_embeddings`; `scale_embedding` multiplies the token embeddings by
+    √hidden_size (fairseq's default, and BART's flag). `use_cache` applies to causal models only: an
     encoder (`is_causal=False`) runs without a cache unless one is asked for, which raises.
 
     Every value is checked when the config is built and again when a model is built from it
@@ -98,6 +100,7 @@ class MomentumTransformerConfig(PreTrainedConfig):
     embedding_dropout: float = 0.0
     attention_dropout: float = BlockConfig.attention_dropout
     hidden_dropout: float = 0.1
+    activation_dropout: float = BlockConfig.activation_dropout
     classifier_dropout: float = 0.0
     layer_norm: str = BlockConfig.norm
     layer_norm_eps: float = BlockConfig.layer_norm_eps
@@ -108,6 +111,7 @@ class MomentumTransformerConfig(PreTrainedConfig):
     bos_token_id: int | None = None
     eos_token_id: int | list[int] | None = None
     tie_word_embeddings: bool = True
+    scale_embedding: bool = False
     layer_types: list[str] | None = None
     sliding_window: int | None = None
 
@@ -155,6 +159,7 @@ class MomentumTransformerConfig(PreTrainedConfig):
             layer_norm_eps=self.layer_norm_eps,
             activation=ACT2FN[check_choice(self.hidden_act, "hidden_act", ACT2FN)],
             attention_dropout=self.attention_dropout, hidden_dropout=self.hidden_dropout,
+            activation_dropout=self.activation_dropout,
             connection=self.connection, connection_momentum=self.connection_momentum,
             connection_step_size=self.connection_step_size, connection_delta=self.adaptive_delta)
 
@@ -220,6 +225,7 @@ class MomentumTransformerConfig(PreTrainedConfig):
         check_bool(self.is_causal, "is_causal")
         check_bool(self.use_cache, "use_cache")
         check_bool(self.tie_word_embeddings, "tie_word_embeddings")
+        check_bool(self.scale_embedding, "scale_embedding")
         check_bool_fields(self)         # transformers' own bool fields too (return_dict, ...)
         check_bool(getattr(self, "output_attentions", False), "output_attentions")  # set after __post_init__
         return block

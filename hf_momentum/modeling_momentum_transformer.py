@@ -183,10 +183,30 @@ class MomentumTransformerPreTrainedModel(RemoteCodeMixin, PreTrainedModel):
         self.block = block
 
 
+class ScaledEmbedding(nn.Embedding):
+    """Token embeddings times `embed_scale` (√hidden_size with `scale_embedding`, as BART's): the
+    scale is part of the embedding, so `get_input_embeddings()(ids)` gives what the model reads."""
+
+    def __init__(self, num_embeddings: int, embedding_dim: int, padding_idx: Optional[int],
+                 embed_scale: float):
+        super().__init__(num_embeddings, embedding_dim, padding_idx)
+        self.embed_scale = embed_scale
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return super().forward(input_ids) * self.embed_scale
+
+
+def token_embedding(config: MomentumTransformerConfig) -> nn.Embedding:
+    if config.scale_embedding:
+        return ScaledEmbedding(config.vocab_size, config.hidden_size, config.pad_token_id,
+                               config.hidden_size ** 0.5)
+    return nn.Embedding(config.vocab_size, config.hidden_size, config.pad_token_id)
+
+
 class MomentumTransformerModel(MomentumTransformerPreTrainedModel):
     def __init__(self, config: MomentumTransformerConfig, block: Optional[BlockConfig] = None):
         super().__init__(config, block=block)
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size, config.pad_token_id)
+        self.embed_tokens = token_embedding(config)
         self.embed_positions = nn.Embedding(config.max_position_embeddings, config.hidden_size)
         self.dropout = nn.Dropout(config.embedding_dropout)
         layer_blocks = config.layer_blocks(self.block)    # per layer_types; one checked config per kind

@@ -1,0 +1,191 @@
+"""fairseq_momentum.convert_to_hf: a fairseq momentum_transformer_lm becomes a transformers
+MomentumTransformerForCausalLM with fairseq's logits (float64, every position option, tied or
+not, connections, hybrids, the linear preset), on padded batches too; generate() continues a prompt
+as fairseq's own argmax does; what has no counterpart is refused by its option; and through the
+CLIs: fairseq-train, the converter, then transformers alone (remote code, the saved tokenizer)."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from helpers.clean_process import run_clean
+from helpers.fairseq_cli import (
+    build_model,
+    cli_env,
+    lm_args,
+    preprocess_lm,
+    random_tokens,
+    train,
+    write_lm_text,
+)
+
+from fairseq_momentum.convert_to_hf import to_transformers
+
+SIZES = ["--decoder-layers", "2", "--decoder-embed-dim", "16", "--decoder-ffn-embed-dim", "32",
+         "--decoder-attention-heads", "2"]
+SMALL = [*SIZES, "--attention-momentum", "0.5", "--attention-step-size", "0.8"]
+CONFIGS = {
+    "sinusoidal-scaled-untied": [],
+    "learned-unscaled-tied-momentum": ["--decoder-learned-pos", "--no-scale-embedding",
+                                       "--share-decoder-input-output-embed", "--connection", "momentum",
+                                       "--connection-momentum", "0.4"],
+    "adaptive-connection-elu": ["--connection", "adaptive", "--feature-map", "elu"],
+    "hybrid-relu-map": ["--layer-types", "linear_attention,full_attention", "--connection", "adaptive",
+                        "--feature-map", "relu"],
+    # fairseq computes gelu in float32 (fairseq.modules.gelu), so this one agrees to float32 rounding
+    "gelu": ["--activation-fn", "gelu"],
+}
+
+
+def fairseq_lm(tmp_path, *extra, arch="momentum_transformer_lm", sizes=SMALL):
+    model, task, args = build_model(tmp_path, *lm_args(arch, *sizes, *extra))
+    return model.double().eval(), task, args
+
+
+def tolerance(config):
+    return 1e-6 if config == "gelu" else 1e-9
+
+
+@pytest.mark.parametrize("config", CONFIGS)
+def test_converted_model_gives_fairseqs_logits(tmp_path, make_generator, config):
+    model, task, args = fairseq_lm(tmp_path, *CONFIGS[config])
+    converted = to_transformers(model, args, task.target_dictionary)
+    assert converted.model.embed_tokens.weight.dtype == torch.float64
+    tokens = random_tokens(task, 3, 13, make_generator())
+    with torch.no_grad():
+        expected = model(tokens)[0]
+        got = converted(input_ids=tokens).logits
+    torch.testing.assert_close(got, expected, rtol=0, atol=tolerance(config))
+    tied = converted.lm_head.weight is converted.model.embed_tokens.weight
+    assert tied == ("--share-decoder-input-output-embed" in CONFIGS[config])
+
+
+def test_linear_preset_converts_to_momentum_zero(tmp_path, make_generator):
+    model, task, args = fairseq_lm(tmp_path, arch="linear_transformer_lm", sizes=SIZES)
+    converted = to_transformers(model, args, task.target_dictionary)
+    assert (converted.config.attention_momentum, converted.config.attention_step_size) == (0.0, 1.0)
+    tokens = random_tokens(task, 2, 9, make_generator())
+    with torch.no_grad():
+        torch.testing.assert_close(converted(input_ids=tokens).logits, model(tokens)[0], rtol=0, atol=1e-9)
+
+
+@pytest.mark.parametrize("side", ["right", "left"])
+def test_padded_batch_gives_each_row_fairseqs_logits_alone(tmp_path, make_generator, side):
+    model, task, args = fairseq_lm(tmp_path, "--connection", "adaptive")
+    converted = to_transformers(model, args, task.target_dictionary)
+    gen = make_generator()
+    rows = [random_tokens(task, 1, n, gen)[0] for n in (9, 4, 1)]
+    ids = torch.full((3, 9), task.target_dictionary.pad())
+    mask = torch.zeros_like(ids)
+    for i, row in enumerate(rows):
+        span = slice(0, len(row)) if side == "right" else slice(9 - len(row), 9)
+        ids[i, span], mask[i, span] = row, 1
+    with torch.no_grad():
+        logits = converted(input_ids=ids, attention_mask=mask).logits
+        for i, row in enumerate(rows):
+            torch.testing.assert_close(logits[i][mask[i].bool()], model(row[None])[0][0], rtol=0, atol=1e-9)
+
+
+def test_generate_continues_a_prompt_as_fairseqs_argmax(tmp_path, make_generator):
+    """Greedy generate() (eq. 12's recurrent state, one token a step) against the argmax of
+    fairseq's full forward over the growing sequence; the pad token is never chosen, as in fairseq's
+    SequenceGenerator (fairseq reads it as padding wherever it stands)."""
+    model, task, args = fairseq_lm(tmp_path, "--connection", "adaptive",
+                                   "--layer-types", "linear_attention,full_attention")
+    converted = to_transformers(model, args, task.target_dictionary)
+    prompt = random_tokens(task, 1, 5, make_generator())
+    pad = task.target_dictionary.pad()
+    with torch.no_grad():
+        tokens = converted.generate(prompt, max_new_tokens=8, do_sample=False, eos_token_id=None,
+                                    suppress_tokens=[pad])
+        expected = prompt
+        for _ in range(8):
+            last = model(expected)[0][:, -1:]
+            last[..., pad] = -torch.inf
+            expected = torch.cat([expected, last.argmax(-1)], dim=1)
+    assert torch.equal(tokens, expected)
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--layernorm-embedding"], "--layernorm-embedding True: a momentum_transformer model has no "
+                                "counterpart"),
+    (["--decoder-output-dim", "8"], "--decoder-output-dim 8 differs from --decoder-embed-dim 16"),
+    (["--no-token-positional-embeddings"], "--no-token-positional-embeddings True"),
+])
+def test_options_without_a_counterpart_are_refused_by_name(tmp_path, extra, message):
+    model, task, args = fairseq_lm(tmp_path, *extra)
+    with pytest.raises(ValueError, match="^" + message.replace("(", r"\(").replace("+", r"\+")):
+        to_transformers(model, args, task.target_dictionary)
+
+
+def test_other_architectures_are_refused_by_name(tmp_path):
+    sizes = ["--decoder-layers", "1", "--decoder-embed-dim", "8", "--decoder-hidden-size", "8",
+             "--decoder-out-embed-dim", "8"]
+    model, task, args = build_model(tmp_path, *lm_args("momentum_lstm_lm", *sizes))
+    with pytest.raises(ValueError, match="converts momentum_transformer_lm"):
+        to_transformers(model, args, task.target_dictionary)
+
+
+def test_cli_converts_a_trained_checkpoint_that_transformers_loads_alone(tmp_path):
+    data = preprocess_lm(write_lm_text(tmp_path / "text", seed=4), tmp_path / "bin")
+    save = tmp_path / "ckpt"
+    train(data, save, "--task", "language_modeling", "--arch", "momentum_transformer_lm", *SMALL,
+          "--connection", "adaptive", "--tokens-per-sample", "32", "--batch-size", "16", "--max-update", "6",
+          "--optimizer", "adam", "--lr", "0.003")
+    out = tmp_path / "hf"
+    proc = subprocess.run([sys.executable, "-m", "fairseq_momentum.convert_to_hf",
+                           str(save / "checkpoint_last.pt"), str(out)],
+                          capture_output=True, text=True, env=cli_env(), timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    config = json.loads((out / "config.json").read_text())
+    assert (config["model_type"], config["max_position_embeddings"], config["scale_embedding"]) == \
+        ("momentum_transformer", 32, True)
+
+    from fairseq import checkpoint_utils
+    [model], _, task = checkpoint_utils.load_model_ensemble_and_task([str(save / "checkpoint_last.pt")])
+    line = "the cat sees a small dog"
+    ids = task.target_dictionary.encode_line(line, add_if_not_exist=False, append_eos=False).long()[None]
+    with torch.no_grad():
+        logits = model.eval()(ids)[0]
+    torch.save({"ids": ids, "logits": logits}, tmp_path / "expected.pt")
+    proc = run_clean(f"""
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer, pipeline
+        tokenizer = AutoTokenizer.from_pretrained({str(out)!r})
+        model = AutoModelForCausalLM.from_pretrained({str(out)!r}, trust_remote_code=True).eval()
+        expected = torch.load({str(tmp_path / "expected.pt")!r})
+        ids = tokenizer({line!r}, return_tensors="pt")["input_ids"]
+        assert torch.equal(ids, expected["ids"]), (ids, expected["ids"])
+        with torch.no_grad():
+            torch.testing.assert_close(model(input_ids=ids).logits, expected["logits"], rtol=1e-5, atol=1e-5)
+        text = pipeline("text-generation", model=model, tokenizer=tokenizer)("the cat", max_new_tokens=4,
+                                                                           do_sample=False)
+        assert text[0]["generated_text"].startswith("the cat"), text
+        print("OK", type(model).__module__)
+    """, tmp_path, {"HF_HUB_OFFLINE": "1"})
+    assert "OK transformers_modules" in proc.stdout
+    assert os.path.exists(out / "model.safetensors")
+
+
+def test_scale_embedding_is_part_of_the_input_embedding(make_generator):
+    """scale_embedding multiplies the token embeddings by √hidden_size inside the embedding module,
+    so inputs_embeds built with get_input_embeddings() give what input_ids give; the scale survives
+    resizing the vocabulary; activation_dropout reaches the feed-forward."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+    config = AutoConfig.for_model("momentum_transformer", vocab_size=30, hidden_size=16, num_hidden_layers=1,
+                                  num_attention_heads=2, scale_embedding=True, activation_dropout=0.25)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config).eval()
+    ids = torch.randint(0, 30, (2, 5), generator=make_generator())
+    embedding = model.get_input_embeddings()
+    torch.testing.assert_close(embedding(ids), embedding.weight[ids] * 4.0, rtol=0, atol=0)
+    with torch.no_grad():
+        torch.testing.assert_close(model(inputs_embeds=embedding(ids)).logits, model(input_ids=ids).logits,
+                                   rtol=0, atol=0)
+    assert model.resize_token_embeddings(40).embed_scale == 4.0
+    assert model.model.layers[0].mlp.activation_dropout.p == 0.25
+    unscaled = AutoModelForCausalLM.from_config(AutoConfig.for_model(
+        "momentum_transformer", vocab_size=30, hidden_size=16, num_hidden_layers=1, num_attention_heads=2))
+    assert type(unscaled.get_input_embeddings()) is torch.nn.Embedding
