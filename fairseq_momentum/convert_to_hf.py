@@ -1,24 +1,28 @@
-"""A fairseq momentum transformer LM as a transformers model: a checkpoint of
-`momentum_transformer_lm` or `linear_transformer_lm` (any preset, hybrids included) becomes a
-`MomentumTransformerForCausalLM` folder (config, safetensors, the modeling code for
-`trust_remote_code`, a model card) with the same logits, which `from_pretrained` loads, `generate`
-continues and `push_to_hub` publishes.
+"""A fairseq momentum transformer as a transformers model: a checkpoint of
+`momentum_transformer_lm` / `linear_transformer_lm` (any preset, hybrids included) becomes a
+`MomentumTransformerForCausalLM` folder, and one of `momentum_roberta` / `linear_roberta` a
+`MomentumTransformerForMaskedLM` folder (config, safetensors, the modeling code for
+`trust_remote_code`, a model card), with the same logits; `from_pretrained` loads it, `generate`
+or the fill-mask pipeline runs it, `push_to_hub` publishes it.
 
     python -m fairseq_momentum.convert_to_hf checkpoints/checkpoint_best.pt hf-model \\
         [--push_to_hub --hub_model_id you/name]
 
 The layers map one to one (`plugins` holds the attention and the connection for both). fairseq's
-token embedding scale (√d unless --no-scale-embedding) is the config's `scale_embedding`; its
-positions (sinusoidal, or learned with fairseq's offset of padding_idx + 1) become the learned
-table of `max_position_embeddings` = the model's --max-target-positions rows, so a sinusoidal model
-converted and then fine-tuned trains its positions. The dictionary's ids are kept (bos is fairseq's
-`</s>`, which starts every LM sample); where the task used no BPE, the dictionary also becomes a
-word-level tokenizer saved beside the model. What the transformers model has no counterpart for
-(adaptive input or softmax, character embeddings, projections between sizes, an embedding layer
-norm, the scale_* options, ...) is refused, naming the option.
+token embedding scale (√d unless --no-scale-embedding) is the config's `scale_embedding`, its
+--layernorm-embedding `embedding_layer_norm`; its positions (sinusoidal, or learned with fairseq's
+offset of padding_idx + 1) become the learned table of `max_position_embeddings` = the model's
+maximum positions, so a sinusoidal model converted and then fine-tuned trains its positions.
+RoBERTa's LM head (dense, activation, LayerNorm, tied projection with a bias) is the masked LM's.
+The dictionary's ids are kept (an LM's bos is fairseq's `</s>`, which starts every LM sample; a
+masked LM's is `<s>`); where the task used no BPE, the dictionary also becomes a word-level
+tokenizer saved beside the model. What the transformers model has no counterpart for (adaptive
+input or softmax, character embeddings, projections between sizes, the scale_* options, pruned
+heads or blocks, ...) is refused, naming the option.
 """
 import argparse
 import logging
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
@@ -28,71 +32,96 @@ from .configs import as_namespace, flag
 
 logger = logging.getLogger(__name__)
 
-ARCHS = ("momentum_transformer_lm",)
 # fairseq's activation_fn → transformers' ACT2FN name of the same function
 ACTIVATIONS = {"relu": "relu", "gelu": "gelu", "gelu_fast": "gelu_pytorch_tanh",
                "gelu_accurate": "gelu_pytorch_tanh", "tanh": "tanh", "linear": "linear"}
 # options that change the model in ways MomentumTransformerConfig has no counterpart for (when set)
-UNSUPPORTED = ("adaptive_input", "adaptive_softmax_cutoff", "character_embeddings", "layernorm_embedding",
-               "no_decoder_final_norm", "no_token_positional_embeddings", "scale_attn", "scale_fc",
-               "scale_heads", "scale_resids", "tie_adaptive_weights")
+UNSUPPORTED = ("adaptive_input", "adaptive_softmax_cutoff", "character_embeddings", "no_decoder_final_norm",
+               "no_token_positional_embeddings", "scale_attn", "scale_fc", "scale_heads", "scale_resids",
+               "tie_adaptive_weights")
+PRUNING = ("mha_heads_to_keep", "ffn_blocks_to_remove")       # roberta's; -1 keeps everything
 LAYER_PARTS = {"self_attn_layer_norm": "attn_norm", "self_attn.q_proj": "attention.q_proj",
                "self_attn.k_proj": "attention.k_proj", "self_attn.v_proj": "attention.v_proj",
                "self_attn.o_proj": "attention.o_proj", "self_attn.out_proj": "attention.o_proj",
                "final_layer_norm": "mlp_norm", "fc1": "mlp.fc_in", "fc2": "mlp.fc_out"}
+CONNECTION_FIELDS = {"connection_momentum": "connection_momentum",
+                     "connection_step_size": "connection_step_size", "connection_delta": "adaptive_delta"}
 
 
-def check_convertible(args, model) -> None:
-    """ValueError naming the first option of `args` that MomentumTransformerForCausalLM cannot
-    represent."""
-    if type(model).__name__ != "MomentumTransformerLanguageModel":
-        raise ValueError(f"checkpoint: converts {', '.join(ARCHS)} (and its presets), got "
-                         f"{type(model).__name__} (--arch {getattr(args, 'arch', '?')})")
+@dataclass
+class Source:
+    """What a fairseq model converts from: its layer stack (decoder or sentence encoder), the prefix
+    of its options (`decoder` / `encoder`), and for RoBERTa its LM head."""
+    stack: torch.nn.Module
+    side: str
+    lm_head: Optional[torch.nn.Module] = None
+
+    def option(self, args, name, default=None):
+        return getattr(args, f"{self.side}_{name}", default)
+
+
+def source_of(model, args) -> Source:
+    kind = type(model).__name__
+    if kind == "MomentumTransformerLanguageModel":
+        return Source(model.decoder, "decoder")
+    if kind == "MomentumRobertaModel":
+        return Source(model.encoder.sentence_encoder, "encoder", model.encoder.lm_head)
+    raise ValueError("checkpoint: converts momentum_transformer_lm and momentum_roberta (and their "
+                     f"presets), got {kind} (--arch {getattr(args, 'arch', '?')})")
+
+
+def check_convertible(args, source: Source) -> None:
+    """ValueError naming the first option of `args` that the transformers model cannot represent."""
     for name in UNSUPPORTED:
         value = getattr(args, name, None)
         if value not in (None, False, 0, ""):
             raise ValueError(f"{flag(name)} {value!r}: a momentum_transformer model has no counterpart; "
                              f"convert a model trained without {flag(name)}")
-    for name in ("decoder_input_dim", "decoder_output_dim"):
-        if getattr(args, name, args.decoder_embed_dim) != args.decoder_embed_dim:
-            raise ValueError(f"{flag(name)} {getattr(args, name)} differs from --decoder-embed-dim "
-                             f"{args.decoder_embed_dim}: a momentum_transformer model has no projection "
-                             "between them")
+    for name in PRUNING:
+        if getattr(args, name, -1) not in (None, -1):
+            raise ValueError(f"{flag(name)} {getattr(args, name)!r}: pruned heads or feed-forward blocks "
+                             "have no counterpart in a momentum_transformer model")
+    for name in ("input_dim", "output_dim"):
+        width = source.option(args, name, source.option(args, "embed_dim"))
+        if width != source.option(args, "embed_dim"):
+            raise ValueError(f"--{source.side}-{name.replace('_', '-')} {width} differs from "
+                             f"--{source.side}-embed-dim {source.option(args, 'embed_dim')}: a "
+                             "momentum_transformer model has no projection between them")
     if args.activation_fn not in ACTIVATIONS:
         raise ValueError(f"--activation-fn {args.activation_fn!r}: convertible ones are "
                          f"{', '.join(ACTIVATIONS)}")
 
 
-def hf_config(args, dictionary, model):
-    """The MomentumTransformerConfig of the fairseq LM `model` built from `args`."""
+def hf_config(args, dictionary, source: Source):
+    """The MomentumTransformerConfig of the fairseq model whose stack is `source`."""
     from hf_momentum import MomentumTransformerConfig
-    decoder = model.decoder
-    layers = len(decoder.layers)
+    stack, masked = source.stack, source.lm_head is not None
+    layers = len(stack.layers)
     layer_types = list(getattr(args, "layer_types", None) or ["linear_attention"] * layers)
-    connection_fields = {"connection_momentum": "connection_momentum",
-                         "connection_step_size": "connection_step_size", "connection_delta": "adaptive_delta"}
-    connection = {hf: getattr(args, fs) for fs, hf in connection_fields.items()
+    connection = {hf: getattr(args, fs) for fs, hf in CONNECTION_FIELDS.items()
                   if getattr(args, fs, None) is not None}
+    tied = not args.untie_weights_roberta if masked else bool(args.share_decoder_input_output_embed)
     return MomentumTransformerConfig(
-        vocab_size=len(dictionary), hidden_size=args.decoder_embed_dim, num_hidden_layers=layers,
-        num_attention_heads=args.decoder_attention_heads, intermediate_size=args.decoder_ffn_embed_dim,
-        hidden_act=ACTIVATIONS[args.activation_fn], attention_momentum=args.attention_momentum,
-        attention_step_size=args.attention_step_size, attention_feature_map=args.feature_map,
-        connection=args.connection, **connection, max_position_embeddings=decoder.max_positions(),
-        embedding_dropout=args.dropout, attention_dropout=args.dropout, hidden_dropout=args.dropout,
+        vocab_size=len(dictionary), hidden_size=source.option(args, "embed_dim"), num_hidden_layers=layers,
+        num_attention_heads=source.option(args, "attention_heads"),
+        intermediate_size=source.option(args, "ffn_embed_dim"), hidden_act=ACTIVATIONS[args.activation_fn],
+        attention_momentum=args.attention_momentum, attention_step_size=args.attention_step_size,
+        attention_feature_map=args.feature_map, connection=args.connection, **connection,
+        max_position_embeddings=stack.max_positions(), embedding_dropout=args.dropout,
+        attention_dropout=args.dropout, hidden_dropout=args.dropout,
         activation_dropout=getattr(args, "activation_dropout", 0.0) or 0.0,
-        layer_norm="pre" if args.decoder_normalize_before else "post",
-        layer_norm_eps=decoder.layers[0].self_attn_layer_norm.eps, is_causal=True,
-        pad_token_id=dictionary.pad(), bos_token_id=dictionary.eos(), eos_token_id=dictionary.eos(),
-        tie_word_embeddings=bool(args.share_decoder_input_output_embed),
-        scale_embedding=not args.no_scale_embedding, layer_types=layer_types)
+        layer_norm="pre" if source.option(args, "normalize_before") else "post",
+        layer_norm_eps=stack.layers[0].self_attn_layer_norm.eps, is_causal=not masked,
+        pad_token_id=dictionary.pad(), bos_token_id=dictionary.bos() if masked else dictionary.eos(),
+        eos_token_id=dictionary.eos(), tie_word_embeddings=tied, scale_embedding=not args.no_scale_embedding,
+        embedding_layer_norm=stack.layernorm_embedding is not None, layer_types=layer_types)
 
 
-def position_table(decoder, rows: int, dtype) -> torch.Tensor:
+def position_table(stack, rows: int, dtype) -> torch.Tensor:
     """fairseq's position embeddings of positions 1..rows (fairseq numbers them from padding_idx + 1)
     as a (rows, dim) table: the learned rows, or the sinusoid computed as fairseq computes it."""
     from fairseq.modules import SinusoidalPositionalEmbedding
-    positions = decoder.embed_positions
+    positions = stack.embed_positions
     start = positions.padding_idx + 1
     if isinstance(positions, SinusoidalPositionalEmbedding):
         table = SinusoidalPositionalEmbedding.get_embedding(start + rows, positions.embedding_dim,
@@ -102,53 +131,74 @@ def position_table(decoder, rows: int, dtype) -> torch.Tensor:
     return table[start:start + rows].to(dtype)
 
 
-def hf_state_dict(model, config) -> dict:
-    """The weights of the fairseq LM `model` under MomentumTransformerForCausalLM's names."""
-    decoder = model.decoder
-    dtype = decoder.embed_tokens.weight.dtype
-    state = {"model.embed_tokens.weight": decoder.embed_tokens.weight.detach(),
-             "model.embed_positions.weight": position_table(decoder, config.max_position_embeddings, dtype)}
-    for i, layer in enumerate(decoder.layers):
+def module_state(prefix: str, module) -> dict:
+    return {f"{prefix}.{name}": tensor for name, tensor in module.state_dict().items()}
+
+
+def hf_state_dict(source: Source, config) -> dict:
+    """The weights of the fairseq model under the transformers model's names."""
+    stack = source.stack
+    dtype = stack.embed_tokens.weight.dtype
+    state = {"model.embed_tokens.weight": stack.embed_tokens.weight.detach(),
+             "model.embed_positions.weight": position_table(stack, config.max_position_embeddings, dtype)}
+    if stack.layernorm_embedding is not None:
+        state.update(module_state("model.embed_norm", stack.layernorm_embedding))
+    for i, layer in enumerate(stack.layers):
         for name, tensor in layer.state_dict().items():
             part, _, leaf = name.rpartition(".")
             if part not in LAYER_PARTS:
-                raise ValueError(f"decoder.layers.{i}.{name}: no counterpart in a momentum_transformer layer")
+                raise ValueError(f"{source.side}.layers.{i}.{name}: no counterpart in a momentum_transformer "
+                                 "layer")
             state[f"model.layers.{i}.{LAYER_PARTS[part]}.{leaf}"] = tensor
-    if decoder.layer_norm is not None:
-        state["model.norm.weight"] = decoder.layer_norm.weight.detach()
-        state["model.norm.bias"] = decoder.layer_norm.bias.detach()
-    if not config.tie_word_embeddings:
-        state["lm_head.weight"] = decoder.output_projection.weight.detach()
+    if stack.layer_norm is not None:
+        state.update(module_state("model.norm", stack.layer_norm))
+    if source.lm_head is not None:
+        head = source.lm_head
+        state.update(module_state("transform.dense", head.dense))
+        state.update(module_state("transform.norm", head.layer_norm))
+        state.update({"lm_head.weight": head.weight.detach(), "lm_head.bias": head.bias.detach()})
+    elif not config.tie_word_embeddings:
+        state["lm_head.weight"] = stack.output_projection.weight.detach()
     return state
 
 
 def to_transformers(model, args, dictionary):
-    """MomentumTransformerForCausalLM with the weights of the fairseq LM `model` (eval mode)."""
-    from hf_momentum import MomentumTransformerForCausalLM
-    check_convertible(args, model)
-    config = hf_config(args, dictionary, model)
-    converted = MomentumTransformerForCausalLM(config).to(decoder_dtype(model))
-    missing, unexpected = converted.load_state_dict(hf_state_dict(model, config), strict=False)
+    """The transformers model (MomentumTransformerForCausalLM for an LM, ...ForMaskedLM for
+    RoBERTa) with the weights of the fairseq `model`, in eval mode and its dtype."""
+    from hf_momentum import MomentumTransformerForCausalLM, MomentumTransformerForMaskedLM
+    source = source_of(model, args)
+    check_convertible(args, source)
+    config = hf_config(args, dictionary, source)
+    model_class = MomentumTransformerForCausalLM if config.is_causal else MomentumTransformerForMaskedLM
+    converted = model_class(config).to(source.stack.embed_tokens.weight.dtype)
+    state = hf_state_dict(source, config)
+    if config.tie_word_embeddings and source.lm_head is not None:
+        state.pop("lm_head.weight")              # the embedding itself (RoBERTa ties them too)
+    missing, unexpected = converted.load_state_dict(state, strict=False)
     missing = [name for name in missing if not (config.tie_word_embeddings and name == "lm_head.weight")]
     if missing or unexpected:
         raise ValueError(f"weights that do not map: missing {missing}, unexpected {unexpected}")
     return converted.eval()
 
 
-def decoder_dtype(model):
-    return model.decoder.embed_tokens.weight.dtype
-
-
 def word_tokenizer(dictionary):
-    """A whitespace word-level tokenizer with the dictionary's ids (for a task without BPE)."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
+    """A whitespace word-level tokenizer with the dictionary's ids (for a task without BPE). With
+    fairseq masked_lm's `<mask>`, it wraps a text in `<s> ... </s>` as that task's samples are."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, processors
     from transformers import PreTrainedTokenizerFast
     vocab = {symbol: i for i, symbol in enumerate(dictionary.symbols)}
     tokenizer = Tokenizer(models.WordLevel(vocab, unk_token=dictionary.unk_word))
     tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     eos = dictionary.eos_word
+    mask = "<mask>" if "<mask>" in vocab else None           # fairseq's masked_lm adds it
+    if mask:
+        bos = dictionary.bos_word
+        tokenizer.post_processor = processors.TemplateProcessing(
+            single=f"{bos} $A {eos}", pair=f"{bos} $A {eos} $B {eos}",
+            special_tokens=[(bos, dictionary.bos()), (eos, dictionary.eos())])
     return PreTrainedTokenizerFast(tokenizer_object=tokenizer, unk_token=dictionary.unk_word,
-                                   pad_token=dictionary.pad_word, eos_token=eos, bos_token=eos)
+                                   pad_token=dictionary.pad_word, eos_token=eos,
+                                   bos_token=dictionary.bos_word if mask else eos, mask_token=mask)
 
 
 def load(checkpoint):
@@ -181,7 +231,8 @@ def convert(checkpoint, output_dir, push_to_hub: bool = False, hub_model_id: Opt
 def main(argv=None):
     parser = argparse.ArgumentParser(prog="python -m fairseq_momentum.convert_to_hf", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("checkpoint", type=Path, help="a fairseq checkpoint (.pt) of momentum_transformer_lm")
+    parser.add_argument("checkpoint", type=Path,
+                        help="a fairseq checkpoint (.pt) of momentum_transformer_lm or momentum_roberta")
     parser.add_argument("output_dir", type=Path, help="the transformers model folder to write")
     parser.add_argument("--push_to_hub", action="store_true")
     parser.add_argument("--hub_model_id", default=None,

@@ -73,8 +73,10 @@ class MomentumTransformerConfig(PreTrainedConfig):
     feed-forward, after `hidden_act`), `classifier_dropout` (on the final hidden states a
     classification head reads) in [0, 1); learned absolute positions up to
     `max_position_embeddings`; `scale_embedding` multiplies the token embeddings by
-    √hidden_size (fairseq's default, and BART's flag). `use_cache` applies to causal models only: an
-    encoder (`is_causal=False`) runs without a cache unless one is asked for, which raises.
+    √hidden_size (fairseq's default, and BART's flag); `embedding_layer_norm` normalises token plus
+    position embeddings before the first layer (fairseq's --layernorm-embedding, on in RoBERTa).
+    `use_cache` applies to causal models only: an encoder (`is_causal=False`) runs without a cache
+    unless one is asked for, which raises.
 
     Every value is checked when the config is built and again when a model is built from it
     (`validate()`), so keyword overrides of `from_pretrained` are checked too.
@@ -112,6 +114,7 @@ class MomentumTransformerConfig(PreTrainedConfig):
     eos_token_id: int | list[int] | None = None
     tie_word_embeddings: bool = True
     scale_embedding: bool = False
+    embedding_layer_norm: bool = False
     layer_types: list[str] | None = None
     sliding_window: int | None = None
 
@@ -226,6 +229,7 @@ class MomentumTransformerConfig(PreTrainedConfig):
         check_bool(self.use_cache, "use_cache")
         check_bool(self.tie_word_embeddings, "tie_word_embeddings")
         check_bool(self.scale_embedding, "scale_embedding")
+        check_bool(self.embedding_layer_norm, "embedding_layer_norm")
         check_bool_fields(self)         # transformers' own bool fields too (return_dict, ...)
         check_bool(getattr(self, "output_attentions", False), "output_attentions")  # set after __post_init__
         return block

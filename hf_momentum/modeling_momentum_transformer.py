@@ -208,6 +208,8 @@ class MomentumTransformerModel(MomentumTransformerPreTrainedModel):
         super().__init__(config, block=block)
         self.embed_tokens = token_embedding(config)
         self.embed_positions = nn.Embedding(config.max_position_embeddings, config.hidden_size)
+        self.embed_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps) \
+            if config.embedding_layer_norm else nn.Identity()
         self.dropout = nn.Dropout(config.embedding_dropout)
         layer_blocks = config.layer_blocks(self.block)    # per layer_types; one checked config per kind
         self.layers = MomentumTransformerLayers(MomentumTransformerLayer(layer_block, i)
@@ -270,7 +272,8 @@ class MomentumTransformerModel(MomentumTransformerPreTrainedModel):
         check_position_range(position_ids, self.config.max_position_embeddings,
                              largest=None if described is None else described.max_position,
                              bound=past + length - 1 if counted_positions else None)
-        hidden = apply_dropout(self.dropout, inputs_embeds + self.embed_positions(position_ids))
+        embeddings = self.embed_norm(inputs_embeds + self.embed_positions(position_ids))
+        hidden = apply_dropout(self.dropout, embeddings)
         if described is None:
             segments = Segments.from_padding_mask(padding_mask, batch, length)
         else:

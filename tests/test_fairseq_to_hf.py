@@ -1,8 +1,11 @@
 """fairseq_momentum.convert_to_hf: a fairseq momentum_transformer_lm becomes a transformers
 MomentumTransformerForCausalLM with fairseq's logits (float64, every position option, tied or
 not, connections, hybrids, the linear preset), on padded batches too; generate() continues a prompt
-as fairseq's own argmax does; what has no counterpart is refused by its option; and through the
-CLIs: fairseq-train, the converter, then transformers alone (remote code, the saved tokenizer)."""
+as fairseq's own argmax does; a momentum_roberta becomes a MomentumTransformerForMaskedLM with
+fairseq's logits (post- and pre-LN, tied or not, hybrid); what has no counterpart is refused by
+its option; and through the CLIs: fairseq-train, the converter, then transformers alone (remote
+code, the saved tokenizer, the text-generation and fill-mask pipelines). Also the two config
+fields conversion needs, scale_embedding and embedding_layer_norm."""
 import json
 import os
 import subprocess
@@ -21,6 +24,7 @@ from helpers.fairseq_cli import (
     write_lm_text,
 )
 
+import hf_momentum  # noqa: F401  (registers the model types with the Auto classes)
 from fairseq_momentum.convert_to_hf import to_transformers
 
 SIZES = ["--decoder-layers", "2", "--decoder-embed-dim", "16", "--decoder-ffn-embed-dim", "32",
@@ -31,7 +35,8 @@ CONFIGS = {
     "learned-unscaled-tied-momentum": ["--decoder-learned-pos", "--no-scale-embedding",
                                        "--share-decoder-input-output-embed", "--connection", "momentum",
                                        "--connection-momentum", "0.4"],
-    "adaptive-connection-elu": ["--connection", "adaptive", "--feature-map", "elu"],
+    "adaptive-connection-elu-embedding-norm": ["--connection", "adaptive", "--feature-map", "elu",
+                                               "--layernorm-embedding"],
     "hybrid-relu-map": ["--layer-types", "linear_attention,full_attention", "--connection", "adaptive",
                         "--feature-map", "relu"],
     # fairseq computes gelu in float32 (fairseq.modules.gelu), so this one agrees to float32 rounding
@@ -109,8 +114,8 @@ def test_generate_continues_a_prompt_as_fairseqs_argmax(tmp_path, make_generator
 
 
 @pytest.mark.parametrize("extra, message", [
-    (["--layernorm-embedding"], "--layernorm-embedding True: a momentum_transformer model has no "
-                                "counterpart"),
+    (["--adaptive-softmax-cutoff", "10"], "--adaptive-softmax-cutoff '10': a momentum_transformer model has "
+                                          "no counterpart"),
     (["--decoder-output-dim", "8"], "--decoder-output-dim 8 differs from --decoder-embed-dim 16"),
     (["--no-token-positional-embeddings"], "--no-token-positional-embeddings True"),
 ])
@@ -189,3 +194,103 @@ def test_scale_embedding_is_part_of_the_input_embedding(make_generator):
     unscaled = AutoModelForCausalLM.from_config(AutoConfig.for_model(
         "momentum_transformer", vocab_size=30, hidden_size=16, num_hidden_layers=1, num_attention_heads=2))
     assert type(unscaled.get_input_embeddings()) is torch.nn.Embedding
+
+
+ROBERTA = ["--encoder-layers", "2", "--encoder-embed-dim", "16", "--encoder-ffn-embed-dim", "32",
+           "--encoder-attention-heads", "2", "--attention-momentum", "0.5", "--attention-step-size", "0.8"]
+ROBERTA_CONFIGS = {
+    # roberta's defaults: post-LN, embedding layer norm, learned positions, tied head; fairseq's gelu
+    # is computed in float32
+    "post-gelu": [],
+    "post-relu": ["--activation-fn", "relu"],
+    "prenorm-relu": ["--activation-fn", "relu", "--encoder-normalize-before"],
+    "hybrid-untied-adaptive": ["--activation-fn", "relu", "--layer-types", "linear_attention,full_attention",
+                               "--untie-weights-roberta", "--connection", "adaptive"],
+}
+
+
+def fairseq_roberta(tmp_path, *extra):
+    model, task, args = build_model(tmp_path, ["--task", "masked_lm", "--tokens-per-sample", "64"],
+                                    ["--arch", "momentum_roberta", *ROBERTA, *extra])
+    return model.double().eval(), task, args
+
+
+@pytest.mark.parametrize("config", ROBERTA_CONFIGS)
+def test_converted_roberta_is_a_masked_lm_with_fairseqs_logits(tmp_path, make_generator, config):
+    """momentum_roberta → MomentumTransformerForMaskedLM: the LM head's logits on a right-padded
+    batch (fairseq's layout) equal fairseq's at every real token."""
+    model, task, args = fairseq_roberta(tmp_path, *ROBERTA_CONFIGS[config])
+    converted = to_transformers(model, args, task.source_dictionary)
+    assert type(converted).__name__ == "MomentumTransformerForMaskedLM" and not converted.config.is_causal
+    assert (converted.lm_head.weight is converted.model.embed_tokens.weight) == ("untied" not in config)
+    gen = make_generator()
+    pad = task.source_dictionary.pad()
+    ids = random_tokens(task, 3, 11, gen)
+    ids[1, 7:], ids[2, 3:] = pad, pad
+    mask = ids.ne(pad)
+    with torch.no_grad():
+        expected = model(ids)[0]
+        got = converted(input_ids=ids, attention_mask=mask.long()).logits
+    torch.testing.assert_close(got[mask], expected[mask], rtol=0, atol=1e-6 if "gelu" in config else 1e-9)
+
+
+def test_cli_converts_a_pretrained_roberta_for_the_fill_mask_pipeline(tmp_path):
+    data = preprocess_lm(write_lm_text(tmp_path / "text", seed=6), tmp_path / "bin")
+    save = tmp_path / "ckpt"
+    train(data, save, "--task", "masked_lm", "--criterion", "masked_lm", "--arch", "momentum_roberta",
+          *ROBERTA, "--tokens-per-sample", "32", "--batch-size", "16", "--max-update", "6",
+          "--optimizer", "adam", "--lr", "0.003", "--sample-break-mode", "eos")
+    out = tmp_path / "hf"
+    proc = subprocess.run([sys.executable, "-m", "fairseq_momentum.convert_to_hf",
+                           str(save / "checkpoint_last.pt"), str(out)],
+                          capture_output=True, text=True, env=cli_env(), timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    config = json.loads((out / "config.json").read_text())
+    assert config["architectures"] == ["MomentumTransformerForMaskedLM"]
+
+    from fairseq import checkpoint_utils
+    [model], _, task = checkpoint_utils.load_model_ensemble_and_task([str(save / "checkpoint_last.pt")])
+    dictionary = task.source_dictionary
+    line = "the cat <mask> a small dog"
+    body = dictionary.encode_line(line, add_if_not_exist=False, append_eos=True).long()
+    ids = torch.cat([torch.tensor([dictionary.bos()]), body])[None]     # masked_lm's <s> ... </s>
+    with torch.no_grad():
+        logits = model.eval()(ids)[0]
+    torch.save({"ids": ids, "logits": logits}, tmp_path / "expected.pt")
+    proc = run_clean(f"""
+        import torch
+        from transformers import AutoModelForMaskedLM, AutoTokenizer, pipeline
+        tokenizer = AutoTokenizer.from_pretrained({str(out)!r})
+        model = AutoModelForMaskedLM.from_pretrained({str(out)!r}, trust_remote_code=True).eval()
+        expected = torch.load({str(tmp_path / "expected.pt")!r})
+        ids = tokenizer({line!r}, return_tensors="pt")["input_ids"]
+        assert torch.equal(ids, expected["ids"]), (ids, expected["ids"])
+        with torch.no_grad():
+            logits = model(input_ids=ids).logits
+        torch.testing.assert_close(logits, expected["logits"], rtol=1e-5, atol=1e-5)
+        filled = pipeline("fill-mask", model=model, tokenizer=tokenizer, top_k=3)({line!r})
+        position = ids[0].tolist().index(tokenizer.mask_token_id)
+        assert [c["token"] for c in filled] == logits[0, position].topk(3).indices.tolist(), filled
+        print("OK", type(model).__module__)
+    """, tmp_path, {"HF_HUB_OFFLINE": "1"})
+    assert "OK transformers_modules" in proc.stdout
+
+
+def test_embedding_layer_norm_normalises_token_plus_position_embeddings(make_generator):
+    from transformers import AutoConfig, AutoModel
+    config = AutoConfig.for_model("momentum_transformer", vocab_size=30, hidden_size=16, num_hidden_layers=1,
+                                  num_attention_heads=2, embedding_layer_norm=True, is_causal=False)
+    torch.manual_seed(0)
+    model = AutoModel.from_config(config).eval()
+    torch.nn.init.normal_(model.embed_norm.weight)
+    ids = torch.randint(0, 30, (2, 5), generator=make_generator())
+    with torch.no_grad():
+        first = model(input_ids=ids, output_hidden_states=True).hidden_states[0]
+        summed = model.embed_tokens(ids) + model.embed_positions(torch.arange(5))
+        norm = model.embed_norm
+        expected = torch.nn.functional.layer_norm(summed, (16,), norm.weight, norm.bias,
+                                                  config.layer_norm_eps)
+    torch.testing.assert_close(first, expected, rtol=1e-6, atol=1e-6)
+    plain = AutoModel.from_config(AutoConfig.for_model("momentum_transformer", vocab_size=30, hidden_size=16,
+                                                       num_hidden_layers=1, num_attention_heads=2))
+    assert isinstance(plain.embed_norm, torch.nn.Identity)

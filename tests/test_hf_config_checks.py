@@ -37,6 +37,7 @@ from hf_momentum.modeling_momentum_transformer import MomentumTransformerLayer
     ("lstm", dict(classifier_dropout=-0.5), "classifier_dropout"),
     ("transformer", dict(activation_dropout=1.0), "activation_dropout"),
     ("transformer", dict(scale_embedding="yes"), "scale_embedding"),
+    ("transformer", dict(embedding_layer_norm=1), "embedding_layer_norm"),
 ])
 def test_from_pretrained_overrides_are_validated(family, override, argument, tmp_path):
     causal_lm(family).save_pretrained(tmp_path)
