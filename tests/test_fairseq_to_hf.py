@@ -133,6 +133,24 @@ def test_other_architectures_are_refused_by_name(tmp_path):
         to_transformers(model, args, task.target_dictionary)
 
 
+def run_converter(checkpoint, out):
+    """`python -m fairseq_momentum.convert_to_hf checkpoint out`; the config.json it wrote."""
+    proc = subprocess.run([sys.executable, "-m", "fairseq_momentum.convert_to_hf", str(checkpoint), str(out)],
+                          capture_output=True, text=True, env=cli_env(), timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads((out / "config.json").read_text())
+
+
+def save_fairseq_logits(checkpoint, encode, path):
+    """fairseq's own logits on `encode(dictionary)`, with those ids, saved at `path` for a clean
+    process to compare against."""
+    from fairseq import checkpoint_utils
+    [model], _, task = checkpoint_utils.load_model_ensemble_and_task([str(checkpoint)])
+    ids = encode(task.source_dictionary)
+    with torch.no_grad():
+        torch.save({"ids": ids, "logits": model.eval()(ids)[0]}, path)
+
+
 def test_cli_converts_a_trained_checkpoint_that_transformers_loads_alone(tmp_path):
     data = preprocess_lm(write_lm_text(tmp_path / "text", seed=4), tmp_path / "bin")
     save = tmp_path / "ckpt"
@@ -140,21 +158,13 @@ def test_cli_converts_a_trained_checkpoint_that_transformers_loads_alone(tmp_pat
           "--connection", "adaptive", "--tokens-per-sample", "32", "--batch-size", "16", "--max-update", "6",
           "--optimizer", "adam", "--lr", "0.003")
     out = tmp_path / "hf"
-    proc = subprocess.run([sys.executable, "-m", "fairseq_momentum.convert_to_hf",
-                           str(save / "checkpoint_last.pt"), str(out)],
-                          capture_output=True, text=True, env=cli_env(), timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    config = json.loads((out / "config.json").read_text())
+    config = run_converter(save / "checkpoint_last.pt", out)
     assert (config["model_type"], config["max_position_embeddings"], config["scale_embedding"]) == \
         ("momentum_transformer", 32, True)
 
-    from fairseq import checkpoint_utils
-    [model], _, task = checkpoint_utils.load_model_ensemble_and_task([str(save / "checkpoint_last.pt")])
     line = "the cat sees a small dog"
-    ids = task.target_dictionary.encode_line(line, add_if_not_exist=False, append_eos=False).long()[None]
-    with torch.no_grad():
-        logits = model.eval()(ids)[0]
-    torch.save({"ids": ids, "logits": logits}, tmp_path / "expected.pt")
+    save_fairseq_logits(save / "checkpoint_last.pt", lambda dictionary: dictionary.encode_line(
+        line, add_if_not_exist=False, append_eos=False).long()[None], tmp_path / "expected.pt")
     proc = run_clean(f"""
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer, pipeline
@@ -241,22 +251,16 @@ def test_cli_converts_a_pretrained_roberta_for_the_fill_mask_pipeline(tmp_path):
           *ROBERTA, "--tokens-per-sample", "32", "--batch-size", "16", "--max-update", "6",
           "--optimizer", "adam", "--lr", "0.003", "--sample-break-mode", "eos")
     out = tmp_path / "hf"
-    proc = subprocess.run([sys.executable, "-m", "fairseq_momentum.convert_to_hf",
-                           str(save / "checkpoint_last.pt"), str(out)],
-                          capture_output=True, text=True, env=cli_env(), timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    config = json.loads((out / "config.json").read_text())
+    config = run_converter(save / "checkpoint_last.pt", out)
     assert config["architectures"] == ["MomentumTransformerForMaskedLM"]
 
-    from fairseq import checkpoint_utils
-    [model], _, task = checkpoint_utils.load_model_ensemble_and_task([str(save / "checkpoint_last.pt")])
-    dictionary = task.source_dictionary
     line = "the cat <mask> a small dog"
-    body = dictionary.encode_line(line, add_if_not_exist=False, append_eos=True).long()
-    ids = torch.cat([torch.tensor([dictionary.bos()]), body])[None]     # masked_lm's <s> ... </s>
-    with torch.no_grad():
-        logits = model.eval()(ids)[0]
-    torch.save({"ids": ids, "logits": logits}, tmp_path / "expected.pt")
+
+    def encode(dictionary):                                             # masked_lm's <s> ... </s>
+        body = dictionary.encode_line(line, add_if_not_exist=False, append_eos=True).long()
+        return torch.cat([torch.tensor([dictionary.bos()]), body])[None]
+
+    save_fairseq_logits(save / "checkpoint_last.pt", encode, tmp_path / "expected.pt")
     proc = run_clean(f"""
         import torch
         from transformers import AutoModelForMaskedLM, AutoTokenizer, pipeline
