@@ -6,6 +6,7 @@ from .momentum_core import (
     CONNECTION_READS,
     DEFAULT_ATTENTION_MOMENTUM,
     DEFAULT_ATTENTION_STEP_SIZE,
+    POOLINGS,
     BlockConfig,
     block_feature_maps,
     layer_configs,
@@ -71,7 +72,11 @@ class MomentumTransformerConfig(PreTrainedConfig):
     `layer_norm` "pre" or "post"; dropouts `embedding_dropout`, `attention_dropout` (on the
     attention block output), `hidden_dropout` (feed-forward), `activation_dropout` (inside the
     feed-forward, after `hidden_act`), `classifier_dropout` (on the final hidden states a
-    classification head reads) in [0, 1); learned absolute positions up to
+    classification head reads) in [0, 1); the sequence classifier pools by `classifier_pooling`
+    "mean" (over real tokens, the LRA setup) or "first" (the first real token, BERT's [CLS] or
+    RoBERTa's <s>; bidirectional models only), then, with `classifier_hidden_act` (e.g. "tanh"),
+    a dense layer and that activation (BERT's pooler, RoBERTa's classification head) before the
+    classifier; learned absolute positions up to
     `max_position_embeddings`; `scale_embedding` multiplies the token embeddings by
     √hidden_size (fairseq's default, and BART's flag); `embedding_layer_norm` normalises token plus
     position embeddings before the first layer (fairseq's --layernorm-embedding, on in RoBERTa).
@@ -104,6 +109,8 @@ class MomentumTransformerConfig(PreTrainedConfig):
     hidden_dropout: float = 0.1
     activation_dropout: float = BlockConfig.activation_dropout
     classifier_dropout: float = 0.0
+    classifier_pooling: str = "mean"
+    classifier_hidden_act: str | None = None
     layer_norm: str = BlockConfig.norm
     layer_norm_eps: float = BlockConfig.layer_norm_eps
     is_causal: bool = BlockConfig.causal
@@ -224,6 +231,12 @@ class MomentumTransformerConfig(PreTrainedConfig):
         self.check_connection_fields()
         check_probability(self.embedding_dropout, "embedding_dropout")
         check_probability(self.classifier_dropout, "classifier_dropout")
+        check_choice(self.classifier_pooling, "classifier_pooling", POOLINGS)
+        if self.classifier_pooling == "first" and self.is_causal is True:
+            raise ValueError("classifier_pooling='first' needs is_causal=False: under causal attention the "
+                             "first token sees only itself; use 'mean' or set is_causal=False")
+        if self.classifier_hidden_act is not None:
+            check_choice(self.classifier_hidden_act, "classifier_hidden_act", ACT2FN)
         check_positive(self.initializer_range, "initializer_range")
         check_bool(self.is_causal, "is_causal")
         check_bool(self.use_cache, "use_cache")

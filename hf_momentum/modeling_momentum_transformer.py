@@ -38,6 +38,7 @@ from .modeling_common import (
     warn_no_attention_weights,
 )
 from .momentum_core import (
+    POOLINGS,
     BlockConfig,
     ConnectionState,
     KeyValueCache,
@@ -46,7 +47,6 @@ from .momentum_core import (
     TransformerBlock,
     TransformerStack,
     apply_dropout,
-    masked_mean,
 )
 from .packing import (
     COLLATOR,
@@ -409,14 +409,26 @@ class MomentumTransformerForCausalLM(RecurrentCausalLMMixin, MomentumTransformer
         return attention_mask
 
 class MomentumTransformerForSequenceClassification(HeadOverModelMixin, MomentumTransformerPreTrainedModel):
-    """Mean of the final hidden states over real tokens, then a linear classifier (the LRA
-    setup); set `is_causal=False` for bidirectional attention (eq. 14)."""
+    """The final hidden states pooled (`classifier_pooling`: the mean over real tokens, the LRA
+    setup, or the first real token), then a linear classifier, with `classifier_hidden_act` first a
+    dense layer and that activation (RoBERTa's classification head); set `is_causal=False` for
+    bidirectional attention (eq. 14)."""
 
     def __init__(self, config: MomentumTransformerConfig):
         super().__init__(config)
         self.model = MomentumTransformerModel(config, self.block)
+        self.pool = POOLINGS[config.classifier_pooling]
+        if config.classifier_hidden_act is not None:
+            self.pooler = nn.Linear(config.hidden_size, config.hidden_size)
+            self.pooler_act = ACT2FN[config.classifier_hidden_act]
         self.add_classifier(config)
         self.post_init()
+
+    def classifier_features(self, pooled: torch.Tensor) -> torch.Tensor:
+        features = self.dropout(pooled)
+        if self.config.classifier_hidden_act is None:
+            return features
+        return self.dropout(self.pooler_act(self.pooler(features)))
 
     def forward(self, input_ids=None, attention_mask=None, position_ids=None, inputs_embeds=None, labels=None,
                 output_hidden_states=None, output_attentions=None, return_dict=None, **kwargs):
@@ -426,7 +438,7 @@ class MomentumTransformerForSequenceClassification(HeadOverModelMixin, MomentumT
                              output_hidden_states=output_hidden_states, output_attentions=output_attentions,
                              return_dict=True)
         hidden = outputs.last_hidden_state
-        logits = self.score(self.dropout(masked_mean(hidden, attention_mask)))
+        logits = self.score(self.classifier_features(self.pool(hidden, attention_mask)))
         loss = None
         if labels is not None:
             loss = self.loss_function(labels=labels, pooled_logits=logits, config=self.config)

@@ -1,0 +1,78 @@
+"""The momentum transformer's sequence classifier with `classifier_pooling="first"` (the first real
+token: BERT's [CLS], RoBERTa's <s>) and `classifier_hidden_act` (a dense layer and that activation
+before the classifier, RoBERTa's classification head): logits recomputed from the parts, a padded
+batch on either side equal to each row alone, the plugin's `first_real` against indexing, checks by
+name, and an exact save / load."""
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import pytest
+import torch
+from helpers.hf_heads import PAD, head_config, padded
+from transformers import AutoConfig, AutoModelForSequenceClassification
+
+from plugins.transformer.pooling import first_real
+
+LABELS = 3
+
+
+def build(**overrides):
+    torch.manual_seed(0)
+    config = head_config("hybrid-bidirectional", num_labels=LABELS, classifier_pooling="first", **overrides)
+    return AutoModelForSequenceClassification.from_config(config).eval()
+
+
+def test_first_real_picks_each_rows_first_real_position(make_generator):
+    hidden = torch.randn(3, 5, 4, generator=make_generator())
+    real = torch.tensor([[1, 1, 1, 0, 0], [0, 0, 1, 1, 1], [0, 0, 0, 0, 1]])
+    expected = torch.stack([hidden[0, 0], hidden[1, 2], hidden[2, 4]])
+    torch.testing.assert_close(first_real(hidden, real), expected, rtol=0, atol=0)
+    torch.testing.assert_close(first_real(hidden, None), hidden[:, 0], rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("act", [None, "tanh"])
+def test_logits_are_the_head_on_the_first_tokens_features(act, make_generator):
+    model = build(classifier_hidden_act=act)
+    ids = torch.randint(0, PAD, (2, 6), generator=make_generator())
+    with torch.no_grad():
+        first = model.model(input_ids=ids).last_hidden_state[:, 0]
+        features = first if act is None else torch.tanh(first @ model.pooler.weight.T + model.pooler.bias)
+        expected = features @ model.score.weight.T + model.score.bias
+        torch.testing.assert_close(model(input_ids=ids).logits, expected, rtol=1e-5, atol=1e-6)
+    assert hasattr(model, "pooler") == (act is not None)
+
+
+@pytest.mark.parametrize("side", ["right", "left"])
+def test_padded_rows_are_classified_as_alone(side, make_generator):
+    model = build(classifier_hidden_act="tanh")
+    gen = make_generator()
+    seqs = [torch.randint(0, PAD, (n,), generator=gen) for n in (7, 3, 1)]
+    ids, mask = padded(seqs, side)
+    with torch.no_grad():
+        batched = model(input_ids=ids, attention_mask=mask).logits
+        alone = torch.cat([model(input_ids=s[None]).logits for s in seqs])
+        unmasked = model(input_ids=ids).logits
+    torch.testing.assert_close(batched, alone, rtol=1e-5, atol=1e-5)
+    if side == "left":                       # position 0 is padding there: the mask must move the pick
+        assert (unmasked[1] - alone[1]).abs().max() > 1e-3
+
+
+@pytest.mark.parametrize("overrides, field", [
+    (dict(classifier_pooling="last"), "classifier_pooling"),
+    (dict(classifier_pooling="first", is_causal=True), "classifier_pooling='first' needs is_causal=False"),
+    (dict(classifier_hidden_act="tanhh"), "classifier_hidden_act"),
+])
+def test_bad_pooling_settings_are_refused_by_name(overrides, field):
+    with pytest.raises(ValueError, match=field):
+        AutoConfig.for_model("momentum_transformer", **{"is_causal": False, **overrides})
+
+
+def test_save_and_load_keep_the_head(tmp_path, make_generator):
+    model = build(classifier_hidden_act="tanh", classifier_dropout=0.1)
+    model.save_pretrained(tmp_path)
+    loaded = AutoModelForSequenceClassification.from_pretrained(tmp_path).eval()
+    assert (loaded.config.classifier_pooling, loaded.config.classifier_hidden_act) == ("first", "tanh")
+    ids = torch.randint(0, PAD, (2, 6), generator=make_generator())
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(input_ids=ids).logits, model(input_ids=ids).logits, rtol=0, atol=0)
