@@ -11,11 +11,20 @@ eval_str_list / eval_bool fields, ...) as literals only: a checkpoint whose conf
 is refused before its model is built (fairseq_momentum/safe_config.py). Model archives of
 `from_pretrained` are extracted with no member written outside their folder (archives.py). A rank
 that ends normally destroys its gloo process group at exit, which fairseq never does; without it,
-ranks died at exit with SIGABRT (process_group_exit.py).
+ranks died at exit with SIGABRT (process_group_exit.py). fairseq's prefetching thread is stopped at
+exit too: left inside torch, it aborted masked_lm runs after "done training" (loader_exit.py).
 """
-from . import archives, checkpoints, models, process_group_exit, safe_config  # noqa: F401  (models registers the architectures)
+from . import (  # noqa: F401  (models registers the architectures)
+    archives,
+    checkpoints,
+    loader_exit,
+    models,
+    process_group_exit,
+    safe_config,
+)
 
 archives.install()
 checkpoints.install()
+loader_exit.install()
 process_group_exit.install()
 safe_config.install()
