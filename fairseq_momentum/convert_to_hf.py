@@ -55,17 +55,32 @@ class Source:
     stack: torch.nn.Module
     side: str
     lm_head: Optional[torch.nn.Module] = None
+    classifier: Optional[torch.nn.Module] = None
 
     def option(self, args, name, default=None):
         return getattr(args, f"{self.side}_{name}", default)
 
 
-def source_of(model, args) -> Source:
+def source_of(model, args, head: Optional[str] = None) -> Source:
+    """`head`: for a RoBERTa, the classification head to convert, or "masked_lm" for its LM head;
+    None: its only classification head if it has one (a fine-tuned model), else the LM head."""
     kind = type(model).__name__
     if kind == "MomentumTransformerLanguageModel":
+        if head not in (None, "masked_lm"):
+            raise ValueError(f"head {head!r}: a language model has no classification heads")
         return Source(model.decoder, "decoder")
     if kind == "MomentumRobertaModel":
-        return Source(model.encoder.sentence_encoder, "encoder", model.encoder.lm_head)
+        heads = dict(model.classification_heads.items())
+        if head is None and len(heads) > 1:
+            raise ValueError(f"head: the model has classification heads {sorted(heads)}; name one, or "
+                             "masked_lm")
+        if head is None:
+            head = next(iter(heads), "masked_lm")
+        if head == "masked_lm":
+            return Source(model.encoder.sentence_encoder, "encoder", lm_head=model.encoder.lm_head)
+        if head not in heads:
+            raise ValueError(f"head {head!r}: the model's heads are {sorted(heads) + ['masked_lm']}")
+        return Source(model.encoder.sentence_encoder, "encoder", classifier=heads[head])
     raise ValueError("checkpoint: converts momentum_transformer_lm and momentum_roberta (and their "
                      f"presets), got {kind} (--arch {getattr(args, 'arch', '?')})")
 
@@ -87,15 +102,31 @@ def check_convertible(args, source: Source) -> None:
             raise ValueError(f"--{source.side}-{name.replace('_', '-')} {width} differs from "
                              f"--{source.side}-embed-dim {source.option(args, 'embed_dim')}: a "
                              "momentum_transformer model has no projection between them")
-    if args.activation_fn not in ACTIVATIONS:
-        raise ValueError(f"--activation-fn {args.activation_fn!r}: convertible ones are "
-                         f"{', '.join(ACTIVATIONS)}")
+    activations = ["activation_fn"] + (["pooler_activation_fn"] if source.classifier is not None else [])
+    for name in activations:
+        if getattr(args, name) not in ACTIVATIONS:
+            raise ValueError(f"{flag(name)} {getattr(args, name)!r}: convertible ones are "
+                             f"{', '.join(ACTIVATIONS)}")
+    if source.classifier is not None and getattr(args, "spectral_norm_classification_head", False):
+        raise ValueError("--spectral-norm-classification-head: a momentum_transformer classifier has no "
+                         "spectral norm; convert a model trained without it")
 
 
-def hf_config(args, dictionary, source: Source):
-    """The MomentumTransformerConfig of the fairseq model whose stack is `source`."""
+def hf_config(args, dictionary, source: Source, labels=None):
+    """The MomentumTransformerConfig of the fairseq model whose stack is `source`; `labels`: a
+    classifier's label names, in class order."""
     from hf_momentum import MomentumTransformerConfig
-    stack, masked = source.stack, source.lm_head is not None
+    stack, masked = source.stack, source.side == "encoder"
+    classifier = {}
+    if source.classifier is not None:
+        classes = source.classifier.out_proj.out_features
+        # the label dictionary's first `classes` symbols (fairseq pads it with madeupwords)
+        names = labels[:classes] if labels is not None and len(labels) >= classes else \
+            [f"LABEL_{i}" for i in range(classes)]
+        classifier = dict(num_labels=classes, id2label=dict(enumerate(names)),
+                          label2id={name: i for i, name in enumerate(names)}, classifier_pooling="first",
+                          classifier_hidden_act=ACTIVATIONS[args.pooler_activation_fn],
+                          classifier_dropout=args.pooler_dropout)
     layers = len(stack.layers)
     layer_types = list(getattr(args, "layer_types", None) or ["linear_attention"] * layers)
     connection = {hf: getattr(args, fs) for fs, hf in CONNECTION_FIELDS.items()
@@ -114,7 +145,7 @@ def hf_config(args, dictionary, source: Source):
         layer_norm_eps=stack.layers[0].self_attn_layer_norm.eps, is_causal=not masked,
         pad_token_id=dictionary.pad(), bos_token_id=dictionary.bos() if masked else dictionary.eos(),
         eos_token_id=dictionary.eos(), tie_word_embeddings=tied, scale_embedding=not args.no_scale_embedding,
-        embedding_layer_norm=stack.layernorm_embedding is not None, layer_types=layer_types)
+        embedding_layer_norm=stack.layernorm_embedding is not None, layer_types=layer_types, **classifier)
 
 
 def position_table(stack, rows: int, dtype) -> torch.Tensor:
@@ -152,7 +183,10 @@ def hf_state_dict(source: Source, config) -> dict:
             state[f"model.layers.{i}.{LAYER_PARTS[part]}.{leaf}"] = tensor
     if stack.layer_norm is not None:
         state.update(module_state("model.norm", stack.layer_norm))
-    if source.lm_head is not None:
+    if source.classifier is not None:
+        state.update(module_state("pooler", source.classifier.dense))
+        state.update(module_state("score", source.classifier.out_proj))
+    elif source.lm_head is not None:
         head = source.lm_head
         state.update(module_state("transform.dense", head.dense))
         state.update(module_state("transform.norm", head.layer_norm))
@@ -162,26 +196,35 @@ def hf_state_dict(source: Source, config) -> dict:
     return state
 
 
-def to_transformers(model, args, dictionary):
-    """The transformers model (MomentumTransformerForCausalLM for an LM, ...ForMaskedLM for
-    RoBERTa) with the weights of the fairseq `model`, in eval mode and its dtype."""
-    from hf_momentum import MomentumTransformerForCausalLM, MomentumTransformerForMaskedLM
-    source = source_of(model, args)
+def to_transformers(model, args, dictionary, head: Optional[str] = None, labels=None):
+    """The transformers model with the weights of the fairseq `model`, in eval mode and its dtype:
+    MomentumTransformerForCausalLM for an LM; for a RoBERTa ...ForSequenceClassification with its
+    classification head `head` (RoBERTa's head: <s> features, dense, activation, classifier;
+    `labels` its label names) or ...ForMaskedLM (head "masked_lm", or None without such heads)."""
+    from hf_momentum import (
+        MomentumTransformerForCausalLM,
+        MomentumTransformerForMaskedLM,
+        MomentumTransformerForSequenceClassification,
+    )
+    source = source_of(model, args, head)
     check_convertible(args, source)
-    config = hf_config(args, dictionary, source)
-    model_class = MomentumTransformerForCausalLM if config.is_causal else MomentumTransformerForMaskedLM
+    config = hf_config(args, dictionary, source, labels)
+    model_class = MomentumTransformerForCausalLM if config.is_causal else \
+        MomentumTransformerForSequenceClassification if source.classifier is not None else \
+        MomentumTransformerForMaskedLM
     converted = model_class(config).to(source.stack.embed_tokens.weight.dtype)
     state = hf_state_dict(source, config)
     if config.tie_word_embeddings and source.lm_head is not None:
         state.pop("lm_head.weight")              # the embedding itself (RoBERTa ties them too)
     missing, unexpected = converted.load_state_dict(state, strict=False)
-    missing = [name for name in missing if not (config.tie_word_embeddings and name == "lm_head.weight")]
+    tied = config.tie_word_embeddings and hasattr(converted, "lm_head")
+    missing = [name for name in missing if not (tied and name == "lm_head.weight")]
     if missing or unexpected:
         raise ValueError(f"weights that do not map: missing {missing}, unexpected {unexpected}")
     return converted.eval()
 
 
-def word_tokenizer(dictionary):
+def word_tokenizer(dictionary, max_length: int):
     """A whitespace word-level tokenizer with the dictionary's ids (for a task without BPE). With
     fairseq masked_lm's `<mask>`, it wraps a text in `<s> ... </s>` as that task's samples are."""
     from tokenizers import Tokenizer, models, pre_tokenizers, processors
@@ -198,25 +241,30 @@ def word_tokenizer(dictionary):
             special_tokens=[(bos, dictionary.bos()), (eos, dictionary.eos())])
     return PreTrainedTokenizerFast(tokenizer_object=tokenizer, unk_token=dictionary.unk_word,
                                    pad_token=dictionary.pad_word, eos_token=eos,
-                                   bos_token=dictionary.bos_word if mask else eos, mask_token=mask)
+                                   bos_token=dictionary.bos_word if mask else eos, mask_token=mask,
+                                   model_max_length=max_length)
 
 
 def load(checkpoint):
-    """(fairseq model, its args, its dictionary, the task's BPE or None) of a checkpoint file,
-    through fairseq's loader (the user-dir's checks on what the file may hold included)."""
+    """(fairseq model, its args, its dictionary, the label names of a sentence_prediction task or
+    None, the task's BPE or None) of a checkpoint file, through fairseq's loader (the user-dir's
+    checks on what the file may hold included)."""
     from fairseq import checkpoint_utils
     [model], cfg, task = checkpoint_utils.load_model_ensemble_and_task([str(checkpoint)])
-    return model.eval(), as_namespace(cfg.model), task.target_dictionary, cfg.bpe
+    label_dictionary = getattr(task, "label_dictionary", None)
+    labels = None if label_dictionary is None else label_dictionary.symbols[label_dictionary.nspecial:]
+    return model.eval(), as_namespace(cfg.model), task.source_dictionary, labels, cfg.bpe
 
 
-def convert(checkpoint, output_dir, push_to_hub: bool = False, hub_model_id: Optional[str] = None):
+def convert(checkpoint, output_dir, head: Optional[str] = None, push_to_hub: bool = False,
+            hub_model_id: Optional[str] = None):
     """Write the converted model (and, without BPE, the tokenizer) to `output_dir`; returns the model."""
-    model, args, dictionary, bpe = load(checkpoint)
-    converted = to_transformers(model, args, dictionary)
+    model, args, dictionary, labels, bpe = load(checkpoint)
+    converted = to_transformers(model, args, dictionary, head, labels)
     converted.save_pretrained(output_dir)
     tokenizer = None
     if bpe is None:
-        tokenizer = word_tokenizer(dictionary)
+        tokenizer = word_tokenizer(dictionary, converted.config.max_position_embeddings)
         tokenizer.save_pretrained(output_dir)
     else:
         logger.warning("the task used --bpe %s: no tokenizer is saved; encode text as fairseq does "
@@ -234,6 +282,9 @@ def main(argv=None):
     parser.add_argument("checkpoint", type=Path,
                         help="a fairseq checkpoint (.pt) of momentum_transformer_lm or momentum_roberta")
     parser.add_argument("output_dir", type=Path, help="the transformers model folder to write")
+    parser.add_argument("--head", default=None,
+                        help="of a momentum_roberta: the classification head to convert (default: its only "
+                             "one), or masked_lm for the LM head")
     parser.add_argument("--push_to_hub", action="store_true")
     parser.add_argument("--hub_model_id", default=None,
                         help="user/name on the Hub; required by --push_to_hub")
@@ -243,7 +294,7 @@ def main(argv=None):
     if not args.checkpoint.is_file():
         parser.error(f"checkpoint: no file {args.checkpoint}")
     try:
-        convert(args.checkpoint, args.output_dir, args.push_to_hub, args.hub_model_id)
+        convert(args.checkpoint, args.output_dir, args.head, args.push_to_hub, args.hub_model_id)
     except ValueError as error:
         parser.error(str(error))
     print(args.output_dir)

@@ -106,6 +106,19 @@ def write_labels(text_dir, label_dir):
     return max(labels.count("pet"), labels.count("none")) / len(labels)
 
 
+def fine_tune_data(text, dictionary, tmp_path):
+    """sentence_prediction's data folder (input0/ binarized with the pretraining `dictionary`,
+    label/) under tmp_path/fine, from write_labels' labels of the corpus `text`."""
+    labels = tmp_path / "labels"
+    write_labels(text, labels)
+    fine = tmp_path / "fine"
+    preprocess("--only-source", "--trainpref", text / "train.txt", "--validpref", text / "valid.txt",
+               "--srcdict", dictionary, "--destdir", fine / "input0", "--workers", "1")
+    preprocess("--only-source", "--trainpref", labels / "train.label", "--validpref", labels / "valid.label",
+               "--destdir", fine / "label", "--workers", "1")
+    return fine
+
+
 def test_cli_pretrains_with_masked_lm_then_fine_tunes_with_sentence_prediction(tmp_path):
     text = write_lm_text(tmp_path / "text", seed=3)
     data = preprocess_lm(text, tmp_path / "bin")
@@ -116,13 +129,8 @@ def test_cli_pretrains_with_masked_lm_then_fine_tunes_with_sentence_prediction(t
     losses = train_losses(out.stdout + out.stderr)
     assert len(losses) == 20 and losses[20] < losses[1] - 0.5, losses
 
-    labels = tmp_path / "labels"
-    majority = write_labels(text, labels)
-    fine = tmp_path / "fine"
-    preprocess("--only-source", "--trainpref", text / "train.txt", "--validpref", text / "valid.txt",
-               "--srcdict", data / "dict.txt", "--destdir", fine / "input0", "--workers", "1")
-    preprocess("--only-source", "--trainpref", labels / "train.label", "--validpref", labels / "valid.label",
-               "--destdir", fine / "label", "--workers", "1")
+    majority = write_labels(text, tmp_path / "labels")
+    fine = fine_tune_data(text, data / "dict.txt", tmp_path)
     tuned = tmp_path / "tuned"
     out = train(fine, tuned, "--task", "sentence_prediction", "--criterion", "sentence_prediction",
                 "--num-classes", "2", "--init-token", "0", "--max-positions", "32",

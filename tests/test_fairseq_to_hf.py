@@ -168,7 +168,7 @@ def test_cli_converts_a_trained_checkpoint_that_transformers_loads_alone(tmp_pat
     proc = run_clean(f"""
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer, pipeline
-        tokenizer = AutoTokenizer.from_pretrained({str(out)!r})
+        tokenizer = AutoTokenizer.from_pretrained({str(out)!r}, trust_remote_code=True)
         model = AutoModelForCausalLM.from_pretrained({str(out)!r}, trust_remote_code=True).eval()
         expected = torch.load({str(tmp_path / "expected.pt")!r})
         ids = tokenizer({line!r}, return_tensors="pt")["input_ids"]
@@ -264,7 +264,7 @@ def test_cli_converts_a_pretrained_roberta_for_the_fill_mask_pipeline(tmp_path):
     proc = run_clean(f"""
         import torch
         from transformers import AutoModelForMaskedLM, AutoTokenizer, pipeline
-        tokenizer = AutoTokenizer.from_pretrained({str(out)!r})
+        tokenizer = AutoTokenizer.from_pretrained({str(out)!r}, trust_remote_code=True)
         model = AutoModelForMaskedLM.from_pretrained({str(out)!r}, trust_remote_code=True).eval()
         expected = torch.load({str(tmp_path / "expected.pt")!r})
         ids = tokenizer({line!r}, return_tensors="pt")["input_ids"]
@@ -298,3 +298,88 @@ def test_embedding_layer_norm_normalises_token_plus_position_embeddings(make_gen
     plain = AutoModel.from_config(AutoConfig.for_model("momentum_transformer", vocab_size=30, hidden_size=16,
                                                        num_hidden_layers=1, num_attention_heads=2))
     assert isinstance(plain.embed_norm, torch.nn.Identity)
+
+
+def roberta_with_heads(tmp_path, *names):
+    model, task, args = fairseq_roberta(tmp_path, "--activation-fn", "relu", "--pooler-activation-fn", "tanh")
+    for name in names:
+        model.register_classification_head(name, num_classes=3)
+    return model.double().eval(), task, args
+
+
+def test_fine_tuned_roberta_converts_to_a_sequence_classifier_with_fairseqs_logits(tmp_path, make_generator):
+    """A classification head (fairseq's sentence_prediction) → ...ForSequenceClassification with
+    classifier_pooling "first" and RoBERTa's dense + tanh: its logits on a right-padded batch
+    starting with <s> equal fairseq's, and the label names come along."""
+    model, task, args = roberta_with_heads(tmp_path, "sentence_classification_head")
+    converted = to_transformers(model, args, task.source_dictionary, labels=["neg", "neu", "pos"])
+    assert type(converted).__name__ == "MomentumTransformerForSequenceClassification"
+    assert (converted.config.classifier_pooling, converted.config.classifier_hidden_act) == ("first", "tanh")
+    assert converted.config.id2label == {0: "neg", 1: "neu", 2: "pos"}
+    dictionary = task.source_dictionary
+    ids = random_tokens(task, 3, 10, make_generator())
+    ids[:, 0] = dictionary.bos()
+    ids[1, 6:], ids[2, 2:] = dictionary.pad(), dictionary.pad()
+    with torch.no_grad():
+        expected = model(ids, classification_head_name="sentence_classification_head")[0]
+        got = converted(input_ids=ids, attention_mask=ids.ne(dictionary.pad()).long()).logits
+    torch.testing.assert_close(got, expected, rtol=0, atol=1e-9)
+
+
+def test_a_roberta_head_is_chosen_by_name(tmp_path):
+    model, task, args = roberta_with_heads(tmp_path, "first", "second")
+    with pytest.raises(ValueError, match=r"classification heads \['first', 'second'\]; name one"):
+        to_transformers(model, args, task.source_dictionary)
+    with pytest.raises(ValueError, match="head 'third'"):
+        to_transformers(model, args, task.source_dictionary, head="third")
+    second = to_transformers(model, args, task.source_dictionary, head="second")
+    torch.testing.assert_close(second.score.weight, model.classification_heads["second"].out_proj.weight)
+    masked = to_transformers(model, args, task.source_dictionary, head="masked_lm")
+    assert type(masked).__name__ == "MomentumTransformerForMaskedLM"
+
+
+def test_cli_converts_a_fine_tuned_roberta_for_the_text_classification_pipeline(tmp_path):
+    from test_fairseq_roberta import fine_tune_data
+    text = write_lm_text(tmp_path / "text", seed=3)
+    fine = fine_tune_data(text, preprocess_lm(text, tmp_path / "bin") / "dict.txt", tmp_path)
+    save = tmp_path / "ckpt"
+    train(fine, save, "--task", "sentence_prediction", "--criterion", "sentence_prediction",
+          "--num-classes", "2", "--init-token", "0", "--max-positions", "32", "--arch", "momentum_roberta",
+          *ROBERTA, "--batch-size", "16", "--max-update", "4", "--optimizer", "adam", "--lr", "0.003")
+    out = tmp_path / "hf"
+    config = run_converter(save / "checkpoint_last.pt", out)
+    assert config["architectures"] == ["MomentumTransformerForSequenceClassification"]
+    assert set(config["id2label"].values()) == {"pet", "none"}
+    assert json.loads((out / "tokenizer_config.json").read_text())["model_max_length"] == 32
+    line = "the cat sees a small dog"
+
+    def encode(dictionary):                      # sentence_prediction's --init-token 0 ... </s>
+        body = dictionary.encode_line(line, add_if_not_exist=False, append_eos=True).long()
+        return torch.cat([torch.tensor([dictionary.bos()]), body])[None]
+
+    from fairseq import checkpoint_utils
+    [model], _, task = checkpoint_utils.load_model_ensemble_and_task([str(save / "checkpoint_last.pt")])
+    ids = encode(task.source_dictionary)
+    with torch.no_grad():
+        logits = model.eval()(ids, classification_head_name="sentence_classification_head")[0]
+    torch.save({"ids": ids, "logits": logits}, tmp_path / "expected.pt")
+    proc = run_clean(f"""
+        import torch
+        from transformers import AutoModelForSequenceClassification, AutoTokenizer, pipeline
+        tokenizer = AutoTokenizer.from_pretrained({str(out)!r}, trust_remote_code=True)
+        auto = AutoModelForSequenceClassification
+        model = auto.from_pretrained({str(out)!r}, trust_remote_code=True).eval()
+        expected = torch.load({str(tmp_path / "expected.pt")!r})
+        ids = tokenizer({line!r}, return_tensors="pt")["input_ids"]
+        assert torch.equal(ids, expected["ids"]), (ids, expected["ids"])
+        with torch.no_grad():
+            logits = model(input_ids=ids).logits
+        torch.testing.assert_close(logits, expected["logits"], rtol=1e-5, atol=1e-5)
+        classify = pipeline("text-classification", model=model, tokenizer=tokenizer, top_k=None,
+                            trust_remote_code=True)
+        scores = classify([{line!r}])[0]
+        best = max(scores, key=lambda s: s["score"])["label"]
+        assert best == model.config.id2label[int(logits.argmax())], scores
+        print("OK", type(model).__module__)
+    """, tmp_path, {"HF_HUB_OFFLINE": "1"})
+    assert "OK transformers_modules" in proc.stdout
