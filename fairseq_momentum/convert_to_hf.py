@@ -1,24 +1,27 @@
 """A fairseq momentum transformer as a transformers model: a checkpoint of
 `momentum_transformer_lm` / `linear_transformer_lm` (any preset, hybrids included) becomes a
 `MomentumTransformerForCausalLM` folder, and one of `momentum_roberta` / `linear_roberta` a
-`MomentumTransformerForMaskedLM` folder (config, safetensors, the modeling code for
+`MomentumTransformerForMaskedLM` folder or, fine-tuned with --task sentence_prediction, a
+`MomentumTransformerForSequenceClassification` one (config, safetensors, the modeling code for
 `trust_remote_code`, a model card), with the same logits; `from_pretrained` loads it, `generate`
-or the fill-mask pipeline runs it, `push_to_hub` publishes it.
+or a pipeline runs it, `push_to_hub` publishes it.
 
     python -m fairseq_momentum.convert_to_hf checkpoints/checkpoint_best.pt hf-model \\
-        [--push_to_hub --hub_model_id you/name]
+        [--head NAME] [--push_to_hub --hub_model_id you/name]
 
 The layers map one to one (`plugins` holds the attention and the connection for both). fairseq's
 token embedding scale (√d unless --no-scale-embedding) is the config's `scale_embedding`, its
 --layernorm-embedding `embedding_layer_norm`; its positions (sinusoidal, or learned with fairseq's
 offset of padding_idx + 1) become the learned table of `max_position_embeddings` = the model's
 maximum positions, so a sinusoidal model converted and then fine-tuned trains its positions.
-RoBERTa's LM head (dense, activation, LayerNorm, tied projection with a bias) is the masked LM's.
+RoBERTa's LM head (dense, activation, LayerNorm, tied projection with a bias) is the masked LM's;
+its classification head (the `<s>` features, dense, --pooler-activation-fn, classifier) is the
+sequence classifier's with `classifier_pooling="first"` and `classifier_hidden_act`.
 The dictionary's ids are kept (an LM's bos is fairseq's `</s>`, which starts every LM sample; a
 masked LM's is `<s>`); where the task used no BPE, the dictionary also becomes a word-level
 tokenizer saved beside the model. What the transformers model has no counterpart for (adaptive
 input or softmax, character embeddings, projections between sizes, the scale_* options, pruned
-heads or blocks, ...) is refused, naming the option.
+heads or blocks, a spectral-norm head) is refused, naming the option.
 """
 import argparse
 import logging
@@ -51,7 +54,7 @@ CONNECTION_FIELDS = {"connection_momentum": "connection_momentum",
 @dataclass
 class Source:
     """What a fairseq model converts from: its layer stack (decoder or sentence encoder), the prefix
-    of its options (`decoder` / `encoder`), and for RoBERTa its LM head."""
+    of its options (`decoder` / `encoder`), and for RoBERTa its LM head or one classification head."""
     stack: torch.nn.Module
     side: str
     lm_head: Optional[torch.nn.Module] = None
@@ -66,8 +69,9 @@ def source_of(model, args, head: Optional[str] = None) -> Source:
     None: its only classification head if it has one (a fine-tuned model), else the LM head."""
     kind = type(model).__name__
     if kind == "MomentumTransformerLanguageModel":
-        if head not in (None, "masked_lm"):
-            raise ValueError(f"head {head!r}: a language model has no classification heads")
+        if head is not None:
+            raise ValueError(f"head {head!r}: --head picks one of a momentum_roberta's heads; a language "
+                             "model converts whole")
         return Source(model.decoder, "decoder")
     if kind == "MomentumRobertaModel":
         heads = dict(model.classification_heads.items())
@@ -116,7 +120,7 @@ def hf_config(args, dictionary, source: Source, labels=None):
     """The MomentumTransformerConfig of the fairseq model whose stack is `source`; `labels`: a
     classifier's label names, in class order."""
     from hf_momentum import MomentumTransformerConfig
-    stack, masked = source.stack, source.side == "encoder"
+    stack, encoder = source.stack, source.side == "encoder"
     classifier = {}
     if source.classifier is not None:
         classes = source.classifier.out_proj.out_features
@@ -131,7 +135,7 @@ def hf_config(args, dictionary, source: Source, labels=None):
     layer_types = list(getattr(args, "layer_types", None) or ["linear_attention"] * layers)
     connection = {hf: getattr(args, fs) for fs, hf in CONNECTION_FIELDS.items()
                   if getattr(args, fs, None) is not None}
-    tied = not args.untie_weights_roberta if masked else bool(args.share_decoder_input_output_embed)
+    tied = not args.untie_weights_roberta if encoder else bool(args.share_decoder_input_output_embed)
     return MomentumTransformerConfig(
         vocab_size=len(dictionary), hidden_size=source.option(args, "embed_dim"), num_hidden_layers=layers,
         num_attention_heads=source.option(args, "attention_heads"),
@@ -142,8 +146,8 @@ def hf_config(args, dictionary, source: Source, labels=None):
         attention_dropout=args.dropout, hidden_dropout=args.dropout,
         activation_dropout=getattr(args, "activation_dropout", 0.0) or 0.0,
         layer_norm="pre" if source.option(args, "normalize_before") else "post",
-        layer_norm_eps=stack.layers[0].self_attn_layer_norm.eps, is_causal=not masked,
-        pad_token_id=dictionary.pad(), bos_token_id=dictionary.bos() if masked else dictionary.eos(),
+        layer_norm_eps=stack.layers[0].self_attn_layer_norm.eps, is_causal=not encoder,
+        pad_token_id=dictionary.pad(), bos_token_id=dictionary.bos() if encoder else dictionary.eos(),
         eos_token_id=dictionary.eos(), tie_word_embeddings=tied, scale_embedding=not args.no_scale_embedding,
         embedding_layer_norm=stack.layernorm_embedding is not None, layer_types=layer_types, **classifier)
 

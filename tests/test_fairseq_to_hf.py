@@ -125,6 +125,12 @@ def test_options_without_a_counterpart_are_refused_by_name(tmp_path, extra, mess
         to_transformers(model, args, task.target_dictionary)
 
 
+def test_a_language_model_takes_no_head(tmp_path):
+    model, task, args = fairseq_lm(tmp_path)
+    with pytest.raises(ValueError, match="--head picks one of a momentum_roberta's heads"):
+        to_transformers(model, args, task.target_dictionary, head="masked_lm")
+
+
 def test_other_architectures_are_refused_by_name(tmp_path):
     sizes = ["--decoder-layers", "1", "--decoder-embed-dim", "8", "--decoder-hidden-size", "8",
              "--decoder-out-embed-dim", "8"]
