@@ -147,14 +147,35 @@ def run_converter(checkpoint, out):
     return json.loads((out / "config.json").read_text())
 
 
-def save_fairseq_logits(checkpoint, encode, path):
-    """fairseq's own logits on `encode(dictionary)`, with those ids, saved at `path` for a clean
-    process to compare against."""
+def save_fairseq_logits(checkpoint, line, path, wrap=False, **head):
+    """fairseq's own logits on `line` (its ids, in `<s> ... </s>` with `wrap`, as masked_lm and
+    sentence_prediction's --init-token 0 give them; `head`: the model's forward keywords), saved
+    with those ids at `path` for a clean process to compare against."""
     from fairseq import checkpoint_utils
     [model], _, task = checkpoint_utils.load_model_ensemble_and_task([str(checkpoint)])
-    ids = encode(task.source_dictionary)
+    dictionary = task.source_dictionary
+    ids = dictionary.encode_line(line, add_if_not_exist=False, append_eos=wrap).long()
+    if wrap:
+        ids = torch.cat([torch.tensor([dictionary.bos()]), ids])
     with torch.no_grad():
-        torch.save({"ids": ids, "logits": model.eval()(ids)[0]}, path)
+        torch.save({"ids": ids[None], "logits": model.eval()(ids[None], **head)[0]}, path)
+
+
+def clean_load_and_compare(auto_class, out, expected, line):
+    """Script lines for a clean process: `tokenizer` and `model` (an `auto_class`) from `out` with
+    its remote code; `ids` of `line` and the model's `logits` checked against fairseq's."""
+    return f"""
+        import torch
+        from transformers import {auto_class}, AutoTokenizer, pipeline
+        tokenizer = AutoTokenizer.from_pretrained({str(out)!r}, trust_remote_code=True)
+        model = {auto_class}.from_pretrained({str(out)!r}, trust_remote_code=True).eval()
+        expected = torch.load({str(expected)!r})
+        ids = tokenizer({line!r}, return_tensors="pt")["input_ids"]
+        assert torch.equal(ids, expected["ids"]), (ids, expected["ids"])
+        with torch.no_grad():
+            logits = model(input_ids=ids).logits
+        torch.testing.assert_close(logits, expected["logits"], rtol=1e-5, atol=1e-5)
+    """
 
 
 def test_cli_converts_a_trained_checkpoint_that_transformers_loads_alone(tmp_path):
@@ -169,18 +190,9 @@ def test_cli_converts_a_trained_checkpoint_that_transformers_loads_alone(tmp_pat
         ("momentum_transformer", 32, True)
 
     line = "the cat sees a small dog"
-    save_fairseq_logits(save / "checkpoint_last.pt", lambda dictionary: dictionary.encode_line(
-        line, add_if_not_exist=False, append_eos=False).long()[None], tmp_path / "expected.pt")
-    proc = run_clean(f"""
-        import torch
-        from transformers import AutoModelForCausalLM, AutoTokenizer, pipeline
-        tokenizer = AutoTokenizer.from_pretrained({str(out)!r}, trust_remote_code=True)
-        model = AutoModelForCausalLM.from_pretrained({str(out)!r}, trust_remote_code=True).eval()
-        expected = torch.load({str(tmp_path / "expected.pt")!r})
-        ids = tokenizer({line!r}, return_tensors="pt")["input_ids"]
-        assert torch.equal(ids, expected["ids"]), (ids, expected["ids"])
-        with torch.no_grad():
-            torch.testing.assert_close(model(input_ids=ids).logits, expected["logits"], rtol=1e-5, atol=1e-5)
+    expected = tmp_path / "expected.pt"
+    save_fairseq_logits(save / "checkpoint_last.pt", line, expected)
+    proc = run_clean(clean_load_and_compare("AutoModelForCausalLM", out, expected, line) + """
         text = pipeline("text-generation", model=model, tokenizer=tokenizer)("the cat", max_new_tokens=4,
                                                                            do_sample=False)
         assert text[0]["generated_text"].startswith("the cat"), text
@@ -261,23 +273,9 @@ def test_cli_converts_a_pretrained_roberta_for_the_fill_mask_pipeline(tmp_path):
     assert config["architectures"] == ["MomentumTransformerForMaskedLM"]
 
     line = "the cat <mask> a small dog"
-
-    def encode(dictionary):                                             # masked_lm's <s> ... </s>
-        body = dictionary.encode_line(line, add_if_not_exist=False, append_eos=True).long()
-        return torch.cat([torch.tensor([dictionary.bos()]), body])[None]
-
-    save_fairseq_logits(save / "checkpoint_last.pt", encode, tmp_path / "expected.pt")
-    proc = run_clean(f"""
-        import torch
-        from transformers import AutoModelForMaskedLM, AutoTokenizer, pipeline
-        tokenizer = AutoTokenizer.from_pretrained({str(out)!r}, trust_remote_code=True)
-        model = AutoModelForMaskedLM.from_pretrained({str(out)!r}, trust_remote_code=True).eval()
-        expected = torch.load({str(tmp_path / "expected.pt")!r})
-        ids = tokenizer({line!r}, return_tensors="pt")["input_ids"]
-        assert torch.equal(ids, expected["ids"]), (ids, expected["ids"])
-        with torch.no_grad():
-            logits = model(input_ids=ids).logits
-        torch.testing.assert_close(logits, expected["logits"], rtol=1e-5, atol=1e-5)
+    expected = tmp_path / "expected.pt"
+    save_fairseq_logits(save / "checkpoint_last.pt", line, expected, wrap=True)
+    proc = run_clean(clean_load_and_compare("AutoModelForMaskedLM", out, expected, line) + f"""
         filled = pipeline("fill-mask", model=model, tokenizer=tokenizer, top_k=3)({line!r})
         position = ids[0].tolist().index(tokenizer.mask_token_id)
         assert [c["token"] for c in filled] == logits[0, position].topk(3).indices.tolist(), filled
@@ -358,29 +356,10 @@ def test_cli_converts_a_fine_tuned_roberta_for_the_text_classification_pipeline(
     assert set(config["id2label"].values()) == {"pet", "none"}
     assert json.loads((out / "tokenizer_config.json").read_text())["model_max_length"] == 32
     line = "the cat sees a small dog"
-
-    def encode(dictionary):                      # sentence_prediction's --init-token 0 ... </s>
-        body = dictionary.encode_line(line, add_if_not_exist=False, append_eos=True).long()
-        return torch.cat([torch.tensor([dictionary.bos()]), body])[None]
-
-    from fairseq import checkpoint_utils
-    [model], _, task = checkpoint_utils.load_model_ensemble_and_task([str(save / "checkpoint_last.pt")])
-    ids = encode(task.source_dictionary)
-    with torch.no_grad():
-        logits = model.eval()(ids, classification_head_name="sentence_classification_head")[0]
-    torch.save({"ids": ids, "logits": logits}, tmp_path / "expected.pt")
-    proc = run_clean(f"""
-        import torch
-        from transformers import AutoModelForSequenceClassification, AutoTokenizer, pipeline
-        tokenizer = AutoTokenizer.from_pretrained({str(out)!r}, trust_remote_code=True)
-        auto = AutoModelForSequenceClassification
-        model = auto.from_pretrained({str(out)!r}, trust_remote_code=True).eval()
-        expected = torch.load({str(tmp_path / "expected.pt")!r})
-        ids = tokenizer({line!r}, return_tensors="pt")["input_ids"]
-        assert torch.equal(ids, expected["ids"]), (ids, expected["ids"])
-        with torch.no_grad():
-            logits = model(input_ids=ids).logits
-        torch.testing.assert_close(logits, expected["logits"], rtol=1e-5, atol=1e-5)
+    expected = tmp_path / "expected.pt"
+    save_fairseq_logits(save / "checkpoint_last.pt", line, expected, wrap=True,
+                        classification_head_name="sentence_classification_head")
+    proc = run_clean(clean_load_and_compare("AutoModelForSequenceClassification", out, expected, line) + f"""
         classify = pipeline("text-classification", model=model, tokenizer=tokenizer, top_k=None,
                             trust_remote_code=True)
         scores = classify([{line!r}])[0]
