@@ -194,9 +194,10 @@ def hf_state_dict(source: Source, config) -> dict:
         head = source.lm_head
         state.update(module_state("transform.dense", head.dense))
         state.update(module_state("transform.norm", head.layer_norm))
-        state.update({"lm_head.weight": head.weight.detach(), "lm_head.bias": head.bias.detach()})
-    elif not config.tie_word_embeddings:
-        state["lm_head.weight"] = stack.output_projection.weight.detach()
+        state["lm_head.bias"] = head.bias.detach()
+    if source.classifier is None and not config.tie_word_embeddings:   # tied: the embedding itself
+        projection = source.lm_head.weight if source.lm_head is not None else stack.output_projection.weight
+        state["lm_head.weight"] = projection.detach()
     return state
 
 
@@ -217,10 +218,7 @@ def to_transformers(model, args, dictionary, head: Optional[str] = None, labels=
         MomentumTransformerForSequenceClassification if source.classifier is not None else \
         MomentumTransformerForMaskedLM
     converted = model_class(config).to(source.stack.embed_tokens.weight.dtype)
-    state = hf_state_dict(source, config)
-    if config.tie_word_embeddings and source.lm_head is not None:
-        state.pop("lm_head.weight")              # the embedding itself (RoBERTa ties them too)
-    missing, unexpected = converted.load_state_dict(state, strict=False)
+    missing, unexpected = converted.load_state_dict(hf_state_dict(source, config), strict=False)
     tied = config.tie_word_embeddings and hasattr(converted, "lm_head")
     missing = [name for name in missing if not (tied and name == "lm_head.weight")]
     if missing or unexpected:

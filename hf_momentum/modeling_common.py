@@ -158,6 +158,16 @@ class HeadOverModelMixin:
         self.model.embed_tokens = value
 
 
+class LMHeadMixin(HeadOverModelMixin):
+    """For a head whose vocabulary projection is `self.lm_head` (the causal and masked LMs)."""
+
+    def get_output_embeddings(self):
+        return self.lm_head
+
+    def set_output_embeddings(self, value):
+        self.lm_head = value
+
+
 class TokenClassificationMixin(HeadOverModelMixin):
     """For a `...ForTokenClassification` with `self.model`, `self.dropout` and `self.score`: a
     label per token (NER, tagging), as transformers' GenericForTokenClassification, with its loss
@@ -206,7 +216,7 @@ class QuestionAnsweringMixin(HeadOverModelMixin):
         return out if return_dict is not False else out.to_tuple()
 
 
-class RecurrentCausalLMMixin(HeadOverModelMixin):
+class RecurrentCausalLMMixin(LMHeadMixin):
     """For a `...ForCausalLM` with `self.model` (embedding `embed_tokens`), `self.lm_head`, a
     `cache_class` (a RecurrentCache built from the config) and, where the decode step can be
     compiled whole, a `static_cache_class` (generate's cache_implementation="static").
@@ -217,12 +227,6 @@ class RecurrentCausalLMMixin(HeadOverModelMixin):
 
     cache_class = None
     static_cache_class = None
-
-    def get_output_embeddings(self):
-        return self.lm_head
-
-    def set_output_embeddings(self, value):
-        self.lm_head = value
 
     def causal_lm_output(self, outputs, labels=None, logits_to_keep=0, return_dict=None, **loss_kwargs):
         """Logits of the kept positions (`logits_to_keep`: an int, the last n, 0 = all; or a 1D

@@ -26,6 +26,7 @@ from .configuration_momentum_transformer import BLOCK_LABELS, MomentumTransforme
 from .modeling_common import (
     CACHE_NAME,
     HeadOverModelMixin,
+    LMHeadMixin,
     QuestionAnsweringMixin,
     RecurrentCausalLMMixin,
     TokenClassificationMixin,
@@ -483,7 +484,7 @@ class MaskedLMTransform(nn.Module):
         return self.norm(self.act(self.dense(hidden)))
 
 
-class MomentumTransformerForMaskedLM(HeadOverModelMixin, MomentumTransformerPreTrainedModel):
+class MomentumTransformerForMaskedLM(LMHeadMixin, MomentumTransformerPreTrainedModel):
     """Masked language modelling (BERT's objective) over a bidirectional encoder: every token reads
     the whole sequence (Momentum Transformer, eq. 14), so it needs `is_causal=False`. The final
     hidden states go through `MaskedLMTransform`, then `lm_head` (tied to the input embedding, with
@@ -503,12 +504,6 @@ class MomentumTransformerForMaskedLM(HeadOverModelMixin, MomentumTransformerPreT
         self.transform = MaskedLMTransform(config)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size)
         self.post_init()
-
-    def get_output_embeddings(self):
-        return self.lm_head
-
-    def set_output_embeddings(self, value):
-        self.lm_head = value
 
     def forward(self, input_ids=None, attention_mask=None, position_ids=None, inputs_embeds=None, labels=None,
                 output_hidden_states=None, output_attentions=None, return_dict=None, **kwargs):

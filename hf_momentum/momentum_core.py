@@ -37,7 +37,7 @@ from plugins.transformer.config import (
 )
 from plugins.transformer.dropout import apply_dropout
 from plugins.transformer.kv_cache import KeyValueCache
-from plugins.transformer.pooling import POOLINGS, masked_mean
+from plugins.transformer.pooling import POOLINGS
 from plugins.transformer.stack import TransformerStack
 
 BUNDLED_MODULES = ("plugins.attention.api", "plugins.connection", "plugins.transformer.block",
@@ -48,8 +48,7 @@ EXPORTS = ("FEATURE_MAPS", "AttentionSpec", "attend", "MomentumAttentionState", 
            "DEFAULT_CONNECTION_MOMENTUM", "DEFAULT_CONNECTION_STEP_SIZE", "DEFAULT_ADAPTIVE_DELTA",
            "CONNECTION_READS", "unread_connection_fields", "BlockConfig", "block_feature_maps",
            "DEFAULT_ATTENTION_MOMENTUM", "DEFAULT_ATTENTION_STEP_SIZE", "NORM_PLACEMENTS",
-           "MultiHeadAttention", "TransformerBlock", "TransformerStack", "Segments", "masked_mean",
-           "POOLINGS",
+           "MultiHeadAttention", "TransformerBlock", "TransformerStack", "Segments", "POOLINGS",
            "layer_configs", "KeyValueCache", "apply_dropout")
 
 
