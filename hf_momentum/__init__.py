@@ -14,7 +14,10 @@
 - model_type "momentum_lstm" (MomentumLSTMConfig, MomentumLSTMModel, MomentumLSTMForCausalLM,
   MomentumLSTMForSequenceClassification, MomentumLSTMForTokenClassification,
   MomentumLSTMForQuestionAnswering) with the same Auto classes but AutoModelForMaskedLM (an LSTM
-  reads one direction).
+  reads one direction);
+- model_type "momentum_seq2seq" (MomentumSeq2SeqConfig, MomentumSeq2SeqModel,
+  MomentumSeq2SeqForConditionalGeneration, MomentumSeq2SeqCache): the encoder-decoder, with
+  AutoConfig / AutoModel / AutoModelForSeq2SeqLM.
 Saved models carry their code and load with `trust_remote_code=True` without this package.
 """
 from . import requirements  # noqa: F401,I001  (first: refuses a transformers below the floor)
@@ -24,6 +27,7 @@ from transformers import (
     AutoModelForCausalLM,
     AutoModelForMaskedLM,
     AutoModelForQuestionAnswering,
+    AutoModelForSeq2SeqLM,
     AutoModelForSequenceClassification,
     AutoModelForTokenClassification,
 )
@@ -43,6 +47,7 @@ from .attention_interface import (
     set_momentum_attention,
 )
 from .configuration_momentum_lstm import MomentumLSTMConfig
+from .configuration_momentum_seq2seq import MomentumSeq2SeqConfig
 from .configuration_momentum_transformer import MomentumTransformerConfig
 from .modeling_momentum_lstm import (
     MomentumLSTMCache,
@@ -52,6 +57,12 @@ from .modeling_momentum_lstm import (
     MomentumLSTMForTokenClassification,
     MomentumLSTMModel,
     MomentumLSTMPreTrainedModel,
+)
+from .modeling_momentum_seq2seq import (
+    MomentumSeq2SeqCache,
+    MomentumSeq2SeqForConditionalGeneration,
+    MomentumSeq2SeqModel,
+    MomentumSeq2SeqPreTrainedModel,
 )
 from .modeling_momentum_transformer import (
     MomentumCache,
@@ -77,6 +88,9 @@ AutoModelForTokenClassification.register(MomentumTransformerConfig, MomentumTran
 AutoModelForQuestionAnswering.register(MomentumTransformerConfig, MomentumTransformerForQuestionAnswering,
                                        exist_ok=True)
 AutoModelForMaskedLM.register(MomentumTransformerConfig, MomentumTransformerForMaskedLM, exist_ok=True)
+AutoConfig.register(MomentumSeq2SeqConfig.model_type, MomentumSeq2SeqConfig, exist_ok=True)
+AutoModel.register(MomentumSeq2SeqConfig, MomentumSeq2SeqModel, exist_ok=True)
+AutoModelForSeq2SeqLM.register(MomentumSeq2SeqConfig, MomentumSeq2SeqForConditionalGeneration, exist_ok=True)
 AutoConfig.register(MomentumLSTMConfig.model_type, MomentumLSTMConfig, exist_ok=True)
 AutoModel.register(MomentumLSTMConfig, MomentumLSTMModel, exist_ok=True)
 AutoModelForCausalLM.register(MomentumLSTMConfig, MomentumLSTMForCausalLM, exist_ok=True)
@@ -98,5 +112,7 @@ __all__ = [
     "StaticMomentumCache", "RecurrentCache", "StaticStateMixin", "MomentumLSTMConfig",
     "MomentumLSTMPreTrainedModel", "MomentumLSTMModel",
     "MomentumLSTMForCausalLM", "MomentumLSTMForSequenceClassification", "MomentumLSTMForTokenClassification",
-    "MomentumLSTMForQuestionAnswering", "MomentumLSTMCache",
+    "MomentumLSTMForQuestionAnswering", "MomentumLSTMCache", "MomentumSeq2SeqConfig",
+    "MomentumSeq2SeqPreTrainedModel", "MomentumSeq2SeqModel", "MomentumSeq2SeqForConditionalGeneration",
+    "MomentumSeq2SeqCache",
 ]

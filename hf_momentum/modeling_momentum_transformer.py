@@ -122,24 +122,26 @@ class MomentumTransformerLayer(GradientCheckpointingLayer, TransformerBlock):
     recurrent eq. 12 with a cache, the connection eq. 15 / 18, pre- or post-LN). The velocity v and
     previous update A_{ℓ−1} of the connection are passed from layer to layer as separate tensors,
     which gradient checkpointing can follow; the attention state lives in the `MomentumCache`.
-    config: the model's checked BlockConfig (trusted), or a MomentumTransformerConfig (checked)."""
+    config: the model's checked BlockConfig (trusted), or a MomentumTransformerConfig (checked);
+    block_kwargs: further arguments of the block class (a subclass's)."""
 
-    def __init__(self, config, layer_idx: int):
-        super().__init__(config if isinstance(config, BlockConfig) else block_config(config))
+    def __init__(self, config, layer_idx: int, **block_kwargs):
+        super().__init__(config if isinstance(config, BlockConfig) else block_config(config), **block_kwargs)
         self.layer_idx = layer_idx
 
     def forward(self, hidden_states, velocity=None, previous_update=None, segments=None,
-                past_key_values=None, padding_mask=None, softmax_masks=None):
+                past_key_values=None, padding_mask=None, softmax_masks=None, **block_kwargs):
         """segments: the model's one `Segments` of the batch (trusted); padding_mask (B, N): a
         convenience for one call, turned into Segments here; softmax_masks: the stack's (softmax
-        layers of a hybrid)."""
+        layers of a hybrid); block_kwargs: further arguments of the block's forward (a subclass's:
+        a decoder layer's cross-attention `memory`)."""
         cache = past_key_values
         state = None if velocity is None else ConnectionState(velocity, previous_update)
         attention_state = None if cache is None else cache.get_attention_state(self.layer_idx)
         out, state, attention_state = super().forward(hidden_states, state, segments=segments,
                                                       attention_state=attention_state,
                                                       recurrent=cache is not None, padding_mask=padding_mask,
-                                                      softmax_masks=softmax_masks)
+                                                      softmax_masks=softmax_masks, **block_kwargs)
         if cache is not None:
             cache.set_attention_state(self.layer_idx, attention_state)
         if state is None:
@@ -150,13 +152,15 @@ class MomentumTransformerLayer(GradientCheckpointingLayer, TransformerBlock):
 class MomentumTransformerLayers(TransformerStack):
     """The core stack over `MomentumTransformerLayer`s: the connection state is handed to each
     layer as two tensors (which gradient checkpointing follows) and each layer reads and writes
-    its attention state in the cache `past_key_values`."""
+    its attention state in the cache `past_key_values`. `encoder_states` (an encoder-decoder's
+    decoder): the encoder's hidden states and padding mask, handed to every layer after the
+    connection state, positionally as well, so that a reentrant gradient checkpoint sees them."""
 
     def call_block(self, block, x, connection_state, *, segments, attention_state, recurrent,
-                   past_key_values, softmax_masks=None):
+                   past_key_values, softmax_masks=None, encoder_states=()):
         velocity, update = (None, None) if connection_state is None else connection_state
-        out, velocity, update = block(x, velocity, update, segments=segments, past_key_values=past_key_values,
-                                      softmax_masks=softmax_masks)
+        out, velocity, update = block(x, velocity, update, *encoder_states, segments=segments,
+                                      past_key_values=past_key_values, softmax_masks=softmax_masks)
         return out, None if velocity is None else ConnectionState(velocity, update), None
 
 
@@ -205,6 +209,8 @@ def token_embedding(config: MomentumTransformerConfig) -> nn.Embedding:
 
 
 class MomentumTransformerModel(MomentumTransformerPreTrainedModel):
+    cache_class = MomentumCache
+
     def __init__(self, config: MomentumTransformerConfig, block: Optional[BlockConfig] = None):
         super().__init__(config, block=block)
         self.embed_tokens = token_embedding(config)
@@ -213,13 +219,16 @@ class MomentumTransformerModel(MomentumTransformerPreTrainedModel):
             if config.embedding_layer_norm else nn.Identity()
         self.dropout = nn.Dropout(config.embedding_dropout)
         layer_blocks = config.layer_blocks(self.block)    # per layer_types; one checked config per kind
-        self.layers = MomentumTransformerLayers(MomentumTransformerLayer(layer_block, i)
+        self.layers = MomentumTransformerLayers(self.build_layer(layer_block, i)
                                                 for i, layer_block in enumerate(layer_blocks))
         pre_norm = self.block.norm == "pre"
         self.norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps) if pre_norm else nn.Identity()
         self.gradient_checkpointing = False
         self.context_parallel_group = None  # hf_momentum.context_parallel.enable_context_parallel
         self.post_init()
+
+    def build_layer(self, block: BlockConfig, layer_idx: int) -> nn.Module:
+        return MomentumTransformerLayer(block, layer_idx)
 
     def get_input_embeddings(self):
         return self.embed_tokens
@@ -229,7 +238,7 @@ class MomentumTransformerModel(MomentumTransformerPreTrainedModel):
 
     def forward(self, input_ids=None, attention_mask=None, position_ids=None, cache=None,
                 inputs_embeds=None, use_cache=None, output_hidden_states=None, output_attentions=None,
-                return_dict=None, past_key_values=None, **kwargs):
+                return_dict=None, past_key_values=None, encoder_states=(), **kwargs):
         """attention_mask: (batch, past + length) with 1 for real tokens (with a
         `StaticMomentumCache` also (batch, length): it counts each row's real tokens itself).
         position_ids default to the count of real tokens before each position, so padding does
@@ -239,7 +248,9 @@ class MomentumTransformerModel(MomentumTransformerPreTrainedModel):
         alone, positions restarting at every document, without a cache (asking for one raises).
         A given `cache` (`past_key_values` before transformers 5.24) is continued even with
         use_cache=False; an encoder (is_causal=False) runs without a cache. hidden_states: the
-        embeddings, then each layer's output (the last one after the final norm)."""
+        embeddings, then each layer's output (the last one after the final norm). encoder_states:
+        (the encoder's hidden states, its padding mask) for the layers of an encoder-decoder's
+        decoder, which attend to them (`MomentumSeq2SeqDecoder`)."""
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("pass exactly one of input_ids and inputs_embeds")
         given = given_cache(cache, past_key_values)
@@ -256,8 +267,7 @@ class MomentumTransformerModel(MomentumTransformerPreTrainedModel):
                 raise ValueError("position_ids: context parallelism needs the global positions of this "
                                  "rank's slice (hf_momentum.context_parallel.shard_batch gives them)")
             use_cache = False
-        cache = resolve_cache(self, given, use_cache, MomentumCache,
-                              can_cache=self.config.is_causal)
+        cache = resolve_cache(self, given, use_cache, self.cache_class, can_cache=self.config.is_causal)
         packing = pop_packing_kwargs(kwargs)
         described = None
         counted_positions = position_ids is None and not isinstance(cache, StaticMomentumCache)
@@ -280,7 +290,8 @@ class MomentumTransformerModel(MomentumTransformerPreTrainedModel):
         else:
             segments = described
         hidden, all_hidden, _ = self.layers(hidden, segments=segments, final=self.norm,
-                                            output_hidden_states=output_hidden_states, past_key_values=cache)
+                                            output_hidden_states=output_hidden_states, past_key_values=cache,
+                                            encoder_states=encoder_states)
         if cache is not None:
             cache.advance(length, padding_mask)
         out = output_with_cache(BaseModelOutputWithPast, cache, last_hidden_state=hidden,

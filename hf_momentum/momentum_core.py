@@ -9,6 +9,7 @@ from plugins.attention import (
     FEATURE_MAPS,
     AttentionSpec,
     MomentumAttentionState,
+    NonCausalSummary,
     attend,
     momentum_attention,
     momentum_attention_step,
@@ -35,12 +36,14 @@ from plugins.transformer.config import (
     block_feature_maps,
     layer_configs,
 )
+from plugins.transformer.decoder_block import DecoderBlock, cross_attention_config
 from plugins.transformer.dropout import apply_dropout
 from plugins.transformer.kv_cache import KeyValueCache
 from plugins.transformer.pooling import POOLINGS
 from plugins.transformer.stack import TransformerStack
 
 BUNDLED_MODULES = ("plugins.attention.api", "plugins.connection", "plugins.transformer.block",
+                   "plugins.transformer.decoder_block",
                    "plugins.transformer.pooling", "plugins.transformer.stack", "plugins.packing")
 EXPORTS = ("FEATURE_MAPS", "AttentionSpec", "attend", "MomentumAttentionState", "momentum_attention",
            "momentum_attention_step",
@@ -49,7 +52,8 @@ EXPORTS = ("FEATURE_MAPS", "AttentionSpec", "attend", "MomentumAttentionState", 
            "CONNECTION_READS", "unread_connection_fields", "BlockConfig", "block_feature_maps",
            "DEFAULT_ATTENTION_MOMENTUM", "DEFAULT_ATTENTION_STEP_SIZE", "NORM_PLACEMENTS",
            "MultiHeadAttention", "TransformerBlock", "TransformerStack", "Segments", "POOLINGS",
-           "layer_configs", "KeyValueCache", "apply_dropout")
+           "layer_configs", "KeyValueCache", "apply_dropout", "NonCausalSummary", "DecoderBlock",
+           "cross_attention_config")
 
 
 def bundled_source() -> str:

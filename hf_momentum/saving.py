@@ -56,6 +56,7 @@ LICENSE = "mit"
 PIPELINE_TAGS = {"AutoModelForCausalLM": "text-generation", "AutoModelForSequenceClassification":
                  "text-classification", "AutoModelForTokenClassification": "token-classification",
                  "AutoModelForQuestionAnswering": "question-answering", "AutoModelForMaskedLM": "fill-mask",
+                 "AutoModelForSeq2SeqLM": "translation",
                  "AutoModel": "feature-extraction"}
 
 
@@ -190,13 +191,16 @@ def model_card(model) -> ModelCard:
     cites = "\n\n".join(CITATIONS[p] for p in model.card_papers)
     data = ModelCardData(library_name="transformers", license=LICENSE, pipeline_tag=PIPELINE_TAGS.get(auto),
                          tags=list(model.model_tags))
+    layers = f"{config.num_hidden_layers} layers"
+    if getattr(config, "is_encoder_decoder", False):
+        layers = f"{config.encoder_layers} encoder and {config.num_hidden_layers} decoder layers"
     return ModelCard(f"""---
 {data.to_yaml()}
 ---
 
 # {name}
 
-A `{config.model_type}` model ({config.num_hidden_layers} layers, hidden size {config.hidden_size})
+A `{config.model_type}` model ({layers}, hidden size {config.hidden_size})
 from momentum-plugins. The modeling code ships with the weights, so it loads with
 `trust_remote_code=True` and needs only torch and transformers. `trust_remote_code=True` runs the
 Python files of this repository on your machine, so read them (or pin a `revision` you have read)

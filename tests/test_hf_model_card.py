@@ -12,6 +12,7 @@ from transformers import (
     AutoModelForCausalLM,
     AutoModelForMaskedLM,
     AutoModelForQuestionAnswering,
+    AutoModelForSeq2SeqLM,
     AutoModelForSequenceClassification,
     AutoModelForTokenClassification,
 )
@@ -21,15 +22,19 @@ from hf_momentum import saving
 SIZES = {"momentum_transformer": dict(vocab_size=50, hidden_size=16, num_hidden_layers=1,
                                       num_attention_heads=2, intermediate_size=32,
                                       max_position_embeddings=32),
-         "momentum_lstm": dict(vocab_size=50, hidden_size=16, num_hidden_layers=1)}
+         "momentum_lstm": dict(vocab_size=50, hidden_size=16, num_hidden_layers=1),
+         "momentum_seq2seq": dict(vocab_size=50, hidden_size=16, num_hidden_layers=1, encoder_layers=2,
+                                  num_attention_heads=2, intermediate_size=32, max_position_embeddings=32)}
 
 
 HEAD_TAGS = [(AutoModelForCausalLM, "text-generation"),
              (AutoModelForSequenceClassification, "text-classification"),
              (AutoModelForTokenClassification, "token-classification"),
              (AutoModelForQuestionAnswering, "question-answering")]
-CARD_CASES = [(model_type, auto, tag) for model_type in sorted(SIZES) for auto, tag in HEAD_TAGS] + \
-    [("momentum_transformer", AutoModelForMaskedLM, "fill-mask")]
+CARD_CASES = [(model_type, auto, tag) for model_type in ("momentum_lstm", "momentum_transformer")
+              for auto, tag in HEAD_TAGS] + \
+    [("momentum_transformer", AutoModelForMaskedLM, "fill-mask"),
+     ("momentum_seq2seq", AutoModelForSeq2SeqLM, "translation")]
 
 
 def tiny(model_type, auto=AutoModelForCausalLM):
@@ -108,9 +113,13 @@ def assert_complete(data, pipeline_tag, model_type, license="mit"):
     assert {model_type.replace("_", "-"), "custom_code"} <= set(data.tags)
 
 
-@pytest.mark.parametrize("model_type", sorted(SIZES))
-@pytest.mark.parametrize("auto, pipeline_tag", [(AutoModelForCausalLM, "text-generation"),
-                                                (AutoModelForSequenceClassification, "text-classification")])
+TRAINER_CASES = [(model_type, auto, tag) for model_type in ("momentum_lstm", "momentum_transformer")
+                 for auto, tag in HEAD_TAGS[:2]] + \
+    [("momentum_seq2seq", AutoModelForSeq2SeqLM, "translation")]
+
+
+@pytest.mark.parametrize("model_type, auto, pipeline_tag", TRAINER_CASES,
+                         ids=[f"{m}-{tag}" for m, _, tag in TRAINER_CASES])
 def test_trainer_card_keeps_the_metadata_and_its_summary(tmp_path, model_type, auto, pipeline_tag):
     """Trainer.create_model_card writes its own card over README.md; ModelCardTrainer's keeps the
     training summary and adds library_name, license, pipeline_tag and the custom_code tag."""

@@ -17,7 +17,7 @@ from ..packing import Segments
 from ..validation import check_int
 from .config import BlockConfig
 from .dropout import apply_dropout
-from .kv_cache import KeyValueCache, cached_softmax_attention, extend_key_value_cache
+from .kv_cache import KeyValueCache, attend_key_values, cached_softmax_attention, extend_key_value_cache
 from .softmax_mask import SoftmaxMasks, softmax_mask
 
 
@@ -145,26 +145,29 @@ class MultiHeadAttention(nn.Module):
         return 0.0, 1.0
 
     def summarize(self, key: torch.Tensor, value: Optional[torch.Tensor] = None, *,
-                  padding_mask: Optional[torch.Tensor] = None) -> NonCausalSummary:
-        """Eq. 14's two key/value sums over key (B, M, kdim) and value (B, M, vdim; None: key),
-        padding_mask (B, M) True = real key. Computed once per source sequence, they serve every
-        later query: a decoding step then costs O(1) in M."""
-        if self.config.attention == "softmax":
-            raise ValueError("cross-attention here is eq. 14 (attention='linear' or 'momentum'); "
-                             "attention='softmax' has no key summary")
+                  padding_mask: Optional[torch.Tensor] = None) -> Union[NonCausalSummary, KeyValueCache]:
+        """What cross-attention keeps of key (B, M, kdim) and value (B, M, vdim; None: key),
+        padding_mask (B, M) True = real key: eq. 14's two key/value sums (linear and momentum
+        attention; a decoding step then costs O(1) in M), or for softmax the projected keys and
+        values with the mask (a `KeyValueCache`). Computed once per source sequence, it serves
+        every later query."""
         value = key if value is None else value
+        k, v = self._heads(self.k_proj(key)), self._heads(self.v_proj(value))
+        if self.config.attention == "softmax":
+            real = None if padding_mask is None else padding_mask.to(device=k.device, dtype=torch.bool)
+            return KeyValueCache(k, v, real)
         momentum, step_size = self.coefficients()
-        return summarize_keys(self._heads(self.k_proj(key)), self._heads(self.v_proj(value)),
-                              momentum=momentum, step_size=step_size, feature_map=self.config.feature_map,
-                              padding_mask=padding_mask)
+        return summarize_keys(k, v, momentum=momentum, step_size=step_size,
+                              feature_map=self.config.feature_map, padding_mask=padding_mask)
 
     def cross_attention(self, x: torch.Tensor, key: Optional[torch.Tensor] = None,
                         value: Optional[torch.Tensor] = None, *, padding_mask: Optional[torch.Tensor] = None,
-                        summary: Optional[NonCausalSummary] = None) -> Tuple[torch.Tensor, NonCausalSummary]:
-        """Queries x (B, N, d_model) attend by eq. 14 (never causal, whatever config.causal) to key /
-        value / padding_mask as in `summarize`, or to a `summary` an earlier call returned for the
-        same keys (then leave key, value and padding_mask None). Returns (output (B, N, d_model),
-        the summary, to pass to the next decoding step)."""
+                        summary: Union[NonCausalSummary, KeyValueCache, None] = None
+                        ) -> Tuple[torch.Tensor, Union[NonCausalSummary, KeyValueCache]]:
+        """Queries x (B, N, d_model) attend, never causally whatever config.causal, to key / value /
+        padding_mask as in `summarize`, or to a `summary` an earlier call returned for the same keys
+        (then leave key, value and padding_mask None). Returns (output (B, N, d_model), the summary,
+        to pass to the next decoding step)."""
         if summary is None:
             if key is None:
                 raise ValueError("cross_attention needs key (B, M, kdim) or the summary of an earlier call")
@@ -172,5 +175,9 @@ class MultiHeadAttention(nn.Module):
         elif key is not None or value is not None or padding_mask is not None:
             raise ValueError("cross_attention takes either key/value/padding_mask or a summary of them, "
                              "not both")
-        out = attend_summary(self._heads(self.q_proj(x)), summary, feature_map=self.config.feature_map)
+        q = self._heads(self.q_proj(x))
+        if isinstance(summary, KeyValueCache):
+            out = attend_key_values(q, summary)
+        else:
+            out = attend_summary(q, summary, feature_map=self.config.feature_map)
         return self._output(out), summary

@@ -72,17 +72,25 @@ class TransformerBlock(nn.Module):
                 softmax_masks: Optional[SoftmaxMasks] = None) -> BlockOutput:
         """x (B, N, d_model); segments, attention_state, recurrent, padding_mask and softmax_masks
         as in `MultiHeadAttention.forward`."""
-        update, attention_state = self.attention(self.attn_norm(x) if self.pre_norm else x,
-                                                 segments=segments, state=attention_state,
-                                                 recurrent=recurrent, padding_mask=padding_mask,
-                                                 softmax_masks=softmax_masks)
+        h, connection_state, attention_state = self.attention_sublayer(
+            x, connection_state, segments=segments, attention_state=attention_state, recurrent=recurrent,
+            padding_mask=padding_mask, softmax_masks=softmax_masks)
+        return BlockOutput(self.feed_forward_sublayer(h), connection_state, attention_state)
+
+    def attention_sublayer(self, x: torch.Tensor, connection_state: Optional[ConnectionState], **attention):
+        """h = conn(x, A(LN(x))) (pre-LN) or LN(conn(x, A(x))) (post-LN); returns (h, connection
+        state, attention state). `attention`: the keyword arguments of `MultiHeadAttention.forward`
+        (attention_state as `state`)."""
+        attention["state"] = attention.pop("attention_state", None)
+        update, attention_state = self.attention(self.attn_norm(x) if self.pre_norm else x, **attention)
         h, connection_state = self.residual(x, update, connection_state)
-        if not self.pre_norm:
-            h = self.attn_norm(h)
-        out = h + self.mlp(self.mlp_norm(h) if self.pre_norm else h)
-        if not self.pre_norm:
-            out = self.mlp_norm(out)
-        return BlockOutput(out, connection_state, attention_state)
+        return (h if self.pre_norm else self.attn_norm(h)), connection_state, attention_state
+
+    def feed_forward_sublayer(self, h: torch.Tensor) -> torch.Tensor:
+        """h + FFN(LN(h)) (pre-LN) or LN(h + FFN(h)) (post-LN)."""
+        if self.pre_norm:
+            return h + self.mlp(self.mlp_norm(h))
+        return self.mlp_norm(h + self.mlp(h))
 
     def residual(self, x: torch.Tensor, update: torch.Tensor, state: Optional[ConnectionState]):
         """x + A, or eq. 15 / eq. 18 carrying `state` (Momentum Transformer, Section 3.2)."""

@@ -105,3 +105,15 @@ def cached_softmax_attention(q: torch.Tensor, cache: KeyValueCache, *,
     allowed = (allowed & cache.real[:, None, :]) | own
     out = F.scaled_dot_product_attention(q, cache.key, cache.value, attn_mask=allowed[:, None])
     return out * cache.real[:, None, past:, None].to(out.dtype)
+
+
+def attend_key_values(q: torch.Tensor, memory: KeyValueCache) -> torch.Tensor:
+    """Non-causal softmax attention (eq. 1) of queries q (B, H, n, Dk) to every real position of
+    `memory` (cross-attention to an encoder's projected keys and values). A row whose memory has no
+    real position gets 0, as eq. 14's empty sums give, instead of the NaN of a softmax over nothing."""
+    if memory.real is None:
+        return F.scaled_dot_product_attention(q, memory.key, memory.value)
+    has_keys = memory.real.any(-1)
+    allowed = memory.real | ~has_keys[:, None]
+    out = F.scaled_dot_product_attention(q, memory.key, memory.value, attn_mask=allowed[:, None, None, :])
+    return out * has_keys[:, None, None, None].to(out.dtype)

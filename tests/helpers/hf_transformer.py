@@ -18,12 +18,13 @@ def tiny(**kwargs):
     return AutoConfig.for_model("momentum_transformer", **base)
 
 
-def reference_forward(model, ids, mask=None):
-    """The model written out with plugins' quadratic references (eq. 13/14) and connections."""
+def reference_forward(model, ids, mask=None, after_attention=None):
+    """The model written out with plugins' quadratic references (eq. 13/14) and connections.
+    after_attention(layer, h): applied after each attention sublayer (a decoder's cross-attention)."""
     config = model.config
     causal = config.is_causal
     pos = torch.arange(ids.shape[1])[None] if mask is None else (mask.cumsum(-1) - 1).clamp(min=0)
-    x = model.embed_tokens(ids) + model.embed_positions(pos)
+    x = model.embed_norm(model.embed_tokens(ids) + model.embed_positions(pos))
     heads, dim = config.num_attention_heads, config.hidden_size // config.num_attention_heads
     padding = None if mask is None else mask.bool()
     conn = {"momentum": MomentumConnection(config.connection_momentum, config.connection_step_size),
@@ -44,6 +45,9 @@ def reference_forward(model, ids, mask=None):
             h, state = conn(x, a, state)
         if config.layer_norm == "post":
             h = layer.attn_norm(h)
+        if after_attention is not None:
+            h = after_attention(layer, h)
+        if config.layer_norm == "post":
             x = layer.mlp_norm(h + layer.mlp(h))
         else:
             x = h + layer.mlp(layer.mlp_norm(h))

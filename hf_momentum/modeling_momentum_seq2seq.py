@@ -1,0 +1,311 @@
+"""Encoder-decoder momentum transformer (Momentum Transformer, Section 3: the translation setup),
+fairseq's `--arch momentum_transformer` in transformers: `AutoModelForSeq2SeqLM`, `generate()`
+with greedy, sampling and beam search, Seq2SeqTrainer.
+
+The encoder is a bidirectional `MomentumTransformerModel` (eq. 14). The decoder is one too, causal
+(eq. 13; recurrent eq. 12 while generating), whose layers are the shared `DecoderBlock`s: after
+self-attention, each attends to the encoder's output (`cross_attention`: eq. 14, or softmax). What
+a layer's cross-attention keeps of the encoder's output (its *memory*: eq. 14's two key/value
+sums, or softmax's projected keys and values) is computed once per source and held by the
+`MomentumSeq2SeqCache` with the decoder's states, so a decoding step costs the same whatever the
+source and target lengths (softmax cross-attention: O(source length)). Beam search reorders
+states and memories together.
+
+Padding: source rows may be padded on either side (`attention_mask`), and padded target rows
+(`decoder_attention_mask`) too; every row gives the outputs of its pair alone.
+"""
+from typing import Optional
+
+import torch
+from torch import nn
+from transformers import GenerationMixin
+from transformers.loss.loss_utils import ForMaskedLMLoss
+from transformers.modeling_outputs import BaseModelOutput, Seq2SeqLMOutput, Seq2SeqModelOutput
+
+from .configuration_momentum_seq2seq import MomentumSeq2SeqConfig
+from .modeling_common import (
+    CACHE_NAME,
+    RecurrentCausalLMMixin,
+    given_cache,
+    output_with_cache,
+    refuse_packed_rows,
+    resolve_flag,
+)
+from .modeling_momentum_transformer import (
+    MomentumCache,
+    MomentumTransformerLayer,
+    MomentumTransformerModel,
+    MomentumTransformerPreTrainedModel,
+)
+from .momentum_core import BlockConfig, DecoderBlock, KeyValueCache, NonCausalSummary, cross_attention_config
+from .packing import has_packing_kwargs, pop_packing_kwargs
+from .validation import check_int
+
+AUTO_MAP = {
+    "AutoConfig": "configuration_momentum_seq2seq.MomentumSeq2SeqConfig",
+    "AutoModel": "modeling_momentum_seq2seq.MomentumSeq2SeqModel",
+    "AutoModelForSeq2SeqLM": "modeling_momentum_seq2seq.MomentumSeq2SeqForConditionalGeneration",
+}
+
+
+def map_memory(memory, fn):
+    """A cross-attention memory with `fn` applied to each of its batch-first tensors."""
+    if isinstance(memory, KeyValueCache):
+        real = None if memory.real is None else fn(memory.real)
+        return KeyValueCache(fn(memory.key), fn(memory.value), real)
+    return NonCausalSummary(fn(memory.kv), fn(memory.z))
+
+
+class MomentumSeq2SeqCache(MomentumCache):
+    """The decoder's `MomentumCache` (S, z, m of eq. 12 per momentum layer, keys and values per
+    softmax layer) and, from the first decoding step on, every layer's cross-attention memory of
+    the encoder's output, which later steps reuse instead of the encoder's output. Beam search
+    reorders (and `batch_repeat_interleave` expands) both."""
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.memories = [None] * config.num_hidden_layers
+
+    @property
+    def has_memories(self) -> bool:
+        return all(memory is not None for memory in self.memories)
+
+    def get_memory(self, layer_idx: int):
+        return self.memories[layer_idx]
+
+    def set_memory(self, layer_idx: int, memory) -> None:
+        self.memories[layer_idx] = memory
+
+    def reset(self) -> None:
+        super().reset()
+        self.memories = [None] * len(self.memories)
+
+    def _map(self, fn) -> None:
+        super()._map(fn)
+        self.memories = [None if memory is None else map_memory(memory, fn) for memory in self.memories]
+
+
+class MomentumSeq2SeqPreTrainedModel(MomentumTransformerPreTrainedModel):
+    config_class = MomentumSeq2SeqConfig
+    config: MomentumSeq2SeqConfig
+    _no_split_modules = ["MomentumTransformerLayer", "MomentumDecoderLayer"]
+    auto_map = AUTO_MAP
+    card_hyperparameters = MomentumTransformerPreTrainedModel.card_hyperparameters + ("cross_attention",)
+
+
+class MomentumDecoderLayer(MomentumTransformerLayer, DecoderBlock):
+    """`MomentumTransformerLayer` over the shared `DecoderBlock`: self-attention (its state in the
+    cache), cross-attention to the encoder's output, feed-forward. The cross-attention's memory of
+    the encoder's output is the cache's, or is computed here (and then kept by the cache)."""
+
+    def __init__(self, config: BlockConfig, cross: BlockConfig, layer_idx: int):
+        super().__init__(config, layer_idx, cross=cross)
+
+    def forward(self, hidden_states, velocity=None, previous_update=None, encoder_hidden_states=None,
+                encoder_padding_mask=None, segments=None, past_key_values=None, softmax_masks=None):
+        """encoder_hidden_states (B, M, hidden) and encoder_padding_mask (B, M) bool or None come
+        positionally (a reentrant gradient checkpoint passes gradients to positional tensors only);
+        they are not read when the cache holds this layer's memory."""
+        cache = past_key_values
+        memory = None if cache is None else cache.get_memory(self.layer_idx)
+        if memory is None:
+            memory = self.summarize_memory(encoder_hidden_states, encoder_padding_mask)
+            if cache is not None:
+                cache.set_memory(self.layer_idx, memory)
+        return super().forward(hidden_states, velocity, previous_update, segments=segments,
+                               past_key_values=past_key_values, softmax_masks=softmax_masks, memory=memory)
+
+
+class MomentumSeq2SeqDecoder(MomentumTransformerModel):
+    """The causal `MomentumTransformerModel` with `MomentumDecoderLayer`s and, as its cache, a
+    `MomentumSeq2SeqCache`."""
+
+    cache_class = MomentumSeq2SeqCache
+
+    def build_layer(self, block: BlockConfig, layer_idx: int) -> nn.Module:
+        # one β, γ for self- and cross-attention: the model's momentum block, whatever kind layer i is
+        return MomentumDecoderLayer(block, cross_attention_config(self.block, self.config.cross_attention),
+                                    layer_idx)
+
+    def forward(self, input_ids=None, attention_mask=None, position_ids=None, cache=None, inputs_embeds=None,
+                use_cache=None, output_hidden_states=None, output_attentions=None, return_dict=None,
+                past_key_values=None, encoder_hidden_states=None, encoder_attention_mask=None, **kwargs):
+        """As `MomentumTransformerModel.forward`, attending to `encoder_hidden_states` (B, M, hidden)
+        with `encoder_attention_mask` (B, M), 1 = real source token. A cache that holds the layers'
+        memories (from its first call) is continued with them, and the encoder's output is then not
+        read again. One target per row: packed documents are refused (they would share a source)."""
+        refuse_packed_rows(type(self).__name__, position_ids, attention_mask, kwargs,
+                           "their tokens would attend to one row's source")
+        given = given_cache(cache, past_key_values)
+        real = None
+        if not remembers_source(given):
+            if encoder_hidden_states is None:
+                raise ValueError("encoder_hidden_states: the decoder attends to the encoder's output (B, "
+                                 "source length, hidden_size); pass it, or a cache that holds its memories")
+            if encoder_attention_mask is not None:
+                real = encoder_attention_mask.to(device=encoder_hidden_states.device, dtype=torch.bool)
+        return super().forward(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                               cache=cache, inputs_embeds=inputs_embeds, use_cache=use_cache,
+                               output_hidden_states=output_hidden_states, output_attentions=output_attentions,
+                               return_dict=return_dict, past_key_values=past_key_values,
+                               encoder_states=(encoder_hidden_states, real))
+
+
+def remembers_source(cache) -> bool:
+    """Whether `cache` holds every decoder layer's memory of the encoder's output."""
+    return isinstance(cache, MomentumSeq2SeqCache) and cache.has_memories
+
+
+def encoder_output(encoder_outputs) -> BaseModelOutput:
+    """generate() and users pass the encoder's output as a ModelOutput or a tuple (its first item
+    the last hidden state)."""
+    if isinstance(encoder_outputs, BaseModelOutput):
+        return encoder_outputs
+    if isinstance(encoder_outputs, (tuple, list)) and encoder_outputs:
+        hidden = encoder_outputs[1] if len(encoder_outputs) > 1 else None
+        return BaseModelOutput(last_hidden_state=encoder_outputs[0], hidden_states=hidden)
+    if hasattr(encoder_outputs, "last_hidden_state"):
+        return BaseModelOutput(last_hidden_state=encoder_outputs.last_hidden_state,
+                               hidden_states=getattr(encoder_outputs, "hidden_states", None))
+    raise ValueError("encoder_outputs must be the encoder's output (a BaseModelOutput or a tuple whose first "
+                     f"item is its last hidden state), got {type(encoder_outputs).__name__}")
+
+
+class MomentumSeq2SeqModel(MomentumSeq2SeqPreTrainedModel):
+    """Encoder (bidirectional, eq. 14) and decoder (causal, cross-attending); their token embeddings
+    are one matrix with `tie_word_embeddings` (fairseq's --share-all-embeddings)."""
+
+    _tied_weights_keys = {"decoder.embed_tokens.weight": "encoder.embed_tokens.weight"}
+
+    def __init__(self, config: MomentumSeq2SeqConfig, block: Optional[BlockConfig] = None):
+        super().__init__(config, block=block)
+        self.encoder = MomentumTransformerModel(config.encoder_config())
+        self.decoder = MomentumSeq2SeqDecoder(config, self.block)
+        self.post_init()
+
+    def get_input_embeddings(self):
+        return self.encoder.embed_tokens
+
+    def set_input_embeddings(self, value):
+        self.encoder.embed_tokens = value
+        if self.config.tie_word_embeddings:
+            self.decoder.embed_tokens = value
+
+    def get_encoder(self, *args, **kwargs):
+        return self.encoder
+
+    def get_decoder(self):
+        return self.decoder
+
+    def forward(self, input_ids=None, attention_mask=None, decoder_input_ids=None,
+                decoder_attention_mask=None, encoder_outputs=None, cache=None, inputs_embeds=None,
+                decoder_inputs_embeds=None, decoder_position_ids=None, use_cache=None,
+                output_hidden_states=None,
+                output_attentions=None, return_dict=None, past_key_values=None, **kwargs):
+        """input_ids / inputs_embeds and attention_mask: the source (rows padded on either side);
+        encoder_outputs: the encoder's output already computed (generate() passes it), instead of
+        the source; neither is needed with a cache that holds the memories (after its first call);
+        decoder_*: the target so far, as `MomentumTransformerModel.forward` takes it
+        (positions count real target tokens; `cache` continues generation)."""
+        if has_packing_kwargs(**kwargs):
+            raise ValueError("packed documents (cu_seq_lens_q / seq_idx) are not supported by an "
+                             "encoder-decoder: pad the sources and targets instead (DataCollatorForSeq2Seq)")
+        pop_packing_kwargs(kwargs)
+        output_hidden_states = resolve_flag(output_hidden_states, self.config, "output_hidden_states")
+        remembered = remembers_source(given_cache(cache, past_key_values))
+        if encoder_outputs is None and (input_ids is not None or inputs_embeds is not None or not remembered):
+            encoder_outputs = self.encoder(input_ids=input_ids, attention_mask=attention_mask,
+                                           inputs_embeds=inputs_embeds, use_cache=False,
+                                           output_hidden_states=output_hidden_states,
+                                           output_attentions=output_attentions, return_dict=True)
+        # a cache that holds the memories needs no source: the encoder's output is not read again
+        encoder_outputs = BaseModelOutput() if encoder_outputs is None else encoder_output(encoder_outputs)
+        decoder = self.decoder(input_ids=decoder_input_ids, attention_mask=decoder_attention_mask,
+                               position_ids=decoder_position_ids, cache=cache,
+                               past_key_values=past_key_values, inputs_embeds=decoder_inputs_embeds,
+                               use_cache=use_cache, output_hidden_states=output_hidden_states,
+                               output_attentions=output_attentions,
+                               encoder_hidden_states=encoder_outputs.last_hidden_state,
+                               encoder_attention_mask=attention_mask, return_dict=True)
+        out = output_with_cache(Seq2SeqModelOutput, getattr(decoder, CACHE_NAME),
+                                last_hidden_state=decoder.last_hidden_state,
+                                decoder_hidden_states=decoder.hidden_states,
+                                encoder_last_hidden_state=encoder_outputs.last_hidden_state,
+                                encoder_hidden_states=encoder_outputs.hidden_states)
+        return out if return_dict is not False else out.to_tuple()
+
+
+def shift_right(labels: torch.Tensor, pad_token_id: int, decoder_start_token_id: int) -> torch.Tensor:
+    """The decoder's inputs for `labels`: the start token, then the labels but the last, with -100
+    (ignored labels) read as padding (fairseq's prev_output_tokens, BART's shift_tokens_right)."""
+    shifted = labels.new_empty(labels.shape)
+    shifted[:, 1:] = labels[:, :-1]
+    shifted[:, 0] = decoder_start_token_id
+    return shifted.masked_fill(shifted == -100, pad_token_id)
+
+
+class MomentumSeq2SeqForConditionalGeneration(RecurrentCausalLMMixin, MomentumSeq2SeqPreTrainedModel,
+                                              GenerationMixin):
+    """`MomentumSeq2SeqModel` and a vocabulary projection `lm_head` (tied to the token embedding
+    with `tie_word_embeddings`). With `labels` and no decoder inputs, the decoder reads the labels
+    shifted right after `decoder_start_token_id`; the loss is the cross-entropy of every label not
+    -100 (`num_items_in_batch` honoured). generate() keeps the decoder's states and the memories in
+    a `MomentumSeq2SeqCache` (cache_implementation 'static' is not offered)."""
+
+    _tied_weights_keys = {"lm_head.weight": "model.encoder.embed_tokens.weight",
+                          "model.decoder.embed_tokens.weight": "model.encoder.embed_tokens.weight"}
+    cache_class = MomentumSeq2SeqCache
+
+    def __init__(self, config: MomentumSeq2SeqConfig):
+        super().__init__(config)
+        self.model = MomentumSeq2SeqModel(config, self.block)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.post_init()
+
+    def get_input_embeddings(self):
+        return self.model.get_input_embeddings()
+
+    def set_input_embeddings(self, value):
+        self.model.set_input_embeddings(value)
+
+    def get_encoder(self, *args, **kwargs):
+        return self.model.encoder
+
+    def get_decoder(self):
+        return self.model.decoder
+
+    def forward(self, input_ids=None, attention_mask=None, decoder_input_ids=None,
+                decoder_attention_mask=None, encoder_outputs=None, cache=None, inputs_embeds=None,
+                decoder_inputs_embeds=None, decoder_position_ids=None, labels=None, use_cache=None,
+                output_hidden_states=None, output_attentions=None, return_dict=None, past_key_values=None,
+                logits_to_keep=0, **kwargs):
+        if labels is not None and decoder_input_ids is None and decoder_inputs_embeds is None:
+            if self.config.decoder_start_token_id is None or self.config.pad_token_id is None:
+                raise ValueError("labels without decoder_input_ids: shifting them right needs "
+                                 "config.decoder_start_token_id and config.pad_token_id; set both or pass "
+                                 "decoder_input_ids")
+            decoder_input_ids = self.prepare_decoder_input_ids_from_labels(labels)
+        num_items_in_batch = kwargs.pop("num_items_in_batch", None)
+        outputs = self.model(input_ids=input_ids, attention_mask=attention_mask,
+                             decoder_input_ids=decoder_input_ids,
+                             decoder_attention_mask=decoder_attention_mask,
+                             encoder_outputs=encoder_outputs, cache=cache, past_key_values=past_key_values,
+                             inputs_embeds=inputs_embeds, decoder_inputs_embeds=decoder_inputs_embeds,
+                             decoder_position_ids=decoder_position_ids, use_cache=use_cache,
+                             output_hidden_states=output_hidden_states, output_attentions=output_attentions,
+                             return_dict=True, **kwargs)
+        keep = check_int(logits_to_keep, "logits_to_keep", low=0)
+        logits = self.lm_head(outputs.last_hidden_state[:, -keep:])
+        loss = None
+        if labels is not None:
+            loss = ForMaskedLMLoss(logits, labels, self.config.vocab_size,
+                                   num_items_in_batch=num_items_in_batch)
+        out = output_with_cache(Seq2SeqLMOutput, getattr(outputs, CACHE_NAME), loss=loss, logits=logits,
+                                decoder_hidden_states=outputs.decoder_hidden_states,
+                                encoder_last_hidden_state=outputs.encoder_last_hidden_state,
+                                encoder_hidden_states=outputs.encoder_hidden_states)
+        return out if return_dict is not False else out.to_tuple()
+
+    def prepare_decoder_input_ids_from_labels(self, labels: torch.Tensor) -> torch.Tensor:
+        """DataCollatorForSeq2Seq's hook: the decoder's inputs for `labels`."""
+        return shift_right(labels, self.config.pad_token_id, self.config.decoder_start_token_id)
