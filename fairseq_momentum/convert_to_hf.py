@@ -1,10 +1,11 @@
 """A fairseq momentum transformer as a transformers model: a checkpoint of
 `momentum_transformer_lm` / `linear_transformer_lm` (any preset, hybrids included) becomes a
-`MomentumTransformerForCausalLM` folder, and one of `momentum_roberta` / `linear_roberta` a
-`MomentumTransformerForMaskedLM` folder or, fine-tuned with --task sentence_prediction, a
-`MomentumTransformerForSequenceClassification` one (config, safetensors, the modeling code for
-`trust_remote_code`, a model card), with the same logits; `from_pretrained` loads it, `generate`
-or a pipeline runs it, `push_to_hub` publishes it.
+`MomentumTransformerForCausalLM` folder, one of the translation model `momentum_transformer` /
+`linear_transformer` (trained with --joined-dictionary) a `MomentumSeq2SeqForConditionalGeneration`
+folder, and one of `momentum_roberta` / `linear_roberta` a `MomentumTransformerForMaskedLM` folder
+or, fine-tuned with --task sentence_prediction, a `MomentumTransformerForSequenceClassification`
+one (config, safetensors, the modeling code for `trust_remote_code`, a model card), with the same
+logits; `from_pretrained` loads it, `generate` or a pipeline runs it, `push_to_hub` publishes it.
 
     python -m fairseq_momentum.convert_to_hf checkpoints/checkpoint_best.pt hf-model \\
         [--head NAME] [--push_to_hub --hub_model_id you/name]
@@ -18,10 +19,15 @@ RoBERTa's LM head (dense, activation, LayerNorm, tied projection with a bias) is
 its classification head (the `<s>` features, dense, --pooler-activation-fn, classifier) is the
 sequence classifier's with `classifier_pooling="first"` and `classifier_hidden_act`.
 The dictionary's ids are kept (an LM's bos is fairseq's `</s>`, which starts every LM sample; a
-masked LM's is `<s>`); where the task used no BPE, the dictionary also becomes a word-level
-tokenizer saved beside the model. What the transformers model has no counterpart for (adaptive
-input or softmax, character embeddings, projections between sizes, the scale_* options, pruned
-heads or blocks, a spectral-norm head) is refused, naming the option.
+masked LM's is `<s>`; a translation model's decoder starts from `</s>`, as fairseq's generator
+does); where the task used no BPE, the dictionary also becomes a word-level tokenizer saved beside
+the model (a translation model's appends `</s>` to a source, as fairseq's datasets do).
+A translation model's encoder and decoder must agree in width, heads, feed-forward width and norm
+placement (one config holds them); its token embeddings are one matrix with
+--share-all-embeddings, else three (encoder, decoder, output projection). What the transformers
+model has no counterpart for (adaptive input or softmax, character embeddings, projections between
+sizes, the scale_* options, pruned heads or blocks, a spectral-norm head, separate source and
+target vocabularies) is refused, naming the option.
 """
 import argparse
 import logging
@@ -47,6 +53,11 @@ LAYER_PARTS = {"self_attn_layer_norm": "attn_norm", "self_attn.q_proj": "attenti
                "self_attn.k_proj": "attention.k_proj", "self_attn.v_proj": "attention.v_proj",
                "self_attn.o_proj": "attention.o_proj", "self_attn.out_proj": "attention.o_proj",
                "final_layer_norm": "mlp_norm", "fc1": "mlp.fc_in", "fc2": "mlp.fc_out"}
+# a translation decoder layer's cross-attention (fairseq's encoder_attn) under its transformers names
+CROSS_PARTS = {"encoder_attn_layer_norm": "cross_norm", "encoder_attn.out_proj": "cross_attention.o_proj",
+               **{f"encoder_attn.{p}_proj": f"cross_attention.{p}_proj" for p in ("q", "k", "v", "o")}}
+# a translation model's per-stack options that the transformers config holds once
+SHARED_STACK_OPTIONS = ("embed_dim", "attention_heads", "ffn_embed_dim", "normalize_before")
 CONNECTION_FIELDS = {"connection_momentum": "connection_momentum",
                      "connection_step_size": "connection_step_size", "connection_delta": "adaptive_delta"}
 
@@ -68,10 +79,10 @@ def source_of(model, args, head: Optional[str] = None) -> Source:
     """`head`: for a RoBERTa, the classification head to convert, or "masked_lm" for its LM head;
     None: its only classification head if it has one (a fine-tuned model), else the LM head."""
     kind = type(model).__name__
-    if kind == "MomentumTransformerLanguageModel":
+    if kind in ("MomentumTransformerLanguageModel", "MomentumTransformerModel"):
         if head is not None:
             raise ValueError(f"head {head!r}: --head picks one of a momentum_roberta's heads; a language "
-                             "model converts whole")
+                             "or translation model converts whole")
         return Source(model.decoder, "decoder")
     if kind == "MomentumRobertaModel":
         heads = dict(model.classification_heads.items())
@@ -85,8 +96,8 @@ def source_of(model, args, head: Optional[str] = None) -> Source:
         if head not in heads:
             raise ValueError(f"head {head!r}: the model's heads are {sorted(heads) + ['masked_lm']}")
         return Source(model.encoder.sentence_encoder, "encoder", classifier=heads[head])
-    raise ValueError("checkpoint: converts momentum_transformer_lm and momentum_roberta (and their "
-                     f"presets), got {kind} (--arch {getattr(args, 'arch', '?')})")
+    raise ValueError("checkpoint: converts momentum_transformer_lm, momentum_transformer and "
+                     f"(and their presets), got {kind} (--arch {getattr(args, 'arch', '?')})")
 
 
 def check_convertible(args, source: Source) -> None:
@@ -170,23 +181,29 @@ def module_state(prefix: str, module) -> dict:
     return {f"{prefix}.{name}": tensor for name, tensor in module.state_dict().items()}
 
 
-def hf_state_dict(source: Source, config) -> dict:
-    """The weights of the fairseq model under the transformers model's names."""
-    stack = source.stack
+def stack_state(prefix: str, stack, rows: int, side: str, parts=LAYER_PARTS) -> dict:
+    """The weights of a fairseq layer stack (embeddings, layers, final norm) under the names of the
+    transformers stack at `prefix`, with `rows` position rows; `parts`: layer module names."""
     dtype = stack.embed_tokens.weight.dtype
-    state = {"model.embed_tokens.weight": stack.embed_tokens.weight.detach(),
-             "model.embed_positions.weight": position_table(stack, config.max_position_embeddings, dtype)}
+    state = {f"{prefix}.embed_tokens.weight": stack.embed_tokens.weight.detach(),
+             f"{prefix}.embed_positions.weight": position_table(stack, rows, dtype)}
     if stack.layernorm_embedding is not None:
-        state.update(module_state("model.embed_norm", stack.layernorm_embedding))
+        state.update(module_state(f"{prefix}.embed_norm", stack.layernorm_embedding))
     for i, layer in enumerate(stack.layers):
         for name, tensor in layer.state_dict().items():
             part, _, leaf = name.rpartition(".")
-            if part not in LAYER_PARTS:
-                raise ValueError(f"{source.side}.layers.{i}.{name}: no counterpart in a momentum_transformer "
-                                 "layer")
-            state[f"model.layers.{i}.{LAYER_PARTS[part]}.{leaf}"] = tensor
+            if part not in parts:
+                raise ValueError(f"{side}.layers.{i}.{name}: no counterpart in a momentum_transformer layer")
+            state[f"{prefix}.layers.{i}.{parts[part]}.{leaf}"] = tensor
     if stack.layer_norm is not None:
-        state.update(module_state("model.norm", stack.layer_norm))
+        state.update(module_state(f"{prefix}.norm", stack.layer_norm))
+    return state
+
+
+def hf_state_dict(source: Source, config) -> dict:
+    """The weights of the fairseq model under the transformers model's names."""
+    stack = source.stack
+    state = stack_state("model", stack, config.max_position_embeddings, source.side)
     if source.classifier is not None:
         state.update(module_state("pooler", source.classifier.dense))
         state.update(module_state("score", source.classifier.out_proj))
@@ -201,34 +218,87 @@ def hf_state_dict(source: Source, config) -> dict:
     return state
 
 
-def to_transformers(model, args, dictionary, head: Optional[str] = None, labels=None):
+def check_translation(args, model, dictionary, target_dictionary) -> None:
+    """ValueError naming what a translation model has that MomentumSeq2SeqConfig cannot hold."""
+    if target_dictionary is not None and target_dictionary.symbols != dictionary.symbols:
+        raise ValueError("the source and target dictionaries differ: a momentum_seq2seq model has one "
+                         "vocabulary; convert a model preprocessed with fairseq-preprocess "
+                         "--joined-dictionary")
+    for name in SHARED_STACK_OPTIONS:
+        encoder, decoder = getattr(args, f"encoder_{name}"), getattr(args, f"decoder_{name}")
+        if encoder != decoder:
+            dashed = name.replace("_", "-")
+            raise ValueError(f"--encoder-{dashed} {encoder!r} differs from --decoder-{dashed} {decoder!r}: a "
+                             "momentum_seq2seq model has one value for both")
+    if getattr(args, "no_cross_attention", False):
+        raise ValueError("--no-cross-attention: a momentum_seq2seq decoder attends to the encoder")
+    check_convertible(args, Source(model.encoder, "encoder"))
+    check_convertible(args, Source(model.decoder, "decoder"))
+
+
+def seq2seq_config(args, model, dictionary):
+    """The MomentumSeq2SeqConfig of a fairseq translation model: the decoder's fields as an LM's
+    (`hf_config`), the encoder's depth and layer types, the cross-attention, one position table of
+    the smaller stack's maximum, `</s>` starting the decoder."""
+    from hf_momentum import MomentumSeq2SeqConfig, MomentumTransformerConfig
+    fields = hf_config(args, dictionary, Source(model.decoder, "decoder")).to_dict()
+    fields = {name: fields[name] for name in MomentumTransformerConfig.__annotations__}
+    fields.update(max_position_embeddings=min(model.encoder.max_positions(), model.decoder.max_positions()),
+                  bos_token_id=dictionary.bos(), tie_word_embeddings=bool(args.share_all_embeddings))
+    layers = len(model.encoder.layers)
+    return MomentumSeq2SeqConfig(**fields, encoder_layers=layers, cross_attention=args.cross_attention,
+                                 encoder_layer_types=list(getattr(args, "layer_types", None)
+                                                          or ["linear_attention"] * layers),
+                                 decoder_start_token_id=dictionary.eos())
+
+
+def seq2seq_state_dict(model, config) -> dict:
+    rows = config.max_position_embeddings
+    state = {**stack_state("model.encoder", model.encoder, rows, "encoder"),
+             **stack_state("model.decoder", model.decoder, rows, "decoder", {**LAYER_PARTS, **CROSS_PARTS})}
+    if not config.tie_word_embeddings:
+        state["lm_head.weight"] = model.decoder.output_projection.weight.detach()
+    return state
+
+
+def to_transformers(model, args, dictionary, head: Optional[str] = None, labels=None, target_dictionary=None):
     """The transformers model with the weights of the fairseq `model`, in eval mode and its dtype:
-    MomentumTransformerForCausalLM for an LM; for a RoBERTa ...ForSequenceClassification with its
-    classification head `head` (RoBERTa's head: <s> features, dense, activation, classifier;
-    `labels` its label names) or ...ForMaskedLM (head "masked_lm", or None without such heads)."""
+    MomentumTransformerForCausalLM for an LM; MomentumSeq2SeqForConditionalGeneration for a
+    translation model (`target_dictionary`: its target's, which must equal `dictionary`); for a
+    RoBERTa ...ForSequenceClassification with its classification head `head` (RoBERTa's head: <s>
+    features, dense, activation, classifier; `labels` its label names) or ...ForMaskedLM (head
+    "masked_lm", or None without such heads)."""
     from hf_momentum import (
+        MomentumSeq2SeqForConditionalGeneration,
         MomentumTransformerForCausalLM,
         MomentumTransformerForMaskedLM,
         MomentumTransformerForSequenceClassification,
     )
     source = source_of(model, args, head)
-    check_convertible(args, source)
-    config = hf_config(args, dictionary, source, labels)
-    model_class = MomentumTransformerForCausalLM if config.is_causal else \
-        MomentumTransformerForSequenceClassification if source.classifier is not None else \
-        MomentumTransformerForMaskedLM
+    if type(model).__name__ == "MomentumTransformerModel":
+        check_translation(args, model, dictionary, target_dictionary)
+        config = seq2seq_config(args, model, dictionary)
+        model_class, state = MomentumSeq2SeqForConditionalGeneration, seq2seq_state_dict(model, config)
+    else:
+        check_convertible(args, source)
+        config = hf_config(args, dictionary, source, labels)
+        model_class = MomentumTransformerForCausalLM if config.is_causal else \
+            MomentumTransformerForSequenceClassification if source.classifier is not None else \
+            MomentumTransformerForMaskedLM
+        state = hf_state_dict(source, config)
     converted = model_class(config).to(source.stack.embed_tokens.weight.dtype)
-    missing, unexpected = converted.load_state_dict(hf_state_dict(source, config), strict=False)
-    tied = config.tie_word_embeddings and hasattr(converted, "lm_head")
-    missing = [name for name in missing if not (tied and name == "lm_head.weight")]
+    missing, unexpected = converted.load_state_dict(state, strict=False)
+    tied = set(converted.get_expanded_tied_weights_keys()) if config.tie_word_embeddings else set()
+    missing = [name for name in missing if name not in tied]
     if missing or unexpected:
         raise ValueError(f"weights that do not map: missing {missing}, unexpected {unexpected}")
     return converted.eval()
 
 
-def word_tokenizer(dictionary, max_length: int):
+def word_tokenizer(dictionary, max_length: int, append_eos: bool = False):
     """A whitespace word-level tokenizer with the dictionary's ids (for a task without BPE). With
-    fairseq masked_lm's `<mask>`, it wraps a text in `<s> ... </s>` as that task's samples are."""
+    fairseq masked_lm's `<mask>`, it wraps a text in `<s> ... </s>` as that task's samples are;
+    with `append_eos` (a translation model's sources) it ends a text with `</s>`."""
     from tokenizers import Tokenizer, models, pre_tokenizers, processors
     from transformers import PreTrainedTokenizerFast
     vocab = {symbol: i for i, symbol in enumerate(dictionary.symbols)}
@@ -241,6 +311,9 @@ def word_tokenizer(dictionary, max_length: int):
         tokenizer.post_processor = processors.TemplateProcessing(
             single=f"{bos} $A {eos}", pair=f"{bos} $A {eos} $B {eos}",
             special_tokens=[(bos, dictionary.bos()), (eos, dictionary.eos())])
+    elif append_eos:
+        tokenizer.post_processor = processors.TemplateProcessing(
+            single=f"$A {eos}", pair=f"$A {eos} $B {eos}", special_tokens=[(eos, dictionary.eos())])
     return PreTrainedTokenizerFast(tokenizer_object=tokenizer, unk_token=dictionary.unk_word,
                                    pad_token=dictionary.pad_word, eos_token=eos,
                                    bos_token=dictionary.bos_word if mask else eos, mask_token=mask,
@@ -249,24 +322,26 @@ def word_tokenizer(dictionary, max_length: int):
 
 def load(checkpoint):
     """(fairseq model, its args, its dictionary, the label names of a sentence_prediction task or
-    None, the task's BPE or None) of a checkpoint file, through fairseq's loader (the user-dir's
-    checks on what the file may hold included)."""
+    None, the task's BPE or None, its target dictionary) of a checkpoint file, through fairseq's
+    loader (the user-dir's checks on what the file may hold included)."""
     from fairseq import checkpoint_utils
     [model], cfg, task = checkpoint_utils.load_model_ensemble_and_task([str(checkpoint)])
     label_dictionary = getattr(task, "label_dictionary", None)
     labels = None if label_dictionary is None else label_dictionary.symbols[label_dictionary.nspecial:]
-    return model.eval(), as_namespace(cfg.model), task.source_dictionary, labels, cfg.bpe
+    return (model.eval(), as_namespace(cfg.model), task.source_dictionary, labels, cfg.bpe,
+            task.target_dictionary)
 
 
 def convert(checkpoint, output_dir, head: Optional[str] = None, push_to_hub: bool = False,
             hub_model_id: Optional[str] = None):
     """Write the converted model (and, without BPE, the tokenizer) to `output_dir`; returns the model."""
-    model, args, dictionary, labels, bpe = load(checkpoint)
-    converted = to_transformers(model, args, dictionary, head, labels)
+    model, args, dictionary, labels, bpe, target_dictionary = load(checkpoint)
+    converted = to_transformers(model, args, dictionary, head, labels, target_dictionary)
     converted.save_pretrained(output_dir)
     tokenizer = None
     if bpe is None:
-        tokenizer = word_tokenizer(dictionary, converted.config.max_position_embeddings)
+        tokenizer = word_tokenizer(dictionary, converted.config.max_position_embeddings,
+                                   append_eos=converted.config.is_encoder_decoder)
         tokenizer.save_pretrained(output_dir)
     else:
         logger.warning("the task used --bpe %s: no tokenizer is saved; encode text as fairseq does "
@@ -282,7 +357,8 @@ def main(argv=None):
     parser = argparse.ArgumentParser(prog="python -m fairseq_momentum.convert_to_hf", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("checkpoint", type=Path,
-                        help="a fairseq checkpoint (.pt) of momentum_transformer_lm or momentum_roberta")
+                        help="a fairseq checkpoint (.pt) of momentum_transformer_lm, momentum_transformer "
+                             "or momentum_roberta")
     parser.add_argument("output_dir", type=Path, help="the transformers model folder to write")
     parser.add_argument("--head", default=None,
                         help="of a momentum_roberta: the classification head to convert (default: its only "

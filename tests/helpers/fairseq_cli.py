@@ -121,15 +121,16 @@ def write_dict(path, words):
     path.write_text("".join(f"{w} 1\n" for w in words))
 
 
-def build_model(tmp_path, task_args, arch_args):
+def build_model(tmp_path, task_args, arch_args, joined=False):
     """Parse a fairseq-train command line in-process and build its task and model (eval
-    mode). Only dictionaries are needed on disk: they are written to tmp_path."""
+    mode). Only dictionaries are needed on disk: they are written to tmp_path (a translation
+    task's target dictionary equal to its source's with `joined`)."""
     from fairseq import options, tasks
     data = tmp_path / "dicts"
     data.mkdir(exist_ok=True)
     write_dict(data / "dict.txt", WORDS)
     write_dict(data / "dict.src.txt", WORDS)
-    write_dict(data / "dict.tgt.txt", [w.upper()[::-1] for w in WORDS])
+    write_dict(data / "dict.tgt.txt", WORDS if joined else [w.upper()[::-1] for w in WORDS])
     parser = options.get_training_parser()
     args = options.parse_args_and_arch(
         parser, [str(data), "--user-dir", USER_DIR, "--cpu", *task_args, *arch_args])

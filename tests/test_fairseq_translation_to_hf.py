@@ -1,0 +1,175 @@
+"""fairseq_momentum.convert_to_hf for the translation model: a fairseq `momentum_transformer`
+(`--task translation`) becomes a transformers MomentumSeq2SeqForConditionalGeneration with
+fairseq's logits (float64; left-padded sources and right-padded targets as fairseq batches them;
+momentum, linear and softmax cross-attention; pre- and post-LN; sinusoidal and learned positions;
+one embedding matrix or three; hybrids; the linear preset), greedy generate() gives fairseq's
+SequenceGenerator hypotheses, what the config cannot hold is refused by its option, and through the
+CLIs: fairseq-train, the converter, then transformers alone (remote code, the saved tokenizer,
+generate)."""
+import pytest
+import torch
+from helpers.clean_process import run_clean
+from helpers.fairseq_cli import build_model, preprocess, train, write_parallel_text
+from helpers.fairseq_decoding import padded_sentences
+from test_fairseq_to_hf import run_converter
+
+import hf_momentum  # noqa: F401  (registers the model types with the Auto classes)
+from fairseq_momentum.convert_to_hf import to_transformers
+
+STACK = {"layers": "2", "embed-dim": "16", "ffn-embed-dim": "32", "attention-heads": "2"}
+SIZES = [*(part for side in ("encoder", "decoder") for option, value in STACK.items()
+           for part in (f"--{side}-{option}", value)),
+         "--attention-momentum", "0.5", "--attention-step-size", "0.8"]
+TASK = ["--task", "translation", "--source-lang", "src", "--target-lang", "tgt"]
+CONFIGS = {
+    "shared-sinusoidal-momentum-cross": ["--share-all-embeddings"],
+    "prenorm-learned-linear-cross-momentum-connection": [
+        "--share-all-embeddings", "--encoder-normalize-before", "--decoder-normalize-before",
+        "--encoder-learned-pos", "--decoder-learned-pos", "--cross-attention", "linear",
+        "--connection", "momentum"],
+    "softmax-cross-hybrid-adaptive": ["--share-all-embeddings", "--cross-attention", "softmax",
+                                      "--layer-types", "linear_attention,full_attention",
+                                      "--connection", "adaptive"],
+    "separate-embeddings-tied-output-relu-map": ["--share-decoder-input-output-embed",
+                                                 "--layernorm-embedding", "--feature-map", "relu"],
+    "three-matrices-unscaled": ["--no-scale-embedding"],
+}
+
+
+def fairseq_translation(tmp_path, *extra, arch="momentum_transformer", joined=True, sizes=SIZES):
+    model, task, args = build_model(tmp_path, TASK, ["--arch", arch, *sizes, *extra], joined=joined)
+    return model.double().eval(), task, args
+
+
+def convert(model, task, args):
+    return to_transformers(model, args, task.source_dictionary, target_dictionary=task.target_dictionary)
+
+
+def batch(task, generator):
+    """Left-padded sources and right-padded previous-output tokens (fairseq's layout), and masks."""
+    dictionary = task.source_dictionary
+    src, _ = padded_sentences(dictionary, [6, 9, 3], generator, left_pad=True)
+    prev, _ = padded_sentences(dictionary, [5, 2, 7], generator, left_pad=False)
+    prev = torch.cat([torch.full((3, 1), dictionary.eos()), prev[:, :-1]], dim=1)   # </s> starts the decoder
+    return src, src.ne(dictionary.pad()), prev, prev.ne(dictionary.pad())
+
+
+@pytest.mark.parametrize("config", CONFIGS)
+def test_converted_translation_model_gives_fairseqs_logits(tmp_path, make_generator, config):
+    model, task, args = fairseq_translation(tmp_path, *CONFIGS[config])
+    converted = convert(model, task, args)
+    assert type(converted).__name__ == "MomentumSeq2SeqForConditionalGeneration"
+    embeddings = [converted.model.encoder.embed_tokens.weight, converted.model.decoder.embed_tokens.weight,
+                  converted.lm_head.weight]
+    assert all(e is embeddings[0] for e in embeddings) == ("--share-all-embeddings" in CONFIGS[config])
+    src, src_mask, prev, prev_mask = batch(task, make_generator())
+    with torch.no_grad():
+        expected = model(src, src_mask.sum(-1), prev)[0]
+        got = converted(input_ids=src, attention_mask=src_mask.long(), decoder_input_ids=prev,
+                        decoder_attention_mask=prev_mask.long()).logits
+    torch.testing.assert_close(got[prev_mask], expected[prev_mask], rtol=0, atol=tolerance(CONFIGS[config]))
+
+
+def tolerance(options):
+    """fairseq's softmax attention computes its weights in float32 (fairseq.utils.softmax)."""
+    return 1e-6 if "softmax" in options else 1e-9
+
+
+def test_linear_preset_converts_to_momentum_zero(tmp_path, make_generator):
+    model, task, args = fairseq_translation(tmp_path, "--share-all-embeddings", arch="linear_transformer",
+                                            sizes=SIZES[:-4])
+    converted = convert(model, task, args)
+    assert (converted.config.attention_momentum, converted.config.cross_attention) == (0.0, "linear")
+    src, src_mask, prev, _ = batch(task, make_generator())
+    with torch.no_grad():
+        got = converted(input_ids=src, attention_mask=src_mask.long(), decoder_input_ids=prev).logits
+        torch.testing.assert_close(got[:, 0], model(src, src_mask.sum(-1), prev)[0][:, 0], rtol=0, atol=1e-9)
+
+
+@pytest.mark.parametrize("cross", ["momentum", "softmax"])
+def test_greedy_generate_gives_fairseqs_hypotheses(tmp_path, make_generator, cross):
+    """generate() on a left-padded batch (the decoder's recurrent state and the cross-attention
+    memories in the cache) against fairseq's SequenceGenerator with beam 1, which never emits pad
+    and no </s> first (min_len 1): the same tokens up to fairseq's length limit, and </s> wherever
+    fairseq stopped before it."""
+    from fairseq.sequence_generator import SequenceGenerator
+    model, task, args = fairseq_translation(tmp_path, "--share-all-embeddings", "--cross-attention", cross)
+    converted = convert(model, task, args)
+    dictionary = task.source_dictionary
+    src, src_mask, _, _ = batch(task, make_generator())
+    limit = 8
+    generator = SequenceGenerator([model], dictionary, beam_size=1, max_len_a=0, max_len_b=limit)
+    with torch.no_grad():
+        hypotheses = generator.generate([model], {"net_input": {"src_tokens": src,
+                                                                "src_lengths": src_mask.sum(-1)}})
+        tokens = converted.generate(input_ids=src, attention_mask=src_mask.long(), do_sample=False,
+                                    num_beams=1, max_new_tokens=limit, min_new_tokens=1,
+                                    suppress_tokens=[dictionary.pad()])
+    for row, hypothesis in zip(tokens, hypotheses):
+        words = hypothesis[0]["tokens"]
+        assert torch.equal(row[1:len(words)], words[:-1])
+        if len(words) <= limit:
+            assert row[len(words)] == dictionary.eos()
+
+
+@pytest.mark.parametrize("extra, joined, message", [
+    ([], False, "the source and target dictionaries differ: .* --joined-dictionary"),
+    (["--share-all-embeddings", "--decoder-ffn-embed-dim", "24"], True,
+     "--encoder-ffn-embed-dim 32 differs from --decoder-ffn-embed-dim 24"),
+    (["--share-all-embeddings", "--decoder-normalize-before"], True,
+     "--encoder-normalize-before False differs from --decoder-normalize-before True"),
+    (["--share-all-embeddings", "--no-cross-attention"], True, "--no-cross-attention"),
+    (["--share-all-embeddings", "--decoder-output-dim", "8"], True, "--decoder-output-dim 8 differs"),
+])
+def test_what_the_config_cannot_hold_is_refused_by_name(tmp_path, extra, joined, message):
+    model, task, args = fairseq_translation(tmp_path, *extra, joined=joined)
+    with pytest.raises(ValueError, match="^" + message):
+        convert(model, task, args)
+
+
+def test_cli_converts_a_trained_translation_model_that_transformers_runs_alone(tmp_path):
+    from fairseq import checkpoint_utils
+    from fairseq.sequence_generator import SequenceGenerator
+    text = write_parallel_text(tmp_path / "text", seed=5)
+    data = tmp_path / "bin"
+    preprocess("--source-lang", "src", "--target-lang", "tgt", "--trainpref", text / "train", "--validpref",
+               text / "valid", "--destdir", data, "--workers", "1", "--joined-dictionary")
+    save = tmp_path / "ckpt"
+    train(data, save, *TASK, "--arch", "momentum_transformer", *SIZES, "--share-all-embeddings",
+          "--cross-attention", "softmax", "--batch-size", "16", "--max-update", "6", "--optimizer", "adam",
+          "--lr", "0.003", "--max-source-positions", "64", "--max-target-positions", "48")
+    out = tmp_path / "hf"
+    config = run_converter(save / "checkpoint_last.pt", out)
+    assert (config["model_type"], config["max_position_embeddings"], config["cross_attention"],
+            config["tie_word_embeddings"]) == ("momentum_seq2seq", 48, "softmax", True)
+
+    line = "the cat sees a small dog"
+    [model], _, task = checkpoint_utils.load_model_ensemble_and_task([str(save / "checkpoint_last.pt")])
+    dictionary = task.source_dictionary
+    ids = dictionary.encode_line(line, add_if_not_exist=False).long()[None]
+    generator = SequenceGenerator([model.eval()], dictionary, beam_size=1, max_len_a=0, max_len_b=6)
+    with torch.no_grad():
+        hypothesis = generator.generate(
+            [model], {"net_input": {"src_tokens": ids, "src_lengths": torch.tensor([ids.shape[1]])}})[0][0]
+        logits = model(ids, torch.tensor([ids.shape[1]]), hypothesis["tokens"][None].roll(1, -1))[0]
+    torch.save({"ids": ids, "logits": logits, "hypothesis": hypothesis["tokens"]}, tmp_path / "expected.pt")
+    proc = run_clean(f"""
+        import torch
+        from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
+        tokenizer = AutoTokenizer.from_pretrained({str(out)!r}, trust_remote_code=True)
+        model = AutoModelForSeq2SeqLM.from_pretrained({str(out)!r}, trust_remote_code=True).eval()
+        expected = torch.load({str(tmp_path / "expected.pt")!r})
+        ids = tokenizer({line!r}, return_tensors="pt")["input_ids"]
+        assert torch.equal(ids, expected["ids"]), (ids, expected["ids"])
+        words = expected["hypothesis"]
+        with torch.no_grad():
+            logits = model(input_ids=ids, decoder_input_ids=words[None].roll(1, -1)).logits
+            tokens = model.generate(input_ids=ids, do_sample=False, max_new_tokens=6, min_new_tokens=1,
+                                    suppress_tokens=[tokenizer.pad_token_id])
+        torch.testing.assert_close(logits, expected["logits"], rtol=1e-5, atol=1e-5)
+        assert torch.equal(tokens[0, 1:len(words)], words[:-1]), (tokens, words)
+        text = tokenizer.decode(tokens[0], skip_special_tokens=True)
+        assert text == tokenizer.decode(words, skip_special_tokens=True) and text, text
+        print("OK", type(model).__module__)
+    """, tmp_path, {"HF_HUB_OFFLINE": "1"})
+    assert "OK transformers_modules" in proc.stdout
