@@ -16,8 +16,8 @@
   MomentumLSTMForQuestionAnswering) with the same Auto classes but AutoModelForMaskedLM (an LSTM
   reads one direction);
 - model_type "momentum_seq2seq" (MomentumSeq2SeqConfig, MomentumSeq2SeqModel,
-  MomentumSeq2SeqForConditionalGeneration, MomentumSeq2SeqCache): the encoder-decoder, with
-  AutoConfig / AutoModel / AutoModelForSeq2SeqLM.
+  MomentumSeq2SeqForConditionalGeneration, MomentumSeq2SeqCache, StaticMomentumSeq2SeqCache): the
+  encoder-decoder, with AutoConfig / AutoModel / AutoModelForSeq2SeqLM.
 Saved models carry their code and load with `trust_remote_code=True` without this package.
 """
 from . import requirements  # noqa: F401,I001  (first: refuses a transformers below the floor)
@@ -63,6 +63,7 @@ from .modeling_momentum_seq2seq import (
     MomentumSeq2SeqForConditionalGeneration,
     MomentumSeq2SeqModel,
     MomentumSeq2SeqPreTrainedModel,
+    StaticMomentumSeq2SeqCache,
 )
 from .modeling_momentum_transformer import (
     MomentumCache,
@@ -114,5 +115,5 @@ __all__ = [
     "MomentumLSTMForCausalLM", "MomentumLSTMForSequenceClassification", "MomentumLSTMForTokenClassification",
     "MomentumLSTMForQuestionAnswering", "MomentumLSTMCache", "MomentumSeq2SeqConfig",
     "MomentumSeq2SeqPreTrainedModel", "MomentumSeq2SeqModel", "MomentumSeq2SeqForConditionalGeneration",
-    "MomentumSeq2SeqCache",
+    "MomentumSeq2SeqCache", "StaticMomentumSeq2SeqCache",
 ]

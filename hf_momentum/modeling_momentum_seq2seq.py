@@ -9,7 +9,8 @@ a layer's cross-attention keeps of the encoder's output (its *memory*: eq. 14's 
 sums, or softmax's projected keys and values) is computed once per source and held by the
 `MomentumSeq2SeqCache` with the decoder's states, so a decoding step costs the same whatever the
 source and target lengths (softmax cross-attention: O(source length)). Beam search reorders
-states and memories together.
+states and memories together. With cache_implementation="static" they sit in fixed buffers
+(`StaticMomentumSeq2SeqCache`) and generate() compiles the decode step whole.
 
 Padding: source rows may be padded on either side (`attention_mask`), and padded target rows
 (`decoder_attention_mask`) too; every row gives the outputs of its pair alone.
@@ -39,6 +40,7 @@ from .modeling_momentum_transformer import (
 )
 from .momentum_core import BlockConfig, DecoderBlock, KeyValueCache, NonCausalSummary, cross_attention_config
 from .packing import has_packing_kwargs, pop_packing_kwargs
+from .recurrent_cache import StaticStateMixin
 from .validation import check_int
 
 AUTO_MAP = {
@@ -83,6 +85,36 @@ class MomentumSeq2SeqCache(MomentumCache):
     def _map(self, fn) -> None:
         super()._map(fn)
         self.memories = [None if memory is None else map_memory(memory, fn) for memory in self.memories]
+
+
+class StaticMomentumSeq2SeqCache(StaticStateMixin, MomentumSeq2SeqCache):
+    """A `MomentumSeq2SeqCache` for a compiled decode step (generate's cache_implementation="static"):
+    the decoder's states in fixed buffers updated in place (`StaticStateMixin`), and the memories,
+    written by the first (eager) step, kept at their addresses when beam search reorders them."""
+
+    def set_memory(self, layer_idx: int, memory) -> None:
+        if not torch.compiler.is_compiling():
+            for t in memory_tensors(memory):
+                torch._dynamo.mark_static_address(t)
+        super().set_memory(layer_idx, memory)
+
+    def _map(self, fn) -> None:
+        held = self.memories
+        super()._map(fn)
+        for i, (old, new) in enumerate(zip(held, self.memories)):
+            if old is None:
+                continue
+            pairs = list(zip(memory_tensors(old), memory_tensors(new)))
+            if all((a.shape, a.dtype, a.device) == (b.shape, b.dtype, b.device) for a, b in pairs):
+                for a, b in pairs:
+                    a.copy_(b)
+                self.memories[i] = old
+
+
+def memory_tensors(memory) -> tuple:
+    if isinstance(memory, KeyValueCache):
+        return tuple(t for t in (memory.key, memory.value, memory.real) if t is not None)
+    return memory.kv, memory.z
 
 
 class MomentumSeq2SeqPreTrainedModel(MomentumTransformerPreTrainedModel):
@@ -250,11 +282,13 @@ class MomentumSeq2SeqForConditionalGeneration(RecurrentCausalLMMixin, MomentumSe
     with `tie_word_embeddings`). With `labels` and no decoder inputs, the decoder reads the labels
     shifted right after `decoder_start_token_id`; the loss is the cross-entropy of every label not
     -100 (`num_items_in_batch` honoured). generate() keeps the decoder's states and the memories in
-    a `MomentumSeq2SeqCache` (cache_implementation 'static' is not offered)."""
+    a `MomentumSeq2SeqCache`, or with cache_implementation="static" in a `StaticMomentumSeq2SeqCache`,
+    whose decode step generate() compiles whole (on CUDA, or where compile_config says)."""
 
     _tied_weights_keys = {"lm_head.weight": "model.encoder.embed_tokens.weight",
                           "model.decoder.embed_tokens.weight": "model.encoder.embed_tokens.weight"}
     cache_class = MomentumSeq2SeqCache
+    static_cache_class = StaticMomentumSeq2SeqCache
 
     def __init__(self, config: MomentumSeq2SeqConfig):
         super().__init__(config)
@@ -305,6 +339,23 @@ class MomentumSeq2SeqForConditionalGeneration(RecurrentCausalLMMixin, MomentumSe
                                 encoder_last_hidden_state=outputs.encoder_last_hidden_state,
                                 encoder_hidden_states=outputs.encoder_hidden_states)
         return out if return_dict is not False else out.to_tuple()
+
+    def prepare_inputs_for_generation(self, input_ids, next_sequence_length=None, *args, **kwargs):
+        """transformers' inputs for generate()'s next forward (the decoder's new tokens, the
+        encoder's output and mask, the cache). With the static cache, a decoder mask keeps only
+        its new tokens' columns, as for the causal LM; the encoder's mask stays whole (the first
+        step computes the memories from it)."""
+        inputs = GenerationMixin.prepare_inputs_for_generation(self, input_ids, next_sequence_length, *args,
+                                                               **kwargs)
+        mask = inputs.get("decoder_attention_mask")
+        if isinstance(inputs.get(CACHE_NAME), StaticMomentumSeq2SeqCache) and isinstance(mask, torch.Tensor):
+            length = inputs["decoder_input_ids"].shape[1]
+            inputs["decoder_attention_mask"] = mask[:, mask.shape[1] - length:].contiguous()
+        return inputs
+
+    def create_masks_for_generate(self, config, inputs_embeds, attention_mask, *args, **kwargs):
+        """generate() would build a 4D decoder mask for a compileable cache: it stays as given."""
+        return attention_mask
 
     def prepare_decoder_input_ids_from_labels(self, labels: torch.Tensor) -> torch.Tensor:
         """DataCollatorForSeq2Seq's hook: the decoder's inputs for `labels`."""

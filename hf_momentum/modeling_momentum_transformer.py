@@ -270,9 +270,9 @@ class MomentumTransformerModel(MomentumTransformerPreTrainedModel):
         cache = resolve_cache(self, given, use_cache, self.cache_class, can_cache=self.config.is_causal)
         packing = pop_packing_kwargs(kwargs)
         described = None
-        counted_positions = position_ids is None and not isinstance(cache, StaticMomentumCache)
+        counted_positions = position_ids is None and not isinstance(cache, StaticStateMixin)
         past = cache.get_seq_length() if counted_positions and cache is not None else 0
-        if isinstance(cache, StaticMomentumCache):
+        if isinstance(cache, StaticStateMixin):
             padding_mask, position_ids = static_cache_inputs(cache, attention_mask, position_ids, batch,
                                                              length, inputs_embeds.device, packing)
         else:
