@@ -20,8 +20,12 @@ its classification head (the `<s>` features, dense, --pooler-activation-fn, clas
 sequence classifier's with `classifier_pooling="first"` and `classifier_hidden_act`.
 The dictionary's ids are kept (an LM's bos is fairseq's `</s>`, which starts every LM sample; a
 masked LM's is `<s>`; a translation model's decoder starts from `</s>`, as fairseq's generator
-does); where the task used no BPE, the dictionary also becomes a word-level tokenizer saved beside
-the model (a translation model's appends `</s>` to a source, as fairseq's datasets do).
+does). The tokenizer saved beside the model: with a sentencepiece model (the task's
+--bpe sentencepiece, or --sentencepiece-model for data segmented before fairseq-preprocess, as
+recipes/iwslt does) one that segments with it and maps pieces to the dictionary's ids; otherwise,
+where the dictionary holds words, a word-level one (a translation model's appends `</s>` to a
+source, as fairseq's datasets do); with another BPE, or subword symbols and no sentencepiece
+model, none (a warning says so).
 A translation model's encoder and decoder must agree in width, heads, feed-forward width and norm
 placement (one config holds them); its token embeddings are one matrix with
 --share-all-embeddings, else three (encoder, decoder, output projection). What the transformers
@@ -332,20 +336,71 @@ def load(checkpoint):
             task.target_dictionary)
 
 
+def sentencepiece_tokenizer(dictionary, sp_model: Path, pattern: str, max_length: int):
+    """`hf_momentum.tokenization_fairseq_sentencepiece.FairseqSentencePieceTokenizer` of the
+    sentencepiece model `sp_model` and the dictionary's ids, registered for AutoTokenizer (its file
+    is saved with it); `pattern`: what it wraps a text in (its `wrap`)."""
+    import importlib.util
+    import tempfile
+    if importlib.util.find_spec("sentencepiece") is None:
+        raise ValueError("--sentencepiece-model needs the sentencepiece package: pip install sentencepiece")
+    from hf_momentum.tokenization_fairseq_sentencepiece import FairseqSentencePieceTokenizer
+    vocab = Path(tempfile.mkdtemp()) / "fairseq_vocab.txt"
+    vocab.write_text("".join(symbol + "\n" for symbol in dictionary.symbols), encoding="utf-8")
+    mask = {"mask_token": "<mask>"} if "<mask>" in dictionary.indices else {}
+    tokenizer = FairseqSentencePieceTokenizer(
+        sp_model, vocab, bos_token=dictionary.bos_word, pad_token=dictionary.pad_word,
+        eos_token=dictionary.eos_word, unk_token=dictionary.unk_word, wrap=pattern,
+        model_max_length=max_length, **mask)
+    tokenizer.register_for_auto_class("AutoTokenizer")
+    return tokenizer
+
+
+def holds_subwords(dictionary) -> bool:
+    """Whether the dictionary's symbols are subword pieces (sentencepiece's `▁`, subword-nmt's `@@`):
+    the data was segmented before fairseq-preprocess, so raw words are not its symbols."""
+    return any(symbol.startswith("\u2581") or symbol.endswith("@@")
+               for symbol in dictionary.symbols[dictionary.nspecial:])
+
+
+def saved_tokenizer(dictionary, config, bpe, sentencepiece_model: Optional[Path]):
+    """The tokenizer to save beside the converted model, or None (with a warning saying why): the
+    sentencepiece model's (given, or the task's --bpe sentencepiece), else a word-level one where
+    the dictionary holds words."""
+    name = None if bpe is None else bpe.get("_name")
+    if sentencepiece_model is None and name == "sentencepiece":
+        sentencepiece_model = Path(bpe.get("sentencepiece_model"))
+    pattern = "eos" if config.is_encoder_decoder else "bos_eos" if "<mask>" in dictionary.indices else "none"
+    if sentencepiece_model is not None:
+        if name not in (None, "sentencepiece"):
+            raise ValueError(f"--sentencepiece-model: the task used --bpe {name}, not sentencepiece")
+        if not Path(sentencepiece_model).is_file():
+            raise ValueError(f"--sentencepiece-model: no file {sentencepiece_model}")
+        return sentencepiece_tokenizer(dictionary, sentencepiece_model, pattern,
+                                       config.max_position_embeddings)
+    if name is not None:
+        logger.warning("the task used --bpe %s: no tokenizer is saved; encode text as fairseq does "
+                       "(BPE, then the dictionary's ids)", name)
+        return None
+    if holds_subwords(dictionary):
+        logger.warning("the dictionary holds subword pieces (the data was segmented before "
+                       "fairseq-preprocess): no tokenizer is saved, as a word-level one would read raw words "
+                       "as <unk>; pass "
+                       "--sentencepiece-model with the sentencepiece model that segmented the data")
+        return None
+    return word_tokenizer(dictionary, config.max_position_embeddings, append_eos=config.is_encoder_decoder)
+
+
 def convert(checkpoint, output_dir, head: Optional[str] = None, push_to_hub: bool = False,
-            hub_model_id: Optional[str] = None):
-    """Write the converted model (and, without BPE, the tokenizer) to `output_dir`; returns the model."""
+            hub_model_id: Optional[str] = None, sentencepiece_model: Optional[Path] = None):
+    """Write the converted model and its tokenizer (`saved_tokenizer`) to `output_dir`; returns the
+    model."""
     model, args, dictionary, labels, bpe, target_dictionary = load(checkpoint)
     converted = to_transformers(model, args, dictionary, head, labels, target_dictionary)
+    tokenizer = saved_tokenizer(dictionary, converted.config, bpe, sentencepiece_model)
     converted.save_pretrained(output_dir)
-    tokenizer = None
-    if bpe is None:
-        tokenizer = word_tokenizer(dictionary, converted.config.max_position_embeddings,
-                                   append_eos=converted.config.is_encoder_decoder)
+    if tokenizer is not None:
         tokenizer.save_pretrained(output_dir)
-    else:
-        logger.warning("the task used --bpe %s: no tokenizer is saved; encode text as fairseq does "
-                       "(BPE, then the dictionary's ids)", bpe.get("_name") if hasattr(bpe, "get") else bpe)
     if push_to_hub:
         converted.push_to_hub(hub_model_id)
         if tokenizer is not None:
@@ -363,6 +418,11 @@ def main(argv=None):
     parser.add_argument("--head", default=None,
                         help="of a momentum_roberta: the classification head to convert (default: its only "
                              "one), or masked_lm for the LM head")
+    parser.add_argument("--sentencepiece-model", type=Path, default=None,
+                        help="the sentencepiece model that segmented the training data (when that "
+                             "happened before fairseq-preprocess; a task's --bpe sentencepiece model is "
+                             "found itself): the saved tokenizer segments with it and maps pieces to the "
+                             "dictionary's ids")
     parser.add_argument("--push_to_hub", action="store_true")
     parser.add_argument("--hub_model_id", default=None,
                         help="user/name on the Hub; required by --push_to_hub")
@@ -372,7 +432,8 @@ def main(argv=None):
     if not args.checkpoint.is_file():
         parser.error(f"checkpoint: no file {args.checkpoint}")
     try:
-        convert(args.checkpoint, args.output_dir, args.head, args.push_to_hub, args.hub_model_id)
+        convert(args.checkpoint, args.output_dir, args.head, args.push_to_hub, args.hub_model_id,
+                args.sentencepiece_model)
     except ValueError as error:
         parser.error(str(error))
     print(args.output_dir)

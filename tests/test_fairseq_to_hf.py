@@ -139,10 +139,10 @@ def test_other_architectures_are_refused_by_name(tmp_path):
         to_transformers(model, args, task.target_dictionary)
 
 
-def run_converter(checkpoint, out):
-    """`python -m fairseq_momentum.convert_to_hf checkpoint out`; the config.json it wrote."""
-    proc = subprocess.run([sys.executable, "-m", "fairseq_momentum.convert_to_hf", str(checkpoint), str(out)],
-                          capture_output=True, text=True, env=cli_env(), timeout=300)
+def run_converter(checkpoint, out, *options):
+    """`python -m fairseq_momentum.convert_to_hf checkpoint out *options`; the config.json it wrote."""
+    proc = subprocess.run([sys.executable, "-m", "fairseq_momentum.convert_to_hf", str(checkpoint), str(out),
+                           *map(str, options)], capture_output=True, text=True, env=cli_env(), timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads((out / "config.json").read_text())
 

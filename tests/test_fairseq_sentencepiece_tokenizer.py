@@ -1,0 +1,152 @@
+"""The tokenizer convert_to_hf saves for a model trained on sentencepiece pieces
+(hf_momentum.tokenization_fairseq_sentencepiece): its ids equal fairseq's own encoding (its
+SentencepieceBPE, then Dictionary.encode_line), `<unk>` for pieces the dictionary lacks included,
+in each wrapping (translation source, LM prompt, masked LM); decoding is fairseq's
+`--post-process sentencepiece`; a dictionary of subword pieces without a sentencepiece model gets
+no tokenizer (a word-level one would read raw words as <unk>); and through the CLIs, recipes/iwslt's
+path: sentencepiece before fairseq-preprocess, fairseq-train, the converter with
+--sentencepiece-model, then transformers alone translating raw text as fairseq does."""
+import logging
+
+import pytest
+import torch
+from helpers.clean_process import run_clean
+from helpers.fairseq_cli import preprocess, train, write_parallel_text
+from test_fairseq_to_hf import run_converter
+from test_fairseq_translation_to_hf import SIZES, TASK
+
+from fairseq_momentum.convert_to_hf import saved_tokenizer, sentencepiece_tokenizer
+
+LINES = ["the cat sees a small dog", "a big red fox chases the old bird", "zebras quack xylophones!"]
+
+
+def train_sentencepiece(text, folder):
+    """A sentencepiece BPE model of 70 pieces trained on a parallel text's training pairs, and its
+    processor."""
+    import sentencepiece
+    sentencepiece.SentencePieceTrainer.train(
+        input=[str(text / "train.src"), str(text / "train.tgt")], model_prefix=str(folder / "spm"),
+        vocab_size=70, model_type="bpe", character_coverage=1.0, minloglevel=2)
+    model = folder / "spm.model"
+    return model, sentencepiece.SentencePieceProcessor(model_file=str(model))
+
+
+@pytest.fixture(scope="module")
+def pieces(tmp_path_factory):
+    """A sentencepiece BPE model trained on generated text, and a fairseq dictionary of the pieces of
+    part of that text (so that some pieces are missing from it, as in real data)."""
+    from fairseq.data import Dictionary
+    folder = tmp_path_factory.mktemp("spm")
+    text = write_parallel_text(folder / "text", seed=3)
+    model, processor = train_sentencepiece(text, folder)
+    dictionary = Dictionary()
+    for line in (text / "train.src").read_text().splitlines()[:40]:
+        for piece in processor.encode(line, out_type=str):
+            dictionary.add_symbol(piece)
+    dictionary.finalize()
+    return model, dictionary
+
+
+def fairseq_ids(model, dictionary, line, append_eos):
+    from fairseq.data.encoders.sentencepiece_bpe import SentencepieceBPE, SentencepieceConfig
+    bpe = SentencepieceBPE(SentencepieceConfig(sentencepiece_model=str(model)))
+    return dictionary.encode_line(bpe.encode(line), add_if_not_exist=False, append_eos=append_eos).tolist()
+
+
+@pytest.mark.parametrize("pattern", ["eos", "none", "bos_eos"])
+def test_ids_are_fairseqs_and_decoding_is_its_post_processing(pieces, pattern, tmp_path):
+    from fairseq.data.data_utils import post_process
+    model, dictionary = pieces
+    tokenizer = sentencepiece_tokenizer(dictionary, model, pattern, 64)
+    tokenizer.save_pretrained(tmp_path)
+    tokenizer = type(tokenizer).from_pretrained(tmp_path)
+    unknown = 0
+    for line in LINES:
+        ids = fairseq_ids(model, dictionary, line, append_eos=pattern != "none")
+        if pattern == "bos_eos":
+            ids = [dictionary.bos()] + ids
+        assert tokenizer(line)["input_ids"] == ids
+        unknown += ids.count(dictionary.unk())
+        if dictionary.unk() not in ids:
+            expected = post_process(dictionary.string(torch.tensor(ids)), "sentencepiece")
+            assert tokenizer.decode(ids, skip_special_tokens=True) == expected
+    assert unknown > 0, "no line met a piece missing from the dictionary"
+    assert (tokenizer.pad_token_id, tokenizer.eos_token_id, len(tokenizer)) == \
+        (dictionary.pad(), dictionary.eos(), len(dictionary))
+
+
+def test_which_tokenizer_is_saved(pieces, caplog):
+    """The task's --bpe sentencepiece model is used by itself; subword symbols without one get no
+    tokenizer, with a warning naming --sentencepiece-model; another --bpe with a sentencepiece model is
+    refused."""
+    from fairseq.data import Dictionary
+    from transformers import AutoConfig, PreTrainedTokenizerFast
+    model, dictionary = pieces
+    config = AutoConfig.for_model("momentum_transformer", vocab_size=len(dictionary),
+                                  max_position_embeddings=32)
+    task_bpe = {"_name": "sentencepiece", "sentencepiece_model": str(model)}
+    found = saved_tokenizer(dictionary, config, task_bpe, None)
+    assert type(found).__name__ == "FairseqSentencePieceTokenizer"
+    with caplog.at_level(logging.WARNING, logger="fairseq_momentum.convert_to_hf"):
+        assert saved_tokenizer(dictionary, config, None, None) is None
+    assert "--sentencepiece-model" in caplog.text
+    words = Dictionary()
+    for word in LINES[0].split():
+        words.add_symbol(word)
+    assert isinstance(saved_tokenizer(words, config, None, None), PreTrainedTokenizerFast)
+    with pytest.raises(ValueError, match="--sentencepiece-model: the task used --bpe gpt2"):
+        saved_tokenizer(dictionary, config, {"_name": "gpt2"}, model)
+    with pytest.raises(ValueError, match="--sentencepiece-model: no file"):
+        saved_tokenizer(dictionary, config, None, model.with_name("missing.model"))
+
+
+def test_cli_converts_a_translation_model_trained_on_sentencepiece_pieces(tmp_path):
+    """recipes/iwslt's path: text segmented by sentencepiece, fairseq-preprocess --joined-dictionary,
+    fairseq-train; the converted model with its tokenizer, in a process without our packages,
+    encodes a raw line as fairseq does and translates it as fairseq's greedy search does."""
+    from fairseq import checkpoint_utils
+    from fairseq.data.data_utils import post_process
+    from fairseq.sequence_generator import SequenceGenerator
+    text = write_parallel_text(tmp_path / "text", seed=7)
+    model, processor = train_sentencepiece(text, tmp_path)
+    for split in ("train", "valid"):
+        for lang in ("src", "tgt"):
+            lines = (text / f"{split}.{lang}").read_text().splitlines()
+            (text / f"{split}.bpe.{lang}").write_text(
+                "".join(" ".join(processor.encode(line, out_type=str)) + "\n" for line in lines))
+    data = tmp_path / "bin"
+    preprocess("--source-lang", "src", "--target-lang", "tgt", "--trainpref", text / "train.bpe",
+               "--validpref", text / "valid.bpe", "--destdir", data, "--workers", "1", "--joined-dictionary")
+    save = tmp_path / "ckpt"
+    train(data, save, *TASK, "--arch", "momentum_transformer", *SIZES, "--share-all-embeddings",
+          "--batch-size", "16", "--max-update", "6", "--optimizer", "adam", "--lr", "0.003")
+    out = tmp_path / "hf"
+    proc_config = run_converter(save / "checkpoint_last.pt", out, "--sentencepiece-model", model)
+    assert proc_config["model_type"] == "momentum_seq2seq"
+
+    line = "the old fox sees a green river"
+    checkpoint = str(save / "checkpoint_last.pt")
+    [fairseq_model], _, task = checkpoint_utils.load_model_ensemble_and_task([checkpoint])
+    dictionary = task.source_dictionary
+    ids = fairseq_ids(model, dictionary, line, append_eos=True)
+    generator = SequenceGenerator([fairseq_model.eval()], dictionary, beam_size=1, max_len_a=0, max_len_b=8)
+    with torch.no_grad():
+        hypothesis = generator.generate([fairseq_model], {"net_input": {
+            "src_tokens": torch.tensor([ids]), "src_lengths": torch.tensor([len(ids)])}})[0][0]["tokens"]
+    translation = post_process(dictionary.string(hypothesis), "sentencepiece")
+    assert translation, "fairseq's hypothesis is empty: nothing to compare"
+    proc = run_clean(f"""
+        import torch
+        from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
+        tokenizer = AutoTokenizer.from_pretrained({str(out)!r}, trust_remote_code=True)
+        model = AutoModelForSeq2SeqLM.from_pretrained({str(out)!r}, trust_remote_code=True).eval()
+        ids = tokenizer({line!r}, return_tensors="pt")["input_ids"]
+        assert ids[0].tolist() == {ids!r}, ids
+        with torch.no_grad():
+            tokens = model.generate(input_ids=ids, do_sample=False, max_new_tokens=8, min_new_tokens=1,
+                                    suppress_tokens=[tokenizer.pad_token_id])
+        text = tokenizer.decode(tokens[0], skip_special_tokens=True)
+        assert text == {translation!r}, (text, {translation!r})
+        print("OK", type(tokenizer).__module__)
+    """, tmp_path, {"HF_HUB_OFFLINE": "1"})
+    assert "OK transformers_modules" in proc.stdout
