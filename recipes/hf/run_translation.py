@@ -1,0 +1,198 @@
+"""Train the encoder-decoder momentum transformer (MomentumSeq2SeqForConditionalGeneration) for
+translation with transformers' Seq2SeqTrainer, as transformers' examples/pytorch/translation does
+for its models, and report sacreBLEU of its beam-search translations.
+
+Data: `--train_file` / `--validation_file` / `--test_file`, each a TSV of `source<TAB>target`
+lines; or, without them, `--corpus bible` (the offline English→Spanish verse pairs that
+recipes/iwslt uses, prepared on first use) or `--corpus iwslt14` (downloaded). A sentencepiece-style
+BPE tokenizer (`tokenizers`, `--vocab_size` pieces, one vocabulary for both languages, a source
+ending in `</s>`) is trained on the training pairs unless `--tokenizer PATH` names a saved one;
+it is saved with the model, so `AutoTokenizer` / `AutoModelForSeq2SeqLM.from_pretrained(OUTPUT)`
+load both (`import hf_momentum` first, or `trust_remote_code=True` for the model).
+
+Every Seq2SeqTrainingArguments option applies (`--per_device_train_batch_size`, `--bf16`,
+`--gradient_accumulation_steps`, `--save_steps` and `--resume_from_checkpoint`, `--push_to_hub`,
+`--report_to`, ...): with `--predict_with_generate`, evaluation translates with
+`--generation_num_beams` beams and reports `bleu`. Several processes: `torchrun --nproc_per_node N`
+or `accelerate launch` (on CPU: `--ddp_backend gloo`).
+
+    python recipes/hf/run_translation.py --output_dir runs/mt --do_train --do_eval \\
+        --predict_with_generate --num_train_epochs 10 --per_device_train_batch_size 32
+"""
+import csv
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+from transformers import (
+    AutoTokenizer,
+    DataCollatorForSeq2Seq,
+    HfArgumentParser,
+    PreTrainedTokenizerFast,
+    Seq2SeqTrainer,
+    Seq2SeqTrainingArguments,
+    set_seed,
+)
+
+from hf_momentum import MomentumSeq2SeqConfig, MomentumSeq2SeqForConditionalGeneration
+
+SPECIAL = {"bos_token": "<s>", "pad_token": "<pad>", "eos_token": "</s>", "unk_token": "<unk>"}
+
+
+@dataclass
+class ModelArguments:
+    hidden_size: int = field(default=256)
+    encoder_layers: int = field(default=3)
+    decoder_layers: int = field(default=3)
+    num_attention_heads: int = field(default=4)
+    intermediate_size: Optional[int] = field(default=None, metadata={"help": "default 4 x hidden_size"})
+    attention_momentum: float = field(default=0.6, metadata={"help": "β of eq. 12-14, in [0, 1)"})
+    attention_step_size: float = field(default=1.0, metadata={"help": "γ of eq. 12-14, > 0"})
+    cross_attention: str = field(default="momentum", metadata={"help": "momentum | linear | softmax"})
+    connection: str = field(default="none",
+                            metadata={"help": "none | momentum (eq. 15) | adaptive (eq. 18)"})
+    layer_norm: str = field(default="pre", metadata={"help": "pre | post"})
+    dropout: float = field(default=0.1)
+    max_position_embeddings: int = field(default=512)
+
+
+@dataclass
+class DataArguments:
+    train_file: Optional[Path] = field(default=None, metadata={"help": "TSV: source<TAB>target per line"})
+    validation_file: Optional[Path] = field(default=None)
+    test_file: Optional[Path] = field(default=None)
+    corpus: str = field(default="bible",
+                        metadata={"help": "without --train_file: bible (offline) or iwslt14"})
+    cache_dir: Path = field(default=Path.home() / ".cache" / "momentum_plugins")
+    tokenizer: Optional[Path] = field(default=None, metadata={"help": "a saved tokenizer to use instead of "
+                                                                      "training one"})
+    vocab_size: int = field(default=8000)
+    max_source_length: int = field(default=256)
+    max_target_length: int = field(default=256)
+    max_train_pairs: int = field(default=0, metadata={"help": "keep the first N training pairs (0: all)"})
+    max_eval_pairs: int = field(default=0, metadata={"help": "keep the first N evaluation pairs (0: all)"})
+
+
+def read_tsv(path: Path, limit: int = 0) -> list:
+    """(source, target) pairs of a TSV file; a line without exactly one tab is refused by number."""
+    pairs = []
+    with open(path, encoding="utf-8", newline="") as handle:
+        for number, row in enumerate(csv.reader(handle, delimiter="\t", quoting=csv.QUOTE_NONE), 1):
+            if len(row) != 2:
+                raise ValueError(f"{path}:{number}: expected source<TAB>target, got {len(row)} fields")
+            pairs.append((row[0], row[1]))
+    return pairs[:limit] if limit else pairs
+
+
+def corpus_pairs(data: DataArguments, output_dir: Path) -> dict:
+    """{"train"|"validation"|"test": pairs} from the TSV files, or from `--corpus`."""
+    if data.train_file is not None:
+        files = {"train": data.train_file, "validation": data.validation_file, "test": data.test_file}
+        return {split: read_tsv(path) for split, path in files.items() if path is not None}
+    from recipes.common.parallel import parallel_corpus
+    _, src, tgt, prefixes = parallel_corpus(data.corpus, data.cache_dir, output_dir / "corpus")
+    names = {"train": "train", "validation": "valid", "test": "test"}
+    pairs = {}
+    for split, name in names.items():
+        sources = Path(f"{prefixes[name]}.{src}").read_text(encoding="utf-8").splitlines()
+        targets = Path(f"{prefixes[name]}.{tgt}").read_text(encoding="utf-8").splitlines()
+        pairs[split] = list(zip(sources, targets))
+    return pairs
+
+
+def train_tokenizer(pairs: list, vocab_size: int) -> PreTrainedTokenizerFast:
+    """A BPE tokenizer over `▁`-marked words (sentencepiece's scheme) trained on both sides of
+    `pairs`; it ends every text with `</s>`, as fairseq does a source."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    tokenizer = Tokenizer(models.BPE(unk_token=SPECIAL["unk_token"]))
+    tokenizer.pre_tokenizer = pre_tokenizers.Metaspace()
+    tokenizer.decoder = decoders.Metaspace()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=list(SPECIAL.values()))
+    tokenizer.train_from_iterator((text for pair in pairs for text in pair), trainer=trainer)
+    eos = SPECIAL["eos_token"]
+    tokenizer.post_processor = processors.TemplateProcessing(
+        single=f"$A {eos}", pair=f"$A {eos} $B {eos}", special_tokens=[(eos, tokenizer.token_to_id(eos))])
+    return PreTrainedTokenizerFast(tokenizer_object=tokenizer, **SPECIAL)
+
+
+def build_model(args: ModelArguments, tokenizer) -> MomentumSeq2SeqForConditionalGeneration:
+    config = MomentumSeq2SeqConfig(
+        vocab_size=len(tokenizer), hidden_size=args.hidden_size, num_hidden_layers=args.decoder_layers,
+        encoder_layers=args.encoder_layers, num_attention_heads=args.num_attention_heads,
+        intermediate_size=args.intermediate_size, attention_momentum=args.attention_momentum,
+        attention_step_size=args.attention_step_size, cross_attention=args.cross_attention,
+        connection=args.connection, layer_norm=args.layer_norm, embedding_dropout=args.dropout,
+        attention_dropout=args.dropout, hidden_dropout=args.dropout,
+        max_position_embeddings=args.max_position_embeddings, scale_embedding=True,
+        pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id, decoder_start_token_id=tokenizer.eos_token_id)
+    return MomentumSeq2SeqForConditionalGeneration(config)
+
+
+def encode(pairs: list, tokenizer, data: DataArguments) -> list:
+    """Trainer features: the source's ids and mask, the target's ids as labels (with `</s>`)."""
+    sources = tokenizer([s for s, _ in pairs], max_length=data.max_source_length, truncation=True)
+    targets = tokenizer([t for _, t in pairs], max_length=data.max_target_length, truncation=True)
+    return [{"input_ids": ids, "attention_mask": mask, "labels": labels}
+            for ids, mask, labels in zip(sources["input_ids"], sources["attention_mask"],
+                                         targets["input_ids"])]
+
+
+def bleu_metric(tokenizer):
+    """compute_metrics for predict_with_generate: sacreBLEU of the decoded translations."""
+    import sacrebleu
+
+    def compute(prediction):
+        predictions, labels = prediction.predictions, prediction.label_ids
+        predictions = np.where(predictions < 0, tokenizer.pad_token_id, predictions)
+        labels = np.where(labels < 0, tokenizer.pad_token_id, labels)
+        hypotheses = tokenizer.batch_decode(predictions, skip_special_tokens=True)
+        references = tokenizer.batch_decode(labels, skip_special_tokens=True)
+        return {"bleu": sacrebleu.corpus_bleu(hypotheses, [references]).score}
+
+    return compute
+
+
+def main(argv=None):
+    parser = HfArgumentParser((ModelArguments, DataArguments, Seq2SeqTrainingArguments))
+    model_args, data, training = parser.parse_args_into_dataclasses(args=argv)
+    set_seed(training.seed)
+    output_dir = Path(training.output_dir)
+    pairs = corpus_pairs(data, output_dir)
+    if data.max_train_pairs:
+        pairs["train"] = pairs["train"][:data.max_train_pairs]
+    if data.max_eval_pairs:
+        pairs = {split: rows if split == "train" else rows[:data.max_eval_pairs]
+                 for split, rows in pairs.items()}
+    tokenizer = AutoTokenizer.from_pretrained(data.tokenizer) if data.tokenizer else \
+        train_tokenizer(pairs["train"], data.vocab_size)
+    model = build_model(model_args, tokenizer)
+    trainer = Seq2SeqTrainer(
+        model=model, args=training, processing_class=tokenizer,
+        train_dataset=encode(pairs["train"], tokenizer, data) if training.do_train else None,
+        eval_dataset=encode(pairs["validation"], tokenizer, data) if "validation" in pairs else None,
+        data_collator=DataCollatorForSeq2Seq(tokenizer, model=model, pad_to_multiple_of=8),
+        compute_metrics=bleu_metric(tokenizer) if training.predict_with_generate else None)
+    if training.do_train:
+        result = trainer.train(resume_from_checkpoint=training.resume_from_checkpoint)
+        trainer.save_model()
+        trainer.log_metrics("train", result.metrics)
+        trainer.save_metrics("train", result.metrics)
+        trainer.save_state()
+    generation = dict(max_new_tokens=data.max_target_length, num_beams=training.generation_num_beams)
+    if training.do_eval and "validation" in pairs:
+        metrics = trainer.evaluate(metric_key_prefix="eval", **generation)
+        trainer.log_metrics("eval", metrics)
+        trainer.save_metrics("eval", metrics)
+    if training.do_predict and "test" in pairs:
+        result = trainer.predict(encode(pairs["test"], tokenizer, data), metric_key_prefix="test",
+                                 **generation)
+        trainer.log_metrics("test", result.metrics)
+        trainer.save_metrics("test", result.metrics)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
