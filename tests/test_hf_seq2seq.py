@@ -188,6 +188,20 @@ def test_generate_on_a_padded_batch_equals_each_source_alone(cross, make_generat
             torch.testing.assert_close(batch[i], generate(m, s[None], None)[0], rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("speculation", ["prompt_lookup", "assistant"])
+def test_speculative_decoding_gives_the_greedy_tokens(speculation, make_generator):
+    """Prompt lookup and an assistant model propose tokens that the model checks in one forward;
+    the cache is cropped back to the accepted ones (states restored, memories kept): the greedy
+    tokens come out."""
+    g = make_generator()
+    m = model(cross_attention="momentum", connection="momentum")
+    src, mask = padded(random_seqs(g, [6, 9]), "left")
+    option = dict(prompt_lookup_num_tokens=3) if speculation == "prompt_lookup" else \
+        dict(assistant_model=model(seed=1, cross_attention="softmax"))
+    greedy = generate(m, src[:1], mask[:1])
+    torch.testing.assert_close(generate(m, src[:1], mask[:1], **option), greedy, rtol=0, atol=0)
+
+
 def decode_step_reads(m):
     """Host reads of the second decoding step of a left-padded batch of two sources."""
     src, mask = padded([torch.arange(3, 10), torch.arange(3, 6)], "left")
