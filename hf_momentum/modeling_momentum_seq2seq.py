@@ -124,6 +124,18 @@ class MomentumSeq2SeqPreTrainedModel(MomentumTransformerPreTrainedModel):
     auto_map = AUTO_MAP
     card_hyperparameters = MomentumTransformerPreTrainedModel.card_hyperparameters + ("cross_attention",)
 
+    def _resize_token_embeddings(self, new_num_tokens, pad_to_multiple_of=None, mean_resizing=True):
+        """transformers resizes the input embedding (the encoder's) and the LM head; an untied
+        decoder embedding is resized here too, to the same number of rows."""
+        decoder = self.get_decoder()
+        old = decoder.embed_tokens
+        embeddings = super()._resize_token_embeddings(new_num_tokens, pad_to_multiple_of, mean_resizing)
+        if decoder.embed_tokens is not embeddings:
+            rows = embeddings.weight.shape[0]
+            resized = self._get_resized_embeddings(old, rows, mean_resizing=mean_resizing)
+            decoder.embed_tokens = resized.requires_grad_(old.weight.requires_grad)
+        return embeddings
+
 
 class MomentumDecoderLayer(MomentumTransformerLayer, DecoderBlock):
     """`MomentumTransformerLayer` over the shared `DecoderBlock`: self-attention (its state in the

@@ -301,12 +301,22 @@ def test_gradient_checkpointing_gives_the_same_gradients(reentrant, make_generat
         torch.testing.assert_close(grads[1][name], grad, rtol=1e-10, atol=1e-12, msg=name)
 
 
-def test_resizing_the_vocabulary_keeps_the_three_tied_matrices_and_the_scale():
-    m = model(scale_embedding=True)
+@pytest.mark.parametrize("tied", [True, False])
+def test_resizing_the_vocabulary_resizes_the_three_matrices_and_keeps_the_outputs(tied, make_generator):
+    """resize_token_embeddings: the encoder's, the decoder's and the LM head's rows (one matrix when
+    tied), the embedding scale kept, and the logits of the kept tokens unchanged."""
+    g = make_generator()
+    m = model(scale_embedding=True, tie_word_embeddings=tied)
+    src, mask = padded(random_seqs(g, [5, 3]), "left")
+    tgt = torch.randint(3, VOCAB, (2, 4), generator=g)
+    before = m(input_ids=src, attention_mask=mask, decoder_input_ids=tgt).logits
     m.resize_token_embeddings(VOCAB + 8)
-    encoder = m.model.encoder.embed_tokens
-    assert encoder.weight.shape[0] == VOCAB + 8 == m.config.vocab_size and encoder.embed_scale == 4.0
-    assert m.model.decoder.embed_tokens.weight is encoder.weight is m.lm_head.weight
+    matrices = [m.model.encoder.embed_tokens, m.model.decoder.embed_tokens, m.lm_head]
+    assert [e.weight.shape[0] for e in matrices] == [VOCAB + 8] * 3 == [m.config.vocab_size] * 3
+    assert m.model.encoder.embed_tokens.embed_scale == m.model.decoder.embed_tokens.embed_scale == 4.0
+    assert all(e.weight is matrices[0].weight for e in matrices) == tied
+    after = m(input_ids=src, attention_mask=mask, decoder_input_ids=tgt).logits
+    torch.testing.assert_close(after[..., :VOCAB], before, rtol=1e-12, atol=1e-12)
 
 
 def test_training_forward_and_backward_compile_whole(make_generator):
