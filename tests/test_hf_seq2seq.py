@@ -319,6 +319,25 @@ def test_resizing_the_vocabulary_resizes_the_three_matrices_and_keeps_the_output
     torch.testing.assert_close(after[..., :VOCAB], before, rtol=1e-12, atol=1e-12)
 
 
+def test_hidden_states_of_both_stacks_and_frozen_embeddings_under_checkpointing(make_generator):
+    """output_hidden_states gives the encoder's embeddings and layers (encoder_layers + 1) and the
+    decoder's (num_hidden_layers + 1), the last of each its stack's output; with frozen embeddings
+    and enable_input_require_grads (PEFT's setup), gradient checkpointing still trains the layers."""
+    g = make_generator()
+    m = model()
+    src, mask = padded(random_seqs(g, [5, 3]), "left")
+    labels = torch.randint(3, VOCAB, (2, 4), generator=g)
+    out = m(input_ids=src, attention_mask=mask, labels=labels, output_hidden_states=True)
+    assert (len(out.encoder_hidden_states), len(out.decoder_hidden_states)) == (4, 3)
+    torch.testing.assert_close(out.encoder_hidden_states[-1], out.encoder_last_hidden_state, rtol=0, atol=0)
+    m.train().activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": True})
+    m.get_input_embeddings().weight.requires_grad_(False)
+    m.enable_input_require_grads()
+    m(input_ids=src, attention_mask=mask, labels=labels).loss.backward()
+    for stack in ("encoder", "decoder"):
+        assert m.get_submodule(f"model.{stack}.layers.0.attention.q_proj").weight.grad.abs().sum() > 0
+
+
 def test_training_forward_and_backward_compile_whole(make_generator):
     """torch.compile(fullgraph=True) of a training step on padded sources: no graph break (no host
     read), and the loss and gradients of eager mode."""
