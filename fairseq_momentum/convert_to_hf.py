@@ -24,14 +24,15 @@ does). The tokenizer saved beside the model: with a sentencepiece model (the tas
 --bpe sentencepiece, or --sentencepiece-model for data segmented before fairseq-preprocess, as
 recipes/iwslt does) one that segments with it and maps pieces to the dictionary's ids; otherwise,
 where the dictionary holds words, a word-level one (a translation model's appends `</s>` to a
-source, as fairseq's datasets do); with another BPE, or subword symbols and no sentencepiece
-model, none (a warning says so).
+source, as fairseq's datasets do); with another BPE, subword symbols and no sentencepiece
+model, or a translation model's two vocabularies, none (a warning says so).
 A translation model's encoder and decoder must agree in width, heads, feed-forward width and norm
-placement (one config holds them); its token embeddings are one matrix with
---share-all-embeddings, else three (encoder, decoder, output projection). What the transformers
+placement (one config holds them); its vocabularies may differ; its token embeddings are one
+matrix with --share-all-embeddings, the decoder's and the output projection's one with
+--share-decoder-input-output-embed, else three. What the transformers
 model has no counterpart for (adaptive input or softmax, character embeddings, projections between
-sizes, the scale_* options, pruned heads or blocks, a spectral-norm head, separate source and
-target vocabularies) is refused, naming the option.
+sizes, the scale_* options, pruned heads or blocks, a spectral-norm head) is refused, naming the
+option.
 """
 import argparse
 import logging
@@ -222,12 +223,8 @@ def hf_state_dict(source: Source, config) -> dict:
     return state
 
 
-def check_translation(args, model, dictionary, target_dictionary) -> None:
+def check_translation(args, model) -> None:
     """ValueError naming what a translation model has that MomentumSeq2SeqConfig cannot hold."""
-    if target_dictionary is not None and target_dictionary.symbols != dictionary.symbols:
-        raise ValueError("the source and target dictionaries differ: a momentum_seq2seq model has one "
-                         "vocabulary; convert a model preprocessed with fairseq-preprocess "
-                         "--joined-dictionary")
     for name in SHARED_STACK_OPTIONS:
         encoder, decoder = getattr(args, f"encoder_{name}"), getattr(args, f"decoder_{name}")
         if encoder != decoder:
@@ -240,20 +237,26 @@ def check_translation(args, model, dictionary, target_dictionary) -> None:
     check_convertible(args, Source(model.decoder, "decoder"))
 
 
-def seq2seq_config(args, model, dictionary):
+def seq2seq_config(args, model, dictionary, target_dictionary):
     """The MomentumSeq2SeqConfig of a fairseq translation model: the decoder's fields as an LM's
-    (`hf_config`), the encoder's depth and layer types, the cross-attention, one position table of
-    the smaller stack's maximum, `</s>` starting the decoder."""
+    (`hf_config`), the encoder's depth and layer types, the cross-attention, the two vocabularies
+    and which embeddings are one matrix, one position table of the smaller stack's maximum, `</s>`
+    starting the decoder."""
     from hf_momentum import MomentumSeq2SeqConfig, MomentumTransformerConfig
-    fields = hf_config(args, dictionary, Source(model.decoder, "decoder")).to_dict()
+    fields = hf_config(args, target_dictionary, Source(model.decoder, "decoder")).to_dict()
     fields = {name: fields[name] for name in MomentumTransformerConfig.__annotations__}
-    fields.update(max_position_embeddings=min(model.encoder.max_positions(), model.decoder.max_positions()),
-                  bos_token_id=dictionary.bos(), tie_word_embeddings=bool(args.share_all_embeddings))
+    shared = bool(args.share_all_embeddings)
+    fields.update(vocab_size=len(dictionary),
+                  max_position_embeddings=min(model.encoder.max_positions(), model.decoder.max_positions()),
+                  bos_token_id=target_dictionary.bos(),
+                  tie_word_embeddings=shared or bool(args.share_decoder_input_output_embed))
     layers = len(model.encoder.layers)
     return MomentumSeq2SeqConfig(**fields, encoder_layers=layers, cross_attention=args.cross_attention,
                                  encoder_layer_types=list(getattr(args, "layer_types", None)
                                                           or ["linear_attention"] * layers),
-                                 decoder_start_token_id=dictionary.eos())
+                                 decoder_vocab_size=len(target_dictionary),
+                                 share_encoder_decoder_embeddings=shared,
+                                 decoder_start_token_id=target_dictionary.eos())
 
 
 def seq2seq_state_dict(model, config) -> dict:
@@ -268,7 +271,7 @@ def seq2seq_state_dict(model, config) -> dict:
 def to_transformers(model, args, dictionary, head: Optional[str] = None, labels=None, target_dictionary=None):
     """The transformers model with the weights of the fairseq `model`, in eval mode and its dtype:
     MomentumTransformerForCausalLM for an LM; MomentumSeq2SeqForConditionalGeneration for a
-    translation model (`target_dictionary`: its target's, which must equal `dictionary`); for a
+    translation model (`target_dictionary`: its target's; None: `dictionary`); for a
     RoBERTa ...ForSequenceClassification with its classification head `head` (RoBERTa's head: <s>
     features, dense, activation, classifier; `labels` its label names) or ...ForMaskedLM (head
     "masked_lm", or None without such heads)."""
@@ -280,8 +283,8 @@ def to_transformers(model, args, dictionary, head: Optional[str] = None, labels=
     )
     source = source_of(model, args, head)
     if type(model).__name__ == "MomentumTransformerModel":
-        check_translation(args, model, dictionary, target_dictionary)
-        config = seq2seq_config(args, model, dictionary)
+        check_translation(args, model)
+        config = seq2seq_config(args, model, dictionary, target_dictionary or dictionary)
         model_class, state = MomentumSeq2SeqForConditionalGeneration, seq2seq_state_dict(model, config)
     else:
         check_convertible(args, source)
@@ -363,10 +366,15 @@ def holds_subwords(dictionary) -> bool:
                for symbol in dictionary.symbols[dictionary.nspecial:])
 
 
-def saved_tokenizer(dictionary, config, bpe, sentencepiece_model: Optional[Path]):
+def saved_tokenizer(dictionary, config, bpe, sentencepiece_model: Optional[Path], target_dictionary=None):
     """The tokenizer to save beside the converted model, or None (with a warning saying why): the
     sentencepiece model's (given, or the task's --bpe sentencepiece), else a word-level one where
-    the dictionary holds words."""
+    the dictionary holds words; none for a translation model of two vocabularies (one tokenizer
+    encodes and decodes with one)."""
+    if target_dictionary is not None and target_dictionary.symbols != dictionary.symbols:
+        logger.warning("the source and target dictionaries differ: no tokenizer is saved (one tokenizer "
+                       "has one vocabulary); encode sources and decode targets as fairseq does")
+        return None
     name = None if bpe is None else bpe.get("_name")
     if sentencepiece_model is None and name == "sentencepiece":
         sentencepiece_model = Path(bpe.get("sentencepiece_model"))
@@ -397,7 +405,7 @@ def convert(checkpoint, output_dir, head: Optional[str] = None, push_to_hub: boo
     model."""
     model, args, dictionary, labels, bpe, target_dictionary = load(checkpoint)
     converted = to_transformers(model, args, dictionary, head, labels, target_dictionary)
-    tokenizer = saved_tokenizer(dictionary, converted.config, bpe, sentencepiece_model)
+    tokenizer = saved_tokenizer(dictionary, converted.config, bpe, sentencepiece_model, target_dictionary)
     converted.save_pretrained(output_dir)
     if tokenizer is not None:
         tokenizer.save_pretrained(output_dir)

@@ -127,6 +127,10 @@ class MomentumSeq2SeqPreTrainedModel(MomentumTransformerPreTrainedModel):
     def _resize_token_embeddings(self, new_num_tokens, pad_to_multiple_of=None, mean_resizing=True):
         """transformers resizes the input embedding (the encoder's) and the LM head; an untied
         decoder embedding is resized here too, to the same number of rows."""
+        if self.config.decoder_vocab_size != self.config.vocab_size:
+            raise ValueError("resize_token_embeddings resizes one vocabulary, but the source has "
+                             f"{self.config.vocab_size} tokens and the target "
+                             f"{self.config.decoder_vocab_size}")
         decoder = self.get_decoder()
         old = decoder.embed_tokens
         embeddings = super()._resize_token_embeddings(new_num_tokens, pad_to_multiple_of, mean_resizing)
@@ -165,6 +169,9 @@ class MomentumSeq2SeqDecoder(MomentumTransformerModel):
     `MomentumSeq2SeqCache`."""
 
     cache_class = MomentumSeq2SeqCache
+
+    def token_rows(self, config: MomentumSeq2SeqConfig) -> int:
+        return config.decoder_vocab_size
 
     def build_layer(self, block: BlockConfig, layer_idx: int) -> nn.Module:
         # one β, γ for self- and cross-attention: the model's momentum block, whatever kind layer i is
@@ -217,12 +224,16 @@ def encoder_output(encoder_outputs) -> BaseModelOutput:
 
 class MomentumSeq2SeqModel(MomentumSeq2SeqPreTrainedModel):
     """Encoder (bidirectional, eq. 14) and decoder (causal, cross-attending); their token embeddings
-    are one matrix with `tie_word_embeddings` (fairseq's --share-all-embeddings)."""
+    are one matrix with `tie_word_embeddings` and `share_encoder_decoder_embeddings` (fairseq's
+    --share-all-embeddings)."""
 
     _tied_weights_keys = {"decoder.embed_tokens.weight": "encoder.embed_tokens.weight"}
 
     def __init__(self, config: MomentumSeq2SeqConfig, block: Optional[BlockConfig] = None):
         super().__init__(config, block=block)
+        self._tied_weights_keys = {name[len("model."):]: source[len("model."):]
+                                   for name, source in config.tied_embeddings().items()
+                                   if name.startswith("model.")}
         self.encoder = MomentumTransformerModel(config.encoder_config())
         self.decoder = MomentumSeq2SeqDecoder(config, self.block)
         self.post_init()
@@ -232,7 +243,7 @@ class MomentumSeq2SeqModel(MomentumSeq2SeqPreTrainedModel):
 
     def set_input_embeddings(self, value):
         self.encoder.embed_tokens = value
-        if self.config.tie_word_embeddings:
+        if self.config.tie_word_embeddings and self.config.share_encoder_decoder_embeddings:
             self.decoder.embed_tokens = value
 
     def get_encoder(self, *args, **kwargs):
@@ -290,12 +301,13 @@ def shift_right(labels: torch.Tensor, pad_token_id: int, decoder_start_token_id:
 
 class MomentumSeq2SeqForConditionalGeneration(RecurrentCausalLMMixin, MomentumSeq2SeqPreTrainedModel,
                                               GenerationMixin):
-    """`MomentumSeq2SeqModel` and a vocabulary projection `lm_head` (tied to the token embedding
-    with `tie_word_embeddings`). With `labels` and no decoder inputs, the decoder reads the labels
-    shifted right after `decoder_start_token_id`; the loss is the cross-entropy of every label not
-    -100 (`num_items_in_batch` honoured). generate() keeps the decoder's states and the memories in
-    a `MomentumSeq2SeqCache`, or with cache_implementation="static" in a `StaticMomentumSeq2SeqCache`,
-    whose decode step generate() compiles whole (on CUDA, or where compile_config says)."""
+    """`MomentumSeq2SeqModel` and a vocabulary projection `lm_head` over the target vocabulary (the
+    decoder's token embedding with `tie_word_embeddings`). With `labels` and no decoder inputs, the
+    decoder reads the labels shifted right after `decoder_start_token_id`; the loss is the
+    cross-entropy of every label not -100 (`num_items_in_batch` honoured). generate() keeps the
+    decoder's states and the memories in a `MomentumSeq2SeqCache`, or with
+    cache_implementation="static" in a `StaticMomentumSeq2SeqCache`, whose decode step generate()
+    compiles whole (on CUDA, or where compile_config says)."""
 
     _tied_weights_keys = {"lm_head.weight": "model.encoder.embed_tokens.weight",
                           "model.decoder.embed_tokens.weight": "model.encoder.embed_tokens.weight"}
@@ -304,8 +316,9 @@ class MomentumSeq2SeqForConditionalGeneration(RecurrentCausalLMMixin, MomentumSe
 
     def __init__(self, config: MomentumSeq2SeqConfig):
         super().__init__(config)
+        self._tied_weights_keys = config.tied_embeddings()
         self.model = MomentumSeq2SeqModel(config, self.block)
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.lm_head = nn.Linear(config.hidden_size, config.decoder_vocab_size, bias=False)
         self.post_init()
 
     def get_input_embeddings(self):
@@ -344,7 +357,7 @@ class MomentumSeq2SeqForConditionalGeneration(RecurrentCausalLMMixin, MomentumSe
         logits = self.lm_head(outputs.last_hidden_state[:, -keep:])
         loss = None
         if labels is not None:
-            loss = ForMaskedLMLoss(logits, labels, self.config.vocab_size,
+            loss = ForMaskedLMLoss(logits, labels, self.config.decoder_vocab_size,
                                    num_items_in_batch=num_items_in_batch)
         out = output_with_cache(Seq2SeqLMOutput, getattr(outputs, CACHE_NAME), loss=loss, logits=logits,
                                 decoder_hidden_states=outputs.decoder_hidden_states,

@@ -201,11 +201,12 @@ class ScaledEmbedding(nn.Embedding):
         return super().forward(input_ids) * self.embed_scale
 
 
-def token_embedding(config: MomentumTransformerConfig) -> nn.Embedding:
+def token_embedding(config: MomentumTransformerConfig, rows: Optional[int] = None) -> nn.Embedding:
+    """The token embedding of `rows` tokens (None: config.vocab_size)."""
+    rows = config.vocab_size if rows is None else rows
     if config.scale_embedding:
-        return ScaledEmbedding(config.vocab_size, config.hidden_size, config.pad_token_id,
-                               config.hidden_size ** 0.5)
-    return nn.Embedding(config.vocab_size, config.hidden_size, config.pad_token_id)
+        return ScaledEmbedding(rows, config.hidden_size, config.pad_token_id, config.hidden_size ** 0.5)
+    return nn.Embedding(rows, config.hidden_size, config.pad_token_id)
 
 
 class MomentumTransformerModel(MomentumTransformerPreTrainedModel):
@@ -213,7 +214,7 @@ class MomentumTransformerModel(MomentumTransformerPreTrainedModel):
 
     def __init__(self, config: MomentumTransformerConfig, block: Optional[BlockConfig] = None):
         super().__init__(config, block=block)
-        self.embed_tokens = token_embedding(config)
+        self.embed_tokens = token_embedding(config, self.token_rows(config))
         self.embed_positions = nn.Embedding(config.max_position_embeddings, config.hidden_size)
         self.embed_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps) \
             if config.embedding_layer_norm else nn.Identity()
@@ -226,6 +227,10 @@ class MomentumTransformerModel(MomentumTransformerPreTrainedModel):
         self.gradient_checkpointing = False
         self.context_parallel_group = None  # hf_momentum.context_parallel.enable_context_parallel
         self.post_init()
+
+    def token_rows(self, config: MomentumTransformerConfig) -> int:
+        """The token embedding's rows: the vocabulary this stack reads."""
+        return config.vocab_size
 
     def build_layer(self, block: BlockConfig, layer_idx: int) -> nn.Module:
         return MomentumTransformerLayer(block, layer_idx)

@@ -77,8 +77,8 @@ def test_ids_are_fairseqs_and_decoding_is_its_post_processing(pieces, pattern, t
 
 def test_which_tokenizer_is_saved(pieces, caplog):
     """The task's --bpe sentencepiece model is used by itself; subword symbols without one get no
-    tokenizer, with a warning naming --sentencepiece-model; another --bpe with a sentencepiece model is
-    refused."""
+    tokenizer, with a warning naming --sentencepiece-model, and so do a translation model's two
+    vocabularies; another --bpe with a sentencepiece model is refused."""
     from fairseq.data import Dictionary
     from transformers import AutoConfig, PreTrainedTokenizerFast
     model, dictionary = pieces
@@ -94,6 +94,11 @@ def test_which_tokenizer_is_saved(pieces, caplog):
     for word in LINES[0].split():
         words.add_symbol(word)
     assert isinstance(saved_tokenizer(words, config, None, None), PreTrainedTokenizerFast)
+    seq2seq = AutoConfig.for_model("momentum_seq2seq", vocab_size=len(dictionary), max_position_embeddings=32)
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="fairseq_momentum.convert_to_hf"):
+        assert saved_tokenizer(dictionary, seq2seq, task_bpe, None, target_dictionary=words) is None
+    assert "the source and target dictionaries differ" in caplog.text
     with pytest.raises(ValueError, match="--sentencepiece-model: the task used --bpe gpt2"):
         saved_tokenizer(dictionary, config, {"_name": "gpt2"}, model)
     with pytest.raises(ValueError, match="--sentencepiece-model: no file"):

@@ -12,6 +12,7 @@ from helpers.clean_process import run_clean
 from helpers.fairseq_cli import build_model, preprocess, train, write_parallel_text
 from helpers.fairseq_decoding import padded_sentences
 from test_fairseq_to_hf import run_converter
+from test_hf_seq2seq import assert_layout
 
 import hf_momentum  # noqa: F401  (registers the model types with the Auto classes)
 from fairseq_momentum.convert_to_hf import to_transformers
@@ -47,11 +48,11 @@ def convert(model, task, args):
 
 def batch(task, generator):
     """Left-padded sources and right-padded previous-output tokens (fairseq's layout), and masks."""
-    dictionary = task.source_dictionary
-    src, _ = padded_sentences(dictionary, [6, 9, 3], generator, left_pad=True)
-    prev, _ = padded_sentences(dictionary, [5, 2, 7], generator, left_pad=False)
-    prev = torch.cat([torch.full((3, 1), dictionary.eos()), prev[:, :-1]], dim=1)   # </s> starts the decoder
-    return src, src.ne(dictionary.pad()), prev, prev.ne(dictionary.pad())
+    source, target = task.source_dictionary, task.target_dictionary
+    src, _ = padded_sentences(source, [6, 9, 3], generator, left_pad=True)
+    prev, _ = padded_sentences(target, [5, 2, 7], generator, left_pad=False)
+    prev = torch.cat([torch.full((3, 1), target.eos()), prev[:, :-1]], dim=1)   # </s> starts the decoder
+    return src, src.ne(source.pad()), prev, prev.ne(target.pad())
 
 
 @pytest.mark.parametrize("config", CONFIGS)
@@ -59,15 +60,19 @@ def test_converted_translation_model_gives_fairseqs_logits(tmp_path, make_genera
     model, task, args = fairseq_translation(tmp_path, *CONFIGS[config])
     converted = convert(model, task, args)
     assert type(converted).__name__ == "MomentumSeq2SeqForConditionalGeneration"
-    embeddings = [converted.model.encoder.embed_tokens.weight, converted.model.decoder.embed_tokens.weight,
-                  converted.lm_head.weight]
-    assert all(e is embeddings[0] for e in embeddings) == ("--share-all-embeddings" in CONFIGS[config])
-    src, src_mask, prev, prev_mask = batch(task, make_generator())
+    assert_layout(converted, [0, 0, 0] if "--share-all-embeddings" in CONFIGS[config] else
+                  [0, 1, 1] if "--share-decoder-input-output-embed" in CONFIGS[config] else [0, 1, 2])
+    assert_same_logits(model, converted, task, make_generator(), tolerance(CONFIGS[config]))
+
+
+def assert_same_logits(model, converted, task, generator, atol):
+    """The converted model's logits at every real target position equal fairseq's."""
+    src, src_mask, prev, prev_mask = batch(task, generator)
     with torch.no_grad():
         expected = model(src, src_mask.sum(-1), prev)[0]
         got = converted(input_ids=src, attention_mask=src_mask.long(), decoder_input_ids=prev,
                         decoder_attention_mask=prev_mask.long()).logits
-    torch.testing.assert_close(got[prev_mask], expected[prev_mask], rtol=0, atol=tolerance(CONFIGS[config]))
+    torch.testing.assert_close(got[prev_mask], expected[prev_mask], rtol=0, atol=atol)
 
 
 def tolerance(options):
@@ -92,15 +97,19 @@ def test_greedy_generate_gives_fairseqs_hypotheses(tmp_path, make_generator, cro
     memories in the cache) against fairseq's SequenceGenerator with beam 1, which never emits pad
     and no </s> first (min_len 1): the same tokens up to fairseq's length limit, and </s> wherever
     fairseq stopped before it."""
-    from fairseq.sequence_generator import SequenceGenerator
     model, task, args = fairseq_translation(tmp_path, "--share-all-embeddings", "--cross-attention", cross)
-    converted = convert(model, task, args)
-    dictionary = task.source_dictionary
-    src, src_mask, _, _ = batch(task, make_generator())
+    assert_greedy_hypotheses(model, convert(model, task, args), task, make_generator())
+
+
+def assert_greedy_hypotheses(model, converted, task, generator):
+    """Greedy generate() gives fairseq's SequenceGenerator (beam 1) hypotheses (see above)."""
+    from fairseq.sequence_generator import SequenceGenerator
+    dictionary = task.target_dictionary
+    src, src_mask, _, _ = batch(task, generator)
     limit = 8
-    generator = SequenceGenerator([model], dictionary, beam_size=1, max_len_a=0, max_len_b=limit)
+    search = SequenceGenerator([model], dictionary, beam_size=1, max_len_a=0, max_len_b=limit)
     with torch.no_grad():
-        hypotheses = generator.generate([model], {"net_input": {"src_tokens": src,
+        hypotheses = search.generate([model], {"net_input": {"src_tokens": src,
                                                                 "src_lengths": src_mask.sum(-1)}})
         tokens = converted.generate(input_ids=src, attention_mask=src_mask.long(), do_sample=False,
                                     num_beams=1, max_new_tokens=limit, min_new_tokens=1,
@@ -112,8 +121,20 @@ def test_greedy_generate_gives_fairseqs_hypotheses(tmp_path, make_generator, cro
             assert row[len(words)] == dictionary.eos()
 
 
+@pytest.mark.parametrize("extra", [["--share-decoder-input-output-embed"], []], ids=["tied-output", "untied"])
+def test_two_dictionaries_convert_to_two_vocabularies(tmp_path, make_generator, extra):
+    """Without --joined-dictionary the source and target dictionaries differ: the encoder reads the
+    source's, the decoder and the LM head the target's; fairseq's logits and greedy hypotheses."""
+    model, task, args = fairseq_translation(tmp_path, *extra, joined=False)
+    converted = convert(model, task, args)
+    assert (converted.config.vocab_size, converted.config.decoder_vocab_size) == \
+        (len(task.source_dictionary), len(task.target_dictionary))
+    assert_layout(converted, [0, 1, 1] if extra else [0, 1, 2])
+    assert_same_logits(model, converted, task, make_generator(), 1e-9)
+    assert_greedy_hypotheses(model, converted, task, make_generator())
+
+
 @pytest.mark.parametrize("extra, joined, message", [
-    ([], False, "the source and target dictionaries differ: .* --joined-dictionary"),
     (["--share-all-embeddings", "--decoder-ffn-embed-dim", "24"], True,
      "--encoder-ffn-embed-dim 32 differs from --decoder-ffn-embed-dim 24"),
     (["--share-all-embeddings", "--decoder-normalize-before"], True,

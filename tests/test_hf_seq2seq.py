@@ -234,22 +234,48 @@ def test_a_decoding_step_reads_the_device_as_often_at_any_depth_and_no_more_than
     assert counts[0] == counts[1] <= decode_step_reads(bart(4)), counts
 
 
-@pytest.mark.parametrize("tied", [True, False])
-def test_save_and_load_are_exact(tied, tmp_path, make_generator):
+# embedding layouts: the config's fields, and which of (encoder, decoder, LM head) are one matrix
+LAYOUTS = {
+    "one-matrix": (dict(), [0, 0, 0]),
+    "decoder-is-head": (dict(share_encoder_decoder_embeddings=False), [0, 1, 1]),
+    "three-matrices": (dict(tie_word_embeddings=False), [0, 1, 2]),
+    "two-vocabularies": (dict(share_encoder_decoder_embeddings=False, decoder_vocab_size=VOCAB - 9),
+                         [0, 1, 1]),
+}
+
+
+def assert_layout(m, groups):
+    """(encoder, decoder, LM head) embeddings are one matrix exactly where `groups` agree."""
+    weights = [m.model.encoder.embed_tokens.weight, m.model.decoder.embed_tokens.weight, m.lm_head.weight]
+    assert [[a is b for b in weights] for a in weights] == [[x == y for y in groups] for x in groups]
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_embedding_layouts_save_and_load_exactly(layout, tmp_path, make_generator):
+    """Each layout ties what it says (also after loading), and save / load is exact; two
+    vocabularies give the target's size to the decoder's embedding and the LM head, and generate()
+    keeps to it."""
     g = make_generator()
-    m = model(tie_word_embeddings=tied, cross_attention="softmax")
-    embeddings = [m.model.encoder.embed_tokens.weight, m.model.decoder.embed_tokens.weight, m.lm_head.weight]
-    assert all(e.data_ptr() == embeddings[0].data_ptr() for e in embeddings) == tied
+    fields, groups = LAYOUTS[layout]
+    m = model(cross_attention="softmax", **fields)
+    assert_layout(m, groups)
     m.save_pretrained(tmp_path)
     assert (tmp_path / "model.safetensors").exists()
     loaded = AutoModelForSeq2SeqLM.from_pretrained(tmp_path).double().eval()
     assert type(loaded) is MomentumSeq2SeqForConditionalGeneration
+    assert_layout(loaded, groups)
+    target_vocabulary = m.config.decoder_vocab_size
+    assert m.lm_head.weight.shape[0] == m.model.decoder.embed_tokens.weight.shape[0] == target_vocabulary
     src, mask = padded(random_seqs(g, [4, 6]), "left")
-    tgt = torch.randint(3, VOCAB, (2, 3), generator=g)
+    tgt = torch.randint(3, target_vocabulary, (2, 3), generator=g)
     inputs = dict(input_ids=src, attention_mask=mask, decoder_input_ids=tgt)
     torch.testing.assert_close(loaded(**inputs).logits, m(**inputs).logits, rtol=0, atol=0)
     for name, tensor in m.state_dict().items():
         torch.testing.assert_close(loaded.state_dict()[name], tensor, rtol=0, atol=0)
+    tokens = generate(loaded, src, mask, num_beams=2)
+    assert tokens.max() < target_vocabulary
+    uncached = generate(loaded, src, mask, num_beams=2, use_cache=False)
+    torch.testing.assert_close(tokens, uncached, rtol=0, atol=0)
 
 
 def test_remote_code_loads_and_generates_in_a_clean_process(tmp_path, make_generator):
@@ -367,6 +393,8 @@ def test_training_forward_and_backward_compile_whole(make_generator):
     (dict(encoder_layer_types=["full_attention"]), r"encoder_layer_types=.* per encoder layer \(3\)"),
     (dict(encoder_layer_types=["sliding_attention"] * 3), "encoder_layer_types="),
     (dict(decoder_start_token_id=VOCAB), r"decoder_start_token_id must be an integer in \[0, 39\]"),
+    (dict(decoder_vocab_size=VOCAB - 1), "share_encoder_decoder_embeddings=True needs one vocabulary"),
+    (dict(decoder_vocab_size=0, share_encoder_decoder_embeddings=False), "decoder_vocab_size must be an"),
 ])
 def test_bad_configuration_is_refused_naming_the_field(overrides, match):
     with pytest.raises(ValueError, match=match):
@@ -385,6 +413,8 @@ def test_bad_calls_are_refused(make_generator):
         m(input_ids=src, decoder_input_ids=src, cu_seq_lens_q=torch.tensor([0, 2, 4]))
     with pytest.raises(ValueError, match="position_ids restart"):
         m(input_ids=src, decoder_input_ids=src, decoder_position_ids=torch.tensor([[0, 1, 0, 1]]))
+    with pytest.raises(ValueError, match="resize_token_embeddings resizes one vocabulary"):
+        model(**LAYOUTS["two-vocabularies"][0]).resize_token_embeddings(VOCAB + 8)
     unstartable = model(decoder_start_token_id=None)
     with pytest.raises(ValueError, match="decoder_start_token_id"):
         unstartable(input_ids=src, labels=src)
