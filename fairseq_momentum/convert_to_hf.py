@@ -26,6 +26,8 @@ recipes/iwslt does) one that segments with it and maps pieces to the dictionary'
 where the dictionary holds words, a word-level one (a translation model's appends `</s>` to a
 source, as fairseq's datasets do); with another BPE, subword symbols and no sentencepiece
 model, or a translation model's two vocabularies, none (a warning says so).
+A translation model generates as fairseq-generate does by default (5 beams, length penalty 1, at
+most 200 tokens), unless generate() is told otherwise.
 A translation model's encoder and decoder must agree in width, heads, feed-forward width and norm
 placement (one config holds them); its vocabularies may differ; its token embeddings are one
 matrix with --share-all-embeddings, the decoder's and the output projection's one with
@@ -63,6 +65,10 @@ CROSS_PARTS = {"encoder_attn_layer_norm": "cross_norm", "encoder_attn.out_proj":
                **{f"encoder_attn.{p}_proj": f"cross_attention.{p}_proj" for p in ("q", "k", "v", "o")}}
 # a translation model's per-stack options that the transformers config holds once
 SHARED_STACK_OPTIONS = ("embed_dim", "attention_heads", "ffn_embed_dim", "normalize_before")
+# fairseq-generate's defaults (--beam 5, --lenpen 1, stopping at `beam` finished hypotheses, at most
+# --max-len-b 200 tokens after </s>): a converted translation model's generation_config
+FAIRSEQ_GENERATION = dict(num_beams=5, length_penalty=1.0, early_stopping=True)
+FAIRSEQ_MAX_LEN_B = 200
 CONNECTION_FIELDS = {"connection_momentum": "connection_momentum",
                      "connection_step_size": "connection_step_size", "connection_delta": "adaptive_delta"}
 
@@ -294,6 +300,9 @@ def to_transformers(model, args, dictionary, head: Optional[str] = None, labels=
             MomentumTransformerForMaskedLM
         state = hf_state_dict(source, config)
     converted = model_class(config).to(source.stack.embed_tokens.weight.dtype)
+    if config.is_encoder_decoder:
+        converted.generation_config.update(
+            **FAIRSEQ_GENERATION, max_length=min(FAIRSEQ_MAX_LEN_B + 1, config.max_position_embeddings))
     missing, unexpected = converted.load_state_dict(state, strict=False)
     tied = set(converted.get_expanded_tied_weights_keys()) if config.tie_word_embeddings else set()
     missing = [name for name in missing if name not in tied]

@@ -148,8 +148,8 @@ def test_cli_converts_a_translation_model_trained_on_sentencepiece_pieces(tmp_pa
         ids = tokenizer({line!r}, return_tensors="pt")["input_ids"]
         assert ids[0].tolist() == {ids!r}, ids
         with torch.no_grad():
-            tokens = model.generate(input_ids=ids, do_sample=False, max_new_tokens=8, min_new_tokens=1,
-                                    suppress_tokens=[tokenizer.pad_token_id])
+            tokens = model.generate(input_ids=ids, do_sample=False, num_beams=1, max_new_tokens=8,
+                                    min_new_tokens=1, suppress_tokens=[tokenizer.pad_token_id])
         text = tokenizer.decode(tokens[0], skip_special_tokens=True)
         assert text == {translation!r}, (text, {translation!r})
         print("OK", type(tokenizer).__module__)

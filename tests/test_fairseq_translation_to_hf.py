@@ -185,8 +185,9 @@ def test_cli_converts_a_trained_translation_model_that_transformers_runs_alone(t
         words = expected["hypothesis"]
         with torch.no_grad():
             logits = model(input_ids=ids, decoder_input_ids=words[None].roll(1, -1)).logits
-            tokens = model.generate(input_ids=ids, do_sample=False, max_new_tokens=6, min_new_tokens=1,
-                                    suppress_tokens=[tokenizer.pad_token_id])
+            assert (model.generation_config.num_beams, model.generation_config.max_length) == (5, 48)
+            tokens = model.generate(input_ids=ids, do_sample=False, num_beams=1, max_new_tokens=6,
+                                    min_new_tokens=1, suppress_tokens=[tokenizer.pad_token_id])
         torch.testing.assert_close(logits, expected["logits"], rtol=1e-5, atol=1e-5)
         assert torch.equal(tokens[0, 1:len(words)], words[:-1]), (tokens, words)
         text = tokenizer.decode(tokens[0], skip_special_tokens=True)
