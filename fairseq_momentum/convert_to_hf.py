@@ -311,28 +311,34 @@ def to_transformers(model, args, dictionary, head: Optional[str] = None, labels=
     return converted.eval()
 
 
-def word_tokenizer(dictionary, max_length: int, append_eos: bool = False):
-    """A whitespace word-level tokenizer with the dictionary's ids (for a task without BPE). With
-    fairseq masked_lm's `<mask>`, it wraps a text in `<s> ... </s>` as that task's samples are;
-    with `append_eos` (a translation model's sources) it ends a text with `</s>`."""
+def wrapping(dictionary, config) -> str:
+    """What the saved tokenizer wraps a text in, as fairseq's task builds its samples (transformers'
+    special_tokens_pattern): "eos" for a translation model's source (text, then `</s>`), "bos_eos"
+    for masked_lm's `<s> ... </s>` (its dictionary has `<mask>`), "none" for an LM's prompt."""
+    if config.is_encoder_decoder:
+        return "eos"
+    return "bos_eos" if "<mask>" in dictionary.indices else "none"
+
+
+def word_tokenizer(dictionary, max_length: int, pattern: str):
+    """A whitespace word-level tokenizer with the dictionary's ids (for a task without BPE) that
+    wraps a text as `pattern` (`wrapping`) says; it knows masked_lm's `<mask>`."""
     from tokenizers import Tokenizer, models, pre_tokenizers, processors
     from transformers import PreTrainedTokenizerFast
     vocab = {symbol: i for i, symbol in enumerate(dictionary.symbols)}
     tokenizer = Tokenizer(models.WordLevel(vocab, unk_token=dictionary.unk_word))
     tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    eos = dictionary.eos_word
-    mask = "<mask>" if "<mask>" in vocab else None           # fairseq's masked_lm adds it
-    if mask:
-        bos = dictionary.bos_word
+    bos, eos = dictionary.bos_word, dictionary.eos_word
+    if pattern != "none":
+        lead = f"{bos} " if pattern == "bos_eos" else ""
+        specials = [(bos, dictionary.bos())] if lead else []
         tokenizer.post_processor = processors.TemplateProcessing(
-            single=f"{bos} $A {eos}", pair=f"{bos} $A {eos} $B {eos}",
-            special_tokens=[(bos, dictionary.bos()), (eos, dictionary.eos())])
-    elif append_eos:
-        tokenizer.post_processor = processors.TemplateProcessing(
-            single=f"$A {eos}", pair=f"$A {eos} $B {eos}", special_tokens=[(eos, dictionary.eos())])
+            single=f"{lead}$A {eos}", pair=f"{lead}$A {eos} $B {eos}",
+            special_tokens=specials + [(eos, dictionary.eos())])
     return PreTrainedTokenizerFast(tokenizer_object=tokenizer, unk_token=dictionary.unk_word,
                                    pad_token=dictionary.pad_word, eos_token=eos,
-                                   bos_token=dictionary.bos_word if mask else eos, mask_token=mask,
+                                   bos_token=bos if pattern == "bos_eos" else eos,
+                                   mask_token="<mask>" if "<mask>" in vocab else None,
                                    model_max_length=max_length)
 
 
@@ -387,7 +393,7 @@ def saved_tokenizer(dictionary, config, bpe, sentencepiece_model: Optional[Path]
     name = None if bpe is None else bpe.get("_name")
     if sentencepiece_model is None and name == "sentencepiece":
         sentencepiece_model = Path(bpe.get("sentencepiece_model"))
-    pattern = "eos" if config.is_encoder_decoder else "bos_eos" if "<mask>" in dictionary.indices else "none"
+    pattern = wrapping(dictionary, config)
     if sentencepiece_model is not None:
         if name not in (None, "sentencepiece"):
             raise ValueError(f"--sentencepiece-model: the task used --bpe {name}, not sentencepiece")
@@ -405,7 +411,7 @@ def saved_tokenizer(dictionary, config, bpe, sentencepiece_model: Optional[Path]
                        "as <unk>; pass "
                        "--sentencepiece-model with the sentencepiece model that segmented the data")
         return None
-    return word_tokenizer(dictionary, config.max_position_embeddings, append_eos=config.is_encoder_decoder)
+    return word_tokenizer(dictionary, config.max_position_embeddings, pattern)
 
 
 def convert(checkpoint, output_dir, head: Optional[str] = None, push_to_hub: bool = False,

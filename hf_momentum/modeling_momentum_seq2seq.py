@@ -39,7 +39,7 @@ from .modeling_momentum_transformer import (
     MomentumTransformerPreTrainedModel,
 )
 from .momentum_core import BlockConfig, DecoderBlock, KeyValueCache, NonCausalSummary, cross_attention_config
-from .packing import has_packing_kwargs, pop_packing_kwargs
+from .packing import has_packing_kwargs
 from .recurrent_cache import StaticStateMixin
 from .validation import check_int
 
@@ -265,7 +265,6 @@ class MomentumSeq2SeqModel(MomentumSeq2SeqPreTrainedModel):
         if has_packing_kwargs(**kwargs):
             raise ValueError("packed documents (cu_seq_lens_q / seq_idx) are not supported by an "
                              "encoder-decoder: pad the sources and targets instead (DataCollatorForSeq2Seq)")
-        pop_packing_kwargs(kwargs)
         output_hidden_states = resolve_flag(output_hidden_states, self.config, "output_hidden_states")
         remembered = remembers_source(given_cache(cache, past_key_values))
         if encoder_outputs is None and (input_ids is not None or inputs_embeds is not None or not remembered):

@@ -367,9 +367,10 @@ def real_token_positions(before: Optional[torch.Tensor], padding_mask: Optional[
     return (count - 1 if before is None else before[:, None] + count - 1).clamp(min=0)
 
 
-def static_cache_inputs(cache: StaticMomentumCache, attention_mask, position_ids, batch: int, length: int,
+def static_cache_inputs(cache: StaticStateMixin, attention_mask, position_ids, batch: int, length: int,
                         device, packing: dict):
-    """(padding mask of the new tokens or None, positions) with a `StaticMomentumCache`, without
+    """(padding mask of the new tokens or None, positions) with a static cache (`StaticMomentumCache`,
+    or the encoder-decoder's `StaticMomentumSeq2SeqCache`), without
     reading the number of cached tokens (a Python int that changes every step). attention_mask:
     (batch, new tokens), or (batch, cached + new tokens) as for a `MomentumCache` (its last
     `length` columns are read). Positions default to each row's real tokens before each one."""
