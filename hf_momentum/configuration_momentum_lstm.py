@@ -13,8 +13,11 @@ class MomentumLSTMConfig(PreTrainedConfig):
     `beta` ∈ [0, 1) and `eps` > 0 (eq. 15), `restart` an integer ≥ 1 for the cells that take one
     (required by "sr", Section 2.4). `dropout` between LSTM layers, `embedding_dropout` on the
     embeddings and the output, and `classifier_dropout` on the outputs a classification head
-    reads, in [0, 1). Tied embeddings need
-    `embedding_size` == `hidden_size` (default: equal). Every value is checked when the config is
+    reads, in [0, 1). `last_hidden_size` is the last layer's width (default `hidden_size`): AWD-LSTM
+    (Merity et al.; MomentumRNN's PTB model) gives its last layer the embedding's width so that the
+    embeddings can be tied. Tied embeddings need `embedding_size` == `last_hidden_size` (default:
+    both equal `hidden_size`). `lm_head_bias`: the causal LM's output projection has a bias (fairseq's
+    LSTM LMs have one). Every value is checked when the config is
     built and again when a model is built from it (`validate()`), so keyword overrides of
     `from_pretrained` are checked too.
     """
@@ -26,6 +29,8 @@ class MomentumLSTMConfig(PreTrainedConfig):
     embedding_size: int | None = None
     hidden_size: int = 256
     num_hidden_layers: int = 2
+    last_hidden_size: int | None = None
+    lm_head_bias: bool = False
     # the cell table's defaults (plugins.rnn.variants.DEFAULTS)
     cell: str = DEFAULT_CELL
     momentum: float = DEFAULTS.momentum
@@ -46,6 +51,8 @@ class MomentumLSTMConfig(PreTrainedConfig):
     def __post_init__(self, **kwargs):
         if self.embedding_size is None:
             self.embedding_size = self.hidden_size
+        if self.last_hidden_size is None:
+            self.last_hidden_size = self.hidden_size
         self.check_momentum_fields()
         super().__post_init__(**kwargs)
 
@@ -56,8 +63,11 @@ class MomentumLSTMConfig(PreTrainedConfig):
 
     def check_momentum_fields(self) -> None:
         """ValueError naming the first field out of its range (bools and non-finite numbers refused)."""
-        for name in ("vocab_size", "hidden_size", "num_hidden_layers", "embedding_size"):
+        for name in ("vocab_size", "hidden_size", "num_hidden_layers", "embedding_size", "last_hidden_size"):
             check_int(getattr(self, name), name, low=1)
+        if self.num_hidden_layers == 1 and self.last_hidden_size != self.hidden_size:
+            raise ValueError(f"last_hidden_size ({self.last_hidden_size}) differs from hidden_size "
+                             f"({self.hidden_size}) in a model of one layer: set hidden_size to its width")
         check_hyper(self.cell, "lstm", self.momentum, self.step_size, self.beta, self.eps, self.restart)
         for name in unread_hyperparameters(self.cell):
             default = getattr(type(self), name)
@@ -71,8 +81,13 @@ class MomentumLSTMConfig(PreTrainedConfig):
         check_positive(self.initializer_range, "initializer_range")
         check_bool(self.use_cache, "use_cache")
         check_bool(self.tie_word_embeddings, "tie_word_embeddings")
+        check_bool(self.lm_head_bias, "lm_head_bias")
         check_bool_fields(self)         # transformers' own bool fields too (return_dict, ...)
         check_bool(getattr(self, "output_attentions", False), "output_attentions")  # set after __post_init__
-        if self.tie_word_embeddings and self.embedding_size != self.hidden_size:
+        if self.tie_word_embeddings and self.embedding_size != self.last_hidden_size:
             raise ValueError(f"tie_word_embeddings needs embedding_size ({self.embedding_size}) == "
-                             f"hidden_size ({self.hidden_size})")
+                             f"last_hidden_size ({self.last_hidden_size}, the last layer's width)")
+
+    def layer_sizes(self) -> list[int]:
+        """Each LSTM layer's width, first to last."""
+        return [self.hidden_size] * (self.num_hidden_layers - 1) + [self.last_hidden_size]

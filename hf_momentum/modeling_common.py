@@ -135,12 +135,12 @@ def refuse_packed_rows(head: str, position_ids, attention_mask, kwargs: dict,
 class HeadOverModelMixin:
     """For a head over `self.model`, the family's base model (embedding `embed_tokens`)."""
 
-    def add_classifier(self, config) -> None:
+    def add_classifier(self, config, features: Optional[int] = None) -> None:
         """`num_labels` and the linear classifier `score` (PEFT's and transformers' name) over
-        `hidden_size` features, read through `classifier_dropout`."""
+        `features` (default `hidden_size`) features, read through `classifier_dropout`."""
         self.num_labels = config.num_labels
         self.dropout = nn.Dropout(config.classifier_dropout)
-        self.score = nn.Linear(config.hidden_size, config.num_labels)
+        self.score = nn.Linear(features or config.hidden_size, config.num_labels)
 
     def token_features(self, input_ids, attention_mask, position_ids, inputs_embeds, output_hidden_states,
                        output_attentions, kwargs: dict):

@@ -18,7 +18,8 @@ from typing import Optional
 
 import torch
 from torch import nn
-from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
+from torch.nn import functional as F
+from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence, pad_packed_sequence
 from transformers import GenerationMixin, PreTrainedModel
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import BaseModelOutputWithPast, SequenceClassifierOutput
@@ -117,6 +118,74 @@ class MomentumLSTMStack(MomentumLSTM):
         return (out if all_layers else (out,)), state
 
 
+class MomentumLSTMStackWithTop(MomentumLSTMStack):
+    """AWD-LSTM's stack (Merity et al.; MomentumRNN's PTB model): a last layer of another width
+    (`last_hidden_size`) than the layers below it. Those layers are this module's own, named as a
+    uniform stack's (`weight_ih_l0`, ...); the last is `top`, a stack of one layer. nn.LSTM's dropout
+    sits between them as between the others. The state is one `RecurrentState`, as a uniform
+    stack's: each layer's rows are zero-padded to the widest, so the cache, beam reordering,
+    speculative decoding's crop and the exported step hold it as they hold any other."""
+
+    def __init__(self, input_size, hidden_size, num_layers, *, top_size, dropout=0.0, **kwargs):
+        super().__init__(input_size, hidden_size, num_layers, dropout=dropout, **kwargs)
+        self.top = MomentumLSTMStack(hidden_size, top_size, 1, **kwargs)
+
+    def forward(self, input, state=None, *, cu_seqlens=None, cu_seqlens_cpu=None, one_step=False,
+                all_layers=False):
+        below, top = self._split(state)
+        segments = dict(cu_seqlens=cu_seqlens, cu_seqlens_cpu=cu_seqlens_cpu, one_step=one_step)
+        outputs, below = super().forward(input, below, all_layers=all_layers, **segments)
+        (out,), top = self.top(self._between(outputs[-1]), top, **segments)
+        return (outputs + (out,) if all_layers else (out,)), self._join(below, top)
+
+    def _between(self, x):
+        """nn.LSTM's dropout between layers (training only), of a tensor or a PackedSequence."""
+        if not self.training or self.dropout == 0:
+            return x
+        if isinstance(x, PackedSequence):
+            return x._replace(data=F.dropout(x.data, self.dropout, True))
+        return F.dropout(x, self.dropout, True)
+
+    def _split(self, state):
+        """(the layers' below state, top's state) of a joined state (or None)."""
+        if state is None:
+            return None, None
+        n = self.num_layers
+        part = lambda layers, stack: RecurrentState(
+            *(None if t is None else t[layers, ..., :width]
+              for t, width in zip(state[:4], state_widths(stack))), state.step)
+        return part(slice(None, n), self), part(slice(n, None), self.top)
+
+    @staticmethod
+    def _join(below, top) -> RecurrentState:
+        """One state of the two parts' (layer rows of each field zero-padded to the wider part)."""
+        def join(a, b):
+            if a is None:
+                return None
+            width = max(a.shape[-1], b.shape[-1])
+            return torch.cat([F.pad(a, (0, width - a.shape[-1])), F.pad(b, (0, width - b.shape[-1]))])
+        return RecurrentState(*(join(a, b) for a, b in zip(below[:4], top[:4])), top.step)
+
+
+def state_widths(stack: MomentumLSTM):
+    """The last dimension of h, c, v, m in a stack's state (v and m are gate pre-activations)."""
+    return (stack.hidden_size, stack.hidden_size, 4 * stack.hidden_size, 4 * stack.hidden_size)
+
+
+def lstm_stack(config: MomentumLSTMConfig) -> MomentumLSTMStack:
+    """The model's LSTM stack: one uniform stack, or one with a last layer of its own width."""
+    # the config holds every hyperparameter (the unread ones at their defaults); the layer takes
+    # only those its cell reads
+    hyper = read_hyperparameters(config.cell, momentum=config.momentum, step_size=config.step_size,
+                                 beta=config.beta, eps=config.eps)
+    kwargs = dict(cell=config.cell, restart=config.restart, batch_first=True, **hyper)
+    if config.last_hidden_size == config.hidden_size:
+        return MomentumLSTMStack(config.embedding_size, config.hidden_size, config.num_hidden_layers,
+                                 dropout=config.dropout, **kwargs)
+    return MomentumLSTMStackWithTop(config.embedding_size, config.hidden_size, config.num_hidden_layers - 1,
+                                    top_size=config.last_hidden_size, dropout=config.dropout, **kwargs)
+
+
 class MomentumLSTMStackRun(GradientCheckpointingLayer):
     """The unit that gradient checkpointing recomputes: the LSTM stack from a zero state,
     tensors in and tensors out (what both checkpoint implementations track). It holds no
@@ -132,13 +201,7 @@ class MomentumLSTMModel(MomentumLSTMPreTrainedModel):
         super().__init__(config)
         self.embed_tokens = nn.Embedding(config.vocab_size, config.embedding_size, config.pad_token_id)
         self.dropout = nn.Dropout(config.embedding_dropout)
-        # the config holds every hyperparameter (the unread ones at their defaults); the layer
-        # takes only those its cell reads
-        hyper = read_hyperparameters(config.cell, momentum=config.momentum, step_size=config.step_size,
-                                     beta=config.beta, eps=config.eps)
-        self.lstm = MomentumLSTMStack(config.embedding_size, config.hidden_size, config.num_hidden_layers,
-                                      cell=config.cell, restart=config.restart, batch_first=True,
-                                      dropout=config.dropout, **hyper)
+        self.lstm = lstm_stack(config)
         self.stack_run = MomentumLSTMStackRun()
         self.gradient_checkpointing = False
         self.post_init()
@@ -190,8 +253,7 @@ class MomentumLSTMModel(MomentumLSTMPreTrainedModel):
             raise ValueError(f"packed documents (cu_seq_lens_q / seq_idx from {COLLATOR}) cannot continue a "
                              f"cache that holds {past} tokens")
         if length == 0:
-            empty = x.new_zeros(batch, 0, self.config.hidden_size)
-            outputs = (empty,) * (self.config.num_hidden_layers if output_hidden_states else 1)
+            outputs = self._zero_outputs(x, 0, output_hidden_states)
         elif packed is not None:
             outputs = self.stack_run(x, mask, run=partial(self._documents, packed=packed,
                                                           all_layers=output_hidden_states))
@@ -268,8 +330,7 @@ class MomentumLSTMModel(MomentumLSTMPreTrainedModel):
         stack's cu_seqlens form). Zero outputs at padding; no real token at all runs nothing."""
         batch, length = mask.shape
         if not any(lengths.tolist()):
-            layers = self.config.num_hidden_layers if all_layers else 1
-            return (x.new_zeros(batch, length, self.config.hidden_size),) * layers, state
+            return self._zero_outputs(x, length, all_layers), state
         offsets = nn.functional.pad(lengths.cumsum(0), (1, 0))
         # each row's real tokens are the first `lengths` of its front order: their flat positions
         first = torch.cat([torch.arange(n) + row * length for row, n in enumerate(lengths.tolist())])
@@ -277,6 +338,12 @@ class MomentumLSTMModel(MomentumLSTMPreTrainedModel):
         rows = Segments(batch=batch, length=length, cu_seqlens=offsets.to(x.device), cu_seqlens_cpu=offsets,
                         index=order.reshape(-1).index_select(0, first.to(x.device)))
         return self._segments(x, rows, state, all_layers)
+
+
+    def _zero_outputs(self, x, length, all_layers):
+        """Zero outputs of `length` positions: every layer's with all_layers, else the last's."""
+        sizes = self.config.layer_sizes()
+        return tuple(x.new_zeros(x.shape[0], length, size) for size in (sizes if all_layers else sizes[-1:]))
 
 
 def unpack(packed, back, mask):
@@ -293,7 +360,7 @@ class MomentumLSTMForCausalLM(RecurrentCausalLMMixin, MomentumLSTMPreTrainedMode
     def __init__(self, config: MomentumLSTMConfig):
         super().__init__(config)
         self.model = MomentumLSTMModel(config)
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.lm_head = nn.Linear(config.last_hidden_size, config.vocab_size, bias=config.lm_head_bias)
         self.post_init()
 
     def forward(self, input_ids=None, attention_mask=None, cache=None, inputs_embeds=None,
@@ -329,7 +396,7 @@ class MomentumLSTMForSequenceClassification(HeadOverModelMixin, MomentumLSTMPreT
     def __init__(self, config: MomentumLSTMConfig):
         super().__init__(config)
         self.model = MomentumLSTMModel(config)
-        self.add_classifier(config)
+        self.add_classifier(config, config.last_hidden_size)
         self.post_init()
 
     def forward(self, input_ids=None, attention_mask=None, inputs_embeds=None, labels=None,
@@ -360,7 +427,7 @@ class MomentumLSTMForTokenClassification(TokenClassificationMixin, MomentumLSTMP
     def __init__(self, config: MomentumLSTMConfig):
         super().__init__(config)
         self.model = MomentumLSTMModel(config)
-        self.add_classifier(config)
+        self.add_classifier(config, config.last_hidden_size)
         self.post_init()
 
 
@@ -371,5 +438,5 @@ class MomentumLSTMForQuestionAnswering(QuestionAnsweringMixin, MomentumLSTMPreTr
     def __init__(self, config: MomentumLSTMConfig):
         super().__init__(config)
         self.model = MomentumLSTMModel(config)
-        self.qa_outputs = nn.Linear(config.hidden_size, 2)
+        self.qa_outputs = nn.Linear(config.last_hidden_size, 2)
         self.post_init()

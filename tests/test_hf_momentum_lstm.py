@@ -342,3 +342,127 @@ def test_gradient_checkpointing_with_hidden_states_and_dropout(use_reentrant, ma
     assert model.model.stack_run.gradient_checkpointing
     for name in grads[0]:
         torch.testing.assert_close(grads[1][name], grads[0][name], atol=1e-6, rtol=1e-5, msg=name)
+
+
+def awd(**kwargs):
+    """AWD-LSTM's stack: 3 layers, the last of the embedding's width (tied), a head with a bias."""
+    return tiny(**{**dict(num_hidden_layers=3, embedding_size=6, last_hidden_size=6, lm_head_bias=True),
+                   **kwargs})
+
+
+def one_layer_chain(model, cell):
+    """The model's stack as one-layer plugins MomentumLSTMs of each layer's width, run one after
+    another (fairseq's AWDMomentumLSTM), on the model's own parameters."""
+    sizes = [model.config.embedding_size, *model.config.layer_sizes()]
+    stack = model.model.lstm
+    layers = []
+    for k, (n_in, n_out) in enumerate(zip(sizes[:-1], sizes[1:])):
+        layer = MomentumLSTM(n_in, n_out, 1, cell=cell, restart=restart_for(cell), batch_first=True,
+                             **read_hyperparameters(cell, momentum=0.5, step_size=0.7)).double()
+        source, index = (stack.top, 0) if k == len(sizes) - 2 else (stack, k)
+        layers.append((layer, {f"{name}_l0": getattr(source, f"{name}_l{index}")
+                               for name in ("weight_ih", "weight_hh", "bias_ih", "bias_hh")}))
+
+    def run(ids):
+        x = model.model.embed_tokens(ids)
+        for layer, parameters in layers:
+            x = torch.func.functional_call(layer, parameters, (x,))[0]
+        return model.lm_head(x)
+    return run
+
+
+@pytest.mark.parametrize("cell", CELLS)
+@pytest.mark.parametrize("side", ["left", "right"])
+def test_awd_stack_equals_one_layer_lstms_of_each_width(cell, side, make_generator):
+    """float64 logits and gradients of a padded batch against each row alone through the layers
+    written out one by one; the stack's parameters keep a uniform stack's names below `top`."""
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(awd(cell=cell)).double().eval()
+    assert {name for name, _ in model.named_parameters() if "top" in name} == \
+        {f"model.lstm.top.{name}_l0" for name in ("weight_ih", "weight_hh", "bias_ih", "bias_hh")}
+    assert model.model.lstm.weight_ih_l1.shape == (64, 16) and model.lm_head.bias.shape == (100,)
+    assert model.lm_head.weight is model.model.embed_tokens.weight
+    with torch.no_grad():
+        model.lm_head.bias.normal_()
+    reference = one_layer_chain(model, cell)
+    ids, mask = padded(make_generator(), [7, 5, 2], 7, side)
+    logits = model(input_ids=ids, attention_mask=mask, use_cache=False).logits
+    real = mask.bool()
+    expected = [reference(ids[row][real[row]][None])[0] for row in range(3)]
+    for row in range(3):
+        torch.testing.assert_close(logits[row][real[row]], expected[row], rtol=0, atol=1e-12)
+    weights = torch.randn(real.sum(), 100, dtype=torch.float64, generator=make_generator())
+    got = torch.autograd.grad((logits[real] * weights).sum(), list(model.parameters()))
+    want = torch.autograd.grad((torch.cat(expected) * weights).sum(), list(model.parameters()))
+    for (name, _), a, b in zip(model.named_parameters(), got, want):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-10, msg=name)
+
+
+@pytest.mark.parametrize("cell", ["adam", "nag"])
+def test_awd_stack_decodes_token_by_token_with_beam_reordering(cell, make_generator):
+    """The cache holds both widths' states (padded to the widest) and reorders them with the beams:
+    cached steps after a left-padded prefill equal the full forward of the reordered rows."""
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(awd(cell=cell, hidden_size=10)).double().eval()
+    ids, mask = padded(make_generator(), [6, 4, 6], 9, "left")
+    with torch.no_grad():
+        full = model(input_ids=ids, attention_mask=mask, use_cache=False).logits
+        cache = MomentumLSTMCache(model.config)
+        model(input_ids=ids[:, :6], attention_mask=mask[:, :6], past_key_values=cache, use_cache=True)
+        rows = torch.arange(3)
+        for t in range(6, 9):
+            if t == 7:
+                order = torch.tensor([2, 2, 0])
+                cache.reorder_cache(order)
+                rows = rows[order]
+            step = model(input_ids=ids[rows, t:t + 1], attention_mask=mask[rows, :t + 1],
+                         past_key_values=cache, use_cache=True).logits
+            torch.testing.assert_close(step[:, 0], full[rows, t], rtol=0, atol=1e-12)
+    state = cache.get_lstm_state()
+    assert state.h.shape == (3, 3, 10) and not state.h[2, :, 6:].any()
+
+
+def test_awd_stack_drops_out_between_its_parts_in_training(make_generator):
+    """nn.LSTM's dropout between layers also sits between the layers below and the last one (two
+    layers: nowhere else, as embedding_dropout is 0)."""
+    ids = torch.randint(3, 100, (2, 8), generator=make_generator())
+    outputs = {}
+    for p in (0.0, 0.5):
+        torch.manual_seed(0)
+        model = AutoModelForCausalLM.from_config(awd(num_hidden_layers=2, dropout=p))
+        evaluated = model.eval()(input_ids=ids).logits
+        outputs[p] = (model.train()(input_ids=ids).logits, evaluated)
+    assert torch.equal(*outputs[0.0])
+    assert not torch.allclose(*outputs[0.5])
+
+
+def test_awd_heads_read_the_last_layers_width(make_generator):
+    torch.manual_seed(0)
+    config = awd(num_labels=3)
+    classifier = MomentumLSTMForSequenceClassification(config).eval()
+    assert classifier.score.in_features == 6
+    ids = torch.randint(3, 100, (2, 5), generator=make_generator())
+    hidden = classifier.model(input_ids=ids).last_hidden_state
+    torch.testing.assert_close(classifier(input_ids=ids).logits, classifier.score(hidden[:, -1]))
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(last_hidden_size=0), "last_hidden_size"),
+    (dict(num_hidden_layers=1), r"last_hidden_size \(6\) differs from hidden_size \(16\) in a model of one"),
+    (dict(embedding_size=16), r"embedding_size \(16\) == last_hidden_size \(6"),
+    (dict(lm_head_bias=1), "lm_head_bias"),
+])
+def test_bad_awd_config_values_raise(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        awd(**kwargs)
+
+
+def test_awd_save_load_round_trip(tmp_path):
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(awd(cell="rmsprop")).eval()
+    model.save_pretrained(tmp_path)
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path).eval()
+    assert (loaded.config.last_hidden_size, loaded.config.lm_head_bias) == (6, True)
+    assert model.state_dict().keys() == loaded.state_dict().keys()
+    for name, tensor in model.state_dict().items():
+        assert torch.equal(tensor, loaded.state_dict()[name]), name

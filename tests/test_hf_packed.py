@@ -26,8 +26,8 @@ FORMS = {
     "flash_attn_kwargs": dict(return_flash_attn_kwargs=True),
     "seq_idx": dict(return_seq_idx=True),
 }
-MODELS = ("momentum_transformer", "momentum_lstm-momentum", "momentum_lstm-adam", "llama-momentum",
-          "llama-linear_attention")
+MODELS = ("momentum_transformer", "momentum_lstm-momentum", "momentum_lstm-adam", "momentum_lstm-awd",
+          "llama-momentum", "llama-linear_attention")
 
 
 def build(name, **overrides):
@@ -42,8 +42,12 @@ def build(name, **overrides):
         return (AutoModelForCausalLM if config.is_causal else AutoModel).from_config(config)
     model_type, implementation = name.split("-")
     if model_type == "momentum_lstm":
-        config = AutoConfig.for_model("momentum_lstm", vocab_size=VOCAB, hidden_size=16, num_hidden_layers=2,
-                                      cell=implementation, momentum=0.5, step_size=0.7, initializer_range=0.5)
+        # "awd": AWD-LSTM's stack, whose last layer has the embedding's width
+        awd = dict(cell="momentum", num_hidden_layers=3, embedding_size=8, last_hidden_size=8,
+                   lm_head_bias=True)
+        config = AutoConfig.for_model("momentum_lstm", **{
+            **dict(vocab_size=VOCAB, hidden_size=16, num_hidden_layers=2, momentum=0.5, step_size=0.7,
+                   initializer_range=0.5), **(awd if implementation == "awd" else dict(cell=implementation))})
         return AutoModelForCausalLM.from_config(config)
     sizes = dict(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
                  num_key_value_heads=2, intermediate_size=64, max_position_embeddings=64)

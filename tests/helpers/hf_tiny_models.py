@@ -1,4 +1,5 @@
-"""Tiny causal LMs of the two native families (transformer, LSTM) and left-padded batches for them."""
+"""Tiny causal LMs of the two native families (transformer, LSTM; the LSTM also as AWD-LSTM's stack,
+whose last layer has the embedding's width and whose head has a bias) and left-padded batches."""
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -6,7 +7,8 @@ import hf_momentum  # noqa: F401  (registers the model types with the Auto class
 from plugins.rnn.variants import unread_hyperparameters
 
 PAD = 0
-FAMILIES = ["transformer", "lstm"]
+FAMILIES = ["transformer", "lstm", "awd_lstm"]
+AWD = dict(num_hidden_layers=3, embedding_size=8, last_hidden_size=8, lm_head_bias=True)
 
 
 def config(family, **kwargs):
@@ -18,6 +20,8 @@ def config(family, **kwargs):
         return AutoConfig.for_model("momentum_transformer", **{**base, **kwargs})
     base = dict(vocab_size=60, hidden_size=16, num_hidden_layers=2, cell="momentum", momentum=0.5,
                 pad_token_id=PAD, bos_token_id=1, eos_token_id=2, initializer_range=0.5)
+    if family == "awd_lstm":
+        base.update(AWD)
     if "momentum" in unread_hyperparameters(kwargs.get("cell", "momentum")):
         del base["momentum"]       # a value the cell would ignore is refused
     return AutoConfig.for_model("momentum_lstm", **{**base, **kwargs})
