@@ -1,10 +1,11 @@
-"""A fairseq momentum transformer as a transformers model: a checkpoint of
-`momentum_transformer_lm` / `linear_transformer_lm` (any preset, hybrids included) becomes a
-`MomentumTransformerForCausalLM` folder, one of the translation model `momentum_transformer` /
-`linear_transformer` (trained with --joined-dictionary) a `MomentumSeq2SeqForConditionalGeneration`
-folder, and one of `momentum_roberta` / `linear_roberta` a `MomentumTransformerForMaskedLM` folder
-or, fine-tuned with --task sentence_prediction, a `MomentumTransformerForSequenceClassification`
-one (config, safetensors, the modeling code for `trust_remote_code`, a model card), with the same
+"""A fairseq momentum model as a transformers model: a checkpoint of `momentum_transformer_lm` /
+`linear_transformer_lm` (any preset, hybrids included) becomes a `MomentumTransformerForCausalLM`
+folder, one of the translation model `momentum_transformer` / `linear_transformer` a
+`MomentumSeq2SeqForConditionalGeneration` folder, one of `momentum_roberta` / `linear_roberta` a
+`MomentumTransformerForMaskedLM` folder or, fine-tuned with --task sentence_prediction, a
+`MomentumTransformerForSequenceClassification` one, and one of `momentum_lstm_lm` a
+`MomentumLSTMForCausalLM` folder (convert_lstm_lm.py) (config, safetensors, the modeling code for
+`trust_remote_code`, a model card), with the same
 logits; `from_pretrained` loads it, `generate` or a pipeline runs it, `push_to_hub` publishes it.
 
     python -m fairseq_momentum.convert_to_hf checkpoints/checkpoint_best.pt hf-model \\
@@ -45,6 +46,7 @@ from typing import Optional
 import torch
 
 from .configs import as_namespace, flag
+from .convert_lstm_lm import lstm_lm_config, lstm_lm_state_dict
 
 logger = logging.getLogger(__name__)
 
@@ -107,8 +109,9 @@ def source_of(model, args, head: Optional[str] = None) -> Source:
         if head not in heads:
             raise ValueError(f"head {head!r}: the model's heads are {sorted(heads) + ['masked_lm']}")
         return Source(model.encoder.sentence_encoder, "encoder", classifier=heads[head])
-    raise ValueError("checkpoint: converts momentum_transformer_lm, momentum_transformer and "
-                     f"(and their presets), got {kind} (--arch {getattr(args, 'arch', '?')})")
+    raise ValueError("checkpoint: converts momentum_transformer_lm, momentum_transformer, momentum_roberta "
+                     f"and momentum_lstm_lm (and their presets), got {kind} "
+                     f"(--arch {getattr(args, 'arch', '?')})")
 
 
 def check_convertible(args, source: Source) -> None:
@@ -287,6 +290,14 @@ def to_transformers(model, args, dictionary, head: Optional[str] = None, labels=
         MomentumTransformerForMaskedLM,
         MomentumTransformerForSequenceClassification,
     )
+    if type(model).__name__ == "MomentumLSTMLanguageModel":
+        if head is not None:
+            raise ValueError(f"head {head!r}: --head picks one of a momentum_roberta's heads; a language "
+                             "model converts whole")
+        from hf_momentum import MomentumLSTMForCausalLM
+        config = lstm_lm_config(args, model, dictionary)
+        return loaded(MomentumLSTMForCausalLM(config), lstm_lm_state_dict(model, config),
+                      model.decoder.embed_tokens.weight.dtype)
     source = source_of(model, args, head)
     if type(model).__name__ == "MomentumTransformerModel":
         check_translation(args, model)
@@ -299,12 +310,19 @@ def to_transformers(model, args, dictionary, head: Optional[str] = None, labels=
             MomentumTransformerForSequenceClassification if source.classifier is not None else \
             MomentumTransformerForMaskedLM
         state = hf_state_dict(source, config)
-    converted = model_class(config).to(source.stack.embed_tokens.weight.dtype)
+    converted = model_class(config)
     if config.is_encoder_decoder:
         converted.generation_config.update(
             **FAIRSEQ_GENERATION, max_length=min(FAIRSEQ_MAX_LEN_B + 1, config.max_position_embeddings))
+    return loaded(converted, state, source.stack.embed_tokens.weight.dtype)
+
+
+def loaded(converted, state: dict, dtype):
+    """`converted` in `dtype` and eval mode with the weights `state`, which must name every weight
+    but the tied ones."""
+    converted = converted.to(dtype)
     missing, unexpected = converted.load_state_dict(state, strict=False)
-    tied = set(converted.get_expanded_tied_weights_keys()) if config.tie_word_embeddings else set()
+    tied = set(converted.get_expanded_tied_weights_keys()) if converted.config.tie_word_embeddings else set()
     missing = [name for name in missing if name not in tied]
     if missing or unexpected:
         raise ValueError(f"weights that do not map: missing {missing}, unexpected {unexpected}")
@@ -393,14 +411,15 @@ def saved_tokenizer(dictionary, config, bpe, sentencepiece_model: Optional[Path]
     name = None if bpe is None else bpe.get("_name")
     if sentencepiece_model is None and name == "sentencepiece":
         sentencepiece_model = Path(bpe.get("sentencepiece_model"))
+    from transformers.tokenization_utils_base import VERY_LARGE_INTEGER
     pattern = wrapping(dictionary, config)
+    max_length = getattr(config, "max_position_embeddings", VERY_LARGE_INTEGER)   # an LSTM has no limit
     if sentencepiece_model is not None:
         if name not in (None, "sentencepiece"):
             raise ValueError(f"--sentencepiece-model: the task used --bpe {name}, not sentencepiece")
         if not Path(sentencepiece_model).is_file():
             raise ValueError(f"--sentencepiece-model: no file {sentencepiece_model}")
-        return sentencepiece_tokenizer(dictionary, sentencepiece_model, pattern,
-                                       config.max_position_embeddings)
+        return sentencepiece_tokenizer(dictionary, sentencepiece_model, pattern, max_length)
     if name is not None:
         logger.warning("the task used --bpe %s: no tokenizer is saved; encode text as fairseq does "
                        "(BPE, then the dictionary's ids)", name)
@@ -411,7 +430,7 @@ def saved_tokenizer(dictionary, config, bpe, sentencepiece_model: Optional[Path]
                        "as <unk>; pass "
                        "--sentencepiece-model with the sentencepiece model that segmented the data")
         return None
-    return word_tokenizer(dictionary, config.max_position_embeddings, pattern)
+    return word_tokenizer(dictionary, max_length, pattern)
 
 
 def convert(checkpoint, output_dir, head: Optional[str] = None, push_to_hub: bool = False,
@@ -435,8 +454,8 @@ def main(argv=None):
     parser = argparse.ArgumentParser(prog="python -m fairseq_momentum.convert_to_hf", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("checkpoint", type=Path,
-                        help="a fairseq checkpoint (.pt) of momentum_transformer_lm, momentum_transformer "
-                             "or momentum_roberta")
+                        help="a fairseq checkpoint (.pt) of momentum_transformer_lm, momentum_transformer, "
+                             "momentum_roberta or momentum_lstm_lm")
     parser.add_argument("output_dir", type=Path, help="the transformers model folder to write")
     parser.add_argument("--head", default=None,
                         help="of a momentum_roberta: the classification head to convert (default: its only "

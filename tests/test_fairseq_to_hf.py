@@ -132,9 +132,11 @@ def test_a_language_model_takes_no_head(tmp_path):
 
 
 def test_other_architectures_are_refused_by_name(tmp_path):
-    sizes = ["--decoder-layers", "1", "--decoder-embed-dim", "8", "--decoder-hidden-size", "8",
+    sizes = ["--encoder-layers", "1", "--decoder-layers", "1", "--encoder-embed-dim", "8",
+             "--decoder-embed-dim", "8", "--encoder-hidden-size", "8", "--decoder-hidden-size", "8",
              "--decoder-out-embed-dim", "8"]
-    model, task, args = build_model(tmp_path, *lm_args("momentum_lstm_lm", *sizes))
+    model, task, args = build_model(tmp_path, ["--task", "translation", "--source-lang", "src",
+                                               "--target-lang", "tgt"], ["--arch", "momentum_lstm", *sizes])
     with pytest.raises(ValueError, match="converts momentum_transformer_lm"):
         to_transformers(model, args, task.target_dictionary)
 
