@@ -23,10 +23,12 @@ The dictionary's ids are kept (an LM's bos is fairseq's `</s>`, which starts eve
 masked LM's is `<s>`; a translation model's decoder starts from `</s>`, as fairseq's generator
 does). The tokenizer saved beside the model: with a sentencepiece model (the task's
 --bpe sentencepiece, or --sentencepiece-model for data segmented before fairseq-preprocess, as
-recipes/iwslt does) one that segments with it and maps pieces to the dictionary's ids; otherwise,
-where the dictionary holds words, a word-level one (a translation model's appends `</s>` to a
-source, as fairseq's datasets do); with another BPE, subword symbols and no sentencepiece
-model, or a translation model's two vocabularies, none (a warning says so).
+recipes/iwslt does) one that segments with it and maps pieces to the dictionary's ids; with GPT-2's
+BPE (the task's --bpe gpt2, or --gpt2-encoder-json / --gpt2-vocab-bpe for data encoded before
+fairseq-preprocess, as RoBERTa's examples do) one that encodes with it and maps GPT-2 ids to the
+dictionary's; otherwise, where the dictionary holds words, a word-level one (a translation model's
+appends `</s>` to a source, as fairseq's datasets do); with another BPE, subword symbols or GPT-2 ids
+and no BPE files, or a translation model's two vocabularies, none (a warning says so).
 A translation model generates as fairseq-generate does by default (5 beams, length penalty 1, at
 most 200 tokens), unless generate() is told otherwise.
 A translation model's encoder and decoder must agree in width, heads, feed-forward width and norm
@@ -392,28 +394,71 @@ def sentencepiece_tokenizer(dictionary, sp_model: Path, pattern: str, max_length
     return tokenizer
 
 
+def gpt2_tokenizer(dictionary, files, pattern: str, max_length: int):
+    """`hf_momentum.tokenization_fairseq_gpt2.FairseqGPT2Tokenizer` of GPT-2's BPE files `files`
+    (encoder.json, vocab.bpe: paths, or the URLs fairseq downloads them from, through fairseq's own
+    cache) and the dictionary's ids, registered for AutoTokenizer; `pattern`: what it wraps a text in."""
+    import tempfile
+
+    from fairseq.file_utils import cached_path
+
+    from hf_momentum.tokenization_fairseq_gpt2 import FairseqGPT2Tokenizer
+    local = []
+    for flag_name, path in zip(("--gpt2-encoder-json", "--gpt2-vocab-bpe"), files):
+        try:
+            resolved = cached_path(str(path))           # a URL is downloaded once, into fairseq's cache
+        except OSError as error:
+            raise ValueError(f"{flag_name}: no file {path} ({error})") from None
+        if resolved is None or not Path(resolved).is_file():
+            raise ValueError(f"{flag_name}: no file {path}")
+        local.append(resolved)
+    vocab = Path(tempfile.mkdtemp()) / "fairseq_vocab.txt"
+    vocab.write_text("".join(symbol + "\n" for symbol in dictionary.symbols), encoding="utf-8")
+    mask = {"mask_token": "<mask>"} if "<mask>" in dictionary.indices else {}
+    tokenizer = FairseqGPT2Tokenizer(
+        *local, vocab, bos_token=dictionary.bos_word, pad_token=dictionary.pad_word,
+        eos_token=dictionary.eos_word, unk_token=dictionary.unk_word, wrap=pattern,
+        model_max_length=max_length, **mask)
+    tokenizer.register_for_auto_class("AutoTokenizer")
+    return tokenizer
+
+
 def holds_subwords(dictionary) -> bool:
-    """Whether the dictionary's symbols are subword pieces (sentencepiece's `▁`, subword-nmt's `@@`):
-    the data was segmented before fairseq-preprocess, so raw words are not its symbols."""
-    return any(symbol.startswith("\u2581") or symbol.endswith("@@")
-               for symbol in dictionary.symbols[dictionary.nspecial:])
+    """Whether the dictionary's symbols are subword pieces (sentencepiece's `▁`, subword-nmt's `@@`)
+    or GPT-2 BPE ids (decimal numbers, RoBERTa's dictionary): the data was segmented before
+    fairseq-preprocess, so raw words are not its symbols."""
+    symbols = [symbol for symbol in dictionary.symbols[dictionary.nspecial:]
+               if not symbol.startswith("madeupword") and symbol != "<mask>"]   # fairseq's padding symbols
+    return any(symbol.startswith("\u2581") or symbol.endswith("@@") for symbol in symbols) or \
+        (bool(symbols) and all(symbol.isdigit() for symbol in symbols))
 
 
-def saved_tokenizer(dictionary, config, bpe, sentencepiece_model: Optional[Path], target_dictionary=None):
+def saved_tokenizer(dictionary, config, bpe, sentencepiece_model: Optional[Path], target_dictionary=None,
+                    gpt2_files=None):
     """The tokenizer to save beside the converted model, or None (with a warning saying why): the
-    sentencepiece model's (given, or the task's --bpe sentencepiece), else a word-level one where
+    sentencepiece model's (given, or the task's --bpe sentencepiece), GPT-2's BPE (`gpt2_files`:
+    encoder.json and vocab.bpe given, or the task's --bpe gpt2 files), else a word-level one where
     the dictionary holds words; none for a translation model of two vocabularies (one tokenizer
     encodes and decodes with one)."""
     if target_dictionary is not None and target_dictionary.symbols != dictionary.symbols:
         logger.warning("the source and target dictionaries differ: no tokenizer is saved (one tokenizer "
                        "has one vocabulary); encode sources and decode targets as fairseq does")
         return None
-    name = None if bpe is None else bpe.get("_name")
-    if sentencepiece_model is None and name == "sentencepiece":
-        sentencepiece_model = Path(bpe.get("sentencepiece_model"))
     from transformers.tokenization_utils_base import VERY_LARGE_INTEGER
+    name = None if bpe is None else bpe.get("_name")
+    if sentencepiece_model is not None and gpt2_files is not None:
+        raise ValueError("--sentencepiece-model and --gpt2-encoder-json: the data had one BPE; pass one")
+    if sentencepiece_model is None and gpt2_files is None:      # the task's own BPE files
+        if name == "sentencepiece":
+            sentencepiece_model = Path(bpe.get("sentencepiece_model"))
+        elif name == "gpt2":
+            gpt2_files = (bpe.get("gpt2_encoder_json"), bpe.get("gpt2_vocab_bpe"))
     pattern = wrapping(dictionary, config)
     max_length = getattr(config, "max_position_embeddings", VERY_LARGE_INTEGER)   # an LSTM has no limit
+    if gpt2_files is not None:
+        if name not in (None, "gpt2"):
+            raise ValueError(f"--gpt2-encoder-json: the task used --bpe {name}, not gpt2")
+        return gpt2_tokenizer(dictionary, gpt2_files, pattern, max_length)
     if sentencepiece_model is not None:
         if name not in (None, "sentencepiece"):
             raise ValueError(f"--sentencepiece-model: the task used --bpe {name}, not sentencepiece")
@@ -425,21 +470,23 @@ def saved_tokenizer(dictionary, config, bpe, sentencepiece_model: Optional[Path]
                        "(BPE, then the dictionary's ids)", name)
         return None
     if holds_subwords(dictionary):
-        logger.warning("the dictionary holds subword pieces (the data was segmented before "
-                       "fairseq-preprocess): no tokenizer is saved, as a word-level one would read raw words "
-                       "as <unk>; pass "
-                       "--sentencepiece-model with the sentencepiece model that segmented the data")
+        logger.warning("the dictionary holds subword pieces or GPT-2 BPE ids (the data was segmented "
+                       "before fairseq-preprocess): no tokenizer is saved, as a word-level one would read "
+                       "raw words as <unk>; pass --sentencepiece-model with the sentencepiece model that "
+                       "segmented the data, or --gpt2-encoder-json and --gpt2-vocab-bpe with GPT-2's BPE "
+                       "files")
         return None
     return word_tokenizer(dictionary, max_length, pattern)
 
 
 def convert(checkpoint, output_dir, head: Optional[str] = None, push_to_hub: bool = False,
-            hub_model_id: Optional[str] = None, sentencepiece_model: Optional[Path] = None):
+            hub_model_id: Optional[str] = None, sentencepiece_model: Optional[Path] = None, gpt2_files=None):
     """Write the converted model and its tokenizer (`saved_tokenizer`) to `output_dir`; returns the
     model."""
     model, args, dictionary, labels, bpe, target_dictionary = load(checkpoint)
     converted = to_transformers(model, args, dictionary, head, labels, target_dictionary)
-    tokenizer = saved_tokenizer(dictionary, converted.config, bpe, sentencepiece_model, target_dictionary)
+    tokenizer = saved_tokenizer(dictionary, converted.config, bpe, sentencepiece_model, target_dictionary,
+                                gpt2_files)
     converted.save_pretrained(output_dir)
     if tokenizer is not None:
         tokenizer.save_pretrained(output_dir)
@@ -465,6 +512,12 @@ def main(argv=None):
                              "happened before fairseq-preprocess; a task's --bpe sentencepiece model is "
                              "found itself): the saved tokenizer segments with it and maps pieces to the "
                              "dictionary's ids")
+    parser.add_argument("--gpt2-encoder-json", type=Path, default=None,
+                        help="with --gpt2-vocab-bpe: GPT-2's BPE files that encoded the training data (when "
+                             "that happened before fairseq-preprocess, as RoBERTa's examples do; a task's "
+                             "--bpe gpt2 files are found themselves): the saved tokenizer encodes with them "
+                             "and maps GPT-2 ids to the dictionary's")
+    parser.add_argument("--gpt2-vocab-bpe", type=Path, default=None, help="see --gpt2-encoder-json")
     parser.add_argument("--push_to_hub", action="store_true")
     parser.add_argument("--hub_model_id", default=None,
                         help="user/name on the Hub; required by --push_to_hub")
@@ -473,9 +526,12 @@ def main(argv=None):
         parser.error("--push_to_hub needs --hub_model_id")
     if not args.checkpoint.is_file():
         parser.error(f"checkpoint: no file {args.checkpoint}")
+    if (args.gpt2_encoder_json is None) != (args.gpt2_vocab_bpe is None):
+        parser.error("--gpt2-encoder-json and --gpt2-vocab-bpe: pass both (GPT-2's BPE is the two files)")
+    gpt2_files = None if args.gpt2_encoder_json is None else (args.gpt2_encoder_json, args.gpt2_vocab_bpe)
     try:
         convert(args.checkpoint, args.output_dir, args.head, args.push_to_hub, args.hub_model_id,
-                args.sentencepiece_model)
+                args.sentencepiece_model, gpt2_files)
     except ValueError as error:
         parser.error(str(error))
     print(args.output_dir)
