@@ -83,6 +83,8 @@ class ModelTester:
 TRANSFORMER = ModelTester("momentum_transformer",
                           dict(num_attention_heads=2, intermediate_size=32, connection="momentum"))
 LSTM = ModelTester("momentum_lstm", dict(cell="adam"))
+AWD_LSTM = ModelTester("momentum_lstm",        # AWD-LSTM's stack: the last layer of the embedding's width
+                       dict(cell="nag", embedding_size=8, last_hidden_size=8, lm_head_bias=True))
 HYBRID = ModelTester("momentum_transformer",      # softmax layers among momentum layers (issue 29)
                      dict(num_attention_heads=2, intermediate_size=32, connection="momentum",
                           layer_types=["linear_attention", "full_attention", "sliding_attention"],
@@ -98,14 +100,16 @@ CASES = [
     (TRANSFORMER, TRANSFORMER_CLASSES),
     (LSTM, [MomentumLSTMModel, MomentumLSTMForCausalLM, MomentumLSTMForSequenceClassification,
             MomentumLSTMForTokenClassification, MomentumLSTMForQuestionAnswering]),
+    (AWD_LSTM, [MomentumLSTMModel, MomentumLSTMForCausalLM, MomentumLSTMForSequenceClassification,
+                MomentumLSTMForTokenClassification, MomentumLSTMForQuestionAnswering]),
     (HYBRID, TRANSFORMER_CLASSES),
     (ENCODER, [MomentumTransformerModel, MomentumTransformerForMaskedLM,
                MomentumTransformerForSequenceClassification, MomentumTransformerForTokenClassification,
                MomentumTransformerForQuestionAnswering]),
 ]
-IDS = ["transformer", "lstm", "hybrid", "encoder"]
+IDS = ["transformer", "lstm", "awd_lstm", "hybrid", "encoder"]
 HEADS = [(model_class, tester) for tester, classes in CASES for model_class in classes[1:]]
-SUFFIXES = {id(HYBRID): "-hybrid", id(ENCODER): "-encoder"}
+SUFFIXES = {id(HYBRID): "-hybrid", id(ENCODER): "-encoder", id(AWD_LSTM): "-awd"}
 HEAD_IDS = [model_class.__name__ + SUFFIXES.get(id(tester), "") for model_class, tester in HEADS]
 
 
@@ -137,8 +141,11 @@ def test_hidden_states_output(tester, model_classes):
         hidden_states = outputs.hidden_states
         assert isinstance(hidden_states, (list, tuple)), model_class.__name__
         assert len(hidden_states) == tester.expected_num_hidden_layers
-        assert list(hidden_states[0].shape[-2:]) == [tester.seq_length, tester.hidden_size]
-        assert list(hidden_states[-1].shape[-2:]) == [tester.seq_length, tester.hidden_size]
+        # the embeddings' and the last layer's widths (an AWD-LSTM's differ from hidden_size)
+        first, last = (getattr(config, name, tester.hidden_size)
+                       for name in ("embedding_size", "last_hidden_size"))
+        assert list(hidden_states[0].shape[-2:]) == [tester.seq_length, first]
+        assert list(hidden_states[-1].shape[-2:]) == [tester.seq_length, last]
         if hasattr(outputs, "last_hidden_state"):
             torch.testing.assert_close(hidden_states[-1], outputs.last_hidden_state, rtol=0, atol=0)
 
