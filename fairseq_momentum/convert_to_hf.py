@@ -27,8 +27,10 @@ recipes/iwslt does) one that segments with it and maps pieces to the dictionary'
 BPE (the task's --bpe gpt2, or --gpt2-encoder-json / --gpt2-vocab-bpe for data encoded before
 fairseq-preprocess, as RoBERTa's examples do) one that encodes with it and maps GPT-2 ids to the
 dictionary's; otherwise, where the dictionary holds words, a word-level one (a translation model's
-appends `</s>` to a source, as fairseq's datasets do); with another BPE, subword symbols or GPT-2 ids
-and no BPE files, or a translation model's two vocabularies, none (a warning says so).
+appends `</s>` to a source, as fairseq's datasets do); with another BPE, or subword symbols or GPT-2
+ids and no BPE files, none (a warning says so). A translation model's two dictionaries become the
+tokenizer's two vocabularies: sources with the source's, `text_target=` and decoding with the
+target's, as transformers' MarianTokenizer does.
 A translation model generates as fairseq-generate does by default (5 beams, length penalty 1, at
 most 200 tokens), unless generate() is told otherwise.
 A translation model's encoder and decoder must agree in width, heads, feed-forward width and norm
@@ -374,32 +376,44 @@ def load(checkpoint):
             task.target_dictionary)
 
 
-def sentencepiece_tokenizer(dictionary, sp_model: Path, pattern: str, max_length: int):
-    """`hf_momentum.tokenization_fairseq_sentencepiece.FairseqSentencePieceTokenizer` of the
-    sentencepiece model `sp_model` and the dictionary's ids, registered for AutoTokenizer (its file
-    is saved with it); `pattern`: what it wraps a text in (its `wrap`)."""
-    import importlib.util
+def dictionary_tokenizer(tokenizer_class, files, dictionary, pattern: str, max_length: int,
+                         target_dictionary=None):
+    """A `hf_momentum.tokenization_fairseq_dictionary.FairseqDictionaryTokenizer` subclass built from
+    its BPE `files`, the dictionary's ids (and a translation model's target dictionary's, when it has
+    its own), registered for AutoTokenizer (its files are saved with it); `pattern`: what it wraps a
+    text in (its `wrap`)."""
     import tempfile
-    if importlib.util.find_spec("sentencepiece") is None:
-        raise ValueError("--sentencepiece-model needs the sentencepiece package: pip install sentencepiece")
-    from hf_momentum.tokenization_fairseq_sentencepiece import FairseqSentencePieceTokenizer
-    vocab = Path(tempfile.mkdtemp()) / "fairseq_vocab.txt"
-    vocab.write_text("".join(symbol + "\n" for symbol in dictionary.symbols), encoding="utf-8")
+    folder = Path(tempfile.mkdtemp())
+
+    def written(name, vocabulary):
+        (folder / name).write_text("".join(symbol + "\n" for symbol in vocabulary.symbols), encoding="utf-8")
+        return folder / name
+    target = None if target_dictionary is None else written("fairseq_target_vocab.txt", target_dictionary)
     mask = {"mask_token": "<mask>"} if "<mask>" in dictionary.indices else {}
-    tokenizer = FairseqSentencePieceTokenizer(
-        sp_model, vocab, bos_token=dictionary.bos_word, pad_token=dictionary.pad_word,
-        eos_token=dictionary.eos_word, unk_token=dictionary.unk_word, wrap=pattern,
-        model_max_length=max_length, **mask)
+    tokenizer = tokenizer_class(
+        *files, written("fairseq_vocab.txt", dictionary), target, bos_token=dictionary.bos_word,
+        pad_token=dictionary.pad_word, eos_token=dictionary.eos_word, unk_token=dictionary.unk_word,
+        wrap=pattern, model_max_length=max_length, **mask)
     tokenizer.register_for_auto_class("AutoTokenizer")
     return tokenizer
 
 
-def gpt2_tokenizer(dictionary, files, pattern: str, max_length: int):
+def sentencepiece_tokenizer(dictionary, sp_model: Path, pattern: str, max_length: int,
+                            target_dictionary=None):
+    """`hf_momentum.tokenization_fairseq_sentencepiece.FairseqSentencePieceTokenizer` of the
+    sentencepiece model `sp_model` and the dictionaries' ids (`dictionary_tokenizer`)."""
+    import importlib.util
+    if importlib.util.find_spec("sentencepiece") is None:
+        raise ValueError("--sentencepiece-model needs the sentencepiece package: pip install sentencepiece")
+    from hf_momentum.tokenization_fairseq_sentencepiece import FairseqSentencePieceTokenizer
+    return dictionary_tokenizer(FairseqSentencePieceTokenizer, [sp_model], dictionary, pattern, max_length,
+                                target_dictionary)
+
+
+def gpt2_tokenizer(dictionary, files, pattern: str, max_length: int, target_dictionary=None):
     """`hf_momentum.tokenization_fairseq_gpt2.FairseqGPT2Tokenizer` of GPT-2's BPE files `files`
     (encoder.json, vocab.bpe: paths, or the URLs fairseq downloads them from, through fairseq's own
-    cache) and the dictionary's ids, registered for AutoTokenizer; `pattern`: what it wraps a text in."""
-    import tempfile
-
+    cache) and the dictionaries' ids (`dictionary_tokenizer`)."""
     from fairseq.file_utils import cached_path
 
     from hf_momentum.tokenization_fairseq_gpt2 import FairseqGPT2Tokenizer
@@ -412,15 +426,8 @@ def gpt2_tokenizer(dictionary, files, pattern: str, max_length: int):
         if resolved is None or not Path(resolved).is_file():
             raise ValueError(f"{flag_name}: no file {path}")
         local.append(resolved)
-    vocab = Path(tempfile.mkdtemp()) / "fairseq_vocab.txt"
-    vocab.write_text("".join(symbol + "\n" for symbol in dictionary.symbols), encoding="utf-8")
-    mask = {"mask_token": "<mask>"} if "<mask>" in dictionary.indices else {}
-    tokenizer = FairseqGPT2Tokenizer(
-        *local, vocab, bos_token=dictionary.bos_word, pad_token=dictionary.pad_word,
-        eos_token=dictionary.eos_word, unk_token=dictionary.unk_word, wrap=pattern,
-        model_max_length=max_length, **mask)
-    tokenizer.register_for_auto_class("AutoTokenizer")
-    return tokenizer
+    return dictionary_tokenizer(FairseqGPT2Tokenizer, local, dictionary, pattern, max_length,
+                                target_dictionary)
 
 
 def holds_subwords(dictionary) -> bool:
@@ -438,12 +445,10 @@ def saved_tokenizer(dictionary, config, bpe, sentencepiece_model: Optional[Path]
     """The tokenizer to save beside the converted model, or None (with a warning saying why): the
     sentencepiece model's (given, or the task's --bpe sentencepiece), GPT-2's BPE (`gpt2_files`:
     encoder.json and vocab.bpe given, or the task's --bpe gpt2 files), else a word-level one where
-    the dictionary holds words; none for a translation model of two vocabularies (one tokenizer
-    encodes and decodes with one)."""
-    if target_dictionary is not None and target_dictionary.symbols != dictionary.symbols:
-        logger.warning("the source and target dictionaries differ: no tokenizer is saved (one tokenizer "
-                       "has one vocabulary); encode sources and decode targets as fairseq does")
-        return None
+    the dictionary holds words. A translation model's target dictionary, where it differs from the
+    source's, is the tokenizer's second vocabulary (text_target= and decoding)."""
+    if target_dictionary is not None and target_dictionary.symbols == dictionary.symbols:
+        target_dictionary = None
     from transformers.tokenization_utils_base import VERY_LARGE_INTEGER
     name = None if bpe is None else bpe.get("_name")
     if sentencepiece_model is not None and gpt2_files is not None:
@@ -458,24 +463,29 @@ def saved_tokenizer(dictionary, config, bpe, sentencepiece_model: Optional[Path]
     if gpt2_files is not None:
         if name not in (None, "gpt2"):
             raise ValueError(f"--gpt2-encoder-json: the task used --bpe {name}, not gpt2")
-        return gpt2_tokenizer(dictionary, gpt2_files, pattern, max_length)
+        return gpt2_tokenizer(dictionary, gpt2_files, pattern, max_length, target_dictionary)
     if sentencepiece_model is not None:
         if name not in (None, "sentencepiece"):
             raise ValueError(f"--sentencepiece-model: the task used --bpe {name}, not sentencepiece")
         if not Path(sentencepiece_model).is_file():
             raise ValueError(f"--sentencepiece-model: no file {sentencepiece_model}")
-        return sentencepiece_tokenizer(dictionary, sentencepiece_model, pattern, max_length)
+        return sentencepiece_tokenizer(dictionary, sentencepiece_model, pattern, max_length,
+                                       target_dictionary)
     if name is not None:
         logger.warning("the task used --bpe %s: no tokenizer is saved; encode text as fairseq does "
                        "(BPE, then the dictionary's ids)", name)
         return None
-    if holds_subwords(dictionary):
+    if holds_subwords(dictionary) or (target_dictionary is not None and holds_subwords(target_dictionary)):
         logger.warning("the dictionary holds subword pieces or GPT-2 BPE ids (the data was segmented "
                        "before fairseq-preprocess): no tokenizer is saved, as a word-level one would read "
                        "raw words as <unk>; pass --sentencepiece-model with the sentencepiece model that "
                        "segmented the data, or --gpt2-encoder-json and --gpt2-vocab-bpe with GPT-2's BPE "
                        "files")
         return None
+    if target_dictionary is not None:
+        from hf_momentum.tokenization_fairseq_dictionary import FairseqWordTokenizer
+        return dictionary_tokenizer(FairseqWordTokenizer, [], dictionary, pattern, max_length,
+                                    target_dictionary)
     return word_tokenizer(dictionary, max_length, pattern)
 
 

@@ -76,9 +76,9 @@ def test_ids_are_fairseqs_and_decoding_is_its_post_processing(pieces, pattern, t
 
 
 def test_which_tokenizer_is_saved(pieces, caplog):
-    """The task's --bpe sentencepiece model is used by itself; subword symbols without one get no
-    tokenizer, with a warning naming --sentencepiece-model, and so do a translation model's two
-    vocabularies; another --bpe with a sentencepiece model is refused."""
+    """The task's --bpe sentencepiece model is used by itself, a translation model's two dictionaries
+    included; subword symbols without one get no tokenizer, with a warning naming
+    --sentencepiece-model; another --bpe with a sentencepiece model is refused."""
     from fairseq.data import Dictionary
     from transformers import AutoConfig, PreTrainedTokenizerFast
     model, dictionary = pieces
@@ -95,10 +95,8 @@ def test_which_tokenizer_is_saved(pieces, caplog):
         words.add_symbol(word)
     assert isinstance(saved_tokenizer(words, config, None, None), PreTrainedTokenizerFast)
     seq2seq = AutoConfig.for_model("momentum_seq2seq", vocab_size=len(dictionary), max_position_embeddings=32)
-    caplog.clear()
-    with caplog.at_level(logging.WARNING, logger="fairseq_momentum.convert_to_hf"):
-        assert saved_tokenizer(dictionary, seq2seq, task_bpe, None, target_dictionary=words) is None
-    assert "the source and target dictionaries differ" in caplog.text
+    both = saved_tokenizer(dictionary, seq2seq, task_bpe, None, target_dictionary=words)
+    assert type(both).__name__ == "FairseqSentencePieceTokenizer" and both.target_vocab_file is not None
     with pytest.raises(ValueError, match="--sentencepiece-model: the task used --bpe gpt2"):
         saved_tokenizer(dictionary, config, {"_name": "gpt2"}, model)
     with pytest.raises(ValueError, match="--sentencepiece-model: no file"):
@@ -155,3 +153,30 @@ def test_cli_converts_a_translation_model_trained_on_sentencepiece_pieces(tmp_pa
         print("OK", type(tokenizer).__module__)
     """, tmp_path, {"HF_HUB_OFFLINE": "1"})
     assert "OK transformers_modules" in proc.stdout
+
+
+def test_two_dictionaries_encode_sources_and_targets_each_with_its_own(pieces, tmp_path):
+    """A translation model of two dictionaries (no --joined-dictionary): sources take the source
+    dictionary's ids, `text_target=` the target's, and decoding reads the target's, as fairseq encodes
+    and post-processes each side."""
+    import sentencepiece
+    from fairseq.data import Dictionary
+    from fairseq.data.data_utils import post_process
+    model, source = pieces
+    processor = sentencepiece.SentencePieceProcessor(model_file=str(model))
+    target = Dictionary()
+    for line in reversed(LINES + ["cats and dogs", "small birds sing"]):
+        for piece in processor.encode(line, out_type=str):
+            target.add_symbol(piece)
+    target.finalize()
+    assert target.symbols != source.symbols
+    tokenizer = sentencepiece_tokenizer(source, model, "eos", 64, target_dictionary=target)
+    tokenizer.save_pretrained(tmp_path)
+    tokenizer = type(tokenizer).from_pretrained(tmp_path)
+    batch = tokenizer(LINES, text_target=LINES)
+    for line, ids, labels in zip(LINES, batch["input_ids"], batch["labels"]):
+        assert ids == fairseq_ids(model, source, line, append_eos=True)
+        assert labels == fairseq_ids(model, target, line, append_eos=True)
+        assert tokenizer.decode(labels, skip_special_tokens=True) == \
+            post_process(target.string(torch.tensor(labels)), "sentencepiece")
+    assert tokenizer(LINES[0])["input_ids"] == batch["input_ids"][0]      # back in source mode

@@ -6,6 +6,8 @@ one embedding matrix or three; hybrids; the linear preset), greedy generate() gi
 SequenceGenerator hypotheses, what the config cannot hold is refused by its option, and through the
 CLIs: fairseq-train, the converter, then transformers alone (remote code, the saved tokenizer,
 generate)."""
+import json
+
 import pytest
 import torch
 from helpers.clean_process import run_clean
@@ -193,5 +195,59 @@ def test_cli_converts_a_trained_translation_model_that_transformers_runs_alone(t
         text = tokenizer.decode(tokens[0], skip_special_tokens=True)
         assert text == tokenizer.decode(words, skip_special_tokens=True) and text, text
         print("OK", type(model).__module__)
+    """, tmp_path, {"HF_HUB_OFFLINE": "1"})
+    assert "OK transformers_modules" in proc.stdout
+
+
+def test_cli_converts_a_model_of_two_dictionaries_with_a_tokenizer_of_both(tmp_path):
+    """fairseq-preprocess without --joined-dictionary (its default): the saved tokenizer encodes a
+    source with the source dictionary and `text_target=` with the target's, and decodes generated ids
+    with the target's, so transformers alone turns a raw line into fairseq's greedy translation."""
+    from fairseq import checkpoint_utils
+    from fairseq.sequence_generator import SequenceGenerator
+    from helpers.fairseq_cli import translate
+    text = write_parallel_text(tmp_path / "text", seed=6)
+    data = tmp_path / "bin"
+    preprocess("--source-lang", "src", "--target-lang", "tgt", "--trainpref", text / "train", "--validpref",
+               text / "valid", "--destdir", data, "--workers", "1")
+    save = tmp_path / "ckpt"
+    train(data, save, *TASK, "--arch", "momentum_transformer", *SIZES, "--share-decoder-input-output-embed",
+          "--batch-size", "16", "--max-update", "6", "--optimizer", "adam", "--lr", "0.003",
+          "--max-source-positions", "64", "--max-target-positions", "48")
+    out = tmp_path / "hf"
+    run_converter(save / "checkpoint_last.pt", out)
+    assert json.loads((out / "tokenizer_config.json").read_text())["auto_map"]["AutoTokenizer"][0] == \
+        "tokenization_fairseq_dictionary.FairseqWordTokenizer"
+
+    line = "the cat sees a small dog"
+    [model], _, task = checkpoint_utils.load_model_ensemble_and_task([str(save / "checkpoint_last.pt")])
+    source, target = task.source_dictionary, task.target_dictionary
+    assert source.symbols != target.symbols
+    ids = source.encode_line(line, add_if_not_exist=False).long()[None]
+    labels = target.encode_line(" ".join(translate(line.split())), add_if_not_exist=False).long()
+    generator = SequenceGenerator([model.eval()], target, beam_size=1, max_len_a=0, max_len_b=6)
+    with torch.no_grad():
+        hypothesis = generator.generate(
+            [model], {"net_input": {"src_tokens": ids, "src_lengths": torch.tensor([ids.shape[1]])}})[0][0]
+    torch.save({"ids": ids, "labels": labels, "hypothesis": hypothesis["tokens"],
+                "text": target.string(hypothesis["tokens"])}, tmp_path / "expected.pt")
+    proc = run_clean(f"""
+        import torch
+        from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
+        tokenizer = AutoTokenizer.from_pretrained({str(out)!r}, trust_remote_code=True)
+        model = AutoModelForSeq2SeqLM.from_pretrained({str(out)!r}, trust_remote_code=True).eval()
+        expected = torch.load({str(tmp_path / "expected.pt")!r})
+        batch = tokenizer({line!r}, text_target={" ".join(translate(line.split()))!r}, return_tensors="pt")
+        assert torch.equal(batch["input_ids"], expected["ids"]), (batch["input_ids"], expected["ids"])
+        assert torch.equal(batch["labels"][0], expected["labels"]), (batch["labels"], expected["labels"])
+        words = expected["hypothesis"]
+        with torch.no_grad():
+            tokens = model.generate(input_ids=batch["input_ids"], do_sample=False, num_beams=1,
+                                    max_new_tokens=6, min_new_tokens=1,
+                                    suppress_tokens=[tokenizer.pad_token_id])
+        assert torch.equal(tokens[0, 1:len(words)], words[:-1]), (tokens, words)
+        text = tokenizer.decode(tokens[0], skip_special_tokens=True)
+        assert text == expected["text"] and text, (text, expected["text"])
+        print("OK", type(tokenizer).__module__)
     """, tmp_path, {"HF_HUB_OFFLINE": "1"})
     assert "OK transformers_modules" in proc.stdout
