@@ -9,7 +9,6 @@ import logging
 
 import pytest
 import torch
-from helpers.clean_process import run_clean
 from helpers.fairseq_cli import (
     build_model,
     cell_flags,
@@ -19,7 +18,12 @@ from helpers.fairseq_cli import (
     train,
     write_lm_text,
 )
-from test_fairseq_to_hf import clean_load_and_compare, run_converter, save_fairseq_logits
+from test_fairseq_to_hf import (
+    assert_greedy_continuation,
+    assert_loads_alone_as_a_causal_lm,
+    assert_padded_rows_alone,
+    run_converter,
+)
 
 import hf_momentum  # noqa: F401  (registers the model types with the Auto classes)
 from fairseq_momentum.convert_to_hf import to_transformers
@@ -74,37 +78,14 @@ def test_every_cell_converts_with_its_hyperparameters(tmp_path, make_generator, 
 def test_padded_batch_gives_each_row_fairseqs_logits_alone(tmp_path, make_generator, side):
     model, task, args = fairseq_lstm_lm(tmp_path, *AWD, *cell_flags("adam"))
     converted = to_transformers(model, args, task.target_dictionary)
-    generator = make_generator()
-    rows = [random_tokens(task, 1, n, generator)[0] for n in (9, 4, 6)]
-    pad = task.target_dictionary.pad()
-    ids = torch.full((3, 9), pad)
-    mask = torch.zeros(3, 9, dtype=torch.long)
-    for i, row in enumerate(rows):
-        span = slice(9 - len(row), 9) if side == "left" else slice(0, len(row))
-        ids[i, span], mask[i, span] = row, 1
-    with torch.no_grad():
-        logits = converted(input_ids=ids, attention_mask=mask).logits
-        for i, row in enumerate(rows):
-            torch.testing.assert_close(logits[i][mask[i].bool()], model(row[None])[0][0], rtol=0, atol=1e-10)
+    assert_padded_rows_alone(model, converted, task, make_generator(), side, lengths=(9, 4, 6), atol=1e-10)
 
 
 def test_generate_continues_a_prompt_as_fairseqs_argmax(tmp_path, make_generator):
-    """Greedy generate() (the recurrent cache, one cell step a token, both widths' states) against
-    the argmax of fairseq's full forward over the growing sequence (pad never chosen, as in
-    fairseq's SequenceGenerator)."""
+    """Greedy generate() (the recurrent cache, one cell step a token, both widths' states)."""
     model, task, args = fairseq_lstm_lm(tmp_path, *AWD, *cell_flags("nag"))
-    converted = to_transformers(model, args, task.target_dictionary)
-    prompt = random_tokens(task, 1, 5, make_generator())
-    pad = task.target_dictionary.pad()
-    with torch.no_grad():
-        tokens = converted.generate(prompt, max_new_tokens=8, do_sample=False, eos_token_id=None,
-                                    suppress_tokens=[pad])
-        expected = prompt
-        for _ in range(8):
-            last = model(expected)[0][:, -1:]
-            last[..., pad] = -torch.inf
-            expected = torch.cat([expected, last.argmax(-1)], dim=1)
-    assert torch.equal(tokens, expected)
+    assert_greedy_continuation(model, to_transformers(model, args, task.target_dictionary), task,
+                               make_generator())
 
 
 def test_awd_regularisation_is_named_in_a_warning_and_dropouts_carried(tmp_path, caplog):
@@ -133,13 +114,4 @@ def test_cli_converts_a_trained_ptb_preset_that_transformers_loads_alone(tmp_pat
     fields = ("model_type", "num_hidden_layers", "hidden_size", "last_hidden_size", "tie_word_embeddings",
               "lm_head_bias")
     assert [config[name] for name in fields] == ["momentum_lstm", 3, 16, 8, True, True]
-    line = "the cat sees a small dog"
-    expected = tmp_path / "expected.pt"
-    save_fairseq_logits(save / "checkpoint_last.pt", line, expected)
-    proc = run_clean(clean_load_and_compare("AutoModelForCausalLM", out, expected, line) + """
-        text = pipeline("text-generation", model=model, tokenizer=tokenizer)("the cat", max_new_tokens=4,
-                                                                           do_sample=False)
-        assert text[0]["generated_text"].startswith("the cat"), text
-        print("OK", type(model).__module__)
-    """, tmp_path, {"HF_HUB_OFFLINE": "1"})
-    assert "OK transformers_modules" in proc.stdout
+    assert_loads_alone_as_a_causal_lm(save / "checkpoint_last.pt", out, tmp_path)

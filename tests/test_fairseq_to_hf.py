@@ -76,41 +76,51 @@ def test_linear_preset_converts_to_momentum_zero(tmp_path, make_generator):
         torch.testing.assert_close(converted(input_ids=tokens).logits, model(tokens)[0], rtol=0, atol=1e-9)
 
 
-@pytest.mark.parametrize("side", ["right", "left"])
-def test_padded_batch_gives_each_row_fairseqs_logits_alone(tmp_path, make_generator, side):
-    model, task, args = fairseq_lm(tmp_path, "--connection", "adaptive")
-    converted = to_transformers(model, args, task.target_dictionary)
-    gen = make_generator()
-    rows = [random_tokens(task, 1, n, gen)[0] for n in (9, 4, 1)]
-    ids = torch.full((3, 9), task.target_dictionary.pad())
+def assert_padded_rows_alone(model, converted, task, generator, side, lengths=(9, 4, 1), atol=1e-9):
+    """The converted model's logits of a batch padded on `side` equal fairseq's of each row alone."""
+    rows = [random_tokens(task, 1, n, generator)[0] for n in lengths]
+    total = max(lengths)
+    ids = torch.full((len(rows), total), task.target_dictionary.pad())
     mask = torch.zeros_like(ids)
     for i, row in enumerate(rows):
-        span = slice(0, len(row)) if side == "right" else slice(9 - len(row), 9)
+        span = slice(0, len(row)) if side == "right" else slice(total - len(row), total)
         ids[i, span], mask[i, span] = row, 1
     with torch.no_grad():
         logits = converted(input_ids=ids, attention_mask=mask).logits
         for i, row in enumerate(rows):
-            torch.testing.assert_close(logits[i][mask[i].bool()], model(row[None])[0][0], rtol=0, atol=1e-9)
+            torch.testing.assert_close(logits[i][mask[i].bool()], model(row[None])[0][0], rtol=0, atol=atol)
 
 
-def test_generate_continues_a_prompt_as_fairseqs_argmax(tmp_path, make_generator):
-    """Greedy generate() (eq. 12's recurrent state, one token a step) against the argmax of
-    fairseq's full forward over the growing sequence; the pad token is never chosen, as in fairseq's
-    SequenceGenerator (fairseq reads it as padding wherever it stands)."""
-    model, task, args = fairseq_lm(tmp_path, "--connection", "adaptive",
-                                   "--layer-types", "linear_attention,full_attention")
+@pytest.mark.parametrize("side", ["right", "left"])
+def test_padded_batch_gives_each_row_fairseqs_logits_alone(tmp_path, make_generator, side):
+    model, task, args = fairseq_lm(tmp_path, "--connection", "adaptive")
     converted = to_transformers(model, args, task.target_dictionary)
-    prompt = random_tokens(task, 1, 5, make_generator())
+    assert_padded_rows_alone(model, converted, task, make_generator(), side)
+
+
+def assert_greedy_continuation(model, converted, task, generator, steps=8):
+    """Greedy generate() of the converted model continues a prompt as the argmax of fairseq's full
+    forward over the growing sequence; the pad token is never chosen, as in fairseq's
+    SequenceGenerator (fairseq reads it as padding wherever it stands)."""
+    prompt = random_tokens(task, 1, 5, generator)
     pad = task.target_dictionary.pad()
     with torch.no_grad():
-        tokens = converted.generate(prompt, max_new_tokens=8, do_sample=False, eos_token_id=None,
+        tokens = converted.generate(prompt, max_new_tokens=steps, do_sample=False, eos_token_id=None,
                                     suppress_tokens=[pad])
         expected = prompt
-        for _ in range(8):
+        for _ in range(steps):
             last = model(expected)[0][:, -1:]
             last[..., pad] = -torch.inf
             expected = torch.cat([expected, last.argmax(-1)], dim=1)
     assert torch.equal(tokens, expected)
+
+
+def test_generate_continues_a_prompt_as_fairseqs_argmax(tmp_path, make_generator):
+    """Greedy generate() (eq. 12's recurrent state, one token a step) of a hybrid."""
+    model, task, args = fairseq_lm(tmp_path, "--connection", "adaptive",
+                                   "--layer-types", "linear_attention,full_attention")
+    assert_greedy_continuation(model, to_transformers(model, args, task.target_dictionary), task,
+                               make_generator())
 
 
 @pytest.mark.parametrize("extra, message", [
@@ -191,9 +201,15 @@ def test_cli_converts_a_trained_checkpoint_that_transformers_loads_alone(tmp_pat
     assert (config["model_type"], config["max_position_embeddings"], config["scale_embedding"]) == \
         ("momentum_transformer", 32, True)
 
-    line = "the cat sees a small dog"
+    assert_loads_alone_as_a_causal_lm(save / "checkpoint_last.pt", out, tmp_path)
+    assert os.path.exists(out / "model.safetensors")
+
+
+def assert_loads_alone_as_a_causal_lm(checkpoint, out, tmp_path, line="the cat sees a small dog"):
+    """In a process without our packages, the converted LM in `out` (remote code, its tokenizer) gives
+    fairseq's ids and logits of `line` and continues a prompt through the text-generation pipeline."""
     expected = tmp_path / "expected.pt"
-    save_fairseq_logits(save / "checkpoint_last.pt", line, expected)
+    save_fairseq_logits(checkpoint, line, expected)
     proc = run_clean(clean_load_and_compare("AutoModelForCausalLM", out, expected, line) + """
         text = pipeline("text-generation", model=model, tokenizer=tokenizer)("the cat", max_new_tokens=4,
                                                                            do_sample=False)
@@ -201,7 +217,6 @@ def test_cli_converts_a_trained_checkpoint_that_transformers_loads_alone(tmp_pat
         print("OK", type(model).__module__)
     """, tmp_path, {"HF_HUB_OFFLINE": "1"})
     assert "OK transformers_modules" in proc.stdout
-    assert os.path.exists(out / "model.safetensors")
 
 
 def test_scale_embedding_is_part_of_the_input_embedding(make_generator):
