@@ -57,6 +57,7 @@ from .modeling_momentum_lstm import (
     MomentumLSTMForTokenClassification,
     MomentumLSTMModel,
     MomentumLSTMPreTrainedModel,
+    StaticMomentumLSTMCache,
 )
 from .modeling_momentum_seq2seq import (
     MomentumSeq2SeqCache,
@@ -113,7 +114,8 @@ __all__ = [
     "StaticMomentumCache", "RecurrentCache", "StaticStateMixin", "MomentumLSTMConfig",
     "MomentumLSTMPreTrainedModel", "MomentumLSTMModel",
     "MomentumLSTMForCausalLM", "MomentumLSTMForSequenceClassification", "MomentumLSTMForTokenClassification",
-    "MomentumLSTMForQuestionAnswering", "MomentumLSTMCache", "MomentumSeq2SeqConfig",
+    "MomentumLSTMForQuestionAnswering", "MomentumLSTMCache", "StaticMomentumLSTMCache",
+    "MomentumSeq2SeqConfig",
     "MomentumSeq2SeqPreTrainedModel", "MomentumSeq2SeqModel", "MomentumSeq2SeqForConditionalGeneration",
     "MomentumSeq2SeqCache", "StaticMomentumSeq2SeqCache",
 ]

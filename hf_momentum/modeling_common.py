@@ -20,7 +20,7 @@ from transformers.modeling_outputs import (
 )
 from transformers.utils import logging
 
-from .packing import has_packing_kwargs, pop_packing_kwargs
+from .packing import COLLATOR, has_packing_kwargs, pop_packing_kwargs
 from .validation import check_bool, check_int
 
 logger = logging.get_logger(__name__)
@@ -109,6 +109,31 @@ def check_attention_mask(attention_mask, batch: int, past: int, length: int) -> 
                          f"({batch}, {past + length}) with {past} cached and {length} new tokens, "
                          f"got {tuple(attention_mask.shape)}")
     return attention_mask[:, past:].bool()
+
+
+def static_padding_mask(cache, attention_mask, batch: int, length: int, device, packing: dict):
+    """(each row's real tokens absorbed so far, the new tokens' padding mask as bool or None) with a
+    static cache (`recurrent_cache.StaticStateMixin`), without reading the number of cached tokens (a
+    Python int that changes every step, which a compiled step would be traced again for).
+    attention_mask: (batch, new tokens), or (batch, cached + new tokens) as for a dynamic cache (its
+    last `length` columns are read). Packed documents cannot fill one cache and are refused."""
+    if has_packing_kwargs(**packing):
+        raise ValueError(f"packed documents (cu_seq_lens_q / seq_idx from {COLLATOR}) cannot fill one cache; "
+                         f"pass use_cache=False and no {CACHE_NAME}")
+    before = cache.row_positions(batch, device)
+    if attention_mask is None:
+        return before, None
+    if not isinstance(attention_mask, torch.Tensor) or attention_mask.dim() != 2 or \
+            attention_mask.shape[0] != batch or attention_mask.shape[1] < length:
+        raise ValueError("attention_mask must be a 2D tensor (batch, new tokens) or (batch, cached + new "
+                         f"tokens) with batch {batch} and {length} new tokens, got "
+                         f"{getattr(attention_mask, 'shape', type(attention_mask).__name__)}")
+    if not torch.compiler.is_compiling() and \
+            attention_mask.shape[1] not in (length, cache.get_seq_length() + length):
+        raise ValueError(f"attention_mask has {attention_mask.shape[1]} columns: with {length} new "
+                         f"tokens and {cache.get_seq_length()} cached it must cover the new ones or all")
+    new = attention_mask[:, attention_mask.shape[1] - length:]
+    return before, new.to(device=device, dtype=torch.bool)
 
 
 def refuse_packed_rows(head: str, position_ids, attention_mask, kwargs: dict,
@@ -293,6 +318,11 @@ class RecurrentCausalLMMixin(LMHeadMixin):
             tokens = inputs["input_ids"] if inputs.get("input_ids") is not None else inputs["inputs_embeds"]
             inputs["attention_mask"] = mask[:, mask.shape[1] - tokens.shape[1]:].contiguous()
         return inputs
+
+    def create_masks_for_generate(self, config, inputs_embeds, attention_mask, *args, **kwargs):
+        """generate() would turn the padding mask into a 4D one for a compileable cache: it stays
+        2D, as `forward` takes it (prepare_inputs_for_generation keeps its new tokens' columns)."""
+        return attention_mask
 
     def _prepare_cache_for_generation(self, generation_config, model_kwargs, generation_mode=None, *args,
                                       **kwargs):

@@ -3,7 +3,9 @@
 
 Generation keeps the recurrent state (h, c, momentum v, second moment m, step counter) in a
 `RecurrentCache`, so each new token costs one LSTM step (`MomentumLSTM.step`, whatever the
-prompt length). Padding: the real tokens of each row
+prompt length), kept only in the rows where the token is real, on the device;
+`StaticMomentumLSTMCache` (cache_implementation="static") keeps it in fixed buffers for a compiled
+decode step. Padding: the real tokens of each row
 are moved to the front and run as a packed sequence, so a padded row (left or right) gets the
 outputs and the final state of its sequence alone, and NAG/SR step counters count real tokens.
 Packed documents (hf_momentum.packing: position_ids that restart, or DataCollatorWithFlattening's
@@ -38,11 +40,12 @@ from .modeling_common import (
     refuse_packed_rows,
     resolve_cache,
     resolve_flag,
+    static_padding_mask,
     warn_no_attention_weights,
 )
 from .momentum_rnn_core import MomentumLSTM, RecurrentState, Segments, front_order, read_hyperparameters
 from .packing import COLLATOR, has_packing_kwargs, pop_packing_kwargs, possible_document_starts
-from .recurrent_cache import RecurrentCache
+from .recurrent_cache import RecurrentCache, StaticStateMixin
 from .saving import RemoteCodeMixin
 
 AUTO_MAP = {
@@ -76,6 +79,14 @@ class MomentumLSTMCache(RecurrentCache):
         self.set_states(0, [state.step.new_zeros(batch, 0) if t is None else
                             (t if name == "step" else t.transpose(0, 1))
                             for name, t in zip(STATE_FIELDS, state)])
+
+
+class StaticMomentumLSTMCache(StaticStateMixin, MomentumLSTMCache):
+    """A `MomentumLSTMCache` for a compiled decode step (generate's cache_implementation="static"):
+    the stack's state in buffers allocated by the first forward (the prompt, run eagerly) and
+    overwritten in place by every later one, and the token counts as tensors, so that a forward may
+    pass the attention mask of the new tokens only. Holding one sequence per row, it takes no packed
+    documents (position_ids are not read with it)."""
 
 
 class MomentumLSTMPreTrainedModel(RemoteCodeMixin, PreTrainedModel):
@@ -231,27 +242,14 @@ class MomentumLSTMModel(MomentumLSTMPreTrainedModel):
         output_hidden_states = resolve_flag(output_hidden_states, self.config, "output_hidden_states")
         warn_no_attention_weights(self, output_attentions, "an LSTM")
         cache = resolve_cache(self, given, use_cache, MomentumLSTMCache)
-        past = cache.get_seq_length() if cache is not None else 0
-        mask = check_attention_mask(attention_mask, batch, past, length)
-        mask = None if mask is None else mask.to(x.device)
         packing = pop_packing_kwargs(kwargs)
         packed = None
-        if past == 0 and length > 0:
-            starts = possible_document_starts(batch, length, x.device, padding_mask=mask,
-                                              position_ids=position_ids, **packing)
-            # the one host copy of the batch's layout (plugins.packing.Segments): packed documents,
-            # or padded rows of one document each, which run as an unpacked batch below
-            described = None if starts is None else Segments.from_starts_or_padding(starts, mask)
-            if described is not None and described.packed:
-                if given is not None or use_cache:
-                    raise ValueError("packed documents (position_ids that restart, or cu_seq_lens_q / "
-                                     f"seq_idx from {COLLATOR}) cannot fill one cache; pass use_cache=False "
-                                     f"and no {CACHE_NAME}, and generate from each document separately")
-                cache = None
-                packed = described
-        elif has_packing_kwargs(**packing):
-            raise ValueError(f"packed documents (cu_seq_lens_q / seq_idx from {COLLATOR}) cannot continue a "
-                             f"cache that holds {past} tokens")
+        if isinstance(cache, StaticStateMixin):
+            # no count of cached tokens is read (a compiled decode step would be traced again for it)
+            mask = static_padding_mask(cache, attention_mask, batch, length, x.device, packing)[1]
+        else:
+            mask, packed, cache = self._layout(cache, given, use_cache, attention_mask, position_ids, batch,
+                                               length, x.device, packing)
         if length == 0:
             outputs = self._zero_outputs(x, 0, output_hidden_states)
         elif packed is not None:
@@ -271,6 +269,31 @@ class MomentumLSTMModel(MomentumLSTMPreTrainedModel):
         result = output_with_cache(BaseModelOutputWithPast, cache, last_hidden_state=out,
                                    hidden_states=hidden_states)
         return result if return_dict is not False else result.to_tuple()
+
+    def _layout(self, cache, given, use_cache, attention_mask, position_ids, batch, length, device, packing):
+        """(new tokens' padding mask, packed documents or None, the cache to use) with a dynamic cache
+        or none. Packed documents are found in a batch that starts from no state; they run without a
+        cache (asking for one raises)."""
+        past = cache.get_seq_length() if cache is not None else 0
+        mask = check_attention_mask(attention_mask, batch, past, length)
+        mask = None if mask is None else mask.to(device)
+        if past > 0 or length == 0:
+            if has_packing_kwargs(**packing):
+                raise ValueError(f"packed documents (cu_seq_lens_q / seq_idx from {COLLATOR}) cannot "
+                                 f"continue a cache that holds {past} tokens")
+            return mask, None, cache
+        starts = possible_document_starts(batch, length, device, padding_mask=mask, position_ids=position_ids,
+                                          **packing)
+        # the one host copy of the batch's layout (plugins.packing.Segments): packed documents, or
+        # padded rows of one document each, which run as an unpacked batch
+        described = None if starts is None else Segments.from_starts_or_padding(starts, mask)
+        if described is None or not described.packed:
+            return mask, None, cache
+        if given is not None or use_cache:
+            raise ValueError("packed documents (position_ids that restart, or cu_seq_lens_q / seq_idx from "
+                             f"{COLLATOR}) cannot fill one cache; pass use_cache=False and no {CACHE_NAME}, "
+                             "and generate from each document separately")
+        return mask, described, None
 
     def _documents(self, x, mask, packed: Segments, all_layers=False):
         """Outputs of packed documents: the real tokens as one row split by cu_seqlens, each
@@ -299,14 +322,16 @@ class MomentumLSTMModel(MomentumLSTMPreTrainedModel):
     def _run(self, x, mask, state, all_layers=False):
         """(outputs, final state): a tuple of the last layer's output or, with all_layers,
         of every layer's, each (batch, length, hidden)."""
+        if x.shape[1] == 1:  # one generated token: a cell step, kept by the rows where it is real
+            outputs, new = self._stack(x[:, 0], state, all_layers, one_step=True)
+            if mask is not None:
+                outputs, new = where_real(mask[:, 0], outputs, new, state)
+            return tuple(out[:, None] for out in outputs), new
         if mask is not None:
             # the one host copy of a padded batch: each row's number of real tokens
             lengths = mask.sum(-1).cpu()
             if lengths.tolist() != [x.shape[1]] * x.shape[0]:
                 return self._packed(x, mask, lengths, state, all_layers)
-        if x.shape[1] == 1:  # one generated token: a cell step
-            outputs, state = self._stack(x[:, 0], state, all_layers, one_step=True)
-            return tuple(out[:, None] for out in outputs), state
         return self._stack(x, state, all_layers)
 
     def _stack(self, inputs, state, all_layers, one_step=False):
@@ -346,6 +371,18 @@ class MomentumLSTMModel(MomentumLSTMPreTrainedModel):
         return tuple(x.new_zeros(x.shape[0], length, size) for size in (sizes if all_layers else sizes[-1:]))
 
 
+def where_real(real, outputs, new: RecurrentState, old: Optional[RecurrentState]):
+    """A one-token step's outputs and state in the rows whose token is real (`real` (batch,) bool);
+    in the others zero outputs and the state before the step (zeros where there was none), as a
+    padded token leaves it. Selected on the device: a decode step reads nothing back to the host."""
+    if old is None:
+        old = RecurrentState(*(None if t is None else torch.zeros_like(t) for t in new))
+    outputs = tuple(torch.where(real[:, None], out, 0) for out in outputs)
+    kept = tuple(None if a is None else torch.where(real[None, :, None], a, b)
+                 for a, b in zip(new[:4], old[:4]))
+    return outputs, RecurrentState(*kept, torch.where(real, new.step, old.step))
+
+
 def unpack(packed, back, mask):
     """A packed output of `_packed` in the input's positions, zero at padded tokens."""
     out, _ = pad_packed_sequence(packed, batch_first=True, total_length=mask.shape[1])
@@ -356,6 +393,7 @@ def unpack(packed, back, mask):
 class MomentumLSTMForCausalLM(RecurrentCausalLMMixin, MomentumLSTMPreTrainedModel, GenerationMixin):
     _tied_weights_keys = {"lm_head.weight": "model.embed_tokens.weight"}
     cache_class = MomentumLSTMCache
+    static_cache_class = StaticMomentumLSTMCache
 
     def __init__(self, config: MomentumLSTMConfig):
         super().__init__(config)

@@ -36,6 +36,7 @@ from .modeling_common import (
     refuse_packed_rows,
     resolve_cache,
     resolve_flag,
+    static_padding_mask,
     warn_no_attention_weights,
 )
 from .momentum_core import (
@@ -370,27 +371,9 @@ def real_token_positions(before: Optional[torch.Tensor], padding_mask: Optional[
 def static_cache_inputs(cache: StaticStateMixin, attention_mask, position_ids, batch: int, length: int,
                         device, packing: dict):
     """(padding mask of the new tokens or None, positions) with a static cache (`StaticMomentumCache`,
-    or the encoder-decoder's `StaticMomentumSeq2SeqCache`), without
-    reading the number of cached tokens (a Python int that changes every step). attention_mask:
-    (batch, new tokens), or (batch, cached + new tokens) as for a `MomentumCache` (its last
-    `length` columns are read). Positions default to each row's real tokens before each one."""
-    if has_packing_kwargs(**packing):
-        raise ValueError(f"packed documents (cu_seq_lens_q / seq_idx from {COLLATOR}) cannot fill one cache; "
-                         f"pass use_cache=False and no {CACHE_NAME}")
-    before = cache.row_positions(batch, device)
-    padding_mask = None
-    if attention_mask is not None:
-        if not isinstance(attention_mask, torch.Tensor) or attention_mask.dim() != 2 or \
-                attention_mask.shape[0] != batch or attention_mask.shape[1] < length:
-            raise ValueError("attention_mask must be a 2D tensor (batch, new tokens) or (batch, cached + new "
-                             f"tokens) with batch {batch} and {length} new tokens, got "
-                             f"{getattr(attention_mask, 'shape', type(attention_mask).__name__)}")
-        if not torch.compiler.is_compiling() and \
-                attention_mask.shape[1] not in (length, cache.get_seq_length() + length):
-            raise ValueError(f"attention_mask has {attention_mask.shape[1]} columns: with {length} new "
-                             f"tokens and {cache.get_seq_length()} cached it must cover the new ones or all")
-        new = attention_mask[:, attention_mask.shape[1] - length:]
-        padding_mask = new.to(device=device, dtype=torch.bool)
+    or the encoder-decoder's `StaticMomentumSeq2SeqCache`; `static_padding_mask`). Positions default
+    to each row's real tokens before each one."""
+    before, padding_mask = static_padding_mask(cache, attention_mask, batch, length, device, packing)
     if position_ids is None:
         position_ids = real_token_positions(before, padding_mask, length, device)
     return padding_mask, position_ids
@@ -420,11 +403,6 @@ class MomentumTransformerForCausalLM(RecurrentCausalLMMixin, MomentumTransformer
                              **pop_packing_kwargs(kwargs))
         return self.causal_lm_output(outputs, labels, logits_to_keep, return_dict, **kwargs)
 
-    def create_masks_for_generate(self, config, inputs_embeds, attention_mask, *args, **kwargs):
-        """generate() would turn the padding mask into a 4D one for a compileable cache (transformers
-        before 5.24): it stays 2D, as `forward` takes it (prepare_inputs_for_generation keeps its new
-        tokens' columns)."""
-        return attention_mask
 
 class MomentumTransformerForSequenceClassification(HeadOverModelMixin, MomentumTransformerPreTrainedModel):
     """The final hidden states pooled (`classifier_pooling`: the mean over real tokens, the LRA

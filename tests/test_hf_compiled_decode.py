@@ -16,7 +16,7 @@ import torch
 from helpers.hf_transformer import PAD, reference_forward, tiny
 from torch._dynamo.testing import CompileCounterWithBackend
 from torch._dynamo.utils import counters
-from transformers import AutoConfig, AutoModelForCausalLM, CompileConfig
+from transformers import AutoModelForCausalLM, CompileConfig
 
 from hf_momentum import MomentumCache, StaticMomentumCache
 from hf_momentum.modeling_common import CACHE_NAME
@@ -180,7 +180,3 @@ def test_bad_static_cache_use_raises(model, make_generator):
             model(input_ids=ids[:, :2], attention_mask=mask[:, :3], past_key_values=cache)
         with pytest.raises(ValueError, match="holds 3 rows, got a batch of 2"):
             model(input_ids=ids[:2, -1:], past_key_values=cache)
-        lstm = AutoModelForCausalLM.from_config(AutoConfig.for_model(
-            "momentum_lstm", vocab_size=100, hidden_size=8, num_hidden_layers=1, pad_token_id=PAD)).eval()
-        with pytest.raises(ValueError, match="cache_implementation='static' is not available"):
-            greedy(lstm, ids[:1, -2:], cache_implementation="static")
