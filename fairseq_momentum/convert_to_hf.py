@@ -31,8 +31,10 @@ appends `</s>` to a source, as fairseq's datasets do); with another BPE, or subw
 ids and no BPE files, none (a warning says so). A translation model's two dictionaries become the
 tokenizer's two vocabularies: sources with the source's, `text_target=` and decoding with the
 target's, as transformers' MarianTokenizer does.
-A translation model generates as fairseq-generate does by default (5 beams, length penalty 1, at
-most 200 tokens), unless generate() is told otherwise.
+A translation model generates as fairseq-generate does by default (5 beams, length penalty 1, no
+`</s>` first, never the padding symbol, at most 200 tokens), unless generate() is told otherwise; its
+beam search then finds fairseq's hypotheses, except those that reach the length limit (fairseq
+forces `</s>` there with its own score, transformers stops without it).
 A translation model's encoder and decoder must agree in width, heads, feed-forward width and norm
 placement (one config holds them); its vocabularies may differ; its token embeddings are one
 matrix with --share-all-embeddings, the decoder's and the output projection's one with
@@ -71,9 +73,10 @@ CROSS_PARTS = {"encoder_attn_layer_norm": "cross_norm", "encoder_attn.out_proj":
                **{f"encoder_attn.{p}_proj": f"cross_attention.{p}_proj" for p in ("q", "k", "v", "o")}}
 # a translation model's per-stack options that the transformers config holds once
 SHARED_STACK_OPTIONS = ("embed_dim", "attention_heads", "ffn_embed_dim", "normalize_before")
-# fairseq-generate's defaults (--beam 5, --lenpen 1, stopping at `beam` finished hypotheses, at most
-# --max-len-b 200 tokens after </s>): a converted translation model's generation_config
-FAIRSEQ_GENERATION = dict(num_beams=5, length_penalty=1.0, early_stopping=True)
+# fairseq-generate's defaults (--beam 5, --lenpen 1, stopping at `beam` finished hypotheses, --min-len 1
+# so no </s> first, at most --max-len-b 200 tokens after </s>): a converted translation model's
+# generation_config, with the padding symbol never generated, as fairseq's SequenceGenerator rules
+FAIRSEQ_GENERATION = dict(num_beams=5, length_penalty=1.0, early_stopping=True, min_new_tokens=1)
 FAIRSEQ_MAX_LEN_B = 200
 CONNECTION_FIELDS = {"connection_momentum": "connection_momentum",
                      "connection_step_size": "connection_step_size", "connection_delta": "adaptive_delta"}
@@ -317,7 +320,8 @@ def to_transformers(model, args, dictionary, head: Optional[str] = None, labels=
     converted = model_class(config)
     if config.is_encoder_decoder:
         converted.generation_config.update(
-            **FAIRSEQ_GENERATION, max_length=min(FAIRSEQ_MAX_LEN_B + 1, config.max_position_embeddings))
+            **FAIRSEQ_GENERATION, max_length=min(FAIRSEQ_MAX_LEN_B + 1, config.max_position_embeddings),
+            suppress_tokens=[config.pad_token_id])
     return loaded(converted, state, source.stack.embed_tokens.weight.dtype)
 
 

@@ -123,6 +123,35 @@ def assert_greedy_hypotheses(model, converted, task, generator):
             assert row[len(words)] == dictionary.eos()
 
 
+@pytest.mark.parametrize("seed", [1, 2])
+def test_beam_search_with_the_converted_defaults_gives_fairseqs_hypotheses(tmp_path, seed):
+    """generate() with the converted generation_config (fairseq-generate's 5 beams, length penalty
+    1, early stopping, no </s> first, no padding symbol) finds fairseq's SequenceGenerator
+    hypotheses and scores (its score is transformers' sequences_score), where they end before the
+    length limit. `</s>`'s output embedding is scaled up so that they do."""
+    from fairseq.sequence_generator import SequenceGenerator
+    torch.manual_seed(seed)
+    model, task, args = fairseq_translation(tmp_path, "--share-all-embeddings")
+    dictionary = task.target_dictionary
+    with torch.no_grad():
+        model.decoder.embed_tokens.weight[dictionary.eos()] *= 3.0
+    converted = convert(model, task, args)
+    src, src_mask, _, _ = batch(task, torch.Generator().manual_seed(seed))
+    limit = 12
+    search = SequenceGenerator([model], dictionary, beam_size=5, max_len_a=0, max_len_b=limit)
+    with torch.no_grad():
+        hypotheses = search.generate([model], {"net_input": {"src_tokens": src,
+                                                                "src_lengths": src_mask.sum(-1)}})
+        out = converted.generate(input_ids=src, attention_mask=src_mask.long(), max_length=limit + 1,
+                                 output_scores=True, return_dict_in_generate=True)
+    assert converted.generation_config.num_beams == 5
+    for row, scores, hypothesis in zip(out.sequences, out.sequences_scores, hypotheses):
+        words = hypothesis[0]["tokens"]
+        assert len(words) <= limit
+        assert torch.equal(row[1:len(words) + 1], words), (row, words)
+        torch.testing.assert_close(scores, hypothesis[0]["score"].to(scores.dtype), rtol=1e-6, atol=1e-6)
+
+
 @pytest.mark.parametrize("extra", [["--share-decoder-input-output-embed"], []], ids=["tied-output", "untied"])
 def test_two_dictionaries_convert_to_two_vocabularies(tmp_path, make_generator, extra):
     """Without --joined-dictionary the source and target dictionaries differ: the encoder reads the
