@@ -34,7 +34,8 @@ target's, as transformers' MarianTokenizer does.
 A translation model generates as fairseq-generate does by default (5 beams, length penalty 1, no
 `</s>` first, never the padding symbol, at most 200 tokens), unless generate() is told otherwise; its
 beam search then finds fairseq's hypotheses, except those that reach the length limit (fairseq
-forces `</s>` there with its own score, transformers stops without it).
+forces `</s>` there with its own score, transformers stops without it; hf_momentum.FairseqLengthLimit
+does as fairseq does).
 A translation model's encoder and decoder must agree in width, heads, feed-forward width and norm
 placement (one config holds them); its vocabularies may differ; its token embeddings are one
 matrix with --share-all-embeddings, the decoder's and the output projection's one with
@@ -74,8 +75,9 @@ CROSS_PARTS = {"encoder_attn_layer_norm": "cross_norm", "encoder_attn.out_proj":
 # a translation model's per-stack options that the transformers config holds once
 SHARED_STACK_OPTIONS = ("embed_dim", "attention_heads", "ffn_embed_dim", "normalize_before")
 # fairseq-generate's defaults (--beam 5, --lenpen 1, stopping at `beam` finished hypotheses, --min-len 1
-# so no </s> first, at most --max-len-b 200 tokens after </s>): a converted translation model's
-# generation_config, with the padding symbol never generated, as fairseq's SequenceGenerator rules
+# so no </s> first, at most --max-len-b 200 tokens and </s>, within the decoder's positions): a
+# converted translation model's generation_config, with the padding symbol never generated, as
+# fairseq's SequenceGenerator rules
 FAIRSEQ_GENERATION = dict(num_beams=5, length_penalty=1.0, early_stopping=True, min_new_tokens=1)
 FAIRSEQ_MAX_LEN_B = 200
 CONNECTION_FIELDS = {"connection_momentum": "connection_momentum",
@@ -320,7 +322,9 @@ def to_transformers(model, args, dictionary, head: Optional[str] = None, labels=
     converted = model_class(config)
     if config.is_encoder_decoder:
         converted.generation_config.update(
-            **FAIRSEQ_GENERATION, max_length=min(FAIRSEQ_MAX_LEN_B + 1, config.max_position_embeddings),
+            # fairseq's hypotheses: at most min(max_len_b, positions - 1) tokens, then </s>; here
+            # the decoder's start token is counted too
+            **FAIRSEQ_GENERATION, max_length=min(FAIRSEQ_MAX_LEN_B + 2, config.max_position_embeddings + 1),
             suppress_tokens=[config.pad_token_id])
     return loaded(converted, state, source.stack.embed_tokens.weight.dtype)
 

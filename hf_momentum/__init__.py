@@ -77,6 +77,7 @@ from .modeling_momentum_transformer import (
     MomentumTransformerPreTrainedModel,
     StaticMomentumCache,
 )
+from .fairseq_generation import FairseqLengthLimit
 from .recurrent_cache import RecurrentCache, StaticStateMixin
 
 register()
@@ -114,7 +115,7 @@ __all__ = [
     "StaticMomentumCache", "RecurrentCache", "StaticStateMixin", "MomentumLSTMConfig",
     "MomentumLSTMPreTrainedModel", "MomentumLSTMModel",
     "MomentumLSTMForCausalLM", "MomentumLSTMForSequenceClassification", "MomentumLSTMForTokenClassification",
-    "MomentumLSTMForQuestionAnswering", "MomentumLSTMCache", "StaticMomentumLSTMCache",
+    "MomentumLSTMForQuestionAnswering", "MomentumLSTMCache", "StaticMomentumLSTMCache", "FairseqLengthLimit",
     "MomentumSeq2SeqConfig",
     "MomentumSeq2SeqPreTrainedModel", "MomentumSeq2SeqModel", "MomentumSeq2SeqForConditionalGeneration",
     "MomentumSeq2SeqCache", "StaticMomentumSeq2SeqCache",

@@ -123,13 +123,19 @@ def assert_greedy_hypotheses(model, converted, task, generator):
             assert row[len(words)] == dictionary.eos()
 
 
-@pytest.mark.parametrize("seed", [1, 2])
-def test_beam_search_with_the_converted_defaults_gives_fairseqs_hypotheses(tmp_path, seed):
+@pytest.mark.parametrize("seed, at_limit", [(1, False), (2, False), (0, True), (1, True), (3, True)],
+                         ids=["defaults-1", "defaults-2", "limit-0", "limit-1", "limit-3"])
+def test_beam_search_gives_fairseqs_hypotheses_and_scores(tmp_path, seed, at_limit):
     """generate() with the converted generation_config (fairseq-generate's 5 beams, length penalty
     1, early stopping, no </s> first, no padding symbol) finds fairseq's SequenceGenerator
-    hypotheses and scores (its score is transformers' sequences_score), where they end before the
-    length limit. `</s>`'s output embedding is scaled up so that they do."""
+    hypotheses and scores (its score is transformers' sequences_score) where they end before the
+    length limit (every row of seeds 1 and 2); with `FairseqLengthLimit` also where they reach it
+    (most rows of seeds 0 and 3).
+    `</s>`'s output embedding is scaled up so that some hypotheses end early."""
     from fairseq.sequence_generator import SequenceGenerator
+    from transformers import LogitsProcessorList
+
+    from hf_momentum import FairseqLengthLimit
     torch.manual_seed(seed)
     model, task, args = fairseq_translation(tmp_path, "--share-all-embeddings")
     dictionary = task.target_dictionary
@@ -139,17 +145,24 @@ def test_beam_search_with_the_converted_defaults_gives_fairseqs_hypotheses(tmp_p
     src, src_mask, _, _ = batch(task, torch.Generator().manual_seed(seed))
     limit = 12
     search = SequenceGenerator([model], dictionary, beam_size=5, max_len_a=0, max_len_b=limit)
+    # fairseq's hypotheses hold up to `limit` tokens and </s>; transformers' also the start token
+    processors = LogitsProcessorList([FairseqLengthLimit(limit + 2, dictionary.eos())] if at_limit else [])
     with torch.no_grad():
         hypotheses = search.generate([model], {"net_input": {"src_tokens": src,
                                                                 "src_lengths": src_mask.sum(-1)}})
-        out = converted.generate(input_ids=src, attention_mask=src_mask.long(), max_length=limit + 1,
-                                 output_scores=True, return_dict_in_generate=True)
+        out = converted.generate(input_ids=src, attention_mask=src_mask.long(), max_length=limit + 2,
+                                 logits_processor=processors, output_scores=True,
+                                 return_dict_in_generate=True)
     assert converted.generation_config.num_beams == 5
+    compared = 0
     for row, scores, hypothesis in zip(out.sequences, out.sequences_scores, hypotheses):
         words = hypothesis[0]["tokens"]
-        assert len(words) <= limit
+        if len(words) == limit + 1 and not at_limit:          # </s> forced by fairseq at its limit
+            continue
         assert torch.equal(row[1:len(words) + 1], words), (row, words)
         torch.testing.assert_close(scores, hypothesis[0]["score"].to(scores.dtype), rtol=1e-6, atol=1e-6)
+        compared += 1
+    assert compared >= 2
 
 
 @pytest.mark.parametrize("extra", [["--share-decoder-input-output-embed"], []], ids=["tied-output", "untied"])
@@ -216,7 +229,7 @@ def test_cli_converts_a_trained_translation_model_that_transformers_runs_alone(t
         words = expected["hypothesis"]
         with torch.no_grad():
             logits = model(input_ids=ids, decoder_input_ids=words[None].roll(1, -1)).logits
-            assert (model.generation_config.num_beams, model.generation_config.max_length) == (5, 48)
+            assert (model.generation_config.num_beams, model.generation_config.max_length) == (5, 49)
             tokens = model.generate(input_ids=ids, do_sample=False, num_beams=1, max_new_tokens=6,
                                     min_new_tokens=1, suppress_tokens=[tokenizer.pad_token_id])
         torch.testing.assert_close(logits, expected["logits"], rtol=1e-5, atol=1e-5)
