@@ -13,11 +13,13 @@
   AutoModelForQuestionAnswering / AutoModelForMaskedLM;
 - model_type "momentum_lstm" (MomentumLSTMConfig, MomentumLSTMModel, MomentumLSTMForCausalLM,
   MomentumLSTMForSequenceClassification, MomentumLSTMForTokenClassification,
-  MomentumLSTMForQuestionAnswering) with the same Auto classes but AutoModelForMaskedLM (an LSTM
-  reads one direction);
+  MomentumLSTMForQuestionAnswering; StaticMomentumLSTMCache for a compiled decode step) with the
+  same Auto classes but AutoModelForMaskedLM (an LSTM reads one direction);
 - model_type "momentum_seq2seq" (MomentumSeq2SeqConfig, MomentumSeq2SeqModel,
   MomentumSeq2SeqForConditionalGeneration, MomentumSeq2SeqCache, StaticMomentumSeq2SeqCache): the
   encoder-decoder, with AutoConfig / AutoModel / AutoModelForSeq2SeqLM.
+`FairseqLengthLimit` is fairseq's length limit for generate() (a converted translation model's beam
+search then finds fairseq-generate's hypotheses).
 Saved models carry their code and load with `trust_remote_code=True` without this package.
 """
 from . import requirements  # noqa: F401,I001  (first: refuses a transformers below the floor)
