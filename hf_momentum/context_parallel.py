@@ -3,16 +3,17 @@ the sequence over the ranks of a process group, each rank holding a contiguous s
 order (docs/context_parallel.md, "Hugging Face models").
 
     enable_context_parallel(model, group)       # every momentum attention layer exchanges states
-    inputs = shard_batch({"input_ids": ids, "labels": ids}, group)
+    inputs = shard_batch({"input_ids": ids, "labels": ids}, group)   # per-token heads: shift_labels=False
     loss = model(**inputs).loss                  # this rank's share of the whole-sequence loss
     loss.backward()                              # on every rank; then sum the gradients over the group
     whole = whole_sequence_loss(loss, group)     # the loss one process would report
 
-Positions are global (the slice's offset + its count), and labels are shifted once over the whole
-sequence before the split, so the last token of a slice is scored against the first token of the
-next. Each rank's loss is its tokens' summed cross-entropy divided by the real label count of the
-whole batch: the ranks' losses add up to the single-process loss and their parameter gradients
-add up to its gradients.
+Positions are global (the slice's offset + its count). A causal LM's labels are shifted once over
+the whole sequence before the split, so the last token of a slice is scored against the first token
+of the next; a token classifier's or masked LM's (`shard_batch(..., shift_labels=False)`, the
+masked LM's attention bidirectional over all ranks, eq. 14) are sliced as they are. Each rank's loss
+is its tokens' summed cross-entropy divided by the real label count of the whole batch: the ranks'
+losses add up to the single-process loss and their parameter gradients add up to its gradients.
 """
 from collections.abc import Mapping
 from typing import Optional
@@ -22,13 +23,11 @@ import torch.distributed as dist
 
 from plugins.attention.context_parallel import slice_bounds
 from plugins.transformer import MultiHeadAttention
-from plugins.validation import check_group
+from plugins.validation import check_bool, check_group
 
 from .modeling_momentum_transformer import (
-    MomentumTransformerForMaskedLM,
     MomentumTransformerForQuestionAnswering,
     MomentumTransformerForSequenceClassification,
-    MomentumTransformerForTokenClassification,
     MomentumTransformerModel,
 )
 
@@ -43,15 +42,12 @@ def enable_context_parallel(model: torch.nn.Module, group: Optional[dist.Process
     if group is not None:
         check_group(group, "group")
     unsplittable = {MomentumTransformerForSequenceClassification: "pools over its tokens",
-                    MomentumTransformerForQuestionAnswering: "picks one answer span over its tokens",
-                    MomentumTransformerForTokenClassification: "takes per-token labels, and shard_batch "
-                                                               "prepares a causal LM's shifted ones",
-                    MomentumTransformerForMaskedLM: "takes masked tokens' labels unshifted, and shard_batch "
-                                                    "prepares a causal LM's shifted ones"}
+                    MomentumTransformerForQuestionAnswering: "picks one answer span over its tokens"}
     for head, why in unsplittable.items():
         if isinstance(model, head):
             raise ValueError(f"model: {head.__name__} {why}, which context parallelism splits over ranks; "
-                             "use MomentumTransformerModel or MomentumTransformerForCausalLM")
+                             "use MomentumTransformerModel, ...ForCausalLM, ...ForTokenClassification or "
+                             "...ForMaskedLM")
     bases = [m for m in model.modules() if isinstance(m, MomentumTransformerModel)]
     if not bases:
         raise ValueError(f"model: context parallelism supports the native momentum_transformer only, "
@@ -69,16 +65,19 @@ def enable_context_parallel(model: torch.nn.Module, group: Optional[dist.Process
     return model
 
 
-def shard_batch(batch: Mapping, group: dist.ProcessGroup) -> dict:
-    """This rank's slice of a causal-LM batch, given whole on every rank: `input_ids` (B, T),
-    optional `attention_mask` (B, T, 1 = real token) and `labels` (B, T, -100 = ignored, as for
-    the model in one process). Returns the model's keyword arguments: the slices along T (the
-    split of `plugins.attention.context_parallel.shard_sequence`), global `position_ids` (counting
-    real tokens, as the model does in one process), `use_cache=False` and, with labels,
-    `shift_labels` (labels shifted over the whole sequence, then sliced), the labels' slice, and
-    `num_items_in_batch` (the real labels of the whole batch), so that the loss is this rank's
-    share of the whole-sequence loss."""
+def shard_batch(batch: Mapping, group: dist.ProcessGroup, shift_labels: bool = True) -> dict:
+    """This rank's slice of a batch, given whole on every rank: `input_ids` (B, T), optional
+    `attention_mask` (B, T, 1 = real token) and `labels` (B, T, -100 = ignored, as for the model in
+    one process). Returns the model's keyword arguments: the slices along T (the split of
+    `plugins.attention.context_parallel.shard_sequence`), global `position_ids` (counting real
+    tokens, as the model does in one process), `use_cache=False` and, with labels, the labels'
+    slice and `num_items_in_batch` (the labels the whole batch scores), so that the loss is this
+    rank's share of the whole-sequence loss. shift_labels: a causal LM's labels (the default), which
+    predict the next token: `shift_labels` are then the labels shifted over the whole sequence and
+    sliced, so a slice's last token is scored against the next slice's first. False: a token
+    classifier's or masked LM's, one label per token, taken as they are."""
     group = check_group(group, "group")
+    check_bool(shift_labels, "shift_labels")
     if not isinstance(batch, Mapping):
         raise ValueError(f"batch must be a mapping with input_ids (and attention_mask, labels), "
                          f"got {type(batch).__name__}")
@@ -105,10 +104,12 @@ def shard_batch(batch: Mapping, group: dist.ProcessGroup) -> dict:
     if mask is not None:
         out["attention_mask"] = mask[:, start:stop]
     if labels is not None:
-        shifted = torch.cat([labels[:, 1:], labels.new_full((labels.shape[0], 1), IGNORE_INDEX)], dim=1)
-        out["labels"] = labels[:, start:stop]
-        out["shift_labels"] = shifted[:, start:stop].contiguous()
-        out["num_items_in_batch"] = (shifted != IGNORE_INDEX).sum()
+        out["labels"] = labels[:, start:stop].contiguous()      # transformers' losses view them flat
+        scored = labels
+        if shift_labels:
+            scored = torch.cat([labels[:, 1:], labels.new_full((labels.shape[0], 1), IGNORE_INDEX)], dim=1)
+            out["shift_labels"] = scored[:, start:stop].contiguous()
+        out["num_items_in_batch"] = (scored != IGNORE_INDEX).sum()
     return out
 
 

@@ -202,6 +202,7 @@ class TokenClassificationMixin(HeadOverModelMixin):
 
     def forward(self, input_ids=None, attention_mask=None, position_ids=None, inputs_embeds=None, labels=None,
                 output_hidden_states=None, output_attentions=None, return_dict=None, **kwargs):
+        refuse_shifted_labels(type(self).__name__, kwargs)
         outputs = self.token_features(input_ids, attention_mask, position_ids, inputs_embeds,
                                       output_hidden_states, output_attentions, kwargs)
         logits = self.score(self.dropout(outputs.last_hidden_state))
@@ -210,6 +211,15 @@ class TokenClassificationMixin(HeadOverModelMixin):
             loss = self.loss_function(logits, labels, self.config, **kwargs)
         out = TokenClassifierOutput(loss=loss, logits=logits, hidden_states=outputs.hidden_states)
         return out if return_dict is not False else out.to_tuple()
+
+
+def refuse_shifted_labels(head: str, kwargs: dict) -> None:
+    """A head with one label per token (token classification, masked LM) takes no `shift_labels`
+    (a causal LM's, e.g. from context_parallel.shard_batch's default), whose count of scored labels
+    (`num_items_in_batch`) would not be its own."""
+    if kwargs.get("shift_labels") is not None:
+        raise ValueError(f"shift_labels: {head} scores each token's own label, not the next token's; for "
+                         "context parallelism use shard_batch(batch, group, shift_labels=False)")
 
 
 class QuestionAnsweringMixin(HeadOverModelMixin):

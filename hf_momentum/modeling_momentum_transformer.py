@@ -34,6 +34,7 @@ from .modeling_common import (
     given_cache,
     output_with_cache,
     refuse_packed_rows,
+    refuse_shifted_labels,
     resolve_cache,
     resolve_flag,
     static_padding_mask,
@@ -502,6 +503,7 @@ class MomentumTransformerForMaskedLM(LMHeadMixin, MomentumTransformerPreTrainedM
 
     def forward(self, input_ids=None, attention_mask=None, position_ids=None, inputs_embeds=None, labels=None,
                 output_hidden_states=None, output_attentions=None, return_dict=None, **kwargs):
+        refuse_shifted_labels(type(self).__name__, kwargs)
         outputs = self.token_features(input_ids, attention_mask, position_ids, inputs_embeds,
                                       output_hidden_states, output_attentions, kwargs)
         logits = self.lm_head(self.transform(outputs.last_hidden_state))

@@ -1,7 +1,9 @@
 """Context parallelism for the native momentum transformer (hf_momentum.context_parallel): a batch
 split along the sequence over 2 and 3 gloo ranks must give, on each rank's slice, the float64
 logits of one process on the whole batch; the ranks' losses must add up to its loss and their
-parameter gradients (summed over ranks, as data-parallel training sums them) to its gradients.
+parameter gradients (summed over ranks, as data-parallel training sums them) to its gradients;
+for the causal LM and for the per-token heads (token classification, causal or bidirectional, and
+the masked LM, whose eq. 14 attention spans every rank).
 One spawn per world size runs every case; each rank writes its errors to a file and the
 assertions run here."""
 import json
@@ -94,6 +96,57 @@ def _run_case(case, seed, group, use_group=True):
     return errors
 
 
+# per-token heads (shard_batch(..., shift_labels=False)): the token classifier causal and
+# bidirectional, the masked LM bidirectional (eq. 14 over every rank)
+HEADS = {"token classification": (MomentumTransformerForTokenClassification, True),
+         "token classification, bidirectional": (MomentumTransformerForTokenClassification, False),
+         "masked LM": (MomentumTransformerForMaskedLM, False)}
+LABELS = 3
+
+
+def _head(name, overrides, seed):
+    head, causal = HEADS[name]
+    torch.manual_seed(seed)
+    settings = dict(vocab_size=VOCAB, hidden_size=8, num_hidden_layers=2, num_attention_heads=2,
+                    intermediate_size=16, max_position_embeddings=16, attention_momentum=0.6,
+                    hidden_dropout=0.0, attention_dropout=0.0, embedding_dropout=0.0, initializer_range=0.5,
+                    is_causal=causal, num_labels=LABELS)
+    return head(MomentumTransformerConfig(**dict(settings, **overrides))).double()
+
+
+def _head_batch(name, case, seed):
+    """The case's batch with a label per token: a class, or for the masked LM the token at a third
+    of the positions (the others -100); -100 at padding."""
+    batch = _batch(case, seed)
+    g = torch.Generator().manual_seed(seed + 1)
+    if HEADS[name][0] is MomentumTransformerForTokenClassification:
+        labels = torch.randint(0, LABELS, batch["input_ids"].shape, generator=g)
+    else:
+        masked = torch.rand(batch["input_ids"].shape, generator=g) < 1 / 3
+        labels = torch.where(masked, batch["input_ids"], -100)
+    if "attention_mask" in batch:
+        labels[batch["attention_mask"] == 0] = -100
+    return dict(batch, labels=labels)
+
+
+def _run_head_case(name, case, seed, group):
+    """Errors of this rank's per-token head against the whole batch in one process."""
+    ref_model = _head(name, case.get("config", {}), seed)
+    batch = _head_batch(name, case, seed)
+    ref = ref_model(**batch)
+    ref.loss.backward()
+    model = enable_context_parallel(_head(name, case.get("config", {}), seed), group)
+    out = model(**shard_batch(batch, group, shift_labels=False))
+    out.loss.backward()
+    start, stop = slice_bounds(case["length"], dist.get_world_size(group), dist.get_rank(group))
+    errors = {"logits": _max_err(out.logits, ref.logits[:, start:stop]),
+              "loss": abs(float(whole_sequence_loss(out.loss, group) - ref.loss.detach()))}
+    grads = torch.cat([p.grad.flatten() for p in model.parameters()])
+    dist.all_reduce(grads, group=group)
+    errors["gradients"] = _max_err(grads, torch.cat([p.grad.flatten() for p in ref_model.parameters()]))
+    return errors
+
+
 def _error_cases(group):
     """The ValueError message each bad call raised on this rank (None if it raised nothing)."""
     model = enable_context_parallel(_model({}, 0), group)
@@ -111,12 +164,13 @@ def _error_cases(group):
             layer_types=["linear_attention", "full_attention"])), group),
     }
     for name, head in (("sequence classification", MomentumTransformerForSequenceClassification),
-                       ("question answering", MomentumTransformerForQuestionAnswering),
-                       ("token classification", MomentumTransformerForTokenClassification),
-                       ("masked LM", MomentumTransformerForMaskedLM)):
+                       ("question answering", MomentumTransformerForQuestionAnswering)):
         calls[name] = lambda head=head: enable_context_parallel(head(MomentumTransformerConfig(
-            vocab_size=VOCAB, hidden_size=4, num_hidden_layers=1, num_attention_heads=1,
-            is_causal=head is not MomentumTransformerForMaskedLM)), group)
+            vocab_size=VOCAB, hidden_size=4, num_hidden_layers=1, num_attention_heads=1)), group)
+    tagger = enable_context_parallel(_head("token classification", {}, 0), group)
+    labelled = {"input_ids": ids, "labels": ids % LABELS}
+    calls["a causal LM's shifted labels for a token classifier"] = \
+        lambda: tagger(**shard_batch(labelled, group))
     messages = {}
     for name, call in calls.items():
         try:
@@ -133,6 +187,8 @@ def _worker(rank, world, out_dir, seed):
                for i, (name, case) in enumerate(CASES[world].items())}
     first = next(iter(CASES[world].values()))
     results["without the process group"] = _run_case(first, seed, group, use_group=False)
+    results["heads"] = {f"{head}, {name}": _run_head_case(head, case, seed + i, group)
+                        for head in HEADS for i, (name, case) in enumerate(CASES[world].items())}
     results["errors"] = _error_cases(group)
     with open(f"{out_dir}/rank{rank}.json", "w") as f:
         json.dump(results, f)
@@ -155,6 +211,19 @@ def test_each_rank_equals_the_whole_batch_logits_loss_and_gradients(ranks):
                 assert err < tol, f"{name}: rank {rank} {what} differs by {err:.3g} from one process"
 
 
+def test_per_token_heads_equal_the_whole_batch_logits_loss_and_gradients(ranks):
+    """Token classification (causal and bidirectional) and the masked LM, with their labels sliced
+    unshifted: each rank's logits are one process's on its slice, and the losses and gradients
+    summed over the ranks are one process's."""
+    world, results = ranks
+    for rank, result in enumerate(results):
+        assert len(result["heads"]) == len(HEADS) * len(CASES[world])
+        for name, errors in result["heads"].items():
+            for what, err in errors.items():
+                tol = LOSS_TOL if what == "loss" else TOL
+                assert err < tol, f"{name}: rank {rank} {what} differs by {err:.3g} from one process"
+
+
 def test_without_the_process_group_the_check_fails(ranks):
     """Global positions and labels alone are not enough: each slice attending only to itself
     differs from one process on every rank but the first, and so do the loss and gradients."""
@@ -169,8 +238,8 @@ def test_bad_inputs_raise_value_errors_naming_the_argument(ranks):
     expected = {"no position_ids": "position_ids", "a cache": "use_cache",
                 "position_ids in the batch": "position_ids", "labels of another shape": "batch['labels']",
                 "a stock model": "native momentum_transformer", "sequence classification": "pools",
-                "question answering": "one answer span", "token classification": "per-token labels",
-                "masked LM": "masked tokens' labels unshifted",
+                "question answering": "one answer span",
+                "a causal LM's shifted labels for a token classifier": "shift_labels=False",
                 "a hybrid": "layer_types has softmax layers ([1])"}
     for result in ranks[1]:
         for name, word in expected.items():
