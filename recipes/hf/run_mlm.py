@@ -40,26 +40,17 @@ from transformers import (
 )
 
 from hf_momentum import MomentumTransformerConfig, MomentumTransformerForMaskedLM
+from recipes.common.hf_trainer import MomentumArguments, record, train_and_save
 
 SPECIAL = {"bos_token": "<s>", "pad_token": "<pad>", "eos_token": "</s>", "unk_token": "<unk>",
            "mask_token": "<mask>"}
 
 
 @dataclass
-class ModelArguments:
+class ModelArguments(MomentumArguments):
     model_name_or_path: Optional[str] = field(default=None, metadata={
         "help": "a saved masked LM (and its tokenizer) to continue from; the size arguments are then unused"})
-    hidden_size: int = field(default=256)
     num_layers: int = field(default=4)
-    num_attention_heads: int = field(default=4)
-    intermediate_size: Optional[int] = field(default=None, metadata={"help": "default 4 x hidden_size"})
-    attention_momentum: float = field(default=0.6, metadata={"help": "β of eq. 14, in [0, 1)"})
-    attention_step_size: float = field(default=1.0, metadata={"help": "γ of eq. 14, > 0"})
-    connection: str = field(default="none",
-                            metadata={"help": "none | momentum (eq. 15) | adaptive (eq. 18)"})
-    layer_norm: str = field(default="pre", metadata={"help": "pre | post"})
-    dropout: float = field(default=0.1)
-    max_position_embeddings: int = field(default=514)
 
 
 @dataclass
@@ -112,16 +103,8 @@ def train_tokenizer(lines: list, vocab_size: int) -> PreTrainedTokenizerFast:
 
 
 def build_model(args: ModelArguments, tokenizer) -> MomentumTransformerForMaskedLM:
-    config = MomentumTransformerConfig(
-        vocab_size=len(tokenizer), hidden_size=args.hidden_size, num_hidden_layers=args.num_layers,
-        num_attention_heads=args.num_attention_heads, intermediate_size=args.intermediate_size,
-        attention_momentum=args.attention_momentum, attention_step_size=args.attention_step_size,
-        connection=args.connection, layer_norm=args.layer_norm, embedding_dropout=args.dropout,
-        attention_dropout=args.dropout, hidden_dropout=args.dropout,
-        max_position_embeddings=args.max_position_embeddings, is_causal=False,
-        pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id)
-    return MomentumTransformerForMaskedLM(config)
+    return MomentumTransformerForMaskedLM(MomentumTransformerConfig(
+        **args.config_fields(tokenizer), num_hidden_layers=args.num_layers, is_causal=False))
 
 
 def examples(lines: list, tokenizer, data: DataArguments) -> list:
@@ -166,16 +149,11 @@ def main(argv=None):
         data_collator=DataCollatorForLanguageModeling(tokenizer, mlm_probability=data.mlm_probability,
                                                       pad_to_multiple_of=8, seed=training.seed))
     if training.do_train:
-        result = trainer.train(resume_from_checkpoint=training.resume_from_checkpoint)
-        trainer.save_model()
-        trainer.log_metrics("train", result.metrics)
-        trainer.save_metrics("train", result.metrics)
-        trainer.save_state()
+        train_and_save(trainer, training)
     if training.do_eval and "validation" in lines:
         metrics = trainer.evaluate()
         metrics["perplexity"] = math.exp(min(metrics["eval_loss"], 700.0))
-        trainer.log_metrics("eval", metrics)
-        trainer.save_metrics("eval", metrics)
+        record(trainer, "eval", metrics)
     return 0
 
 

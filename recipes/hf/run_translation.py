@@ -37,25 +37,16 @@ from transformers import (
 )
 
 from hf_momentum import MomentumSeq2SeqConfig, MomentumSeq2SeqForConditionalGeneration
+from recipes.common.hf_trainer import MomentumArguments, record, train_and_save
 
 SPECIAL = {"bos_token": "<s>", "pad_token": "<pad>", "eos_token": "</s>", "unk_token": "<unk>"}
 
 
 @dataclass
-class ModelArguments:
-    hidden_size: int = field(default=256)
+class ModelArguments(MomentumArguments):
     encoder_layers: int = field(default=3)
     decoder_layers: int = field(default=3)
-    num_attention_heads: int = field(default=4)
-    intermediate_size: Optional[int] = field(default=None, metadata={"help": "default 4 x hidden_size"})
-    attention_momentum: float = field(default=0.6, metadata={"help": "β of eq. 12-14, in [0, 1)"})
-    attention_step_size: float = field(default=1.0, metadata={"help": "γ of eq. 12-14, > 0"})
     cross_attention: str = field(default="momentum", metadata={"help": "momentum | linear | softmax"})
-    connection: str = field(default="none",
-                            metadata={"help": "none | momentum (eq. 15) | adaptive (eq. 18)"})
-    layer_norm: str = field(default="pre", metadata={"help": "pre | post"})
-    dropout: float = field(default=0.1)
-    max_position_embeddings: int = field(default=512)
 
 
 @dataclass
@@ -118,17 +109,10 @@ def train_tokenizer(pairs: list, vocab_size: int) -> PreTrainedTokenizerFast:
 
 
 def build_model(args: ModelArguments, tokenizer) -> MomentumSeq2SeqForConditionalGeneration:
-    config = MomentumSeq2SeqConfig(
-        vocab_size=len(tokenizer), hidden_size=args.hidden_size, num_hidden_layers=args.decoder_layers,
-        encoder_layers=args.encoder_layers, num_attention_heads=args.num_attention_heads,
-        intermediate_size=args.intermediate_size, attention_momentum=args.attention_momentum,
-        attention_step_size=args.attention_step_size, cross_attention=args.cross_attention,
-        connection=args.connection, layer_norm=args.layer_norm, embedding_dropout=args.dropout,
-        attention_dropout=args.dropout, hidden_dropout=args.dropout,
-        max_position_embeddings=args.max_position_embeddings, scale_embedding=True,
-        pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id, decoder_start_token_id=tokenizer.eos_token_id)
-    return MomentumSeq2SeqForConditionalGeneration(config)
+    return MomentumSeq2SeqForConditionalGeneration(MomentumSeq2SeqConfig(
+        **args.config_fields(tokenizer), num_hidden_layers=args.decoder_layers,
+        encoder_layers=args.encoder_layers, cross_attention=args.cross_attention, scale_embedding=True,
+        decoder_start_token_id=tokenizer.eos_token_id))
 
 
 def encode(pairs: list, tokenizer, data: DataArguments) -> list:
@@ -176,21 +160,14 @@ def main(argv=None):
         data_collator=DataCollatorForSeq2Seq(tokenizer, model=model, pad_to_multiple_of=8),
         compute_metrics=bleu_metric(tokenizer) if training.predict_with_generate else None)
     if training.do_train:
-        result = trainer.train(resume_from_checkpoint=training.resume_from_checkpoint)
-        trainer.save_model()
-        trainer.log_metrics("train", result.metrics)
-        trainer.save_metrics("train", result.metrics)
-        trainer.save_state()
+        train_and_save(trainer, training)
     generation = dict(max_new_tokens=data.max_target_length, num_beams=training.generation_num_beams)
     if training.do_eval and "validation" in pairs:
-        metrics = trainer.evaluate(metric_key_prefix="eval", **generation)
-        trainer.log_metrics("eval", metrics)
-        trainer.save_metrics("eval", metrics)
+        record(trainer, "eval", trainer.evaluate(metric_key_prefix="eval", **generation))
     if training.do_predict and "test" in pairs:
         result = trainer.predict(encode(pairs["test"], tokenizer, data), metric_key_prefix="test",
                                  **generation)
-        trainer.log_metrics("test", result.metrics)
-        trainer.save_metrics("test", result.metrics)
+        record(trainer, "test", result.metrics)
     return 0
 
 
