@@ -4,16 +4,11 @@ the config and the weights under the transformers model's names (`convert_to_hf`
 The AWD stack maps layer by layer: layers of `--decoder-hidden-size`, then a last one of
 `--decoder-out-embed-dim` (`last_hidden_size`; the embedding's width in momentum_lstm_lm_ptb, so
 the embeddings are tied), the cell and its hyperparameters as the layers hold them, the output
-projection with its bias (`lm_head_bias`). The logits are fairseq's at eval time. AWD-LSTM's
-training-time regularisers have no counterpart: locked dropout becomes ordinary dropout
-(`dropout` between layers from --decoder-dropout-hidden, `embedding_dropout` on the embeddings and
-the output from --decoder-dropout-in), and weight drop and embedding dropout are left out; a warning
-says so when they were set.
+projection with its bias (`lm_head_bias`). AWD-LSTM's regularisers map one to one (`locked_dropout`:
+--decoder-dropout-in, -hidden and -out become `embedding_dropout`, `dropout` and `output_dropout`;
+--weight-drop `weight_drop`; --decoder-embed-dropout `word_dropout`), so the converted model gives
+fairseq's logits at eval time and trains as fairseq's under the same seed.
 """
-import logging
-
-logger = logging.getLogger(__name__)
-
 HYPERPARAMETERS = ("momentum", "step_size", "beta", "eps")
 LAYER_PARAMETERS = ("weight_ih", "weight_hh", "bias_ih", "bias_hh")
 
@@ -26,21 +21,13 @@ def lstm_lm_config(args, model, dictionary):
     # a hyperparameter the cell does not read is None on the layer, and must stay the config's default
     hyper = {name: getattr(first, name) for name in HYPERPARAMETERS if getattr(first, name) is not None}
     last = layers[-1].hidden_size
-    dropped = {flag: value for flag, value in (("--weight-drop", args.weight_drop),
-                                               ("--decoder-embed-dropout", args.decoder_embed_dropout),
-                                               ("--decoder-dropout-out", args.decoder_dropout_out))
-               if value and not (flag == "--decoder-dropout-out" and value == args.decoder_dropout_in)}
-    if dropped:
-        logger.warning("AWD-LSTM's training-time regularisation (%s) has no counterpart in the transformers "
-                       "model: it converts for inference exactly, and fine-tuning it uses ordinary dropout "
-                       "(dropout=%s between layers, embedding_dropout=%s)",
-                       ", ".join(f"{flag} {value}" for flag, value in dropped.items()),
-                       args.decoder_dropout_hidden, args.decoder_dropout_in)
     return MomentumLSTMConfig(
         vocab_size=len(dictionary), embedding_size=first.input_size,
         hidden_size=first.hidden_size if len(layers) > 1 else last, num_hidden_layers=len(layers),
         last_hidden_size=last, cell=first.cell, restart=first.restart, **hyper,
-        dropout=args.decoder_dropout_hidden, embedding_dropout=args.decoder_dropout_in,
+        locked_dropout=True, dropout=args.decoder_dropout_hidden, embedding_dropout=args.decoder_dropout_in,
+        output_dropout=args.decoder_dropout_out, weight_drop=args.weight_drop,
+        word_dropout=args.decoder_embed_dropout,
         lm_head_bias=model.decoder.output_projection.bias is not None,
         tie_word_embeddings=bool(args.share_decoder_input_output_embed),
         pad_token_id=dictionary.pad(), bos_token_id=dictionary.eos(), eos_token_id=dictionary.eos())

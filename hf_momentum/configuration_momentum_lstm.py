@@ -11,9 +11,13 @@ class MomentumLSTMConfig(PreTrainedConfig):
     `cell`: "lstm" (plain) or a momentum cell of the table `plugins.rnn.variants` (docs/cells.md),
     read when the config is checked: μ = `momentum` ∈ [0, 1) and s = `step_size` > 0 (eq. 9),
     `beta` ∈ [0, 1) and `eps` > 0 (eq. 15), `restart` an integer ≥ 1 for the cells that take one
-    (required by "sr", Section 2.4). `dropout` between LSTM layers, `embedding_dropout` on the
-    embeddings and the output, and `classifier_dropout` on the outputs a classification head
-    reads, in [0, 1). `last_hidden_size` is the last layer's width (default `hidden_size`): AWD-LSTM
+    (required by "sr", Section 2.4). Dropouts, in [0, 1): `dropout` between LSTM layers,
+    `embedding_dropout` on the embeddings, `output_dropout` on the last layer's output (default
+    `embedding_dropout`), `classifier_dropout` on the outputs a classification head reads. AWD-LSTM's
+    regularisers (Merity et al.; MomentumRNN's PTB model, Appendix A.3): `locked_dropout` makes the
+    first three draw one mask per sequence, shared by its steps; `weight_drop` is DropConnect on every
+    hidden-to-hidden matrix; `word_dropout` drops whole words from the embedding matrix.
+    `last_hidden_size` is the last layer's width (default `hidden_size`): AWD-LSTM
     (Merity et al.; MomentumRNN's PTB model) gives its last layer the embedding's width so that the
     embeddings can be tied. Tied embeddings need `embedding_size` == `last_hidden_size` (default:
     both equal `hidden_size`). `lm_head_bias`: the causal LM's output projection has a bias (fairseq's
@@ -40,7 +44,11 @@ class MomentumLSTMConfig(PreTrainedConfig):
     restart: int | None = DEFAULTS.restart
     dropout: float = 0.0
     embedding_dropout: float = 0.0
+    output_dropout: float | None = None
     classifier_dropout: float = 0.0
+    locked_dropout: bool = False
+    weight_drop: float = 0.0
+    word_dropout: float = 0.0
     initializer_range: float = 0.02
     use_cache: bool = True
     pad_token_id: int | None = None
@@ -53,6 +61,8 @@ class MomentumLSTMConfig(PreTrainedConfig):
             self.embedding_size = self.hidden_size
         if self.last_hidden_size is None:
             self.last_hidden_size = self.hidden_size
+        if self.output_dropout is None:
+            self.output_dropout = self.embedding_dropout
         self.check_momentum_fields()
         super().__post_init__(**kwargs)
 
@@ -76,8 +86,10 @@ class MomentumLSTMConfig(PreTrainedConfig):
                                  f"would be ignored; leave {name} at its default {default!r} or choose "
                                  "a cell that uses it (docs/cells.md)")
         check_probability(self.dropout, "dropout")
-        check_probability(self.embedding_dropout, "embedding_dropout")
-        check_probability(self.classifier_dropout, "classifier_dropout")
+        for name in ("embedding_dropout", "output_dropout", "classifier_dropout", "weight_drop",
+                     "word_dropout"):
+            check_probability(getattr(self, name), name)
+        check_bool(self.locked_dropout, "locked_dropout")
         check_positive(self.initializer_range, "initializer_range")
         check_bool(self.use_cache, "use_cache")
         check_bool(self.tie_word_embeddings, "tie_word_embeddings")

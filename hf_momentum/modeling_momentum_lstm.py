@@ -43,7 +43,17 @@ from .modeling_common import (
     static_padding_mask,
     warn_no_attention_weights,
 )
-from .momentum_rnn_core import MomentumLSTM, RecurrentState, Segments, front_order, read_hyperparameters
+from .momentum_rnn_core import (
+    MomentumLSTM,
+    RecurrentState,
+    Segments,
+    embedding_dropout,
+    front_order,
+    locked_dropout,
+    locked_dropout_packed,
+    read_hyperparameters,
+    segment_ids,
+)
 from .packing import COLLATOR, has_packing_kwargs, pop_packing_kwargs, possible_document_starts
 from .recurrent_cache import RecurrentCache, StaticStateMixin
 from .saving import RemoteCodeMixin
@@ -117,16 +127,34 @@ class MomentumLSTMStack(MomentumLSTM):
     weights through `LoraConfig(target_parameters=...)`) puts the adapted weights in place only
     while its forward runs, and passes no other method through. forward(..., one_step=True) is
     `step` (input: one token, (batch, features)); it returns a tuple of every layer's output
-    with all_layers, else a one-tuple of the last."""
+    with all_layers, else a one-tuple of the last. In training, `weight_drop` (AWD-LSTM's DropConnect)
+    drops entries of every hidden-to-hidden matrix, one mask per call for the whole stack."""
+
+    def __init__(self, *args, weight_drop=0.0, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.weight_drop = weight_drop
 
     def forward(self, input, state=None, *, cu_seqlens=None, cu_seqlens_cpu=None, one_step=False,
-                all_layers=False):
+                all_layers=False, weights_dropped=False):
+        if self.training and self.weight_drop > 0 and not weights_dropped:
+            # the dropped matrices stand in for the parameters for this call, which runs the layers'
+            # fused recurrence unchanged; gradients reach the parameters through the masks
+            dropped = {name: F.dropout(getattr(self.get_submodule(name.rpartition(".")[0]),
+                                               name.rpartition(".")[2]), self.weight_drop, True)
+                       for name in self.recurrent_weight_names()}
+            return torch.func.functional_call(self, dropped, (input, state), dict(
+                cu_seqlens=cu_seqlens, cu_seqlens_cpu=cu_seqlens_cpu, one_step=one_step,
+                all_layers=all_layers, weights_dropped=True))
         if one_step:
             out, state = self.step(input, state, all_layers=all_layers)
         else:
             out, state = super().forward(input, state, cu_seqlens=cu_seqlens, cu_seqlens_cpu=cu_seqlens_cpu,
                                          all_layers=all_layers)
         return (out if all_layers else (out,)), state
+
+    def recurrent_weight_names(self) -> list[str]:
+        """The hidden-to-hidden matrices' names, first layer to last (the order weight drop draws in)."""
+        return [f"weight_hh_l{k}" for k in range(self.num_layers)]
 
 
 class MomentumLSTMStackWithTop(MomentumLSTMStack):
@@ -137,25 +165,43 @@ class MomentumLSTMStackWithTop(MomentumLSTMStack):
     stack's: each layer's rows are zero-padded to the widest, so the cache, beam reordering,
     speculative decoding's crop and the exported step hold it as they hold any other."""
 
-    def __init__(self, input_size, hidden_size, num_layers, *, top_size, dropout=0.0, **kwargs):
-        super().__init__(input_size, hidden_size, num_layers, dropout=dropout, **kwargs)
-        self.top = MomentumLSTMStack(hidden_size, top_size, 1, **kwargs)
+    def __init__(self, input_size, hidden_size, num_layers, *, top_size, dropout=0.0, weight_drop=0.0,
+                 **kwargs):
+        super().__init__(input_size, hidden_size, num_layers, dropout=dropout, weight_drop=weight_drop,
+                         **kwargs)
+        self.top = MomentumLSTMStack(hidden_size, top_size, 1, weight_drop=weight_drop, **kwargs)
 
     def forward(self, input, state=None, *, cu_seqlens=None, cu_seqlens_cpu=None, one_step=False,
-                all_layers=False):
+                all_layers=False, weights_dropped=False):
+        if self.training and self.weight_drop > 0 and not weights_dropped:
+            return super().forward(input, state, cu_seqlens=cu_seqlens, cu_seqlens_cpu=cu_seqlens_cpu,
+                                   one_step=one_step, all_layers=all_layers)
         below, top = self._split(state)
-        segments = dict(cu_seqlens=cu_seqlens, cu_seqlens_cpu=cu_seqlens_cpu, one_step=one_step)
+        segments = dict(cu_seqlens=cu_seqlens, cu_seqlens_cpu=cu_seqlens_cpu, one_step=one_step,
+                        weights_dropped=weights_dropped)
         outputs, below = super().forward(input, below, all_layers=all_layers, **segments)
-        (out,), top = self.top(self._between(outputs[-1]), top, **segments)
+        between = self._between(outputs[-1], cu_seqlens_cpu if cu_seqlens is not None else None, one_step)
+        (out,), top = self.top(between, top, **segments)
         return (outputs + (out,) if all_layers else (out,)), self._join(below, top)
 
-    def _between(self, x):
-        """nn.LSTM's dropout between layers (training only), of a tensor or a PackedSequence."""
+    def recurrent_weight_names(self) -> list[str]:
+        return super().recurrent_weight_names() + ["top.weight_hh_l0"]
+
+    def _between(self, x, offsets_cpu, one_step):
+        """The dropout between the layers below and `top` (training only), of a tensor, a packed row
+        of segments (offsets_cpu: their host offsets) or a PackedSequence: nn.LSTM's, or locked."""
         if not self.training or self.dropout == 0:
             return x
+        if not self.locked_dropout:
+            if isinstance(x, PackedSequence):
+                return x._replace(data=F.dropout(x.data, self.dropout, True))
+            return F.dropout(x, self.dropout, True)
         if isinstance(x, PackedSequence):
-            return x._replace(data=F.dropout(x.data, self.dropout, True))
-        return F.dropout(x, self.dropout, True)
+            return locked_dropout_packed(x, self.dropout, True)
+        if offsets_cpu is not None:
+            return locked_dropout(x, self.dropout, True, sequence_ids=segment_ids(offsets_cpu, x.device),
+                                  sequences=offsets_cpu.numel() - 1)
+        return locked_dropout(x, self.dropout, True, time_dim=None if one_step else 1)
 
     def _split(self, state):
         """(the layers' below state, top's state) of a joined state (or None)."""
@@ -189,7 +235,8 @@ def lstm_stack(config: MomentumLSTMConfig) -> MomentumLSTMStack:
     # only those its cell reads
     hyper = read_hyperparameters(config.cell, momentum=config.momentum, step_size=config.step_size,
                                  beta=config.beta, eps=config.eps)
-    kwargs = dict(cell=config.cell, restart=config.restart, batch_first=True, **hyper)
+    kwargs = dict(cell=config.cell, restart=config.restart, batch_first=True,
+                  locked_dropout=config.locked_dropout, weight_drop=config.weight_drop, **hyper)
     if config.last_hidden_size == config.hidden_size:
         return MomentumLSTMStack(config.embedding_size, config.hidden_size, config.num_hidden_layers,
                                  dropout=config.dropout, **kwargs)
@@ -211,7 +258,6 @@ class MomentumLSTMModel(MomentumLSTMPreTrainedModel):
     def __init__(self, config: MomentumLSTMConfig):
         super().__init__(config)
         self.embed_tokens = nn.Embedding(config.vocab_size, config.embedding_size, config.pad_token_id)
-        self.dropout = nn.Dropout(config.embedding_dropout)
         self.lstm = lstm_stack(config)
         self.stack_run = MomentumLSTMStackRun()
         self.gradient_checkpointing = False
@@ -231,13 +277,14 @@ class MomentumLSTMModel(MomentumLSTMPreTrainedModel):
         transformers 5.24) is continued even with use_cache=False. position_ids serve only to
         find packed documents (hf_momentum.packing; also from the collator's cu_seq_lens_q/k or
         seq_idx in kwargs): each then runs from a zero state as if alone, without a cache (asking
-        for one raises). hidden_states: the (dropped-out) embeddings, then each layer's output
-        (the last one after the output dropout, i.e. last_hidden_state)."""
+        for one raises), and draws its own locked-dropout masks. hidden_states: the (dropped-out)
+        embeddings, then each layer's output (the last one after the output dropout, i.e.
+        last_hidden_state)."""
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("pass exactly one of input_ids and inputs_embeds")
         given = given_cache(cache, past_key_values)
         replay_accepted(self, given, input_ids, inputs_embeds, attention_mask, position_ids)
-        x = self.dropout(self.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds)
+        x = self._embed(input_ids) if inputs_embeds is None else inputs_embeds
         batch, length = x.shape[:2]
         output_hidden_states = resolve_flag(output_hidden_states, self.config, "output_hidden_states")
         warn_no_attention_weights(self, output_attentions, "an LSTM")
@@ -250,6 +297,7 @@ class MomentumLSTMModel(MomentumLSTMPreTrainedModel):
         else:
             mask, packed, cache = self._layout(cache, given, use_cache, attention_mask, position_ids, batch,
                                                length, x.device, packing)
+        x = self._sequence_dropout(x, self.config.embedding_dropout, packed)
         if length == 0:
             outputs = self._zero_outputs(x, 0, output_hidden_states)
         elif packed is not None:
@@ -264,11 +312,30 @@ class MomentumLSTMModel(MomentumLSTMPreTrainedModel):
                 cache.set_lstm_state(state)
         if cache is not None:
             cache.advance(length)
-        out = self.dropout(outputs[-1])
+        out = self._sequence_dropout(outputs[-1], self.config.output_dropout, packed)
         hidden_states = (x, *outputs[:-1], out) if output_hidden_states else None
         result = output_with_cache(BaseModelOutputWithPast, cache, last_hidden_state=out,
                                    hidden_states=hidden_states)
         return result if return_dict is not False else result.to_tuple()
+
+    def _embed(self, input_ids):
+        """The embeddings of input_ids, with AWD-LSTM's word dropout in training."""
+        if not self.training or self.config.word_dropout == 0:
+            return self.embed_tokens(input_ids)
+        embed = self.embed_tokens
+        return embedding_dropout(embed.weight, input_ids, self.config.word_dropout, True, embed.padding_idx)
+
+    def _sequence_dropout(self, x, p, packed: Optional[Segments]):
+        """Dropout p of x (batch, length, features) in training: per element, or with locked_dropout
+        one mask per sequence (a row, or each packed document)."""
+        if not self.training or p == 0:
+            return x
+        if not self.config.locked_dropout:
+            return F.dropout(x, p, True)
+        if packed is None:
+            return locked_dropout(x, p, True, time_dim=1)
+        return locked_dropout(x, p, True, sequence_ids=packed.document_ids(),
+                              sequences=packed.cu_seqlens.numel() - 1)
 
     def _layout(self, cache, given, use_cache, attention_mask, position_ids, batch, length, device, packing):
         """(new tokens' padding mask, packed documents or None, the cache to use) with a dynamic cache

@@ -5,6 +5,7 @@ gets the generated, self-contained copy that `bundled_source()` returns.
 """
 from plugins.packing import Segments, front_order
 from plugins.rnn import MomentumLSTM, RecurrentState
+from plugins.rnn.awd import embedding_dropout, locked_dropout, locked_dropout_packed, segment_ids
 from plugins.rnn.variants import (
     DEFAULT_CELL,
     DEFAULTS,
@@ -13,9 +14,10 @@ from plugins.rnn.variants import (
     unread_hyperparameters,
 )
 
-BUNDLED_MODULES = ("plugins.rnn.layers", "plugins.rnn.variants", "plugins.packing")
+BUNDLED_MODULES = ("plugins.rnn.layers", "plugins.rnn.variants", "plugins.packing", "plugins.rnn.awd")
 EXPORTS = ("MomentumLSTM", "RecurrentState", "DEFAULT_CELL", "DEFAULTS", "check_hyper",
-           "read_hyperparameters", "unread_hyperparameters", "Segments", "front_order")
+           "read_hyperparameters", "unread_hyperparameters", "Segments", "front_order", "embedding_dropout",
+           "locked_dropout", "locked_dropout_packed", "segment_ids")
 
 
 def bundled_source() -> str:

@@ -239,6 +239,16 @@ class Segments:
             flat = flat.index_select(0, self.index)
         return flat[None]
 
+    def document_ids(self) -> torch.Tensor:
+        """(batch, length) int64 on the device: the document of each token, counted over the packed
+        row (`cu_seqlens`); padding tokens get any of them. Found on the device (no host read)."""
+        offsets = self.cu_seqlens
+        tokens = self.batch * self.length if self.index is None else self.index.numel()
+        ids = torch.searchsorted(offsets[1:], torch.arange(tokens, device=offsets.device), right=True)
+        if self.index is not None:
+            ids = ids.new_zeros(self.batch * self.length).index_copy(0, self.index, ids)
+        return ids.view(self.batch, self.length)
+
     def unpack_tokens(self, y: torch.Tensor) -> torch.Tensor:
         flat = y[0]
         if self.index is not None:

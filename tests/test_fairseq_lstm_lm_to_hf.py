@@ -2,11 +2,10 @@
 transformers MomentumLSTMForCausalLM with fairseq's logits (float64; every cell, the PTB preset's
 last layer of the embedding's width with tied embeddings, untied, one layer, a last layer wider than
 the others), on padded batches row by row; greedy generate() continues a prompt as fairseq's own
-argmax does; AWD's training-time regularisers are named in a warning; and through the CLIs:
+argmax does; AWD's training-time regularisers carry over, so that in training the converted model's
+logits and gradients equal fairseq's under the same seed; and through the CLIs:
 fairseq-train, the converter, then transformers alone (remote code, the saved tokenizer, the
 text-generation pipeline)."""
-import logging
-
 import pytest
 import torch
 from helpers.fairseq_cli import (
@@ -22,6 +21,7 @@ from test_fairseq_to_hf import (
     assert_greedy_continuation,
     assert_loads_alone_as_a_causal_lm,
     assert_padded_rows_alone,
+    run_clean,
     run_converter,
 )
 
@@ -88,13 +88,40 @@ def test_generate_continues_a_prompt_as_fairseqs_argmax(tmp_path, make_generator
                                make_generator())
 
 
-def test_awd_regularisation_is_named_in_a_warning_and_dropouts_carried(tmp_path, caplog):
-    model, task, args = fairseq_lstm_lm(tmp_path, *AWD, "--weight-drop", "0.5", "--decoder-dropout-in", "0.4",
-                                        "--decoder-dropout-hidden", "0.25", "--decoder-embed-dropout", "0.1")
-    with caplog.at_level(logging.WARNING, logger="fairseq_momentum.convert_lstm_lm"):
-        converted = to_transformers(model, args, task.target_dictionary)
-    assert "--weight-drop 0.5" in caplog.text and "--decoder-embed-dropout 0.1" in caplog.text
-    assert (converted.config.dropout, converted.config.embedding_dropout) == (0.25, 0.4)
+AWD_REGULARISERS = ["--weight-drop", "0.5", "--decoder-dropout-in", "0.4", "--decoder-dropout-hidden", "0.25",
+                    "--decoder-dropout-out", "0.3", "--decoder-embed-dropout", "0.1"]
+
+
+@pytest.mark.parametrize("config,cell", [("awd-tied", "adam"), ("uniform-untied", "momentum")])
+def test_awd_regularisers_carry_over_and_train_as_fairseqs_under_one_seed(tmp_path, make_generator, config,
+                                                                           cell):
+    """In training, every dropout draws the same masks in the same order: logits and gradients equal."""
+    model, task, args = fairseq_lstm_lm(tmp_path, *CONFIGS[config], *cell_flags(cell), *AWD_REGULARISERS)
+    converted = to_transformers(model, args, task.target_dictionary)
+    fields = ("locked_dropout", "dropout", "embedding_dropout", "output_dropout", "weight_drop",
+              "word_dropout")
+    assert [getattr(converted.config, name) for name in fields] == [True, 0.25, 0.4, 0.3, 0.5, 0.1]
+    tokens = random_tokens(task, 3, 11, make_generator())
+    model.train()
+    converted.train()
+    torch.manual_seed(7)
+    expected = model(tokens)[0]
+    torch.manual_seed(7)
+    logits = converted(input_ids=tokens).logits
+    torch.testing.assert_close(logits, expected, rtol=0, atol=1e-10)
+    torch.manual_seed(8)
+    assert not torch.allclose(converted(input_ids=tokens).logits, expected), "another seed, other masks"
+    weight = torch.randn(expected.shape, dtype=expected.dtype, generator=make_generator())
+    (expected * weight).sum().backward()
+    (logits * weight).sum().backward()
+    fairseq_layers = model.decoder.rnn.layers
+    pairs = [(model.decoder.embed_tokens.weight, converted.model.embed_tokens.weight)]
+    for k, layer in enumerate(fairseq_layers):
+        top = config == "awd-tied" and k == len(fairseq_layers) - 1
+        pairs.append((layer.weight_hh_l0, converted.model.lstm.top.weight_hh_l0 if top
+                      else getattr(converted.model.lstm, f"weight_hh_l{k}")))
+    for theirs, ours in pairs:
+        torch.testing.assert_close(ours.grad, theirs.grad, rtol=0, atol=1e-9)
 
 
 def test_a_language_model_takes_no_head(tmp_path):
@@ -114,4 +141,32 @@ def test_cli_converts_a_trained_ptb_preset_that_transformers_loads_alone(tmp_pat
     fields = ("model_type", "num_hidden_layers", "hidden_size", "last_hidden_size", "tie_word_embeddings",
               "lm_head_bias")
     assert [config[name] for name in fields] == ["momentum_lstm", 3, 16, 8, True, True]
+    regularisers = ("locked_dropout", "dropout", "embedding_dropout", "output_dropout", "weight_drop",
+                    "word_dropout")
+    assert [config[name] for name in regularisers] == [True, 0.25, 0.4, 0.4, 0.5, 0.1]
     assert_loads_alone_as_a_causal_lm(save / "checkpoint_last.pt", out, tmp_path)
+    assert_remote_code_trains_as_fairseq(save / "checkpoint_last.pt", out, tmp_path)
+
+
+def assert_remote_code_trains_as_fairseq(checkpoint, out, tmp_path):
+    """In a process without our packages, the converted model in training mode (the bundled copy of
+    plugins.rnn.awd) gives fairseq's training logits under the same seed."""
+    from fairseq import checkpoint_utils
+    [model], _, task = checkpoint_utils.load_model_ensemble_and_task([str(checkpoint)])
+    ids = torch.randint(4, len(task.source_dictionary), (3, 12), generator=torch.Generator().manual_seed(0))
+    torch.manual_seed(3)
+    expected = tmp_path / "training.pt"
+    with torch.no_grad():
+        torch.save({"ids": ids, "logits": model.train()(ids)[0]}, expected)
+    proc = run_clean(f"""
+        import torch
+        from transformers import AutoModelForCausalLM
+        model = AutoModelForCausalLM.from_pretrained({str(out)!r}, trust_remote_code=True).train()
+        expected = torch.load({str(expected)!r})
+        torch.manual_seed(3)
+        with torch.no_grad():
+            logits = model(input_ids=expected["ids"]).logits
+        torch.testing.assert_close(logits, expected["logits"], rtol=1e-5, atol=1e-5)
+        print("OK", type(model).__module__)
+    """, tmp_path, {"HF_HUB_OFFLINE": "1"})
+    assert "OK transformers_modules" in proc.stdout

@@ -12,8 +12,9 @@ from fairseq.models.lstm import DEFAULT_MAX_TARGET_POSITIONS
 from torch import Tensor, nn
 
 from plugins.rnn import RecurrentState
+from plugins.rnn.awd import embedding_dropout, locked_dropout
 
-from ..modules.awd_lstm import AWDMomentumLSTM, embedding_dropout, locked_dropout
+from ..modules.awd_lstm import AWDMomentumLSTM
 from ..modules.recurrent_state import buffer_to_states, reorder_buffer, states_to_buffer
 from ..options import (
     add_lstm_cell_args,
@@ -61,7 +62,8 @@ class MomentumLSTMLMDecoder(FairseqIncrementalDecoder):
         if not self.training and tokens.size(1) == 1:
             x, state = self.rnn.step(self.embed_tokens(tokens[:, 0]), state)
             return x[:, None], state
-        x = embedding_dropout(self.embed_tokens, tokens, self.embed_dropout, self.training)
+        embed = self.embed_tokens
+        x = embedding_dropout(embed.weight, tokens, self.embed_dropout, self.training, embed.padding_idx)
         x = locked_dropout(x.transpose(0, 1), self.dropout_in, self.training)
         x, state = self.rnn(x, state)
         x = locked_dropout(x, self.dropout_out, self.training)

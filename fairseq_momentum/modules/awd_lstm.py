@@ -1,37 +1,15 @@
 """AWD-LSTM regularisation (Merity et al. 2018, the PTB setup of MomentumRNN,
-Appendix A.3) around `plugins.rnn.MomentumLSTM` layers.
-
-- weight drop: DropConnect on each layer's hidden-to-hidden matrix, sampled once per
-  forward pass and handed to the layer as its `recurrent_weight`, so the layer still runs
-  its fused recurrence;
-- locked (variational) dropout: one mask per sequence, shared over time;
-- embedding dropout: whole words dropped from the embedding matrix.
+Appendix A.3) around `plugins.rnn.MomentumLSTM` layers: weight drop, locked dropout between
+layers and embedding dropout, as plugins.rnn.awd defines them for both integrations.
 """
 from typing import List, Optional
 
 from torch import Tensor, nn
-from torch.nn import functional as F
 
 from plugins.rnn import MomentumLSTM, RecurrentState
+from plugins.rnn.awd import locked_dropout, weight_drop
 
 from .momentum_lstm_step import momentum_lstm_step
-
-
-def locked_dropout(x: Tensor, p: float, training: bool) -> Tensor:
-    """x (T, B, C): one Bernoulli mask per (batch, channel), shared by every time step."""
-    if not training or p == 0.0:
-        return x
-    mask = x.new_empty(1, x.size(1), x.size(2)).bernoulli_(1.0 - p) / (1.0 - p)
-    return x * mask
-
-
-def embedding_dropout(embed: nn.Embedding, tokens: Tensor, p: float, training: bool) -> Tensor:
-    """Look up `tokens` with a fraction p of the vocabulary's rows set to zero."""
-    weight = embed.weight
-    if training and p > 0.0:
-        mask = weight.new_empty(weight.size(0), 1).bernoulli_(1.0 - p) / (1.0 - p)
-        weight = weight * mask
-    return F.embedding(tokens, weight, embed.padding_idx)
 
 
 class AWDMomentumLSTM(nn.Module):
@@ -57,16 +35,18 @@ class AWDMomentumLSTM(nn.Module):
     def forward(self, x: Tensor, states: Optional[List[Optional[RecurrentState]]] = None):
         states = states if states is not None else [None] * len(self.layers)
         new_states = []
+        # every layer's weight-drop mask first, then the layers (with the masks between them): the
+        # order in which transformers' MomentumLSTMForCausalLM draws them, so a converted model
+        # trains as this one under the same seed
+        drop = weight_drop(self.weight_drop, self.training)
+        dropped = [None if drop is None else drop(0, layer.weight_hh_l0) for layer in self.layers]
         for k, (layer, state) in enumerate(zip(self.layers, states)):
             if k > 0:
                 x = locked_dropout(x, self.dropout_hidden, self.training)
-            dropping = self.training and self.weight_drop > 0.0
-            x, state = layer(x, state, recurrent_weight=self._weight_drop if dropping else None)
+            recurrent = None if dropped[k] is None else (lambda _, __, weight=dropped[k]: weight)
+            x, state = layer(x, state, recurrent_weight=recurrent)
             new_states.append(state)
         return x, new_states
-
-    def _weight_drop(self, k: int, weight_hh: Tensor) -> Tensor:
-        return F.dropout(weight_hh, self.weight_drop, True)
 
     def step(self, x: Tensor, states: Optional[List[Optional[RecurrentState]]] = None):
         """One time step in eval mode (no dropout): x (B, sizes[0]) -> (h (B, sizes[-1]),

@@ -20,7 +20,8 @@ Fast path. The momentum of every cell depends on the input only (filters.py), so
   backend "cudnn" they are formed for all steps first, as the tanh RNN forms them, and the
   recurrence is one fused LSTM call per layer with an identity input weight. The tanh RNN forms
   v/√(m + ε) for all steps first and loops over its cheap tanh steps under autograd.
-Dropout between layers as in nn.LSTM.
+Dropout between layers as in nn.LSTM, or with locked_dropout=True one mask per sequence shared
+by its steps (AWD-LSTM's variational dropout, awd.py); the layers then run one by one.
 
 Packed rows (`forward(..., cu_seqlens=...)` or `segment_starts=...`, segments.py): every
 segment runs exactly as if alone. Plain and eq.-9 cells (MomentumLSTM, MomentumRNN) stay on
@@ -49,6 +50,7 @@ from torch.nn.utils.rnn import PackedSequence
 from ..exported_eps import plus_eps
 from ..validation import check_bool, check_int, check_offsets, check_probability
 from .adam_recurrence import AdamLSTMRecurrence, drive_first, gate_order
+from .awd import locked_dropout, segment_ids
 from .checks import check_input_dtype, check_sizes
 from .export_scan import exports_a_length, scanned_forward
 from .filters import SegmentDecay, bias_channel, carried_channels, filter_sequence, second_moment
@@ -196,10 +198,11 @@ def tanh_step(weight_hh):
 class _MomentumLayers(nn.Module):
     plain = "lstm"
     gate_count = 4
+    locked_dropout = False          # modules pickled before the option existed
 
     def __init__(self, input_size, hidden_size, num_layers=1, *, cell=DEFAULT_CELL, momentum=None,
                  step_size=None, beta=None, eps=None, restart=None, bias=True, batch_first=False,
-                 dropout=0.0, bidirectional=False):
+                 dropout=0.0, bidirectional=False, locked_dropout=False):
         super().__init__()
         check_sizes(input_size, hidden_size)
         self.variant, hyper = layer_hyper(cell, self.plain, momentum, step_size, beta, eps, restart)
@@ -210,6 +213,7 @@ class _MomentumLayers(nn.Module):
         self.bias = check_bool(bias, "bias")
         self.batch_first = check_bool(batch_first, "batch_first")
         self.dropout = check_probability(dropout, "dropout")
+        self.locked_dropout = check_bool(locked_dropout, "locked_dropout")
         self.bidirectional = check_bool(bidirectional, "bidirectional")
         self.directions = 2 if self.bidirectional else 1
         self.joined_weights = JoinedWeightCache()
@@ -237,8 +241,9 @@ class _MomentumLayers(nn.Module):
         read = "".join(f", {name}={getattr(self, name)}" for name in Hyper._fields
                        if getattr(self, name) is not None)
         both = ", bidirectional=True" if self.bidirectional else ""
+        locked = ", locked_dropout=True" if self.locked_dropout else ""
         return (f"{self.input_size}, {self.hidden_size}, num_layers={self.num_layers}, "
-                f"cell={self.cell!r}{read}, batch_first={self.batch_first}{both}")
+                f"cell={self.cell!r}{read}, batch_first={self.batch_first}{both}{locked}")
 
     def layer_name(self, i):
         """Suffix of the parameters of layer i, counted as nn.LSTM's state rows: layer i // 2
@@ -344,17 +349,33 @@ class _MomentumLayers(nn.Module):
                                                         cu_seqlens_cpu)
         return (outputs if all_layers else outputs[-1]), new_state
 
-    def _each_layer(self, x, layer):
+    def _each_layer(self, x, layer, sequence_ids=None, sequences=None):
         """x through every layer, nn.LSTM's dropout between layers (in training): layer(k, x)
-        -> (output, final state of layer k). Returns (every layer's output, their finals)."""
+        -> (output, final state of layer k). Returns (every layer's output, their finals).
+        x is (T, B, ·), or one step (B, ·), each batch row a sequence, or a packed row (N, ·) whose
+        positions belong to `sequences` sequences as sequence_ids says (for locked dropout)."""
         outputs, finals = [], []
         for k in range(self.num_layers):
             if k > 0 and self.dropout > 0 and self.training:
-                x = F.dropout(x, self.dropout, True)
+                x = self._between_layers(x, sequence_ids, sequences)
             x, final = layer(k, x)
             outputs.append(x)
             finals.append(final)
         return outputs, finals
+
+    def _between_layers(self, x, sequence_ids, sequences):
+        """Dropout between two layers: per element as nn.LSTM's, or locked (one mask per sequence,
+        AWD-LSTM's variational dropout)."""
+        if not self.locked_dropout:
+            return F.dropout(x, self.dropout, True)
+        if sequence_ids is not None:
+            return locked_dropout(x, self.dropout, True, sequence_ids=sequence_ids, sequences=sequences)
+        return locked_dropout(x, self.dropout, True, time_dim=0 if x.dim() == 3 else None)
+
+    def _drops_locked(self):
+        """Whether this call drops locked masks between layers (torch's fused multi-layer kernel
+        drops per element, so the layers then run one by one)."""
+        return self.locked_dropout and self.dropout > 0 and self.training and self.num_layers > 1
 
     def _forward_segments(self, input, state, cu_seqlens, segment_starts, all_layers, cu_seqlens_cpu=None):
         """The segments of a packed row as a batch of n sequences in torch's packed layout
@@ -408,7 +429,7 @@ class _MomentumLayers(nn.Module):
         hx = lambda k: ((first(st.h[k]), first(st.c[k])) if self.gate_count == 4 else first(st.h[k]))
         lengths = offsets.diff()
         row = x.transpose(0, 1).reshape(batch * steps, -1)
-        if self._all_layers_fused() and not all_layers:
+        if self._all_layers_fused() and not all_layers and not self._drops_locked():
             data, (h, *c) = fused_packed(self.fused_kind, layout.pack(row), hx(slice(None)),
                                          self._stack_weights(), self.bias, self.training,
                                          self.num_layers, self.dropout)
@@ -429,7 +450,8 @@ class _MomentumLayers(nn.Module):
                 v = F.linear(inp[:, 0].index_select(0, last), w, b) if self.variant.has_v else None
                 return layout.unpack(data), (h[0], c[0][0] if c else None, v)
 
-            rows, layers = self._each_layer(row, layer)
+            ids = segment_ids(offsets, x.device) if self._drops_locked() else None
+            rows, layers = self._each_layer(row, layer, ids, layout.count)
             finals = tuple(None if layers[0][i] is None else torch.stack([f[i] for f in layers])
                            for i in range(3))
         merged = tuple(None if f is None else (f if keep is None else a.index_copy(1, keep, f))
@@ -446,7 +468,7 @@ class _MomentumLayers(nn.Module):
         carries_v = isinstance(state, RecurrentState) and state.v is not None
         st = self._state(state, batch, x, steps)
         advanced = steps if lengths is None else lengths.to(st.step.device)
-        if self._all_layers_fused() and not all_layers:
+        if self._all_layers_fused() and not all_layers and not self._drops_locked():
             out, (h, *c) = self._fused_stack(x, lengths, st)
             new_state = RecurrentState(h, c[0] if c else None, None, None, st.step + advanced)
             return (as_output(seq, out, self.batch_first),), new_state

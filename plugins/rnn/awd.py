@@ -1,0 +1,69 @@
+"""AWD-LSTM's regularisers (Merity et al. 2018; the PTB setup of MomentumRNN, Appendix A.3), for
+the fairseq and the transformers LSTM language models alike:
+
+- locked (variational) dropout: one Bernoulli mask per (sequence, feature), shared by every step of
+  the sequence. Sequences stay apart however they arrive: a padded batch's rows, a PackedSequence's
+  sequences, or the segments of one packed row each get their own mask;
+- embedding dropout: whole words dropped from the embedding matrix (one mask per call);
+- weight drop: DropConnect on the hidden-to-hidden matrices, handed to a layer as its
+  `recurrent_weight`, so the layer still runs its fused recurrence.
+"""
+from typing import Callable, Optional
+
+import torch
+from torch import Tensor
+from torch.nn import functional as F
+from torch.nn.utils.rnn import PackedSequence
+
+
+def locked_dropout(x: Tensor, p: float, training: bool, *, time_dim: Optional[int] = 0,
+                   sequence_ids: Optional[Tensor] = None, sequences: Optional[int] = None) -> Tensor:
+    """x (..., features) with a fraction p of each sequence's features zeroed at every step, the rest
+    scaled by 1 / (1 - p). Without sequence_ids each batch row is one sequence: x is (T, B, F) with
+    time_dim=0, (B, T, F) with time_dim=1, or one step (B, F) with time_dim=None. With them, x's
+    positions hold the steps of `sequences` sequences, sequence_ids (x's shape less the features,
+    int64, on x's device) naming each position's."""
+    if not training or p == 0.0:
+        return x
+    if sequence_ids is None:
+        shape = list(x.shape)
+        if time_dim is not None:
+            shape[time_dim] = 1
+        mask = x.new_empty(shape).bernoulli_(1.0 - p) / (1.0 - p)
+        return x * mask
+    mask = x.new_empty(sequences, x.shape[-1]).bernoulli_(1.0 - p) / (1.0 - p)
+    return x * mask[sequence_ids]
+
+
+def locked_dropout_packed(x: PackedSequence, p: float, training: bool) -> PackedSequence:
+    """`locked_dropout` of a PackedSequence: one mask per sequence of its data."""
+    if not training or p == 0.0:
+        return x
+    sizes = x.batch_sizes
+    ids = torch.cat([torch.arange(n) for n in sizes.tolist()]).to(x.data.device, non_blocking=True)
+    return x._replace(data=locked_dropout(x.data, p, True, sequence_ids=ids, sequences=int(sizes[0])))
+
+
+def segment_ids(offsets_cpu: Tensor, device) -> Tensor:
+    """(offsets[-1],) int64 on `device`: the segment [offsets[s], offsets[s+1]) of each position of a
+    packed row, from the offsets' host copy (nothing is read back from the device)."""
+    counts = offsets_cpu.diff()
+    return torch.repeat_interleave(torch.arange(counts.numel()), counts).to(device, non_blocking=True)
+
+
+def embedding_dropout(weight: Tensor, tokens: Tensor, p: float, training: bool,
+                      padding_idx: Optional[int] = None) -> Tensor:
+    """Look up `tokens` in `weight` with a fraction p of the vocabulary's rows set to zero (the rest
+    scaled by 1 / (1 - p)): a dropped word is dropped at every position of the batch."""
+    if training and p > 0.0:
+        mask = weight.new_empty(weight.size(0), 1).bernoulli_(1.0 - p) / (1.0 - p)
+        weight = weight * mask
+    return F.embedding(tokens, weight, padding_idx)
+
+
+def weight_drop(p: float, training: bool) -> Optional[Callable[[int, Tensor], Tensor]]:
+    """The `recurrent_weight` of a plugins layer for DropConnect p on every hidden-to-hidden matrix
+    (a new mask per call), or None when nothing is dropped."""
+    if not training or p == 0.0:
+        return None
+    return lambda k, weight_hh: F.dropout(weight_hh, p, True)
