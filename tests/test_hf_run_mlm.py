@@ -86,6 +86,8 @@ def test_continues_from_a_saved_masked_lm(text, untrained, tmp_path):
 @pytest.mark.parametrize("extra, message", [
     (["--mlm_probability", "1.5"], "--mlm_probability must be in"),
     (["--max_seq_length", "100"], "exceeds the model's max_position"),
+    (["--config_overrides", "no_such_field=1"], "--config_overrides 'no_such_field=1'"),
+    (["--config_overrides", "attention_momentum=1.5"], "attention_momentum"),
 ])
 def test_bad_arguments_are_refused_by_name(text, tmp_path, extra, message):
     proc = subprocess.run([sys.executable, str(SCRIPT), *text, "--output_dir", str(tmp_path / "out"),
@@ -93,3 +95,16 @@ def test_bad_arguments_are_refused_by_name(text, tmp_path, extra, message):
                           cwd=tmp_path, timeout=300,
                           env={"PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1", "PATH": "/usr/bin"})
     assert proc.returncode == 2 and message in proc.stderr, proc.stderr[-2000:]
+
+
+def test_config_overrides_reach_the_model_trained_from_scratch():
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("run_mlm", SCRIPT)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    tokenizer = script.train_tokenizer(["a b c d e f"] * 20, 300)
+    args = script.ModelArguments(hidden_size=16, num_attention_heads=2, num_layers=1,
+                                 config_overrides="scale_embedding=true,connection=adaptive")
+    config = script.build_model(args, tokenizer).config
+    assert (config.scale_embedding, config.connection, config.hidden_size) == (True, "adaptive", 16)
+    assert config.is_causal is False

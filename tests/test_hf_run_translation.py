@@ -106,3 +106,15 @@ def test_a_tsv_line_without_one_tab_is_refused_by_number(tmp_path):
     path.write_text("a\tb\nno tab here\n")
     with pytest.raises(ValueError, match=r"bad.tsv:2: expected source<TAB>target, got 1 fields"):
         module.read_tsv(path)
+
+
+def test_config_overrides_reach_the_model_trained_from_scratch():
+    module = load_script()
+    tokenizer = module.train_tokenizer([("a b c d", "e f g h")] * 20, 120)
+    args = module.ModelArguments(hidden_size=16, num_attention_heads=2, encoder_layers=1, decoder_layers=1,
+                                 config_overrides="connection=adaptive,attention_dropout=0.2")
+    config = module.build_model(args, tokenizer).config
+    assert (config.connection, config.attention_dropout, config.hidden_size) == ("adaptive", 0.2, 16)
+    assert config.scale_embedding is True, "the recipe's own fields stay"
+    with pytest.raises(ValueError, match="--config_overrides 'connection'"):
+        module.build_model(module.ModelArguments(config_overrides="connection"), tokenizer)

@@ -284,3 +284,32 @@ def test_momentum_lstm_is_built_from_its_arguments():
     assert (config.num_hidden_layers, config.vocab_size, config.eos_token_id) == (2, 259, 1)
     with pytest.raises(ValueError, match="momentum"):
         script.build_model(script.parse_args([*base, "--momentum", "1.5"]), script.Tokenizer("bytes"))
+
+
+def test_config_overrides_set_fields_beyond_the_arguments(tmp_path):
+    """--config_overrides (transformers' run_clm.py format) reaches every model type's config, parsed as
+    each field's type: AWD-LSTM's regularisers of momentum_lstm, a transformer's and a stock model's
+    fields; an unknown field, a value out of range, or an override of a saved model is refused."""
+    script = load_script()
+    base = ["--train_file", "a", "--output_dir", "o", *TINY]
+    awd = "locked_dropout=true,weight_drop=0.5,word_dropout=0.1,embedding_dropout=0.3"
+    lstm = script.build_model(script.parse_args([*base, "--model_type", "momentum_lstm", "--config_overrides",
+                                                 awd]), script.Tokenizer("bytes")).config
+    fields = ("locked_dropout", "weight_drop", "word_dropout", "embedding_dropout", "output_dropout")
+    assert [getattr(lstm, name) for name in fields] == [True, 0.5, 0.1, 0.3, 0.3]
+    assert (lstm.dropout, lstm.hidden_size) == (0.1, 32), "the rest from the arguments"
+    transformer = script.build_model(script.parse_args([*base, "--config_overrides", "scale_embedding=true"]),
+                                     script.Tokenizer("bytes")).config
+    assert transformer.scale_embedding is True and transformer.hidden_size == 32
+    llama = script.build_model(script.parse_args([*base, "--model_type", "llama", "--config_overrides",
+                                                  "rms_norm_eps=0.001"]), script.Tokenizer("bytes")).config
+    assert llama.rms_norm_eps == 0.001
+    with pytest.raises(ValueError, match="--config_overrides 'no_such_field=1'"):
+        script.build_model(script.parse_args([*base, "--config_overrides", "no_such_field=1"]),
+                           script.Tokenizer("bytes"))
+    with pytest.raises(ValueError, match="weight_drop"):
+        script.build_model(script.parse_args([*base, "--model_type", "momentum_lstm", "--config_overrides",
+                                              "weight_drop=1.0"]), script.Tokenizer("bytes"))
+    (tmp_path / "config.json").write_text("{}")
+    with pytest.raises(SystemExit):
+        script.parse_args([*base, "--model_name_or_path", str(tmp_path), "--config_overrides", awd])

@@ -4,6 +4,8 @@ of transformers' own examples."""
 from dataclasses import dataclass, field
 from typing import Optional
 
+from .config_overrides import with_overrides
+
 
 @dataclass
 class MomentumArguments:
@@ -17,6 +19,9 @@ class MomentumArguments:
     layer_norm: str = field(default="pre", metadata={"help": "pre | post"})
     dropout: float = field(default=0.1)
     max_position_embeddings: int = field(default=512)
+    config_overrides: Optional[str] = field(default=None, metadata={
+        "help": 'config fields of a model trained from scratch beyond these arguments, as transformers\' '
+                'examples take them: "name=value,name=value" (e.g. "scale_embedding=true,rule=momentum")'})
 
     def config_fields(self, tokenizer) -> dict:
         """MomentumTransformerConfig fields of these arguments and the tokenizer's vocabulary and
@@ -28,6 +33,11 @@ class MomentumArguments:
                     attention_dropout=self.dropout, hidden_dropout=self.dropout,
                     max_position_embeddings=self.max_position_embeddings, pad_token_id=tokenizer.pad_token_id,
                     bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id)
+
+
+def from_scratch(config_class, fields: dict, overrides: Optional[str]):
+    """The config of a model trained from scratch: `fields` with --config_overrides applied."""
+    return config_class(**with_overrides(config_class, fields, overrides))
 
 
 def train_and_save(trainer, training) -> None:

@@ -40,7 +40,7 @@ from transformers import (
 )
 
 from hf_momentum import MomentumTransformerConfig, MomentumTransformerForMaskedLM
-from recipes.common.hf_trainer import MomentumArguments, record, train_and_save
+from recipes.common.hf_trainer import MomentumArguments, from_scratch, record, train_and_save
 
 SPECIAL = {"bos_token": "<s>", "pad_token": "<pad>", "eos_token": "</s>", "unk_token": "<unk>",
            "mask_token": "<mask>"}
@@ -103,8 +103,9 @@ def train_tokenizer(lines: list, vocab_size: int) -> PreTrainedTokenizerFast:
 
 
 def build_model(args: ModelArguments, tokenizer) -> MomentumTransformerForMaskedLM:
-    return MomentumTransformerForMaskedLM(MomentumTransformerConfig(
-        **args.config_fields(tokenizer), num_hidden_layers=args.num_layers, is_causal=False))
+    fields = dict(**args.config_fields(tokenizer), num_hidden_layers=args.num_layers, is_causal=False)
+    config = from_scratch(MomentumTransformerConfig, fields, args.config_overrides)
+    return MomentumTransformerForMaskedLM(config)
 
 
 def examples(lines: list, tokenizer, data: DataArguments) -> list:
@@ -125,6 +126,9 @@ def main(argv=None):
     model_args, data, training = parser.parse_args_into_dataclasses(args=argv)
     if not 0 < data.mlm_probability < 1:
         parser.error(f"--mlm_probability must be in (0, 1), got {data.mlm_probability}")
+    if model_args.config_overrides and model_args.model_name_or_path:
+        parser.error("--config_overrides sets the config of a model trained from scratch, not of "
+                     "--model_name_or_path")
     if data.max_seq_length < 3:
         parser.error(f"--max_seq_length must be at least 3 (<s>, a token, </s>), got {data.max_seq_length}")
     set_seed(training.seed)
@@ -136,7 +140,10 @@ def main(argv=None):
     else:
         tokenizer = AutoTokenizer.from_pretrained(data.tokenizer) if data.tokenizer else \
             train_tokenizer(lines["train"], data.vocab_size)
-        model = build_model(model_args, tokenizer)
+        try:
+            model = build_model(model_args, tokenizer)
+        except ValueError as error:      # a config field out of its range, or a bad --config_overrides
+            parser.error(str(error))
     if tokenizer.mask_token is None:
         parser.error("the tokenizer has no mask token; a masked LM needs one (e.g. <mask>)")
     if data.max_seq_length > model.config.max_position_embeddings:

@@ -37,7 +37,7 @@ from transformers import (
 )
 
 from hf_momentum import MomentumSeq2SeqConfig, MomentumSeq2SeqForConditionalGeneration
-from recipes.common.hf_trainer import MomentumArguments, record, train_and_save
+from recipes.common.hf_trainer import MomentumArguments, from_scratch, record, train_and_save
 
 SPECIAL = {"bos_token": "<s>", "pad_token": "<pad>", "eos_token": "</s>", "unk_token": "<unk>"}
 
@@ -109,10 +109,10 @@ def train_tokenizer(pairs: list, vocab_size: int) -> PreTrainedTokenizerFast:
 
 
 def build_model(args: ModelArguments, tokenizer) -> MomentumSeq2SeqForConditionalGeneration:
-    return MomentumSeq2SeqForConditionalGeneration(MomentumSeq2SeqConfig(
+    return MomentumSeq2SeqForConditionalGeneration(from_scratch(MomentumSeq2SeqConfig, dict(
         **args.config_fields(tokenizer), num_hidden_layers=args.decoder_layers,
         encoder_layers=args.encoder_layers, cross_attention=args.cross_attention, scale_embedding=True,
-        decoder_start_token_id=tokenizer.eos_token_id))
+        decoder_start_token_id=tokenizer.eos_token_id), args.config_overrides))
 
 
 def encode(pairs: list, tokenizer, data: DataArguments) -> list:
@@ -152,7 +152,10 @@ def main(argv=None):
                  for split, rows in pairs.items()}
     tokenizer = AutoTokenizer.from_pretrained(data.tokenizer) if data.tokenizer else \
         train_tokenizer(pairs["train"], data.vocab_size)
-    model = build_model(model_args, tokenizer)
+    try:
+        model = build_model(model_args, tokenizer)
+    except ValueError as error:      # a config field out of its range, or a bad --config_overrides
+        parser.error(str(error))
     trainer = Seq2SeqTrainer(
         model=model, args=training, processing_class=tokenizer,
         train_dataset=encode(pairs["train"], tokenizer, data) if training.do_train else None,

@@ -46,6 +46,7 @@ import math
 import os
 import re
 import sys
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -71,6 +72,7 @@ from hf_momentum.context_parallel import enable_context_parallel, shard_batch, w
 
 # run as a file (python recipes/hf/train_clm.py): the repository root holds the shared training loop
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from recipes.common.config_overrides import with_overrides  # noqa: E402
 from recipes.common.training import fit  # noqa: E402
 
 # accelerate trackers whose pip package is not named like the tracker
@@ -141,6 +143,11 @@ def parse_args(argv=None):
                    help="momentum_lstm: the cell's step size s (default: the config's, 1.0); refused for a "
                         "cell that does not read it")
     p.add_argument("--connection", default="none", choices=["none", "momentum", "adaptive"])
+    p.add_argument("--config_overrides", default=None,
+                   help='config fields of a model trained from scratch beyond these arguments, as '
+                        'transformers\' run_clm.py takes them: "name=value,name=value" (e.g. AWD-LSTM\'s '
+                        'regularisers of momentum_lstm: '
+                        '"locked_dropout=true,weight_drop=0.5,word_dropout=0.1")')
     p.add_argument("--dropout", type=float, default=0.1)
     p.add_argument("--block_size", type=int, default=128,
                    help="training sequence length (with --packing: the longest document)")
@@ -202,6 +209,9 @@ def parse_args(argv=None):
     if args.tokenizer is None:
         saved = args.model_name_or_path and Path(args.model_name_or_path, "tokenizer_config.json").is_file()
         args.tokenizer = args.model_name_or_path if saved else "bytes"
+    if args.config_overrides and args.model_name_or_path:
+        p.error("argument --config_overrides: sets the config of a model trained from scratch, not of "
+                "--model_name_or_path")
     if args.push_to_hub and not args.hub_model_id:
         p.error("argument --push_to_hub: needs --hub_model_id user/name")
     for name in ("block_size", "max_position_embeddings", "per_device_batch_size",
@@ -476,27 +486,28 @@ def build_model(args, tokenizer):
         return load_model(args, tokenizer)
     common = dict(vocab_size=tokenizer.vocab_size, pad_token_id=tokenizer.pad, bos_token_id=tokenizer.bos,
                   eos_token_id=tokenizer.eos)
+    make = partial(AutoConfig.for_model, args.model_type)
     if args.model_type == "momentum_transformer":
-        config = AutoConfig.for_model(
-            "momentum_transformer", hidden_size=args.hidden_size, num_hidden_layers=args.num_layers,
-            num_attention_heads=args.num_heads, max_position_embeddings=args.max_position_embeddings,
-            attention_momentum=args.attention_momentum, attention_step_size=args.attention_step_size,
-            connection=args.connection, hidden_dropout=args.dropout, **common)
-        return AutoModelForCausalLM.from_config(config)
+        fields = dict(hidden_size=args.hidden_size, num_hidden_layers=args.num_layers,
+                      num_attention_heads=args.num_heads,
+                      max_position_embeddings=args.max_position_embeddings,
+                      attention_momentum=args.attention_momentum,
+                      attention_step_size=args.attention_step_size, connection=args.connection,
+                      hidden_dropout=args.dropout, **common)
+        return AutoModelForCausalLM.from_config(make(**with_overrides(make, fields, args.config_overrides)))
     if args.model_type == "momentum_lstm":
         given = {name: getattr(args, name) for name in ("momentum", "step_size")
                  if getattr(args, name) is not None}      # the config refuses one its cell never reads
-        config = AutoConfig.for_model(
-            "momentum_lstm", hidden_size=args.hidden_size, num_hidden_layers=args.num_layers, cell=args.cell,
-            dropout=args.dropout, embedding_dropout=args.dropout, **given, **common)
-        return AutoModelForCausalLM.from_config(config)
+        fields = dict(hidden_size=args.hidden_size, num_hidden_layers=args.num_layers, cell=args.cell,
+                      dropout=args.dropout, embedding_dropout=args.dropout, **given, **common)
+        return AutoModelForCausalLM.from_config(make(**with_overrides(make, fields, args.config_overrides)))
     sizes = {"hidden_size": args.hidden_size, "num_hidden_layers": args.num_layers,
              "num_attention_heads": args.num_heads, "num_key_value_heads": args.num_heads,
              "head_dim": args.hidden_size // args.num_heads, "intermediate_size": 4 * args.hidden_size,
              "max_position_embeddings": args.max_position_embeddings}
     defaults = AutoConfig.for_model(args.model_type)
-    config = AutoConfig.for_model(args.model_type, **common,
-                                  **{k: v for k, v in sizes.items() if hasattr(defaults, k)})
+    fields = {**common, **{k: v for k, v in sizes.items() if hasattr(defaults, k)}}
+    config = make(**with_overrides(make, fields, args.config_overrides))
     hf_momentum.set_momentum_attention(config, momentum=args.attention_momentum,
                                        step_size=args.attention_step_size)
     model = AutoModelForCausalLM.from_config(config, attn_implementation=args.attn_implementation)
