@@ -37,6 +37,8 @@ class MomentumLSTMLMDecoder(FairseqIncrementalDecoder):
     the step-wise path (modules/momentum_lstm_step.py).
     """
 
+    carries_state = True    # forward(..., carried_state=CarriedState): --task language_modeling_bptt
+
     def __init__(self, args, dictionary):
         super().__init__(dictionary)
         self.embed_tokens = nn.Embedding(len(dictionary), args.decoder_embed_dim, dictionary.pad())
@@ -69,7 +71,15 @@ class MomentumLSTMLMDecoder(FairseqIncrementalDecoder):
         x = locked_dropout(x, self.dropout_out, self.training)
         return x.transpose(0, 1), state
 
-    def extract_features(self, prev_output_tokens, encoder_out=None, incremental_state=None, **kwargs):
+    def extract_features(self, prev_output_tokens, encoder_out=None, incremental_state=None,
+                         carried_state=None, **kwargs):
+        if carried_state is not None:
+            # truncated BPTT over streams (--task language_modeling_bptt): start from the state the
+            # previous chunk ended with, hand this chunk's on without its graph
+            x, state = self.forward_with_state(prev_output_tokens, carried_state.state)
+            carried_state.state = [RecurrentState(*(None if t is None else t.detach() for t in layer))
+                                   for layer in state]
+            return x, None
         buffer = self.get_incremental_state(incremental_state, "lstm_state")
         state = None
         if buffer:
@@ -84,8 +94,8 @@ class MomentumLSTMLMDecoder(FairseqIncrementalDecoder):
         return self.output_projection(features)
 
     def forward(self, prev_output_tokens, encoder_out=None, incremental_state=None,
-                features_only=False, **kwargs):
-        x, extra = self.extract_features(prev_output_tokens, encoder_out, incremental_state)
+                features_only=False, carried_state=None, **kwargs):
+        x, extra = self.extract_features(prev_output_tokens, encoder_out, incremental_state, carried_state)
         return (x if features_only else self.output_layer(x)), extra
 
     def reorder_incremental_state(self, incremental_state, new_order):

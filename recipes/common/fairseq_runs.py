@@ -161,6 +161,18 @@ def eval_lm(data_bin: Path, checkpoint: Path, tokens_per_sample: int, subset: st
     return float(match.group(1))
 
 
+def validate_lm(data_bin: Path, checkpoint: Path, subset: str = "test", batch_size: int = 1) -> float:
+    """Perplexity from fairseq-validate under --task language_modeling_bptt: the state carried over
+    the whole split in `batch_size` streams (AWD-LSTM's test protocol at batch size 1)."""
+    output = run([tool("fairseq-validate"), data_bin, "--user-dir", USER_DIR,
+                  "--task", "language_modeling_bptt", "--path", checkpoint, "--valid-subset", subset,
+                  "--batch-size", str(batch_size), "--cpu"])
+    match = re.search(rf"valid on '{subset}' subset \| loss [0-9.]+ \| ppl ([0-9.]+)", output)
+    if not match:
+        raise RuntimeError(f"fairseq-validate reported no perplexity on {subset}:\n{output[-2000:]}")
+    return float(match.group(1))
+
+
 def sample_lm(data_bin: Path, checkpoint: Path, prompts: Sequence[str], max_tokens: int = 30,
               seed: int = 1, topk: int = 10, cpu: bool = True) -> List[str]:
     """Continue each prompt with top-k sampling through fairseq-interactive."""

@@ -1,6 +1,7 @@
 """Train several fairseq language models on one binarised corpus and summarise them: the
 shared core of the demo and the PTB recipe."""
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Dict, List, Sequence
 
@@ -19,10 +20,13 @@ class LMRun:
 
 def train_lm_models(models: Dict[str, List[str]], data_bin: Path, out: Path, common: Sequence[str],
                     tokens_per_sample: int, seeds: Sequence[int] = (1,), log=print,
-                    on_done=None) -> List[LMRun]:
+                    on_done=None, test_ppl=None) -> List[LMRun]:
     """fairseq-train each model once per seed (`common` must set --tokens-per-sample to
-    `tokens_per_sample`), then fairseq-eval-lm its best checkpoint on test; `on_done(name, seed)`
-    after each (progress reports)."""
+    `tokens_per_sample`), then score its best checkpoint on test: `test_ppl(data_bin, checkpoint)`,
+    by default fairseq-eval-lm in blocks of the training length; `on_done(name, seed)` after each
+    (progress reports)."""
+    if test_ppl is None:
+        test_ppl = partial(eval_lm, tokens_per_sample=tokens_per_sample)
     runs = []
     total = len(models) * len(seeds)
     for name, model_args in models.items():
@@ -31,9 +35,9 @@ def train_lm_models(models: Dict[str, List[str]], data_bin: Path, out: Path, com
             args = [*common, "--tokens-per-sample", str(tokens_per_sample), *model_args, "--seed", str(seed)]
             save_dir = checkpoint_dir(out / "checkpoints", f"{name}.seed{seed}", data_bin, args)
             result = train(name, data_bin, save_dir, args)
-            test_ppl = eval_lm(data_bin, save_dir / "checkpoint_best.pt", tokens_per_sample)
-            log(f"    valid ppl {result.best_valid_ppl:.1f}, test ppl {test_ppl:.1f}, {result.seconds:.0f} s")
-            runs.append(LMRun(name, seed, result, test_ppl))
+            test = test_ppl(data_bin, save_dir / "checkpoint_best.pt")
+            log(f"    valid ppl {result.best_valid_ppl:.1f}, test ppl {test:.1f}, {result.seconds:.0f} s")
+            runs.append(LMRun(name, seed, result, test))
             if on_done is not None:
                 on_done(name, seed)
     return runs

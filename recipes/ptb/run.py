@@ -4,7 +4,9 @@ LSTM vs MomentumLSTM vs SRLSTM (and Adam/RMSProp LSTMs) through `fairseq-train -
 fairseq_momentum --arch momentum_lstm_lm`. `--full` is the paper's setting (3 layers, 1150
 hidden, 400 embedding, AWD-LSTM regularisation, SGD lr 30, batch 20, BPTT 70, 500 epochs; Appendix
 A.3, Tables 6–7) on Penn Treebank; the default is a small model for 2 CPU cores on the offline
-Jane Austen corpus (PTB-style tokens, 10k vocabulary).
+Jane Austen corpus (PTB-style tokens, 10k vocabulary). Both train and evaluate as AWD-LSTM does:
+`--task language_modeling_bptt` carries the state over contiguous streams, and the test perplexity
+is fairseq-validate's over the test split in one stream.
 
     .venv/bin/python -m recipes.ptb.run                      # small, Austen, ~10 min on 2 cores
     .venv/bin/python -m recipes.ptb.run --corpus ptb --full  # the paper's run (GPU, days)
@@ -21,7 +23,7 @@ from recipes.common.cli import (
     require_distinct,
 )
 from recipes.common.corpora import lm_corpus
-from recipes.common.fairseq_runs import REPO, preprocess_lm
+from recipes.common.fairseq_runs import REPO, preprocess_lm, validate_lm
 from recipes.common.lm_experiment import plot_lm_runs, summarize, train_lm_models
 
 # Table 7: MomentumLSTM on PTB uses μ = 0, s = 0.6; SRLSTM restarts every 2 steps with s = 0.6.
@@ -42,7 +44,9 @@ SMALL = ["--arch", "momentum_lstm_lm", "--decoder-embed-dim", "200", "--decoder-
          "--decoder-dropout-in", "0.3", "--decoder-dropout-hidden", "0.2", "--decoder-dropout-out", "0.3",
          "--weight-drop", "0.2", "--optimizer", "sgd", "--lr", "20", "--clip-norm", "0.25",
          "--lr-scheduler", "reduce_lr_on_plateau", "--lr-shrink", "0.25", "--batch-size", "20"]
-COMMON = ["--task", "language_modeling", "--cpu", "--sample-break-mode", "none", "--log-interval", "20",
+# AWD-LSTM's protocol: truncated BPTT over contiguous streams, the state carried from batch to batch,
+# validation in 10 streams and the test split in one (fairseq_momentum/tasks/language_modeling_bptt.py)
+COMMON = ["--task", "language_modeling_bptt", "--cpu", "--batch-size-valid", "10", "--log-interval", "20",
           "--num-workers", "0", "--no-epoch-checkpoints", "--no-last-checkpoints"]
 
 
@@ -84,7 +88,7 @@ def main(argv=None):
     log(f"{len(models)} models × {len(args.seeds)} seeds on {source} "
         f"({'full' if args.full else 'small'} setting)")
     runs = train_lm_models(models, data_bin, args.out_dir, [*common, *schedule], tokens_per_sample=70,
-                           seeds=args.seeds, log=log)
+                           seeds=args.seeds, log=log, test_ppl=validate_lm)
     table = summarize(runs, args.out_dir,
                       f"Word-level LM on {source} ({'full' if args.full else 'small'} setting)")
     plots = plot_lm_runs(runs, args.out_dir, source)
