@@ -121,6 +121,54 @@ def test_training_carries_a_detached_state_and_each_epoch_starts_afresh(tmp_path
     assert task.train_state.state is None
 
 
+def test_variable_bptt_draws_awd_lengths_per_epoch_and_scales_the_rate(tmp_path, make_generator):
+    """--variable-bptt: the training split's chunks are N(L, 5) long (at least 5), the same on every
+    rank and when the epoch is run again, new each epoch; validation keeps L; each update's learning
+    rate is scaled by its chunk's length / L, then restored."""
+    model, task, args = build_model(tmp_path, [*TASK, "--tokens-per-sample", "20", "--variable-bptt"],
+                                    [*LSTM, "--dropout", "0"])
+    stream = stream_of(task, make_generator(), 4000)
+
+    def chunk_lengths(training, epoch, shard=0):
+        dataset = StreamDataset(stream, 20, task.dictionary.pad(), "train", training=training)
+        itr = task.get_batch_iterator(dataset, max_sentences=2, num_shards=2, shard_id=shard, seed=1,
+                                      epoch=epoch)
+        return [sample["net_input"]["src_tokens"].shape[1] for sample in itr.next_epoch_itr(shuffle=True)]
+
+    first = chunk_lengths(True, 1)
+    assert first == chunk_lengths(True, 1) == chunk_lengths(True, 1, shard=1)
+    assert first != chunk_lengths(True, 2)
+    assert sum(first) == 4000 // 4 and min(first[:-1]) >= 5 and len(set(first)) > 5
+    assert 15 < sum(first) / len(first) < 21
+    fixed = chunk_lengths(False, 1)
+    assert set(fixed[:-1]) == {20}
+
+    class Recorder:
+        def __init__(self):
+            self.lr, self.seen = 0.5, []
+
+        def get_lr(self):
+            return self.lr
+
+        def set_lr(self, lr):
+            self.lr = lr
+
+        def step(self):
+            self.seen.append(self.lr)
+
+        def backward(self, loss):
+            loss.backward()
+
+    optimizer = Recorder()
+    dataset = StreamDataset(stream, 20, task.dictionary.pad(), "train", training=True)
+    task.begin_epoch(1, model)
+    for sample in list(task.get_batch_iterator(dataset, max_sentences=2, seed=1).next_epoch_itr())[:3]:
+        task.train_step(sample, model, task.build_criterion(args), optimizer, 0)
+        task.optimizer_step(optimizer, model, 0)
+        length = sample["net_input"]["src_tokens"].shape[1]
+        assert optimizer.seen[-1] == pytest.approx(0.5 * length / 20) and optimizer.lr == 0.5
+
+
 def test_what_the_task_cannot_serve_is_refused(tmp_path):
     with pytest.raises(ValueError, match="needs a decoder that takes carried_state"):
         build_model(tmp_path, TASK, ["--arch", "momentum_transformer_lm", "--decoder-layers", "1",
@@ -165,11 +213,12 @@ def assert_same_parameters(resumed, uninterrupted):
         assert torch.equal(resumed[name], uninterrupted[name]), name
 
 
-def test_an_interrupted_run_resumes_from_the_carried_state_it_saved(lm_data, tmp_path):
+@pytest.mark.parametrize("bptt", [[], ["--variable-bptt"]], ids=["fixed", "variable"])
+def test_an_interrupted_run_resumes_from_the_carried_state_it_saved(lm_data, tmp_path, bptt):
     """Stopped inside the first epoch (81 batches), the checkpoint keeps every stream's state; the
-    resumed run continues it, validating with the carried state on the way, and ends with the
-    parameters of a run that never stopped."""
-    common = [*CLI, "--validate-interval-updates", "9", "--save-interval-updates", "100"]
+    resumed run continues it (and its chunk lengths), validating with the carried state on the way,
+    and ends with the parameters of a run that never stopped."""
+    common = [*CLI, *bptt, "--validate-interval-updates", "9", "--save-interval-updates", "100"]
     whole, interrupted = tmp_path / "whole", tmp_path / "interrupted"
     train(lm_data, whole, *common, "--max-update", "14")
     train(lm_data, interrupted, *common, "--max-update", "6")

@@ -1,22 +1,23 @@
-"""`--task language_modeling_bptt`: language modelling with truncated backpropagation through time
-over contiguous streams, as AWD-LSTM trains and evaluates (Merity et al.; MomentumRNN's PTB and
-WikiText setups, Appendix A.3).
+"""`--task language_modeling_bptt`: language modelling with truncated backpropagation through time over
+contiguous streams, as AWD-LSTM trains and evaluates (Merity et al.; MomentumRNN's PTB and WikiText
+setups, Appendix A.3).
 
 The split's text is one token stream (every line ends with `</s>`, fairseq-preprocess's way), cut
 into equal streams, `--batch-size` of them per rank (the remainder, fewer tokens than streams, is
 dropped). Batch t of a rank holds chunk t of each of its streams: `--tokens-per-sample` tokens (the
-BPTT length; the last chunk may be shorter), in stream order, never shuffled. The model's recurrent
-state at the end of one chunk starts the next (detached: gradients stop at the chunk's start), so
-every token is predicted once, from the whole stream before it. Each epoch and each validation start
-the streams from a zero state. Validation (and `fairseq-validate --valid-subset test --batch-size 1`,
-AWD-LSTM's test protocol) carries the state the same way.
+BPTT length; the last chunk may be shorter; `--variable-bptt` draws each training chunk's length as
+AWD-LSTM does and scales its update's learning rate), in stream order, never shuffled. The model's
+recurrent state at the end of one chunk starts the next (detached: gradients stop at the chunk's
+start), so every token is predicted once, from the whole stream before it. Each epoch and each
+validation start the streams from a zero state. Validation (and `fairseq-validate --valid-subset
+test --batch-size 1`, AWD-LSTM's test protocol) carries the state the same way.
 
-The carried state is part of where the training iterator is: a checkpoint saved inside an epoch holds
-it (every rank's streams, gathered after each update), and a resumed run continues from it exactly.
-The model's decoder must take `carried_state` (momentum_lstm_lm).
+The carried state is part of where the training iterator is: a checkpoint saved inside an epoch
+holds it (every rank's streams, gathered after each update), and a resumed run continues from it
+exactly. The model's decoder must take `carried_state` (momentum_lstm_lm).
 """
-from dataclasses import dataclass
-from typing import Dict, List, Optional
+from dataclasses import dataclass, field
+from typing import Callable, Dict, List, Optional
 
 import numpy as np
 import torch
@@ -50,23 +51,30 @@ class CarriedState:
 class StreamDataset(FairseqDataset):
     """A split's tokens as one stream (`</s>` first, as the context of the first token): inputs
     stream[:-1], targets stream[1:]. `arrange(streams_per_shard, shards)` cuts it into that many
-    streams per shard and returns the batches; item s * chunks + t is chunk t of stream s."""
+    streams per shard and returns the batches; item s * chunks + t is chunk t of stream s.
+    `training`: the split fairseq trains on (the one it loads with combine=True)."""
 
-    def __init__(self, tokens: torch.Tensor, bptt: int, pad: int, split: str):
+    def __init__(self, tokens: torch.Tensor, bptt: int, pad: int, split: str, training: bool = False):
         self.stream = tokens
-        self.bptt, self.pad, self.split = bptt, pad, split
+        self.bptt, self.pad, self.split, self.training = bptt, pad, split, training
         self.streams = self.length = self.chunks = 0
+        self.bounds = np.zeros(1, dtype=np.int64)
 
-    def arrange(self, streams_per_shard: int, shards: int) -> List[np.ndarray]:
+    def arrange(self, streams_per_shard: int, shards: int,
+                lengths: Optional[Callable[[int], List[int]]] = None) -> List[np.ndarray]:
         """The batches in order: batch t * shards + r holds chunk t of shard r's streams (fairseq's
-        iterator gives shard r every shards-th batch, so each rank walks its own streams)."""
+        iterator gives shard r every shards-th batch, so each rank walks its own streams). Chunks are
+        --tokens-per-sample long, or `lengths(stream_length)` long (the last one cut to fit)."""
         self.streams = streams_per_shard * shards
         self.length = (self.stream.numel() - 1) // self.streams
         if self.length == 0:
             raise ValueError(f"the {self.split} split has {self.stream.numel() - 1} tokens, fewer than its "
                              f"{self.streams} streams (--batch-size {streams_per_shard} on each of {shards} "
                              "ranks)")
-        self.chunks = -(-self.length // self.bptt)
+        sizes = lengths(self.length) if lengths is not None else [self.bptt] * -(-self.length // self.bptt)
+        self.bounds = np.minimum(np.concatenate([[0], np.cumsum(sizes)]), self.length)
+        self.bounds = self.bounds[:int(np.searchsorted(self.bounds, self.length)) + 1]
+        self.chunks = len(self.bounds) - 1
         return [np.arange(shard * streams_per_shard, (shard + 1) * streams_per_shard) * self.chunks + chunk
                 for chunk in range(self.chunks) for shard in range(shards)]
 
@@ -75,8 +83,8 @@ class StreamDataset(FairseqDataset):
 
     def __getitem__(self, index):
         stream, chunk = divmod(int(index), self.chunks)
-        begin = stream * self.length + chunk * self.bptt
-        end = stream * self.length + min((chunk + 1) * self.bptt, self.length)
+        begin = stream * self.length + int(self.bounds[chunk])
+        end = stream * self.length + int(self.bounds[chunk + 1])
         return {"id": index, "source": self.stream[begin:end].long(),
                 "target": self.stream[begin + 1:end + 1].long()}
 
@@ -130,7 +138,20 @@ def rows(state: List[RecurrentState], begin: int, end: int) -> List[RecurrentSta
 
 @dataclass
 class BPTTLanguageModelingConfig(LanguageModelingConfig):
-    pass
+    variable_bptt: bool = field(default=False, metadata={
+        "help": "AWD-LSTM's random BPTT length in training: each chunk is N(L, 5) tokens long (L = "
+                "--tokens-per-sample, or L/2 with probability 0.05; at least 5), drawn per epoch from "
+                "--seed, and its update's learning rate is scaled by its length / L"})
+
+
+def random_chunk_lengths(bptt: int, length: int) -> List[int]:
+    """AWD-LSTM's chunk lengths covering `length` tokens (numpy's global generator, seeded by the
+    caller): N(bptt, 5), or N(bptt / 2, 5) with probability 0.05, at least 5."""
+    sizes = []
+    while sum(sizes) < length:
+        mean = bptt if np.random.random() < 0.95 else bptt / 2
+        sizes.append(max(5, int(np.random.normal(mean, 5))))
+    return sizes
 
 
 class BPTTLanguageModelingTask(LanguageModelingTask):
@@ -146,6 +167,7 @@ class BPTTLanguageModelingTask(LanguageModelingTask):
         self.train_state = CarriedState()
         self.valid_states: Dict[str, CarriedState] = {}
         self.gathered: Optional[List[RecurrentState]] = None
+        self.update_lengths: List[int] = []
 
     def build_model(self, args, from_checkpoint=False):
         model = super().build_model(args, from_checkpoint)
@@ -165,7 +187,7 @@ class BPTTLanguageModelingTask(LanguageModelingTask):
         eos = torch.tensor([self.dictionary.eos()], dtype=torch.int32)
         tokens = torch.cat([eos] + [lines[i].to(torch.int32) for i in range(len(lines))])
         self.datasets[split] = StreamDataset(tokens, self.args.tokens_per_sample, self.dictionary.pad(),
-                                             split)
+                                             split, training=combine)
 
     def get_batch_iterator(self, dataset, max_tokens=None, max_sentences=None, num_shards=1, shard_id=0,
                            seed=1, num_workers=0, epoch=1, data_buffer_size=0, **kwargs):
@@ -177,7 +199,12 @@ class BPTTLanguageModelingTask(LanguageModelingTask):
         if not max_sentences:
             raise ValueError(f"--task {NAME} needs --batch-size (and --batch-size-valid for validation): "
                              "the number of streams of each rank")
-        batches = dataset.arrange(max_sentences, num_shards)
+        lengths = None
+        if self.args.variable_bptt and dataset.training:
+            def lengths(length):
+                with data_utils.numpy_seed(seed, epoch):   # the same on every rank and on resuming
+                    return random_chunk_lengths(self.args.tokens_per_sample, length)
+        batches = dataset.arrange(max_sentences, num_shards, lengths)
         return StreamIterator(self, dataset=dataset, collate_fn=dataset.collater, batch_sampler=batches,
                               seed=seed, num_shards=num_shards, shard_id=shard_id, num_workers=num_workers,
                               epoch=epoch, buffer_size=data_buffer_size)
@@ -203,6 +230,8 @@ class BPTTLanguageModelingTask(LanguageModelingTask):
     def train_step(self, sample, model, criterion, optimizer, update_num, ignore_grad=False):
         # a dummy batch (ignore_grad) must not move the streams on
         carried = CarriedState(self.train_state.state) if ignore_grad else self.train_state
+        if not ignore_grad and sample:
+            self.update_lengths.append(sample["net_input"]["src_tokens"].shape[1])
         return super().train_step(with_state(sample, carried), model, criterion, optimizer, update_num,
                                   ignore_grad)
 
@@ -211,7 +240,15 @@ class BPTTLanguageModelingTask(LanguageModelingTask):
         return super().valid_step(with_state(sample, carried), model, criterion)
 
     def optimizer_step(self, optimizer, model, update_num):
-        super().optimizer_step(optimizer, model, update_num)
+        lengths, self.update_lengths = self.update_lengths, []
+        if self.args.variable_bptt and lengths:
+            # AWD-LSTM scales the rate of a chunk's update by its length
+            rate = optimizer.get_lr()
+            optimizer.set_lr(rate * sum(lengths) / len(lengths) / self.args.tokens_per_sample)
+            super().optimizer_step(optimizer, model, update_num)
+            optimizer.set_lr(rate)
+        else:
+            super().optimizer_step(optimizer, model, update_num)
         if self.train_state.state is not None and distributed_utils.get_data_parallel_world_size() > 1:
             # checkpoints are written by one rank: every rank's streams go into it
             group = distributed_utils.get_data_parallel_group()
