@@ -15,6 +15,7 @@ alone (`MomentumLSTM(..., cu_seqlens=...)`).
 The stack runs as one `MomentumLSTM` call (the plain cell as one fused multi-layer kernel);
 `output_hidden_states` asks it for every layer's output (`all_layers`).
 """
+import contextlib
 from functools import partial
 from typing import Optional
 
@@ -53,6 +54,7 @@ from .momentum_rnn_core import (
     locked_dropout_packed,
     read_hyperparameters,
     segment_ids,
+    weight_drop,
 )
 from .packing import COLLATOR, has_packing_kwargs, pop_packing_kwargs, possible_document_starts
 from .recurrent_cache import RecurrentCache, StaticStateMixin
@@ -135,21 +137,24 @@ class MomentumLSTMStack(MomentumLSTM):
         self.weight_drop = weight_drop
 
     def forward(self, input, state=None, *, cu_seqlens=None, cu_seqlens_cpu=None, one_step=False,
-                all_layers=False, weights_dropped=False):
-        if self.training and self.weight_drop > 0 and not weights_dropped:
-            # the dropped matrices stand in for the parameters for this call, which runs the layers'
-            # fused recurrence unchanged; gradients reach the parameters through the masks
-            dropped = {name: F.dropout(getattr(self.get_submodule(name.rpartition(".")[0]),
-                                               name.rpartition(".")[2]), self.weight_drop, True)
-                       for name in self.recurrent_weight_names()}
-            return torch.func.functional_call(self, dropped, (input, state), dict(
-                cu_seqlens=cu_seqlens, cu_seqlens_cpu=cu_seqlens_cpu, one_step=one_step,
-                all_layers=all_layers, weights_dropped=True))
+                all_layers=False):
+        with self.weight_drop_masks():
+            return self._forward(input, state, cu_seqlens=cu_seqlens, cu_seqlens_cpu=cu_seqlens_cpu,
+                                 one_step=one_step, all_layers=all_layers)
+
+    def weight_drop_masks(self) -> contextlib.AbstractContextManager:
+        """In training with weight_drop: every hidden-to-hidden matrix replaced by a dropped copy for
+        the call (one mask each, drawn first layer to last), which the layers' fused recurrence and
+        cell step read unchanged; gradients reach the parameters (or a LoRA adapter's factors)
+        through the masks."""
+        return self.substituted_recurrent_weights(weight_drop(self.weight_drop, self.training))
+
+    def _forward(self, input, state, *, cu_seqlens, cu_seqlens_cpu, one_step, all_layers):
         if one_step:
             out, state = self.step(input, state, all_layers=all_layers)
         else:
-            out, state = super().forward(input, state, cu_seqlens=cu_seqlens, cu_seqlens_cpu=cu_seqlens_cpu,
-                                         all_layers=all_layers)
+            out, state = MomentumLSTM.forward(self, input, state, cu_seqlens=cu_seqlens,
+                                              cu_seqlens_cpu=cu_seqlens_cpu, all_layers=all_layers)
         return (out if all_layers else (out,)), state
 
     def recurrent_weight_names(self) -> list[str]:
@@ -171,15 +176,17 @@ class MomentumLSTMStackWithTop(MomentumLSTMStack):
                          **kwargs)
         self.top = MomentumLSTMStack(hidden_size, top_size, 1, weight_drop=weight_drop, **kwargs)
 
-    def forward(self, input, state=None, *, cu_seqlens=None, cu_seqlens_cpu=None, one_step=False,
-                all_layers=False, weights_dropped=False):
-        if self.training and self.weight_drop > 0 and not weights_dropped:
-            return super().forward(input, state, cu_seqlens=cu_seqlens, cu_seqlens_cpu=cu_seqlens_cpu,
-                                   one_step=one_step, all_layers=all_layers)
+    def weight_drop_masks(self) -> contextlib.AbstractContextManager:
+        # every mask before any layer runs, the lower layers' then top's (fairseq's order)
+        masks = contextlib.ExitStack()
+        masks.enter_context(super().weight_drop_masks())
+        masks.enter_context(self.top.weight_drop_masks())
+        return masks
+
+    def _forward(self, input, state, *, cu_seqlens, cu_seqlens_cpu, one_step, all_layers):
         below, top = self._split(state)
-        segments = dict(cu_seqlens=cu_seqlens, cu_seqlens_cpu=cu_seqlens_cpu, one_step=one_step,
-                        weights_dropped=weights_dropped)
-        outputs, below = super().forward(input, below, all_layers=all_layers, **segments)
+        segments = dict(cu_seqlens=cu_seqlens, cu_seqlens_cpu=cu_seqlens_cpu, one_step=one_step)
+        outputs, below = super()._forward(input, below, all_layers=all_layers, **segments)
         between = self._between(outputs[-1], cu_seqlens_cpu if cu_seqlens is not None else None, one_step)
         (out,), top = self.top(between, top, **segments)
         return (outputs + (out,) if all_layers else (out,)), self._join(below, top)

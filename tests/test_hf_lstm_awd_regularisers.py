@@ -4,6 +4,8 @@ trains exactly as the same documents padded, under one seed); weight drop is Dro
 hidden-to-hidden matrix with gradients through its mask; word dropout drops a word everywhere; none acts
 at eval time; gradient checkpointing recomputes the same masks. (Training equal to fairseq's
 momentum_lstm_lm under one seed: test_fairseq_lstm_lm_to_hf.py.)"""
+import copy
+
 import pytest
 import torch
 from helpers.hf_tiny_models import AWD
@@ -196,3 +198,36 @@ def test_output_dropout_defaults_to_embedding_dropout_and_fields_round_trip(tmp_
 def test_plugins_layer_refuses_a_non_bool_locked_dropout():
     with pytest.raises(ValueError, match="locked_dropout"):
         MomentumLSTM(4, 5, 2, locked_dropout=1)
+
+
+def test_weight_drop_drops_the_lora_adapted_matrices():
+    """With LoRA on the recurrent matrices (PEFT's target_parameters; a uniform stack: PEFT cannot
+    reach a parameter of a module inside another it wraps), weight drop drops the adapted matrix: the
+    training logits equal the merged model's with its matrices dropped by hand under the same seed,
+    and the LoRA factors get gradients."""
+    peft = pytest.importorskip("peft")
+    model = causal_lm("uniform", weight_drop=0.5)
+    names = model.model.lstm.recurrent_weight_names()
+    targets = [f"lstm.{name}" for name in names] + ["lstm.weight_ih_l0"]
+    model = peft.get_peft_model(model, peft.LoraConfig(r=2, lora_alpha=4, target_modules=[],
+                                                       target_parameters=targets))
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if "lora_B" in name:          # LoRA starts as the identity: make the adapter count
+                parameter.normal_(0, 0.3, generator=torch.Generator().manual_seed(len(name)))
+    ids = torch.randint(1, 40, (2, 9), generator=torch.Generator().manual_seed(0))
+    merged = copy.deepcopy(model).merge_and_unload()
+    model.train()
+    torch.manual_seed(5)
+    logits = model(input_ids=ids).logits
+    logits.sum().backward()
+    lora = {name: p.grad for name, p in model.named_parameters() if p.requires_grad}
+    assert lora and all(grad is not None and grad.abs().sum() > 0 for grad in lora.values())
+    torch.manual_seed(5)
+    with torch.no_grad():
+        for name in names:
+            weight = merged.model.lstm.get_parameter(name)
+            weight.copy_(torch.nn.functional.dropout(weight, 0.5, True))
+    merged.model.lstm.weight_drop = 0.0
+    with torch.no_grad():
+        torch.testing.assert_close(logits, merged.train()(input_ids=ids).logits, rtol=0, atol=1e-12)

@@ -39,6 +39,7 @@ sequence reversed within its length, the next layer reading [forward | backward]
 whole sequences (padded or a PackedSequence, and a symbolic length under torch.export,
 export_scan.py), not packed rows nor `step`.
 """
+import contextlib
 import functools
 import math
 
@@ -254,7 +255,29 @@ class _MomentumLayers(nn.Module):
 
     def layer_parameters(self, k):
         get = lambda name: getattr(self, f"{name}_l{self.layer_name(k)}", None)
-        return get("weight_ih"), get("weight_hh"), get("bias_ih"), get("bias_hh")
+        substitutes = self.__dict__.get("_recurrent_substitutes")
+        weight_hh = substitutes[k] if substitutes is not None else get("weight_hh")
+        return get("weight_ih"), weight_hh, get("bias_ih"), get("bias_hh")
+
+    @contextlib.contextmanager
+    def substituted_recurrent_weights(self, recurrent_weight):
+        """Within the block, layer k reads recurrent_weight(k, weight_hh_lk) (formed once, on entry) as
+        its recurrent weight: AWD-LSTM's weight drop. Every read goes through `layer_parameters`, so a
+        parametrized weight (a LoRA adapter, an orthogonal parametrization) is formed first and the
+        gradients reach it through the substitute. None: nothing is substituted. A block inside
+        another keeps the outer substitutes."""
+        if recurrent_weight is None or self.__dict__.get("_recurrent_substitutes") is not None:
+            yield
+            return
+        if not callable(recurrent_weight):
+            raise ValueError(f"recurrent_weight must be a callable (k, weight_hh) -> weight, got "
+                             f"{type(recurrent_weight).__name__}")
+        self.__dict__["_recurrent_substitutes"] = [recurrent_weight(k, self.layer_parameters(k)[1])
+                                                   for k in range(self.num_layers * self.directions)]
+        try:
+            yield
+        finally:
+            del self.__dict__["_recurrent_substitutes"]
 
     def _decay(self, steps, start_step):
         """Momentum filter of this cell for the whole-sequence form (filters.py); None when
@@ -314,7 +337,7 @@ class _MomentumLayers(nn.Module):
         all_layers: output is then a tuple of every layer's output, first to last, each laid
         out as the input (for `output_hidden_states`). recurrent_weight: a callable
         (k, weight_hh_lk) -> the recurrent weight layer k uses in this call (AWD-LSTM's weight
-        drop), substituted with torch.func.functional_call so the parameters stay the module's.
+        drop; `substituted_recurrent_weights`), so the parameters stay the module's.
 
         Packed rows (segments.py): `cu_seqlens` (n+1 offsets over a batch of one row) or
         `segment_starts` ((batch, time) bool, True where a sequence begins, (batch, time)
@@ -327,14 +350,10 @@ class _MomentumLayers(nn.Module):
         call reads nothing back from the device; it must equal cu_seqlens."""
         check_bool(all_layers, "all_layers")
         if recurrent_weight is not None:
-            if not callable(recurrent_weight):
-                raise ValueError(f"recurrent_weight must be a callable (k, weight_hh) -> weight, got "
-                                 f"{type(recurrent_weight).__name__}")
-            swapped = {f"weight_hh_l{self.layer_name(k)}": recurrent_weight(k, self.layer_parameters(k)[1])
-                       for k in range(self.num_layers * self.directions)}
-            return torch.func.functional_call(self, swapped, (input, state),
-                                              dict(cu_seqlens=cu_seqlens, cu_seqlens_cpu=cu_seqlens_cpu,
-                                                   segment_starts=segment_starts, all_layers=all_layers))
+            with self.substituted_recurrent_weights(recurrent_weight):
+                return _MomentumLayers.forward(self, input, state, cu_seqlens=cu_seqlens,
+                                               cu_seqlens_cpu=cu_seqlens_cpu, segment_starts=segment_starts,
+                                               all_layers=all_layers)
         if cu_seqlens_cpu is not None and cu_seqlens is None:
             raise ValueError("cu_seqlens_cpu is the host copy of cu_seqlens: pass cu_seqlens too")
         if cu_seqlens is None and segment_starts is None and exports_a_length(input, self.batch_first):
