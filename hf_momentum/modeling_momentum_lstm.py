@@ -22,7 +22,7 @@ from typing import Optional
 import torch
 from torch import nn
 from torch.nn import functional as F
-from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence, pad_packed_sequence
+from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 from transformers import GenerationMixin, PreTrainedModel
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import BaseModelOutputWithPast, SequenceClassifierOutput
@@ -50,10 +50,9 @@ from .momentum_rnn_core import (
     Segments,
     embedding_dropout,
     front_order,
-    locked_dropout,
-    locked_dropout_packed,
     read_hyperparameters,
     segment_ids,
+    sequence_dropout,
     weight_drop,
 )
 from .packing import COLLATOR, has_packing_kwargs, pop_packing_kwargs, possible_document_starts
@@ -197,18 +196,12 @@ class MomentumLSTMStackWithTop(MomentumLSTMStack):
     def _between(self, x, offsets_cpu, one_step):
         """The dropout between the layers below and `top` (training only), of a tensor, a packed row
         of segments (offsets_cpu: their host offsets) or a PackedSequence: nn.LSTM's, or locked."""
-        if not self.training or self.dropout == 0:
-            return x
-        if not self.locked_dropout:
-            if isinstance(x, PackedSequence):
-                return x._replace(data=F.dropout(x.data, self.dropout, True))
-            return F.dropout(x, self.dropout, True)
-        if isinstance(x, PackedSequence):
-            return locked_dropout_packed(x, self.dropout, True)
-        if offsets_cpu is not None:
-            return locked_dropout(x, self.dropout, True, sequence_ids=segment_ids(offsets_cpu, x.device),
-                                  sequences=offsets_cpu.numel() - 1)
-        return locked_dropout(x, self.dropout, True, time_dim=None if one_step else 1)
+        segments = {}
+        if self.locked_dropout and self.training and self.dropout > 0 and offsets_cpu is not None:
+            segments = dict(sequence_ids=segment_ids(offsets_cpu, x.device),
+                            sequences=offsets_cpu.numel() - 1)
+        return sequence_dropout(x, self.dropout, self.training, self.locked_dropout,
+                                time_dim=None if one_step else 1, **segments)
 
     def _split(self, state):
         """(the layers' below state, top's state) of a joined state (or None)."""
@@ -335,14 +328,11 @@ class MomentumLSTMModel(MomentumLSTMPreTrainedModel):
     def _sequence_dropout(self, x, p, packed: Optional[Segments]):
         """Dropout p of x (batch, length, features) in training: per element, or with locked_dropout
         one mask per sequence (a row, or each packed document)."""
-        if not self.training or p == 0:
-            return x
-        if not self.config.locked_dropout:
-            return F.dropout(x, p, True)
-        if packed is None:
-            return locked_dropout(x, p, True, time_dim=1)
-        return locked_dropout(x, p, True, sequence_ids=packed.document_ids(),
-                              sequences=packed.cu_seqlens.numel() - 1)
+        locked = self.config.locked_dropout
+        documents = {}
+        if locked and self.training and p > 0 and packed is not None:
+            documents = dict(sequence_ids=packed.document_ids(), sequences=packed.cu_seqlens.numel() - 1)
+        return sequence_dropout(x, p, self.training, locked, time_dim=1, **documents)
 
     def _layout(self, cache, given, use_cache, attention_mask, position_ids, batch, length, device, packing):
         """(new tokens' padding mask, packed documents or None, the cache to use) with a dynamic cache

@@ -2,6 +2,7 @@
 Appendix A.3) around `plugins.rnn.MomentumLSTM` layers: weight drop, locked dropout between
 layers and embedding dropout, as plugins.rnn.awd defines them for both integrations.
 """
+import contextlib
 from typing import List, Optional
 
 from torch import Tensor, nn
@@ -35,17 +36,18 @@ class AWDMomentumLSTM(nn.Module):
     def forward(self, x: Tensor, states: Optional[List[Optional[RecurrentState]]] = None):
         states = states if states is not None else [None] * len(self.layers)
         new_states = []
-        # every layer's weight-drop mask first, then the layers (with the masks between them): the
-        # order in which transformers' MomentumLSTMForCausalLM draws them, so a converted model
-        # trains as this one under the same seed
-        drop = weight_drop(self.weight_drop, self.training)
-        dropped = [None if drop is None else drop(0, layer.weight_hh_l0) for layer in self.layers]
-        for k, (layer, state) in enumerate(zip(self.layers, states)):
-            if k > 0:
-                x = locked_dropout(x, self.dropout_hidden, self.training)
-            recurrent = None if dropped[k] is None else (lambda _, __, weight=dropped[k]: weight)
-            x, state = layer(x, state, recurrent_weight=recurrent)
-            new_states.append(state)
+        with contextlib.ExitStack() as masks:
+            # every layer's weight-drop mask first, then the layers (with the masks between them): the
+            # order in which transformers' MomentumLSTMForCausalLM draws them, so a converted model
+            # trains as this one under the same seed
+            drop = weight_drop(self.weight_drop, self.training)
+            for layer in self.layers:
+                masks.enter_context(layer.substituted_recurrent_weights(drop))
+            for k, (layer, state) in enumerate(zip(self.layers, states)):
+                if k > 0:
+                    x = locked_dropout(x, self.dropout_hidden, self.training)
+                x, state = layer(x, state)
+                new_states.append(state)
         return x, new_states
 
     def step(self, x: Tensor, states: Optional[List[Optional[RecurrentState]]] = None):

@@ -35,13 +35,24 @@ def locked_dropout(x: Tensor, p: float, training: bool, *, time_dim: Optional[in
     return x * mask[sequence_ids]
 
 
-def locked_dropout_packed(x: PackedSequence, p: float, training: bool) -> PackedSequence:
-    """`locked_dropout` of a PackedSequence: one mask per sequence of its data."""
+def sequence_dropout(x, p: float, training: bool, locked: bool, *, time_dim: Optional[int] = 0,
+                     sequence_ids: Optional[Tensor] = None, sequences: Optional[int] = None):
+    """Dropout p of x (a tensor or a PackedSequence) in training: per element as nn.Dropout's, or
+    `locked`: one mask per sequence (`locked_dropout`, its other arguments naming the sequences; a
+    PackedSequence's sequences are its own)."""
     if not training or p == 0.0:
         return x
-    sizes = x.batch_sizes
-    ids = torch.cat([torch.arange(n) for n in sizes.tolist()]).to(x.data.device, non_blocking=True)
-    return x._replace(data=locked_dropout(x.data, p, True, sequence_ids=ids, sequences=int(sizes[0])))
+    if isinstance(x, PackedSequence):
+        if locked:
+            sizes = x.batch_sizes
+            sequences = int(sizes[0])          # batch_sizes live on the host
+            sequence_ids = torch.cat([torch.arange(n) for n in sizes.tolist()]).to(x.data.device,
+                                                                                  non_blocking=True)
+        return x._replace(data=sequence_dropout(x.data, p, True, locked, sequence_ids=sequence_ids,
+                                                sequences=sequences))
+    if not locked:
+        return F.dropout(x, p, True)
+    return locked_dropout(x, p, True, time_dim=time_dim, sequence_ids=sequence_ids, sequences=sequences)
 
 
 def segment_ids(offsets_cpu: Tensor, device) -> Tensor:

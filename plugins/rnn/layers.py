@@ -51,7 +51,7 @@ from torch.nn.utils.rnn import PackedSequence
 from ..exported_eps import plus_eps
 from ..validation import check_bool, check_int, check_offsets, check_probability
 from .adam_recurrence import AdamLSTMRecurrence, drive_first, gate_order
-from .awd import locked_dropout, segment_ids
+from .awd import segment_ids, sequence_dropout
 from .checks import check_input_dtype, check_sizes
 from .export_scan import exports_a_length, scanned_forward
 from .filters import SegmentDecay, bias_channel, carried_channels, filter_sequence, second_moment
@@ -375,21 +375,14 @@ class _MomentumLayers(nn.Module):
         positions belong to `sequences` sequences as sequence_ids says (for locked dropout)."""
         outputs, finals = [], []
         for k in range(self.num_layers):
-            if k > 0 and self.dropout > 0 and self.training:
-                x = self._between_layers(x, sequence_ids, sequences)
+            if k > 0:
+                x = sequence_dropout(x, self.dropout, self.training, self.locked_dropout,
+                                     time_dim=0 if x.dim() == 3 else None, sequence_ids=sequence_ids,
+                                     sequences=sequences)
             x, final = layer(k, x)
             outputs.append(x)
             finals.append(final)
         return outputs, finals
-
-    def _between_layers(self, x, sequence_ids, sequences):
-        """Dropout between two layers: per element as nn.LSTM's, or locked (one mask per sequence,
-        AWD-LSTM's variational dropout)."""
-        if not self.locked_dropout:
-            return F.dropout(x, self.dropout, True)
-        if sequence_ids is not None:
-            return locked_dropout(x, self.dropout, True, sequence_ids=sequence_ids, sequences=sequences)
-        return locked_dropout(x, self.dropout, True, time_dim=0 if x.dim() == 3 else None)
 
     def _drops_locked(self):
         """Whether this call drops locked masks between layers (torch's fused multi-layer kernel
