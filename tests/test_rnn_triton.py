@@ -9,6 +9,7 @@ GEMM and a step kernel per step ("triton"), and the GEMM inside the step kernel
 against the torch path.
 """
 import os
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -191,6 +192,25 @@ def test_dispatch(monkeypatch):
     for backend in TRITON:
         with recurrence_backend(backend), pytest.raises(RuntimeError, match=backend):
             adam_recurrence._triton_function(g)
+
+
+@pytest.mark.parametrize("hidden, chosen", [(1, "triton-one-launch"), (256, "triton-one-launch"),
+                                            (257, "triton"), (1150, "triton")])
+def test_auto_takes_one_launch_per_step_for_small_layers(hidden, chosen, monkeypatch):
+    """On CUDA tensors "auto" runs the recurrent GEMM inside the step kernel up to 256 hidden units,
+    where the launches bound the step loop, and the cuBLAS GEMM beside it above; CPU tensors and a
+    machine without triton take the torch loop. Decided from g's shape, never its values."""
+    from plugins.rnn.adam_recurrence_triton import OneLaunchAdamLSTMRecurrence, TritonAdamLSTMRecurrence
+    functions = {"triton": TritonAdamLSTMRecurrence, "triton-one-launch": OneLaunchAdamLSTMRecurrence}
+    cuda_g = SimpleNamespace(is_cuda=True, shape=(70, 20, 4 * hidden))
+    assert adam_recurrence.auto_backend(cuda_g) == chosen
+    assert adam_recurrence._triton_function(cuda_g) is functions[chosen]
+    with recurrence_backend("triton"):
+        assert adam_recurrence._triton_function(cuda_g) is TritonAdamLSTMRecurrence
+    assert adam_recurrence.auto_backend(torch.zeros(2, 1, 4 * hidden)) == "torch"
+    monkeypatch.setattr(adam_recurrence, "triton_available", lambda: False)
+    assert adam_recurrence.auto_backend(cuda_g) == "torch"
+    assert adam_recurrence._triton_function(cuda_g) is None
 
 
 def test_the_process_default_comes_from_the_environment():

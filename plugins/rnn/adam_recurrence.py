@@ -15,8 +15,9 @@ permute the rows of their weights (`gate_order`). Packed sequences use the batch
 convention of torch's kernels: the batch is sorted by decreasing length and step t only
 touches the first batch_sizes[t] rows, so finished rows keep their state.
 
-On CUDA tensors `AdamLSTMRecurrence.apply` runs the same recurrence as one GEMM and one fused
-Triton kernel per step (adam_recurrence_triton.py) when triton is installed; `recurrence_backend`
+On CUDA tensors `AdamLSTMRecurrence.apply` runs the same recurrence as fused Triton steps
+(adam_recurrence_triton.py) when triton is installed: one kernel per step with the recurrent GEMM
+inside up to ONE_LAUNCH_MAX_HIDDEN units, a cuBLAS GEMM and one kernel above; `recurrence_backend`
 forces either implementation, or ("cudnn") takes MomentumLSTM's Adam/RMSProp layers off this
 Function altogether: onto torch's fused LSTM kernel, fed eq. 15's drive of every step
 (layers.MomentumLSTM._drive_first_layer). torch.export always takes that form (`drive_first`).
@@ -33,6 +34,10 @@ from ..validation import check_choice
 from .adam_recurrence_buffers import forward_buffers, forward_results
 
 BACKENDS = ("auto", "torch", "triton", "triton-one-launch", "cudnn")
+# "auto" puts the recurrent GEMM inside the step kernel (one launch per step) up to this many hidden
+# units, where the launches bound the step loop: on an H200 (docs/benchmarks.md, 2026-12-04) it took
+# 0.40x the two-launch step's time at pMNIST's 256 units (batch 128) and 1.58x at PTB's 1150 (batch 20)
+ONE_LAUNCH_MAX_HIDDEN = 256
 # the process's default, read once at import (as MOMENTUM_TRITON_SCAN for attention)
 _backend = check_choice(os.environ.get("MOMENTUM_LSTM_RECURRENCE", "auto"), "MOMENTUM_LSTM_RECURRENCE",
                         BACKENDS)
@@ -46,7 +51,8 @@ def recurrence_backend(name):
     GEMM inside the step kernel: one launch per step), "cudnn" (MomentumLSTM's layers, and the
     tanh MomentumRNN's, form eq. 15's drive for all steps first and run torch's fused LSTM or
     tanh-RNN kernel on it: cuDNN on CUDA, one call per layer, no step loop in Python; aten on CPU)
-    or "auto" (triton for CUDA tensors when it is installed, else torch). Outside any block:
+    or "auto" (on CUDA tensors when triton is installed: triton-one-launch up to
+    ONE_LAUNCH_MAX_HIDDEN hidden units, triton above; else torch). Outside any block:
     MOMENTUM_LSTM_RECURRENCE (default auto)."""
     global _backend
     previous, _backend = _backend, check_choice(name, "backend", BACKENDS)
@@ -83,6 +89,13 @@ def triton_available():
     return _triton_recurrences() is not None
 
 
+def auto_backend(g):
+    """The backend "auto" runs eq. 15 on for g (T, B, 4H): shape and device only, no host read."""
+    if not (g.is_cuda and triton_available()):
+        return "torch"
+    return "triton-one-launch" if g.shape[-1] // 4 <= ONE_LAUNCH_MAX_HIDDEN else "triton"
+
+
 def _triton_function(g):
     """The Triton Function that runs eq. 15 on g under the current backend, or None (the torch
     loop). Never reached under torch.export (`drive_first`)."""
@@ -91,9 +104,8 @@ def _triton_function(g):
             raise RuntimeError(f"recurrence backend {_backend!r} needs the triton package "
                                "(pip install momentum-plugins[triton])")
         return _triton_recurrences()[_backend]
-    if _backend == "auto" and g.is_cuda and triton_available():
-        return _triton_recurrences()["triton"]
-    return None
+    chosen = auto_backend(g) if _backend == "auto" else "torch"
+    return None if chosen == "torch" else _triton_recurrences()[chosen]
 
 
 def gate_order(hidden, device=None):
