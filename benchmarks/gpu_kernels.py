@@ -61,7 +61,7 @@ def parse_tile(text: str) -> tuple:
 @contextlib.contextmanager
 def forced_tiles(tiles: dict):
     """The chunk kernels named in `tiles` ({name: (BK, BV, warps)}) at that tile alone, kept by
-    their pruner or not (utils.prune_chunk keeps two tiles for exact fp32 dots): a candidate timed
+    their pruner or not (utils.CHUNK_PRUNERS: three tiles for exact fp32 dots at D ≤ 64): a candidate timed
     beside what the autotuner chooses. Their tuning is kept apart and restored after."""
     from plugins.attention.triton import chunk_kernels
     saved = []

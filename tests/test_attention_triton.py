@@ -681,7 +681,7 @@ from plugins.attention.triton import chunk_kernels as K
 from plugins.attention.triton import fused_chunk_kernels as FK
 from plugins.attention.triton import fused_recurrent as F
 from plugins.attention.triton import split as S
-from plugins.attention.triton.utils import BF16X6, prune_chunk, prune_scan, tuning_configs
+from plugins.attention.triton.utils import BF16X6, prune_chunk_k, prune_chunk_v, prune_scan, tuning_configs
 
 BF16X6 = BF16X6.value      # exact fp32's dots as six bf16 products (Triton's "bf16x6")
 
@@ -718,10 +718,10 @@ for dtype, momentum, ieee, varlen in (("bf16", True, False, False), ("fp32", Tru
     flags = {"LOW": dtype == "bf16", "IEEE": ieee}
     meta = dict(DK=DK, DV=DV, BT=BT, MOMENTUM=momentum, HAS_LEN=not varlen, IS_VARLEN=varlen, **flags)
     for kernel, prune, extra in ((K.fwd_h, prune_scan, {"USE_INIT": True, "STORE_H": True}),
-                                 (K.fwd_o, prune_chunk, {"SPLIT": True}),
+                                 (K.fwd_o, prune_chunk_v, {"SPLIT": True}),
                                  (K.bwd_dh, prune_scan, {"HAS_FINAL_GRAD": True, "STORE_H": True}),
-                                 (K.bwd_dv, prune_chunk, {"SPLIT": True}),
-                                 (K.bwd_dqk, prune_chunk, {"SPLIT": True})):
+                                 (K.bwd_dv, prune_chunk_v, {"SPLIT": True}),
+                                 (K.bwd_dqk, prune_chunk_k, {"SPLIT": True})):
         first = {"q": torch.empty(0, dtype=TORCH_DTYPES[dtype])}     # the pruning reads its dtype
         config = prune(tuning_configs(), first, **meta)[-1]
         start = time.time()
@@ -765,6 +765,34 @@ def test_chunk_pruning_never_keeps_a_config_that_faulted_on_a_gpu(d, dtype, monk
     if d == 64:
         unfiltered = utils._prune(utils.tuning_configs(), first, meta, 8, ((32, 32, 4),))
         assert utils.CHUNK_FAULTS <= {(c.kwargs["BK"], c.kwargs["BV"], c.num_warps) for c in unfiltered}
+
+
+@pytest.mark.parametrize("d", [16, 24, 48, 64, 128])
+def test_exact_fp32_keeps_a_tile_over_the_whole_head_for_the_chunk_kernels(d, monkeypatch):
+    """Exact fp32 FMA dots: fwd_o and bwd_dv also keep one V tile over the whole head, bwd_dqk one
+    K tile (BK or BV 16 on the other side, 8 warps), at heads of at most 64; not for bf16x6 or tf32
+    dots, 16-bit inputs, wider heads, or under the interpreter (one config there)."""
+    from plugins.attention.triton import utils
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+
+    def kept(name, dtype=torch.float32, ieee=True):
+        first = {"q": torch.empty(0, dtype=dtype)}
+        return {(c.kwargs["BK"], c.kwargs["BV"], c.num_warps)
+                for c in utils.CHUNK_PRUNERS[name](utils.tuning_configs(), first, DK=d, DV=d, IEEE=ieee)}
+    base = {(c.kwargs["BK"], c.kwargs["BV"], c.num_warps) for c in utils.prune_chunk(
+        utils.tuning_configs(), {"q": torch.empty(0)}, DK=d, DV=d, IEEE=True)}
+    whole = utils.block(d)
+    wanted = {"fwd_o": (16, whole, 8), "bwd_dv": (16, whole, 8), "bwd_dqk": (whole, 16, 8)}
+    for name, tile in wanted.items():
+        assert kept(name) == (base | {tile} if d <= 64 else base), name
+        assert kept(name, ieee=utils.BF16X6.value) == {(c.kwargs["BK"], c.kwargs["BV"], c.num_warps)
+                                                       for c in utils.prune_chunk(
+            utils.tuning_configs(), {"q": torch.empty(0)}, DK=d, DV=d, IEEE=utils.BF16X6.value)}
+        for dtype, ieee in ((torch.float32, False), (torch.bfloat16, False)):
+            assert tile not in kept(name, dtype, ieee) or tile in base, (name, dtype)
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert len(utils.CHUNK_PRUNERS["fwd_o"](utils.tuning_configs(), {"q": torch.empty(0)},
+                                            DK=d, DV=d, IEEE=True)) == 1
 
 
 def test_kernels_compile_for_an_h100():

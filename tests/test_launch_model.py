@@ -32,12 +32,15 @@ def test_programs_and_bytes_of_each_launch():
 
 
 def test_flops_of_each_launch_at_each_kept_tile():
-    """fp32 with exact dots keeps two tiles per chunk kernel (utils.prune_chunk): both are listed,
-    and the smaller one, which repeats the intra-chunk products, models more flops."""
+    """fp32 with exact dots keeps two tiles per chunk kernel (utils.prune_chunk) and, at D 64, one
+    that spans the head on the side the kernel's programs own (V for fwd_o and bwd_dv, K for
+    bwd_dqk; utils.CHUNK_PRUNERS): all are listed; the smallest repeats the intra-chunk products
+    most and models the most flops, the whole-head tile the fewest."""
     out = launch_model("--flops", "--dtype", "fp32", "--shapes", "16-16-1024", "--scans", "chunked")
     rows = {line.split("|")[3].strip(): line.split("|")[4] for line in out.splitlines()
             if line.startswith("| 16-16-64-1024")}
     assert set(rows) == {"fwd_h", "fwd_o", "bwd_dh", "bwd_dv", "bwd_dqk", "fwd+bwd"}
-    tiles = {tile: float(gflop) for gflop, tile in re.findall(r"([\d.]+) at \(([\d, ]+)\)", rows["bwd_dqk"])}
-    assert set(tiles) == {"16, 16, 4", "32, 32, 8"}
-    assert tiles["16, 16, 4"] > tiles["32, 32, 8"]
+    for kernel, whole in (("fwd_o", "16, 64, 8"), ("bwd_dv", "16, 64, 8"), ("bwd_dqk", "64, 16, 8")):
+        tiles = {tile: float(gflop) for gflop, tile in re.findall(r"([\d.]+) at \(([\d, ]+)\)", rows[kernel])}
+        assert set(tiles) == {"16, 16, 4", "32, 32, 8", whole}, kernel
+        assert tiles["16, 16, 4"] > tiles["32, 32, 8"] > tiles[whole], kernel

@@ -56,7 +56,8 @@ def kept_configs(name, constants, first, monkeypatch):
         configs = fused_chunk_kernels.fused_configs(tile_v=True)
         kept = fused_chunk_kernels.prune_fused(configs, {"q": first}, **constants)
     else:
-        prune = utils.prune_scan if name in ("fwd_h", "bwd_dh") else utils.prune_chunk
+        scan = name in ("fwd_h", "bwd_dh")
+        prune = utils.prune_scan if scan else utils.CHUNK_PRUNERS.get(name, utils.prune_chunk)
         kept = prune(utils.tuning_configs(), {"q": first}, **constants)
     assert kept, f"the pruner keeps no config of {name}"
     return kept

@@ -342,3 +342,36 @@ def prune_chunk(configs, named_args, **kwargs) -> list:
     warps at BT = 64 (255 registers): 8 warps, and 32 × 32 with 4; none of CHUNK_FAULTS."""
     return [c for c in _prune(configs, named_args, kwargs, 8, ((32, 32, 4),))
             if (c.kwargs["BK"], c.kwargs["BV"], c.num_warps) not in CHUNK_FAULTS]
+
+
+def _with_whole_head_tile(kept, configs, kwargs, side: str) -> list:
+    """`kept`, plus for exact fp32 FMA dots (not bf16x6) at heads of at most 64 the tile that spans
+    the whole head on `side` ("v" or "k"; the other side 16, 8 warps): a program then forms its
+    chunk's (BT × BT) product once instead of once per tile of that side. On an H200
+    (docs/benchmarks.md, 2026-12-04; B16-H16-T1k, D 64) fwd_o and bwd_dv at (16, 64, 8) took 656
+    and 639 µs against 1042 and 1026 at the kept tiles, bwd_dqk at (64, 16, 8) 1784 against 2524;
+    the autotuner times it beside them."""
+    if os.environ.get("TRITON_INTERPRET") == "1" or not kwargs["IEEE"] or kwargs["IEEE"] == BF16X6.value:
+        return kept
+    dk, dv = kwargs["DK"], kwargs["DV"]
+    if max(dk, dv) > 64:
+        return kept
+    tile = (16, block(dv), 8) if side == "v" else (block(dk), 16, 8)
+    return kept + [c for c in configs if (c.kwargs["BK"], c.kwargs["BV"], c.num_warps) == tile
+                   and c not in kept and tile not in CHUNK_FAULTS]
+
+
+def prune_chunk_v(configs, named_args, **kwargs) -> list:
+    """fwd_o and bwd_dv, whose programs each own a V tile: `prune_chunk`'s tiles, and for exact
+    fp32 one V tile over the whole head (`_with_whole_head_tile`)."""
+    return _with_whole_head_tile(prune_chunk(configs, named_args, **kwargs), configs, kwargs, "v")
+
+
+def prune_chunk_k(configs, named_args, **kwargs) -> list:
+    """bwd_dqk, whose programs each own a K tile: `prune_chunk`'s tiles, and for exact fp32 one K
+    tile over the whole head (`_with_whole_head_tile`)."""
+    return _with_whole_head_tile(prune_chunk(configs, named_args, **kwargs), configs, kwargs, "k")
+
+
+# each chunk-parallel kernel's pruner
+CHUNK_PRUNERS = {"fwd_o": prune_chunk_v, "bwd_dv": prune_chunk_v, "bwd_dqk": prune_chunk_k}
