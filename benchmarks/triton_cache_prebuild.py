@@ -27,6 +27,13 @@ constants, specialisation, target and options. The steps:
    without launchers (the stand-in builds none). With `--check`, the parts are unpacked into an empty
    cache and the build runs again from them: it must compile nothing.
 
+With `--onto DIR` (`make triton-carry PREBUILD_ARGS="--onto .triton-carry"`) the build starts from
+the parts and KEY in DIR, a device call's own cache as gpu_call.sh brings it back (launchers,
+the autotuner's timings and Inductor's kernels in it): parts whose KEY names another Triton build or
+ptxas are refused, and the union is packed. On 2026-12-04 the device compiled 516 kernels that a
+build from nothing had not reached (docs/benchmarks.md); its cache keeps them, the build adds what
+the code changed since.
+
 On the device, benchmarks/gpu_call.sh unpacks the parts before anything runs and prints how many
 kernels it compiled all the same. What this cannot know: whether the image's Triton is the cp312
 wheel of PyPI's 3.6.0 with its own ptxas (the call prints its key's and backend's sha256 beside
@@ -114,6 +121,8 @@ def main(argv=None) -> int:
     parser.add_argument("--check", action="store_true",
                         help="rebuild from the unpacked parts: nothing may compile")
     parser.add_argument("--only", nargs="+", help="run only the cases with these names (a quick look)")
+    parser.add_argument("--onto", help="start from the parts and KEY in this folder (a device call's own "
+                        "cache, $OUT/triton-cache.tar.xz.N): build only what they lack, pack the union")
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1,
                         help="build processes, one per core (default: this machine's cores)")
     parser.add_argument("--child", help=argparse.SUPPRESS)
@@ -144,12 +153,20 @@ def main(argv=None) -> int:
                   "cache folder or write its cubin; nothing built", file=sys.stderr)
             return 1
         cache = str(Path(work) / "cache")
+        earlier = set()
+        if args.onto:
+            failure = onto_mismatch(Path(args.onto), native)
+            if failure:
+                print(failure, file=sys.stderr)
+                return 1
+            print(f"onto: {triton_cache.unpack(args.onto, cache)} kernels from {args.onto}")
+            earlier = {p for p in Path(cache).glob("*/*")}
         start = time.perf_counter()
         summary = build(args.site, cache, key_file, args.only, args.jobs)
         print(f"built: {summary['kernels']} kernels in {time.perf_counter() - start:.0f} s "
               f"({summary['launches']} launches, {len(summary['cases'])} cases, {args.jobs} processes)")
-        leftovers = [p.name for p in Path(cache).glob("*/*")
-                     if p.suffix == ".so" or p.name.endswith(".autotune.json")]
+        leftovers = [p.name for p in Path(cache).glob("*/*") if p not in earlier
+                     and (p.suffix == ".so" or p.name.endswith(".autotune.json"))]
         if leftovers:
             print(f"the build wrote launchers or timings, which are this machine's: {leftovers[:3]}",
                   file=sys.stderr)
@@ -159,8 +176,9 @@ def main(argv=None) -> int:
             old.unlink(missing_ok=True)
         parts = triton_cache.pack(cache, out / "triton-cache.tar.xz")
         device = {k: native[k] for k in ("triton", "triton_key_sha256", "backend_sm90_sha256")}
-        triton_cache.write_key(out / "KEY", f"benchmarks/triton_cache_prebuild.py, Python {here['python']}",
-                               summary["kernels"], key=device)
+        built_by = f"benchmarks/triton_cache_prebuild.py, Python {here['python']}"
+        triton_cache.write_key(out / "KEY", built_by + (f", onto {args.onto}" if args.onto else ""),
+                               triton_cache.kernel_count(cache), key=device)
         sizes = ", ".join(f"{p.name} ({p.stat().st_size / 2**20:.1f} MiB)" for p in parts)
         print(f"packed: {sizes} in {out}")
         if args.check:
@@ -176,6 +194,20 @@ def main(argv=None) -> int:
             if counts["kernels"]:
                 return 1
     return 0
+
+
+def onto_mismatch(folder: Path, native: dict):
+    """Why the parts in `folder` cannot be the base of this build (its KEY missing, or written for
+    another Triton build or ptxas than the device's), or None."""
+    try:
+        key = json.loads((folder / "KEY").read_text())
+    except (OSError, ValueError) as error:
+        return f"--onto {folder}: no readable KEY beside the parts ({error}); nothing built"
+    for field in ("triton_key_sha256", "backend_sm90_sha256"):
+        if key.get(field) != native[field]:
+            return (f"--onto {folder}: its KEY's {field} is {str(key.get(field))[:16]}, the device's "
+                    f"Triton has {native[field][:16]}: its kernels would not load there; nothing built")
+    return None
 
 
 def child(summary_path: str, claims: Path, only=None) -> int:

@@ -87,3 +87,47 @@ def test_each_case_is_claimed_by_one_build_process(tmp_path):
     assert sorted(order) == sorted(prebuild.CASES), "every case once, the longest first"
     assert all(prebuild.claim(tmp_path, name) for name in order)
     assert not any(prebuild.claim(tmp_path, name) for name in order)
+
+
+def earlier_device_cache(folder: Path, key: dict) -> dict:
+    """The parts and KEY of a device call's own cache, as benchmarks/gpu_call.sh returns them: a
+    kernel with its launcher and the autotuner's timings (which a build here never writes)."""
+    cache = folder / "cache"
+    files = {"AAAA/earlier.cubin": b"cubin", "AAAA/earlier.json": b"{}",
+             "BBBB/__triton_launcher.cpython-312-x86_64-linux-gnu.so": b"launcher",
+             "CCCC/earlier.autotune.json": b'{"timings": []}'}
+    for name, data in files.items():
+        (cache / name).parent.mkdir(parents=True, exist_ok=True)
+        (cache / name).write_bytes(data)
+    triton_cache.pack(cache, folder / "parts" / "triton-cache.tar.xz")
+    triton_cache.write_key(folder / "parts" / "KEY", "benchmarks/gpu_call.sh on the device", 1, key=key)
+    return files
+
+
+def test_the_build_onto_a_device_calls_cache_packs_the_union(tmp_path):
+    """--onto: the parts a device call brought back are the build's start; it packs them with what
+    it compiled (their launchers and timings too, which a build here alone would refuse), and
+    refuses parts whose KEY names another Triton build, writing nothing."""
+    import triton
+    site = str(Path(triton.__file__).resolve().parents[1])
+    own = triton_cache.own_key()
+    files = earlier_device_cache(tmp_path / "device", own)
+    out = tmp_path / "carry"
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "triton_cache_prebuild.py"), "--site", site,
+           "--device-python", sys.executable, "--device-site", site, "--out", str(out),
+           "--only", "tests lstm", "--jobs", "1", "--onto", str(tmp_path / "device" / "parts")]
+    done = subprocess.run(cmd, env=compiled_env(), capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
+    assert "onto: 1 kernels" in done.stdout, done.stdout
+    unpacked = tmp_path / "unpacked"
+    total = triton_cache.unpack(out, unpacked)
+    for name, data in files.items():
+        assert (unpacked / name).read_bytes() == data, name
+    assert total > 1 and json.loads((out / "KEY").read_text())["kernels"] == total
+
+    files = earlier_device_cache(tmp_path / "other", dict(own, triton_key_sha256="0" * 64))
+    refused = tmp_path / "refused"
+    cmd[cmd.index("--out") + 1], cmd[-1] = str(refused), str(tmp_path / "other" / "parts")
+    done = subprocess.run(cmd, env=compiled_env(), capture_output=True, text=True, timeout=600)
+    assert done.returncode == 1 and "triton_key_sha256" in done.stderr, done.stderr[-2000:]
+    assert not refused.exists()
