@@ -78,6 +78,13 @@ within 60 env MOMENTUM_TRITON_FP32_DOTS=bf16x6 PYTHONPATH=$R python3 benchmarks/
   --shapes 0 --modes default --tiles fwd_o=16,64,8 bwd_dv=16,64,8 bwd_dqk=64,16,8 \
   --json $OUT/fp32_bf16x6.json > $OUT/fp32_bf16x6.log 2>&1
 grep -E "^B-H-D-T|fwd_o|bwd_dv|bwd_dqk|fwd_h|bwd_dh|Error" $OUT/fp32_bf16x6.log | head -14
+# the Adam LSTM's recurrence at 256, 512 and 768 units (T 100, B 64): where one launch per step, which
+# "auto" takes up to 256 units (0.40x the two-launch loop at pMNIST, 1.58x at PTB on 2026-12-04), stops
+# paying
+echo "== the Adam LSTM: one launch per step against a GEMM and a kernel, by hidden size"
+within 45 env PYTHONPATH=$R python3 benchmarks/rnn.py --device cuda --shapes b64-h256 b64-h512 b64-h768 \
+  --variants nn.LSTM adam-triton adam-triton-one-launch --repeats 8 > $OUT/lstm_crossover.log 2>&1
+grep -E "^\| b64|Error" $OUT/lstm_crossover.log | cut -d'|' -f2-5
 echo "== an HF training step at T = 8192, eager and compiled with CUDA graphs"
 within 90 env PYTHONPATH=/tmp/gpu-check-site:$R python3 benchmarks/train_host_profile.py --length 8192 \
   --skip-profile --compile reduce-overhead > $OUT/train.log 2>&1

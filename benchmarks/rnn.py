@@ -68,6 +68,11 @@ SHAPES = {
     "ptb-3x1150": dict(T=70, B=20, D=400, H=1150, L=3),
     "pmnist-256": dict(T=784, B=128, D=1, H=256),
     "tiny": dict(T=12, B=2, D=3, H=8, L=2),           # benchmarks/gpu_check.py's CPU dry run
+    # where the Adam/RMSProp LSTM's one-launch step stops paying (adam_recurrence.ONE_LAUNCH_MAX_HIDDEN:
+    # 0.40x the two-launch loop at pMNIST's 256 units, 1.58x at PTB's 1150; gpu_call.sh)
+    "b64-h256": dict(T=100, B=64, D=128, H=256),
+    "b64-h512": dict(T=100, B=64, D=128, H=512),
+    "b64-h768": dict(T=100, B=64, D=128, H=768),
 }
 DEFAULT_SHAPES = {"cpu": ["mnist-128", "mnist-256", "ptb-1150"],
                   "cuda": ["ptb-3x1150", "pmnist-256"]}
@@ -75,6 +80,8 @@ VARIANTS = ["appendix-f", "nn.LSTM", "lstm", "momentum", "nag", "sr", "adam", "r
             "rmsprop-cudnn"]
 CUDA_VARIANTS = VARIANTS + ["adam-torch", "rmsprop-torch", "adam-triton-one-launch",
                              "rmsprop-triton-one-launch", "nn.LSTM-ieee", "adam-tf32", "nn.LSTM-per-layer"]
+# each Adam/RMSProp recurrence forced (--variants): "auto" takes one launch per step up to 256 units
+FORCED_RECURRENCES = ["adam-triton", "rmsprop-triton"]
 # benchmarks/gpu_check.py's rnn part (50 s): without the torch loops, 9-15× nn.LSTM in every GPU run so far
 GPU_CHECK_VARIANTS = [variant for variant in CUDA_VARIANTS if not variant.endswith("-torch")]
 # --tanh: the tanh MomentumRNN's Adam/RMSProp layers (a Python loop over the steps by default; "cudnn":
@@ -324,6 +331,8 @@ def main():
     parser.add_argument("--quick", action="store_true",
                         help="MNIST H=128 only (cuda: PMNIST 1×256), 2 rounds")
     parser.add_argument("--shapes", nargs="+", choices=list(SHAPES), default=None)
+    parser.add_argument("--variants", nargs="+", choices=CUDA_VARIANTS + FORCED_RECURRENCES, default=None,
+                        help="--device cuda: time these variants only (default: all of CUDA_VARIANTS)")
     parser.add_argument("--repeats", type=int, default=None,
                         help="timed rounds after a warm-up round (default 3, cuda 20, --quick 2)")
     parser.add_argument("--loop-repeats", type=int, default=1,
@@ -346,7 +355,8 @@ def main():
         return
     if args.device == "cuda":
         cuda_main(args.shapes or (["pmnist-256"] if args.quick else DEFAULT_SHAPES["cuda"]),
-                  repeats, args.loop_repeats, TANH_VARIANTS if args.tanh else CUDA_VARIANTS)
+                  repeats, args.loop_repeats,
+                  args.variants or (TANH_VARIANTS if args.tanh else CUDA_VARIANTS))
         return
     shapes = args.shapes or (["mnist-128"] if args.quick else DEFAULT_SHAPES["cpu"])
     results = []
