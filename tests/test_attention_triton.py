@@ -771,7 +771,7 @@ def test_chunk_pruning_never_keeps_a_config_that_faulted_on_a_gpu(d, dtype, monk
 def test_exact_fp32_keeps_a_tile_over_the_whole_head_for_the_chunk_kernels(d, monkeypatch):
     """Exact fp32 FMA dots: fwd_o and bwd_dv also keep one V tile over the whole head, bwd_dqk one
     K tile (BK or BV 16 on the other side, 8 warps), at heads of at most 64; not for bf16x6 or tf32
-    dots, 16-bit inputs, wider heads, or under the interpreter (one config there)."""
+    dots, 16-bit or fp64 inputs, wider heads, or under the interpreter (one config there)."""
     from plugins.attention.triton import utils
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
 
@@ -788,7 +788,7 @@ def test_exact_fp32_keeps_a_tile_over_the_whole_head_for_the_chunk_kernels(d, mo
         assert kept(name, ieee=utils.BF16X6.value) == {(c.kwargs["BK"], c.kwargs["BV"], c.num_warps)
                                                        for c in utils.prune_chunk(
             utils.tuning_configs(), {"q": torch.empty(0)}, DK=d, DV=d, IEEE=utils.BF16X6.value)}
-        for dtype, ieee in ((torch.float32, False), (torch.bfloat16, False)):
+        for dtype, ieee in ((torch.float32, False), (torch.bfloat16, False), (torch.float64, True)):
             assert tile not in kept(name, dtype, ieee) or tile in base, (name, dtype)
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     assert len(utils.CHUNK_PRUNERS["fwd_o"](utils.tuning_configs(), {"q": torch.empty(0)},

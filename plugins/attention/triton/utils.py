@@ -344,14 +344,16 @@ def prune_chunk(configs, named_args, **kwargs) -> list:
             if (c.kwargs["BK"], c.kwargs["BV"], c.num_warps) not in CHUNK_FAULTS]
 
 
-def _with_whole_head_tile(kept, configs, kwargs, side: str) -> list:
-    """`kept`, plus for exact fp32 FMA dots (not bf16x6) at heads of at most 64 the tile that spans
-    the whole head on `side` ("v" or "k"; the other side 16, 8 warps): a program then forms its
+def _with_whole_head_tile(kept, configs, named_args, kwargs, side: str) -> list:
+    """`kept`, plus for fp32 inputs with exact FMA dots (not bf16x6) at heads of at most 64 the tile
+    that spans the whole head on `side` ("v" or "k"; the other side 16, 8 warps): a program then forms its
     chunk's (BT × BT) product once instead of once per tile of that side. On an H200
     (docs/benchmarks.md, 2026-12-04; B16-H16-T1k, D 64) fwd_o and bwd_dv at (16, 64, 8) took 656
     and 639 µs against 1042 and 1026 at the kept tiles, bwd_dqk at (64, 16, 8) 1784 against 2524;
     the autotuner times it beside them."""
-    if os.environ.get("TRITON_INTERPRET") == "1" or not kwargs["IEEE"] or kwargs["IEEE"] == BF16X6.value:
+    first = next(iter(named_args.values()), None)          # the kernel's first input
+    if (os.environ.get("TRITON_INTERPRET") == "1" or getattr(first, "dtype", None) != torch.float32
+            or not kwargs["IEEE"] or kwargs["IEEE"] == BF16X6.value):
         return kept
     dk, dv = kwargs["DK"], kwargs["DV"]
     if max(dk, dv) > 64:
@@ -364,13 +366,13 @@ def _with_whole_head_tile(kept, configs, kwargs, side: str) -> list:
 def prune_chunk_v(configs, named_args, **kwargs) -> list:
     """fwd_o and bwd_dv, whose programs each own a V tile: `prune_chunk`'s tiles, and for exact
     fp32 one V tile over the whole head (`_with_whole_head_tile`)."""
-    return _with_whole_head_tile(prune_chunk(configs, named_args, **kwargs), configs, kwargs, "v")
+    return _with_whole_head_tile(prune_chunk(configs, named_args, **kwargs), configs, named_args, kwargs, "v")
 
 
 def prune_chunk_k(configs, named_args, **kwargs) -> list:
     """bwd_dqk, whose programs each own a K tile: `prune_chunk`'s tiles, and for exact fp32 one K
     tile over the whole head (`_with_whole_head_tile`)."""
-    return _with_whole_head_tile(prune_chunk(configs, named_args, **kwargs), configs, kwargs, "k")
+    return _with_whole_head_tile(prune_chunk(configs, named_args, **kwargs), configs, named_args, kwargs, "k")
 
 
 # each chunk-parallel kernel's pruner
