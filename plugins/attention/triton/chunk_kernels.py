@@ -27,13 +27,12 @@ import triton
 import triton.language as tl
 
 from .utils import (
+    CHUNK_PRUNERS,
     carried,
     compose,
     finite,
     geometric,
     mixed_dot,
-    prune_chunk_k,
-    prune_chunk_v,
     prune_scan,
     raw_dot,
     tuning_configs,
@@ -47,7 +46,7 @@ UNSPECIALISED = ["N", "NT", "N_BUCKET", "BH_BUCKET", "CPS", "G"]
 
 
 def autotuned(prune):
-    """Autotuned over the configs that `prune` (utils.prune_scan / prune_chunk_v / prune_chunk_k) keeps."""
+    """Autotuned over the configs that `prune` (utils.prune_scan, utils.CHUNK_PRUNERS) keeps."""
     return triton.autotune(configs=tuning_configs(), key=TUNING_KEY,
                            prune_configs_by={"early_config_prune": prune})
 
@@ -311,7 +310,7 @@ def fwd_h(k, v, h_s, h_m, h_z, s0, m0, z0, s_out, m_out, z_out, lengths, cu_seql
     _store_scan_state(s_out, m_out, z_out, S, M, Z, state_off, state_mask, o_k, mk, i_v == 0)
 
 
-@autotuned(prune_chunk_v)
+@autotuned(CHUNK_PRUNERS["fwd_o"])
 @triton.jit(do_not_specialize=UNSPECIALISED)
 def fwd_o(q, k, v, h_s, h_m, h_z, e_s, e_m, e_z, o, den, lengths, cu_seqlens, chunk_indices, coef,
           N, H, NT, CPS, G, N_BUCKET, BH_BUCKET,
@@ -496,7 +495,7 @@ def bwd_dh(q, o, do, den, dden, dh_s, dh_m, dh_z, ds_fin, dm_fin, dz_fin, ds0, d
     _store_scan_state(ds0, dm0, dz0, dS, dM, dZ, state_off, state_mask, o_k, mk, i_v == 0)
 
 
-@autotuned(prune_chunk_v)
+@autotuned(CHUNK_PRUNERS["bwd_dv"])
 @triton.jit(do_not_specialize=UNSPECIALISED)
 def bwd_dv(q, k, do, den, dh_s, dh_m, de_s, de_m, dv, lengths, cu_seqlens, chunk_indices, coef,
            N, H, NT, CPS, G, N_BUCKET, BH_BUCKET,
@@ -567,7 +566,7 @@ def bwd_dv(q, k, do, den, dh_s, dh_m, de_s, de_m, dv, lengths, cu_seqlens, chunk
         tl.store(dv_ptr, tl.where(real[:, None], acc, 0.0).to(dv.dtype.element_ty), mask=dv_mask)
 
 
-@autotuned(prune_chunk_k)
+@autotuned(CHUNK_PRUNERS["bwd_dqk"])
 @triton.jit(do_not_specialize=UNSPECIALISED)
 def bwd_dqk(q, k, v, do, den, dden, h_s, h_m, h_z, e_s, e_m, e_z, dh_s, dh_m, dh_z, de_s, de_m, de_z, dq, dk,
             lengths, cu_seqlens, chunk_indices, coef, N, H, NT, CPS, G, N_BUCKET, BH_BUCKET,
