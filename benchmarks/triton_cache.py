@@ -161,6 +161,12 @@ def own_key() -> dict:
             "backend_sm90_sha256": hashlib.sha256(backend.encode()).hexdigest()}
 
 
+def mismatched(built: dict, key: dict) -> list:
+    """The fields of a KEY file's `built` that differ from `key` (own_key's form): the Triton build
+    and the sm_90 backend, both in every kernel's key; none where its kernels can load under `key`."""
+    return [field for field in ("triton_key_sha256", "backend_sm90_sha256") if built.get(field) != key[field]]
+
+
 def write_key(path, built_by: str, kernels: int, key=None) -> None:
     """The KEY file beside a packed cache: the Triton key its kernels were compiled under (`key`,
     else this Triton's own), by whom, and how many."""
@@ -178,9 +184,8 @@ def key_line(expect=None) -> str:
             f"{get_cache_invalidating_env_vars() or 'none'}")
     if expect is not None and Path(expect).is_file():
         built = json.loads(Path(expect).read_text())
-        same = all(built.get(k) == own[k] for k in ("triton_key_sha256", "backend_sm90_sha256"))
-        verdict = ("the same build and ptxas: they can load" if same
-                   else "another build or ptxas: none will load")
+        verdict = ("another build or ptxas: none will load" if mismatched(built, own)
+                   else "the same build and ptxas: they can load")
         line += f"; the carried kernels were built for {built['triton_key_sha256'][:16]} ({verdict})"
     return line
 

@@ -160,7 +160,7 @@ def main(argv=None) -> int:
                 print(failure, file=sys.stderr)
                 return 1
             print(f"onto: {triton_cache.unpack(args.onto, cache)} kernels from {args.onto}")
-            earlier = {p for p in Path(cache).glob("*/*")}
+            earlier = set(Path(cache).glob("*/*"))
         start = time.perf_counter()
         summary = build(args.site, cache, key_file, args.only, args.jobs)
         print(f"built: {summary['kernels']} kernels in {time.perf_counter() - start:.0f} s "
@@ -203,10 +203,9 @@ def onto_mismatch(folder: Path, native: dict):
         key = json.loads((folder / "KEY").read_text())
     except (OSError, ValueError) as error:
         return f"--onto {folder}: no readable KEY beside the parts ({error}); nothing built"
-    for field in ("triton_key_sha256", "backend_sm90_sha256"):
-        if key.get(field) != native[field]:
-            return (f"--onto {folder}: its KEY's {field} is {str(key.get(field))[:16]}, the device's "
-                    f"Triton has {native[field][:16]}: its kernels would not load there; nothing built")
+    for field in triton_cache.mismatched(key, native)[:1]:
+        return (f"--onto {folder}: its KEY's {field} is {str(key.get(field))[:16]}, the device's "
+                f"Triton has {native[field][:16]}: its kernels would not load there; nothing built")
     return None
 
 

@@ -775,21 +775,19 @@ def test_exact_fp32_keeps_a_tile_over_the_whole_head_for_the_chunk_kernels(d, mo
     from plugins.attention.triton import utils
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
 
-    def kept(name, dtype=torch.float32, ieee=True):
+    def kept(prune, dtype=torch.float32, ieee=True):
         first = {"q": torch.empty(0, dtype=dtype)}
         return {(c.kwargs["BK"], c.kwargs["BV"], c.num_warps)
-                for c in utils.CHUNK_PRUNERS[name](utils.tuning_configs(), first, DK=d, DV=d, IEEE=ieee)}
-    base = {(c.kwargs["BK"], c.kwargs["BV"], c.num_warps) for c in utils.prune_chunk(
-        utils.tuning_configs(), {"q": torch.empty(0)}, DK=d, DV=d, IEEE=True)}
+                for c in prune(utils.tuning_configs(), first, DK=d, DV=d, IEEE=ieee)}
+    base = kept(utils.prune_chunk)
     whole = utils.block(d)
     wanted = {"fwd_o": (16, whole, 8), "bwd_dv": (16, whole, 8), "bwd_dqk": (whole, 16, 8)}
     for name, tile in wanted.items():
-        assert kept(name) == (base | {tile} if d <= 64 else base), name
-        assert kept(name, ieee=utils.BF16X6.value) == {(c.kwargs["BK"], c.kwargs["BV"], c.num_warps)
-                                                       for c in utils.prune_chunk(
-            utils.tuning_configs(), {"q": torch.empty(0)}, DK=d, DV=d, IEEE=utils.BF16X6.value)}
+        assert kept(utils.CHUNK_PRUNERS[name]) == (base | {tile} if d <= 64 else base), name
+        assert (kept(utils.CHUNK_PRUNERS[name], ieee=utils.BF16X6.value)
+                == kept(utils.prune_chunk, ieee=utils.BF16X6.value)), name
         for dtype, ieee in ((torch.float32, False), (torch.bfloat16, False), (torch.float64, True)):
-            assert tile not in kept(name, dtype, ieee) or tile in base, (name, dtype)
+            assert tile not in kept(utils.CHUNK_PRUNERS[name], dtype, ieee) or tile in base, (name, dtype)
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     assert len(utils.CHUNK_PRUNERS["fwd_o"](utils.tuning_configs(), {"q": torch.empty(0)},
                                             DK=d, DV=d, IEEE=True)) == 1
