@@ -30,7 +30,10 @@
 # them on the CPU machine for this image's Triton (benchmarks/triton_cache_prebuild.py, with a KEY
 # file that the call compares with its Triton's key); they are unpacked before anything runs, so that
 # a kernel whose key has not changed loads instead of compiling; the call says how many it compiled
-# all the same. Its logs and outputs come back as one archive: $OUT returns at most 8 files.
+# all the same, and which specialisations its processes used that the build's log (specs.jsonl.gz
+# beside the parts) lacks, with the field that differs (benchmarks/triton_specs.py); its own log
+# comes back as $OUT/specs.jsonl.gz, to copy into .triton-carry with the parts and KEY. Its logs and
+# outputs come back as one archive: $OUT returns at most 8 files.
 export PYTHONUNBUFFERED=1
 R=$PWD
 export TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-/tmp/momentum-triton-cache}
@@ -40,6 +43,12 @@ if compgen -G "$CARRIED/*.[0-9]" > /dev/null; then
 fi
 python3 benchmarks/triton_cache.py key --expect $CARRIED/KEY
 touch $TRITON_CACHE_DIR.stamp
+# every Python process records the Triton specialisations it needs (benchmarks/triton_specs.py), to
+# name at the end those the carried build lacks (516 kernels compiled here on 2026-12-04, cause unknown)
+export MOMENTUM_TRITON_SPECS_LOG=${MOMENTUM_TRITON_SPECS_LOG:-$R/outputs/triton-specs.jsonl}
+mkdir -p $(dirname $MOMENTUM_TRITON_SPECS_LOG) && : > $MOMENTUM_TRITON_SPECS_LOG       # this call's only
+SITE=$R/benchmarks/triton_specs_site
+export PYTHONPATH=$SITE${PYTHONPATH:+:$PYTHONPATH}
 END=585                # seconds of the call's 600 that its steps may take (the archive after them)
 within() {             # within MAX CMD...: CMD under a timeout of MAX or what is left before END
   local left=$((END - SECONDS)) max=$1
@@ -58,7 +67,7 @@ echo "after gpu-check: $(compiled)"
 grep -E "^\| (bf16|fp32|[0-9]+ \|)" $OUT/check.md | cut -d'|' -f2-8 | head -30
 grep -E "^\| (ptb|pmnist)" $OUT/check.md | cut -d"|" -f2-5,8-9 | head -40     # the RNN rows, with device busy
 echo "== kernels"
-within 60 env PYTHONPATH=$R python3 benchmarks/gpu_kernels.py --modes default fused --host-profile 25 \
+within 60 env PYTHONPATH=$SITE:$R python3 benchmarks/gpu_kernels.py --modes default fused --host-profile 25 \
   --json $OUT/kernels.json > $OUT/kernels.log 2>&1
 grep -E "^B-H-D-T|Error" $OUT/kernels.log
 # exact fp32 (5.44× bf16 on 2026-12-04, the goal 3×): the autotuner's choice now that the pruner also
@@ -66,7 +75,7 @@ grep -E "^B-H-D-T|Error" $OUT/kernels.log
 # one K tile for bwd_dqk: 4360 against 5870 µs when forced on 2026-12-04, docs/benchmarks.md), each
 # kernel with the TFLOP/s it reaches
 echo "== fp32 B16-H16-T1k: the autotuner's choice among the kept tiles"
-within 60 env PYTHONPATH=$R python3 benchmarks/gpu_kernels.py --dtype fp32 --shapes 0 --modes default \
+within 60 env PYTHONPATH=$SITE:$R python3 benchmarks/gpu_kernels.py --dtype fp32 --shapes 0 --modes default \
   --json $OUT/fp32_tiles.json > $OUT/fp32_tiles.log 2>&1
 grep -E "^B-H-D-T|fwd_o|bwd_dv|bwd_dqk|Error" $OUT/fp32_tiles.log | head -12
 # exact fp32's dots as six bf16 tensor-core products (MOMENTUM_TRITON_FP32_DOTS=bf16x6, opt-in;
@@ -74,7 +83,7 @@ grep -E "^B-H-D-T|fwd_o|bwd_dv|bwd_dqk|Error" $OUT/fp32_tiles.log | head -12
 # 2026-12-04), then at the whole-head tiles, which its pruner does not keep: gpu-check's tests part
 # has its exactness (test_fp32_with_bf16x6_dots_...)
 echo "== fp32 B16-H16-T1k with bf16x6 dots: the kept tiles, then one V or K tile per chunk"
-within 60 env MOMENTUM_TRITON_FP32_DOTS=bf16x6 PYTHONPATH=$R python3 benchmarks/gpu_kernels.py --dtype fp32 \
+within 60 env MOMENTUM_TRITON_FP32_DOTS=bf16x6 PYTHONPATH=$SITE:$R python3 benchmarks/gpu_kernels.py --dtype fp32 \
   --shapes 0 --modes default --tiles fwd_o=16,64,8 bwd_dv=16,64,8 bwd_dqk=64,16,8 \
   --json $OUT/fp32_bf16x6.json > $OUT/fp32_bf16x6.log 2>&1
 grep -E "^B-H-D-T|fwd_o|bwd_dv|bwd_dqk|fwd_h|bwd_dh|Error" $OUT/fp32_bf16x6.log | head -14
@@ -82,11 +91,11 @@ grep -E "^B-H-D-T|fwd_o|bwd_dv|bwd_dqk|fwd_h|bwd_dh|Error" $OUT/fp32_bf16x6.log 
 # "auto" takes up to 256 units (0.40x the two-launch loop at pMNIST, 1.58x at PTB on 2026-12-04), stops
 # paying
 echo "== the Adam LSTM: one launch per step against a GEMM and a kernel, by hidden size"
-within 45 env PYTHONPATH=$R python3 benchmarks/rnn.py --device cuda --shapes b64-h256 b64-h512 b64-h768 \
+within 45 env PYTHONPATH=$SITE:$R python3 benchmarks/rnn.py --device cuda --shapes b64-h256 b64-h512 b64-h768 \
   --variants nn.LSTM adam-triton adam-triton-one-launch --repeats 8 > $OUT/lstm_crossover.log 2>&1
 grep -E "^\| b64|Error" $OUT/lstm_crossover.log | cut -d'|' -f2-5
 echo "== an HF training step at T = 8192, eager and compiled with CUDA graphs"
-within 90 env PYTHONPATH=/tmp/gpu-check-site:$R python3 benchmarks/train_host_profile.py --length 8192 \
+within 90 env PYTHONPATH=$SITE:/tmp/gpu-check-site:$R python3 benchmarks/train_host_profile.py --length 8192 \
   --skip-profile --compile reduce-overhead > $OUT/train.log 2>&1
 grep -E "^==|Error" $OUT/train.log
 LEFT=$((570 - SECONDS))        # the ceilings again (15 s); the tests end by 570 s, before the archives
@@ -97,6 +106,9 @@ if [ $LEFT -ge 100 ]; then
   grep -E "passed|FAILED" $OUT/check-tests.md | head -20
 fi
 echo "at the end: $(compiled)"
+echo "== the specialisations used here that the carried build's log lacks"
+python3 benchmarks/triton_specs.py diff $MOMENTUM_TRITON_SPECS_LOG $CARRIED/specs.jsonl.gz --limit 30
+[ -s $MOMENTUM_TRITON_SPECS_LOG ] && gzip -c $MOMENTUM_TRITON_SPECS_LOG > $OUT/specs.jsonl.gz
 python3 benchmarks/triton_cache.py pack $TRITON_CACHE_DIR $OUT/triton-cache.tar.xz --part-mib 15 --max-parts 3 \
   && python3 benchmarks/triton_cache.py key --write $OUT/KEY --cache-dir $TRITON_CACHE_DIR
 (cd $OUT && tar czf results.tgz *.log *.json -C $R outputs/gpu-check 2>/dev/null; [ -s results.tgz ] && rm -f *.log *.json)

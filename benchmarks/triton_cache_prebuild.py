@@ -34,12 +34,17 @@ ptxas are refused, and the union is packed. On 2026-12-04 the device compiled 51
 build from nothing had not reached (docs/benchmarks.md); its cache keeps them, the build adds what
 the code changed since.
 
-On the device, benchmarks/gpu_call.sh unpacks the parts before anything runs and prints how many
-kernels it compiled all the same. What this cannot know: whether the image's Triton is the cp312
-wheel of PyPI's 3.6.0 with its own ptxas (the call prints its key's and backend's sha256 beside
-those in the parts' KEY file), and which forms a gpu test reaches that `CASES` does not."""
+The build's children record each specialisation they compile or load (benchmarks/triton_specs.py),
+and the log goes beside the parts as specs.jsonl.gz (with `--onto`, after the one in DIR, where
+there is one). On the device, benchmarks/gpu_call.sh unpacks the parts before anything runs, prints
+how many kernels it compiled all the same, and which specialisations it used that this log lacks,
+with the field that differs from the nearest one built. What this cannot know before a device
+call: whether the image's Triton is the cp312 wheel of PyPI's 3.6.0 with its own ptxas (the call
+prints its key's and backend's sha256 beside those in the parts' KEY file), and which forms a gpu
+test reaches that `CASES` does not (the call's diff names them)."""
 import argparse
 import contextlib
+import gzip
 import json
 import os
 import subprocess
@@ -56,6 +61,7 @@ sys.path[:0] = [str(BENCH)]
 import triton_cache  # noqa: E402  (standard library only)
 
 DEVICE_ARCH = 90
+SPECS = "specs.jsonl.gz"   # the build's specialisations (benchmarks/triton_specs.py), beside the parts
 
 
 def device_key(python: str, site: str) -> str:
@@ -74,25 +80,29 @@ def probe(python: str, site: str, key_file=None) -> dict:
         return json.loads(out.strip().splitlines()[-1])
 
 
-def child_env(site: str, cache: str, key_file: str) -> dict:
+def child_env(site: str, cache: str, key_file: str, specs=None) -> dict:
+    """The children's environment; `specs`, where given, the log of the specialisations they build."""
     env = {k: v for k, v in os.environ.items()
            if k not in ("TRITON_INTERPRET", "TRITON_CACHE_AUTOTUNING") and not k.startswith("MOMENTUM_")}
     env.update(PYTHONPATH=os.pathsep.join([site, str(ROOT), str(ROOT / "tests")]), TRITON_CACHE_DIR=cache,
                PREBUILD_KEY_FILE=key_file, OMP_NUM_THREADS="1")
+    if specs:
+        env["PREBUILD_SPECS_LOG"] = str(specs)
     return env
 
 
-def build(site: str, cache: str, key_file: str, only=None, jobs: int = 1) -> dict:
+def build(site: str, cache: str, key_file: str, only=None, jobs: int = 1, specs=None) -> dict:
     """Run the build in `jobs` child processes of this Python, on one cache (Triton writes each
     file whole, by a rename), each taking the next case no other has claimed; returns their
-    summaries' union. Compiling is single-threaded: one child per core."""
+    summaries' union. Compiling is single-threaded: one child per core. With `specs`, the children
+    append the specialisations they compile or load there (benchmarks/triton_specs.py)."""
     with tempfile.TemporaryDirectory() as work:
         summaries = [Path(work) / f"summary-{i}.json" for i in range(jobs)]
         claims = Path(work) / "claims"
         claims.mkdir()
         children = [subprocess.Popen([sys.executable, __file__, "--child", str(path), "--claims", str(claims)]
                                      + (["--only", *only] if only else []),
-                                     env=child_env(site, cache, key_file)) for path in summaries]
+                                     env=child_env(site, cache, key_file, specs)) for path in summaries]
         codes = [child.wait() for child in children]
         if any(codes):
             raise subprocess.CalledProcessError(max(codes, key=abs), "the build's children")
@@ -162,7 +172,8 @@ def main(argv=None) -> int:
             print(f"onto: {triton_cache.unpack(args.onto, cache)} kernels from {args.onto}")
             earlier = set(Path(cache).glob("*/*"))
         start = time.perf_counter()
-        summary = build(args.site, cache, key_file, args.only, args.jobs)
+        specs = Path(work) / "specs.jsonl"
+        summary = build(args.site, cache, key_file, args.only, args.jobs, specs)
         print(f"built: {summary['kernels']} kernels in {time.perf_counter() - start:.0f} s "
               f"({summary['launches']} launches, {len(summary['cases'])} cases, {args.jobs} processes)")
         leftovers = [p.name for p in Path(cache).glob("*/*") if p not in earlier
@@ -172,9 +183,12 @@ def main(argv=None) -> int:
                   file=sys.stderr)
             return 1
         out.mkdir(parents=True, exist_ok=True)
-        for old in triton_cache.part_paths(out) + [out / "KEY"]:      # an earlier carry's, if any
+        known = read_bytes(Path(args.onto) / SPECS) if args.onto else b""
+        for old in triton_cache.part_paths(out) + [out / "KEY", out / SPECS]:      # an earlier carry's
             old.unlink(missing_ok=True)
         parts = triton_cache.pack(cache, out / "triton-cache.tar.xz")
+        with gzip.open(out / SPECS, "wb") as log:
+            log.write(known + read_bytes(specs, gzipped=False))
         device = {k: native[k] for k in ("triton", "triton_key_sha256", "backend_sm90_sha256")}
         built_by = f"benchmarks/triton_cache_prebuild.py, Python {here['python']}"
         triton_cache.write_key(out / "KEY", built_by + (f", onto {args.onto}" if args.onto else ""),
@@ -196,6 +210,13 @@ def main(argv=None) -> int:
     return 0
 
 
+def read_bytes(path: Path, gzipped: bool = True) -> bytes:
+    """A log's lines (b"" where there is none)."""
+    if not path.is_file():
+        return b""
+    return gzip.decompress(path.read_bytes()) if gzipped else path.read_bytes()
+
+
 def onto_mismatch(folder: Path, native: dict):
     """Why the parts in `folder` cannot be the base of this build (its KEY missing, or written for
     another Triton build or ptxas than the device's), or None."""
@@ -214,6 +235,9 @@ def child(summary_path: str, claims: Path, only=None) -> int:
     claimed, in `claim_order`."""
     import triton_key_probe
     triton_key_probe.use_key(Path(os.environ["PREBUILD_KEY_FILE"]).read_text())
+    if os.environ.get("PREBUILD_SPECS_LOG"):
+        import triton_specs
+        triton_specs.install(os.environ["PREBUILD_SPECS_LOG"])
     import triton_launch_check as check
     import triton_standin
     triton_standin.activate(DEVICE_ARCH)

@@ -3,6 +3,7 @@ nvidia-smi: the carried Triton cache is unpacked before the steps, what they com
 and what comes back fits the device's $OUT (at most 8 files): the sections, one archive of the
 logs and outputs, and the cache's parts with their KEY, which unpack to the carried kernels and
 the new ones; the output shows gpu-check's verdicts on issue 27's goals."""
+import gzip
 import json
 import os
 import shutil
@@ -13,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks import triton_cache
+from benchmarks import triton_cache, triton_specs
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -22,7 +23,7 @@ STANDIN = r'''#!{python}
 --doc and --json name, a log line, and "compiles" one kernel into Triton's cache."""
 import json, os, subprocess, sys
 from pathlib import Path
-if sys.argv[1].endswith("triton_cache.py"):
+if sys.argv[1].endswith(("triton_cache.py", "triton_specs.py")):
     sys.exit(subprocess.call([{python!r}, *sys.argv[1:]]))
 args = sys.argv[1:]
 doc = ("### Issue 27's goals, as measured\n\n| goal | measured | met |\n| SDPA at 4k | 0.9× | yes |\n\n"
@@ -32,6 +33,8 @@ for flag, text in (("--doc", doc + "| tests | 3 passed |\n"), ("--json", "{{}}\n
         Path(args[args.index(flag) + 1]).write_text(text)
 step = Path(args[0]).stem + "-" + str(len(list(Path(os.environ["STEPS"]).iterdir())))
 Path(os.environ["STEPS"], step).write_text(" ".join(args))
+with open(os.environ["MOMENTUM_TRITON_SPECS_LOG"], "a") as log:   # the specialisation it "needed"
+    log.write(json.dumps(dict(kernel="m.k", source="s", constants=dict(STEP=step))) + "\n")
 folder = Path(os.environ["TRITON_CACHE_DIR"], step)
 folder.mkdir(parents=True, exist_ok=True)
 (folder / "k.cubin").write_bytes(step.encode())
@@ -51,6 +54,8 @@ def test_the_call_carries_the_cache_and_returns_at_most_eight_files(tmp_path):
     (carried_cache / "key0" / "__grp__k.json").write_text(json.dumps({"child_paths": {
         "k.cubin": str(carried_cache / "key0" / "k.cubin")}}))
     triton_cache.pack(carried_cache, tmp_path / "carry" / "triton-cache.tar.xz")
+    with gzip.open(tmp_path / "carry" / "specs.jsonl.gz", "wt") as built:      # the build's log
+        built.write(json.dumps(dict(kernel="m.k", source="s", constants=dict(STEP="gpu_check-0"))) + "\n")
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     (bin_dir / "python3").write_text(STANDIN.format(python=sys.executable))
@@ -61,7 +66,10 @@ def test_the_call_carries_the_cache_and_returns_at_most_eight_files(tmp_path):
     out.mkdir()
     steps.mkdir()
     env = dict(os.environ, PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}", OUT=str(out), STEPS=str(steps),
-               TRITON_CACHE_DIR=str(cache), CARRIED=str(tmp_path / "carry"), PYTHONPATH=str(ROOT))
+               TRITON_CACHE_DIR=str(cache), CARRIED=str(tmp_path / "carry"), PYTHONPATH=str(ROOT),
+               MOMENTUM_TRITON_SPECS_LOG=str(tmp_path / "specs" / "log.jsonl"))
+    (tmp_path / "specs").mkdir()
+    (tmp_path / "specs" / "log.jsonl").write_text('{"kernel": "an earlier call\'s"}\n')   # emptied first
     done = subprocess.run(["bash", "benchmarks/gpu_call.sh"], cwd=ROOT, env=env, capture_output=True,
                           text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
@@ -72,9 +80,13 @@ def test_the_call_carries_the_cache_and_returns_at_most_eight_files(tmp_path):
     assert len(ran) == 7, ran        # gpu-check, kernels, fp32 twice, the LSTM, training, the tests left
     assert (f"at the end: {len(ran)} kernels and 0 launchers compiled since cache.stamp; 1 kernels there "
             "before (carried)") in log
+    assert "specialisations used: 7; in the build's log: 1 (0 of them compiled here all the same); " \
+           "not in it: 6\n  1 × k: constants: STEP gpu_kernels-1 (built: gpu_check-0)" in log
     returned = sorted(p.name for p in out.iterdir())
     assert len(returned) <= 8 and all(p.is_file() for p in out.iterdir()), returned
-    assert {"check.md", "check-tests.md", "results.tgz", "triton-cache.tar.xz.0", "KEY"} <= set(returned)
+    assert {"check.md", "check-tests.md", "results.tgz", "triton-cache.tar.xz.0", "KEY",
+            "specs.jsonl.gz"} <= set(returned)
+    assert len(triton_specs.read(out / "specs.jsonl.gz")) == len(ran)
     key = json.loads((out / "KEY").read_text())
     assert key["triton_key_sha256"] == triton_cache.own_key()["triton_key_sha256"]
     assert key["kernels"] == len(ran) + 1             # the carried kernel and one per step

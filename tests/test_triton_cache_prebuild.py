@@ -3,6 +3,7 @@ machine's Triton key (benchmarks/triton_key_probe.py's use_key). Checked with th
 both roles (the GPU image's 3.6.0 for Python 3.12 is what `make triton-carry` downloads): the key
 given names the cache folder, the build packs what a rebuild from the parts loads without compiling,
 and the device call's key line tells a carried cache of its own Triton from another's."""
+import gzip
 import hashlib
 import importlib.util
 import json
@@ -13,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks import triton_cache
+from benchmarks import triton_cache, triton_specs
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton not installed")
 
@@ -78,6 +79,9 @@ def test_the_build_packs_what_a_rebuild_loads_without_compiling(tmp_path):
     assert key["triton_key_sha256"] == hashlib.sha256(own_key().encode()).hexdigest()
     parts = triton_cache.part_paths(out)
     assert parts and key["kernels"] == triton_cache.unpack(out, tmp_path / "unpacked") > 0
+    built = triton_specs.unique(triton_specs.read(out / "specs.jsonl.gz"))   # one per compiled kernel
+    assert len(built) == key["kernels"], [entry["kernel"] for entry in built]
+    assert all(entry["kernel"].startswith("plugins.rnn.") for entry in built), built[0]["kernel"]
 
 
 def test_each_case_is_claimed_by_one_build_process(tmp_path):
@@ -101,6 +105,8 @@ def earlier_device_cache(folder: Path, key: dict) -> dict:
         (cache / name).write_bytes(data)
     triton_cache.pack(cache, folder / "parts" / "triton-cache.tar.xz")
     triton_cache.write_key(folder / "parts" / "KEY", "benchmarks/gpu_call.sh on the device", 1, key=key)
+    with gzip.open(folder / "parts" / "specs.jsonl.gz", "wt") as log:
+        log.write(json.dumps(dict(kernel="device.earlier", source="s")) + "\n")
     return files
 
 
@@ -124,6 +130,8 @@ def test_the_build_onto_a_device_calls_cache_packs_the_union(tmp_path):
     for name, data in files.items():
         assert (unpacked / name).read_bytes() == data, name
     assert total > 1 and json.loads((out / "KEY").read_text())["kernels"] == total
+    logged = triton_specs.read(out / "specs.jsonl.gz")         # the device's log, then the build's
+    assert logged[0] == dict(kernel="device.earlier", source="s") and len(logged) > 1
 
     files = earlier_device_cache(tmp_path / "other", dict(own, triton_key_sha256="0" * 64))
     refused = tmp_path / "refused"
