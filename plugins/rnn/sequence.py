@@ -6,6 +6,7 @@ import torch
 from torch import _VF, Tensor
 from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence, pad_packed_sequence
 
+from ..autocast import autocast_off
 from ..validation import MAX_INT
 
 
@@ -70,22 +71,6 @@ def valid_mask(lengths, steps, batch, device):
     """(T, B, 1) bool: step t lies inside sequence b."""
     t = torch.arange(steps)
     return (t[:, None] < lengths[None, :]).to(device).view(steps, batch, 1)
-
-
-# Device types with an autocast, found once: torch.compile of torch 2.11 (the GPU machine's) cannot
-# trace torch.amp.is_autocast_available, and a compiled drive-first layer asks at each call.
-AUTOCAST_DEVICES = frozenset(
-    device for device in ("cpu", "cuda", "xpu", "mps", "hpu", "xla", "mtia", "maia", "ipu",
-                          torch._C._get_privateuse1_backend_name())
-    if torch.amp.is_autocast_available(device))
-
-
-def autocast_off(device_type: str):
-    """A region without autocast on `device_type` (nothing to turn off where autocast does not
-    exist, as on meta tensors, or is not enabled)."""
-    if device_type not in AUTOCAST_DEVICES or not torch.is_autocast_enabled(device_type):
-        return contextlib.nullcontext()
-    return torch.autocast(device_type, enabled=False)
 
 
 def in_weight_dtype(weight, *tensors):
