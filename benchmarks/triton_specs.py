@@ -12,9 +12,8 @@ the signature, constants, attributes (divisibility), options, the cache-invalida
 the backend's hash (target and ptxas) and the seconds from hook to hook (a load takes milliseconds
 to tenths of a second, a compilation half a second or more). Every field but the seconds is an
 input of Triton's cache key (with Triton's own build, which benchmarks/triton_cache.py's KEY
-compares), so a specialisation the
-device used and the build's log lacks is one the build did not compile, and the field that differs
-from the build's nearest one says why.
+compares), so a specialisation the device used and the build's log lacks is one the build did not
+compile, and the field that differs from the build's nearest one says why.
 
 Where: benchmarks/triton_cache_prebuild.py writes its build's log beside the parts (specs.jsonl.gz);
 benchmarks/gpu_call.sh sets MOMENTUM_TRITON_SPECS_LOG and puts triton_specs_site/ (a
@@ -29,7 +28,6 @@ import time
 from collections import Counter
 from pathlib import Path
 
-VARIABLE = "MOMENTUM_TRITON_SPECS_LOG"
 # The fields that key a compiled kernel, in the order the diff names them: a kernel whose source
 # hash differs misses whatever else matches.
 FIELDS = ("source", "backend", "env", "options", "signature", "attrs", "constants")
@@ -142,8 +140,8 @@ def nearest(entry: dict, built: list) -> dict:
     """The built specialisation of the same kernel that differs in the fewest fields, the earliest
     field differing last (a different source outweighs any number of constants)."""
     def distance(other):
-        diff = [FIELDS.index(field) for field, _ in differences(entry, other)]
-        return -min(diff, default=len(FIELDS)), len(diff)
+        differ = [i for i, field in enumerate(FIELDS) if entry.get(field) != other.get(field)]
+        return -min(differ, default=len(FIELDS)), len(differ)
     return min(built, key=distance)
 
 
@@ -157,10 +155,10 @@ def diff(device: list, built: list) -> dict:
     by_kernel = {}
     for entry in built:
         by_kernel.setdefault(entry["kernel"], []).append(entry)
-    found = [entry for entry in device if identity(entry) in have]
-    missing = []
+    found, missing = [], []
     for entry in device:
         if identity(entry) in have:
+            found.append(entry)
             continue
         same = by_kernel.get(entry["kernel"])
         missing.append((entry, differences(entry, nearest(entry, same)) if same else None))

@@ -2,7 +2,8 @@
 nvidia-smi: the carried Triton cache is unpacked before the steps, what they compile is counted,
 and what comes back fits the device's $OUT (at most 8 files): the sections, one archive of the
 logs and outputs, and the cache's parts with their KEY, which unpack to the carried kernels and
-the new ones; the output shows gpu-check's verdicts on issue 27's goals."""
+the new ones, beside the log of the specialisations the steps needed; the output shows gpu-check's
+verdicts on issue 27's goals and the specialisations the carried build's log lacks."""
 import gzip
 import json
 import os
