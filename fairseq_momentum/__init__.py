@@ -14,11 +14,12 @@ that ends normally destroys its gloo process group at exit, which fairseq never 
 ranks died at exit with SIGABRT (process_group_exit.py). fairseq's prefetching thread is stopped at
 exit too: left inside torch, it aborted masked_lm runs after "done training" (loader_exit.py).
 """
-from . import (  # noqa: F401  (models registers the architectures, tasks the tasks)
+from . import (  # noqa: F401  (models registers the architectures, optim the optimizers, tasks the tasks)
     archives,
     checkpoints,
     loader_exit,
     models,
+    optim,
     process_group_exit,
     safe_config,
     tasks,

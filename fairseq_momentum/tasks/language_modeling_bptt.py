@@ -15,7 +15,12 @@ test --batch-size 1`, AWD-LSTM's test protocol) carries the state the same way.
 The carried state is part of where the training iterator is: a checkpoint saved inside an epoch
 holds it (every rank's streams, gathered after each update), and a resumed run continues from it
 exactly. The model's decoder must take `carried_state` (momentum_lstm_lm).
+
+With `--optimizer nt_asgd` (AWD-LSTM's NT-ASGD, fairseq_momentum/optim/nt_asgd.py), each validation
+scores the average of the iterates once the optimizer averages them, and the checkpoint saved after it
+holds that average as its model; the next training step puts the iterate back.
 """
+import logging
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional
 
@@ -30,8 +35,10 @@ from fairseq.tasks.language_modeling import LanguageModelingConfig, LanguageMode
 from plugins.rnn import RecurrentState
 
 from ..modules.recurrent_state import buffer_to_states, states_to_buffer
+from ..optim.nt_asgd import nt_asgd_in
 
 NAME = "language_modeling_bptt"
+logger = logging.getLogger(__name__)
 
 
 class CarriedState:
@@ -168,6 +175,7 @@ class BPTTLanguageModelingTask(LanguageModelingTask):
         self.valid_states: Dict[str, CarriedState] = {}
         self.gathered: Optional[List[RecurrentState]] = None
         self.update_lengths: List[int] = []
+        self.averaging = None            # the NT-ASGD optimizer whose average validation scores
 
     def build_model(self, args, from_checkpoint=False):
         model = super().build_model(args, from_checkpoint)
@@ -226,8 +234,16 @@ class BPTTLanguageModelingTask(LanguageModelingTask):
     def begin_valid_epoch(self, epoch, model):
         super().begin_valid_epoch(epoch, model)
         self.valid_states = {}
+        if self.averaging is not None and self.averaging.use_average(True):
+            logger.info(f"NT-ASGD: validating the average of the last {self.averaging.averaged_steps} "
+                        "iterates")
 
     def train_step(self, sample, model, criterion, optimizer, update_num, ignore_grad=False):
+        nt_asgd = nt_asgd_in(optimizer)
+        if nt_asgd is not None:
+            nt_asgd.task_swaps = True
+            self.averaging = nt_asgd.optimizer
+            self.averaging.use_average(False)
         # a dummy batch (ignore_grad) must not move the streams on
         carried = CarriedState(self.train_state.state) if ignore_grad else self.train_state
         if not ignore_grad and sample:

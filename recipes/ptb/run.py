@@ -37,9 +37,11 @@ CELLS = {
                  "--lstm-beta", "0.999"],
     "RMSPropLSTM": ["--lstm-cell", "rmsprop", "--lstm-step-size", "0.6", "--lstm-beta", "0.999"],
 }
-FULL = ["--arch", "momentum_lstm_lm_ptb", "--variable-bptt", "--optimizer", "sgd", "--lr", "30",
+# AWD-LSTM's NT-ASGD: SGD at lr 30 until the validation loss stops improving, then the average of
+# the iterates (fairseq_momentum/optim/nt_asgd.py)
+FULL = ["--arch", "momentum_lstm_lm_ptb", "--variable-bptt", "--optimizer", "nt_asgd", "--lr", "30",
         "--clip-norm", "0.25", "--weight-decay", "1.2e-6", "--batch-size", "20", "--max-epoch", "500",
-        "--lr-scheduler", "fixed"]
+        "--lr-scheduler", "nt_asgd", "--nonmono", "5"]
 SMALL = ["--arch", "momentum_lstm_lm", "--decoder-embed-dim", "200", "--decoder-hidden-size", "400",
          "--decoder-out-embed-dim", "200", "--decoder-layers", "2", "--share-decoder-input-output-embed",
          "--decoder-dropout-in", "0.3", "--decoder-dropout-hidden", "0.2", "--decoder-dropout-out", "0.3",

@@ -1,0 +1,145 @@
+"""plugins.nt_asgd.NTASGD (AWD-LSTM's NT-ASGD, MomentumRNN Appendix A.3): the switch is AWD-LSTM's rule
+on any loss sequence; before it the iterates are SGD's, after it the average is the mean of the
+iterates since the switch (float64, each step at its own rate); the average swaps in and out of the
+parameters exactly; a state saved anywhere, swapped or not, resumes to the uninterrupted run."""
+import random
+
+import pytest
+import torch
+
+from plugins.nt_asgd import NTASGD
+
+
+def awd_lstm_switch(losses, nonmono):
+    """The epoch (0-based) at which AWD-LSTM's main.py builds its ASGD, or None: its loop literally."""
+    best_val_loss = []
+    for epoch, val_loss in enumerate(losses):
+        if len(best_val_loss) > nonmono and val_loss > min(best_val_loss[:-nonmono]):
+            return epoch
+        best_val_loss.append(val_loss)
+    return None
+
+
+def test_the_switch_is_awd_lstms_rule():
+    rng = random.Random(0)
+    switches = set()
+    for trial in range(400):
+        nonmono = rng.randint(1, 4)
+        if trial % 4:
+            losses = [rng.choice([4.0, 4.1, 4.2, 4.3]) - 0.01 * epoch * rng.random() for epoch in range(12)]
+        else:                                # improving, with ties and rises inside the window
+            losses = [4.0 - 0.1 * epoch + rng.choice([0.0, 0.0, 0.15]) for epoch in range(12)]
+        optimizer = NTASGD([torch.zeros(1, requires_grad=True)], lr=1.0, nonmono=nonmono)
+        switched = [epoch for epoch, loss in enumerate(losses) if optimizer.observe(loss)]
+        expected = awd_lstm_switch(losses, nonmono)
+        assert switched == ([] if expected is None else [expected]), (losses, nonmono)
+        assert optimizer.averaging == (expected is not None)
+        switches.add(expected)
+    assert None in switches and len(switches) > 4, "the sequences reach several outcomes"
+
+
+def gradient(params, step):
+    """A fixed, nonlinear gradient field (the same in both computations)."""
+    torch.manual_seed(100 + step)
+    return [torch.sin(3 * p) + torch.randn_like(p) for p in params]
+
+
+def run(optimizer, params, rates, switch_at, start=0):
+    """Steps start..len(rates)-1 at rates[t], observing a loss that switches before step switch_at."""
+    for step in range(start, len(rates)):
+        if step == switch_at:
+            optimizer.observe(1.0)
+            optimizer.observe(1.0)
+            assert optimizer.observe(2.0), "a worse loss than the best before the last check"
+        for group in optimizer.param_groups:
+            group["lr"] = rates[step]
+        for p, g in zip(params, gradient([p.detach() for p in params], step)):
+            p.grad = g
+        optimizer.step()
+
+
+def fresh_params():
+    torch.manual_seed(1)
+    return [torch.randn(3, 4, dtype=torch.float64, requires_grad=True),
+            torch.randn(5, dtype=torch.float64, requires_grad=True)]
+
+
+@pytest.mark.parametrize("foreach", [False, True])
+def test_sgd_then_the_mean_of_the_iterates_since_the_switch(foreach):
+    rates = [0.3, 0.1, 0.2, 0.05, 0.25, 0.15, 0.1, 0.3]
+    switch_at, weight_decay = 3, 0.01
+    params = fresh_params()
+    optimizer = NTASGD(params, lr=rates[0], weight_decay=weight_decay, nonmono=1, foreach=foreach)
+    run(optimizer, params, rates, switch_at)
+
+    expected = [p.detach().clone() for p in fresh_params()]
+    iterates = []
+    for step, rate in enumerate(rates):
+        grads = gradient(expected, step)
+        expected = [p - rate * (g + weight_decay * p) for p, g in zip(expected, grads)]
+        if step >= switch_at:
+            iterates.append(expected)
+    mean = [torch.stack(parts).mean(0) for parts in zip(*iterates)]
+    for p, e in zip(params, expected):
+        torch.testing.assert_close(p.detach(), e, rtol=1e-13, atol=1e-13)
+    assert optimizer.averaged_steps == len(rates) - switch_at
+    assert optimizer.use_average(True)
+    for p, m in zip(params, mean):
+        torch.testing.assert_close(p.detach(), m, rtol=1e-13, atol=1e-13)
+    assert not torch.allclose(params[0].detach(), expected[0]), "the average is not the last iterate"
+
+
+def test_the_average_swaps_in_and_out_exactly_and_no_step_runs_on_it():
+    params = fresh_params()
+    optimizer = NTASGD(params, lr=0.1, nonmono=1)
+    assert not optimizer.use_average(True), "no average before the switch"
+    run(optimizer, params, [0.1] * 4, switch_at=1)
+    iterate = [p.detach().clone() for p in params]
+    average = [optimizer.state[p]["average"].clone() for p in params]
+    assert optimizer.use_average(True) and not optimizer.use_average(True)
+    assert all(torch.equal(p, a) for p, a in zip(params, average))
+    with pytest.raises(RuntimeError, match="use_average\\(False\\)"):
+        optimizer.step()
+    assert optimizer.use_average(False)
+    assert all(torch.equal(p, i) for p, i in zip(params, iterate))
+    assert all(torch.equal(optimizer.state[p]["average"], a) for p, a in zip(params, average))
+
+
+@pytest.mark.parametrize("stop", [2, 5], ids=["before-switch", "averaging"])
+@pytest.mark.parametrize("swapped", [False, True])
+def test_a_saved_state_resumes_the_uninterrupted_run(stop, swapped):
+    rates, switch_at = [0.2, 0.1, 0.3, 0.1, 0.2, 0.2, 0.1, 0.3], 3
+    whole = fresh_params()
+    optimizer = NTASGD(whole, lr=0.2, weight_decay=0.01, nonmono=1)
+    run(optimizer, whole, rates, switch_at)
+    optimizer.use_average(True)
+
+    params = fresh_params()
+    first = NTASGD(params, lr=0.2, weight_decay=0.01, nonmono=1)
+    run(first, params, rates[:stop], switch_at)
+    first.use_average(swapped)
+    saved_params = [p.detach().clone() for p in params]
+    saved = first.state_dict()
+
+    resumed = [p.detach().clone().requires_grad_() for p in saved_params]
+    second = NTASGD(resumed, lr=0.2, weight_decay=0.01, nonmono=1)
+    second.load_state_dict(saved)
+    second.use_average(False)
+    run(second, resumed, rates, switch_at if stop <= switch_at else None, start=stop)
+    second.use_average(True)
+    assert second.averaged_steps == optimizer.averaged_steps
+    for p, q in zip(resumed, whole):
+        assert torch.equal(p, q)
+        assert torch.equal(second.state[p]["average"], optimizer.state[q]["average"])
+
+
+def test_bad_arguments_are_refused_by_name():
+    params = [torch.zeros(2, requires_grad=True)]
+    with pytest.raises(ValueError, match="nonmono must be an integer >= 1"):
+        NTASGD(params, lr=1.0, nonmono=0)
+    with pytest.raises(ValueError, match="lr must be >= 0"):
+        NTASGD(params, lr=-1.0)
+    with pytest.raises(ValueError, match="weight_decay must be >= 0"):
+        NTASGD(params, lr=1.0, weight_decay=-0.1)
+    with pytest.raises(ValueError, match="no NT-ASGD switch"):
+        NTASGD(params, lr=1.0).load_state_dict(torch.optim.SGD(params, lr=1.0).state_dict())
