@@ -80,6 +80,11 @@ class MomentumTransformerConfig(PreTrainedConfig):
     `max_position_embeddings`; `scale_embedding` multiplies the token embeddings by
     √hidden_size (fairseq's default, and BART's flag); `embedding_layer_norm` normalises token plus
     position embeddings before the first layer (fairseq's --layernorm-embedding, on in RoBERTa).
+    `sparse_prediction` (MomentumTransformerForMaskedLM, default False): when labels are given, the
+    prediction head and the loss run on the labelled tokens only (labels != -100; about 15 % of the
+    tokens under BERT's masking), as ModernBERT's option of that name does, and `logits` holds
+    those tokens' rows only (num_labelled, vocab_size), in the batch's row-major token order. This
+    costs one wait for the device per forward, to count the labelled tokens.
     `use_cache` applies to causal models only: an encoder (`is_causal=False`) runs without a cache
     unless one is asked for, which raises.
 
@@ -124,6 +129,7 @@ class MomentumTransformerConfig(PreTrainedConfig):
     embedding_layer_norm: bool = False
     layer_types: list[str] | None = None
     sliding_window: int | None = None
+    sparse_prediction: bool = False
 
     def __post_init__(self, **kwargs):
         if self.intermediate_size is None:
@@ -243,6 +249,7 @@ class MomentumTransformerConfig(PreTrainedConfig):
         check_bool(self.tie_word_embeddings, "tie_word_embeddings")
         check_bool(self.scale_embedding, "scale_embedding")
         check_bool(self.embedding_layer_norm, "embedding_layer_norm")
+        check_bool(self.sparse_prediction, "sparse_prediction")
         check_bool_fields(self)         # transformers' own bool fields too (return_dict, ...)
         check_bool(getattr(self, "output_attentions", False), "output_attentions")  # set after __post_init__
         return block

@@ -480,13 +480,26 @@ class MaskedLMTransform(nn.Module):
         return self.norm(self.act(self.dense(hidden)))
 
 
+def labelled_tokens(labels: torch.Tensor, features: torch.Tensor):
+    """(labels, features) of the tokens whose label is not -100 (the loss's ignore index), flattened
+    in row-major token order: the masked LM head then runs on those alone (`sparse_prediction`).
+    Selecting them waits for the device once, to count them."""
+    labels = labels.reshape(-1)
+    if labels.numel() != features.shape[0] * features.shape[1]:
+        raise ValueError(f"labels must have one entry per token, {tuple(features.shape[:2])}; got "
+                         f"{labels.numel()} entries")
+    keep = (labels != -100).nonzero().squeeze(1)
+    return labels.index_select(0, keep), features.reshape(-1, features.shape[-1]).index_select(0, keep)
+
+
 class MomentumTransformerForMaskedLM(LMHeadMixin, MomentumTransformerPreTrainedModel):
     """Masked language modelling (BERT's objective) over a bidirectional encoder: every token reads
     the whole sequence (Momentum Transformer, eq. 14), so it needs `is_causal=False`. The final
     hidden states go through `MaskedLMTransform`, then `lm_head` (tied to the input embedding, with
     a bias), with transformers' ForMaskedLM loss (labels -100 ignored, `num_items_in_batch`
     honoured). Each token keeps its own logits, so packed rows (DataCollatorWithFlattening) are
-    taken: every document runs as if alone."""
+    taken: every document runs as if alone. With `config.sparse_prediction` and labels, only the
+    labelled tokens go through the head and `logits` holds their rows only."""
 
     _tied_weights_keys = {"lm_head.weight": "model.embed_tokens.weight"}
 
@@ -506,7 +519,10 @@ class MomentumTransformerForMaskedLM(LMHeadMixin, MomentumTransformerPreTrainedM
         refuse_shifted_labels(type(self).__name__, kwargs)
         outputs = self.token_features(input_ids, attention_mask, position_ids, inputs_embeds,
                                       output_hidden_states, output_attentions, kwargs)
-        logits = self.lm_head(self.transform(outputs.last_hidden_state))
+        features = outputs.last_hidden_state
+        if self.config.sparse_prediction and labels is not None:
+            labels, features = labelled_tokens(labels, features)
+        logits = self.lm_head(self.transform(features))
         loss = None
         if labels is not None:
             loss = self.loss_function(logits, labels, vocab_size=self.config.vocab_size, **kwargs)

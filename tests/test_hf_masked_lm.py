@@ -2,7 +2,8 @@
 AutoModelForMaskedLM; Momentum Transformer, eq. 14): it needs `is_causal=False`; its head is tied to
 the input embedding; every token's logits equal those of its sequence run alone, however the batch
 arrives (padded on either side, packed by DataCollatorWithFlattening in its three forms); the loss is
-transformers' masked-LM cross entropy over the labelled tokens; the fill-mask pipeline scores a
+transformers' masked-LM cross entropy over the labelled tokens, which `sparse_prediction` computes
+from their logits alone; the fill-mask pipeline scores a
 padded batch as each text alone; and through transformers' Trainer with
 DataCollatorForLanguageModeling it learns to fill a masked first token, which only the tokens to
 its right decide."""
@@ -132,6 +133,40 @@ def test_loss_is_cross_entropy_over_the_masked_tokens(make_generator):
     assert math.isclose(summed.item(), per_token[kept].sum().item() / 40, rel_tol=1e-5)
     loss, logits = model(input_ids=masked, labels=labels, return_dict=False)[:2]
     torch.testing.assert_close(logits, out.logits, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("name", ENCODERS)
+def test_sparse_prediction_scores_the_labelled_tokens_alone_with_the_dense_loss(name, make_generator):
+    """sparse_prediction=True: the head runs on the labelled tokens only, in row-major order, and the
+    loss and every gradient equal the dense model's (float64), with or without num_items_in_batch;
+    without labels the logits are dense. Selecting the tokens reads the device once (one `nonzero`)."""
+    from test_host_reads import HostReads
+    dense = build(name).double()
+    sparse = build(name, sparse_prediction=True).double()
+    generator = make_generator()
+    ids = torch.randint(0, WORDS, (3, 9), generator=generator)
+    labels = torch.where(torch.rand(3, 9, generator=generator) < 0.3, ids, -100)
+    labels[0, 0], labels[2, 8] = ids[0, 0], ids[2, 8]
+    masked = ids.masked_fill(labels != -100, MASK)
+    for extra in ({}, {"num_items_in_batch": torch.tensor(17)}):
+        expected = dense(input_ids=masked, labels=labels, **extra)
+        with HostReads() as reads:
+            out = sparse(input_ids=masked, labels=labels, **extra)
+        assert reads.count == 1
+        kept = labels.reshape(-1) != -100
+        assert out.logits.shape == (int(kept.sum()), dense.config.vocab_size)
+        torch.testing.assert_close(out.logits, expected.logits.reshape(-1, VOCAB)[kept], rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(out.loss, expected.loss, rtol=1e-12, atol=1e-12)
+        grads = torch.autograd.grad(out.loss, list(sparse.parameters()))
+        expected_grads = torch.autograd.grad(expected.loss, list(dense.parameters()))
+        for got, want in zip(grads, expected_grads):
+            torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(sparse(input_ids=masked).logits, dense(input_ids=masked).logits,
+                               rtol=0, atol=0)
+    with pytest.raises(ValueError, match="labels must have one entry per token"):
+        sparse(input_ids=masked, labels=labels[:, :4])
+    with pytest.raises(ValueError, match="sparse_prediction must be True or False"):
+        head_config(name, sparse_prediction=1)
 
 
 @pytest.mark.parametrize("side", ["right", "left"])
