@@ -155,7 +155,8 @@ def test_sparse_prediction_scores_the_labelled_tokens_alone_with_the_dense_loss(
         assert reads.count == 1
         kept = labels.reshape(-1) != -100
         assert out.logits.shape == (int(kept.sum()), dense.config.vocab_size)
-        torch.testing.assert_close(out.logits, expected.logits.reshape(-1, VOCAB)[kept], rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(out.logits, expected.logits.reshape(-1, VOCAB)[kept],
+                                   rtol=1e-12, atol=1e-12)
         torch.testing.assert_close(out.loss, expected.loss, rtol=1e-12, atol=1e-12)
         grads = torch.autograd.grad(out.loss, list(sparse.parameters()))
         expected_grads = torch.autograd.grad(expected.loss, list(dense.parameters()))
