@@ -160,6 +160,7 @@ def install() -> None:
     """Allowlist fairseq's checkpoint types and wrap its loader (once per process: the user-dir
     may be imported both as a package and through --user-dir)."""
     torch.serialization.add_safe_globals(FAIRSEQ_CHECKPOINT_TYPES)
+    safe_numpy.install()
     if not getattr(checkpoint_utils.torch_persistent_save, "plain_numbers", False):
         checkpoint_utils.torch_persistent_save = _plain_number_saver(checkpoint_utils.torch_persistent_save)
     if not getattr(checkpoint_utils.load_checkpoint_to_cpu, "checks_checkpoints", False):

@@ -11,11 +11,19 @@ only records a plain numeric spec and a byte order, checked against the exact st
 for such a dtype; `scalar` and `_reconstruct` accept only a recipe and bytes of the right length,
 and build the real dtype themselves, so no attacker-chosen flag, field or subarray reaches numpy.
 Arrays come back as `CheckedArray` (an ndarray subclass that pickles as a plain ndarray).
+
+Another allowlist can name the same numpy globals: transformers' Trainer enters one with numpy's
+own `_reconstruct`, `ndarray` and `dtype` to load its RNG state. torch keeps the allowlist in a
+set and maps each name to whichever entry it meets last, which varies from process to process;
+a mix (numpy's `_reconstruct` and `ndarray` with our dtype, or the reverse) failed to load. So
+`install` makes every weights-only load resolve these names to the stand-ins wherever they are
+allowlisted (tests/test_fairseq_checkpoint_numpy.py).
 """
 import math
 import pickle
 
 import numpy as np
+import torch._weights_only_unpickler as weights_only_unpickler
 
 # One code per plain numeric type, as numpy writes it in a pickled dtype ("i8", "f4", "b1", ...).
 NUMERIC_SPECS = frozenset(np.dtype(t).str[1:] for t in (
@@ -113,3 +121,21 @@ def plain_numbers(obj):
     if type(obj) in (list, tuple):
         return type(obj)(plain_numbers(v) for v in obj)
     return obj
+
+
+def install() -> None:
+    """Resolve the numpy names of SAFE_GLOBALS to the stand-ins in every weights-only load where they
+    are allowlisted, whatever else names them (once per process)."""
+    allowed = getattr(weights_only_unpickler, "_get_user_allowed_globals", None)
+    if allowed is None or getattr(allowed, "numpy_stand_ins", False):
+        return
+
+    def with_stand_ins():
+        names = allowed()
+        for stand_in, name in SAFE_GLOBALS:
+            if name in names:
+                names[name] = stand_in
+        return names
+
+    with_stand_ins.numpy_stand_ins = True
+    weights_only_unpickler._get_user_allowed_globals = with_stand_ins

@@ -5,6 +5,7 @@ import re
 import subprocess
 import sys
 import textwrap
+import unittest.mock
 
 import numpy as np
 import torch
@@ -111,3 +112,47 @@ def test_new_checkpoints_store_numpy_scalars_as_python_numbers(tmp_path):
         state = torch.load(path)
     assert type(state["extra_state"]["best"]) is float and state["extra_state"]["best"] == 1.25
     assert type(state["extra_state"]["n"][0]) is int
+
+
+
+class MetLast(set):
+    """An allowlist set that torch's unpickler iterates with the entries in `last` at the end: for
+    a name listed twice, the entry torch meets last is the one it uses."""
+
+    def __init__(self, entries, last):
+        super().__init__(entries)
+        self.order = [e for e in entries if e not in last] + [e for e in entries if e in last]
+
+    def __iter__(self):
+        return iter(self.order)
+
+
+def test_the_trainers_rng_state_loads_whichever_entry_torch_meets_last(tmp_path):
+    """After `import fairseq_momentum`, transformers' Trainer resumes: its rng_state.pth (numpy's
+    MT19937 state, a uint32 array) loads under the Trainer's own safe_globals (numpy's
+    `_reconstruct`, `ndarray` and `dtype`), whichever of those torch meets after our stand-ins for
+    the same names. In the full suite a Trainer resume failed in a process that had imported
+    fairseq_momentum: torch keeps the allowlist in a set, and met numpy's ndarray and _reconstruct
+    after ours but our dtype after numpy's."""
+    import itertools
+    import random
+
+    import torch._weights_only_unpickler as unpickler
+    from transformers.trainer_pt_utils import safe_globals
+
+    import fairseq_momentum  # noqa: F401
+    path = tmp_path / "rng_state.pth"
+    state = np.random.get_state()
+    torch.save({"python": random.getstate(), "numpy": state, "cpu": torch.random.get_rng_state()}, path)
+    numpy_own = [np.core.multiarray._reconstruct, np.ndarray, np.dtype]
+    for count in range(len(numpy_own) + 1):
+        for last in itertools.combinations(numpy_own, count):
+            with safe_globals():
+                entries = list(unpickler._marked_safe_globals_set)
+                ordered = MetLast(entries, last)
+                with unittest.mock.patch.object(unpickler, "_marked_safe_globals_set", ordered):
+                    loaded = torch.load(path, weights_only=True)
+            np.testing.assert_array_equal(loaded["numpy"][1], state[1])
+            np.random.set_state(loaded["numpy"])
+            assert np.random.get_state()[2] == state[2]
+            assert type(loaded["numpy"][1]).__name__ == "CheckedArray", "the stand-ins read it"
