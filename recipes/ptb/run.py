@@ -2,11 +2,11 @@
 
 LSTM vs MomentumLSTM vs SRLSTM (and Adam/RMSProp LSTMs) through `fairseq-train --user-dir
 fairseq_momentum --arch momentum_lstm_lm`. `--full` is the paper's setting (3 layers, 1150
-hidden, 400 embedding, AWD-LSTM regularisation, SGD lr 30, batch 20, BPTT 70, 500 epochs; Appendix
-A.3, Tables 6–7) on Penn Treebank; the default is a small model for 2 CPU cores on the offline
-Jane Austen corpus (PTB-style tokens, 10k vocabulary). Both train and evaluate as AWD-LSTM does:
-`--task language_modeling_bptt` carries the state over contiguous streams, and the test perplexity
-is fairseq-validate's over the test split in one stream.
+hidden, 400 embedding, AWD-LSTM regularisation, NT-ASGD at lr 30, batch 20, BPTT 70, 500 epochs;
+Appendix A.3, Tables 6–7) on Penn Treebank; the default is a small model for 2 CPU cores on the
+offline Jane Austen corpus (PTB-style tokens, 10k vocabulary). Both train and evaluate as AWD-LSTM
+does: `--task language_modeling_bptt` carries the state over contiguous streams, and the test
+perplexity is fairseq-validate's over the test split in one stream.
 
     .venv/bin/python -m recipes.ptb.run                      # small, Austen, ~10 min on 2 cores
     .venv/bin/python -m recipes.ptb.run --corpus ptb --full  # the paper's run (GPU, days)
