@@ -38,7 +38,10 @@ def test_two_cpu_ranks_split_data_and_agree(text_file, tmp_path):
 
 
 def test_resume_from_checkpoint_ends_like_an_uninterrupted_run(text_file, tmp_path):
-    common = [sys.executable, str(SCRIPT), "--train_file", str(text_file), "--max_train_steps", "4", *TINY]
+    """Also where the checkpoint's step is an evaluation's: the evaluation leaves the training's random
+    numbers (dropout) as they were when the checkpoint saved them."""
+    common = [sys.executable, str(SCRIPT), "--train_file", str(text_file), "--max_train_steps", "4",
+              "--eval_steps", "2", *TINY]
     run([*common, "--output_dir", str(tmp_path / "full"), "--checkpointing_steps", "2",
          "--record_dir", str(tmp_path / "full_rec")], tmp_path)
     run([*common, "--output_dir", str(tmp_path / "resumed"), "--record_dir", str(tmp_path / "resumed_rec"),
@@ -313,3 +316,34 @@ def test_config_overrides_set_fields_beyond_the_arguments(tmp_path):
     (tmp_path / "config.json").write_text("{}")
     with pytest.raises(SystemExit):
         script.parse_args([*base, "--model_name_or_path", str(tmp_path), "--config_overrides", awd])
+
+
+def test_nt_asgd_switches_by_the_rule_and_a_run_resumed_while_averaging_ends_the_same(tmp_path):
+    """--optimizer nt_asgd: the switch comes at the evaluation the rule names (from the logged
+    losses; a training text the model overfits, a validation text it does not predict); a run
+    resumed from a checkpoint saved while averaging (the average as its model, the iterate in the
+    optimizer's state) ends with the uninterrupted run's final model and validation loss."""
+    import re
+
+    (tmp_path / "train.txt").write_text("abc " * 600)
+    (tmp_path / "valid.txt").write_text("zyxw vu " * 100)
+    common = [sys.executable, str(SCRIPT), "--train_file", str(tmp_path / "train.txt"),
+              "--validation_file", str(tmp_path / "valid.txt"), "--optimizer", "nt_asgd", "--nonmono", "1",
+              "--learning_rate", "0.5", "--weight_decay", "0", "--max_train_steps", "16", "--eval_steps", "2",
+              *TINY]
+    whole = run([*common, "--output_dir", str(tmp_path / "full"), "--checkpointing_steps", "4",
+                 "--record_dir", str(tmp_path / "full_rec")], tmp_path)
+    switch = int(re.search(r"NT-ASGD: the validation loss [0-9.]+ at step (\d+)", whole.stdout).group(1))
+    with open(next((tmp_path / "full" / "logs").glob("*/metrics.csv"))) as f:
+        losses = [(int(row["step"]), float(row["value"])) for row in csv.DictReader(f)
+                  if row["metric"] == "eval/loss"]
+    steps = [step for step, _ in losses]
+    values = [value for _, value in losses]
+    first = next(i for i in range(len(values)) if i > 1 and values[i] > min(values[:i - 1]))
+    assert steps[first] == switch and switch < 8
+    resumed = run([*common, "--output_dir", str(tmp_path / "resumed"), "--record_dir",
+                   str(tmp_path / "resumed_rec"), "--resume_from_checkpoint",
+                   str(tmp_path / "full" / "step_8")], tmp_path)
+    assert "NT-ASGD" not in resumed.stdout, "the switch is in the checkpoint"
+    full, again = records(tmp_path / "full_rec")[0], records(tmp_path / "resumed_rec")[0]
+    assert again["params"] == full["params"] and again["valid_loss"] == full["valid_loss"]

@@ -72,6 +72,7 @@ from hf_momentum.context_parallel import enable_context_parallel, shard_batch, w
 
 # run as a file (python recipes/hf/train_clm.py): the repository root holds the shared training loop
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from plugins.nt_asgd import NTASGD  # noqa: E402
 from recipes.common.config_overrides import with_overrides  # noqa: E402
 from recipes.common.training import fit  # noqa: E402
 
@@ -163,6 +164,14 @@ def parse_args(argv=None):
     p.add_argument("--learning_rate", type=float, default=3e-4)
     p.add_argument("--weight_decay", type=float, default=0.01)
     p.add_argument("--warmup_steps", type=int, default=0)
+    p.add_argument("--optimizer", default="adamw", choices=["adamw", "nt_asgd"],
+                   help="adamw (linear decay after --warmup_steps) or nt_asgd: AWD-LSTM's NT-ASGD at a "
+                        "constant --learning_rate (plugins/nt_asgd.py), averaging the iterates once an "
+                        "evaluation's loss stops improving (--nonmono); evaluations, checkpoints and the "
+                        "final model then hold the average")
+    p.add_argument("--nonmono", type=int, default=5,
+                   help="nt_asgd: switch when the loss is worse than the best of all evaluations but the "
+                        "last NONMONO")
     p.add_argument("--num_epochs", type=int, default=1)
     p.add_argument("--max_train_steps", type=int, default=None,
                    help="optimizer steps; overrides --num_epochs")
@@ -199,6 +208,8 @@ def parse_args(argv=None):
                 f"is the dataset's \"validation\" split, else --validation_split of it")
     if args.dataset_config_name and not args.dataset_name:
         p.error("argument --dataset_config_name: goes with --dataset_name")
+    if args.nonmono < 1:
+        p.error(f"argument --nonmono: expected an integer >= 1, got {args.nonmono}")
     if args.dataset_from_disk and not Path(args.dataset_from_disk).is_dir():
         p.error(f"argument --dataset_from_disk: {args.dataset_from_disk} is not a folder (expected one "
                 f"written by save_to_disk)")
@@ -644,13 +655,16 @@ def main(argv=None):
         cp_group, train_loader = context_parallel_setup(args, accelerator, model, train_loader)
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
     no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
-    optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": args.weight_decay},
-                                   {"params": no_decay, "weight_decay": 0.0}], lr=args.learning_rate)
+    groups = [{"params": decay, "weight_decay": args.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    if args.optimizer == "nt_asgd":
+        optimizer = averaging = NTASGD(groups, lr=args.learning_rate, nonmono=args.nonmono)
+    else:
+        optimizer, averaging = torch.optim.AdamW(groups, lr=args.learning_rate), None
     batches_per_process = len(train_loader) if cp_group is not None else math.ceil(
         len(train_loader) / accelerator.num_processes)
     updates_per_epoch = math.ceil(batches_per_process / args.gradient_accumulation_steps)
     max_steps = args.max_train_steps or args.num_epochs * updates_per_epoch
-    scheduler = get_scheduler("linear", optimizer,
+    scheduler = get_scheduler("linear" if averaging is None else "constant_with_warmup", optimizer,
                               num_warmup_steps=args.warmup_steps * accelerator.num_processes,
                               num_training_steps=max_steps * accelerator.num_processes)
     model, optimizer, train_loader, valid_loader, scheduler = accelerator.prepare(
@@ -679,13 +693,30 @@ def main(argv=None):
                              "train/learning_rate": scheduler.get_last_lr()[0]}, step=done)
             interval_losses.clear()
         if args.checkpointing_steps and done % args.checkpointing_steps == 0:
+            if averaging is not None:           # the checkpoint's model is the average, its iterate
+                averaging.use_average(True)     # rides in the optimizer's state
             save_checkpoint(accelerator, model, output / f"step_{done}")
 
     def log_evaluation(prepared_model):
-        with whole_sequences(accelerator.unwrap_model(prepared_model), cp_group):
+        if averaging is not None:
+            averaging.use_average(True)
+        # the evaluation draws no number from the training's generators (its loader's iterator draws
+        # a seed): a run resumed from a checkpoint saved at an evaluation step then trains on alike
+        devices = [accelerator.device] if accelerator.device.type == "cuda" else []
+        with torch.random.fork_rng(devices=devices), whole_sequences(accelerator.unwrap_model(prepared_model),
+                                                                     cp_group):
             valid_loss, perplexity = evaluate(prepared_model, valid_loader, accelerator)
+        if averaging is not None and averaging.observe(valid_loss):
+            accelerator.print(f"NT-ASGD: the validation loss {valid_loss:.4f} at step {at['step']} is worse "
+                              f"than the best before the last {args.nonmono} evaluations: averaging the "
+                              "iterates from here on")
         accelerator.log({"eval/loss": valid_loss, "eval/perplexity": perplexity}, step=at["step"])
         return {"loss": valid_loss, "perplexity": perplexity}
+
+    def on_batch(batch):
+        record["batches"].append(fingerprint(batch["input_ids"]))
+        if averaging is not None:               # train on the iterate
+            averaging.use_average(False)
 
     def loss_fn(prepared_model, batch):
         loss, shown = training_loss(prepared_model, batch, cp_group, accelerator.device)
@@ -695,7 +726,7 @@ def main(argv=None):
         model, optimizer, train_loader, loss_fn, accelerator=accelerator, steps=max_steps,
         eval_every=args.eval_steps or None, evaluate=log_evaluation, schedule=scheduler, desc="train",
         prepared=True, start_step=step, on_step=on_step,
-        on_batch=lambda batch: record["batches"].append(fingerprint(batch["input_ids"])))
+        on_batch=on_batch)
     step = at["step"]
     if history.steps:
         valid_loss, perplexity = history.eval["loss"][-1], history.eval["perplexity"][-1]
@@ -707,6 +738,8 @@ def main(argv=None):
     accelerator.print(json.dumps({"step": step, "valid_loss": round(valid_loss, 4),
                                   "valid_perplexity": round(perplexity, 3)}))
     accelerator.wait_for_everyone()
+    if averaging is not None:
+        averaging.use_average(True)
     if args.record_dir:
         flat = torch.cat([p.detach().float().flatten().cpu() for p in unwrapped.parameters()])
         record.update(step=step, params=fingerprint(flat), valid_loss=valid_loss)
