@@ -11,7 +11,7 @@
   iterate.
 - Refused: the scheduler without this optimizer, this optimizer without the scheduler or with
   another task, and --fp16/--bf16, whose optimizer steps float32 copies of the parameters. --amp
-  steps the model's own parameters and works."""
+  steps the model's own parameters and is not refused; it needs CUDA and is untested here."""
 import logging
 from dataclasses import dataclass, field
 from typing import List, Optional
