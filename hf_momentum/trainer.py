@@ -68,14 +68,17 @@ class NTASGDTrainer(ModelCardTrainer):
             optimizer = getattr(optimizer, "optimizer", None)
         return optimizer
 
+    def _use_average(self, average: bool) -> None:
+        optimizer = self.nt_asgd
+        if optimizer is not None:
+            optimizer.use_average(average)
+
     def training_step(self, *args, **kwargs):
-        if self.nt_asgd is not None:
-            self.nt_asgd.use_average(False)
+        self._use_average(False)
         return super().training_step(*args, **kwargs)
 
     def save_model(self, output_dir: Optional[str] = None, _internal_call: bool = False) -> None:
-        if self.nt_asgd is not None:
-            self.nt_asgd.use_average(True)
+        self._use_average(True)
         super().save_model(output_dir, _internal_call)
 
     def evaluate(self, eval_dataset=None, ignore_keys=None, metric_key_prefix: str = "eval"):

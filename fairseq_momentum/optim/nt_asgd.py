@@ -102,10 +102,10 @@ class NTASGDSchedule(FixedLRSchedule):
             if self.nt_asgd.unobserved_steps and not optimizer.averaging:
                 logger.warning(f"NT-ASGD: epoch {epoch} ended without a validation loss; the switch to "
                                "averaging is checked at validated epochs only")
-            return super().step(epoch, val_loss)
-        self.nt_asgd.unobserved_steps = 0
-        if optimizer.observe(val_loss):
-            logger.info(f"NT-ASGD: the validation loss {val_loss:.4f} of epoch {epoch} is worse than the "
-                        f"best before the last {optimizer.nonmono} epochs: averaging the iterates from "
-                        "here on")
+        else:
+            self.nt_asgd.unobserved_steps = 0
+            if optimizer.observe(val_loss):
+                logger.info(f"NT-ASGD: the validation loss {val_loss:.4f} of epoch {epoch} is worse than "
+                            f"the best before the last {optimizer.nonmono} epochs: averaging the iterates "
+                            "from here on")
         return super().step(epoch, val_loss)
