@@ -22,6 +22,7 @@ from helpers.hf_heads import (
     assert_packed_row_is_its_documents,
     assert_padded_rows_are_their_sequences,
     head_config,
+    padded,
 )
 from transformers import (
     AutoModelForMaskedLM,
@@ -168,6 +169,34 @@ def test_sparse_prediction_scores_the_labelled_tokens_alone_with_the_dense_loss(
         sparse(input_ids=masked, labels=labels[:, :4])
     with pytest.raises(ValueError, match="sparse_prediction must be True or False"):
         head_config(name, sparse_prediction=1)
+
+
+@pytest.mark.parametrize("layout", ["padded-right", "padded-left", "packed"])
+def test_sparse_prediction_of_padded_and_packed_batches_is_each_sequence_alone(layout, make_generator):
+    """sparse_prediction=True on a padded batch (either side, -100 at the padding) and on a packed row
+    (DataCollatorWithFlattening, position_ids that restart): the labelled tokens' logits, in order,
+    are those of each sequence run alone (float64)."""
+    model = build(sparse_prediction=True).double()
+    generator = make_generator()
+    seqs = sequences(generator, (7, 1, 12, 5))
+    labels = [torch.where(torch.rand(len(s), generator=generator) < 0.4, s, -100) for s in seqs]
+    for s, lab in zip(seqs, labels):
+        lab[0] = s[0]
+    inputs = [torch.where(lab != -100, MASK, s) for s, lab in zip(seqs, labels)]
+    if layout == "packed":
+        batch = DataCollatorWithFlattening()(
+            [{"input_ids": i.tolist(), "labels": lab.tolist()} for i, lab in zip(inputs, labels)])
+        batch["labels"] = torch.cat(labels)[None]    # the collator drops each document's first label
+    else:
+        ids, mask = padded(inputs, layout.split("-")[1])
+        batch = {"input_ids": ids, "attention_mask": mask,
+                 "labels": padded(labels, layout.split("-")[1])[0].masked_fill(mask == 0, -100)}
+    with torch.no_grad():
+        logits = model(**batch).logits
+        alone = torch.cat([model(input_ids=i[None], labels=lab[None]).logits
+                           for i, lab in zip(inputs, labels)])
+    assert logits.shape == alone.shape == (sum(int((lab != -100).sum()) for lab in labels), VOCAB)
+    torch.testing.assert_close(logits, alone, rtol=1e-10, atol=1e-10)
 
 
 @pytest.mark.parametrize("side", ["right", "left"])
