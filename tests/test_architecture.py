@@ -192,3 +192,17 @@ def test_the_cycle_check_finds_a_cycle():
     assert _cycles(module_edges(graph)) == [["p.a", "p.b"]]
     graph = {"p": {"p.a", "p.b"}, "p.a": {"p.b"}, "p.b": set()}
     assert _cycles(module_edges(graph)) == []
+
+
+def test_importing_the_core_leaves_torch_compile_unloaded():
+    """Importing any core module does not load torch._dynamo (over a second of every process's
+    start: fairseq-generate, fairseq-eval-lm and fairseq-preprocess with the user-dir never need it);
+    an eager-only function is marked with torch._disable_dynamo, which loads it on first call."""
+    import subprocess
+    modules = sorted(m for m in core_imports() if not _kernel_module(m))
+    script = ("import sys\n" + "".join(f"import {m}\n" for m in modules)
+              + "loaded = sorted(m for m in sys.modules if m.startswith(('torch._dynamo', 'triton')))\n"
+              + "assert not loaded, loaded\n")
+    done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]

@@ -133,7 +133,7 @@ class AdamLSTMRecurrence(torch.autograd.Function):
     """
 
     @classmethod
-    @torch.compiler.disable  # dynamo cannot trace super().apply here: run eagerly (a graph break)
+    @torch._disable_dynamo  # dynamo cannot trace super().apply here: run eagerly (a graph break)
     def apply(cls, g, *args):
         """This Function, or the fused Triton steps (same arguments and results): see
         `recurrence_backend`."""
