@@ -5,8 +5,10 @@ import random
 import re
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
+from helpers import cli_fork
 from plugins.rnn import VARIANTS
 from plugins.rnn.variants import unread_hyperparameters
 
@@ -57,11 +59,30 @@ def cli_env(**extra):
     return env
 
 
+_server = None
+
+
+def _forked(env):
+    """This process's CLI server (helpers/cli_fork.py) if it can run a call with `env`, else None."""
+    global _server
+    if _server is None or _server.process.poll() is not None:
+        _server = cli_fork.Server(cli_env(), USER_DIR)
+    return _server if _server.serves(env) else None
+
+
 def run_cli(name, *args, stdin=None, cwd=None, env=None, check=True):
-    """Run /venv/bin/fairseq-<name> and return the CompletedProcess (stdout + stderr)."""
+    """fairseq-<name> in its own process: forked from this worker's CLI server where it serves the
+    script and the environment, else /venv/bin/fairseq-<name>; the CompletedProcess (text stdout
+    and stderr)."""
     cmd = [str(BIN / f"fairseq-{name}"), *map(str, args)]
-    proc = subprocess.run(cmd, input=stdin, capture_output=True, text=True, cwd=cwd or REPO,
-                          env=env or cli_env(), timeout=CLI_TIMEOUT)
+    env = env or cli_env()
+    server = _forked(env) if name in cli_fork.SCRIPTS else None
+    if server is not None:
+        with tempfile.TemporaryDirectory() as folder:
+            proc = server.run(name, cmd[1:], stdin, cwd or REPO, env, CLI_TIMEOUT, Path(folder))
+    else:
+        proc = subprocess.run(cmd, input=stdin, capture_output=True, text=True, cwd=cwd or REPO, env=env,
+                              timeout=CLI_TIMEOUT)
     if check and proc.returncode != 0:
         raise AssertionError(f"{' '.join(cmd)} failed ({proc.returncode}):\n"
                              f"{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}")
