@@ -11,6 +11,16 @@ from plugins.attention import momentum_attention, momentum_attention_step
 TOL = dict(rtol=1e-5, atol=1e-6)
 
 
+@pytest.fixture(autouse=True)
+def no_fake_tensor_cache():
+    """Trace without torch's fake-tensor dispatch cache, a speed-up that slows these symbolic-shape
+    traces down (its hits rebuild each output through Tensor.set_ with symbolic strides): the file
+    took 131 s on two workers with it and 85 s without (torch 2.13). The Triton path's compile tests
+    (test_attention_triton.py, test_hf_compile_training.py) keep torch's default."""
+    with torch._dynamo.config.patch(fake_tensor_cache_enabled=False):
+        yield
+
+
 class TinyAttention(torch.nn.Module):
     """A projection into heads, then causal momentum attention: what a model layer does."""
 
