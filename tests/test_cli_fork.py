@@ -7,16 +7,19 @@ import subprocess
 
 import pytest
 from helpers import fairseq_cli
-from helpers.fairseq_cli import BIN, COMMON_TRAIN, USER_DIR, cli_env, preprocess_lm, run_cli, write_lm_text
+from helpers.fairseq_cli import (
+    COMMON_TRAIN,
+    USER_DIR,
+    cli_env,
+    preprocess_lm,
+    run_cli,
+    run_fresh,
+    write_lm_text,
+)
 
 LSTM_LM = ["--task", "language_modeling", "--arch", "momentum_lstm_lm", "--decoder-layers", "1",
            "--decoder-embed-dim", "16", "--decoder-hidden-size", "16", "--tokens-per-sample", "16",
            "--batch-size", "4", "--optimizer", "sgd", "--lr", "1", "--max-update", "3"]
-
-
-def fresh(name, *args, stdin=None):
-    return subprocess.run([str(BIN / f"fairseq-{name}"), *map(str, args)], input=stdin, capture_output=True,
-                          text=True, cwd=fairseq_cli.REPO, env=cli_env(), timeout=fairseq_cli.CLI_TIMEOUT)
 
 
 def log_lines(text):
@@ -35,7 +38,7 @@ def lm_data(tmp_path_factory):
 
 def test_a_forked_training_run_logs_what_a_fresh_process_logs(lm_data, tmp_path):
     runs = []
-    for where, call in (("forked", run_cli), ("fresh", fresh)):
+    for where, call in (("forked", run_cli), ("fresh", run_fresh)):
         save = tmp_path / where / "ckpt"
         proc = call("train", lm_data, "--user-dir", USER_DIR, "--save-dir", save, *COMMON_TRAIN, *LSTM_LM)
         assert proc.returncode == 0, proc.stderr[-3000:]
@@ -47,7 +50,7 @@ def test_a_forked_training_run_logs_what_a_fresh_process_logs(lm_data, tmp_path)
 
 def test_an_argument_error_exits_with_the_scripts_status_and_traceback():
     forked = run_cli("train", "--no-such-flag", check=False)
-    alone = fresh("train", "--no-such-flag")
+    alone = run_fresh("train", "--no-such-flag")
     assert forked.returncode == alone.returncode != 0
     for proc in (forked, alone):
         assert "in parse_args_and_arch" in proc.stderr.splitlines()[-3]
@@ -55,8 +58,16 @@ def test_an_argument_error_exits_with_the_scripts_status_and_traceback():
 
 
 def test_stdin_reaches_interactive_and_an_exception_exits_1(lm_data, tmp_path):
-    proc = run_cli("interactive", lm_data, "--user-dir", USER_DIR, "--task", "language_modeling", "--path",
-                   tmp_path / "missing.pt", stdin="the cat\n", check=False)
+    run_cli("train", lm_data, "--user-dir", USER_DIR, "--save-dir", tmp_path, *COMMON_TRAIN, *LSTM_LM)
+    prompt = "the cat sees\nthe big dog\n"
+    interactive = ["interactive", lm_data, "--user-dir", USER_DIR, "--task", "language_modeling",
+                   "--beam", "2"]
+    outputs = [[line for line in call(*interactive, "--path", tmp_path / "checkpoint_last.pt",
+                                      stdin=prompt).stdout.splitlines() if line[:2] in ("S-", "H-")]
+               for call in (run_cli, run_fresh)]
+    assert [line.split("\t")[1] for line in outputs[0] if line.startswith("S-")] == prompt.splitlines()
+    assert outputs[0] == outputs[1]
+    proc = run_cli(*interactive, "--path", tmp_path / "missing.pt", stdin=prompt, check=False)
     assert proc.returncode == 1
     assert "missing.pt" in proc.stderr.splitlines()[-1]
 

@@ -7,8 +7,8 @@ then forks it once per call: every call is still its own process, with its own w
 environment, stdin, stdout, stderr and exit code, and the server itself never runs a tensor op (no
 thread pool to inherit). What a fork shares that fresh processes do not: the server's hash seed and
 its Python `random` state (fairseq seeds torch and numpy from --seed itself). A call whose
-environment differs from the server's in a variable read at import time (anything but the
-thread counts) runs as a fresh process instead.
+environment differs from the server's in a variable read at import time (any outside CALL_TIME)
+runs as a fresh process instead.
 """
 import os
 import pickle
@@ -77,13 +77,13 @@ class Server:
         paths = {part: str(folder / f"{part}.txt") for part in ("stdin", "stdout", "stderr")}
         Path(paths["stdin"]).write_text(stdin or "")
         _send(self.process.stdin.fileno(), (name, list(args), str(cwd), dict(env), paths))
-        out = self.process.stdout.fileno()
-        pid = _receive(out)
+        replies = self.process.stdout.fileno()
+        pid = _receive(replies)
         try:
-            code = _receive(out, time.monotonic() + timeout)
+            code = _receive(replies, time.monotonic() + timeout)
         except TimeoutError:
             os.kill(pid, signal.SIGKILL)
-            _receive(out)
+            _receive(replies)
             raise subprocess.TimeoutExpired([name, *args], timeout) from None
         out, err = (Path(paths[part]).read_text() for part in ("stdout", "stderr"))
         return subprocess.CompletedProcess([f"fairseq-{name}", *args], code, out, err)

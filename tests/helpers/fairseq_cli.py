@@ -70,20 +70,26 @@ def _forked(env):
     return _server if _server.serves(env) else None
 
 
+def run_fresh(name, *args, stdin=None, cwd=None, env=None):
+    """/venv/bin/fairseq-<name> in a fresh process: the CompletedProcess (text stdout and stderr)."""
+    return subprocess.run([str(BIN / f"fairseq-{name}"), *map(str, args)], input=stdin, capture_output=True,
+                          text=True, cwd=cwd or REPO, env=env or cli_env(), timeout=CLI_TIMEOUT)
+
+
 def run_cli(name, *args, stdin=None, cwd=None, env=None, check=True):
     """fairseq-<name> in its own process: forked from this worker's CLI server where it serves the
-    script and the environment, else /venv/bin/fairseq-<name>; the CompletedProcess (text stdout
-    and stderr)."""
-    cmd = [str(BIN / f"fairseq-{name}"), *map(str, args)]
+    script and the environment, else fresh (`run_fresh`); the CompletedProcess (text stdout and
+    stderr)."""
+    args = [str(a) for a in args]
     env = env or cli_env()
     server = _forked(env) if name in cli_fork.SCRIPTS else None
     if server is not None:
         with tempfile.TemporaryDirectory() as folder:
-            proc = server.run(name, cmd[1:], stdin, cwd or REPO, env, CLI_TIMEOUT, Path(folder))
+            proc = server.run(name, args, stdin, cwd or REPO, env, CLI_TIMEOUT, Path(folder))
     else:
-        proc = subprocess.run(cmd, input=stdin, capture_output=True, text=True, cwd=cwd or REPO, env=env,
-                              timeout=CLI_TIMEOUT)
+        proc = run_fresh(name, *args, stdin=stdin, cwd=cwd, env=env)
     if check and proc.returncode != 0:
+        cmd = [str(BIN / f"fairseq-{name}"), *args]
         raise AssertionError(f"{' '.join(cmd)} failed ({proc.returncode}):\n"
                              f"{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}")
     return proc
