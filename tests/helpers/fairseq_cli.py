@@ -8,7 +8,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from helpers import cli_fork
+from helpers import fork_server
 from plugins.rnn import VARIANTS
 from plugins.rnn.variants import unread_hyperparameters
 
@@ -59,15 +59,27 @@ def cli_env(**extra):
     return env
 
 
-_server = None
+# fairseq's console scripts forked from a server (helpers/fork_server.py), by the order in which they
+# import: these configure the root logger (stdout, LOGLEVEL) before they import fairseq, so the first
+# one imported leaves the logging each of them has fresh; torch._dynamo is what torch.optim imports
+# at a training run's first step.
+LOGGING_FIRST = ["train", "eval-lm", "interactive", "validate", "preprocess"]
+# these import fairseq first, whose wav2vec2_classification module sets up DEBUG logging to stderr
+# (generate configures its own only when it runs): a server of their own keeps that order.
+# fairseq-hydra-train starts through hydra and runs fresh.
+FAIRSEQ_FIRST = ["generate", "score"]
+# name: what its server imports (the console scripts' own imports, in that order)
+PRELOAD = {**dict.fromkeys(LOGGING_FIRST, [*(str(BIN / f"fairseq-{n}") for n in LOGGING_FIRST),
+                                           "torch._dynamo"]),
+           **dict.fromkeys(FAIRSEQ_FIRST, [str(BIN / f"fairseq-{n}") for n in FAIRSEQ_FIRST])}
 
 
-def _forked(env):
-    """This process's CLI server (helpers/cli_fork.py) if it can run a call with `env`, else None."""
-    global _server
-    if _server is None or _server.process.poll() is not None:
-        _server = cli_fork.Server(cli_env(), USER_DIR)
-    return _server if _server.serves(env) else None
+def server(name, env):
+    """This worker's fork server of fairseq-<name> if it runs a call with `env`, else None (started on
+    first use with cli_env(); a call whose environment differs at import time runs fresh)."""
+    if name not in PRELOAD:
+        return None
+    return fork_server.server(PRELOAD[name], env, USER_DIR, start_env=cli_env())
 
 
 def run_fresh(name, *args, stdin=None, cwd=None, env=None):
@@ -77,15 +89,16 @@ def run_fresh(name, *args, stdin=None, cwd=None, env=None):
 
 
 def run_cli(name, *args, stdin=None, cwd=None, env=None, check=True):
-    """fairseq-<name> in its own process: forked from this worker's CLI server where it serves the
+    """fairseq-<name> in its own process: forked from this worker's fork server where it serves the
     script and the environment, else fresh (`run_fresh`); the CompletedProcess (text stdout and
     stderr)."""
     args = [str(a) for a in args]
     env = env or cli_env()
-    server = _forked(env) if name in cli_fork.SCRIPTS else None
-    if server is not None:
+    forked = server(name, env)
+    if forked is not None:
         with tempfile.TemporaryDirectory() as folder:
-            proc = server.run(name, args, stdin, cwd or REPO, env, CLI_TIMEOUT, Path(folder))
+            proc = forked.run(BIN / f"fairseq-{name}", args, stdin, cwd or REPO, env, CLI_TIMEOUT,
+                              Path(folder))
     else:
         proc = run_fresh(name, *args, stdin=stdin, cwd=cwd, env=env)
     if check and proc.returncode != 0:

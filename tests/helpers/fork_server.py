@@ -1,0 +1,231 @@
+"""Python scripts in the tests (fairseq's console scripts, the recipes), each run in a process forked
+from a server that has imported what it imports.
+
+A fresh `fairseq-train` spends about 4 s importing torch, fairseq (scikit-learn through its
+criterions) and the user-dir before it reads its arguments, and a recipe of recipes/hf 6-8 s
+importing torch, transformers, datasets and accelerate; the tests start over a hundred of them. A
+server imports what its scripts import, in their order, then forks once per call: every call is
+still its own process, with its own working directory, environment, stdin, stdout, stderr and exit
+status, and the server itself never runs a tensor op (no thread pool to inherit). What a fork
+shares that fresh processes do not: the server's hash seed and its Python `random` state (fairseq
+and the recipes seed torch, numpy and random themselves). A server serves only calls whose
+environment equals its own in every variable read at import time (all outside CALL_TIME); the
+others run as fresh processes.
+"""
+import ast
+import json
+import os
+import pickle
+import select
+import signal
+import struct
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+# read when a call runs, not at import (pytest names each test in its own): a difference in
+# these keeps the call on the server
+CALL_TIME = {"OMP_NUM_THREADS", "MKL_NUM_THREADS", "PYTHONUNBUFFERED", "PYTEST_CURRENT_TEST"}
+# servers kept per process (pytest worker), the least recently used closed first: each holds
+# torch and a toolkit in memory (0.5-0.7 GB)
+MAX_SERVERS = 3
+_HEADER = struct.Struct("!I")
+
+
+def _send(fd, message):
+    data = pickle.dumps(message)
+    os.write(fd, _HEADER.pack(len(data)) + data)
+
+
+def _read(fd, n, deadline):
+    data = b""
+    while len(data) < n:
+        if deadline is not None and not select.select([fd], [], [], max(0.0, deadline - time.monotonic()))[0]:
+            raise TimeoutError
+        chunk = os.read(fd, n - len(data))
+        if not chunk:
+            raise EOFError("the fork server exited")
+        data += chunk
+    return data
+
+
+def _receive(fd, deadline=None):
+    """One message from fd; TimeoutError once `deadline` (time.monotonic()) passes without it."""
+    (size,) = _HEADER.unpack(_read(fd, _HEADER.size, deadline))
+    return pickle.loads(_read(fd, size, deadline))
+
+
+def _kill(pid):
+    os.kill(pid, signal.SIGKILL)
+
+
+class Server:
+    """A server process and the calls it runs, one at a time."""
+
+    def __init__(self, env, preload, user_dir=None):
+        """preload: what the server imports, in order: module names, or paths of Python scripts (their
+        top-level import statements); user_dir: a fairseq --user-dir, imported last."""
+        self.env = dict(env)
+        self.process = subprocess.Popen([sys.executable, __file__, json.dumps([list(preload), user_dir])],
+                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                        stderr=subprocess.DEVNULL, env=self.env, cwd=REPO)
+        _receive(self.process.stdout.fileno())                       # ready: everything imported
+
+    def serves(self, env):
+        keys = (set(env) | set(self.env)) - CALL_TIME
+        return self.process.poll() is None and all(env.get(k) == self.env.get(k) for k in keys)
+
+    def close(self):
+        self.process.stdin.close()
+        self.process.wait()
+        self.process.stdout.close()
+
+    def run(self, script, args, stdin, cwd, env, timeout, folder, on_timeout=_kill):
+        """subprocess.CompletedProcess (text outputs) of `python script args` (a console script too:
+        its file is a Python script). Past `timeout` s, `on_timeout(pid)` ends the call's process
+        (SIGKILL by default) and TimeoutExpired carries what it wrote."""
+        paths = {part: str(folder / f"{part}.txt") for part in ("stdin", "stdout", "stderr")}
+        Path(paths["stdin"]).write_text(stdin or "")
+        argv = [str(script), *map(str, args)]
+        _send(self.process.stdin.fileno(), (argv, str(cwd), dict(env), paths))
+        replies = self.process.stdout.fileno()
+        pid = _receive(replies)
+        try:
+            code = _receive(replies, time.monotonic() + timeout)
+        except TimeoutError:
+            on_timeout(pid)
+            _receive(replies)
+            code = None
+        out, err = (Path(paths[part]).read_text(errors="replace") for part in ("stdout", "stderr"))
+        if code is None:
+            raise subprocess.TimeoutExpired(argv, timeout, output=out, stderr=err)
+        return subprocess.CompletedProcess(argv, code, out, err)
+
+
+_servers = {}
+
+
+def _import_time(env):
+    return frozenset((k, v) for k, v in env.items() if k not in CALL_TIME)
+
+
+def server(preload, env, user_dir=None, start_env=None):
+    """This process's server of `preload` (and `user_dir`) if it serves a call with `env`, else None.
+    It is started on first use with `start_env` (a fixed environment whose calls it serves; other
+    calls return None), or else with `env` (one server per environment)."""
+    start_env = start_env or env
+    key = (tuple(preload), user_dir, _import_time(start_env))
+    found = _servers.pop(key, None)
+    if found is None or found.process.poll() is not None:
+        while len(_servers) >= MAX_SERVERS:
+            _servers.pop(next(iter(_servers))).close()
+        found = Server(start_env, preload, user_dir)
+    _servers[key] = found                                   # the most recently used last
+    return found if found.serves(env) else None
+
+
+def _exit_code(error: SystemExit) -> int:
+    """The status Python exits with for an uncaught SystemExit (a message goes to stderr, status 1)."""
+    if error.code is None or isinstance(error.code, int):
+        return error.code or 0
+    print(error.code, file=sys.stderr)
+    return 1
+
+
+def _call(argv, cwd, env, paths, requests, replies):
+    """In the forked child: `python *argv` from the script's start, then what the interpreter does at
+    exit (wait for non-daemon threads, atexit handlers), then exit without the server's own cleanup."""
+    import atexit
+    import runpy
+    import threading
+    import traceback
+    code = 1
+    try:
+        os.close(requests)
+        os.close(replies)
+        os.chdir(cwd)
+        os.environ.clear()
+        os.environ.update(env)
+        for fd, (part, flags) in enumerate((("stdin", os.O_RDONLY),
+                                            ("stdout", os.O_WRONLY | os.O_CREAT | os.O_TRUNC),
+                                            ("stderr", os.O_WRONLY | os.O_CREAT | os.O_TRUNC))):
+            opened = os.open(paths[part], flags)
+            os.dup2(opened, fd)
+            os.close(opened)
+        sys.stdin = open(0, encoding="utf-8", closefd=False)     # not the server's buffer
+        sys.argv = list(argv)
+        sys.path.insert(0, os.path.dirname(argv[0]))             # as `python script` starts
+        runpy.run_path(argv[0], run_name="__main__")
+        code = 0
+    except SystemExit as error:
+        code = _exit_code(error)
+    except BaseException:
+        traceback.print_exc()
+    finally:
+        try:
+            threading._shutdown()
+            atexit._run_exitfuncs()
+        finally:
+            for stream in (sys.stdout, sys.stderr):
+                stream.flush()
+            os._exit(code)
+
+
+def _import_like(path):
+    """The top-level import statements of the script at `path`, in its order, from its folder. One
+    that fails is left to the script's own run, which reports it."""
+    tree = ast.parse(Path(path).read_text(), path)
+    folder = os.path.dirname(path)
+    sys.path.insert(0, folder)
+    try:
+        for node in tree.body:
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                try:
+                    exec(compile(ast.Module([node], []), path, "exec"), {})
+                except ImportError:
+                    pass
+    finally:
+        sys.path.remove(folder)
+
+
+def serve(preload, user_dir):
+    """The server: import, say ready, then fork one child per request and report its pid and exit
+    status. Requests come on stdin and replies go to stdout, which are moved off fds 0 and 1 first
+    so that nothing the imports print reaches them."""
+    import argparse
+    import importlib
+    import resource
+    requests, replies = os.dup(0), os.dup(1)
+    null = os.open(os.devnull, os.O_RDWR)
+    os.dup2(null, 0)
+    os.dup2(null, 1)
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))     # a call aborted for its stacks leaves no core file
+    for item in preload:
+        if os.sep in item:
+            _import_like(item)
+        else:
+            importlib.import_module(item)
+    if user_dir is not None:
+        from fairseq.utils import import_user_module
+        import_user_module(argparse.Namespace(user_dir=user_dir))
+    _send(replies, "ready")
+    while True:
+        try:
+            argv, cwd, env, paths = _receive(requests)
+        except EOFError:
+            return
+        for stream in (sys.stdout, sys.stderr):
+            stream.flush()
+        pid = os.fork()
+        if pid == 0:
+            _call(argv, cwd, env, paths, requests, replies)
+        _send(replies, pid)
+        _, status = os.waitpid(pid, 0)
+        _send(replies, os.waitstatus_to_exitcode(status))
+
+
+if __name__ == "__main__":
+    sys.path.pop(0)            # this folder: its fairseq_cli.py would shadow fairseq's package
+    serve(*json.loads(sys.argv[1]))
