@@ -8,18 +8,16 @@ code, the saved tokenizer, the text-generation and fill-mask pipelines). Also th
 fields conversion needs, scale_embedding and embedding_layer_norm."""
 import json
 import os
-import subprocess
-import sys
 
 import pytest
 import torch
 from helpers.clean_process import run_clean
 from helpers.fairseq_cli import (
     build_model,
-    cli_env,
     lm_args,
     preprocess_lm,
     random_tokens,
+    run_module,
     train,
     write_lm_text,
 )
@@ -153,8 +151,7 @@ def test_other_architectures_are_refused_by_name(tmp_path):
 
 def run_converter(checkpoint, out, *options):
     """`python -m fairseq_momentum.convert_to_hf checkpoint out *options`; the config.json it wrote."""
-    proc = subprocess.run([sys.executable, "-m", "fairseq_momentum.convert_to_hf", str(checkpoint), str(out),
-                           *map(str, options)], capture_output=True, text=True, env=cli_env(), timeout=300)
+    proc = run_module("fairseq_momentum.convert_to_hf", checkpoint, out, *options)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads((out / "config.json").read_text())
 

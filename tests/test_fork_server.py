@@ -172,3 +172,25 @@ def test_a_forked_script_past_its_time_dumps_its_stacks(tmp_path):
         server.run(path, [], None, tmp_path, env, 2, tmp_path, on_timeout=abort)
     assert "in wait_here" in timed_out.value.stderr
     assert server.run(path, ["now"], None, tmp_path, env, 60, tmp_path).returncode == 0
+
+
+CODE = """
+import json, os, sys
+print(json.dumps(dict(argv=sys.argv, path0=sys.path[0], cwd=os.getcwd(), name=__name__,
+                      main=sys.modules["__main__"].__dict__ is globals())))
+sys.exit(int(sys.argv[1]))
+"""
+
+
+@pytest.mark.parametrize("flags,argv", [([], ["-c", CODE, "3", "x"]), (["-I"], ["-c", CODE, "0"]),
+                                        ([], ["-m", "script", "4", "y"])], ids=["c", "c-isolated", "m"])
+def test_code_and_modules_forked_run_as_python_runs_them(script, tmp_path, flags, argv):
+    """`python -c`, `python -I -c` and `python -m` (sys.argv, sys.path[0], __main__): forked as fresh."""
+    cwd = tmp_path / "tool"                                  # the module of -m is found from the cwd
+    env = dict(os.environ, FORK_TEST="m")
+    server = fork_server.server([], env, isolated=bool(flags))
+    forked = server.run(argv[0], argv[1:], None, cwd, env, 60, tmp_path)
+    fresh = subprocess.run([sys.executable, *flags, *argv], cwd=cwd, env=env, capture_output=True, text=True,
+                           timeout=60)
+    assert (forked.returncode, forked.stdout, forked.stderr) == (fresh.returncode, fresh.stdout, fresh.stderr)
+    assert forked.returncode == int(argv[2]) and ("true" in forked.stdout or argv[0] == "-m")

@@ -82,6 +82,17 @@ def server(name, env):
     return fork_server.server(PRELOAD[name], env, USER_DIR, start_env=cli_env())
 
 
+def run_module(module, *args):
+    """`python -m <module of fairseq_momentum> args` in its own process, forked from a server that has
+    imported the user-dir package and the module's own imports (as `python -m` imports the package
+    first): the CompletedProcess (text stdout and stderr)."""
+    path = REPO / module.replace(".", os.sep)
+    forked = fork_server.server([module.split(".")[0], f"{path}.py"], cli_env())
+    with tempfile.TemporaryDirectory() as folder:
+        return forked.run("-m", [module, *map(str, args)], None, os.getcwd(), cli_env(), CLI_TIMEOUT,
+                          Path(folder))
+
+
 def run_fresh(name, *args, stdin=None, cwd=None, env=None):
     """/venv/bin/fairseq-<name> in a fresh process: the CompletedProcess (text stdout and stderr)."""
     return subprocess.run([str(BIN / f"fairseq-{name}"), *map(str, args)], input=stdin, capture_output=True,

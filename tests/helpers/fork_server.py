@@ -64,17 +64,22 @@ def _kill(pid):
 class Server:
     """A server process and the calls it runs, one at a time."""
 
-    def __init__(self, env, preload, user_dir=None):
+    def __init__(self, env, preload, user_dir=None, isolated=False, call_time=()):
         """preload: what the server imports, in order: module names, or paths of Python scripts (their
-        top-level import statements); user_dir: a fairseq --user-dir, imported last."""
+        top-level import statements); user_dir: a fairseq --user-dir, imported last; isolated: the
+        server and its calls run as `python -I`; call_time: variables besides CALL_TIME that what it
+        imports does not read (a call may set them otherwise)."""
         self.env = dict(env)
-        self.process = subprocess.Popen([sys.executable, __file__, json.dumps([list(preload), user_dir])],
-                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+        self.isolated = isolated
+        self.call_time = CALL_TIME | set(call_time)
+        flags = ["-I"] if isolated else []
+        command = [sys.executable, *flags, __file__, json.dumps([list(preload), user_dir])]
+        self.process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                         stderr=subprocess.DEVNULL, env=self.env, cwd=REPO)
         _receive(self.process.stdout.fileno())                       # ready: everything imported
 
     def serves(self, env):
-        keys = (set(env) | set(self.env)) - CALL_TIME
+        keys = (set(env) | set(self.env)) - self.call_time
         return self.process.poll() is None and all(env.get(k) == self.env.get(k) for k in keys)
 
     def close(self):
@@ -84,12 +89,13 @@ class Server:
 
     def run(self, script, args, stdin, cwd, env, timeout, folder, on_timeout=_kill):
         """subprocess.CompletedProcess (text outputs) of `python script args` (a console script too:
-        its file is a Python script). Past `timeout` s, `on_timeout(pid)` ends the call's process
-        (SIGKILL by default) and TimeoutExpired carries what it wrote."""
+        its file is a Python script); script "-c" or "-m" takes the code or module as the first of
+        `args`, as python does. Past `timeout` s, `on_timeout(pid)` ends the call's process (SIGKILL
+        by default) and TimeoutExpired carries what it wrote."""
         paths = {part: str(folder / f"{part}.txt") for part in ("stdin", "stdout", "stderr")}
         Path(paths["stdin"]).write_text(stdin or "")
         argv = [str(script), *map(str, args)]
-        _send(self.process.stdin.fileno(), (argv, str(cwd), dict(env), paths))
+        _send(self.process.stdin.fileno(), (argv, self.isolated, str(cwd), dict(env), paths))
         replies = self.process.stdout.fileno()
         pid = _receive(replies)
         try:
@@ -107,21 +113,20 @@ class Server:
 _servers = {}
 
 
-def _import_time(env):
-    return frozenset((k, v) for k, v in env.items() if k not in CALL_TIME)
-
-
-def server(preload, env, user_dir=None, start_env=None):
-    """This process's server of `preload` (and `user_dir`) if it serves a call with `env`, else None.
-    It is started on first use with `start_env` (a fixed environment whose calls it serves; other
-    calls return None), or else with `env` (one server per environment)."""
+def server(preload, env, user_dir=None, start_env=None, isolated=False, call_time=()):
+    """This process's server of `preload` (and `user_dir`, `isolated`, `call_time`: Server) if it
+    serves a call with `env`, else None. It is started on first use with `start_env` (a fixed
+    environment whose calls it serves; other calls return None), or else with `env` (one server per
+    environment, in the variables read at import)."""
     start_env = start_env or env
-    key = (tuple(preload), user_dir, _import_time(start_env))
+    read = CALL_TIME | set(call_time)
+    key = (tuple(preload), user_dir, isolated, frozenset(call_time),
+           frozenset((k, v) for k, v in start_env.items() if k not in read))
     found = _servers.pop(key, None)
     if found is None or found.process.poll() is not None:
         while len(_servers) >= MAX_SERVERS:
             _servers.pop(next(iter(_servers))).close()
-        found = Server(start_env, preload, user_dir)
+        found = Server(start_env, preload, user_dir, isolated, call_time)
     _servers[key] = found                                   # the most recently used last
     return found if found.serves(env) else None
 
@@ -134,11 +139,36 @@ def _exit_code(error: SystemExit) -> int:
     return 1
 
 
-def _call(argv, cwd, env, paths, requests, replies):
-    """In the forked child: `python *argv` from the script's start, then what the interpreter does at
-    exit (wait for non-daemon threads, atexit handlers), then exit without the server's own cleanup."""
-    import atexit
+def _run(argv, isolated):
+    """`python [-I] *argv` in this process, from where the interpreter starts the script (or -c code,
+    or -m module): sys.argv, sys.path[0] and __main__ as python sets them."""
+    import builtins
     import runpy
+    import types
+    if argv[0] == "-c":
+        sys.argv = ["-c", *argv[2:]]
+        if not isolated:
+            sys.path.insert(0, "")
+        main = types.ModuleType("__main__")
+        main.__builtins__ = builtins
+        sys.modules["__main__"] = main
+        exec(compile(argv[1], "<string>", "exec"), main.__dict__)
+    elif argv[0] == "-m":
+        sys.argv = ["-m", *argv[2:]]
+        if not isolated:
+            sys.path.insert(0, os.getcwd())
+        runpy._run_module_as_main(argv[1])
+    else:
+        sys.argv = list(argv)
+        if not isolated:
+            sys.path.insert(0, os.path.dirname(argv[0]))
+        runpy.run_path(argv[0], run_name="__main__")
+
+
+def _call(argv, isolated, cwd, env, paths, requests, replies):
+    """In the forked child: `python *argv`, then what the interpreter does at exit (wait for non-daemon
+    threads, atexit handlers), then exit without the server's own cleanup."""
+    import atexit
     import threading
     import traceback
     code = 1
@@ -155,9 +185,7 @@ def _call(argv, cwd, env, paths, requests, replies):
             os.dup2(opened, fd)
             os.close(opened)
         sys.stdin = open(0, encoding="utf-8", closefd=False)     # not the server's buffer
-        sys.argv = list(argv)
-        sys.path.insert(0, os.path.dirname(argv[0]))             # as `python script` starts
-        runpy.run_path(argv[0], run_name="__main__")
+        _run(argv, isolated)
         code = 0
     except SystemExit as error:
         code = _exit_code(error)
@@ -175,7 +203,7 @@ def _call(argv, cwd, env, paths, requests, replies):
 
 def _import_like(path):
     """The top-level import statements of the script at `path`, in its order, from its folder. One
-    that fails is left to the script's own run, which reports it."""
+    that fails (or is relative: no package here) is left to the script's own run."""
     tree = ast.parse(Path(path).read_text(), path)
     folder = os.path.dirname(path)
     sys.path.insert(0, folder)
@@ -184,7 +212,7 @@ def _import_like(path):
             if isinstance(node, (ast.Import, ast.ImportFrom)):
                 try:
                     exec(compile(ast.Module([node], []), path, "exec"), {})
-                except ImportError:
+                except Exception:
                     pass
     finally:
         sys.path.remove(folder)
@@ -213,19 +241,20 @@ def serve(preload, user_dir):
     _send(replies, "ready")
     while True:
         try:
-            argv, cwd, env, paths = _receive(requests)
+            argv, isolated, cwd, env, paths = _receive(requests)
         except EOFError:
             return
         for stream in (sys.stdout, sys.stderr):
             stream.flush()
         pid = os.fork()
         if pid == 0:
-            _call(argv, cwd, env, paths, requests, replies)
+            _call(argv, isolated, cwd, env, paths, requests, replies)
         _send(replies, pid)
         _, status = os.waitpid(pid, 0)
         _send(replies, os.waitstatus_to_exitcode(status))
 
 
 if __name__ == "__main__":
-    sys.path.pop(0)            # this folder: its fairseq_cli.py would shadow fairseq's package
+    if sys.path[0] == os.path.dirname(os.path.abspath(__file__)):   # not under -I
+        sys.path.pop(0)        # this folder: its fairseq_cli.py would shadow fairseq's package
     serve(*json.loads(sys.argv[1]))
