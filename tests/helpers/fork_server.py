@@ -123,7 +123,10 @@ def server(preload, env, user_dir=None, start_env=None, isolated=False, call_tim
     key = (tuple(preload), user_dir, isolated, frozenset(call_time),
            frozenset((k, v) for k, v in start_env.items() if k not in read))
     found = _servers.pop(key, None)
-    if found is None or found.process.poll() is not None:
+    if found is not None and found.process.poll() is not None:
+        found.close()                                       # exited: its pipes closed, a new one started
+        found = None
+    if found is None:
         while len(_servers) >= MAX_SERVERS:
             _servers.pop(next(iter(_servers))).close()
         found = Server(start_env, preload, user_dir, isolated, call_time)
