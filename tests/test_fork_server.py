@@ -96,7 +96,7 @@ def test_a_call_past_its_time_is_killed_and_the_next_one_runs(lm_data, tmp_path)
     with pytest.raises(subprocess.TimeoutExpired):
         server.run(fairseq_cli.BIN / "fairseq-train",
                    [lm_data, "--user-dir", USER_DIR, "--save-dir", tmp_path / "long", *COMMON_TRAIN, *LSTM_LM,
-                    "--max-update", "100000"], None, fairseq_cli.REPO, cli_env(), 3, tmp_path)
+                    "--max-update", "100000"], None, fairseq_cli.REPO, cli_env(), 3)
     assert run_cli("train", "--no-such-flag", check=False).returncode == 1
     assert fairseq_cli.server("train", cli_env()) is server
 
@@ -142,7 +142,7 @@ def test_a_python_script_forked_runs_as_python_runs_it(script, tmp_path):
     cwd.mkdir()
     server = fork_server.server([script], env)
     for code in ("0", "3"):
-        forked = server.run(script, [code, "x y"], "in\n", cwd, env, 60, tmp_path)
+        forked = server.run(script, [code, "x y"], "in\n", cwd, env, 60)
         fresh = subprocess.run([sys.executable, script, code, "x y"], input="in\n", cwd=cwd, env=env,
                                capture_output=True, text=True, timeout=60)
         first, rest = forked.stdout.split("\n", 1)
@@ -169,9 +169,9 @@ def test_a_forked_script_past_its_time_dumps_its_stacks(tmp_path):
     env = dict(os.environ, PYTHONFAULTHANDLER="1")
     server = fork_server.server([str(path)], env)
     with pytest.raises(subprocess.TimeoutExpired) as timed_out:
-        server.run(path, [], None, tmp_path, env, 2, tmp_path, on_timeout=abort)
+        server.run(path, [], None, tmp_path, env, 2, on_timeout=abort)
     assert "in wait_here" in timed_out.value.stderr
-    assert server.run(path, ["now"], None, tmp_path, env, 60, tmp_path).returncode == 0
+    assert server.run(path, ["now"], None, tmp_path, env, 60).returncode == 0
 
 
 CODE = """
@@ -189,7 +189,7 @@ def test_code_and_modules_forked_run_as_python_runs_them(script, tmp_path, flags
     cwd = tmp_path / "tool"                                  # the module of -m is found from the cwd
     env = dict(os.environ, FORK_TEST="m")
     server = fork_server.server([], env, isolated=bool(flags))
-    forked = server.run(argv[0], argv[1:], None, cwd, env, 60, tmp_path)
+    forked = server.run(argv[0], argv[1:], None, cwd, env, 60)
     fresh = subprocess.run([sys.executable, *flags, *argv], cwd=cwd, env=env, capture_output=True, text=True,
                            timeout=60)
     assert (forked.returncode, forked.stdout, forked.stderr) == (fresh.returncode, fresh.stdout, fresh.stderr)

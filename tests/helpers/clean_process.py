@@ -3,7 +3,6 @@ model (its remote code) and transformers: `python -I -c`, forked from a server t
 torch alone (the code blocks our packages before it imports anything else)."""
 import os
 import subprocess
-import tempfile
 import textwrap
 from pathlib import Path
 
@@ -35,8 +34,6 @@ def run_clean(script: str, cwd: Path, env_extra: dict) -> subprocess.CompletedPr
     env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "PYTHON"))}
     env.update(HF_HOME=str(cwd / "hf_home"), **env_extra)
     server = fork_server.server(["torch"], env, isolated=True, call_time=HUB_VARIABLES)
-    with tempfile.TemporaryDirectory() as folder:
-        proc = server.run("-c", [BLOCK_OUR_PACKAGES + textwrap.dedent(script)], None, cwd, env, 300,
-                          Path(folder))
+    proc = server.run("-c", [BLOCK_OUR_PACKAGES + textwrap.dedent(script)], None, cwd, env, 300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return proc

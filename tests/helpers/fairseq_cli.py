@@ -5,7 +5,6 @@ import random
 import re
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 from helpers import fork_server
@@ -88,9 +87,7 @@ def run_module(module, *args):
     first): the CompletedProcess (text stdout and stderr)."""
     path = REPO / module.replace(".", os.sep)
     forked = fork_server.server([module.split(".")[0], f"{path}.py"], cli_env())
-    with tempfile.TemporaryDirectory() as folder:
-        return forked.run("-m", [module, *map(str, args)], None, os.getcwd(), cli_env(), CLI_TIMEOUT,
-                          Path(folder))
+    return forked.run("-m", [module, *args], None, os.getcwd(), cli_env(), CLI_TIMEOUT)
 
 
 def run_fresh(name, *args, stdin=None, cwd=None, env=None):
@@ -107,9 +104,7 @@ def run_cli(name, *args, stdin=None, cwd=None, env=None, check=True):
     env = env or cli_env()
     forked = server(name, env)
     if forked is not None:
-        with tempfile.TemporaryDirectory() as folder:
-            proc = forked.run(BIN / f"fairseq-{name}", args, stdin, cwd or REPO, env, CLI_TIMEOUT,
-                              Path(folder))
+        proc = forked.run(BIN / f"fairseq-{name}", args, stdin, cwd or REPO, env, CLI_TIMEOUT)
     else:
         proc = run_fresh(name, *args, stdin=stdin, cwd=cwd, env=env)
     if check and proc.returncode != 0:

@@ -21,6 +21,7 @@ import signal
 import struct
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -87,24 +88,25 @@ class Server:
         self.process.wait()
         self.process.stdout.close()
 
-    def run(self, script, args, stdin, cwd, env, timeout, folder, on_timeout=_kill):
+    def run(self, script, args, stdin, cwd, env, timeout, on_timeout=_kill):
         """subprocess.CompletedProcess (text outputs) of `python script args` (a console script too:
         its file is a Python script); script "-c" or "-m" takes the code or module as the first of
         `args`, as python does. Past `timeout` s, `on_timeout(pid)` ends the call's process (SIGKILL
         by default) and TimeoutExpired carries what it wrote."""
-        paths = {part: str(folder / f"{part}.txt") for part in ("stdin", "stdout", "stderr")}
-        Path(paths["stdin"]).write_text(stdin or "")
         argv = [str(script), *map(str, args)]
-        _send(self.process.stdin.fileno(), (argv, self.isolated, str(cwd), dict(env), paths))
-        replies = self.process.stdout.fileno()
-        pid = _receive(replies)
-        try:
-            code = _receive(replies, time.monotonic() + timeout)
-        except TimeoutError:
-            on_timeout(pid)
-            _receive(replies)
-            code = None
-        out, err = (Path(paths[part]).read_text(errors="replace") for part in ("stdout", "stderr"))
+        with tempfile.TemporaryDirectory() as folder:        # the call's stdin, stdout and stderr files
+            paths = {part: os.path.join(folder, f"{part}.txt") for part in ("stdin", "stdout", "stderr")}
+            Path(paths["stdin"]).write_text(stdin or "")
+            _send(self.process.stdin.fileno(), (argv, self.isolated, str(cwd), dict(env), paths))
+            replies = self.process.stdout.fileno()
+            pid = _receive(replies)
+            try:
+                code = _receive(replies, time.monotonic() + timeout)
+            except TimeoutError:
+                on_timeout(pid)
+                _receive(replies)
+                code = None
+            out, err = (Path(paths[part]).read_text(errors="replace") for part in ("stdout", "stderr"))
         if code is None:
             raise subprocess.TimeoutExpired(argv, timeout, output=out, stderr=err)
         return subprocess.CompletedProcess(argv, code, out, err)

@@ -5,7 +5,6 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 from helpers import fork_server
@@ -28,12 +27,10 @@ def run(cmd, cwd, extra_env=None, check=True):
                ACCELERATE_USE_CPU="1", PYTHONPATH=str(REPO), PYTHONFAULTHANDLER="1", **(extra_env or {}))
     if cmd[0] == sys.executable and len(cmd) > 1 and Path(cmd[1]) in FORKED:
         script = str(cmd[1])
-        with tempfile.TemporaryDirectory() as folder:
-            try:
-                proc = fork_server.server([script], env).run(script, cmd[2:], None, cwd, env, TIMEOUT,
-                                                              Path(folder), abort)
-            except subprocess.TimeoutExpired as timed_out:
-                fail_timed_out(cmd, TIMEOUT, timed_out.output, timed_out.stderr)
+        try:
+            proc = fork_server.server([script], env).run(script, cmd[2:], None, cwd, env, TIMEOUT, abort)
+        except subprocess.TimeoutExpired as timed_out:
+            fail_timed_out(cmd, TIMEOUT, timed_out.output, timed_out.stderr)
     else:
         proc = run_launched(cmd, cwd=cwd, env=env, timeout=TIMEOUT)
     assert proc.returncode == 0 or not check, proc.stdout[-3000:] + proc.stderr[-6000:]
