@@ -49,6 +49,16 @@ def train_and_save(trainer, training) -> None:
     trainer.save_state()
 
 
+def end_ranks(trainer) -> None:
+    """The end of a run that finished normally: every rank waits for the others, then the process
+    group is destroyed, as torch.distributed asks before exit. The Trainer never destroys it, and a
+    gloo group left to the interpreter's teardown can abort a rank that has finished and saved
+    ("terminate called without an active exception", SIGABRT; pytorch/pytorch#190489), which fails
+    the whole torchrun launch. A single process has no group, and nothing is done."""
+    trainer.accelerator.wait_for_everyone()
+    trainer.accelerator.end_training()
+
+
 def record(trainer, split: str, metrics: dict) -> None:
     """Log `metrics` and save them as `<split>_results.json` in the output folder."""
     trainer.log_metrics(split, metrics)

@@ -40,7 +40,7 @@ from transformers import (
 )
 
 from hf_momentum import MomentumTransformerConfig, MomentumTransformerForMaskedLM
-from recipes.common.hf_trainer import MomentumArguments, from_scratch, record, train_and_save
+from recipes.common.hf_trainer import MomentumArguments, end_ranks, from_scratch, record, train_and_save
 
 SPECIAL = {"bos_token": "<s>", "pad_token": "<pad>", "eos_token": "</s>", "unk_token": "<unk>",
            "mask_token": "<mask>"}
@@ -161,6 +161,7 @@ def main(argv=None):
         metrics = trainer.evaluate()
         metrics["perplexity"] = math.exp(min(metrics["eval_loss"], 700.0))
         record(trainer, "eval", metrics)
+    end_ranks(trainer)
     return 0
 
 

@@ -37,7 +37,7 @@ from transformers import (
 )
 
 from hf_momentum import MomentumSeq2SeqConfig, MomentumSeq2SeqForConditionalGeneration
-from recipes.common.hf_trainer import MomentumArguments, from_scratch, record, train_and_save
+from recipes.common.hf_trainer import MomentumArguments, end_ranks, from_scratch, record, train_and_save
 
 SPECIAL = {"bos_token": "<s>", "pad_token": "<pad>", "eos_token": "</s>", "unk_token": "<unk>"}
 
@@ -171,6 +171,7 @@ def main(argv=None):
         result = trainer.predict(encode(pairs["test"], tokenizer, data), metric_key_prefix="test",
                                  **generation)
         record(trainer, "test", result.metrics)
+    end_ranks(trainer)
     return 0
 
 

@@ -22,9 +22,11 @@ TINY = ["--hidden_size", "32", "--num_layers", "2", "--num_heads", "4", "--block
 
 
 def run(cmd, cwd, extra_env=None, check=True):
-    """`cmd` with the tests' environment (CPU, offline); asserts status 0 unless check=False."""
+    """`cmd` with the tests' environment (CPU, offline), `extra_env` over it; asserts status 0 unless
+    check=False."""
     env = dict(os.environ, HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false", OMP_NUM_THREADS="1",
-               ACCELERATE_USE_CPU="1", PYTHONPATH=str(REPO), PYTHONFAULTHANDLER="1", **(extra_env or {}))
+               ACCELERATE_USE_CPU="1", PYTHONPATH=str(REPO), PYTHONFAULTHANDLER="1")
+    env.update(extra_env or {})
     if cmd[0] == sys.executable and len(cmd) > 1 and Path(cmd[1]) in FORKED:
         script = str(cmd[1])
         try:
