@@ -107,7 +107,8 @@ def test_dynamic_shapes_compile_whole(make_generator, padded):
     hasattr and no math.isfinite). Traced, the chunks' scan runs in padded blocks of 16 chunks, so the
     graph follows the number of block levels, not the length: 17 to 100 tokens (3 to 13 chunks of 8,
     a multiple of the chunk among them) share one graph, 130 and 200 (over 16 chunks: a second level)
-    one more; each equals eager, forward and gradients."""
+    one more; each equals eager, forward and gradients. Unpadded, the first level only: the second
+    level's graph is the padded one's without the mask (about 15 s more of symbolic tracing)."""
     from torch._dynamo.testing import CompileCounterWithBackend
     gen = make_generator()
     torch._dynamo.reset()
@@ -115,7 +116,8 @@ def test_dynamic_shapes_compile_whole(make_generator, padded):
     counter = CompileCounterWithBackend("aot_eager")
     compiled = torch.compile(module, fullgraph=True, backend=counter, dynamic=True)
     graphs = []
-    for length in (17, 29, 64, 100, 130, 200):
+    lengths = (17, 29, 64, 100, 130, 200) if padded else (17, 29, 64, 100)
+    for length in lengths:
         x = torch.randn(2, length, 16, generator=gen)
         mask = None
         if padded:
@@ -124,7 +126,9 @@ def test_dynamic_shapes_compile_whole(make_generator, padded):
         (out, grads), (out_c, grads_c) = eager_and_compiled(module, x, mask, compiled=compiled)
         assert_compiled_equals_eager(out, grads, out_c, grads_c)
         graphs.append(counter.frame_count)
-    assert graphs[0] == graphs[1] == graphs[2] == graphs[3] < graphs[4] == graphs[5], graphs
+    assert graphs[0] == graphs[1] == graphs[2] == graphs[3], graphs
+    if padded:
+        assert graphs[3] < graphs[4] == graphs[5], graphs
 
 
 def test_inductor_compiles_lengths_of_a_scan_level_into_one_graph(make_generator):

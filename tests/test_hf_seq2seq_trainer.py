@@ -41,7 +41,10 @@ def exact_matches(model, pairs):
     return right / len(pairs)
 
 
-@pytest.mark.parametrize("cross", ["momentum", "softmax"])
+# momentum cross-attention, the one that must learn to find a position (linear attention has no
+# softmax to sharpen): the Trainer's loop is the same for the others, whose cross-attention
+# tests/test_hf_seq2seq.py checks against its equations (26 s each on the CI machine)
+@pytest.mark.parametrize("cross", ["momentum"])
 def test_seq2seq_trainer_teaches_reversal(cross, tmp_path):
     torch.manual_seed(0)
     config = MomentumSeq2SeqConfig(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, encoder_layers=2,

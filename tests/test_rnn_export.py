@@ -2,7 +2,8 @@
 (plugins/rnn/export_scan.py: each layer a scan of its step), float64: the exported program,
 given a random state (h, c, v, m and the step counter of the NAG/SR schedules), equals the
 paper's equations written as a loop (helpers/rnn_layers.literal), outputs of every layer and the
-final state, at lengths other than the traced one; batch_first and bidirectional too. And the ε
+final state, at lengths other than the traced one (each cell in one family at least, each family
+with its plain cell, eq. 15's and a stepped one); batch_first and bidirectional too. And the ε
 of eq. 15 reaches onnxruntime (plugins/exported_eps.py)."""
 import helpers.rnn_layers as shared
 import pytest
@@ -11,7 +12,7 @@ from helpers.onnx_runtime import onnxruntime_function
 from torch.export import Dim, export
 
 from plugins.exported_eps import plus_eps
-from plugins.rnn import MomentumLSTM, OrthogonalMomentumRNN, RecurrentState
+from plugins.rnn import MomentumLSTM, MomentumRNN, OrthogonalMomentumRNN, RecurrentState
 
 FIELDS = ("h", "c", "v", "m")
 
@@ -30,9 +31,13 @@ class Layers(torch.nn.Module):
         return (*outputs, *(getattr(final, name) for name in self.present), final.step)
 
 
-# every case time-major, and each family's adaptive cell batch-first
-LAYOUTS = ([(case, False) for case in shared.CASES]
-           + [(case, True) for case in shared.CASES if case[1] == "adam"])
+# The cells' drives and decays are shared by the families (plugins/rnn/variants.py) and the families
+# differ in their step: every cell of MomentumLSTM, and of each tanh family its plain cell, eq. 15's
+# (v and m) and one with the step counter (SR's restarts, NAG's schedule), time-major; the adaptive
+# cell batch-first in the families with their own layer class (MomentumLSTM and the orthogonal one).
+TANH_CELLS = {MomentumRNN: ("rnn", "adam", "sr"), OrthogonalMomentumRNN: ("rnn", "adam", "nag")}
+LAYOUTS = ([(case, False) for case in shared.CASES if case[1] in TANH_CELLS.get(case[0], (case[1],))]
+           + [(case, True) for case in shared.CASES if case[1] == "adam" and case[0] is not MomentumRNN])
 LAYOUT_IDS = [f"{shared.case_id(case)}-{'batch' if first else 'time'}" for case, first in LAYOUTS]
 # the families that have a backward direction (DTRIV's has none), each with eq. 15's cell (every
 # state field, batch-first) and NAG's (its schedule counts steps in both directions): the backward
