@@ -36,7 +36,8 @@ class Layers(torch.nn.Module):
 # (v and m) and one with the step counter (SR's restarts, NAG's schedule), time-major; the adaptive
 # cell batch-first in the families with their own layer class (MomentumLSTM and the orthogonal one).
 TANH_CELLS = {MomentumRNN: ("rnn", "adam", "sr"), OrthogonalMomentumRNN: ("rnn", "adam", "nag")}
-LAYOUTS = ([(case, False) for case in shared.CASES if case[1] in TANH_CELLS.get(case[0], (case[1],))]
+LAYOUTS = ([(case, False) for case in shared.CASES
+            if case[0] is MomentumLSTM or case[1] in TANH_CELLS[case[0]]]
            + [(case, True) for case in shared.CASES if case[1] == "adam" and case[0] is not MomentumRNN])
 LAYOUT_IDS = [f"{shared.case_id(case)}-{'batch' if first else 'time'}" for case, first in LAYOUTS]
 # the families that have a backward direction (DTRIV's has none), each with eq. 15's cell (every
