@@ -43,8 +43,8 @@ def shifted_by_one(u: torch.Tensor, head: torch.Tensor) -> torch.Tensor:
 def affine_scan(a: Union[float, torch.Tensor], u: torch.Tensor) -> torch.Tensor:
     """y[t] = a[t]·y[t−1] + u[t] with y[−1] = 0, along dim 2 of u (B, H, T, ...); a is one float
     for every t or a float64 tensor (T,). a = 1 is a cumulative sum. Otherwise up to SCAN_BLOCK
-    steps run as the recurrence; longer scans run it inside blocks of SCAN_BLOCK and recurse on
-    the block totals (O(log T) levels), each y[t] reading only u[t′ ≤ t].
+    steps run as the recurrence (by doubling, `_recurrence`); longer scans run it inside blocks of
+    SCAN_BLOCK and recurse on the block totals (O(log T) levels), each y[t] reading only u[t′ ≤ t].
     Traced (torch.compile), every T takes the blocks, padded, so that with dynamic shapes the graph
     depends on the number of levels only, not on T (a loop of T steps would fix T; dynamo reports
     a symbolic T as an int, so the choice cannot follow the type)."""
@@ -87,14 +87,28 @@ def _scan_rows(a: Union[float, torch.Tensor], flat: torch.Tensor) -> torch.Tenso
 
 def _recurrence(a: Union[float, torch.Tensor], u: torch.Tensor) -> torch.Tensor:
     """y[t] = a[t]·y[t−1] + u[t] along dim 2 of u (a short axis: SCAN_BLOCK at most); a float, or
-    a tensor (T, ...) broadcast against u's dims 3.."""
-    steps = u.unbind(2)                 # one backward for all steps (indexing would zero-fill u per step)
+    a float64 tensor (T, ...) broadcast against u's dims 3... By doubling (Hillis–Steele): after
+    the step of span d, y[t] sums the u[t′] of t − 2d < t′ ≤ t, and a[t] is the product of the
+    a over (t − 2d, t]. log₂ T steps of a few ops each instead of T − 1, which under dynamic shapes
+    halves the traced graph and its compile time; every step reads only earlier entries (the
+    shift brings in zeros, never a later entry)."""
+    T = u.shape[2]
     if not isinstance(a, float):
-        a = a.to(dtype=u.dtype, device=u.device).reshape(*a.shape, *([1] * (u.dim() - 2 - a.dim())))
-    ys = [steps[0]]
-    for t in range(1, len(steps)):
-        ys.append((a if isinstance(a, float) else a[t]) * ys[-1] + steps[t])
-    return torch.stack(ys, 2)
+        a = a.reshape(*a.shape, *([1] * (u.dim() - 2 - a.dim())))
+    y, d = u, 1
+    while d < T:
+        gain = a ** d if isinstance(a, float) else a.to(dtype=u.dtype, device=u.device)
+        y = y + gain * _shifted(y, 2, d, 0.0)
+        if not isinstance(a, float) and 2 * d < T:
+            a = a * _shifted(a, 0, d, 1.0)
+        d *= 2
+    return y
+
+
+def _shifted(t: torch.Tensor, dim: int, d: int, fill: float) -> torch.Tensor:
+    """t moved d entries later along dim, `fill` in the first d, the last d dropped: one pad op
+    (a negative pad at the end crops)."""
+    return torch.nn.functional.pad(t, [0, 0] * (t.dim() - 1 - dim) + [d, -d], value=fill)
 
 
 def _exported_entering(local: torch.Tensor, decay: float, start: torch.Tensor) -> torch.Tensor:
