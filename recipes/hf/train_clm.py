@@ -32,7 +32,10 @@ over ranks), training/evaluation curves through accelerate's trackers (`--report
 CSV file, plotted to OUTPUT/curves.png), final `save_pretrained` of model and tokenizer, and
 optional `--push_to_hub --hub_model_id user/name`. `--context_parallel N` (native momentum_transformer)
 splits each training sequence over N consecutive ranks (docs/context_parallel.md); evaluation
-runs whole sequences. `--record_dir` writes per-rank JSON (batch
+runs whole sequences. `--bptt` (momentum_lstm) trains and evaluates on contiguous streams, carrying
+the LSTM's state from one batch to the next (truncated backpropagation through time of
+`--block_size` tokens, as AWD-LSTM and fairseq's `--task language_modeling_bptt`;
+recipes/common/hf_bptt.py). `--record_dir` writes per-rank JSON (batch
 fingerprints, final parameter digest, training and validation rows, a dataset's cache files) for tests.
 """
 import argparse
@@ -73,6 +76,7 @@ from hf_momentum.context_parallel import enable_context_parallel, shard_batch, w
 # run as a file (python recipes/hf/train_clm.py): the repository root holds the shared training loop
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from plugins.nt_asgd import NTASGD  # noqa: E402
+from recipes.common import hf_bptt  # noqa: E402
 from recipes.common.config_overrides import with_overrides  # noqa: E402
 from recipes.common.training import fit  # noqa: E402
 
@@ -157,6 +161,11 @@ def parse_args(argv=None):
                         "at most --block_size tokens (longer ones are cut), and the documents of a batch are "
                         "flattened into one row by transformers' DataCollatorWithFlattening, whose "
                         "position_ids and cu_seq_lens keep them apart")
+    p.add_argument("--bptt", action="store_true",
+                   help="momentum_lstm: train and evaluate on contiguous streams (--per_device_batch_size "
+                        "per process), each batch the next --block_size tokens of each stream, the LSTM's "
+                        "state carried from batch to batch (detached), as AWD-LSTM and fairseq's --task "
+                        "language_modeling_bptt")
     p.add_argument("--max_position_embeddings", type=int, default=2048,
                    help="longest sequence the model accepts (prompt + generated tokens); >= --block_size")
     p.add_argument("--per_device_batch_size", type=int, default=8)
@@ -245,6 +254,13 @@ def parse_args(argv=None):
     if args.context_parallel > 1 and args.packing:
         p.error("argument --context_parallel: --packing is not supported with it (the rows are split over "
                 "ranks as whole blocks)")
+    if args.bptt and not args.model_name_or_path and args.model_type != "momentum_lstm":
+        p.error(f"argument --bptt: carries the state of --model_type momentum_lstm only (a transformer's "
+                f"positions would grow with the stream), got {args.model_type}")
+    if args.bptt and args.packing:
+        p.error("argument --bptt: --packing is not supported with it (the streams run through documents)")
+    if args.bptt and args.context_parallel > 1:
+        p.error("argument --bptt: --context_parallel is not supported with it")
     if not 0 < args.validation_split < 1:
         p.error(f"argument --validation_split: expected a number in (0, 1), got {args.validation_split}")
     return args
@@ -417,6 +433,32 @@ def tokenized(split, args, tokenizer, source):
         raise ValueError(f"{source} holds no " + ("document of two or more tokens" if args.packing else
                                                   f"block of {size} tokens"))
     return split
+
+
+def token_streams(args, tokenizer):
+    """--bptt: the training and validation splits' tokens, each one stream (every file, or every
+    dataset row, followed by the end-of-sequence token); without a validation source the last
+    --validation_split of the training tokens."""
+    if args.train_file:
+        def read(files):
+            return [t for name in files for t in tokenizer.encode(Path(name).read_text(encoding="utf-8"))]
+
+        train, valid = read(args.train_file), read(args.validation_file) if args.validation_file else None
+    else:
+        train_split, valid_split, _ = training_splits(args)
+        column, eos = args.text_column, tokenizer.eos
+
+        def encode(batch):
+            ids = tokenizer.hf(batch[column], add_special_tokens=False)["input_ids"]
+            return {"input_ids": [row + ([eos] if eos is not None else []) for row in ids]}
+
+        train, valid = ([t for row in split.map(encode, batched=True, remove_columns=split.column_names,
+                                                 desc="tokenize")["input_ids"] for t in row]
+                        if split is not None else None for split in (train_split, valid_split))
+    if valid is None:
+        n_valid = max(2, int(len(train) * args.validation_split))
+        train, valid = train[:-n_valid], train[-n_valid:]
+    return torch.tensor(train, dtype=torch.long), torch.tensor(valid, dtype=torch.long)
 
 
 def dataset_loaders_data(args, tokenizer):
@@ -645,11 +687,25 @@ def main(argv=None):
     set_seed(args.seed)
     tokenizer = Tokenizer(args.tokenizer)
     with accelerator.main_process_first():     # one process tokenizes a dataset, the others read its cache
-        train_loader, valid_loader = loaders(args, tokenizer)
+        if args.bptt:
+            streams = token_streams(args, tokenizer)
+        else:
+            train_loader, valid_loader = loaders(args, tokenizer)
+    carried = None
+    if args.bptt:
+        place = dict(rows=args.per_device_batch_size, rank=accelerator.process_index,
+                     ranks=accelerator.num_processes)
+        train_loader, valid_loader = (hf_bptt.stream_loader(tokens, args.block_size, split=split, **place)
+                                      for tokens, split in zip(streams, ("training", "validation")))
     data_record = {"train_rows": len(train_loader.dataset), "valid_rows": len(valid_loader.dataset),
                    "cache_files": sorted({f["filename"] for loader in (train_loader, valid_loader)
                                           for f in getattr(loader.dataset, "cache_files", [])})}
     model = build_model(args, tokenizer)
+    if args.bptt:
+        if model.config.model_type != "momentum_lstm":
+            raise ValueError(f"--bptt carries the state of a momentum_lstm model; --model_name_or_path "
+                             f"{args.model_name_or_path} is a {model.config.model_type}")
+        carried = hf_bptt.CarriedState(type(model).cache_class, model.config)
     cp_group = None
     if args.context_parallel > 1:
         cp_group, train_loader = context_parallel_setup(args, accelerator, model, train_loader)
@@ -660,15 +716,18 @@ def main(argv=None):
         optimizer = averaging = NTASGD(groups, lr=args.learning_rate, nonmono=args.nonmono)
     else:
         optimizer, averaging = torch.optim.AdamW(groups, lr=args.learning_rate), None
-    batches_per_process = len(train_loader) if cp_group is not None else math.ceil(
+    batches_per_process = len(train_loader) if cp_group is not None or args.bptt else math.ceil(
         len(train_loader) / accelerator.num_processes)
     updates_per_epoch = math.ceil(batches_per_process / args.gradient_accumulation_steps)
     max_steps = args.max_train_steps or args.num_epochs * updates_per_epoch
     scheduler = get_scheduler("linear" if averaging is None else "constant_with_warmup", optimizer,
                               num_warmup_steps=args.warmup_steps * accelerator.num_processes,
                               num_training_steps=max_steps * accelerator.num_processes)
-    model, optimizer, train_loader, valid_loader, scheduler = accelerator.prepare(
-        model, optimizer, train_loader, valid_loader, scheduler)
+    if args.bptt:               # each rank's streams are its own: accelerate must not shard them again
+        model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
+    else:
+        model, optimizer, train_loader, valid_loader, scheduler = accelerator.prepare(
+            model, optimizer, train_loader, valid_loader, scheduler)
 
     step = 0
     if args.resume_from_checkpoint:
@@ -679,6 +738,9 @@ def main(argv=None):
                 raise FileNotFoundError(f"no step_* checkpoint in {output}")
             path = found[-1]
         accelerator.load_state(str(path))
+        if carried is not None:
+            carried.load(path, accelerator.process_index, args.per_device_batch_size,
+                        accelerator.num_processes, accelerator.device)
         step = int(path.name.split("_")[1])
         accelerator.print(f"resumed from {path} at step {step}")
 
@@ -696,6 +758,8 @@ def main(argv=None):
             if averaging is not None:           # the checkpoint's model is the average, its iterate
                 averaging.use_average(True)     # rides in the optimizer's state
             save_checkpoint(accelerator, model, output / f"step_{done}")
+            if carried is not None:
+                carried.save(output / f"step_{done}", accelerator)
 
     def log_evaluation(prepared_model):
         if averaging is not None:
@@ -705,7 +769,12 @@ def main(argv=None):
         devices = [accelerator.device] if accelerator.device.type == "cuda" else []
         with torch.random.fork_rng(devices=devices), whole_sequences(accelerator.unwrap_model(prepared_model),
                                                                      cp_group):
-            valid_loss, perplexity = evaluate(prepared_model, valid_loader, accelerator)
+            if carried is not None:
+                valid_loss, perplexity = hf_bptt.evaluate_streams(
+                    prepared_model, valid_loader, hf_bptt.CarriedState(carried.cache_class, carried.config),
+                    accelerator)
+            else:
+                valid_loss, perplexity = evaluate(prepared_model, valid_loader, accelerator)
         if averaging is not None and averaging.observe(valid_loss):
             accelerator.print(f"NT-ASGD: the validation loss {valid_loss:.4f} at step {at['step']} is worse "
                               f"than the best before the last {args.nonmono} evaluations: averaging the "
@@ -719,6 +788,9 @@ def main(argv=None):
             averaging.use_average(False)
 
     def loss_fn(prepared_model, batch):
+        if carried is not None:
+            loss = hf_bptt.chunk_loss(prepared_model, batch, carried, accelerator.device)
+            return loss, {"shown": loss.detach()}
         loss, shown = training_loss(prepared_model, batch, cp_group, accelerator.device)
         return loss, {"shown": shown}
 
