@@ -8,17 +8,22 @@ import random
 import sys
 
 import pytest
-from helpers.train_clm import ACCELERATE, SCRIPT, TINY, load_script, records, run
+from helpers.train_clm import (
+    ACCELERATE,
+    SCRIPT,
+    TINY,
+    load_script,
+    records,
+    run,
+    uninterrupted_and_resumed,
+    word_text,
+)
 from ports import free_port
 
 
 @pytest.fixture(scope="module")
 def text_file(tmp_path_factory):
-    words = ["momentum", "attention", "linear", "state", "token", "heavy", "ball", "step", "gradient"]
-    rng = random.Random(0)
-    path = tmp_path_factory.mktemp("text") / "train.txt"
-    path.write_text(" ".join(rng.choice(words) for _ in range(800)))
-    return path
+    return word_text(tmp_path_factory.mktemp("text") / "train.txt", 800)
 
 
 def test_two_cpu_ranks_split_data_and_agree(text_file, tmp_path):
@@ -42,11 +47,7 @@ def test_resume_from_checkpoint_ends_like_an_uninterrupted_run(text_file, tmp_pa
     numbers (dropout) as they were when the checkpoint saved them."""
     common = [sys.executable, str(SCRIPT), "--train_file", str(text_file), "--max_train_steps", "4",
               "--eval_steps", "2", *TINY]
-    run([*common, "--output_dir", str(tmp_path / "full"), "--checkpointing_steps", "2",
-         "--record_dir", str(tmp_path / "full_rec")], tmp_path)
-    run([*common, "--output_dir", str(tmp_path / "resumed"), "--record_dir", str(tmp_path / "resumed_rec"),
-         "--resume_from_checkpoint", str(tmp_path / "full" / "step_2")], tmp_path)
-    full, resumed = records(tmp_path / "full_rec")[0], records(tmp_path / "resumed_rec")[0]
+    full, resumed = uninterrupted_and_resumed(common, tmp_path, 2)
     assert resumed["batches"] == full["batches"][2:]
     assert resumed["params"] == full["params"] and resumed["step"] == 4
     check = run([sys.executable, "-c",

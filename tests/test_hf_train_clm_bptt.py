@@ -1,13 +1,20 @@
 """recipes/hf/train_clm.py --bptt (recipes/common/hf_bptt.py): the streams hold the tokens in order,
 each rank its own; chunks run with the carried state equal each stream run whole; a resumed run
 ends like an uninterrupted one, also resumed by one process from two ranks' checkpoint."""
-import random
 import sys
 
 import pytest
 import torch
 from helpers.hf_tiny_models import causal_lm
-from helpers.train_clm import ACCELERATE, SCRIPT, load_script, records, run
+from helpers.train_clm import (
+    ACCELERATE,
+    SCRIPT,
+    load_script,
+    records,
+    run,
+    uninterrupted_and_resumed,
+    word_text,
+)
 from ports import free_port
 from safetensors.torch import load_file
 
@@ -19,11 +26,7 @@ LSTM = ["--model_type", "momentum_lstm", "--bptt", "--hidden_size", "16", "--num
 
 @pytest.fixture(scope="module")
 def text_file(tmp_path_factory):
-    words = ["momentum", "attention", "linear", "state", "token", "heavy", "ball", "step", "gradient"]
-    rng = random.Random(0)
-    path = tmp_path_factory.mktemp("text") / "train.txt"
-    path.write_text(" ".join(rng.choice(words) for _ in range(300)))
-    return path
+    return word_text(tmp_path_factory.mktemp("text") / "train.txt", 300)
 
 
 def test_each_rank_holds_its_streams_in_order():
@@ -77,11 +80,7 @@ def test_a_resumed_run_ends_like_an_uninterrupted_one(text_file, tmp_path):
     from torch's generator (dropout's)."""
     common = [sys.executable, str(SCRIPT), "--train_file", str(text_file), "--max_train_steps", "6",
               "--eval_steps", "3", "--per_device_batch_size", "2", *LSTM]
-    run([*common, "--output_dir", str(tmp_path / "full"), "--checkpointing_steps", "3",
-         "--record_dir", str(tmp_path / "full_rec")], tmp_path)
-    run([*common, "--output_dir", str(tmp_path / "resumed"), "--record_dir", str(tmp_path / "resumed_rec"),
-         "--resume_from_checkpoint", str(tmp_path / "full" / "step_3")], tmp_path)
-    full, resumed = records(tmp_path / "full_rec")[0], records(tmp_path / "resumed_rec")[0]
+    full, resumed = uninterrupted_and_resumed(common, tmp_path, 3)
     assert resumed["batches"] == full["batches"][3:]
     assert resumed["params"] == full["params"] and resumed["valid_loss"] == full["valid_loss"]
     (tmp_path / "full" / "step_3" / hf_bptt.CARRIED_FILE).unlink()

@@ -39,6 +39,25 @@ def run(cmd, cwd, extra_env=None, check=True):
     return proc
 
 
+def word_text(path, count):
+    """`count` words of a small vocabulary, seeded, to `path`; returns path."""
+    import random
+    words = ["momentum", "attention", "linear", "state", "token", "heavy", "ball", "step", "gradient"]
+    rng = random.Random(0)
+    path.write_text(" ".join(rng.choice(words) for _ in range(count)))
+    return path
+
+
+def uninterrupted_and_resumed(common, tmp_path, at):
+    """Rank 0's records of `common` run whole (a checkpoint every `at` steps, in tmp_path/full) and
+    resumed from its step_`at`."""
+    run([*common, "--output_dir", str(tmp_path / "full"), "--checkpointing_steps", str(at),
+         "--record_dir", str(tmp_path / "full_rec")], tmp_path)
+    run([*common, "--output_dir", str(tmp_path / "resumed"), "--record_dir", str(tmp_path / "resumed_rec"),
+         "--resume_from_checkpoint", str(tmp_path / "full" / f"step_{at}")], tmp_path)
+    return records(tmp_path / "full_rec")[0], records(tmp_path / "resumed_rec")[0]
+
+
 def records(folder):
     return {int(p.stem[4:]): json.loads(p.read_text()) for p in Path(folder).glob("rank*.json")}
 
