@@ -358,10 +358,14 @@ class Tokenizer:
         return ids + ([self.eos] if self.eos is not None else [])
 
 
+def file_tokens(files, tokenizer):
+    """The files' tokens, one after the other (each file's text followed by the end-of-sequence
+    token)."""
+    return [t for name in files for t in tokenizer.encode(Path(name).read_text(encoding="utf-8"))]
+
+
 def blocks(files, tokenizer, block_size):
-    ids = []
-    for name in files:
-        ids.extend(tokenizer.encode(Path(name).read_text(encoding="utf-8")))
+    ids = file_tokens(files, tokenizer)
     n = len(ids) // block_size
     if n == 0:
         raise ValueError(f"{files} hold {len(ids)} tokens, fewer than one block of {block_size}")
@@ -408,15 +412,20 @@ def training_splits(args):
     return train, valid, source
 
 
+def row_encoder(tokenizer, column):
+    """Dataset.map's batched function: each row's `column` as tokens, then the end-of-sequence token."""
+    def encode(batch):
+        ids = tokenizer.hf(batch[column], add_special_tokens=False)["input_ids"]
+        return {"input_ids": [row + ([tokenizer.eos] if tokenizer.eos is not None else []) for row in ids]}
+    return encode
+
+
 def tokenized(split, args, tokenizer, source):
     """A split's rows as token blocks of --block_size (or, with --packing, documents of at most
     --block_size tokens), each row a document ending with the end-of-sequence token, through
     `Dataset.map` (batched, cached by fingerprint)."""
-    column, size, eos = args.text_column, args.block_size, tokenizer.eos
-
-    def encode(batch):
-        ids = tokenizer.hf(batch[column], add_special_tokens=False)["input_ids"]
-        return {"input_ids": [row + ([eos] if eos is not None else []) for row in ids]}
+    size = args.block_size
+    encode = row_encoder(tokenizer, args.text_column)
 
     def group(batch):
         ids = [token for row in batch["input_ids"] for token in row]
@@ -440,18 +449,11 @@ def token_streams(args, tokenizer):
     dataset row, followed by the end-of-sequence token); without a validation source the last
     --validation_split of the training tokens."""
     if args.train_file:
-        def read(files):
-            return [t for name in files for t in tokenizer.encode(Path(name).read_text(encoding="utf-8"))]
-
-        train, valid = read(args.train_file), read(args.validation_file) if args.validation_file else None
+        train = file_tokens(args.train_file, tokenizer)
+        valid = file_tokens(args.validation_file, tokenizer) if args.validation_file else None
     else:
         train_split, valid_split, _ = training_splits(args)
-        column, eos = args.text_column, tokenizer.eos
-
-        def encode(batch):
-            ids = tokenizer.hf(batch[column], add_special_tokens=False)["input_ids"]
-            return {"input_ids": [row + ([eos] if eos is not None else []) for row in ids]}
-
+        encode = row_encoder(tokenizer, args.text_column)
         train, valid = ([t for row in split.map(encode, batched=True, remove_columns=split.column_names,
                                                  desc="tokenize")["input_ids"] for t in row]
                         if split is not None else None for split in (train_split, valid_split))
