@@ -5,6 +5,7 @@ import sys
 
 import pytest
 import torch
+import torch.nn.functional as F
 from helpers.hf_tiny_models import causal_lm
 from helpers.train_clm import (
     ACCELERATE,
@@ -48,9 +49,9 @@ def test_each_rank_holds_its_streams_in_order():
 
 @pytest.mark.parametrize("cell", ["momentum", "adam"])
 def test_chunks_with_the_carried_state_equal_each_stream_run_whole(cell, make_generator):
-    """float64, no dropout: every target's loss from the chunks (a backward after each, as training
-    runs them, which fails unless the state is detached) equals its loss from the stream run whole;
-    a zero state at the first chunk of a second pass."""
+    """float64, no dropout: every target's loss from the chunks of two streams in a batch (a
+    backward after each, as training runs them, which fails unless the state is detached) equals
+    its loss from its stream run whole and alone; a zero state at the first chunk of a second pass."""
     model = causal_lm("lstm", **({} if cell == "momentum" else {"cell": cell})).double().train()
     for module in model.modules():
         if isinstance(module, torch.nn.Dropout):
@@ -66,9 +67,9 @@ def test_chunks_with_the_carried_state_equal_each_stream_run_whole(cell, make_ge
             loss.sum().backward()
             losses.append(loss.detach().view(2, -1))
         got = torch.cat(losses, 1)
-        logits = model(input_ids=chunks.inputs).logits
-        want = torch.nn.functional.cross_entropy(logits.flatten(0, 1), chunks.targets.flatten(),
-                                                 reduction="none").view(2, -1)
+        alone = [model(input_ids=chunks.inputs[i:i + 1]).logits[0] for i in range(2)]
+        want = torch.stack([F.cross_entropy(logits, chunks.targets[i], reduction="none")
+                            for i, logits in enumerate(alone)])
         torch.testing.assert_close(got, want.detach(), rtol=1e-10, atol=1e-12)
     with pytest.raises(RuntimeError, match="the batch is chunk 2 of the streams, but the carried state is "
                                            "the one before chunk 6"):
