@@ -1,5 +1,7 @@
 """The recipes' shared accelerate loop (recipes/common/training.py): a tiny model learns, the
-History's points, its training clock without evaluation, the LR schedule and clipping, errors."""
+History's points, its training clock without evaluation, the LR schedule and clipping, errors, and
+a run resumed at any step (gradient accumulation, passes of different lengths) ends like the
+uninterrupted run."""
 import copy
 import itertools
 
@@ -164,3 +166,85 @@ def test_accumulated_run_resumed_at_a_step_ends_like_the_uninterrupted_run():
     assert resumed_seen == full_seen[6:]
     for p, q in zip(full.parameters(), resumed.parameters()):
         assert torch.equal(p, q)
+
+
+class PassesOfTheirOwnLength(torch.utils.data.Dataset):
+    """40 samples in pass 0, then 4 fewer in each pass (as random BPTT lengths change a pass's)."""
+
+    def __init__(self):
+        self.x, self.y = regression_data(40)
+        self.epoch = 0
+
+    def set_epoch(self, epoch):
+        self.epoch = epoch
+
+    def __len__(self):
+        return 40 - 4 * self.epoch
+
+    def __getitem__(self, i):
+        return self.x[i], self.y[i]
+
+
+class LoaderOfEpochs(DataLoader):
+    """A plain DataLoader that tells its dataset each pass's index, as accelerate's loaders do."""
+
+    def set_epoch(self, epoch):
+        if hasattr(self.dataset, "set_epoch"):
+            self.dataset.set_epoch(epoch)
+
+
+@pytest.mark.parametrize("varying", [False, True], ids=["equal passes", "passes of their own length"])
+@pytest.mark.parametrize("prepare", [True, False], ids=["accelerate's loader", "plain loader"])
+def test_a_run_resumed_at_any_step_with_three_batches_a_step_ends_like_the_uninterrupted(prepare, varying):
+    """Passes of 10 (or 10, 9, 8) batches, three per optimizer step: accelerate's loader ends each pass
+    with a shorter step, a plain loader's accumulation runs on into the next pass. Resumed at each
+    step, the run skips exactly the batches the uninterrupted run had used, pass by pass, and ends
+    with its parameters, bit for bit."""
+    def run(start_step=0, saved=None):
+        torch.manual_seed(0)
+        model = torch.nn.Linear(3, 1)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+        accelerator = Accelerator(cpu=True, gradient_accumulation_steps=3)
+        loader = LoaderOfEpochs(PassesOfTheirOwnLength() if varying else TensorDataset(*regression_data(40)),
+                                batch_size=4)
+        model, optimizer = accelerator.prepare(model, optimizer)
+        if prepare:
+            loader = accelerator.prepare(loader)
+        if saved is not None:
+            model.load_state_dict(saved["model"])
+            optimizer.load_state_dict(saved["optimizer"])
+        seen, states, used = [], {}, {}
+
+        def on_step(step, loss, metrics):
+            used[step] = len(seen)
+            states[step] = {"model": copy.deepcopy(model.state_dict()),
+                            "optimizer": copy.deepcopy(optimizer.state_dict())}
+
+        plain, _ = fit(model, optimizer, loader, mse, accelerator=accelerator, steps=9, prepared=True,
+                       start_step=start_step, progress=False, on_step=on_step,
+                       on_batch=lambda batch: seen.append(batch[0][:, 0].tolist()))
+        return plain, seen, states, used
+
+    full, full_seen, states, used = run()
+    passes = [10, 9, 8] if varying else [10, 10, 10]
+    if prepare:
+        first, second = itertools.accumulate(-(-batches // 3) for batches in passes[:2])
+        assert used[first - 1] == 9 and used[first] == passes[0] and used[second] == passes[0] + passes[1]
+    else:
+        assert all(used[step] == 3 * step for step in used) and len(full_seen) == 27
+    for step in range(1, 9):
+        resumed, resumed_seen, _, _ = run(step, states[step])
+        assert resumed_seen == full_seen[used[step]:], step
+        for p, q in zip(full.parameters(), resumed.parameters()):
+            assert torch.equal(p, q), step
+
+
+def test_epochs_of_their_own_length_count_their_own_steps():
+    """Three passes of 10, 9 and 8 batches at three batches a step: 4 + 3 + 3 steps, a point after
+    each pass at whole epochs."""
+    model = torch.nn.Linear(3, 1)
+    accelerator = Accelerator(cpu=True, gradient_accumulation_steps=3)
+    _, history = fit(model, torch.optim.SGD(model.parameters(), lr=0.01),
+                     DataLoader(PassesOfTheirOwnLength(), batch_size=4), mse, accelerator=accelerator,
+                     epochs=3, progress=False)
+    assert history.steps == [4, 7, 10] and history.epochs == [1.0, 2.0, 3.0]

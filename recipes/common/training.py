@@ -10,8 +10,10 @@ the schedules are written for optimizer steps, not for samples). Every `eval_eve
 after every epoch) it records a `History` point: the step, the epoch, the training wall time so
 far with evaluation excluded, the mean of each training metric since the last point, and what
 the `evaluate` callback returns. With the accelerator's gradient accumulation, a step is one
-optimizer step over that many batches. A run can resume at a step (its checkpoint loaded by the
-caller): the batches the earlier run consumed are skipped.
+optimizer step over that many batches; a prepared DataLoader's pass ends with a shorter step, as
+accelerate syncs the gradients at its end. A run can resume at a step (its checkpoint loaded by the
+caller): the batches the earlier run consumed are skipped, pass by pass (a pass's length may depend
+on its index, as a random BPTT length makes it).
 """
 import math
 import time
@@ -21,6 +23,7 @@ from typing import Callable, Dict, Iterable, List, Optional, Tuple, Union
 
 import torch
 from accelerate import Accelerator
+from accelerate.data_loader import DataLoaderStateMixin
 from torch.utils.data import DataLoader
 from tqdm import tqdm
 
@@ -93,6 +96,55 @@ class _Recorder:
         return out
 
 
+class Passes:
+    """The passes over sized training data in optimizer steps. A pass's length is read after
+    `set_epoch(index)` where the data has it, so it may change from pass to pass. `ends_cycle`: the
+    last step of a pass is cut short at its end (accelerate's prepared DataLoaders), rather than the
+    accumulation running on into the next pass."""
+
+    def __init__(self, data, accumulation: int, ends_cycle: bool):
+        self.data, self.accumulation, self.ends_cycle = data, accumulation, ends_cycle
+        self._batches: Dict[int, int] = {}
+
+    def batches(self, index: int) -> int:
+        """The batches in pass `index` (from 0)."""
+        if index not in self._batches:
+            if hasattr(self.data, "set_epoch"):
+                self.data.set_epoch(index)
+            self._batches[index] = len(self.data)
+            if not self._batches[index]:
+                raise ValueError(f"train_data has no batch in pass {index + 1}")
+        return self._batches[index]
+
+    def steps(self, passes: int) -> int:
+        """Optimizer steps in the first `passes` passes."""
+        if self.ends_cycle:
+            return sum(math.ceil(self.batches(i) / self.accumulation) for i in range(passes))
+        return math.ceil(sum(self.batches(i) for i in range(passes)) / self.accumulation)
+
+    def locate(self, step: int) -> Tuple[int, int]:
+        """(pass, batches of it already used) after `step` optimizer steps."""
+        index = 0
+        if self.ends_cycle:
+            while step >= math.ceil(self.batches(index) / self.accumulation):
+                step -= math.ceil(self.batches(index) / self.accumulation)
+                index += 1
+            return index, step * self.accumulation
+        used = step * self.accumulation
+        while used >= self.batches(index):
+            used -= self.batches(index)
+            index += 1
+        return index, used
+
+
+def passes_of(train_data, accelerator: Accelerator) -> Passes:
+    """`Passes` of sized data as `fit` walks them with this accelerator."""
+    accumulation = accelerator.gradient_accumulation_steps
+    ends_cycle = accumulation == 1 or (accelerator.gradient_state.sync_with_dataloader
+                                       and isinstance(train_data, DataLoaderStateMixin))
+    return Passes(train_data, accumulation, ends_cycle)
+
+
 def fit(model: torch.nn.Module, optimizer: torch.optim.Optimizer, train_data: Iterable,
         loss_fn: Callable[[torch.nn.Module, object], LossOutput], *, accelerator: Accelerator,
         epochs: Optional[int] = None, steps: Optional[int] = None, eval_every: Optional[int] = None,
@@ -134,12 +186,10 @@ def fit(model: torch.nn.Module, optimizer: torch.optim.Optimizer, train_data: It
         model, optimizer = accelerator.prepare(model, optimizer)
         if isinstance(train_data, DataLoader):
             train_data = accelerator.prepare(train_data)
-    per_epoch = len(train_data) if hasattr(train_data, "__len__") else None
-    if steps is None and not per_epoch:
+    passes = passes_of(train_data, accelerator) if hasattr(train_data, "__len__") else None
+    if steps is None and not (passes and len(train_data)):
         raise ValueError("epochs needs training data with a length of at least one batch")
-    accumulation = accelerator.gradient_accumulation_steps
-    steps_per_epoch = math.ceil(per_epoch / accumulation) if per_epoch else None
-    total = steps if steps is not None else epochs * steps_per_epoch
+    total = steps if steps is not None else passes.steps(epochs)
     history, recorder = History(), _Recorder(accelerator.device)
     bar = tqdm(total=total, initial=start_step, desc=desc, leave=False,
                disable=not progress or not accelerator.is_local_main_process)
@@ -147,7 +197,7 @@ def fit(model: torch.nn.Module, optimizer: torch.optim.Optimizer, train_data: It
     def record(step: int) -> None:
         seconds = recorder.pause()
         history.steps.append(step)
-        history.epochs.append(step / steps_per_epoch if per_epoch else None)
+        history.epochs.append(epoch - 1 + batches / passes.batches(epoch - 1) if passes else None)
         history.seconds.append(seconds)
         for name, value in recorder.means().items():
             history.train.setdefault(name, []).append(value)
@@ -163,14 +213,14 @@ def fit(model: torch.nn.Module, optimizer: torch.optim.Optimizer, train_data: It
 
     model.train()
     step, epoch, skip, cycle_start = start_step, 0, 0, True
-    if start_step and per_epoch:
-        epoch, skip = divmod(start_step * accumulation, per_epoch)
+    if start_step and passes:
+        epoch, skip = passes.locate(start_step)
     recorder.resume()
     while step < total:
         if hasattr(train_data, "set_epoch"):
             train_data.set_epoch(epoch)
         epoch += 1
-        batches = 0
+        batches = skip
         for batch in accelerator.skip_first_batches(train_data, skip) if skip else train_data:
             batches += 1
             if on_batch is not None:
@@ -201,7 +251,7 @@ def fit(model: torch.nn.Module, optimizer: torch.optim.Optimizer, train_data: It
             if step == total:
                 break
         else:
-            if not batches:
+            if batches == skip:
                 raise ValueError(f"train_data gave no batch in pass {epoch} (an exhausted iterator?)")
             if eval_every is None and step < total:
                 record(step)
