@@ -180,7 +180,7 @@ def test_what_the_task_cannot_serve_is_refused(tmp_path):
     dataset = StreamDataset(torch.arange(4, 40, dtype=torch.int32), 5, 1, "train")
     with pytest.raises(ValueError, match="needs --batch-size"):
         task.get_batch_iterator(dataset, max_tokens=100)
-    with pytest.raises(ValueError, match="35 tokens, fewer than its 40 streams"):
+    with pytest.raises(ValueError, match="35 input tokens, fewer than its 40 streams"):
         task.get_batch_iterator(dataset, max_sentences=20, num_shards=2)
     saved = {"h0": torch.zeros(1, 6, 12), "c0": torch.zeros(1, 6, 12), "step0": torch.zeros(6)}
     task.restore_train_state(saved, 1, 0, 2)

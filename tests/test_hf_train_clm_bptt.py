@@ -1,6 +1,7 @@
 """recipes/hf/train_clm.py --bptt (recipes/common/hf_bptt.py): the streams hold the tokens in order,
 each rank its own; chunks run with the carried state equal each stream run whole; a resumed run
-ends like an uninterrupted one, also resumed by one process from two ranks' checkpoint."""
+ends like an uninterrupted one, also resumed by one process from two ranks' checkpoint, and with
+--variable_bptt's random chunk lengths (drawn per pass; each update's rate scaled by its length)."""
 import sys
 
 import pytest
@@ -43,8 +44,42 @@ def test_each_rank_holds_its_streams_in_order():
             assert torch.equal(inputs[i], tokens[start:start + length])
             assert torch.equal(targets[i], tokens[start + 1:start + length + 1])
         assert [chunks[t]["chunk"] for t in range(len(chunks))] == list(range(len(chunks)))
-    with pytest.raises(ValueError, match="the validation split has 6 tokens, too few for 6 streams"):
+    with pytest.raises(ValueError, match="the validation split has 5 input tokens, fewer than its 6 streams"):
         hf_bptt.StreamChunks(torch.arange(6), 7, rows=2, rank=0, ranks=3, split="validation")
+
+
+def test_variable_chunks_are_drawn_per_pass_alike_on_every_rank_and_cover_the_streams():
+    tokens = torch.arange(4001)
+
+    def passes(rank, epoch):
+        chunks = hf_bptt.StreamChunks(tokens, 20, rows=2, rank=rank, ranks=2, split="training", seed=3)
+        chunks.set_epoch(epoch)
+        return chunks, [chunks[t]["input_ids"].shape[1] for t in range(len(chunks))]
+
+    (chunks, first), (_, other_rank), (_, again) = passes(0, 0), passes(1, 0), passes(0, 0)
+    assert first == other_rank == again and first != passes(0, 1)[1]
+    assert sum(first) == 1000 and min(first[:-1]) >= 5 and len(set(first)) > 5
+    assert 15 < sum(first) / len(first) < 21
+    inputs = torch.cat([chunks[t]["input_ids"] for t in range(len(chunks))], 1)
+    assert torch.equal(inputs, tokens[:2000].view(2, 1000))
+    fixed = hf_bptt.StreamChunks(tokens, 20, rows=2, rank=0, ranks=2, split="training")
+    fixed.set_epoch(1)
+    assert {fixed[t]["input_ids"].shape[1] for t in range(len(fixed))} == {20}
+
+
+def test_rate_by_length_scales_each_update_by_its_chunks_mean_length_and_puts_it_back():
+    weight = torch.nn.Parameter(torch.zeros(()))
+    optimizer = torch.optim.SGD([weight], lr=0.5)
+    rate = hf_bptt.RateByLength(optimizer, 20)
+    for lengths in ([10], [30, 20], [5, 5, 20]):
+        for length in lengths:
+            rate.add(length)
+        before = weight.detach().clone()
+        weight.grad = torch.ones(())
+        optimizer.step()
+        rate.updated()
+        assert (before - weight).item() == pytest.approx(0.5 * sum(lengths) / len(lengths) / 20)
+        assert optimizer.param_groups[0]["lr"] == 0.5
 
 
 @pytest.mark.parametrize("cell", ["momentum", "adam"])
@@ -90,6 +125,19 @@ def test_a_resumed_run_ends_like_an_uninterrupted_one(text_file, tmp_path):
     assert proc.returncode != 0 and f"has no {hf_bptt.CARRIED_FILE}" in proc.stderr
 
 
+def test_a_variable_bptt_run_resumed_in_its_second_pass_ends_like_an_uninterrupted_one(tmp_path):
+    """Random chunk lengths, three chunks per update (each pass ending with a shorter update), two
+    passes: the run resumed from a checkpoint inside the second pass skips the batches the first
+    run trained on, pass by pass, and ends with its model."""
+    text = word_text(tmp_path / "short.txt", 70)
+    common = [sys.executable, str(SCRIPT), "--train_file", str(text), "--num_epochs", "2",
+              "--per_device_batch_size", "2", "--gradient_accumulation_steps", "3", "--variable_bptt", *LSTM]
+    full, resumed = uninterrupted_and_resumed(common, tmp_path, 8)
+    assert 0 < len(resumed["batches"]) < len(full["batches"]) // 2
+    assert resumed["batches"] == full["batches"][-len(resumed["batches"]):]
+    assert resumed["params"] == full["params"] and resumed["valid_loss"] == full["valid_loss"]
+
+
 def test_two_ranks_train_their_own_streams_and_one_process_resumes_them(text_file, tmp_path):
     """Two ranks of two streams each, without dropout; their checkpoint resumed by one process with
     the same four streams ends with the two ranks' model (DDP's mean of the ranks' losses is the
@@ -127,6 +175,13 @@ def test_bptt_refuses_what_it_cannot_carry(extra, message, capsys):
     with pytest.raises(SystemExit):
         load_script().parse_args(["--train_file", "a.txt", "--output_dir", "out", "--bptt", *extra])
     assert f"argument --bptt: {message}" in capsys.readouterr().err
+
+
+def test_variable_bptt_without_bptt_is_refused(capsys):
+    with pytest.raises(SystemExit):
+        load_script().parse_args(["--train_file", "a.txt", "--output_dir", "out", "--model_type",
+                                  "momentum_lstm", "--variable_bptt"])
+    assert "argument --variable_bptt: draws the chunk lengths of --bptt" in capsys.readouterr().err
 
 
 def test_a_dataset_split_is_one_stream_of_its_rows_in_order(tmp_path):

@@ -32,6 +32,7 @@ from fairseq.distributed import utils as distributed_utils
 from fairseq.tasks import TASK_REGISTRY, register_task
 from fairseq.tasks.language_modeling import LanguageModelingConfig, LanguageModelingTask
 
+from plugins.bptt import chunk_bounds, random_chunk_lengths, stream_length
 from plugins.rnn import RecurrentState
 
 from ..modules.recurrent_state import buffer_to_states, states_to_buffer
@@ -65,7 +66,7 @@ class StreamDataset(FairseqDataset):
         self.stream = tokens
         self.bptt, self.pad, self.split, self.training = bptt, pad, split, training
         self.streams = self.length = self.chunks = 0
-        self.bounds = np.zeros(1, dtype=np.int64)
+        self.bounds = [0]
 
     def arrange(self, streams_per_shard: int, shards: int,
                 lengths: Optional[Callable[[int], List[int]]] = None) -> List[np.ndarray]:
@@ -73,14 +74,10 @@ class StreamDataset(FairseqDataset):
         iterator gives shard r every shards-th batch, so each rank walks its own streams). Chunks are
         --tokens-per-sample long, or `lengths(stream_length)` long (the last one cut to fit)."""
         self.streams = streams_per_shard * shards
-        self.length = (self.stream.numel() - 1) // self.streams
-        if self.length == 0:
-            raise ValueError(f"the {self.split} split has {self.stream.numel() - 1} tokens, fewer than its "
-                             f"{self.streams} streams (--batch-size {streams_per_shard} on each of {shards} "
-                             "ranks)")
-        sizes = lengths(self.length) if lengths is not None else [self.bptt] * -(-self.length // self.bptt)
-        self.bounds = np.minimum(np.concatenate([[0], np.cumsum(sizes)]), self.length)
-        self.bounds = self.bounds[:int(np.searchsorted(self.bounds, self.length)) + 1]
+        self.length = stream_length(self.stream.numel(), self.streams, self.split,
+                                    f"--batch-size {streams_per_shard} on each of {shards} ranks")
+        self.bounds = chunk_bounds(self.length, self.bptt,
+                                   lengths(self.length) if lengths is not None else None)
         self.chunks = len(self.bounds) - 1
         return [np.arange(shard * streams_per_shard, (shard + 1) * streams_per_shard) * self.chunks + chunk
                 for chunk in range(self.chunks) for shard in range(shards)]
@@ -90,8 +87,8 @@ class StreamDataset(FairseqDataset):
 
     def __getitem__(self, index):
         stream, chunk = divmod(int(index), self.chunks)
-        begin = stream * self.length + int(self.bounds[chunk])
-        end = stream * self.length + int(self.bounds[chunk + 1])
+        begin = stream * self.length + self.bounds[chunk]
+        end = stream * self.length + self.bounds[chunk + 1]
         return {"id": index, "source": self.stream[begin:end].long(),
                 "target": self.stream[begin + 1:end + 1].long()}
 
@@ -151,16 +148,6 @@ class BPTTLanguageModelingConfig(LanguageModelingConfig):
                 "--seed, and its update's learning rate is scaled by its length / L"})
 
 
-def random_chunk_lengths(bptt: int, length: int) -> List[int]:
-    """AWD-LSTM's chunk lengths covering `length` tokens (numpy's global generator, seeded by the
-    caller): N(bptt, 5), or N(bptt / 2, 5) with probability 0.05, at least 5."""
-    sizes = []
-    while sum(sizes) < length:
-        mean = bptt if np.random.random() < 0.95 else bptt / 2
-        sizes.append(max(5, int(np.random.normal(mean, 5))))
-    return sizes
-
-
 class BPTTLanguageModelingTask(LanguageModelingTask):
     """LanguageModelingTask over StreamDatasets, carrying each stream's state between batches."""
 
@@ -211,7 +198,7 @@ class BPTTLanguageModelingTask(LanguageModelingTask):
         if self.args.variable_bptt and dataset.training:
             def lengths(length):
                 with data_utils.numpy_seed(seed, epoch):   # the same on every rank and on resuming
-                    return random_chunk_lengths(self.args.tokens_per_sample, length)
+                    return random_chunk_lengths(self.args.tokens_per_sample, length, np.random)
         batches = dataset.arrange(max_sentences, num_shards, lengths)
         return StreamIterator(self, dataset=dataset, collate_fn=dataset.collater, batch_sampler=batches,
                               seed=seed, num_shards=num_shards, shard_id=shard_id, num_workers=num_workers,

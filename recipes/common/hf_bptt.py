@@ -5,21 +5,28 @@ as fairseq_momentum's `--task language_modeling_bptt` does for fairseq.
 A split's tokens are one stream, cut into equal streams, `--per_device_batch_size` of them per rank
 (the remainder, fewer tokens than streams, is dropped). Batch t of a rank holds chunk t of each of
 its streams: `--block_size` tokens (the last chunk may be shorter), in stream order, never
-shuffled. The LSTM's state at the end of one chunk starts the next, detached (gradients stop at the
-chunk's start), so every token is predicted once, from the whole stream before it. Each epoch and
-each evaluation start the streams from a zero state.
+shuffled. `--variable_bptt` draws each training pass's chunk lengths as AWD-LSTM does (seeded by
+`--seed` and the pass, so every rank and a resumed run draw the same) and scales each update's
+learning rate by its chunks' length over `--block_size`. The LSTM's state at the end of one chunk
+starts the next, detached (gradients stop at the chunk's start), so every token is predicted once,
+from the whole stream before it. Each epoch and each evaluation start the streams from a zero
+state.
 
 The carried state is part of where training is: a checkpoint holds every rank's streams' state in
 `carried_state.safetensors` (no pickle), and a resumed run continues from it exactly."""
 import math
 from pathlib import Path
-from typing import Dict, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
+import numpy as np
 import torch
 import torch.nn.functional as F
+from accelerate.data_loader import DataLoaderShard
 from safetensors import safe_open
 from safetensors.torch import save_file
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import Dataset
+
+from plugins.bptt import chunk_bounds, random_chunk_lengths, stream_length
 
 CARRIED_FILE = "carried_state.safetensors"
 
@@ -27,39 +34,80 @@ CARRIED_FILE = "carried_state.safetensors"
 def stream_pairs(tokens: torch.Tensor, streams: int, split: str) -> Tuple[torch.Tensor, torch.Tensor]:
     """(inputs, targets), each (streams, L): stream s holds the L input tokens from s·L on, and
     their next tokens. Refused with fewer than one pair per stream."""
-    length = (tokens.numel() - 1) // streams
-    if length < 1:
-        raise ValueError(f"the {split} split has {tokens.numel()} tokens, too few for {streams} streams "
-                         "(--per_device_batch_size times the number of processes) of one input and target")
+    length = stream_length(tokens.numel(), streams, split,
+                           "--per_device_batch_size times the number of processes")
     n = streams * length
     return tokens[:n].view(streams, length), tokens[1:n + 1].view(streams, length)
 
 
 class StreamChunks(Dataset):
     """One rank's batches: item t is chunk t of each of its `rows` streams ({"input_ids", "targets"}
-    (rows, ≤ bptt), "chunk": t). The rank's streams are rows rank·rows … of all ranks' streams."""
+    (rows, chunk length), "chunk": t). The rank's streams are rows rank·rows … of all ranks' streams.
+    Chunks are `bptt` tokens long, the last one cut to fit; with `seed`, each pass's lengths are
+    AWD-LSTM's random ones, drawn from (seed, pass) when `set_epoch(pass)` is called."""
 
-    def __init__(self, tokens: torch.Tensor, bptt: int, rows: int, rank: int, ranks: int, split: str):
+    def __init__(self, tokens: torch.Tensor, bptt: int, rows: int, rank: int, ranks: int, split: str,
+                 seed: Optional[int] = None):
         inputs, targets = stream_pairs(tokens, rows * ranks, split)
         mine = slice(rank * rows, (rank + 1) * rows)
-        self.inputs, self.targets, self.bptt = inputs[mine], targets[mine], bptt
+        self.inputs, self.targets, self.bptt, self.seed = inputs[mine], targets[mine], bptt, seed
+        self.bounds = chunk_bounds(self.inputs.shape[1], bptt)
+
+    def set_epoch(self, epoch: int) -> None:
+        if self.seed is not None:
+            lengths = random_chunk_lengths(self.bptt, self.inputs.shape[1],
+                                           np.random.default_rng([self.seed, epoch]))
+            self.bounds = chunk_bounds(self.inputs.shape[1], self.bptt, lengths)
 
     def __len__(self) -> int:
-        return math.ceil(self.inputs.shape[1] / self.bptt)
+        return len(self.bounds) - 1
 
     def __getitem__(self, t: int) -> Dict[str, object]:
-        cut = slice(t * self.bptt, (t + 1) * self.bptt)
+        cut = slice(self.bounds[t], self.bounds[t + 1])
         return {"input_ids": self.inputs[:, cut], "targets": self.targets[:, cut], "chunk": t}
 
 
-def stream_loader(tokens: torch.Tensor, bptt: int, rows: int, rank: int, ranks: int,
-                  split: str) -> DataLoader:
-    """The chunks in order, one per batch: a DataLoader (not to be prepared by accelerate, which
-    would shard it again), so that a resumed run skips the chunks already trained on. Its own
-    generator: a DataLoader's iterator draws a seed, which from torch's global generator would move
-    the dropout masks of a resumed run (whose skipping loader is a second iterator)."""
-    return DataLoader(StreamChunks(tokens, bptt, rows, rank, ranks, split), batch_size=1, shuffle=False,
-                      collate_fn=lambda items: items[0], generator=torch.Generator().manual_seed(0))
+def stream_loader(tokens: torch.Tensor, bptt: int, rows: int, rank: int, ranks: int, split: str,
+                  seed: Optional[int] = None) -> DataLoaderShard:
+    """The chunks in order, one per batch, in accelerate's DataLoader class but not sharded again
+    (each rank's streams are its own): accelerate syncs the gradients at its end, as at a prepared
+    loader's, and skips the chunks a resumed run already trained on. Its own generator: a
+    DataLoader's iterator draws a seed, which from torch's global generator would move the dropout
+    masks of a resumed run (whose skipping loader is a second iterator)."""
+    return DataLoaderShard(StreamChunks(tokens, bptt, rows, rank, ranks, split, seed), batch_size=1,
+                           shuffle=False, collate_fn=_only, generator=torch.Generator().manual_seed(0))
+
+
+def _only(items: List[Dict[str, object]]) -> Dict[str, object]:
+    return items[0]
+
+
+class RateByLength:
+    """AWD-LSTM's learning rate for random chunk lengths: an update's rate times its chunks' mean
+    length over `bptt`. `add` each chunk's length, and call `updated` after each optimizer step (also
+    one a gradient scaler skipped). The rate is scaled inside the optimizer's step and put back after
+    it, through torch's step hooks, so schedules and logs see the unscaled rate."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer, bptt: int):
+        self.bptt, self.lengths, self.rates = bptt, [], []
+        optimizer.register_step_pre_hook(self._scale)
+        optimizer.register_step_post_hook(self._restore)
+
+    def add(self, length: int) -> None:
+        self.lengths.append(length)
+
+    def updated(self) -> None:
+        self.lengths = []
+
+    def _scale(self, optimizer, args, kwargs) -> None:
+        factor = sum(self.lengths) / len(self.lengths) / self.bptt if self.lengths else 1.0
+        self.rates = [group["lr"] for group in optimizer.param_groups]
+        for group in optimizer.param_groups:
+            group["lr"] = group["lr"] * factor
+
+    def _restore(self, optimizer, args, kwargs) -> None:
+        for group, rate in zip(optimizer.param_groups, self.rates):
+            group["lr"] = rate
 
 
 class CarriedState:
@@ -126,7 +174,8 @@ def chunk_loss(model, batch: Dict[str, object], carried: CarriedState, device, r
     return F.cross_entropy(logits, batch["targets"].to(device).flatten(), reduction=reduction)
 
 
-def evaluate_streams(model, loader: DataLoader, carried: CarriedState, accelerator) -> Tuple[float, float]:
+def evaluate_streams(model, loader: DataLoaderShard, carried: CarriedState,
+                     accelerator) -> Tuple[float, float]:
     """Loss per target token and perplexity over every rank's validation streams, the state carried
     from a zero start, as training carries it."""
     model.eval()

@@ -78,7 +78,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from plugins.nt_asgd import NTASGD  # noqa: E402
 from recipes.common import hf_bptt  # noqa: E402
 from recipes.common.config_overrides import with_overrides  # noqa: E402
-from recipes.common.training import fit  # noqa: E402
+from recipes.common.training import fit, passes_of  # noqa: E402
 
 # accelerate trackers whose pip package is not named like the tracker
 TRACKER_PACKAGES = {"comet_ml": "comet-ml"}
@@ -166,6 +166,11 @@ def parse_args(argv=None):
                         "per process), each batch the next --block_size tokens of each stream, the LSTM's "
                         "state carried from batch to batch (detached), as AWD-LSTM and fairseq's --task "
                         "language_modeling_bptt")
+    p.add_argument("--variable_bptt", action="store_true",
+                   help="with --bptt: AWD-LSTM's random BPTT length in training: each chunk is N(L, 5) "
+                        "tokens long (L = --block_size, or L/2 with probability 0.05; at least 5), drawn per "
+                        "epoch from --seed, and its update's learning rate is scaled by its length / L "
+                        "(fairseq's --variable-bptt)")
     p.add_argument("--max_position_embeddings", type=int, default=2048,
                    help="longest sequence the model accepts (prompt + generated tokens); >= --block_size")
     p.add_argument("--per_device_batch_size", type=int, default=8)
@@ -261,6 +266,8 @@ def parse_args(argv=None):
         p.error("argument --bptt: --packing is not supported with it (the streams run through documents)")
     if args.bptt and args.context_parallel > 1:
         p.error("argument --bptt: --context_parallel is not supported with it")
+    if args.variable_bptt and not args.bptt:
+        p.error("argument --variable_bptt: draws the chunk lengths of --bptt; give --bptt too")
     if not 0 < args.validation_split < 1:
         p.error(f"argument --validation_split: expected a number in (0, 1), got {args.validation_split}")
     return args
@@ -697,8 +704,9 @@ def main(argv=None):
     if args.bptt:
         place = dict(rows=args.per_device_batch_size, rank=accelerator.process_index,
                      ranks=accelerator.num_processes)
-        train_loader, valid_loader = (hf_bptt.stream_loader(tokens, args.block_size, split=split, **place)
-                                      for tokens, split in zip(streams, ("training", "validation")))
+        train_loader = hf_bptt.stream_loader(streams[0], args.block_size, split="training",
+                                             seed=args.seed if args.variable_bptt else None, **place)
+        valid_loader = hf_bptt.stream_loader(streams[1], args.block_size, split="validation", **place)
     data_record = {"train_rows": len(train_loader.dataset), "valid_rows": len(valid_loader.dataset),
                    "cache_files": sorted({f["filename"] for loader in (train_loader, valid_loader)
                                           for f in getattr(loader.dataset, "cache_files", [])})}
@@ -718,10 +726,14 @@ def main(argv=None):
         optimizer = averaging = NTASGD(groups, lr=args.learning_rate, nonmono=args.nonmono)
     else:
         optimizer, averaging = torch.optim.AdamW(groups, lr=args.learning_rate), None
-    batches_per_process = len(train_loader) if cp_group is not None or args.bptt else math.ceil(
-        len(train_loader) / accelerator.num_processes)
-    updates_per_epoch = math.ceil(batches_per_process / args.gradient_accumulation_steps)
-    max_steps = args.max_train_steps or args.num_epochs * updates_per_epoch
+    rate_by_length = hf_bptt.RateByLength(optimizer, args.block_size) if args.variable_bptt else None
+    if args.bptt:               # its passes may differ in length (--variable_bptt)
+        max_steps = args.max_train_steps or passes_of(train_loader, accelerator).steps(args.num_epochs)
+    else:
+        batches_per_process = len(train_loader) if cp_group is not None else math.ceil(
+            len(train_loader) / accelerator.num_processes)
+        updates_per_epoch = math.ceil(batches_per_process / args.gradient_accumulation_steps)
+        max_steps = args.max_train_steps or args.num_epochs * updates_per_epoch
     scheduler = get_scheduler("linear" if averaging is None else "constant_with_warmup", optimizer,
                               num_warmup_steps=args.warmup_steps * accelerator.num_processes,
                               num_training_steps=max_steps * accelerator.num_processes)
@@ -751,6 +763,8 @@ def main(argv=None):
 
     def on_step(done, _, metrics):
         at["step"] = done
+        if rate_by_length is not None:
+            rate_by_length.updated()
         interval_losses.append(metrics["shown"].item())
         if done % args.logging_steps == 0:
             accelerator.log({"train/loss": sum(interval_losses) / len(interval_losses),
@@ -791,6 +805,8 @@ def main(argv=None):
 
     def loss_fn(prepared_model, batch):
         if carried is not None:
+            if rate_by_length is not None:
+                rate_by_length.add(batch["input_ids"].shape[1])
             loss = hf_bptt.chunk_loss(prepared_model, batch, carried, accelerator.device)
             return loss, {"shown": loss.detach()}
         loss, shown = training_loss(prepared_model, batch, cp_group, accelerator.device)
