@@ -239,12 +239,13 @@ def test_a_run_resumed_at_any_step_with_three_batches_a_step_ends_like_the_unint
             assert torch.equal(p, q), step
 
 
-def test_epochs_of_their_own_length_count_their_own_steps():
+@pytest.mark.parametrize("length", [dict(epochs=3), dict(steps=10)], ids=["epochs", "steps"])
+def test_epochs_of_their_own_length_count_their_own_steps(length):
     """Three passes of 10, 9 and 8 batches at three batches a step: 4 + 3 + 3 steps, a point after
-    each pass at whole epochs."""
+    each pass at whole epochs (train_clm runs by steps and evaluates at each pass's end so)."""
     model = torch.nn.Linear(3, 1)
     accelerator = Accelerator(cpu=True, gradient_accumulation_steps=3)
     _, history = fit(model, torch.optim.SGD(model.parameters(), lr=0.01),
                      DataLoader(PassesOfTheirOwnLength(), batch_size=4), mse, accelerator=accelerator,
-                     epochs=3, progress=False)
+                     progress=False, **length)
     assert history.steps == [4, 7, 10] and history.epochs == [1.0, 2.0, 3.0]
