@@ -179,8 +179,20 @@ class MomentumLSTMStackWithTop(MomentumLSTMStack):
         # every mask before any layer runs, the lower layers' then top's (fairseq's order)
         masks = contextlib.ExitStack()
         masks.enter_context(super().weight_drop_masks())
-        masks.enter_context(self.top.weight_drop_masks())
+        masks.enter_context(self._top().weight_drop_masks())
         return masks
+
+    def _top(self) -> MomentumLSTMStack:
+        """`top`, refused once a wrapper has replaced it. PEFT's ParamWrapper (LoRA through
+        `target_parameters` naming `lstm.top.*`) puts the adapted weights in place only while its own
+        forward runs and passes no other method through, but this stack reads top outside that
+        forward: it draws top's weight-drop mask before any layer runs, and reads top's widths."""
+        if not isinstance(self.top, MomentumLSTMStack):
+            raise ValueError(
+                f"the AWD stack's last layer `lstm.top` is wrapped by a {type(self.top).__name__}: LoRA "
+                "through PEFT's target_parameters is supported on the layers below it only (target "
+                f"lstm.weight_ih_l<k> and lstm.weight_hh_l<k> for k < {self.num_layers}, not lstm.top.*)")
+        return self.top
 
     def _forward(self, input, state, *, cu_seqlens, cu_seqlens_cpu, one_step, all_layers):
         below, top = self._split(state)
@@ -211,7 +223,7 @@ class MomentumLSTMStackWithTop(MomentumLSTMStack):
         part = lambda layers, stack: RecurrentState(
             *(None if t is None else t[layers, ..., :width]
               for t, width in zip(state[:4], state_widths(stack))), state.step)
-        return part(slice(None, n), self), part(slice(n, None), self.top)
+        return part(slice(None, n), self), part(slice(n, None), self._top())
 
     @staticmethod
     def _join(below, top) -> RecurrentState:
