@@ -142,8 +142,7 @@ class CarriedState:
         every rank must call this)."""
         tensors = {}
         if self.states is not None:
-            tensors = {f"state_{i}": accelerator.gather(t.contiguous()).cpu()
-                       for i, t in enumerate(self.states)}
+            tensors = {f"state_{i}": _gathered(t, accelerator) for i, t in enumerate(self.states)}
         if accelerator.is_main_process:
             save_file(tensors, str(Path(folder) / CARRIED_FILE), metadata={"chunk": str(self.chunk)})
 
@@ -161,6 +160,15 @@ class CarriedState:
             raise ValueError(f"--bptt: {path} holds the state of {states[0].shape[0]} streams; this run has "
                              f"{rows * ranks} (--per_device_batch_size {rows} on each of {ranks} processes)")
         self.states = [t[rank * rows:(rank + 1) * rows].to(device) for t in states] or None
+
+
+def _gathered(t: torch.Tensor, accelerator) -> torch.Tensor:
+    """Every rank's rows of `t` (alike in shape on every rank), on the host. An empty field (a cell's
+    unused state) is formed here, not sent: no collective of zero bytes, whose support differs
+    between backends."""
+    if t.numel() == 0:
+        return t.new_empty((t.shape[0] * accelerator.num_processes, *t.shape[1:]), device="cpu")
+    return accelerator.gather(t.contiguous()).cpu()
 
 
 def chunk_loss(model, batch: Dict[str, object], carried: CarriedState, device, reduction: str = "mean"):
