@@ -116,18 +116,22 @@ class Passes:
                 raise ValueError(f"train_data has no batch in pass {index + 1}")
         return self._batches[index]
 
+    def _steps_of(self, index: int) -> int:
+        """Optimizer steps in pass `index` where each pass ends its last step (ends_cycle)."""
+        return math.ceil(self.batches(index) / self.accumulation)
+
     def steps(self, passes: int) -> int:
         """Optimizer steps in the first `passes` passes."""
         if self.ends_cycle:
-            return sum(math.ceil(self.batches(i) / self.accumulation) for i in range(passes))
+            return sum(self._steps_of(i) for i in range(passes))
         return math.ceil(sum(self.batches(i) for i in range(passes)) / self.accumulation)
 
     def locate(self, step: int) -> Tuple[int, int]:
         """(pass, batches of it already used) after `step` optimizer steps."""
         index = 0
         if self.ends_cycle:
-            while step >= math.ceil(self.batches(index) / self.accumulation):
-                step -= math.ceil(self.batches(index) / self.accumulation)
+            while step >= self._steps_of(index):
+                step -= self._steps_of(index)
                 index += 1
             return index, step * self.accumulation
         used = step * self.accumulation
