@@ -48,6 +48,7 @@ from .momentum_rnn_core import (
     MomentumLSTM,
     RecurrentState,
     Segments,
+    drawn_weight_drop,
     embedding_dropout,
     front_order,
     read_hyperparameters,
@@ -146,7 +147,22 @@ class MomentumLSTMStack(MomentumLSTM):
         the call (one mask each, drawn first layer to last), which the layers' fused recurrence and
         cell step read unchanged; gradients reach the parameters (or a LoRA adapter's factors)
         through the masks."""
-        return self.substituted_recurrent_weights(weight_drop(self.weight_drop, self.training))
+        drawn = self.__dict__.get("_drawn_weight_drop")
+        return self.substituted_recurrent_weights(
+            drawn if drawn is not None else weight_drop(self.weight_drop, self.training))
+
+    @contextlib.contextmanager
+    def drawn_weight_drop_masks(self):
+        """Within the block, this stack's weight-drop masks are the ones drawn on entry, which its
+        forward applies to the matrices it then holds: a stack above draws every layer's mask before
+        any layer runs, while a wrapper around this one (PEFT's ParamWrapper) puts its adapted
+        weights in place only inside its own forward."""
+        weights = [self.layer_parameters(k)[1] for k in range(self.num_layers * self.directions)]
+        self.__dict__["_drawn_weight_drop"] = drawn_weight_drop(self.weight_drop, self.training, weights)
+        try:
+            yield
+        finally:
+            del self.__dict__["_drawn_weight_drop"]
 
     def _forward(self, input, state, *, cu_seqlens, cu_seqlens_cpu, one_step, all_layers):
         if one_step:
@@ -176,23 +192,20 @@ class MomentumLSTMStackWithTop(MomentumLSTMStack):
         self.top = MomentumLSTMStack(hidden_size, top_size, 1, weight_drop=weight_drop, **kwargs)
 
     def weight_drop_masks(self) -> contextlib.AbstractContextManager:
-        # every mask before any layer runs, the lower layers' then top's (fairseq's order)
+        # every mask before any layer runs, the lower layers' then top's (fairseq's order); top's
+        # forward applies its own, so that an adapter wrapped around top has its weights in place
         masks = contextlib.ExitStack()
         masks.enter_context(super().weight_drop_masks())
-        masks.enter_context(self._top().weight_drop_masks())
+        masks.enter_context(self._top().drawn_weight_drop_masks())
         return masks
 
     def _top(self) -> MomentumLSTMStack:
-        """`top`, refused once a wrapper has replaced it. PEFT's ParamWrapper (LoRA through
-        `target_parameters` naming `lstm.top.*`) puts the adapted weights in place only while its own
-        forward runs and passes no other method through, but this stack reads top outside that
-        forward: it draws top's weight-drop mask before any layer runs, and reads top's widths."""
-        if not isinstance(self.top, MomentumLSTMStack):
-            raise ValueError(
-                f"the AWD stack's last layer `lstm.top` is wrapped by a {type(self.top).__name__}: LoRA "
-                "through PEFT's target_parameters is supported on the layers below it only (target "
-                f"lstm.weight_ih_l<k> and lstm.weight_hh_l<k> for k < {self.num_layers}, not lstm.top.*)")
-        return self.top
+        """`top` itself, under the wrappers that PEFT nests around it (one ParamWrapper per matrix that
+        LoRA's `target_parameters` names in `lstm.top.*`), which pass only its forward through."""
+        top = self.top
+        while not isinstance(top, MomentumLSTMStack):
+            top = top.base_layer
+        return top
 
     def _forward(self, input, state, *, cu_seqlens, cu_seqlens_cpu, one_step, all_layers):
         below, top = self._split(state)

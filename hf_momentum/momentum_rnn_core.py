@@ -5,7 +5,7 @@ gets the generated, self-contained copy that `bundled_source()` returns.
 """
 from plugins.packing import Segments, front_order
 from plugins.rnn import MomentumLSTM, RecurrentState
-from plugins.rnn.awd import embedding_dropout, segment_ids, sequence_dropout, weight_drop
+from plugins.rnn.awd import drawn_weight_drop, embedding_dropout, segment_ids, sequence_dropout, weight_drop
 from plugins.rnn.variants import (
     DEFAULT_CELL,
     DEFAULTS,
@@ -17,7 +17,7 @@ from plugins.rnn.variants import (
 BUNDLED_MODULES = ("plugins.rnn.layers", "plugins.rnn.variants", "plugins.packing", "plugins.rnn.awd")
 EXPORTS = ("MomentumLSTM", "RecurrentState", "DEFAULT_CELL", "DEFAULTS", "check_hyper",
            "read_hyperparameters", "unread_hyperparameters", "Segments", "front_order", "embedding_dropout",
-           "segment_ids", "sequence_dropout", "weight_drop")
+           "segment_ids", "sequence_dropout", "weight_drop", "drawn_weight_drop")
 
 
 def bundled_source() -> str:

@@ -4,8 +4,8 @@ nn.Parameters of one stack module (`target_parameters`, PEFT's ParamWrapper). On
 factors train; training changes the outputs and lowers the loss on a fixed batch; the saved
 adapter reloads onto a fresh base exactly; merge_and_unload computes what the adapted model
 computes; generation through the recurrent cache runs the adapted weights at every step. The AWD
-stack (a last layer of its own width, weight drop) takes LoRA on the layers below its last one,
-and refuses it on the last by name."""
+stack (a last layer of its own width, weight drop) takes LoRA on the layers below its last one or
+on its last one, where in training each weight-drop mask falls on the adapted matrix."""
 import pytest
 import torch
 from torch import nn
@@ -18,9 +18,10 @@ from transformers import AutoConfig, AutoModelForCausalLM  # noqa: E402
 
 VOCAB, HIDDEN, LAYERS, RANK = 40, 16, 2, 4
 LSTM_WEIGHTS = [f"lstm.{name}_l{k}" for k in range(LAYERS) for name in ("weight_ih", "weight_hh")]
-AWD_WEIGHTS = LSTM_WEIGHTS            # the two layers below the last (the AWD stack has three)
+AWD_WEIGHTS = {"awd": LSTM_WEIGHTS,  # the two layers below the last (the AWD stack has three)
+               "awd-top": ["lstm.top.weight_ih_l0", "lstm.top.weight_hh_l0"]}
 FAMILIES = ["momentum_transformer", "momentum_lstm:momentum", "momentum_lstm:lstm", "momentum_lstm:adam",
-            "momentum_lstm:awd"]
+            "momentum_lstm:awd", "momentum_lstm:awd-top"]
 
 
 def base_model(family, seed=0):
@@ -30,7 +31,7 @@ def base_model(family, seed=0):
         config = AutoConfig.for_model(model_type, vocab_size=VOCAB, hidden_size=HIDDEN,
                                       num_hidden_layers=LAYERS, num_attention_heads=4,
                                       max_position_embeddings=64, hidden_dropout=0.0, connection="momentum")
-    elif cell == "awd":
+    elif cell in AWD_WEIGHTS:
         config = AutoConfig.for_model(model_type, vocab_size=VOCAB, hidden_size=HIDDEN,
                                       num_hidden_layers=LAYERS + 1, cell="momentum", dropout=0.0,
                                       embedding_dropout=0.0, embedding_size=12, last_hidden_size=12,
@@ -49,7 +50,7 @@ def lora_config(family):
 
 
 def lstm_weights(family):
-    return AWD_WEIGHTS if family.endswith(":awd") else LSTM_WEIGHTS
+    return AWD_WEIGHTS.get(family.partition(":")[2], LSTM_WEIGHTS)
 
 
 def expected_lora_sizes(model, family):
@@ -106,8 +107,8 @@ def test_only_lora_factors_train_and_lower_the_loss(trained):
             for name, p in model.named_parameters() if "lora_" not in name}
     assert all(torch.equal(base[name], value) for name, value in trained["frozen"].items())
     losses = trained["losses"]
-    # the AWD stack's adapted layers sit below its unadapted last layer: the loss falls more slowly
-    assert losses[-1] < losses[0] - (0.005 if trained["family"].endswith(":awd") else 0.02), losses
+    # the AWD stack adapts one or two of its three layers, under weight drop: the loss falls more slowly
+    assert losses[-1] < losses[0] - (0.005 if ":awd" in trained["family"] else 0.02), losses
     assert (logits(model, trained["ids"]) - trained["before"]).abs().max() > 1e-2
 
 
@@ -165,13 +166,27 @@ def test_generation_through_the_recurrent_cache_runs_the_adapted_weights(trained
     assert torch.equal(out.sequences, merged)
 
 
-def test_lora_on_the_awd_stacks_last_layer_is_refused_by_name():
-    """PEFT wraps `lstm.top`, whose weight-drop mask the stack draws outside top's forward (before
-    any layer runs, as fairseq's stack does), where the wrapper has no adapted weight in place."""
-    model = get_peft_model(base_model("momentum_lstm:awd"),
-                           LoraConfig(r=RANK, target_modules=[], target_parameters=["lstm.top.weight_hh_l0"]))
-    with pytest.raises(ValueError, match=r"`lstm.top` is wrapped by a ParamWrapper: LoRA .* below it only"):
-        model(input_ids=torch.tensor([[3, 4, 5]]))
+@pytest.mark.parametrize("family", ["momentum_lstm:awd", "momentum_lstm:awd-top"])
+def test_weight_drop_falls_on_the_adapted_matrices(family):
+    """In training, the adapted AWD stack computes from a seed what the merged one computes from it:
+    each recurrent matrix is W + BA with its mask on the whole (the last layer's mask is drawn before
+    any layer runs, outside the forward in which PEFT's wrapper puts W + BA in place). lora_B is
+    non-zero, so a mask on W alone, with BA added after it, changes the output."""
+    model = get_peft_model(base_model(family), lora_config(family))
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(std=0.5)
+    ids = torch.randint(3, VOCAB, (2, 9), generator=torch.Generator().manual_seed(2))
+    model.train()
+    torch.manual_seed(5)
+    adapted = model(input_ids=ids).logits
+    merged = model.merge_and_unload().train()
+    torch.manual_seed(5)
+    want = merged(input_ids=ids).logits
+    torch.testing.assert_close(adapted, want, rtol=1e-5, atol=1e-6)
+    torch.manual_seed(6)
+    assert (merged(input_ids=ids).logits - want).abs().max() > 1e-3      # the masks change the output
 
 
 def test_lstm_biases_are_not_lora_targets():

@@ -8,7 +8,7 @@ the fairseq and the transformers LSTM language models alike:
 - weight drop: DropConnect on the hidden-to-hidden matrices, handed to a layer as its
   `recurrent_weight`, so the layer still runs its fused recurrence.
 """
-from typing import Callable, Optional
+from typing import Callable, List, Optional
 
 import torch
 from torch import Tensor
@@ -78,3 +78,15 @@ def weight_drop(p: float, training: bool) -> Optional[Callable[[int, Tensor], Te
     if not training or p == 0.0:
         return None
     return lambda k, weight_hh: F.dropout(weight_hh, p, True)
+
+
+def drawn_weight_drop(p: float, training: bool,
+                      weights: List[Tensor]) -> Optional[Callable[[int, Tensor], Tensor]]:
+    """`weight_drop` with its masks drawn now, from `weights`' shapes, and applied by the returned
+    `recurrent_weight` later, to whatever matrix the layer then holds (an adapter's W + BA that a
+    wrapper puts in place for its forward only). Each mask is dropout of ones: the same draws from the
+    generator as `weight_drop`'s on the same matrices, and the same products."""
+    if not training or p == 0.0:
+        return None
+    masks = [F.dropout(torch.ones_like(w), p, True) for w in weights]
+    return lambda k, weight_hh: weight_hh * masks[k]
