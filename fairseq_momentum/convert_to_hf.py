@@ -26,9 +26,13 @@ does). The tokenizer saved beside the model: with a sentencepiece model (the tas
 recipes/iwslt does) one that segments with it and maps pieces to the dictionary's ids; with GPT-2's
 BPE (the task's --bpe gpt2, or --gpt2-encoder-json / --gpt2-vocab-bpe for data encoded before
 fairseq-preprocess, as RoBERTa's examples do) one that encodes with it and maps GPT-2 ids to the
-dictionary's; otherwise, where the dictionary holds words, a word-level one (a translation model's
-appends `</s>` to a source, as fairseq's datasets do); with another BPE, or subword symbols or GPT-2
-ids and no BPE files, none (a warning says so). A translation model's two dictionaries become the
+dictionary's; with subword-nmt's BPE (the task's --bpe subword_nmt, or --bpe-codes for data
+segmented before fairseq-preprocess, as fairseq's translation examples do) one that segments with its
+codes, after Moses where the task had --tokenizer moses or --tokenizer moses is given, and decodes as
+--post-process subword_nmt and Moses' detokenizer do; otherwise, where the dictionary holds words, a
+word-level one (Moses' words with --tokenizer moses; a translation model's appends `</s>` to a
+source, as fairseq's datasets do); with another BPE, or subword symbols or GPT-2 ids and no BPE
+files, none (a warning says so). A translation model's two dictionaries become the
 tokenizer's two vocabularies: sources with the source's, `text_target=` and decoding with the
 target's, as transformers' MarianTokenizer does.
 A translation model generates as fairseq-generate does by default (5 beams, length penalty 1, no
@@ -45,6 +49,7 @@ sizes, the scale_* options, pruned heads or blocks, a spectral-norm head) is ref
 option.
 """
 import argparse
+import dataclasses
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -374,22 +379,22 @@ def word_tokenizer(dictionary, max_length: int, pattern: str):
 
 def load(checkpoint):
     """(fairseq model, its args, its dictionary, the label names of a sentence_prediction task or
-    None, the task's BPE or None, its target dictionary) of a checkpoint file, through fairseq's
-    loader (the user-dir's checks on what the file may hold included)."""
+    None, its whole config (the task's BPE and tokenizer are read from it), its target dictionary) of
+    a checkpoint file, through fairseq's loader (the user-dir's checks on what the file may hold
+    included)."""
     from fairseq import checkpoint_utils
     [model], cfg, task = checkpoint_utils.load_model_ensemble_and_task([str(checkpoint)])
     label_dictionary = getattr(task, "label_dictionary", None)
     labels = None if label_dictionary is None else label_dictionary.symbols[label_dictionary.nspecial:]
-    return (model.eval(), as_namespace(cfg.model), task.source_dictionary, labels, cfg.bpe,
-            task.target_dictionary)
+    return model.eval(), as_namespace(cfg.model), task.source_dictionary, labels, cfg, task.target_dictionary
 
 
 def dictionary_tokenizer(tokenizer_class, files, dictionary, pattern: str, max_length: int,
-                         target_dictionary=None):
+                         target_dictionary=None, **options):
     """A `hf_momentum.tokenization_fairseq_dictionary.FairseqDictionaryTokenizer` subclass built from
     its BPE `files`, the dictionary's ids (and a translation model's target dictionary's, when it has
-    its own), registered for AutoTokenizer (its files are saved with it); `pattern`: what it wraps a
-    text in (its `wrap`)."""
+    its own) and its own `options`, registered for AutoTokenizer (its files are saved with it);
+    `pattern`: what it wraps a text in (its `wrap`)."""
     import tempfile
     folder = Path(tempfile.mkdtemp())
 
@@ -401,7 +406,7 @@ def dictionary_tokenizer(tokenizer_class, files, dictionary, pattern: str, max_l
     tokenizer = tokenizer_class(
         *files, written("fairseq_vocab.txt", dictionary), target, bos_token=dictionary.bos_word,
         pad_token=dictionary.pad_word, eos_token=dictionary.eos_word, unk_token=dictionary.unk_word,
-        wrap=pattern, model_max_length=max_length, **mask)
+        wrap=pattern, model_max_length=max_length, **mask, **options)
     tokenizer.register_for_auto_class("AutoTokenizer")
     return tokenizer
 
@@ -438,6 +443,63 @@ def gpt2_tokenizer(dictionary, files, pattern: str, max_length: int, target_dict
                                 target_dictionary)
 
 
+@dataclass
+class Moses:
+    """fairseq's `--tokenizer moses`: the languages of its tokenizer and detokenizer (None: the
+    translation task's, else English, `with_task_languages`), and whether it splits at dashes and
+    escapes (not --moses-no-dash-splits, not --moses-no-escape)."""
+    source_lang: Optional[str] = None
+    target_lang: Optional[str] = None
+    dash_splits: bool = True
+    escape: bool = True
+
+    def with_task_languages(self, task) -> "Moses":
+        """These options with each language left None taken from the task's config (`task`: its
+        source_lang / target_lang), or English, as fairseq's --source-lang / --target-lang give it."""
+        def language(given, name):
+            return given or (None if task is None else task.get(name)) or "en"
+        return dataclasses.replace(self, source_lang=language(self.source_lang, "source_lang"),
+                                   target_lang=language(self.target_lang, "target_lang"))
+
+    @classmethod
+    def of_task(cls, tokenizer) -> Optional["Moses"]:
+        """The Moses of a checkpoint's `tokenizer` config, or None where it names another one."""
+        if tokenizer is None or tokenizer.get("_name") != "moses":
+            return None
+        return cls(tokenizer.get("source_lang", "en"), tokenizer.get("target_lang", "en"),
+                   not tokenizer.get("moses_no_dash_splits", False),
+                   not tokenizer.get("moses_no_escape", False))
+
+
+@dataclass
+class SubwordNMT:
+    """fairseq's `--bpe subword_nmt`: subword-nmt's codes file and the separator that ends a piece a
+    word continues."""
+    codes: Path
+    separator: str = "@@"
+
+
+def subword_nmt_tokenizer(dictionary, bpe: Optional[SubwordNMT], moses: Optional[Moses], pattern: str,
+                          max_length: int, target_dictionary=None):
+    """`hf_momentum.tokenization_fairseq_subword_nmt.FairseqSubwordNMTTokenizer`: Moses (or not), then
+    subword-nmt's BPE of `bpe.codes` (or none: Moses' words), with the dictionaries' ids
+    (`dictionary_tokenizer`)."""
+    import importlib.util
+    for package, pip_name, needed_by in (("subword_nmt", "subword-nmt", bpe and "--bpe-codes"),
+                                         ("sacremoses", "sacremoses", moses and "--tokenizer moses")):
+        if needed_by and importlib.util.find_spec(package) is None:
+            raise ValueError(f"{needed_by} needs the {pip_name} package: pip install {pip_name}")
+    if bpe is not None and not Path(bpe.codes).is_file():
+        raise ValueError(f"--bpe-codes: no file {bpe.codes}")
+    from hf_momentum.tokenization_fairseq_subword_nmt import FairseqSubwordNMTTokenizer
+    moses_options = {} if moses is None else dict(
+        moses_source_lang=moses.source_lang, moses_target_lang=moses.target_lang,
+        moses_dash_splits=moses.dash_splits, moses_escape=moses.escape)
+    return dictionary_tokenizer(FairseqSubwordNMTTokenizer, [None if bpe is None else bpe.codes], dictionary,
+                                pattern, max_length, target_dictionary,
+                                bpe_separator="@@" if bpe is None else bpe.separator, **moses_options)
+
+
 def holds_subwords(dictionary) -> bool:
     """Whether the dictionary's symbols are subword pieces (sentencepiece's `▁`, subword-nmt's `@@`)
     or GPT-2 BPE ids (decimal numbers, RoBERTa's dictionary): the data was segmented before
@@ -449,23 +511,40 @@ def holds_subwords(dictionary) -> bool:
 
 
 def saved_tokenizer(dictionary, config, bpe, sentencepiece_model: Optional[Path], target_dictionary=None,
-                    gpt2_files=None):
+                    gpt2_files=None, subword_nmt: Optional[SubwordNMT] = None, moses: Optional[Moses] = None,
+                    task_tokenizer=None):
     """The tokenizer to save beside the converted model, or None (with a warning saying why): the
     sentencepiece model's (given, or the task's --bpe sentencepiece), GPT-2's BPE (`gpt2_files`:
-    encoder.json and vocab.bpe given, or the task's --bpe gpt2 files), else a word-level one where
-    the dictionary holds words. A translation model's target dictionary, where it differs from the
-    source's, is the tokenizer's second vocabulary (text_target= and decoding)."""
+    encoder.json and vocab.bpe given, or the task's --bpe gpt2 files), subword-nmt's BPE (given, or
+    the task's --bpe subword_nmt codes) after Moses where the text was Moses-tokenized (`moses` given,
+    or the task's --tokenizer moses, `task_tokenizer`), else a word-level one where the dictionary
+    holds words (Moses' words with Moses). A translation model's target dictionary, where it differs
+    from the source's, is the tokenizer's second vocabulary (text_target= and decoding)."""
     if target_dictionary is not None and target_dictionary.symbols == dictionary.symbols:
         target_dictionary = None
     from transformers.tokenization_utils_base import VERY_LARGE_INTEGER
     name = None if bpe is None else bpe.get("_name")
-    if sentencepiece_model is not None and gpt2_files is not None:
-        raise ValueError("--sentencepiece-model and --gpt2-encoder-json: the data had one BPE; pass one")
-    if sentencepiece_model is None and gpt2_files is None:      # the task's own BPE files
+    if sum(given is not None for given in (sentencepiece_model, gpt2_files, subword_nmt)) > 1:
+        raise ValueError("--sentencepiece-model, --gpt2-encoder-json and --bpe-codes: the data had one BPE; "
+                         "pass one")
+    if sentencepiece_model is None and gpt2_files is None and subword_nmt is None:   # the task's own BPE
         if name == "sentencepiece":
             sentencepiece_model = Path(bpe.get("sentencepiece_model"))
         elif name == "gpt2":
             gpt2_files = (bpe.get("gpt2_encoder_json"), bpe.get("gpt2_vocab_bpe"))
+        elif name == "subword_nmt":
+            subword_nmt = SubwordNMT(Path(bpe.get("bpe_codes")), bpe.get("bpe_separator", "@@"))
+    task_moses = Moses.of_task(task_tokenizer)
+    task_tokenizer_name = None if task_tokenizer is None else task_tokenizer.get("_name")
+    if moses is not None and (sentencepiece_model is not None or gpt2_files is not None):
+        raise ValueError("--tokenizer moses: the saved tokenizer runs Moses before subword-nmt's BPE "
+                         "(--bpe-codes) or on a dictionary of words, not before sentencepiece or GPT-2's BPE")
+    if moses is None and task_tokenizer_name not in (None, "space"):
+        if task_moses is None or sentencepiece_model is not None or gpt2_files is not None:
+            logger.warning("the task used --tokenizer %s before its BPE: no tokenizer is saved; encode text "
+                           "as fairseq does", task_tokenizer_name)
+            return None
+        moses = task_moses
     pattern = wrapping(dictionary, config)
     max_length = getattr(config, "max_position_embeddings", VERY_LARGE_INTEGER)   # an LSTM has no limit
     if gpt2_files is not None:
@@ -479,6 +558,10 @@ def saved_tokenizer(dictionary, config, bpe, sentencepiece_model: Optional[Path]
             raise ValueError(f"--sentencepiece-model: no file {sentencepiece_model}")
         return sentencepiece_tokenizer(dictionary, sentencepiece_model, pattern, max_length,
                                        target_dictionary)
+    if subword_nmt is not None:
+        if name not in (None, "subword_nmt"):
+            raise ValueError(f"--bpe-codes: the task used --bpe {name}, not subword_nmt")
+        return subword_nmt_tokenizer(dictionary, subword_nmt, moses, pattern, max_length, target_dictionary)
     if name is not None:
         logger.warning("the task used --bpe %s: no tokenizer is saved; encode text as fairseq does "
                        "(BPE, then the dictionary's ids)", name)
@@ -487,9 +570,12 @@ def saved_tokenizer(dictionary, config, bpe, sentencepiece_model: Optional[Path]
         logger.warning("the dictionary holds subword pieces or GPT-2 BPE ids (the data was segmented "
                        "before fairseq-preprocess): no tokenizer is saved, as a word-level one would read "
                        "raw words as <unk>; pass --sentencepiece-model with the sentencepiece model that "
-                       "segmented the data, or --gpt2-encoder-json and --gpt2-vocab-bpe with GPT-2's BPE "
-                       "files")
+                       "segmented the data, --bpe-codes with subword-nmt's codes (and --tokenizer moses "
+                       "where Moses tokenized the text first), or --gpt2-encoder-json and "
+                       "--gpt2-vocab-bpe with GPT-2's BPE files")
         return None
+    if moses is not None:
+        return subword_nmt_tokenizer(dictionary, None, moses, pattern, max_length, target_dictionary)
     if target_dictionary is not None:
         from hf_momentum.tokenization_fairseq_dictionary import FairseqWordTokenizer
         return dictionary_tokenizer(FairseqWordTokenizer, [], dictionary, pattern, max_length,
@@ -498,13 +584,16 @@ def saved_tokenizer(dictionary, config, bpe, sentencepiece_model: Optional[Path]
 
 
 def convert(checkpoint, output_dir, head: Optional[str] = None, push_to_hub: bool = False,
-            hub_model_id: Optional[str] = None, sentencepiece_model: Optional[Path] = None, gpt2_files=None):
+            hub_model_id: Optional[str] = None, sentencepiece_model: Optional[Path] = None, gpt2_files=None,
+            subword_nmt: Optional[SubwordNMT] = None, moses: Optional[Moses] = None):
     """Write the converted model and its tokenizer (`saved_tokenizer`) to `output_dir`; returns the
     model."""
-    model, args, dictionary, labels, bpe, target_dictionary = load(checkpoint)
+    model, args, dictionary, labels, cfg, target_dictionary = load(checkpoint)
     converted = to_transformers(model, args, dictionary, head, labels, target_dictionary)
-    tokenizer = saved_tokenizer(dictionary, converted.config, bpe, sentencepiece_model, target_dictionary,
-                                gpt2_files)
+    if moses is not None:
+        moses = moses.with_task_languages(cfg.task)
+    tokenizer = saved_tokenizer(dictionary, converted.config, cfg.bpe, sentencepiece_model, target_dictionary,
+                                gpt2_files, subword_nmt, moses, cfg.tokenizer)
     converted.save_pretrained(output_dir)
     if tokenizer is not None:
         tokenizer.save_pretrained(output_dir)
@@ -536,6 +625,24 @@ def main(argv=None):
                              "--bpe gpt2 files are found themselves): the saved tokenizer encodes with them "
                              "and maps GPT-2 ids to the dictionary's")
     parser.add_argument("--gpt2-vocab-bpe", type=Path, default=None, help="see --gpt2-encoder-json")
+    parser.add_argument("--bpe-codes", type=Path, default=None,
+                        help="subword-nmt's BPE codes that segmented the training data (when that happened "
+                             "before fairseq-preprocess, as fairseq's translation examples do; a task's "
+                             "--bpe subword_nmt codes are found themselves): the saved tokenizer segments "
+                             "with them and maps pieces to the dictionary's ids")
+    parser.add_argument("--bpe-separator", default="@@", help="with --bpe-codes: subword-nmt's separator")
+    parser.add_argument("--tokenizer", choices=["moses"], default=None,
+                        help="moses: the text was Moses-tokenized before its BPE (or, without BPE, into the "
+                             "dictionary's words); the saved tokenizer does the same, and detokenizes "
+                             "decoded text (a task's --tokenizer moses is found itself)")
+    parser.add_argument("--moses-source-lang", default=None,
+                        help="with --tokenizer moses: the language Moses tokenizes (default: a translation "
+                             "task's source language, else en)")
+    parser.add_argument("--moses-target-lang", default=None,
+                        help="with --tokenizer moses: the language Moses detokenizes (default: a translation "
+                             "task's target language, else en)")
+    parser.add_argument("--moses-no-dash-splits", action="store_true", help="as fairseq's")
+    parser.add_argument("--moses-no-escape", action="store_true", help="as fairseq's")
     parser.add_argument("--push_to_hub", action="store_true")
     parser.add_argument("--hub_model_id", default=None,
                         help="user/name on the Hub; required by --push_to_hub")
@@ -547,9 +654,17 @@ def main(argv=None):
     if (args.gpt2_encoder_json is None) != (args.gpt2_vocab_bpe is None):
         parser.error("--gpt2-encoder-json and --gpt2-vocab-bpe: pass both (GPT-2's BPE is the two files)")
     gpt2_files = None if args.gpt2_encoder_json is None else (args.gpt2_encoder_json, args.gpt2_vocab_bpe)
+    moses_options = (args.moses_source_lang, args.moses_target_lang, args.moses_no_dash_splits,
+                     args.moses_no_escape)
+    if args.tokenizer is None and any(moses_options):
+        parser.error("--moses-source-lang, --moses-target-lang, --moses-no-dash-splits, --moses-no-escape: "
+                     "options of --tokenizer moses, which is not given")
+    moses = None if args.tokenizer is None else Moses(args.moses_source_lang, args.moses_target_lang,
+                                                      not args.moses_no_dash_splits, not args.moses_no_escape)
+    subword_nmt = None if args.bpe_codes is None else SubwordNMT(args.bpe_codes, args.bpe_separator)
     try:
         convert(args.checkpoint, args.output_dir, args.head, args.push_to_hub, args.hub_model_id,
-                args.sentencepiece_model, gpt2_files)
+                args.sentencepiece_model, gpt2_files, subword_nmt, moses)
     except ValueError as error:
         parser.error(str(error))
     print(args.output_dir)

@@ -1,0 +1,283 @@
+"""The tokenizer convert_to_hf saves for a model trained on subword-nmt's BPE, with or without Moses
+first (hf_momentum.tokenization_fairseq_subword_nmt): its ids equal fairseq's own encoding (its
+MosesTokenizer, SubwordNMTBPE, then Dictionary.encode_line), `<unk>` for pieces the dictionary lacks
+included, in each wrapping, with Moses' options and another separator; decoding is fairseq's
+(SubwordNMTBPE.decode, then Moses' detokenizer); which tokenizer the converter saves for which task
+and flags; and through the CLIs, the path of fairseq's translation examples: Moses and subword-nmt
+before fairseq-preprocess, fairseq-train, the converter with --tokenizer moses --bpe-codes, then
+transformers alone translating raw text as fairseq does."""
+import io
+import logging
+
+import pytest
+import torch
+from helpers.clean_process import run_clean
+from helpers.fairseq_cli import preprocess, train, write_parallel_text
+from test_fairseq_to_hf import run_converter
+from test_fairseq_translation_to_hf import SIZES, TASK
+
+from fairseq_momentum.convert_to_hf import Moses, SubwordNMT, saved_tokenizer, subword_nmt_tokenizer
+
+pytest.importorskip("sacremoses")
+pytest.importorskip("subword_nmt")
+
+LINES = ["The cat sees a well-known dog, doesn't it?", "a big red fox chases the old bird & its friend!",
+         "Zebras quack xylophones' songs..."]
+
+
+def punctuated(lines):
+    """The generated words as prose Moses has work on: capitals, commas, apostrophes, dashes, `&`."""
+    out = []
+    for i, line in enumerate(lines):
+        words = line.split()
+        if i % 3 == 0:
+            words[0] = words[0].capitalize()
+        if i % 4 == 1 and len(words) > 2:
+            words[1] += ","
+        if i % 5 == 2:
+            words.insert(1, "well-known")
+        if i % 7 == 3:
+            words.insert(-1, "&")
+        if i % 2:
+            words[-1] += "'s"
+        out.append(" ".join(words) + ("!" if i % 6 == 5 else "."))
+    return out
+
+
+def moses_encode(lines, lang="en", **options):
+    from fairseq.data.encoders.moses_tokenizer import MosesTokenizer, MosesTokenizerConfig
+    moses = MosesTokenizer(MosesTokenizerConfig(source_lang=lang, target_lang=lang, **options))
+    return [moses.encode(line) for line in lines]
+
+
+def learn_codes(lines, path, merges=120):
+    from subword_nmt.learn_bpe import learn_bpe
+    with open(path, "w", encoding="utf-8") as codes:
+        learn_bpe(io.StringIO("".join(line + "\n" for line in lines)), codes, merges)
+    return path
+
+
+def fairseq_encoders(codes, separator, moses):
+    """fairseq's own encoders for these settings (its --bpe subword_nmt and --tokenizer moses)."""
+    from fairseq.data.encoders.moses_tokenizer import MosesTokenizer, MosesTokenizerConfig
+    from fairseq.data.encoders.subword_nmt_bpe import SubwordNMTBPE, SubwordNMTBPEConfig
+    bpe = SubwordNMTBPE(SubwordNMTBPEConfig(bpe_codes=str(codes), bpe_separator=separator))
+    tokenizer = None if moses is None else MosesTokenizer(MosesTokenizerConfig(
+        source_lang=moses.source_lang, target_lang=moses.target_lang,
+        moses_no_dash_splits=not moses.dash_splits, moses_no_escape=not moses.escape))
+    return bpe, tokenizer
+
+
+def fairseq_ids(encoders, dictionary, line, append_eos):
+    bpe, tokenizer = encoders
+    text = line if tokenizer is None else tokenizer.encode(line)
+    return dictionary.encode_line(bpe.encode(text), add_if_not_exist=False, append_eos=append_eos).tolist()
+
+
+def fairseq_text(encoders, dictionary, ids):
+    bpe, tokenizer = encoders
+    text = bpe.decode(dictionary.string(torch.tensor(ids)))
+    return text if tokenizer is None else tokenizer.decode(text)
+
+
+@pytest.fixture(scope="module")
+def prose(tmp_path_factory):
+    """Punctuated generated text, Moses-tokenized (English rules), and BPE codes learned on it."""
+    folder = tmp_path_factory.mktemp("subword_nmt")
+    text = write_parallel_text(folder / "text", sizes=(("train", 200),), seed=3)
+    lines = punctuated((text / "train.src").read_text().splitlines())
+    return lines, learn_codes(moses_encode(lines), folder / "codes")
+
+
+def dictionary_of(encoders, lines):
+    """A fairseq dictionary of the pieces of part of the text (some pieces missing, as in real data)."""
+    from fairseq.data import Dictionary
+    bpe, tokenizer = encoders
+    dictionary = Dictionary()
+    for line in lines[:40]:
+        for piece in bpe.encode(line if tokenizer is None else tokenizer.encode(line)).split():
+            dictionary.add_symbol(piece)
+    dictionary.finalize()
+    return dictionary
+
+
+VARIANTS = {"bpe": (None, "@@"), "moses+bpe": (Moses("en", "en"), "@@"),
+            "moses-raw+bpe": (Moses("en", "en", dash_splits=False, escape=False), "++")}
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("pattern", ["eos", "none", "bos_eos"])
+def test_ids_are_fairseqs_and_decoding_is_its_post_processing(prose, variant, pattern, tmp_path):
+    lines, codes = prose
+    moses, separator = VARIANTS[variant]
+    encoders = fairseq_encoders(codes, separator, moses)
+    dictionary = dictionary_of(encoders, lines)
+    tokenizer = subword_nmt_tokenizer(dictionary, SubwordNMT(codes, separator), moses, pattern, 64)
+    tokenizer.save_pretrained(tmp_path)
+    tokenizer = type(tokenizer).from_pretrained(tmp_path)
+    unknown = decoded = escaped = 0
+    for line in LINES + lines[150:160]:
+        ids = fairseq_ids(encoders, dictionary, line, append_eos=pattern != "none")
+        if pattern == "bos_eos":
+            ids = [dictionary.bos()] + ids
+        assert tokenizer(line)["input_ids"] == ids, line
+        unknown += ids.count(dictionary.unk())
+        escaped += any("&apos;" in dictionary[i] for i in ids)
+        if dictionary.unk() not in ids:
+            assert tokenizer.decode(ids, skip_special_tokens=True) == fairseq_text(encoders, dictionary, ids)
+            decoded += 1
+    assert unknown > 0 and decoded > 3, (unknown, decoded)
+    assert bool(escaped) == (moses is not None and moses.escape)      # Moses' escapes, where it makes them
+
+
+def test_two_dictionaries_encode_sources_and_targets_each_with_its_own(prose, tmp_path):
+    """Sources take the source dictionary's ids, `text_target=` the target's (Moses tokenizes both in
+    the source language, as fairseq's one tokenizer does), and decoding reads the target's and
+    detokenizes in the target language."""
+    lines, codes = prose
+    moses = Moses("en", "fr")
+    encoders = fairseq_encoders(codes, "@@", moses)
+    source = dictionary_of(encoders, lines)
+    target = dictionary_of(encoders, list(reversed(lines)))
+    assert target.symbols != source.symbols
+    tokenizer = subword_nmt_tokenizer(source, SubwordNMT(codes), moses, "eos", 64, target_dictionary=target)
+    tokenizer.save_pretrained(tmp_path)
+    tokenizer = type(tokenizer).from_pretrained(tmp_path)
+    batch = tokenizer(LINES, text_target=LINES)
+    for line, ids, labels in zip(LINES, batch["input_ids"], batch["labels"]):
+        assert ids == fairseq_ids(encoders, source, line, append_eos=True)
+        assert labels == fairseq_ids(encoders, target, line, append_eos=True)
+        if target.unk() not in labels:
+            expected = fairseq_text(encoders, target, labels)
+            assert tokenizer.decode(labels, skip_special_tokens=True) == expected
+    assert tokenizer(LINES[0])["input_ids"] == batch["input_ids"][0]      # back in source mode
+
+
+def test_which_tokenizer_is_saved(prose, caplog):
+    """The task's --bpe subword_nmt codes and --tokenizer moses are found by themselves; --bpe-codes
+    and --tokenizer moses given; Moses on a dictionary of words; what cannot be reproduced gets no
+    tokenizer with a warning, and contradicting flags are refused by name."""
+    from fairseq.data import Dictionary
+    from transformers import AutoConfig, PreTrainedTokenizerFast
+    lines, codes = prose
+    encoders = fairseq_encoders(codes, "@@", Moses("en", "en"))
+    dictionary = dictionary_of(encoders, lines)
+    config = AutoConfig.for_model("momentum_transformer", vocab_size=len(dictionary),
+                                  max_position_embeddings=32)
+    task_bpe = {"_name": "subword_nmt", "bpe_codes": str(codes), "bpe_separator": "@@"}
+    task_moses = {"_name": "moses", "source_lang": "de", "target_lang": "en", "moses_no_dash_splits": True,
+                  "moses_no_escape": False}
+
+    found = saved_tokenizer(dictionary, config, task_bpe, None)
+    assert type(found).__name__ == "FairseqSubwordNMTTokenizer" and found.moses is None
+    found = saved_tokenizer(dictionary, config, task_bpe, None, task_tokenizer=task_moses)
+    assert found.moses is not None and found.init_kwargs["moses_source_lang"] == "de" and \
+        found.init_kwargs["moses_target_lang"] == "en" and found.moses_dash_splits is False
+    found = saved_tokenizer(dictionary, config, None, None, subword_nmt=SubwordNMT(codes),
+                            moses=Moses("en", "en"))
+    assert found.bpe is not None and found.moses is not None
+    assert found(LINES[0])["input_ids"] == fairseq_ids(encoders, dictionary, LINES[0], append_eos=False)
+
+    words = Dictionary()
+    for line in moses_encode(lines):
+        for word in line.split():
+            words.add_symbol(word)
+    found = saved_tokenizer(words, config, None, None, moses=Moses("en", "en"))
+    assert found.bpe is None and found(LINES[1])["input_ids"] == words.encode_line(
+        moses_encode([LINES[1]])[0], add_if_not_exist=False, append_eos=False).tolist()
+    assert isinstance(saved_tokenizer(words, config, None, None), PreTrainedTokenizerFast)
+
+    for task_tokenizer, bpe in [({"_name": "nltk"}, task_bpe),
+                                (task_moses, {"_name": "sentencepiece", "sentencepiece_model": "x"}),
+                                (None, None)]:
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="fairseq_momentum.convert_to_hf"):
+            assert saved_tokenizer(dictionary, config, bpe, None, task_tokenizer=task_tokenizer) is None
+        assert "no tokenizer is saved" in caplog.text
+    assert "--bpe-codes" in caplog.text             # the subword dictionary's warning names the flag
+
+    refused = [
+        (dict(sentencepiece_model=codes, subword_nmt=SubwordNMT(codes)), "the data had one BPE"),
+        (dict(sentencepiece_model=codes, moses=Moses("en", "en")), "--tokenizer moses: the saved tokenizer"),
+        (dict(bpe={"_name": "gpt2"}, subword_nmt=SubwordNMT(codes)), "--bpe-codes: the task used --bpe gpt2"),
+        (dict(subword_nmt=SubwordNMT(codes.with_name("missing"))), "--bpe-codes: no file"),
+    ]
+    for arguments, message in refused:
+        arguments = {"bpe": None, "sentencepiece_model": None, **arguments}
+        with pytest.raises(ValueError, match=message):
+            saved_tokenizer(dictionary, config, **arguments)
+
+
+def test_moses_takes_the_translation_tasks_languages_unless_given():
+    task = {"source_lang": "de", "target_lang": "en"}
+    assert Moses().with_task_languages(task) == Moses("de", "en")
+    assert Moses("fr").with_task_languages(task) == Moses("fr", "en")
+    assert Moses().with_task_languages(None) == Moses("en", "en")
+    assert Moses().with_task_languages({"source_lang": None, "target_lang": None}) == Moses("en", "en")
+
+
+def test_moses_options_without_the_tokenizer_are_refused(tmp_path, capsys):
+    from fairseq_momentum.convert_to_hf import main
+    checkpoint = tmp_path / "checkpoint.pt"
+    checkpoint.write_bytes(b"")
+    with pytest.raises(SystemExit):
+        main([str(checkpoint), str(tmp_path / "out"), "--moses-no-escape"])
+    assert "options of --tokenizer moses, which is not given" in capsys.readouterr().err
+
+
+def test_cli_converts_a_translation_model_trained_on_moses_and_subword_nmt(tmp_path):
+    """fairseq's translation examples' path: Moses, then subword-nmt's BPE before fairseq-preprocess,
+    fairseq-train; the converted model with its tokenizer, in a process without our packages, encodes a
+    raw line as fairseq's --tokenizer moses --bpe subword_nmt does and translates it as fairseq's
+    greedy search, post-processed and detokenized, does."""
+    from fairseq import checkpoint_utils
+    from fairseq.sequence_generator import SequenceGenerator
+    from subword_nmt.apply_bpe import BPE
+    text = write_parallel_text(tmp_path / "text", sizes=(("train", 300), ("valid", 30)), seed=7)
+    sides = {(split, lang): moses_encode(punctuated((text / f"{split}.{lang}").read_text().splitlines()))
+             for split in ("train", "valid") for lang in ("src", "tgt")}
+    codes = learn_codes(sides["train", "src"] + sides["train", "tgt"], tmp_path / "codes")
+    with open(codes, encoding="utf-8") as handle:
+        bpe = BPE(handle)
+    for (split, lang), lines in sides.items():
+        (text / f"{split}.bpe.{lang}").write_text("".join(bpe.process_line(line) + "\n" for line in lines))
+    data = tmp_path / "bin"
+    preprocess("--source-lang", "src", "--target-lang", "tgt", "--trainpref", text / "train.bpe",
+               "--validpref", text / "valid.bpe", "--destdir", data, "--workers", "1", "--joined-dictionary")
+    save = tmp_path / "ckpt"
+    train(data, save, *TASK, "--arch", "momentum_transformer", *SIZES, "--share-all-embeddings",
+          "--batch-size", "16", "--max-update", "6", "--optimizer", "adam", "--lr", "0.003")
+    out = tmp_path / "hf"
+    flags = ["--tokenizer", "moses", "--moses-source-lang", "en", "--moses-target-lang", "en",
+             "--bpe-codes", codes]
+    proc_config = run_converter(save / "checkpoint_last.pt", out, *flags)
+    assert proc_config["model_type"] == "momentum_seq2seq"
+
+    line = "The old fox sees a well-known river, and the dog's house!"
+    checkpoint = str(save / "checkpoint_last.pt")
+    [fairseq_model], _, task = checkpoint_utils.load_model_ensemble_and_task([checkpoint])
+    dictionary = task.source_dictionary
+    encoders = fairseq_encoders(codes, "@@", Moses("en", "en"))
+    ids = fairseq_ids(encoders, dictionary, line, append_eos=True)
+    assert dictionary.unk() not in ids and len(ids) > len(line.split()) + 1     # split by Moses and BPE
+    generator = SequenceGenerator([fairseq_model.eval()], dictionary, beam_size=1, max_len_a=0, max_len_b=8)
+    with torch.no_grad():
+        hypothesis = generator.generate([fairseq_model], {"net_input": {
+            "src_tokens": torch.tensor([ids]), "src_lengths": torch.tensor([len(ids)])}})[0][0]["tokens"]
+    translation = fairseq_text(encoders, dictionary, hypothesis.tolist())
+    assert translation, "fairseq's hypothesis is empty: nothing to compare"
+    proc = run_clean(f"""
+        import torch
+        from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
+        tokenizer = AutoTokenizer.from_pretrained({str(out)!r}, trust_remote_code=True)
+        model = AutoModelForSeq2SeqLM.from_pretrained({str(out)!r}, trust_remote_code=True).eval()
+        ids = tokenizer({line!r}, return_tensors="pt")["input_ids"]
+        assert ids[0].tolist() == {ids!r}, ids
+        with torch.no_grad():
+            tokens = model.generate(input_ids=ids, do_sample=False, num_beams=1, max_new_tokens=8,
+                                    min_new_tokens=1, suppress_tokens=[tokenizer.pad_token_id])
+        text = tokenizer.decode(tokens[0], skip_special_tokens=True)
+        assert text == {translation!r}, (text, {translation!r})
+        print("OK", type(tokenizer).__module__)
+    """, tmp_path, {"HF_HUB_OFFLINE": "1"})
+    assert "OK transformers_modules" in proc.stdout
