@@ -292,6 +292,14 @@ class RecurrentCausalLMMixin(LMHeadMixin):
                              "input_ids=torch.full((batch, 1), config.bos_token_id)")
         return super().generate(inputs, *args, **kwargs)
 
+    def _prepare_position_ids_for_generation(self, inputs_tensor, model_kwargs):
+        """None: where the caller gives generate() no position_ids, its own (the real tokens before
+        each one) are what the model counts itself, from the padding mask and the cache. Given
+        tensors would be extended and sliced at every step and read back from the device once per
+        token, to check them against the position table; counted ones stay within a bound the model
+        knows on the host."""
+        return None
+
     def init_continuous_batching(self, *args, **kwargs):
         """Refused: transformers' continuous batching (`generate_batch`, and generate() with
         cache_implementation="paged", both start here) pages key-value blocks, which momentum layers

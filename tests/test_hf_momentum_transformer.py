@@ -113,6 +113,27 @@ def test_left_padded_batch_generates_each_prompt_alone(make_generator):
             torch.testing.assert_close(finite(sc[row]), finite(alone_sc[0]), atol=1e-5, rtol=1e-4)
 
 
+def test_generate_follows_given_position_ids(make_generator):
+    """position_ids given to generate() (each row's shifted by 5) are extended and read at every
+    step: the cached scores equal the uncached forward's of the whole sequence at the same positions,
+    and differ from those without (which the model counts itself)."""
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(tiny()).eval()
+    ids = torch.randint(3, 100, (2, 5), generator=make_generator())
+
+    def logits(**positions):
+        out = model.generate(input_ids=ids, max_new_tokens=6, do_sample=False, output_logits=True,
+                             return_dict_in_generate=True, pad_token_id=PAD, **positions)
+        return out.sequences, torch.stack(out.logits, 1)
+    with torch.no_grad():
+        seq, shifted = logits(position_ids=torch.arange(5).expand(2, -1) + 5)
+        whole = model(input_ids=seq, position_ids=torch.arange(seq.shape[1]).expand(2, -1) + 5).logits
+        _, own = logits()
+    assert seq.shape[1] > 6
+    torch.testing.assert_close(shifted, whole[:, 4:-1], atol=1e-5, rtol=1e-4)
+    assert (shifted - own).abs().max() > 1e-3
+
+
 def test_cache_state_does_not_grow_and_reorders(make_generator):
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(tiny()).eval()

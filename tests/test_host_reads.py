@@ -129,6 +129,16 @@ def decoding_reads(model, counter=HostReads) -> int:
     return reads.count
 
 
+def generation_reads(model, tokens: int) -> int:
+    """Reads while generate() decodes `tokens` tokens greedily after a left-padded prompt."""
+    model.eval()
+    reads = HostReads()
+    with reads, torch.no_grad():
+        model.generate(**batch("padded"), max_new_tokens=tokens, min_new_tokens=tokens, do_sample=False,
+                       pad_token_id=0)
+    return reads.count
+
+
 def sdpa_training_reads(form: str) -> int:
     return training_reads(llama(2, "sdpa"), batch(form))
 
@@ -160,6 +170,15 @@ def test_decoding_reads_do_not_grow_with_layers(row):
 def test_decoding_reads_stay_within_llama_sdpa_plus_two(row):
     count = decoding_reads(ROWS[row](4))
     assert count <= decoding_reads(llama(4, "sdpa")) + 2, f"{row}: {count} reads in one decoding step"
+
+
+def test_generate_reads_per_token_what_llama_sdpa_reads():
+    """generate() reads its stop check once per token; the native model's decoding steps add no read:
+    generate() leaves the positions to the model, which counts them within a bound it knows (given
+    position_ids are read back to check them against the position table)."""
+    per_token = [generation_reads(model, 7) - generation_reads(model, 3)
+                 for model in (native(2), llama(2, "sdpa"))]
+    assert per_token[0] == per_token[1], f"reads per 4 tokens: momentum {per_token[0]}, Llama {per_token[1]}"
 
 
 @pytest.mark.parametrize("row", list(ROWS))
