@@ -111,18 +111,30 @@ def check_attention_mask(attention_mask, batch: int, past: int, length: int) -> 
     return attention_mask[:, past:].bool()
 
 
-def static_padding_mask(cache, attention_mask, batch: int, length: int, device, packing: dict):
+def static_padding_mask(cache, attention_mask, batch: int, length: int, device, packing: dict,
+                        position_ids=None):
     """(each row's real tokens absorbed so far, the new tokens' padding mask as bool or None) with a
     static cache (`recurrent_cache.StaticStateMixin`), without reading the number of cached tokens (a
     Python int that changes every step, which a compiled step would be traced again for).
     attention_mask: (batch, new tokens), or (batch, cached + new tokens) as for a dynamic cache (its
-    last `length` columns are read). Packed documents cannot fill one cache and are refused."""
+    last `length` columns are read). Packed documents cannot fill one cache and are refused: the
+    collator's kwargs, and position_ids that restart, read once in an eager forward of more than one
+    token (a prompt; a compiled decoding step reads nothing)."""
     if has_packing_kwargs(**packing):
         raise ValueError(f"packed documents (cu_seq_lens_q / seq_idx from {COLLATOR}) cannot fill one cache; "
                          f"pass use_cache=False and no {CACHE_NAME}")
     before = cache.row_positions(batch, device)
-    if attention_mask is None:
-        return before, None
+    new = None if attention_mask is None else _new_tokens_mask(cache, attention_mask, batch, length, device)
+    if position_ids is not None and length > 1 and position_ids.shape[-1] == length and \
+            not torch.compiler.is_compiling() and bool(restarting_positions(position_ids, new).any()):
+        raise ValueError(f"packed documents (position_ids that restart at 0 within a row) cannot fill one "
+                         f"cache; pass use_cache=False and no {CACHE_NAME}, and generate from each document "
+                         "separately")
+    return before, new
+
+
+def _new_tokens_mask(cache, attention_mask, batch: int, length: int, device) -> torch.Tensor:
+    """The new tokens' columns of a static cache's attention_mask, as bool (`static_padding_mask`)."""
     if not isinstance(attention_mask, torch.Tensor) or attention_mask.dim() != 2 or \
             attention_mask.shape[0] != batch or attention_mask.shape[1] < length:
         raise ValueError("attention_mask must be a 2D tensor (batch, new tokens) or (batch, cached + new "
@@ -133,7 +145,18 @@ def static_padding_mask(cache, attention_mask, batch: int, length: int, device, 
         raise ValueError(f"attention_mask has {attention_mask.shape[1]} columns: with {length} new "
                          f"tokens and {cache.get_seq_length()} cached it must cover the new ones or all")
     new = attention_mask[:, attention_mask.shape[1] - length:]
-    return before, new.to(device=device, dtype=torch.bool)
+    return new.to(device=device, dtype=torch.bool)
+
+
+def restarting_positions(position_ids: torch.Tensor, real: Optional[torch.Tensor]) -> torch.Tensor:
+    """Where position_ids fall back to 0 between two real tokens of a row (packed documents), (...,
+    length - 1) bool; `real`: the tokens' padding mask (padding's positions are no document's), or
+    None (all real)."""
+    restarts = (position_ids[..., 1:] == 0) & (position_ids[..., :-1] > 0)
+    if real is not None:
+        real = real.to(device=restarts.device, dtype=torch.bool)
+        restarts = restarts & real[..., 1:] & real[..., :-1]
+    return restarts
 
 
 def refuse_packed_rows(head: str, position_ids, attention_mask, kwargs: dict,
@@ -148,11 +171,7 @@ def refuse_packed_rows(head: str, position_ids, attention_mask, kwargs: dict,
         raise ValueError(f"{head} takes one sequence per row, but got packed documents (cu_seq_lens_q / "
                          f"seq_idx): {effect}; {advice}")
     if position_ids is not None and position_ids.shape[-1] > 1:
-        restarts = (position_ids[..., 1:] == 0) & (position_ids[..., :-1] > 0)
-        if attention_mask is not None:                # padding's positions are not a document's
-            real = attention_mask.to(torch.bool)
-            restarts = restarts & real[..., 1:] & real[..., :-1]
-        if bool(restarts.any()):
+        if bool(restarting_positions(position_ids, attention_mask).any()):
             raise ValueError(f"{head} takes one sequence per row, but position_ids restart at 0 within a "
                              f"row (packed documents): {effect}; {advice}")
 

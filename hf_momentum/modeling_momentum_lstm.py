@@ -97,8 +97,8 @@ class StaticMomentumLSTMCache(StaticStateMixin, MomentumLSTMCache):
     """A `MomentumLSTMCache` for a compiled decode step (generate's cache_implementation="static"):
     the stack's state in buffers allocated by the first forward (the prompt, run eagerly) and
     overwritten in place by every later one, and the token counts as tensors, so that a forward may
-    pass the attention mask of the new tokens only. Holding one sequence per row, it takes no packed
-    documents (position_ids are not read with it)."""
+    pass the attention mask of the new tokens only. Holding one sequence per row, it refuses packed
+    documents (the collator's kwargs, or position_ids that restart in a prompt)."""
 
 
 class MomentumLSTMPreTrainedModel(RemoteCodeMixin, PreTrainedModel):
@@ -318,7 +318,8 @@ class MomentumLSTMModel(MomentumLSTMPreTrainedModel):
         packed = None
         if isinstance(cache, StaticStateMixin):
             # no count of cached tokens is read (a compiled decode step would be traced again for it)
-            mask = static_padding_mask(cache, attention_mask, batch, length, x.device, packing)[1]
+            mask = static_padding_mask(cache, attention_mask, batch, length, x.device, packing,
+                                       position_ids)[1]
         else:
             mask, packed, cache = self._layout(cache, given, use_cache, attention_mask, position_ids, batch,
                                                length, x.device, packing)

@@ -374,7 +374,8 @@ def static_cache_inputs(cache: StaticStateMixin, attention_mask, position_ids, b
     """(padding mask of the new tokens or None, positions) with a static cache (`StaticMomentumCache`,
     or the encoder-decoder's `StaticMomentumSeq2SeqCache`; `static_padding_mask`). Positions default
     to each row's real tokens before each one."""
-    before, padding_mask = static_padding_mask(cache, attention_mask, batch, length, device, packing)
+    before, padding_mask = static_padding_mask(cache, attention_mask, batch, length, device, packing,
+                                               position_ids)
     if position_ids is None:
         position_ids = real_token_positions(before, padding_mask, length, device)
     return padding_mask, position_ids

@@ -188,6 +188,27 @@ def test_stock_model_with_offsets_but_continuing_positions_raises(make_generator
         model(**batch)
 
 
+@pytest.mark.parametrize("name", ["momentum_transformer", "momentum_lstm-momentum"])
+def test_static_caches_refuse_packed_documents(name, make_generator):
+    """A static cache (generate's cache_implementation="static") holds one sequence per row, as the
+    recurrent cache does: packed documents are refused in each of the collator's forms, and
+    positions that do not restart (shifted, or left padding's zeros before a row's first token) fill
+    it as positions counted by the model do."""
+    model = build(name).eval()
+
+    def logits(**inputs):
+        return model(**inputs, past_key_values=model.static_cache_class(model.config), use_cache=True).logits
+    for form in FORMS:
+        batch = collate(documents(make_generator()), form)
+        with pytest.raises(ValueError, match="cannot fill one cache"):
+            logits(**batch)
+    ids, mask = batch["input_ids"][:, :6], torch.tensor([[0, 0, 1, 1, 1, 1]])
+    assert logits(input_ids=ids, position_ids=torch.arange(3, 9)[None]).isfinite().all()
+    torch.testing.assert_close(logits(input_ids=ids, attention_mask=mask,
+                                      position_ids=torch.tensor([[0, 0, 0, 1, 2, 3]])),
+                               logits(input_ids=ids, attention_mask=mask))
+
+
 def test_native_model_refuses_a_cache_for_packed_documents(make_generator):
     model = build("momentum_transformer").eval()
     batch = collate(documents(make_generator()), "position_ids")
