@@ -10,10 +10,9 @@ import logging
 
 import pytest
 import torch
-from helpers.clean_process import run_clean
-from helpers.fairseq_cli import preprocess, train, write_parallel_text
-from test_fairseq_to_hf import run_converter
-from test_fairseq_translation_to_hf import SIZES, TASK
+from helpers.fairseq_cli import write_parallel_text
+from helpers.fairseq_decoding import assert_translates_alone, greedy_hypothesis
+from test_fairseq_translation_to_hf import train_and_convert
 
 from fairseq_momentum.convert_to_hf import saved_tokenizer, sentencepiece_tokenizer
 
@@ -109,7 +108,6 @@ def test_cli_converts_a_translation_model_trained_on_sentencepiece_pieces(tmp_pa
     encodes a raw line as fairseq does and translates it as fairseq's greedy search does."""
     from fairseq import checkpoint_utils
     from fairseq.data.data_utils import post_process
-    from fairseq.sequence_generator import SequenceGenerator
     text = write_parallel_text(tmp_path / "text", seed=7)
     model, processor = train_sentencepiece(text, tmp_path)
     for split in ("train", "valid"):
@@ -117,42 +115,14 @@ def test_cli_converts_a_translation_model_trained_on_sentencepiece_pieces(tmp_pa
             lines = (text / f"{split}.{lang}").read_text().splitlines()
             (text / f"{split}.bpe.{lang}").write_text(
                 "".join(" ".join(processor.encode(line, out_type=str)) + "\n" for line in lines))
-    data = tmp_path / "bin"
-    preprocess("--source-lang", "src", "--target-lang", "tgt", "--trainpref", text / "train.bpe",
-               "--validpref", text / "valid.bpe", "--destdir", data, "--workers", "1", "--joined-dictionary")
-    save = tmp_path / "ckpt"
-    train(data, save, *TASK, "--arch", "momentum_transformer", *SIZES, "--share-all-embeddings",
-          "--batch-size", "16", "--max-update", "6", "--optimizer", "adam", "--lr", "0.003")
-    out = tmp_path / "hf"
-    proc_config = run_converter(save / "checkpoint_last.pt", out, "--sentencepiece-model", model)
-    assert proc_config["model_type"] == "momentum_seq2seq"
+    checkpoint, out = train_and_convert(text, tmp_path, "--sentencepiece-model", model)
 
     line = "the old fox sees a green river"
-    checkpoint = str(save / "checkpoint_last.pt")
-    [fairseq_model], _, task = checkpoint_utils.load_model_ensemble_and_task([checkpoint])
-    dictionary = task.source_dictionary
+    dictionary = checkpoint_utils.load_model_ensemble_and_task([str(checkpoint)])[2].source_dictionary
     ids = fairseq_ids(model, dictionary, line, append_eos=True)
-    generator = SequenceGenerator([fairseq_model.eval()], dictionary, beam_size=1, max_len_a=0, max_len_b=8)
-    with torch.no_grad():
-        hypothesis = generator.generate([fairseq_model], {"net_input": {
-            "src_tokens": torch.tensor([ids]), "src_lengths": torch.tensor([len(ids)])}})[0][0]["tokens"]
-    translation = post_process(dictionary.string(hypothesis), "sentencepiece")
+    translation = post_process(dictionary.string(greedy_hypothesis(checkpoint, ids)), "sentencepiece")
     assert translation, "fairseq's hypothesis is empty: nothing to compare"
-    proc = run_clean(f"""
-        import torch
-        from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
-        tokenizer = AutoTokenizer.from_pretrained({str(out)!r}, trust_remote_code=True)
-        model = AutoModelForSeq2SeqLM.from_pretrained({str(out)!r}, trust_remote_code=True).eval()
-        ids = tokenizer({line!r}, return_tensors="pt")["input_ids"]
-        assert ids[0].tolist() == {ids!r}, ids
-        with torch.no_grad():
-            tokens = model.generate(input_ids=ids, do_sample=False, num_beams=1, max_new_tokens=8,
-                                    min_new_tokens=1, suppress_tokens=[tokenizer.pad_token_id])
-        text = tokenizer.decode(tokens[0], skip_special_tokens=True)
-        assert text == {translation!r}, (text, {translation!r})
-        print("OK", type(tokenizer).__module__)
-    """, tmp_path, {"HF_HUB_OFFLINE": "1"})
-    assert "OK transformers_modules" in proc.stdout
+    assert_translates_alone(out, line, ids, translation, tmp_path)
 
 
 def test_two_dictionaries_encode_sources_and_targets_each_with_its_own(pieces, tmp_path):

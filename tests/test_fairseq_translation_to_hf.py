@@ -24,6 +24,20 @@ SIZES = [*(part for side in ("encoder", "decoder") for option, value in STACK.it
            for part in (f"--{side}-{option}", value)),
          "--attention-momentum", "0.5", "--attention-step-size", "0.8"]
 TASK = ["--task", "translation", "--source-lang", "src", "--target-lang", "tgt"]
+
+
+def train_and_convert(text, tmp_path, *converter_flags):
+    """fairseq-preprocess of the segmented parallel text `text`/{train,valid}.bpe.{src,tgt} (one
+    dictionary), six updates of fairseq-train, then the converter with `converter_flags`: (the
+    checkpoint, the transformers folder)."""
+    data, save, out = tmp_path / "bin", tmp_path / "ckpt", tmp_path / "hf"
+    preprocess("--source-lang", "src", "--target-lang", "tgt", "--trainpref", text / "train.bpe",
+               "--validpref", text / "valid.bpe", "--destdir", data, "--workers", "1", "--joined-dictionary")
+    train(data, save, *TASK, "--arch", "momentum_transformer", *SIZES, "--share-all-embeddings",
+          "--batch-size", "16", "--max-update", "6", "--optimizer", "adam", "--lr", "0.003")
+    checkpoint = save / "checkpoint_last.pt"
+    assert run_converter(checkpoint, out, *converter_flags)["model_type"] == "momentum_seq2seq"
+    return checkpoint, out
 CONFIGS = {
     "shared-sinusoidal-momentum-cross": ["--share-all-embeddings"],
     "prenorm-learned-linear-cross-momentum-connection": [

@@ -1,4 +1,5 @@
-"""Batches and the incremental-decoding check shared by the fairseq model tests."""
+"""Batches, the incremental-decoding check and the converted translation model's check shared by the
+fairseq model tests."""
 import torch
 
 
@@ -35,3 +36,38 @@ def check_incremental_decoding(model, tgt, reorders, *, encoder_out=None, **tole
                 rows = rows[reorders[t]]
             step = model.decoder(tgt[rows, : t + 1], incremental_state=state, **extra)[0]
             torch.testing.assert_close(step[:, -1], full[rows, t], **tolerance)
+
+
+def greedy_hypothesis(checkpoint, ids, max_len=8):
+    """fairseq's greedy hypothesis (beam 1, at most `max_len` tokens) of the source `ids` under a
+    translation checkpoint, and the task's source dictionary."""
+    from fairseq import checkpoint_utils
+    from fairseq.sequence_generator import SequenceGenerator
+    [model], _, task = checkpoint_utils.load_model_ensemble_and_task([str(checkpoint)])
+    generator = SequenceGenerator([model.eval()], task.source_dictionary, beam_size=1, max_len_a=0,
+                                  max_len_b=max_len)
+    with torch.no_grad():
+        hypothesis = generator.generate([model], {"net_input": {
+            "src_tokens": torch.tensor([ids]), "src_lengths": torch.tensor([len(ids)])}})[0][0]["tokens"]
+    return hypothesis
+
+
+def assert_translates_alone(folder, line, ids, translation, tmp_path, max_len=8):
+    """The converted folder, in a process without this project's packages (its code comes from the
+    folder), encodes `line` to `ids` and greedily translates it to `translation`."""
+    from helpers.clean_process import run_clean
+    proc = run_clean(f"""
+        import torch
+        from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
+        tokenizer = AutoTokenizer.from_pretrained({str(folder)!r}, trust_remote_code=True)
+        model = AutoModelForSeq2SeqLM.from_pretrained({str(folder)!r}, trust_remote_code=True).eval()
+        ids = tokenizer({line!r}, return_tensors="pt")["input_ids"]
+        assert ids[0].tolist() == {ids!r}, ids
+        with torch.no_grad():
+            tokens = model.generate(input_ids=ids, do_sample=False, num_beams=1, max_new_tokens={max_len},
+                                    min_new_tokens=1, suppress_tokens=[tokenizer.pad_token_id])
+        text = tokenizer.decode(tokens[0], skip_special_tokens=True)
+        assert text == {translation!r}, (text, {translation!r})
+        print("OK", type(tokenizer).__module__)
+    """, tmp_path, {"HF_HUB_OFFLINE": "1"})
+    assert "OK transformers_modules" in proc.stdout
