@@ -1,7 +1,8 @@
 """plugins.nt_asgd.NTASGD (AWD-LSTM's NT-ASGD, MomentumRNN Appendix A.3): the switch is AWD-LSTM's rule
 on any loss sequence; before it the iterates are SGD's, after it the average is the mean of the
 iterates since the switch (float64, each step at its own rate); the average swaps in and out of the
-parameters exactly; a state saved anywhere, swapped or not, resumes to the uninterrupted run."""
+parameters exactly; a state saved anywhere, swapped or not, resumes to the uninterrupted run; under
+accelerate's fp16 scaler a skipped step is not averaged."""
 import random
 
 import pytest
@@ -131,6 +132,36 @@ def test_a_saved_state_resumes_the_uninterrupted_run(stop, swapped):
     for p, q in zip(resumed, whole):
         assert torch.equal(p, q)
         assert torch.equal(second.state[p]["average"], optimizer.state[q]["average"])
+
+
+def test_under_accelerates_fp16_scaler_a_skipped_step_is_not_averaged():
+    """Mixed precision fp16 (accelerate's AcceleratedOptimizer with a GradScaler; here the CPU's):
+    the scaler unscales before the step, so the average takes the unscaled update, and a step it
+    skips for an inf gradient leaves the iterate, the average and the count as they were."""
+    from accelerate import Accelerator
+    from accelerate.optimizer import AcceleratedOptimizer
+    Accelerator(cpu=True)                  # the process state AcceleratedOptimizer reads
+    params = fresh_params()
+    optimizer = NTASGD(params, lr=0.1, nonmono=1)
+    for loss in (1.0, 1.0, 2.0):
+        optimizer.observe(loss)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 10)
+    wrapped = AcceleratedOptimizer(optimizer, device_placement=False, scaler=scaler)
+
+    def step(grads):
+        for p, g in zip(params, grads):
+            p.grad = scaler.scale(g.clone())           # what backward of a scaled loss leaves
+        wrapped.step()                                  # which also updates the scale
+    expected = [p.detach() - 0.1 * g for p, g in zip(params, gradient(params, 0))]
+    step(gradient(params, 0))
+    assert not wrapped.step_was_skipped and optimizer.averaged_steps == 1
+    for p, e in zip(params, expected):
+        torch.testing.assert_close(p.detach(), e, rtol=1e-12, atol=1e-12)
+    kept = [p.detach().clone() for p in params] + [optimizer.state[p]["average"].clone() for p in params]
+    step([torch.full_like(p, float("inf")) for p in params])
+    assert wrapped.step_was_skipped and optimizer.averaged_steps == 1
+    now = [p.detach() for p in params] + [optimizer.state[p]["average"] for p in params]
+    assert all(torch.equal(a, b) for a, b in zip(now, kept))
 
 
 def test_bad_arguments_are_refused_by_name():
