@@ -138,7 +138,7 @@ class MomentumLSTMStack(MomentumLSTM):
 
     def forward(self, input, state=None, *, cu_seqlens=None, cu_seqlens_cpu=None, one_step=False,
                 all_layers=False):
-        with self.weight_drop_masks():
+        with self.weight_drop_masks(), self.trusted_states():     # the model's own states
             return self._forward(input, state, cu_seqlens=cu_seqlens, cu_seqlens_cpu=cu_seqlens_cpu,
                                  one_step=one_step, all_layers=all_layers)
 

@@ -111,6 +111,22 @@ def test_chunks_with_the_carried_state_equal_each_stream_run_whole(cell, make_ge
         carried.cache_for(2)
 
 
+def test_a_carried_state_with_negative_step_counts_is_refused(tmp_path):
+    """The stack does not read its carried step counters back to check them (it made them): a
+    checkpoint's are checked where they come in."""
+    from safetensors.torch import save_file
+    carried = hf_bptt.CarriedState(None, None)
+    for steps, refused in (([5, 3], False), ([5, -1], True)):
+        save_file({"state_0": torch.zeros(2, 4), "state_1": torch.tensor(steps)},
+                  str(tmp_path / hf_bptt.CARRIED_FILE), metadata={"chunk": "3"})
+        if refused:
+            with pytest.raises(ValueError, match=r"negative step counts \(state_1\)"):
+                carried.load(tmp_path, rank=0, rows=2, ranks=1, device="cpu")
+        else:
+            carried.load(tmp_path, rank=0, rows=2, ranks=1, device="cpu")
+            assert carried.chunk == 3 and carried.states[1].tolist() == steps
+
+
 def test_a_resumed_run_ends_like_an_uninterrupted_one(text_file, tmp_path):
     """With dropout: the checkpoint holds the carried state, and the loader draws no random number
     from torch's generator (dropout's)."""

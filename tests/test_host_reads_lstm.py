@@ -1,9 +1,10 @@
 """Reads of device values by the host over one training forward + backward of the HF MomentumLSTM
 model (padded rows, packed documents) and over one decoding step: the count does not grow with the
-number of layers and is at most a stock transformers model's (Llama, SDPA) + 2. Counted: scalar
-reads (`bool()` / `int()` / `.item()`: aten._local_scalar_dense), aten.nonzero (its output size
-waits for the device) and copies from a device to the CPU. On a CPU-only machine the copies are
-host-to-host and not counted; the scalar reads and nonzero calls are counted wherever they run."""
+number of layers and is at most a stock transformers model's (Llama, SDPA) + 2 in training, at most
+Llama's in decoding. Counted: scalar reads (`bool()` / `int()` / `.item()`:
+aten._local_scalar_dense), aten.nonzero (its output size waits for the device) and copies from a
+device to the CPU. On a CPU-only machine the copies are host-to-host and not counted; the scalar
+reads and nonzero calls are counted wherever they run."""
 import collections
 
 import pytest
@@ -106,7 +107,9 @@ def test_training_reads_do_not_grow_with_layers_and_stay_near_sdpa(cell, mode, l
 
 
 @pytest.mark.parametrize("cell", ["lstm", "momentum", "nag", "adam"])
-def test_decoding_step_reads_do_not_grow_with_layers_and_stay_near_sdpa(cell, llama):
+def test_decoding_step_reads_do_not_grow_with_layers_and_stay_within_sdpa(cell, llama):
+    """A decoding step reads no more than Llama's: the cache's states are the stack's own outputs,
+    whose step counters it does not read back to check their range."""
     counts = {layers: decoding_reads(lstm(layers, cell), batch("padded")) for layers in (2, 4)}
     assert counts[2] == counts[4], counts
-    assert counts[4] <= decoding_reads(llama, batch("padded")) + 2, counts
+    assert counts[4] <= decoding_reads(llama, batch("padded")), counts

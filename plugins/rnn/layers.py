@@ -260,6 +260,18 @@ class _MomentumLayers(nn.Module):
         return get("weight_ih"), weight_hh, get("bias_ih"), get("bias_hh")
 
     @contextlib.contextmanager
+    def trusted_states(self):
+        """Within the block, a carried state's step counter is not checked against its range, a
+        read from the device per call: for a caller whose states are this layer's own outputs (a
+        model's cache, a carried training state), checked where they came in."""
+        outer = self.__dict__.get("_trusted_states", False)
+        self.__dict__["_trusted_states"] = True
+        try:
+            yield
+        finally:
+            self.__dict__["_trusted_states"] = outer
+
+    @contextlib.contextmanager
     def substituted_recurrent_weights(self, recurrent_weight):
         """Within the block, layer k reads recurrent_weight(k, weight_hh_lk) (formed once, on entry) as
         its recurrent weight: AWD-LSTM's weight drop. Every read goes through `layer_parameters`, so a
@@ -327,7 +339,8 @@ class _MomentumLayers(nn.Module):
         return initial_state(state, num_layers=self.num_layers * self.directions, batch=batch,
                              hidden=self.hidden_size, width=self.gate_count * self.hidden_size,
                              has_c=self.gate_count == 4,
-                             has_v=self.variant.has_v, has_m=self.variant.has_m, ref=ref, steps=steps)
+                             has_v=self.variant.has_v, has_m=self.variant.has_m, ref=ref, steps=steps,
+                             check_step=not self.__dict__.get("_trusted_states", False))
 
     def forward(self, input, state=None, *, cu_seqlens=None, cu_seqlens_cpu=None, segment_starts=None,
                 all_layers=False, recurrent_weight=None):

@@ -148,9 +148,11 @@ def check_state_tensor(value, name, shape, ref):
                          "the layer returned, or convert it with .to(input.dtype)")
 
 
-def initial_state(state, *, num_layers, batch, hidden, width, has_c, has_v, has_m, ref, steps=1):
+def initial_state(state, *, num_layers, batch, hidden, width, has_c, has_v, has_m, ref, steps=1,
+                  check_step=True):
     """Fill a missing or partial carried state with zeros and check its shapes; the step
-    counter must stay below 2^62 after `steps` more steps (int64 never wraps)."""
+    counter must stay below 2^62 after `steps` more steps (int64 never wraps), which check_step
+    False leaves unread (a state the caller's layer made)."""
     zeros = lambda n: ref.new_zeros(num_layers, batch, n)
     if state is None:
         state = RecurrentState(zeros(hidden), None, None, None, None)
@@ -182,7 +184,7 @@ def initial_state(state, *, num_layers, batch, hidden, width, has_c, has_v, has_
     step = step.long().expand(batch).contiguous()
     # A carried counter is checked (one wait for an accelerator per call); a fresh one is 0. A
     # graph being traced (torch.compile, torch.export) cannot read values: its caller checks.
-    if not fresh and not torch.compiler.is_compiling() and (
+    if check_step and not fresh and not torch.compiler.is_compiling() and (
             bool((step < 0).any()) or bool((step > MAX_INT - steps).any())):
         raise ValueError(f"state.step must be in [0, {MAX_INT - steps}] for {steps} more steps, "
                          f"got min {int(step.min())}, max {int(step.max())}")

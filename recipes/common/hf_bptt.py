@@ -159,6 +159,10 @@ class CarriedState:
         if states and states[0].shape[0] != rows * ranks:
             raise ValueError(f"--bptt: {path} holds the state of {states[0].shape[0]} streams; this run has "
                              f"{rows * ranks} (--per_device_batch_size {rows} on each of {ranks} processes)")
+        for i, t in enumerate(states):      # the stack trusts its carried step counters (it made them)
+            if not t.is_floating_point() and bool((t < 0).any()):
+                raise ValueError(f"--bptt: {path} holds negative step counts (state_{i}): not a state "
+                                 "that --bptt saved")
         self.states = [t[rank * rows:(rank + 1) * rows].to(device) for t in states] or None
 
 
