@@ -11,7 +11,7 @@ import logging
 import pytest
 import torch
 from helpers.fairseq_cli import write_parallel_text
-from helpers.fairseq_decoding import assert_translates_alone, greedy_hypothesis
+from helpers.fairseq_decoding import assert_translates_alone, assert_two_dictionaries, greedy_hypothesis
 from test_fairseq_translation_to_hf import train_and_convert
 
 from fairseq_momentum.convert_to_hf import saved_tokenizer, sentencepiece_tokenizer
@@ -141,12 +141,7 @@ def test_two_dictionaries_encode_sources_and_targets_each_with_its_own(pieces, t
     target.finalize()
     assert target.symbols != source.symbols
     tokenizer = sentencepiece_tokenizer(source, model, "eos", 64, target_dictionary=target)
-    tokenizer.save_pretrained(tmp_path)
-    tokenizer = type(tokenizer).from_pretrained(tmp_path)
-    batch = tokenizer(LINES, text_target=LINES)
-    for line, ids, labels in zip(LINES, batch["input_ids"], batch["labels"]):
-        assert ids == fairseq_ids(model, source, line, append_eos=True)
-        assert labels == fairseq_ids(model, target, line, append_eos=True)
-        assert tokenizer.decode(labels, skip_special_tokens=True) == \
-            post_process(target.string(torch.tensor(labels)), "sentencepiece")
-    assert tokenizer(LINES[0])["input_ids"] == batch["input_ids"][0]      # back in source mode
+    dictionaries = {"source": source, "target": target}
+    assert_two_dictionaries(tokenizer, tmp_path, LINES,
+                            lambda side, line: fairseq_ids(model, dictionaries[side], line, append_eos=True),
+                            lambda ids: post_process(target.string(torch.tensor(ids)), "sentencepiece"))

@@ -71,3 +71,21 @@ def assert_translates_alone(folder, line, ids, translation, tmp_path, max_len=8)
         print("OK", type(tokenizer).__module__)
     """, tmp_path, {"HF_HUB_OFFLINE": "1"})
     assert "OK transformers_modules" in proc.stdout
+
+
+def assert_two_dictionaries(tokenizer, folder, lines, encode, decode):
+    """A converted translation model's tokenizer of two dictionaries, saved to `folder` and loaded
+    again: sources take `encode("source", line)`'s ids, `text_target=` `encode("target", line)`'s,
+    decoding a target without `<unk>` gives `decode(ids)`, and a later call is in source mode again."""
+    tokenizer.save_pretrained(folder)
+    tokenizer = type(tokenizer).from_pretrained(folder)
+    batch = tokenizer(lines, text_target=lines)
+    decoded = 0
+    for line, ids, labels in zip(lines, batch["input_ids"], batch["labels"]):
+        assert ids == encode("source", line)
+        assert labels == encode("target", line)
+        if tokenizer.unk_token_id not in labels:
+            assert tokenizer.decode(labels, skip_special_tokens=True) == decode(labels)
+            decoded += 1
+    assert decoded, "every target holds <unk>: decoding was not compared"
+    assert tokenizer(lines[0])["input_ids"] == batch["input_ids"][0]
