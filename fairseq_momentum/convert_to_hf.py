@@ -463,7 +463,9 @@ class Moses:
 
     @classmethod
     def of_task(cls, tokenizer) -> Optional["Moses"]:
-        """The Moses of a checkpoint's `tokenizer` config, or None where it names another one."""
+        """The Moses of a checkpoint's `tokenizer` config, or None where it names another one. Its
+        languages are what fairseq hands sacremoses, None included (a translation task's language
+        pair left to be inferred from the data's file names)."""
         if tokenizer is None or tokenizer.get("_name") != "moses":
             return None
         return cls(tokenizer.get("source_lang", "en"), tokenizer.get("target_lang", "en"),
@@ -493,7 +495,7 @@ def subword_nmt_tokenizer(dictionary, bpe: Optional[SubwordNMT], moses: Optional
         raise ValueError(f"--bpe-codes: no file {bpe.codes}")
     from hf_momentum.tokenization_fairseq_subword_nmt import FairseqSubwordNMTTokenizer
     moses_options = {} if moses is None else dict(
-        moses_source_lang=moses.source_lang, moses_target_lang=moses.target_lang,
+        moses=True, moses_source_lang=moses.source_lang, moses_target_lang=moses.target_lang,
         moses_dash_splits=moses.dash_splits, moses_escape=moses.escape)
     return dictionary_tokenizer(FairseqSubwordNMTTokenizer, [None if bpe is None else bpe.codes], dictionary,
                                 pattern, max_length, target_dictionary,

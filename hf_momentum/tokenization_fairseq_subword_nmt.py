@@ -18,37 +18,39 @@ from .tokenization_fairseq_dictionary import FairseqDictionaryTokenizer
 
 class FairseqSubwordNMTTokenizer(FairseqDictionaryTokenizer):
     """bpe_codes_file: subword-nmt's codes (or None: no BPE); bpe_separator: what ends a piece that a
-    word continues (fairseq's --bpe-separator); moses_source_lang / moses_target_lang: the languages
-    of Moses' tokenizer and detokenizer (None: no Moses), with fairseq's --moses-no-dash-splits and
-    --moses-no-escape as moses_dash_splits / moses_escape False; vocab_file (and target_vocab_file):
+    word continues (fairseq's --bpe-separator); moses: Moses first, with moses_source_lang /
+    moses_target_lang the languages of its tokenizer and detokenizer (as fairseq hands them to
+    sacremoses, None included) and fairseq's --moses-no-dash-splits and --moses-no-escape as
+    moses_dash_splits / moses_escape False; vocab_file (and target_vocab_file):
     the dictionary's symbols, one per line, line i = id i."""
 
     vocab_files_names = {"bpe_codes_file": "bpecodes", **FairseqDictionaryTokenizer.vocab_files_names}
 
     def __init__(self, bpe_codes_file: Optional[str], vocab_file, target_vocab_file=None, bpe_separator="@@",
-                 moses_source_lang: Optional[str] = None, moses_target_lang: Optional[str] = None,
-                 moses_dash_splits=True, moses_escape=True, **kwargs):
+                 moses=False, moses_source_lang: Optional[str] = None,
+                 moses_target_lang: Optional[str] = None, moses_dash_splits=True, moses_escape=True,
+                 **kwargs):
         self.bpe_codes_file = None if bpe_codes_file is None else str(bpe_codes_file)
         self.bpe = None
         if self.bpe_codes_file is not None:
             from subword_nmt.apply_bpe import BPE
             with open(self.bpe_codes_file, encoding="utf-8") as codes:
                 self.bpe = BPE(codes, separator=bpe_separator)
-        self.moses = self.detokenizer = None
-        if moses_source_lang is not None:
+        self.moses_tokenizer = self.moses_detokenizer = None
+        if moses:
             import sacremoses
-            self.moses = sacremoses.MosesTokenizer(moses_source_lang)
-            self.detokenizer = sacremoses.MosesDetokenizer(moses_target_lang or moses_source_lang)
+            self.moses_tokenizer = sacremoses.MosesTokenizer(moses_source_lang)
+            self.moses_detokenizer = sacremoses.MosesDetokenizer(moses_target_lang)
         self.bpe_separator = bpe_separator
         self.moses_dash_splits, self.moses_escape = moses_dash_splits, moses_escape
-        super().__init__(vocab_file, target_vocab_file, bpe_separator=bpe_separator,
+        super().__init__(vocab_file, target_vocab_file, bpe_separator=bpe_separator, moses=moses,
                          moses_source_lang=moses_source_lang, moses_target_lang=moses_target_lang,
                          moses_dash_splits=moses_dash_splits, moses_escape=moses_escape, **kwargs)
 
     def _tokenize(self, text, **kwargs):
-        if self.moses is not None:
-            text = self.moses.tokenize(text, aggressive_dash_splits=self.moses_dash_splits, return_str=True,
-                                       escape=self.moses_escape)
+        if self.moses_tokenizer is not None:
+            text = self.moses_tokenizer.tokenize(text, aggressive_dash_splits=self.moses_dash_splits,
+                                                 return_str=True, escape=self.moses_escape)
         if self.bpe is not None:
             text = self.bpe.process_line(text)
         return text.split()
@@ -57,4 +59,6 @@ class FairseqSubwordNMTTokenizer(FairseqDictionaryTokenizer):
         text = " ".join(tokens)
         if self.bpe is not None:
             text = (text + " ").replace(self.bpe_separator + " ", "").rstrip()
-        return text if self.detokenizer is None else self.detokenizer.detokenize(text.split())
+        if self.moses_detokenizer is None:
+            return text
+        return self.moses_detokenizer.detokenize(text.split())

@@ -170,13 +170,18 @@ def test_which_tokenizer_is_saved(prose, caplog):
                   "moses_no_escape": False}
 
     found = saved_tokenizer(dictionary, config, task_bpe, None)
-    assert type(found).__name__ == "FairseqSubwordNMTTokenizer" and found.moses is None
+    assert type(found).__name__ == "FairseqSubwordNMTTokenizer" and found.moses_tokenizer is None
     found = saved_tokenizer(dictionary, config, task_bpe, None, task_tokenizer=task_moses)
-    assert found.moses is not None and found.init_kwargs["moses_source_lang"] == "de" and \
+    assert found.moses_tokenizer is not None and found.init_kwargs["moses_source_lang"] == "de" and \
         found.init_kwargs["moses_target_lang"] == "en" and found.moses_dash_splits is False
+    unnamed = dict(task_moses, source_lang=None, target_lang=None)     # a language pair left to inference
+    found = saved_tokenizer(dictionary, config, task_bpe, None, task_tokenizer=unnamed)
+    unnamed_encoders = fairseq_encoders(codes, "@@", Moses(None, None, dash_splits=False))
+    assert found.moses_tokenizer is not None and found(LINES[0])["input_ids"] == fairseq_ids(
+        unnamed_encoders, dictionary, LINES[0], append_eos=False)
     found = saved_tokenizer(dictionary, config, None, None, subword_nmt=SubwordNMT(codes),
                             moses=Moses("en", "en"))
-    assert found.bpe is not None and found.moses is not None
+    assert found.bpe is not None and found.moses_tokenizer is not None
     assert found(LINES[0])["input_ids"] == fairseq_ids(encoders, dictionary, LINES[0], append_eos=False)
 
     words = Dictionary()
