@@ -3,7 +3,7 @@ translation examples (Moses tokenization, then subword-nmt's BPE, before fairseq
 task's `--tokenizer moses --bpe subword_nmt --bpe-codes`): a text is Moses-tokenized, split by the
 BPE codes, and each piece takes its id in the fairseq dictionary (`<unk>` where the dictionary has
 none), as fairseq's `MosesTokenizer.encode`, `SubwordNMTBPE.encode` and `encode_line` do. Without
-codes it is Moses' words alone; without a Moses language, the BPE of whitespace-separated text. A
+codes it is Moses' words alone; without Moses, the BPE of whitespace-separated text. A
 translation model's second dictionary as tokenization_fairseq_dictionary says.
 
 Decoding removes the separator (fairseq's `--post-process subword_nmt`), then Moses-detokenizes in

@@ -11,7 +11,12 @@ import logging
 import pytest
 import torch
 from helpers.fairseq_cli import write_parallel_text
-from helpers.fairseq_decoding import assert_translates_alone, assert_two_dictionaries, greedy_hypothesis
+from helpers.fairseq_decoding import (
+    assert_translates_alone,
+    assert_two_dictionaries,
+    greedy_hypothesis,
+    translation_checkpoint,
+)
 from test_fairseq_translation_to_hf import train_and_convert
 
 from fairseq_momentum.convert_to_hf import saved_tokenizer, sentencepiece_tokenizer
@@ -106,7 +111,6 @@ def test_cli_converts_a_translation_model_trained_on_sentencepiece_pieces(tmp_pa
     """recipes/iwslt's path: text segmented by sentencepiece, fairseq-preprocess --joined-dictionary,
     fairseq-train; the converted model with its tokenizer, in a process without our packages,
     encodes a raw line as fairseq does and translates it as fairseq's greedy search does."""
-    from fairseq import checkpoint_utils
     from fairseq.data.data_utils import post_process
     text = write_parallel_text(tmp_path / "text", seed=7)
     model, processor = train_sentencepiece(text, tmp_path)
@@ -118,9 +122,10 @@ def test_cli_converts_a_translation_model_trained_on_sentencepiece_pieces(tmp_pa
     checkpoint, out = train_and_convert(text, tmp_path, "--sentencepiece-model", model)
 
     line = "the old fox sees a green river"
-    dictionary = checkpoint_utils.load_model_ensemble_and_task([str(checkpoint)])[2].source_dictionary
+    fairseq_model, dictionary = translation_checkpoint(checkpoint)
     ids = fairseq_ids(model, dictionary, line, append_eos=True)
-    translation = post_process(dictionary.string(greedy_hypothesis(checkpoint, ids)), "sentencepiece")
+    hypothesis = greedy_hypothesis(fairseq_model, dictionary, ids)
+    translation = post_process(dictionary.string(hypothesis), "sentencepiece")
     assert translation, "fairseq's hypothesis is empty: nothing to compare"
     assert_translates_alone(out, line, ids, translation, tmp_path)
 

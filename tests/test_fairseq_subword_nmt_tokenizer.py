@@ -16,6 +16,7 @@ from helpers.fairseq_decoding import (
     assert_translates_alone,
     assert_two_dictionaries,
     greedy_hypothesis,
+    translation_checkpoint,
 )
 from test_fairseq_translation_to_hf import train_and_convert
 
@@ -236,7 +237,6 @@ def test_cli_converts_a_translation_model_trained_on_moses_and_subword_nmt(tmp_p
     fairseq-train; the converted model with its tokenizer, in a process without our packages, encodes a
     raw line as fairseq's --tokenizer moses --bpe subword_nmt does and translates it as fairseq's
     greedy search, post-processed and detokenized, does."""
-    from fairseq import checkpoint_utils
     from subword_nmt.apply_bpe import BPE
     text = write_parallel_text(tmp_path / "text", sizes=(("train", 300), ("valid", 30)), seed=7)
     sides = {(split, lang): moses_encode(punctuated((text / f"{split}.{lang}").read_text().splitlines()))
@@ -250,10 +250,10 @@ def test_cli_converts_a_translation_model_trained_on_moses_and_subword_nmt(tmp_p
                                         "--moses-target-lang", "en", "--bpe-codes", codes)
 
     line = "The old fox sees a well-known river, and the dog's house!"
-    dictionary = checkpoint_utils.load_model_ensemble_and_task([str(checkpoint)])[2].source_dictionary
+    model, dictionary = translation_checkpoint(checkpoint)
     encoders = fairseq_encoders(codes, "@@", Moses("en", "en"))
     ids = fairseq_ids(encoders, dictionary, line, append_eos=True)
     assert dictionary.unk() not in ids and len(ids) > len(line.split()) + 1     # split by Moses and BPE
-    translation = fairseq_text(encoders, dictionary, greedy_hypothesis(checkpoint, ids).tolist())
+    translation = fairseq_text(encoders, dictionary, greedy_hypothesis(model, dictionary, ids).tolist())
     assert translation, "fairseq's hypothesis is empty: nothing to compare"
     assert_translates_alone(out, line, ids, translation, tmp_path)

@@ -24,6 +24,19 @@ SIZES = [*(part for side in ("encoder", "decoder") for option, value in STACK.it
            for part in (f"--{side}-{option}", value)),
          "--attention-momentum", "0.5", "--attention-step-size", "0.8"]
 TASK = ["--task", "translation", "--source-lang", "src", "--target-lang", "tgt"]
+CONFIGS = {
+    "shared-sinusoidal-momentum-cross": ["--share-all-embeddings"],
+    "prenorm-learned-linear-cross-momentum-connection": [
+        "--share-all-embeddings", "--encoder-normalize-before", "--decoder-normalize-before",
+        "--encoder-learned-pos", "--decoder-learned-pos", "--cross-attention", "linear",
+        "--connection", "momentum"],
+    "softmax-cross-hybrid-adaptive": ["--share-all-embeddings", "--cross-attention", "softmax",
+                                      "--layer-types", "linear_attention,full_attention",
+                                      "--connection", "adaptive"],
+    "separate-embeddings-tied-output-relu-map": ["--share-decoder-input-output-embed",
+                                                 "--layernorm-embedding", "--feature-map", "relu"],
+    "three-matrices-unscaled": ["--no-scale-embedding"],
+}
 
 
 def train_and_convert(text, tmp_path, *converter_flags):
@@ -38,19 +51,6 @@ def train_and_convert(text, tmp_path, *converter_flags):
     checkpoint = save / "checkpoint_last.pt"
     assert run_converter(checkpoint, out, *converter_flags)["model_type"] == "momentum_seq2seq"
     return checkpoint, out
-CONFIGS = {
-    "shared-sinusoidal-momentum-cross": ["--share-all-embeddings"],
-    "prenorm-learned-linear-cross-momentum-connection": [
-        "--share-all-embeddings", "--encoder-normalize-before", "--decoder-normalize-before",
-        "--encoder-learned-pos", "--decoder-learned-pos", "--cross-attention", "linear",
-        "--connection", "momentum"],
-    "softmax-cross-hybrid-adaptive": ["--share-all-embeddings", "--cross-attention", "softmax",
-                                      "--layer-types", "linear_attention,full_attention",
-                                      "--connection", "adaptive"],
-    "separate-embeddings-tied-output-relu-map": ["--share-decoder-input-output-embed",
-                                                 "--layernorm-embedding", "--feature-map", "relu"],
-    "three-matrices-unscaled": ["--no-scale-embedding"],
-}
 
 
 def fairseq_translation(tmp_path, *extra, arch="momentum_transformer", joined=True, sizes=SIZES):

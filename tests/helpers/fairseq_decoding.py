@@ -38,14 +38,18 @@ def check_incremental_decoding(model, tgt, reorders, *, encoder_out=None, **tole
             torch.testing.assert_close(step[:, -1], full[rows, t], **tolerance)
 
 
-def greedy_hypothesis(checkpoint, ids, max_len=8):
-    """fairseq's greedy hypothesis (beam 1, at most `max_len` tokens) of the source `ids` under a
-    translation checkpoint, and the task's source dictionary."""
+def translation_checkpoint(checkpoint):
+    """(the fairseq model in eval mode, the task's source dictionary) of a translation checkpoint."""
     from fairseq import checkpoint_utils
-    from fairseq.sequence_generator import SequenceGenerator
     [model], _, task = checkpoint_utils.load_model_ensemble_and_task([str(checkpoint)])
-    generator = SequenceGenerator([model.eval()], task.source_dictionary, beam_size=1, max_len_a=0,
-                                  max_len_b=max_len)
+    return model.eval(), task.source_dictionary
+
+
+def greedy_hypothesis(model, dictionary, ids, max_len=8):
+    """fairseq's greedy hypothesis (beam 1, at most `max_len` tokens) of the source `ids` under a
+    translation model (`translation_checkpoint`)."""
+    from fairseq.sequence_generator import SequenceGenerator
+    generator = SequenceGenerator([model], dictionary, beam_size=1, max_len_a=0, max_len_b=max_len)
     with torch.no_grad():
         hypothesis = generator.generate([model], {"net_input": {
             "src_tokens": torch.tensor([ids]), "src_lengths": torch.tensor([len(ids)])}})[0][0]["tokens"]
