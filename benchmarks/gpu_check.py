@@ -89,7 +89,7 @@ SIZES = {
                        methods=["momentum triton", "momentum triton fused", "sdpa", "linear triton"]),
         rnn=dict(shapes=["ptb-3x1150", "pmnist-256"], tanh_shapes=["pmnist-256"], repeats=8),
         hf=dict(size=dict(layers=4, hidden=512, heads=8, ffn=2048, vocab=32000), lengths=[2048, 8192],
-                tokens=16384, steps=6, warmup=3, contexts=[512, 8192], new_tokens=64, repeats=3,
+                tokens=16384, steps=6, warmup=3, contexts=[512, 8192], new_tokens=64, repeats=5,
                 profile_steps=16)),
     "dry-run": dict(
         attention=dict(cases=[("bf16", [(1, 1, 16, 64)]), ("fp32", [(1, 1, 16, 64)])],

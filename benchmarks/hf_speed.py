@@ -24,11 +24,7 @@ def run(sizes, mode, device, budget_s):
         for name, make in (("momentum", gpu_train.momentum_model), ("llama", gpu_train.llama_model)):
             args = (make, T, sizes["tokens"], sizes["steps"], sizes["warmup"], sizes["size"], device)
             train[name, T] = "budget" if over() else guarded(lambda: gpu_train.measure(*args), device)
-    generation, compiled = {}, {}
-    for context in sizes["contexts"]:
-        for name in ("momentum", "llama", "momentum compiled"):
-            generation[name, context] = ("budget" if over() else guarded(
-                lambda: decode_rate(name, context, sizes, device, compiled), device))
+    generation, generation_rounds = decode_rates(sizes, device, over)
     profiles = {}
     for context in sizes["contexts"]:
         profiles[context] = ("budget" if over() else
@@ -40,9 +36,11 @@ def run(sizes, mode, device, budget_s):
                        guarded(lambda: train_profile(name, longest, sizes, device), device))
     rows = dict(train={f"{k[0]}@{k[1]}": v for k, v in train.items()},
                 generation={f"{k[0]}@{k[1]}": v for k, v in generation.items()},
+                generation_rounds={f"{k[0]}@{k[1]}": v for k, v in generation_rounds.items()},
                 decode_profile={str(k): v for k, v in profiles.items()},
                 train_profile={f"{name}@{longest}": v for name, v in steps.items()})
-    markdown = "\n\n".join([hf_markdown(train, generation, sizes, mode), profile_markdown(profiles, sizes),
+    markdown = "\n\n".join([hf_markdown(train, generation, generation_rounds, sizes, mode),
+                             profile_markdown(profiles, sizes),
                              train_profile_markdown(steps, longest, sizes)])
     return dict(status="ok", rows=rows, markdown=markdown)
 
@@ -61,57 +59,98 @@ def guarded(fn, device):
             torch.cuda.empty_cache()
 
 
-def decode_rate(name, context, sizes, device, compiled=None):
-    """Greedy decoding tokens/s at batch 1 after a `context`-token prompt: prefill untimed, then
-    new_tokens cached forward steps (argmax fed back) timed as one region, median of repeats.
-    name: "momentum" (MomentumCache, eager), "llama" (DynamicCache) or "momentum compiled": a
-    StaticMomentumCache, the prompt eager, every step through torch.compile(fullgraph=True,
-    dynamic=False) of the model, mode="reduce-overhead" (CUDA graphs) on CUDA; elsewhere (the dry
-    run) with the aot_eager backend, which traces the graph inductor would compile without its
-    C++ build (about 50 s on 2 shared cores). That model, its compiled step and its cache are
-    kept in `compiled` (a dict) for every context: the step's graph does not depend on the
-    context, so it is compiled once, and the cache is reset between passes, so the graph keeps
+DECODERS = ("momentum", "llama", "momentum compiled")
+
+
+def decode_rates(sizes, device, over):
+    """Greedy decoding tokens/s at batch 1 after each context's prompt, for every (decoder, context)
+    cell of DECODERS × sizes["contexts"]: prefill untimed, then new_tokens cached forward steps
+    (argmax fed back) timed as one region. A decode step at batch 1 waits on the host, whose speed
+    drifts within a run (on the H200, 2026-12-04, the same ops took 2.65 and 3.31 ms a step in two
+    passes minutes apart; docs/benchmarks.md): so, after one untimed pass of every cell (which
+    compiles and tunes), each of
+    sizes["repeats"] rounds times every cell once, in an order that rotates from round to round, with
+    Python's garbage collector held off during the timed steps (as timeit does), so that what slows
+    the host falls on all cells alike and the ratios can be taken within a round.
+    Returns ({(name, context): median tokens/s, or why not}, {(name, context): tokens/s per round}).
+    One model per decoder serves every context (its position table sized for the longest). "momentum":
+    MomentumCache, eager; "llama": DynamicCache; "momentum compiled": a StaticMomentumCache, the prompt
+    eager, every step through torch.compile(fullgraph=True, dynamic=False) of the model,
+    mode="reduce-overhead" (CUDA graphs) on CUDA; elsewhere (the dry run) with the aot_eager backend,
+    which traces the graph inductor would compile without its C++ build. Its graph does not depend on
+    the context, so it is compiled once, and the cache is reset between passes, so the graph keeps
     reading the same buffers."""
     import statistics
 
+    cells = [(name, context) for context in sizes["contexts"] for name in DECODERS]
+    rates = {cell: [] for cell in cells}
+    failed, passes = {}, {}
+    for name in DECODERS:
+        made = "budget" if over() else guarded(lambda: _decoder(name, sizes, device), device)
+        for context in sizes["contexts"]:
+            if isinstance(made, str):
+                failed[name, context] = made
+            else:
+                passes[name, context] = (lambda made=made, context=context:
+                                         _timed_pass(made, context, sizes, device))
+    for round_ in range(sizes["repeats"] + 1):                  # round 0, untimed, compiles and tunes
+        live = [cell for cell in cells if cell in passes and cell not in failed]
+        shift = round_ % max(len(live), 1)
+        for cell in live[shift:] + live[:shift]:
+            if over():                                          # the cells keep the rounds they have
+                break
+            rate = guarded(passes[cell], device)
+            if isinstance(rate, str):
+                failed[cell] = rate
+            elif round_:
+                rates[cell].append(rate)
+    medians = {cell: failed.get(cell) or (statistics.median(rates[cell]) if rates[cell] else "budget")
+               for cell in cells}
+    return medians, {cell: rates[cell] for cell in cells if cell not in failed and rates[cell]}
+
+
+def _decoder(name, sizes, device):
+    """(name, model, step, cache) for DECODERS' `name`, its position table sized for the longest
+    context; cache None where every pass makes its own (MomentumCache, DynamicCache)."""
     import gpu_train
+    import torch
+
+    from hf_momentum import StaticMomentumCache
+    longest = max(sizes["contexts"]) + sizes["new_tokens"] + 1
+    make = gpu_train.llama_model if name == "llama" else gpu_train.momentum_model
+    model = make(longest, sizes["size"]).to(device).eval()
+    if name != "momentum compiled":
+        return name, model, model, None
+    how = dict(mode="reduce-overhead") if device == "cuda" else dict(backend="aot_eager")
+    step = torch.compile(model, fullgraph=True, dynamic=False, **how)
+    return name, model, step, StaticMomentumCache(model.config)
+
+
+def _timed_pass(decoder, context, sizes, device):
+    """One cell's pass: the prompt (untimed), then new_tokens steps timed; tokens/s."""
+    import gc
+
     import torch
     from timing import time_once_ms
 
-    from hf_momentum import MomentumCache, StaticMomentumCache
+    from hf_momentum import MomentumCache
     from hf_momentum.modeling_common import CACHE_NAME
-    torch.manual_seed(0)
-    prompt = torch.randint(0, sizes["size"]["vocab"], (1, context), device=device)
-    if name == "momentum compiled":
-        compiled = {} if compiled is None else compiled
-        if not compiled:
-            longest = max(sizes["contexts"]) + sizes["new_tokens"] + 1
-            model = gpu_train.momentum_model(longest, sizes["size"]).to(device).eval()
-            how = dict(mode="reduce-overhead") if device == "cuda" else dict(backend="aot_eager")
-            compiled.update(model=model, cache=StaticMomentumCache(model.config),
-                            step=torch.compile(model, fullgraph=True, dynamic=False, **how))
-        model, step = compiled["model"], compiled["step"]
+    name, model, step, cache = decoder
+    if cache is not None:
+        cache.reset()
     else:
-        make = gpu_train.llama_model if name == "llama" else gpu_train.momentum_model
-        model = step = make(context + sizes["new_tokens"] + 1, sizes["size"]).to(device).eval()
-
-    def decode():
-        if name == "momentum compiled":
-            cache = compiled["cache"]
-            cache.reset()
-        else:
-            cache = MomentumCache(model.config) if name == "momentum" else transformers_cache(model)
-        with torch.no_grad(), torch.autocast(device, dtype=torch.bfloat16):
-            token = model(input_ids=prompt, **{CACHE_NAME: cache}, use_cache=True).logits[:, -1:].argmax(-1)
-            return lambda: _decode_steps(step, cache, token, sizes["new_tokens"])
-
-    rates = []
-    for i in range(sizes["repeats"] + 1):
-        steps = decode()
-        ms = time_once_ms(steps, device)
-        if i:                                        # the first pass compiles and autotunes
-            rates.append(sizes["new_tokens"] / ms * 1e3)
-    return statistics.median(rates)
+        cache = MomentumCache(model.config) if name == "momentum" else transformers_cache(model)
+    torch.manual_seed(context)
+    prompt = torch.randint(0, sizes["size"]["vocab"], (1, context), device=device)
+    with torch.no_grad(), torch.autocast(device, dtype=torch.bfloat16):
+        token = model(input_ids=prompt, **{CACHE_NAME: cache}, use_cache=True).logits[:, -1:].argmax(-1)
+    gc.collect()
+    gc.disable()
+    try:
+        ms = time_once_ms(lambda: _decode_steps(step, cache, token, sizes["new_tokens"]), device)
+    finally:
+        gc.enable()
+    return sizes["new_tokens"] / ms * 1e3
 
 
 def _decode_steps(model, cache, token, n):
@@ -256,7 +295,7 @@ def transformers_cache(model):
     return DynamicCache(config=model.config)
 
 
-def hf_markdown(train, generation, sizes, mode):
+def hf_markdown(train, generation, rounds, sizes, mode):
     s = sizes["size"]
     compile_how = "backend='aot_eager'" if mode == "dry-run" else "mode='reduce-overhead'"
     lines = [f"Both models {s['layers']} layers, hidden {s['hidden']}, {s['heads']} heads, FFN {s['ffn']}, "
@@ -274,18 +313,28 @@ def hf_markdown(train, generation, sizes, mode):
         lines.append(f"| {T} | {m[0]:.0f} | {ll[0]:.0f} | {m[0] / ll[0]:.2f} | {m[1]:.0f} | {ll[1]:.0f} | "
                      f"{m[2] / 1e6:.1f}M / {ll[2] / 1e6:.1f}M |")
     lines += ["", f"Generation: batch 1, greedy, {sizes['new_tokens']} tokens after the prompt, one cached "
-              "forward per token under bf16 autocast (prefill not timed), median of "
-              f"{sizes['repeats']} after one untimed pass (which compiles). Momentum: MomentumCache (O(1) "
-              "state per layer), eager; momentum compiled: StaticMomentumCache, the prompt eager, each "
-              f"step through torch.compile(fullgraph=True, {compile_how}); Llama: DynamicCache "
-              "(KV grows with the context).", "",
+              "forward per token under bf16 autocast (prefill not timed); every cell timed once in each "
+              f"of {sizes['repeats']} rounds, in an order that rotates, after one untimed round (which "
+              "compiles), "
+              "with the garbage collector held off while timing: tok/s are medians over the rounds, the "
+              "ratios medians of the ratios within a round (their range beside them). Momentum: "
+              "MomentumCache (O(1) state per layer), eager; momentum compiled: StaticMomentumCache, the "
+              f"prompt eager, each step through torch.compile(fullgraph=True, {compile_how}); Llama: "
+              "DynamicCache (KV grows with the context).", "",
               f"| context | momentum tok/s | momentum, static cache + torch.compile({compile_how}) "
               "tok/s | Llama tok/s | momentum / Llama | compiled / Llama |",
               "|---:|---:|---:|---:|---:|---:|"]
     for context in sizes["contexts"]:
         m, c, ll = (generation[name, context] for name in ("momentum", "momentum compiled", "llama"))
-        ratio = lambda a: "—" if isinstance(a, str) or isinstance(ll, str) else f"{a / ll:.2f}"
-        lines.append(f"| {context} | {_cell(m)} | {_cell(c)} | {_cell(ll)} | {ratio(m)} | {ratio(c)} |")
+        lines.append(f"| {context} | {_cell(m)} | {_cell(c)} | {_cell(ll)} | "
+                     f"{_round_ratio(rounds, ('momentum', context), ('llama', context))} | "
+                     f"{_round_ratio(rounds, ('momentum compiled', context), ('llama', context))} |")
+    if len(sizes["contexts"]) >= 2:
+        short, long = min(sizes["contexts"]), max(sizes["contexts"])
+        lines += ["", f"Tokens/s at context {long} over those at {short}, within each round: momentum "
+                  f"{_round_ratio(rounds, ('momentum', long), ('momentum', short))}, momentum compiled "
+                  f"{_round_ratio(rounds, ('momentum compiled', long), ('momentum compiled', short))}, "
+                  f"Llama {_round_ratio(rounds, ('llama', long), ('llama', short))}."]
     errors = [f"- {name} at {n}: `{value}`" for table in (train, generation)
               for (name, n), value in table.items() if isinstance(value, str) and value.startswith("error")]
     if errors:
@@ -300,3 +349,14 @@ def _cell(value):
     if isinstance(value, str):
         return value.split(":")[0]
     return f"{value[0]:.0f}" if isinstance(value, (tuple, list)) else f"{value:.1f}"
+
+
+def _round_ratio(rounds, top, bottom):
+    """The median over the rounds of top's tokens/s over bottom's, with their range; — where either
+    cell has no timed round."""
+    from goals import per_round
+    ratio = per_round(rounds.get(top), rounds.get(bottom))
+    if ratio is None:
+        return "—"
+    median, low, high = ratio
+    return f"{median:.2f}" + (f" ({low:.2f}–{high:.2f})" if low != high else "")

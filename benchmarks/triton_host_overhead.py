@@ -80,7 +80,7 @@ def decode_step(B=1, H=8, D=64, beta=0.6):
 
 def model_decode_step(layers=4, hidden=64, heads=8, vocab=100, prompt=64):
     """A closure running one eager greedy decoding step of MomentumTransformerForCausalLM (a
-    MomentumCache, bf16 autocast, batch 1), as benchmarks/hf_speed.py's decode_rate does, at tiny
+    MomentumCache, bf16 autocast, batch 1), as benchmarks/hf_speed.py's decode_rates does, at tiny
     widths so that the CPU arithmetic stays small: what is timed is the host's work per step,
     the layers' attention through the Triton launcher (no-op launches; the model's backend "auto"
     takes it after allow_cpu_tensors(auto=True))."""

@@ -117,6 +117,29 @@ def test_decoding_needs_a_flat_rate_and_a_lead_over_llama():
     assert verdict(results(decode=1.4), "decoding")[1] == "no"
 
 
+def test_decoding_takes_its_ratios_within_each_round():
+    """hf_speed times every cell once per round: a round that the host slowed slows all its cells,
+    so the verdict is on the ratios within a round (here 1.6, 1.1, 1.62), not on the cells' medians
+    (330 / 290 = 1.14, which another round's slowness set)."""
+    run = results()
+    run["hf"]["rows"]["generation_rounds"] = {
+        "llama@8192": [100.0, 300.0, 290.0], "momentum@8192": [160.0, 330.0, 470.0],
+        "momentum@512": [160.0, 330.0, 470.0 / 0.96]}
+    run["hf"]["rows"]["generation"].update(
+        {"llama@8192": 290.0, "momentum@8192": 330.0, "momentum@512": 330.0})
+    measured, met = verdict(run, "decoding")
+    assert met == "yes", measured
+    assert measured.startswith("8192 / 512: 1.00 (rounds 0.96–1.00); 1.60 (rounds 1.10–1.62)× Llama at 8192")
+    assert measured.endswith("ratios within each of 3 rounds, medians)")
+    run["hf"]["rows"]["generation_rounds"]["momentum@8192"] = [160.0, 330.0, 400.0]     # 1.38 in the third
+    assert verdict(run, "decoding")[1] == "no"
+
+
+def test_per_round_pairs_the_rounds_both_cells_were_timed_in():
+    assert goals.per_round([2.0, 6.0, 9.0], [1.0, 2.0]) == (2.5, 2.0, 3.0)    # the budget stopped the second
+    assert goals.per_round([], [1.0]) is None and goals.per_round(None, [1.0]) is None
+
+
 def test_opt_in_paths_are_named_but_only_the_default_decides():
     measured, met = verdict(results(adam=2.78), "Adam LSTM")
     assert met == "no" and measured == "2.78× (41.7 / 15.0 ms); adam-cudnn: 1.00×"
