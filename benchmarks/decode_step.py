@@ -21,6 +21,7 @@ The floor is the larger; "× floor" is step time / floor.
 
     python benchmarks/decode_step.py                                   # the issue's size
     python benchmarks/decode_step.py --layers 2 --contexts 64 --batches 1   # quick look
+    python benchmarks/decode_step.py --batches 1 --contexts 512 --host-trace   # where the host's time goes
 """
 import argparse
 import json
@@ -33,7 +34,10 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
+from benchmarks.host_trace import markdown, trace  # noqa: E402
 from benchmarks.timing import synchronize, time_once_ms  # noqa: E402
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 
 def momentum_model(args):
@@ -45,7 +49,7 @@ def momentum_model(args):
         "momentum_transformer", vocab_size=args.vocab, hidden_size=args.hidden, num_hidden_layers=args.layers,
         num_attention_heads=args.heads, intermediate_size=args.ffn, max_position_embeddings=args.prompt + 512,
         hidden_dropout=0.0, attention_momentum=0.6, connection=args.connection)
-    return AutoModelForCausalLM.from_config(config).to(args.device).eval()
+    return AutoModelForCausalLM.from_config(config).to(args.device, DTYPES[args.dtype]).eval()
 
 
 def llama_model(args):
@@ -55,7 +59,8 @@ def llama_model(args):
                          num_hidden_layers=args.layers, num_attention_heads=args.heads,
                          num_key_value_heads=args.heads, max_position_embeddings=max(args.contexts) + 512,
                          tie_word_embeddings=True)
-    return LlamaForCausalLM._from_config(config, attn_implementation="sdpa").to(args.device).eval()
+    model = LlamaForCausalLM._from_config(config, attn_implementation="sdpa")
+    return model.to(args.device, DTYPES[args.dtype]).eval()
 
 
 def compiled(model, device):
@@ -87,6 +92,8 @@ def momentum_cases(model, args, batch: int):
     step = compiled(model, args.device)
     cases = []
     for kind, cache_class, run in (("eager", MomentumCache, model), ("compiled", StaticMomentumCache, step)):
+        if kind not in args.kinds:
+            continue
         cache = cache_class(model.config)
         model(input_ids=prompt, **{CACHE_NAME: cache}, use_cache=True)
 
@@ -105,7 +112,7 @@ def llama_cases(model, args, batch: int, context: int, steps: int):
     token = prompt[:, -1:].clone()
     step = compiled(model, args.device)
     cases = []
-    for kind in ("eager", "compiled"):
+    for kind in args.kinds:
         if kind == "eager":
             cache, run = DynamicCache(config=model.config), model
         else:
@@ -131,7 +138,7 @@ def linear_weights(model):
 
 def matmul_probe(model, batch: int, args):
     """(flops, one call) of the step's matrix products stacked into one matmul per input width."""
-    stacks = [(torch.randn(batch, width, device=args.device),
+    stacks = [(torch.randn(batch, width, device=args.device, dtype=DTYPES[args.dtype]),
                torch.cat([w.detach() for w in ws]).t().contiguous())
               for width, ws in linear_weights(model).items()]
     flops = sum(2 * batch * w.shape[0] * w.shape[1] for _, w in stacks)
@@ -209,10 +216,11 @@ def measure(batch: int, models: dict, args) -> list:
     return rows
 
 
-def table(rows) -> str:
+def table(rows, reference: str = "compiled") -> str:
+    """The rows, each also over the momentum step of `reference` kind at its batch."""
     lines = ["| model | cache | batch | context | ms/step median (min) | floor ms (compute / memory) | "
-             "× floor | × momentum compiled |", "|---|---|---:|---:|---:|---:|---:|---:|"]
-    best = {r["batch"]: r["ms"] for r in rows if r["model"] == "momentum" and r["kind"] == "compiled"}
+             f"× floor | × momentum {reference} |", "|---|---|---:|---:|---:|---:|---:|---:|"]
+    best = {r["batch"]: r["ms"] for r in rows if r["model"] == "momentum" and r["kind"] == reference}
     for r in rows:
         cache = {("momentum", "eager"): "MomentumCache, eager", ("momentum", "compiled"):
                  "StaticMomentumCache, compiled", ("llama", "eager"): "DynamicCache, eager",
@@ -242,6 +250,12 @@ def main(argv=None):
     p.add_argument("--rounds", type=int, default=10)
     p.add_argument("--per_round", type=int, default=5)
     p.add_argument("--json", help="also write the rows here")
+    p.add_argument("--kinds", nargs="+", default=["eager", "compiled"], choices=["eager", "compiled"],
+                   help="the steps to time: eager (MomentumCache, DynamicCache), compiled (static caches)")
+    p.add_argument("--dtype", default="fp32", choices=list(DTYPES), help="the models' parameters")
+    p.add_argument("--host-trace", action="store_true",
+                   help="then where the host's time goes in an eager step of each model at the first batch "
+                        "and context, on every thread, by kind (benchmarks/host_trace.py)")
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
     torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit,
@@ -251,19 +265,32 @@ def main(argv=None):
         models = {"momentum": momentum_model(args), "llama": llama_model(args)}
         for batch in args.batches:
             rows += measure(batch, models, args)
+        traces = host_traces(models, args) if args.host_trace else []
     name = (torch.cuda.get_device_name() if args.device.startswith("cuda")
             else f"CPU, {args.threads} torch thread(s)")
     print(f"{time.strftime('%Y-%m-%d')}, {name}, torch {torch.__version__}; layers {args.layers}, "
           f"d {args.hidden}, heads {args.heads}, ffn {args.ffn}, vocab {args.vocab}, "
           f"connection {args.connection}; graphs compiled during the timed steps: "
           f"{max(r['recompiles'] for r in rows)}")
-    print(table(rows))
+    print(table(rows, "compiled" if "compiled" in args.kinds else "eager"))
     rates = sorted({(r["model"], r["batch"], round(r["matmul_gflops"], 2)) for r in rows})
     print("matmul GFLOP/s at the step's shapes (model, batch, rate):", rates)
     print("copy GB/s (read + written) per case:", [round(r["copy_gbps"], 1) for r in rows])
+    for title, result in traces:
+        print("\n" + markdown(result, title))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)
+
+
+def host_traces(models, args) -> list:
+    """(title, host_trace.trace) of the eager momentum step and Llama's at the first batch and context."""
+    batch, context = args.batches[0], args.contexts[0]
+    eager = [momentum_cases(models["momentum"], args, batch)[0],
+             llama_cases(models["llama"], args, batch, context, args.warmup + 40)[0]]
+    return [(f"Host trace: {name}, eager, batch {batch}" + (f", context {at}" if at else ""),
+             trace(one, steps=20, cuda=args.device.startswith("cuda")))
+            for name, _, at, one in eager]
 
 
 if __name__ == "__main__":

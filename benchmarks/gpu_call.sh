@@ -5,13 +5,16 @@
 #   RNN, with the Adam/RMSProp LSTM's one-launch recurrence beside the default; its section opens with
 #   issue 27's goals judged from its rows (benchmarks/goals.py), printed here too;
 # - each kernel's device time beside the host's issue time and the back-to-back step, and where the
-#   host's time goes (benchmarks/gpu_kernels.py), for the default kernels and the fused ones, whose
-#   chunk loop is now software-pipelined in bf16 (session 24; one pass against split scans was
-#   measured in session 16);
+#   host's time goes (benchmarks/gpu_kernels.py: cProfile of the calling thread, and torch.profiler's
+#   self times on every thread by kind, benchmarks/host_trace.py), for the default kernels and the
+#   fused ones, whose chunk loop is now software-pipelined in bf16 (session 24; one pass against
+#   split scans was measured in session 16);
 # - exact fp32's kernels at the kept tiles and at tiles that compute each chunk's intra-chunk product
 #   once (gpu_kernels.py --tiles), in the place of session 16's NaN-marks comparison of a layer's
 #   call (`gpu_kernels.py --modes layer layer-torch-marks`, measured at B16-H16-T1k then), and with
 #   its dots as six bf16 products (MOMENTUM_TRITON_FP32_DOTS=bf16x6);
+# - an eager decode step of momentum_transformer and of Llama (bf16, batch 1, context 512): its time,
+#   and the host's self time by kind on every thread (benchmarks/decode_step.py --host-trace);
 # - an HF training step of both models at T = 8192, eager and compiled with CUDA graphs (the eager
 #   momentum step was host-bound on the H200: docs/benchmarks.md, 2026-11-28);
 # - gpu-check's tests not started in its tests part (13 on 2026-11-28), in what is left of the
@@ -67,9 +70,17 @@ echo "after gpu-check: $(compiled)"
 grep -E "^\| (bf16|fp32|[0-9]+ \|)" $OUT/check.md | cut -d'|' -f2-8 | head -30
 grep -E "^\| (ptb|pmnist)" $OUT/check.md | cut -d"|" -f2-5,8-9 | head -40     # the RNN rows, with device busy
 echo "== kernels"
-within 60 env PYTHONPATH=$SITE:$R python3 benchmarks/gpu_kernels.py --modes default fused --host-profile 25 \
-  --json $OUT/kernels.json > $OUT/kernels.log 2>&1
+within 70 env PYTHONPATH=$SITE:$R python3 benchmarks/gpu_kernels.py --modes default fused --host-profile 25 \
+  --host-trace --json $OUT/kernels.json > $OUT/kernels.log 2>&1
 grep -E "^B-H-D-T|Error" $OUT/kernels.log
+grep -A14 "^host trace, B-H-D-T 4-16-64-4096" $OUT/kernels.log | grep -E "^Host|^\| [A-Za-z]" | cut -c1-160
+# eager decoding at batch 1 waits on the host (docs/benchmarks.md, 2026-12-04): where the host's time goes
+# in a step of each model, on every thread, by kind (benchmarks/host_trace.py), bf16 weights, gpu-check's size
+echo "== an eager decode step's host time by kind: momentum, then Llama at context 512"
+within 45 env PYTHONPATH=$SITE:$R python3 benchmarks/decode_step.py --layers 4 --hidden 512 --heads 8 --ffn 2048 \
+  --vocab 32000 --batches 1 --contexts 512 --kinds eager --dtype bf16 --rounds 5 --per_round 5 --host-trace \
+  > $OUT/decode_host.log 2>&1
+grep -E "^\| (momentum|llama) |^Host|^\| [A-Za-z-]+ .*\| [0-9]+ \| [0-9]+%|Error" $OUT/decode_host.log | cut -c1-160
 # exact fp32 (5.44× bf16 on 2026-12-04, the goal 3×): the autotuner's choice now that the pruner also
 # keeps the tiles that compute the chunk's intra-chunk product once (one V tile for fwd_o and bwd_dv,
 # one K tile for bwd_dqk: 4360 against 5870 µs when forced on 2026-12-04, docs/benchmarks.md), each

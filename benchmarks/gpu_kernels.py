@@ -10,6 +10,7 @@ shapes: benchmarks/launch_model.py) this gives each kernel's achieved bandwidth 
     python benchmarks/gpu_kernels.py --json kernels.json
     python benchmarks/gpu_kernels.py --dtype fp32 --shapes 0 --modes default
     python benchmarks/gpu_kernels.py --host-profile 25    # also where the host's time to issue a step goes
+    python benchmarks/gpu_kernels.py --shapes 1 --modes default --host-trace   # the same on every thread
     python benchmarks/gpu_kernels.py --modes layer layer-torch-marks   # a decoder layer's call, NaN marks
     python benchmarks/gpu_kernels.py --dtype fp32 --shapes 0 --modes default --tiles bwd_dqk=64,16,8
                                   # each mode also with the named kernels at the given (BK, BV, warps)
@@ -31,6 +32,7 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from gpu_attention import BETA, DTYPES, triton_method
+from host_trace import markdown, trace
 from timing import device_kernel_times
 
 SHAPES = [(16, 16, 64, 1024), (4, 16, 64, 4096), (1, 16, 64, 16384), (1, 8, 64, 32768)]
@@ -270,6 +272,9 @@ def main():
     parser.add_argument("--host-profile", type=int, default=0, metavar="N",
                         help="print the N functions with the most host time per step (first shape, "
                              "default mode)")
+    parser.add_argument("--host-trace", action="store_true",
+                        help="where the host's time per step goes on every thread, by kind (benchmarks/"
+                             "host_trace.py): each shape's first mode")
     args = parser.parse_args()
     rows = []
     print(f"{torch.cuda.get_device_name()}, {args.dtype}, momentum β = {BETA}, fwd+bwd, µs per step")
@@ -308,6 +313,9 @@ def main():
             rows.append(dict(shape=shape, mode=label, dtype=args.dtype, total_us=total, launches=launches,
                              **host, kernels={k: dict(us=t, launches=n, flops=flops.get(k, 0))
                                               for k, (t, n) in times.items()}))
+            if args.host_trace and (label, one_pass, forced) == runs[0]:
+                print(markdown(trace(fwd_bwd_step(fn, *shape, dtype=args.dtype), steps=10, cuda=True),
+                               f"\nhost trace, B-H-D-T {case} {label}:"))
     if args.host_profile:
         print(f"\nhost profile, B-H-D-T {'-'.join(map(str, SHAPES[args.shapes[0]]))} default, 20 steps:")
         print(host_profile(triton_method(BETA), *SHAPES[args.shapes[0]], dtype=args.dtype,
