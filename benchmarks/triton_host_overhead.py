@@ -6,7 +6,7 @@ time (docs/benchmarks.md, 2026-11-27: 0.76 ms of kernels in a 2.34 ms fwd+bwd at
 
     python benchmarks/triton_host_overhead.py [--length 64] [--profile 25]
     python benchmarks/triton_host_overhead.py --decode        # one decoding step, no gradients
-    python benchmarks/triton_host_overhead.py --model-decode  # a 4-layer HF model's decoding step
+    python benchmarks/triton_host_overhead.py --model-decode  # a 4-layer HF model's decoding step, Llama's
     python benchmarks/triton_host_overhead.py --lstm          # MomentumLSTMs at PTB's steps and batch
 Must run without TRITON_INTERPRET (the interpreter skips the launcher)."""
 import argparse
@@ -75,6 +75,29 @@ def decode_step(B=1, H=8, D=64, beta=0.6):
     def step():
         with torch.no_grad():
             attend_step(q, k, v, state, spec, segments=segments)
+    return step
+
+
+def llama_decode_step(layers=4, hidden=64, heads=8, vocab=100, prompt=64):
+    """The same step of LlamaForCausalLM (SDPA, a DynamicCache) at the same widths: the baseline
+    whose host work per eager decoding step the momentum model's is compared with."""
+    import torch
+    from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
+
+    from hf_momentum.modeling_common import CACHE_NAME
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=vocab, hidden_size=hidden, num_hidden_layers=layers,
+                         num_attention_heads=heads, num_key_value_heads=heads, intermediate_size=4 * hidden,
+                         max_position_embeddings=100_000)
+    model = LlamaForCausalLM._from_config(config, attn_implementation="sdpa").eval()
+    cache = DynamicCache(config=config)
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        token = model(input_ids=torch.randint(0, vocab, (1, prompt)), **{CACHE_NAME: cache},
+                      use_cache=True).logits[:, -1:].argmax(-1)
+
+    def step():
+        with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+            model(input_ids=token, **{CACHE_NAME: cache}, use_cache=True)
     return step
 
 
@@ -201,7 +224,7 @@ def main():
                         help="N (B1-H1-D64): from 2048 on, one row splits its scans (split.scan_splits)")
     parser.add_argument("--decode", action="store_true", help="time one decoding step (B1-H8-D64) instead")
     parser.add_argument("--model-decode", action="store_true",
-                        help="time an eager decoding step of a 4-layer HF momentum model instead")
+                        help="time an eager decoding step of a 4-layer HF momentum model and Llama's instead")
     parser.add_argument("--model-train", action="store_true",
                         help="time a training forward+backward of a 4-layer HF momentum model instead")
     parser.add_argument("--lstm", action="store_true",
@@ -222,11 +245,22 @@ def main():
               f"them computing; {python_calls(step)} function calls per step (cProfile)")
         return
     if args.model_decode:
-        per_call, us, ops, computing = model_step_report(model_decode_step(), args.rounds, 20, warm=20)
-        print(f"host µs per eager decoding step of MomentumTransformerForCausalLM (4 layers, hidden 64, "
-              f"8 heads, batch 1, MomentumCache, bf16 autocast; median of {args.rounds} rounds of 20): "
-              f"{us:.0f}; {per_call} Triton launches and {ops} aten ops per step, {computing} of them "
-              "computing")
+        steps = {"momentum": model_decode_step(), "Llama-SDPA": llama_decode_step()}
+        for step in steps.values():
+            for _ in range(20):                  # compilation and autotuning
+                step()
+        counts = {name: (launches_of(step), *aten_ops(step), python_calls(step))
+                  for name, step in steps.items()}
+        rounds = {name: [] for name in steps}
+        for _ in range(args.rounds):             # alternating, so that load on the machine hits both
+            for name, step in steps.items():
+                rounds[name].append(host_us(step, rounds=1, calls=20))
+        print(f"host µs per eager decoding step (4 layers, hidden 64, 8 heads, batch 1, bf16 autocast; "
+              f"median of {args.rounds} alternating rounds of 20): MomentumTransformerForCausalLM with a "
+              "MomentumCache, LlamaForCausalLM (SDPA) with a DynamicCache, the CPU's arithmetic included")
+        for name, (launches, ops, computing, calls) in counts.items():
+            print(f"  {name}: {statistics.median(rounds[name]):.0f} µs; {launches} Triton launches, {ops} "
+                  f"aten ops ({computing} computing), {calls} function calls (cProfile) per step")
         return
     if args.lstm:
         variants = ("adam-triton", "adam-triton-one-launch", "adam-cudnn", "momentum")

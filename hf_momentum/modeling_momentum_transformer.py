@@ -90,7 +90,7 @@ class MomentumCache(RecurrentCache):
             held = self.get_key_values(layer_idx)
             return None if held is None else KeyValueCache(*held)
         states = self.get_states(layer_idx)
-        return None if states is None else MomentumAttentionState(*states)
+        return None if states is None else MomentumAttentionState.trusted(*states)
 
     def set_attention_state(self, layer_idx: int, state) -> None:
         if isinstance(state, KeyValueCache):

@@ -89,7 +89,8 @@ class RecurrentCache(CroppableStatesMixin, Cache):
         layer = self.layers[layer_idx]
         if not all(layer.has_previous_state.values()):
             return None
-        return tuple(layer.recurrent_states[i] for i in range(self.num_states))
+        states = layer.recurrent_states
+        return tuple([states[i] for i in range(self.num_states)])
 
     def set_states(self, layer_idx: int, states: Sequence[torch.Tensor]) -> None:
         if len(states) != self.num_states:

@@ -216,15 +216,15 @@ def compare() -> list[str]:
 
 
 def keys_of_a_seen_call(triton_launch, named) -> list[str]:
-    """The Triton entry's forward+backward, and a decoder layer's (`attend`: the feature and marks
-    kernels too), called again with inputs that describe alike compute no launch's key: every
-    launch is planned."""
+    """The Triton entry's forward+backward, a decoder layer's (`attend`: the feature and marks
+    kernels too) and a decoding step's (the marked step, and the entry's plain step), called again
+    with inputs that describe alike compute no launch's key: every launch is planned."""
     counted, key = [], triton_launch.DirectLaunch.key
     triton_launch.VERIFY_PLANS = False
     triton_launch.DirectLaunch.key = lambda self, args, kwargs: counted.append(1) or key(self, args, kwargs)
     failures = []
     try:
-        for name in ("chunk entry", "trusted path"):
+        for name in ("chunk entry", "trusted path", "decoding step", "aligned v"):
             named[name]()
             counted.clear()
             named[name]()

@@ -70,7 +70,7 @@ def _step_state(state, B: int, H: int, D: int, Dv: int, dtype: torch.dtype, devi
     if state is None:
         return MomentumAttentionState.zeros(B, H, D, Dv, dtype=dtype, device=device)
     check_state(state, B, H, D, Dv, device)
-    return state.to(dtype)
+    return state if state.s.dtype == dtype else state.to(dtype)     # a state's parts share one dtype
 
 
 def _marked_step(chosen, q, k, v, state, spec, real, out_dtype):

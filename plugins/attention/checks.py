@@ -84,7 +84,10 @@ def check_padding_mask(padding_mask: Optional[torch.Tensor], batch: int, length:
 def compute_dtype(*tensors: torch.Tensor) -> torch.dtype:
     """States and denominators accumulate in float32 (float64 when an input is float64),
     whatever the input precision."""
-    return torch.float64 if any(t.dtype == torch.float64 for t in tensors) else torch.float32
+    for t in tensors:
+        if t.dtype == torch.float64:
+            return torch.float64
+    return torch.float32
 
 
 def as_dtype(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

@@ -134,7 +134,7 @@ class NonFiniteMarks:
             key = _segment_sum(self.key, segments, count)[0].transpose(0, 1).to(state.s.dtype)
             value = _segment_sum(self.value, segments, count)[0].transpose(0, 1).to(state.s.dtype)
         both = key[..., :, None] + value[..., None, :]
-        return MomentumAttentionState(s=state.s + both, z=state.z + key, m=state.m + both)
+        return MomentumAttentionState.trusted(state.s + both, state.z + key, state.m + both)
 
 
 def _segment_sum(marks: torch.Tensor, segments: torch.Tensor, count: int) -> torch.Tensor:

@@ -28,4 +28,4 @@ def fused_recurrent_step(fq: torch.Tensor, fk: torch.Tensor, v: torch.Tensor,
         s = torch.where(keep[..., None, None], s, state.s)
         z = torch.where(keep[..., None], z, state.z)
         out = torch.where(keep[..., None], out, torch.zeros((), dtype=out.dtype, device=out.device))
-    return out, MomentumAttentionState(s=s, z=z, m=m)
+    return out, MomentumAttentionState.trusted(s, z, m)

@@ -32,7 +32,7 @@ class AttentionSpec:
         set_(self, "momentum", check_momentum(self.momentum))
         set_(self, "step_size", check_positive(self.step_size, "step_size"))
         set_(self, "causal", check_bool(self.causal, "causal"))
-        resolve_feature_map(self.feature_map)
+        set_(self, "_phi", resolve_feature_map(self.feature_map))     # read per layer and token
         set_(self, "eps", check_positive(self.eps, "eps"))
         set_(self, "chunk_size", check_chunk_size(self.chunk_size))
         set_(self, "backend", check_backend(self.backend))
@@ -45,4 +45,4 @@ class AttentionSpec:
 
     @property
     def phi(self) -> Callable[[torch.Tensor], torch.Tensor]:
-        return resolve_feature_map(self.feature_map)
+        return self._phi

@@ -87,7 +87,8 @@ class MultiHeadAttention(nn.Module):
         (softmax) and return the new state. softmax_masks: the stack's masks of these segments
         (softmax only; None: built here). Returns (output, new state or None)."""
         segments = _segments_of_call(segments, padding_mask, x)
-        q, k, v = (self._heads(y) for y in self._projections(x))
+        q, k, v = self._projections(x)
+        q, k, v = self._heads(q), self._heads(k), self._heads(v)
         out, state = self.attend(q, k, v, segments=segments, state=state, recurrent=recurrent,
                                  softmax_masks=softmax_masks)
         return self._output(out), state
@@ -102,7 +103,7 @@ class MultiHeadAttention(nn.Module):
         projections = (self.q_proj, self.k_proj, self.v_proj)
         if not (torch.is_grad_enabled() and joinable(projections)):
             x = shared_input(x)
-            return tuple(proj(x) for proj in projections)
+            return projections[0](x), projections[1](x), projections[2](x)
         weight = torch.cat([proj.weight for proj in projections])
         bias = None if self.q_proj.bias is None else torch.cat([proj.bias for proj in projections])
         return F.linear(x, weight, bias).split([proj.out_features for proj in projections], dim=-1)

@@ -64,7 +64,7 @@ def chunk_momentum_attention(
         return out, None
     if momentum == 0.0:
         m = _last_momentum(fk, v, lengths, cu_seqlens, m0)
-    return out, MomentumAttentionState(s=s, z=z, m=m)
+    return out, MomentumAttentionState.trusted(s, z, m)
 
 
 def _tables(fq, lengths, cu_seqlens):
@@ -199,10 +199,10 @@ def fused_recurrent_step(fq: torch.Tensor, fk: torch.Tensor, v: torch.Tensor,
     if real is not None:
         flags = real.to(device=fq.device, dtype=torch.bool)[:, None].expand(B, H).to(torch.int8).contiguous()
     if fq.numel() == 0 or v.numel() == 0:
-        return v.new_zeros(v.shape, dtype=out_dtype), MomentumAttentionState(s=s, z=z, m=m)
+        return v.new_zeros(v.shape, dtype=out_dtype), MomentumAttentionState.trusted(s, z, m)
     out, s, z, m = momentum_attention_step_op(fq, fk, v, s, z, m, flags, float(momentum), float(step_size),
                                               float(eps))
-    return out.to(out_dtype), MomentumAttentionState(s=s, z=z, m=m)
+    return out.to(out_dtype), MomentumAttentionState.trusted(s, z, m)
 
 
 def marked_recurrent_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, state: MomentumAttentionState,
@@ -215,10 +215,10 @@ def marked_recurrent_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sta
     is False keep their state and output 0. Returns the output (B, H, Dv) in out_dtype and the new
     state. Not differentiable: attend.attend_step takes it only for steps without gradients."""
     q, k, v = kernel_inputs(q, k, v)
-    s, z, m = (t.contiguous() for t in (state.s, state.z, state.m))
+    s, z, m = state.s.contiguous(), state.z.contiguous(), state.m.contiguous()
     if q.numel() == 0 or v.numel() == 0:
-        return v.new_zeros(v.shape, dtype=out_dtype), MomentumAttentionState(s=s, z=z, m=m)
+        return v.new_zeros(v.shape, dtype=out_dtype), MomentumAttentionState.trusted(s, z, m)
     flags = None if real is None else real.to(device=q.device, dtype=torch.int8)
     out, s, z, m = marked_step(q, k, v, s, z, m, flags, MARKED_FEATURE_MAPS[feature_map], float(momentum),
                                float(step_size), float(eps))
-    return out.to(out_dtype), MomentumAttentionState(s=s, z=z, m=m)
+    return as_dtype(out, out_dtype), MomentumAttentionState.trusted(s, z, m)

@@ -9,7 +9,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ...triton_launch import cdiv, direct
+from ...triton_launch import cdiv, described, direct, launch_plan
 from .utils import block, check_grid, coefficients, device_of
 
 
@@ -141,7 +141,9 @@ def _launch(q, k, v, s, z, m, real, flag_rows: int, phi: int, momentum: float, s
     out = torch.empty_like(v)
     # a program holds a few (BK, BV) fp32 tiles in registers: at most 64 × 64 each, whatever Dk
     BK, BV = block(DK), block(DV)
-    with device_of(q):
+    # one launch a layer and token: planned, its key and grid are computed once per signature (the
+    # shapes fix the constants and the grid; the buffers made here are aligned)
+    with device_of(q), launch_plan(described(q, k, v, s, z, m, real, coef) + (flag_rows, phi)):
         direct(step_kernel)[(cdiv(DV, BV), B * H)](
             q, k, v, s, z, m, real if real is not None else z, s_new, z_new, m_new, out, coef, flag_rows,
             DK=DK, DV=DV, BK=BK, BV=BV, HAS_REAL=real is not None, PHI=phi)

@@ -170,6 +170,12 @@ def kernel_inputs(*tensors: torch.Tensor) -> tuple:
     """The tensors in their promoted dtype (the kernels' matmuls take two operands of one dtype;
     `kernel_dtype` of it), contiguous (the kernels assume it)."""
     dtype = tensors[0].dtype
+    if not INTERPRETED:                      # as they come, most often (a decoding step's q, k, v)
+        for t in tensors:
+            if t.dtype != dtype or not t.is_contiguous():
+                break
+        else:
+            return tensors
     for t in tensors[1:]:
         dtype = torch.promote_types(dtype, t.dtype)
     dtype = kernel_dtype(dtype)
@@ -226,6 +232,7 @@ def device_of(t: torch.Tensor):
     return torch.cuda.device(t.device) if t.is_cuda else contextlib.nullcontext()
 
 
+@functools.lru_cache(maxsize=256)
 def block(dim: int, cap: int = 64) -> int:
     """Tile size along a head dimension: a power of two, at least 16 (tl.dot's minimum)."""
     return max(16, min(cap, next_power_of_2(dim)))
