@@ -83,22 +83,12 @@ def llama_decode_step(layers=4, hidden=64, heads=8, vocab=100, prompt=64):
     whose host work per eager decoding step the momentum model's is compared with."""
     import torch
     from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
-
-    from hf_momentum.modeling_common import CACHE_NAME
     torch.manual_seed(0)
     config = LlamaConfig(vocab_size=vocab, hidden_size=hidden, num_hidden_layers=layers,
                          num_attention_heads=heads, num_key_value_heads=heads, intermediate_size=4 * hidden,
                          max_position_embeddings=100_000)
     model = LlamaForCausalLM._from_config(config, attn_implementation="sdpa").eval()
-    cache = DynamicCache(config=config)
-    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
-        token = model(input_ids=torch.randint(0, vocab, (1, prompt)), **{CACHE_NAME: cache},
-                      use_cache=True).logits[:, -1:].argmax(-1)
-
-    def step():
-        with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
-            model(input_ids=token, **{CACHE_NAME: cache}, use_cache=True)
-    return step
+    return decoding_step(model, DynamicCache(config=config), vocab, prompt)
 
 
 def model_decode_step(layers=4, hidden=64, heads=8, vocab=100, prompt=64):
@@ -110,13 +100,19 @@ def model_decode_step(layers=4, hidden=64, heads=8, vocab=100, prompt=64):
     import torch
 
     from hf_momentum import MomentumCache, MomentumTransformerConfig, MomentumTransformerForCausalLM
-    from hf_momentum.modeling_common import CACHE_NAME
     torch.manual_seed(0)
     config = MomentumTransformerConfig(vocab_size=vocab, hidden_size=hidden, num_hidden_layers=layers,
                                        num_attention_heads=heads, intermediate_size=4 * hidden,
                                        max_position_embeddings=100_000, hidden_dropout=0.0)
-    model = MomentumTransformerForCausalLM(config).eval()
-    cache = MomentumCache(config)
+    return decoding_step(MomentumTransformerForCausalLM(config).eval(), MomentumCache(config), vocab, prompt)
+
+
+def decoding_step(model, cache, vocab: int, prompt: int):
+    """A closure running one cached greedy step of `model` after a `prompt`-token prompt, under bf16
+    autocast without gradients."""
+    import torch
+
+    from hf_momentum.modeling_common import CACHE_NAME
     with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
         token = model(input_ids=torch.randint(0, vocab, (1, prompt)), **{CACHE_NAME: cache},
                       use_cache=True).logits[:, -1:].argmax(-1)
