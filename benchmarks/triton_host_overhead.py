@@ -202,6 +202,19 @@ def launches_of(step) -> int:
     return triton_standin._NoLaunch.launches - before
 
 
+def compared(steps: dict, rounds: int, calls: int) -> dict:
+    """Per named step: (median host µs of `rounds` rounds of `calls` calls, the steps taking turns each
+    round so that load on the machine hits all alike; Triton launches, aten ops, those computing, and
+    function calls, per call)."""
+    counts = {name: (launches_of(step), *aten_ops(step), python_calls(step, calls=calls))
+              for name, step in steps.items()}
+    times = {name: [] for name in steps}
+    for _ in range(rounds):
+        for name, step in steps.items():
+            times[name].append(host_us(step, rounds=1, calls=calls))
+    return {name: (statistics.median(times[name]), *counts[name]) for name in steps}
+
+
 def model_step_report(step, rounds: int, calls: int, warm: int) -> tuple:
     """(Triton launches, host µs, aten ops, computing aten ops) of one model step after `warm` steps
     (compilation and autotuning)."""
@@ -245,34 +258,21 @@ def main():
         for step in steps.values():
             for _ in range(20):                  # compilation and autotuning
                 step()
-        counts = {name: (launches_of(step), *aten_ops(step), python_calls(step))
-                  for name, step in steps.items()}
-        rounds = {name: [] for name in steps}
-        for _ in range(args.rounds):             # alternating, so that load on the machine hits both
-            for name, step in steps.items():
-                rounds[name].append(host_us(step, rounds=1, calls=20))
         print(f"host µs per eager decoding step (4 layers, hidden 64, 8 heads, batch 1, bf16 autocast; "
               f"median of {args.rounds} alternating rounds of 20): MomentumTransformerForCausalLM with a "
               "MomentumCache, LlamaForCausalLM (SDPA) with a DynamicCache, the CPU's arithmetic included")
-        for name, (launches, ops, computing, calls) in counts.items():
-            print(f"  {name}: {statistics.median(rounds[name]):.0f} µs; {launches} Triton launches, {ops} "
-                  f"aten ops ({computing} computing), {calls} function calls (cProfile) per step")
+        for name, (us, launches, ops, computing, calls) in compared(steps, args.rounds, 20).items():
+            print(f"  {name}: {us:.0f} µs; {launches} Triton launches, {ops} aten ops ({computing} "
+                  f"computing), {calls} function calls (cProfile) per step")
         return
     if args.lstm:
         variants = ("adam-triton", "adam-triton-one-launch", "adam-cudnn", "momentum")
         steps = {name: lstm_fwd_bwd(name) for name in variants}
-        counts = {name: (launches_of(step), aten_ops(step)[1], python_calls(step, calls=3))
-                  for name, step in steps.items()}
-        rounds = {name: [] for name in variants}
-        for _ in range(args.rounds):             # alternating, so that load on the machine hits all
-            for name in variants:
-                rounds[name].append(host_us(steps[name], rounds=1, calls=3) / 1e3)
         print(f"host ms per forward+backward of a 3-layer MomentumLSTM (T 70, B 20, hidden 32, float32; "
               f"Triton launch path, no-op launches; median of {args.rounds} rounds of 3):")
-        for name in variants:
-            print(f"  {name}: {statistics.median(rounds[name]):.2f} ms; {counts[name][0]} Triton launches, "
-                  f"{counts[name][1]} computing aten ops and {counts[name][2]} function calls (cProfile) "
-                  "per call")
+        for name, (us, launches, _, computing, calls) in compared(steps, args.rounds, 3).items():
+            print(f"  {name}: {us / 1e3:.2f} ms; {launches} Triton launches, {computing} computing aten ops "
+                  f"and {calls} function calls (cProfile) per call")
         return
     if args.decode:
         step = decode_step()

@@ -170,7 +170,7 @@ def kernel_inputs(*tensors: torch.Tensor) -> tuple:
     """The tensors in their promoted dtype (the kernels' matmuls take two operands of one dtype;
     `kernel_dtype` of it), contiguous (the kernels assume it)."""
     dtype = tensors[0].dtype
-    if not INTERPRETED:                      # as they come, most often (a decoding step's q, k, v)
+    if kernel_dtype(dtype) == dtype:         # as they come, most often (a decoding step's q, k, v)
         for t in tensors:
             if t.dtype != dtype or not t.is_contiguous():
                 break
