@@ -29,7 +29,8 @@ fairseq-preprocess, as RoBERTa's examples do) one that encodes with it and maps 
 dictionary's; with subword-nmt's BPE (the task's --bpe subword_nmt, or --bpe-codes for data
 segmented before fairseq-preprocess, as fairseq's translation examples do) one that segments with its
 codes, after Moses where the task had --tokenizer moses or --tokenizer moses is given, and decodes as
---post-process subword_nmt and Moses' detokenizer do; otherwise, where the dictionary holds words, a
+--post-process subword_nmt and Moses' detokenizer do; with fastBPE's (the task's --bpe fastbpe, or
+--fastbpe-codes) the same, on its merges; otherwise, where the dictionary holds words, a
 word-level one (Moses' words with --tokenizer moses; a translation model's appends `</s>` to a
 source, as fairseq's datasets do); with another BPE, or subword symbols or GPT-2 ids and no BPE
 files, none (a warning says so). A translation model's two dictionaries become the
@@ -476,9 +477,36 @@ class Moses:
 @dataclass
 class SubwordNMT:
     """fairseq's `--bpe subword_nmt`: subword-nmt's codes file and the separator that ends a piece a
-    word continues."""
+    word continues; or its `--bpe fastbpe` (`of_fastbpe`), which segments as subword-nmt does with the
+    same merges. `name` is the fairseq BPE it stands for, `flag` the converter's option that gives it."""
     codes: Path
     separator: str = "@@"
+    name: str = "subword_nmt"
+    flag: str = "--bpe-codes"
+
+    @classmethod
+    def of_fastbpe(cls, codes: Path) -> "SubwordNMT":
+        """fastBPE's codes as subword-nmt's: fastBPE writes a merge a line, `left right count`, in the
+        order it applies them, with `</w>` ending a word's last symbol; subword-nmt's version 0.2
+        codes are the same pairs in the same order without the counts. Both split a word into
+        characters, `</w>` on the last, merge the lowest-ranked pair's every non-overlapping
+        occurrence from the left until no pair is a code, then join the pieces with `@@ ` (fairseq's
+        fastbpe has no other separator), so the saved tokenizer needs subword-nmt, not fastBPE.
+        The converted codes go to a temporary file, which the saved tokenizer copies as its own."""
+        import tempfile
+        if not Path(codes).is_file():
+            raise ValueError(f"--fastbpe-codes: no file {codes}")
+        pairs = []
+        with open(codes, encoding="utf-8") as lines:
+            for number, line in enumerate(lines, 1):
+                fields = line.rstrip("\r\n").split(" ")
+                if len(fields) != 3 or not fields[2].isdigit() or not all(fields[:2]):
+                    raise ValueError(f"--fastbpe-codes: {codes}, line {number}: {line.strip()!r} is not "
+                                     "fastBPE's 'left right count'")
+                pairs.append(f"{fields[0]} {fields[1]}\n")
+        converted = Path(tempfile.mkdtemp()) / "bpecodes"
+        converted.write_text("#version: 0.2\n" + "".join(pairs), encoding="utf-8")
+        return cls(converted, "@@", name="fastbpe", flag="--fastbpe-codes")
 
 
 def subword_nmt_tokenizer(dictionary, bpe: Optional[SubwordNMT], moses: Optional[Moses], pattern: str,
@@ -487,12 +515,12 @@ def subword_nmt_tokenizer(dictionary, bpe: Optional[SubwordNMT], moses: Optional
     subword-nmt's BPE of `bpe.codes` (or none: Moses' words), with the dictionaries' ids
     (`dictionary_tokenizer`)."""
     import importlib.util
-    for package, pip_name, needed_by in (("subword_nmt", "subword-nmt", bpe and "--bpe-codes"),
+    for package, pip_name, needed_by in (("subword_nmt", "subword-nmt", bpe and bpe.flag),
                                          ("sacremoses", "sacremoses", moses and "--tokenizer moses")):
         if needed_by and importlib.util.find_spec(package) is None:
             raise ValueError(f"{needed_by} needs the {pip_name} package: pip install {pip_name}")
     if bpe is not None and not Path(bpe.codes).is_file():
-        raise ValueError(f"--bpe-codes: no file {bpe.codes}")
+        raise ValueError(f"{bpe.flag}: no file {bpe.codes}")
     from hf_momentum.tokenization_fairseq_subword_nmt import FairseqSubwordNMTTokenizer
     moses_options = {} if moses is None else dict(
         moses=True, moses_source_lang=moses.source_lang, moses_target_lang=moses.target_lang,
@@ -518,17 +546,18 @@ def saved_tokenizer(dictionary, config, bpe, sentencepiece_model: Optional[Path]
     """The tokenizer to save beside the converted model, or None (with a warning saying why): the
     sentencepiece model's (given, or the task's --bpe sentencepiece), GPT-2's BPE (`gpt2_files`:
     encoder.json and vocab.bpe given, or the task's --bpe gpt2 files), subword-nmt's BPE (given, or
-    the task's --bpe subword_nmt codes) after Moses where the text was Moses-tokenized (`moses` given,
-    or the task's --tokenizer moses, `task_tokenizer`), else a word-level one where the dictionary
-    holds words (Moses' words with Moses). A translation model's target dictionary, where it differs
+    the task's --bpe subword_nmt codes; fastBPE's, the task's --bpe fastbpe, as subword-nmt's) after
+    Moses where the text was Moses-tokenized (`moses` given, or the task's --tokenizer moses,
+    `task_tokenizer`), else a word-level one where the dictionary holds words (Moses' words with
+    Moses). A translation model's target dictionary, where it differs
     from the source's, is the tokenizer's second vocabulary (text_target= and decoding)."""
     if target_dictionary is not None and target_dictionary.symbols == dictionary.symbols:
         target_dictionary = None
     from transformers.tokenization_utils_base import VERY_LARGE_INTEGER
     name = None if bpe is None else bpe.get("_name")
     if sum(given is not None for given in (sentencepiece_model, gpt2_files, subword_nmt)) > 1:
-        raise ValueError("--sentencepiece-model, --gpt2-encoder-json and --bpe-codes: the data had one BPE; "
-                         "pass one")
+        raise ValueError("--sentencepiece-model, --gpt2-encoder-json, --bpe-codes and --fastbpe-codes: the "
+                         "data had one BPE; pass one")
     if sentencepiece_model is None and gpt2_files is None and subword_nmt is None:   # the task's own BPE
         if name == "sentencepiece":
             sentencepiece_model = Path(bpe.get("sentencepiece_model"))
@@ -536,11 +565,14 @@ def saved_tokenizer(dictionary, config, bpe, sentencepiece_model: Optional[Path]
             gpt2_files = (bpe.get("gpt2_encoder_json"), bpe.get("gpt2_vocab_bpe"))
         elif name == "subword_nmt":
             subword_nmt = SubwordNMT(Path(bpe.get("bpe_codes")), bpe.get("bpe_separator", "@@"))
+        elif name == "fastbpe":
+            subword_nmt = SubwordNMT.of_fastbpe(Path(bpe.get("bpe_codes")))
     task_moses = Moses.of_task(task_tokenizer)
     task_tokenizer_name = None if task_tokenizer is None else task_tokenizer.get("_name")
     if moses is not None and (sentencepiece_model is not None or gpt2_files is not None):
         raise ValueError("--tokenizer moses: the saved tokenizer runs Moses before subword-nmt's BPE "
-                         "(--bpe-codes) or on a dictionary of words, not before sentencepiece or GPT-2's BPE")
+                         "(--bpe-codes), fastBPE's (--fastbpe-codes) or on a dictionary of words, not before "
+                         "sentencepiece or GPT-2's BPE")
     if moses is None and task_tokenizer_name not in (None, "space"):
         if task_moses is None or sentencepiece_model is not None or gpt2_files is not None:
             logger.warning("the task used --tokenizer %s before its BPE: no tokenizer is saved; encode text "
@@ -561,8 +593,8 @@ def saved_tokenizer(dictionary, config, bpe, sentencepiece_model: Optional[Path]
         return sentencepiece_tokenizer(dictionary, sentencepiece_model, pattern, max_length,
                                        target_dictionary)
     if subword_nmt is not None:
-        if name not in (None, "subword_nmt"):
-            raise ValueError(f"--bpe-codes: the task used --bpe {name}, not subword_nmt")
+        if name not in (None, subword_nmt.name):
+            raise ValueError(f"{subword_nmt.flag}: the task used --bpe {name}, not {subword_nmt.name}")
         return subword_nmt_tokenizer(dictionary, subword_nmt, moses, pattern, max_length, target_dictionary)
     if name is not None:
         logger.warning("the task used --bpe %s: no tokenizer is saved; encode text as fairseq does "
@@ -572,8 +604,9 @@ def saved_tokenizer(dictionary, config, bpe, sentencepiece_model: Optional[Path]
         logger.warning("the dictionary holds subword pieces or GPT-2 BPE ids (the data was segmented "
                        "before fairseq-preprocess): no tokenizer is saved, as a word-level one would read "
                        "raw words as <unk>; pass --sentencepiece-model with the sentencepiece model that "
-                       "segmented the data, --bpe-codes with subword-nmt's codes (and --tokenizer moses "
-                       "where Moses tokenized the text first), or --gpt2-encoder-json and "
+                       "segmented the data, --bpe-codes with subword-nmt's codes or --fastbpe-codes with "
+                       "fastBPE's (and --tokenizer moses where Moses tokenized the text first), or "
+                       "--gpt2-encoder-json and "
                        "--gpt2-vocab-bpe with GPT-2's BPE files")
         return None
     if moses is not None:
@@ -633,6 +666,10 @@ def main(argv=None):
                              "--bpe subword_nmt codes are found themselves): the saved tokenizer segments "
                              "with them and maps pieces to the dictionary's ids")
     parser.add_argument("--bpe-separator", default="@@", help="with --bpe-codes: subword-nmt's separator")
+    parser.add_argument("--fastbpe-codes", type=Path, default=None,
+                        help="fastBPE's codes that segmented the training data (when that happened before "
+                             "fairseq-preprocess; a task's --bpe fastbpe codes are found themselves): the "
+                             "saved tokenizer segments as fastBPE does, with subword-nmt on the same merges")
     parser.add_argument("--tokenizer", choices=["moses"], default=None,
                         help="moses: the text was Moses-tokenized before its BPE (or, without BPE, into the "
                              "dictionary's words); the saved tokenizer does the same, and detokenizes "
@@ -663,8 +700,14 @@ def main(argv=None):
                      "options of --tokenizer moses, which is not given")
     moses = None if args.tokenizer is None else Moses(args.moses_source_lang, args.moses_target_lang,
                                                       not args.moses_no_dash_splits, not args.moses_no_escape)
-    subword_nmt = None if args.bpe_codes is None else SubwordNMT(args.bpe_codes, args.bpe_separator)
+    if args.bpe_codes is not None and args.fastbpe_codes is not None:
+        parser.error("--bpe-codes and --fastbpe-codes: the data had one BPE; pass one")
+    if args.bpe_separator != "@@" and args.bpe_codes is None:
+        parser.error("--bpe-separator: an option of --bpe-codes (fastBPE's separator is always @@)")
     try:
+        subword_nmt = None if args.bpe_codes is None else SubwordNMT(args.bpe_codes, args.bpe_separator)
+        if args.fastbpe_codes is not None:
+            subword_nmt = SubwordNMT.of_fastbpe(args.fastbpe_codes)
         convert(args.checkpoint, args.output_dir, args.head, args.push_to_hub, args.hub_model_id,
                 args.sentencepiece_model, gpt2_files, subword_nmt, moses)
     except ValueError as error:
