@@ -5,6 +5,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from .config_overrides import with_overrides
+from .process_group import end_process_group
 
 
 @dataclass
@@ -51,12 +52,10 @@ def train_and_save(trainer, training) -> None:
 
 def end_ranks(trainer) -> None:
     """The end of a run that finished normally: every rank waits for the others, then the process
-    group is destroyed, as torch.distributed asks before exit. The Trainer never destroys it, and a
-    gloo group left to the interpreter's teardown can abort a rank that has finished and saved
-    ("terminate called without an active exception", SIGABRT; pytorch/pytorch#190489), which fails
-    the whole torchrun launch. A single process has no group, and nothing is done."""
-    trainer.accelerator.wait_for_everyone()
-    trainer.accelerator.end_training()
+    group is destroyed, as torch.distributed asks before exit, and released at exit after the
+    Trainer's DDP wrapper (recipes/common/process_group.py says why). A single process has no
+    group, and nothing is done."""
+    end_process_group(trainer.accelerator)
 
 
 def record(trainer, split: str, metrics: dict) -> None:

@@ -78,6 +78,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from plugins.nt_asgd import NTASGD  # noqa: E402
 from recipes.common import hf_bptt  # noqa: E402
 from recipes.common.config_overrides import with_overrides  # noqa: E402
+from recipes.common.process_group import end_process_group  # noqa: E402
 from recipes.common.training import fit, passes_of  # noqa: E402
 
 # accelerate trackers whose pip package is not named like the tracker
@@ -839,11 +840,10 @@ def main(argv=None):
                               save_function=accelerator.save)
     if accelerator.is_main_process:
         tokenizer.hf.save_pretrained(output / "final")
-    # end_training destroys the process group: every rank gets there together, after rank 0 has
-    # written, as torch.distributed asks of destroy_process_group (a rank tearing its group down while
-    # another still works can hang the launch)
-    accelerator.wait_for_everyone()
-    accelerator.end_training()
+    # every rank gets there together, after rank 0 has written, as torch.distributed asks of
+    # destroy_process_group (a rank tearing its group down while another still works can hang the
+    # launch); the group is released at exit, after the DDP wrapper (recipes/common/process_group.py)
+    end_process_group(accelerator)
     if accelerator.is_main_process and args.push_to_hub:
         unwrapped.push_to_hub(args.hub_model_id)
         tokenizer.hf.push_to_hub(args.hub_model_id)
