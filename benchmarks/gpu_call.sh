@@ -15,6 +15,8 @@
 #   its dots as six bf16 products (MOMENTUM_TRITON_FP32_DOTS=bf16x6);
 # - an eager decode step of momentum_transformer and of Llama (bf16, batch 1, context 512): its time,
 #   and the host's self time by kind on every thread (benchmarks/decode_step.py --host-trace);
+# - the same for a forward+backward of MomentumLSTM and of nn.LSTM called a layer at a time, at PTB
+#   (benchmarks/rnn.py --host-trace);
 # - an HF training step of both models at T = 8192, eager and compiled with CUDA graphs (the eager
 #   momentum step was host-bound on the H200: docs/benchmarks.md, 2026-11-28);
 # - gpu-check's tests not started in its tests part (13 on 2026-11-28), in what is left of the
@@ -105,6 +107,12 @@ echo "== the Adam LSTM: one launch per step against a GEMM and a kernel, by hidd
 within 45 env PYTHONPATH=$SITE:$R python3 benchmarks/rnn.py --device cuda --shapes b64-h256 b64-h512 b64-h768 \
   --variants nn.LSTM adam-triton adam-triton-one-launch --repeats 8 > $OUT/lstm_crossover.log 2>&1
 grep -E "^\| b64|Error" $OUT/lstm_crossover.log | cut -d'|' -f2-5
+# MomentumLSTM at PTB: 1.45x nn.LSTM with the device busy 75 % of the time, where nn.LSTM called a
+# layer at a time took 1.20x at 86 % (2026-12-04): where each one's host time goes, on every thread
+echo "== the momentum LSTM's host time by kind against nn.LSTM a layer at a time, PTB 3 x 1150"
+within 40 env PYTHONPATH=$SITE:$R python3 benchmarks/rnn.py --device cuda --shapes ptb-3x1150 --host-trace \
+  --variants nn.LSTM-per-layer momentum > $OUT/lstm_host.log 2>&1
+grep -E "^Host|^\| [A-Za-z-]+ .*\| [0-9]+ \| [0-9]+%|Error" $OUT/lstm_host.log | cut -c1-160
 echo "== an HF training step at T = 8192, eager and compiled with CUDA graphs"
 within 90 env PYTHONPATH=$SITE:/tmp/gpu-check-site:$R python3 benchmarks/train_host_profile.py --length 8192 \
   --skip-profile --compile reduce-overhead > $OUT/train.log 2>&1

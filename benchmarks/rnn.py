@@ -48,6 +48,13 @@ bounds a variant, far below it the host does. Usage:
     python benchmarks/rnn.py --threads 1    # torch.set_num_threads(1) in every worker
     python benchmarks/rnn.py --device cuda  # the two GPU shapes, median of 20 rounds
     python benchmarks/rnn.py --tanh         # the tanh MomentumRNN's Adam/RMSProp layers vs nn.RNN
+    python benchmarks/rnn.py --device cuda --shapes ptb-3x1150 --variants nn.LSTM-per-layer momentum \
+        --host-trace                        # where each variant's host time goes, instead of the table
+
+--host-trace: the momentum cell at PTB took 1.45× nn.LSTM on the H200 (2026-12-04) where nn.LSTM
+called one layer at a time took 1.20×, with its device busy 75 % of the wall time against 86 %:
+one forward+backward of each variant at the first shape, profiled with Python stacks, its host self
+time by kind on every thread (benchmarks/host_trace.py), in place of the timing table.
 """
 import argparse
 import contextlib
@@ -341,6 +348,9 @@ def main():
                         help="torch.set_num_threads in each worker (default: torch's default)")
     parser.add_argument("--tanh", action="store_true",
                         help="the tanh MomentumRNN's Adam/RMSProp layers (loop, drive first) vs nn.RNN")
+    parser.add_argument("--host-trace", action="store_true",
+                        help="print each of --variants' host time by kind at the first of --shapes "
+                             "(benchmarks/host_trace.py) instead of the table")
     parser.add_argument("--memory-worker", nargs=2, help=argparse.SUPPRESS)
     parser.add_argument("--time-worker", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -352,6 +362,14 @@ def main():
         return
     if args.time_worker:
         time_worker(args.time_worker, repeats, args.loop_repeats, args.threads, variants)
+        return
+    if args.host_trace:
+        shape = (args.shapes or DEFAULT_SHAPES[args.device])[0]
+        traces = host_traces(shape, args.variants or ["nn.LSTM-per-layer", "momentum"], args.device,
+                             args.threads)
+        from host_trace import markdown
+        for title, result in traces:
+            print(markdown(result, title))
         return
     if args.device == "cuda":
         cuda_main(args.shapes or (["pmnist-256"] if args.quick else DEFAULT_SHAPES["cuda"]),
@@ -371,6 +389,22 @@ def main():
             print(f"{shape:10s} {variant:11s} {best[variant]:8.3f} s {peak:8.0f} MiB",
                   file=sys.stderr, flush=True)
     print(table(results))
+
+
+def host_traces(shape, variants, device, threads=0) -> list:
+    """(title, host_trace.trace) of one forward+backward of each variant at `shape`, 5 profiled
+    after the trace's untimed one (which, after a build's own, compiles and autotunes)."""
+    import torch
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from host_trace import trace
+    if threads:
+        torch.set_num_threads(threads)
+    steps = {variant: build(variant, **SHAPES[shape], device=device) for variant in variants}
+    for step in steps.values():
+        step()
+    return [(f"Host trace: {variant}, {shape}, forward+backward", trace(step, steps=5, cuda=device == "cuda"))
+            for variant, step in steps.items()]
 
 
 def cuda_main(shapes, repeats, loop_repeats, variants=CUDA_VARIANTS):
