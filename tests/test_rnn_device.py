@@ -131,6 +131,48 @@ def test_plain_cell_weights_in_one_cudnn_buffer(ours, theirs):
     assert all(torch.equal(a.cpu(), b) for a, b in zip(layer.parameters(), copy.parameters()))
 
 
+def test_one_buffer_lays_the_weights_out_one_after_another():
+    """The layout cuDNN reads without copying (`fused_weights` on CUDA): one storage, starting with
+    the first weight, each after the one before, the values and the gradients those of the weights."""
+    from plugins.rnn.layers import one_buffer
+    weights = [torch.randn(8, 5, requires_grad=True), torch.randn(8, 2, requires_grad=True),
+               torch.randn(8, requires_grad=True)]
+    views = one_buffer(weights)
+    assert len({v.untyped_storage().data_ptr() for v in views}) == 1
+    assert [v.storage_offset() for v in views] == [0, 40, 56] and all(v.is_contiguous() for v in views)
+    assert all(torch.equal(v, w) for v, w in zip(views, weights))
+    probes = [torch.randn_like(w) for w in weights]
+    grads = torch.autograd.grad(sum((v * q).sum() for v, q in zip(views, probes)), weights)
+    assert all(torch.equal(g, q) for g, q in zip(grads, probes))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("cls,cell", [(MomentumLSTM, "momentum"), (MomentumLSTM, "nag"),
+                                      (MomentumRNN, "momentum")])
+def test_momentum_cells_hand_cudnn_one_buffer(cls, cell, monkeypatch):
+    """The momentum cells' fused call gets each layer's weights (the joined input weight among them)
+    as views of one buffer: cuDNN does not warn that it re-packs them, and the outputs and gradients
+    equal those of the same weights handed over separately, where the warning shows."""
+    from plugins.rnn import layers
+    layer = cls(40, 64, 3, cell=cell, restart=3 if cell == "sr" else None).cuda()
+    x = torch.randn(30, 8, 40, device="cuda", requires_grad=True)
+
+    def run():
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            out, state = layer(x)
+            grads = torch.autograd.grad(out.sum() + state.h.sum(), [x, *layer.parameters()])
+        repacked = [w for w in caught if "single contiguous chunk" in str(w.message)]
+        return (out, *grads), repacked
+    one, repacked = run()
+    assert not repacked
+    monkeypatch.setattr(layers, "one_buffer", list)
+    separate, repacked = run()
+    assert repacked
+    for a, b in zip(one, separate):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("cls,cell", CASES, ids=IDS)
 def test_cuda_forward_backward_without_synchronisation(cls, cell):

@@ -145,10 +145,23 @@ class JoinedWeightCache:
 
 
 def fused_weights(w, w_hh, b, b_hh, has_biases):
-    """Weight list of one layer of torch's fused kernel (input bias zero when folded in w)."""
-    if not has_biases:
-        return [w, w_hh]
-    return [w, w_hh, torch.zeros_like(b_hh) if b is None else b, b_hh]
+    """Weight list of one layer of torch's fused kernel (input bias zero when folded in w).
+
+    On CUDA the list is views into one buffer, each weight after the one before, the layout of a
+    layer's weights in cuDNN's buffer that nn.LSTM.flatten_parameters leaves its parameters in.
+    cuDNN then reads that buffer; given separate tensors it zeroes a buffer of its own and copies
+    the weights into it, gate by gate, on every call, with a warning ("RNN module weights are not
+    part of single contiguous chunk of memory"). One concatenation forms it, and its backward is
+    one concatenation of the weights' gradients (a split's)."""
+    weights = [w, w_hh] if not has_biases else [w, w_hh, torch.zeros_like(b_hh) if b is None else b, b_hh]
+    return one_buffer(weights) if w.is_cuda else weights
+
+
+def one_buffer(tensors):
+    """Views of `tensors`' values, one after the other in one new contiguous buffer (its storage
+    starting with the first), differentiable: a concatenation, split again."""
+    pieces = torch.cat([t.reshape(-1) for t in tensors]).split([t.numel() for t in tensors])
+    return [piece.view(t.shape) for piece, t in zip(pieces, tensors)]
 
 
 def recurrence_loop(step, pre, lengths, state):
