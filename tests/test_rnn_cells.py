@@ -290,6 +290,26 @@ def test_stationary_filter_matches_recursion_and_chunk_loop(steps, chunk, make_g
     assert torch.allclose(g_fast, g_loop, rtol=1e-12, atol=1e-13)
 
 
+@pytest.mark.parametrize("steps,chunk,padded", [(70, 128, False), (12, 4, False), (9, 4, True)])
+def test_stationary_filter_pads_only_a_short_last_chunk(steps, chunk, padded, make_generator):
+    """A length that fills its chunks (PTB's 70 steps are one chunk) is filtered without the copy
+    that pads the last chunk, nor, in one chunk, a slice whose backward copies the gradient; the
+    result is the recursion's either way."""
+    from torch.profiler import ProfilerActivity, profile
+    x = torch.randn(steps, 3, 2, generator=make_generator(), dtype=torch.float64, requires_grad=True)
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        fast = filter_sequence(x, ConstantDecay(0.9, steps), 0.7, chunk)
+        fast.sum().backward()
+    names = {event.name for event in prof.events()}
+    assert ("aten::constant_pad_nd" in names) == padded
+    assert ("aten::slice_backward" in names) == (padded or steps > chunk)     # the carry between chunks
+    acc, literal = torch.zeros(3, 2, dtype=torch.float64), []
+    for x_t in x.detach():
+        acc = 0.9 * acc + 0.7 * x_t
+        literal.append(acc)
+    assert torch.allclose(fast, torch.stack(literal), rtol=1e-12, atol=1e-13)
+
+
 @pytest.mark.parametrize("make,match", [
     (lambda: MomentumLSTMCell(D, H, -0.1, 1.0), "momentum"),
     (lambda: MomentumLSTMCell(D, H, 1.0, 1.0), "momentum"),

@@ -229,14 +229,21 @@ def stationary_filter(seq, decay, step_size, chunk=128):
     n = chunk if torch.compiler.is_compiling() else min(chunk, steps)
     chunks = -(-steps // n)
     block, across, carry = decay.filter_operands(n, chunks, step_size, seq.device, seq.dtype)
-    x = torch.nn.functional.pad(seq.reshape(steps, -1), (0, 0, 0, chunks * n - steps))
+    x = seq.reshape(steps, -1)
+    # zeros for the last chunk's missing steps, cut off the result again: a copy of the sequence each
+    # way and another of its gradient, made only where steps are missing (a traced length keeps
+    # them: asking would guard on the length)
+    padded = torch.compiler.is_compiling() or chunks * n != steps
+    if padded:
+        x = torch.nn.functional.pad(x, (0, 0, 0, chunks * n - steps))
     x = x.view(chunks, n, -1).transpose(0, 1).reshape(n, -1)
     y = torch.matmul(block, x).view(n, chunks, -1).transpose(0, 1)
     if chunks > 1:
         last = torch.matmul(across, y[:-1, -1])
         shifted = torch.cat([torch.zeros_like(last[:1]), last])
         y = y + carry[None, :, None] * shifted[:, None, :]
-    return y.reshape(chunks * n, *seq.shape[1:])[:steps]
+    y = y.reshape(chunks * n, *seq.shape[1:])
+    return y[:steps] if padded else y
 
 
 def carried_weight(decay, batch):
