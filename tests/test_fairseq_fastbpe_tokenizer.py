@@ -9,10 +9,10 @@ transformers alone translating raw text as fairseq does."""
 import random
 
 import pytest
-import torch
 from helpers.fairseq_cli import preprocess, train, write_parallel_text
 from helpers.fairseq_decoding import assert_translates_alone, greedy_hypothesis, translation_checkpoint
-from test_fairseq_subword_nmt_tokenizer import LINES, learn_codes, moses_encode, punctuated
+from test_fairseq_subword_nmt_tokenizer import LINES, fairseq_text, learn_codes, moses_encode, punctuated
+from test_fairseq_subword_nmt_tokenizer import fairseq_ids as fairseq_ids_of
 from test_fairseq_to_hf import run_converter
 from test_fairseq_translation_to_hf import SIZES, TASK
 
@@ -52,15 +52,8 @@ def fairseq_encoders(codes, moses):
 
 
 def fairseq_ids(encoders, dictionary, line):
-    bpe, tokenizer = encoders
-    text = line if tokenizer is None else tokenizer.encode(line)
-    return dictionary.encode_line(bpe.encode(text), add_if_not_exist=False, append_eos=True).tolist()
-
-
-def fairseq_text(encoders, dictionary, ids):
-    bpe, tokenizer = encoders
-    text = bpe.decode(dictionary.string(torch.tensor(ids)))
-    return text if tokenizer is None else tokenizer.decode(text)
+    """fairseq's ids of a translation source (`</s>` appended) through `encoders`."""
+    return fairseq_ids_of(encoders, dictionary, line, append_eos=True)
 
 
 def dictionary_of(encoders, lines):
