@@ -152,9 +152,10 @@ def fused_weights(w, w_hh, b, b_hh, has_biases):
     cuDNN then reads that buffer; given separate tensors it zeroes a buffer of its own and copies
     the weights into it, gate by gate, on every call, with a warning ("RNN module weights are not
     part of single contiguous chunk of memory"). One concatenation forms it, and its backward is
-    one concatenation of the weights' gradients (a split's)."""
+    one concatenation of the weights' gradients (a split's). Under CUDA autocast torch's cuDNN
+    wrapper casts the weights into a buffer of its own anyway, and they are handed over as they are."""
     weights = [w, w_hh] if not has_biases else [w, w_hh, torch.zeros_like(b_hh) if b is None else b, b_hh]
-    return one_buffer(weights) if w.is_cuda else weights
+    return one_buffer(weights) if w.is_cuda and not torch.is_autocast_enabled("cuda") else weights
 
 
 def one_buffer(tensors):
