@@ -549,8 +549,8 @@ def saved_tokenizer(dictionary, config, bpe, sentencepiece_model: Optional[Path]
     the task's --bpe subword_nmt codes; fastBPE's, the task's --bpe fastbpe, as subword-nmt's) after
     Moses where the text was Moses-tokenized (`moses` given, or the task's --tokenizer moses,
     `task_tokenizer`), else a word-level one where the dictionary holds words (Moses' words with
-    Moses). A translation model's target dictionary, where it differs
-    from the source's, is the tokenizer's second vocabulary (text_target= and decoding)."""
+    Moses). A translation model's target dictionary, where it differs from the source's, is the
+    tokenizer's second vocabulary (text_target= and decoding)."""
     if target_dictionary is not None and target_dictionary.symbols == dictionary.symbols:
         target_dictionary = None
     from transformers.tokenization_utils_base import VERY_LARGE_INTEGER

@@ -230,9 +230,9 @@ def stationary_filter(seq, decay, step_size, chunk=128):
     chunks = -(-steps // n)
     block, across, carry = decay.filter_operands(n, chunks, step_size, seq.device, seq.dtype)
     x = seq.reshape(steps, -1)
-    # zeros for the last chunk's missing steps, cut off the result again: a copy of the sequence each
-    # way and another of its gradient, made only where steps are missing (a traced length keeps
-    # them: asking would guard on the length)
+    # zeros for the last chunk's missing steps, cut off the result again: a copy of the sequence
+    # forward and two of its gradient backward (the slice's, zero-filled, and the pad's), made only
+    # where steps are missing (a traced length keeps them: asking would guard on the length)
     padded = torch.compiler.is_compiling() or chunks * n != steps
     if padded:
         x = torch.nn.functional.pad(x, (0, 0, 0, chunks * n - steps))
