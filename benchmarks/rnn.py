@@ -365,8 +365,8 @@ def main():
         return
     if args.host_trace:
         shape = (args.shapes or DEFAULT_SHAPES[args.device])[0]
-        traces = host_traces(shape, args.variants or ["nn.LSTM-per-layer", "momentum"], args.device,
-                             args.threads)
+        setup_threads(args.threads)
+        traces = host_traces(shape, args.variants or ["nn.LSTM-per-layer", "momentum"], args.device)
         from host_trace import markdown
         for title, result in traces:
             print(markdown(result, title))
@@ -391,15 +391,10 @@ def main():
     print(table(results))
 
 
-def host_traces(shape, variants, device, threads=0) -> list:
+def host_traces(shape, variants, device) -> list:
     """(title, host_trace.trace) of one forward+backward of each variant at `shape`, 5 profiled
     after the trace's untimed one (which, after a build's own, compiles and autotunes)."""
-    import torch
-
-    sys.path.insert(0, str(ROOT / "benchmarks"))
     from host_trace import trace
-    if threads:
-        torch.set_num_threads(threads)
     steps = {variant: build(variant, **SHAPES[shape], device=device) for variant in variants}
     for step in steps.values():
         step()

@@ -59,9 +59,9 @@ def fairseq_ids(encoders, dictionary, line):
 def dictionary_of(encoders, lines):
     """A fairseq dictionary of the pieces of part of the text (some pieces missing, as in real data)."""
     from fairseq.data import Dictionary
+    bpe, tokenizer = encoders
     dictionary = Dictionary()
     for line in lines:
-        bpe, tokenizer = encoders
         for piece in bpe.encode(line if tokenizer is None else tokenizer.encode(line)).split():
             dictionary.add_symbol(piece)
     dictionary.finalize()

@@ -154,7 +154,7 @@ def test_momentum_cells_hand_cudnn_one_buffer(cls, cell, monkeypatch):
     as views of one buffer: cuDNN does not warn that it re-packs them, and the outputs and gradients
     equal those of the same weights handed over separately, where the warning shows."""
     from plugins.rnn import layers
-    layer = cls(40, 64, 3, cell=cell, restart=3 if cell == "sr" else None).cuda()
+    layer = cls(40, 64, 3, cell=cell).cuda()
     x = torch.randn(30, 8, 40, device="cuda", requires_grad=True)
 
     def run():
