@@ -3,9 +3,10 @@
 folder, one of the translation model `momentum_transformer` / `linear_transformer` a
 `MomentumSeq2SeqForConditionalGeneration` folder, one of `momentum_roberta` / `linear_roberta` a
 `MomentumTransformerForMaskedLM` folder or, fine-tuned with --task sentence_prediction, a
-`MomentumTransformerForSequenceClassification` one, and one of `momentum_lstm_lm` a
-`MomentumLSTMForCausalLM` folder (convert_lstm_lm.py) (config, safetensors, the modeling code for
-`trust_remote_code`, a model card), with the same
+`MomentumTransformerForSequenceClassification` one, one of `momentum_lstm_lm` a
+`MomentumLSTMForCausalLM` folder (convert_lstm_lm.py) and one of the translation model
+`momentum_lstm` a `MomentumLSTMSeq2SeqForConditionalGeneration` folder (convert_lstm_translation.py)
+(config, safetensors, the modeling code for `trust_remote_code`, a model card), with the same
 logits; `from_pretrained` loads it, `generate` or a pipeline runs it, `push_to_hub` publishes it.
 
     python -m fairseq_momentum.convert_to_hf checkpoints/checkpoint_best.pt hf-model \\
@@ -60,6 +61,11 @@ import torch
 
 from .configs import as_namespace, flag
 from .convert_lstm_lm import lstm_lm_config, lstm_lm_state_dict
+from .convert_lstm_translation import (
+    check_lstm_translation,
+    lstm_translation_config,
+    lstm_translation_state_dict,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -124,8 +130,8 @@ def source_of(model, args, head: Optional[str] = None) -> Source:
         if head not in heads:
             raise ValueError(f"head {head!r}: the model's heads are {sorted(heads) + ['masked_lm']}")
         return Source(model.encoder.sentence_encoder, "encoder", classifier=heads[head])
-    raise ValueError("checkpoint: converts momentum_transformer_lm, momentum_transformer, momentum_roberta "
-                     f"and momentum_lstm_lm (and their presets), got {kind} "
+    raise ValueError("checkpoint: converts momentum_transformer_lm, momentum_transformer, momentum_roberta, "
+                     f"momentum_lstm_lm and momentum_lstm (and their presets), got {kind} "
                      f"(--arch {getattr(args, 'arch', '?')})")
 
 
@@ -313,6 +319,18 @@ def to_transformers(model, args, dictionary, head: Optional[str] = None, labels=
         config = lstm_lm_config(args, model, dictionary)
         return loaded(MomentumLSTMForCausalLM(config), lstm_lm_state_dict(model, config),
                       model.decoder.embed_tokens.weight.dtype)
+    if type(model).__name__ == "MomentumLSTMModel":
+        if head is not None:
+            raise ValueError(f"head {head!r}: --head picks one of a momentum_roberta's heads; a translation "
+                             "model converts whole")
+        from hf_momentum import MomentumLSTMSeq2SeqForConditionalGeneration
+        target_dictionary = target_dictionary or dictionary
+        check_lstm_translation(args, model, dictionary, target_dictionary)
+        config = lstm_translation_config(args, model, dictionary, target_dictionary)
+        converted = with_fairseq_generation(MomentumLSTMSeq2SeqForConditionalGeneration(config),
+                                            int(min(FAIRSEQ_MAX_LEN_B, model.decoder.max_positions() - 1)))
+        return loaded(converted, lstm_translation_state_dict(model, config),
+                      model.decoder.embed_tokens.weight.dtype)
     source = source_of(model, args, head)
     if type(model).__name__ == "MomentumTransformerModel":
         check_translation(args, model)
@@ -327,12 +345,18 @@ def to_transformers(model, args, dictionary, head: Optional[str] = None, labels=
         state = hf_state_dict(source, config)
     converted = model_class(config)
     if config.is_encoder_decoder:
-        converted.generation_config.update(
-            # fairseq's hypotheses: at most min(max_len_b, positions - 1) tokens, then </s>; here
-            # the decoder's start token is counted too
-            **FAIRSEQ_GENERATION, max_length=min(FAIRSEQ_MAX_LEN_B + 2, config.max_position_embeddings + 1),
-            suppress_tokens=[config.pad_token_id])
+        limit = min(FAIRSEQ_MAX_LEN_B, config.max_position_embeddings - 1)
+        converted = with_fairseq_generation(converted, limit)
     return loaded(converted, state, source.stack.embed_tokens.weight.dtype)
+
+
+def with_fairseq_generation(converted, max_tokens: int):
+    """A converted translation model generating as fairseq-generate does by default: at most
+    `max_tokens` (min(max_len_b, decoder positions - 1)) tokens, then </s>; here the decoder's start
+    token is counted too."""
+    converted.generation_config.update(**FAIRSEQ_GENERATION, max_length=max_tokens + 2,
+                                       suppress_tokens=[converted.config.pad_token_id])
+    return converted
 
 
 def loaded(converted, state: dict, dtype):
@@ -644,7 +668,7 @@ def main(argv=None):
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("checkpoint", type=Path,
                         help="a fairseq checkpoint (.pt) of momentum_transformer_lm, momentum_transformer, "
-                             "momentum_roberta or momentum_lstm_lm")
+                             "momentum_roberta, momentum_lstm_lm or momentum_lstm")
     parser.add_argument("output_dir", type=Path, help="the transformers model folder to write")
     parser.add_argument("--head", default=None,
                         help="of a momentum_roberta: the classification head to convert (default: its only "

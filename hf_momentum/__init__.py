@@ -17,7 +17,10 @@
   same Auto classes but AutoModelForMaskedLM (an LSTM reads one direction);
 - model_type "momentum_seq2seq" (MomentumSeq2SeqConfig, MomentumSeq2SeqModel,
   MomentumSeq2SeqForConditionalGeneration, MomentumSeq2SeqCache, StaticMomentumSeq2SeqCache): the
-  encoder-decoder, with AutoConfig / AutoModel / AutoModelForSeq2SeqLM.
+  encoder-decoder, with AutoConfig / AutoModel / AutoModelForSeq2SeqLM;
+- model_type "momentum_lstm_seq2seq" (MomentumLSTMSeq2SeqConfig, MomentumLSTMSeq2SeqModel,
+  MomentumLSTMSeq2SeqForConditionalGeneration, MomentumLSTMSeq2SeqCache): the attentional
+  MomentumLSTM encoder-decoder (fairseq's momentum_lstm), with the same Auto classes.
 `FairseqLengthLimit` is fairseq's length limit for generate() (a converted translation model's beam
 search then finds fairseq-generate's hypotheses).
 Saved models carry their code and load with `trust_remote_code=True` without this package.
@@ -49,6 +52,7 @@ from .attention_interface import (
     set_momentum_attention,
 )
 from .configuration_momentum_lstm import MomentumLSTMConfig
+from .configuration_momentum_lstm_seq2seq import MomentumLSTMSeq2SeqConfig
 from .configuration_momentum_seq2seq import MomentumSeq2SeqConfig
 from .configuration_momentum_transformer import MomentumTransformerConfig
 from .modeling_momentum_lstm import (
@@ -60,6 +64,13 @@ from .modeling_momentum_lstm import (
     MomentumLSTMModel,
     MomentumLSTMPreTrainedModel,
     StaticMomentumLSTMCache,
+)
+from .modeling_momentum_lstm_seq2seq import (
+    MomentumLSTMEncoderOutput,
+    MomentumLSTMSeq2SeqCache,
+    MomentumLSTMSeq2SeqForConditionalGeneration,
+    MomentumLSTMSeq2SeqModel,
+    MomentumLSTMSeq2SeqPreTrainedModel,
 )
 from .modeling_momentum_seq2seq import (
     MomentumSeq2SeqCache,
@@ -104,6 +115,10 @@ AutoModelForSequenceClassification.register(MomentumLSTMConfig, MomentumLSTMForS
 AutoModelForTokenClassification.register(MomentumLSTMConfig, MomentumLSTMForTokenClassification,
                                          exist_ok=True)
 AutoModelForQuestionAnswering.register(MomentumLSTMConfig, MomentumLSTMForQuestionAnswering, exist_ok=True)
+AutoConfig.register(MomentumLSTMSeq2SeqConfig.model_type, MomentumLSTMSeq2SeqConfig, exist_ok=True)
+AutoModel.register(MomentumLSTMSeq2SeqConfig, MomentumLSTMSeq2SeqModel, exist_ok=True)
+AutoModelForSeq2SeqLM.register(MomentumLSTMSeq2SeqConfig, MomentumLSTMSeq2SeqForConditionalGeneration,
+                               exist_ok=True)
 
 __all__ = [
     "MOMENTUM", "LINEAR", "TESTED_MODEL_TYPES", "SMOKE_TESTED_MODEL_TYPES", "SUPPORTED_MODEL_TYPES",
@@ -121,4 +136,6 @@ __all__ = [
     "MomentumSeq2SeqConfig",
     "MomentumSeq2SeqPreTrainedModel", "MomentumSeq2SeqModel", "MomentumSeq2SeqForConditionalGeneration",
     "MomentumSeq2SeqCache", "StaticMomentumSeq2SeqCache",
+    "MomentumLSTMSeq2SeqConfig", "MomentumLSTMSeq2SeqPreTrainedModel", "MomentumLSTMSeq2SeqModel",
+    "MomentumLSTMSeq2SeqForConditionalGeneration", "MomentumLSTMSeq2SeqCache", "MomentumLSTMEncoderOutput",
 ]

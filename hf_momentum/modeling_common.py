@@ -176,6 +176,36 @@ def refuse_packed_rows(head: str, position_ids, attention_mask, kwargs: dict,
                              f"row (packed documents): {effect}; {advice}")
 
 
+def shift_right(labels: torch.Tensor, pad_token_id: int, decoder_start_token_id: int) -> torch.Tensor:
+    """The decoder's inputs for `labels`: the start token, then the labels but the last, with -100
+    (ignored labels) read as padding (fairseq's prev_output_tokens, BART's shift_tokens_right)."""
+    shifted = labels.new_empty(labels.shape)
+    shifted[:, 1:] = labels[:, :-1]
+    shifted[:, 0] = decoder_start_token_id
+    return shifted.masked_fill(shifted == -100, pad_token_id)
+
+
+class Seq2SeqEmbeddingsMixin:
+    """For an encoder-decoder PreTrainedModel whose config has `vocab_size` (the source's) and
+    `decoder_vocab_size`, and whose `get_decoder()` has `embed_tokens`."""
+
+    def _resize_token_embeddings(self, new_num_tokens, pad_to_multiple_of=None, mean_resizing=True):
+        """transformers resizes the input embedding (the encoder's) and the LM head; an untied
+        decoder embedding is resized here too, to the same number of rows."""
+        if self.config.decoder_vocab_size != self.config.vocab_size:
+            raise ValueError("resize_token_embeddings resizes one vocabulary, but the source has "
+                             f"{self.config.vocab_size} tokens and the target "
+                             f"{self.config.decoder_vocab_size}")
+        decoder = self.get_decoder()
+        old = decoder.embed_tokens
+        embeddings = super()._resize_token_embeddings(new_num_tokens, pad_to_multiple_of, mean_resizing)
+        if decoder.embed_tokens is not embeddings:
+            rows = embeddings.weight.shape[0]
+            resized = self._get_resized_embeddings(old, rows, mean_resizing=mean_resizing)
+            decoder.embed_tokens = resized.requires_grad_(old.weight.requires_grad)
+        return embeddings
+
+
 class HeadOverModelMixin:
     """For a head over `self.model`, the family's base model (embedding `embed_tokens`)."""
 

@@ -73,10 +73,13 @@ STATE_FIELDS = ("h", "c", "v", "m", "step")
 
 class MomentumLSTMCache(RecurrentCache):
     """The whole stack's `RecurrentState`, batch-first so that beam reordering selects rows;
-    fields the cell does not have are stored as (batch, 0) placeholders."""
+    fields the cell does not have are stored as (batch, 0) placeholders. A subclass may hold
+    `extra_states` more batch-first tensors after it (`get_extra` / `set_lstm_state(state, *extra)`)."""
 
-    def __init__(self, config: MomentumLSTMConfig):
-        super().__init__(1, len(STATE_FIELDS))
+    extra_states: tuple = ()
+
+    def __init__(self, config):
+        super().__init__(1, len(STATE_FIELDS) + len(self.extra_states))
 
     def get_lstm_state(self) -> Optional[RecurrentState]:
         states = self.get_states(0)
@@ -86,11 +89,18 @@ class MomentumLSTMCache(RecurrentCache):
         return RecurrentState(*(t if t is None or name == "step" else t.transpose(0, 1).contiguous()
                                 for name, t in zip(STATE_FIELDS, fields)))
 
-    def set_lstm_state(self, state: RecurrentState) -> None:
+    def get_extra(self) -> Optional[tuple]:
+        """The `extra_states` tensors, or None before the first update."""
+        states = self.get_states(0)
+        return None if states is None else tuple(states[len(STATE_FIELDS):])
+
+    def set_lstm_state(self, state: RecurrentState, *extra: torch.Tensor) -> None:
+        if len(extra) != len(self.extra_states):
+            raise ValueError(f"expected the extra states {self.extra_states}, got {len(extra)} tensors")
         batch = state.step.shape[0]
         self.set_states(0, [state.step.new_zeros(batch, 0) if t is None else
                             (t if name == "step" else t.transpose(0, 1))
-                            for name, t in zip(STATE_FIELDS, state)])
+                            for name, t in zip(STATE_FIELDS, state)] + list(extra))
 
 
 class StaticMomentumLSTMCache(StaticStateMixin, MomentumLSTMCache):

@@ -27,10 +27,12 @@ from .configuration_momentum_seq2seq import MomentumSeq2SeqConfig
 from .modeling_common import (
     CACHE_NAME,
     RecurrentCausalLMMixin,
+    Seq2SeqEmbeddingsMixin,
     given_cache,
     output_with_cache,
     refuse_packed_rows,
     resolve_flag,
+    shift_right,
 )
 from .modeling_momentum_transformer import (
     MomentumCache,
@@ -117,28 +119,12 @@ def memory_tensors(memory) -> tuple:
     return memory.kv, memory.z
 
 
-class MomentumSeq2SeqPreTrainedModel(MomentumTransformerPreTrainedModel):
+class MomentumSeq2SeqPreTrainedModel(Seq2SeqEmbeddingsMixin, MomentumTransformerPreTrainedModel):
     config_class = MomentumSeq2SeqConfig
     config: MomentumSeq2SeqConfig
     _no_split_modules = ["MomentumTransformerLayer", "MomentumDecoderLayer"]
     auto_map = AUTO_MAP
     card_hyperparameters = MomentumTransformerPreTrainedModel.card_hyperparameters + ("cross_attention",)
-
-    def _resize_token_embeddings(self, new_num_tokens, pad_to_multiple_of=None, mean_resizing=True):
-        """transformers resizes the input embedding (the encoder's) and the LM head; an untied
-        decoder embedding is resized here too, to the same number of rows."""
-        if self.config.decoder_vocab_size != self.config.vocab_size:
-            raise ValueError("resize_token_embeddings resizes one vocabulary, but the source has "
-                             f"{self.config.vocab_size} tokens and the target "
-                             f"{self.config.decoder_vocab_size}")
-        decoder = self.get_decoder()
-        old = decoder.embed_tokens
-        embeddings = super()._resize_token_embeddings(new_num_tokens, pad_to_multiple_of, mean_resizing)
-        if decoder.embed_tokens is not embeddings:
-            rows = embeddings.weight.shape[0]
-            resized = self._get_resized_embeddings(old, rows, mean_resizing=mean_resizing)
-            decoder.embed_tokens = resized.requires_grad_(old.weight.requires_grad)
-        return embeddings
 
 
 class MomentumDecoderLayer(MomentumTransformerLayer, DecoderBlock):
@@ -288,14 +274,6 @@ class MomentumSeq2SeqModel(MomentumSeq2SeqPreTrainedModel):
                                 encoder_hidden_states=encoder_outputs.hidden_states)
         return out if return_dict is not False else out.to_tuple()
 
-
-def shift_right(labels: torch.Tensor, pad_token_id: int, decoder_start_token_id: int) -> torch.Tensor:
-    """The decoder's inputs for `labels`: the start token, then the labels but the last, with -100
-    (ignored labels) read as padding (fairseq's prev_output_tokens, BART's shift_tokens_right)."""
-    shifted = labels.new_empty(labels.shape)
-    shifted[:, 1:] = labels[:, :-1]
-    shifted[:, 0] = decoder_start_token_id
-    return shifted.masked_fill(shifted == -100, pad_token_id)
 
 
 class MomentumSeq2SeqForConditionalGeneration(RecurrentCausalLMMixin, MomentumSeq2SeqPreTrainedModel,

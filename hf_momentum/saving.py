@@ -193,7 +193,8 @@ def model_card(model) -> ModelCard:
                          tags=list(model.model_tags))
     layers = f"{config.num_hidden_layers} layers"
     if getattr(config, "is_encoder_decoder", False):
-        layers = f"{config.encoder_layers} encoder and {config.num_hidden_layers} decoder layers"
+        encoder = getattr(config, "encoder_layers", config.num_hidden_layers)
+        layers = f"{encoder} encoder and {config.num_hidden_layers} decoder layers"
     return ModelCard(f"""---
 {data.to_yaml()}
 ---

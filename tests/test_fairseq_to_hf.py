@@ -144,8 +144,10 @@ def test_other_architectures_are_refused_by_name(tmp_path):
              "--decoder-embed-dim", "8", "--encoder-hidden-size", "8", "--decoder-hidden-size", "8",
              "--decoder-out-embed-dim", "8"]
     model, task, args = build_model(tmp_path, ["--task", "translation", "--source-lang", "src",
-                                               "--target-lang", "tgt"], ["--arch", "momentum_lstm", *sizes])
-    with pytest.raises(ValueError, match="converts momentum_transformer_lm"):
+                                               "--target-lang", "tgt"], ["--arch", "lstm", *sizes])
+    refusal = (r"converts momentum_transformer_lm, .* momentum_lstm_lm and momentum_lstm "
+               r"\(and their presets\), ")
+    with pytest.raises(ValueError, match=refusal + r"got LSTMModel \(--arch lstm\)"):
         to_transformers(model, args, task.target_dictionary)
 
 

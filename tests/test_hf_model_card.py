@@ -24,7 +24,8 @@ SIZES = {"momentum_transformer": dict(vocab_size=50, hidden_size=16, num_hidden_
                                       max_position_embeddings=32),
          "momentum_lstm": dict(vocab_size=50, hidden_size=16, num_hidden_layers=1),
          "momentum_seq2seq": dict(vocab_size=50, hidden_size=16, num_hidden_layers=1, encoder_layers=2,
-                                  num_attention_heads=2, intermediate_size=32, max_position_embeddings=32)}
+                                  num_attention_heads=2, intermediate_size=32, max_position_embeddings=32),
+         "momentum_lstm_seq2seq": dict(vocab_size=50, hidden_size=16, num_hidden_layers=2)}
 
 
 HEAD_TAGS = [(AutoModelForCausalLM, "text-generation"),
@@ -34,7 +35,8 @@ HEAD_TAGS = [(AutoModelForCausalLM, "text-generation"),
 CARD_CASES = [(model_type, auto, tag) for model_type in ("momentum_lstm", "momentum_transformer")
               for auto, tag in HEAD_TAGS] + \
     [("momentum_transformer", AutoModelForMaskedLM, "fill-mask"),
-     ("momentum_seq2seq", AutoModelForSeq2SeqLM, "translation")]
+     ("momentum_seq2seq", AutoModelForSeq2SeqLM, "translation"),
+     ("momentum_lstm_seq2seq", AutoModelForSeq2SeqLM, "translation")]
 
 
 def tiny(model_type, auto=AutoModelForCausalLM):

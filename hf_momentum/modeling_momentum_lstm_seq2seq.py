@@ -1,0 +1,468 @@
+"""Attentional MomentumLSTM encoder-decoder (MomentumRNN's cells in fairseq's `--arch momentum_lstm`
+translation model): `AutoModelForSeq2SeqLM`, `generate()` with greedy, sampling and beam search,
+Seq2SeqTrainer.
+
+The encoder runs a `plugins.rnn.MomentumLSTM` stack (bidirectional or not) over the real tokens of
+each source, so a padded row (left or right) gets the outputs and final states of its source alone.
+The decoder steps a MomentumLSTM stack one target token at a time (`MomentumLSTM.step`): its first
+layer reads the token's embedding and the previous step's output (input feeding), its initial h and
+c are the encoder's final ones, and the last layer's output attends to the encoder's outputs (global
+dot-product attention over the real source tokens). Generation keeps the decoder's state (h, c,
+momentum v, second moment m, step counter) and the fed-back output in a
+`MomentumLSTMSeq2SeqCache`, so each new token costs one step of the stack and one attention over the
+source; beam search reorders it. A padded target token (`decoder_attention_mask` 0) leaves the state
+as it was and gets a zero output.
+"""
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+from torch.nn.utils.rnn import pack_padded_sequence
+from transformers import GenerationMixin, PreTrainedModel
+from transformers.loss.loss_utils import ForMaskedLMLoss
+from transformers.modeling_outputs import BaseModelOutput, Seq2SeqLMOutput, Seq2SeqModelOutput
+
+from .cache_history import replay_accepted
+from .configuration_momentum_lstm_seq2seq import MomentumLSTMSeq2SeqConfig
+from .modeling_common import (
+    CACHE_NAME,
+    RecurrentCausalLMMixin,
+    Seq2SeqEmbeddingsMixin,
+    check_attention_mask,
+    given_cache,
+    output_with_cache,
+    resolve_cache,
+    resolve_flag,
+    shift_right,
+    warn_no_attention_weights,
+)
+from .modeling_momentum_lstm import MomentumLSTMCache, unpack
+from .momentum_rnn_core import MomentumLSTM, RecurrentState, front_order, read_hyperparameters
+from .packing import has_packing_kwargs
+from .saving import RemoteCodeMixin
+from .validation import check_int
+
+AUTO_MAP = {
+    "AutoConfig": "configuration_momentum_lstm_seq2seq.MomentumLSTMSeq2SeqConfig",
+    "AutoModel": "modeling_momentum_lstm_seq2seq.MomentumLSTMSeq2SeqModel",
+    "AutoModelForSeq2SeqLM": "modeling_momentum_lstm_seq2seq.MomentumLSTMSeq2SeqForConditionalGeneration",
+}
+
+
+@dataclass
+class MomentumLSTMEncoderOutput(BaseModelOutput):
+    """The encoder's outputs (batch, source length, encoder_output_size), zero at padding, and its
+    final h and c (batch, layers, encoder_output_size), which start the decoder."""
+
+    final_hidden_state: Optional[torch.FloatTensor] = None
+    final_cell_state: Optional[torch.FloatTensor] = None
+
+
+class MomentumLSTMSeq2SeqCache(MomentumLSTMCache):
+    """The decoder stack's `RecurrentState` and its last output (`input_feed`, which the next step
+    reads), batch-first: beam search reorders both."""
+
+    extra_states = ("input_feed",)
+
+
+class MomentumLSTMSeq2SeqPreTrainedModel(Seq2SeqEmbeddingsMixin, RemoteCodeMixin, PreTrainedModel):
+    config_class = MomentumLSTMSeq2SeqConfig
+    config: MomentumLSTMSeq2SeqConfig
+    base_model_prefix = "model"
+    main_input_name = "input_ids"
+    _no_split_modules = ["MomentumLSTMSeq2SeqEncoder", "MomentumLSTMSeq2SeqDecoder"]
+    _skip_keys_device_placement = ["cache", "past_key_values"]
+    auto_map = AUTO_MAP
+    card_hyperparameters = ("cell", "momentum", "step_size", "beta", "eps", "restart", "num_hidden_layers",
+                            "encoder_bidirectional", "attention")
+    card_papers = ("momentum_rnn",)
+
+    def __init__(self, config: MomentumLSTMSeq2SeqConfig, *inputs, **kwargs):
+        config.validate()
+        super().__init__(config, *inputs, **kwargs)
+
+    def _init_weights(self, module):
+        if isinstance(module, MomentumLSTM):
+            module.reset_parameters()
+        else:
+            super()._init_weights(module)
+
+
+def lstm_stack(config: MomentumLSTMSeq2SeqConfig, input_size: int, hidden_size: int, dropout: float,
+               bidirectional: bool = False) -> MomentumLSTM:
+    """A stack of `config.num_hidden_layers` layers of the config's cell; `dropout` between layers."""
+    hyper = read_hyperparameters(config.cell, momentum=config.momentum, step_size=config.step_size,
+                                 beta=config.beta, eps=config.eps)
+    layers = config.num_hidden_layers
+    return MomentumLSTM(input_size, hidden_size, layers, cell=config.cell, restart=config.restart,
+                        dropout=dropout if layers > 1 else 0.0, bidirectional=bidirectional,
+                        batch_first=True, **hyper)
+
+
+def source_lengths(mask: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+    """The host copy of each source's number of real tokens (the one read of a padded batch), or None
+    where every row is full."""
+    if mask is None:
+        return None
+    lengths = mask.sum(-1).cpu()
+    if (lengths == 0).any():
+        rows = (lengths == 0).nonzero().flatten().tolist()
+        raise ValueError(f"attention_mask: source rows {rows} hold no real token; every source needs one "
+                         "(fairseq's appends </s>)")
+    return None if bool((lengths == mask.shape[1]).all()) else lengths
+
+
+class MomentumLSTMSeq2SeqEncoder(nn.Module):
+    """Embedding, dropout, the MomentumLSTM stack over each source's real tokens, dropout."""
+
+    def __init__(self, config: MomentumLSTMSeq2SeqConfig):
+        super().__init__()
+        self.config = config
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.encoder_embedding_size,
+                                         config.pad_token_id)
+        self.lstm = lstm_stack(config, config.encoder_embedding_size, config.encoder_hidden_size,
+                               config.encoder_dropout_out, config.encoder_bidirectional)
+
+    def forward(self, input_ids=None, attention_mask=None, inputs_embeds=None, output_hidden_states=None,
+                output_attentions=None, return_dict=None, **kwargs):
+        """input_ids / inputs_embeds (batch, length) and attention_mask (1 = real token; either side
+        may be padded). hidden_states: the (dropped-out) embeddings, then each layer's outputs."""
+        if (input_ids is None) == (inputs_embeds is None):
+            raise ValueError("pass exactly one of input_ids and inputs_embeds (the source)")
+        x = self.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds
+        batch, length = x.shape[:2]
+        if length == 0:
+            raise ValueError("the source must hold at least one token (fairseq's sources end with </s>)")
+        output_hidden_states = resolve_flag(output_hidden_states, self.config, "output_hidden_states")
+        mask = check_attention_mask(attention_mask, batch, 0, length)
+        mask = None if mask is None else mask.to(x.device)
+        x = F.dropout(x, self.config.encoder_dropout_in, self.training)
+        lengths = source_lengths(mask)
+        with self.lstm.trusted_states():
+            if lengths is None:
+                outputs, state = self.lstm(x, all_layers=True)
+            else:
+                order, back = front_order(mask)
+                front = x.gather(1, order[..., None].expand_as(x))
+                packed = pack_padded_sequence(front, lengths, batch_first=True, enforce_sorted=False)
+                outputs, state = self.lstm(packed, all_layers=True)
+                outputs = tuple(unpack(out, back, mask) for out in outputs)
+        out = F.dropout(outputs[-1], self.config.encoder_dropout_out, self.training)
+        result = MomentumLSTMEncoderOutput(
+            last_hidden_state=out, hidden_states=(x, *outputs[:-1], out) if output_hidden_states else None,
+            final_hidden_state=self._per_row(state.h, batch), final_cell_state=self._per_row(state.c, batch))
+        return result if return_dict is not False else result.to_tuple()
+
+    def _per_row(self, final: torch.Tensor, batch: int) -> torch.Tensor:
+        """nn.LSTM's final-state layout (layers · directions, batch, hidden) as (batch, layers,
+        directions · hidden), the two directions of a layer side by side (fairseq's combine_bidir)."""
+        layers = self.config.num_hidden_layers
+        if self.config.encoder_bidirectional:
+            return final.view(layers, 2, batch, -1).permute(2, 0, 1, 3).reshape(batch, layers, -1)
+        return final.transpose(0, 1)
+
+
+class GlobalAttention(nn.Module):
+    """Dot-product attention of the decoder's output h over the encoder's outputs (Luong et al.'s
+    "general" score; fairseq's lstm AttentionLayer): scores s_j = e_j · W_in h over the real source
+    tokens, softmax, context c = Σ a_j e_j, output tanh(W_out [c; h]). No biases."""
+
+    def __init__(self, hidden_size: int, source_size: int):
+        super().__init__()
+        self.input_proj = nn.Linear(hidden_size, source_size, bias=False)
+        self.output_proj = nn.Linear(hidden_size + source_size, hidden_size, bias=False)
+
+    def forward(self, h, source, real):
+        """h (batch, hidden), source (batch, length, source_size), real (batch, length) bool or None.
+        Returns (output (batch, hidden), weights (batch, length))."""
+        scores = torch.einsum("bsc,bc->bs", source, self.input_proj(h))
+        # the softmax in float32 at least: fp16/bf16 scores would round the weights
+        scores = scores.to(torch.promote_types(scores.dtype, torch.float32))
+        if real is not None:
+            scores = scores.masked_fill(~real, float("-inf"))
+        weights = scores.softmax(-1).to(source.dtype)
+        context = torch.einsum("bs,bsc->bc", weights, source)
+        return torch.tanh(self.output_proj(torch.cat([context, h], dim=-1))), weights
+
+
+def kept_where_real(real, new: RecurrentState, old: RecurrentState) -> RecurrentState:
+    """The state after a step in the rows whose token is real (`real` (batch,) bool), the state before
+    it in the others (zeros where it had no such part yet); selected on the device."""
+    def pick(a, b, dims):
+        if a is None:
+            return None
+        return torch.where(real.view(dims), a, torch.zeros_like(a) if b is None else b)
+    layered = (1, -1, 1)
+    return RecurrentState(*(pick(a, b, layered) for a, b in zip(new[:4], old[:4])),
+                          pick(new.step, old.step, (-1,)))
+
+
+class MomentumLSTMSeq2SeqDecoder(nn.Module):
+    """Embedding, then per target token: the MomentumLSTM stack's step on [embedding; previous
+    output], attention of its output to the encoder's outputs, dropout; then the projection to
+    `decoder_output_size` where it differs (fairseq's additional_fc)."""
+
+    def __init__(self, config: MomentumLSTMSeq2SeqConfig):
+        super().__init__()
+        self.config = config
+        hidden, source = config.hidden_size, config.encoder_output_size
+        self.embed_tokens = nn.Embedding(config.decoder_vocab_size, config.decoder_embedding_size,
+                                         config.pad_token_id)
+        # None where a part is absent, as in fairseq's decoder
+        self.encoder_hidden_proj = nn.Linear(source, hidden) if source != hidden else None
+        self.encoder_cell_proj = nn.Linear(source, hidden) if source != hidden else None
+        self.lstm = lstm_stack(config, config.decoder_embedding_size + hidden, hidden,
+                               config.decoder_dropout_out)
+        self.attention = GlobalAttention(hidden, source) if config.attention else None
+        output = config.decoder_output_size
+        self.additional_fc = nn.Linear(hidden, output) if output != hidden else None
+
+    def initial_state(self, final_hidden, final_cell) -> RecurrentState:
+        """The stack's state before the first target token: h and c of layer k from the encoder's
+        final ones of layer k (batch, layers, encoder_output_size), mapped where the widths differ;
+        momentum, second moment and step counter fresh."""
+        h, c = final_hidden.transpose(0, 1), final_cell.transpose(0, 1)
+        if self.encoder_hidden_proj is not None:
+            h, c = self.encoder_hidden_proj(h), self.encoder_cell_proj(c)
+        return RecurrentState(h.contiguous(), c.contiguous(), None, None, None)
+
+    def forward(self, input_ids, attention_mask, inputs_embeds, encoder_outputs, encoder_real,
+                cache: Optional[MomentumLSTMSeq2SeqCache], output_hidden_states: bool,
+                output_attentions: bool):
+        """(last hidden state, hidden states or None, attention weights or None) of the target tokens
+        `input_ids` / `inputs_embeds` (batch, length); `attention_mask` (batch, cached + length) or
+        None; the state comes from `cache` where it holds one, else from `encoder_outputs`' final
+        states."""
+        replay_accepted(AcceptedTokens(self, encoder_outputs, encoder_real), cache, input_ids, inputs_embeds,
+                        attention_mask)
+        x = self.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds
+        batch, length = x.shape[:2]
+        past = 0 if cache is None else cache.get_seq_length()
+        mask = check_attention_mask(attention_mask, batch, past, length)
+        real = None if mask is None else mask.to(x.device)
+        x = F.dropout(x, self.config.decoder_dropout_in, self.training)
+        held = None if cache is None else cache.get_lstm_state()
+        if held is not None:
+            state, (feed,) = held, cache.get_extra()
+        else:
+            if encoder_outputs is None or encoder_outputs.final_hidden_state is None:
+                raise ValueError("the decoder starts from the encoder's final states: pass the source, or "
+                                 "encoder_outputs as the encoder returns them (MomentumLSTMEncoderOutput)")
+            state = self.initial_state(encoder_outputs.final_hidden_state, encoder_outputs.final_cell_state)
+            feed = x.new_zeros(batch, self.config.hidden_size)
+        source = None if encoder_outputs is None else encoder_outputs.last_hidden_state
+        if self.config.attention and source is None:
+            raise ValueError("encoder_outputs: every decoder step attends to the encoder's outputs; pass the "
+                             "source or encoder_outputs")
+        outs, layers, weights = [], [], []
+        with self.lstm.trusted_states():
+            for t in range(length):
+                hiddens, new = self.lstm.step(torch.cat([x[:, t], feed], dim=-1), state, all_layers=True)
+                out = hiddens[-1]
+                if self.config.attention:
+                    out, step_weights = self.attention(out, source, encoder_real)
+                    weights.append(step_weights)
+                out = F.dropout(out, self.config.decoder_dropout_out, self.training)
+                if real is not None:
+                    new = kept_where_real(real[:, t], new, state)
+                    out = torch.where(real[:, t, None], out, 0)
+                    hiddens = tuple(torch.where(real[:, t, None], h, 0) for h in hiddens)
+                    feed = torch.where(real[:, t, None], out, feed)
+                else:
+                    feed = out
+                state = new
+                outs.append(out)
+                layers.append(hiddens)
+        if cache is not None:
+            if length > 0:
+                cache.set_lstm_state(state, feed)
+            cache.advance(length)
+        hidden = torch.stack(outs, 1) if outs else x.new_zeros(batch, 0, self.config.hidden_size)
+        if self.additional_fc is not None:
+            hidden = F.dropout(self.additional_fc(hidden), self.config.decoder_dropout_out, self.training)
+            if real is not None:
+                hidden = hidden * real[..., None].to(hidden.dtype)
+        hidden_states = None
+        if output_hidden_states:
+            per_layer = [torch.stack([step[k] for step in layers], 1) if layers else
+                         x.new_zeros(batch, 0, self.config.hidden_size) for k in range(self.lstm.num_layers)]
+            hidden_states = (x, *per_layer, hidden)
+        attentions = None
+        if output_attentions and self.config.attention:
+            attentions = (torch.stack(weights, 1) if weights else x.new_zeros(batch, 0, source.shape[1]),)
+        return hidden, hidden_states, attentions
+
+
+class AcceptedTokens:
+    """What `replay_accepted` runs after speculative decoding's crop: the decoder over the accepted
+    tokens, into the cache, attending to this forward's encoder outputs (the same source rows)."""
+
+    def __init__(self, decoder: MomentumLSTMSeq2SeqDecoder, encoder_outputs, encoder_real):
+        self.decoder, self.encoder_outputs, self.encoder_real = decoder, encoder_outputs, encoder_real
+
+    def get_input_embeddings(self):
+        return self.decoder.embed_tokens
+
+    def __call__(self, input_ids=None, inputs_embeds=None, attention_mask=None, position_ids=None, cache=None,
+                 use_cache=True):
+        self.decoder(input_ids, attention_mask, inputs_embeds, self.encoder_outputs, self.encoder_real, cache,
+                     False, False)
+
+
+def encoder_output(encoder_outputs) -> MomentumLSTMEncoderOutput:
+    """generate() and users pass the encoder's output as it returned it (or its tuple: outputs,
+    [hidden states,] final h, final c)."""
+    if isinstance(encoder_outputs, MomentumLSTMEncoderOutput):
+        return encoder_outputs
+    if isinstance(encoder_outputs, (tuple, list)) and len(encoder_outputs) in (3, 4):
+        hidden = encoder_outputs[1] if len(encoder_outputs) == 4 else None
+        return MomentumLSTMEncoderOutput(last_hidden_state=encoder_outputs[0], hidden_states=hidden,
+                                         final_hidden_state=encoder_outputs[-2],
+                                         final_cell_state=encoder_outputs[-1])
+    raise ValueError("encoder_outputs must be the encoder's output (a MomentumLSTMEncoderOutput, with the "
+                     f"final states that start the decoder), got {type(encoder_outputs).__name__}")
+
+
+class MomentumLSTMSeq2SeqModel(MomentumLSTMSeq2SeqPreTrainedModel):
+    """Encoder and decoder; their token embeddings are one matrix with
+    `share_encoder_decoder_embeddings` (fairseq's --share-all-embeddings)."""
+
+    def __init__(self, config: MomentumLSTMSeq2SeqConfig):
+        super().__init__(config)
+        if config.share_encoder_decoder_embeddings:
+            self._tied_weights_keys = {"decoder.embed_tokens.weight": "encoder.embed_tokens.weight"}
+        self.encoder = MomentumLSTMSeq2SeqEncoder(config)
+        self.decoder = MomentumLSTMSeq2SeqDecoder(config)
+        self.post_init()
+
+    def get_input_embeddings(self):
+        return self.encoder.embed_tokens
+
+    def set_input_embeddings(self, value):
+        self.encoder.embed_tokens = value
+        if self.config.share_encoder_decoder_embeddings:
+            self.decoder.embed_tokens = value
+
+    def get_encoder(self, *args, **kwargs):
+        return self.encoder
+
+    def get_decoder(self):
+        return self.decoder
+
+    def forward(self, input_ids=None, attention_mask=None, decoder_input_ids=None,
+                decoder_attention_mask=None, encoder_outputs=None, cache=None, inputs_embeds=None,
+                decoder_inputs_embeds=None, use_cache=None, output_hidden_states=None, output_attentions=None,
+                return_dict=None, past_key_values=None, **kwargs):
+        """input_ids / inputs_embeds and attention_mask: the source (rows padded on either side), or
+        encoder_outputs already computed (generate() passes them) with the source's attention_mask;
+        decoder_*: the target so far, continued from `cache` where it holds a state."""
+        if has_packing_kwargs(**kwargs) or kwargs.get("position_ids") is not None or \
+                kwargs.get("decoder_position_ids") is not None:
+            raise ValueError("position_ids / cu_seq_lens_q / seq_idx: an LSTM reads no positions, and packed "
+                             "documents are not supported by an encoder-decoder; pad the sources and targets "
+                             "instead (DataCollatorForSeq2Seq)")
+        if (decoder_input_ids is None) == (decoder_inputs_embeds is None):
+            raise ValueError("pass exactly one of decoder_input_ids and decoder_inputs_embeds (or labels to "
+                             "the ForConditionalGeneration model)")
+        output_hidden_states = resolve_flag(output_hidden_states, self.config, "output_hidden_states")
+        output_attentions = resolve_flag(output_attentions, self.config, "output_attentions")
+        if not self.config.attention:
+            warn_no_attention_weights(self, output_attentions, "a decoder without attention")
+        cache = resolve_cache(self, given_cache(cache, past_key_values), use_cache, MomentumLSTMSeq2SeqCache)
+        if encoder_outputs is None and (input_ids is not None or inputs_embeds is not None):
+            encoder_outputs = self.encoder(input_ids=input_ids, attention_mask=attention_mask,
+                                           inputs_embeds=inputs_embeds,
+                                           output_hidden_states=output_hidden_states, return_dict=True)
+        encoder_outputs = None if encoder_outputs is None else encoder_output(encoder_outputs)
+        real = None
+        if encoder_outputs is not None and attention_mask is not None:
+            source = encoder_outputs.last_hidden_state
+            real = check_attention_mask(attention_mask, source.shape[0], 0, source.shape[1]).to(source.device)
+        hidden, hidden_states, attentions = self.decoder(
+            decoder_input_ids, decoder_attention_mask, decoder_inputs_embeds, encoder_outputs, real, cache,
+            output_hidden_states, output_attentions)
+        out = output_with_cache(Seq2SeqModelOutput, cache, last_hidden_state=hidden,
+                                decoder_hidden_states=hidden_states, cross_attentions=attentions,
+                                encoder_last_hidden_state=None if encoder_outputs is None else
+                                encoder_outputs.last_hidden_state,
+                                encoder_hidden_states=None if encoder_outputs is None else
+                                encoder_outputs.hidden_states)
+        return out if return_dict is not False else out.to_tuple()
+
+
+
+class MomentumLSTMSeq2SeqForConditionalGeneration(RecurrentCausalLMMixin, MomentumLSTMSeq2SeqPreTrainedModel,
+                                                  GenerationMixin):
+    """`MomentumLSTMSeq2SeqModel` and the vocabulary projection `lm_head` (the decoder's embedding
+    with `tie_word_embeddings`, else a linear map with a bias, as fairseq's fc_out). With `labels`
+    and no decoder inputs, the decoder reads the labels shifted right after
+    `decoder_start_token_id`; the loss is the cross-entropy of every label not -100
+    (`num_items_in_batch` honoured). generate() keeps the decoder's state in a
+    `MomentumLSTMSeq2SeqCache`."""
+
+    cache_class = MomentumLSTMSeq2SeqCache
+
+    def __init__(self, config: MomentumLSTMSeq2SeqConfig):
+        super().__init__(config)
+        self._tied_weights_keys = config.tied_embeddings()
+        self.model = MomentumLSTMSeq2SeqModel(config)
+        self.lm_head = nn.Linear(config.decoder_output_size, config.decoder_vocab_size,
+                                 bias=not config.tie_word_embeddings)
+        self.post_init()
+
+    def get_input_embeddings(self):
+        return self.model.get_input_embeddings()
+
+    def set_input_embeddings(self, value):
+        self.model.set_input_embeddings(value)
+
+    def get_encoder(self, *args, **kwargs):
+        return self.model.encoder
+
+    def get_decoder(self):
+        return self.model.decoder
+
+    def forward(self, input_ids=None, attention_mask=None, decoder_input_ids=None,
+                decoder_attention_mask=None, encoder_outputs=None, cache=None, inputs_embeds=None,
+                decoder_inputs_embeds=None, labels=None,
+                use_cache=None, output_hidden_states=None, output_attentions=None, return_dict=None,
+                past_key_values=None, logits_to_keep=0, **kwargs):
+        if labels is not None and decoder_input_ids is None and decoder_inputs_embeds is None:
+            if self.config.decoder_start_token_id is None or self.config.pad_token_id is None:
+                raise ValueError("labels without decoder_input_ids: shifting them right needs "
+                                 "config.decoder_start_token_id and config.pad_token_id; set both or pass "
+                                 "decoder_input_ids")
+            decoder_input_ids = self.prepare_decoder_input_ids_from_labels(labels)
+        num_items_in_batch = kwargs.pop("num_items_in_batch", None)
+        outputs = self.model(input_ids=input_ids, attention_mask=attention_mask,
+                             decoder_input_ids=decoder_input_ids,
+                             decoder_attention_mask=decoder_attention_mask,
+                             encoder_outputs=encoder_outputs, cache=cache, past_key_values=past_key_values,
+                             inputs_embeds=inputs_embeds, decoder_inputs_embeds=decoder_inputs_embeds,
+                             use_cache=use_cache, output_hidden_states=output_hidden_states,
+                             output_attentions=output_attentions, return_dict=True, **kwargs)
+        keep = check_int(logits_to_keep, "logits_to_keep", low=0)
+        logits = self.lm_head(outputs.last_hidden_state[:, -keep:])
+        loss = None
+        if labels is not None:
+            loss = ForMaskedLMLoss(logits, labels, self.config.decoder_vocab_size,
+                                   num_items_in_batch=num_items_in_batch)
+        out = output_with_cache(Seq2SeqLMOutput, getattr(outputs, CACHE_NAME), loss=loss, logits=logits,
+                                decoder_hidden_states=outputs.decoder_hidden_states,
+                                cross_attentions=outputs.cross_attentions,
+                                encoder_last_hidden_state=outputs.encoder_last_hidden_state,
+                                encoder_hidden_states=outputs.encoder_hidden_states)
+        return out if return_dict is not False else out.to_tuple()
+
+    def prepare_inputs_for_generation(self, input_ids, next_sequence_length=None, *args, **kwargs):
+        """transformers' own (the decoder's new tokens, the encoder's output and mask, the cache):
+        the causal mixin's prompt rule reads `attention_mask` as the decoder's, which here is the
+        source's."""
+        return GenerationMixin.prepare_inputs_for_generation(self, input_ids, next_sequence_length, *args,
+                                                             **kwargs)
+
+    def prepare_decoder_input_ids_from_labels(self, labels: torch.Tensor) -> torch.Tensor:
+        """DataCollatorForSeq2Seq's hook: the decoder's inputs for `labels`."""
+        return shift_right(labels, self.config.pad_token_id, self.config.decoder_start_token_id)
