@@ -28,7 +28,8 @@ class MomentumLSTMSeq2SeqConfig(PreTrainedConfig):
     options are. Dropouts in [0, 1), in training: `encoder_dropout_in` on the source embeddings,
     `encoder_dropout_out` between the encoder's layers and on its outputs, `decoder_dropout_in` on
     the target embeddings, `decoder_dropout_out` between the decoder's layers, on each step's
-    output and after the output projection.
+    output and after the output projection. `initializer_range`: embeddings and linear maps start
+    uniform in ±`initializer_range` (fairseq's LSTM model: 0.1), the LSTM stacks as Appendix F says.
 
     Vocabularies and embeddings as in `MomentumSeq2SeqConfig`: the source has `vocab_size` tokens,
     the target `decoder_vocab_size` (None: the same); `tie_word_embeddings` makes the LM head the
@@ -61,7 +62,7 @@ class MomentumLSTMSeq2SeqConfig(PreTrainedConfig):
     encoder_dropout_out: float = 0.1
     decoder_dropout_in: float = 0.1
     decoder_dropout_out: float = 0.1
-    initializer_range: float = 0.02
+    initializer_range: float = 0.1
     use_cache: bool = True
     pad_token_id: int | None = None
     bos_token_id: int | None = None

@@ -21,6 +21,7 @@ from torch import nn
 from torch.nn import functional as F
 from torch.nn.utils.rnn import pack_padded_sequence
 from transformers import GenerationMixin, PreTrainedModel
+from transformers import initialization as init
 from transformers.loss.loss_utils import ForMaskedLMLoss
 from transformers.modeling_outputs import BaseModelOutput, Seq2SeqLMOutput, Seq2SeqModelOutput
 
@@ -84,8 +85,20 @@ class MomentumLSTMSeq2SeqPreTrainedModel(Seq2SeqEmbeddingsMixin, RemoteCodeMixin
         super().__init__(config, *inputs, **kwargs)
 
     def _init_weights(self, module):
+        """fairseq's LSTM translation model's initialisation (a normal of std 0.02 leaves the attention's
+        scores too flat to start learning): embeddings and linear maps, biases included, uniform in
+        ±`initializer_range`, the padding row zero; each MomentumLSTM stack its own (MomentumRNN,
+        Appendix F)."""
+        bound = self.config.initializer_range
         if isinstance(module, MomentumLSTM):
             module.reset_parameters()
+        elif isinstance(module, (nn.Linear, nn.Embedding)):
+            init.uniform_(module.weight, -bound, bound)
+            if isinstance(module, nn.Linear) and module.bias is not None:
+                init.uniform_(module.bias, -bound, bound)
+            if isinstance(module, nn.Embedding) and module.padding_idx is not None and \
+                    not getattr(module.weight, "_is_hf_initialized", False):
+                init.zeros_(module.weight[module.padding_idx])
         else:
             super()._init_weights(module)
 

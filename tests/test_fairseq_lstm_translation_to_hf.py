@@ -5,7 +5,7 @@ them; bidirectional encoder with its final states projected to the decoder's wid
 projection to --decoder-out-embed-dim; one embedding matrix, two or three; two dictionaries), greedy
 and beam generate() give fairseq's SequenceGenerator hypotheses and scores, an adaptive softmax is
 refused by its option, and through the CLIs: fairseq-train, the converter, then transformers alone
-(remote code, the saved tokenizer, generate)."""
+(remote code, the saved tokenizer, generate) and recipes/hf/run_translation.py fine-tuning it."""
 import pytest
 import torch
 from helpers.clean_process import run_clean
@@ -93,6 +93,39 @@ def test_every_layout_converts_with_fairseqs_logits(tmp_path, make_generator, la
     assert (decoder.attention is None) == (layout == "no-attention")
     assert (decoder.additional_fc is None) == (not hasattr(model.decoder, "additional_fc"))
     assert_same_logits(model, converted, task, make_generator())
+
+
+@pytest.mark.parametrize("layout", ["bidirectional-shared", "no-attention", "three-matrices-out-projection"])
+def test_gradients_equal_fairseqs(tmp_path, make_generator, layout):
+    """The gradient of every weight of the converted model (a weighted sum of the logits at real
+    target positions of a padded batch) equals that of the fairseq weight it came from."""
+    model, task, args = fairseq_lstm_translation(tmp_path, *cell_flags("adam"), *LAYOUTS[layout])
+    converted = convert(model, task, args)
+    g = make_generator()
+    src, src_mask, prev, prev_mask = batch(task, g)
+    weights = torch.randn(*prev.shape, len(task.target_dictionary), generator=g, dtype=torch.float64)
+    weights = weights * prev_mask[..., None]
+    (model(src, src_mask.sum(-1), prev)[0] * weights).sum().backward()
+    logits = converted(input_ids=src, attention_mask=src_mask.long(), decoder_input_ids=prev,
+                       decoder_attention_mask=prev_mask.long()).logits
+    (logits * weights).sum().backward()
+    fairseq_weights = {p.data_ptr(): p for p in model.parameters()}
+    sources = {name: fairseq_weights[t.data_ptr()] for name, t in converted_sources(model, converted)}
+    attention = converted.model.decoder.attention is not None
+    compared = 0
+    for name, parameter in converted.named_parameters():
+        # fairseq's attention rounds its scores to float32 (see assert_same_logits)
+        tolerance = dict(rtol=1e-5, atol=1e-5) if attention else dict(rtol=0, atol=1e-10)
+        torch.testing.assert_close(parameter.grad, sources[name].grad, **tolerance,
+                                   msg=lambda message: f"{name}: {message}")
+        compared += bool(parameter.grad.any())
+    assert compared == len(list(converted.parameters()))
+
+
+def converted_sources(model, converted):
+    """(transformers name, fairseq tensor) of every converted weight."""
+    from fairseq_momentum.convert_lstm_translation import lstm_translation_state_dict
+    return lstm_translation_state_dict(model, converted.config).items()
 
 
 @pytest.mark.parametrize("extra", [["--share-decoder-input-output-embed"], []], ids=["tied-output", "untied"])
@@ -223,3 +256,25 @@ def test_cli_converts_a_trained_lstm_translation_model_that_transformers_runs_al
         print("OK", type(model).__module__)
     """, tmp_path, {"HF_HUB_OFFLINE": "1"})
     assert "OK transformers_modules" in proc.stdout
+    assert_fine_tunes_with_the_recipe(out, text, tmp_path)
+
+
+def assert_fine_tunes_with_the_recipe(model_dir, text, tmp_path):
+    """recipes/hf/run_translation.py --model_name_or_path fine-tunes the converted model on the
+    training pairs with its saved tokenizer (remote code): the loss falls from the converted model's."""
+    import json
+    import sys
+
+    from helpers.train_clm import run
+    from test_hf_run_translation import SCRIPT, logged_losses
+    pairs = zip((text / "train.src").read_text().splitlines(), (text / "train.tgt").read_text().splitlines())
+    (tmp_path / "train.tsv").write_text("".join(f"{s}\t{t}\n" for s, t in pairs))
+    out = tmp_path / "tuned"
+    run([sys.executable, str(SCRIPT), "--model_name_or_path", str(model_dir), "--trust_remote_code", "true",
+         "--train_file", str(tmp_path / "train.tsv"), "--output_dir", str(out), "--do_train",
+         "--max_steps", "30", "--logging_steps", "5", "--learning_rate", "1e-2",
+         "--per_device_train_batch_size", "16", "--report_to", "none", "--use_cpu", "--save_strategy", "no",
+         "--disable_tqdm", "true"], tmp_path)
+    losses = logged_losses(out)
+    assert losses[-1] < losses[0], losses
+    assert json.loads((out / "config.json").read_text())["model_type"] == "momentum_lstm_seq2seq"

@@ -2,7 +2,8 @@
 BPE tokenizer it trains itself (the training loss falls, evaluation and test translate with beam
 search and report BLEU), the saved model and tokenizer translate through the Auto classes; two
 CPU ranks under torchrun (gloo) end with one model, each rank's process group destroyed before it
-exits; a TSV line without one tab is refused by number."""
+exits; a TSV line without one tab is refused by number. The LSTM encoder-decoder trains with the
+same recipe, and a saved model fine-tunes with --model_name_or_path."""
 import json
 import os
 import re
@@ -66,6 +67,34 @@ def test_trains_evaluates_and_saves_a_model_that_translates(tsv, tmp_path):
     assert all(tokenizer.batch_decode(tokens, skip_special_tokens=True))
 
 
+def test_the_lstm_encoder_decoder_trains_and_a_saved_model_fine_tunes(tsv, tmp_path):
+    """--model_type momentum_lstm_seq2seq trains the attentional MomentumLSTM encoder-decoder with the
+    same recipe; --model_name_or_path then fine-tunes the saved model with its saved tokenizer (its
+    first loss is the trained model's, below the fresh model's first)."""
+    out, tuned = tmp_path / "out", tmp_path / "tuned"
+    # embeddings at twice fairseq's initial scale: the attention finds the toy task's alignment
+    # within these 250 steps
+    lstm = ["--model_type", "momentum_lstm_seq2seq", "--cell", "momentum", "--momentum", "0.5",
+            "--learning_rate", "1e-2", "--config_overrides", "initializer_range=0.2"]
+    run([sys.executable, str(SCRIPT), *data_args(tsv), "--output_dir", str(out), "--do_train", "--do_predict",
+         "--predict_with_generate", "--generation_num_beams", "2", "--max_steps", "250", "--logging_steps",
+         "10", *TINY, *lstm], tmp_path)
+    losses = logged_losses(out)
+    assert losses[-1] < 0.5 * losses[0], losses
+    config = json.loads((out / "config.json").read_text())
+    assert (config["model_type"], config["cell"], config["momentum"], config["encoder_bidirectional"]) == \
+        ("momentum_lstm_seq2seq", "momentum", 0.5, True)
+    assert json.loads((out / "test_results.json").read_text())["test_bleu"] > 0
+    run([sys.executable, str(SCRIPT), *data_args(tsv), "--output_dir", str(tuned), "--do_train",
+         "--model_name_or_path", str(out), "--max_steps", "10", "--logging_steps", "1", *TINY], tmp_path)
+    assert logged_losses(tuned)[0] < 0.5 * losses[0]
+
+
+def logged_losses(out):
+    return [row["loss"] for row in json.loads((out / "trainer_state.json").read_text())["log_history"]
+            if "loss" in row]
+
+
 def test_two_cpu_ranks_train_one_model(tsv, tmp_path):
     out = tmp_path / "out"
     torchrun = Path(sys.executable).with_name("torchrun")
@@ -114,6 +143,22 @@ def test_a_tsv_line_without_one_tab_is_refused_by_number(tmp_path):
     path.write_text("a\tb\nno tab here\n")
     with pytest.raises(ValueError, match=r"bad.tsv:2: expected source<TAB>target, got 1 fields"):
         module.read_tsv(path)
+
+
+def test_lstm_arguments_are_checked():
+    module = load_script()
+    tokenizer = module.train_tokenizer([("a b c d", "e f g h")] * 20, 120)
+    arguments = dict(model_type="momentum_lstm_seq2seq", hidden_size=16, encoder_layers=2, decoder_layers=2)
+    config = module.build_model(module.ModelArguments(**arguments, cell="nag", step_size=0.3),
+                                tokenizer).config
+    assert (config.cell, config.step_size, config.num_hidden_layers, config.vocab_size) == \
+        ("nag", 0.3, 2, len(tokenizer))
+    with pytest.raises(ValueError, match="--encoder_layers 3 differs from --decoder_layers 2"):
+        module.build_model(module.ModelArguments(**{**arguments, "encoder_layers": 3}), tokenizer)
+    with pytest.raises(ValueError, match="momentum=0.3 is not read by cell='rmsprop'"):
+        module.build_model(module.ModelArguments(**arguments, cell="rmsprop", momentum=0.3), tokenizer)
+    with pytest.raises(ValueError, match="--model_type 'gpt2': one of momentum_seq2seq, momentum_lstm_"):
+        module.build_model(module.ModelArguments(model_type="gpt2"), tokenizer)
 
 
 def test_config_overrides_reach_the_model_trained_from_scratch():

@@ -1,6 +1,10 @@
-"""Train the encoder-decoder momentum transformer (MomentumSeq2SeqForConditionalGeneration) for
-translation with transformers' Seq2SeqTrainer, as transformers' examples/pytorch/translation does
-for its models, and report sacreBLEU of its beam-search translations.
+"""Train the encoder-decoder momentum transformer (MomentumSeq2SeqForConditionalGeneration) or,
+with `--model_type momentum_lstm_seq2seq`, the attentional MomentumLSTM encoder-decoder
+(MomentumLSTMSeq2SeqForConditionalGeneration: `--cell`, `--momentum`, `--step_size`,
+`--encoder_bidirectional`) for translation with transformers' Seq2SeqTrainer, as transformers'
+examples/pytorch/translation does for its models, and report sacreBLEU of its beam-search
+translations. `--model_name_or_path DIR` fine-tunes a saved model instead (one this script saved, or
+one `python -m fairseq_momentum.convert_to_hf` converted, with the tokenizer saved beside it).
 
 Data: `--train_file` / `--validation_file` / `--test_file`, each a TSV of `source<TAB>target`
 lines; or, without them, `--corpus bible` (the offline English→Spanish verse pairs that
@@ -8,7 +12,9 @@ recipes/iwslt uses, prepared on first use) or `--corpus iwslt14` (downloaded). A
 BPE tokenizer (`tokenizers`, `--vocab_size` pieces, one vocabulary for both languages, a source
 ending in `</s>`) is trained on the training pairs unless `--tokenizer PATH` names a saved one;
 it is saved with the model, so `AutoTokenizer` / `AutoModelForSeq2SeqLM.from_pretrained(OUTPUT)`
-load both (`import hf_momentum` first, or `trust_remote_code=True` for the model).
+load both (`import hf_momentum` first, or `trust_remote_code=True` for the model). Targets are
+encoded with `text_target=`, so a tokenizer of two vocabularies (a converted fairseq model's, which
+loads with `--trust_remote_code`) gives labels in the target's.
 
 Every Seq2SeqTrainingArguments option applies (`--per_device_train_batch_size`, `--bf16`,
 `--gradient_accumulation_steps`, `--save_steps` and `--resume_from_checkpoint`, `--push_to_hub`,
@@ -36,7 +42,12 @@ from transformers import (
     set_seed,
 )
 
-from hf_momentum import MomentumSeq2SeqConfig, MomentumSeq2SeqForConditionalGeneration
+from hf_momentum import (
+    MomentumLSTMSeq2SeqConfig,
+    MomentumLSTMSeq2SeqForConditionalGeneration,
+    MomentumSeq2SeqConfig,
+    MomentumSeq2SeqForConditionalGeneration,
+)
 from recipes.common.hf_trainer import MomentumArguments, end_ranks, from_scratch, record, train_and_save
 
 SPECIAL = {"bos_token": "<s>", "pad_token": "<pad>", "eos_token": "</s>", "unk_token": "<unk>"}
@@ -47,6 +58,21 @@ class ModelArguments(MomentumArguments):
     encoder_layers: int = field(default=3)
     decoder_layers: int = field(default=3)
     cross_attention: str = field(default="momentum", metadata={"help": "momentum | linear | softmax"})
+    model_type: str = field(default="momentum_seq2seq",
+                            metadata={"help": "momentum_seq2seq | momentum_lstm_seq2seq"})
+    model_name_or_path: Optional[str] = field(default=None, metadata={
+        "help": "a saved model (folder or Hub id) to fine-tune instead of one trained from scratch; its "
+                "tokenizer is used unless --tokenizer names another"})
+    cell: str = field(default="momentum", metadata={
+        "help": "momentum_lstm_seq2seq: the cell (lstm or a momentum cell of docs/cells.md)"})
+    momentum: Optional[float] = field(default=None, metadata={
+        "help": "momentum_lstm_seq2seq: the cell's momentum mu (default: the config's, 0.6)"})
+    step_size: Optional[float] = field(default=None, metadata={
+        "help": "momentum_lstm_seq2seq: the cell's step size s (default: the config's, 1.0)"})
+    encoder_bidirectional: bool = field(default=True, metadata={
+        "help": "momentum_lstm_seq2seq: the encoder reads both directions"})
+    trust_remote_code: bool = field(default=False, metadata={
+        "help": "run the code saved with --model_name_or_path's tokenizer (a converted fairseq model's)"})
 
 
 @dataclass
@@ -108,17 +134,52 @@ def train_tokenizer(pairs: list, vocab_size: int) -> PreTrainedTokenizerFast:
     return PreTrainedTokenizerFast(tokenizer_object=tokenizer, **SPECIAL)
 
 
-def build_model(args: ModelArguments, tokenizer) -> MomentumSeq2SeqForConditionalGeneration:
+MODEL_TYPES = ("momentum_seq2seq", "momentum_lstm_seq2seq")
+
+
+def build_model(args: ModelArguments, tokenizer):
+    """The saved model `--model_name_or_path`, or a model of `--model_type` trained from scratch with
+    the tokenizer's vocabulary."""
+    if args.model_name_or_path:
+        from transformers import AutoModelForSeq2SeqLM
+        return AutoModelForSeq2SeqLM.from_pretrained(args.model_name_or_path,
+                                                     trust_remote_code=args.trust_remote_code)
+    if args.model_type not in MODEL_TYPES:
+        raise ValueError(f"--model_type {args.model_type!r}: one of {', '.join(MODEL_TYPES)}")
+    if args.model_type == "momentum_lstm_seq2seq":
+        return MomentumLSTMSeq2SeqForConditionalGeneration(from_scratch(
+            MomentumLSTMSeq2SeqConfig, lstm_fields(args, tokenizer), args.config_overrides))
     return MomentumSeq2SeqForConditionalGeneration(from_scratch(MomentumSeq2SeqConfig, dict(
         **args.config_fields(tokenizer), num_hidden_layers=args.decoder_layers,
         encoder_layers=args.encoder_layers, cross_attention=args.cross_attention, scale_embedding=True,
         decoder_start_token_id=tokenizer.eos_token_id), args.config_overrides))
 
 
+def lstm_fields(args: ModelArguments, tokenizer) -> dict:
+    """MomentumLSTMSeq2SeqConfig fields: every width `--hidden_size`, one embedding matrix (one
+    vocabulary), every dropout `--dropout`; the config refuses a hyperparameter the cell never reads."""
+    if args.encoder_layers != args.decoder_layers:
+        raise ValueError(f"--encoder_layers {args.encoder_layers} differs from --decoder_layers "
+                         f"{args.decoder_layers}: the LSTM decoder starts from the encoder's final states, "
+                         "layer by layer, so both stacks have one depth")
+    hyper = {name: getattr(args, name) for name in ("momentum", "step_size")
+             if getattr(args, name) is not None}
+    dropouts = {f"{side}_dropout_{at}": args.dropout for side in ("encoder", "decoder")
+                for at in ("in", "out")}
+    width = args.hidden_size
+    return dict(vocab_size=len(tokenizer), encoder_embedding_size=width, encoder_hidden_size=width,
+                encoder_bidirectional=args.encoder_bidirectional, decoder_embedding_size=width,
+                hidden_size=width,
+                num_hidden_layers=args.decoder_layers, cell=args.cell, **hyper, **dropouts,
+                tie_word_embeddings=True, share_encoder_decoder_embeddings=True,
+                pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id,
+                eos_token_id=tokenizer.eos_token_id, decoder_start_token_id=tokenizer.eos_token_id)
+
+
 def encode(pairs: list, tokenizer, data: DataArguments) -> list:
     """Trainer features: the source's ids and mask, the target's ids as labels (with `</s>`)."""
     sources = tokenizer([s for s, _ in pairs], max_length=data.max_source_length, truncation=True)
-    targets = tokenizer([t for _, t in pairs], max_length=data.max_target_length, truncation=True)
+    targets = tokenizer(text_target=[t for _, t in pairs], max_length=data.max_target_length, truncation=True)
     return [{"input_ids": ids, "attention_mask": mask, "labels": labels}
             for ids, mask, labels in zip(sources["input_ids"], sources["attention_mask"],
                                          targets["input_ids"])]
@@ -150,7 +211,9 @@ def main(argv=None):
     if data.max_eval_pairs:
         pairs = {split: rows if split == "train" else rows[:data.max_eval_pairs]
                  for split, rows in pairs.items()}
-    tokenizer = AutoTokenizer.from_pretrained(data.tokenizer) if data.tokenizer else \
+    saved = data.tokenizer or model_args.model_name_or_path
+    remote = model_args.trust_remote_code
+    tokenizer = AutoTokenizer.from_pretrained(saved, trust_remote_code=remote) if saved else \
         train_tokenizer(pairs["train"], data.vocab_size)
     try:
         model = build_model(model_args, tokenizer)
