@@ -19,7 +19,8 @@
   MomentumSeq2SeqForConditionalGeneration, MomentumSeq2SeqCache, StaticMomentumSeq2SeqCache): the
   encoder-decoder, with AutoConfig / AutoModel / AutoModelForSeq2SeqLM;
 - model_type "momentum_lstm_seq2seq" (MomentumLSTMSeq2SeqConfig, MomentumLSTMSeq2SeqModel,
-  MomentumLSTMSeq2SeqForConditionalGeneration, MomentumLSTMSeq2SeqCache): the attentional
+  MomentumLSTMSeq2SeqForConditionalGeneration, MomentumLSTMSeq2SeqCache,
+  StaticMomentumLSTMSeq2SeqCache): the attentional
   MomentumLSTM encoder-decoder (fairseq's momentum_lstm), with the same Auto classes.
 `FairseqLengthLimit` is fairseq's length limit for generate() (a converted translation model's beam
 search then finds fairseq-generate's hypotheses).
@@ -71,6 +72,7 @@ from .modeling_momentum_lstm_seq2seq import (
     MomentumLSTMSeq2SeqForConditionalGeneration,
     MomentumLSTMSeq2SeqModel,
     MomentumLSTMSeq2SeqPreTrainedModel,
+    StaticMomentumLSTMSeq2SeqCache,
 )
 from .modeling_momentum_seq2seq import (
     MomentumSeq2SeqCache,
@@ -138,4 +140,5 @@ __all__ = [
     "MomentumSeq2SeqCache", "StaticMomentumSeq2SeqCache",
     "MomentumLSTMSeq2SeqConfig", "MomentumLSTMSeq2SeqPreTrainedModel", "MomentumLSTMSeq2SeqModel",
     "MomentumLSTMSeq2SeqForConditionalGeneration", "MomentumLSTMSeq2SeqCache", "MomentumLSTMEncoderOutput",
+    "StaticMomentumLSTMSeq2SeqCache",
 ]

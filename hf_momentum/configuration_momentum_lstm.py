@@ -78,13 +78,7 @@ class MomentumLSTMConfig(PreTrainedConfig):
         if self.num_hidden_layers == 1 and self.last_hidden_size != self.hidden_size:
             raise ValueError(f"last_hidden_size ({self.last_hidden_size}) differs from hidden_size "
                              f"({self.hidden_size}) in a model of one layer: set hidden_size to its width")
-        check_hyper(self.cell, "lstm", self.momentum, self.step_size, self.beta, self.eps, self.restart)
-        for name in unread_hyperparameters(self.cell):
-            default = getattr(type(self), name)
-            if getattr(self, name) != default:
-                raise ValueError(f"{name}={getattr(self, name)!r} is not read by cell={self.cell!r} and "
-                                 f"would be ignored; leave {name} at its default {default!r} or choose "
-                                 "a cell that uses it (docs/cells.md)")
+        check_cell_fields(self)
         check_probability(self.dropout, "dropout")
         for name in ("embedding_dropout", "output_dropout", "classifier_dropout", "weight_drop",
                      "word_dropout"):
@@ -103,3 +97,16 @@ class MomentumLSTMConfig(PreTrainedConfig):
     def layer_sizes(self) -> list[int]:
         """Each LSTM layer's width, first to last."""
         return [self.hidden_size] * (self.num_hidden_layers - 1) + [self.last_hidden_size]
+
+
+def check_cell_fields(config) -> None:
+    """ValueError naming the first of the cell's fields (`cell`, `momentum`, `step_size`, `beta`,
+    `eps`, `restart`) out of its range, or set off its default where the cell never reads it."""
+    check_hyper(config.cell, "lstm", config.momentum, config.step_size, config.beta, config.eps,
+                config.restart)
+    for name in unread_hyperparameters(config.cell):
+        default = getattr(type(config), name)
+        if getattr(config, name) != default:
+            raise ValueError(f"{name}={getattr(config, name)!r} is not read by cell={config.cell!r} and "
+                             f"would be ignored; leave {name} at its default {default!r} or choose "
+                             "a cell that uses it (docs/cells.md)")

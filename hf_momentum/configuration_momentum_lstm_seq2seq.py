@@ -1,7 +1,8 @@
 """Configuration of the attentional MomentumLSTM encoder-decoder (model_type "momentum_lstm_seq2seq")."""
 from transformers import PreTrainedConfig
 
-from .momentum_rnn_core import DEFAULT_CELL, DEFAULTS, check_hyper, unread_hyperparameters
+from .configuration_momentum_lstm import check_cell_fields
+from .momentum_rnn_core import DEFAULT_CELL, DEFAULTS
 from .validation import check_bool, check_bool_fields, check_int, check_positive, check_probability
 
 DROPOUTS = ("encoder_dropout_in", "encoder_dropout_out", "decoder_dropout_in", "decoder_dropout_out")
@@ -95,13 +96,7 @@ class MomentumLSTMSeq2SeqConfig(PreTrainedConfig):
         for name in ("vocab_size", "decoder_vocab_size", "encoder_embedding_size", "encoder_hidden_size",
                      "decoder_embedding_size", "hidden_size", "decoder_output_size", "num_hidden_layers"):
             check_int(getattr(self, name), name, low=1)
-        check_hyper(self.cell, "lstm", self.momentum, self.step_size, self.beta, self.eps, self.restart)
-        for name in unread_hyperparameters(self.cell):
-            default = getattr(type(self), name)
-            if getattr(self, name) != default:
-                raise ValueError(f"{name}={getattr(self, name)!r} is not read by cell={self.cell!r} and "
-                                 f"would be ignored; leave {name} at its default {default!r} or choose "
-                                 "a cell that uses it (docs/cells.md)")
+        check_cell_fields(self)
         for name in DROPOUTS:
             check_probability(getattr(self, name), name)
         check_positive(self.initializer_range, "initializer_range")

@@ -11,11 +11,14 @@ from typing import Optional
 
 import torch
 from torch import nn
+from transformers import GenerationMixin
 from transformers.generation.configuration_utils import GenerationMode
+from transformers.loss.loss_utils import ForMaskedLMLoss
 from transformers.modeling_outputs import (
     BaseModelOutputWithPast,
     CausalLMOutputWithPast,
     QuestionAnsweringModelOutput,
+    Seq2SeqLMOutput,
     TokenClassifierOutput,
 )
 from transformers.utils import logging
@@ -186,8 +189,23 @@ def shift_right(labels: torch.Tensor, pad_token_id: int, decoder_start_token_id:
 
 
 class Seq2SeqEmbeddingsMixin:
-    """For an encoder-decoder PreTrainedModel whose config has `vocab_size` (the source's) and
-    `decoder_vocab_size`, and whose `get_decoder()` has `embed_tokens`."""
+    """For an encoder-decoder PreTrainedModel whose config has `vocab_size` (the source's),
+    `decoder_vocab_size` and `share_encoder_decoder_embeddings`: the base model's accessors (its
+    `encoder` and `decoder`, each with `embed_tokens`) and resizing both vocabularies."""
+
+    def get_input_embeddings(self):
+        return self.encoder.embed_tokens
+
+    def set_input_embeddings(self, value):
+        self.encoder.embed_tokens = value
+        if self.config.tie_word_embeddings and self.config.share_encoder_decoder_embeddings:
+            self.decoder.embed_tokens = value
+
+    def get_encoder(self, *args, **kwargs):
+        return self.encoder
+
+    def get_decoder(self):
+        return self.decoder
 
     def _resize_token_embeddings(self, new_num_tokens, pad_to_multiple_of=None, mean_resizing=True):
         """transformers resizes the input embedding (the encoder's) and the LM head; an untied
@@ -205,6 +223,72 @@ class Seq2SeqEmbeddingsMixin:
             decoder.embed_tokens = resized.requires_grad_(old.weight.requires_grad)
         return embeddings
 
+
+class Seq2SeqLMMixin:
+    """For a `...ForConditionalGeneration` with `self.model` (an encoder-decoder whose `encoder` and
+    `decoder` it exposes) and `self.lm_head` over the target vocabulary (`config.decoder_vocab_size`):
+    the accessors, the decoder's inputs from `labels`, and the logits, loss and output of a forward."""
+
+    def get_input_embeddings(self):
+        return self.model.get_input_embeddings()
+
+    def set_input_embeddings(self, value):
+        self.model.set_input_embeddings(value)
+
+    def get_encoder(self, *args, **kwargs):
+        return self.model.encoder
+
+    def get_decoder(self):
+        return self.model.decoder
+
+    def decoder_inputs_for(self, labels, decoder_input_ids, decoder_inputs_embeds):
+        """The decoder's input ids: those given, or with `labels` alone the labels shifted right
+        after `decoder_start_token_id`."""
+        if labels is None or decoder_input_ids is not None or decoder_inputs_embeds is not None:
+            return decoder_input_ids
+        if self.config.decoder_start_token_id is None or self.config.pad_token_id is None:
+            raise ValueError("labels without decoder_input_ids: shifting them right needs "
+                             "config.decoder_start_token_id and config.pad_token_id; set both or pass "
+                             "decoder_input_ids")
+        return self.prepare_decoder_input_ids_from_labels(labels)
+
+    def prepare_decoder_input_ids_from_labels(self, labels: torch.Tensor) -> torch.Tensor:
+        """DataCollatorForSeq2Seq's hook: the decoder's inputs for `labels`."""
+        return shift_right(labels, self.config.pad_token_id, self.config.decoder_start_token_id)
+
+    def prepare_inputs_for_generation(self, input_ids, next_sequence_length=None, *args, **kwargs):
+        """transformers' inputs for generate()'s next forward (the decoder's new tokens, the encoder's
+        output and mask, the cache); the causal mixin's prompt rule would read `attention_mask`, the
+        source's, as the decoder's. With the static cache a decoder mask keeps only its new tokens'
+        columns, as for the causal LM; the encoder's mask stays whole."""
+        inputs = GenerationMixin.prepare_inputs_for_generation(self, input_ids, next_sequence_length, *args,
+                                                               **kwargs)
+        mask = inputs.get("decoder_attention_mask")
+        cache, static = inputs.get(CACHE_NAME), self.static_cache_class
+        if static is not None and isinstance(cache, static) and isinstance(mask, torch.Tensor):
+            length = inputs["decoder_input_ids"].shape[1]
+            inputs["decoder_attention_mask"] = mask[:, mask.shape[1] - length:].contiguous()
+        return inputs
+
+    def create_masks_for_generate(self, config, inputs_embeds, attention_mask, *args, **kwargs):
+        """generate() would build a 4D decoder mask for a compileable cache: it stays as given."""
+        return attention_mask
+
+    def seq2seq_lm_output(self, outputs, labels, logits_to_keep, num_items_in_batch, return_dict):
+        """Logits of the last `logits_to_keep` target positions (0: all), the cross-entropy of every
+        label not -100 (`num_items_in_batch` honoured), and the output (a tuple unless return_dict)."""
+        keep = check_int(logits_to_keep, "logits_to_keep", low=0)
+        logits = self.lm_head(outputs.last_hidden_state[:, -keep:])
+        loss = None
+        if labels is not None:
+            loss = ForMaskedLMLoss(logits, labels, self.config.decoder_vocab_size,
+                                   num_items_in_batch=num_items_in_batch)
+        out = output_with_cache(Seq2SeqLMOutput, getattr(outputs, CACHE_NAME), loss=loss, logits=logits,
+                                decoder_hidden_states=outputs.decoder_hidden_states,
+                                cross_attentions=outputs.cross_attentions,
+                                encoder_last_hidden_state=outputs.encoder_last_hidden_state,
+                                encoder_hidden_states=outputs.encoder_hidden_states)
+        return out if return_dict is not False else out.to_tuple()
 
 class HeadOverModelMixin:
     """For a head over `self.model`, the family's base model (embedding `embed_tokens`)."""

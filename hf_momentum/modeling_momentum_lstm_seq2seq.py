@@ -22,28 +22,27 @@ from torch.nn import functional as F
 from torch.nn.utils.rnn import pack_padded_sequence
 from transformers import GenerationMixin, PreTrainedModel
 from transformers import initialization as init
-from transformers.loss.loss_utils import ForMaskedLMLoss
-from transformers.modeling_outputs import BaseModelOutput, Seq2SeqLMOutput, Seq2SeqModelOutput
+from transformers.modeling_outputs import BaseModelOutput, Seq2SeqModelOutput
 
 from .cache_history import replay_accepted
 from .configuration_momentum_lstm_seq2seq import MomentumLSTMSeq2SeqConfig
 from .modeling_common import (
-    CACHE_NAME,
     RecurrentCausalLMMixin,
     Seq2SeqEmbeddingsMixin,
+    Seq2SeqLMMixin,
     check_attention_mask,
     given_cache,
     output_with_cache,
     resolve_cache,
     resolve_flag,
-    shift_right,
+    static_padding_mask,
     warn_no_attention_weights,
 )
 from .modeling_momentum_lstm import MomentumLSTMCache, unpack
 from .momentum_rnn_core import MomentumLSTM, RecurrentState, front_order, read_hyperparameters
 from .packing import has_packing_kwargs
+from .recurrent_cache import StaticStateMixin
 from .saving import RemoteCodeMixin
-from .validation import check_int
 
 AUTO_MAP = {
     "AutoConfig": "configuration_momentum_lstm_seq2seq.MomentumLSTMSeq2SeqConfig",
@@ -63,9 +62,48 @@ class MomentumLSTMEncoderOutput(BaseModelOutput):
 
 class MomentumLSTMSeq2SeqCache(MomentumLSTMCache):
     """The decoder stack's `RecurrentState` and its last output (`input_feed`, which the next step
-    reads), batch-first: beam search reorders both."""
+    reads), and from the first decoding step on the encoder's outputs the attention reads (`memory`:
+    (outputs, real-token mask or None)), so later steps need no source; beam search reorders all of
+    them. Speculative decoding's crop restores the states and keeps the memory."""
 
     extra_states = ("input_feed",)
+    memory: Optional[tuple] = None
+
+    def set_memory(self, source: torch.Tensor, real: Optional[torch.Tensor]) -> None:
+        self.memory = (source, real)
+
+    def reset(self) -> None:
+        super().reset()
+        self.memory = None
+
+    def _map(self, fn) -> None:
+        super()._map(fn)
+        if self.memory is not None:
+            self.memory = tuple(None if t is None else fn(t) for t in self.memory)
+
+
+class StaticMomentumLSTMSeq2SeqCache(StaticStateMixin, MomentumLSTMSeq2SeqCache):
+    """A `MomentumLSTMSeq2SeqCache` for a compiled decode step (generate's
+    cache_implementation="static"): the states in fixed buffers updated in place
+    (`StaticStateMixin`), and the memory, written by the first (eager) step, kept at its addresses
+    when beam search reorders it."""
+
+    def set_memory(self, source: torch.Tensor, real: Optional[torch.Tensor]) -> None:
+        if not torch.compiler.is_compiling():
+            for t in (source, real):
+                if t is not None:
+                    torch._dynamo.mark_static_address(t)
+        super().set_memory(source, real)
+
+    def _map(self, fn) -> None:
+        held = self.memory
+        super()._map(fn)
+        if held is not None and all(a is None or (a.shape, a.dtype) == (b.shape, b.dtype)
+                                    for a, b in zip(held, self.memory)):
+            for a, b in zip(held, self.memory):
+                if a is not None:
+                    a.copy_(b)
+            self.memory = held
 
 
 class MomentumLSTMSeq2SeqPreTrainedModel(Seq2SeqEmbeddingsMixin, RemoteCodeMixin, PreTrainedModel):
@@ -248,13 +286,18 @@ class MomentumLSTMSeq2SeqDecoder(nn.Module):
         `input_ids` / `inputs_embeds` (batch, length); `attention_mask` (batch, cached + length) or
         None; the state comes from `cache` where it holds one, else from `encoder_outputs`' final
         states."""
-        replay_accepted(AcceptedTokens(self, encoder_outputs, encoder_real), cache, input_ids, inputs_embeds,
-                        attention_mask)
+        static = isinstance(cache, StaticStateMixin)
+        if not static:        # a static cache is never cropped: nothing to replay
+            replay_accepted(AcceptedTokens(self, encoder_outputs, encoder_real), cache, input_ids,
+                            inputs_embeds, attention_mask)
         x = self.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds
         batch, length = x.shape[:2]
-        past = 0 if cache is None else cache.get_seq_length()
-        mask = check_attention_mask(attention_mask, batch, past, length)
-        real = None if mask is None else mask.to(x.device)
+        if static:            # no count of cached tokens is read (a compiled step would be traced again)
+            real = static_padding_mask(cache, attention_mask, batch, length, x.device, {})[1]
+        else:
+            past = 0 if cache is None else cache.get_seq_length()
+            mask = check_attention_mask(attention_mask, batch, past, length)
+            real = None if mask is None else mask.to(x.device)
         x = F.dropout(x, self.config.decoder_dropout_in, self.training)
         held = None if cache is None else cache.get_lstm_state()
         if held is not None:
@@ -265,10 +308,15 @@ class MomentumLSTMSeq2SeqDecoder(nn.Module):
                                  "encoder_outputs as the encoder returns them (MomentumLSTMEncoderOutput)")
             state = self.initial_state(encoder_outputs.final_hidden_state, encoder_outputs.final_cell_state)
             feed = x.new_zeros(batch, self.config.hidden_size)
-        source = None if encoder_outputs is None else encoder_outputs.last_hidden_state
+        memory = None if cache is None else cache.memory
+        if memory is None:
+            memory = (None if encoder_outputs is None else encoder_outputs.last_hidden_state, encoder_real)
+            if cache is not None and memory[0] is not None:
+                cache.set_memory(*memory)
+        source, encoder_real = memory
         if self.config.attention and source is None:
             raise ValueError("encoder_outputs: every decoder step attends to the encoder's outputs; pass the "
-                             "source or encoder_outputs")
+                             "source, encoder_outputs or a cache that holds them")
         outs, layers, weights = [], [], []
         with self.lstm.trusted_states():
             for t in range(length):
@@ -350,20 +398,6 @@ class MomentumLSTMSeq2SeqModel(MomentumLSTMSeq2SeqPreTrainedModel):
         self.decoder = MomentumLSTMSeq2SeqDecoder(config)
         self.post_init()
 
-    def get_input_embeddings(self):
-        return self.encoder.embed_tokens
-
-    def set_input_embeddings(self, value):
-        self.encoder.embed_tokens = value
-        if self.config.share_encoder_decoder_embeddings:
-            self.decoder.embed_tokens = value
-
-    def get_encoder(self, *args, **kwargs):
-        return self.encoder
-
-    def get_decoder(self):
-        return self.decoder
-
     def forward(self, input_ids=None, attention_mask=None, decoder_input_ids=None,
                 decoder_attention_mask=None, encoder_outputs=None, cache=None, inputs_embeds=None,
                 decoder_inputs_embeds=None, use_cache=None, output_hidden_states=None, output_attentions=None,
@@ -406,8 +440,8 @@ class MomentumLSTMSeq2SeqModel(MomentumLSTMSeq2SeqPreTrainedModel):
 
 
 
-class MomentumLSTMSeq2SeqForConditionalGeneration(RecurrentCausalLMMixin, MomentumLSTMSeq2SeqPreTrainedModel,
-                                                  GenerationMixin):
+class MomentumLSTMSeq2SeqForConditionalGeneration(Seq2SeqLMMixin, RecurrentCausalLMMixin,
+                                                  MomentumLSTMSeq2SeqPreTrainedModel, GenerationMixin):
     """`MomentumLSTMSeq2SeqModel` and the vocabulary projection `lm_head` (the decoder's embedding
     with `tie_word_embeddings`, else a linear map with a bias, as fairseq's fc_out). With `labels`
     and no decoder inputs, the decoder reads the labels shifted right after
@@ -416,6 +450,7 @@ class MomentumLSTMSeq2SeqForConditionalGeneration(RecurrentCausalLMMixin, Moment
     `MomentumLSTMSeq2SeqCache`."""
 
     cache_class = MomentumLSTMSeq2SeqCache
+    static_cache_class = StaticMomentumLSTMSeq2SeqCache
 
     def __init__(self, config: MomentumLSTMSeq2SeqConfig):
         super().__init__(config)
@@ -425,29 +460,12 @@ class MomentumLSTMSeq2SeqForConditionalGeneration(RecurrentCausalLMMixin, Moment
                                  bias=not config.tie_word_embeddings)
         self.post_init()
 
-    def get_input_embeddings(self):
-        return self.model.get_input_embeddings()
-
-    def set_input_embeddings(self, value):
-        self.model.set_input_embeddings(value)
-
-    def get_encoder(self, *args, **kwargs):
-        return self.model.encoder
-
-    def get_decoder(self):
-        return self.model.decoder
-
     def forward(self, input_ids=None, attention_mask=None, decoder_input_ids=None,
                 decoder_attention_mask=None, encoder_outputs=None, cache=None, inputs_embeds=None,
                 decoder_inputs_embeds=None, labels=None,
                 use_cache=None, output_hidden_states=None, output_attentions=None, return_dict=None,
                 past_key_values=None, logits_to_keep=0, **kwargs):
-        if labels is not None and decoder_input_ids is None and decoder_inputs_embeds is None:
-            if self.config.decoder_start_token_id is None or self.config.pad_token_id is None:
-                raise ValueError("labels without decoder_input_ids: shifting them right needs "
-                                 "config.decoder_start_token_id and config.pad_token_id; set both or pass "
-                                 "decoder_input_ids")
-            decoder_input_ids = self.prepare_decoder_input_ids_from_labels(labels)
+        decoder_input_ids = self.decoder_inputs_for(labels, decoder_input_ids, decoder_inputs_embeds)
         num_items_in_batch = kwargs.pop("num_items_in_batch", None)
         outputs = self.model(input_ids=input_ids, attention_mask=attention_mask,
                              decoder_input_ids=decoder_input_ids,
@@ -456,26 +474,4 @@ class MomentumLSTMSeq2SeqForConditionalGeneration(RecurrentCausalLMMixin, Moment
                              inputs_embeds=inputs_embeds, decoder_inputs_embeds=decoder_inputs_embeds,
                              use_cache=use_cache, output_hidden_states=output_hidden_states,
                              output_attentions=output_attentions, return_dict=True, **kwargs)
-        keep = check_int(logits_to_keep, "logits_to_keep", low=0)
-        logits = self.lm_head(outputs.last_hidden_state[:, -keep:])
-        loss = None
-        if labels is not None:
-            loss = ForMaskedLMLoss(logits, labels, self.config.decoder_vocab_size,
-                                   num_items_in_batch=num_items_in_batch)
-        out = output_with_cache(Seq2SeqLMOutput, getattr(outputs, CACHE_NAME), loss=loss, logits=logits,
-                                decoder_hidden_states=outputs.decoder_hidden_states,
-                                cross_attentions=outputs.cross_attentions,
-                                encoder_last_hidden_state=outputs.encoder_last_hidden_state,
-                                encoder_hidden_states=outputs.encoder_hidden_states)
-        return out if return_dict is not False else out.to_tuple()
-
-    def prepare_inputs_for_generation(self, input_ids, next_sequence_length=None, *args, **kwargs):
-        """transformers' own (the decoder's new tokens, the encoder's output and mask, the cache):
-        the causal mixin's prompt rule reads `attention_mask` as the decoder's, which here is the
-        source's."""
-        return GenerationMixin.prepare_inputs_for_generation(self, input_ids, next_sequence_length, *args,
-                                                             **kwargs)
-
-    def prepare_decoder_input_ids_from_labels(self, labels: torch.Tensor) -> torch.Tensor:
-        """DataCollatorForSeq2Seq's hook: the decoder's inputs for `labels`."""
-        return shift_right(labels, self.config.pad_token_id, self.config.decoder_start_token_id)
+        return self.seq2seq_lm_output(outputs, labels, logits_to_keep, num_items_in_batch, return_dict)

@@ -20,19 +20,18 @@ from typing import Optional
 import torch
 from torch import nn
 from transformers import GenerationMixin
-from transformers.loss.loss_utils import ForMaskedLMLoss
-from transformers.modeling_outputs import BaseModelOutput, Seq2SeqLMOutput, Seq2SeqModelOutput
+from transformers.modeling_outputs import BaseModelOutput, Seq2SeqModelOutput
 
 from .configuration_momentum_seq2seq import MomentumSeq2SeqConfig
 from .modeling_common import (
     CACHE_NAME,
     RecurrentCausalLMMixin,
     Seq2SeqEmbeddingsMixin,
+    Seq2SeqLMMixin,
     given_cache,
     output_with_cache,
     refuse_packed_rows,
     resolve_flag,
-    shift_right,
 )
 from .modeling_momentum_transformer import (
     MomentumCache,
@@ -43,7 +42,6 @@ from .modeling_momentum_transformer import (
 from .momentum_core import BlockConfig, DecoderBlock, KeyValueCache, NonCausalSummary, cross_attention_config
 from .packing import has_packing_kwargs
 from .recurrent_cache import StaticStateMixin
-from .validation import check_int
 
 AUTO_MAP = {
     "AutoConfig": "configuration_momentum_seq2seq.MomentumSeq2SeqConfig",
@@ -224,20 +222,6 @@ class MomentumSeq2SeqModel(MomentumSeq2SeqPreTrainedModel):
         self.decoder = MomentumSeq2SeqDecoder(config, self.block)
         self.post_init()
 
-    def get_input_embeddings(self):
-        return self.encoder.embed_tokens
-
-    def set_input_embeddings(self, value):
-        self.encoder.embed_tokens = value
-        if self.config.tie_word_embeddings and self.config.share_encoder_decoder_embeddings:
-            self.decoder.embed_tokens = value
-
-    def get_encoder(self, *args, **kwargs):
-        return self.encoder
-
-    def get_decoder(self):
-        return self.decoder
-
     def forward(self, input_ids=None, attention_mask=None, decoder_input_ids=None,
                 decoder_attention_mask=None, encoder_outputs=None, cache=None, inputs_embeds=None,
                 decoder_inputs_embeds=None, decoder_position_ids=None, use_cache=None,
@@ -276,8 +260,8 @@ class MomentumSeq2SeqModel(MomentumSeq2SeqPreTrainedModel):
 
 
 
-class MomentumSeq2SeqForConditionalGeneration(RecurrentCausalLMMixin, MomentumSeq2SeqPreTrainedModel,
-                                              GenerationMixin):
+class MomentumSeq2SeqForConditionalGeneration(Seq2SeqLMMixin, RecurrentCausalLMMixin,
+                                              MomentumSeq2SeqPreTrainedModel, GenerationMixin):
     """`MomentumSeq2SeqModel` and a vocabulary projection `lm_head` over the target vocabulary (the
     decoder's token embedding with `tie_word_embeddings`). With `labels` and no decoder inputs, the
     decoder reads the labels shifted right after `decoder_start_token_id`; the loss is the
@@ -298,29 +282,12 @@ class MomentumSeq2SeqForConditionalGeneration(RecurrentCausalLMMixin, MomentumSe
         self.lm_head = nn.Linear(config.hidden_size, config.decoder_vocab_size, bias=False)
         self.post_init()
 
-    def get_input_embeddings(self):
-        return self.model.get_input_embeddings()
-
-    def set_input_embeddings(self, value):
-        self.model.set_input_embeddings(value)
-
-    def get_encoder(self, *args, **kwargs):
-        return self.model.encoder
-
-    def get_decoder(self):
-        return self.model.decoder
-
     def forward(self, input_ids=None, attention_mask=None, decoder_input_ids=None,
                 decoder_attention_mask=None, encoder_outputs=None, cache=None, inputs_embeds=None,
                 decoder_inputs_embeds=None, decoder_position_ids=None, labels=None, use_cache=None,
                 output_hidden_states=None, output_attentions=None, return_dict=None, past_key_values=None,
                 logits_to_keep=0, **kwargs):
-        if labels is not None and decoder_input_ids is None and decoder_inputs_embeds is None:
-            if self.config.decoder_start_token_id is None or self.config.pad_token_id is None:
-                raise ValueError("labels without decoder_input_ids: shifting them right needs "
-                                 "config.decoder_start_token_id and config.pad_token_id; set both or pass "
-                                 "decoder_input_ids")
-            decoder_input_ids = self.prepare_decoder_input_ids_from_labels(labels)
+        decoder_input_ids = self.decoder_inputs_for(labels, decoder_input_ids, decoder_inputs_embeds)
         num_items_in_batch = kwargs.pop("num_items_in_batch", None)
         outputs = self.model(input_ids=input_ids, attention_mask=attention_mask,
                              decoder_input_ids=decoder_input_ids,
@@ -330,35 +297,4 @@ class MomentumSeq2SeqForConditionalGeneration(RecurrentCausalLMMixin, MomentumSe
                              decoder_position_ids=decoder_position_ids, use_cache=use_cache,
                              output_hidden_states=output_hidden_states, output_attentions=output_attentions,
                              return_dict=True, **kwargs)
-        keep = check_int(logits_to_keep, "logits_to_keep", low=0)
-        logits = self.lm_head(outputs.last_hidden_state[:, -keep:])
-        loss = None
-        if labels is not None:
-            loss = ForMaskedLMLoss(logits, labels, self.config.decoder_vocab_size,
-                                   num_items_in_batch=num_items_in_batch)
-        out = output_with_cache(Seq2SeqLMOutput, getattr(outputs, CACHE_NAME), loss=loss, logits=logits,
-                                decoder_hidden_states=outputs.decoder_hidden_states,
-                                encoder_last_hidden_state=outputs.encoder_last_hidden_state,
-                                encoder_hidden_states=outputs.encoder_hidden_states)
-        return out if return_dict is not False else out.to_tuple()
-
-    def prepare_inputs_for_generation(self, input_ids, next_sequence_length=None, *args, **kwargs):
-        """transformers' inputs for generate()'s next forward (the decoder's new tokens, the
-        encoder's output and mask, the cache). With the static cache, a decoder mask keeps only
-        its new tokens' columns, as for the causal LM; the encoder's mask stays whole (the first
-        step computes the memories from it)."""
-        inputs = GenerationMixin.prepare_inputs_for_generation(self, input_ids, next_sequence_length, *args,
-                                                               **kwargs)
-        mask = inputs.get("decoder_attention_mask")
-        if isinstance(inputs.get(CACHE_NAME), StaticMomentumSeq2SeqCache) and isinstance(mask, torch.Tensor):
-            length = inputs["decoder_input_ids"].shape[1]
-            inputs["decoder_attention_mask"] = mask[:, mask.shape[1] - length:].contiguous()
-        return inputs
-
-    def create_masks_for_generate(self, config, inputs_embeds, attention_mask, *args, **kwargs):
-        """generate() would build a 4D decoder mask for a compileable cache: it stays as given."""
-        return attention_mask
-
-    def prepare_decoder_input_ids_from_labels(self, labels: torch.Tensor) -> torch.Tensor:
-        """DataCollatorForSeq2Seq's hook: the decoder's inputs for `labels`."""
-        return shift_right(labels, self.config.pad_token_id, self.config.decoder_start_token_id)
+        return self.seq2seq_lm_output(outputs, labels, logits_to_keep, num_items_in_batch, return_dict)

@@ -8,10 +8,10 @@ refused by its option, and through the CLIs: fairseq-train, the converter, then 
 (remote code, the saved tokenizer, generate) and recipes/hf/run_translation.py fine-tuning it."""
 import pytest
 import torch
-from helpers.clean_process import run_clean
 from helpers.fairseq_cli import build_model, cell_flags, preprocess, train, write_parallel_text
 from helpers.fairseq_decoding import padded_sentences
 from test_fairseq_to_hf import run_converter
+from test_fairseq_translation_to_hf import assert_greedy_hypotheses, assert_translates_alone
 
 import hf_momentum  # noqa: F401  (registers the model types with the Auto classes)
 from fairseq_momentum.convert_to_hf import to_transformers
@@ -136,34 +136,13 @@ def test_two_dictionaries_convert_to_two_vocabularies(tmp_path, make_generator, 
         (len(task.source_dictionary), len(task.target_dictionary))
     assert converted.model.encoder.embed_tokens.weight is not converted.model.decoder.embed_tokens.weight
     assert_same_logits(model, converted, task, make_generator())
-    assert_greedy_hypotheses(model, converted, task, make_generator())
-
-
-def assert_greedy_hypotheses(model, converted, task, generator):
-    """Greedy generate() gives fairseq's SequenceGenerator (beam 1) hypotheses: the same tokens up to
-    fairseq's length limit, and </s> wherever fairseq stopped before it."""
-    from fairseq.sequence_generator import SequenceGenerator
-    dictionary = task.target_dictionary
-    src, src_mask, _, _ = batch(task, generator)
-    limit = 8
-    search = SequenceGenerator([model], dictionary, beam_size=1, max_len_a=0, max_len_b=limit)
-    with torch.no_grad():
-        hypotheses = search.generate([model], {"net_input": {"src_tokens": src,
-                                                                "src_lengths": src_mask.sum(-1)}})
-        tokens = converted.generate(input_ids=src, attention_mask=src_mask.long(), do_sample=False,
-                                    num_beams=1, max_new_tokens=limit, min_new_tokens=1,
-                                    suppress_tokens=[dictionary.pad()])
-    for row, hypothesis in zip(tokens, hypotheses):
-        words = hypothesis[0]["tokens"]
-        assert torch.equal(row[1:len(words)], words[:-1])
-        if len(words) <= limit:
-            assert row[len(words)] == dictionary.eos()
+    assert_greedy_hypotheses(model, converted, task, make_generator(), batch)
 
 
 @pytest.mark.parametrize("cell", ["momentum", "nag"])
 def test_greedy_generate_gives_fairseqs_hypotheses(tmp_path, make_generator, cell):
     model, task, args = fairseq_lstm_translation(tmp_path, *SHARED_BIDIRECTIONAL, *cell_flags(cell))
-    assert_greedy_hypotheses(model, convert(model, task, args), task, make_generator())
+    assert_greedy_hypotheses(model, convert(model, task, args), task, make_generator(), batch)
 
 
 @pytest.mark.parametrize("seed", [1, 2])
@@ -210,8 +189,6 @@ def test_adaptive_softmax_is_refused_by_its_option(tmp_path):
 
 
 def test_cli_converts_a_trained_lstm_translation_model_that_transformers_runs_alone(tmp_path):
-    from fairseq import checkpoint_utils
-    from fairseq.sequence_generator import SequenceGenerator
     text = write_parallel_text(tmp_path / "text", seed=5)
     data = tmp_path / "bin"
     preprocess("--source-lang", "src", "--target-lang", "tgt", "--trainpref", text / "train", "--validpref",
@@ -225,37 +202,7 @@ def test_cli_converts_a_trained_lstm_translation_model_that_transformers_runs_al
     assert (config["model_type"], config["cell"], config["encoder_bidirectional"],
             config["share_encoder_decoder_embeddings"]) == ("momentum_lstm_seq2seq", "momentum", True, True)
 
-    line = "the cat sees a small dog"
-    [model], _, task = checkpoint_utils.load_model_ensemble_and_task([str(save / "checkpoint_last.pt")])
-    dictionary = task.source_dictionary
-    ids = dictionary.encode_line(line, add_if_not_exist=False).long()[None]
-    generator = SequenceGenerator([model.eval()], dictionary, beam_size=1, max_len_a=0, max_len_b=6)
-    with torch.no_grad():
-        hypothesis = generator.generate(
-            [model], {"net_input": {"src_tokens": ids, "src_lengths": torch.tensor([ids.shape[1]])}})[0][0]
-        logits = model(ids, torch.tensor([ids.shape[1]]), hypothesis["tokens"][None].roll(1, -1))[0]
-    torch.save({"ids": ids, "logits": logits, "hypothesis": hypothesis["tokens"]}, tmp_path / "expected.pt")
-    proc = run_clean(f"""
-        import torch
-        from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
-        tokenizer = AutoTokenizer.from_pretrained({str(out)!r}, trust_remote_code=True)
-        model = AutoModelForSeq2SeqLM.from_pretrained({str(out)!r}, trust_remote_code=True).eval()
-        expected = torch.load({str(tmp_path / "expected.pt")!r})
-        ids = tokenizer({line!r}, return_tensors="pt")["input_ids"]
-        assert torch.equal(ids, expected["ids"]), (ids, expected["ids"])
-        words = expected["hypothesis"]
-        with torch.no_grad():
-            logits = model(input_ids=ids, decoder_input_ids=words[None].roll(1, -1)).logits
-            assert (model.generation_config.num_beams, model.generation_config.max_length) == (5, 202)
-            tokens = model.generate(input_ids=ids, do_sample=False, num_beams=1, max_new_tokens=6,
-                                    min_new_tokens=1, suppress_tokens=[tokenizer.pad_token_id])
-        torch.testing.assert_close(logits, expected["logits"], rtol=1e-5, atol=1e-5)
-        assert torch.equal(tokens[0, 1:len(words)], words[:-1]), (tokens, words)
-        text = tokenizer.decode(tokens[0], skip_special_tokens=True)
-        assert text == tokenizer.decode(words, skip_special_tokens=True) and text, text
-        print("OK", type(model).__module__)
-    """, tmp_path, {"HF_HUB_OFFLINE": "1"})
-    assert "OK transformers_modules" in proc.stdout
+    assert_translates_alone(save / "checkpoint_last.pt", out, tmp_path, max_length=202)
     assert_fine_tunes_with_the_recipe(out, text, tmp_path)
 
 

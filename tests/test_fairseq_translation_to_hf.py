@@ -117,11 +117,12 @@ def test_greedy_generate_gives_fairseqs_hypotheses(tmp_path, make_generator, cro
     assert_greedy_hypotheses(model, convert(model, task, args), task, make_generator())
 
 
-def assert_greedy_hypotheses(model, converted, task, generator):
-    """Greedy generate() gives fairseq's SequenceGenerator (beam 1) hypotheses (see above)."""
+def assert_greedy_hypotheses(model, converted, task, generator, batch_of=None):
+    """Greedy generate() gives fairseq's SequenceGenerator (beam 1) hypotheses (see above) on the
+    sources of `batch_of(task, generator)` (default `batch`)."""
     from fairseq.sequence_generator import SequenceGenerator
     dictionary = task.target_dictionary
-    src, src_mask, _, _ = batch(task, generator)
+    src, src_mask, _, _ = (batch_of or batch)(task, generator)
     limit = 8
     search = SequenceGenerator([model], dictionary, beam_size=1, max_len_a=0, max_len_b=limit)
     with torch.no_grad():
@@ -207,8 +208,6 @@ def test_what_the_config_cannot_hold_is_refused_by_name(tmp_path, extra, joined,
 
 
 def test_cli_converts_a_trained_translation_model_that_transformers_runs_alone(tmp_path):
-    from fairseq import checkpoint_utils
-    from fairseq.sequence_generator import SequenceGenerator
     text = write_parallel_text(tmp_path / "text", seed=5)
     data = tmp_path / "bin"
     preprocess("--source-lang", "src", "--target-lang", "tgt", "--trainpref", text / "train", "--validpref",
@@ -222,8 +221,18 @@ def test_cli_converts_a_trained_translation_model_that_transformers_runs_alone(t
     assert (config["model_type"], config["max_position_embeddings"], config["cross_attention"],
             config["tie_word_embeddings"]) == ("momentum_seq2seq", 48, "softmax", True)
 
+    assert_translates_alone(save / "checkpoint_last.pt", out, tmp_path, max_length=49)
+
+
+def assert_translates_alone(checkpoint, out, tmp_path, max_length):
+    """The converted folder `out`, in a process without our packages (remote code), tokenizes a raw
+    line as fairseq's dictionary does, gives fairseq's logits for fairseq's greedy hypothesis and
+    generates that hypothesis, which its tokenizer decodes; its generation_config is fairseq-generate's
+    (5 beams, `max_length`)."""
+    from fairseq import checkpoint_utils
+    from fairseq.sequence_generator import SequenceGenerator
     line = "the cat sees a small dog"
-    [model], _, task = checkpoint_utils.load_model_ensemble_and_task([str(save / "checkpoint_last.pt")])
+    [model], _, task = checkpoint_utils.load_model_ensemble_and_task([str(checkpoint)])
     dictionary = task.source_dictionary
     ids = dictionary.encode_line(line, add_if_not_exist=False).long()[None]
     generator = SequenceGenerator([model.eval()], dictionary, beam_size=1, max_len_a=0, max_len_b=6)
@@ -243,7 +252,8 @@ def test_cli_converts_a_trained_translation_model_that_transformers_runs_alone(t
         words = expected["hypothesis"]
         with torch.no_grad():
             logits = model(input_ids=ids, decoder_input_ids=words[None].roll(1, -1)).logits
-            assert (model.generation_config.num_beams, model.generation_config.max_length) == (5, 49)
+            generation = model.generation_config
+            assert (generation.num_beams, generation.max_length) == (5, {max_length})
             tokens = model.generate(input_ids=ids, do_sample=False, num_beams=1, max_new_tokens=6,
                                     min_new_tokens=1, suppress_tokens=[tokenizer.pad_token_id])
         torch.testing.assert_close(logits, expected["logits"], rtol=1e-5, atol=1e-5)

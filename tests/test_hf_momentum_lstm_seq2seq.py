@@ -8,6 +8,7 @@ embedding layout, the loss, resizing, and configuration and call errors. (fairse
 the reference in test_fairseq_lstm_translation_to_hf.py.)"""
 import pytest
 import torch
+from test_hf_seq2seq import PAD, padded
 from test_host_reads import HostReads
 from torch.nn import functional as F
 
@@ -17,9 +18,10 @@ from hf_momentum import (
     MomentumLSTMSeq2SeqForConditionalGeneration,
 )
 from hf_momentum.modeling_common import CACHE_NAME
+from hf_momentum.modeling_momentum_lstm import MomentumLSTMCache
 from plugins.rnn import MomentumLSTM
 
-PAD, EOS, VOCAB = 1, 2, 30
+EOS, VOCAB = 2, 30
 DEFAULT_BETA = MomentumLSTMSeq2SeqConfig.beta
 DEFAULT_MOMENTUM = MomentumLSTMSeq2SeqConfig.momentum
 # cells other than the default adam, with the hyperparameters each reads
@@ -46,16 +48,6 @@ def model(seed=0, **kwargs):
         for p in built.parameters():
             p.add_(torch.randn_like(p) * 0.3)
     return built
-
-
-def padded(seqs, side, width=None):
-    width = width or max(len(s) for s in seqs)
-    ids = torch.full((len(seqs), width), PAD)
-    mask = torch.zeros(len(seqs), width, dtype=torch.long)
-    for i, s in enumerate(seqs):
-        cols = slice(width - len(s), width) if side == "left" else slice(0, len(s))
-        ids[i, cols], mask[i, cols] = s, 1
-    return ids, mask
 
 
 def random_seqs(generator, lengths):
@@ -388,8 +380,10 @@ def test_bad_calls_are_refused(make_generator):
         m(input_ids=src, decoder_input_ids=src, cu_seq_lens_q=torch.tensor([0, 2, 4]))
     with pytest.raises(ValueError, match="attention_mask must have shape"):
         m(input_ids=src, attention_mask=torch.ones(2, 3), decoder_input_ids=src)
-    with pytest.raises(ValueError, match="cache_implementation='static' is not available"):
-        m.generate(input_ids=src, max_new_tokens=2, cache_implementation="static")
+    with pytest.raises(ValueError, match="must be a MomentumLSTMSeq2SeqCache, got MomentumLSTMCache"):
+        m(input_ids=src, decoder_input_ids=src, **{CACHE_NAME: MomentumLSTMCache(m.config)})
+    with pytest.raises(ValueError, match="prompt_lookup_num_tokens= .* a static cache"):
+        m.generate(input_ids=src, max_new_tokens=2, cache_implementation="static", prompt_lookup_num_tokens=2)
     with pytest.raises(ValueError, match="resize_token_embeddings resizes one vocabulary"):
         model(decoder_vocab_size=VOCAB - 1).resize_token_embeddings(VOCAB + 8)
     with pytest.raises(ValueError, match="decoder_start_token_id"):
