@@ -49,11 +49,17 @@ LM = ["--task", "language_modeling", "--tokens-per-sample", "4096"]
 
 
 def build(data, task_args, arch_args):
+    model, task, _ = build_with_args(data, task_args, arch_args)
+    return model, task
+
+
+def build_with_args(data, task_args, arch_args):
+    """(model, task, parsed arguments) of a fairseq-train command line without dropout."""
     parser = options.get_training_parser()
     args = options.parse_args_and_arch(parser, [str(data), "--user-dir", fairseq_momentum.__path__[0],
                                                 "--cpu", "--dropout", "0", *task_args, *arch_args])
     task = tasks.setup_task(args)
-    return task.build_model(args), task
+    return task.build_model(args), task, args
 
 
 def write_dicts(directory):
