@@ -158,11 +158,12 @@ def source_lengths(mask: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
     if mask is None:
         return None
     lengths = mask.sum(-1).cpu()
-    if (lengths == 0).any():
-        rows = (lengths == 0).nonzero().flatten().tolist()
+    counts = lengths.tolist()
+    if 0 in counts:
+        rows = [row for row, count in enumerate(counts) if count == 0]
         raise ValueError(f"attention_mask: source rows {rows} hold no real token; every source needs one "
                          "(fairseq's appends </s>)")
-    return None if bool((lengths == mask.shape[1]).all()) else lengths
+    return None if min(counts) == mask.shape[1] else lengths
 
 
 class MomentumLSTMSeq2SeqEncoder(nn.Module):

@@ -10,6 +10,7 @@ import pytest
 import torch
 from test_hf_seq2seq import PAD, padded
 from test_host_reads import HostReads
+from test_host_reads_lstm import HostReads as DeviceReads
 from torch.nn import functional as F
 
 from hf_momentum import (
@@ -273,6 +274,25 @@ def decode_step_reads(m):
 def test_a_decoding_step_reads_nothing_from_the_device():
     assert decode_step_reads(model()) == 0
     assert decode_step_reads(model(num_hidden_layers=4)) == 0
+
+
+@pytest.mark.parametrize("side", ["left", "right"])
+def test_a_padded_training_step_reads_the_device_once(side, make_generator):
+    """Forward and backward of a padded batch with labels: at most one copy to the host (the sources'
+    lengths, to pack the encoder's input; on a CPU-only run none is counted), at any depth; no scalar
+    read, no nonzero. (Counted without test_host_reads' `.cpu()` of host tensors: a PackedSequence's
+    batch_sizes live on the host on any device.)"""
+    g = make_generator()
+    src, mask = padded(random_seqs(g, [6, 3, 8]), side)
+    labels, tgt_mask = padded(random_seqs(g, [5, 2, 4]), "right")
+    labels = labels.masked_fill(tgt_mask == 0, -100)
+    for layers in (2, 4):
+        m = model(num_hidden_layers=layers).train()
+        reads = DeviceReads()
+        with reads:
+            loss = m(input_ids=src, attention_mask=mask, labels=labels, decoder_attention_mask=tgt_mask).loss
+            loss.backward()
+        assert set(reads.counts) <= {"device_to_host"} and reads.counts["device_to_host"] <= 1, reads.counts
 
 
 LAYOUTS = {
