@@ -38,7 +38,7 @@ from .modeling_common import (
     static_padding_mask,
     warn_no_attention_weights,
 )
-from .modeling_momentum_lstm import MomentumLSTMCache, unpack
+from .modeling_momentum_lstm import MomentumLSTMCache, MomentumLSTMStack, unpack
 from .momentum_rnn_core import MomentumLSTM, RecurrentState, front_order, read_hyperparameters
 from .packing import has_packing_kwargs
 from .recurrent_cache import StaticStateMixin
@@ -142,14 +142,17 @@ class MomentumLSTMSeq2SeqPreTrainedModel(Seq2SeqEmbeddingsMixin, RemoteCodeMixin
 
 
 def lstm_stack(config: MomentumLSTMSeq2SeqConfig, input_size: int, hidden_size: int, dropout: float,
-               bidirectional: bool = False) -> MomentumLSTM:
-    """A stack of `config.num_hidden_layers` layers of the config's cell; `dropout` between layers."""
+               bidirectional: bool = False) -> MomentumLSTMStack:
+    """A stack of `config.num_hidden_layers` layers of the config's cell; `dropout` between layers.
+    Every use is a call of the module (a decoding step too: one_step=True), so a wrapper around it sees
+    each one: PEFT's LoRA on the recurrent weights (`target_parameters`) puts the adapted weights in
+    place only while the module's forward runs."""
     hyper = read_hyperparameters(config.cell, momentum=config.momentum, step_size=config.step_size,
                                  beta=config.beta, eps=config.eps)
     layers = config.num_hidden_layers
-    return MomentumLSTM(input_size, hidden_size, layers, cell=config.cell, restart=config.restart,
-                        dropout=dropout if layers > 1 else 0.0, bidirectional=bidirectional,
-                        batch_first=True, **hyper)
+    return MomentumLSTMStack(input_size, hidden_size, layers, cell=config.cell, restart=config.restart,
+                             dropout=dropout if layers > 1 else 0.0, bidirectional=bidirectional,
+                             batch_first=True, **hyper)
 
 
 def source_lengths(mask: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
@@ -192,15 +195,14 @@ class MomentumLSTMSeq2SeqEncoder(nn.Module):
         mask = None if mask is None else mask.to(x.device)
         x = F.dropout(x, self.config.encoder_dropout_in, self.training)
         lengths = source_lengths(mask)
-        with self.lstm.trusted_states():
-            if lengths is None:
-                outputs, state = self.lstm(x, all_layers=True)
-            else:
-                order, back = front_order(mask)
-                front = x.gather(1, order[..., None].expand_as(x))
-                packed = pack_padded_sequence(front, lengths, batch_first=True, enforce_sorted=False)
-                outputs, state = self.lstm(packed, all_layers=True)
-                outputs = tuple(unpack(out, back, mask) for out in outputs)
+        if lengths is None:
+            outputs, state = self.lstm(x, all_layers=True)
+        else:
+            order, back = front_order(mask)
+            front = x.gather(1, order[..., None].expand_as(x))
+            packed = pack_padded_sequence(front, lengths, batch_first=True, enforce_sorted=False)
+            outputs, state = self.lstm(packed, all_layers=True)
+            outputs = tuple(unpack(out, back, mask) for out in outputs)
         out = F.dropout(outputs[-1], self.config.encoder_dropout_out, self.training)
         result = MomentumLSTMEncoderOutput(
             last_hidden_state=out, hidden_states=(x, *outputs[:-1], out) if output_hidden_states else None,
@@ -319,24 +321,24 @@ class MomentumLSTMSeq2SeqDecoder(nn.Module):
             raise ValueError("encoder_outputs: every decoder step attends to the encoder's outputs; pass the "
                              "source, encoder_outputs or a cache that holds them")
         outs, layers, weights = [], [], []
-        with self.lstm.trusted_states():
-            for t in range(length):
-                hiddens, new = self.lstm.step(torch.cat([x[:, t], feed], dim=-1), state, all_layers=True)
-                out = hiddens[-1]
-                if self.config.attention:
-                    out, step_weights = self.attention(out, source, encoder_real)
-                    weights.append(step_weights)
-                out = F.dropout(out, self.config.decoder_dropout_out, self.training)
-                if real is not None:
-                    new = kept_where_real(real[:, t], new, state)
-                    out = torch.where(real[:, t, None], out, 0)
-                    hiddens = tuple(torch.where(real[:, t, None], h, 0) for h in hiddens)
-                    feed = torch.where(real[:, t, None], out, feed)
-                else:
-                    feed = out
-                state = new
-                outs.append(out)
-                layers.append(hiddens)
+        for t in range(length):
+            step_input = torch.cat([x[:, t], feed], dim=-1)
+            hiddens, new = self.lstm(step_input, state, one_step=True, all_layers=True)
+            out = hiddens[-1]
+            if self.config.attention:
+                out, step_weights = self.attention(out, source, encoder_real)
+                weights.append(step_weights)
+            out = F.dropout(out, self.config.decoder_dropout_out, self.training)
+            if real is not None:
+                new = kept_where_real(real[:, t], new, state)
+                out = torch.where(real[:, t, None], out, 0)
+                hiddens = tuple(torch.where(real[:, t, None], h, 0) for h in hiddens)
+                feed = torch.where(real[:, t, None], out, feed)
+            else:
+                feed = out
+            state = new
+            outs.append(out)
+            layers.append(hiddens)
         if cache is not None:
             if length > 0:
                 cache.set_lstm_state(state, feed)
@@ -349,7 +351,8 @@ class MomentumLSTMSeq2SeqDecoder(nn.Module):
         hidden_states = None
         if output_hidden_states:
             per_layer = [torch.stack([step[k] for step in layers], 1) if layers else
-                         x.new_zeros(batch, 0, self.config.hidden_size) for k in range(self.lstm.num_layers)]
+                         x.new_zeros(batch, 0, self.config.hidden_size)
+                         for k in range(self.config.num_hidden_layers)]
             hidden_states = (x, *per_layer, hidden)
         attentions = None
         if output_attentions and self.config.attention:
