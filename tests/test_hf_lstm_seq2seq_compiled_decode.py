@@ -11,10 +11,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import pytest
 import torch
-from test_hf_compiled_decode import compile_config
 from test_hf_momentum_lstm_seq2seq import CELLS, EOS, model, padded, random_seqs
+from test_hf_seq2seq_compiled_decode import assert_static_generate_picks_the_eager_tokens
 from torch._dynamo.testing import CompileCounterWithBackend
-from torch._dynamo.utils import counters
 
 from hf_momentum import MomentumLSTMSeq2SeqCache
 from hf_momentum.modeling_common import CACHE_NAME
@@ -74,14 +73,4 @@ def test_generate_compiles_the_step_once_and_picks_the_eager_tokens(search, make
     steps, not beam search's); beam search reorders the static cache in place."""
     m = model()
     src, mask = padded(random_seqs(make_generator(), [6, 3]), "left")
-    kwargs = dict(input_ids=src, attention_mask=mask, max_new_tokens=STEPS + 1, min_new_tokens=STEPS + 1,
-                  do_sample=False, **search)
-    torch._dynamo.reset()
-    counters.clear()
-    with torch.no_grad():
-        compiled = m.generate(cache_implementation="static", compile_config=compile_config(), **kwargs)
-        graphs = counters["stats"]["unique_graphs"]
-        eager = m.generate(**kwargs)
-    if not search:
-        assert graphs == 1, f"generate() compiled {graphs} graphs for its decode steps"
-    assert torch.equal(compiled, eager)
+    assert_static_generate_picks_the_eager_tokens(m, src, mask, search)

@@ -78,6 +78,12 @@ def test_generate_compiles_the_step_once_and_picks_the_eager_tokens(search, make
     steps, not beam search's); beam search reorders the static cache in place."""
     m = model(cross_attention="momentum", connection="momentum")
     src, mask = padded(random_seqs(make_generator(), [6, 3]), "left")
+    assert_static_generate_picks_the_eager_tokens(m, src, mask, search)
+
+
+def assert_static_generate_picks_the_eager_tokens(m, src, mask, search):
+    """generate(cache_implementation="static") compiles greedy decoding's step once and gives the
+    eager tokens (beam search's too)."""
     kwargs = dict(input_ids=src, attention_mask=mask, max_new_tokens=STEPS + 1, min_new_tokens=STEPS + 1,
                   do_sample=False, **search)
     torch._dynamo.reset()
