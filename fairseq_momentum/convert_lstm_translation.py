@@ -1,6 +1,7 @@
-"""A fairseq `momentum_lstm` translation model (any preset and cell) as a transformers
-`MomentumLSTMSeq2SeqForConditionalGeneration`: the config and the weights under the transformers
-model's names (`convert_to_hf` saves them).
+"""A fairseq `momentum_lstm` translation model (any preset and cell), or fairseq's own `lstm` (its
+nn.LSTM and nn.LSTMCell layers are the plain cell, `cell="lstm"`, with the same gate layout), as a
+transformers `MomentumLSTMSeq2SeqForConditionalGeneration`: the config and the weights under the
+transformers model's names (`convert_to_hf` saves them).
 
 The parts map one to one: the embeddings (one matrix with --share-all-embeddings, the decoder's and
 the output projection's with --share-decoder-input-output-embed), the encoder's MomentumLSTM stack
@@ -31,16 +32,18 @@ def lstm_translation_config(args, model, dictionary, target_dictionary):
     `</s>` starts the decoder, as fairseq's generator does."""
     from hf_momentum import MomentumLSTMSeq2SeqConfig
     encoder, decoder = model.encoder, model.decoder
-    rnn = encoder.lstm.rnn
+    rnn = encoder_stack(model)
     # a hyperparameter the cell does not read is None on the layer, and must stay the config's default
-    hyper = {name: getattr(rnn, name) for name in HYPERPARAMETERS if getattr(rnn, name) is not None}
+    hyper = {name: getattr(rnn, name, None) for name in HYPERPARAMETERS}
+    hyper = {name: value for name, value in hyper.items() if value is not None}
+    cell = dict(cell=rnn.cell, restart=rnn.restart) if hasattr(rnn, "cell") else dict(cell="lstm")
     return MomentumLSTMSeq2SeqConfig(
         vocab_size=len(dictionary), decoder_vocab_size=len(target_dictionary),
         encoder_embedding_size=encoder.embed_tokens.embedding_dim, encoder_hidden_size=encoder.hidden_size,
         encoder_bidirectional=bool(encoder.bidirectional),
         decoder_embedding_size=decoder.embed_tokens.embedding_dim, hidden_size=decoder.hidden_size,
         decoder_output_size=args.decoder_out_embed_dim, num_hidden_layers=encoder.num_layers,
-        attention=decoder.attention is not None, cell=rnn.cell, restart=rnn.restart, **hyper,
+        attention=decoder.attention is not None, **cell, **hyper,
         encoder_dropout_in=encoder.dropout_in_module.p, encoder_dropout_out=encoder.dropout_out_module.p,
         decoder_dropout_in=decoder.dropout_in_module.p, decoder_dropout_out=decoder.dropout_out_module.p,
         tie_word_embeddings=bool(decoder.share_input_output_embed),
@@ -49,22 +52,35 @@ def lstm_translation_config(args, model, dictionary, target_dictionary):
         eos_token_id=target_dictionary.eos(), decoder_start_token_id=target_dictionary.eos())
 
 
+def encoder_stack(model):
+    """The encoder's LSTM stack: a MomentumLSTM (momentum_lstm's adapter holds it as `rnn`) or an
+    nn.LSTM (fairseq's lstm)."""
+    return getattr(model.encoder.lstm, "rnn", model.encoder.lstm)
+
+
+def decoder_cell_weights(layer) -> dict:
+    """{name (weight_ih, ...): tensor} of one decoder layer: a one-layer MomentumLSTM's `_l0` weights
+    (momentum_lstm's adapter holds it as `rnn`), or an nn.LSTMCell's."""
+    rnn = getattr(layer, "rnn", None)
+    held = {name: getattr(layer, name, None) if rnn is None else getattr(rnn, f"{name}_l0", None)
+            for name in LAYER_PARAMETERS}
+    return {name: weight for name, weight in held.items() if weight is not None}
+
+
 def module_weights(prefix: str, module) -> dict:
     return {f"{prefix}.{name}": tensor.detach() for name, tensor in module.state_dict().items()}
 
 
 def lstm_translation_state_dict(model, config) -> dict:
     """The fairseq model's weights under the transformers model's names: decoder layer k (a
-    one-layer MomentumLSTM cell each) is layer k of the decoder's stack."""
+    one-layer MomentumLSTM or an nn.LSTMCell) is layer k of the decoder's stack."""
     encoder, decoder = model.encoder, model.decoder
     state = {"model.encoder.embed_tokens.weight": encoder.embed_tokens.weight.detach(),
              "model.decoder.embed_tokens.weight": decoder.embed_tokens.weight.detach(),
-             **module_weights("model.encoder.lstm", encoder.lstm.rnn)}
+             **module_weights("model.encoder.lstm", encoder_stack(model))}
     for k, layer in enumerate(decoder.layers):
-        for name in LAYER_PARAMETERS:
-            parameter = getattr(layer.rnn, f"{name}_l0", None)
-            if parameter is not None:
-                state[f"model.decoder.lstm.{name}_l{k}"] = parameter.detach()
+        for name, parameter in decoder_cell_weights(layer).items():
+            state[f"model.decoder.lstm.{name}_l{k}"] = parameter.detach()
     for part in ("encoder_hidden_proj", "encoder_cell_proj", "attention", "additional_fc"):
         module = getattr(decoder, part, None)
         if module is not None:

@@ -5,7 +5,8 @@ folder, one of the translation model `momentum_transformer` / `linear_transforme
 `MomentumTransformerForMaskedLM` folder or, fine-tuned with --task sentence_prediction, a
 `MomentumTransformerForSequenceClassification` one, one of `momentum_lstm_lm` a
 `MomentumLSTMForCausalLM` folder (convert_lstm_lm.py) and one of the translation model
-`momentum_lstm` a `MomentumLSTMSeq2SeqForConditionalGeneration` folder (convert_lstm_translation.py)
+`momentum_lstm` (or fairseq's own `lstm`) a `MomentumLSTMSeq2SeqForConditionalGeneration` folder
+(convert_lstm_translation.py)
 (config, safetensors, the modeling code for `trust_remote_code`, a model card), with the same
 logits; `from_pretrained` loads it, `generate` or a pipeline runs it, `push_to_hub` publishes it.
 
@@ -131,7 +132,7 @@ def source_of(model, args, head: Optional[str] = None) -> Source:
             raise ValueError(f"head {head!r}: the model's heads are {sorted(heads) + ['masked_lm']}")
         return Source(model.encoder.sentence_encoder, "encoder", classifier=heads[head])
     raise ValueError("checkpoint: converts momentum_transformer_lm, momentum_transformer, momentum_roberta, "
-                     f"momentum_lstm_lm and momentum_lstm (and their presets), got {kind} "
+                     f"momentum_lstm_lm, momentum_lstm and fairseq's lstm (and their presets), got {kind} "
                      f"(--arch {getattr(args, 'arch', '?')})")
 
 
@@ -319,7 +320,7 @@ def to_transformers(model, args, dictionary, head: Optional[str] = None, labels=
         config = lstm_lm_config(args, model, dictionary)
         return loaded(MomentumLSTMForCausalLM(config), lstm_lm_state_dict(model, config),
                       model.decoder.embed_tokens.weight.dtype)
-    if type(model).__name__ == "MomentumLSTMModel":
+    if type(model).__name__ in ("MomentumLSTMModel", "LSTMModel"):
         if head is not None:
             raise ValueError(f"head {head!r}: --head picks one of a momentum_roberta's heads; a translation "
                              "model converts whole")
@@ -668,7 +669,7 @@ def main(argv=None):
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("checkpoint", type=Path,
                         help="a fairseq checkpoint (.pt) of momentum_transformer_lm, momentum_transformer, "
-                             "momentum_roberta, momentum_lstm_lm or momentum_lstm")
+                             "momentum_roberta, momentum_lstm_lm, momentum_lstm or fairseq's lstm")
     parser.add_argument("output_dir", type=Path, help="the transformers model folder to write")
     parser.add_argument("--head", default=None,
                         help="of a momentum_roberta: the classification head to convert (default: its only "

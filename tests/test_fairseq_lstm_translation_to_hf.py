@@ -1,8 +1,9 @@
 """fairseq_momentum.convert_to_hf for the LSTM translation model: a fairseq `momentum_lstm`
 (`--task translation`) becomes a transformers MomentumLSTMSeq2SeqForConditionalGeneration with
-fairseq's logits (float64; every cell; left-padded sources and right-padded targets as fairseq batches
-them; bidirectional encoder with its final states projected to the decoder's width; no attention; a
-projection to --decoder-out-embed-dim; one embedding matrix, two or three; two dictionaries), greedy
+fairseq's logits and gradients (float64; every cell, fairseq's own `lstm` as the plain one;
+left-padded sources and right-padded targets as fairseq batches them; bidirectional encoder with its
+final states projected to the decoder's width; no attention; a projection to --decoder-out-embed-dim;
+one embedding matrix, two or three; two dictionaries), greedy
 and beam generate() give fairseq's SequenceGenerator hypotheses and scores, an adaptive softmax is
 refused by its option, and through the CLIs: fairseq-train, the converter, then transformers alone
 (remote code, the saved tokenizer, generate) and recipes/hf/run_translation.py fine-tuning it."""
@@ -30,13 +31,13 @@ LAYOUTS = {
 }
 
 
-def fairseq_lstm_translation(tmp_path, *extra, joined=True):
-    model, task, args = build_model(tmp_path, TASK, ["--arch", "momentum_lstm", *SIZES, *extra],
-                                    joined=joined)
+def fairseq_lstm_translation(tmp_path, *extra, joined=True, arch="momentum_lstm"):
+    model, task, args = build_model(tmp_path, TASK, ["--arch", arch, *SIZES, *extra], joined=joined)
     model = model.double().eval()
     with torch.no_grad():   # fairseq's uniform(-0.1, 0.1) initialisation barely moves the logits
         for name, parameter in model.named_parameters():
-            if "embed_tokens" in name or "proj" in name or "fc" in name:
+            # (a MomentumLSTM's recurrent weights start as Appendix F says; fairseq's lstm's too are uniform)
+            if "embed_tokens" in name or "proj" in name or "fc" in name or arch == "lstm":
                 parameter.mul_(5)
     return model, task, args
 
@@ -75,6 +76,17 @@ def test_every_cell_converts_with_fairseqs_logits(tmp_path, make_generator, cell
     assert type(converted).__name__ == "MomentumLSTMSeq2SeqForConditionalGeneration"
     assert converted.config.cell == cell
     assert_same_logits(model, converted, task, make_generator())
+
+
+@pytest.mark.parametrize("layout", ["bidirectional-shared", "three-matrices-out-projection"])
+def test_fairseqs_own_lstm_converts_as_the_plain_cell(tmp_path, make_generator, layout):
+    """fairseq's `--arch lstm` (nn.LSTM encoder, nn.LSTMCell decoder layers) converts with
+    cell="lstm": fairseq's logits and greedy hypotheses."""
+    model, task, args = fairseq_lstm_translation(tmp_path, *LAYOUTS[layout], arch="lstm")
+    converted = convert(model, task, args)
+    assert converted.config.cell == "lstm"
+    assert_same_logits(model, converted, task, make_generator())
+    assert_greedy_hypotheses(model, converted, task, make_generator(), batch)
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)

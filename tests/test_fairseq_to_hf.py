@@ -141,13 +141,13 @@ def test_a_language_model_takes_no_head(tmp_path):
 
 def test_other_architectures_are_refused_by_name(tmp_path):
     sizes = ["--encoder-layers", "1", "--decoder-layers", "1", "--encoder-embed-dim", "8",
-             "--decoder-embed-dim", "8", "--encoder-hidden-size", "8", "--decoder-hidden-size", "8",
-             "--decoder-out-embed-dim", "8"]
+             "--decoder-embed-dim", "8", "--encoder-ffn-embed-dim", "16", "--decoder-ffn-embed-dim", "16",
+             "--encoder-attention-heads", "2", "--decoder-attention-heads", "2"]
     model, task, args = build_model(tmp_path, ["--task", "translation", "--source-lang", "src",
-                                               "--target-lang", "tgt"], ["--arch", "lstm", *sizes])
-    refusal = (r"converts momentum_transformer_lm, .* momentum_lstm_lm and momentum_lstm "
+                                               "--target-lang", "tgt"], ["--arch", "transformer", *sizes])
+    refusal = (r"converts momentum_transformer_lm, .* momentum_lstm and fairseq's lstm "
                r"\(and their presets\), ")
-    with pytest.raises(ValueError, match=refusal + r"got LSTMModel \(--arch lstm\)"):
+    with pytest.raises(ValueError, match=refusal + r"got TransformerModel \(--arch transformer\)"):
         to_transformers(model, args, task.target_dictionary)
 
 
