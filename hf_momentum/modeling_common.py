@@ -290,6 +290,7 @@ class Seq2SeqLMMixin:
                                 encoder_hidden_states=outputs.encoder_hidden_states)
         return out if return_dict is not False else out.to_tuple()
 
+
 class HeadOverModelMixin:
     """For a head over `self.model`, the family's base model (embedding `embed_tokens`)."""
 

@@ -442,11 +442,7 @@ class MomentumLSTMModel(MomentumLSTMPreTrainedModel):
         """Padded rows (lengths: real tokens per row, on the host) as a PackedSequence."""
         if 0 in lengths.tolist():
             return self._rows_as_segments(x, mask, lengths, state, all_layers)
-        order, back = front_order(mask)
-        front = x.gather(1, order[..., None].expand_as(x))
-        packed = pack_padded_sequence(front, lengths, batch_first=True, enforce_sorted=False)
-        outputs, state = self._stack(packed, state, all_layers)
-        return tuple(unpack(out, back, mask) for out in outputs), state
+        return packed_run(self.lstm, x, mask, lengths, state, all_layers)
 
     def _rows_as_segments(self, x, mask, lengths, state, all_layers):
         """Padded rows of which some hold no real token, as a chunk of a left-padded prompt does
@@ -473,14 +469,28 @@ class MomentumLSTMModel(MomentumLSTMPreTrainedModel):
 
 def where_real(real, outputs, new: RecurrentState, old: Optional[RecurrentState]):
     """A one-token step's outputs and state in the rows whose token is real (`real` (batch,) bool);
-    in the others zero outputs and the state before the step (zeros where there was none), as a
-    padded token leaves it. Selected on the device: a decode step reads nothing back to the host."""
-    if old is None:
-        old = RecurrentState(*(None if t is None else torch.zeros_like(t) for t in new))
+    in the others zero outputs and the state before the step (zeros where there was none, or where it
+    had no such part yet: a fresh momentum or step counter), as a padded token leaves it. Selected on
+    the device: a decode step reads nothing back to the host."""
+    old = RecurrentState(None, None, None, None, None) if old is None else old
+
+    def kept(a, b, dims):
+        return None if a is None else torch.where(real.view(dims), a, torch.zeros_like(a) if b is None else b)
     outputs = tuple(torch.where(real[:, None], out, 0) for out in outputs)
-    kept = tuple(None if a is None else torch.where(real[None, :, None], a, b)
-                 for a, b in zip(new[:4], old[:4]))
-    return outputs, RecurrentState(*kept, torch.where(real, new.step, old.step))
+    return outputs, RecurrentState(*(kept(a, b, (1, -1, 1)) for a, b in zip(new[:4], old[:4])),
+                                   kept(new.step, old.step, (-1,)))
+
+
+def packed_run(stack, x, mask, lengths, state=None, all_layers=False):
+    """(outputs, final state) of `stack` over padded rows (x (batch, length, features), mask (batch,
+    length) bool, lengths: each row's real tokens, on the host, none 0) as a PackedSequence: each row's
+    real tokens moved to the front, so a row gets its sequence's outputs and state alone; the outputs
+    back in the input's positions, zero at padding."""
+    order, back = front_order(mask)
+    front = x.gather(1, order[..., None].expand_as(x))
+    packed = pack_padded_sequence(front, lengths, batch_first=True, enforce_sorted=False)
+    outputs, state = stack(packed, state, all_layers=all_layers)
+    return tuple(unpack(out, back, mask) for out in outputs), state
 
 
 def unpack(packed, back, mask):

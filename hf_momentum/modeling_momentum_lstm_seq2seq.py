@@ -4,13 +4,15 @@ Seq2SeqTrainer.
 
 The encoder runs a `plugins.rnn.MomentumLSTM` stack (bidirectional or not) over the real tokens of
 each source, so a padded row (left or right) gets the outputs and final states of its source alone.
-The decoder steps a MomentumLSTM stack one target token at a time (`MomentumLSTM.step`): its first
+The decoder steps a MomentumLSTM stack one target token at a time (a call of the stack module with
+`one_step=True`, i.e. `MomentumLSTM.step`): its first
 layer reads the token's embedding and the previous step's output (input feeding), its initial h and
 c are the encoder's final ones, and the last layer's output attends to the encoder's outputs (global
 dot-product attention over the real source tokens). Generation keeps the decoder's state (h, c,
-momentum v, second moment m, step counter) and the fed-back output in a
-`MomentumLSTMSeq2SeqCache`, so each new token costs one step of the stack and one attention over the
-source; beam search reorders it. A padded target token (`decoder_attention_mask` 0) leaves the state
+momentum v, second moment m, step counter), the fed-back output and the encoder's outputs in a
+`MomentumLSTMSeq2SeqCache` (fixed buffers in `StaticMomentumLSTMSeq2SeqCache`, for a compiled decode
+step), so each new token costs one step of the stack and one attention over the source; beam search
+reorders it. A padded target token (`decoder_attention_mask` 0) leaves the state
 as it was and gets a zero output.
 """
 from dataclasses import dataclass
@@ -19,7 +21,6 @@ from typing import Optional
 import torch
 from torch import nn
 from torch.nn import functional as F
-from torch.nn.utils.rnn import pack_padded_sequence
 from transformers import GenerationMixin, PreTrainedModel
 from transformers import initialization as init
 from transformers.modeling_outputs import BaseModelOutput, Seq2SeqModelOutput
@@ -38,8 +39,8 @@ from .modeling_common import (
     static_padding_mask,
     warn_no_attention_weights,
 )
-from .modeling_momentum_lstm import MomentumLSTMCache, MomentumLSTMStack, unpack
-from .momentum_rnn_core import MomentumLSTM, RecurrentState, front_order, read_hyperparameters
+from .modeling_momentum_lstm import MomentumLSTMCache, MomentumLSTMStack, packed_run, where_real
+from .momentum_rnn_core import MomentumLSTM, RecurrentState, read_hyperparameters
 from .packing import has_packing_kwargs
 from .recurrent_cache import StaticStateMixin
 from .saving import RemoteCodeMixin
@@ -198,11 +199,7 @@ class MomentumLSTMSeq2SeqEncoder(nn.Module):
         if lengths is None:
             outputs, state = self.lstm(x, all_layers=True)
         else:
-            order, back = front_order(mask)
-            front = x.gather(1, order[..., None].expand_as(x))
-            packed = pack_padded_sequence(front, lengths, batch_first=True, enforce_sorted=False)
-            outputs, state = self.lstm(packed, all_layers=True)
-            outputs = tuple(unpack(out, back, mask) for out in outputs)
+            outputs, state = packed_run(self.lstm, x, mask, lengths, all_layers=True)
         out = F.dropout(outputs[-1], self.config.encoder_dropout_out, self.training)
         result = MomentumLSTMEncoderOutput(
             last_hidden_state=out, hidden_states=(x, *outputs[:-1], out) if output_hidden_states else None,
@@ -239,18 +236,6 @@ class GlobalAttention(nn.Module):
         weights = scores.softmax(-1).to(source.dtype)
         context = torch.einsum("bs,bsc->bc", weights, source)
         return torch.tanh(self.output_proj(torch.cat([context, h], dim=-1))), weights
-
-
-def kept_where_real(real, new: RecurrentState, old: RecurrentState) -> RecurrentState:
-    """The state after a step in the rows whose token is real (`real` (batch,) bool), the state before
-    it in the others (zeros where it had no such part yet); selected on the device."""
-    def pick(a, b, dims):
-        if a is None:
-            return None
-        return torch.where(real.view(dims), a, torch.zeros_like(a) if b is None else b)
-    layered = (1, -1, 1)
-    return RecurrentState(*(pick(a, b, layered) for a, b in zip(new[:4], old[:4])),
-                          pick(new.step, old.step, (-1,)))
 
 
 class MomentumLSTMSeq2SeqDecoder(nn.Module):
@@ -330,9 +315,7 @@ class MomentumLSTMSeq2SeqDecoder(nn.Module):
                 weights.append(step_weights)
             out = F.dropout(out, self.config.decoder_dropout_out, self.training)
             if real is not None:
-                new = kept_where_real(real[:, t], new, state)
-                out = torch.where(real[:, t, None], out, 0)
-                hiddens = tuple(torch.where(real[:, t, None], h, 0) for h in hiddens)
+                (out, *hiddens), new = where_real(real[:, t], (out, *hiddens), new, state)
                 feed = torch.where(real[:, t, None], out, feed)
             else:
                 feed = out

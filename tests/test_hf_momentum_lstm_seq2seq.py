@@ -8,7 +8,7 @@ embedding layout, the loss, resizing, and configuration and call errors. (fairse
 the reference in test_fairseq_lstm_translation_to_hf.py.)"""
 import pytest
 import torch
-from test_hf_seq2seq import PAD, padded
+from test_hf_seq2seq import PAD, generate, padded
 from test_host_reads import HostReads
 from test_host_reads_lstm import HostReads as DeviceReads
 from torch.nn import functional as F
@@ -212,11 +212,6 @@ def test_step_by_step_decoding_with_beam_reordering_equals_the_full_forward(make
         assert isinstance(cache, MomentumLSTMSeq2SeqCache) and cache.get_seq_length() == t + 1
         full = m(input_ids=src[rows], attention_mask=src_mask[rows], decoder_input_ids=tgt[rows, :t + 1])
         torch.testing.assert_close(out.logits[:, -1], full.logits[:, -1], rtol=1e-9, atol=1e-10)
-
-
-def generate(m, src, mask, **kwargs):
-    return m.generate(input_ids=src, attention_mask=mask, max_new_tokens=6, min_new_tokens=6, do_sample=False,
-                      **kwargs)
 
 
 @pytest.mark.parametrize("search", [dict(), dict(num_beams=3, num_return_sequences=2)],
