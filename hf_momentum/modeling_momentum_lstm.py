@@ -279,14 +279,16 @@ def lstm_stack(config: MomentumLSTMConfig) -> MomentumLSTMStack:
                                     top_size=config.last_hidden_size, dropout=config.dropout, **kwargs)
 
 
-class MomentumLSTMStackRun(GradientCheckpointingLayer):
-    """The unit that gradient checkpointing recomputes: the LSTM stack from a zero state,
-    tensors in and tensors out (what both checkpoint implementations track). It holds no
-    parameters, so the stack stays `model.lstm` (saved models keep their parameter names);
-    the model passes its run function in."""
+class CheckpointedRun(GradientCheckpointingLayer):
+    """The unit that gradient checkpointing recomputes: `run(*tensors)`, tensors in (positionally:
+    the reentrant checkpoint passes gradients to positional tensors only) and a flat tuple of
+    tensors out (what both checkpoint implementations track). It holds no parameters, so the
+    stacks stay where they are (saved models keep their parameter names); the caller passes its
+    run function in: the causal model its stack from a zero state, the encoder-decoder its
+    encoder's stack and each decoder step."""
 
-    def forward(self, x, mask, run):
-        return run(x, mask)
+    def forward(self, *tensors, run):
+        return run(*tensors)
 
 
 class MomentumLSTMModel(MomentumLSTMPreTrainedModel):
@@ -294,7 +296,7 @@ class MomentumLSTMModel(MomentumLSTMPreTrainedModel):
         super().__init__(config)
         self.embed_tokens = nn.Embedding(config.vocab_size, config.embedding_size, config.pad_token_id)
         self.lstm = lstm_stack(config)
-        self.stack_run = MomentumLSTMStackRun()
+        self.stack_run = CheckpointedRun()
         self.gradient_checkpointing = False
         self.post_init()
 

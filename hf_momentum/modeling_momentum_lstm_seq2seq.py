@@ -16,6 +16,7 @@ reorders it. A padded target token (`decoder_attention_mask` 0) leaves the state
 as it was and gets a zero output.
 """
 from dataclasses import dataclass
+from functools import partial
 from typing import Optional
 
 import torch
@@ -39,7 +40,13 @@ from .modeling_common import (
     static_padding_mask,
     warn_no_attention_weights,
 )
-from .modeling_momentum_lstm import MomentumLSTMCache, MomentumLSTMStack, packed_run, where_real
+from .modeling_momentum_lstm import (
+    CheckpointedRun,
+    MomentumLSTMCache,
+    MomentumLSTMStack,
+    packed_run,
+    where_real,
+)
 from .momentum_rnn_core import MomentumLSTM, RecurrentState, read_hyperparameters
 from .packing import has_packing_kwargs
 from .recurrent_cache import StaticStateMixin
@@ -113,6 +120,7 @@ class MomentumLSTMSeq2SeqPreTrainedModel(Seq2SeqEmbeddingsMixin, RemoteCodeMixin
     base_model_prefix = "model"
     main_input_name = "input_ids"
     _no_split_modules = ["MomentumLSTMSeq2SeqEncoder", "MomentumLSTMSeq2SeqDecoder"]
+    supports_gradient_checkpointing = True
     _skip_keys_device_placement = ["cache", "past_key_values"]
     auto_map = AUTO_MAP
     card_hyperparameters = ("cell", "momentum", "step_size", "beta", "eps", "restart", "num_hidden_layers",
@@ -180,6 +188,7 @@ class MomentumLSTMSeq2SeqEncoder(nn.Module):
                                          config.pad_token_id)
         self.lstm = lstm_stack(config, config.encoder_embedding_size, config.encoder_hidden_size,
                                config.encoder_dropout_out, config.encoder_bidirectional)
+        self.stack_run = CheckpointedRun()
 
     def forward(self, input_ids=None, attention_mask=None, inputs_embeds=None, output_hidden_states=None,
                 output_attentions=None, return_dict=None, **kwargs):
@@ -195,16 +204,22 @@ class MomentumLSTMSeq2SeqEncoder(nn.Module):
         mask = check_attention_mask(attention_mask, batch, 0, length)
         mask = None if mask is None else mask.to(x.device)
         x = F.dropout(x, self.config.encoder_dropout_in, self.training)
-        lengths = source_lengths(mask)
+        run = partial(self._stack, lengths=source_lengths(mask))
+        *outputs, final_h, final_c = self.stack_run(x, mask, run=run)
+        out = F.dropout(outputs[-1], self.config.encoder_dropout_out, self.training)
+        result = MomentumLSTMEncoderOutput(
+            last_hidden_state=out, hidden_states=(x, *outputs[:-1], out) if output_hidden_states else None,
+            final_hidden_state=self._per_row(final_h, batch), final_cell_state=self._per_row(final_c, batch))
+        return result if return_dict is not False else result.to_tuple()
+
+    def _stack(self, x, mask, lengths):
+        """(each layer's outputs ..., final h, final c) of the stack over each source's real tokens (lengths:
+        their host copy, None where every row is full): what gradient checkpointing recomputes."""
         if lengths is None:
             outputs, state = self.lstm(x, all_layers=True)
         else:
             outputs, state = packed_run(self.lstm, x, mask, lengths, all_layers=True)
-        out = F.dropout(outputs[-1], self.config.encoder_dropout_out, self.training)
-        result = MomentumLSTMEncoderOutput(
-            last_hidden_state=out, hidden_states=(x, *outputs[:-1], out) if output_hidden_states else None,
-            final_hidden_state=self._per_row(state.h, batch), final_cell_state=self._per_row(state.c, batch))
-        return result if return_dict is not False else result.to_tuple()
+        return (*outputs, state.h, state.c)
 
     def _per_row(self, final: torch.Tensor, batch: int) -> torch.Tensor:
         """nn.LSTM's final-state layout (layers · directions, batch, hidden) as (batch, layers,
@@ -257,6 +272,7 @@ class MomentumLSTMSeq2SeqDecoder(nn.Module):
         self.attention = GlobalAttention(hidden, source) if config.attention else None
         output = config.decoder_output_size
         self.additional_fc = nn.Linear(hidden, output) if output != hidden else None
+        self.token_run = CheckpointedRun()
 
     def initial_state(self, final_hidden, final_cell) -> RecurrentState:
         """The stack's state before the first target token: h and c of layer k from the encoder's
@@ -305,21 +321,19 @@ class MomentumLSTMSeq2SeqDecoder(nn.Module):
         if self.config.attention and source is None:
             raise ValueError("encoder_outputs: every decoder step attends to the encoder's outputs; pass the "
                              "source, encoder_outputs or a cache that holds them")
+        # a decoding step calls the step itself (no wrapper's work per token); training with gradient
+        # checkpointing recomputes each token's step in the backward, one at a time
+        step = self._token_step
+        if self.token_run.gradient_checkpointing and self.training:
+            step = partial(self.token_run, run=self._token_step)
+        layer_count = self.config.num_hidden_layers
         outs, layers, weights = [], [], []
         for t in range(length):
-            step_input = torch.cat([x[:, t], feed], dim=-1)
-            hiddens, new = self.lstm(step_input, state, one_step=True, all_layers=True)
-            out = hiddens[-1]
+            out, feed, step_weights, *rest = step(x[:, t], feed, source, encoder_real,
+                                                  None if real is None else real[:, t], *state)
+            hiddens, state = rest[:layer_count], RecurrentState(*rest[layer_count:])
             if self.config.attention:
-                out, step_weights = self.attention(out, source, encoder_real)
                 weights.append(step_weights)
-            out = F.dropout(out, self.config.decoder_dropout_out, self.training)
-            if real is not None:
-                (out, *hiddens), new = where_real(real[:, t], (out, *hiddens), new, state)
-                feed = torch.where(real[:, t, None], out, feed)
-            else:
-                feed = out
-            state = new
             outs.append(out)
             layers.append(hiddens)
         if cache is not None:
@@ -341,6 +355,25 @@ class MomentumLSTMSeq2SeqDecoder(nn.Module):
         if output_attentions and self.config.attention:
             attentions = (torch.stack(weights, 1) if weights else x.new_zeros(batch, 0, source.shape[1]),)
         return hidden, hidden_states, attentions
+
+    def _token_step(self, x, feed, source, encoder_real, real, h, c, v, m, step):
+        """One target token: the stack's step on [embedding x; fed-back output], the attention of its
+        output to the encoder's outputs `source`, dropout; a padded token (`real` False) keeps the
+        state and the fed-back output and gets zero outputs. Returns (output, next fed-back output,
+        attention weights or None, each layer's output ..., the new state's fields h, c, v, m, step):
+        tensors in and out, positionally, as gradient checkpointing recomputes it."""
+        state = RecurrentState(h, c, v, m, step)
+        hiddens, new = self.lstm(torch.cat([x, feed], dim=-1), state, one_step=True, all_layers=True)
+        out, weights = hiddens[-1], None
+        if self.config.attention:
+            out, weights = self.attention(out, source, encoder_real)
+        out = F.dropout(out, self.config.decoder_dropout_out, self.training)
+        if real is None:
+            feed = out
+        else:
+            (out, *hiddens), new = where_real(real, (out, *hiddens), new, state)
+            feed = torch.where(real[:, None], out, feed)
+        return (out, feed, weights, *hiddens, *new)
 
 
 class AcceptedTokens:
@@ -383,6 +416,7 @@ class MomentumLSTMSeq2SeqModel(MomentumLSTMSeq2SeqPreTrainedModel):
             self._tied_weights_keys = {"decoder.embed_tokens.weight": "encoder.embed_tokens.weight"}
         self.encoder = MomentumLSTMSeq2SeqEncoder(config)
         self.decoder = MomentumLSTMSeq2SeqDecoder(config)
+        self.gradient_checkpointing = False       # set by activation_checkpointing_enable; no cache then
         self.post_init()
 
     def forward(self, input_ids=None, attention_mask=None, decoder_input_ids=None,

@@ -3,10 +3,13 @@ recurrent weights (`target_parameters`, PEFT's ParamWrapper, which puts the adap
 only while the stack module's forward runs: the decoder's steps are calls of it) and the attention's
 projections (`target_modules`). The adapter changes the outputs of both stacks; only the LoRA factors
 train, and training lowers the loss; generation through the cache runs the adapted weights at every
-step (cached and uncached generate() agree); merge_and_unload computes what the adapted model does."""
+step (cached and uncached generate() agree); merge_and_unload computes what the adapted model does;
+gradient checkpointing recomputes with the adapted weights."""
 import pytest
 import torch
+from test_hf_model_common import counting_checkpoint
 from test_hf_momentum_lstm_seq2seq import model, padded, random_seqs
+from transformers.modeling_layers import GradientCheckpointingLayer
 
 peft = pytest.importorskip("peft")
 from peft import LoraConfig, get_peft_model  # noqa: E402
@@ -80,3 +83,29 @@ def test_cached_generation_runs_the_adapted_weights_and_merging_keeps_them(make_
         merged = lora.merge_and_unload()
         torch.testing.assert_close(merged(**inputs).logits, logits, rtol=1e-9, atol=1e-9)
         assert torch.equal(merged.generate(**kwargs), cached)
+
+
+@pytest.mark.parametrize("reentrant", [False, True])
+def test_lora_under_gradient_checkpointing_gets_the_gradients_it_gets_without(reentrant, make_generator):
+    """PEFT's setup for checkpointing (frozen base, enable_input_require_grads): the recomputed encoder
+    and decoder steps run the adapted weights again, so every LoRA factor gets its gradient of the plain
+    run."""
+    inputs = batch(make_generator())
+    grads, calls = [], []
+    for checkpointing in (False, True):
+        lora = adapted().train()
+        if checkpointing:
+            lora.base_model.model.activation_checkpointing_enable(
+                activation_checkpointing_kwargs={"use_reentrant": reentrant})
+            lora.enable_input_require_grads()
+            for unit in lora.modules():
+                if isinstance(unit, GradientCheckpointingLayer):
+                    unit._gradient_checkpointing_func = counting_checkpoint(unit._gradient_checkpointing_func,
+                                                                            calls)
+        lora(**inputs).loss.backward()
+        grads.append({name: p.grad for name, p in lora.named_parameters() if p.requires_grad})
+    assert len(calls) == 2 * (1 + inputs["labels"].shape[1])       # the encoder, each target token
+    assert grads[0].keys() == grads[1].keys() and len(grads[0]) == 2 * (len(RECURRENT) + 2)
+    for name, grad in grads[0].items():
+        assert grad.abs().sum() > 0, name
+        torch.testing.assert_close(grads[1][name], grad, rtol=1e-10, atol=1e-13, msg=name)
