@@ -101,15 +101,37 @@ class NTASGD(torch.optim.SGD):
         return True
 
     def state_dict(self):
+        """SGD's state dict in the layout torch.distributed.checkpoint needs (FSDP2; accelerate's FSDP
+        checkpoints call its get_optimizer_state_dict and load into a fresh optimizer's dict in place):
+        - each parameter group also holds the switch (the dict's other top-level entries are dropped);
+        - before the switch, every parameter's entry holds a zero "average" of its shape, so that the
+          dict a fresh optimizer gives as the template of a load has a place for the averages that a
+          state saved after the switch holds (its own load drops them)."""
         state = super().state_dict()
-        state[SWITCH] = {**self.switch, "losses": list(self.switch["losses"])}
+        state["param_groups"] = [{**group, SWITCH: self._switch_copy(self.switch)}
+                                 for group in state["param_groups"]]
+        if not self.averaging:
+            for index, p in enumerate(self._params()):
+                state["state"][index] = {**state["state"].get(index, {}), "average": torch.zeros_like(p)}
         return state
 
     def load_state_dict(self, state_dict):
         state_dict = dict(state_dict)
-        switch = state_dict.pop(SWITCH, None)
+        groups = [dict(group) for group in state_dict.get("param_groups", [])]
+        switches = [group.pop(SWITCH) for group in groups if SWITCH in group]
+        switch = state_dict.pop(SWITCH, None)          # where states saved before 2026-12-06 hold it
+        switch = switches[0] if switches else switch
         if switch is None:
             raise ValueError("NTASGD.load_state_dict: the state has no NT-ASGD switch (it was saved by "
                              "another optimizer)")
-        super().load_state_dict(state_dict)
-        self.switch = {**switch, "losses": list(switch["losses"])}
+        super().load_state_dict({**state_dict, "param_groups": groups})
+        self.switch = self._switch_copy(switch)
+        if not self.averaging:                         # the zero placeholders of a state saved before it
+            for p in self._params():
+                self.state[p].pop("average", None)
+                if not self.state[p]:
+                    del self.state[p]
+
+    @staticmethod
+    def _switch_copy(switch):
+        return {**switch, "losses": list(switch["losses"])}

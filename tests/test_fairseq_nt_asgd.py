@@ -48,7 +48,7 @@ def saved(path):
     state = checkpoint["last_optimizer_state"]
     names = list(checkpoint["model"])
     iterate = {names[i]: state["state"][i]["average"] for i in range(len(names))}
-    return checkpoint["model"], iterate, state["nt_asgd"]
+    return checkpoint["model"], iterate, state["param_groups"][0]["nt_asgd"]
 
 
 def test_the_average_is_validated_and_saved_from_the_switch_on(lm_data, whole):

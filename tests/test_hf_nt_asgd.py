@@ -112,7 +112,8 @@ def test_resuming_after_the_switch_ends_as_the_uninterrupted_run(whole, tmp_path
     checkpoints = sorted((p for p in os.scandir(trainer.args.output_dir) if p.name.startswith("checkpoint-")),
                          key=lambda p: int(p.name.split("-")[1]))
     state = torch.load(os.path.join(checkpoints[-2].path, "optimizer.pt"), weights_only=True)
-    assert state["nt_asgd"]["averaged_steps"], "the second last checkpoint is after the switch"
+    switch = state["param_groups"][0]["nt_asgd"]
+    assert switch["averaged_steps"], "the second last checkpoint is after the switch"
     resumed = run(trainer.args.output_dir + "-resumed", resume=checkpoints[-2].path)
     for (name, p), q in zip(resumed.model.named_parameters(), trainer.model.parameters()):
         assert torch.equal(p, q), name

@@ -134,6 +134,36 @@ def test_a_saved_state_resumes_the_uninterrupted_run(stop, swapped):
         assert torch.equal(second.state[p]["average"], optimizer.state[q]["average"])
 
 
+def test_the_state_dict_keeps_the_switch_where_distributed_checkpoints_keep_entries():
+    """torch.distributed.checkpoint keeps a state dict's "state" and "param_groups" only, and loads into a
+    fresh optimizer's dict in place: the switch rides in every group, and before the switch each
+    parameter has a zero average of its shape (a place for a later state's averages) that a load
+    drops again. A state saved with the switch as a top-level entry (before 2026-12-06) still loads."""
+    params = fresh_params()
+    fresh = NTASGD(params, lr=0.1, nonmono=1).state_dict()
+    assert set(fresh) == {"state", "param_groups"}
+    assert [fresh["state"][i]["average"].shape for i in range(len(params))] == [p.shape for p in params]
+    assert not any(fresh["state"][i]["average"].any() for i in range(len(params)))
+    assert all(group["nt_asgd"]["averaged_steps"] is None for group in fresh["param_groups"])
+    before = NTASGD(params, lr=0.1, nonmono=1)
+    before.load_state_dict(fresh)
+    assert not before.state and not before.averaging
+
+    optimizer = NTASGD(params, lr=0.1, nonmono=1)
+    run(optimizer, params, [0.1] * 4, switch_at=1)
+    saved = optimizer.state_dict()
+    groups = [{k: v for k, v in group.items() if k != "nt_asgd"} for group in saved["param_groups"]]
+    old_format = {"state": saved["state"], "nt_asgd": saved["param_groups"][0]["nt_asgd"],
+                  "param_groups": groups}
+    for state in (saved, old_format):
+        loaded = NTASGD([p.detach().clone().requires_grad_() for p in params], lr=0.1, nonmono=1)
+        loaded.load_state_dict(state)
+        assert loaded.switch == optimizer.switch and loaded.averaged_steps == 3
+        assert "nt_asgd" not in loaded.param_groups[0]
+        for p, q in zip(loaded._params(), params):
+            assert torch.equal(loaded.state[p]["average"], optimizer.state[q]["average"])
+
+
 def test_under_accelerates_fp16_scaler_a_skipped_step_is_not_averaged():
     """Mixed precision fp16 (accelerate's AcceleratedOptimizer with a GradScaler; here the CPU's):
     the scaler unscales before the step, so the average takes the unscaled update, and a step it
