@@ -70,7 +70,7 @@ def test_trains_evaluates_and_saves_a_model_that_translates(tsv, tmp_path):
 def test_the_lstm_encoder_decoder_trains_and_a_saved_model_fine_tunes(tsv, tmp_path):
     """--model_type momentum_lstm_seq2seq trains the attentional MomentumLSTM encoder-decoder with the
     same recipe; --model_name_or_path then fine-tunes the saved model with its saved tokenizer (its
-    first loss is the trained model's, below the fresh model's first)."""
+    first loss is the trained model's, below the fresh model's first), with activation checkpointing."""
     out, tuned = tmp_path / "out", tmp_path / "tuned"
     # embeddings at twice fairseq's initial scale: the attention finds the toy task's alignment
     # within these 250 steps
@@ -86,7 +86,8 @@ def test_the_lstm_encoder_decoder_trains_and_a_saved_model_fine_tunes(tsv, tmp_p
         ("momentum_lstm_seq2seq", "momentum", 0.5, True)
     assert json.loads((out / "test_results.json").read_text())["test_bleu"] > 0
     run([sys.executable, str(SCRIPT), *data_args(tsv), "--output_dir", str(tuned), "--do_train",
-         "--model_name_or_path", str(out), "--max_steps", "10", "--logging_steps", "1", *TINY], tmp_path)
+         "--model_name_or_path", str(out), "--max_steps", "10", "--logging_steps", "1",
+         "--activation_checkpointing", *TINY], tmp_path)
     assert logged_losses(tuned)[0] < 0.5 * losses[0]
 
 
