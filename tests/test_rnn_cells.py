@@ -270,7 +270,7 @@ class LoopedConstantDecay(ConstantDecay):
     stationary = False  # forces filter_sequence's chunk loop
 
 
-@pytest.mark.parametrize("steps,chunk", [(1, 4), (9, 4), (12, 4), (257, 128), (300, 128)])
+@pytest.mark.parametrize("steps,chunk", [(1, 4), (9, 4), (12, 4), (70, 128), (257, 128), (300, 128)])
 def test_stationary_filter_matches_recursion_and_chunk_loop(steps, chunk, make_generator):
     """Constant μ takes one matrix product for all chunks and one for the carry between
     them: forward against x̃_t = μ x̃_{t-1} + s x_t, gradients against the chunk loop, at
@@ -293,8 +293,8 @@ def test_stationary_filter_matches_recursion_and_chunk_loop(steps, chunk, make_g
 @pytest.mark.parametrize("steps,chunk,padded", [(70, 128, False), (12, 4, False), (9, 4, True)])
 def test_stationary_filter_pads_only_a_short_last_chunk(steps, chunk, padded, make_generator):
     """A length that fills its chunks (PTB's 70 steps are one chunk) is filtered without the copy
-    that pads the last chunk, nor, in one chunk, a slice whose backward copies the gradient; the
-    result is the recursion's either way."""
+    that pads the last chunk, nor, in one chunk, a slice whose backward copies the gradient or the
+    chunk layout's transposes; the result is the recursion's either way."""
     from torch.profiler import ProfilerActivity, profile
     x = torch.randn(steps, 3, 2, generator=make_generator(), dtype=torch.float64, requires_grad=True)
     with profile(activities=[ProfilerActivity.CPU]) as prof:
@@ -303,6 +303,11 @@ def test_stationary_filter_pads_only_a_short_last_chunk(steps, chunk, padded, ma
     names = {event.name for event in prof.events()}
     assert ("aten::constant_pad_nd" in names) == padded
     assert ("aten::slice_backward" in names) == (padded or steps > chunk)     # the carry between chunks
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        filter_sequence(x, ConstantDecay(0.9, steps), 0.7, chunk)
+    called = {event.name for event in prof.events() if not (event.cpu_parent and
+                                                           event.cpu_parent.name.startswith("aten::"))}
+    assert ("aten::transpose" in called) == (steps > chunk)
     acc, literal = torch.zeros(3, 2, dtype=torch.float64), []
     for x_t in x.detach():
         acc = 0.9 * acc + 0.7 * x_t

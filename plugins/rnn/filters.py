@@ -230,6 +230,10 @@ def stationary_filter(seq, decay, step_size, chunk=128):
     chunks = -(-steps // n)
     block, across, carry = decay.filter_operands(n, chunks, step_size, seq.device, seq.dtype)
     x = seq.reshape(steps, -1)
+    if chunks == 1 and not torch.compiler.is_compiling():
+        # T ≤ chunk (PTB's 70 steps): the block times the sequence, without the chunk layout's
+        # reshapes and transposes, each an op to issue forward and an autograd node backward
+        return torch.matmul(block, x).view(seq.shape)
     # zeros for the last chunk's missing steps, cut off the result again: a copy of the sequence
     # forward and two of its gradient backward (the slice's, zero-filled, and the pad's), made only
     # where steps are missing (a traced length keeps them: asking would guard on the length)
