@@ -119,7 +119,11 @@ class MomentumLSTMSeq2SeqPreTrainedModel(Seq2SeqEmbeddingsMixin, RemoteCodeMixin
     config: MomentumLSTMSeq2SeqConfig
     base_model_prefix = "model"
     main_input_name = "input_ids"
-    _no_split_modules = ["MomentumLSTMSeq2SeqEncoder", "MomentumLSTMSeq2SeqDecoder"]
+    # FSDP's units (accelerate wraps these classes): the encoder's stack, called once a forward. The
+    # decoder's stack steps once per target token, so as a unit of its own it would gather its weights
+    # at every token; the decoder stays in the root unit, whole for the step, with the embeddings the
+    # LM head may share (tied weights in two units are refused by FSDP2)
+    _no_split_modules = ["MomentumLSTMSeq2SeqEncoderStack"]
     supports_gradient_checkpointing = True
     _skip_keys_device_placement = ["cache", "past_key_values"]
     auto_map = AUTO_MAP
@@ -150,8 +154,13 @@ class MomentumLSTMSeq2SeqPreTrainedModel(Seq2SeqEmbeddingsMixin, RemoteCodeMixin
             super()._init_weights(module)
 
 
+class MomentumLSTMSeq2SeqEncoderStack(MomentumLSTMStack):
+    """The encoder's stack: a `MomentumLSTMStack` under a name of its own, so that FSDP's wrapping by
+    class (`_no_split_modules`) can shard it apart from the decoder's."""
+
+
 def lstm_stack(config: MomentumLSTMSeq2SeqConfig, input_size: int, hidden_size: int, dropout: float,
-               bidirectional: bool = False) -> MomentumLSTMStack:
+               bidirectional: bool = False, stack_class=MomentumLSTMStack) -> MomentumLSTMStack:
     """A stack of `config.num_hidden_layers` layers of the config's cell; `dropout` between layers.
     Every use is a call of the module (a decoding step too: one_step=True), so a wrapper around it sees
     each one: PEFT's LoRA on the recurrent weights (`target_parameters`) puts the adapted weights in
@@ -159,9 +168,9 @@ def lstm_stack(config: MomentumLSTMSeq2SeqConfig, input_size: int, hidden_size: 
     hyper = read_hyperparameters(config.cell, momentum=config.momentum, step_size=config.step_size,
                                  beta=config.beta, eps=config.eps)
     layers = config.num_hidden_layers
-    return MomentumLSTMStack(input_size, hidden_size, layers, cell=config.cell, restart=config.restart,
-                             dropout=dropout if layers > 1 else 0.0, bidirectional=bidirectional,
-                             batch_first=True, **hyper)
+    return stack_class(input_size, hidden_size, layers, cell=config.cell, restart=config.restart,
+                       dropout=dropout if layers > 1 else 0.0, bidirectional=bidirectional, batch_first=True,
+                       **hyper)
 
 
 def source_lengths(mask: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
@@ -187,7 +196,8 @@ class MomentumLSTMSeq2SeqEncoder(nn.Module):
         self.embed_tokens = nn.Embedding(config.vocab_size, config.encoder_embedding_size,
                                          config.pad_token_id)
         self.lstm = lstm_stack(config, config.encoder_embedding_size, config.encoder_hidden_size,
-                               config.encoder_dropout_out, config.encoder_bidirectional)
+                               config.encoder_dropout_out, config.encoder_bidirectional,
+                               MomentumLSTMSeq2SeqEncoderStack)
         self.stack_run = CheckpointedRun()
 
     def forward(self, input_ids=None, attention_mask=None, inputs_embeds=None, output_hidden_states=None,
