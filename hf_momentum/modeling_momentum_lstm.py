@@ -115,7 +115,10 @@ class MomentumLSTMPreTrainedModel(RemoteCodeMixin, PreTrainedModel):
     config_class = MomentumLSTMConfig
     config: MomentumLSTMConfig
     base_model_prefix = "model"
-    _no_split_modules = ["MomentumLSTMStack"]
+    # the stack is one unit for FSDP (accelerate wraps these classes) and for device_map; AWD's last layer
+    # (`MomentumLSTMStackTop`) stays inside its stack's unit: the stack draws that layer's weight-drop
+    # masks before any layer runs, when a unit of its own would still hold its weights sharded
+    _no_split_modules = ["MomentumLSTMStack", "MomentumLSTMStackWithTop"]
     supports_gradient_checkpointing = True
     _skip_keys_device_placement = ["cache", "past_key_values"]
     auto_map = AUTO_MAP
@@ -187,6 +190,11 @@ class MomentumLSTMStack(MomentumLSTM):
         return [f"weight_hh_l{k}" for k in range(self.num_layers)]
 
 
+class MomentumLSTMStackTop(MomentumLSTMStack):
+    """AWD's last layer (`MomentumLSTMStackWithTop.top`): a stack of one layer under a name of its own, so
+    that FSDP's wrapping by class (`_no_split_modules`) leaves it in its stack's unit."""
+
+
 class MomentumLSTMStackWithTop(MomentumLSTMStack):
     """AWD-LSTM's stack (Merity et al.; MomentumRNN's PTB model): a last layer of another width
     (`last_hidden_size`) than the layers below it. Those layers are this module's own, named as a
@@ -199,7 +207,7 @@ class MomentumLSTMStackWithTop(MomentumLSTMStack):
                  **kwargs):
         super().__init__(input_size, hidden_size, num_layers, dropout=dropout, weight_drop=weight_drop,
                          **kwargs)
-        self.top = MomentumLSTMStack(hidden_size, top_size, 1, weight_drop=weight_drop, **kwargs)
+        self.top = MomentumLSTMStackTop(hidden_size, top_size, 1, weight_drop=weight_drop, **kwargs)
 
     def weight_drop_masks(self) -> contextlib.AbstractContextManager:
         # every mask before any layer runs, the lower layers' then top's (fairseq's order); top's

@@ -1,7 +1,10 @@
 """FSDP2 (torch's `fully_shard`) on the native models, as hf_momentum/README.md shows it: two gloo
 ranks, each layer and then the model sharded, one AdamW step on each rank's own batch. The loss
 of each rank and the parameters after the step equal one process that computes both ranks'
-losses, averages their gradients (what FSDP's reduce-scatter does) and takes the same step."""
+losses, averages their gradients (what FSDP's reduce-scatter does) and takes the same step.
+Wrapped as accelerate's default FSDP2 policy wraps (each module whose class `_no_split_modules`
+names, then the root), also AWD-LSTM with weight drop, locked dropout and dropout in training: each
+rank's loss and every reduced gradient equal one process's."""
 import os
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -67,3 +70,51 @@ def test_fully_sharded_step_equals_one_process_with_averaged_gradients(family, t
             torch.testing.assert_close(got[rank]["params"][name], p.detach(), rtol=1e-5, atol=1e-6, msg=name)
         moved += int(not torch.equal(p.detach(), dict(causal_lm(family).named_parameters())[name].detach()))
     assert moved > len(expected) // 2                   # the step changed the weights
+
+
+NO_SPLIT_CASES = {**{family: {} for family in FAMILIES},
+                  "awd_lstm-dropped": dict(weight_drop=0.3, locked_dropout=True, dropout=0.2)}
+
+
+def _no_split_worker(rank, world, case, out_dir):
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    model = causal_lm(case.partition("-")[0], **NO_SPLIT_CASES[case]).train()
+    mesh = init_device_mesh("cpu", (world,))
+    units = [name for name, m in model.named_modules() if type(m).__name__ in model._no_split_modules]
+    for name in units:
+        fully_shard(model.get_submodule(name), mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    loss = no_split_loss(model, rank)
+    loss.backward()
+    grads = {name: p.grad.full_tensor() for name, p in model.named_parameters()}
+    torch.save({"loss": loss.detach(), "grads": grads, "units": units}, f"{out_dir}/rank{rank}.pt")
+
+
+def no_split_loss(model, rank):
+    ids, mask = rank_batch(rank)
+    torch.manual_seed(10 + rank)                 # the dropout masks, the same in the reference
+    return model(input_ids=ids, attention_mask=mask, labels=ids).loss
+
+
+@pytest.mark.parametrize("case", list(NO_SPLIT_CASES))
+def test_accelerates_default_wrapping_gives_one_processs_gradients(case, tmp_path):
+    """The LSTM stack is one unit, AWD's last layer inside it: the stack draws that layer's weight-drop
+    masks before any layer runs (a unit of its own held its weights sharded then: a mixed Tensor and
+    DTensor product)."""
+    spawn_gloo(_no_split_worker, WORLD, case, str(tmp_path))
+    got = [torch.load(tmp_path / f"rank{r}.pt") for r in range(WORLD)]
+    model = causal_lm(case.partition("-")[0], **NO_SPLIT_CASES[case]).train()
+    losses = []
+    for rank in range(WORLD):
+        loss = no_split_loss(model, rank)
+        (loss / WORLD).backward()
+        losses.append(loss.detach())
+    expected = {name: p.grad for name, p in model.named_parameters()}
+    units = ["model.layers.0", "model.layers.1"] if case == "transformer" else ["model.lstm"]
+    assert got[0]["units"] == units
+    assert sum(bool(g.abs().sum() > 0) for g in expected.values()) > 0.9 * len(expected)
+    for rank in range(WORLD):
+        torch.testing.assert_close(got[rank]["loss"], losses[rank], rtol=1e-5, atol=1e-6)
+        for name, grad in expected.items():
+            torch.testing.assert_close(got[rank]["grads"][name], grad, rtol=1e-4, atol=1e-7, msg=name)
