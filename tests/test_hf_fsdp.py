@@ -104,17 +104,24 @@ def test_accelerates_default_wrapping_gives_one_processs_gradients(case, tmp_pat
     DTensor product)."""
     spawn_gloo(_no_split_worker, WORLD, case, str(tmp_path))
     got = [torch.load(tmp_path / f"rank{r}.pt") for r in range(WORLD)]
+    units = ["model.layers.0", "model.layers.1"] if case == "transformer" else ["model.lstm"]
+    assert got[0]["units"] == units
     model = causal_lm(case.partition("-")[0], **NO_SPLIT_CASES[case]).train()
+    assert_ranks_match_one_process(got, model, no_split_loss)
+
+
+def assert_ranks_match_one_process(got, model, loss_of):
+    """Each rank's loss and reduced gradients (`got`: the workers' "loss" and "grads") equal those of
+    `model` in one process, its gradient the mean of the ranks' (`loss_of(model, rank)`)."""
     losses = []
     for rank in range(WORLD):
-        loss = no_split_loss(model, rank)
+        loss = loss_of(model, rank)
         (loss / WORLD).backward()
         losses.append(loss.detach())
     expected = {name: p.grad for name, p in model.named_parameters()}
-    units = ["model.layers.0", "model.layers.1"] if case == "transformer" else ["model.lstm"]
-    assert got[0]["units"] == units
     assert sum(bool(g.abs().sum() > 0) for g in expected.values()) > 0.9 * len(expected)
     for rank in range(WORLD):
         torch.testing.assert_close(got[rank]["loss"], losses[rank], rtol=1e-5, atol=1e-6)
+        assert got[rank]["grads"].keys() == expected.keys()
         for name, grad in expected.items():
             torch.testing.assert_close(got[rank]["grads"][name], grad, rtol=1e-4, atol=1e-7, msg=name)
