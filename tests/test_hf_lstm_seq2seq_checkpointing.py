@@ -6,9 +6,10 @@ implementations), while the forward keeps far fewer bytes for the backward."""
 import pytest
 import torch
 from test_hf_model_common import counting_checkpoint
-from test_hf_momentum_lstm_seq2seq import CELLS, EOS, model, random_seqs
+from test_hf_momentum_lstm_seq2seq import CELLS, VOCAB, model, random_seqs
 from test_hf_seq2seq import padded
-from transformers import Seq2SeqTrainer, Seq2SeqTrainingArguments
+from test_hf_seq2seq_trainer import reversal_pairs, word_tokenizer
+from transformers import DataCollatorForSeq2Seq, Seq2SeqTrainer, Seq2SeqTrainingArguments
 from transformers.modeling_layers import GradientCheckpointingLayer
 
 DROPOUTS = {f"{side}_dropout_{at}": 0.2 for side in ("encoder", "decoder") for at in ("in", "out")}
@@ -100,30 +101,11 @@ def test_checkpointing_in_training_runs_without_a_cache(make_generator):
     assert m(**batch, use_cache=True).past_key_values is not None
 
 
-def pairs(count, generator):
-    source_lengths = torch.randint(2, 7, (count,), generator=generator).tolist()
-    target_lengths = torch.randint(2, 6, (count,), generator=generator).tolist()
-    out = []
-    for source, target in zip(random_seqs(generator, source_lengths), random_seqs(generator, target_lengths)):
-        out.append({"input_ids": source.tolist() + [EOS], "attention_mask": [1] * (len(source) + 1),
-                    "labels": target.tolist() + [EOS]})
-    return out
-
-
-def collate(features):
-    """Left-padded sources, labels padded with -100 (what DataCollatorForSeq2Seq gives)."""
-    width = max(len(f["input_ids"]) for f in features)
-    label_width = max(len(f["labels"]) for f in features)
-    ids = torch.tensor([[1] * (width - len(f["input_ids"])) + f["input_ids"] for f in features])
-    mask = torch.tensor([[0] * (width - len(f["input_ids"])) + f["attention_mask"] for f in features])
-    labels = torch.tensor([f["labels"] + [-100] * (label_width - len(f["labels"])) for f in features])
-    return {"input_ids": ids, "attention_mask": mask, "labels": labels}
-
-
-def test_seq2seq_trainer_with_gradient_checkpointing_trains_as_without(tmp_path, make_generator):
+def test_seq2seq_trainer_with_gradient_checkpointing_trains_as_without(tmp_path):
     """Seq2SeqTrainingArguments(activation_checkpointing=True) (formerly gradient_checkpointing): four
-    AdamW steps with dropout end at the parameters of the same run without checkpointing."""
-    data = pairs(32, make_generator())
+    AdamW steps with dropout, batches padded by DataCollatorForSeq2Seq, end at the parameters of the
+    same run without checkpointing."""
+    data = reversal_pairs(32, seed=0)
     ends = []
     for checkpointing in (False, True):
         m = model(**DROPOUTS).float()
@@ -131,7 +113,8 @@ def test_seq2seq_trainer_with_gradient_checkpointing_trains_as_without(tmp_path,
             output_dir=str(tmp_path / str(checkpointing)), per_device_train_batch_size=8, max_steps=4,
             learning_rate=1e-2, activation_checkpointing=checkpointing, save_strategy="no", report_to=[],
             use_cpu=True, disable_tqdm=True, logging_strategy="no", seed=0)
-        Seq2SeqTrainer(model=m, args=args, train_dataset=data, data_collator=collate).train()
+        collator = DataCollatorForSeq2Seq(word_tokenizer(VOCAB), model=m)
+        Seq2SeqTrainer(model=m, args=args, train_dataset=data, data_collator=collator).train()
         assert m.is_activation_checkpointing == checkpointing
         ends.append({name: p.detach().clone() for name, p in m.named_parameters()})
     start = dict(model(**DROPOUTS).float().named_parameters())

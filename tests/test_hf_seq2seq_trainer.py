@@ -60,11 +60,16 @@ def test_seq2seq_trainer_teaches_reversal(cross, tmp_path):
                                  learning_rate=3e-3) > 0.9
 
 
+def word_tokenizer(vocab_size=VOCAB):
+    """A word-level tokenizer whose words are the ids themselves ("0", "1", ...), with UNK, PAD, EOS."""
+    words = models.WordLevel({str(i): i for i in range(vocab_size)}, unk_token=str(UNK))
+    return PreTrainedTokenizerFast(tokenizer_object=Tokenizer(words), unk_token=str(UNK), pad_token=str(PAD),
+                                   eos_token=str(EOS))
+
+
 def trained_exact_matches(model, tmp_path, epochs, learning_rate):
     """The share of held-out pairs `model` reverses after Seq2SeqTrainer's training (none before)."""
-    tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=Tokenizer(models.WordLevel({str(i): i for i in range(VOCAB)}, unk_token=str(UNK))),
-        unk_token=str(UNK), pad_token=str(PAD), eos_token=str(EOS))
+    tokenizer = word_tokenizer()
     held_out = reversal_pairs(50, seed=1)
     before = exact_matches(model, held_out)
     args = Seq2SeqTrainingArguments(
