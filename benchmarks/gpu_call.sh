@@ -9,10 +9,9 @@
 #   self times on every thread by kind, benchmarks/host_trace.py), for the default kernels and the
 #   fused ones, whose chunk loop is now software-pipelined in bf16 (session 24; one pass against
 #   split scans was measured in session 16);
-# - exact fp32's kernels at the kept tiles and at tiles that compute each chunk's intra-chunk product
-#   once (gpu_kernels.py --tiles), in the place of session 16's NaN-marks comparison of a layer's
-#   call (`gpu_kernels.py --modes layer layer-torch-marks`, measured at B16-H16-T1k then), and with
-#   its dots as six bf16 products (MOMENTUM_TRITON_FP32_DOTS=bf16x6);
+# - exact fp32's kernels as the autotuner picks them, by default (six bf16 products in the per-chunk
+#   kernels, FMA dots in the scans) and with FMA dots in every kernel (MOMENTUM_TRITON_FP32_DOTS=ieee,
+#   the default until session 56);
 # - an eager decode step of momentum_transformer and of Llama (bf16, batch 1, context 512): its time,
 #   and the host's self time by kind on every thread (benchmarks/decode_step.py --host-trace);
 # - the same for a forward+backward of MomentumLSTM and of nn.LSTM called a layer at a time, at PTB
@@ -90,23 +89,20 @@ echo "== the momentum LSTM's host time by kind against nn.LSTM a layer at a time
 within 30 env PYTHONPATH=$SITE:$R python3 benchmarks/rnn.py --device cuda --shapes ptb-3x1150 --host-trace \
   --variants nn.LSTM-per-layer momentum > $OUT/lstm_host.log 2>&1
 grep -E "^Host|^\| [A-Za-z-]+ .*\| [0-9]+ \| [0-9]+%|Error" $OUT/lstm_host.log | cut -c1-160
-# exact fp32 (5.44× bf16 on 2026-12-04, the goal 3×): the autotuner's choice now that the pruner also
-# keeps the tiles that compute the chunk's intra-chunk product once (one V tile for fwd_o and bwd_dv,
-# one K tile for bwd_dqk: 4360 against 5870 µs when forced on 2026-12-04, docs/benchmarks.md), each
-# kernel with the TFLOP/s it reaches
-echo "== fp32 B16-H16-T1k: the autotuner's choice among the kept tiles"
+# exact fp32 (5.44× bf16 on 2026-12-04, the goal 3×): by default now six bf16 tensor-core products in
+# the per-chunk kernels and FMA dots in the scans ("auto"; per kernel on 2026-12-04, the per-chunk
+# kernels took 1134/616/676 µs with bf16x6 against 2524/1042/1026 with FMA, the scans 1065/946
+# against 645/407), the autotuner choosing among the kept tiles and those that compute each chunk's
+# intra-chunk product once; then FMA dots in every kernel, the default before (4360 µs forced to the
+# whole-head tiles, 5870 at the kept ones); gpu-check's tests part has both's exactness
+echo "== fp32 B16-H16-T1k, default dots (bf16x6 in fwd_o, bwd_dv, bwd_dqk; FMA in the scans)"
 within 60 env PYTHONPATH=$SITE:$R python3 benchmarks/gpu_kernels.py --dtype fp32 --shapes 0 --modes default \
   --json $OUT/fp32_tiles.json > $OUT/fp32_tiles.log 2>&1
-grep -E "^B-H-D-T|fwd_o|bwd_dv|bwd_dqk|Error" $OUT/fp32_tiles.log | head -12
-# exact fp32's dots as six bf16 tensor-core products (MOMENTUM_TRITON_FP32_DOTS=bf16x6, opt-in;
-# compiled for sm_90 without spills where the FMA dots spill; 4661 µs at the kept tiles on
-# 2026-12-04), then at the whole-head tiles, which its pruner does not keep: gpu-check's tests part
-# has its exactness (test_fp32_with_bf16x6_dots_...)
-echo "== fp32 B16-H16-T1k with bf16x6 dots: the kept tiles, then one V or K tile per chunk"
-within 60 env MOMENTUM_TRITON_FP32_DOTS=bf16x6 PYTHONPATH=$SITE:$R python3 benchmarks/gpu_kernels.py --dtype fp32 \
-  --shapes 0 --modes default --tiles fwd_o=16,64,8 bwd_dv=16,64,8 bwd_dqk=64,16,8 \
-  --json $OUT/fp32_bf16x6.json > $OUT/fp32_bf16x6.log 2>&1
-grep -E "^B-H-D-T|fwd_o|bwd_dv|bwd_dqk|fwd_h|bwd_dh|Error" $OUT/fp32_bf16x6.log | head -14
+grep -E "^B-H-D-T|fwd_o|bwd_dv|bwd_dqk|fwd_h|bwd_dh|Error" $OUT/fp32_tiles.log | head -14
+echo "== fp32 B16-H16-T1k with FMA dots in every kernel (MOMENTUM_TRITON_FP32_DOTS=ieee)"
+within 60 env MOMENTUM_TRITON_FP32_DOTS=ieee PYTHONPATH=$SITE:$R python3 benchmarks/gpu_kernels.py --dtype fp32 \
+  --shapes 0 --modes default --json $OUT/fp32_ieee.json > $OUT/fp32_ieee.log 2>&1
+grep -E "^B-H-D-T|fwd_o|bwd_dv|bwd_dqk|fwd_h|bwd_dh|Error" $OUT/fp32_ieee.log | head -14
 # the Adam LSTM's recurrence at 256, 512 and 768 units (T 100, B 64): where one launch per step, which
 # "auto" takes up to 256 units (0.40x the two-launch loop at pMNIST, 1.58x at PTB on 2026-12-04), stops
 # paying

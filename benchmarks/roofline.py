@@ -22,8 +22,10 @@ from typing import Optional
 
 # Dense (no 2:4 sparsity) peaks in TB/s and TFLOP/s, as published by NVIDIA; the datasheets quote
 # tensor rates with sparsity, halved here. fp32 cases are held to the FP32 CUDA-core rate: the Triton
-# kernels take exact fp32 dots for fp32 inputs (utils.kernel_flags: IEEE), torch's fp32 matmuls use
-# no TF32 unless asked, and SDPA's fp32 kernel runs on CUDA cores. TF32 is kept for the record.
+# kernels' state scans take exact fp32 FMA dots for fp32 inputs (utils.kernel_flags: IEEE; their
+# per-chunk kernels six bf16 tensor-core products each, at most a sixth of the bf16 rate, by
+# default), torch's fp32 matmuls use no TF32 unless asked, and SDPA's fp32 kernel runs on CUDA
+# cores. TF32 is kept for the record.
 #   H100 SXM / PCIe / NVL: NVIDIA H100 Tensor Core GPU datasheet, nvidia.com/en-us/data-center/h100
 #     (SXM 3.35 TB/s, BF16 1,979*, TF32 989*, FP32 67; PCIe 2.0 TB/s, 1,513*, 756*, 51;
 #     NVL 3.9 TB/s, 1,671*, 835*, 60); SXM rates to one decimal from the H100 architecture whitepaper

@@ -272,11 +272,11 @@ def cached_kernels() -> int:
 ONCE = dict(warmup=0, min_reps=1, max_reps=1)
 
 
-def _bf16x6_dots():
-    """Exact fp32's dots as six bf16 products (MOMENTUM_TRITON_FP32_DOTS=bf16x6, read at each call)
-    for the calls inside."""
+def _fp32_dots(value: str):
+    """Exact fp32's dots set to `value` (MOMENTUM_TRITON_FP32_DOTS, read at each call: "ieee" FMA in
+    every kernel, "bf16x6" six bf16 products in every kernel) for the calls inside."""
     from plugins.attention.triton.utils import FP32_DOTS_VARIABLE
-    return mock.patch.dict(os.environ, {FP32_DOTS_VARIABLE: "bf16x6"})
+    return mock.patch.dict(os.environ, {FP32_DOTS_VARIABLE: value})
 
 
 def _gpu_check_sizes():
@@ -301,7 +301,7 @@ def _table(torch, check):
 
 def _kernels(torch, check):
     """benchmarks/gpu_call.sh's per-kernel step (gpu_kernels.py --modes default fused) and its
-    exact fp32 steps (the kept tiles, and the dots as six bf16 products) at B16-H16-T1k."""
+    exact fp32 steps (the default dots, and FMA dots in every kernel) at B16-H16-T1k."""
     import gpu_attention
     import gpu_kernels
     for name in ("momentum triton", "momentum triton fused"):
@@ -311,7 +311,7 @@ def _kernels(torch, check):
     B, H, D, T = gpu_kernels.SHAPES[0]
     chunked = gpu_attention.method_fn("momentum triton")
     gpu_attention.measure(chunked, B, H, D, T, True, "fp32", "cpu", ONCE)
-    with _bf16x6_dots():
+    with _fp32_dots("ieee"):
         gpu_attention.measure(chunked, B, H, D, T, True, "fp32", "cpu", ONCE)
 
 
@@ -425,13 +425,14 @@ def _tests_at_64(name, momenta=(0.9, 0.0), scans=("launcher", "split", "fused"),
     return case
 
 
-def _bf16x6(torch, check):
-    """Exact fp32 with its dots as six bf16 products (MOMENTUM_TRITON_FP32_DOTS=bf16x6, opt-in),
-    as gpu-check tests it: D 64 with each scan, D 16."""
-    with _bf16x6_dots():
-        for H in HEADS:
-            _scans(check, lambda: _plain(torch, torch.float32, 64, 64, 0.9, H))
-            _plain(torch, torch.float32, 16, 16, 0.999, H)
+def _dots_settings(torch, check):
+    """Exact fp32 with each other setting of its dots (MOMENTUM_TRITON_FP32_DOTS ieee and bf16x6),
+    as gpu-check tests them: D 64 with each scan, D 16."""
+    for value in ("ieee", "bf16x6"):
+        with _fp32_dots(value):
+            for H in HEADS:
+                _scans(check, lambda: _plain(torch, torch.float32, 64, 64, 0.9, H))
+                _plain(torch, torch.float32, 16, 16, 0.999, H)
 
 
 def _other_dims(name):
@@ -499,7 +500,7 @@ CASES = {
     "tests fp32": _tests_at_64("fp32"),
     "tests lstm": _lstm,
     "tests tf32": _tests_at_64("tf32", momenta=(0.9,), scans=("launcher", "split"), rich=False),
-    "tests fp32 bf16x6": _bf16x6,
+    "tests fp32 dots settings": _dots_settings,
     "tests fp16": _tests_at_64("fp16", rich=False),
     "tests other head sizes bf16": _other_dims("bf16"),
     "tests other head sizes fp16": _other_dims("fp16"),

@@ -407,15 +407,18 @@ def test_fp32_takes_tf32_dots_where_torch_allows_them(N):
         torch.set_float32_matmul_precision(precision)
 
 
+@pytest.mark.parametrize("dots", ["ieee", "bf16x6"])
 @pytest.mark.parametrize("scan,N,Dk,momentum", [("chunked", 300, 16, 0.999), ("chunked", 4096, 64, 0.9),
                                                  ("fused", 4096, 64, 0.9)])
-def test_fp32_with_bf16x6_dots_stays_within_the_exact_tolerances(monkeypatch, scan, N, Dk, momentum):
-    """MOMENTUM_TRITON_FP32_DOTS=bf16x6 (opt-in; plugins/attention/triton/utils.py): exact fp32's
-    dots as six bf16 tensor-core products, within the exact fp32 tolerances against float64, in
-    both kernel sets. D 16 at β 0.999 is where Triton's tf32x3 dots faulted on an H200
-    (docs/benchmarks.md, 2026-11-27)."""
+def test_fp32_with_each_dots_setting_stays_within_the_exact_tolerances(monkeypatch, dots, scan, N, Dk,
+                                                                       momentum):
+    """MOMENTUM_TRITON_FP32_DOTS (plugins/attention/triton/utils.py): exact fp32's dots as fp32 FMA
+    ("ieee") or six bf16 tensor-core products ("bf16x6") in every kernel, within the exact fp32
+    tolerances against float64, in both kernel sets; the other tests run the default ("auto": six
+    bf16 products in the per-chunk kernels, FMA in the scans). D 16 at β 0.999 is where Triton's
+    tf32x3 dots faulted on an H200 (docs/benchmarks.md, 2026-11-27)."""
     use_scan(monkeypatch, scan)
-    monkeypatch.setenv("MOMENTUM_TRITON_FP32_DOTS", "bf16x6")
+    monkeypatch.setenv("MOMENTUM_TRITON_FP32_DOTS", dots)
     inputs, mask, state, ups = same_inputs_case(N + Dk, N, torch.float32, Dk=Dk, Dv=Dk)
     check_against_float64(inputs, mask, state, ups, momentum, torch.float32,
                           {"out": 1e-4, "state": 1e-4, "grad": 3e-4})

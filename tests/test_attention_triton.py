@@ -553,12 +553,14 @@ def tf32_dots(monkeypatch):
     torch.set_float32_matmul_precision(precision)
 
 
-@pytest.mark.parametrize("precision", ["highest", "high", "medium", "highest, bf16x6"])
+@pytest.mark.parametrize("precision", ["highest", "high", "medium", "highest, ieee", "highest, bf16x6"])
 def test_float32_takes_tf32_dots_where_torch_allows_them(make_generator, tf32_dots, monkeypatch, precision):
     """torch.set_float32_matmul_precision("high" / "medium") gives fp32 inputs tf32 dots, read at
-    each launch (forward and backward); "highest" (torch's default) exact fp32, its dots in fp32
-    FMA or, with MOMENTUM_TRITON_FP32_DOTS=bf16x6, as six bf16 products. Against the float64
-    eq. 12 reference within the tolerances utils.py documents, with tf32 and bf16x6 emulated."""
+    each launch (forward and backward); "highest" (torch's default) exact fp32: by default
+    ("auto") six bf16 products in the per-chunk kernels and fp32 FMA in the scans,
+    MOMENTUM_TRITON_FP32_DOTS=ieee FMA in every kernel, =bf16x6 six bf16 products in every kernel.
+    Against the float64 eq. 12 reference within the tolerances utils.py documents, with tf32 and
+    bf16x6 emulated."""
     precision, _, dots = precision.partition(", ")
     if dots:
         monkeypatch.setenv("MOMENTUM_TRITON_FP32_DOTS", dots)
@@ -584,7 +586,8 @@ def test_float32_takes_tf32_dots_where_torch_allows_them(make_generator, tf32_do
         q, k, x, momentum=0.9, step_size=0.8, eps=1e-6, chunk_size=32, initial_state=st, lengths=lengths,
         return_state=True), torch.float32)
     exact = precision == "highest"
-    assert set(asked) == {(kinds.BF16x6 if dots else kinds.IEEE) if exact else kinds.TF32}
+    exact_dots = {"": {kinds.IEEE, kinds.BF16x6}, "ieee": {kinds.IEEE}, "bf16x6": {kinds.BF16x6}}[dots]
+    assert set(asked) == (exact_dots if exact else {kinds.TF32})
     tol = {key: TOL for key in TF32_TOL} if exact else TF32_TOL
     assert rel_rms(out, ref_out) <= tol["out"]
     for name in ("s", "z", "m"):
@@ -594,7 +597,7 @@ def test_float32_takes_tf32_dots_where_torch_allows_them(make_generator, tf32_do
 
 
 @pytest.mark.parametrize("value,message", [
-    ("tf32x3", r"MOMENTUM_TRITON_FP32_DOTS must be one of \('ieee', 'bf16x6'\), got 'tf32x3'"),
+    ("tf32x3", r"MOMENTUM_TRITON_FP32_DOTS must be one of \('auto', 'ieee', 'bf16x6'\), got 'tf32x3'"),
     ("bf16x6", r"MOMENTUM_TRITON_FP32_DOTS=bf16x6 needs a GPU: Triton's interpreter")])
 def test_exact_fp32_dots_this_triton_cannot_run_are_refused_by_name(monkeypatch, value, message):
     tri = triton_ops()
@@ -773,9 +776,9 @@ def test_chunk_pruning_never_keeps_a_config_that_faulted_on_a_gpu(d, dtype, monk
 
 @pytest.mark.parametrize("d", [16, 24, 48, 64, 128])
 def test_exact_fp32_keeps_a_tile_over_the_whole_head_for_the_chunk_kernels(d, monkeypatch):
-    """Exact fp32 FMA dots: fwd_o and bwd_dv also keep one V tile over the whole head, bwd_dqk one
-    K tile (BK or BV 16 on the other side, 8 warps), at heads of at most 64; not for bf16x6 or tf32
-    dots, 16-bit or fp64 inputs, wider heads, or under the interpreter (one config there)."""
+    """Exact fp32 dots (FMA or bf16x6): fwd_o and bwd_dv also keep one V tile over the whole head,
+    bwd_dqk one K tile (BK or BV 16 on the other side, 8 warps), at heads of at most 64; not for
+    tf32 dots, 16-bit or fp64 inputs, wider heads, or under the interpreter (one config there)."""
     from plugins.attention.triton import utils
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
 
@@ -787,9 +790,9 @@ def test_exact_fp32_keeps_a_tile_over_the_whole_head_for_the_chunk_kernels(d, mo
     whole = utils.block(d)
     wanted = {"fwd_o": (16, whole, 8), "bwd_dv": (16, whole, 8), "bwd_dqk": (whole, 16, 8)}
     for name, tile in wanted.items():
-        assert kept(utils.CHUNK_PRUNERS[name]) == (base | {tile} if d <= 64 else base), name
-        assert (kept(utils.CHUNK_PRUNERS[name], ieee=utils.BF16X6.value)
-                == kept(utils.prune_chunk, ieee=utils.BF16X6.value)), name
+        for ieee in (True, utils.BF16X6.value):
+            exact = kept(utils.prune_chunk, ieee=ieee)
+            assert kept(utils.CHUNK_PRUNERS[name], ieee=ieee) == (exact | {tile} if d <= 64 else exact), name
         for dtype, ieee in ((torch.float32, False), (torch.bfloat16, False), (torch.float64, True)):
             assert tile not in kept(utils.CHUNK_PRUNERS[name], dtype, ieee) or tile in base, (name, dtype)
     monkeypatch.setenv("TRITON_INTERPRET", "1")

@@ -117,3 +117,56 @@ def test_a_layers_feature_and_marks_launches_give_each_h100_sm_two_programs(monk
                                                  "mark_causal_kernel"]
     for name, grid, _ in launches:
         assert math.prod(grid) >= H100_PROGRAMS, f"{name} at B{B}-H{H}-T{T}: {grid}"
+
+
+SCANS_AND_CHUNKS = {"fwd_h": "scan", "bwd_dh": "scan", "fwd_o": "chunk", "bwd_dv": "chunk",
+                    "bwd_dqk": "chunk"}
+
+
+@pytest.mark.parametrize("dots,runs,dtype,matmuls,scan_ieee,chunk_ieee", [
+    ("auto", True, torch.float32, "highest", True, 2),
+    ("auto", False, torch.float32, "highest", True, True),
+    ("ieee", True, torch.float32, "highest", True, True),
+    ("bf16x6", True, torch.float32, "highest", 2, 2),
+    ("auto", True, torch.float32, "high", False, False),
+    ("auto", True, torch.float64, "highest", True, True),
+    ("auto", True, torch.bfloat16, "highest", False, False)])
+def test_exact_fp32_dots_of_each_kernel(monkeypatch, dots, runs, dtype, matmuls, scan_ieee, chunk_ieee):
+    """MOMENTUM_TRITON_FP32_DOTS: "auto" (the default) gives the per-chunk kernels of exact fp32 six
+    bf16 products (IEEE = 2, utils.BF16X6) where the device's Triton has them, and the state scans
+    FMA dots (IEEE = True); "ieee" and "bf16x6" one kind in every kernel; tf32 matmuls, fp64 and
+    bf16 keep their own rules. The fused kernels keep the scans' dots under "auto"."""
+    from plugins.attention.triton import utils
+    monkeypatch.setenv(utils.FP32_DOTS_VARIABLE, dots)
+    monkeypatch.setattr(utils, "bf16x6_dots_run", lambda device: runs)
+    precision = torch.get_float32_matmul_precision()
+    try:
+        torch.set_float32_matmul_precision(matmuls)
+        with monkeypatch.context() as patched:
+            launches, _, _ = record_launches(patched, 2, 2, 256, dtype=dtype)
+        fused, _, _ = record_launches(monkeypatch, 2, 2, 256, dtype=dtype, scan="fused")
+    finally:
+        torch.set_float32_matmul_precision(precision)
+    expected = {"scan": scan_ieee, "chunk": chunk_ieee}
+    got = [(name, constants["IEEE"]) for name, _, constants in launches]
+    assert got == [(name, expected[SCANS_AND_CHUNKS[name]]) for name, _, _ in launches]
+    assert all(type(ieee) is type(expected[SCANS_AND_CHUNKS[name]]) for name, ieee in got)
+    assert {constants["IEEE"] for _, _, constants in fused} == {scan_ieee}
+
+
+@pytest.mark.parametrize("backend,arch,runs", [("cuda", 90, True), ("cuda", 80, True), ("cuda", 75, False),
+                                               ("hip", "gfx942", False)])
+def test_bf16x6_dots_run_on_nvidia_gpus_from_sm80(monkeypatch, backend, arch, runs):
+    """bf16x6 splits fp32 into bf16 parts for the tensor cores, which NVIDIA GPUs have for bf16 from
+    sm_80; AMD's bf16x6 is untimed, so "auto" keeps FMA dots there."""
+    from triton.backends.compiler import GPUTarget
+
+    from plugins.attention.triton import utils
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    monkeypatch.setattr(utils, "INTERPRETED", False)
+    monkeypatch.setattr(utils, "current_target", lambda: GPUTarget(backend, arch, 32))
+    utils._target_has_bf16x6.cache_clear()
+    try:
+        assert utils.bf16x6_dots_run(torch.device("cuda", 0)) is runs
+    finally:
+        utils._target_has_bf16x6.cache_clear()

@@ -94,7 +94,7 @@ def test_the_call_carries_the_cache_and_returns_at_most_eight_files(tmp_path):
     assert key["kernels"] == len(ran) + 1             # the carried kernel and one per step
     with tarfile.open(out / "results.tgz") as tar:
         names = set(tar.getnames())
-    assert {"kernels.log", "kernels.json", "decode_host.log", "fp32_tiles.json", "fp32_bf16x6.log",
+    assert {"kernels.log", "kernels.json", "decode_host.log", "fp32_tiles.json", "fp32_ieee.log",
             "lstm_crossover.log", "lstm_host.log", "train.log"} <= names
     back = tmp_path / "next-call"
     assert triton_cache.unpack(out / "triton-cache.tar.xz", back) == len(ran) + 1

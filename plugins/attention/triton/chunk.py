@@ -33,6 +33,7 @@ from .utils import (
     accumulator_dtype,
     check_grid,
     chunk_block,
+    chunk_kernel_flags,
     chunk_state_dtype,
     coefficients,
     device_of,
@@ -124,6 +125,12 @@ class _Layout:
         return dict(DK=self.DK, DV=self.DV, BT=self.BT, MOMENTUM=momentum > 0.0,
                     HAS_LEN=self.lengths is not None, IS_VARLEN=self.varlen, **kernel_flags(dtype),
                     **tuning_buckets(self.N // n if self.varlen else self.N, n * self.H))
+
+    def chunk_meta(self, meta, dtype, device):
+        """The per-chunk kernels' constants: `meta`, with their own dot precision
+        (utils.chunk_kernel_flags)."""
+        flags = chunk_kernel_flags({"LOW": meta["LOW"], "IEEE": meta["IEEE"]}, dtype, device)
+        return meta if flags["IEEE"] is meta["IEEE"] else {**meta, **flags}
 
     def scan_tables(self, dummy):
         """(lengths, cu_seqlens, chunk_offsets) of the scans; `dummy` where a kernel reads none."""
@@ -217,21 +224,22 @@ def _chunk_forward(fq, fk, v, s0, z0, m0, lengths, cu_seqlens, momentum, step_si
     check_grid(max(layout.B, layout.S) * layout.H, layout.NT)
     coef = coefficients(momentum, step_size, eps, accumulator_dtype(fq.dtype), fq.device)
     meta = layout.meta(fq.dtype, momentum)
-    with launch_plan(("forward", fused, chunk, layout.splits(fq.device), *meta.values(),
+    chunk_meta = layout.chunk_meta(meta, fq.dtype, fq.device)
+    with launch_plan(("forward", fused, chunk, layout.splits(fq.device), *meta.values(), chunk_meta["IEEE"],
                       *described(fq, fk, v, s0, z0, m0, lengths, cu_seqlens))):
         if fused:
             return fused_forward(fq, fk, v, s0, z0, m0, layout, coef, meta)
-        return _chunked_forward(fq, fk, v, s0, z0, m0, layout, coef, meta)
+        return _chunked_forward(fq, fk, v, s0, z0, m0, layout, coef, meta, chunk_meta)
 
 
-def _chunked_forward(fq, fk, v, s0, z0, m0, layout, coef, meta):
+def _chunked_forward(fq, fk, v, s0, z0, m0, layout, coef, meta, chunk_meta):
     B, H, N, DV, NT = layout.B, layout.H, layout.N, layout.DV, layout.NT
     h_s, h_m, h_z, s, z, m, edges = states_entering_chunks(fk, v, s0, z0, m0, layout, coef, meta)
     out = torch.empty_like(v)
     den = fq.new_empty(B, H, N, dtype=coef.dtype)
     e, splits, split = split_args(edges, (s, m, z), layout.NT)
     K.fwd_o[layout.chunk_grid("BV", DV)](fq, fk, v, h_s, h_m, h_z, *e, out, den, *layout.chunk_tables(den),
-                                         coef, N, H, NT, *splits, SPLIT=split, **meta)
+                                         coef, N, H, NT, *splits, SPLIT=split, **chunk_meta)
     return out, den, s, z, m, den.new_empty(0)
 
 
@@ -251,14 +259,17 @@ def _chunk_backward(fq, fk, v, out, den, splits, do, s0, z0, m0, ds, dz, dm, len
     layout = _Layout(fq, v, fused_chunk_size(chunk) if fused else chunk, lengths, cu_seqlens)
     coef = coefficients(momentum, step_size, eps, accumulator_dtype(fq.dtype), fq.device)
     meta = layout.meta(fq.dtype, momentum)
-    with launch_plan(("backward", fused, chunk, layout.splits(fq.device), *meta.values(), *described(
-            fq, fk, v, out, den, splits, do, s0, z0, m0, ds, dz, dm, lengths, cu_seqlens))):
+    chunk_meta = layout.chunk_meta(meta, fq.dtype, fq.device)
+    with launch_plan(("backward", fused, chunk, layout.splits(fq.device), *meta.values(), chunk_meta["IEEE"],
+                      *described(fq, fk, v, out, den, splits, do, s0, z0, m0, ds, dz, dm, lengths,
+                                 cu_seqlens))):
         if fused:
             return fused_backward(fq, fk, v, out, den, do, s0, z0, m0, ds, dz, dm, splits, layout, coef, meta)
-        return _chunked_backward(fq, fk, v, out, den, do, s0, z0, m0, ds, dz, dm, layout, coef, meta)
+        return _chunked_backward(fq, fk, v, out, den, do, s0, z0, m0, ds, dz, dm, layout, coef, meta,
+                                 chunk_meta)
 
 
-def _chunked_backward(fq, fk, v, out, den, do, s0, z0, m0, ds, dz, dm, layout, coef, meta):
+def _chunked_backward(fq, fk, v, out, den, do, s0, z0, m0, ds, dz, dm, layout, coef, meta, chunk_meta):
     H, N, DK, DV, NT = layout.H, layout.N, layout.DK, layout.DV, layout.NT
     ds0, dm0, dz0 = layout.states(fq, coef.dtype)
     # the recomputed final state is not needed: written where bwd_dh (or the merge) writes its gradient later
@@ -291,10 +302,10 @@ def _chunked_backward(fq, fk, v, out, den, do, s0, z0, m0, ds, dz, dm, layout, c
     de, _, _ = split_args(back_edges, (ds0, dm0, dz0), NT)
     dv = torch.empty_like(v)
     K.bwd_dv[layout.chunk_grid("BV", DV)](fq, fk, do, den, dh_s, dh_m, *de[:2], dv, *layout.chunk_tables(den),
-                                          coef, N, H, NT, *splits, SPLIT=split, **meta)
+                                          coef, N, H, NT, *splits, SPLIT=split, **chunk_meta)
     dq = torch.empty_like(fq)
     dk = torch.empty_like(fk)
     K.bwd_dqk[layout.chunk_grid("BK", DK)](fq, fk, v, do, den, dden, h_s, h_m, h_z, *e, dh_s, dh_m, dh_z, *de,
                                            dq, dk, *layout.chunk_tables(den), coef, N, H, NT, *splits,
-                                           SPLIT=split, **meta)
+                                           SPLIT=split, **chunk_meta)
     return dq, dk, dv, ds0, dz0, dm0

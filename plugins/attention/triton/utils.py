@@ -9,10 +9,10 @@ every operand of every dot rounded to tf32) where torch allows it for its own fl
 (`kernel_flags`; torch's default "highest" keeps exact fp32).
 
 Tolerances against float64 on the same inputs, relative RMS: exact fp32 1e-4 (outputs, states
-and gradients; tests/test_attention_triton.py), with its dots in fp32 FMA or, opt-in
-(`exact_fp32_dots`), as six bf16 products: each operand split into bf16 parts of 8 significant
-bits each (24 in all, fp32's), the three products below 2⁻¹⁶ of the leading one left out, so a
-product's error stays near fp32's 2⁻²⁴. tf32 keeps 10 of fp32's 23 mantissa bits: an
+and gradients; tests/test_attention_triton.py), its dots in fp32 FMA or as six bf16 products
+(`exact_fp32_dots`): each operand split into bf16 parts of 8 significant bits (24 in all, fp32's),
+the three products below 2⁻¹⁶ of the leading one left out, so a product's error stays near fp32's
+2⁻²⁴. tf32 keeps 10 of fp32's 23 mantissa bits: an
 operand error up to 2⁻¹¹ ≈ 4.9e-4 rounded, 2⁻¹⁰ and biased towards zero where the tensor cores
 truncate. An output passes through two or three such dots; the states entering late chunks add
 their own operands' error, so the error grows with the position towards ~3 × 2⁻¹¹ (truncated
@@ -188,34 +188,67 @@ def tf32_allowed() -> bool:
 
 
 FP32_DOTS_VARIABLE = "MOMENTUM_TRITON_FP32_DOTS"
-FP32_DOTS = ("ieee", "bf16x6")
+FP32_DOTS = ("auto", "ieee", "bf16x6")
 
 
 def exact_fp32_dots() -> str:
-    """How exact fp32 computes its dots: "ieee" (the default: fp32 FMA on the CUDA cores) or
-    "bf16x6" (MOMENTUM_TRITON_FP32_DOTS=bf16x6: six bf16 tensor-core products per dot, within a few
-    fp32 roundings of "ieee"; opt-in until a GPU has timed both, docs/benchmarks.md)."""
-    value = os.environ.get(FP32_DOTS_VARIABLE, "ieee")
+    """How exact fp32 computes its dots (MOMENTUM_TRITON_FP32_DOTS, read at each call): "auto" (the
+    default) as six bf16 tensor-core products in the per-chunk kernels (fwd_o, bwd_dv, bwd_dqk)
+    where the device's Triton has them (`bf16x6_dots_run`), fp32 FMA in the state scans and the
+    fused kernels; "ieee" fp32 FMA in every kernel; "bf16x6" six bf16 products in every kernel. On an
+    H200 (docs/benchmarks.md, 2026-12-04; B16-H16-T1k, D 64, the kept tiles) the per-chunk kernels
+    took 1134, 616 and 676 µs with bf16x6 dots against 2524, 1042 and 1026 with FMA, and the scans
+    fwd_h and bwd_dh 1065 and 946 against 645 and 407."""
+    value = os.environ.get(FP32_DOTS_VARIABLE, "auto")
     if value not in FP32_DOTS:
         raise ValueError(f"{FP32_DOTS_VARIABLE} must be one of {FP32_DOTS}, got {value!r}")
-    if value == "bf16x6" and INTERPRETED:
-        from triton.runtime.interpreter import interpreter_builder
-        if value not in interpreter_builder.options.allowed_dot_input_precisions:
-            raise ValueError(f"{FP32_DOTS_VARIABLE}=bf16x6 needs a GPU: Triton's interpreter "
-                             "(TRITON_INTERPRET=1) has no bf16x6 dots; unset it or set it to 'ieee'")
+    if value == "bf16x6" and INTERPRETED and not bf16x6_dots_run(torch.device("cpu")):
+        raise ValueError(f"{FP32_DOTS_VARIABLE}=bf16x6 needs a GPU: Triton's interpreter "
+                         "(TRITON_INTERPRET=1) has no bf16x6 dots; unset it or set it to 'ieee'")
     return value
 
 
+def bf16x6_dots_run(device: torch.device) -> bool:
+    """Whether Triton computes bf16x6 dots for `device`: NVIDIA GPUs from sm_80 (bf16 tensor cores;
+    AMD's are untimed here), not the interpreter (its dot precisions are tf32, tf32x3 and ieee)."""
+    if INTERPRETED:
+        from triton.runtime.interpreter import interpreter_builder
+        return "bf16x6" in interpreter_builder.options.allowed_dot_input_precisions
+    return _target_has_bf16x6(device)
+
+
+@functools.lru_cache(maxsize=16)
+def _target_has_bf16x6(device: torch.device) -> bool:
+    """Per device (the launchers run under `device_of`, so the current target is the device's): a
+    lookup per call would read the device's properties at every launch."""
+    target = current_target()
+    return target.backend == "cuda" and target.arch >= 80
+
+
+def current_target():
+    """The GPU target Triton compiles for on the current device."""
+    return triton.runtime.driver.active.get_current_target()
+
+
 def kernel_flags(dtype: torch.dtype) -> dict:
-    """LOW: derived fp32 operands are cast to bf16 for the tensor cores; IEEE: exact fp32/fp64
-    dots, for fp64 and for fp32 unless `tf32_allowed()`, read here, when the launchers run (inside
-    the custom ops, which torch.compile does not trace): fp32 with IEEE False runs the fp16
-    inputs' rules, every dot in tf32. Exact fp32 takes `exact_fp32_dots()` (IEEE = BF16X6 for
-    "bf16x6"); fp64 always IEEE dots."""
+    """The state scans' and fused kernels' LOW and IEEE. LOW: derived fp32 operands are cast to bf16
+    for the tensor cores; IEEE: exact fp32/fp64 dots, for fp64 and for fp32 unless `tf32_allowed()`,
+    read here, when the launchers run (inside the custom ops, which torch.compile does not trace):
+    fp32 with IEEE False runs the fp16 inputs' rules, every dot in tf32. Exact fp32 takes IEEE =
+    BF16X6 under "bf16x6" (`exact_fp32_dots`); fp64 always IEEE dots."""
     ieee = dtype == torch.float64 or (dtype == torch.float32 and not tf32_allowed())
     if ieee and dtype == torch.float32 and exact_fp32_dots() == "bf16x6":
         ieee = BF16X6.value
     return {"LOW": dtype == torch.bfloat16, "IEEE": ieee}
+
+
+def chunk_kernel_flags(flags: dict, dtype: torch.dtype, device: torch.device) -> dict:
+    """The per-chunk kernels' flags: `flags` (`kernel_flags`), with exact fp32's dots as six bf16
+    products under "auto" where the device's Triton has them."""
+    if (flags["IEEE"] is True and dtype == torch.float32 and exact_fp32_dots() == "auto"
+            and bf16x6_dots_run(device)):
+        return {**flags, "IEEE": BF16X6.value}
+    return flags
 
 
 def chunk_state_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -352,15 +385,16 @@ def prune_chunk(configs, named_args, **kwargs) -> list:
 
 
 def _with_whole_head_tile(kept, configs, named_args, kwargs, side: str) -> list:
-    """`kept`, plus for fp32 inputs with exact FMA dots (not bf16x6) at heads of at most 64 the tile
+    """`kept`, plus for fp32 inputs with exact dots (FMA or bf16x6) at heads of at most 64 the tile
     that spans the whole head on `side` ("v" or "k"; the other side 16, 8 warps): a program then forms its
     chunk's (BT × BT) product once instead of once per tile of that side. On an H200
     (docs/benchmarks.md, 2026-12-04; B16-H16-T1k, D 64) fwd_o and bwd_dv at (16, 64, 8) took 656
     and 639 µs against 1042 and 1026 at the kept tiles, bwd_dqk at (64, 16, 8) 1784 against 2524;
-    the autotuner times it beside them."""
+    the autotuner times it beside them. With bf16x6 dots (untimed) the tile compiles for sm_90
+    without spills in fwd_o and bwd_dv and with 204 B in bwd_dqk with momentum (148 B at 32 × 32)."""
     first = next(iter(named_args.values()), None)          # the kernel's first input
     if (os.environ.get("TRITON_INTERPRET") == "1" or getattr(first, "dtype", None) != torch.float32
-            or not kwargs["IEEE"] or kwargs["IEEE"] == BF16X6.value):
+            or not kwargs["IEEE"]):
         return kept
     dk, dv = kwargs["DK"], kwargs["DV"]
     if max(dk, dv) > 64:
