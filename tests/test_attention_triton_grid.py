@@ -154,17 +154,23 @@ def test_exact_fp32_dots_of_each_kernel(monkeypatch, dots, runs, dtype, matmuls,
     assert {constants["IEEE"] for _, _, constants in fused} == {scan_ieee}
 
 
-@pytest.mark.parametrize("backend,arch,runs", [("cuda", 90, True), ("cuda", 80, True), ("cuda", 75, False),
-                                               ("hip", "gfx942", False)])
-def test_bf16x6_dots_run_on_nvidia_gpus_from_sm80(monkeypatch, backend, arch, runs):
+@pytest.mark.parametrize("backend,arch,offered,runs", [
+    ("cuda", 90, True, True), ("cuda", 80, True, True), ("cuda", 75, True, False),
+    ("hip", "gfx942", True, False), ("cuda", 90, False, False)])
+def test_bf16x6_dots_run_on_nvidia_gpus_from_sm80(monkeypatch, backend, arch, offered, runs):
     """bf16x6 splits fp32 into bf16 parts for the tensor cores, which NVIDIA GPUs have for bf16 from
-    sm_80; AMD's bf16x6 is untimed, so "auto" keeps FMA dots there."""
+    sm_80, where the installed Triton offers it (`offered`); AMD's bf16x6 is untimed, so "auto"
+    keeps FMA dots there."""
     from triton.backends.compiler import GPUTarget
+    from triton.backends.nvidia.compiler import CUDAOptions
 
     from plugins.attention.triton import utils
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     monkeypatch.setattr(utils, "INTERPRETED", False)
     monkeypatch.setattr(utils, "current_target", lambda: GPUTarget(backend, arch, 32))
+    if not offered:
+        monkeypatch.setattr(CUDAOptions, "allowed_dot_input_precisions",
+                            tuple(p for p in CUDAOptions.allowed_dot_input_precisions if p != "bf16x6"))
     utils._target_has_bf16x6.cache_clear()
     try:
         assert utils.bf16x6_dots_run(torch.device("cuda", 0)) is runs

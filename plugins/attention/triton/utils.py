@@ -222,7 +222,10 @@ def _target_has_bf16x6(device: torch.device) -> bool:
     """Per device (the launchers run under `device_of`, so the current target is the device's): a
     lookup per call would read the device's properties at every launch."""
     target = current_target()
-    return target.backend == "cuda" and target.arch >= 80
+    if target.backend != "cuda" or target.arch < 80:
+        return False
+    from triton.backends.nvidia.compiler import CUDAOptions
+    return "bf16x6" in CUDAOptions.allowed_dot_input_precisions
 
 
 def current_target():
