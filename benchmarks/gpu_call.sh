@@ -15,7 +15,8 @@
 # - an eager decode step of momentum_transformer and of Llama (bf16, batch 1, context 512): its time,
 #   and the host's self time by kind on every thread (benchmarks/decode_step.py --host-trace);
 # - the same for a forward+backward of MomentumLSTM and of nn.LSTM called a layer at a time, at PTB
-#   (benchmarks/rnn.py --host-trace);
+#   (benchmarks/rnn.py --host-trace); then MomentumLSTM's time with its filtered input unpadded (the
+#   default) and padded to a multiple of 8 channels (session 56), beside both nn.LSTM calls;
 # - an HF training step of both models at T = 8192, eager and compiled with CUDA graphs (the eager
 #   momentum step was host-bound on the H200: docs/benchmarks.md, 2026-11-28);
 # - gpu-check's tests not started in its tests part (13 on 2026-11-28), in what is left of the
@@ -89,6 +90,12 @@ echo "== the momentum LSTM's host time by kind against nn.LSTM a layer at a time
 within 30 env PYTHONPATH=$SITE:$R python3 benchmarks/rnn.py --device cuda --shapes ptb-3x1150 --host-trace \
   --variants nn.LSTM-per-layer momentum > $OUT/lstm_host.log 2>&1
 grep -E "^Host|^\| [A-Za-z-]+ .*\| [0-9]+ \| [0-9]+%|Error" $OUT/lstm_host.log | cut -c1-160
+# MomentumLSTM's filtered input padded to a multiple of 8 channels (session 56, opt-in: 401 and 1151 at
+# PTB give the input GEMMs an odd row pitch) against the default, unpadded, beside both nn.LSTM calls
+echo "== MomentumLSTM at PTB 3 x 1150: input channels unpadded (default) and padded to 8"
+within 30 env PYTHONPATH=$SITE:$R python3 benchmarks/rnn.py --device cuda --shapes ptb-3x1150 \
+  --variants nn.LSTM nn.LSTM-per-layer momentum momentum-padded --repeats 8 > $OUT/lstm_padding.log 2>&1
+grep -E "^\| ptb|Error" $OUT/lstm_padding.log | cut -d'|' -f2-5
 # exact fp32 (5.44× bf16 on 2026-12-04, the goal 3×): by default now six bf16 tensor-core products in
 # the per-chunk kernels and FMA dots in the scans ("auto"; per kernel on 2026-12-04, the per-chunk
 # kernels took 1134/616/676 µs with bf16x6 against 2524/1042/1026 with FMA, the scans 1065/946

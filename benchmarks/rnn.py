@@ -89,6 +89,9 @@ CUDA_VARIANTS = VARIANTS + ["adam-torch", "rmsprop-torch", "adam-triton-one-laun
                              "rmsprop-triton-one-launch", "nn.LSTM-ieee", "adam-tf32", "nn.LSTM-per-layer"]
 # each Adam/RMSProp recurrence forced (--variants): "auto" takes one launch per step up to 256 units
 FORCED_RECURRENCES = ["adam-triton", "rmsprop-triton"]
+# (--variants) the momentum cell with its filtered input padded to a multiple of 8 channels
+# (layers.INPUT_ALIGN = 8; unpadded by default): gpu_call.sh times both
+PADDED = "momentum-padded"
 # benchmarks/gpu_check.py's rnn part (50 s): without the torch loops, 9-15× nn.LSTM in every GPU run so far
 GPU_CHECK_VARIANTS = [variant for variant in CUDA_VARIANTS if not variant.endswith("-torch")]
 # --tanh: the tanh MomentumRNN's Adam/RMSProp layers (a Python loop over the steps by default; "cudnn":
@@ -139,6 +142,20 @@ def at_precision(run, **precision):
     return precise
 
 
+def padded(run):
+    """`run` with the filtered input's channels padded to a multiple of 8 (layers.INPUT_ALIGN) in
+    each call."""
+    def call():
+        from plugins.rnn import layers
+        align = layers.INPUT_ALIGN
+        layers.INPUT_ALIGN = 8
+        try:
+            run()
+        finally:
+            layers.INPUT_ALIGN = align
+    return call
+
+
 def build(variant, T, B, D, H, L=1, device="cpu"):
     """A closure running one forward+backward of `variant` at the given shape."""
     import torch
@@ -147,6 +164,8 @@ def build(variant, T, B, D, H, L=1, device="cpu"):
         return at_precision(build("nn.LSTM", T, B, D, H, L, device), cudnn_rnn="ieee")
     if variant.endswith("-tf32"):
         return at_precision(build(variant.removesuffix("-tf32"), T, B, D, H, L, device), matmul="tf32")
+    if variant == PADDED:
+        return padded(build("momentum", T, B, D, H, L, device))
 
     sys.path.insert(0, str(ROOT))
     from plugins.rnn import MomentumLSTM, MomentumRNN
@@ -296,6 +315,7 @@ NAMES = {"appendix-f": "Appendix-F loop", "nn.LSTM": "torch nn.LSTM", "adam-torc
          "rmsprop-triton-one-launch": "rmsprop, one launch per step",
          "nn.LSTM-ieee": "torch nn.LSTM, cuDNN without TF32", "adam-tf32": "adam, float32 matmuls in TF32",
          "nn.LSTM-per-layer": "torch nn.LSTM, one call per layer",
+         PADDED: "momentum, input channels padded to 8",
          "adam-cudnn": "adam, drive first, fused LSTM kernel",
          "rmsprop-cudnn": "rmsprop, drive first, fused LSTM kernel", "nn.RNN": "torch nn.RNN (tanh)",
          "tanh-adam": "tanh adam, torch loop", "tanh-rmsprop": "tanh rmsprop, torch loop",
@@ -338,7 +358,8 @@ def main():
     parser.add_argument("--quick", action="store_true",
                         help="MNIST H=128 only (cuda: PMNIST 1×256), 2 rounds")
     parser.add_argument("--shapes", nargs="+", choices=list(SHAPES), default=None)
-    parser.add_argument("--variants", nargs="+", choices=CUDA_VARIANTS + FORCED_RECURRENCES, default=None,
+    parser.add_argument("--variants", nargs="+", choices=CUDA_VARIANTS + FORCED_RECURRENCES + [PADDED],
+                        default=None,
                         help="--device cuda: time these variants only (default: all of CUDA_VARIANTS)")
     parser.add_argument("--repeats", type=int, default=None,
                         help="timed rounds after a warm-up round (default 3, cuda 20, --quick 2)")

@@ -11,9 +11,10 @@ Fast path. The momentum of every cell depends on the input only (filters.py), so
   x̃_t = s Σ_k M[t, k] x_k plus a bias channel c_t and, for a carried-in v_0, B channels
   M[t, 0]·e_b whose input weights are v_0 itself. Then v_t = [W, b_ih, v_0ᵀ]·[x̃_t, c_t,
   M[t, 0] e_b] exactly, and the recurrence runs in torch's fused LSTM / tanh-RNN kernel
-  with that input weight, at the cost of nn.LSTM with d + 1 (+ B) inputs; [W, b_ih] is kept
-  between calls while no gradient is recorded (JoinedWeightCache). With μ ≡ 0 the step size
-  is folded into the input and the kernel gets the module's own weight.
+  with that input weight, at the cost of nn.LSTM with d + 1 (+ B) inputs (with INPUT_ALIGN > 1
+  each part padded with zero channels to a multiple of it, so that the inputs' rows stay aligned);
+  [W, b_ih] is kept between calls while no gradient is recorded (JoinedWeightCache). With μ ≡ 0
+  the step size is folded into the input and the kernel gets the module's own weight.
 - adam / rmsprop (LSTM): the input projection g = W x + b is one matrix product for all
   steps; v, m and the normalised pre-activation of eq. 15 are formed inside one fused
   per-step recurrence with a hand-written backward (adam_recurrence.py); under the recurrence
@@ -70,6 +71,13 @@ from .sequence import (
 )
 from .variants import DEFAULT_CELL, Hyper, layer_hyper
 
+# The filtered input's channels, and so its input weight's columns, are padded with zeros to a
+# multiple of this (1: none). d + 1 channels (401 and 1151 at PTB's sizes) give every row an odd
+# pitch, which the input GEMMs of cuDNN's LSTM and of cuBLAS can read only in their narrowest (4-byte)
+# vectors; 8 aligns them, at the cost of two more kernels per layer (the zeros) in the forward. Unset
+# until a GPU has timed both (benchmarks/rnn.py's momentum-padded, benchmarks/gpu_call.sh).
+INPUT_ALIGN = 1
+
 
 def input_map(x, decay, step_size, weight, bias, v0, joined=None):
     """(inp, w, b) such that the momentum of eq. 9 is v_t = w·inp_t + b for every step.
@@ -80,16 +88,20 @@ def input_map(x, decay, step_size, weight, bias, v0, joined=None):
     and, for a carried-in v_0 (None: none carried), B channels; see the module docstring.
     The input weight is then [W | b_ih] (`joined`, or formed here by `join_input_weight`),
     with v_0ᵀ appended when v_0 is carried; on CUDA cuDNN copies it into its layout
-    (docs/benchmarks.md says why no persistent buffer holds it).
+    (docs/benchmarks.md says why no persistent buffer holds it). Each part ends on a multiple of
+    INPUT_ALIGN channels: zero channels with zero weights where it does not.
     """
     if decay is None:
         if step_size == 1:
             return x, weight, bias
         return step_size * x, weight, None if bias is None else step_size * bias
-    batch = x.size(1)
+    steps, batch = x.shape[:2]
     cols = [filter_sequence(x, decay, step_size)]
     if bias is not None:
         cols.append(bias_channel(decay, step_size, batch, x.dtype, x.device).unsqueeze(-1))
+    pad = aligning_channels(x.size(-1) + (bias is not None))
+    if pad:
+        cols.append(x.new_zeros(steps, batch, pad))
     w = join_input_weight(weight, bias) if joined is None else joined
     if v0 is not None:
         carried = carried_channels(decay, batch)
@@ -97,14 +109,27 @@ def input_map(x, decay, step_size, weight, bias, v0, joined=None):
         # zero would make the host wait for an accelerator, so only the CPU asks.
         if carried.device.type != "cpu" or bool(carried.any()):
             cols.append(carried.to(device=x.device, dtype=x.dtype))
-            w = torch.cat([w, v0.t()], 1)
+            pad = aligning_channels(carried.size(-1))
+            w = torch.cat([w, v0.t()] + ([v0.new_zeros(v0.size(1), pad)] if pad else []), 1)
+            if pad:
+                cols.append(x.new_zeros(steps, batch, pad))
     return torch.cat(cols, -1), w, None
+
+
+def aligning_channels(width: int) -> int:
+    """Zero channels that bring `width` channels to a multiple of INPUT_ALIGN."""
+    return -width % INPUT_ALIGN
 
 
 def join_input_weight(weight, bias):
     """[W | b_ih]: the input weight of the filtered input and its bias channel (eq. 9:
-    v_t = W x̃_t + b_ih c_t); W itself when the layer has no input bias."""
-    return weight if bias is None else torch.cat([weight, bias.unsqueeze(1)], 1)
+    v_t = W x̃_t + b_ih c_t), W itself when the layer has no input bias; then zero columns up to
+    a multiple of INPUT_ALIGN (`input_map`)."""
+    pad = aligning_channels(weight.size(1) + (bias is not None))
+    if not pad:
+        return weight if bias is None else torch.cat([weight, bias.unsqueeze(1)], 1)
+    parts = [weight] + ([] if bias is None else [bias.unsqueeze(1)])
+    return torch.cat(parts + [weight.new_zeros(weight.size(0), pad)], 1)
 
 
 class JoinedWeightCache:
