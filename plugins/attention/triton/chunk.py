@@ -33,12 +33,12 @@ from .utils import (
     accumulator_dtype,
     check_grid,
     chunk_block,
-    chunk_kernel_flags,
     chunk_state_dtype,
     coefficients,
     device_of,
     kernel_flags,
     tuning_buckets,
+    with_chunk_dots,
 )
 
 # The kernels that run eq. 13 where both can: "chunked" (chunk_kernels, the per-chunk states through
@@ -125,12 +125,6 @@ class _Layout:
         return dict(DK=self.DK, DV=self.DV, BT=self.BT, MOMENTUM=momentum > 0.0,
                     HAS_LEN=self.lengths is not None, IS_VARLEN=self.varlen, **kernel_flags(dtype),
                     **tuning_buckets(self.N // n if self.varlen else self.N, n * self.H))
-
-    def chunk_meta(self, meta, dtype, device):
-        """The per-chunk kernels' constants: `meta`, with their own dot precision
-        (utils.chunk_kernel_flags)."""
-        flags = chunk_kernel_flags({"LOW": meta["LOW"], "IEEE": meta["IEEE"]}, dtype, device)
-        return meta if flags["IEEE"] is meta["IEEE"] else {**meta, **flags}
 
     def scan_tables(self, dummy):
         """(lengths, cu_seqlens, chunk_offsets) of the scans; `dummy` where a kernel reads none."""
@@ -224,7 +218,7 @@ def _chunk_forward(fq, fk, v, s0, z0, m0, lengths, cu_seqlens, momentum, step_si
     check_grid(max(layout.B, layout.S) * layout.H, layout.NT)
     coef = coefficients(momentum, step_size, eps, accumulator_dtype(fq.dtype), fq.device)
     meta = layout.meta(fq.dtype, momentum)
-    chunk_meta = layout.chunk_meta(meta, fq.dtype, fq.device)
+    chunk_meta = with_chunk_dots(meta, fq.dtype, fq.device)
     with launch_plan(("forward", fused, chunk, layout.splits(fq.device), *meta.values(), chunk_meta["IEEE"],
                       *described(fq, fk, v, s0, z0, m0, lengths, cu_seqlens))):
         if fused:
@@ -259,7 +253,7 @@ def _chunk_backward(fq, fk, v, out, den, splits, do, s0, z0, m0, ds, dz, dm, len
     layout = _Layout(fq, v, fused_chunk_size(chunk) if fused else chunk, lengths, cu_seqlens)
     coef = coefficients(momentum, step_size, eps, accumulator_dtype(fq.dtype), fq.device)
     meta = layout.meta(fq.dtype, momentum)
-    chunk_meta = layout.chunk_meta(meta, fq.dtype, fq.device)
+    chunk_meta = with_chunk_dots(meta, fq.dtype, fq.device)
     with launch_plan(("backward", fused, chunk, layout.splits(fq.device), *meta.values(), chunk_meta["IEEE"],
                       *described(fq, fk, v, out, den, splits, do, s0, z0, m0, ds, dz, dm, lengths,
                                  cu_seqlens))):

@@ -245,13 +245,13 @@ def kernel_flags(dtype: torch.dtype) -> dict:
     return {"LOW": dtype == torch.bfloat16, "IEEE": ieee}
 
 
-def chunk_kernel_flags(flags: dict, dtype: torch.dtype, device: torch.device) -> dict:
-    """The per-chunk kernels' flags: `flags` (`kernel_flags`), with exact fp32's dots as six bf16
-    products under "auto" where the device's Triton has them."""
-    if (flags["IEEE"] is True and dtype == torch.float32 and exact_fp32_dots() == "auto"
+def with_chunk_dots(meta: dict, dtype: torch.dtype, device: torch.device) -> dict:
+    """The per-chunk kernels' constants: `meta` (with `kernel_flags`' IEEE), but exact fp32's dots
+    as six bf16 products under "auto" where the device's Triton has them."""
+    if (meta["IEEE"] is True and dtype == torch.float32 and exact_fp32_dots() == "auto"
             and bf16x6_dots_run(device)):
-        return {**flags, "IEEE": BF16X6.value}
-    return flags
+        return {**meta, "IEEE": BF16X6.value}
+    return meta
 
 
 def chunk_state_dtype(dtype: torch.dtype) -> torch.dtype:
