@@ -22,6 +22,18 @@ def make(cls, cell, D, H, bias, gen):
     return layer
 
 
+def fused_widths(monkeypatch) -> list:
+    """The input widths of every call of torch's fused kernel, recorded from now on."""
+    widths = []
+    fused = layers.fused_recurrence
+
+    def recorded(kind, inp, *args, **kwargs):
+        widths.append(inp.size(-1))
+        return fused(kind, inp, *args, **kwargs)
+    monkeypatch.setattr(layers, "fused_recurrence", recorded)
+    return widths
+
+
 def run(layer, x, lengths):
     """Output, final state and the gradients of every parameter and of the input, for a call
     carrying the state of a first call (v_0 carried: the B channels) over padded sequences."""
@@ -45,13 +57,7 @@ def test_padded_channels_change_nothing(monkeypatch, make_generator, cls, cell, 
     layer = make(cls, cell, D, H, bias, gen)
     x = torch.randn(T, B, D, generator=gen, dtype=torch.float64)
     lengths = torch.tensor([T, 4, 6])
-    widths = []
-    fused = layers.fused_recurrence
-
-    def recorded(kind, inp, *args, **kwargs):
-        widths.append(inp.size(-1))
-        return fused(kind, inp, *args, **kwargs)
-    monkeypatch.setattr(layers, "fused_recurrence", recorded)
+    widths = fused_widths(monkeypatch)
     plain = run(layer, x, lengths)
     if cls is not MomentumLSTM or cell != "adam":
         assert any(width % 8 for width in widths), "the unpadded run is no control"
@@ -102,13 +108,7 @@ def test_the_benchmark_times_the_padded_cell_beside_the_default(monkeypatch):
     from pathlib import Path
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
     import rnn
-    widths = []
-    fused = layers.fused_recurrence
-
-    def recorded(kind, inp, *args, **kwargs):
-        widths.append(inp.size(-1))
-        return fused(kind, inp, *args, **kwargs)
-    monkeypatch.setattr(layers, "fused_recurrence", recorded)
+    widths = fused_widths(monkeypatch)
     shape = dict(T=5, B=2, D=3, H=4, L=2)
     rnn.build("momentum", **shape)()
     plain, widths[:] = list(widths), []
