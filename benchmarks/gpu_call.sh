@@ -83,19 +83,6 @@ within 45 env PYTHONPATH=$SITE:$R python3 benchmarks/decode_step.py --layers 4 -
   --vocab 32000 --batches 1 --contexts 512 --kinds eager --dtype bf16 --rounds 5 --per_round 5 --host-trace \
   > $OUT/decode_host.log 2>&1
 grep -E "^\| (momentum|llama) |^Host|^\| [A-Za-z-]+ .*\| [0-9]+ \| [0-9]+%|Error" $OUT/decode_host.log | cut -c1-160
-# MomentumLSTM at PTB: 1.45x nn.LSTM with the device busy 75 % of the time, where nn.LSTM called a
-# layer at a time took 1.20x at 86 % (2026-12-04): where each one's host time goes, on every thread
-# (before the fp32 steps: the call's later steps are the ones its 10 minutes may not reach)
-echo "== the momentum LSTM's host time by kind against nn.LSTM a layer at a time, PTB 3 x 1150"
-within 30 env PYTHONPATH=$SITE:$R python3 benchmarks/rnn.py --device cuda --shapes ptb-3x1150 --host-trace \
-  --variants nn.LSTM-per-layer momentum > $OUT/lstm_host.log 2>&1
-grep -E "^Host|^\| [A-Za-z-]+ .*\| [0-9]+ \| [0-9]+%|Error" $OUT/lstm_host.log | cut -c1-160
-# MomentumLSTM's filtered input padded to a multiple of 8 channels (session 56, opt-in: 401 and 1151 at
-# PTB give the input GEMMs an odd row pitch) against the default, unpadded, beside both nn.LSTM calls
-echo "== MomentumLSTM at PTB 3 x 1150: input channels unpadded (default) and padded to 8"
-within 30 env PYTHONPATH=$SITE:$R python3 benchmarks/rnn.py --device cuda --shapes ptb-3x1150 \
-  --variants nn.LSTM nn.LSTM-per-layer momentum momentum-padded --repeats 8 > $OUT/lstm_padding.log 2>&1
-grep -E "^\| ptb|Error" $OUT/lstm_padding.log | cut -d'|' -f2-5
 # exact fp32 (5.44× bf16 on 2026-12-04, the goal 3×): by default now six bf16 tensor-core products in
 # the per-chunk kernels and FMA dots in the scans ("auto"; per kernel on 2026-12-04, the per-chunk
 # kernels took 1134/616/676 µs with bf16x6 against 2524/1042/1026 with FMA, the scans 1065/946
@@ -110,6 +97,20 @@ echo "== fp32 B16-H16-T1k with FMA dots in every kernel (MOMENTUM_TRITON_FP32_DO
 within 60 env MOMENTUM_TRITON_FP32_DOTS=ieee PYTHONPATH=$SITE:$R python3 benchmarks/gpu_kernels.py --dtype fp32 \
   --shapes 0 --modes default --json $OUT/fp32_ieee.json > $OUT/fp32_ieee.log 2>&1
 grep -E "^B-H-D-T|fwd_o|bwd_dv|bwd_dqk|fwd_h|bwd_dh|Error" $OUT/fp32_ieee.log | head -14
+# MomentumLSTM at PTB: 1.45x nn.LSTM with the device busy 75 % of the time, where nn.LSTM called a
+# layer at a time took 1.20x at 86 % (2026-12-04): where each one's host time goes, on every thread
+# (after the fp32 steps, which time session 56's default against the one before it, and before the
+# rest: the call's later steps are the ones its 10 minutes may not reach)
+echo "== the momentum LSTM's host time by kind against nn.LSTM a layer at a time, PTB 3 x 1150"
+within 30 env PYTHONPATH=$SITE:$R python3 benchmarks/rnn.py --device cuda --shapes ptb-3x1150 --host-trace \
+  --variants nn.LSTM-per-layer momentum > $OUT/lstm_host.log 2>&1
+grep -E "^Host|^\| [A-Za-z-]+ .*\| [0-9]+ \| [0-9]+%|Error" $OUT/lstm_host.log | cut -c1-160
+# MomentumLSTM's filtered input padded to a multiple of 8 channels (session 56, opt-in: 401 and 1151 at
+# PTB give the input GEMMs an odd row pitch) against the default, unpadded, beside both nn.LSTM calls
+echo "== MomentumLSTM at PTB 3 x 1150: input channels unpadded (default) and padded to 8"
+within 30 env PYTHONPATH=$SITE:$R python3 benchmarks/rnn.py --device cuda --shapes ptb-3x1150 \
+  --variants nn.LSTM nn.LSTM-per-layer momentum momentum-padded --repeats 8 > $OUT/lstm_padding.log 2>&1
+grep -E "^\| ptb|Error" $OUT/lstm_padding.log | cut -d'|' -f2-5
 # the Adam LSTM's recurrence at 256, 512 and 768 units (T 100, B 64): where one launch per step, which
 # "auto" takes up to 256 units (0.40x the two-launch loop at pMNIST, 1.58x at PTB on 2026-12-04), stops
 # paying
