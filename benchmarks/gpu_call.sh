@@ -86,13 +86,15 @@ grep -E "^\| (momentum|llama) |^Host|^\| [A-Za-z-]+ .*\| [0-9]+ \| [0-9]+%|Error
 # exact fp32 (5.44× bf16 on 2026-12-04, the goal 3×): by default now six bf16 tensor-core products in
 # the per-chunk kernels and FMA dots in the scans ("auto"; per kernel on 2026-12-04, the per-chunk
 # kernels took 1134/616/676 µs with bf16x6 against 2524/1042/1026 with FMA, the scans 1065/946
-# against 645/407), the autotuner choosing among the kept tiles and those that compute each chunk's
-# intra-chunk product once; then FMA dots in every kernel, the default before (4360 µs forced to the
-# whole-head tiles, 5870 at the kept ones); gpu-check's tests part has both's exactness
-echo "== fp32 B16-H16-T1k, default dots (bf16x6 in fwd_o, bwd_dv, bwd_dqk; FMA in the scans)"
+# against 645/407), the autotuner choosing among the kept tiles; then the per-chunk kernels forced to
+# the tiles that compute each chunk's intra-chunk product once, which the pruner keeps for FMA dots
+# only (bf16x6's tensor-core dots have not run at them on a GPU); then FMA dots in every kernel, the
+# default before (4360 µs forced to the whole-head tiles, 5870 at the kept ones); gpu-check's tests
+# part has both's exactness, and test_every_kept_tile_config runs every tile the pruner keeps
+echo "== fp32 B16-H16-T1k, default dots (bf16x6 in fwd_o, bwd_dv, bwd_dqk; FMA in the scans), then whole-head tiles"
 within 60 env PYTHONPATH=$SITE:$R python3 benchmarks/gpu_kernels.py --dtype fp32 --shapes 0 --modes default \
-  --json $OUT/fp32_tiles.json > $OUT/fp32_tiles.log 2>&1
-grep -E "^B-H-D-T|fwd_o|bwd_dv|bwd_dqk|fwd_h|bwd_dh|Error" $OUT/fp32_tiles.log | head -14
+  --tiles fwd_o=16,64,8 bwd_dv=16,64,8 bwd_dqk=64,16,8 --json $OUT/fp32_tiles.json > $OUT/fp32_tiles.log 2>&1
+grep -E "^B-H-D-T|fwd_o|bwd_dv|bwd_dqk|fwd_h|bwd_dh|Error" $OUT/fp32_tiles.log | head -28
 echo "== fp32 B16-H16-T1k with FMA dots in every kernel (MOMENTUM_TRITON_FP32_DOTS=ieee)"
 within 60 env MOMENTUM_TRITON_FP32_DOTS=ieee PYTHONPATH=$SITE:$R python3 benchmarks/gpu_kernels.py --dtype fp32 \
   --shapes 0 --modes default --json $OUT/fp32_ieee.json > $OUT/fp32_ieee.log 2>&1

@@ -299,9 +299,14 @@ def _table(torch, check):
                     gpu_attention.measure(fn, B, H, D, T, backward, dtype, "cpu", ONCE)
 
 
+# gpu_call.sh's forced tiles of exact fp32's per-chunk kernels: one V or K tile over the head
+WHOLE_HEAD_TILES = {"fwd_o": (16, 64, 8), "bwd_dv": (16, 64, 8), "bwd_dqk": (64, 16, 8)}
+
+
 def _kernels(torch, check):
     """benchmarks/gpu_call.sh's per-kernel step (gpu_kernels.py --modes default fused) and its
-    exact fp32 steps (the default dots, and FMA dots in every kernel) at B16-H16-T1k."""
+    exact fp32 steps (the default dots, then at the whole-head tiles, and FMA dots in every kernel)
+    at B16-H16-T1k."""
     import gpu_attention
     import gpu_kernels
     for name in ("momentum triton", "momentum triton fused"):
@@ -311,6 +316,8 @@ def _kernels(torch, check):
     B, H, D, T = gpu_kernels.SHAPES[0]
     chunked = gpu_attention.method_fn("momentum triton")
     gpu_attention.measure(chunked, B, H, D, T, True, "fp32", "cpu", ONCE)
+    with gpu_kernels.forced_tiles(WHOLE_HEAD_TILES):
+        gpu_attention.measure(chunked, B, H, D, T, True, "fp32", "cpu", ONCE)
     with _fp32_dots("ieee"):
         gpu_attention.measure(chunked, B, H, D, T, True, "fp32", "cpu", ONCE)
 

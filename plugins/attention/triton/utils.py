@@ -388,16 +388,18 @@ def prune_chunk(configs, named_args, **kwargs) -> list:
 
 
 def _with_whole_head_tile(kept, configs, named_args, kwargs, side: str) -> list:
-    """`kept`, plus for fp32 inputs with exact dots (FMA or bf16x6) at heads of at most 64 the tile
-    that spans the whole head on `side` ("v" or "k"; the other side 16, 8 warps): a program then forms its
-    chunk's (BT × BT) product once instead of once per tile of that side. On an H200
-    (docs/benchmarks.md, 2026-12-04; B16-H16-T1k, D 64) fwd_o and bwd_dv at (16, 64, 8) took 656
-    and 639 µs against 1042 and 1026 at the kept tiles, bwd_dqk at (64, 16, 8) 1784 against 2524;
-    the autotuner times it beside them. With bf16x6 dots (untimed) the tile compiles for sm_90
-    without spills in fwd_o and bwd_dv and with 204 B in bwd_dqk with momentum (148 B at 32 × 32)."""
+    """`kept`, plus for fp32 inputs with exact FMA dots at heads of at most 64 the tile that spans the
+    whole head on `side` ("v" or "k"; the other side 16, 8 warps): a program then forms its chunk's
+    (BT × BT) product once instead of once per tile of that side. On an H200 (docs/benchmarks.md,
+    2026-12-04; B16-H16-T1k, D 64) fwd_o and bwd_dv at (16, 64, 8) took 656 and 639 µs against 1042
+    and 1026 at the kept tiles, bwd_dqk at (64, 16, 8) 1784 against 2524; the autotuner times it
+    beside them. Not for bf16x6 dots, whose tensor-core dots have never run at these tiles on a GPU
+    (bf16's kept tiles do not include them; a tile of bf16's faulted on an H100, CHUNK_FAULTS):
+    they compile for sm_90 without spills in fwd_o and bwd_dv and with 204 B in bwd_dqk with
+    momentum, and benchmarks/gpu_call.sh times them forced."""
     first = next(iter(named_args.values()), None)          # the kernel's first input
     if (os.environ.get("TRITON_INTERPRET") == "1" or getattr(first, "dtype", None) != torch.float32
-            or not kwargs["IEEE"]):
+            or not kwargs["IEEE"] or kwargs["IEEE"] == BF16X6.value):
         return kept
     dk, dv = kwargs["DK"], kwargs["DV"]
     if max(dk, dv) > 64:
