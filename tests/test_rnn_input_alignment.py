@@ -76,6 +76,22 @@ def test_padded_channels_change_nothing(monkeypatch, make_generator, cls, cell, 
         assert torch.allclose(got, expected, rtol=1e-12, atol=1e-13)
 
 
+def test_the_kept_joined_weight_follows_a_change_of_the_alignment(monkeypatch, make_generator):
+    """Without gradients [W | b_ih] is kept between calls (JoinedWeightCache): one formed unpadded is
+    not handed to a padded call, nor the other way round."""
+    gen = make_generator()
+    layer = make(MomentumLSTM, "momentum", 5, 6, True, gen).eval()
+    x = torch.randn(T, B, 5, generator=gen, dtype=torch.float64)
+    with torch.no_grad():
+        plain, _ = layer(x)
+        monkeypatch.setattr(layers, "INPUT_ALIGN", 8)
+        padded, _ = layer(x)
+        monkeypatch.setattr(layers, "INPUT_ALIGN", 1)
+        again, _ = layer(x)
+    assert torch.allclose(padded, plain, rtol=1e-12, atol=1e-13)
+    assert torch.equal(again, plain)
+
+
 @pytest.mark.parametrize("cell", ["momentum", "adam"])
 def test_the_orthogonal_rnn_input_map_is_padded_and_equal(monkeypatch, make_generator, cell):
     """The orthogonal RNN forms v = W x̃ through input_map without the fused kernel: the same."""

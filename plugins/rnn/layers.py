@@ -125,11 +125,11 @@ def join_input_weight(weight, bias):
     """[W | b_ih]: the input weight of the filtered input and its bias channel (eq. 9:
     v_t = W x̃_t + b_ih c_t), W itself when the layer has no input bias; then zero columns up to
     a multiple of INPUT_ALIGN (`input_map`)."""
-    pad = aligning_channels(weight.size(1) + (bias is not None))
-    if not pad:
-        return weight if bias is None else torch.cat([weight, bias.unsqueeze(1)], 1)
     parts = [weight] + ([] if bias is None else [bias.unsqueeze(1)])
-    return torch.cat(parts + [weight.new_zeros(weight.size(0), pad)], 1)
+    pad = aligning_channels(weight.size(1) + len(parts) - 1)
+    if pad:
+        parts.append(weight.new_zeros(weight.size(0), pad))
+    return weight if len(parts) == 1 else torch.cat(parts, 1)
 
 
 class JoinedWeightCache:
@@ -161,7 +161,9 @@ class JoinedWeightCache:
         tensors = (weight, bias)
         if any(t is not None and t.is_inference() for t in tensors):
             return join_input_weight(weight, bias)  # inference tensors have no version counter
-        key = tuple(None if t is None else (t.data_ptr(), t._version, t.dtype, t.device) for t in tensors)
+        # INPUT_ALIGN too: the join's zero columns follow it
+        key = (INPUT_ALIGN, *(None if t is None else (t.data_ptr(), t._version, t.dtype, t.device)
+                              for t in tensors))
         entry = self.entries.get(k)
         if entry is None or entry[0] is not weight or entry[1] is not bias or entry[2] != key:
             entry = (weight, bias, key, join_input_weight(weight, bias))
