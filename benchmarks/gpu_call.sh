@@ -9,13 +9,13 @@
 #   self times on every thread by kind, benchmarks/host_trace.py), for the default kernels and the
 #   fused ones, whose chunk loop is now software-pipelined in bf16 (session 24; one pass against
 #   split scans was measured in session 16);
-# - exact fp32's kernels as the autotuner picks them, by default (six bf16 products in the per-chunk
-#   kernels, FMA dots in the scans) and with FMA dots in every kernel (MOMENTUM_TRITON_FP32_DOTS=ieee,
-#   the default until session 56);
 # - an eager decode step of momentum_transformer and of Llama (bf16, batch 1, context 512): its time,
 #   and the host's self time by kind on every thread (benchmarks/decode_step.py --host-trace);
-# - the same for a forward+backward of MomentumLSTM and of nn.LSTM called a layer at a time, at PTB
-#   (benchmarks/rnn.py --host-trace); then MomentumLSTM's time with its filtered input unpadded (the
+# - exact fp32's kernels as the autotuner picks them by default (six bf16 products in the per-chunk
+#   kernels, FMA dots in the scans), then with the per-chunk kernels forced to the whole-head tiles,
+#   and with FMA dots in every kernel (MOMENTUM_TRITON_FP32_DOTS=ieee, the default until session 56);
+# - the host's time by kind, as for the decode step, for a forward+backward of MomentumLSTM and of
+#   nn.LSTM called a layer at a time, at PTB (benchmarks/rnn.py --host-trace); then MomentumLSTM's time with its filtered input unpadded (the
 #   default) and padded to a multiple of 8 channels (session 56), beside both nn.LSTM calls;
 # - an HF training step of both models at T = 8192, eager and compiled with CUDA graphs (the eager
 #   momentum step was host-bound on the H200: docs/benchmarks.md, 2026-11-28);
