@@ -34,6 +34,18 @@ def fused_widths(monkeypatch) -> list:
     return widths
 
 
+def input_map_widths(monkeypatch, module) -> list:
+    """The widths of the inputs layers.input_map forms for `module`'s calls, recorded from now on."""
+    widths, input_map = [], layers.input_map
+
+    def recorded(*args):
+        inp, w, b = input_map(*args)
+        widths.append(inp.size(-1))
+        return inp, w, b
+    monkeypatch.setattr(module, "input_map", recorded)
+    return widths
+
+
 def run(layer, x, lengths):
     """Output, final state and the gradients of every parameter and of the input, for a call
     carrying the state of a first call (v_0 carried: the B channels) over padded sequences."""
@@ -76,6 +88,27 @@ def test_padded_channels_change_nothing(monkeypatch, make_generator, cls, cell, 
         assert torch.allclose(got, expected, rtol=1e-12, atol=1e-13)
 
 
+@pytest.mark.parametrize("cell", ["momentum", "nag"])
+def test_packed_rows_padded_equal_each_sequence_alone(monkeypatch, make_generator, cell):
+    """Packed rows (cu_seqlens: a SegmentDecay per segment) with the padded channels: every segment's
+    output and final state as that sequence's run alone, unpadded."""
+    gen = make_generator()
+    layer = make(MomentumLSTM, cell, 5, 6, True, gen)
+    lengths = [4, 7, 2]
+    seqs = [torch.randn(n, 1, 5, generator=gen, dtype=torch.float64) for n in lengths]
+    alone = [layer(seq) for seq in seqs]
+    widths = input_map_widths(monkeypatch, layers)        # the rows reach torch's packed kernel
+    monkeypatch.setattr(layers, "INPUT_ALIGN", 8)
+    cu = torch.tensor([0, 4, 11, 13], dtype=torch.int32)
+    out, final = layer(torch.cat(seqs), cu_seqlens=cu)
+    assert widths and all(width % 8 == 0 for width in widths), widths
+    for i, (start, (seq_out, seq_final)) in enumerate(zip(cu[:-1].tolist(), alone)):
+        assert torch.allclose(out[start:start + lengths[i]], seq_out, rtol=1e-12, atol=1e-13)
+        for name in ("h", "c", "v"):
+            assert torch.allclose(getattr(final, name)[:, i], getattr(seq_final, name)[:, 0],
+                                  rtol=1e-12, atol=1e-13), name
+
+
 def test_the_kept_joined_weight_follows_a_change_of_the_alignment(monkeypatch, make_generator):
     """Without gradients [W | b_ih] is kept between calls (JoinedWeightCache): one formed unpadded is
     not handed to a padded call, nor the other way round."""
@@ -99,13 +132,7 @@ def test_the_orthogonal_rnn_input_map_is_padded_and_equal(monkeypatch, make_gene
     layer = OrthogonalMomentumRNN(5, 6, cell=cell, **read_hyperparameters(cell, momentum=0.6,
                                                                           step_size=0.7)).double()
     x = torch.randn(T, B, 5, generator=gen, dtype=torch.float64, requires_grad=True)
-    widths = []
-
-    def recorded(*args):
-        inp, w, b = layers.input_map(*args)
-        widths.append(inp.size(-1))
-        return inp, w, b
-    monkeypatch.setattr(orthogonal, "input_map", recorded)
+    widths = input_map_widths(monkeypatch, orthogonal)
     plain, _ = layer(x)
     plain_grads = torch.autograd.grad(plain.sum(), [x, *layer.parameters()])
     monkeypatch.setattr(layers, "INPUT_ALIGN", 8)
