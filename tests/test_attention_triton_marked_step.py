@@ -9,7 +9,12 @@ import pytest
 import torch
 from helpers.triton_attention import triton_ops
 
-from plugins.attention import MomentumAttentionState, momentum_attention_step, nonfinite
+from plugins.attention import (
+    MomentumAttentionState,
+    momentum_attention_step,
+    naive_recurrent_momentum_attention,
+    nonfinite,
+)
 
 B, H, DK, DV = 3, 2, 16, 12
 POISONS = [None, ("q", math.nan), ("q", -math.inf), ("k", math.inf), ("k", -math.inf), ("v", -math.inf)]
@@ -92,3 +97,27 @@ def test_only_steps_without_gradients_skip_the_pytorch_marks(make_generator, mon
     assert built == [1, 1]
     for got, want in zip(*grads):
         torch.testing.assert_close(got, want)
+
+
+@pytest.mark.parametrize("feature_map", ["elu", "relu", "identity"])
+@pytest.mark.parametrize("dk,dv", [(8, 4), (20, 12), (48, 40)])
+def test_head_dimensions_below_their_tile_equal_the_float64_recurrence(make_generator, feature_map, dk, dv):
+    """Key dimensions that do not fill the kernel's BK lanes (8 and 20 of 16 and 32; 48 of 64): the
+    lanes past Dk hold φ(0), which elu + 1 makes 1, and must not reach z, s or the output. Steps from
+    a random state, a padded row among them, against eq. 12's float64 token loop."""
+    triton_ops()
+    gen = make_generator()
+    q, k, v = (torch.randn(B, H, 4, d, generator=gen) for d in (dk, dk, dv))
+    s, m = (torch.randn(B, H, dk, dv, generator=gen) for _ in range(2))
+    state = MomentumAttentionState(s=s, z=torch.rand(B, H, dk, generator=gen), m=m)
+    mask = torch.ones(B, 4, dtype=torch.bool)
+    mask[1, 2] = False
+    got, got_state = steps("triton", (q, k, v), feature_map, 0.9, mask, state)
+    start = MomentumAttentionState(*(t.double() for t in (state.s, state.z, state.m)))
+    want, want_state = naive_recurrent_momentum_attention(
+        *(t.double() for t in (q, k, v)), start, momentum=0.9, step_size=0.6, feature_map=feature_map,
+        padding_mask=mask)
+    torch.testing.assert_close(got.double(), want, rtol=1e-4, atol=1e-5)
+    for name in ("s", "z", "m"):
+        torch.testing.assert_close(getattr(got_state, name).double(), getattr(want_state, name), rtol=1e-4,
+                                   atol=1e-5)

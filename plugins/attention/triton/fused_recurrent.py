@@ -88,8 +88,9 @@ def step_kernel(q, k, v, s, z, m, real, s_new, z_new, m_new, o, coef, FLAG_ROWS,
         qq = tl.load(q + i_bh * DK + o_k, mask=mk, other=0.0).to(ACC)
         kk = tl.load(k + i_bh * DK + o_k, mask=mk, other=0.0).to(ACC)
         if PHI > 0:
-            qq = _feature(tl.where(_mark(qq) == 0.0, qq, 0.0), PHI)
-            kk = _feature(tl.where(_mark(kk) == 0.0, kk, 0.0), PHI)
+            # lanes past DK stay 0: elu + 1 maps their 0 to 1, which would enter z, s and the output
+            qq = tl.where(mk, _feature(tl.where(_mark(qq) == 0.0, qq, 0.0), PHI), 0.0)
+            kk = tl.where(mk, _feature(tl.where(_mark(kk) == 0.0, kk, 0.0), PHI), 0.0)
         mm = tl.load(m + off, mask=mask, other=0.0)
         ss = tl.load(s + off, mask=mask, other=0.0)
         zz = tl.load(z + i_bh * DK + o_k, mask=mk, other=0.0)
