@@ -264,6 +264,29 @@ def test_decoding_step_matches_torch_step(dtype):
     assert rel_rms(state.s, ref_state.s) <= TOL[dtype]
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_decoding_step_from_raw_inputs_at_a_head_below_its_tile(dtype):
+    """The step a decoder layer runs without gradients (elu + 1 and the marks inside the kernel) at
+    Dk 48, Dv 40 (tiles of 64 lanes): prefill + steps equal the batch call, padded rows included."""
+    from plugins.attention import momentum_attention_step
+    gen = torch.Generator(device="cuda").manual_seed(17)
+    q, k, v = (torch.randn(4, 8, 9, d, generator=gen, device="cuda").to(dtype) for d in (48, 48, 40))
+    mask = torch.ones(4, 9, dtype=torch.bool, device="cuda")
+    mask[1, 6:] = False
+    kw = dict(momentum=0.9, step_size=0.7, backend="triton")
+    with torch.no_grad():
+        whole = momentum_attention(q.double(), k.double(), v.double(), padding_mask=mask, backend="torch",
+                                   momentum=0.9, step_size=0.7)
+        out, state = momentum_attention(q[:, :, :5], k[:, :, :5], v[:, :, :5], padding_mask=mask[:, :5],
+                                        return_state=True, **kw)
+        outs = [out]
+        for t in range(5, 9):
+            out, state = momentum_attention_step(q[:, :, t:t + 1], k[:, :, t:t + 1], v[:, :, t:t + 1], state,
+                                                 padding_mask=mask[:, t:t + 1], **kw)
+            outs.append(out)
+    assert rel_rms(torch.cat(outs, 2), whole) <= TOL[dtype]
+
+
 def test_compile_fullgraph_with_inductor():
     fq, fk, v = (t.bfloat16().requires_grad_() for t in inputs(13, 2, 4, 512, 64))
 
