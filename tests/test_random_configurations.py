@@ -16,6 +16,8 @@ from helpers import random_cases
 
 SCALE = int(os.environ.get("MOMENTUM_RANDOM_CASES", "1"))
 NEEDS_TRITON = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton not installed")
+INTERPRETED = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
+                                 reason="runs CPU tensors through Triton's interpreter (TRITON_INTERPRET=1)")
 
 # family: (cases, check, marks)
 FAMILIES = {
@@ -26,6 +28,7 @@ FAMILIES = {
     "triton-api": (8, lambda rng: random_cases.check_attention(rng, backend="triton"), (NEEDS_TRITON,)),
     "rnn": (60, random_cases.check_rnn_layers, ()),
     "native": (25, random_cases.check_native_causal_lm, ()),
+    "native-triton": (6, random_cases.check_native_causal_lm_on_triton, (NEEDS_TRITON, INTERPRETED)),
     "lstm-lm": (15, random_cases.check_lstm_causal_lm, ()),
     "stock": (25, random_cases.check_stock_causal_lm, ()),
     "seq2seq": (25, random_cases.check_seq2seq, ()),

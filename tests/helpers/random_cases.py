@@ -4,6 +4,7 @@ any of them: every sequence of a padded or packed batch equals that sequence run
 recurrent (cached, step-by-step) form equals the whole. Float64 throughout, against float64
 references (the Triton sweep: fp32 kernels under the interpreter, at the exactness tests' tolerance).
 A failure names the drawn case."""
+import contextlib
 import math
 import tempfile
 from pathlib import Path
@@ -397,6 +398,69 @@ def check_native_causal_lm(rng):
     torch.manual_seed(rng.randrange(1 << 30))
     model = MomentumTransformerForCausalLM(MomentumTransformerConfig(**case)).double().eval()
     check_causal_lm(rng, model, case, 23)
+
+
+@contextlib.contextmanager
+def auto_takes_triton_on_cpu():
+    """backend "auto" takes the Triton kernels for CPU tensors (Triton's interpreter) as it does for
+    CUDA tensors, so that a model runs the path it runs on a GPU."""
+    from plugins.attention import backends
+    plain = backends.use_triton
+
+    def use_triton(backend, device, float64):
+        if backend == "auto" and device.type == "cpu" and not float64:
+            backend = "triton"
+        return plain(backend, device, float64)
+    backends.use_triton = use_triton
+    try:
+        yield
+    finally:
+        backends.use_triton = plain
+
+
+def check_native_causal_lm_on_triton(rng):
+    """MomentumTransformerForCausalLM in float32 on the GPU's path (the Triton kernels, under the
+    interpreter): the layer's one-node training call, the prefill and the decoding step, at head
+    dimensions of 8 to 24. Padded rows equal each row alone and a prefill plus cached steps the whole
+    (exact fp32's tolerance), and the training loss and gradients equal the PyTorch backend's."""
+    from hf_momentum import MomentumTransformerConfig, MomentumTransformerForCausalLM
+    heads = rng.choice([1, 2, 3])
+    case = dict(vocab_size=23, hidden_size=heads * rng.choice([8, 12, 16, 20, 24]),
+                num_hidden_layers=rng.randint(1, 2), num_attention_heads=heads, intermediate_size=16,
+                attention_momentum=rng.choice([0.0, 0.6, 0.95]),
+                connection=rng.choice(["none", "momentum", "adaptive"]), hidden_dropout=0.0,
+                max_position_embeddings=64, pad_token_id=0)
+    torch.manual_seed(rng.randrange(1 << 30))
+    model = MomentumTransformerForCausalLM(MomentumTransformerConfig(**case))
+    sequences = [torch.randint(1, 23, (rng.randint(3, 12),)) for _ in range(rng.randint(1, 3))]
+    side = rng.choice(["left", "right"])
+    case.update(lengths=[len(s) for s in sequences], side=side)
+    ids, mask = padded_ids(sequences, side)
+    labels = ids.masked_fill(mask == 0, -100)
+    with auto_takes_triton_on_cpu():
+        model.eval()
+        with torch.no_grad():
+            alone = [model(input_ids=s[None], use_cache=False).logits[0] for s in sequences]
+            logits = model(input_ids=ids, attention_mask=mask, use_cache=False).logits
+            for b, (got, want) in enumerate(zip(real_rows(logits, sequences, side), alone)):
+                assert_close(got, want, case, f"padded row {b}", 1e-4)
+            first, cut = sequences[0], rng.randint(1, len(sequences[0]) - 1)
+            out = model(input_ids=first[None, :cut], use_cache=True)
+            steps, cache = [out.logits[0]], out.past_key_values
+            for t in range(cut, len(first)):
+                out = model(input_ids=first[None, t:t + 1], past_key_values=cache, use_cache=True)
+                steps.append(out.logits[0])
+                cache = out.past_key_values
+            assert_close(torch.cat(steps), alone[0], case, f"prefill of {cut} + cached steps", 1e-4)
+        model.train()
+        loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
+        grads = torch.autograd.grad(loss, list(model.parameters()))
+    reference = model(input_ids=ids, attention_mask=mask, labels=labels).loss
+    expected = torch.autograd.grad(reference, list(model.parameters()))
+    assert_close(loss, reference, case, "training loss", 1e-5)
+    for (name, _), got, want in zip(model.named_parameters(), grads, expected):
+        error = ((got - want).norm() / want.norm().clamp(min=1e-12)).item()
+        assert error <= 1e-3, case_error(case, f"training gradient of {name}: {error:.1e} of its norm")
 
 
 def check_lstm_causal_lm(rng):
