@@ -335,6 +335,19 @@ def real_rows(logits, sequences, side: str):
             for b, s in enumerate(sequences)]
 
 
+def check_cached_steps(rng, model, tokens, whole, case, tol):
+    """A prefill of a random cut of `tokens` into the model's cache, then one token a step: the
+    logits equal `whole`, the sequence's logits in one call."""
+    cut = rng.randint(1, len(tokens) - 1)
+    out = model(input_ids=tokens[None, :cut], use_cache=True)
+    steps, cache = [out.logits[0]], out.past_key_values
+    for t in range(cut, len(tokens)):
+        out = model(input_ids=tokens[None, t:t + 1], past_key_values=cache, use_cache=True)
+        steps.append(out.logits[0])
+        cache = out.past_key_values
+    assert_close(torch.cat(steps), whole, case, f"prefill of {cut} + cached steps", tol)
+
+
 def check_causal_lm(rng, model, case, vocab: int, tol=F64_TOL, *, packed=True, left_position_ids=False):
     """A causal LM (float64, eval): padded rows (left or right) equal each row alone, packed documents
     (position_ids restarting) equal each alone, a cached prefill plus single-token steps equals the
@@ -357,16 +370,8 @@ def check_causal_lm(rng, model, case, vocab: int, tol=F64_TOL, *, packed=True, l
                          use_cache=False).logits[0]
             for b, doc in enumerate(flat.split([len(s) for s in sequences])):
                 assert_close(doc, alone[b], case, f"packed document {b}", tol)
-        first = sequences[0]
-        if len(first) > 1:
-            cut = rng.randint(1, len(first) - 1)
-            out = model(input_ids=first[None, :cut], use_cache=True)
-            steps, cache = [out.logits[0]], out.past_key_values
-            for t in range(cut, len(first)):
-                out = model(input_ids=first[None, t:t + 1], past_key_values=cache, use_cache=True)
-                steps.append(out.logits[0])
-                cache = out.past_key_values
-            assert_close(torch.cat(steps), alone[0], case, f"prefill of {cut} + cached steps", tol)
+        if len(sequences[0]) > 1:
+            check_cached_steps(rng, model, sequences[0], alone[0], case, tol)
         if side == "left":
             batch = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=4, do_sample=False,
                                    pad_token_id=0)[:, ids.shape[1]:]
@@ -444,14 +449,7 @@ def check_native_causal_lm_on_triton(rng):
             logits = model(input_ids=ids, attention_mask=mask, use_cache=False).logits
             for b, (got, want) in enumerate(zip(real_rows(logits, sequences, side), alone)):
                 assert_close(got, want, case, f"padded row {b}", 1e-4)
-            first, cut = sequences[0], rng.randint(1, len(sequences[0]) - 1)
-            out = model(input_ids=first[None, :cut], use_cache=True)
-            steps, cache = [out.logits[0]], out.past_key_values
-            for t in range(cut, len(first)):
-                out = model(input_ids=first[None, t:t + 1], past_key_values=cache, use_cache=True)
-                steps.append(out.logits[0])
-                cache = out.past_key_values
-            assert_close(torch.cat(steps), alone[0], case, f"prefill of {cut} + cached steps", 1e-4)
+            check_cached_steps(rng, model, sequences[0], alone[0], case, 1e-4)
         model.train()
         loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
         grads = torch.autograd.grad(loss, list(model.parameters()))
