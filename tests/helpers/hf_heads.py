@@ -36,11 +36,11 @@ FORMS = {"position_ids": {}, "flash_attn_kwargs": dict(return_flash_attn_kwargs=
          "seq_idx": dict(return_seq_idx=True)}
 
 
-def padded(seqs, side):
-    """`seqs` (1D id tensors) as one batch padded with PAD on `side` ("right" or "left"), and its
+def padded(seqs, side, pad=PAD):
+    """`seqs` (1D id tensors) as one batch padded with `pad` on `side` ("right" or "left"), and its
     attention mask."""
     width = max(len(s) for s in seqs)
-    ids = torch.full((len(seqs), width), PAD)
+    ids = torch.full((len(seqs), width), pad)
     mask = torch.zeros_like(ids)
     for row, s in enumerate(seqs):
         span = slice(0, len(s)) if side == "right" else slice(width - len(s), width)

@@ -9,6 +9,7 @@ import math
 import tempfile
 from pathlib import Path
 
+import pytest
 import torch
 
 F64_TOL = 1e-9
@@ -190,9 +191,7 @@ def check_triton_attention(rng):
     """The Triton kernels (chunked or fused scans, split or not, chunk sizes that do not divide the
     length) on a padded batch from an initial state, or on packed segments (some empty), against the
     float64 references: tests/helpers/triton_attention.py's checks, at their tolerance."""
-    from plugins.attention.triton import chunk
-
-    from .triton_attention import check_padded_batch, triton_ops
+    from .triton_attention import check_padded_batch, force_splits, triton_ops, use_scan
     from .triton_varlen import check_packed_segments
     tri = triton_ops()
     case = dict(scan=rng.choice(["chunked", "chunked", "fused"]), splits=rng.choice([None, "auto", 1, 2, 3]),
@@ -201,30 +200,26 @@ def check_triton_attention(rng):
                 momentum=rng.choice([0.0, 0.3, 0.9, 0.99]), step_size=rng.choice([1.0, 0.7, 2.0]),
                 H=rng.choice([1, 2]))
     gen = torch.Generator().manual_seed(rng.randrange(1 << 30))
-    kept = chunk.SCAN, chunk.scan_splits
-    chunk.SCAN = case["scan"]
-    if case["splits"] != "auto":
-        cps = case["splits"]
-        chunk.scan_splits = lambda rows, chunks, device: ((1, chunks) if cps is None
-                                                          else (-(-chunks // cps), cps))
     hyper = dict(H=case["H"], Dk=case["Dk"], Dv=case["Dv"], chunk=case["chunk"], beta=case["momentum"],
                  gamma=case["step_size"])
-    try:
-        if rng.random() < 0.5:
-            # more than one token in all: a lone token's dq is eps-sized, all rounding
-            case["lengths"] = [rng.choice([0, 1, rng.randint(2, 40), rng.randint(40, 130)])
-                               for _ in range(rng.randint(1, 4))]
-            case["lengths"][0] += 2
-            check_packed_segments(tri, gen, lengths=case["lengths"], init=rng.random() < 0.5, **hyper)
-        else:
-            N = rng.choice([2, 7, 33, 64, 65, 150])
-            lengths = torch.tensor([N] + [rng.randint(0, N) for _ in range(rng.randint(0, 2))])
-            case.update(N=N, lengths=lengths.tolist())
-            check_padded_batch(tri, gen, B=len(lengths), N=N, lengths=lengths, **hyper)
-    except AssertionError as error:
-        raise AssertionError(case_error(case, str(error))) from None
-    finally:
-        chunk.SCAN, chunk.scan_splits = kept
+    with pytest.MonkeyPatch.context() as patch:
+        use_scan(patch, case["scan"])
+        if case["splits"] != "auto":
+            force_splits(patch, case["splits"])
+        try:
+            if rng.random() < 0.5:
+                # more than one token in all: a lone token's dq is eps-sized, all rounding
+                case["lengths"] = [rng.choice([0, 1, rng.randint(2, 40), rng.randint(40, 130)])
+                                   for _ in range(rng.randint(1, 4))]
+                case["lengths"][0] += 2
+                check_packed_segments(tri, gen, lengths=case["lengths"], init=rng.random() < 0.5, **hyper)
+            else:
+                N = rng.choice([2, 7, 33, 64, 65, 150])
+                lengths = torch.tensor([N] + [rng.randint(0, N) for _ in range(rng.randint(0, 2))])
+                case.update(N=N, lengths=lengths.tolist())
+                check_padded_batch(tri, gen, B=len(lengths), N=N, lengths=lengths, **hyper)
+        except AssertionError as error:
+            raise AssertionError(case_error(case, str(error))) from None
 
 
 def check_rnn_layers(rng):
@@ -252,8 +247,8 @@ def check_rnn_layers(rng):
     case["layout"] = rng.choice(layouts)
     if case["layout"] == "plain":
         case["lengths"] = [max(case["lengths"])] * len(case["lengths"])
-    kept_align, layers.INPUT_ALIGN = layers.INPUT_ALIGN, case["align"]
-    try:
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(layers, "INPUT_ALIGN", case["align"])
         torch.manual_seed(rng.randrange(1 << 30))
         model = family(case["input"], case["hidden"], case["layers"], cell=cell, bias=case["bias"],
                        batch_first=case["batch_first"], bidirectional=case["bidirectional"],
@@ -314,25 +309,12 @@ def check_rnn_layers(rng):
                         y, step_state = model.step(alone_x[:, t], step_state)
                         steps.append(y)
                 assert_close(torch.stack(steps, 1)[0], alone[0], case, f"sequence {b}: step by step")
-    finally:
-        layers.INPUT_ALIGN = kept_align
 
 
 def padded_ids(sequences, side: str):
-    """(ids, attention mask) of a batch padded with 0 on `side`."""
-    width = max(len(s) for s in sequences)
-    ids = torch.zeros(len(sequences), width, dtype=torch.long)
-    mask = torch.zeros_like(ids)
-    for b, s in enumerate(sequences):
-        at = slice(0, len(s)) if side == "right" else slice(width - len(s), width)
-        ids[b, at], mask[b, at] = s, 1
-    return ids, mask
-
-
-def real_rows(logits, sequences, side: str):
-    width = logits.shape[1]
-    return [logits[b, :len(s)] if side == "right" else logits[b, width - len(s):]
-            for b, s in enumerate(sequences)]
+    """(ids, attention mask) of a batch padded with 0, the models' pad id, on `side`."""
+    from .hf_heads import padded
+    return padded(sequences, side, pad=0)
 
 
 def check_cached_steps(rng, model, tokens, whole, case, tol):
@@ -362,8 +344,8 @@ def check_causal_lm(rng, model, case, vocab: int, tol=F64_TOL, *, packed=True, l
     with torch.no_grad():
         alone = [model(input_ids=s[None], use_cache=False).logits[0] for s in sequences]
         logits = model(input_ids=ids, attention_mask=mask, use_cache=False, **extra).logits
-        for b, (got, want) in enumerate(zip(real_rows(logits, sequences, side), alone)):
-            assert_close(got, want, case, f"padded row {b}", tol)
+        for b, want in enumerate(alone):
+            assert_close(logits[b][mask[b].bool()], want, case, f"padded row {b}", tol)
         if packed:
             positions = torch.cat([torch.arange(len(s)) for s in sequences])[None]
             flat = model(input_ids=torch.cat(sequences)[None], position_ids=positions,
@@ -447,8 +429,8 @@ def check_native_causal_lm_on_triton(rng):
         with torch.no_grad():
             alone = [model(input_ids=s[None], use_cache=False).logits[0] for s in sequences]
             logits = model(input_ids=ids, attention_mask=mask, use_cache=False).logits
-            for b, (got, want) in enumerate(zip(real_rows(logits, sequences, side), alone)):
-                assert_close(got, want, case, f"padded row {b}", 1e-4)
+            for b, want in enumerate(alone):
+                assert_close(logits[b][mask[b].bool()], want, case, f"padded row {b}", 1e-4)
             check_cached_steps(rng, model, sequences[0], alone[0], case, 1e-4)
         model.train()
         loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
