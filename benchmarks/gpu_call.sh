@@ -15,8 +15,9 @@
 #   kernels, FMA dots in the scans), then with the per-chunk kernels forced to the whole-head tiles,
 #   and with FMA dots in every kernel (MOMENTUM_TRITON_FP32_DOTS=ieee, the default until session 56);
 # - the host's time by kind, as for the decode step, for a forward+backward of MomentumLSTM and of
-#   nn.LSTM called a layer at a time, at PTB (benchmarks/rnn.py --host-trace); then MomentumLSTM's time with its filtered input unpadded (the
-#   default) and padded to a multiple of 8 channels (session 56), beside both nn.LSTM calls;
+#   nn.LSTM called a layer at a time, at PTB (benchmarks/rnn.py --host-trace); then MomentumLSTM's
+#   time with its filtered input unpadded (the default) and padded to a multiple of 8 channels
+#   (session 56), beside both nn.LSTM calls;
 # - an HF training step of both models at T = 8192, eager and compiled with CUDA graphs (the eager
 #   momentum step was host-bound on the H200: docs/benchmarks.md, 2026-11-28);
 # - gpu-check's tests not started in its tests part (13 on 2026-11-28), in what is left of the
