@@ -335,6 +335,24 @@ def test_every_cell_runs_under_cpu_autocast_with_float32_states(cls):
             assert ((got - expected).norm() / expected.norm()).item() < 3e-2, cell
 
 
+@pytest.mark.parametrize("first", [torch.bfloat16, torch.float16])
+def test_filter_tables_first_built_under_autocast_are_the_float32_tables(first):
+    """A constant μ's tables (eq. 9's bias channel c_t, the carried weight M[t, 0]) are built once
+    per (μ, length, s, device, dtype) and shared by later calls. Built first inside an autocast
+    region, they are still the float64 tables cast to float32: the bits of tables built outside it
+    (the bias channel was a 16-bit product cast back, which a float32 call then read)."""
+    from plugins.rnn import filters
+    decay = filters.ConstantDecay(MU, 300)
+    filters._cached.cache_clear()
+    expected = decay.carried_and_bias_channel(S, torch.device("cpu"), torch.float32)
+    filters._cached.cache_clear()
+    with torch.autocast("cpu", dtype=first):
+        decay.carried_and_bias_channel(S, torch.device("cpu"), torch.float32)
+    got = decay.carried_and_bias_channel(S, torch.device("cpu"), torch.float32)
+    for table, want in zip(got, expected):
+        assert table.dtype == torch.float32 and torch.equal(table, want)
+
+
 @pytest.mark.parametrize("form", ["forward", "step"])
 @pytest.mark.parametrize("cls", LAYER_CLASSES)
 def test_a_state_of_another_batch_is_refused_on_use(cls, form):

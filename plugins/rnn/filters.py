@@ -99,12 +99,15 @@ def _filter_operands(momentum, n, chunks, step_size, device, dtype):
 
 
 def _constant_weights(momentum, length, step_size, device, dtype):
-    """ConstantDecay.carried_and_bias_channel: M[t, 0] in float64, and the filter of a constant 1 (as
-    `bias_channel` forms it for any decay)."""
+    """ConstantDecay.carried_and_bias_channel: M[t, 0] and the filter of a constant 1 (as
+    `bias_channel` forms it for any decay), both formed in float64 and then cast, as
+    `_filter_operands` forms its constants. Autocast leaves float64 products alone, so a table
+    first built inside an autocast region is the one that a float32 call outside it reads from the
+    cache (it was a 16-bit product cast back, and another region's 16-bit type failed the concat)."""
     decay = ConstantDecay(momentum, length, device)
-    carried = carried_weight(decay, 1)[:, 0].to(device=device, dtype=dtype)
-    ones = torch.ones(length, 1, 1, dtype=dtype, device=device)
-    return carried, stationary_filter(ones, decay, step_size)[:, 0, 0]
+    ones = torch.ones(length, 1, 1, dtype=torch.float64, device=decay.device)
+    tables = carried_weight(decay, 1)[:, 0], stationary_filter(ones, decay, step_size)[:, 0, 0]
+    return tuple(t.to(device=device, dtype=dtype) for t in tables)
 
 
 def _builds_its_own(device, step_size):
