@@ -49,13 +49,21 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 from torch.nn.utils.rnn import PackedSequence
 
+from ..autocast import autocast_off
 from ..exported_eps import plus_eps
 from ..validation import check_bool, check_int, check_offsets, check_probability
 from .adam_recurrence import AdamLSTMRecurrence, drive_first, gate_order
 from .awd import segment_ids, sequence_dropout
 from .checks import check_input_dtype, check_sizes
 from .export_scan import exports_a_length, scanned_forward
-from .filters import SegmentDecay, bias_channel, carried_channels, filter_sequence, second_moment
+from .filters import (
+    SegmentDecay,
+    bias_channel,
+    carried_channels,
+    filter_sequence,
+    second_moment,
+    second_moment_dtype,
+)
 from .lstm_cells import lstm_update
 from .segments import check_host_offsets, check_offsets_metadata, offsets_from_starts, segment_layout
 from .sequence import (
@@ -371,8 +379,12 @@ class _MomentumLayers(nn.Module):
         # μ ≡ 0 (RMSProp): eq. 9's v_t = s g_t, g scaled rather than input_map's W(s x) + s b again
         scale = self.variant.input_scale(self.hyper)
         v = F.linear(*mapped()) if decay is not None else g if scale == 1 else scale * g
-        m = second_moment(g * g, m0, self.beta, chunked)
-        return v / torch.sqrt(plus_eps(m, self.eps)), last_step(v, lengths), last_step(m, lengths)
+        dtype = torch.promote_types(torch.promote_types(v.dtype, m0.dtype), g.dtype)
+        wide = second_moment_dtype(dtype)
+        g, v = g.to(wide), v.to(wide)
+        m = second_moment(g * g, m0.to(wide), self.beta, chunked)
+        return tuple(t.to(dtype) for t in (v / torch.sqrt(plus_eps(m, self.eps)), last_step(v, lengths),
+                                           last_step(m, lengths)))
 
     def _fused_on_drive(self, drive, lengths, hx, w_hh, b_hh):
         """torch's fused kernel of this layer (`fused_kind`: cuDNN on CUDA, one call, no step loop
@@ -759,15 +771,20 @@ class MomentumLSTM(_MomentumLayers):
             h0, c0, v0, m0 = (t.index_select(0, order) for t in (h0, c0, v0, m0))
         forward, backward = gate_order(self.hidden_size, x.device)
         rows = lambda t: None if t is None else t.index_select(0, forward)
-        # in the weights' dtype with autocast off, g included: the normaliser (m + ε)^(−1/2)
-        # divides by |g|, so bf16's rounding of g reaches the gradients amplified (13 % relative
-        # in tests/test_rnn_layers.py's autocast case), and the in-place steps need one dtype
-        (x, h0, c0, v0, m0), precision = in_weight_dtype(w_hh, x, h0, c0, v0, m0)
-        with precision:
+        # with autocast off, g included: the normaliser (m + ε)^(−1/2) divides by |g|, so bf16's
+        # rounding of g reaches the gradients amplified (13 % relative in tests/test_rnn_layers.py's
+        # autocast case), and the in-place steps need one dtype: the weights', at least float32
+        # (filters.second_moment_dtype: float16 loses ε and small g⊙g); output and states come back
+        # in the weights' dtype
+        dtype = w_hh.dtype
+        wide = lambda t: None if t is None else t.to(second_moment_dtype(dtype))
+        x, h0, c0, v0, m0, w_ih, w_hh, b_ih, b_hh = map(wide, (x, h0, c0, v0, m0, w_ih, w_hh, b_ih, b_hh))
+        with autocast_off(x.device.type):
             g = F.linear(x, rows(w_ih), rows(b_ih))
             hs, c, v, m = AdamLSTMRecurrence.apply(
                 g, v0.index_select(1, forward), h0, c0, m0.index_select(1, forward), rows(w_hh),
                 rows(b_hh), momentum, self.step_size, self.beta, self.eps, sizes)
+        hs, c, v, m = (None if t is None else t.to(dtype) for t in (hs, c, v, m))
         m = m.index_select(1, backward)
         v = v_last if v is None else v.index_select(1, backward)
         out = hs[1:]
