@@ -266,6 +266,24 @@ def test_torch_compile_matches_eager(cell, backend, padding, make_generator):
         torch.testing.assert_close(compiled_grads[name], grads[name], **exact, msg=name)
 
 
+@pytest.mark.parametrize("cell", ["lstm", "momentum", "adam"])
+def test_compiled_eval_forward_of_a_padded_batch_matches_eager(cell, make_generator):
+    """torch.compile (dynamo's eager backend, graph breaks allowed) of the causal LM in eval mode on
+    a right-padded batch, its cache built as by default: eager's logits (to rounding: the Adam/RMSProp
+    recurrence's graph breaks regroup float32 sums). The fused kernel's packed output went back
+    into a PackedSequence through namedtuple._replace, which dynamo rebuilt after the graph break
+    at packing with a 0-d batch_sizes (pad_packed_sequence: "tuple index out of range")."""
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(tiny(cell=cell, vocab_size=40, hidden_size=8)).eval()
+    ids, mask = padded(make_generator(), [5, 3], 5, "right")
+    ids = ids % 40
+    with torch.no_grad():
+        expected = model(input_ids=ids, attention_mask=mask).logits
+        got = torch.compile(model, backend="eager")(input_ids=ids, attention_mask=mask).logits
+    torch.testing.assert_close(got, expected, rtol=1e-6, atol=1e-6)
+
+
 @pytest.mark.parametrize("cell", ["adam", "rmsprop"])
 def test_adam_layers_on_cudnn_compile_whole(cell, make_generator):
     """Under the recurrence backend "cudnn" (eq. 15's drive first, one fused LSTM call per layer)

@@ -111,7 +111,10 @@ def fused_recurrence(kind, x, lengths, hx, weights, has_biases, training, num_la
         return out[0], shaped_as(out[1:], hx)
     packed = pack_padded_sequence(x, lengths, enforce_sorted=False)
     data, finals = fused_packed(kind, packed, hx, weights, has_biases, training, num_layers, dropout)
-    out, _ = pad_packed_sequence(packed._replace(data=data), total_length=x.size(0))
+    # a new PackedSequence, not packed._replace(data=...): after the graph break at packing, dynamo
+    # rebuilt _replace's result with a 0-d batch_sizes (torch.compile of an eval forward failed)
+    out, _ = pad_packed_sequence(PackedSequence(data, packed.batch_sizes, packed.sorted_indices,
+                                                packed.unsorted_indices), total_length=x.size(0))
     return out, finals
 
 
