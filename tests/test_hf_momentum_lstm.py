@@ -266,6 +266,28 @@ def test_torch_compile_matches_eager(cell, backend, padding, make_generator):
         torch.testing.assert_close(compiled_grads[name], grads[name], **exact, msg=name)
 
 
+@pytest.mark.parametrize("cell", ["adam", "rmsprop"])
+def test_dynamic_compile_of_one_sequence_runs_the_recurrence_eagerly(cell):
+    """torch.compile(dynamic=True) of the two-layer causal LM in training on a batch of one: eager's
+    loss and gradients. Dynamo traced the Adam/RMSProp recurrence's autograd.Function there and
+    stopped with an internal assertion instead of breaking the graph; the recurrence now sits behind
+    an explicit graph break (adam_recurrence.adam_lstm_recurrence)."""
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(tiny(cell=cell, vocab_size=40, hidden_size=8)).train()
+    ids = torch.randint(3, 40, (1, 6))
+    results = []
+    for run in (model, torch.compile(model, backend="aot_eager", dynamic=True)):
+        model.zero_grad()
+        loss = run(input_ids=ids, labels=ids, use_cache=False).loss
+        loss.backward()
+        results.append((loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}))
+    (loss, grads), (compiled_loss, compiled_grads) = results
+    torch.testing.assert_close(compiled_loss, loss, rtol=1e-5, atol=1e-6)
+    for name in grads:
+        torch.testing.assert_close(compiled_grads[name], grads[name], rtol=1e-5, atol=1e-6, msg=name)
+
+
 @pytest.mark.parametrize("cell", ["lstm", "momentum", "adam"])
 def test_compiled_eval_forward_of_a_padded_batch_matches_eager(cell, make_generator):
     """torch.compile (dynamo's eager backend, graph breaks allowed) of the causal LM in eval mode on

@@ -108,6 +108,16 @@ def _triton_function(g):
     return None if chosen == "torch" else _triton_recurrences()[chosen]
 
 
+@torch.compiler.disable
+def adam_lstm_recurrence(g, *args):
+    """`AdamLSTMRecurrence.apply` behind an explicit graph break. Dynamo traces an autograd.Function's
+    forward whatever its `apply` is decorated with, and its tracing of this one's in-place steps
+    failed with an internal assertion ("lift_tracked_freevar_to_input", a batch of one under
+    dynamic shapes, two layers) instead of breaking the graph; torch.compile now always runs the
+    recurrence eagerly."""
+    return AdamLSTMRecurrence.apply(g, *args)
+
+
 def gate_order(hidden, device=None):
     """Row permutation from torch's gate order (i, f, g, o) to (i, f, o, g), and back; built
     on `device` by slicing (a list index would be copied from the host)."""

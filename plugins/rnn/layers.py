@@ -52,7 +52,7 @@ from torch.nn.utils.rnn import PackedSequence
 from ..autocast import autocast_off
 from ..exported_eps import plus_eps
 from ..validation import check_bool, check_int, check_offsets, check_probability
-from .adam_recurrence import AdamLSTMRecurrence, drive_first, gate_order
+from .adam_recurrence import adam_lstm_recurrence, drive_first, gate_order
 from .awd import segment_ids, sequence_dropout
 from .checks import check_input_dtype, check_sizes
 from .export_scan import exports_a_length, scanned_forward
@@ -781,7 +781,7 @@ class MomentumLSTM(_MomentumLayers):
         x, h0, c0, v0, m0, w_ih, w_hh, b_ih, b_hh = map(wide, (x, h0, c0, v0, m0, w_ih, w_hh, b_ih, b_hh))
         with autocast_off(x.device.type):
             g = F.linear(x, rows(w_ih), rows(b_ih))
-            hs, c, v, m = AdamLSTMRecurrence.apply(
+            hs, c, v, m = adam_lstm_recurrence(
                 g, v0.index_select(1, forward), h0, c0, m0.index_select(1, forward), rows(w_hh),
                 rows(b_hh), momentum, self.step_size, self.beta, self.eps, sizes)
         hs, c, v, m = (None if t is None else t.to(dtype) for t in (hs, c, v, m))
