@@ -108,7 +108,7 @@ def _triton_function(g):
     return None if chosen == "torch" else _triton_recurrences()[chosen]
 
 
-@torch.compiler.disable
+@torch._disable_dynamo  # (loads dynamo on the first call, not at import: test_architecture)
 def adam_lstm_recurrence(g, *args):
     """`AdamLSTMRecurrence.apply` behind an explicit graph break. Dynamo traces an autograd.Function's
     forward whatever its `apply` is decorated with, and its tracing of this one's in-place steps

@@ -773,7 +773,7 @@ class MomentumLSTM(_MomentumLayers):
         rows = lambda t: None if t is None else t.index_select(0, forward)
         # with autocast off, g included: the normaliser (m + ε)^(−1/2) divides by |g|, so bf16's
         # rounding of g reaches the gradients amplified (13 % relative in tests/test_rnn_layers.py's
-        # autocast case), and the in-place steps need one dtype: the weights', at least float32
+        # autocast case), and the in-place steps need one dtype: the weights', float32 for float16
         # (filters.second_moment_dtype: float16 loses ε and small g⊙g); output and states come back
         # in the weights' dtype
         dtype = w_hh.dtype
