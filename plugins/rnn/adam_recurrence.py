@@ -111,10 +111,10 @@ def _triton_function(g):
 @torch._disable_dynamo  # (loads dynamo on the first call, not at import: test_architecture)
 def adam_lstm_recurrence(g, *args):
     """`AdamLSTMRecurrence.apply` behind an explicit graph break. Dynamo traces an autograd.Function's
-    forward whatever its `apply` is decorated with, and its tracing of this one's in-place steps
-    failed with an internal assertion ("lift_tracked_freevar_to_input", a batch of one under
-    dynamic shapes, two layers) instead of breaking the graph; torch.compile now always runs the
-    recurrence eagerly."""
+    forward itself, past `apply` and whatever decorates it (so past the Triton dispatch there), and
+    its tracing of this one's in-place steps failed with an internal assertion
+    ("lift_tracked_freevar_to_input", a batch of one under dynamic shapes, two layers) instead of
+    breaking the graph; torch.compile now always runs the recurrence eagerly."""
     return AdamLSTMRecurrence.apply(g, *args)
 
 
@@ -143,10 +143,9 @@ class AdamLSTMRecurrence(torch.autograd.Function):
     """
 
     @classmethod
-    @torch._disable_dynamo  # dynamo cannot trace super().apply here: run eagerly (a graph break)
     def apply(cls, g, *args):
         """This Function, or the fused Triton steps (same arguments and results): see
-        `recurrence_backend`."""
+        `recurrence_backend`. Under torch.compile call it through `adam_lstm_recurrence`."""
         function = _triton_function(g)
         if function is not None:
             return function.apply(g, *args)

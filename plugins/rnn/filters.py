@@ -49,20 +49,20 @@ def momentum_step(v, g, momentum, step_size):
     return momentum * v + step_size * g
 
 
-def second_moment_dtype(dtype):
-    """The dtype eq. 15's second moment and normaliser are computed in: float32 for float16, else
-    `dtype`. float16 cannot hold them: ε = 1e-8 is below its smallest subnormal (6e-8), and g⊙g
-    underflows for |g| < 2.4e-4, so m + ε was 0 where g was small (the drive v/√(m + ε) then v/0,
-    or 0/0 on zero inputs) and far from float32's below |g| ≈ 1e-2. bfloat16 has float32's range
-    and keeps its own kernels."""
-    return torch.float32 if dtype == torch.float16 else dtype
+def second_moment_dtypes(*tensors):
+    """(the dtype `tensors` promote to, the dtype eq. 15's second moment and normaliser are computed
+    in: float32 where that is float16, else the same). float16 cannot hold them: ε = 1e-8 is below
+    its smallest subnormal (6e-8), and g⊙g underflows for |g| < 2.4e-4, so m + ε was 0 where g was
+    small (the drive v/√(m + ε) then v/0, or 0/0 on zero inputs) and far from float32's below
+    |g| ≈ 1e-2. bfloat16 has float32's range and keeps its own kernels."""
+    dtype = functools.reduce(torch.promote_types, (t.dtype for t in tensors))
+    return dtype, torch.float32 if dtype == torch.float16 else dtype
 
 
 def adam_step(v, m, g, momentum, step_size, beta, eps):
     """One step of eq. 15: v_t = μ v + s g; m_t = β m + (1−β) g⊙g; returns v/√(m+ε), v, m, in the
-    dtype the inputs promote to, computed in float32 where that is float16 (`second_moment_dtype`)."""
-    dtype = torch.promote_types(torch.promote_types(v.dtype, m.dtype), g.dtype)
-    wide = second_moment_dtype(dtype)
+    dtype the inputs promote to, computed in float32 where that is float16 (`second_moment_dtypes`)."""
+    dtype, wide = second_moment_dtypes(v, m, g)
     g = g.to(wide)
     v = momentum * v.to(wide) + step_size * g
     m = beta * m.to(wide) + (1.0 - beta) * g * g

@@ -49,7 +49,6 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 from torch.nn.utils.rnn import PackedSequence
 
-from ..autocast import autocast_off
 from ..exported_eps import plus_eps
 from ..validation import check_bool, check_int, check_offsets, check_probability
 from .adam_recurrence import adam_lstm_recurrence, drive_first, gate_order
@@ -62,7 +61,7 @@ from .filters import (
     carried_channels,
     filter_sequence,
     second_moment,
-    second_moment_dtype,
+    second_moment_dtypes,
 )
 from .lstm_cells import lstm_update
 from .segments import check_host_offsets, check_offsets_metadata, offsets_from_starts, segment_layout
@@ -72,6 +71,7 @@ from .sequence import (
     as_sequence,
     fused_packed,
     fused_recurrence,
+    in_dtype,
     in_weight_dtype,
     initial_state,
     last_step,
@@ -379,8 +379,7 @@ class _MomentumLayers(nn.Module):
         # μ ≡ 0 (RMSProp): eq. 9's v_t = s g_t, g scaled rather than input_map's W(s x) + s b again
         scale = self.variant.input_scale(self.hyper)
         v = F.linear(*mapped()) if decay is not None else g if scale == 1 else scale * g
-        dtype = torch.promote_types(torch.promote_types(v.dtype, m0.dtype), g.dtype)
-        wide = second_moment_dtype(dtype)
+        dtype, wide = second_moment_dtypes(v, m0, g)
         g, v = g.to(wide), v.to(wide)
         m = second_moment(g * g, m0.to(wide), self.beta, chunked)
         return tuple(t.to(dtype) for t in (v / torch.sqrt(plus_eps(m, self.eps)), last_step(v, lengths),
@@ -774,12 +773,12 @@ class MomentumLSTM(_MomentumLayers):
         # with autocast off, g included: the normaliser (m + ε)^(−1/2) divides by |g|, so bf16's
         # rounding of g reaches the gradients amplified (13 % relative in tests/test_rnn_layers.py's
         # autocast case), and the in-place steps need one dtype: the weights', float32 for float16
-        # (filters.second_moment_dtype: float16 loses ε and small g⊙g); output and states come back
+        # (filters.second_moment_dtypes: float16 loses ε and small g⊙g); output and states come back
         # in the weights' dtype
-        dtype = w_hh.dtype
-        wide = lambda t: None if t is None else t.to(second_moment_dtype(dtype))
-        x, h0, c0, v0, m0, w_ih, w_hh, b_ih, b_hh = map(wide, (x, h0, c0, v0, m0, w_ih, w_hh, b_ih, b_hh))
-        with autocast_off(x.device.type):
+        dtype, wide = second_moment_dtypes(w_hh)
+        (x, h0, c0, v0, m0, w_ih, w_hh, b_ih, b_hh), precision = in_dtype(
+            wide, x, h0, c0, v0, m0, w_ih, w_hh, b_ih, b_hh)
+        with precision:
             g = F.linear(x, rows(w_ih), rows(b_ih))
             hs, c, v, m = adam_lstm_recurrence(
                 g, v0.index_select(1, forward), h0, c0, m0.index_select(1, forward), rows(w_hh),

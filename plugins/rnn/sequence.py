@@ -77,9 +77,13 @@ def in_weight_dtype(weight, *tensors):
     """(tensors cast to `weight`'s dtype, None kept; a region without autocast on their device):
     for the steps that must not run in autocast's half precision (a state carried to the next
     call, a loop's carried h, eq. 15's normaliser)."""
+    return in_dtype(weight.dtype, *tensors)
+
+
+def in_dtype(dtype, *tensors):
+    """`in_weight_dtype` for a dtype other than the weights' (eq. 15's float32 for float16 layers)."""
     device_type = next(t for t in tensors if t is not None).device.type
-    cast = tuple(None if t is None else t.to(weight.dtype) for t in tensors)
-    return cast, autocast_off(device_type)
+    return tuple(None if t is None else t.to(dtype) for t in tensors), autocast_off(device_type)
 
 
 def cpu_autocast_off(x, hx, weights):
