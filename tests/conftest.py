@@ -1,3 +1,4 @@
+import builtins
 import os
 import zlib
 
@@ -20,6 +21,17 @@ def make_generator(request):
     def make(extra: str = "") -> torch.Generator:
         return torch.Generator().manual_seed(zlib.crc32((request.node.nodeid + extra).encode()))
     return make
+
+
+@pytest.fixture(autouse=True)
+def builtins_left_as_found():
+    """Fails the test that leaves builtins' dict holding itself as `__builtins__` (exec of code that
+    defines a dataclass in a namespace without `__name__` does: helpers.code_blocks), and undoes it:
+    every later torch.compile in that worker could recurse without end in dynamo."""
+    yield
+    if vars(builtins).pop("__builtins__", None) is not None:
+        pytest.fail("this test left builtins.__dict__['__builtins__'] set: run code through "
+                    "helpers.code_blocks.run_as_module, whose namespace names its module")
 
 
 def pytest_collection_modifyitems(config, items):

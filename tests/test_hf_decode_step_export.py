@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers.code_blocks import run_as_module
 from helpers.hf_tiny_models import FAMILIES, causal_lm, left_padded
 from torch.export import Dim, export
 
@@ -78,8 +79,7 @@ def test_readme_decoder_export_example_runs_and_greedy_decodes():
     text = (Path(__file__).resolve().parents[1] / "hf_momentum" / "README.md").read_text(encoding="utf-8")
     section = text.split("**Exporting a decoder for a runtime", 1)[1]
     code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
-    namespace = {}
-    exec(compile(code, "hf_momentum/README.md", "exec"), namespace)
+    namespace = run_as_module(code, "hf_momentum/README.md")
     model = namespace["model"]
     with torch.no_grad():
         generated = model.generate(torch.tensor([[5]]), attention_mask=torch.ones(1, 1, dtype=torch.long),

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers.code_blocks import run_as_module
 from helpers.hf_tiny_models import FAMILIES, causal_lm, left_padded
 from helpers.onnx_runtime import onnxruntime_function
 from torch.export import Dim, export
@@ -216,6 +217,5 @@ def test_torch_lstm_fixes_the_length():
 def test_readme_export_example_runs_as_written():
     text = (Path(__file__).resolve().parents[1] / "hf_momentum" / "README.md").read_text(encoding="utf-8")
     code = re.search(r"```python\n(.*?)```", text.split("## E. Export", 1)[1], re.S).group(1)
-    namespace = {}
-    exec(compile(code, "hf_momentum/README.md", "exec"), namespace)
+    namespace = run_as_module(code, "hf_momentum/README.md")
     assert namespace["program"].module()(namespace["ids"], namespace["mask"]).shape == (2, 16, 100)

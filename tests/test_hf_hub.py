@@ -20,6 +20,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import pytest
 import torch
 from helpers.clean_process import run_clean
+from helpers.code_blocks import run_as_module
 from transformers import (
     AutoConfig,
     AutoModel,
@@ -55,8 +56,7 @@ def sample_ids():
 def test_flatten_bundle_is_self_contained_and_refuses_collisions():
     text = flatten_modules(("plugins.attention.api",), ("momentum_attention",))
     assert GENERATED_MARK in text and "from ." not in text and "import plugins" not in text
-    namespace = {}
-    exec(compile(text, "bundle", "exec"), namespace)
+    namespace = run_as_module(text, "bundle")
     q = torch.randn(1, 2, 5, 4, dtype=torch.float64)
     from plugins.attention import momentum_attention
     torch.testing.assert_close(namespace["momentum_attention"](q, q, q, momentum=0.3),

@@ -14,6 +14,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import pytest
 import torch
+from helpers.code_blocks import run_as_module
 from transformers import AutoConfig, AutoModelForCausalLM, DataCollatorWithFlattening
 
 import hf_momentum  # noqa: F401  (registers momentum_transformer)
@@ -363,8 +364,7 @@ def test_readme_hybrid_example_runs_as_written(capsys):
     key/values for its one softmax layer."""
     text = (Path(__file__).resolve().parents[1] / "hf_momentum" / "README.md").read_text(encoding="utf-8")
     code = re.search(r"```python\n(.*?)```", text.split("### Hybrid models", 1)[1], re.S).group(1)
-    namespace = {}
-    exec(compile(code, "hf_momentum/README.md", "exec"), namespace)
+    namespace = run_as_module(code, "hf_momentum/README.md")
     assert capsys.readouterr().out.strip() == "MomentumCache (3,)"
     assert namespace["out"].shape == (2, 20)
     assert namespace["model"].model.layers[3].attention.config.attention == "softmax"

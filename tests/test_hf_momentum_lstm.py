@@ -3,6 +3,7 @@ rows equal to sequences alone, recurrent-cache generation equal to use_cache=Fal
 sampling, beam), left-padded batch generation equal to each prompt alone, save/load round trip;
 every layer's hidden state (layer by layer, exactly equal to the single stack call);
 torch.compile of every cell; MomentumLSTMForSequenceClassification."""
+import builtins
 import os
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -289,12 +290,16 @@ def test_dynamic_compile_of_one_sequence_runs_the_recurrence_eagerly(cell):
 
 
 @pytest.mark.parametrize("cell", ["lstm", "momentum", "adam"])
-def test_compiled_eval_forward_of_a_padded_batch_matches_eager(cell, make_generator):
+def test_compiled_eval_forward_of_a_padded_batch_matches_eager(cell, make_generator, monkeypatch):
     """torch.compile (dynamo's eager backend, graph breaks allowed) of the causal LM in eval mode on
     a right-padded batch, its cache built as by default: eager's logits (to rounding: the Adam/RMSProp
     recurrence's graph breaks regroup float32 sums). The fused kernel's packed output went back
     into a PackedSequence through namedtuple._replace, which dynamo rebuilt after the graph break
-    at packing with a 0-d batch_sizes (pad_packed_sequence: "tuple index out of range")."""
+    at packing with a 0-d batch_sizes (pad_packed_sequence: "tuple index out of range"). With
+    builtins' dict holding itself (what exec of dataclass code without `__name__` leaves in a
+    process), dynamo's rebuilding of the generator in the joined-weight lookup recursed without
+    end; the lookup now runs eagerly."""
+    monkeypatch.setitem(vars(builtins), "__builtins__", vars(builtins))
     torch._dynamo.reset()
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(tiny(cell=cell, vocab_size=40, hidden_size=8)).eval()

@@ -13,6 +13,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import pytest
 import torch
 import torch.nn.functional as F
+from helpers.code_blocks import run_as_module
 from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, DataCollatorWithFlattening
 
 import hf_momentum
@@ -242,8 +243,7 @@ def test_readme_trainer_example_trains_on_packed_documents(tmp_path, monkeypatch
     shrunk = code.replace("max_steps=20", "max_steps=2")
     assert shrunk != code
     monkeypatch.chdir(tmp_path)
-    namespace = {}
-    exec(compile(shrunk, "hf_momentum/README.md", "exec"), namespace)
+    namespace = run_as_module(shrunk, "hf_momentum/README.md")
     history = namespace["trainer"].state.log_history
     assert namespace["trainer"].state.global_step == 2 and 0 < history[-1]["train_loss"] < 10
 

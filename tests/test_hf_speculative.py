@@ -10,6 +10,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import pytest
 import torch
+from helpers.code_blocks import run_as_module
 from helpers.hf_tiny_models import FAMILIES, PAD, causal_lm
 
 from hf_momentum import StaticMomentumCache
@@ -238,7 +239,7 @@ def test_the_readme_example_runs():
     readme = (Path(__file__).resolve().parents[1] / "hf_momentum" / "README.md").read_text(encoding="utf-8")
     section = readme.split("### Speculative decoding", 1)[1]
     code = re.search(r"^```python\n(.*?)^```$", section, re.M | re.S).group(1)
-    exec(compile(code, "hf_momentum/README.md", "exec"), {})
+    run_as_module(code, "hf_momentum/README.md")
 
 
 @pytest.mark.parametrize("family", FAMILIES)
