@@ -166,14 +166,11 @@ class JoinedWeightCache:
         if torch.is_grad_enabled():
             self.entries.clear()
             return join_input_weight(weight, bias)
-        return self._reused(k, weight, bias)
-
-    @torch._disable_dynamo  # (loads dynamo on the first call, not at import: test_architecture)
-    def _reused(self, k, weight, bias):
-        """The no-grad lookup, always eager under torch.compile: its key reads storage pointers and
-        version counters, which dynamo cannot trace (`is_inference` breaks the graph), and dynamo's
-        break inside the generator below ("cannot reconstruct a generator with variable
-        mutations") ended in a RecursionError in a long test session."""
+        if torch.compiler.is_compiling():
+            # a traced graph forms the join itself: the key's data pointers and version counters are
+            # not traceable, and dynamo's rebuilding of the generator below at its graph break once
+            # recursed without end (a process whose builtins' dict held itself: tests/conftest.py)
+            return join_input_weight(weight, bias)
         tensors = (weight, bias)
         if any(t is not None and t.is_inference() for t in tensors):
             return join_input_weight(weight, bias)  # inference tensors have no version counter
