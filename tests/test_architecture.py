@@ -2,6 +2,7 @@
 only, and its modules import one way — no cycle, counting imports inside functions, which can
 hide a cycle from the interpreter but not from a reader."""
 import ast
+import os
 import sys
 from pathlib import Path
 
@@ -205,4 +206,33 @@ def test_importing_the_core_leaves_torch_compile_unloaded():
               + "assert not loaded, loaded\n")
     done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True,
                           timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+
+
+EAGER_LSTM_CALLS = """
+import sys
+import torch
+from torch.nn.utils.rnn import pack_padded_sequence
+from plugins.rnn import MomentumLSTM
+for cell in ("momentum", "adam", "rmsprop", "lstm"):
+    layer = MomentumLSTM(4, 6, num_layers=2, cell=cell)
+    x = torch.randn(5, 2, 4)
+    out, state = layer(x)
+    out.sum().backward()
+    layer.eval()
+    with torch.no_grad():
+        layer(pack_padded_sequence(x, torch.tensor([5, 3])))
+        layer(x[:1], state)
+loaded = sorted(m for m in sys.modules if m.startswith("torch._dynamo"))
+assert not loaded, loaded[:5]
+"""
+
+
+def test_eager_lstm_calls_leave_torch_compile_unloaded():
+    """Eager training, no-grad and one-step calls of MomentumLSTM (the joined-weight cache, the
+    Adam/RMSProp recurrence, torch's fused kernel) do not load torch._dynamo either: the graph
+    breaks they need under torch.compile are taken only when compiling."""
+    import subprocess
+    done = subprocess.run([sys.executable, "-c", EAGER_LSTM_CALLS], cwd=ROOT, capture_output=True, text=True,
+                          timeout=300, env=dict(os.environ, OMP_NUM_THREADS="1"))
     assert done.returncode == 0, done.stderr[-3000:]
