@@ -23,15 +23,41 @@ def make_generator(request):
     return make
 
 
+def _process_state():
+    """What one test could leave changed for every later test of its worker: (reading, undo)."""
+    return {
+        "builtins.__dict__ holds '__builtins__'": (
+            "__builtins__" in vars(builtins), lambda was: vars(builtins).pop("__builtins__", None)),
+        "torch.get_default_dtype()": (torch.get_default_dtype(), torch.set_default_dtype),
+        "torch.is_grad_enabled()": (torch.is_grad_enabled(), torch.set_grad_enabled),
+        "torch.get_float32_matmul_precision()": (torch.get_float32_matmul_precision(),
+                                                 torch.set_float32_matmul_precision),
+        "torch.are_deterministic_algorithms_enabled()": (torch.are_deterministic_algorithms_enabled(),
+                                                         torch.use_deterministic_algorithms),
+        "torch.is_autocast_enabled('cpu')": (torch.is_autocast_enabled("cpu"),
+                                             lambda was: torch.set_autocast_enabled("cpu", was)),
+        "torch.get_num_threads()": (torch.get_num_threads(), torch.set_num_threads),
+        "os.getcwd()": (os.getcwd(), os.chdir),
+    }
+
+
 @pytest.fixture(autouse=True)
-def builtins_left_as_found():
-    """Fails the test that leaves builtins' dict holding itself as `__builtins__` (exec of code that
-    defines a dataclass in a namespace without `__name__` does: helpers.code_blocks), and undoes it:
-    every later torch.compile in that worker could recurse without end in dynamo."""
+def process_state_left_as_found():
+    """Fails the test that leaves process-wide state changed, and undoes the change, so that no
+    later test of its worker runs in it. One such leak failed CI (stop 80): exec of code defining a
+    dataclass in a namespace without `__name__` left builtins' dict holding itself as
+    `__builtins__` (run such code through helpers.code_blocks.run_as_module), and a later
+    torch.compile recursed without end in dynamo."""
+    before = _process_state()
     yield
-    if vars(builtins).pop("__builtins__", None) is not None:
-        pytest.fail("this test left builtins.__dict__['__builtins__'] set: run code through "
-                    "helpers.code_blocks.run_as_module, whose namespace names its module")
+    changed = []
+    for name, (now, undo) in _process_state().items():
+        was = before[name][0]
+        if now != was:
+            changed.append(f"{name}: {was!r} -> {now!r}")
+            undo(was)
+    if changed:
+        pytest.fail("this test left process-wide state changed (undone now): " + "; ".join(changed))
 
 
 def pytest_collection_modifyitems(config, items):
