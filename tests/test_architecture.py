@@ -199,13 +199,18 @@ def test_importing_the_core_leaves_torch_compile_unloaded():
     """Importing any core module does not load torch._dynamo (over a second of every process's
     start: fairseq-generate, fairseq-eval-lm and fairseq-preprocess with the user-dir never need it);
     an eager-only function is marked with torch._disable_dynamo, which loads it on first call."""
-    import subprocess
     modules = sorted(m for m in core_imports() if not _kernel_module(m))
     script = ("import sys\n" + "".join(f"import {m}\n" for m in modules)
               + "loaded = sorted(m for m in sys.modules if m.startswith(('torch._dynamo', 'triton')))\n"
               + "assert not loaded, loaded\n")
+    _python_succeeds(script)
+
+
+def _python_succeeds(script):
+    """Runs `python -c script` from the repo root in a fresh process and asserts it exits 0."""
+    import subprocess
     done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True,
-                          timeout=300)
+                          timeout=300, env=dict(os.environ, OMP_NUM_THREADS="1"))
     assert done.returncode == 0, done.stderr[-3000:]
 
 
@@ -232,7 +237,4 @@ def test_eager_lstm_calls_leave_torch_compile_unloaded():
     """Eager training, no-grad and one-step calls of MomentumLSTM (the joined-weight cache, the
     Adam/RMSProp recurrence, torch's fused kernel) do not load torch._dynamo either: the graph
     breaks they need under torch.compile are taken only when compiling."""
-    import subprocess
-    done = subprocess.run([sys.executable, "-c", EAGER_LSTM_CALLS], cwd=ROOT, capture_output=True, text=True,
-                          timeout=300, env=dict(os.environ, OMP_NUM_THREADS="1"))
-    assert done.returncode == 0, done.stderr[-3000:]
+    _python_succeeds(EAGER_LSTM_CALLS)

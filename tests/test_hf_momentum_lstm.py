@@ -298,7 +298,7 @@ def test_compiled_eval_forward_of_a_padded_batch_matches_eager(cell, make_genera
     at packing with a 0-d batch_sizes (pad_packed_sequence: "tuple index out of range"). With
     builtins' dict holding itself (what exec of dataclass code without `__name__` leaves in a
     process), dynamo's rebuilding of the generator in the joined-weight lookup recursed without
-    end; the lookup now runs eagerly."""
+    end; under torch.compile the traced graph now forms the join and skips the lookup."""
     monkeypatch.setitem(vars(builtins), "__builtins__", vars(builtins))
     torch._dynamo.reset()
     torch.manual_seed(0)
