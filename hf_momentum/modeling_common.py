@@ -259,12 +259,19 @@ class Seq2SeqLMMixin:
     def prepare_inputs_for_generation(self, input_ids, next_sequence_length=None, *args, **kwargs):
         """transformers' inputs for generate()'s next forward (the decoder's new tokens, the encoder's
         output and mask, the cache); the causal mixin's prompt rule would read `attention_mask`, the
-        source's, as the decoder's. With the static cache a decoder mask keeps only its new tokens'
-        columns, as for the causal LM; the encoder's mask stays whole."""
+        source's, as the decoder's. Decoder ids that continue a filled cache keep only the tokens it
+        has not absorbed where `decoder_attention_mask` is as wide (transformers' rule, which the
+        prefill of 5.24 leaves to the model for linear-attention caches). With the static cache a
+        decoder mask keeps only its new tokens' columns, as for the causal LM; the encoder's mask
+        stays whole."""
+        cache = kwargs.get(CACHE_NAME)
+        if next_sequence_length is None and cache is not None:
+            next_sequence_length = _unabsorbed_tokens(cache.get_seq_length(), input_ids,
+                                                      kwargs.get("decoder_attention_mask"), None)
         inputs = GenerationMixin.prepare_inputs_for_generation(self, input_ids, next_sequence_length, *args,
                                                                **kwargs)
         mask = inputs.get("decoder_attention_mask")
-        cache, static = inputs.get(CACHE_NAME), self.static_cache_class
+        static = self.static_cache_class
         if static is not None and isinstance(cache, static) and isinstance(mask, torch.Tensor):
             length = inputs["decoder_input_ids"].shape[1]
             inputs["decoder_attention_mask"] = mask[:, mask.shape[1] - length:].contiguous()
@@ -448,9 +455,9 @@ class RecurrentCausalLMMixin(LMHeadMixin):
 
         - A prompt that continues a filled cache (one passed to generate(), or an assistant's
           drafting again) keeps only the tokens the cache has not absorbed, as transformers
-          does for key-value caches. From 5.24 its prefill leaves the prompt whole when every
-          layer of the cache is a linear-attention one, whose length it cannot tell in general;
-          this cache counts its tokens.
+          does for key-value caches. The prefill of transformers 5.24 leaves the prompt whole when
+          every layer of the cache is a linear-attention one, whose length it cannot tell in
+          general; this cache counts its tokens.
         - With the static cache, the 2D padding mask keeps only the new tokens' columns,
           contiguous: one shape and stride at every decode step, so the compiled step is not
           traced again (the cache counts each row's real tokens itself).
@@ -461,7 +468,8 @@ class RecurrentCausalLMMixin(LMHeadMixin):
         if next_sequence_length is None and cache is not None:
             embeds = inputs_embeds if kwargs.get("is_first_iteration") else None
             next_sequence_length = _unabsorbed_tokens(cache.get_seq_length(), input_ids,
-                                                      kwargs.get("attention_mask"), embeds)
+                                                      kwargs.get("attention_mask"), embeds,
+                                                      cache.dropped_mask_columns)
         inputs = super().prepare_inputs_for_generation(input_ids, next_sequence_length, *args,
                                                        inputs_embeds=inputs_embeds, **kwargs)
         mask = inputs.get("attention_mask")
@@ -513,6 +521,7 @@ class RecurrentCausalLMMixin(LMHeadMixin):
                 raise ValueError(f"generate(use_cache=False) with {CACHE_NAME}: without a cache every step "
                                  "re-reads the whole sequence, which the given cache has already absorbed")
             cache._is_user_defined = True
+            cache.dropped_mask_columns = getattr(generation_config, "_mask_length", None)
             return
         if generation_config.use_cache is False:
             if static:
@@ -524,14 +533,18 @@ class RecurrentCausalLMMixin(LMHeadMixin):
             model_kwargs[CACHE_NAME].activate_past_recording()
 
 
-def _unabsorbed_tokens(past: int, input_ids, attention_mask, inputs_embeds) -> Optional[int]:
+def _unabsorbed_tokens(past: int, input_ids, attention_mask, inputs_embeds,
+                       dropped_mask_columns: Optional[int] = None) -> Optional[int]:
     """How many trailing prompt tokens a cache holding `past` tokens has not absorbed, by
-    transformers' own rule (its prefill before 5.24): prompt embeddings are the whole sequence; ids
-    are when the mask covers as many columns. None: the prompt is only the new tokens already."""
+    transformers' own rule (its prefill in 5.23 and 5.25): prompt embeddings are the whole sequence;
+    ids are when the mask covers as many columns. generate() drops a mask of ones before the prefill
+    and keeps its width (`dropped_mask_columns`), which then stands for the mask's. None: the prompt
+    is only the new tokens already."""
     if past == 0:
         return None
     if inputs_embeds is not None:
         return inputs_embeds.shape[1] - past
-    if attention_mask is not None and attention_mask.shape[1] == input_ids.shape[1]:
+    columns = attention_mask.shape[1] if attention_mask is not None else dropped_mask_columns
+    if columns == input_ids.shape[1]:
         return input_ids.shape[1] - past
     return None

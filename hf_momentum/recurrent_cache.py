@@ -67,6 +67,9 @@ class RecurrentCache(CroppableStatesMixin, Cache):
 
     is_compileable = False
     row_tokens: Optional[torch.Tensor] = None
+    # The width of the padding mask generate() was given with this cache, where it dropped that mask
+    # (all ones) before the prefill; None where it kept it (generation_config._mask_length)
+    dropped_mask_columns: Optional[int] = None
 
     def __init__(self, num_layers: int, num_states: int, key_value_layers: Sequence[int] = ()):
         self.key_value_layers = tuple(sorted(set(key_value_layers)))

@@ -217,6 +217,52 @@ def test_generate_continues_from_inputs_embeds_and_the_returned_cache(family, ma
     assert torch.equal(torch.cat([first.sequences, rest], 1), whole)
 
 
+# generate() drops a padding mask of ones before the prefill, keeping its width; a prompt that
+# continues a filled cache must still lose the tokens the cache holds (transformers 5.24's prefill
+# leaves that cut to the model wherever every layer of the cache is a linear-attention one).
+
+@pytest.mark.parametrize("mask", ["ones", "none"])
+@pytest.mark.parametrize("family", FAMILIES)
+def test_generate_continues_the_returned_cache_from_an_unpadded_prompt(family, mask, make_generator):
+    """3 tokens, then 3 more from everything so far with the cache the first call returned: the
+    tokens and scores of one call of 6 (a prompt absorbed twice changes the scores)."""
+    model = causal_lm(family).double()
+    model.generation_config.eos_token_id = None
+    ids = torch.randint(3, 60, (2, 5), generator=make_generator())
+
+    def run(prompt, new_tokens, **kwargs):
+        given = {"attention_mask": torch.ones_like(prompt)} if mask == "ones" else {}
+        return model.generate(prompt, do_sample=False, max_new_tokens=new_tokens,
+                              return_dict_in_generate=True, output_logits=True, **given, **kwargs)
+    with torch.no_grad():
+        whole = run(ids, 6)
+        first = run(ids, 3)
+        rest = run(first.sequences, 3, **{CACHE_NAME: first[CACHE_NAME]})
+    assert torch.equal(rest.sequences, whole.sequences)
+    torch.testing.assert_close(torch.stack(first.logits + rest.logits), torch.stack(whole.logits),
+                               rtol=1e-9, atol=1e-9)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_a_prefill_without_its_dropped_mask_cuts_the_prompt_by_the_masks_width(family, make_generator):
+    """The prefill as transformers 5.24 calls it with a filled cache (no next_sequence_length, the
+    mask of ones dropped, its width in generation_config._mask_length): a prompt as wide as the
+    mask is the whole sequence and keeps the tokens after the cache's 4; a narrower one is the new
+    tokens already and stays whole."""
+    model = causal_lm(family)
+    ids = torch.randint(3, 60, (2, 7), generator=make_generator())
+    with torch.no_grad():
+        cache = model(input_ids=ids[:, :4], use_cache=True)[CACHE_NAME]
+    for prompt in (ids, ids[:, 4:]):
+        generation_config = GenerationConfig()
+        generation_config._mask_length = ids.shape[1]
+        model_kwargs = {CACHE_NAME: cache, "use_cache": True}
+        model._prepare_cache_for_generation(generation_config, model_kwargs)
+        inputs = model.prepare_inputs_for_generation(prompt, None, attention_mask=None,
+                                                     is_first_iteration=True, **model_kwargs)
+        assert torch.equal(inputs["input_ids"], ids[:, 4:])
+
+
 # A left-padded prompt in chunks (generate's prefill_chunk_size): a chunk may hold no real token
 # of a row, or of any row.
 

@@ -8,7 +8,7 @@ embedding layout, the loss, resizing, and configuration and call errors. (fairse
 the reference in test_fairseq_lstm_translation_to_hf.py.)"""
 import pytest
 import torch
-from test_hf_seq2seq import PAD, generate, padded
+from test_hf_seq2seq import PAD, generate, generate_in_two_calls, padded
 from test_host_reads import HostReads
 from test_host_reads_lstm import HostReads as DeviceReads
 from torch.nn import functional as F
@@ -237,6 +237,13 @@ def test_generate_on_a_padded_batch_equals_each_source_alone(make_generator):
         batch = generate(m, src, mask)
         for i, s in enumerate(sources):
             torch.testing.assert_close(batch[i], generate(m, s[None], None)[0], rtol=0, atol=0)
+
+
+def test_generate_continues_the_returned_cache_from_the_whole_target(make_generator):
+    src, mask = padded(random_seqs(make_generator(), [5, 8]), "left")
+    (tokens, logits), (continued_tokens, continued_logits) = generate_in_two_calls(model(), src, mask)
+    assert torch.equal(continued_tokens, tokens)
+    torch.testing.assert_close(continued_logits, logits, rtol=1e-9, atol=1e-9)
 
 
 @pytest.mark.parametrize("speculation", ["prompt_lookup", "assistant"])

@@ -188,6 +188,31 @@ def test_generate_on_a_padded_batch_equals_each_source_alone(cross, make_generat
             torch.testing.assert_close(batch[i], generate(m, s[None], None)[0], rtol=0, atol=0)
 
 
+def generate_in_two_calls(m, src, mask):
+    """(tokens, logits) of one greedy call of 6 tokens, and of 3 tokens then 3 more from the whole
+    target so far, given with a decoder_attention_mask as wide and the cache the first call returned
+    (transformers' way to continue a cache; 5.24's prefill leaves the cut to the model)."""
+    kwargs = dict(input_ids=src, attention_mask=mask, do_sample=False, return_dict_in_generate=True,
+                  output_logits=True)
+    with torch.no_grad():
+        whole = m.generate(max_new_tokens=6, min_new_tokens=6, **kwargs)
+        first = m.generate(max_new_tokens=3, min_new_tokens=3, **kwargs)
+        rest = m.generate(decoder_input_ids=first.sequences,
+                          decoder_attention_mask=torch.ones_like(first.sequences), max_new_tokens=3,
+                          min_new_tokens=3, **{CACHE_NAME: first[CACHE_NAME]}, **kwargs)
+    return ((whole.sequences, torch.stack(whole.logits)),
+            (rest.sequences, torch.stack(first.logits + rest.logits)))
+
+
+@pytest.mark.parametrize("cross", CROSS)
+def test_generate_continues_the_returned_cache_from_the_whole_target(cross, make_generator):
+    m = model(cross_attention=cross, connection="momentum")
+    src, mask = padded(random_seqs(make_generator(), [5, 8]), "left")
+    (tokens, logits), (continued_tokens, continued_logits) = generate_in_two_calls(m, src, mask)
+    assert torch.equal(continued_tokens, tokens)
+    torch.testing.assert_close(continued_logits, logits, rtol=1e-9, atol=1e-9)
+
+
 @pytest.mark.parametrize("speculation", ["prompt_lookup", "assistant"])
 def test_speculative_decoding_gives_the_greedy_tokens(speculation, make_generator):
     """Prompt lookup and an assistant model propose tokens that the model checks in one forward;
