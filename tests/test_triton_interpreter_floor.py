@@ -10,11 +10,20 @@ import torch
 from helpers.compiled_process import run_compiled
 
 from plugins.attention import momentum_attention
-from plugins.rnn import MomentumLSTM
+from plugins.rnn import MomentumLSTM, adam_recurrence_triton
 from plugins.rnn.adam_recurrence import recurrence_backend
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None or torch.cuda.is_available(),
                                 reason="the interpreter's CPU path: triton installed, no GPU")
+
+
+@pytest.fixture(autouse=True)
+def lstm_kernels_chosen_afresh():
+    """The Adam/RMSProp step kernels are chosen once per process (`_kernel` is cached) and the floor is
+    checked there: each test starts and ends with none chosen, whatever ran before it in its worker."""
+    adam_recurrence_triton._kernel.cache_clear()
+    yield
+    adam_recurrence_triton._kernel.cache_clear()
 
 
 def attention(gen):

@@ -170,9 +170,11 @@ def _run(argv, isolated):
         runpy.run_path(argv[0], run_name="__main__")
 
 
-def _call(argv, isolated, cwd, env, paths, requests, replies):
-    """In the forked child: `python *argv`, then what the interpreter does at exit (wait for non-daemon
-    threads, atexit handlers), then exit without the server's own cleanup."""
+def _call(argv, isolated, cwd, env, paths, requests, replies, imported):
+    """In the forked child: what the server's imports wrote to stderr (`imported`, as a fresh process
+    writes it first: warnings and log lines of import time), `python *argv`, then what the interpreter
+    does at exit (wait for non-daemon threads, atexit handlers), then exit without the server's own
+    cleanup."""
     import atexit
     import threading
     import traceback
@@ -190,6 +192,7 @@ def _call(argv, isolated, cwd, env, paths, requests, replies):
             os.dup2(opened, fd)
             os.close(opened)
         sys.stdin = open(0, encoding="utf-8", closefd=False)     # not the server's buffer
+        os.write(2, imported)
         _run(argv, isolated)
         code = 0
     except SystemExit as error:
@@ -226,7 +229,8 @@ def _import_like(path):
 def serve(preload, user_dir):
     """The server: import, say ready, then fork one child per request and report its pid and exit
     status. Requests come on stdin and replies go to stdout, which are moved off fds 0 and 1 first
-    so that nothing the imports print reaches them."""
+    so that nothing the imports print reaches them; what the imports write to stderr is kept for
+    every child to write first."""
     import argparse
     import importlib
     import resource
@@ -235,6 +239,8 @@ def serve(preload, user_dir):
     os.dup2(null, 0)
     os.dup2(null, 1)
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))     # a call aborted for its stacks leaves no core file
+    stderr, kept = os.dup(2), tempfile.TemporaryFile()
+    os.dup2(kept.fileno(), 2)
     for item in preload:
         if os.sep in item:
             _import_like(item)
@@ -243,6 +249,11 @@ def serve(preload, user_dir):
     if user_dir is not None:
         from fairseq.utils import import_user_module
         import_user_module(argparse.Namespace(user_dir=user_dir))
+    sys.stderr.flush()
+    os.dup2(stderr, 2)
+    os.close(stderr)
+    kept.seek(0)
+    imported = kept.read()
     _send(replies, "ready")
     while True:
         try:
@@ -253,7 +264,7 @@ def serve(preload, user_dir):
             stream.flush()
         pid = os.fork()
         if pid == 0:
-            _call(argv, isolated, cwd, env, paths, requests, replies)
+            _call(argv, isolated, cwd, env, paths, requests, replies, imported)
         _send(replies, pid)
         _, status = os.waitpid(pid, 0)
         _send(replies, os.waitstatus_to_exitcode(status))
