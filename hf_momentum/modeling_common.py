@@ -10,6 +10,8 @@ import warnings
 from typing import Optional
 
 import torch
+import transformers
+from packaging.version import Version
 from torch import nn
 from transformers import GenerationMixin
 from transformers.generation.configuration_utils import GenerationMode
@@ -33,6 +35,10 @@ logger = logging.get_logger(__name__)
 # take either name, and name their outputs' field and generate()'s entry as the installed version does.
 CACHE_NAME = "cache" if "cache" in {f.name for f in dataclasses.fields(BaseModelOutputWithPast)} \
     else "past_key_values"
+# transformers 5.24's prefill (alone among 5.23-5.25) leaves the cut of a prompt that continues a
+# filled cache to the model where every layer of the cache is a linear-attention one; its chunked
+# prefill (prefill_chunk_size) then feeds the model the whole prompt, the tokens the cache holds included.
+CHUNKED_PREFILL_REREADS_THE_CACHE = Version(transformers.__version__).release[:2] == (5, 24)
 
 
 def given_cache(cache, past_key_values):
@@ -520,6 +526,12 @@ class RecurrentCausalLMMixin(LMHeadMixin):
             if generation_config.use_cache is False:
                 raise ValueError(f"generate(use_cache=False) with {CACHE_NAME}: without a cache every step "
                                  "re-reads the whole sequence, which the given cache has already absorbed")
+            if CHUNKED_PREFILL_REREADS_THE_CACHE and generation_config.prefill_chunk_size is not None and \
+                    cache.get_seq_length() > 0:
+                raise ValueError(f"prefill_chunk_size with a filled {CACHE_NAME}: the chunked prefill of "
+                                 f"transformers {transformers.__version__} would feed the model the tokens "
+                                 "the cache holds again; generate without prefill_chunk_size, or with "
+                                 "transformers 5.23 or >= 5.25")
             cache._is_user_defined = True
             cache.dropped_mask_columns = getattr(generation_config, "_mask_length", None)
             return

@@ -20,7 +20,7 @@ from hf_momentum import (
     MomentumTransformerForCausalLM,
     MomentumTransformerModel,
 )
-from hf_momentum.modeling_common import CACHE_NAME
+from hf_momentum.modeling_common import CACHE_NAME, CHUNKED_PREFILL_REREADS_THE_CACHE
 
 # A mask over the new tokens only would restart positions at 0.
 
@@ -238,6 +238,29 @@ def test_generate_continues_the_returned_cache_from_an_unpadded_prompt(family, m
         whole = run(ids, 6)
         first = run(ids, 3)
         rest = run(first.sequences, 3, **{CACHE_NAME: first[CACHE_NAME]})
+    assert torch.equal(rest.sequences, whole.sequences)
+    torch.testing.assert_close(torch.stack(first.logits + rest.logits), torch.stack(whole.logits),
+                               rtol=1e-9, atol=1e-9)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_a_chunked_prefill_continuing_the_returned_cache_equals_one_call(family, make_generator):
+    """prefill_chunk_size with the cache a first call returned and the whole sequence so far: one
+    call's tokens and scores, or, on transformers 5.24 (whose chunked prefill would feed the model the
+    cache's tokens again), a refusal naming prefill_chunk_size."""
+    model = causal_lm(family).double()
+    model.generation_config.eos_token_id = None
+    ids = torch.randint(3, 60, (2, 5), generator=make_generator())
+    kwargs = dict(do_sample=False, return_dict_in_generate=True, output_logits=True)
+    with torch.no_grad():
+        whole = model.generate(ids, max_new_tokens=6, **kwargs)
+        first = model.generate(ids, max_new_tokens=3, **kwargs)
+        go_on = dict(max_new_tokens=3, prefill_chunk_size=2, **{CACHE_NAME: first[CACHE_NAME]}, **kwargs)
+        if CHUNKED_PREFILL_REREADS_THE_CACHE:
+            with pytest.raises(ValueError, match="prefill_chunk_size with a filled"):
+                model.generate(first.sequences, **go_on)
+            return
+        rest = model.generate(first.sequences, **go_on)
     assert torch.equal(rest.sequences, whole.sequences)
     torch.testing.assert_close(torch.stack(first.logits + rest.logits), torch.stack(whole.logits),
                                rtol=1e-9, atol=1e-9)
