@@ -8,11 +8,13 @@ differ from eager's. The rule matches scalar constants only, so under export eps
 one-element tensor, which broadcasts to the same sums."""
 import torch
 
+from .exporting import is_exporting
+
 
 def eps_operand(eps: float, like: torch.Tensor):
     """eps as the operand of an addition to `like`: the float itself, or while torch.export traces
     (the path ONNX takes), a one-element tensor of like's dtype and device."""
-    if torch.compiler.is_exporting():
+    if is_exporting():
         return torch.full((1,), eps, dtype=like.dtype, device=like.device)
     return eps
 

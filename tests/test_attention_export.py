@@ -112,7 +112,7 @@ def test_under_onnx_export_auto_takes_the_pytorch_path_and_triton_is_refused(mon
     monkeypatch.setattr(backends, "_available", lambda: True)
     cuda = torch.device("cuda")
     assert backends.use_triton("auto", cuda, float64=False), "outside export, auto runs the kernels on CUDA"
-    monkeypatch.setattr(torch.compiler, "is_exporting", lambda: True)
+    monkeypatch.setattr(torch.compiler, "_is_exporting_flag", True)      # as torch.export sets it
     assert backends.use_triton("auto", cuda, float64=False), "torch.export alone keeps the kernels"
     monkeypatch.setattr(torch.onnx, "is_in_onnx_export", lambda: True)
     assert not backends.use_triton("auto", cuda, float64=False)

@@ -8,6 +8,7 @@ from typing import Optional
 
 import torch
 
+from ..exporting import is_exporting
 from .rule import MomentumRule
 
 _FAILED = {}      # the import error of plugins.attention.triton, once "auto" has met it
@@ -72,7 +73,7 @@ def onnx_exporting() -> bool:
     """torch.onnx.export is tracing the call (its torch.export stage included). Its own flag too:
     dynamo folds torch.onnx.is_in_onnx_export() to False, so in the exporter's strict capture
     (its fallback) only the flag that function reads says so (torch 2.11–2.15)."""
-    if not torch.compiler.is_exporting():
+    if not is_exporting():
         return False
     return torch.onnx.is_in_onnx_export() or getattr(_exporter_flags(), "_is_onnx_exporting", False)
 

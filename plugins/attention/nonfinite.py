@@ -19,6 +19,7 @@ from typing import Optional
 
 import torch
 
+from ..exporting import is_exporting
 from .checks import check_feature_dims
 from .feature_maps import FEATURE_MAPS
 from .state import MomentumAttentionState
@@ -33,7 +34,7 @@ def split_finite(t: torch.Tensor):
     second (t·0: 0 where t is finite). Under export (no backward) one `where` instead, which ONNX
     runs in one pass over t, where it spells nan_to_num as three (NaN, −inf, +inf); its mask is
     |t| < inf (false for NaN and ±inf), two ONNX ops where isfinite is four."""
-    if torch.compiler.is_exporting():
+    if is_exporting():
         zero = torch.zeros((), dtype=t.dtype, device=t.device)
         return torch.where(t.abs() < math.inf, t, zero), t.detach() * 0
     return torch.nan_to_num(t, nan=0.0, posinf=0.0, neginf=0.0), t.detach() * 0

@@ -30,6 +30,7 @@ import os
 import torch
 
 from ..exported_eps import eps_operand
+from ..exporting import is_exporting
 from ..validation import check_choice
 from .adam_recurrence_buffers import forward_buffers, forward_results
 
@@ -82,7 +83,7 @@ def drive_first():
     always do under torch.export: the other recurrences are autograd Functions whose forward
     writes into its buffers (out=, in place), which an exported program replays without their
     backward, so it would fail wherever gradients are enabled."""
-    return _backend == "cudnn" or torch.compiler.is_exporting()
+    return _backend == "cudnn" or is_exporting()
 
 
 def triton_available():

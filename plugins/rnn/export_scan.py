@@ -11,13 +11,15 @@ import torch
 from torch import Tensor
 from torch.nn.utils import parametrize
 
+from ..exporting import is_exporting
+
 
 def exports_a_length(input, batch_first: bool) -> bool:
     """Whether `input` is a padded (not packed) sequence whose length is symbolic under
     torch.export."""
     if not isinstance(input, Tensor) or input.dim() != 3:
         return False
-    return not isinstance(input.shape[1 if batch_first else 0], int) and torch.compiler.is_exporting()
+    return not isinstance(input.shape[1 if batch_first else 0], int) and is_exporting()
 
 
 def scanned_forward(layers, input: Tensor, state, all_layers: bool):
