@@ -22,7 +22,7 @@ from typing import Optional
 import torch
 from torch import nn
 from torch.nn import functional as F
-from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
+from torch.nn.utils.rnn import pack_padded_sequence
 from transformers import GenerationMixin, PreTrainedModel
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import BaseModelOutputWithPast, SequenceClassifierOutput
@@ -51,6 +51,7 @@ from .momentum_rnn_core import (
     drawn_weight_drop,
     embedding_dropout,
     front_order,
+    pad_packed,
     read_hyperparameters,
     segment_ids,
     sequence_dropout,
@@ -145,6 +146,8 @@ class MomentumLSTMStack(MomentumLSTM):
     with all_layers, else a one-tuple of the last. In training, `weight_drop` (AWD-LSTM's DropConnect)
     drops entries of every hidden-to-hidden matrix, one mask per call for the whole stack."""
 
+    _drawn_weight_drop = None       # the masks drawn_weight_drop_masks holds, while it does
+
     def __init__(self, *args, weight_drop=0.0, **kwargs):
         super().__init__(*args, **kwargs)
         self.weight_drop = weight_drop
@@ -160,7 +163,7 @@ class MomentumLSTMStack(MomentumLSTM):
         the call (one mask each, drawn first layer to last), which the layers' fused recurrence and
         cell step read unchanged; gradients reach the parameters (or a LoRA adapter's factors)
         through the masks."""
-        drawn = self.__dict__.get("_drawn_weight_drop")
+        drawn = self._drawn_weight_drop
         return self.substituted_recurrent_weights(
             drawn if drawn is not None else weight_drop(self.weight_drop, self.training))
 
@@ -171,11 +174,11 @@ class MomentumLSTMStack(MomentumLSTM):
         any layer runs, while a wrapper around this one (PEFT's ParamWrapper) puts its adapted
         weights in place only inside its own forward."""
         weights = [self.layer_parameters(k)[1] for k in range(self.num_layers * self.directions)]
-        self.__dict__["_drawn_weight_drop"] = drawn_weight_drop(self.weight_drop, self.training, weights)
+        self._drawn_weight_drop = drawn_weight_drop(self.weight_drop, self.training, weights)
         try:
             yield
         finally:
-            del self.__dict__["_drawn_weight_drop"]
+            self._drawn_weight_drop = None
 
     def _forward(self, input, state, *, cu_seqlens, cu_seqlens_cpu, one_step, all_layers):
         if one_step:
@@ -505,7 +508,7 @@ def packed_run(stack, x, mask, lengths, state=None, all_layers=False):
 
 def unpack(packed, back, mask):
     """A packed output of `_packed` in the input's positions, zero at padded tokens."""
-    out, _ = pad_packed_sequence(packed, batch_first=True, total_length=mask.shape[1])
+    out, _ = pad_packed(packed, batch_first=True, total_length=mask.shape[1])
     out = out.gather(1, back[..., None].expand_as(out))
     return out * mask[..., None].to(out.dtype)
 

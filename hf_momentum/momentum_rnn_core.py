@@ -6,6 +6,7 @@ gets the generated, self-contained copy that `bundled_source()` returns.
 from plugins.packing import Segments, front_order
 from plugins.rnn import MomentumLSTM, RecurrentState
 from plugins.rnn.awd import drawn_weight_drop, embedding_dropout, segment_ids, sequence_dropout, weight_drop
+from plugins.rnn.sequence import pad_packed
 from plugins.rnn.variants import (
     DEFAULT_CELL,
     DEFAULTS,
@@ -17,7 +18,7 @@ from plugins.rnn.variants import (
 BUNDLED_MODULES = ("plugins.rnn.layers", "plugins.rnn.variants", "plugins.packing", "plugins.rnn.awd")
 EXPORTS = ("MomentumLSTM", "RecurrentState", "DEFAULT_CELL", "DEFAULTS", "check_hyper",
            "read_hyperparameters", "unread_hyperparameters", "Segments", "front_order", "embedding_dropout",
-           "segment_ids", "sequence_dropout", "weight_drop", "drawn_weight_drop")
+           "segment_ids", "sequence_dropout", "weight_drop", "drawn_weight_drop", "pad_packed")
 
 
 def bundled_source() -> str:

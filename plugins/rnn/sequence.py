@@ -35,7 +35,7 @@ def as_sequence(input, input_size, batch_first):
         if input.data.dim() != 2 or input.data.size(1) != input_size:
             raise ValueError(f"packed input data must have shape (N, {input_size}), "
                              f"got {tuple(input.data.shape)}")
-        x, lengths = pad_packed_sequence(input)
+        x, lengths = pad_packed(input)
         return Sequence(x, lengths, input)
     if not isinstance(input, Tensor) or input.dim() != 3 or input.size(-1) != input_size:
         shape = tuple(input.shape) if isinstance(input, Tensor) else type(input).__name__
@@ -45,6 +45,20 @@ def as_sequence(input, input_size, batch_first):
     if input.size(0) == 0 or input.size(1) == 0:
         raise ValueError(f"input must have non-empty sequence and batch dims, got {tuple(input.shape)}")
     return Sequence(input.transpose(0, 1) if batch_first else input, None, None)
+
+
+def pad_packed(packed: PackedSequence, **kwargs):
+    """pad_packed_sequence(packed, **kwargs); under torch.compile outside the graph: it reads
+    batch_sizes' values, which torch 2.13's dynamo breaks the graph at and 2.11's fails on (its
+    fake-tensor call finds no data)."""
+    if torch.compiler.is_compiling():
+        return _padded_outside_the_graph(packed, **kwargs)
+    return pad_packed_sequence(packed, **kwargs)
+
+
+@torch._disable_dynamo  # (loads dynamo on the first call, not at import: test_architecture)
+def _padded_outside_the_graph(packed: PackedSequence, **kwargs):
+    return pad_packed_sequence(packed, **kwargs)
 
 
 def as_output(seq, out, batch_first):
@@ -117,8 +131,8 @@ def fused_recurrence(kind, x, lengths, hx, weights, has_biases, training, num_la
     data, finals = fused_packed(kind, packed, hx, weights, has_biases, training, num_layers, dropout)
     # a new PackedSequence, not packed._replace(data=...): after the graph break at packing, dynamo
     # rebuilt _replace's result with a 0-d batch_sizes (torch.compile of an eval forward failed)
-    out, _ = pad_packed_sequence(PackedSequence(data, packed.batch_sizes, packed.sorted_indices,
-                                                packed.unsorted_indices), total_length=x.size(0))
+    out, _ = pad_packed(PackedSequence(data, packed.batch_sizes, packed.sorted_indices,
+                                       packed.unsorted_indices), total_length=x.size(0))
     return out, finals
 
 
