@@ -17,6 +17,7 @@ import collections
 KINDS = ("momentum-plugins (Python)", "Triton (Python)", "torch (Python)", "other Python", "Python built-ins",
          "aten ops", "CUDA runtime and driver", "autograd nodes", "other C++")
 OURS = ("plugins/", "hf_momentum/", "fairseq_momentum/")         # the library; benchmarks are "other"
+PYTHON_KINDS = KINDS[:5]       # the kinds the profiler's Python tracer records
 WAITING = ("threading.py(", "queue.py(", "selectors.py(", "concurrent/futures/thread.py(",
            "<built-in method acquire of _thread", "<built-in method wait")
 
@@ -65,11 +66,13 @@ def trace(step, steps: int = 10, cuda: bool = False, top: int = 12) -> dict:
             torch.cuda.synchronize()
     by_kind, by_thread = collections.Counter(), collections.Counter()
     by_name = collections.Counter()
+    frames = False
     for event in prof.events():
         if (event.device_type != torch.autograd.DeviceType.CPU or event.name == "cudaDeviceSynchronize"
                 or "profiler" in event.name):                # the profiler's own frames
             continue
         us, what = event.self_cpu_time_total / steps, kind(event.name)
+        frames = frames or what in PYTHON_KINDS
         by_kind[what] += us
         if what != "waiting":
             by_thread[event.thread] += us
@@ -78,7 +81,7 @@ def trace(step, steps: int = 10, cuda: bool = False, top: int = 12) -> dict:
     native = [(name, us) for name, us in by_name.most_common() if ".py(" not in name][:top]
     return dict(steps=steps, total_us=sum(by_thread.values()), kinds={k: by_kind.get(k, 0.0) for k in KINDS},
                 waiting_us=by_kind.get("waiting", 0.0), threads=dict(by_thread.most_common()),
-                python=python, native=native)
+                python=python, native=native, python_frames=frames, torch=torch.__version__)
 
 
 def _short(name: str) -> str:
@@ -93,8 +96,11 @@ def markdown(result: dict, title: str = "") -> str:
         f"Host self time under torch.profiler (Python stacks), µs per step over {result['steps']} steps: "
         f"{result['total_us']:.0f} in all, by thread {threads} (and {result['waiting_us']:.0f} in threads "
         "waiting idle, not counted). On a GPU the backward runs on autograd's device thread: the calling "
-        "thread's `run_backward` is then mostly its wait for it.", "",
-        "| kind | µs per step | share |", "|---|---:|---:|"]
+        "thread's `run_backward` is then mostly its wait for it.", ""]
+    if not result["python_frames"]:
+        lines += [f"torch.profiler recorded no Python frames here (torch {result['torch']}; seen with torch "
+                  "2.11 under Python 3.12): the Python kinds are missing from the total, not zero.", ""]
+    lines += ["| kind | µs per step | share |", "|---|---:|---:|"]
     lines += [f"| {k} | {us:.0f} | {us / total:.0%} |" for k, us in result["kinds"].items() if us]
     for label, rows in (("Python function", result["python"]), ("op or call", result["native"])):
         lines += ["", f"| {label} | µs per step |", "|---|---:|"]

@@ -10,6 +10,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 import host_trace  # noqa: E402
 
+TORCH = tuple(int(part) for part in torch.__version__.split(".")[:2])
+
 from plugins.attention.feature_maps import elu_plus_one  # noqa: E402
 
 
@@ -42,7 +44,12 @@ def test_a_step_is_split_by_kind_and_an_idle_thread_is_left_out():
         stop.set()
         idle.join()
     kinds = result["kinds"]
-    assert kinds["aten ops"] > 0 and kinds["momentum-plugins (Python)"] > 0 and kinds["other Python"] > 0
+    assert kinds["aten ops"] > 0
+    if not result["python_frames"]:             # torch 2.11 under Python 3.12 records none
+        assert TORCH < (2, 13), "torch.profiler recorded no Python frames"
+        assert "recorded no Python frames here" in host_trace.markdown(result)
+        return
+    assert kinds["momentum-plugins (Python)"] > 0 and kinds["other Python"] > 0
     assert result["waiting_us"] > 0                                    # the idle thread: seen, not counted
     assert not any(name.startswith("threading.py(") for name, _ in result["python"])
     counted = sum(kinds.values())
