@@ -66,13 +66,11 @@ def trace(step, steps: int = 10, cuda: bool = False, top: int = 12) -> dict:
             torch.cuda.synchronize()
     by_kind, by_thread = collections.Counter(), collections.Counter()
     by_name = collections.Counter()
-    frames = False
     for event in prof.events():
         if (event.device_type != torch.autograd.DeviceType.CPU or event.name == "cudaDeviceSynchronize"
                 or "profiler" in event.name):                # the profiler's own frames
             continue
         us, what = event.self_cpu_time_total / steps, kind(event.name)
-        frames = frames or what in PYTHON_KINDS
         by_kind[what] += us
         if what != "waiting":
             by_thread[event.thread] += us
@@ -81,7 +79,8 @@ def trace(step, steps: int = 10, cuda: bool = False, top: int = 12) -> dict:
     native = [(name, us) for name, us in by_name.most_common() if ".py(" not in name][:top]
     return dict(steps=steps, total_us=sum(by_thread.values()), kinds={k: by_kind.get(k, 0.0) for k in KINDS},
                 waiting_us=by_kind.get("waiting", 0.0), threads=dict(by_thread.most_common()),
-                python=python, native=native, python_frames=frames, torch=torch.__version__)
+                python=python, native=native, python_frames=any(k in by_kind for k in PYTHON_KINDS),
+                torch=torch.__version__)
 
 
 def _short(name: str) -> str:

@@ -31,6 +31,7 @@ import torch
 
 from ..exported_eps import eps_operand
 from ..exporting import is_exporting
+from ..graph_breaks import eager_under_compile
 from ..validation import check_choice
 from .adam_recurrence_buffers import forward_buffers, forward_results
 
@@ -109,20 +110,13 @@ def _triton_function(g):
     return None if chosen == "torch" else _triton_recurrences()[chosen]
 
 
+@eager_under_compile
 def adam_lstm_recurrence(g, *args):
     """`AdamLSTMRecurrence.apply`, behind an explicit graph break under torch.compile. Dynamo traces
     an autograd.Function's forward itself, past `apply` and whatever decorates it (so past the
     Triton dispatch there), and its tracing of this one's in-place steps failed with an internal
     assertion ("lift_tracked_freevar_to_input", a batch of one under dynamic shapes, two layers)
-    instead of breaking the graph; torch.compile now always runs the recurrence eagerly. Eager calls
-    go straight to `apply` (no dynamo import, no disable context per call)."""
-    if torch.compiler.is_compiling():
-        return _recurrence_outside_the_graph(g, *args)
-    return AdamLSTMRecurrence.apply(g, *args)
-
-
-@torch._disable_dynamo  # (loads dynamo on the first call, not at import: test_architecture)
-def _recurrence_outside_the_graph(g, *args):
+    instead of breaking the graph; torch.compile now always runs the recurrence eagerly."""
     return AdamLSTMRecurrence.apply(g, *args)
 
 

@@ -7,6 +7,7 @@ from torch import _VF, Tensor
 from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence, pad_packed_sequence
 
 from ..autocast import autocast_off
+from ..graph_breaks import eager_under_compile
 from ..validation import MAX_INT
 
 
@@ -47,17 +48,11 @@ def as_sequence(input, input_size, batch_first):
     return Sequence(input.transpose(0, 1) if batch_first else input, None, None)
 
 
+@eager_under_compile
 def pad_packed(packed: PackedSequence, **kwargs):
     """pad_packed_sequence(packed, **kwargs); under torch.compile outside the graph: it reads
     batch_sizes' values, which torch 2.13's dynamo breaks the graph at and 2.11's fails on (its
     fake-tensor call finds no data)."""
-    if torch.compiler.is_compiling():
-        return _padded_outside_the_graph(packed, **kwargs)
-    return pad_packed_sequence(packed, **kwargs)
-
-
-@torch._disable_dynamo  # (loads dynamo on the first call, not at import: test_architecture)
-def _padded_outside_the_graph(packed: PackedSequence, **kwargs):
     return pad_packed_sequence(packed, **kwargs)
 
 
