@@ -74,8 +74,8 @@ class CroppableStatesMixin:
         return self.recording_past() and not self.is_compileable
 
     def recording_past(self) -> bool:
-        """Whether generate asked this cache to record its past (`activate_past_recording`). Read off
-        any layer that records: a hybrid's softmax layers (`KeyValueLayer`) do not, and may come first."""
+        """Whether generate asked this cache to record its past (`activate_past_recording`), which
+        every layer of it keeps (`record_past`, also the softmax layers' `KeyValueLayer`)."""
         return any(self.is_recording_past(idx) for idx in range(len(self.layers)))
 
     def crop(self, tokens_to_remove: int) -> None:

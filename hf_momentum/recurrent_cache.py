@@ -29,6 +29,14 @@ class KeyValueLayer(DynamicLayer):
     them itself."""
 
     real: Optional[torch.Tensor] = None
+    # whether generate records the past (cache_history.CroppableStatesMixin.recording_past): a
+    # DynamicLayer has no such switch, so a cache of softmax layers only could never be cropped
+    record_past: bool = False
+
+    def activate_past_recording(self, **kwargs) -> None:
+        """(transformers 5.25 also passes `recurrent_states_to_keep`, which a crop here does not need:
+        it restores the snapshot hf_momentum.cache_history keeps.)"""
+        self.record_past = True
 
     def set(self, keys: torch.Tensor, values: torch.Tensor, real: Optional[torch.Tensor]) -> None:
         self.keys, self.values, self.real = keys, values, real

@@ -205,13 +205,20 @@ def test_beam_search_with_the_cache_equals_beam_search_without(make_generator):
     assert len(set(cached.beam_indices[:, -2].tolist())) > 1      # the beams were reordered
 
 
-@pytest.mark.parametrize("layer_types", [HYBRID, ["full_attention", *HYBRID[:2], "linear_attention"]],
-                         ids=["linear-first", "softmax-first"])
+DRAFT = ["linear_attention", "full_attention"]
+
+
+@pytest.mark.parametrize("layer_types,draft_types", [
+    (HYBRID, DRAFT), (["full_attention", *HYBRID[:2], "linear_attention"], DRAFT),
+    (["full_attention", "sliding_attention"], DRAFT), (HYBRID, ["sliding_attention"])],
+    ids=["linear-first", "softmax-first", "softmax-only", "softmax-only-draft"])
 @pytest.mark.parametrize("padding", [0, 3])
-def test_prompt_lookup_and_assisted_decoding_equal_greedy(padding, layer_types):
+def test_prompt_lookup_and_assisted_decoding_equal_greedy(padding, layer_types, draft_types):
     """Speculative decoding crops the one cache back to the accepted tokens: the softmax layers'
     key/values with the momentum states (hf_momentum.cache_history), whichever kind of layer comes
-    first (the cache records its past in its linear-attention layers only)."""
+    first, and in a model of softmax layers only, as target or as draft (every layer keeps generate's
+    past-recording switch; transformers' DynamicLayer has none, and such a cache refused its first
+    crop)."""
     model = hybrid_model(layer_types)
     phrase = [7, 8, 9, 10, 11, 12]
     ids = torch.tensor([[0] * padding + phrase * 3])
@@ -219,7 +226,7 @@ def test_prompt_lookup_and_assisted_decoding_equal_greedy(padding, layer_types):
     greedy = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=12, do_sample=False)
     lookup = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=12, do_sample=False,
                             prompt_lookup_num_tokens=4)
-    draft = hybrid_model(["linear_attention", "full_attention"])
+    draft = hybrid_model(draft_types)
     assisted = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=12, do_sample=False,
                               assistant_model=draft)
     assert torch.equal(lookup, greedy) and torch.equal(assisted, greedy)

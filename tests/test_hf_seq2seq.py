@@ -213,16 +213,18 @@ def test_generate_continues_the_returned_cache_from_the_whole_target(cross, make
     torch.testing.assert_close(continued_logits, logits, rtol=1e-9, atol=1e-9)
 
 
-@pytest.mark.parametrize("speculation", ["prompt_lookup", "assistant"])
+@pytest.mark.parametrize("speculation", ["prompt_lookup", "assistant", "softmax_decoder_assistant"])
 def test_speculative_decoding_gives_the_greedy_tokens(speculation, make_generator):
     """Prompt lookup and an assistant model propose tokens that the model checks in one forward;
     the cache is cropped back to the accepted ones (states restored, memories kept): the greedy
-    tokens come out."""
+    tokens come out. An assistant whose decoder has softmax layers only keeps no momentum state,
+    and its cache is cropped all the same."""
     g = make_generator()
     m = model(cross_attention="momentum", connection="momentum")
     src, mask = padded(random_seqs(g, [6, 9]), "left")
+    softmax = dict(layer_types=["full_attention"] * 2) if speculation == "softmax_decoder_assistant" else {}
     option = dict(prompt_lookup_num_tokens=3) if speculation == "prompt_lookup" else \
-        dict(assistant_model=model(seed=1, cross_attention="softmax"))
+        dict(assistant_model=model(seed=1, cross_attention="softmax", **softmax))
     greedy = generate(m, src[:1], mask[:1])
     torch.testing.assert_close(generate(m, src[:1], mask[:1], **option), greedy, rtol=0, atol=0)
 
