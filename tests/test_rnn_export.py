@@ -3,8 +3,9 @@
 given a random state (h, c, v, m and the step counter of the NAG/SR schedules), equals the
 paper's equations written as a loop (helpers/rnn_layers.literal), outputs of every layer and the
 final state, at lengths other than the traced one (each cell in one family at least, each family
-with its plain cell, eq. 15's and a stepped one); batch_first and bidirectional too. And the ε
-of eq. 15 reaches onnxruntime (plugins/exported_eps.py)."""
+with its plain cell, eq. 15's and a stepped one); batch_first and bidirectional too; at a static
+length with a given state (the whole-sequence form). And the ε of eq. 15 reaches onnxruntime
+(plugins/exported_eps.py)."""
 import helpers.rnn_layers as shared
 import pytest
 import torch
@@ -92,6 +93,37 @@ def check_exported(make_generator, case, batch_first, bidirectional):
             torch.testing.assert_close(got[layer.num_layers + i], want, rtol=shared.TOL, atol=shared.TOL,
                                        msg=lambda m: f"T = {T}, final {name}: {m}")
         assert torch.equal(got[-1], state.step + T)
+
+
+@pytest.mark.parametrize("cell", ["momentum", "adam", "nag", "sr"])
+def test_exported_layers_with_a_static_length_and_a_given_state_equal_the_equations(make_generator, cell):
+    """A static length and a dynamic batch (the README's export, given a state): the layer takes its
+    whole-sequence form, not the scan, where eager calls on the CPU ask whether the state's carried
+    channels (v_0's weights) and the rows' start steps (NAG/SR) are all alike. export has no values
+    to ask, and failed on both."""
+    gen = make_generator()
+    layer = shared.make(MomentumLSTM, cell, 2, gen).eval()
+    batch = Dim("batch", min=1, max=64)
+
+    def inputs(rows):
+        state = shared.random_state(layer, gen, rows)
+        present = [name for name in FIELDS if getattr(state, name) is not None]
+        parts = [getattr(state, name).detach() for name in present] + [state.step]
+        return torch.randn(6, rows, shared.D, generator=gen, dtype=torch.float64), state, present, parts
+
+    x, _, present, parts = inputs(3)
+    module = Layers(layer, present)
+    program = export(module, (x, *parts), dynamic_shapes=(
+        {1: batch}, tuple({0: batch} if part.dim() == 1 else {1: batch} for part in parts))).module()
+    for rows in (3, 5):
+        x, state, _, parts = inputs(rows)
+        got = program(x, *parts)
+        want_out, finals = shared.literal(layer, x, state)
+        torch.testing.assert_close(got[layer.num_layers - 1], want_out, rtol=shared.TOL, atol=shared.TOL)
+        for i, name in enumerate(present):
+            want = torch.stack([f[FIELDS.index(name)] for f in finals])
+            torch.testing.assert_close(got[layer.num_layers + i], want, rtol=shared.TOL, atol=shared.TOL)
+        assert torch.equal(got[-1], state.step + 6)
 
 
 class AdaptiveDenominator(torch.nn.Module):

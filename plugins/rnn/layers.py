@@ -114,8 +114,9 @@ def input_map(x, decay, step_size, weight, bias, v0, joined=None):
     if v0 is not None:
         carried = carried_channels(decay, batch)
         # Zero weights (e.g. NAG's μ_1 = 0) drop the B channels; asking whether they are all
-        # zero would make the host wait for an accelerator, so only the CPU asks.
-        if carried.device.type != "cpu" or bool(carried.any()):
+        # zero would make the host wait for an accelerator, and a traced graph (torch.export,
+        # torch.compile) has no values to ask, so only eager calls on the CPU ask.
+        if carried.device.type != "cpu" or torch.compiler.is_compiling() or bool(carried.any()):
             cols.append(carried.to(device=x.device, dtype=x.dtype))
             pad = aligning_channels(carried.size(-1))
             w = torch.cat([w, v0.t()] + ([v0.new_zeros(v0.size(1), pad)] if pad else []), 1)

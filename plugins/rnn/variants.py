@@ -21,6 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import NamedTuple
 
+import torch
 from torch import Tensor
 
 from ..validation import check_choice, check_int, check_momentum, check_positive
@@ -122,10 +123,13 @@ def constant_momentum_decay(hyper, length, start_step):
 
 
 def nag_schedule_decay(hyper, length, start_step):
-    """One decay group when every row starts at the same step. The rows are compared only
-    on the CPU: on an accelerator the comparison would make the host wait for the device,
-    so there each row keeps its group unless the caller passes a single start step."""
-    if start_step.device.type == "cpu" and bool((start_step == start_step[0]).all()):
+    """One decay group when every row starts at the same step. The rows are compared only in
+    eager calls on the CPU: on an accelerator the comparison would make the host wait for the
+    device, and a traced graph (torch.export, torch.compile) has no values to compare (export
+    with a static length failed on it); there each row keeps its group unless the caller passes
+    a single start step."""
+    if start_step.device.type == "cpu" and not torch.compiler.is_compiling() and \
+            bool((start_step == start_step[0]).all()):
         start_step = start_step[:1]
     return NAGDecay(start_step, hyper.restart, length)
 
