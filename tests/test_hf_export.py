@@ -10,19 +10,9 @@ from pathlib import Path
 import pytest
 import torch
 from helpers.code_blocks import run_as_module
-from helpers.hf_tiny_models import FAMILIES, causal_lm, left_padded
+from helpers.hf_tiny_models import FAMILIES, Logits, causal_lm, left_padded
 from helpers.onnx_runtime import onnxruntime_function
 from torch.export import Dim, export
-
-
-class Logits(torch.nn.Module):
-    def __init__(self, model):
-        super().__init__()
-        self.model = model
-
-    def forward(self, input_ids, attention_mask):
-        return self.model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits
-
 
 # (seed, real tokens per row, length): inside one chunk of 64, at and past its end, several chunks
 LENGTHS = ((1, [3, 63, 1], 63), (2, [64, 10], 64), (3, [65, 100], 100), (4, [200, 130, 7], 200),

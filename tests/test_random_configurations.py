@@ -1,7 +1,9 @@
 """Random configurations across the library (tests/helpers/random_cases.py): each case draws its
 shapes, hyperparameters, padding, packing, hybrid layers or cell from its seed and checks that every
 sequence equals itself run alone and that recurrent and batch forms agree, against float64
-references. The other tests fix a few combinations each; these draw from all of them. The seed is
+references; generation (speculative decoding, beams, continued, static and no cache), torch.export
+and fairseq's LSTM models give what their reference forms give (helpers/random_generation.py). The
+other tests fix a few combinations each; these draw from all of them. The seed is
 the test's parameter, so a failure reruns alone (its node id, e.g.
 `tests/test_random_configurations.py::test_random_case[rnn-17]`), and its message names the case.
 
@@ -12,7 +14,7 @@ import os
 import random
 
 import pytest
-from helpers import random_cases
+from helpers import random_cases, random_generation
 
 SCALE = int(os.environ.get("MOMENTUM_RANDOM_CASES", "1"))
 NEEDS_TRITON = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton not installed")
@@ -33,6 +35,10 @@ FAMILIES = {
     "stock": (25, random_cases.check_stock_causal_lm, ()),
     "seq2seq": (25, random_cases.check_seq2seq, ()),
     "fairseq": (15, random_cases.check_fairseq_translation, ()),
+    "speculative": (20, random_generation.check_speculative, ()),
+    "generation": (20, random_generation.check_generation, ()),
+    "export": (6, random_generation.check_export, ()),
+    "fairseq-lstm": (10, random_generation.check_fairseq_lstm, ()),
 }
 SEEDS = [pytest.param(f"{family}-{i}", marks=marks)
          for family, (count, _, marks) in FAMILIES.items() for i in range(count * SCALE)]

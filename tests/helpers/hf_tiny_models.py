@@ -39,3 +39,15 @@ def left_padded(generator, lengths, total):
         mask[row, total - n:] = 1
     ids[mask == 0] = PAD
     return ids, mask
+
+
+class Logits(torch.nn.Module):
+    """A causal LM's scoring forward (logits, use_cache=False) as a module of (input_ids,
+    attention_mask), the form the export tests hand to torch.export."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids, attention_mask):
+        return self.model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits

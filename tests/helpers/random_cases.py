@@ -366,11 +366,11 @@ def check_causal_lm(rng, model, case, vocab: int, tol=F64_TOL, *, packed=True, l
                     case_error(case, f"generate, row {b}: {row} in the batch, {one} alone")
 
 
-def check_native_causal_lm(rng):
-    """MomentumTransformerForCausalLM: hybrid layer_types (momentum, full and sliding softmax), each
-    connection, pre or post norm, both feature maps (`check_causal_lm`)."""
+def native_causal_lm(rng, layers=None):
+    """(float64 eval MomentumTransformerForCausalLM, its drawn config): hybrid layer_types (momentum,
+    full and sliding softmax), each connection, pre or post norm, both feature maps."""
     from hf_momentum import MomentumTransformerConfig, MomentumTransformerForCausalLM
-    layers = rng.randint(1, 3)
+    layers = layers or rng.randint(1, 3)
     kinds = [rng.choice(["linear_attention", "linear_attention", "full_attention", "sliding_attention"])
              for _ in range(layers)]
     case = dict(vocab_size=23, hidden_size=rng.choice([8, 16]), num_hidden_layers=layers,
@@ -383,7 +383,12 @@ def check_native_causal_lm(rng):
                 embedding_layer_norm=rng.random() < 0.3,
                 sliding_window=rng.randint(1, 6) if "sliding_attention" in kinds else None)
     torch.manual_seed(rng.randrange(1 << 30))
-    model = MomentumTransformerForCausalLM(MomentumTransformerConfig(**case)).double().eval()
+    return MomentumTransformerForCausalLM(MomentumTransformerConfig(**case)).double().eval(), case
+
+
+def check_native_causal_lm(rng):
+    """MomentumTransformerForCausalLM (`native_causal_lm`, `check_causal_lm`)."""
+    model, case = native_causal_lm(rng)
     check_causal_lm(rng, model, case, 23)
 
 
@@ -443,16 +448,21 @@ def check_native_causal_lm_on_triton(rng):
         assert error <= 1e-3, case_error(case, f"training gradient of {name}: {error:.1e} of its norm")
 
 
-def check_lstm_causal_lm(rng):
-    """MomentumLSTMForCausalLM of any cell, 1–3 layers, with a projected embedding or not
-    (`check_causal_lm`; its rows are padded, not packed)."""
+def lstm_causal_lm(rng, layers=None):
+    """(float64 eval MomentumLSTMForCausalLM, its drawn config): any cell, 1–3 layers, with a
+    projected embedding or not."""
     from hf_momentum import MomentumLSTMConfig, MomentumLSTMForCausalLM
     cell = rng.choice(["lstm", "momentum", "adam", "rmsprop", "nag", "sr"])
-    case = dict(vocab_size=19, hidden_size=rng.choice([4, 8]), num_hidden_layers=rng.randint(1, 3), cell=cell,
-                embedding_size=rng.choice([None, 6]), pad_token_id=0, tie_word_embeddings=False,
+    case = dict(vocab_size=19, hidden_size=rng.choice([4, 8]), num_hidden_layers=layers or rng.randint(1, 3),
+                cell=cell, embedding_size=rng.choice([None, 6]), pad_token_id=0, tie_word_embeddings=False,
                 **({"restart": rng.randint(1, 5)} if cell == "sr" else {}))
     torch.manual_seed(rng.randrange(1 << 30))
-    model = MomentumLSTMForCausalLM(MomentumLSTMConfig(**case)).double().eval()
+    return MomentumLSTMForCausalLM(MomentumLSTMConfig(**case)).double().eval(), case
+
+
+def check_lstm_causal_lm(rng):
+    """MomentumLSTMForCausalLM (`lstm_causal_lm`, `check_causal_lm`; its rows are padded, not packed)."""
+    model, case = lstm_causal_lm(rng)
     check_causal_lm(rng, model, case, 19, packed=False)
 
 
