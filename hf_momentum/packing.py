@@ -57,8 +57,8 @@ def possible_document_starts(batch: int, length: int, device, *, padding_mask: O
             else padding_mask.to(device=device, dtype=torch.bool))
     arange = torch.arange(length, device=device)
     last_real = torch.where(real, arange, -1).cummax(-1).values
-    previous = torch.cat([torch.full((batch, 1), -1, device=device, dtype=last_real.dtype),
-                          last_real[:, :-1]], dim=1)          # the row's previous real token, -1 if none
+    # the row's previous real token, -1 if none (a roll keeps an empty row empty)
+    previous = torch.where(arange == 0, -1, last_real.roll(1, -1))
     first = real & (previous < 0)
     found = {}
     if position_ids is not None:

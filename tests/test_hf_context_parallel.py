@@ -43,6 +43,7 @@ CASES = {
         "uneven slices, adaptive connection, post-LN": dict(length=8, config=dict(connection="adaptive",
                                                                                   layer_norm="post")),
         "left padding over two ranks": dict(length=10, padding=True, config=dict(attention_momentum=0.9)),
+        "fewer tokens than ranks: an empty slice": dict(length=2),
     },
 }
 

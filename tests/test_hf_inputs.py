@@ -147,6 +147,9 @@ def test_empty_prompt_forward_then_continue(family, make_generator):
     with torch.no_grad():
         out = model(input_ids=empty, attention_mask=torch.ones(2, 0, dtype=torch.long))
         assert out.logits.shape == (2, 0, 60) and out.past_key_values.get_seq_length() == 0
+        # with position_ids too, as a context-parallel rank whose slice is empty is called
+        positioned = model(input_ids=empty, position_ids=torch.zeros(2, 0, dtype=torch.long), use_cache=False)
+        assert positioned.logits.shape == (2, 0, 60)
         cont = model(input_ids=ids, past_key_values=out.past_key_values).logits
         whole = model(input_ids=ids, use_cache=False).logits
     torch.testing.assert_close(cont, whole, atol=1e-5, rtol=1e-4)
