@@ -25,6 +25,7 @@ from transformers.modeling_outputs import (
 )
 from transformers.utils import logging
 
+from .cache_history import CroppableStatesMixin
 from .packing import COLLATOR, has_packing_kwargs, pop_packing_kwargs
 from .validation import check_bool, check_int
 
@@ -269,11 +270,15 @@ class Seq2SeqLMMixin:
         has not absorbed where `decoder_attention_mask` is as wide (transformers' rule, which the
         prefill of 5.24 leaves to the model for linear-attention caches). With the static cache a
         decoder mask keeps only its new tokens' columns, as for the causal LM; the encoder's mask
-        stays whole."""
+        stays whole. An assistant's cache (recording its past for speculative decoding) keeps only
+        the unabsorbed tokens without a decoder mask too: transformers 5.25's candidate generator
+        passes none, and its prefill would re-feed the assistant every decoder id of each round."""
         cache = kwargs.get(CACHE_NAME)
         if next_sequence_length is None and cache is not None:
-            next_sequence_length = _unabsorbed_tokens(cache.get_seq_length(), input_ids,
-                                                      kwargs.get("decoder_attention_mask"), None)
+            mask = kwargs.get("decoder_attention_mask")
+            drafting = mask is None and isinstance(cache, CroppableStatesMixin) and cache.recording_past()
+            next_sequence_length = _unabsorbed_tokens(cache.get_seq_length(), input_ids, mask, None,
+                                                      input_ids.shape[1] if drafting else None)
         inputs = GenerationMixin.prepare_inputs_for_generation(self, input_ids, next_sequence_length, *args,
                                                                **kwargs)
         mask = inputs.get("decoder_attention_mask")

@@ -229,6 +229,34 @@ def test_speculative_decoding_gives_the_greedy_tokens(speculation, make_generato
     torch.testing.assert_close(generate(m, src[:1], mask[:1], **option), greedy, rtol=0, atol=0)
 
 
+def drafted_decoder_ids(m, source, recording):
+    """The decoder ids of an assistant's next forward as transformers 5.25 asks for them: its cache
+    holds 3 decoder tokens, generate passes all 5 and no decoder mask (`recording`: the cache records
+    its past, as generate makes an assistant's)."""
+    ids = torch.cat([torch.full((1, 1), EOS), source[:, :4]], 1)
+    with torch.no_grad():
+        out = m(input_ids=source, decoder_input_ids=ids[:, :3], use_cache=True)
+    cache = getattr(out, CACHE_NAME)
+    if recording:
+        cache.activate_past_recording()
+    inputs = m.prepare_inputs_for_generation(ids, encoder_outputs=(out.encoder_last_hidden_state,),
+                                             **{CACHE_NAME: cache})
+    return ids, inputs["decoder_input_ids"]
+
+
+def test_an_assistants_cache_gets_only_the_decoder_ids_it_has_not_absorbed(make_generator):
+    """Without it, an encoder-decoder assistant under transformers 5.25 re-absorbed every decoder id
+    of each round (its cache held 1, 3, 6, 10 ... tokens) and drafted from wrong states, until a
+    position passed max_position_embeddings. A cache that records no past keeps transformers' rule
+    (the decoder mask decides; without one every id is fed)."""
+    m = model(cross_attention="momentum", connection="momentum")
+    source = torch.randint(3, VOCAB, (1, 6), generator=make_generator())
+    ids, fed = drafted_decoder_ids(m, source, recording=True)
+    assert torch.equal(fed, ids[:, 3:])
+    ids, fed = drafted_decoder_ids(m, source, recording=False)
+    assert torch.equal(fed, ids)
+
+
 def decode_step_reads(m):
     """Host reads of the second decoding step of a left-padded batch of two sources."""
     src, mask = padded([torch.arange(3, 10), torch.arange(3, 6)], "left")
