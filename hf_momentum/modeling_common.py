@@ -25,7 +25,6 @@ from transformers.modeling_outputs import (
 )
 from transformers.utils import logging
 
-from .cache_history import CroppableStatesMixin
 from .packing import COLLATOR, has_packing_kwargs, pop_packing_kwargs
 from .validation import check_bool, check_int
 
@@ -276,7 +275,7 @@ class Seq2SeqLMMixin:
         cache = kwargs.get(CACHE_NAME)
         if next_sequence_length is None and cache is not None:
             mask = kwargs.get("decoder_attention_mask")
-            drafting = mask is None and isinstance(cache, CroppableStatesMixin) and cache.recording_past()
+            drafting = mask is None and cache.recording_past()
             next_sequence_length = _unabsorbed_tokens(cache.get_seq_length(), input_ids, mask, None,
                                                       input_ids.shape[1] if drafting else None)
         inputs = GenerationMixin.prepare_inputs_for_generation(self, input_ids, next_sequence_length, *args,

@@ -202,11 +202,13 @@ def parse_namespace(arch, *extra, task="language_modeling"):
                                                 "--arch", arch, *extra])
 
 
-def cell_flags(cell):
-    """Command-line flags of a registry cell: the hyperparameters it reads (another is refused)
-    and a restart wherever the cell takes one."""
-    values = {"momentum": "0.6", "step_size": "0.7", "beta": "0.8"}
+def cell_flags(cell, values=None, restart=3):
+    """Command-line flags of a registry cell: the hyperparameters it reads (another is refused),
+    from `values` by name (default momentum 0.6, step_size 0.7, beta 0.8), and a restart every
+    `restart` steps wherever the cell takes one (None: no restart, which only nag allows)."""
+    values = values or {"momentum": 0.6, "step_size": 0.7, "beta": 0.8}
     flags = ["--lstm-cell", cell]
     for name in set(values) - set(unread_hyperparameters(cell)):
-        flags += [f"--lstm-{name.replace('_', '-')}", values[name]]
-    return flags + (["--lstm-restart", "3"] if VARIANTS[cell].restart != "refused" else [])
+        flags += [f"--lstm-{name.replace('_', '-')}", str(values[name])]
+    takes_restart = restart is not None and VARIANTS[cell].restart != "refused"
+    return flags + (["--lstm-restart", str(restart)] if takes_restart else [])

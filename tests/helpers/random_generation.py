@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 
 from .hf_tiny_models import Logits
-from .random_cases import F64_TOL, assert_close, case_error, lstm_causal_lm, native_causal_lm
+from .random_cases import F64_TOL, assert_close, case_error, lstm_causal_lm, native_causal_lm, padded_ids
 
 
 def causal_lm(rng, layers=None):
@@ -22,15 +22,6 @@ def causal_lm(rng, layers=None):
     model.generation_config.eos_token_id = None
     model.generation_config.pad_token_id = 0
     return model, case, draw
-
-
-def left_padded(sequences):
-    width = max(len(s) for s in sequences)
-    ids = torch.zeros(len(sequences), width, dtype=torch.long)
-    mask = torch.zeros_like(ids)
-    for row, s in enumerate(sequences):
-        ids[row, width - len(s):], mask[row, width - len(s):] = s, 1
-    return ids, mask
 
 
 def prompts(rng, vocab, count):
@@ -84,7 +75,7 @@ def check_generation(rng):
     sampling under one seed, beams)."""
     model, case, _ = causal_lm(rng)
     sequences = prompts(rng, model.config.vocab_size, rng.randint(1, 3))
-    ids, mask = left_padded(sequences)
+    ids, mask = padded_ids(sequences, "left")
     kinds = ["beams", "continued", "uncached"] + \
         (["static"] if set(case.get("layer_types", ["linear_attention"])) == {"linear_attention"} else [])
     kind = rng.choice(kinds)
@@ -165,17 +156,13 @@ def check_export(rng):
 
 
 def fairseq_cell_args(rng):
+    """`--lstm-*` flags of a random cell with random hyperparameters (nag with a restart or none)."""
+    from .fairseq_cli import cell_flags
     cell = rng.choice(["lstm", "momentum", "adam", "rmsprop", "nag", "sr"])
-    args = ["--lstm-cell", cell]
-    if cell in ("momentum", "adam"):
-        args += ["--lstm-momentum", str(rng.choice([0.0, 0.5, 0.9]))]
-    if cell != "lstm":
-        args += ["--lstm-step-size", str(rng.choice([1.0, 0.6]))]
-    if cell in ("adam", "rmsprop"):
-        args += ["--lstm-beta", str(rng.choice([0.5, 0.9]))]
-    if cell == "sr" or (cell == "nag" and rng.random() < 0.5):
-        args += ["--lstm-restart", str(rng.randint(1, 4))]
-    return args
+    values = {"momentum": rng.choice([0.0, 0.5, 0.9]), "step_size": rng.choice([1.0, 0.6]),
+              "beta": rng.choice([0.5, 0.9])}
+    restart = None if cell == "nag" and rng.random() < 0.5 else rng.randint(1, 4)
+    return cell_flags(cell, values, restart)
 
 
 def beam_reorders(rng, steps, sentences, beams):
