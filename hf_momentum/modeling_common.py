@@ -214,8 +214,9 @@ class Seq2SeqEmbeddingsMixin:
         return self.decoder
 
     def _resize_token_embeddings(self, new_num_tokens, pad_to_multiple_of=None, mean_resizing=True):
-        """transformers resizes the input embedding (the encoder's) and the LM head; an untied
-        decoder embedding is resized here too, to the same number of rows."""
+        """transformers resizes the input embedding (the encoder's) and the LM head, and sets
+        `vocab_size`; an untied decoder embedding is resized here too, to the same number of rows,
+        and `decoder_vocab_size` follows (the loss, saving and loading read it)."""
         if self.config.decoder_vocab_size != self.config.vocab_size:
             raise ValueError("resize_token_embeddings resizes one vocabulary, but the source has "
                              f"{self.config.vocab_size} tokens and the target "
@@ -223,10 +224,11 @@ class Seq2SeqEmbeddingsMixin:
         decoder = self.get_decoder()
         old = decoder.embed_tokens
         embeddings = super()._resize_token_embeddings(new_num_tokens, pad_to_multiple_of, mean_resizing)
+        rows = embeddings.weight.shape[0]
         if decoder.embed_tokens is not embeddings:
-            rows = embeddings.weight.shape[0]
             resized = self._get_resized_embeddings(old, rows, mean_resizing=mean_resizing)
             decoder.embed_tokens = resized.requires_grad_(old.weight.requires_grad)
+        self.config.decoder_vocab_size = rows
         return embeddings
 
 

@@ -8,7 +8,7 @@ embedding layout, the loss, resizing, and configuration and call errors. (fairse
 the reference in test_fairseq_lstm_translation_to_hf.py.)"""
 import pytest
 import torch
-from test_hf_seq2seq import PAD, generate, generate_in_two_calls, padded
+from test_hf_seq2seq import PAD, assert_resized_loss_and_reload, generate, generate_in_two_calls, padded
 from test_host_reads import HostReads
 from test_host_reads_lstm import HostReads as DeviceReads
 from torch.nn import functional as F
@@ -359,16 +359,22 @@ def test_labels_train_the_model(make_generator):
     assert m(input_ids=src, labels=labels).loss.item() < 0.5 * first
 
 
-def test_resizing_the_vocabulary_resizes_the_three_matrices_and_keeps_the_outputs(make_generator):
+@pytest.mark.parametrize("tied", [False, True])
+def test_resizing_the_vocabulary_resizes_the_three_matrices_and_keeps_the_outputs(tied, make_generator,
+                                                                                  tmp_path):
+    """As test_hf_seq2seq's: the encoder's, decoder's and LM head's rows, the kept tokens' logits,
+    the loss over the new vocabulary, and the resized model saved and loaded."""
     g = make_generator()
-    m = model(tie_word_embeddings=False)
+    m = model(tie_word_embeddings=tied)
     src, tgt = random_seqs(g, [5])[0][None], random_seqs(g, [4])[0][None]
     before = m(input_ids=src, decoder_input_ids=tgt).logits
     m.resize_token_embeddings(VOCAB + 6)
     assert [t.shape[0] for t in (m.model.encoder.embed_tokens.weight, m.model.decoder.embed_tokens.weight,
-                                 m.lm_head.weight, m.lm_head.bias)] == [VOCAB + 6] * 4
+                                 m.lm_head.weight)] == [VOCAB + 6] * 3
+    assert (m.lm_head.weight is m.model.decoder.embed_tokens.weight) == tied
     after = m(input_ids=src, decoder_input_ids=tgt).logits
     torch.testing.assert_close(after[..., :VOCAB], before, rtol=0, atol=0)
+    assert_resized_loss_and_reload(m, dict(input_ids=src), VOCAB + 6, tmp_path, g)
 
 
 @pytest.mark.parametrize("overrides, match", [
