@@ -375,12 +375,25 @@ def refuse_shifted_labels(head: str, kwargs: dict) -> None:
                          "context parallelism use shard_batch(batch, group, shift_labels=False)")
 
 
+def ignored_on_padding(positions: torch.Tensor, padding: torch.Tensor) -> torch.Tensor:
+    """Answer positions (batch,) or (batch, 1) with those on a padded token moved past the row,
+    where transformers' question-answering loss ignores them, as it ignores positions past a row
+    alone (right padding) would be: a padded token's logit is the dtype's lowest, whose loss would
+    overflow to inf and its gradients to NaN."""
+    positions = positions.to(padding.device).reshape(-1)
+    length = padding.shape[1]
+    inside = positions.clamp(0, length - 1)
+    on_padding = padding.gather(1, inside[:, None])[:, 0] & (positions >= 0) & (positions < length)
+    return torch.where(on_padding, torch.full_like(positions, length), positions)
+
+
 class QuestionAnsweringMixin(HeadOverModelMixin):
     """For a `...ForQuestionAnswering` with `self.model` and `self.qa_outputs` (hidden → 2): the
     start and end logits of an answer span (extractive QA), as transformers'
     GenericForQuestionAnswering, with its loss (`ForQuestionAnswering`: positions past the row
     ignored). Padded positions get the dtype's lowest logit, so that a padded row's span scores and
-    loss are those of the row alone. A span is chosen over a whole row: packed documents are refused."""
+    loss are those of the row alone; an answer position on a padded token is ignored as one past
+    the row (`ignored_on_padding`). A span is chosen over a whole row: packed documents are refused."""
 
     def forward(self, input_ids=None, attention_mask=None, position_ids=None, inputs_embeds=None,
                 start_positions=None, end_positions=None, output_hidden_states=None, output_attentions=None,
@@ -395,6 +408,9 @@ class QuestionAnsweringMixin(HeadOverModelMixin):
         if attention_mask is not None:
             padding = ~attention_mask.to(device=logits.device, dtype=torch.bool)
             logits = logits.masked_fill(padding[..., None], torch.finfo(logits.dtype).min)
+            if start_positions is not None and end_positions is not None:
+                start_positions, end_positions = (ignored_on_padding(p, padding)
+                                                  for p in (start_positions, end_positions))
         start_logits, end_logits = (part.squeeze(-1).contiguous() for part in logits.split(1, dim=-1))
         loss = None
         if start_positions is not None and end_positions is not None:

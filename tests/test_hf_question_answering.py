@@ -79,6 +79,41 @@ def test_loss_is_cross_entropy_of_start_and_end_with_positions_past_the_row_igno
     assert torch.equal(start_logits, out.start_logits) and torch.equal(end_logits, out.end_logits)
 
 
+@pytest.mark.parametrize("side", ["right", "left"])
+@pytest.mark.parametrize("name", ["transformer-bidirectional", "lstm-adam"])
+def test_a_position_on_padding_is_ignored_as_one_past_the_row(name, side, make_generator):
+    """An answer position on a padded token (its logit the dtype's lowest) is ignored, as a
+    position past the row alone is: the loss and gradients are those of the rows alone with that
+    position past their end, finite, where the padding's logit would have overflowed them."""
+    model = build(name).double().train()
+    generator = make_generator()
+    seqs = [torch.randint(0, PAD, (n,), generator=generator) for n in (7, 3, 4)]
+    ids, mask = padded(seqs, side)
+    offsets = [0 if side == "right" else ids.shape[1] - len(s) for s in seqs]
+    pad_of = [next(i for i in range(ids.shape[1]) if not mask[row, i]) for row in range(1, 3)]
+    start = torch.tensor([offsets[0] + 2, pad_of[0], offsets[2] + 1])
+    end = torch.tensor([offsets[0] + 5, offsets[1] + 2, pad_of[1]])
+    batched = model(input_ids=ids, attention_mask=mask, start_positions=start, end_positions=end)
+    alone_start, alone_end = [2, 3, 1], [5, 2, 4]   # 3 and 4: past rows of 3 and 4 tokens
+    singles = [model(input_ids=s[None]) for s in seqs]
+    expected = expected_loss(singles, alone_start, alone_end, [len(s) for s in seqs])
+    assert torch.isfinite(batched.loss)
+    torch.testing.assert_close(batched.loss, expected, rtol=1e-12, atol=0)
+    for g, w in zip(gradients(model, batched.loss), gradients(model, expected)):
+        assert bool(torch.isfinite(g).all())
+        torch.testing.assert_close(g, w, rtol=1e-9, atol=1e-12)
+
+
+def expected_loss(singles, starts, ends, lengths):
+    """ForQuestionAnsweringLoss over the rows alone: each side's mean cross entropy over the rows
+    whose position is inside the row, then the mean of the two sides."""
+    def side(logits_of, positions):
+        kept = [-getattr(s, logits_of).log_softmax(-1)[0, p] for s, p, n in zip(singles, positions, lengths)
+                if p < n]
+        return sum(kept) / len(kept)
+    return (side("start_logits", starts) + side("end_logits", ends)) / 2
+
+
 @pytest.mark.parametrize("form", ["position_ids", "flash_attn_kwargs", "seq_idx"])
 @pytest.mark.parametrize("name", ["transformer-bidirectional", "lstm-adam"])
 def test_packed_documents_are_refused_naming_the_head(name, form):
