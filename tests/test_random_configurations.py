@@ -2,7 +2,9 @@
 shapes, hyperparameters, padding, packing, hybrid layers or cell from its seed and checks that every
 sequence equals itself run alone and that recurrent and batch forms agree, against float64
 references; generation (speculative decoding, beams, continued, static and no cache), torch.export
-and fairseq's LSTM models give what their reference forms give (helpers/random_generation.py). The
+and fairseq's LSTM models give what their reference forms give (helpers/random_generation.py); every
+class saves, loads, resizes, takes embeddings and checkpoints its gradients as transformers' models do
+(helpers/random_model_api.py). The
 other tests fix a few combinations each; these draw from all of them. The seed is
 the test's parameter, so a failure reruns alone (its node id, e.g.
 `tests/test_random_configurations.py::test_random_case[rnn-17]`), and its message names the case.
@@ -14,7 +16,7 @@ import os
 import random
 
 import pytest
-from helpers import random_cases, random_generation
+from helpers import random_cases, random_generation, random_model_api
 
 SCALE = int(os.environ.get("MOMENTUM_RANDOM_CASES", "1"))
 NEEDS_TRITON = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton not installed")
@@ -39,6 +41,7 @@ FAMILIES = {
     "generation": (20, random_generation.check_generation, ()),
     "export": (6, random_generation.check_export, ()),
     "fairseq-lstm": (10, random_generation.check_fairseq_lstm, ()),
+    "model-api": (24, random_model_api.check_model_api, ()),
 }
 SEEDS = [pytest.param(f"{family}-{i}", marks=marks)
          for family, (count, _, marks) in FAMILIES.items() for i in range(count * SCALE)]

@@ -508,13 +508,11 @@ def check_stock_causal_lm(rng):
     check_causal_lm(rng, model, case, 29, left_position_ids=True)
 
 
-def check_seq2seq(rng):
-    """MomentumSeq2SeqForConditionalGeneration (each cross-attention, connection) or
-    MomentumLSTMSeq2SeqForConditionalGeneration (each cell, bidirectional encoder or not, with
-    attention or not): right-padded sources and targets give each pair its logits alone, and greedy
-    or beam-3 generate() on the padded sources gives each source's hypothesis alone (a row that
-    stopped early is filled with padding, or with EOS where transformers' beam search takes a pad id
-    of 0 for none)."""
+def seq2seq_lm(rng, draw_tying=False):
+    """(float64 eval encoder-decoder, its drawn config): MomentumSeq2SeqForConditionalGeneration
+    (each cross-attention, connection) or MomentumLSTMSeq2SeqForConditionalGeneration (each cell,
+    bidirectional encoder or not, with attention or not); with `draw_tying`, the LM head tied to the
+    decoder's embedding or not (where their widths allow)."""
     from hf_momentum import (
         MomentumLSTMSeq2SeqConfig,
         MomentumLSTMSeq2SeqForConditionalGeneration,
@@ -529,8 +527,7 @@ def check_seq2seq(rng):
                     hidden_dropout=0.0, cross_attention=rng.choice(["momentum", "linear", "softmax"]),
                     connection=rng.choice(["none", "momentum"]), attention_momentum=rng.choice([0.0, 0.6]),
                     max_position_embeddings=64)
-        build = lambda: MomentumSeq2SeqForConditionalGeneration(  # noqa: E731
-            MomentumSeq2SeqConfig(**{k: v for k, v in case.items() if k != "kind"}, **special))
+        cls, config = MomentumSeq2SeqForConditionalGeneration, MomentumSeq2SeqConfig
     else:
         cell = rng.choice(["lstm", "momentum", "adam", "rmsprop", "nag", "sr"])
         bidirectional = rng.random() < 0.5
@@ -542,10 +539,21 @@ def check_seq2seq(rng):
                     attention=rng.random() < 0.7, encoder_dropout_in=0.0, encoder_dropout_out=0.0,
                     decoder_dropout_in=0.0, decoder_dropout_out=0.0,
                     **({"restart": rng.randint(1, 5)} if cell == "sr" else {}))
-        build = lambda: MomentumLSTMSeq2SeqForConditionalGeneration(  # noqa: E731
-            MomentumLSTMSeq2SeqConfig(**{k: v for k, v in case.items() if k != "kind"}, **special))
+        cls, config = MomentumLSTMSeq2SeqForConditionalGeneration, MomentumLSTMSeq2SeqConfig
+    if draw_tying:
+        widths_agree = case["kind"] == "transformer" or case["hidden_size"] == case["decoder_embedding_size"]
+        case["tie_word_embeddings"] = rng.random() < 0.5 and widths_agree
     torch.manual_seed(rng.randrange(1 << 30))
-    model = build().double().eval()
+    model = cls(config(**{k: v for k, v in case.items() if k != "kind"}, **special)).double().eval()
+    return model, case
+
+
+def check_seq2seq(rng):
+    """Either encoder-decoder (`seq2seq_lm`): right-padded sources and targets give each pair its
+    logits alone, and greedy or beam-3 generate() on the padded sources gives each source's
+    hypothesis alone (a row that stopped early is filled with padding, or with EOS where
+    transformers' beam search takes a pad id of 0 for none)."""
+    model, case = seq2seq_lm(rng)
     sources = [torch.randint(3, 19, (rng.randint(1, 9),)) for _ in range(rng.randint(1, 3))]
     targets = [torch.cat([torch.tensor([1]), torch.randint(3, 19, (rng.randint(0, 6),))]) for _ in sources]
     beams = rng.choice([1, 3])
