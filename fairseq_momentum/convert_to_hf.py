@@ -384,10 +384,12 @@ def wrapping(dictionary, config) -> str:
 def word_tokenizer(dictionary, max_length: int, pattern: str):
     """A whitespace word-level tokenizer with the dictionary's ids (for a task without BPE) that
     wraps a text as `pattern` (`wrapping`) says; it knows masked_lm's `<mask>`."""
-    from tokenizers import Tokenizer, models, pre_tokenizers, processors
+    from tokenizers import Regex, Tokenizer, models, normalizers, pre_tokenizers, processors
     from transformers import PreTrainedTokenizerFast
     vocab = {symbol: i for i, symbol in enumerate(dictionary.symbols)}
     tokenizer = Tokenizer(models.WordLevel(vocab, unk_token=dictionary.unk_word))
+    # fairseq splits words on Python's whitespace, which has U+001C-U+001F beyond Unicode's
+    tokenizer.normalizer = normalizers.Replace(Regex("[\x1c-\x1f]"), " ")
     tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     bos, eos = dictionary.bos_word, dictionary.eos_word
     if pattern != "none":

@@ -27,7 +27,10 @@ class FairseqSentencePieceTokenizer(FairseqDictionaryTokenizer):
         super().__init__(vocab_file, target_vocab_file, **kwargs)
 
     def _tokenize(self, text, **kwargs):
-        return self.sp_model.encode(text, out_type=str)
+        """The pieces as fairseq's encode_line reads them: joined by spaces, then split on
+        Python's whitespace, which also splits a piece holding a character sentencepiece keeps but
+        Python counts as whitespace (U+0085, U+001C-U+001F)."""
+        return " ".join(self.sp_model.encode(text, out_type=str)).split()
 
     def convert_tokens_to_string(self, tokens):
         return "".join(tokens).replace(SPACE, " ").strip()

@@ -17,6 +17,7 @@ from helpers.fairseq_decoding import (
     greedy_hypothesis,
     translation_checkpoint,
 )
+from test_fairseq_to_hf import PYTHON_WHITESPACE
 from test_fairseq_translation_to_hf import train_and_convert
 
 from fairseq_momentum.convert_to_hf import saved_tokenizer, sentencepiece_tokenizer
@@ -77,6 +78,18 @@ def test_ids_are_fairseqs_and_decoding_is_its_post_processing(pieces, pattern, t
     assert unknown > 0, "no line met a piece missing from the dictionary"
     assert (tokenizer.pad_token_id, tokenizer.eos_token_id, len(tokenizer)) == \
         (dictionary.pad(), dictionary.eos(), len(dictionary))
+
+
+def test_pieces_holding_pythons_whitespace_are_split_as_fairseq_splits_them(pieces):
+    """A piece sentencepiece keeps with a character Python counts as whitespace (U+0085, U+001C)
+    is split there by encode_line, and by the tokenizer: the ids stay fairseq's for every such
+    character."""
+    model, dictionary = pieces
+    tokenizer = sentencepiece_tokenizer(dictionary, model, "eos", 256)
+    for space in PYTHON_WHITESPACE:
+        line = f"the cat{space}sees a{space}{space}dog{space}"
+        expected = fairseq_ids(model, dictionary, line, append_eos=True)
+        assert tokenizer(line)["input_ids"] == expected, repr(space)
 
 
 def test_which_tokenizer_is_saved(pieces, caplog):

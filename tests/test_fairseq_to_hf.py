@@ -13,6 +13,7 @@ import pytest
 import torch
 from helpers.clean_process import run_clean
 from helpers.fairseq_cli import (
+    WORDS,
     build_model,
     lm_args,
     preprocess_lm,
@@ -149,6 +150,31 @@ def test_other_architectures_are_refused_by_name(tmp_path):
                r"\(and their presets\), ")
     with pytest.raises(ValueError, match=refusal + r"got TransformerModel \(--arch transformer\)"):
         to_transformers(model, args, task.target_dictionary)
+
+
+# Every character Python's str.split() breaks words at (fairseq's tokenize_line), Unicode's whitespace
+# and U+001C-U+001F, which Unicode does not count as whitespace.
+PYTHON_WHITESPACE = "".join(chr(c) for c in range(0x3001) if chr(c).isspace())
+
+
+@pytest.mark.parametrize("pattern", ["eos", "none", "bos_eos"])
+def test_the_word_tokenizer_splits_words_where_fairseq_does(pattern):
+    """The word-level tokenizer saved for a dictionary of words gives encode_line's ids on text
+    separated by every character Python counts as whitespace, one at a time and in runs."""
+    from fairseq.data import Dictionary
+
+    from fairseq_momentum.convert_to_hf import word_tokenizer
+    dictionary = Dictionary()
+    for word in WORDS:
+        dictionary.add_symbol(word)
+    tokenizer = word_tokenizer(dictionary, 256, pattern)
+    words = list(WORDS)
+    for i, space in enumerate(PYTHON_WHITESPACE):
+        line = f"{space}{words[i % len(words)]}{space}cat{space * 2}dog unknown{space}"
+        ids = dictionary.encode_line(line, add_if_not_exist=False, append_eos=pattern != "none").tolist()
+        if pattern == "bos_eos":
+            ids = [dictionary.bos()] + ids
+        assert tokenizer(line)["input_ids"] == ids, repr(space)
 
 
 def run_converter(checkpoint, out, *options):
