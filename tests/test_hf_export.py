@@ -2,8 +2,9 @@
 attention_mask and a dynamic batch: the exported program equals eager at the traced shape and at
 others, and each padded row equals its sequence alone; also with a dynamic length (the
 transformer's chunks gathered, the LSTM's cells as a scan), and through ONNX into onnxruntime,
-eq. 15's ε = 1e-8 included."""
+eq. 15's ε = 1e-8 included; the encoder-decoders' scoring forward as the README says."""
 import copy
+import random
 import re
 from pathlib import Path
 
@@ -12,6 +13,7 @@ import torch
 from helpers.code_blocks import run_as_module
 from helpers.hf_tiny_models import FAMILIES, Logits, causal_lm, left_padded
 from helpers.onnx_runtime import onnxruntime_function
+from helpers.random_cases import assert_close, seq2seq_lm
 from torch.export import Dim, export
 
 # (seed, real tokens per row, length): inside one chunk of 64, at and past its end, several chunks
@@ -196,6 +198,46 @@ def test_onnx_with_a_dynamic_length_runs_in_onnxruntime_as_eager(model_name, tmp
         ids, mask = batch(seed, lengths, total)
         assert_as_close_as_eager(run(ids, mask), Logits(model)(ids, mask).detach(), exact(ids, mask),
                                  f"lengths {lengths}", rtol=1e-4, factor=8)   # onnxruntime's own kernels
+
+
+class Seq2SeqLogits(torch.nn.Module):
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids, decoder_input_ids, attention_mask=None):
+        return self.model(input_ids=input_ids, attention_mask=attention_mask,
+                          decoder_input_ids=decoder_input_ids, use_cache=False).logits
+
+
+@pytest.mark.parametrize("family", ["transformer", "lstm"])
+def test_encoder_decoders_export_as_the_readme_says(family, make_generator):
+    """The transformer encoder-decoder exports with a padded batch's mask; the LSTM one, whose
+    encoder packs padded sources by lengths read on the host, without a mask (a dynamic batch and
+    source length). Each program equals eager at other shapes."""
+    rng = random.Random(family)
+    while True:
+        model, case = seq2seq_lm(rng)
+        if case["kind"] == family:
+            break
+    g = make_generator()
+    ids, target = torch.randint(3, 19, (2, 7), generator=g), torch.randint(3, 19, (2, 4), generator=g)
+    rows, length = Dim("batch", min=1, max=16), Dim("length", min=2, max=32)
+    if family == "transformer":
+        mask = torch.ones_like(ids)
+        mask[1, 5:] = 0
+        program = export(Seq2SeqLogits(model), (ids, target, mask),
+                         dynamic_shapes=({0: rows}, {0: rows}, {0: rows}))
+        others = [(torch.randint(3, 19, (3, 7), generator=g), torch.randint(3, 19, (3, 4), generator=g),
+                   torch.tensor([[1] * 7, [1] * 3 + [0] * 4, [1] * 6 + [0]]))]
+    else:
+        program = export(Seq2SeqLogits(model), (ids, target),
+                         dynamic_shapes=({0: rows, 1: length}, {0: rows}))
+        others = [(torch.randint(3, 19, (b, n), generator=g), torch.randint(3, 19, (b, 4), generator=g))
+                  for b, n in ((1, 2), (3, 11), (5, 30))]
+    for inputs in others:
+        with torch.no_grad():
+            assert_close(program.module()(*inputs), Seq2SeqLogits(model)(*inputs), case, "exported")
 
 
 def test_torch_lstm_fixes_the_length():
