@@ -346,6 +346,22 @@ class LMHeadMixin(HeadOverModelMixin):
         self.lm_head = value
 
 
+class SequenceClassificationMixin(HeadOverModelMixin):
+    """For a `...ForSequenceClassification`: transformers' loss of its pooled logits
+    (`ForSequenceClassification`: cross entropy, MSE or BCE by `problem_type`), a mean over the rows
+    of one batch. transformers' Trainer would pass `num_items_in_batch` to a forward that takes
+    **kwargs and then leave the loss undivided by the gradient-accumulation steps, but this loss
+    does not read it (MSE and BCE have no such count), so the model says it takes no loss kwargs
+    and the Trainer divides: accumulated batches give the gradient of one batch of them all."""
+
+    accepts_loss_kwargs = False
+
+    def sequence_loss(self, logits: torch.Tensor, labels: Optional[torch.Tensor]):
+        if labels is None:
+            return None
+        return self.loss_function(labels=labels, pooled_logits=logits, config=self.config)
+
+
 class TokenClassificationMixin(HeadOverModelMixin):
     """For a `...ForTokenClassification` with `self.model`, `self.dropout` and `self.score`: a
     label per token (NER, tagging), as transformers' GenericForTokenClassification, with its loss
@@ -376,14 +392,14 @@ def refuse_shifted_labels(head: str, kwargs: dict) -> None:
 
 
 def ignored_on_padding(positions: torch.Tensor, padding: torch.Tensor) -> torch.Tensor:
-    """Answer positions (batch,) or (batch, 1) with those on a padded token moved past the row,
-    where transformers' question-answering loss ignores them, as it ignores positions past a row
-    alone (right padding) would be: a padded token's logit is the dtype's lowest, whose loss would
-    overflow to inf and its gradients to NaN."""
+    """Answer positions (batch,) or (batch, 1) with those on a padded token (a negative one counts
+    as 0, as the loss clamps it) moved past the row, where transformers' question-answering loss
+    ignores them, as it ignores a position past a row alone (where one on right padding falls). A
+    padded token's logit is the dtype's lowest: its loss would overflow to inf, its gradients to NaN."""
     positions = positions.to(padding.device).reshape(-1)
     length = padding.shape[1]
-    inside = positions.clamp(0, length - 1)
-    on_padding = padding.gather(1, inside[:, None])[:, 0] & (positions >= 0) & (positions < length)
+    inside = positions.clamp(0, length - 1)      # the loss clamps a negative position to 0
+    on_padding = padding.gather(1, inside[:, None])[:, 0] & (positions < length)
     return torch.where(on_padding, torch.full_like(positions, length), positions)
 
 

@@ -31,9 +31,9 @@ from .cache_history import replay_accepted
 from .configuration_momentum_lstm import MomentumLSTMConfig
 from .modeling_common import (
     CACHE_NAME,
-    HeadOverModelMixin,
     QuestionAnsweringMixin,
     RecurrentCausalLMMixin,
+    SequenceClassificationMixin,
     TokenClassificationMixin,
     check_attention_mask,
     given_cache,
@@ -548,7 +548,7 @@ def last_real_positions(attention_mask, input_ids, pad_token_id, batch: int, len
     return (torch.arange(length, device=device) * real).argmax(-1)
 
 
-class MomentumLSTMForSequenceClassification(HeadOverModelMixin, MomentumLSTMPreTrainedModel):
+class MomentumLSTMForSequenceClassification(SequenceClassificationMixin, MomentumLSTMPreTrainedModel):
     """The output at each row's last real token (`last_real_positions`), then a linear
     classifier: a unidirectional LSTM's summary of the whole sequence (the bidirectional
     MomentumTransformer classifier averages over real tokens instead, which here would weigh
@@ -574,9 +574,7 @@ class MomentumLSTMForSequenceClassification(HeadOverModelMixin, MomentumLSTMPreT
         last = last_real_positions(attention_mask, input_ids, self.config.pad_token_id, batch, length,
                                    hidden.device)
         logits = self.score(self.dropout(hidden[torch.arange(batch, device=hidden.device), last]))
-        loss = None
-        if labels is not None:
-            loss = self.loss_function(labels=labels, pooled_logits=logits, config=self.config)
+        loss = self.sequence_loss(logits, labels)
         out = SequenceClassifierOutput(loss=loss, logits=logits, hidden_states=outputs.hidden_states)
         return out if return_dict is not False else out.to_tuple()
 

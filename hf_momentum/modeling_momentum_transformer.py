@@ -25,10 +25,10 @@ from .cache_history import replay_accepted
 from .configuration_momentum_transformer import BLOCK_LABELS, MomentumTransformerConfig
 from .modeling_common import (
     CACHE_NAME,
-    HeadOverModelMixin,
     LMHeadMixin,
     QuestionAnsweringMixin,
     RecurrentCausalLMMixin,
+    SequenceClassificationMixin,
     TokenClassificationMixin,
     check_attention_mask,
     given_cache,
@@ -406,7 +406,8 @@ class MomentumTransformerForCausalLM(RecurrentCausalLMMixin, MomentumTransformer
         return self.causal_lm_output(outputs, labels, logits_to_keep, return_dict, **kwargs)
 
 
-class MomentumTransformerForSequenceClassification(HeadOverModelMixin, MomentumTransformerPreTrainedModel):
+class MomentumTransformerForSequenceClassification(SequenceClassificationMixin,
+                                                   MomentumTransformerPreTrainedModel):
     """The final hidden states pooled (`classifier_pooling`: the mean over real tokens, the LRA
     setup, or the first real token), then a linear classifier, with `classifier_hidden_act` first a
     dense layer and that activation (RoBERTa's classification head); set `is_causal=False` for
@@ -437,9 +438,7 @@ class MomentumTransformerForSequenceClassification(HeadOverModelMixin, MomentumT
                              return_dict=True)
         hidden = outputs.last_hidden_state
         logits = self.score(self.classifier_features(self.pool(hidden, attention_mask)))
-        loss = None
-        if labels is not None:
-            loss = self.loss_function(labels=labels, pooled_logits=logits, config=self.config)
+        loss = self.sequence_loss(logits, labels)
         out = SequenceClassifierOutput(loss=loss, logits=logits, hidden_states=outputs.hidden_states)
         return out if return_dict is not False else out.to_tuple()
 

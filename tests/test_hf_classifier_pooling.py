@@ -2,7 +2,8 @@
 token: BERT's [CLS], RoBERTa's <s>) and `classifier_hidden_act` (a dense layer and that activation
 before the classifier, RoBERTa's classification head): logits recomputed from the parts, a padded
 batch on either side equal to each row alone, the plugin's `first_real` against indexing, checks by
-name, and an exact save / load."""
+name, and an exact save / load; and both families' sequence classifiers under transformers' Trainer
+with gradient accumulation."""
 import os
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -76,3 +77,50 @@ def test_save_and_load_keep_the_head(tmp_path, make_generator):
     ids = torch.randint(0, PAD, (2, 6), generator=make_generator())
     with torch.no_grad():
         torch.testing.assert_close(loaded(input_ids=ids).logits, model(input_ids=ids).logits, rtol=0, atol=0)
+
+
+class Rows(torch.utils.data.Dataset):
+    """Four sequences of 2-6 tokens with a class (or, for regression, a real number) each."""
+
+    def __init__(self, regression, generator):
+        self.rows = [{"input_ids": torch.randint(0, PAD, (n,), generator=generator).tolist(),
+                      "labels": torch.rand((), generator=generator).item() if regression else row % LABELS}
+                     for row, n in enumerate((5, 2, 6, 3))]
+
+    def __len__(self):
+        return len(self.rows)
+
+    def __getitem__(self, i):
+        return self.rows[i]
+
+
+def collate(rows):
+    ids, mask = padded([torch.tensor(r["input_ids"]) for r in rows], "right")
+    return {"input_ids": ids, "attention_mask": mask, "labels": torch.tensor([r["labels"] for r in rows])}
+
+
+@pytest.mark.parametrize("regression", [False, True], ids=["classes", "regression"])
+@pytest.mark.parametrize("name", ["transformer-bidirectional", "lstm-adam"])
+def test_trainer_with_gradient_accumulation_takes_the_step_of_one_batch(name, regression, tmp_path,
+                                                                        make_generator):
+    """transformers' Trainer: one SGD step on two accumulated batches of two rows equals one on a
+    batch of the four. The loss is a mean over rows and does not read the Trainer's
+    num_items_in_batch, so the Trainer must divide it by the accumulation steps
+    (SequenceClassificationMixin.accepts_loss_kwargs); without that the step doubled."""
+    from transformers import Trainer, TrainingArguments
+    data = Rows(regression, make_generator())
+    steps = []
+    for batch, accumulation in ((4, 1), (2, 2)):
+        torch.manual_seed(0)
+        model = AutoModelForSequenceClassification.from_config(
+            head_config(name, num_labels=1 if regression else LABELS)).double()
+        start = [p.detach().clone() for p in model.parameters()]
+        args = TrainingArguments(output_dir=str(tmp_path / str(batch)), max_steps=1, learning_rate=0.5,
+                                 per_device_train_batch_size=batch, gradient_accumulation_steps=accumulation,
+                                 optim="sgd", lr_scheduler_type="constant", max_grad_norm=0.0, report_to=[],
+                                 use_cpu=True, save_strategy="no", disable_tqdm=True)
+        Trainer(model=model, args=args, train_dataset=data, data_collator=collate).train()
+        steps.append([p.detach() - s for p, s in zip(model.parameters(), start)])
+    assert max(step.abs().max().item() for step in steps[0]) > 1e-4
+    for one, accumulated in zip(*steps):
+        torch.testing.assert_close(accumulated, one, rtol=1e-9, atol=1e-12)

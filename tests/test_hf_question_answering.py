@@ -102,6 +102,10 @@ def test_a_position_on_padding_is_ignored_as_one_past_the_row(name, side, make_g
     for g, w in zip(gradients(model, batched.loss), gradients(model, expected)):
         assert bool(torch.isfinite(g).all())
         torch.testing.assert_close(g, w, rtol=1e-9, atol=1e-12)
+    if side == "left":          # the loss clamps a negative position to 0, padding here: ignored too
+        negative = torch.tensor([-1, -1, offsets[2] + 1])
+        negative = model(input_ids=ids, attention_mask=mask, start_positions=negative, end_positions=end)
+        assert torch.isfinite(negative.loss)
 
 
 def expected_loss(singles, starts, ends, lengths):
