@@ -95,8 +95,11 @@ class Rows(torch.utils.data.Dataset):
 
 
 def collate(rows):
+    """Right-padded ids and the labels (regression targets in float64, the models' dtype here)."""
     ids, mask = padded([torch.tensor(r["input_ids"]) for r in rows], "right")
-    return {"input_ids": ids, "attention_mask": mask, "labels": torch.tensor([r["labels"] for r in rows])}
+    labels = torch.tensor([r["labels"] for r in rows])
+    return {"input_ids": ids, "attention_mask": mask,
+            "labels": labels.double() if labels.is_floating_point() else labels}
 
 
 @pytest.mark.parametrize("regression", [False, True], ids=["classes", "regression"])
