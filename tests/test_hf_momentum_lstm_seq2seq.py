@@ -8,7 +8,8 @@ embedding layout, the loss, resizing, and configuration and call errors. (fairse
 the reference in test_fairseq_lstm_translation_to_hf.py.)"""
 import pytest
 import torch
-from test_hf_seq2seq import PAD, assert_resized_loss_and_reload, generate, generate_in_two_calls, padded
+from helpers.random_model_api import assert_scores_and_reloads_resized
+from test_hf_seq2seq import PAD, generate, generate_in_two_calls, padded
 from test_host_reads import HostReads
 from test_host_reads_lstm import HostReads as DeviceReads
 from torch.nn import functional as F
@@ -360,8 +361,7 @@ def test_labels_train_the_model(make_generator):
 
 
 @pytest.mark.parametrize("tied", [False, True])
-def test_resizing_the_vocabulary_resizes_the_three_matrices_and_keeps_the_outputs(tied, make_generator,
-                                                                                  tmp_path):
+def test_resizing_the_vocabulary_resizes_the_three_matrices_and_keeps_the_outputs(tied, make_generator):
     """As test_hf_seq2seq's: the encoder's, decoder's and LM head's rows, the kept tokens' logits,
     the loss over the new vocabulary, and the resized model saved and loaded."""
     g = make_generator()
@@ -374,7 +374,9 @@ def test_resizing_the_vocabulary_resizes_the_three_matrices_and_keeps_the_output
     assert (m.lm_head.weight is m.model.decoder.embed_tokens.weight) == tied
     after = m(input_ids=src, decoder_input_ids=tgt).logits
     torch.testing.assert_close(after[..., :VOCAB], before, rtol=0, atol=0)
-    assert_resized_loss_and_reload(m, dict(input_ids=src), VOCAB + 6, tmp_path, g)
+    assert m.config.decoder_vocab_size == VOCAB + 6
+    assert_scores_and_reloads_resized(m, dict(input_ids=src, decoder_input_ids=tgt), {}, VOCAB,
+                                      "LSTM encoder-decoder", g)
 
 
 @pytest.mark.parametrize("overrides, match", [

@@ -13,6 +13,7 @@ import torch
 from gradients import assert_same_gradients
 from helpers.clean_process import run_clean
 from helpers.hf_transformer import reference_forward
+from helpers.random_model_api import assert_scores_and_reloads_resized
 from test_host_reads import HostReads
 from transformers import AutoModelForSeq2SeqLM
 
@@ -385,8 +386,7 @@ def test_gradient_checkpointing_gives_the_same_gradients(reentrant, make_generat
 
 
 @pytest.mark.parametrize("tied", [True, False])
-def test_resizing_the_vocabulary_resizes_the_three_matrices_and_keeps_the_outputs(tied, make_generator,
-                                                                                  tmp_path):
+def test_resizing_the_vocabulary_resizes_the_three_matrices_and_keeps_the_outputs(tied, make_generator):
     """resize_token_embeddings: the encoder's, the decoder's and the LM head's rows (one matrix when
     tied), the embedding scale kept, the logits of the kept tokens unchanged, the loss over the new
     vocabulary, and the resized model saved and loaded."""
@@ -402,21 +402,9 @@ def test_resizing_the_vocabulary_resizes_the_three_matrices_and_keeps_the_output
     assert all(e.weight is matrices[0].weight for e in matrices) == tied
     after = m(input_ids=src, attention_mask=mask, decoder_input_ids=tgt).logits
     torch.testing.assert_close(after[..., :VOCAB], before, rtol=1e-12, atol=1e-12)
-    assert_resized_loss_and_reload(m, dict(input_ids=src, attention_mask=mask), VOCAB + 8, tmp_path, g)
-
-
-def assert_resized_loss_and_reload(m, inputs, rows, directory, generator):
-    """After resize_token_embeddings(rows): the loss of labels among the new tokens is the cross
-    entropy over all `rows` logits, and the model saves and loads with the new size and its outputs
-    (decoder_vocab_size follows the resize)."""
-    labels = torch.randint(rows - 3, rows, (inputs["input_ids"].shape[0], 3), generator=generator)
-    out = m(**inputs, labels=labels)
-    assert out.logits.shape[-1] == rows == m.config.decoder_vocab_size
-    expected = torch.nn.functional.cross_entropy(out.logits.reshape(-1, rows).float(), labels.reshape(-1))
-    torch.testing.assert_close(out.loss.float(), expected)
-    m.save_pretrained(directory)
-    back = type(m).from_pretrained(directory).eval()
-    torch.testing.assert_close(back(**inputs, labels=labels).logits, out.logits, rtol=0, atol=0)
+    assert m.config.decoder_vocab_size == VOCAB + 8
+    assert_scores_and_reloads_resized(m, dict(input_ids=src, attention_mask=mask, decoder_input_ids=tgt), {},
+                                      VOCAB, "transformer encoder-decoder", g)
 
 
 def test_hidden_states_of_both_stacks_and_frozen_embeddings_under_checkpointing(make_generator):

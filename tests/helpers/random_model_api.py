@@ -81,6 +81,13 @@ def labels_of(model, inputs, vocab):
     return {}
 
 
+def is_tied(model) -> bool:
+    """Whether the LM head is the matrix the (decoder's) token embedding reads."""
+    embedding = model.get_decoder().embed_tokens if model.config.is_encoder_decoder \
+        else model.get_input_embeddings()
+    return model.get_output_embeddings().weight is embedding.weight
+
+
 def assert_saves_and_loads(model, inputs, options, case, what):
     """save_pretrained then from_pretrained: the same tensors, ties and outputs."""
     with tempfile.TemporaryDirectory() as folder:
@@ -90,14 +97,8 @@ def assert_saves_and_loads(model, inputs, options, case, what):
     assert state.keys() == back.keys(), case_error(case, f"{what}: keys {sorted(set(state) ^ set(back))}")
     for name, tensor in state.items():
         assert torch.equal(tensor, back[name]), case_error(case, f"{what}: {name} differs")
-    output = model.get_output_embeddings()
-    if output is not None:
-        tied = output.weight is model.get_decoder().embed_tokens.weight if model.config.is_encoder_decoder \
-            else output.weight is model.get_input_embeddings().weight
-        loaded_output = loaded.get_output_embeddings().weight
-        loaded_input = loaded.get_decoder().embed_tokens.weight if model.config.is_encoder_decoder \
-            else loaded.get_input_embeddings().weight
-        assert (loaded_output is loaded_input) == tied, case_error(case, f"{what}: tying not kept")
+    if model.get_output_embeddings() is not None:
+        assert is_tied(loaded) == is_tied(model), case_error(case, f"{what}: tying not kept")
     with torch.no_grad():
         assert_close(main_output(loaded(**inputs, **options)), main_output(model(**inputs, **options)), case,
                      f"{what}: outputs", tol=0)
@@ -129,14 +130,25 @@ def assert_resizes(rng, model, inputs, options, vocab, case):
     with torch.no_grad():
         after = model(**inputs, **options)
     assert_close(main_output(after)[..., :vocab], before, case, "resized: the kept tokens' logits")
+    assert_scores_and_reloads_resized(model, inputs, options, vocab, case)
+
+
+def assert_scores_and_reloads_resized(model, inputs, options, vocab, case, generator=None):
+    """After resize_token_embeddings beyond `vocab` tokens: where the model predicts next tokens (a
+    causal LM, an encoder-decoder), the loss of labels among the new tokens is the cross entropy over
+    every row of the new vocabulary; and the model saves and loads with its new size
+    (`assert_saves_and_loads`)."""
+    rows = model.get_output_embeddings().weight.shape[0]
     if model.config.is_encoder_decoder or type(model).__name__.endswith("CausalLM"):
+        with torch.no_grad():
+            after = model(**inputs, **options)
         logits = after.logits if model.config.is_encoder_decoder else after.logits[:, :-1]
-        labels = torch.randint(vocab, rows, logits.shape[:2])
+        labels = torch.randint(vocab, rows, logits.shape[:2], generator=generator)
         full = labels if model.config.is_encoder_decoder else torch.cat([labels[:, :1], labels], 1)
         with torch.no_grad():
             loss = model(**inputs, **options, labels=full).loss
         expected = F.cross_entropy(logits.reshape(-1, rows).float(), labels.reshape(-1))
-        assert_close(loss.float(), expected, case, "resized: the loss over the new vocabulary", tol=1e-5)
+        assert_close(loss.float(), expected, case, "resized: the loss over the new vocabulary", tol=1e-6)
     assert_saves_and_loads(model, inputs, options, case, "resized")
 
 
