@@ -135,24 +135,48 @@ def test_ids_are_fairseqs_and_decoding_is_its_post_processing(prose, variant, pa
 
 
 def test_two_dictionaries_encode_sources_and_targets_each_with_its_own(prose, tmp_path):
-    """Sources take the source dictionary's ids, `text_target=` the target's (Moses tokenizes both in
-    the source language, as fairseq's one tokenizer does), and decoding reads the target's and
-    detokenizes in the target language."""
+    """Sources take the source dictionary's ids, `text_target=` the target's, each side Moses-tokenized
+    in its own language (as fairseq's translation examples prepare the two sides), and decoding reads
+    the target's and detokenizes in the target language."""
     lines, codes = prose
     moses = Moses("en", "fr")
-    encoders = fairseq_encoders(codes, "@@", moses)
-    source = dictionary_of(encoders, lines)
-    target = dictionary_of(encoders, list(reversed(lines)))
+    encoders = {"source": fairseq_encoders(codes, "@@", moses),
+                "target": fairseq_encoders(codes, "@@", Moses("fr", "fr"))}
+    source = dictionary_of(encoders["source"], lines)
+    target = dictionary_of(encoders["target"], list(reversed(lines)))
     assert target.symbols != source.symbols
     tokenizer = subword_nmt_tokenizer(source, SubwordNMT(codes), moses, "eos", 64,
                                       target_dictionary=target)
-    dictionaries = {"source": source, "target": target}
 
     def encode(side, line):
-        return fairseq_ids(encoders, dictionaries[side], line, append_eos=True)
+        return fairseq_ids(encoders[side], {"source": source, "target": target}[side], line, append_eos=True)
     # the last lines' pieces are all in the target dictionary (made from them), LINES' are not
     assert_two_dictionaries(tokenizer, tmp_path, LINES + lines[-3:], encode,
-                            lambda ids: fairseq_text(encoders, target, ids))
+                            lambda ids: fairseq_text(encoders["target"], target, ids))
+    english_target = [fairseq_ids(encoders["source"], target, line, append_eos=True) for line in LINES]
+    assert english_target != [encode("target", line) for line in LINES], "no line tells the languages apart"
+
+
+def test_one_dictionary_tokenizes_targets_in_the_target_language(prose):
+    """A joined dictionary: `text_target=` takes the same ids, but Moses' French rules (`doesn' t`,
+    where English gives `doesn 't`), and a later call is a source again."""
+    lines, codes = prose
+    moses = Moses("en", "fr")
+    english, french = fairseq_encoders(codes, "@@", moses), fairseq_encoders(codes, "@@", Moses("fr", "fr"))
+    from fairseq.data import Dictionary
+    dictionary = Dictionary()
+    for line in LINES + lines[:40]:
+        for encoders in (english, french):
+            for piece in encoders[0].encode(encoders[1].encode(line)).split():
+                dictionary.add_symbol(piece)
+    dictionary.finalize()
+    tokenizer = subword_nmt_tokenizer(dictionary, SubwordNMT(codes), moses, "eos", 64)
+    batch = tokenizer(LINES, text_target=LINES)
+    for line, ids, labels in zip(LINES, batch["input_ids"], batch["labels"]):
+        assert ids == fairseq_ids(english, dictionary, line, append_eos=True), line
+        assert labels == fairseq_ids(french, dictionary, line, append_eos=True), line
+    assert batch["input_ids"] != batch["labels"]
+    assert tokenizer(LINES)["input_ids"] == batch["input_ids"]
 
 
 def test_which_tokenizer_is_saved(prose, caplog):
