@@ -436,6 +436,16 @@ class QuestionAnsweringMixin(HeadOverModelMixin):
         return out if return_dict is not False else out.to_tuple()
 
 
+def shifted_by_trainers_label_smoothing(cls):
+    """A causal LM class, named where transformers' Trainer looks: its label smoothing
+    (`label_smoothing_factor`) shifts the labels by one only for a class whose name is in
+    MODEL_FOR_CAUSAL_LM_MAPPING_NAMES, which `AutoModelForCausalLM.register` does not extend (a
+    remote-code model is never registered), so the smoothed loss scored each token's own id."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+    MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.setdefault(cls.config_class.model_type, cls.__name__)
+    return cls
+
+
 class RecurrentCausalLMMixin(LMHeadMixin):
     """For a `...ForCausalLM` with `self.model` (embedding `embed_tokens`), `self.lm_head`, a
     `cache_class` (a RecurrentCache built from the config) and, where the decode step can be

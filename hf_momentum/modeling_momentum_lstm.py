@@ -41,6 +41,7 @@ from .modeling_common import (
     refuse_packed_rows,
     resolve_cache,
     resolve_flag,
+    shifted_by_trainers_label_smoothing,
     static_padding_mask,
     warn_no_attention_weights,
 )
@@ -513,6 +514,7 @@ def unpack(packed, back, mask):
     return out * mask[..., None].to(out.dtype)
 
 
+@shifted_by_trainers_label_smoothing
 class MomentumLSTMForCausalLM(RecurrentCausalLMMixin, MomentumLSTMPreTrainedModel, GenerationMixin):
     _tied_weights_keys = {"lm_head.weight": "model.embed_tokens.weight"}
     cache_class = MomentumLSTMCache

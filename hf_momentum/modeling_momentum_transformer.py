@@ -37,6 +37,7 @@ from .modeling_common import (
     refuse_shifted_labels,
     resolve_cache,
     resolve_flag,
+    shifted_by_trainers_label_smoothing,
     static_padding_mask,
     warn_no_attention_weights,
 )
@@ -381,6 +382,7 @@ def static_cache_inputs(cache: StaticStateMixin, attention_mask, position_ids, b
     return padding_mask, position_ids
 
 
+@shifted_by_trainers_label_smoothing
 class MomentumTransformerForCausalLM(RecurrentCausalLMMixin, MomentumTransformerPreTrainedModel,
                                      GenerationMixin):
     _tied_weights_keys = {"lm_head.weight": "model.embed_tokens.weight"}

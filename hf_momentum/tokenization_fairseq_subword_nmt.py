@@ -22,9 +22,9 @@ class FairseqSubwordNMTTokenizer(FairseqDictionaryTokenizer):
     """bpe_codes_file: subword-nmt's codes (or None: no BPE); bpe_separator: what ends a piece that a
     word continues (fairseq's --bpe-separator); moses: Moses first, with moses_source_lang /
     moses_target_lang the languages of its tokenizer and detokenizer (as fairseq hands them to
-    sacremoses, None included; `text_target=` is tokenized in moses_target_lang) and fairseq's --moses-no-dash-splits and --moses-no-escape as
-    moses_dash_splits / moses_escape False; vocab_file (and target_vocab_file):
-    the dictionary's symbols, one per line, line i = id i."""
+    sacremoses, None included; `text_target=` is tokenized in moses_target_lang) and fairseq's
+    --moses-no-dash-splits and --moses-no-escape as moses_dash_splits / moses_escape False;
+    vocab_file (and target_vocab_file): the dictionary's symbols, one per line, line i = id i."""
 
     vocab_files_names = {"bpe_codes_file": "bpecodes", **FairseqDictionaryTokenizer.vocab_files_names}
 
