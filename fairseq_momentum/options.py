@@ -90,12 +90,28 @@ def layer_types(text):
     return kinds
 
 
+def kept_layers(cfg, stack: str):
+    """The indices of --encoder-layers-to-keep / --decoder-layers-to-keep (fairseq's pruning of a
+    trained stack, usually a --model-overrides at inference), or None."""
+    keep = getattr(getattr(cfg, stack, None), "layers_to_keep", None)
+    if keep is None or keep == "":
+        return None
+    return [int(index) for index in (keep.split(",") if isinstance(keep, str) else keep)]
+
+
 def layer_kinds(cfg, layers: int, stack: str):
     """The self-attention kind of each of a stack's `layers` layers from --layer-types (None: all
-    momentum attention); ValueError naming --layer-types when its length differs."""
+    momentum attention): of the kept layers where the stack was pruned (fairseq sets its layer
+    count to theirs); ValueError naming --layer-types when its length differs."""
     kinds = getattr(cfg, "layer_types", None)
     if kinds is None:
         return ["linear_attention"] * layers
+    keep = kept_layers(cfg, stack)
+    if keep is not None and len(keep) == layers and len(kinds) != layers:
+        if max(keep) >= len(kinds):
+            raise ValueError(f"--{stack}-layers-to-keep {','.join(map(str, keep))} names a layer past the "
+                             f"{len(kinds)} of --layer-types")
+        return [kinds[index] for index in keep]
     if len(kinds) != layers:
         raise ValueError(f"--layer-types has {len(kinds)} entries but the {stack} has {layers} layers; "
                          f"give one of {', '.join(LAYER_TYPES)} per layer")

@@ -96,3 +96,34 @@ def test_bad_layer_types_fail_at_parsing(capsys):
 def test_a_layer_types_list_of_the_wrong_length_is_refused(tmp_path):
     with pytest.raises(ValueError, match="--layer-types has 2 entries but the decoder has 3 layers"):
         language_model(tmp_path, "--layer-types", "linear_attention,full_attention")
+
+
+def test_pruned_stacks_keep_their_layers_kinds(tmp_path, make_generator):
+    """fairseq's --encoder-layers-to-keep / --decoder-layers-to-keep (a --model-overrides of a
+    trained model) prune a hybrid: each kept layer keeps its --layer-types kind, and the pruned
+    model equals a two-layer model of those layers' weights."""
+    import re
+    kinds_flag = ["--layer-types", "full_attention,linear_attention,full_attention"]
+    full, task, args = build_model(tmp_path, TASK, ["--arch", "momentum_transformer", *SMALL_MT, *kinds_flag])
+    full = full.double()
+    args.encoder_layers_to_keep = args.decoder_layers_to_keep = "1,2"   # as an override gives them
+    pruned = task.build_model(args).double().eval()
+    pruned.load_state_dict(full.state_dict(), model_cfg=args)           # fairseq renames the kept layers
+    expected = [MomentumMultiheadAttention, MultiheadAttention]
+    assert kinds(pruned.encoder.layers) == expected and kinds(pruned.decoder.layers) == expected
+    small, _ = translation(tmp_path, *[flag if flag != "3" else "2" for flag in SMALL_MT],
+                           "--layer-types", "linear_attention,full_attention")
+    renamed = {}
+    for name, value in full.state_dict().items():
+        layer = re.match(r"(.*\.layers\.)(\d+)(\..*)", name)
+        if layer is None:
+            renamed[name] = value
+        elif layer.group(2) != "0":
+            renamed[f"{layer.group(1)}{int(layer.group(2)) - 1}{layer.group(3)}"] = value
+    small.load_state_dict(renamed)
+    source, _ = padded_sentences(task.source_dictionary, [6, 3], make_generator(), left_pad=True)
+    target = random_tokens(task, 2, 4, make_generator())
+    with torch.no_grad():
+        got = pruned(source, torch.tensor([6, 3]), target)[0]
+        torch.testing.assert_close(got, small(source, torch.tensor([6, 3]), target)[0], rtol=0, atol=0)
+        assert not torch.allclose(got, full(source, torch.tensor([6, 3]), target)[0])

@@ -97,9 +97,10 @@ def test_bad_arguments_fail_at_parsing(capsys, flag, value, message):
     assert f"argument {flag}" in err and message in err
 
 
-def test_connection_with_activation_checkpointing_is_refused(tmp_path):
-    with pytest.raises(ValueError, match="--checkpoint-activations"):
-        small_model(tmp_path, "--connection", "momentum", "--checkpoint-activations")
+@pytest.mark.parametrize("flag", ["--checkpoint-activations", "--offload-activations"])
+def test_connection_with_activation_checkpointing_is_refused(flag, tmp_path):
+    with pytest.raises(ValueError, match=flag):       # offloading turns checkpointing on
+        small_model(tmp_path, "--connection", "momentum", flag)
 
 
 PRINT_ALIGNMENT_MESSAGE = "--print-alignment needs --cross-attention softmax"

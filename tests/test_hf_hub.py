@@ -129,7 +129,7 @@ def test_remote_code_loads_in_a_clean_process(make_config, tmp_path):
         assert torch.equal(tokens, expected["tokens"])
         assert type(model).__module__.startswith("transformers_modules"), type(model).__module__
         from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
-        assert type(model).__name__ in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values()   # Trainer's smoothing shifts
+        assert type(model).__name__ in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values()   # smoothing shifts
         model.save_pretrained("resaved")
         try:
             AutoModelForCausalLM.from_pretrained("model", trust_remote_code=True,

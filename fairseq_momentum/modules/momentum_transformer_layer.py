@@ -181,7 +181,8 @@ def _wrap_layer(layer, cfg):
     if checkpoint and layer.connection is not None:
         raise ValueError(f"--connection {cfg.connection} carries a velocity across layers, which "
                          "activation checkpointing would recompute wrongly: drop "
-                         "--checkpoint-activations or use --connection none")
+                         "--checkpoint-activations and --offload-activations (which turns it on) "
+                         "or use --connection none")
     if checkpoint:
         layer = checkpoint_wrapper(layer, offload_to_cpu=cfg.offload_activations)
     min_params_to_wrap = cfg.min_params_to_wrap if not checkpoint else 0
