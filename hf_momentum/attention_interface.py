@@ -30,7 +30,8 @@ What a stock model keeps and loses under these implementations:
   `check_model` refuse these with a ValueError.
 - RoPE models: linear attention after RoPE depends on absolute positions, so left-padded
   batches match unpadded sequences only with position_ids taken from the mask (cumsum − 1),
-  which `generate()` does.
+  which `generate()` does; a left-padded batch numbered from its padding (the model's default
+  positions) is refused with a ValueError that says so.
 - Saving: transformers does not serialize a model's attention implementation, so a stock model
   would come back from `from_pretrained` as softmax attention. `register()` therefore makes
   every config whose model runs "momentum" / "linear_attention" write `attn_implementation` and
@@ -259,11 +260,36 @@ def _segments(module, is_causal, query, q_len: int, kv_len: int, mask, kwargs) -
         segments = Segments.from_padding_mask(mask, query.shape[0], kv_len)
     else:
         segments = Segments.from_starts_or_padding(starts, mask)
+    if self_attention and q_len == kv_len:
+        _refuse_rotary_positions_counting_padding(module, mask, kwargs.get("position_ids"))
     last.clear()
     if anchor is not None:
         last.update(key=key, anchor=weakref.ref(anchor), mask=None if mask is None else weakref.ref(mask),
                     segments=segments)
     return segments
+
+
+def _refuse_rotary_positions_counting_padding(module, mask, position_ids) -> None:
+    """Rotary position embeddings turn q and k by their positions before the attention sees them,
+    and linear attention, unlike softmax, is not invariant to turning a whole row further: a row
+    after left padding, numbered from its first padding token (the model's default positions,
+    0 … length − 1), would differ from the sequence alone. Refused where it can be seen (a rotary
+    model's self-attention handed its position_ids, eager): one read per forward."""
+    if mask is None or not isinstance(position_ids, torch.Tensor) or position_ids.dim() != 2 or \
+            position_ids.shape[-1] != mask.shape[-1] or torch.compiler.is_compiling():
+        return
+    config = getattr(module, "config", None)
+    if not getattr(config, "rope_parameters", None) and getattr(config, "rope_theta", None) is None:
+        return
+    padding_before_real = (mask[:, 1:] > mask[:, :-1]).any(-1)
+    counted = (position_ids == torch.arange(mask.shape[-1], device=position_ids.device)).all(-1)
+    if bool((padding_before_real & counted).any()):
+        raise ValueError(
+            f"{type(module).__name__}: a left-padded batch whose position_ids count the padding (the "
+            "model's default 0 … length − 1): rotary embeddings turn q and k by position before momentum / "
+            "linear attention, which, unlike softmax, depends on that absolute turn, so a padded row would "
+            "differ from its sequence alone. Pass position_ids=attention_mask.cumsum(-1) - 1 (generate() "
+            "does) or pad on the right (tokenizer.padding_side = \"right\")")
 
 
 def _document_starts(module, is_causal, query, q_len: int, kv_len: int, mask, kwargs):

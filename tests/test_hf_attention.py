@@ -182,6 +182,30 @@ def test_padded_batch_equals_sequences_alone(model_type, impl, make_generator):
             torch.testing.assert_close(real(batch[row], mask[row]), alone, atol=1e-5, rtol=1e-4)
 
 
+@pytest.mark.parametrize("model_type", DECODERS)
+def test_left_padding_numbered_from_the_padding_is_refused_on_rotary_models(model_type, make_generator):
+    """Rotary models: a left-padded batch at the model's default positions (counting the padding)
+    would not equal its rows alone under linear attention, so it is refused naming position_ids;
+    right padding and positions from the mask run. GPT-2's learned absolute positions shift with
+    left padding under softmax as well (transformers' behaviour), so it is not refused."""
+    torch.manual_seed(0)
+    model = AutoModel.from_config(tiny_config(model_type), attn_implementation="momentum").eval()
+    ids, mask = padded(make_generator(), [6, 4, 2], 6, "left")
+    with torch.no_grad():
+        if model_type == "gpt2":
+            model(input_ids=ids, attention_mask=mask)
+        else:
+            with pytest.raises(ValueError, match="position_ids=attention_mask.cumsum"):
+                model(input_ids=ids, attention_mask=mask)
+            with pytest.raises(ValueError, match="padding_side"):
+                model(input_ids=ids, attention_mask=mask, position_ids=torch.arange(6).expand(3, 6))
+        model(input_ids=ids, attention_mask=mask, position_ids=(mask.cumsum(-1) - 1).clamp(min=0))
+        right_ids, right_mask = padded(make_generator(), [6, 4, 2], 6, "right")
+        batch = model(input_ids=right_ids, attention_mask=right_mask).last_hidden_state
+        alone = model(input_ids=right_ids[2:, :2]).last_hidden_state[0]
+        torch.testing.assert_close(batch[2, :2], alone, atol=1e-5, rtol=1e-4)
+
+
 @pytest.mark.parametrize("model_type", DECODERS + ENCODERS)
 def test_set_attn_implementation_switches_the_kernel(model_type, make_generator):
     torch.manual_seed(0)

@@ -15,7 +15,7 @@ import warnings
 
 import pytest
 import torch
-from test_host_reads import BATCH, LLAMA, batch, llama, native
+from test_host_reads import BATCH, LLAMA, batch, llama, native, with_rotary_positions
 
 from hf_momentum.modeling_common import CACHE_NAME
 
@@ -54,7 +54,7 @@ def more_at_four_layers(counts: list) -> dict:
 
 def training_waits(row: str, form: str, layers: int) -> collections.Counter:
     model = ROWS[row](layers).cuda().train()
-    inputs = {name: value.cuda() for name, value in batch(form).items()}
+    inputs = {name: value.cuda() for name, value in with_rotary_positions(model, batch(form)).items()}
 
     def step():
         with torch.autocast("cuda", dtype=torch.bfloat16):
@@ -67,7 +67,7 @@ def training_waits(row: str, form: str, layers: int) -> collections.Counter:
 
 def decoding_waits(row: str, layers: int) -> collections.Counter:
     model = ROWS[row](layers).cuda().eval()
-    inputs = {name: value.cuda() for name, value in batch("padded").items()}
+    inputs = {name: value.cuda() for name, value in with_rotary_positions(model, batch("padded")).items()}
     with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
         out = model(**inputs, use_cache=True)
         cache, mask = getattr(out, CACHE_NAME), inputs["attention_mask"]

@@ -106,8 +106,17 @@ class HostBuiltTensors(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
+def with_rotary_positions(model, inputs):
+    """A left-padded batch of a stock (rotary) model numbered from its real tokens, as generate()
+    numbers it: at the default positions momentum attention refuses it."""
+    if model.config.model_type == "momentum_transformer" or "attention_mask" not in inputs:
+        return inputs
+    return inputs | dict(position_ids=(inputs["attention_mask"].cumsum(-1) - 1).clamp(min=0))
+
+
 def training_reads(model, inputs, counter=HostReads) -> int:
     model.train()
+    inputs = with_rotary_positions(model, inputs)
     reads = counter()
     with reads:
         model(**inputs, labels=inputs["input_ids"], use_cache=False).loss.backward()
@@ -119,7 +128,7 @@ def decoding_reads(model, counter=HostReads) -> int:
     model.eval()
     inputs = batch("padded")
     with torch.no_grad():
-        out = model(**inputs, use_cache=True)
+        out = model(**with_rotary_positions(model, inputs), use_cache=True)
         token = out.logits[:, -1:].argmax(-1)
         mask = torch.cat([inputs["attention_mask"], torch.ones(BATCH, 1, dtype=torch.long)], dim=1)
         reads = counter()
