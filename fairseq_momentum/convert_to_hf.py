@@ -163,9 +163,10 @@ def check_convertible(args, source: Source) -> None:
                          "spectral norm; convert a model trained without it")
 
 
-def hf_config(args, dictionary, source: Source, labels=None):
+def hf_config(args, dictionary, source: Source, labels=None, regression: bool = False):
     """The MomentumTransformerConfig of the fairseq model whose stack is `source`; `labels`: a
-    classifier's label names, in class order."""
+    classifier's label names, in class order; `regression`: its head predicts values
+    (--regression-target), whose outputs transformers' pipelines then leave as they are."""
     from hf_momentum import MomentumTransformerConfig
     stack, encoder = source.stack, source.side == "encoder"
     classifier = {}
@@ -177,7 +178,8 @@ def hf_config(args, dictionary, source: Source, labels=None):
         classifier = dict(num_labels=classes, id2label=dict(enumerate(names)),
                           label2id={name: i for i, name in enumerate(names)}, classifier_pooling="first",
                           classifier_hidden_act=ACTIVATIONS[args.pooler_activation_fn],
-                          classifier_dropout=args.pooler_dropout)
+                          classifier_dropout=args.pooler_dropout,
+                          **({"problem_type": "regression"} if regression else {}))
     layers = len(stack.layers)
     layer_types = list(getattr(args, "layer_types", None) or ["linear_attention"] * layers)
     connection = {hf: getattr(args, fs) for fs, hf in CONNECTION_FIELDS.items()
@@ -299,13 +301,14 @@ def seq2seq_state_dict(model, config) -> dict:
     return state
 
 
-def to_transformers(model, args, dictionary, head: Optional[str] = None, labels=None, target_dictionary=None):
+def to_transformers(model, args, dictionary, head: Optional[str] = None, labels=None, target_dictionary=None,
+                    regression: bool = False):
     """The transformers model with the weights of the fairseq `model`, in eval mode and its dtype:
     MomentumTransformerForCausalLM for an LM; MomentumSeq2SeqForConditionalGeneration for a
     translation model (`target_dictionary`: its target's; None: `dictionary`); for a
     RoBERTa ...ForSequenceClassification with its classification head `head` (RoBERTa's head: <s>
-    features, dense, activation, classifier; `labels` its label names) or ...ForMaskedLM (head
-    "masked_lm", or None without such heads)."""
+    features, dense, activation, classifier; `labels` its label names, `regression` whether it predicts
+    values) or ...ForMaskedLM (head "masked_lm", or None without such heads)."""
     from hf_momentum import (
         MomentumSeq2SeqForConditionalGeneration,
         MomentumTransformerForCausalLM,
@@ -339,7 +342,7 @@ def to_transformers(model, args, dictionary, head: Optional[str] = None, labels=
         model_class, state = MomentumSeq2SeqForConditionalGeneration, seq2seq_state_dict(model, config)
     else:
         check_convertible(args, source)
-        config = hf_config(args, dictionary, source, labels)
+        config = hf_config(args, dictionary, source, labels, regression and source.classifier is not None)
         model_class = MomentumTransformerForCausalLM if config.is_causal else \
             MomentumTransformerForSequenceClassification if source.classifier is not None else \
             MomentumTransformerForMaskedLM
@@ -372,10 +375,19 @@ def loaded(converted, state: dict, dtype):
     return converted.eval()
 
 
-def wrapping(dictionary, config) -> str:
-    """What the saved tokenizer wraps a text in, as fairseq's task builds its samples (transformers'
-    special_tokens_pattern): "eos" for a translation model's source (text, then `</s>`), "bos_eos"
-    for masked_lm's `<s> ... </s>` (its dictionary has `<mask>`), "none" for an LM's prompt."""
+def wrapping(dictionary, config, sample=None) -> Optional[str]:
+    """What the saved tokenizer wraps a text in, as fairseq's task builds its samples (the
+    tokenizer's `wrap`): "eos" for a translation model's source (text, then `</s>`), "bos_eos" for
+    masked_lm's `<s> ... </s>` (its dictionary has `<mask>`), "none" for an LM's prompt. `sample`: a
+    sentence_prediction classifier's (--init-token, --separator-token), which build its samples
+    instead: each text ends with `</s>`, the first follows the init token, the second the separator
+    ("eos" or "bos_eos"; "eos_sep" / "bos_eos_sep" with the separator `</s>`: RoBERTa's pairs
+    `<s> a </s> </s> b </s>`). None for tokens other than `<s>` and `</s>` there."""
+    if sample is not None:
+        init, separator = sample
+        if init not in (None, dictionary.bos()) or separator not in (None, dictionary.eos()):
+            return None
+        return ("eos" if init is None else "bos_eos") + ("" if separator is None else "_sep")
     if config.is_encoder_decoder:
         return "eos"
     return "bos_eos" if "<mask>" in dictionary.indices else "none"
@@ -392,27 +404,31 @@ def word_tokenizer(dictionary, max_length: int, pattern: str):
     tokenizer.normalizer = normalizers.Replace(Regex("[\x1c-\x1f]"), " ")
     tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     bos, eos = dictionary.bos_word, dictionary.eos_word
+    lead = pattern.startswith("bos_eos")
     if pattern != "none":
-        lead = f"{bos} " if pattern == "bos_eos" else ""
+        separator = f"{eos} " if pattern.endswith("_sep") else ""
         specials = [(bos, dictionary.bos())] if lead else []
         tokenizer.post_processor = processors.TemplateProcessing(
-            single=f"{lead}$A {eos}", pair=f"{lead}$A {eos} $B {eos}",
+            single=f"{bos + ' ' if lead else ''}$A {eos}",
+            pair=f"{bos + ' ' if lead else ''}$A {eos} {separator}$B {eos}",
             special_tokens=specials + [(eos, dictionary.eos())])
     return PreTrainedTokenizerFast(tokenizer_object=tokenizer, unk_token=dictionary.unk_word,
                                    pad_token=dictionary.pad_word, eos_token=eos,
-                                   bos_token=bos if pattern == "bos_eos" else eos,
+                                   bos_token=bos if lead else eos,
                                    mask_token="<mask>" if "<mask>" in vocab else None,
                                    model_max_length=max_length)
 
 
 def load(checkpoint):
-    """(fairseq model, its args, its dictionary, the label names of a sentence_prediction task or
-    None, its whole config (the task's BPE and tokenizer are read from it), its target dictionary) of
-    a checkpoint file, through fairseq's loader (the user-dir's checks on what the file may hold
-    included)."""
+    """(fairseq model, its args, its dictionary, the label names of a sentence_prediction task (None
+    for none, or values: --regression-target), its whole config (the task's BPE and tokenizer are
+    read from it), its target dictionary) of a checkpoint file, through fairseq's loader (the
+    user-dir's checks on what the file may hold included)."""
     from fairseq import checkpoint_utils
     [model], cfg, task = checkpoint_utils.load_model_ensemble_and_task([str(checkpoint)])
     label_dictionary = getattr(task, "label_dictionary", None)
+    if getattr(cfg.task, "regression_target", False):
+        label_dictionary = None         # fairseq's regression task names the input dictionary there
     labels = None if label_dictionary is None else label_dictionary.symbols[label_dictionary.nspecial:]
     return model.eval(), as_namespace(cfg.model), task.source_dictionary, labels, cfg, task.target_dictionary
 
@@ -569,7 +585,7 @@ def holds_subwords(dictionary) -> bool:
 
 def saved_tokenizer(dictionary, config, bpe, sentencepiece_model: Optional[Path], target_dictionary=None,
                     gpt2_files=None, subword_nmt: Optional[SubwordNMT] = None, moses: Optional[Moses] = None,
-                    task_tokenizer=None):
+                    task_tokenizer=None, sample=None):
     """The tokenizer to save beside the converted model, or None (with a warning saying why): the
     sentencepiece model's (given, or the task's --bpe sentencepiece), GPT-2's BPE (`gpt2_files`:
     encoder.json and vocab.bpe given, or the task's --bpe gpt2 files), subword-nmt's BPE (given, or
@@ -577,7 +593,8 @@ def saved_tokenizer(dictionary, config, bpe, sentencepiece_model: Optional[Path]
     Moses where the text was Moses-tokenized (`moses` given, or the task's --tokenizer moses,
     `task_tokenizer`), else a word-level one where the dictionary holds words (Moses' words with
     Moses). A translation model's target dictionary, where it differs from the source's, is the
-    tokenizer's second vocabulary (text_target= and decoding)."""
+    tokenizer's second vocabulary (text_target= and decoding). `sample`: a sentence_prediction
+    classifier's (--init-token, --separator-token) (`wrapping`)."""
     if target_dictionary is not None and target_dictionary.symbols == dictionary.symbols:
         target_dictionary = None
     from transformers.tokenization_utils_base import VERY_LARGE_INTEGER
@@ -606,7 +623,12 @@ def saved_tokenizer(dictionary, config, bpe, sentencepiece_model: Optional[Path]
                            "as fairseq does", task_tokenizer_name)
             return None
         moses = task_moses
-    pattern = wrapping(dictionary, config)
+    pattern = wrapping(dictionary, config, sample)
+    if pattern is None:
+        logger.warning("--init-token %s / --separator-token %s: the saved tokenizer puts <s> or nothing "
+                       "before a text and </s> or nothing between a pair; no tokenizer is saved: encode as "
+                       "fairseq does", *sample)
+        return None
     max_length = getattr(config, "max_position_embeddings", VERY_LARGE_INTEGER)   # an LSTM has no limit
     if gpt2_files is not None:
         if name not in (None, "gpt2"):
@@ -651,11 +673,16 @@ def convert(checkpoint, output_dir, head: Optional[str] = None, push_to_hub: boo
     """Write the converted model and its tokenizer (`saved_tokenizer`) to `output_dir`; returns the
     model."""
     model, args, dictionary, labels, cfg, target_dictionary = load(checkpoint)
-    converted = to_transformers(model, args, dictionary, head, labels, target_dictionary)
+    regression = bool(getattr(cfg.task, "regression_target", False))
+    converted = to_transformers(model, args, dictionary, head, labels, target_dictionary, regression)
     if moses is not None:
         moses = moses.with_task_languages(cfg.task)
+    # a classifier's samples are its task's (sentence_prediction, sentence_ranking), its LM head's masked_lm's
+    classifier = type(converted).__name__.endswith("ForSequenceClassification")
+    sample = (cfg.task.get("init_token"), cfg.task.get("separator_token")) \
+        if classifier and "init_token" in cfg.task else None
     tokenizer = saved_tokenizer(dictionary, converted.config, cfg.bpe, sentencepiece_model, target_dictionary,
-                                gpt2_files, subword_nmt, moses, cfg.tokenizer)
+                                gpt2_files, subword_nmt, moses, cfg.tokenizer, sample)
     converted.save_pretrained(output_dir)
     if tokenizer is not None:
         tokenizer.save_pretrained(output_dir)

@@ -9,8 +9,11 @@ A subclass says how a text becomes the dictionary's symbols (`_tokenize`, then `
 symbols become text again (`token_of`, `convert_tokens_to_string`). `FairseqWordTokenizer` here is
 fairseq's default, whitespace-separated words, for data without BPE. `wrap` says what a text is
 wrapped in (transformers' special_tokens_pattern, saved with the tokenizer): "eos" (a translation
-source or target: text, then `</s>`), "bos_eos" (a masked LM's `<s> ... </s>`) or "none" (a language
-model's prompt). Files of this module travel with a converted model (`trust_remote_code=True`)."""
+source or target: text, then `</s>`), "bos_eos" (a masked LM's `<s> ... </s>`), "none" (a language
+model's prompt), or, for a sentence_prediction classifier, "eos_sep" / "bos_eos_sep": "eos" / "bos_eos"
+with a pair's second text after a separator `</s>` (RoBERTa's `<s> a </s> </s> b </s>`, fairseq's
+--init-token 0 --separator-token 2). Files of this module travel with a converted model
+(`trust_remote_code=True`)."""
 import shutil
 from pathlib import Path
 from typing import Dict, List, Optional
@@ -37,9 +40,29 @@ class FairseqDictionaryTokenizer(PreTrainedTokenizer):
         self.source = Vocabulary(self.vocab_file)
         self.target = self.source if target_vocab_file is None else Vocabulary(self.target_vocab_file)
         self.current = self.source
+        self.wrap = wrap
         kwargs.pop("special_tokens_pattern", None)          # `wrap` decides it
         super().__init__(bos_token=bos_token, pad_token=pad_token, eos_token=eos_token, unk_token=unk_token,
                          wrap=wrap, special_tokens_pattern=wrap, **kwargs)
+
+    def _wrapped(self, first: list, second: Optional[list], lead, end) -> list:
+        """`first` (and `second`) as `wrap` lays them out; `lead` / `end`: what stands for `<s>` /
+        `</s>` (their ids, or the special-tokens mask's 1)."""
+        if self.wrap == "none":
+            return first + (second or [])
+        out = ([lead] if self.wrap.startswith("bos_eos") else []) + first + [end]
+        if second is not None:
+            out += ([end] if self.wrap.endswith("_sep") else []) + second + [end]
+        return out
+
+    def build_inputs_with_special_tokens(self, token_ids_0, token_ids_1=None):
+        return self._wrapped(token_ids_0, token_ids_1, self.bos_token_id, self.eos_token_id)
+
+    def get_special_tokens_mask(self, token_ids_0, token_ids_1=None, already_has_special_tokens=False):
+        if already_has_special_tokens:
+            return super().get_special_tokens_mask(token_ids_0, token_ids_1, already_has_special_tokens=True)
+        return self._wrapped([0] * len(token_ids_0), None if token_ids_1 is None else [0] * len(token_ids_1),
+                             1, 1)
 
     def _switch_to_input_mode(self):
         self.current = self.source

@@ -177,6 +177,69 @@ def test_the_word_tokenizer_splits_words_where_fairseq_does(pattern):
         assert tokenizer(line)["input_ids"] == ids, repr(space)
 
 
+def fairseq_sample(dictionary, first, second, init, separator):
+    """The ids fairseq's sentence_prediction task feeds for `first` (and `second`), built with its
+    own datasets as its load_dataset builds them: each text ends with `</s>`, the first follows
+    --init-token, the second --separator-token."""
+    from fairseq.data import ConcatSentencesDataset, ListDataset, PrependTokenDataset
+
+    def texts(*lines):
+        ids = [dictionary.encode_line(line, add_if_not_exist=False).long() for line in lines]
+        return ListDataset(ids, sizes=[len(i) for i in ids])
+    input0 = texts(first)
+    if init is not None:
+        input0 = PrependTokenDataset(input0, init)
+    if second is None:
+        return input0[0].tolist()
+    input1 = texts(second)
+    if separator is not None:
+        input1 = PrependTokenDataset(input1, separator)
+    return ConcatSentencesDataset(input0, input1)[0].tolist()
+
+
+@pytest.mark.parametrize("init, separator", [(None, None), (0, None), (0, 2), (None, 2)])
+@pytest.mark.parametrize("kind", ["fast word-level", "dictionary"])
+def test_a_classifiers_tokenizer_builds_its_tasks_samples(kind, init, separator, tmp_path):
+    """A sentence_prediction classifier's tokenizer lays a text and a pair out as its task did in
+    training (--init-token, --separator-token; RoBERTa's 0 and 2 give `<s> a </s> </s> b </s>`),
+    in both tokenizer classes, saved and loaded again; the special-tokens mask marks what was added."""
+    from fairseq.data import Dictionary
+    from transformers import AutoConfig, AutoTokenizer
+
+    from fairseq_momentum.convert_to_hf import dictionary_tokenizer, saved_tokenizer, wrapping
+    from hf_momentum.tokenization_fairseq_dictionary import FairseqWordTokenizer
+    dictionary = Dictionary()
+    for word in WORDS:
+        dictionary.add_symbol(word)
+    dictionary.add_symbol("<mask>")      # as sentence_prediction's dictionary has it
+    config = AutoConfig.for_model("momentum_transformer", vocab_size=len(dictionary), is_causal=False)
+    if kind == "fast word-level":
+        tokenizer = saved_tokenizer(dictionary, config, None, None, sample=(init, separator))
+    else:   # the class of the sentencepiece, GPT-2 and subword-nmt tokenizers
+        pattern = wrapping(dictionary, config, (init, separator))
+        tokenizer = dictionary_tokenizer(FairseqWordTokenizer, [], dictionary, pattern, 64)
+    tokenizer.save_pretrained(tmp_path / "saved")
+    tokenizer = AutoTokenizer.from_pretrained(tmp_path / "saved", trust_remote_code=True)
+    first, second = "the cat sees a dog", "a small bird"
+    assert tokenizer(first)["input_ids"] == fairseq_sample(dictionary, first, None, init, separator)
+    pair = tokenizer(first, second, return_special_tokens_mask=True)
+    expected = fairseq_sample(dictionary, first, second, init, separator)
+    assert pair["input_ids"] == expected
+    words = dictionary.encode_line(f"{first} {second}", add_if_not_exist=False, append_eos=False).tolist()
+    assert [i for i, added in zip(expected, pair["special_tokens_mask"]) if not added] == words
+
+
+def test_a_classifier_trained_with_other_special_tokens_gets_no_tokenizer(caplog):
+    from fairseq.data import Dictionary
+    from transformers import AutoConfig
+
+    from fairseq_momentum.convert_to_hf import saved_tokenizer
+    dictionary = Dictionary()
+    config = AutoConfig.for_model("momentum_transformer", vocab_size=len(dictionary), is_causal=False)
+    assert saved_tokenizer(dictionary, config, None, None, sample=(dictionary.unk(), None)) is None
+    assert "--init-token 3 / --separator-token None" in caplog.text
+
+
 def run_converter(checkpoint, out, *options):
     """`python -m fairseq_momentum.convert_to_hf checkpoint out *options`; the config.json it wrote."""
     proc = run_module("fairseq_momentum.convert_to_hf", checkpoint, out, *options)
@@ -410,3 +473,59 @@ def test_cli_converts_a_fine_tuned_roberta_for_the_text_classification_pipeline(
         print("OK", type(model).__module__)
     """, tmp_path, {"HF_HUB_OFFLINE": "1"})
     assert "OK transformers_modules" in proc.stdout
+
+
+def test_cli_converts_a_regression_on_sentence_pairs_as_roberta_fine_tunes_it(tmp_path):
+    """sentence_prediction on pairs with --regression-target and RoBERTa's --init-token 0
+    --separator-token 2: the converted tokenizer gives the task's own samples for `tokenizer(a, b)`,
+    the model their values, and the config says regression (no label names from the input
+    dictionary; the text-classification pipeline returns the value, not a sigmoid of it)."""
+    from fairseq import checkpoint_utils
+    from helpers.fairseq_cli import preprocess
+    text = write_lm_text(tmp_path / "text", seed=3)
+    dictionary = preprocess_lm(text, tmp_path / "bin") / "dict.txt"
+    fine, seconds = tmp_path / "fine", tmp_path / "seconds"
+    (fine / "label").mkdir(parents=True)
+    seconds.mkdir()
+    for split in ("train", "valid"):
+        lines = (text / f"{split}.txt").read_text().splitlines()
+        (seconds / f"{split}.txt").write_text("".join(" ".join(line.split()[::-1]) + "\n" for line in lines))
+        (fine / "label" / f"{split}.label").write_text("".join(f"{len(line) / 100}\n" for line in lines))
+    for name, folder in (("input0", text), ("input1", seconds)):
+        preprocess("--only-source", "--trainpref", folder / "train.txt", "--validpref", folder / "valid.txt",
+                   "--srcdict", dictionary, "--destdir", fine / name, "--workers", "1")
+    save = tmp_path / "ckpt"
+    train(fine, save, "--task", "sentence_prediction", "--criterion", "sentence_prediction",
+          "--regression-target", "--num-classes", "1", "--init-token", "0", "--separator-token", "2",
+          "--max-positions", "48", "--arch", "momentum_roberta", *ROBERTA, "--batch-size", "16",
+          "--max-update", "4", "--optimizer", "adam", "--lr", "0.003")
+    out = tmp_path / "hf"
+    config = run_converter(save / "checkpoint_last.pt", out)
+    assert config["problem_type"] == "regression" and config["id2label"] == {"0": "LABEL_0"}, config
+    [model], _, task = checkpoint_utils.load_model_ensemble_and_task([str(save / "checkpoint_last.pt")])
+    task.load_dataset("valid")
+    sample = task.dataset("valid")[0]["net_input.src_tokens"]
+    first = (text / "valid.txt").read_text().splitlines()[0]
+    second = " ".join(first.split()[::-1])
+    with torch.no_grad():
+        value = model.eval()(sample[None], features_only=True,
+                             classification_head_name="sentence_classification_head")[0]
+    torch.save({"ids": sample[None], "value": value}, tmp_path / "expected.pt")
+    proc = run_clean(f"""
+        import torch
+        from transformers import AutoModelForSequenceClassification, AutoTokenizer, pipeline
+        tokenizer = AutoTokenizer.from_pretrained({str(out)!r}, trust_remote_code=True)
+        model = AutoModelForSequenceClassification.from_pretrained({str(out)!r}, trust_remote_code=True)
+        model.eval()
+        expected = torch.load({str(tmp_path / "expected.pt")!r})
+        ids = tokenizer({first!r}, {second!r}, return_tensors="pt")["input_ids"]
+        assert torch.equal(ids, expected["ids"]), (ids, expected["ids"])
+        with torch.no_grad():
+            value = model(input_ids=ids).logits
+        torch.testing.assert_close(value, expected["value"], rtol=1e-5, atol=1e-5)
+        score = pipeline("text-classification", model=model, tokenizer=tokenizer)(
+            {{"text": {first!r}, "text_pair": {second!r}}})
+        assert abs(score["score"] - float(value)) < 1e-5, (score, value)
+        print("OK")
+    """, tmp_path, {"HF_HUB_OFFLINE": "1"})
+    assert "OK" in proc.stdout
