@@ -8,7 +8,7 @@ generated ids) always reads it.
 A subclass says how a text becomes the dictionary's symbols (`_tokenize`, then `symbol_of`) and how
 symbols become text again (`token_of`, `convert_tokens_to_string`). `FairseqWordTokenizer` here is
 fairseq's default, whitespace-separated words, for data without BPE. `wrap` says what a text is
-wrapped in (transformers' special_tokens_pattern, saved with the tokenizer): "eos" (a translation
+wrapped in (saved with the tokenizer; `build_inputs_with_special_tokens` lays it out): "eos" (a translation
 source or target: text, then `</s>`), "bos_eos" (a masked LM's `<s> ... </s>`), "none" (a language
 model's prompt), or, for a sentence_prediction classifier, "eos_sep" / "bos_eos_sep": "eos" / "bos_eos"
 with a pair's second text after a separator `</s>` (RoBERTa's `<s> a </s> </s> b </s>`, fairseq's
