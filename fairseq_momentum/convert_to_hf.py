@@ -403,14 +403,14 @@ def word_tokenizer(dictionary, max_length: int, pattern: str):
     # fairseq splits words on Python's whitespace, which has U+001C-U+001F beyond Unicode's
     tokenizer.normalizer = normalizers.Replace(Regex("[\x1c-\x1f]"), " ")
     tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    from hf_momentum.tokenization_fairseq_dictionary import wrap_layout
     bos, eos = dictionary.bos_word, dictionary.eos_word
-    lead = pattern.startswith("bos_eos")
-    if pattern != "none":
-        separator = f"{eos} " if pattern.endswith("_sep") else ""
+    lead, ends, separated = wrap_layout(pattern)
+    if ends:
+        start, separator = f"{bos} " if lead else "", f"{eos} " if separated else ""
         specials = [(bos, dictionary.bos())] if lead else []
         tokenizer.post_processor = processors.TemplateProcessing(
-            single=f"{bos + ' ' if lead else ''}$A {eos}",
-            pair=f"{bos + ' ' if lead else ''}$A {eos} {separator}$B {eos}",
+            single=f"{start}$A {eos}", pair=f"{start}$A {eos} {separator}$B {eos}",
             special_tokens=specials + [(eos, dictionary.eos())])
     return PreTrainedTokenizerFast(tokenizer_object=tokenizer, unk_token=dictionary.unk_word,
                                    pad_token=dictionary.pad_word, eos_token=eos,
@@ -420,15 +420,13 @@ def word_tokenizer(dictionary, max_length: int, pattern: str):
 
 
 def load(checkpoint):
-    """(fairseq model, its args, its dictionary, the label names of a sentence_prediction task (None
-    for none, or values: --regression-target), its whole config (the task's BPE and tokenizer are
-    read from it), its target dictionary) of a checkpoint file, through fairseq's loader (the
-    user-dir's checks on what the file may hold included)."""
+    """(fairseq model, its args, its dictionary, the label names of a sentence_prediction task or
+    None, its whole config (the task's BPE and tokenizer are read from it), its target dictionary) of
+    a checkpoint file, through fairseq's loader (the user-dir's checks on what the file may hold
+    included)."""
     from fairseq import checkpoint_utils
     [model], cfg, task = checkpoint_utils.load_model_ensemble_and_task([str(checkpoint)])
     label_dictionary = getattr(task, "label_dictionary", None)
-    if getattr(cfg.task, "regression_target", False):
-        label_dictionary = None         # fairseq's regression task names the input dictionary there
     labels = None if label_dictionary is None else label_dictionary.symbols[label_dictionary.nspecial:]
     return model.eval(), as_namespace(cfg.model), task.source_dictionary, labels, cfg, task.target_dictionary
 
@@ -674,6 +672,8 @@ def convert(checkpoint, output_dir, head: Optional[str] = None, push_to_hub: boo
     model."""
     model, args, dictionary, labels, cfg, target_dictionary = load(checkpoint)
     regression = bool(getattr(cfg.task, "regression_target", False))
+    if regression:
+        labels = None       # fairseq's regression task fills its label dictionary with the input's
     converted = to_transformers(model, args, dictionary, head, labels, target_dictionary, regression)
     if moses is not None:
         moses = moses.with_task_languages(cfg.task)

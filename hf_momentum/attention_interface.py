@@ -260,7 +260,8 @@ def _segments(module, is_causal, query, q_len: int, kv_len: int, mask, kwargs) -
         segments = Segments.from_padding_mask(mask, query.shape[0], kv_len)
     else:
         segments = Segments.from_starts_or_padding(starts, mask)
-    if self_attention and q_len == kv_len:
+    # rows described without a permutation (eager) have no padding before a real token: nothing to read
+    if self_attention and q_len == kv_len and (segments.packed or segments.order is not None):
         _refuse_rotary_positions_counting_padding(module, mask, kwargs.get("position_ids"))
     last.clear()
     if anchor is not None:
@@ -274,7 +275,8 @@ def _refuse_rotary_positions_counting_padding(module, mask, position_ids) -> Non
     and linear attention, unlike softmax, is not invariant to turning a whole row further: a row
     after left padding, numbered from its first padding token (the model's default positions,
     0 … length − 1), would differ from the sequence alone. Refused where it can be seen (a rotary
-    model's self-attention handed its position_ids, eager): one read per forward."""
+    model's self-attention handed its position_ids, eager): one read per forward of rows that
+    need a permutation (padding before a real token), none for others."""
     if mask is None or not isinstance(position_ids, torch.Tensor) or position_ids.dim() != 2 or \
             position_ids.shape[-1] != mask.shape[-1] or torch.compiler.is_compiling():
         return

@@ -16,9 +16,15 @@ with a pair's second text after a separator `</s>` (RoBERTa's `<s> a </s> </s> b
 (`trust_remote_code=True`)."""
 import shutil
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 from transformers import PreTrainedTokenizer
+
+
+def wrap_layout(wrap: str) -> Tuple[bool, bool, bool]:
+    """(whether a text follows `<s>`, whether each text ends with `</s>`, whether a pair's second
+    text follows a separator `</s>`) of a `wrap`."""
+    return wrap.startswith("bos_eos"), wrap != "none", wrap.endswith("_sep")
 
 
 class Vocabulary:
@@ -48,11 +54,12 @@ class FairseqDictionaryTokenizer(PreTrainedTokenizer):
     def _wrapped(self, first: list, second: Optional[list], lead, end) -> list:
         """`first` (and `second`) as `wrap` lays them out; `lead` / `end`: what stands for `<s>` /
         `</s>` (their ids, or the special-tokens mask's 1)."""
-        if self.wrap == "none":
+        leads, ends, separated = wrap_layout(self.wrap)
+        if not ends:
             return first + (second or [])
-        out = ([lead] if self.wrap.startswith("bos_eos") else []) + first + [end]
+        out = ([lead] if leads else []) + first + [end]
         if second is not None:
-            out += ([end] if self.wrap.endswith("_sep") else []) + second + [end]
+            out += ([end] if separated else []) + second + [end]
         return out
 
     def build_inputs_with_special_tokens(self, token_ids_0, token_ids_1=None):
