@@ -396,27 +396,40 @@ def wrapping(dictionary, config, sample=None) -> Optional[str]:
 def word_tokenizer(dictionary, max_length: int, pattern: str):
     """A whitespace word-level tokenizer with the dictionary's ids (for a task without BPE) that
     wraps a text as `pattern` (`wrapping`) says; it knows masked_lm's `<mask>`."""
-    from tokenizers import Regex, Tokenizer, models, normalizers, pre_tokenizers, processors
-    from transformers import PreTrainedTokenizerFast
+    from tokenizers import Regex, Tokenizer, models, normalizers, pre_tokenizers
     vocab = {symbol: i for i, symbol in enumerate(dictionary.symbols)}
     tokenizer = Tokenizer(models.WordLevel(vocab, unk_token=dictionary.unk_word))
     # fairseq splits words on Python's whitespace, which has U+001C-U+001F beyond Unicode's
     tokenizer.normalizer = normalizers.Replace(Regex("[\x1c-\x1f]"), " ")
     tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    return fast_tokenizer(tokenizer, dictionary, max_length, pattern)
+
+
+def fast_tokenizer(tokenizer, dictionary, max_length: int, pattern: str, offsets=None, cls=None):
+    """transformers' fast tokenizer (`cls`, PreTrainedTokenizerFast by default) of the tokenizers
+    library's `tokenizer` (whose ids are the dictionary's) that wraps a text as `pattern`
+    (`wrapping`) says; `offsets`: a post-processor run first (byte-level BPE's, which leaves a
+    token's leading space out of its offsets)."""
+    from tokenizers import processors
+    from transformers import PreTrainedTokenizerFast
+
     from hf_momentum.tokenization_fairseq_dictionary import wrap_layout
     bos, eos = dictionary.bos_word, dictionary.eos_word
     lead, ends, separated = wrap_layout(pattern)
+    steps = [] if offsets is None else [offsets]
     if ends:
         start, separator = f"{bos} " if lead else "", f"{eos} " if separated else ""
         specials = [(bos, dictionary.bos())] if lead else []
-        tokenizer.post_processor = processors.TemplateProcessing(
+        steps.append(processors.TemplateProcessing(
             single=f"{start}$A {eos}", pair=f"{start}$A {eos} {separator}$B {eos}",
-            special_tokens=specials + [(eos, dictionary.eos())])
-    return PreTrainedTokenizerFast(tokenizer_object=tokenizer, unk_token=dictionary.unk_word,
-                                   pad_token=dictionary.pad_word, eos_token=eos,
-                                   bos_token=bos if lead else eos,
-                                   mask_token="<mask>" if "<mask>" in vocab else None,
-                                   model_max_length=max_length)
+            special_tokens=specials + [(eos, dictionary.eos())]))
+    if steps:
+        tokenizer.post_processor = steps[0] if len(steps) == 1 else processors.Sequence(steps)
+    return (cls or PreTrainedTokenizerFast)(tokenizer_object=tokenizer, unk_token=dictionary.unk_word,
+                                            pad_token=dictionary.pad_word, eos_token=eos,
+                                            bos_token=bos if lead else eos,
+                                            mask_token="<mask>" if "<mask>" in dictionary.indices else None,
+                                            model_max_length=max_length)
 
 
 def load(checkpoint):
@@ -466,9 +479,12 @@ def sentencepiece_tokenizer(dictionary, sp_model: Path, pattern: str, max_length
 
 
 def gpt2_tokenizer(dictionary, files, pattern: str, max_length: int, target_dictionary=None):
-    """`hf_momentum.tokenization_fairseq_gpt2.FairseqGPT2Tokenizer` of GPT-2's BPE files `files`
-    (encoder.json, vocab.bpe: paths, or the URLs fairseq downloads them from, through fairseq's own
-    cache) and the dictionaries' ids (`dictionary_tokenizer`)."""
+    """The tokenizer of GPT-2's BPE files `files` (encoder.json, vocab.bpe: paths, or the URLs
+    fairseq downloads them from, through fairseq's own cache) with the dictionaries' ids: a fast one
+    (`gpt2_fast_tokenizer`) where one dictionary holds every GPT-2 token (RoBERTa's dict.txt, given to
+    fairseq-preprocess as --srcdict), else
+    `hf_momentum.tokenization_fairseq_gpt2.FairseqGPT2Tokenizer` (`dictionary_tokenizer`), which maps
+    the tokens a dictionary lacks to `<unk>` and reads a second dictionary."""
     from fairseq.file_utils import cached_path
 
     from hf_momentum.tokenization_fairseq_gpt2 import FairseqGPT2Tokenizer
@@ -481,8 +497,43 @@ def gpt2_tokenizer(dictionary, files, pattern: str, max_length: int, target_dict
         if resolved is None or not Path(resolved).is_file():
             raise ValueError(f"{flag_name}: no file {path}")
         local.append(resolved)
+    if target_dictionary is None:
+        fast = gpt2_fast_tokenizer(dictionary, *local, pattern, max_length)
+        if fast is not None:
+            return fast
     return dictionary_tokenizer(FairseqGPT2Tokenizer, local, dictionary, pattern, max_length,
                                 target_dictionary)
+
+
+def gpt2_fast_tokenizer(dictionary, encoder_json, vocab_bpe, pattern: str, max_length: int):
+    """`hf_momentum.tokenization_fairseq_gpt2.FairseqGPT2TokenizerFast` (`fast_tokenizer`: offsets,
+    word ids) of GPT-2's byte-level BPE whose vocabulary maps each GPT-2 token to the dictionary's
+    index of its GPT-2 id, as HF's RoBERTa vocab.json does; None where the dictionary lacks a GPT-2
+    token, which fairseq reads as `<unk>` and a BPE vocabulary cannot (its merges need every token)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
+
+    from hf_momentum.tokenization_fairseq_gpt2 import FairseqGPT2TokenizerFast
+    gpt2_ids, merges = models.BPE.read_file(str(encoder_json), str(vocab_bpe))
+    vocab = {token: dictionary.indices.get(str(gpt2_id)) for token, gpt2_id in gpt2_ids.items()}
+    missing = sum(index is None for index in vocab.values())
+    if missing:
+        logger.info("%d GPT-2 tokens are not in the dictionary (fairseq reads them as <unk>): the saved "
+                    "tokenizer is a slow one (no offsets)", missing)
+        return None
+    # the dictionary's own symbols (specials, RoBERTa's madeupwords) keep their ids, which no merge makes
+    digits = set(map(str, gpt2_ids.values()))
+    vocab.update({symbol: index for index, symbol in enumerate(dictionary.symbols)
+                  if symbol not in digits and symbol not in vocab})
+    if len(vocab) != len(dictionary) or len(set(vocab.values())) != len(vocab):
+        return None         # an index no token or two tokens have: len(tokenizer) would not be the model's
+    tokenizer = Tokenizer(models.BPE(vocab, merges))
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    fast = fast_tokenizer(tokenizer, dictionary, max_length, pattern,
+                          offsets=processors.ByteLevel(trim_offsets=True, add_prefix_space=False),
+                          cls=FairseqGPT2TokenizerFast)
+    fast.register_for_auto_class("AutoTokenizer")
+    return fast
 
 
 @dataclass

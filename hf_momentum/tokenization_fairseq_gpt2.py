@@ -8,11 +8,17 @@ tokenizers package (transformers' own).
 
 The BPE itself is the tokenizers library's (its byte-level pre-tokenizer splits with GPT-2's
 pattern, as fairseq's encoder does). Decoding maps each index back to its GPT-2 token and its bytes,
-fairseq's `GPT2BPE.decode`."""
+fairseq's `GPT2BPE.decode`.
+
+Where one dictionary holds every GPT-2 token (RoBERTa's dict.txt), the converter saves
+`FairseqGPT2TokenizerFast` instead, the same BPE with the dictionary's ids in its vocabulary (HF's
+RoBERTa vocab.json is built so): offsets and word ids, as transformers' QA and token-classification
+scripts need."""
 import json
 from pathlib import Path
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+from transformers.tokenization_utils_tokenizers import TokenizersBackend
 
 from .tokenization_fairseq_dictionary import FairseqDictionaryTokenizer
 
@@ -48,3 +54,38 @@ class FairseqGPT2Tokenizer(FairseqDictionaryTokenizer):
     def convert_tokens_to_string(self, tokens):
         # specials (<unk>, <mask>) are plain ASCII, which byte-level decoding keeps as they are
         return self.bpe.decoder.decode(tokens)
+
+
+class FairseqGPT2TokenizerFast(TokenizersBackend):
+    """GPT-2 byte-level BPE whose vocabulary holds the fairseq dictionary's ids (tokenizer.json).
+    As fairseq encodes a line, a text's first word has no leading space; `add_prefix_space=True`
+    gives it one, as transformers' RoBERTa tokenizer does, which words given one by one
+    (`is_split_into_words=True`) need: without it each word would be read as a text's first, and
+    its pieces would differ from those of the same word inside a sentence."""
+
+    slow_tokenizer_class = FairseqGPT2Tokenizer
+
+    @property
+    def add_prefix_space(self) -> bool:
+        return self._add_prefix_space
+
+    @add_prefix_space.setter
+    def add_prefix_space(self, value: bool):
+        # set by TokenizersBackend's __init__ once its backend is loaded (no __init__ here, so that
+        # transformers loads tokenizer.json itself): the byte-level pre-tokenizer adds the space, and
+        # the offsets' post-processor must know it did
+        self._add_prefix_space = bool(value)
+        if self._tokenizer is None:
+            return
+        state = json.loads(self._tokenizer.to_str())
+        processor = state["post_processor"] or {}
+        for part in (state["pre_tokenizer"], *processor.get("processors", [processor])):
+            if part.get("type") == "ByteLevel":
+                part["add_prefix_space"] = self._add_prefix_space
+        self._tokenizer = Tokenizer.from_str(json.dumps(state))
+
+    def _encode_plus(self, *args, is_split_into_words=False, **kwargs):
+        if is_split_into_words and not self.add_prefix_space:
+            raise ValueError("is_split_into_words=True: load the tokenizer with add_prefix_space=True (as "
+                             "for RoBERTa), so that each word is encoded as it is inside a sentence")
+        return super()._encode_plus(*args, is_split_into_words=is_split_into_words, **kwargs)

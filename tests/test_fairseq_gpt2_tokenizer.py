@@ -6,6 +6,7 @@ GPT2BPE.decode; a dictionary of GPT-2 ids without the BPE files gets no tokenize
 would read raw words as <unk>); and through the CLIs, RoBERTa's path: text encoded with GPT-2's BPE,
 fairseq-preprocess, fairseq-train --task masked_lm --bpe gpt2, the converter finding the task's
 BPE files, then transformers alone tokenizing raw text and giving fairseq's logits."""
+import itertools
 import json
 import logging
 import random
@@ -17,6 +18,7 @@ from helpers.fairseq_cli import WORDS, preprocess, train
 from test_fairseq_to_hf import clean_load_and_compare, run_converter
 
 from fairseq_momentum.convert_to_hf import gpt2_tokenizer, saved_tokenizer
+from hf_momentum.tokenization_fairseq_dictionary import wrap_layout
 
 LINES = ["the cat sees a small dog", "  Élise's café: 42 oranges,\tthen\n\nmore  ", "emoji 🎉 and ünïcödé ×2",
          "which was the very best"]
@@ -49,6 +51,104 @@ def gpt2(tmp_path_factory):
             dictionary.add_symbol(symbol)
     dictionary.finalize()
     return files, bpe, dictionary
+
+
+@pytest.fixture(scope="module")
+def whole_dictionary(gpt2):
+    """A dictionary of every GPT-2 id, in an order of its own (RoBERTa's dict.txt, given to
+    fairseq-preprocess as --srcdict), with RoBERTa's padding words and `<mask>`."""
+    from fairseq.data import Dictionary
+    files, _, _ = gpt2
+    gpt2_ids = list(json.loads(files[0].read_text()).values())
+    random.Random(1).shuffle(gpt2_ids)
+    dictionary = Dictionary()
+    for symbol in [str(i) for i in gpt2_ids] + ["madeupword0000", "madeupword0001", "<mask>"]:
+        dictionary.add_symbol(symbol)
+    return dictionary
+
+
+def fairseq_ids(bpe, dictionary, pattern, line, pair=None):
+    """fairseq's ids of a line (and a pair's second line) wrapped as its tasks wrap them."""
+    lead, ends, separated = wrap_layout(pattern)
+    ids = [dictionary.bos()] if lead else []
+    for i, text in enumerate([line] if pair is None else [line, pair]):
+        if i and separated:
+            ids.append(dictionary.eos())
+        ids += dictionary.encode_line(bpe.encode(text), add_if_not_exist=False, append_eos=ends).tolist()
+    return ids
+
+
+@pytest.mark.parametrize("pattern", ["none", "eos", "bos_eos", "bos_eos_sep"])
+def test_a_dictionary_of_every_gpt2_token_gets_a_fast_tokenizer(gpt2, whole_dictionary, pattern, tmp_path):
+    """Its ids (single texts and pairs) are fairseq's, decoding is fairseq's, each token's offsets
+    cover the text it came from, and words given one by one are encoded as inside a sentence, once
+    the tokenizer is loaded with add_prefix_space=True (refused without)."""
+    from transformers import AutoTokenizer
+    files, bpe, _ = gpt2
+    dictionary = whole_dictionary
+    saved = gpt2_tokenizer(dictionary, files, pattern, 64)
+    assert type(saved).__name__ == "FairseqGPT2TokenizerFast"
+    saved.save_pretrained(tmp_path)
+    tokenizer = AutoTokenizer.from_pretrained(tmp_path, trust_remote_code=True)
+    assert tokenizer.is_fast and type(tokenizer).__name__ == "FairseqGPT2TokenizerFast"
+    assert (len(tokenizer), tokenizer.pad_token_id, tokenizer.mask_token_id) == \
+        (len(dictionary), dictionary.pad(), dictionary.index("<mask>"))
+    for line, pair in zip(LINES, LINES[1:] + LINES[:1]):
+        ids = fairseq_ids(bpe, dictionary, pattern, line)
+        encoded = tokenizer(line, return_offsets_mapping=True)
+        assert encoded["input_ids"] == ids, line
+        assert tokenizer(line, pair)["input_ids"] == fairseq_ids(bpe, dictionary, pattern, line, pair)
+        assert tokenizer.decode(ids, skip_special_tokens=True) == line
+        # the bytes of one character may be two tokens, which then share its offsets
+        tokens = zip(encoded.tokens(), encoded["offset_mapping"])
+        for (start, end), group in itertools.groupby(tokens, key=lambda token: token[1]):
+            text = tokenizer.convert_tokens_to_string([token for token, _ in group])
+            if text not in (dictionary.bos_word, dictionary.eos_word):
+                # byte-level offsets leave a leading space out
+                covered = line[start:end]
+                assert text.endswith(covered) and covered.strip() == text.strip(), (line, text, start, end)
+    words = LINES[0].split()
+    with pytest.raises(ValueError, match="add_prefix_space=True"):
+        tokenizer(words, is_split_into_words=True)
+    spaced = AutoTokenizer.from_pretrained(tmp_path, trust_remote_code=True, add_prefix_space=True)
+    encoded = spaced(words, is_split_into_words=True, return_offsets_mapping=True)
+    assert encoded["input_ids"] == fairseq_ids(bpe, dictionary, pattern, " " + LINES[0])
+    pieces = [word for word in encoded.word_ids() if word is not None]
+    assert pieces == sorted(pieces) and set(pieces) == set(range(len(words)))
+    for word, (start, end) in zip(encoded.word_ids(), encoded["offset_mapping"]):
+        assert word is None or words[word][start:end] and end <= len(words[word])
+
+
+def test_the_fast_tokenizer_loads_where_only_transformers_is_installed(gpt2, whole_dictionary, tmp_path):
+    """Its code travels with it: a process without our packages loads it, with offsets."""
+    files, bpe, dictionary = gpt2[0], gpt2[1], whole_dictionary
+    gpt2_tokenizer(dictionary, files, "bos_eos", 64).save_pretrained(tmp_path / "tok")
+    line = LINES[0]
+    proc = run_clean(f"""
+        import json
+        from transformers import AutoTokenizer
+        tokenizer = AutoTokenizer.from_pretrained({str(tmp_path / "tok")!r}, trust_remote_code=True)
+        encoded = tokenizer({line!r}, return_offsets_mapping=True)
+        print(json.dumps([type(tokenizer).__module__, encoded["input_ids"], encoded["offset_mapping"]]))
+    """, tmp_path, {"HF_HUB_OFFLINE": "1"})
+    module, ids, offsets = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert module.startswith("transformers_modules")
+    assert ids == fairseq_ids(bpe, dictionary, "bos_eos", line)
+    assert "".join(line[start:end] for start, end in offsets) == line.replace(" ", "")   # each letter once
+
+
+def test_ids_of_a_dictionary_without_every_gpt2_token_are_fairseqs(gpt2, whole_dictionary):
+    """A dictionary that lacks a GPT-2 token (read as <unk>) or a translation model's second one gets
+    the slow tokenizer; one of every token, the fast one."""
+    from transformers import AutoConfig
+    files, _, partial = gpt2
+    config = AutoConfig.for_model("momentum_transformer", vocab_size=len(partial), max_position_embeddings=32)
+    task_bpe = {"_name": "gpt2", "gpt2_encoder_json": str(files[0]), "gpt2_vocab_bpe": str(files[1])}
+    assert type(saved_tokenizer(partial, config, task_bpe, None)).__name__ == "FairseqGPT2Tokenizer"
+    assert type(saved_tokenizer(whole_dictionary, config, task_bpe, None)).__name__ == \
+        "FairseqGPT2TokenizerFast"
+    assert type(saved_tokenizer(whole_dictionary, config, task_bpe, None, partial)).__name__ == \
+        "FairseqGPT2Tokenizer"
 
 
 @pytest.mark.parametrize("pattern", ["none", "bos_eos"])
