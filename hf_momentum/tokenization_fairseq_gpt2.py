@@ -23,6 +23,14 @@ from transformers.tokenization_utils_tokenizers import TokenizersBackend
 from .tokenization_fairseq_dictionary import FairseqDictionaryTokenizer
 
 
+def refuse_words_without_prefix_space(tokenizer, is_split_into_words: bool):
+    """Words given one by one are each read as a text's first word, without the leading space they
+    have inside a sentence, unless the tokenizer adds one."""
+    if is_split_into_words and not tokenizer.add_prefix_space:
+        raise ValueError("is_split_into_words=True: load the tokenizer with add_prefix_space=True (as for "
+                         "RoBERTa), so that each word is encoded as it is inside a sentence")
+
+
 class FairseqGPT2Tokenizer(FairseqDictionaryTokenizer):
     """GPT-2 byte-level BPE with a fairseq dictionary's ids. encoder_json_file: GPT-2's encoder.json
     (token → GPT-2 id); vocab_bpe_file: its vocab.bpe (the merges); vocab_file (and
@@ -32,14 +40,26 @@ class FairseqGPT2Tokenizer(FairseqDictionaryTokenizer):
     vocab_files_names = {"encoder_json_file": "encoder.json", "vocab_bpe_file": "vocab.bpe",
                          **FairseqDictionaryTokenizer.vocab_files_names}
 
-    def __init__(self, encoder_json_file, vocab_bpe_file, vocab_file, target_vocab_file=None, **kwargs):
+    def __init__(self, encoder_json_file, vocab_bpe_file, vocab_file, target_vocab_file=None,
+                 add_prefix_space=False, **kwargs):
         self.encoder_json_file, self.vocab_bpe_file = str(encoder_json_file), str(vocab_bpe_file)
+        self.add_prefix_space = add_prefix_space
         self.bpe = Tokenizer(models.BPE.from_file(self.encoder_json_file, self.vocab_bpe_file))
         self.bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
         self.bpe.decoder = decoders.ByteLevel()
         self.gpt2_ids = json.loads(Path(self.encoder_json_file).read_text(encoding="utf-8"))
         self.gpt2_tokens = {i: token for token, i in self.gpt2_ids.items()}
-        super().__init__(vocab_file, target_vocab_file, **kwargs)
+        super().__init__(vocab_file, target_vocab_file, add_prefix_space=add_prefix_space, **kwargs)
+
+    def _encode_plus(self, *args, is_split_into_words=False, **kwargs):
+        refuse_words_without_prefix_space(self, is_split_into_words)
+        return super()._encode_plus(*args, is_split_into_words=is_split_into_words, **kwargs)
+
+    def prepare_for_tokenization(self, text, is_split_into_words=False, **kwargs):
+        # as the byte-level pre-tokenizer's add_prefix_space: a space where the text has none
+        if self.add_prefix_space and text and not text.startswith(" "):
+            text = " " + text
+        return super().prepare_for_tokenization(text, is_split_into_words, **kwargs)
 
     def _tokenize(self, text, **kwargs):
         """GPT-2's byte-level tokens of the text."""
@@ -85,7 +105,5 @@ class FairseqGPT2TokenizerFast(TokenizersBackend):
         self._tokenizer = Tokenizer.from_str(json.dumps(state))
 
     def _encode_plus(self, *args, is_split_into_words=False, **kwargs):
-        if is_split_into_words and not self.add_prefix_space:
-            raise ValueError("is_split_into_words=True: load the tokenizer with add_prefix_space=True (as "
-                             "for RoBERTa), so that each word is encoded as it is inside a sentence")
+        refuse_words_without_prefix_space(self, is_split_into_words)
         return super()._encode_plus(*args, is_split_into_words=is_split_into_words, **kwargs)

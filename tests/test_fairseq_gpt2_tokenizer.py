@@ -17,7 +17,7 @@ from helpers.clean_process import run_clean
 from helpers.fairseq_cli import WORDS, preprocess, train
 from test_fairseq_to_hf import clean_load_and_compare, run_converter
 
-from fairseq_momentum.convert_to_hf import gpt2_tokenizer, saved_tokenizer
+from fairseq_momentum.convert_to_hf import dictionary_tokenizer, gpt2_tokenizer, saved_tokenizer
 from hf_momentum.tokenization_fairseq_dictionary import wrap_layout
 
 LINES = ["the cat sees a small dog", "  Élise's café: 42 oranges,\tthen\n\nmore  ", "emoji 🎉 and ünïcödé ×2",
@@ -82,7 +82,7 @@ def fairseq_ids(bpe, dictionary, pattern, line, pair=None):
 def test_a_dictionary_of_every_gpt2_token_gets_a_fast_tokenizer(gpt2, whole_dictionary, pattern, tmp_path):
     """Its ids (single texts and pairs) are fairseq's, decoding is fairseq's, each token's offsets
     cover the text it came from, and words given one by one are encoded as inside a sentence, once
-    the tokenizer is loaded with add_prefix_space=True (refused without)."""
+    the tokenizer is loaded with add_prefix_space=True."""
     from transformers import AutoTokenizer
     files, bpe, _ = gpt2
     dictionary = whole_dictionary
@@ -107,16 +107,40 @@ def test_a_dictionary_of_every_gpt2_token_gets_a_fast_tokenizer(gpt2, whole_dict
                 # byte-level offsets leave a leading space out
                 covered = line[start:end]
                 assert text.endswith(covered) and covered.strip() == text.strip(), (line, text, start, end)
-    words = LINES[0].split()
-    with pytest.raises(ValueError, match="add_prefix_space=True"):
-        tokenizer(words, is_split_into_words=True)
     spaced = AutoTokenizer.from_pretrained(tmp_path, trust_remote_code=True, add_prefix_space=True)
+    words = LINES[0].split()
     encoded = spaced(words, is_split_into_words=True, return_offsets_mapping=True)
-    assert encoded["input_ids"] == fairseq_ids(bpe, dictionary, pattern, " " + LINES[0])
     pieces = [word for word in encoded.word_ids() if word is not None]
     assert pieces == sorted(pieces) and set(pieces) == set(range(len(words)))
     for word, (start, end) in zip(encoded.word_ids(), encoded["offset_mapping"]):
         assert word is None or words[word][start:end] and end <= len(words[word])
+
+
+@pytest.mark.parametrize("kind", ["slow", "fast"])
+def test_words_given_one_by_one_need_a_prefix_space(gpt2, whole_dictionary, kind, tmp_path):
+    """Words given one by one (`is_split_into_words=True`, transformers' token-classification
+    scripts) are encoded as inside a sentence where the tokenizer is loaded with
+    add_prefix_space=True, and refused without (each would be read as a text's first word); the
+    slow and fast tokenizers add the space alike."""
+    from transformers import AutoTokenizer
+
+    from hf_momentum.tokenization_fairseq_gpt2 import FairseqGPT2Tokenizer
+    files, bpe, dictionary = gpt2[0], gpt2[1], whole_dictionary
+    if kind == "fast":
+        gpt2_tokenizer(dictionary, files, "bos_eos", 64).save_pretrained(tmp_path)
+        load = AutoTokenizer.from_pretrained
+    else:
+        dictionary_tokenizer(FairseqGPT2Tokenizer, files, dictionary, "bos_eos", 64).save_pretrained(tmp_path)
+        load = FairseqGPT2Tokenizer.from_pretrained
+    words = LINES[0].split()
+    with pytest.raises(ValueError, match="add_prefix_space=True"):
+        load(tmp_path, trust_remote_code=True)(words, is_split_into_words=True)
+    spaced = load(tmp_path, trust_remote_code=True, add_prefix_space=True)
+    assert spaced(words, is_split_into_words=True)["input_ids"] == \
+        fairseq_ids(bpe, dictionary, "bos_eos", " " + LINES[0])
+    for line in LINES + ["", "\tthen"]:
+        expected = line if line.startswith(" ") or not line else " " + line
+        assert spaced(line)["input_ids"] == fairseq_ids(bpe, dictionary, "bos_eos", expected), line
 
 
 def test_the_fast_tokenizer_loads_where_only_transformers_is_installed(gpt2, whole_dictionary, tmp_path):
