@@ -69,6 +69,7 @@ from .convert_lstm_translation import (
 )
 
 logger = logging.getLogger(__name__)
+SPACE = "\u2581"                                   # sentencepiece's word boundary
 
 # fairseq's activation_fn → transformers' ACT2FN name of the same function
 ACTIVATIONS = {"relu": "relu", "gelu": "gelu", "gelu_fast": "gelu_pytorch_tanh",
@@ -468,14 +469,78 @@ def dictionary_tokenizer(tokenizer_class, files, dictionary, pattern: str, max_l
 
 def sentencepiece_tokenizer(dictionary, sp_model: Path, pattern: str, max_length: int,
                             target_dictionary=None):
-    """`hf_momentum.tokenization_fairseq_sentencepiece.FairseqSentencePieceTokenizer` of the
-    sentencepiece model `sp_model` and the dictionaries' ids (`dictionary_tokenizer`)."""
+    """The tokenizer of the sentencepiece model `sp_model` with the dictionaries' ids: a fast one
+    (`sentencepiece_fast_tokenizer`) where one dictionary holds every piece, else
+    `hf_momentum.tokenization_fairseq_sentencepiece.FairseqSentencePieceTokenizer`
+    (`dictionary_tokenizer`), which maps the pieces a dictionary lacks to `<unk>` and reads a second
+    dictionary."""
     import importlib.util
     if importlib.util.find_spec("sentencepiece") is None:
         raise ValueError("--sentencepiece-model needs the sentencepiece package: pip install sentencepiece")
+    if target_dictionary is None:
+        fast = sentencepiece_fast_tokenizer(dictionary, sp_model, pattern, max_length)
+        if fast is not None:
+            return fast
     from hf_momentum.tokenization_fairseq_sentencepiece import FairseqSentencePieceTokenizer
     return dictionary_tokenizer(FairseqSentencePieceTokenizer, [sp_model], dictionary, pattern, max_length,
                                 target_dictionary)
+
+
+def sentencepiece_fast_tokenizer(dictionary, sp_model: Path, pattern: str, max_length: int):
+    """A fast tokenizer (`fast_tokenizer`: offsets, word ids, no remote code) that segments as the
+    sentencepiece model does (its normalization, whitespace rules and unigram or BPE pieces, in the
+    tokenizers library) and gives each piece its dictionary index: its vocabulary lists the pieces
+    in the dictionary's order. None where the dictionary lacks a piece (fairseq's `<unk>`, which a
+    vocabulary cannot map), or the model has what this does not rebuild: byte fallback,
+    user-defined symbols, words not split at spaces."""
+    from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
+    from transformers.convert_slow_tokenizer import import_protobuf
+    from transformers.tokenization_utils_base import generate_merges
+    proto = import_protobuf().ModelProto()
+    proto.ParseFromString(Path(sp_model).read_bytes())
+    trainer, normalizer = proto.trainer_spec, proto.normalizer_spec
+    normal, user_defined = 1, 4                      # sentencepiece's ModelProto.SentencePiece.Type
+    pieces = [piece for piece in proto.pieces if piece.type == normal]
+    missing = [piece.piece for piece in pieces if piece.piece not in dictionary.indices]
+    unsupported = [what for what, present in (
+        ("byte fallback", trainer.byte_fallback),
+        ("words not split at spaces", not trainer.split_by_whitespace),
+        ("user-defined symbols", any(piece.type == user_defined for piece in proto.pieces)),
+        (f"model type {trainer.model_type}", trainer.model_type not in (1, 2))) if present]
+    if missing or unsupported:
+        logger.info("the sentencepiece model has %s: the saved tokenizer is a slow one (no offsets)",
+                    f"{len(missing)} pieces the dictionary lacks" if missing else ", ".join(unsupported))
+        return None
+    # the dictionary's other symbols (specials, madeupwords) keep their ids under names no text
+    # matches (a word's pieces hold no inner ▁), except the specials, which transformers reads first
+    specials = {dictionary.bos_word, dictionary.pad_word, dictionary.eos_word, dictionary.unk_word, "<mask>"}
+    scores = {piece.piece: piece.score for piece in pieces}
+    unmatched = min(scores.values(), default=0.0)    # sentencepiece's lowest score: unknown text's stays
+    names = [symbol if symbol in scores or symbol in specials else symbol + SPACE
+             for symbol in dictionary.symbols]
+    if trainer.model_type == 1:
+        model = models.Unigram([(name, scores.get(name, unmatched)) for name in names],
+                               unk_id=dictionary.unk(), byte_fallback=False)
+    else:
+        merges = generate_merges({piece.piece: i for i, piece in enumerate(proto.pieces)})
+        model = models.BPE({name: i for i, name in enumerate(names)}, merges, unk_token=dictionary.unk_word,
+                           fuse_unk=True, byte_fallback=False, dropout=None)
+    tokenizer = Tokenizer(model)
+    charsmap = normalizer.precompiled_charsmap
+    steps = [normalizers.Precompiled(charsmap)] if charsmap else []
+    if normalizer.remove_extra_whitespaces:          # sentencepiece's: spaces only, not all of Unicode's
+        steps += [normalizers.Replace(Regex("^ +| +$"), ""), normalizers.Replace(Regex(" {2,}"), " ")]
+    if steps:
+        tokenizer.normalizer = normalizers.Sequence(steps)
+    prepend = "always" if normalizer.add_dummy_prefix else "never"
+    # fairseq splits the pieces on Python's whitespace, which no piece in the dictionary holds: a
+    # character of it that sentencepiece keeps is unknown text, which fairseq drops
+    python_whitespace = "".join(f"\\x{{{c:x}}}" for c in range(0x3001) if chr(c).isspace() and c != 0x20)
+    tokenizer.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Metaspace(replacement=SPACE, prepend_scheme=prepend, split=True),
+        pre_tokenizers.Split(Regex(f"[{python_whitespace}]+"), behavior="removed")])
+    tokenizer.decoder = decoders.Metaspace(replacement=SPACE, prepend_scheme=prepend, split=True)
+    return fast_tokenizer(tokenizer, dictionary, max_length, pattern)
 
 
 def gpt2_tokenizer(dictionary, files, pattern: str, max_length: int, target_dictionary=None):

@@ -6,7 +6,9 @@ in each wrapping (translation source, LM prompt, masked LM); decoding is fairseq
 no tokenizer (a word-level one would read raw words as <unk>); and through the CLIs, recipes/iwslt's
 path: sentencepiece before fairseq-preprocess, fairseq-train, the converter with
 --sentencepiece-model, then transformers alone translating raw text as fairseq does."""
+import itertools
 import logging
+import random
 
 import pytest
 import torch
@@ -20,7 +22,14 @@ from helpers.fairseq_decoding import (
 from test_fairseq_to_hf import PYTHON_WHITESPACE
 from test_fairseq_translation_to_hf import train_and_convert
 
-from fairseq_momentum.convert_to_hf import saved_tokenizer, sentencepiece_tokenizer
+from fairseq_momentum.convert_to_hf import (
+    SPACE,
+    dictionary_tokenizer,
+    saved_tokenizer,
+    sentencepiece_tokenizer,
+)
+from hf_momentum.tokenization_fairseq_dictionary import wrap_layout
+from hf_momentum.tokenization_fairseq_sentencepiece import FairseqSentencePieceTokenizer
 
 LINES = ["the cat sees a small dog", "a big red fox chases the old bird", "zebras quack xylophones!"]
 
@@ -80,16 +89,108 @@ def test_ids_are_fairseqs_and_decoding_is_its_post_processing(pieces, pattern, t
         (dictionary.pad(), dictionary.eos(), len(dictionary))
 
 
-def test_pieces_holding_pythons_whitespace_are_split_as_fairseq_splits_them(pieces):
+MIXED = ["Élise's café: 42 oranges, then more", "emoji 🎉 and ünïcödé ×2", "ＦＵＬＬ width　ｔｅｘｔ ①",
+         "tab\there  two  spaces", "  leading and trailing  ", "", "unknown ÿ ĳ ∮ ok"]
+
+
+@pytest.fixture(scope="module", params=["unigram", "bpe"])
+def all_pieces(request, tmp_path_factory):
+    """A sentencepiece model (unigram or BPE) trained on text with accents, emoji, full-width
+    characters and runs of spaces, and a dictionary of every one of its pieces in an order of its own
+    (as XLM-R's dict.txt), with padding words and `<mask>`."""
+    import sentencepiece
+    from fairseq.data import Dictionary
+    folder = tmp_path_factory.mktemp("spm_all")
+    text = write_parallel_text(folder / "text", seed=5)
+    (text / "mixed.txt").write_text("\n".join(MIXED[:4] * 5) + "\n")
+    sentencepiece.SentencePieceTrainer.train(
+        input=[str(text / "train.src"), str(text / "train.tgt"), str(text / "mixed.txt")],
+        model_prefix=str(folder / "spm"), vocab_size=90, model_type=request.param, character_coverage=0.999,
+        minloglevel=2)
+    processor = sentencepiece.SentencePieceProcessor(model_file=str(folder / "spm.model"))
+    symbols = [processor.id_to_piece(i) for i in range(processor.get_piece_size())
+               if not (processor.is_control(i) or processor.is_unknown(i))]
+    random.Random(2).shuffle(symbols)
+    dictionary = Dictionary()
+    for symbol in symbols + ["madeupword0000", "<mask>"]:
+        dictionary.add_symbol(symbol)
+    return folder / "spm.model", dictionary
+
+
+@pytest.mark.parametrize("pattern", ["none", "eos", "bos_eos", "bos_eos_sep"])
+def test_a_dictionary_of_every_piece_gets_a_fast_tokenizer(all_pieces, pattern, tmp_path):
+    """Its ids (single texts and pairs) are fairseq's, unknown characters included, decoding is the
+    slow tokenizer's, offsets cover each piece's characters, and words given one by one are encoded
+    as inside a sentence; it loads without remote code."""
+    from transformers import AutoTokenizer
+    model, dictionary = all_pieces
+    saved = sentencepiece_tokenizer(dictionary, model, pattern, 64)
+    assert saved.is_fast
+    saved.save_pretrained(tmp_path)
+    tokenizer = AutoTokenizer.from_pretrained(tmp_path)
+    slow = dictionary_tokenizer(FairseqSentencePieceTokenizer, [model], dictionary, pattern, 64)
+    assert (len(tokenizer), tokenizer.mask_token_id) == (len(dictionary), dictionary.index("<mask>"))
+    lead, ends, separated = wrap_layout(pattern)
+    unknown = 0
+    for line, pair in zip(LINES + MIXED, MIXED + LINES):
+        ids = ([dictionary.bos()] if lead else []) + fairseq_ids(model, dictionary, line, append_eos=ends)
+        assert tokenizer(line)["input_ids"] == ids, line
+        unknown += ids.count(dictionary.unk())
+        if pair:            # transformers drops an empty second text (its `if text_pair`)
+            pair_ids = ids + ([dictionary.eos()] if separated else []) + \
+                fairseq_ids(model, dictionary, pair, append_eos=ends)
+            assert tokenizer(line, pair)["input_ids"] == pair_ids, (line, pair)
+        assert tokenizer.decode(ids, skip_special_tokens=True) == slow.decode(ids, skip_special_tokens=True)
+    assert unknown > 0, "no line met a character the model does not know"
+    for line in LINES:
+        encoded = tokenizer(line, return_offsets_mapping=True)
+        for token, (start, end) in zip(encoded.tokens(), encoded["offset_mapping"]):
+            text = token.replace(SPACE, " ")
+            # a word's first piece covers the space before it, its ▁ (as tokenizers' Metaspace has
+            # it); a lone ▁ holds no character of the text
+            if token not in (dictionary.bos_word, dictionary.eos_word, dictionary.unk_word) and text.strip():
+                assert line[start:end] in (text, text.lstrip(" ")), (line, token, start, end)
+        words = line.split()
+        split = tokenizer(words, is_split_into_words=True)
+        assert split["input_ids"] == encoded["input_ids"]
+        tokens = [(word, token) for word, token in zip(split.word_ids(), split.tokens()) if word is not None]
+        for word, group in itertools.groupby(tokens, key=lambda token: token[0]):
+            assert [token for _, token in group] == tokenizer.tokenize(words[word])
+
+
+@pytest.mark.parametrize("option", ["byte_fallback", "user_defined_symbols"])
+def test_a_model_the_fast_tokenizer_does_not_rebuild_keeps_the_slow_one(option, tmp_path):
+    """Byte fallback (unknown characters as byte pieces) and user-defined symbols are sentencepiece's
+    own: such a model keeps the slow tokenizer, whose ids are fairseq's."""
+    import sentencepiece
+    from fairseq.data import Dictionary
+    text = write_parallel_text(tmp_path / "text", seed=6)
+    options = {"byte_fallback": True} if option == "byte_fallback" else \
+        {"user_defined_symbols": ["cat"]}
+    sentencepiece.SentencePieceTrainer.train(
+        input=str(text / "train.src"), model_prefix=str(tmp_path / "spm"),
+        vocab_size=290 if option == "byte_fallback" else 40, minloglevel=2, **options)
+    processor = sentencepiece.SentencePieceProcessor(model_file=str(tmp_path / "spm.model"))
+    dictionary = Dictionary()
+    for i in range(processor.get_piece_size()):
+        if not (processor.is_control(i) or processor.is_unknown(i)):
+            dictionary.add_symbol(processor.id_to_piece(i))
+    tokenizer = sentencepiece_tokenizer(dictionary, tmp_path / "spm.model", "eos", 64)
+    assert type(tokenizer).__name__ == "FairseqSentencePieceTokenizer"
+    for line in LINES + ["ünïcödé cat"]:
+        assert tokenizer(line)["input_ids"] == fairseq_ids(tmp_path / "spm.model", dictionary, line, True)
+
+
+def test_pieces_holding_pythons_whitespace_are_split_as_fairseq_splits_them(pieces, all_pieces):
     """A piece sentencepiece keeps with a character Python counts as whitespace (U+0085, U+001C)
-    is split there by encode_line, and by the tokenizer: the ids stay fairseq's for every such
+    is split there by encode_line, and by either tokenizer: the ids stay fairseq's for every such
     character."""
-    model, dictionary = pieces
-    tokenizer = sentencepiece_tokenizer(dictionary, model, "eos", 256)
-    for space in PYTHON_WHITESPACE:
-        line = f"the cat{space}sees a{space}{space}dog{space}"
-        expected = fairseq_ids(model, dictionary, line, append_eos=True)
-        assert tokenizer(line)["input_ids"] == expected, repr(space)
+    for model, dictionary in (pieces, all_pieces):
+        tokenizer = sentencepiece_tokenizer(dictionary, model, "eos", 256)
+        for space in PYTHON_WHITESPACE:
+            line = f"the cat{space}sees a{space}{space}dog{space}"
+            expected = fairseq_ids(model, dictionary, line, append_eos=True)
+            assert tokenizer(line)["input_ids"] == expected, (type(tokenizer).__name__, repr(space))
 
 
 def test_which_tokenizer_is_saved(pieces, caplog):
