@@ -492,7 +492,7 @@ def sentencepiece_fast_tokenizer(dictionary, sp_model: Path, pattern: str, max_l
     tokenizers library) and gives each piece its dictionary index: its vocabulary lists the pieces
     in the dictionary's order. None where the dictionary lacks a piece (fairseq's `<unk>`, which a
     vocabulary cannot map), or the model has what this does not rebuild: byte fallback,
-    user-defined symbols, words not split at spaces."""
+    user-defined symbols, words not split at spaces or spaces after them."""
     from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
     from transformers.convert_slow_tokenizer import import_protobuf
     from transformers.tokenization_utils_base import generate_merges
@@ -505,6 +505,7 @@ def sentencepiece_fast_tokenizer(dictionary, sp_model: Path, pattern: str, max_l
     unsupported = [what for what, present in (
         ("byte fallback", trainer.byte_fallback),
         ("words not split at spaces", not trainer.split_by_whitespace),
+        ("spaces ending pieces", trainer.treat_whitespace_as_suffix),
         ("user-defined symbols", any(piece.type == user_defined for piece in proto.pieces)),
         (f"model type {trainer.model_type}", trainer.model_type not in (1, 2))) if present]
     if missing or unsupported:
