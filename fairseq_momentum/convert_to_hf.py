@@ -470,7 +470,8 @@ def dictionary_tokenizer(tokenizer_class, files, dictionary, pattern: str, max_l
 def sentencepiece_tokenizer(dictionary, sp_model: Path, pattern: str, max_length: int,
                             target_dictionary=None):
     """The tokenizer of the sentencepiece model `sp_model` with the dictionaries' ids: a fast one
-    (`sentencepiece_fast_tokenizer`) where one dictionary holds every piece, else
+    (`sentencepiece_fast_tokenizer`) where one dictionary holds every piece and the model is one it
+    rebuilds, else
     `hf_momentum.tokenization_fairseq_sentencepiece.FairseqSentencePieceTokenizer`
     (`dictionary_tokenizer`), which maps the pieces a dictionary lacks to `<unk>` and reads a second
     dictionary."""
@@ -487,15 +488,19 @@ def sentencepiece_tokenizer(dictionary, sp_model: Path, pattern: str, max_length
 
 
 def sentencepiece_fast_tokenizer(dictionary, sp_model: Path, pattern: str, max_length: int):
-    """A fast tokenizer (`fast_tokenizer`: offsets, word ids, no remote code) that segments as the
-    sentencepiece model does (its normalization, whitespace rules and unigram or BPE pieces, in the
-    tokenizers library) and gives each piece its dictionary index: its vocabulary lists the pieces
-    in the dictionary's order. None where the dictionary lacks a piece (fairseq's `<unk>`, which a
-    vocabulary cannot map), or the model has what this does not rebuild: byte fallback,
-    user-defined symbols, words not split at spaces or spaces after them."""
+    """`hf_momentum.tokenization_fairseq_sentencepiece_fast.FairseqSentencePieceTokenizerFast`
+    (`fast_tokenizer`: offsets, word ids) that segments as the sentencepiece model does (its
+    normalization, whitespace rules and unigram or BPE pieces, in the tokenizers library) and gives
+    each piece its dictionary index: its vocabulary lists the pieces in the dictionary's order. None
+    where the dictionary lacks a piece (fairseq's `<unk>`, which a vocabulary cannot map), or the
+    model has what this does not rebuild: byte fallback, user-defined symbols, words not split at
+    spaces, spaces after them, or pieces of spaces alone."""
     from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
     from transformers.convert_slow_tokenizer import import_protobuf
     from transformers.tokenization_utils_base import generate_merges
+
+    from hf_momentum.tokenization_fairseq_dictionary import wrap_layout
+    from hf_momentum.tokenization_fairseq_sentencepiece_fast import FairseqSentencePieceTokenizerFast
     proto = import_protobuf().ModelProto()
     proto.ParseFromString(Path(sp_model).read_bytes())
     trainer, normalizer = proto.trainer_spec, proto.normalizer_spec
@@ -506,15 +511,18 @@ def sentencepiece_fast_tokenizer(dictionary, sp_model: Path, pattern: str, max_l
         ("byte fallback", trainer.byte_fallback),
         ("words not split at spaces", not trainer.split_by_whitespace),
         ("spaces ending pieces", trainer.treat_whitespace_as_suffix),
+        ("pieces of spaces alone", trainer.allow_whitespace_only_pieces),
         ("user-defined symbols", any(piece.type == user_defined for piece in proto.pieces)),
         (f"model type {trainer.model_type}", trainer.model_type not in (1, 2))) if present]
     if missing or unsupported:
         logger.info("the sentencepiece model has %s: the saved tokenizer is a slow one (no offsets)",
                     f"{len(missing)} pieces the dictionary lacks" if missing else ", ".join(unsupported))
         return None
-    # the dictionary's other symbols (specials, madeupwords) keep their ids under names no text
-    # matches (a word's pieces hold no inner ▁), except the specials, which transformers reads first
-    specials = {dictionary.bos_word, dictionary.pad_word, dictionary.eos_word, dictionary.unk_word, "<mask>"}
+    # the dictionary's other symbols (madeupwords, specials the tokenizer does not read) keep their
+    # ids under names no text matches (a word's pieces hold no inner ▁); the specials it reads keep
+    # theirs, which transformers finds in the text before the model sees it
+    specials = {dictionary.pad_word, dictionary.eos_word, dictionary.unk_word, "<mask>"}
+    specials |= {dictionary.bos_word} if wrap_layout(pattern)[0] else set()
     scores = {piece.piece: piece.score for piece in pieces}
     unmatched = min(scores.values(), default=0.0)    # sentencepiece's lowest score: unknown text's stays
     names = [symbol if symbol in scores or symbol in specials else symbol + SPACE
@@ -527,21 +535,28 @@ def sentencepiece_fast_tokenizer(dictionary, sp_model: Path, pattern: str, max_l
         model = models.BPE({name: i for i, name in enumerate(names)}, merges, unk_token=dictionary.unk_word,
                            fuse_unk=True, byte_fallback=False, dropout=None)
     tokenizer = Tokenizer(model)
+    # sentencepiece's normalizer: its character map; leading spaces and runs of them dropped; spaces
+    # escaped; the dummy prefix; then trailing ▁ dropped, a literal ▁ of the text included
     charsmap = normalizer.precompiled_charsmap
     steps = [normalizers.Precompiled(charsmap)] if charsmap else []
-    if normalizer.remove_extra_whitespaces:          # sentencepiece's: spaces only, not all of Unicode's
-        steps += [normalizers.Replace(Regex("^ +| +$"), ""), normalizers.Replace(Regex(" {2,}"), " ")]
-    if steps:
-        tokenizer.normalizer = normalizers.Sequence(steps)
-    prepend = "always" if normalizer.add_dummy_prefix else "never"
+    if normalizer.remove_extra_whitespaces:
+        steps += [normalizers.Replace(Regex(r"\A +"), ""), normalizers.Replace(Regex(" {2,}"), " ")]
+    steps.append(normalizers.Replace(" ", SPACE))
+    if normalizer.add_dummy_prefix:
+        steps.append(normalizers.Prepend(SPACE))
+    if normalizer.remove_extra_whitespaces:
+        steps.append(normalizers.Replace(Regex(SPACE + r"+\z"), ""))
+    tokenizer.normalizer = normalizers.Sequence(steps)
     # fairseq splits the pieces on Python's whitespace, which no piece in the dictionary holds: a
     # character of it that sentencepiece keeps is unknown text, which fairseq drops
     python_whitespace = "".join(f"\\x{{{c:x}}}" for c in range(0x3001) if chr(c).isspace() and c != 0x20)
     tokenizer.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Metaspace(replacement=SPACE, prepend_scheme=prepend, split=True),
+        pre_tokenizers.Metaspace(replacement=SPACE, prepend_scheme="never", split=True),
         pre_tokenizers.Split(Regex(f"[{python_whitespace}]+"), behavior="removed")])
-    tokenizer.decoder = decoders.Metaspace(replacement=SPACE, prepend_scheme=prepend, split=True)
-    return fast_tokenizer(tokenizer, dictionary, max_length, pattern)
+    tokenizer.decoder = decoders.Metaspace(replacement=SPACE, prepend_scheme="always", split=True)
+    fast = fast_tokenizer(tokenizer, dictionary, max_length, pattern, cls=FairseqSentencePieceTokenizerFast)
+    fast.register_for_auto_class("AutoTokenizer")
+    return fast
 
 
 def gpt2_tokenizer(dictionary, files, pattern: str, max_length: int, target_dictionary=None):

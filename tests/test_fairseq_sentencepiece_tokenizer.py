@@ -90,14 +90,19 @@ def test_ids_are_fairseqs_and_decoding_is_its_post_processing(pieces, pattern, t
 
 
 MIXED = ["Élise's café: 42 oranges, then more", "emoji 🎉 and ünïcödé ×2", "ＦＵＬＬ width　ｔｅｘｔ ①",
-         "tab\there  two  spaces", "  leading and trailing  ", "", "unknown ÿ ĳ ∮ ok"]
+         "tab\there  two  spaces", "  leading and trailing  ", "", "unknown ÿ ĳ ∮ ok", " a", "\t",
+         "\u2581a b", "a\u2581", "\u3000\u2581a", "a\n b", "a \nb"]
+SENTENCEPIECE_OPTIONS = [
+    ("unigram", {}), ("bpe", {}), ("bpe", {"normalization_rule_name": "nfkc"}),
+    ("unigram", {"normalization_rule_name": "identity", "remove_extra_whitespaces": False})]
 
 
-@pytest.fixture(scope="module", params=["unigram", "bpe"])
+@pytest.fixture(scope="module", params=SENTENCEPIECE_OPTIONS, ids=lambda option: f"{option[0]}{option[1]}")
 def all_pieces(request, tmp_path_factory):
-    """A sentencepiece model (unigram or BPE) trained on text with accents, emoji, full-width
-    characters and runs of spaces, and a dictionary of every one of its pieces in an order of its own
-    (as XLM-R's dict.txt), with padding words and `<mask>`."""
+    """A sentencepiece model (unigram or BPE, its normalization and whitespace rules) trained on
+    text with accents, emoji, full-width characters and runs of spaces, and a dictionary of every
+    one of its pieces in an order of its own (as XLM-R's dict.txt), with padding words and
+    `<mask>`."""
     import sentencepiece
     from fairseq.data import Dictionary
     folder = tmp_path_factory.mktemp("spm_all")
@@ -105,8 +110,8 @@ def all_pieces(request, tmp_path_factory):
     (text / "mixed.txt").write_text("\n".join(MIXED[:4] * 5) + "\n")
     sentencepiece.SentencePieceTrainer.train(
         input=[str(text / "train.src"), str(text / "train.tgt"), str(text / "mixed.txt")],
-        model_prefix=str(folder / "spm"), vocab_size=90, model_type=request.param, character_coverage=0.999,
-        minloglevel=2)
+        model_prefix=str(folder / "spm"), vocab_size=90, model_type=request.param[0],
+        character_coverage=0.999, minloglevel=2, **request.param[1])
     processor = sentencepiece.SentencePieceProcessor(model_file=str(folder / "spm.model"))
     symbols = [processor.id_to_piece(i) for i in range(processor.get_piece_size())
                if not (processor.is_control(i) or processor.is_unknown(i))]
@@ -119,15 +124,16 @@ def all_pieces(request, tmp_path_factory):
 
 @pytest.mark.parametrize("pattern", ["none", "eos", "bos_eos", "bos_eos_sep"])
 def test_a_dictionary_of_every_piece_gets_a_fast_tokenizer(all_pieces, pattern, tmp_path):
-    """Its ids (single texts and pairs) are fairseq's, unknown characters included, decoding is the
-    slow tokenizer's, offsets cover each piece's characters, and words given one by one are encoded
-    as inside a sentence; it loads without remote code."""
+    """Its ids (single texts and pairs) are fairseq's, unknown characters, spaces and a literal ▁
+    included, decoding is the slow tokenizer's (fairseq's), offsets cover each piece's characters,
+    and words given one by one are encoded as inside a sentence."""
     from transformers import AutoTokenizer
     model, dictionary = all_pieces
     saved = sentencepiece_tokenizer(dictionary, model, pattern, 64)
-    assert saved.is_fast
+    assert type(saved).__name__ == "FairseqSentencePieceTokenizerFast"
     saved.save_pretrained(tmp_path)
-    tokenizer = AutoTokenizer.from_pretrained(tmp_path)
+    tokenizer = AutoTokenizer.from_pretrained(tmp_path, trust_remote_code=True)
+    assert tokenizer.is_fast
     slow = dictionary_tokenizer(FairseqSentencePieceTokenizer, [model], dictionary, pattern, 64)
     assert (len(tokenizer), tokenizer.mask_token_id) == (len(dictionary), dictionary.index("<mask>"))
     lead, ends, separated = wrap_layout(pattern)
@@ -141,6 +147,8 @@ def test_a_dictionary_of_every_piece_gets_a_fast_tokenizer(all_pieces, pattern, 
                 fairseq_ids(model, dictionary, pair, append_eos=ends)
             assert tokenizer(line, pair)["input_ids"] == pair_ids, (line, pair)
         assert tokenizer.decode(ids, skip_special_tokens=True) == slow.decode(ids, skip_special_tokens=True)
+        assert tokenizer.decode(ids[1:], skip_special_tokens=True) == \
+            slow.decode(ids[1:], skip_special_tokens=True)
     assert unknown > 0, "no line met a character the model does not know"
     for line in LINES:
         encoded = tokenizer(line, return_offsets_mapping=True)
