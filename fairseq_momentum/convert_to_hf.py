@@ -536,13 +536,17 @@ def sentencepiece_fast_tokenizer(dictionary, sp_model: Path, pattern: str, max_l
                            fuse_unk=True, byte_fallback=False, dropout=None)
     tokenizer = Tokenizer(model)
     # sentencepiece's normalizer: its character map; leading spaces and runs of them dropped; spaces
-    # escaped; the dummy prefix; then trailing ▁ dropped, a literal ▁ of the text included
+    # escaped; the dummy prefix; then trailing ▁ dropped, a literal ▁ of the text included. The
+    # prefix goes on any text, one the map empties too (Prepend leaves an empty one), which only
+    # the trailing ▁'s removal empties again
     charsmap = normalizer.precompiled_charsmap
     steps = [normalizers.Precompiled(charsmap)] if charsmap else []
+    if normalizer.add_dummy_prefix and not normalizer.remove_extra_whitespaces:
+        steps.insert(0, normalizers.Prepend(SPACE))
     if normalizer.remove_extra_whitespaces:
         steps += [normalizers.Replace(Regex(r"\A +"), ""), normalizers.Replace(Regex(" {2,}"), " ")]
     steps.append(normalizers.Replace(" ", SPACE))
-    if normalizer.add_dummy_prefix:
+    if normalizer.add_dummy_prefix and normalizer.remove_extra_whitespaces:
         steps.append(normalizers.Prepend(SPACE))
     if normalizer.remove_extra_whitespaces:
         steps.append(normalizers.Replace(Regex(SPACE + r"+\z"), ""))

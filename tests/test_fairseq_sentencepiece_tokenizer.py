@@ -91,9 +91,10 @@ def test_ids_are_fairseqs_and_decoding_is_its_post_processing(pieces, pattern, t
 
 MIXED = ["Élise's café: 42 oranges, then more", "emoji 🎉 and ünïcödé ×2", "ＦＵＬＬ width　ｔｅｘｔ ①",
          "tab\there  two  spaces", "  leading and trailing  ", "", "unknown ÿ ĳ ∮ ok", " a", "\t",
-         "\u2581a b", "a\u2581", "\u3000\u2581a", "a\n b", "a \nb"]
+         "\u2581a b", "a\u2581", "\u3000\u2581a", "a\n b", "a \nb", "\x1d"]
 SENTENCEPIECE_OPTIONS = [
     ("unigram", {}), ("bpe", {}), ("bpe", {"normalization_rule_name": "nfkc"}),
+    ("bpe", {"remove_extra_whitespaces": False}),
     ("unigram", {"normalization_rule_name": "identity", "remove_extra_whitespaces": False})]
 
 
