@@ -2,6 +2,7 @@
 raises on one), forward and gradients equal to eager. The aot_eager backend traces exactly what
 inductor would (Dynamo, then AOTAutograd's joint forward/backward graph) without its C++
 compile, which would take minutes here; one test compiles with inductor itself."""
+import itertools
 
 import pytest
 import torch
@@ -29,10 +30,11 @@ class TinyAttention(torch.nn.Module):
         self.heads = heads
         self.qkv = torch.nn.Linear(dim, 3 * dim)
 
-    def forward(self, x, mask=None):
+    def forward(self, x, mask=None, cu_seqlens=None):
         B, N, _ = x.shape
         q, k, v = self.qkv(x).view(B, N, 3, self.heads, -1).permute(2, 0, 3, 1, 4)
-        return momentum_attention(q, k, v, momentum=0.9, step_size=0.6, chunk_size=8, padding_mask=mask)
+        return momentum_attention(q, k, v, momentum=0.9, step_size=0.6, chunk_size=8, padding_mask=mask,
+                                  cu_seqlens=cu_seqlens)
 
 
 def eager_and_compiled(module, *args, compiled=None):
@@ -148,6 +150,23 @@ def test_inductor_compiles_lengths_of_a_scan_level_into_one_graph(make_generator
         (out, grads), (out_c, grads_c) = eager_and_compiled(module, x, mask, compiled=compiled)
         assert_compiled_equals_eager(out, grads, out_c, grads_c)
     assert counter.frame_count == 1
+
+
+def test_inductor_trains_packed_rows_of_another_length_with_the_same_graph(make_generator):
+    """Packed documents (cu_seqlens) of 13 and then 7 tokens through one inductor graph under
+    dynamic=True, forward and gradients equal to eager. The traced scan returned a view into its
+    padded blocks, which the backward saved; inductor stores such a tensor compactly, and torch
+    (2.13) then gave the backward's input the first call's strides as numbers: the second length
+    raised "expected size 2==2, stride 32==48 at dim=1" (pytorch/pytorch#191885)."""
+    gen = make_generator()
+    torch._dynamo.reset()
+    module = TinyAttention()
+    compiled = torch.compile(module, fullgraph=True, backend="inductor", dynamic=True)
+    for lengths in ((1, 6, 4, 2), (5, 1, 1)):
+        x = torch.randn(1, sum(lengths), 16, generator=gen)
+        cu = torch.tensor([0, *itertools.accumulate(lengths)], dtype=torch.int32)
+        (out, grads), (out_c, grads_c) = eager_and_compiled(module, x, None, cu, compiled=compiled)
+        assert_compiled_equals_eager(out, grads, out_c, grads_c)
 
 
 def test_many_lengths_stay_under_the_recompile_limit(make_generator):

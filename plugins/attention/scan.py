@@ -79,12 +79,21 @@ def _scan_rows(a: Union[float, torch.Tensor], flat: torch.Tensor) -> torch.Tenso
         a_within, a_blocks = blocks.transpose(0, 1), reach[:, -1]
     within = _recurrence(a_within, u_blocks.transpose(2, 3)).transpose(2, 3)     # from a zero start
     if traced and ng == 1:                  # with dynamic shapes a guard on T < G, not on T
-        return within[:, :, 0, :T]
+        return _owned(within[:, :, 0, :T])
     ends = _scan_rows(a_blocks, within[:, :, :, -1])                    # y at the end of each block
     before = shifted_by_one(ends, torch.zeros_like(ends[:, :, :1]))
     reach = reach.to(dtype=flat.dtype, device=flat.device)
     y = within + reach[None, None, :, :, None] * before[:, :, :, None]
-    return y.flatten(2, 3)[:, :, :T]
+    y = y.flatten(2, 3)[:, :, :T]
+    return _owned(y) if traced else y
+
+
+def _owned(view: torch.Tensor) -> torch.Tensor:
+    """A traced scan's result in memory of its own. A view into the padded blocks, where the
+    backward saves it, inductor stores compactly, and torch (2.13) then gives the backward's input
+    the first call's strides as numbers: under dynamic shapes the next length failed
+    assert_size_stride (pytorch/pytorch#191885)."""
+    return view.contiguous()
 
 
 def _recurrence(a: Union[float, torch.Tensor], u: torch.Tensor) -> torch.Tensor:
