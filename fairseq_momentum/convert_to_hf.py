@@ -69,7 +69,6 @@ from .convert_lstm_translation import (
 )
 
 logger = logging.getLogger(__name__)
-SPACE = "\u2581"                                   # sentencepiece's word boundary
 
 # fairseq's activation_fn → transformers' ACT2FN name of the same function
 ACTIVATIONS = {"relu": "relu", "gelu": "gelu", "gelu_fast": "gelu_pytorch_tanh",
@@ -500,6 +499,7 @@ def sentencepiece_fast_tokenizer(dictionary, sp_model: Path, pattern: str, max_l
     from transformers.tokenization_utils_base import generate_merges
 
     from hf_momentum.tokenization_fairseq_dictionary import wrap_layout
+    from hf_momentum.tokenization_fairseq_sentencepiece import SPACE
     from hf_momentum.tokenization_fairseq_sentencepiece_fast import FairseqSentencePieceTokenizerFast
     proto = import_protobuf().ModelProto()
     proto.ParseFromString(Path(sp_model).read_bytes())
@@ -536,20 +536,18 @@ def sentencepiece_fast_tokenizer(dictionary, sp_model: Path, pattern: str, max_l
                            fuse_unk=True, byte_fallback=False, dropout=None)
     tokenizer = Tokenizer(model)
     # sentencepiece's normalizer: its character map; leading spaces and runs of them dropped; spaces
-    # escaped; the dummy prefix; then trailing ▁ dropped, a literal ▁ of the text included. The
-    # prefix goes on any text, one the map empties too (Prepend leaves an empty one), which only
-    # the trailing ▁'s removal empties again
+    # escaped; the dummy prefix; then trailing ▁ dropped, a literal ▁ of the text included. Without
+    # the space rules the prefix goes first, so that a text the map empties keeps it (Prepend leaves
+    # an empty text as it is); with them the trailing ▁'s removal would empty it again
     charsmap = normalizer.precompiled_charsmap
-    steps = [normalizers.Precompiled(charsmap)] if charsmap else []
-    if normalizer.add_dummy_prefix and not normalizer.remove_extra_whitespaces:
-        steps.insert(0, normalizers.Prepend(SPACE))
+    mapped = [normalizers.Precompiled(charsmap)] if charsmap else []
+    prefix = [normalizers.Prepend(SPACE)] if normalizer.add_dummy_prefix else []
+    escaped = normalizers.Replace(" ", SPACE)
     if normalizer.remove_extra_whitespaces:
-        steps += [normalizers.Replace(Regex(r"\A +"), ""), normalizers.Replace(Regex(" {2,}"), " ")]
-    steps.append(normalizers.Replace(" ", SPACE))
-    if normalizer.add_dummy_prefix and normalizer.remove_extra_whitespaces:
-        steps.append(normalizers.Prepend(SPACE))
-    if normalizer.remove_extra_whitespaces:
-        steps.append(normalizers.Replace(Regex(SPACE + r"+\z"), ""))
+        steps = [*mapped, normalizers.Replace(Regex(r"\A +"), ""), normalizers.Replace(Regex(" {2,}"), " "),
+                 escaped, *prefix, normalizers.Replace(Regex(SPACE + r"+\z"), "")]
+    else:
+        steps = [*prefix, *mapped, escaped]
     tokenizer.normalizer = normalizers.Sequence(steps)
     # fairseq splits the pieces on Python's whitespace, which no piece in the dictionary holds: a
     # character of it that sentencepiece keeps is unknown text, which fairseq drops

@@ -95,8 +95,8 @@ class FairseqGPT2TokenizerFast(TokenizersBackend):
         # transformers loads tokenizer.json itself): the byte-level pre-tokenizer adds the space, and
         # the offsets' post-processor must know it did
         self._add_prefix_space = bool(value)
-        if self._tokenizer is None:
-            return
+        if self._tokenizer is None or self._tokenizer.pre_tokenizer.add_prefix_space == value:
+            return          # as saved: no rebuild of the whole vocabulary and merges
         state = json.loads(self._tokenizer.to_str())
         processor = state["post_processor"] or {}
         for part in (state["pre_tokenizer"], *processor.get("processors", [processor])):

@@ -23,13 +23,12 @@ from test_fairseq_to_hf import PYTHON_WHITESPACE
 from test_fairseq_translation_to_hf import train_and_convert
 
 from fairseq_momentum.convert_to_hf import (
-    SPACE,
     dictionary_tokenizer,
     saved_tokenizer,
     sentencepiece_tokenizer,
 )
 from hf_momentum.tokenization_fairseq_dictionary import wrap_layout
-from hf_momentum.tokenization_fairseq_sentencepiece import FairseqSentencePieceTokenizer
+from hf_momentum.tokenization_fairseq_sentencepiece import SPACE, FairseqSentencePieceTokenizer
 
 LINES = ["the cat sees a small dog", "a big red fox chases the old bird", "zebras quack xylophones!"]
 
