@@ -153,11 +153,11 @@ class MomentumLSTMStack(MomentumLSTM):
         super().__init__(*args, **kwargs)
         self.weight_drop = weight_drop
 
-    def forward(self, input, state=None, *, cu_seqlens=None, cu_seqlens_cpu=None, one_step=False,
-                all_layers=False):
+    def forward(self, input, state=None, *, cu_seqlens=None, cu_seqlens_cpu=None, padding_mask=None,
+                one_step=False, all_layers=False):
         with self.weight_drop_masks(), self.trusted_states():     # the model's own states
             return self._forward(input, state, cu_seqlens=cu_seqlens, cu_seqlens_cpu=cu_seqlens_cpu,
-                                 one_step=one_step, all_layers=all_layers)
+                                 padding_mask=padding_mask, one_step=one_step, all_layers=all_layers)
 
     def weight_drop_masks(self) -> contextlib.AbstractContextManager:
         """In training with weight_drop: every hidden-to-hidden matrix replaced by a dropped copy for
@@ -181,12 +181,13 @@ class MomentumLSTMStack(MomentumLSTM):
         finally:
             self._drawn_weight_drop = None
 
-    def _forward(self, input, state, *, cu_seqlens, cu_seqlens_cpu, one_step, all_layers):
+    def _forward(self, input, state, *, cu_seqlens, cu_seqlens_cpu, padding_mask, one_step, all_layers):
         if one_step:
             out, state = self.step(input, state, all_layers=all_layers)
         else:
             out, state = MomentumLSTM.forward(self, input, state, cu_seqlens=cu_seqlens,
-                                              cu_seqlens_cpu=cu_seqlens_cpu, all_layers=all_layers)
+                                              cu_seqlens_cpu=cu_seqlens_cpu, padding_mask=padding_mask,
+                                              all_layers=all_layers)
         return (out if all_layers else (out,)), state
 
     def recurrent_weight_names(self) -> list[str]:
@@ -229,9 +230,10 @@ class MomentumLSTMStackWithTop(MomentumLSTMStack):
             top = top.base_layer
         return top
 
-    def _forward(self, input, state, *, cu_seqlens, cu_seqlens_cpu, one_step, all_layers):
+    def _forward(self, input, state, *, cu_seqlens, cu_seqlens_cpu, padding_mask, one_step, all_layers):
         below, top = self._split(state)
-        segments = dict(cu_seqlens=cu_seqlens, cu_seqlens_cpu=cu_seqlens_cpu, one_step=one_step)
+        segments = dict(cu_seqlens=cu_seqlens, cu_seqlens_cpu=cu_seqlens_cpu, padding_mask=padding_mask,
+                        one_step=one_step)
         outputs, below = super()._forward(input, below, all_layers=all_layers, **segments)
         between = self._between(outputs[-1], cu_seqlens_cpu if cu_seqlens is not None else None, one_step)
         (out,), top = self.top(between, top, **segments)

@@ -47,7 +47,7 @@ from .modeling_momentum_lstm import (
     packed_run,
     where_real,
 )
-from .momentum_rnn_core import MomentumLSTM, RecurrentState, read_hyperparameters
+from .momentum_rnn_core import MomentumLSTM, RecurrentState, is_exporting, read_hyperparameters
 from .packing import has_packing_kwargs
 from .recurrent_cache import StaticStateMixin
 from .saving import RemoteCodeMixin
@@ -214,7 +214,10 @@ class MomentumLSTMSeq2SeqEncoder(nn.Module):
         mask = check_attention_mask(attention_mask, batch, 0, length)
         mask = None if mask is None else mask.to(x.device)
         x = F.dropout(x, self.config.encoder_dropout_in, self.training)
-        run = partial(self._stack, lengths=source_lengths(mask))
+        if mask is not None and is_exporting():
+            run = self._masked_stack            # torch.export cannot trace the lengths' host read
+        else:
+            run = partial(self._stack, lengths=source_lengths(mask))
         *outputs, final_h, final_c = self.stack_run(x, mask, run=run)
         out = F.dropout(outputs[-1], self.config.encoder_dropout_out, self.training)
         result = MomentumLSTMEncoderOutput(
@@ -229,6 +232,13 @@ class MomentumLSTMSeq2SeqEncoder(nn.Module):
             outputs, state = self.lstm(x, all_layers=True)
         else:
             outputs, state = packed_run(self.lstm, x, mask, lengths, all_layers=True)
+        return (*outputs, state.h, state.c)
+
+    def _masked_stack(self, x, mask):
+        """`_stack` without reading the lengths: each padded step keeps its row's state (the
+        layers' `padding_mask`, a scan of the cells' steps), so every row, each direction too, gets
+        its real tokens' outputs and final state alone. Zero outputs at padding."""
+        outputs, state = self.lstm(x, padding_mask=mask.to(torch.bool), all_layers=True)
         return (*outputs, state.h, state.c)
 
     def _per_row(self, final: torch.Tensor, batch: int) -> torch.Tensor:

@@ -3,6 +3,7 @@
 Same mechanism as `momentum_core`: in the package this re-exports `plugins.rnn`; a saved model
 gets the generated, self-contained copy that `bundled_source()` returns.
 """
+from plugins.exporting import is_exporting
 from plugins.packing import Segments, front_order
 from plugins.rnn import MomentumLSTM, RecurrentState
 from plugins.rnn.awd import drawn_weight_drop, embedding_dropout, segment_ids, sequence_dropout, weight_drop
@@ -18,7 +19,8 @@ from plugins.rnn.variants import (
 BUNDLED_MODULES = ("plugins.rnn.layers", "plugins.rnn.variants", "plugins.packing", "plugins.rnn.awd")
 EXPORTS = ("MomentumLSTM", "RecurrentState", "DEFAULT_CELL", "DEFAULTS", "check_hyper",
            "read_hyperparameters", "unread_hyperparameters", "Segments", "front_order", "embedding_dropout",
-           "segment_ids", "sequence_dropout", "weight_drop", "drawn_weight_drop", "pad_packed")
+           "segment_ids", "sequence_dropout", "weight_drop", "drawn_weight_drop", "pad_packed",
+           "is_exporting")
 
 
 def bundled_source() -> str:

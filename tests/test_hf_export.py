@@ -2,7 +2,8 @@
 attention_mask and a dynamic batch: the exported program equals eager at the traced shape and at
 others, and each padded row equals its sequence alone; also with a dynamic length (the
 transformer's chunks gathered, the LSTM's cells as a scan), and through ONNX into onnxruntime,
-eq. 15's ε = 1e-8 included; the encoder-decoders' scoring forward as the README says."""
+eq. 15's ε = 1e-8 included; the encoder-decoders' scoring forward with padded sources as the README
+says."""
 import copy
 import random
 import re
@@ -210,34 +211,71 @@ class Seq2SeqLogits(torch.nn.Module):
                           decoder_input_ids=decoder_input_ids, use_cache=False).logits
 
 
-@pytest.mark.parametrize("family", ["transformer", "lstm"])
-def test_encoder_decoders_export_as_the_readme_says(family, make_generator):
-    """The transformer encoder-decoder exports with a padded batch's mask; the LSTM one, whose
-    encoder packs padded sources by lengths read on the host, without a mask (a dynamic batch and
-    source length). Each program equals eager at other shapes."""
+def padded_sources(g, rows, length, lengths, left):
+    """(source ids, target ids of 4 tokens, attention_mask) with `lengths` real tokens per row,
+    padded on the left or the right."""
+    mask = torch.zeros(rows, length, dtype=torch.long)
+    for row, n in enumerate(lengths):
+        mask[row, slice(length - n, None) if left else slice(n)] = 1
+    source = torch.randint(3, 19, (rows, length), generator=g)
+    return source, torch.randint(3, 19, (rows, 4), generator=g), mask
+
+
+def seq2seq_of(family):
+    """A random float64 encoder-decoder: "transformer", "lstm" (one direction) or "bidirectional lstm"."""
     rng = random.Random(family)
     while True:
         model, case = seq2seq_lm(rng)
-        if case["kind"] == family:
-            break
+        if case["kind"] == family.split()[-1] and (
+                case["kind"] == "transformer" or case["encoder_bidirectional"] == family.startswith("bi")):
+            return model, case
+
+
+@pytest.mark.parametrize("family", ["transformer", "lstm", "bidirectional lstm"])
+def test_encoder_decoders_export_as_the_readme_says(family, make_generator):
+    """Both encoder-decoders export with a padded batch's attention_mask and a dynamic batch, the
+    LSTM's also with a dynamic source length: its encoder keeps each row's state at padded steps
+    (the layers' padding_mask), where eager packs the rows by lengths read on the host. Each program
+    equals eager at other shapes and paddings, on either side, and each row its source alone."""
+    model, case = seq2seq_of(family)
     g = make_generator()
-    ids, target = torch.randint(3, 19, (2, 7), generator=g), torch.randint(3, 19, (2, 4), generator=g)
     rows, length = Dim("batch", min=1, max=16), Dim("length", min=2, max=32)
+    traced = padded_sources(g, 2, 7, [7, 5], left=False)
     if family == "transformer":
-        mask = torch.ones_like(ids)
-        mask[1, 5:] = 0
-        program = export(Seq2SeqLogits(model), (ids, target, mask),
-                         dynamic_shapes=({0: rows}, {0: rows}, {0: rows}))
-        others = [(torch.randint(3, 19, (3, 7), generator=g), torch.randint(3, 19, (3, 4), generator=g),
-                   torch.tensor([[1] * 7, [1] * 3 + [0] * 4, [1] * 6 + [0]]))]
+        program = export(Seq2SeqLogits(model), traced, dynamic_shapes=({0: rows}, {0: rows}, {0: rows}))
+        others = [padded_sources(g, 3, 7, [7, 3, 6], left=False)]
     else:
-        program = export(Seq2SeqLogits(model), (ids, target),
-                         dynamic_shapes=({0: rows, 1: length}, {0: rows}))
-        others = [(torch.randint(3, 19, (b, n), generator=g), torch.randint(3, 19, (b, 4), generator=g))
-                  for b, n in ((1, 2), (3, 11), (5, 30))]
+        program = export(Seq2SeqLogits(model), traced,
+                         dynamic_shapes=({0: rows, 1: length}, {0: rows}, {0: rows, 1: length}))
+        others = [padded_sources(g, 1, 2, [2], left=False), padded_sources(g, 3, 11, [11, 1, 6], left=False),
+                  padded_sources(g, 4, 30, [9, 30, 2, 17], left=True)]
     for inputs in others:
         with torch.no_grad():
-            assert_close(program.module()(*inputs), Seq2SeqLogits(model)(*inputs), case, "exported")
+            got = program.module()(*inputs)
+            assert_close(got, Seq2SeqLogits(model)(*inputs), case, "exported")
+            source, target, mask = inputs
+            for row in range(source.shape[0]):
+                alone = Seq2SeqLogits(model)(source[row:row + 1, mask[row].bool()], target[row:row + 1])
+                assert_close(got[row:row + 1], alone, case, f"exported row {row} alone")
+
+
+def test_lstm_encoder_decoder_with_a_padded_batch_runs_in_onnxruntime_as_eager(make_generator, tmp_path):
+    """torch.onnx.export(dynamo=True) of the bidirectional LSTM encoder-decoder with a padded batch
+    and a dynamic batch and source length: the encoder's scans of kept states become ONNX Scans, and
+    onnxruntime's logits equal eager's (float32) at other shapes and paddings."""
+    pytest.importorskip("onnxruntime")
+    pytest.importorskip("onnxscript")
+    model = seq2seq_of("bidirectional lstm")[0].float()
+    g = make_generator()
+    rows, length = Dim("batch", min=1, max=16), Dim("length", min=2, max=32)
+    program = torch.onnx.export(Seq2SeqLogits(model), padded_sources(g, 2, 7, [7, 5], left=False),
+                                dynamic_shapes=({0: rows, 1: length}, {0: rows}, {0: rows, 1: length}),
+                                dynamo=True, verbose=False)
+    run = onnxruntime_function(program, tmp_path)
+    others = padded_sources(g, 3, 11, [11, 1, 6], left=False), padded_sources(g, 2, 9, [4, 9], left=True)
+    for inputs in others:
+        with torch.no_grad():
+            torch.testing.assert_close(run(*inputs), Seq2SeqLogits(model)(*inputs), rtol=1e-4, atol=1e-5)
 
 
 def test_torch_lstm_fixes_the_length():

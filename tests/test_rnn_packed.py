@@ -31,10 +31,10 @@ def case_id(case):
     return f"{case[0].__name__}-{case[1]}" if isinstance(case, tuple) else str(case)
 
 
-def make(cls, cell, gen, num_layers=2, batch_first=False):
+def make(cls, cell, gen, num_layers=2, batch_first=False, **options):
     restart = RESTART if VARIANTS[cell].restart != "refused" else None
     layer = cls(D, H, num_layers, cell=cell, restart=restart, batch_first=batch_first,
-                **read_hyperparameters(cell, **HP)).double()
+                **read_hyperparameters(cell, **HP), **options).double()
     with torch.no_grad():
         for name, p in layer.named_parameters():
             p.copy_((0.3 if "original" in name else 0.5) * torch.randn(p.shape, generator=gen, dtype=p.dtype))

@@ -410,7 +410,7 @@ class _MomentumLayers(nn.Module):
                              check_step=not self.__dict__.get("_trusted_states", False))
 
     def forward(self, input, state=None, *, cu_seqlens=None, cu_seqlens_cpu=None, segment_starts=None,
-                all_layers=False, recurrent_weight=None):
+                padding_mask=None, all_layers=False, recurrent_weight=None):
         """input (T, B, input_size) (batch_first: (B, T, input_size)) or a PackedSequence;
         state None, a RecurrentState, (h, c) or h. Returns (output, RecurrentState).
 
@@ -427,15 +427,26 @@ class _MomentumLayers(nn.Module):
         then has batch n, one row per segment (row by row, left to right): the initial state
         of each segment, and each segment's state after its last step. `cu_seqlens_cpu`, a host
         copy of cu_seqlens (as fla's), is checked on the host instead of cu_seqlens, so the
-        call reads nothing back from the device; it must equal cu_seqlens."""
+        call reads nothing back from the device; it must equal cu_seqlens.
+
+        Padded rows: `padding_mask` ((batch, time) bool, True at real steps, whatever
+        batch_first) runs each row as its real steps alone, padding on any side: a padded step
+        keeps the row's state and outputs zeros (each direction of a bidirectional layer too).
+        It reads no length back to the host, so torch.export traces it; it runs the cells'
+        step equations as a scan over time (export_scan.py), slower in eager than a
+        PackedSequence of the same rows."""
         check_bool(all_layers, "all_layers")
         if recurrent_weight is not None:
             with self.substituted_recurrent_weights(recurrent_weight):
                 return _MomentumLayers.forward(self, input, state, cu_seqlens=cu_seqlens,
                                                cu_seqlens_cpu=cu_seqlens_cpu, segment_starts=segment_starts,
-                                               all_layers=all_layers)
+                                               padding_mask=padding_mask, all_layers=all_layers)
         if cu_seqlens_cpu is not None and cu_seqlens is None:
             raise ValueError("cu_seqlens_cpu is the host copy of cu_seqlens: pass cu_seqlens too")
+        if padding_mask is not None:
+            packed_rows = cu_seqlens is not None or segment_starts is not None
+            self._check_padding_mask(input, padding_mask, packed_rows)
+            return scanned_forward(self, input, state, all_layers, padding_mask)
         if cu_seqlens is None and segment_starts is None and exports_a_length(input, self.batch_first):
             return scanned_forward(self, input, state, all_layers)
         if cu_seqlens is None and segment_starts is None:
@@ -447,6 +458,24 @@ class _MomentumLayers(nn.Module):
             outputs, new_state = self._forward_segments(input, state, cu_seqlens, segment_starts, all_layers,
                                                         cu_seqlens_cpu)
         return (outputs if all_layers else outputs[-1]), new_state
+
+    def _check_padding_mask(self, input, padding_mask, packed_rows: bool):
+        """ValueError naming `padding_mask` unless it is a (batch, time) bool tensor on the device
+        of a padded tensor input, the only thing that separates the rows."""
+        if packed_rows or isinstance(input, PackedSequence):
+            raise ValueError("padding_mask cannot be combined with cu_seqlens / segment_starts or a "
+                             "PackedSequence, which already separate the sequences: pass padded rows")
+        steps, batch = as_sequence(input, self.input_size, self.batch_first).x.shape[:2]
+        check_input_dtype(input, self.weight_ih_l0)
+        if not isinstance(padding_mask, Tensor) or padding_mask.dtype != torch.bool:
+            got = padding_mask.dtype if isinstance(padding_mask, Tensor) else type(padding_mask).__name__
+            raise ValueError(f"padding_mask must be a bool tensor (True at real steps), got {got}")
+        if padding_mask.shape != (batch, steps):
+            raise ValueError(f"padding_mask must have shape (batch, time) = {(batch, steps)}, got "
+                             f"{tuple(padding_mask.shape)}")
+        if padding_mask.device != input.device:
+            raise ValueError(f"padding_mask must be on the input's device {input.device}, got "
+                             f"{padding_mask.device}")
 
     def _each_layer(self, x, layer, sequence_ids=None, sequences=None):
         """x through every layer, nn.LSTM's dropout between layers (in training): layer(k, x)
