@@ -63,12 +63,12 @@ def resolve_flag(value, config, name: str) -> bool:
 
 
 def warn_no_attention_weights(model, output_attentions, what: str) -> None:
-    """`output_attentions=True` (argument or config) asks for attention matrices that `what`
-    never forms: say so once per model instead of returning nothing silently."""
+    """`output_attentions=True` (argument or config) asks for attention matrices that the model
+    never forms (`what` says why): say so once per model instead of returning nothing silently."""
     if resolve_flag(output_attentions, model.config, "output_attentions") and \
             not getattr(model, "_warned_no_attention_weights", False):
         model._warned_no_attention_weights = True
-        warnings.warn(f"output_attentions=True is ignored: {what} forms no attention matrix, so "
+        warnings.warn(f"output_attentions=True is ignored: no attention matrix is formed ({what}), so "
                       "`attentions` is None", UserWarning, stacklevel=3)
 
 

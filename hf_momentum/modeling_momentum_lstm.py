@@ -338,7 +338,7 @@ class MomentumLSTMModel(MomentumLSTMPreTrainedModel):
         x = self._embed(input_ids) if inputs_embeds is None else inputs_embeds
         batch, length = x.shape[:2]
         output_hidden_states = resolve_flag(output_hidden_states, self.config, "output_hidden_states")
-        warn_no_attention_weights(self, output_attentions, "an LSTM")
+        warn_no_attention_weights(self, output_attentions, "an LSTM has none")
         cache = resolve_cache(self, given, use_cache, MomentumLSTMCache)
         packing = pop_packing_kwargs(kwargs)
         packed = None

@@ -457,7 +457,7 @@ class MomentumLSTMSeq2SeqModel(MomentumLSTMSeq2SeqPreTrainedModel):
         output_hidden_states = resolve_flag(output_hidden_states, self.config, "output_hidden_states")
         output_attentions = resolve_flag(output_attentions, self.config, "output_attentions")
         if not self.config.attention:
-            warn_no_attention_weights(self, output_attentions, "a decoder without attention")
+            warn_no_attention_weights(self, output_attentions, "a decoder without attention has none")
         cache = resolve_cache(self, given_cache(cache, past_key_values), use_cache, MomentumLSTMSeq2SeqCache)
         if encoder_outputs is None and (input_ids is not None or inputs_embeds is not None):
             encoder_outputs = self.encoder(input_ids=input_ids, attention_mask=attention_mask,

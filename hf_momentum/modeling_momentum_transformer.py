@@ -238,6 +238,14 @@ class MomentumTransformerModel(MomentumTransformerPreTrainedModel):
     def build_layer(self, block: BlockConfig, layer_idx: int) -> nn.Module:
         return MomentumTransformerLayer(block, layer_idx)
 
+    def _attention_without_matrices(self) -> str:
+        """Why no layer of this stack returns attention weights, for `output_attentions`."""
+        kinds = {block.attention for block in self.config.layer_blocks(self.block)}
+        why = ["linear (momentum) attention has none"] if kinds - {"softmax"} else []
+        if "softmax" in kinds:
+            why.append("softmax layers run torch's fused scaled_dot_product_attention, which returns none")
+        return "; ".join(why)
+
     def get_input_embeddings(self):
         return self.embed_tokens
 
@@ -267,7 +275,7 @@ class MomentumTransformerModel(MomentumTransformerPreTrainedModel):
             inputs_embeds = self.embed_tokens(input_ids)
         batch, length = inputs_embeds.shape[:2]
         output_hidden_states = resolve_flag(output_hidden_states, self.config, "output_hidden_states")
-        warn_no_attention_weights(self, output_attentions, "linear (momentum) attention")
+        warn_no_attention_weights(self, output_attentions, self._attention_without_matrices())
         if self.context_parallel_group is not None:
             if use_cache or given is not None:
                 raise ValueError(f"use_cache / {CACHE_NAME}: context parallelism runs without a cache")

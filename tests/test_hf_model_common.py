@@ -201,6 +201,25 @@ def test_output_attentions_warns_once_per_model(tester, model_classes):
         model(**inputs_dict)
 
 
+@pytest.mark.parametrize("layer_types, says", [
+    (["linear_attention"] * 2, ["linear (momentum) attention has none"]),
+    (["full_attention"] * 2, ["scaled_dot_product_attention"]),
+    (["linear_attention", "full_attention"],
+     ["linear (momentum) attention has none", "scaled_dot_product_attention"]),
+])
+def test_output_attentions_warning_names_each_kind_of_layer(layer_types, says):
+    """The warning says why for the layers the model has: a hybrid's softmax layers run SDPA, which
+    returns no weights, rather than being called linear attention."""
+    config = AutoConfig.for_model("momentum_transformer", vocab_size=20, hidden_size=8, num_hidden_layers=2,
+                                  num_attention_heads=2, intermediate_size=16, layer_types=layer_types)
+    model = MomentumTransformerForCausalLM(config).eval()
+    with pytest.warns(UserWarning, match="output_attentions=True is ignored") as caught, torch.no_grad():
+        model(torch.tensor([[3, 4, 5]]), output_attentions=True)
+    message = " ".join(str(w.message) for w in caught)
+    assert all(part in message for part in says), message
+    assert ("linear (momentum)" in message) == ("linear_attention" in layer_types), message
+
+
 def counting_checkpoint(checkpoint, calls):
     """A checkpoint function that counts the calls of what it checkpoints (forward, recompute)."""
     def counted_checkpoint(function, *args, **kwargs):
