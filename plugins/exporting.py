@@ -12,3 +12,13 @@ def is_exporting() -> bool:
     (`torch.compiler._is_exporting_flag`): dynamo reads it as the module global it is, so a
     compiled call sees False and an exported one True, on every torch this package supports."""
     return torch.compiler._is_exporting_flag
+
+
+def exports_a_symbolic(size) -> bool:
+    """Whether torch.export may trace `size` (a tensor dimension) as a symbol, so that a form which
+    fixes it (a reshape into chunks, a loop over it) must not be taken: a SymInt under the default
+    non-strict export; under strict export every size, since dynamo shows a symbolic size to the
+    code as an int (the symbolic forms are exact at any size)."""
+    if not is_exporting():
+        return False
+    return not isinstance(size, int) or torch.compiler.is_dynamo_compiling()

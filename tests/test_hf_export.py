@@ -180,6 +180,22 @@ def test_transformer_exports_with_any_dynamic_length(traced):
         check_against_eager(program, model, *batch(seed, lengths, total))
 
 
+@pytest.mark.parametrize("model_name", ["transformer", "nag"])
+def test_strict_export_takes_a_dynamic_length(model_name):
+    """torch.export(strict=True) (dynamo's capture) of a dynamic length: dynamo shows the code a
+    symbolic length as an int, so under strict export the layers always take their symbolic forms
+    (plugins.exporting.exports_a_symbolic); they had taken the chunked / batch forms, which fixed the
+    length ("Constraints violated (length)"). The program equals eager at other lengths."""
+    model = (causal_lm("transformer", max_position_embeddings=512) if model_name == "transformer"
+             else lstm_of(model_name))
+    ids, mask = batch(0, [5, 8], 8)
+    rows, length = Dim("batch", min=1, max=64), Dim("length", min=1, max=512)
+    program = export(Logits(model), (ids, mask), dynamic_shapes=({0: rows, 1: length}, {0: rows, 1: length}),
+                     strict=True)
+    for seed, lengths, total in LENGTHS[:4]:
+        check_against_eager(program, model, *batch(seed, lengths, total), gradients=False)
+
+
 @pytest.mark.parametrize("model_name", ["transformer", "momentum", "adam", "nag"])
 def test_onnx_with_a_dynamic_length_runs_in_onnxruntime_as_eager(model_name, tmp_path):
     """A dynamic length through torch.onnx.export(dynamo=True), the transformer and LSTM cells
@@ -236,7 +252,8 @@ def test_encoder_decoders_export_as_the_readme_says(family, make_generator):
     """Both encoder-decoders export with a padded batch's attention_mask and a dynamic batch, the
     LSTM's also with a dynamic source length: its encoder keeps each row's state at padded steps
     (the layers' padding_mask), where eager packs the rows by lengths read on the host. Each program
-    equals eager at other shapes and paddings, on either side, and each row its source alone."""
+    equals eager at other shapes and paddings, on either side, and each row its source alone. The
+    one-direction LSTM's is exported strict (dynamo's capture)."""
     model, case = seq2seq_of(family)
     g = make_generator()
     rows, length = Dim("batch", min=1, max=16), Dim("length", min=2, max=32)
@@ -245,7 +262,7 @@ def test_encoder_decoders_export_as_the_readme_says(family, make_generator):
         program = export(Seq2SeqLogits(model), traced, dynamic_shapes=({0: rows}, {0: rows}, {0: rows}))
         others = [padded_sources(g, 3, 7, [7, 3, 6], left=False)]
     else:
-        program = export(Seq2SeqLogits(model), traced,
+        program = export(Seq2SeqLogits(model), traced, strict=family == "lstm",
                          dynamic_shapes=({0: rows, 1: length}, {0: rows}, {0: rows, 1: length}))
         others = [padded_sources(g, 1, 2, [2], left=False), padded_sources(g, 3, 11, [11, 1, 6], left=False),
                   padded_sources(g, 4, 30, [9, 30, 2, 17], left=True)]

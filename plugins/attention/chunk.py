@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from ..exported_eps import plus_eps
-from ..exporting import is_exporting
+from ..exporting import exports_a_symbolic
 from .closed_form import advance, run_state
 from .coefficients import ChunkCoefficients
 from .rule import MomentumRule
@@ -51,7 +51,7 @@ def chunk_causal_momentum_attention(
     B, H, N, _ = fq.shape
     traced = torch.compiler.is_compiling()      # N may be symbolic: the chunk size must not follow it
     C = chunk_size if traced else min(chunk_size, N)
-    exported = not isinstance(N, int) and is_exporting()
+    exported = exports_a_symbolic(N)
     if exported:
         Q, K, V = (_exported_tiles(t, C) for t in (fq, fk, v))
     else:

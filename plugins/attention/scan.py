@@ -9,7 +9,7 @@ from typing import Optional, Union
 
 import torch
 
-from ..exporting import is_exporting
+from ..exporting import exports_a_symbolic
 
 SCAN_BLOCK = 16
 
@@ -22,7 +22,7 @@ def entering(local: torch.Tensor, decay: float, first: Optional[torch.Tensor],
     starts (one sequence per row), and restart (B, H, 1, ...) is read there."""
     zero = torch.zeros((), dtype=local.dtype, device=local.device)
     start = zero if restart is None else restart
-    if first is None and not isinstance(local.shape[2], int) and is_exporting():
+    if first is None and exports_a_symbolic(local.shape[2]):
         return _exported_entering(local, decay, start)
     if first is None:
         head = torch.broadcast_to(start, (*local.shape[:2], 1, *local.shape[3:]))

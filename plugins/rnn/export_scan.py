@@ -15,7 +15,7 @@ import torch
 from torch import Tensor
 from torch.nn.utils import parametrize
 
-from ..exporting import is_exporting
+from ..exporting import exports_a_symbolic, is_exporting
 
 
 def exports_a_length(input, batch_first: bool) -> bool:
@@ -23,7 +23,7 @@ def exports_a_length(input, batch_first: bool) -> bool:
     torch.export."""
     if not isinstance(input, Tensor) or input.dim() != 3:
         return False
-    return not isinstance(input.shape[1 if batch_first else 0], int) and is_exporting()
+    return exports_a_symbolic(input.shape[1 if batch_first else 0])
 
 
 def scanned_forward(layers, input: Tensor, state, all_layers: bool, padding_mask=None):
