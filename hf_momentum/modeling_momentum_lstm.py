@@ -372,10 +372,7 @@ class MomentumLSTMModel(MomentumLSTMPreTrainedModel):
 
     def _embed(self, input_ids):
         """The embeddings of input_ids, with AWD-LSTM's word dropout in training."""
-        if not self.training or self.config.word_dropout == 0:
-            return self.embed_tokens(input_ids)
-        embed = self.embed_tokens
-        return embedding_dropout(embed.weight, input_ids, self.config.word_dropout, True, embed.padding_idx)
+        return embedding_dropout(self.embed_tokens, input_ids, self.config.word_dropout, self.training)
 
     def _sequence_dropout(self, x, p, packed: Optional[Segments]):
         """Dropout p of x (batch, length, features) in training: per element, or with locked_dropout

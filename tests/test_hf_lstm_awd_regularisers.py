@@ -145,6 +145,31 @@ def test_word_dropout_drops_a_word_at_every_position(make_generator):
         assert scale.unique().numel() == 1 and scale[0].item() in (0.0, 2.0), word
 
 
+def test_word_dropout_runs_the_embedding_module_and_its_hooks(make_generator):
+    """Word dropout calls the input embedding, so its forward hooks run: transformers' NEFTune noise
+    (Trainer(neftune_noise_alpha=...)) and enable_input_require_grads (PEFT with gradient
+    checkpointing). It had looked the tokens up in the weight itself, and both were skipped silently.
+    The dropped embeddings still equal a lookup in the weight with whole rows dropped (the mask drawn
+    from the same seed)."""
+    model = causal_lm(word_dropout=0.3).train()
+    ids = tokens(make_generator(), 3, 9)
+    calls = []
+    hook = model.get_input_embeddings().register_forward_hook(lambda module, args, out: calls.append(out))
+    torch.manual_seed(5)
+    embedded = model(input_ids=ids, output_hidden_states=True).hidden_states[0]
+    hook.remove()
+    assert len(calls) == 1
+    torch.manual_seed(5)
+    weight = model.model.embed_tokens.weight
+    rows = torch.empty(weight.shape[0], 1, dtype=weight.dtype).bernoulli_(0.7) / 0.7
+    torch.testing.assert_close(embedded, torch.nn.functional.embedding(ids, weight * rows), rtol=0, atol=0)
+
+    model.requires_grad_(False)
+    model.enable_input_require_grads()
+    model.gradient_checkpointing_enable()
+    assert model(input_ids=ids).logits.requires_grad, "the frozen embedding's output asks for gradients"
+
+
 def test_gradient_checkpointing_recomputes_the_same_masks(make_generator):
     ids = tokens(make_generator(), 3, 9)
     grads = []

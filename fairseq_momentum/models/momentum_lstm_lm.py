@@ -64,8 +64,7 @@ class MomentumLSTMLMDecoder(FairseqIncrementalDecoder):
         if not self.training and tokens.size(1) == 1:
             x, state = self.rnn.step(self.embed_tokens(tokens[:, 0]), state)
             return x[:, None], state
-        embed = self.embed_tokens
-        x = embedding_dropout(embed.weight, tokens, self.embed_dropout, self.training, embed.padding_idx)
+        x = embedding_dropout(self.embed_tokens, tokens, self.embed_dropout, self.training)
         x = locked_dropout(x.transpose(0, 1), self.dropout_in, self.training)
         x, state = self.rnn(x, state)
         x = locked_dropout(x, self.dropout_out, self.training)

@@ -11,7 +11,7 @@ the fairseq and the transformers LSTM language models alike:
 from typing import Callable, List, Optional
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 from torch.nn import functional as F
 from torch.nn.utils.rnn import PackedSequence
 
@@ -62,14 +62,18 @@ def segment_ids(offsets_cpu: Tensor, device) -> Tensor:
     return torch.repeat_interleave(torch.arange(counts.numel()), counts).to(device, non_blocking=True)
 
 
-def embedding_dropout(weight: Tensor, tokens: Tensor, p: float, training: bool,
-                      padding_idx: Optional[int] = None) -> Tensor:
-    """Look up `tokens` in `weight` with a fraction p of the vocabulary's rows set to zero (the rest
-    scaled by 1 / (1 - p)): a dropped word is dropped at every position of the batch."""
-    if training and p > 0.0:
-        mask = weight.new_empty(weight.size(0), 1).bernoulli_(1.0 - p) / (1.0 - p)
-        weight = weight * mask
-    return F.embedding(tokens, weight, padding_idx)
+def embedding_dropout(embed: nn.Module, tokens: Tensor, p: float, training: bool) -> Tensor:
+    """`embed(tokens)` with a fraction p of the vocabulary's rows set to zero (the rest scaled by
+    1 / (1 - p)): a dropped word is dropped at every position of the batch. The module is called and
+    its output scaled by each token's row of the mask, which equals looking the tokens up in the
+    masked weight, so what wraps the module (transformers' NEFTune and enable_input_require_grads
+    hooks, a LoRA adapter) still runs."""
+    embedded = embed(tokens)
+    if not training or p == 0.0:
+        return embedded
+    # the vocabulary from the weight, which an adapter wrapping the module (PEFT) passes through
+    mask = embedded.new_empty(embed.weight.shape[0], 1).bernoulli_(1.0 - p) / (1.0 - p)
+    return embedded * F.embedding(tokens, mask)
 
 
 def weight_drop(p: float, training: bool) -> Optional[Callable[[int, Tensor], Tensor]]:
