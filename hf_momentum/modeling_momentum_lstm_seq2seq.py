@@ -47,7 +47,14 @@ from .modeling_momentum_lstm import (
     packed_run,
     where_real,
 )
-from .momentum_rnn_core import MomentumLSTM, RecurrentState, is_exporting, read_hyperparameters
+from .momentum_rnn_core import (
+    MomentumLSTM,
+    RecurrentState,
+    exports_a_symbolic,
+    is_exporting,
+    onnx_exporting,
+    read_hyperparameters,
+)
 from .packing import has_packing_kwargs
 from .recurrent_cache import StaticStateMixin
 from .saving import RemoteCodeMixin
@@ -346,44 +353,114 @@ class MomentumLSTMSeq2SeqDecoder(nn.Module):
         step = self._token_step
         if self.token_run.gradient_checkpointing and self.training:
             step = partial(self.token_run, run=self._token_step)
-        layer_count = self.config.num_hidden_layers
+        if self._scans_tokens(cache, length):
+            hidden, per_layer, weights = self._scanned_tokens(x, feed, source, encoder_real, real, state,
+                                                              output_hidden_states, output_attentions)
+        else:
+            hidden, per_layer, weights, state, feed = self._token_loop(step, x, feed, source, encoder_real,
+                                                                       real, state)
+        if cache is not None:
+            if length > 0:
+                cache.set_lstm_state(state, feed)
+            cache.advance(length)
+        if self.additional_fc is not None:
+            hidden = F.dropout(self.additional_fc(hidden), self.config.decoder_dropout_out, self.training)
+            if real is not None:
+                hidden = hidden * real[..., None].to(hidden.dtype)
+        hidden_states = (x, *per_layer, hidden) if output_hidden_states else None
+        attentions = (weights,) if output_attentions and self.config.attention else None
+        return hidden, hidden_states, attentions
+
+    def _scans_tokens(self, cache, length) -> bool:
+        """Whether the target tokens run as a scan (`_scanned_tokens`): under torch.export where the
+        target length may be symbolic, without a cache, on the stack itself (a wrapper, PEFT's LoRA,
+        passes only its module call through). Not under strict export with gradients enabled, where
+        torch's scan cannot form the backward of a step that reads the source's symbolic length (a
+        size saved for the backward, torch 2.13): the loop then fixes the target length, and
+        torch.no_grad() around the export gives the scan."""
+        if cache is not None or type(self.lstm) is not MomentumLSTMStack or not exports_a_symbolic(length):
+            return False
+        if onnx_exporting() and torch.is_grad_enabled():
+            raise ValueError("torch.onnx.export of the LSTM encoder-decoder with a dynamic target length: "
+                             "call it under torch.no_grad() (an ONNX graph has no gradients, and torch's "
+                             "ONNX decompositions cannot take the target tokens' scan with them)")
+        return not (torch.compiler.is_dynamo_compiling() and torch.is_grad_enabled())
+
+    def _token_loop(self, step, x, feed, source, encoder_real, real, state):
+        """`step` (`_token_step`, or its checkpointed run) token by token: (outputs (batch, length,
+        hidden), each layer's outputs, attention weights (batch, length, source length) or None, the
+        final state, the final fed-back output)."""
+        batch, length, layer_count = x.shape[0], x.shape[1], self.config.num_hidden_layers
         outs, layers, weights = [], [], []
         for t in range(length):
             out, feed, step_weights, *rest = step(x[:, t], feed, source, encoder_real,
                                                   None if real is None else real[:, t], *state)
             hiddens, state = rest[:layer_count], RecurrentState(*rest[layer_count:])
-            if self.config.attention:
-                weights.append(step_weights)
+            weights.append(step_weights)
             outs.append(out)
             layers.append(hiddens)
-        if cache is not None:
-            if length > 0:
-                cache.set_lstm_state(state, feed)
-            cache.advance(length)
-        hidden = torch.stack(outs, 1) if outs else x.new_zeros(batch, 0, self.config.hidden_size)
-        if self.additional_fc is not None:
-            hidden = F.dropout(self.additional_fc(hidden), self.config.decoder_dropout_out, self.training)
-            if real is not None:
-                hidden = hidden * real[..., None].to(hidden.dtype)
-        hidden_states = None
-        if output_hidden_states:
-            per_layer = [torch.stack([step[k] for step in layers], 1) if layers else
-                         x.new_zeros(batch, 0, self.config.hidden_size)
-                         for k in range(self.config.num_hidden_layers)]
-            hidden_states = (x, *per_layer, hidden)
-        attentions = None
-        if output_attentions and self.config.attention:
-            attentions = (torch.stack(weights, 1) if weights else x.new_zeros(batch, 0, source.shape[1]),)
-        return hidden, hidden_states, attentions
+        empty = lambda width: x.new_zeros(batch, 0, width)
+        stacked = lambda rows: torch.stack(rows, 1) if rows else empty(self.config.hidden_size)
+        per_layer = [stacked([hiddens[k] for hiddens in layers]) for k in range(layer_count)]
+        attended = None
+        if self.config.attention:
+            attended = torch.stack(weights, 1) if weights else empty(source.shape[1])
+        return stacked(outs), per_layer, attended, state, feed
 
-    def _token_step(self, x, feed, source, encoder_real, real, h, c, v, m, step):
+    def _scanned_tokens(self, x, feed, source, encoder_real, real, state, keep_layers, keep_weights):
+        """`_token_loop` as torch's scan of `_token_step` over the target tokens, for torch.export with
+        a symbolic target length, which a Python loop would fix: (outputs, each layer's outputs,
+        attention weights or None); each layer's outputs and the weights only where kept (a step's
+        output the scan does not need to stack). The scan carries the fed-back output and the state's
+        tensors.
+        The stack's step runs inside the scan without its module call, whose context managers
+        write to the module (torch's scan traces its body with dynamo, which refuses that): they are
+        entered once around the scan."""
+        from torch._higher_order_ops.scan import scan
+
+        layer_count = self.config.num_hidden_layers
+        stack_step = partial(self.lstm.step, all_layers=True)
+        with self.lstm.trusted_states():          # every part the steps carry, zero where fresh
+            state = self.lstm._state(state, x.shape[0], x, x.shape[1])
+        present = [i for i in range(4) if state[i] is not None]             # h, c, v, m
+        # each token's step count before it, an input of the step rather than a carry (torch's scan
+        # differentiates float carries only): padded tokens do not count
+        taken = torch.ones_like(x[..., 0], dtype=torch.long) if real is None else real.long()
+        before = state.step[:, None] + taken.cumsum(1) - taken
+
+        def token(carried, inputs):
+            fields = [None] * 4
+            for i, part in zip(present, carried[1:]):
+                fields[i] = part
+            x_t, count, *real_t = inputs
+            out, fed, weights, *rest = self._token_step(x_t, carried[0], source, encoder_real,
+                                                        real_t[0] if real_t else None, *fields, count,
+                                                        stack_step=stack_step)
+            # scan's outputs must not alias its carry (the fed-back output is the output)
+            ys = tuple(t.clone() for t in (out, *(rest[:layer_count] if keep_layers else ())))
+            ys += (weights,) if keep_weights and weights is not None else ()
+            return (fed, *(rest[layer_count + i] for i in present)), ys
+
+        xs = (x.transpose(0, 1), before.transpose(0, 1)) + (() if real is None else (real.transpose(0, 1),))
+        with self.lstm.weight_drop_masks(), self.lstm.trusted_states():
+            _, ys = scan(token, (feed, *(state[i] for i in present)), xs)
+        ys = [y.transpose(0, 1) for y in ys]
+        per_layer = ys[1:1 + layer_count] if keep_layers else []
+        return ys[0], per_layer, ys[-1] if keep_weights and self.config.attention else None
+
+    def _token_step(self, x, feed, source, encoder_real, real, h, c, v, m, step, stack_step=None):
         """One target token: the stack's step on [embedding x; fed-back output], the attention of its
         output to the encoder's outputs `source`, dropout; a padded token (`real` False) keeps the
         state and the fed-back output and gets zero outputs. Returns (output, next fed-back output,
         attention weights or None, each layer's output ..., the new state's fields h, c, v, m, step):
-        tensors in and out, positionally, as gradient checkpointing recomputes it."""
+        tensors in and out, positionally, as gradient checkpointing recomputes it. stack_step: the stack's
+        step called directly (`_scanned_tokens`); None: the stack's module call."""
         state = RecurrentState(h, c, v, m, step)
-        hiddens, new = self.lstm(torch.cat([x, feed], dim=-1), state, one_step=True, all_layers=True)
+        inputs = torch.cat([x, feed], dim=-1)
+        if stack_step is None:
+            hiddens, new = self.lstm(inputs, state, one_step=True, all_layers=True)
+        else:
+            hiddens, new = stack_step(inputs, state)
         out, weights = hiddens[-1], None
         if self.config.attention:
             out, weights = self.attention(out, source, encoder_real)

@@ -22,3 +22,21 @@ def exports_a_symbolic(size) -> bool:
     if not is_exporting():
         return False
     return not isinstance(size, int) or torch.compiler.is_dynamo_compiling()
+
+
+def onnx_exporting() -> bool:
+    """torch.onnx.export is tracing the call (its torch.export stage included). Its own flag too:
+    dynamo folds torch.onnx.is_in_onnx_export() to False, so in the exporter's strict capture
+    (its fallback) only the flag that function reads says so (torch 2.11–2.15)."""
+    if not is_exporting():
+        return False
+    return torch.onnx.is_in_onnx_export() or getattr(_exporter_flags(), "_is_onnx_exporting", False)
+
+
+def _exporter_flags():
+    """torch.onnx's private flags module (tests/test_attention_export.py checks it), or None."""
+    try:
+        from torch.onnx._internal.exporter import _flags
+    except ImportError:
+        return None
+    return _flags

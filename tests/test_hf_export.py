@@ -7,6 +7,7 @@ says."""
 import copy
 import random
 import re
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -227,14 +228,35 @@ class Seq2SeqLogits(torch.nn.Module):
                           decoder_input_ids=decoder_input_ids, use_cache=False).logits
 
 
-def padded_sources(g, rows, length, lengths, left):
-    """(source ids, target ids of 4 tokens, attention_mask) with `lengths` real tokens per row,
-    padded on the left or the right."""
+class Seq2SeqOutputs(torch.nn.Module):
+    """The logits, the decoder's hidden states and its cross-attention weights (where it has them) of a
+    padded batch of sources and of targets."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids, decoder_input_ids, attention_mask, decoder_attention_mask):
+        out = self.model(input_ids=input_ids, attention_mask=attention_mask,
+                         decoder_input_ids=decoder_input_ids, decoder_attention_mask=decoder_attention_mask,
+                         use_cache=False,
+                         output_hidden_states=True, output_attentions=True)
+        return (out.logits, *out.decoder_hidden_states, *(out.cross_attentions or ()))
+
+
+def padded_sources(g, rows, length, lengths, left, target_length=4):
+    """(source ids, target ids, attention_mask) with `lengths` real tokens per row, padded on the left
+    or the right."""
     mask = torch.zeros(rows, length, dtype=torch.long)
     for row, n in enumerate(lengths):
         mask[row, slice(length - n, None) if left else slice(n)] = 1
     source = torch.randint(3, 19, (rows, length), generator=g)
-    return source, torch.randint(3, 19, (rows, 4), generator=g), mask
+    return source, torch.randint(3, 19, (rows, target_length), generator=g), mask
+
+
+def seq2seq_dims():
+    """Dims of the batch, the source length and the target length."""
+    return Dim("batch", min=1, max=16), Dim("length", min=2, max=32), Dim("targets", min=2, max=32)
 
 
 def seq2seq_of(family):
@@ -249,23 +271,23 @@ def seq2seq_of(family):
 
 @pytest.mark.parametrize("family", ["transformer", "lstm", "bidirectional lstm"])
 def test_encoder_decoders_export_as_the_readme_says(family, make_generator):
-    """Both encoder-decoders export with a padded batch's attention_mask and a dynamic batch, the
-    LSTM's also with a dynamic source length: its encoder keeps each row's state at padded steps
-    (the layers' padding_mask), where eager packs the rows by lengths read on the host. Each program
-    equals eager at other shapes and paddings, on either side, and each row its source alone. The
-    one-direction LSTM's is exported strict (dynamo's capture)."""
+    """Both encoder-decoders export with a padded batch's attention_mask, a dynamic batch, source
+    length and target length. The LSTM encoder keeps each row's state at padded steps (the layers'
+    padding_mask), where eager packs the rows by lengths read on the host; its decoder runs its
+    tokens as a scan, where eager loops over them. Each program equals eager at other shapes and
+    paddings, on either side, and each row its source alone. The one-direction LSTM's is exported
+    strict (dynamo's capture), which takes its dynamic target length under torch.no_grad() (the
+    README says why)."""
     model, case = seq2seq_of(family)
     g = make_generator()
-    rows, length = Dim("batch", min=1, max=16), Dim("length", min=2, max=32)
+    rows, length, targets = seq2seq_dims()
     traced = padded_sources(g, 2, 7, [7, 5], left=False)
-    if family == "transformer":
-        program = export(Seq2SeqLogits(model), traced, dynamic_shapes=({0: rows}, {0: rows}, {0: rows}))
-        others = [padded_sources(g, 3, 7, [7, 3, 6], left=False)]
-    else:
+    with torch.set_grad_enabled(family != "lstm"):
         program = export(Seq2SeqLogits(model), traced, strict=family == "lstm",
-                         dynamic_shapes=({0: rows, 1: length}, {0: rows}, {0: rows, 1: length}))
-        others = [padded_sources(g, 1, 2, [2], left=False), padded_sources(g, 3, 11, [11, 1, 6], left=False),
-                  padded_sources(g, 4, 30, [9, 30, 2, 17], left=True)]
+                         dynamic_shapes=({0: rows, 1: length}, {0: rows, 1: targets}, {0: rows, 1: length}))
+    others = [padded_sources(g, 1, 2, [2], left=False, target_length=2),
+              padded_sources(g, 3, 11, [11, 1, 6], left=False, target_length=9),
+              padded_sources(g, 4, 30, [9, 30, 2, 17], left=True)]
     for inputs in others:
         with torch.no_grad():
             got = program.module()(*inputs)
@@ -276,20 +298,51 @@ def test_encoder_decoders_export_as_the_readme_says(family, make_generator):
                 assert_close(got[row:row + 1], alone, case, f"exported row {row} alone")
 
 
+@pytest.mark.parametrize("family", ["lstm", "bidirectional lstm"])
+def test_lstm_decoder_exports_its_hidden_states_and_attention_over_padded_targets(family, make_generator):
+    """The LSTM decoder's scan over a dynamic target length also gives each layer's outputs and the
+    cross-attention weights, and keeps its state at padded target tokens, as eager's loop does."""
+    model, case = seq2seq_of(family)
+    g = make_generator()
+    rows, length, targets = seq2seq_dims()
+    source, target, mask = padded_sources(g, 2, 7, [7, 5], left=False)
+    program = export(Seq2SeqOutputs(model), (source, target, mask, torch.ones_like(target)),
+                     dynamic_shapes=({0: rows, 1: length}, {0: rows, 1: targets}, {0: rows, 1: length},
+                                     {0: rows, 1: targets}))
+    source, target, mask = padded_sources(g, 3, 10, [10, 4, 7], left=True, target_length=8)
+    target_mask = torch.ones_like(target)
+    target_mask[1, 5:] = 0
+    target_mask[2, 2:] = 0
+    with torch.no_grad():
+        got, want = program.module()(source, target, mask, target_mask), Seq2SeqOutputs(model)(
+            source, target, mask, target_mask)
+    assert len(got) == len(want) == 1 + (2 + model.config.num_hidden_layers) + model.config.attention
+    for i, (a, b) in enumerate(zip(got, want)):
+        assert_close(a, b, case, f"output {i}")
+
+
 def test_lstm_encoder_decoder_with_a_padded_batch_runs_in_onnxruntime_as_eager(make_generator, tmp_path):
     """torch.onnx.export(dynamo=True) of the bidirectional LSTM encoder-decoder with a padded batch
-    and a dynamic batch and source length: the encoder's scans of kept states become ONNX Scans, and
-    onnxruntime's logits equal eager's (float32) at other shapes and paddings."""
+    and a dynamic batch, source and target length: the encoder's scans of kept states and the
+    decoder's scan of its tokens become ONNX Scans, and onnxruntime's logits equal eager's (float32)
+    at other shapes and paddings. With gradients enabled the export is refused by name (torch's ONNX
+    decompositions cannot take the decoder's scan with them)."""
     pytest.importorskip("onnxruntime")
     pytest.importorskip("onnxscript")
     model = seq2seq_of("bidirectional lstm")[0].float()
     g = make_generator()
-    rows, length = Dim("batch", min=1, max=16), Dim("length", min=2, max=32)
-    program = torch.onnx.export(Seq2SeqLogits(model), padded_sources(g, 2, 7, [7, 5], left=False),
-                                dynamic_shapes=({0: rows, 1: length}, {0: rows}, {0: rows, 1: length}),
-                                dynamo=True, verbose=False)
+    rows, length, targets = seq2seq_dims()
+    traced = padded_sources(g, 2, 7, [7, 5], left=False)
+    export_onnx = partial(torch.onnx.export, Seq2SeqLogits(model), traced,
+                          dynamic_shapes=({0: rows, 1: length}, {0: rows, 1: targets}, {0: rows, 1: length}),
+                          dynamo=True, verbose=False)
+    with pytest.raises(Exception, match=r"dynamic target length: call it under torch.no_grad\(\)"):
+        export_onnx()
+    with torch.no_grad():
+        program = export_onnx()
     run = onnxruntime_function(program, tmp_path)
-    others = padded_sources(g, 3, 11, [11, 1, 6], left=False), padded_sources(g, 2, 9, [4, 9], left=True)
+    others = (padded_sources(g, 3, 11, [11, 1, 6], left=False, target_length=6),
+              padded_sources(g, 2, 9, [4, 9], left=True, target_length=3))
     for inputs in others:
         with torch.no_grad():
             torch.testing.assert_close(run(*inputs), Seq2SeqLogits(model)(*inputs), rtol=1e-4, atol=1e-5)

@@ -8,7 +8,7 @@ from typing import Optional
 
 import torch
 
-from ..exporting import is_exporting
+from ..exporting import onnx_exporting
 from .rule import MomentumRule
 
 _FAILED = {}      # the import error of plugins.attention.triton, once "auto" has met it
@@ -67,24 +67,6 @@ def triton_kernels() -> ModuleType:
         raise ValueError("backend='triton' needs plugins.attention.triton, which does not import here "
                          f"({error}); use backend='torch' or 'auto'") from error
     return kernels
-
-
-def onnx_exporting() -> bool:
-    """torch.onnx.export is tracing the call (its torch.export stage included). Its own flag too:
-    dynamo folds torch.onnx.is_in_onnx_export() to False, so in the exporter's strict capture
-    (its fallback) only the flag that function reads says so (torch 2.11–2.15)."""
-    if not is_exporting():
-        return False
-    return torch.onnx.is_in_onnx_export() or getattr(_exporter_flags(), "_is_onnx_exporting", False)
-
-
-def _exporter_flags():
-    """torch.onnx's private flags module (tests/test_attention_export.py checks it), or None."""
-    try:
-        from torch.onnx._internal.exporter import _flags
-    except ImportError:
-        return None
-    return _flags
 
 
 def _available() -> bool:
