@@ -56,7 +56,7 @@ def random_state(layer, gen, count):
     """Initial state of `count` segments: every field the cell carries, and start steps."""
     variant = VARIANTS[layer.cell]
     n = (4 if isinstance(layer, MomentumLSTM) else 1) * H
-    shape = (layer.num_layers, count)
+    shape = (layer.num_layers * layer.directions, count)
     rnd = lambda k: torch.randn(shape + (k,), generator=gen, dtype=torch.float64).requires_grad_()
     return RecurrentState(
         rnd(H), rnd(H) if isinstance(layer, MomentumLSTM) else None,
@@ -121,15 +121,16 @@ def loss(out, final, weights):
     return total
 
 
-def assert_same_run(layer, x, cu, state, gen):
-    """Packed ≡ alone: outputs, final states, gradients of input, weights, initial states."""
-    out, final = packed(layer, x, cu, state)
-    ref_out, ref_final = alone(layer, x, cu, state)
+def assert_same_results(layer, x, state, got, want, gen, grad_rtol=0.0):
+    """Two runs' (outputs, final state) `got` and `want` of `layer` on input x from `state` agree:
+    outputs, final states, and the gradients of a random loss over both with respect to the input, the
+    weights and the initial state."""
+    (out, final), (ref_out, ref_final) = got, want
     torch.testing.assert_close(out, ref_out, atol=TOL, rtol=0)
-    for name, got, want in zip(RecurrentState._fields, final, ref_final):
-        assert (got is None) == (want is None), name
-        if got is not None:
-            torch.testing.assert_close(got, want, atol=TOL, rtol=0, msg=f"final state.{name}")
+    for name, a, b in zip(RecurrentState._fields, final, ref_final):
+        assert (a is None) == (b is None), name
+        if a is not None:
+            torch.testing.assert_close(a, b, atol=TOL, rtol=0, msg=f"final state.{name}")
     weights = loss_weights(gen, out, final)
     inputs = [x, *layer.parameters()]
     if state is not None:
@@ -139,7 +140,13 @@ def assert_same_run(layer, x, cu, state, gen):
     for i, (g, r) in enumerate(zip(grads, ref_grads)):
         g = torch.zeros_like(inputs[i]) if g is None else g
         r = torch.zeros_like(inputs[i]) if r is None else r
-        torch.testing.assert_close(g, r, atol=TOL, rtol=0, msg=f"gradient of input {i}")
+        torch.testing.assert_close(g, r, atol=TOL, rtol=grad_rtol,
+                                   msg=lambda message: f"gradient of input {i}: {message}")
+
+
+def assert_same_run(layer, x, cu, state, gen):
+    """Packed ≡ alone: outputs, final states, gradients of input, weights, initial states."""
+    assert_same_results(layer, x, state, packed(layer, x, cu, state), alone(layer, x, cu, state), gen)
 
 
 @pytest.mark.parametrize("batch_first", [False, True])

@@ -6,12 +6,11 @@ weights and the initial state — in float64, with padding on the left, on the r
 a row of padding only; bad masks are refused by name."""
 import pytest
 import torch
-from test_rnn_packed import CASES, D, H, case_id, loss, loss_weights, make, segment_state
+from test_rnn_packed import CASES, D, H, assert_same_results, case_id, make, random_state, segment_state
 from torch.nn.utils.rnn import pack_sequence
 
-from plugins.rnn import VARIANTS, MomentumLSTM, OrthogonalMomentumRNN, RecurrentState
+from plugins.rnn import MomentumLSTM, OrthogonalMomentumRNN, RecurrentState
 
-TOL = 1e-10
 RTOL = 1e-12  # RMSProp's gradients reach 1e3 (eps = 1e-6 under √m): float64 rounding then passes TOL
 LENGTH = 9
 # OrthogonalMomentumRNN has one direction
@@ -28,20 +27,6 @@ def masks(gen):
     real[2, 3] = True
     real[3] = True
     return real
-
-
-def initial_state(layer, gen, batch):
-    """Every field the cell carries, for each layer and direction, and start steps."""
-    variant = VARIANTS[layer.cell]
-    width = (4 if isinstance(layer, MomentumLSTM) else 1) * H
-    shape = (layer.num_layers * layer.directions, batch)
-    rnd = lambda k: torch.randn(shape + (k,), generator=gen, dtype=torch.float64).requires_grad_()
-    return RecurrentState(
-        rnd(H), rnd(H) if isinstance(layer, MomentumLSTM) else None,
-        rnd(width) if variant.has_v else None,
-        torch.rand(shape + (width,), generator=gen, dtype=torch.float64).requires_grad_()
-        if variant.has_m else None,
-        torch.randint(0, 8, (batch,), generator=gen))
 
 
 def rows_alone(layer, x, real, state):
@@ -78,25 +63,10 @@ def test_padded_rows_equal_each_row_alone(case, batch_first, make_generator):
     layer = make(cls, cell, gen, batch_first=batch_first, **options)
     real = masks(gen)
     x = torch.randn(real.shape + (D,), generator=gen, dtype=torch.float64, requires_grad=True)
-    for state in (initial_state(layer, gen, real.shape[0]), None):
-        out, final = masked(layer, x, real, state)
-        ref_out, ref_final = rows_alone(layer, x, real, state)
-        torch.testing.assert_close(out, ref_out, atol=TOL, rtol=0)
-        assert not out[~real].any(), "outputs at padding are zero"
-        for name, got, want in zip(RecurrentState._fields, final, ref_final):
-            assert (got is None) == (want is None), name
-            if got is not None:
-                torch.testing.assert_close(got, want, atol=TOL, rtol=0, msg=f"final state.{name}")
-        weights = loss_weights(gen, out, final)
-        inputs = [x, *layer.parameters()]
-        if state is not None:
-            inputs += [t for t in state if t is not None and t.requires_grad]
-        grads = torch.autograd.grad(loss(out, final, weights), inputs, allow_unused=True)
-        ref_grads = torch.autograd.grad(loss(ref_out, ref_final, weights), inputs, allow_unused=True)
-        for i, (g, r) in enumerate(zip(grads, ref_grads)):
-            g = torch.zeros_like(inputs[i]) if g is None else g
-            r = torch.zeros_like(inputs[i]) if r is None else r
-            torch.testing.assert_close(g, r, atol=TOL, rtol=RTOL, msg=lambda m: f"gradient of input {i}: {m}")
+    for state in (random_state(layer, gen, real.shape[0]), None):
+        got = masked(layer, x, real, state)
+        assert not got[0][~real].any(), "outputs at padding are zero"
+        assert_same_results(layer, x, state, got, rows_alone(layer, x, real, state), gen, grad_rtol=RTOL)
 
 
 @pytest.mark.parametrize("cell", ["momentum", "adam"])
