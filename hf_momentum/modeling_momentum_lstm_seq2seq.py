@@ -50,6 +50,7 @@ from .modeling_momentum_lstm import (
 from .momentum_rnn_core import (
     MomentumLSTM,
     RecurrentState,
+    exported_scan,
     exports_a_symbolic,
     is_exporting,
     onnx_exporting,
@@ -416,8 +417,6 @@ class MomentumLSTMSeq2SeqDecoder(nn.Module):
         The stack's step runs inside the scan without its module call, whose context managers
         write to the module (torch's scan traces its body with dynamo, which refuses that): they are
         entered once around the scan."""
-        from torch._higher_order_ops.scan import scan
-
         layer_count = self.config.num_hidden_layers
         stack_step = partial(self.lstm.step, all_layers=True)
         with self.lstm.trusted_states():          # every part the steps carry, zero where fresh
@@ -443,7 +442,7 @@ class MomentumLSTMSeq2SeqDecoder(nn.Module):
 
         xs = (x.transpose(0, 1), before.transpose(0, 1)) + (() if real is None else (real.transpose(0, 1),))
         with self.lstm.weight_drop_masks(), self.lstm.trusted_states():
-            _, ys = scan(token, (feed, *(state[i] for i in present)), xs)
+            _, ys = exported_scan(token, (feed, *(state[i] for i in present)), xs)
         ys = [y.transpose(0, 1) for y in ys]
         per_layer = ys[1:1 + layer_count] if keep_layers else []
         return ys[0], per_layer, ys[-1] if keep_weights and self.config.attention else None

@@ -3,7 +3,7 @@
 Same mechanism as `momentum_core`: in the package this re-exports `plugins.rnn`; a saved model
 gets the generated, self-contained copy that `bundled_source()` returns.
 """
-from plugins.exporting import exports_a_symbolic, is_exporting, onnx_exporting
+from plugins.exporting import exported_scan, exports_a_symbolic, is_exporting, onnx_exporting
 from plugins.packing import Segments, front_order
 from plugins.rnn import MomentumLSTM, RecurrentState
 from plugins.rnn.awd import drawn_weight_drop, embedding_dropout, segment_ids, sequence_dropout, weight_drop
@@ -20,7 +20,7 @@ BUNDLED_MODULES = ("plugins.rnn.layers", "plugins.rnn.variants", "plugins.packin
 EXPORTS = ("MomentumLSTM", "RecurrentState", "DEFAULT_CELL", "DEFAULTS", "check_hyper",
            "read_hyperparameters", "unread_hyperparameters", "Segments", "front_order", "embedding_dropout",
            "segment_ids", "sequence_dropout", "weight_drop", "drawn_weight_drop", "pad_packed",
-           "is_exporting", "exports_a_symbolic", "onnx_exporting")
+           "is_exporting", "exports_a_symbolic", "onnx_exporting", "exported_scan")
 
 
 def bundled_source() -> str:

@@ -40,3 +40,25 @@ def _exporter_flags():
     except ImportError:
         return None
     return _flags
+
+
+def exported_scan(step, init, xs):
+    """torch's `scan(step, init, xs)` (`torch._higher_order_ops.scan`) in a traced graph. Before a
+    non-strict export traces it, torch's compiled entry of every scan (`run_flattened_scan`, one code
+    object) is dropped: torch keeps it from the last scan it traced, guarded on that trace's sizes,
+    and an export of a symbolic length after one of a fixed length reused the fixed one (torch.export
+    refused the length, "Constraints violated"; torch.onnx.export gave a fixed-length model; torch
+    2.11-2.15, a module of plain torch does it too)."""
+    import sys
+    import types
+
+    from torch._higher_order_ops.scan import scan
+
+    if is_exporting() and not torch.compiler.is_dynamo_compiling():
+        from torch._dynamo.eval_frame import reset_code
+
+        module = sys.modules["torch._higher_order_ops.scan"]
+        for code in module.scan.__code__.co_consts:
+            if isinstance(code, types.CodeType) and code.co_name == "run_flattened_scan":
+                reset_code(code)
+    return scan(step, init, xs)

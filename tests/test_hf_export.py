@@ -321,6 +321,50 @@ def test_lstm_decoder_exports_its_hidden_states_and_attention_over_padded_target
         assert_close(a, b, case, f"output {i}")
 
 
+class PlainScan(torch.nn.Module):
+    """A module of plain torch that scans its padded steps, for torch's own behaviour."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Linear(3, 3)
+
+    def forward(self, x, real):
+        from torch._higher_order_ops.scan import scan
+
+        def step(h, inputs):
+            new = torch.tanh(self.w(inputs[0]) + h)
+            return torch.where(inputs[1][:, None], new, h), new.clone()
+        return scan(step, x.new_zeros(x.shape[0], 3), (x.transpose(0, 1), real.transpose(0, 1)))[1]
+
+
+def test_torch_fixes_a_later_scans_length_after_a_fixed_one():
+    """Why plugins.exporting.exported_scan drops torch's compiled scan entry: after an export of a
+    fixed length that traced a scan, torch fixes the length of the next export's scan. If torch
+    stops doing so, the workaround and the README's note on it go."""
+    x, real = torch.randn(2, 4, 3), torch.ones(2, 4, dtype=torch.bool)
+    rows, length = Dim("batch", min=1, max=16), Dim("length", min=2, max=32)
+    torch._dynamo.reset_code_caches()           # whatever scans this worker traced before
+    export(PlainScan(), (x, real), dynamic_shapes=({0: rows}, {0: rows}))
+    with pytest.raises(Exception, match="Constraints violated"):
+        export(PlainScan(), (x, real), dynamic_shapes=({0: rows, 1: length}, {0: rows, 1: length}))
+
+
+def test_an_export_of_a_dynamic_length_after_a_fixed_one_keeps_it_dynamic(make_generator):
+    """The LSTM encoder-decoder exported with a fixed length (its encoder's masked scan traced), then
+    with dynamic lengths in the same process: the second program takes other lengths and equals eager
+    (torch had reused the first scan's fixed length, exported_scan drops it)."""
+    model, case = seq2seq_of("bidirectional lstm")
+    g = make_generator()
+    rows, length, targets = seq2seq_dims()
+    traced = padded_sources(g, 2, 7, [7, 5], left=False)
+    export(Seq2SeqLogits(model), traced, dynamic_shapes=({0: rows}, {0: rows}, {0: rows}))
+    program = export(Seq2SeqLogits(model), traced,
+                     dynamic_shapes=({0: rows, 1: length}, {0: rows, 1: targets}, {0: rows, 1: length}))
+    inputs = padded_sources(g, 3, 11, [11, 1, 6], left=True, target_length=9)
+    with torch.no_grad():
+        assert_close(program.module()(*inputs), Seq2SeqLogits(model)(*inputs), case, "second export")
+
+
 def test_lstm_encoder_decoder_with_a_padded_batch_runs_in_onnxruntime_as_eager(make_generator, tmp_path):
     """torch.onnx.export(dynamo=True) of the bidirectional LSTM encoder-decoder with a padded batch
     and a dynamic batch, source and target length: the encoder's scans of kept states and the

@@ -9,7 +9,7 @@ from typing import Optional, Union
 
 import torch
 
-from ..exporting import exports_a_symbolic
+from ..exporting import exported_scan, exports_a_symbolic
 
 SCAN_BLOCK = 16
 
@@ -133,8 +133,6 @@ def _exported_entering(local: torch.Tensor, decay: float, start: torch.Tensor) -
         ahead = torch.cat([local.new_zeros(*local.shape[:2], 1, *local.shape[3:]), local], 2)
         shifted = ahead.index_select(2, torch.arange(local.shape[2], device=local.device))
         return shifted.cumsum(2) + start
-    from torch._higher_order_ops.scan import scan
-
     first = torch.broadcast_to(start, (*local.shape[:2], 1, *local.shape[3:]))[:, :, 0].contiguous()
     # a tensor: torch 2.15 runs an eager scan through dynamo, which refuses a float it closes over
     gain = torch.full((), decay, dtype=local.dtype, device=local.device)
@@ -143,4 +141,4 @@ def _exported_entering(local: torch.Tensor, decay: float, start: torch.Tensor) -
         # the scan's output may not alias its carry
         return gain * state + gained, state.clone()
 
-    return scan(chunk, first, local.movedim(2, 0))[1].movedim(0, 2)
+    return exported_scan(chunk, first, local.movedim(2, 0))[1].movedim(0, 2)

@@ -15,7 +15,7 @@ import torch
 from torch import Tensor
 from torch.nn.utils import parametrize
 
-from ..exporting import exports_a_symbolic, is_exporting
+from ..exporting import exported_scan, exports_a_symbolic, is_exporting
 
 
 def exports_a_length(input, batch_first: bool) -> bool:
@@ -83,8 +83,6 @@ def _scan_layer(layers, k, g, first, counts, real, hyper):
     real (T, B) bool or None: a row's padded step keeps its carry and outputs zeros.
     The scan carries (B, ·) tensors only: ONNX's conversion of a scan whose carry is sliced
     inside the step fails (torch 2.13), and None is not a tensor."""
-    from torch._higher_order_ops.scan import scan
-
     present = [i for i, part in enumerate(first) if part is not None]
 
     def parts(carried):
@@ -108,7 +106,7 @@ def _scan_layer(layers, k, g, first, counts, real, hyper):
     step, xs = (one_step, (g, counts)) if real is None else (masked_step, (g, counts, real))
     # in eager torch's scan compiles its step (dynamo); a loop of the same step needs no compiler
     traced = is_exporting() or torch.compiler.is_compiling()
-    final, out = (scan if traced else _loop)(step, tuple(first[i] for i in present), xs)
+    final, out = (exported_scan if traced else _loop)(step, tuple(first[i] for i in present), xs)
     return tuple(parts(final)), out
 
 
