@@ -62,12 +62,14 @@ def resolve_flag(value, config, name: str) -> bool:
     return False if value is None else check_bool(value, name)
 
 
-def warn_no_attention_weights(model, output_attentions, what: str) -> None:
+def warn_no_attention_weights(model, output_attentions, what) -> None:
     """`output_attentions=True` (argument or config) asks for attention matrices that the model
-    never forms (`what` says why): say so once per model instead of returning nothing silently."""
+    never forms (`what` says why, or is a function that says it, called only to warn): say so once
+    per model instead of returning nothing silently."""
     if resolve_flag(output_attentions, model.config, "output_attentions") and \
             not getattr(model, "_warned_no_attention_weights", False):
         model._warned_no_attention_weights = True
+        what = what() if callable(what) else what
         warnings.warn(f"output_attentions=True is ignored: no attention matrix is formed ({what}), so "
                       "`attentions` is None", UserWarning, stacklevel=3)
 

@@ -246,7 +246,7 @@ class MomentumLSTMSeq2SeqEncoder(nn.Module):
         """`_stack` without reading the lengths: each padded step keeps its row's state (the
         layers' `padding_mask`, a scan of the cells' steps), so every row, each direction too, gets
         its real tokens' outputs and final state alone. Zero outputs at padding."""
-        outputs, state = self.lstm(x, padding_mask=mask.to(torch.bool), all_layers=True)
+        outputs, state = self.lstm(x, padding_mask=mask, all_layers=True)
         return (*outputs, state.h, state.c)
 
     def _per_row(self, final: torch.Tensor, batch: int) -> torch.Tensor:

@@ -275,7 +275,7 @@ class MomentumTransformerModel(MomentumTransformerPreTrainedModel):
             inputs_embeds = self.embed_tokens(input_ids)
         batch, length = inputs_embeds.shape[:2]
         output_hidden_states = resolve_flag(output_hidden_states, self.config, "output_hidden_states")
-        warn_no_attention_weights(self, output_attentions, self._attention_without_matrices())
+        warn_no_attention_weights(self, output_attentions, self._attention_without_matrices)
         if self.context_parallel_group is not None:
             if use_cache or given is not None:
                 raise ValueError(f"use_cache / {CACHE_NAME}: context parallelism runs without a cache")

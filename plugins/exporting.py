@@ -49,7 +49,6 @@ def exported_scan(step, init, xs):
     and an export of a symbolic length after one of a fixed length reused the fixed one (torch.export
     refused the length, "Constraints violated"; torch.onnx.export gave a fixed-length model; torch
     2.11-2.15, a module of plain torch does it too)."""
-    import sys
     import types
 
     from torch._higher_order_ops.scan import scan
@@ -57,8 +56,7 @@ def exported_scan(step, init, xs):
     if is_exporting() and not torch.compiler.is_dynamo_compiling():
         from torch._dynamo.eval_frame import reset_code
 
-        module = sys.modules["torch._higher_order_ops.scan"]
-        for code in module.scan.__code__.co_consts:
+        for code in scan.__code__.co_consts:
             if isinstance(code, types.CodeType) and code.co_name == "run_flattened_scan":
                 reset_code(code)
     return scan(step, init, xs)

@@ -91,19 +91,16 @@ def _scan_layer(layers, k, g, first, counts, real, hyper):
             fields[i] = part
         return fields
 
-    def one_step(carried, inputs):
-        g_t, count = inputs
+    def step(carried, inputs):
+        g_t, count, *real_t = inputs
         new = layers._layer_step(k, g_t, *parts(carried), count, hyper)
-        # scan's outputs must not alias its carry (h is both)
-        return tuple(new[i] for i in present), new[0].clone()
+        if not real_t:
+            # scan's outputs must not alias its carry (h is both)
+            return tuple(new[i] for i in present), new[0].clone()
+        kept = tuple(torch.where(real_t[0][:, None], new[i], old) for i, old in zip(present, carried))
+        return kept, torch.where(real_t[0][:, None], new[0], 0)
 
-    def masked_step(carried, inputs):
-        g_t, count, real_t = inputs
-        new = layers._layer_step(k, g_t, *parts(carried), count, hyper)
-        kept = tuple(torch.where(real_t[:, None], new[i], old) for i, old in zip(present, carried))
-        return kept, torch.where(real_t[:, None], new[0], 0)
-
-    step, xs = (one_step, (g, counts)) if real is None else (masked_step, (g, counts, real))
+    xs = (g, counts) if real is None else (g, counts, real)
     # in eager torch's scan compiles its step (dynamo); a loop of the same step needs no compiler
     traced = is_exporting() or torch.compiler.is_compiling()
     final, out = (exported_scan if traced else _loop)(step, tuple(first[i] for i in present), xs)
