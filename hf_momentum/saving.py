@@ -31,6 +31,9 @@ from pathlib import Path
 
 from huggingface_hub import HfApi, ModelCard, ModelCardData
 from transformers.dynamic_module_utils import get_relative_import_files
+from transformers.utils import logging
+
+logger = logging.get_logger(__name__)
 
 CITATIONS = {
     "momentum_transformer": """@inproceedings{nguyen2022momentumtransformer,
@@ -80,6 +83,7 @@ class RemoteCodeMixin:
         (check_cell_travels)."""
         if not allow_registered_cell:
             check_cell_travels(self.config)
+        keep_held_ties_in_config(self)
         repo_id = kwargs.pop("repo_id", None)
         token = kwargs.pop("token", None)
         self.config.auto_map = dict(self.auto_map)
@@ -107,6 +111,26 @@ class RemoteCodeMixin:
             return upload(folder, repo_id, token=token, private=private, commit_message=commit_message,
                           commit_description=commit_description, revision=revision, create_pr=create_pr,
                           **kwargs)
+
+
+def keep_held_ties_in_config(model) -> None:
+    """Sets `config.tie_word_embeddings` back to True where the model was built tied and its LM head
+    still is the embedding it was tied to. peft's `merge_and_unload` (0.21, 0.22) sets it to False when
+    `get_input_embeddings()` is not the head's weight, which in an encoder-decoder with two
+    vocabularies is the encoder's embedding while the head is the decoder's. transformers' save
+    then leaves out the head as a known copy (the ties read at construction), and the load builds
+    an untied head, with a bias in these families, that the file lacks: another model, silently."""
+    if getattr(model.config, "tie_word_embeddings", True):
+        return
+    ties = getattr(model, "all_tied_weights_keys", None) or {}
+    weights = dict(model.named_parameters(remove_duplicate=False))
+    held = [target for target, source in ties.items()
+            if weights.get(target) is not None and weights.get(target) is weights.get(source)]
+    if held and len(held) == len(ties):
+        logger.warning(f"config.tie_word_embeddings is False, but {', '.join(sorted(held))} still "
+                       "is the embedding it was tied to (peft's merge_and_unload sets the flag so): saved "
+                       "as tied, as the model is")
+        model.config.tie_word_embeddings = True
 
 
 def check_cell_travels(config) -> None:
