@@ -169,13 +169,13 @@ class MomentumLSTMStack(MomentumLSTM):
             drawn if drawn is not None else weight_drop(self.weight_drop, self.training))
 
     @contextlib.contextmanager
-    def drawn_weight_drop_masks(self):
-        """Within the block, this stack's weight-drop masks are the ones drawn on entry, which its
-        forward applies to the matrices it then holds: a stack above draws every layer's mask before
-        any layer runs, while a wrapper around this one (PEFT's ParamWrapper) puts its adapted
-        weights in place only inside its own forward."""
+    def drawn_weight_drop_masks(self, device: torch.device):
+        """Within the block, this stack's weight-drop masks are the ones drawn on entry (on `device`),
+        which its forward applies to the matrices it then holds: a stack above draws every layer's
+        mask before any layer runs, while a wrapper around this one (PEFT's ParamWrapper, or
+        accelerate's offload hook) puts its weights in place only inside its own forward."""
         weights = [self.layer_parameters(k)[1] for k in range(self.num_layers * self.directions)]
-        self._drawn_weight_drop = drawn_weight_drop(self.weight_drop, self.training, weights)
+        self._drawn_weight_drop = drawn_weight_drop(self.weight_drop, self.training, weights, device)
         try:
             yield
         finally:
@@ -219,7 +219,7 @@ class MomentumLSTMStackWithTop(MomentumLSTMStack):
         # forward applies its own, so that an adapter wrapped around top has its weights in place
         masks = contextlib.ExitStack()
         masks.enter_context(super().weight_drop_masks())
-        masks.enter_context(self._top().drawn_weight_drop_masks())
+        masks.enter_context(self._top().drawn_weight_drop_masks(self.layer_parameters(0)[1].device))
         return masks
 
     def _top(self) -> MomentumLSTMStack:

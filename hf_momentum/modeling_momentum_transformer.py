@@ -305,9 +305,14 @@ class MomentumTransformerModel(MomentumTransformerPreTrainedModel):
             segments = Segments.from_padding_mask(padding_mask, batch, length)
         else:
             segments = described
-        hidden, all_hidden, _ = self.layers(hidden, segments=segments, final=self.norm,
-                                            output_hidden_states=output_hidden_states, past_key_values=cache,
+        # the final norm is applied here, not handed to the stack: accelerate's hook on `layers` moves
+        # its arguments to the stack's device, an offloaded norm's weights included
+        hidden, all_hidden, _ = self.layers(hidden, segments=segments, past_key_values=cache,
+                                            output_hidden_states=output_hidden_states,
                                             encoder_states=encoder_states)
+        hidden = self.norm(hidden)
+        if all_hidden is not None:
+            all_hidden = (*all_hidden[:-1], hidden)
         if cache is not None:
             cache.advance(length, padding_mask)
         out = output_with_cache(BaseModelOutputWithPast, cache, last_hidden_state=hidden,

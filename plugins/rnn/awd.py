@@ -84,13 +84,16 @@ def weight_drop(p: float, training: bool) -> Optional[Callable[[int, Tensor], Te
     return lambda k, weight_hh: F.dropout(weight_hh, p, True)
 
 
-def drawn_weight_drop(p: float, training: bool,
-                      weights: List[Tensor]) -> Optional[Callable[[int, Tensor], Tensor]]:
+def drawn_weight_drop(p: float, training: bool, weights: List[Tensor],
+                      device: Optional[torch.device] = None) -> Optional[Callable[[int, Tensor], Tensor]]:
     """`weight_drop` with its masks drawn now, from `weights`' shapes, and applied by the returned
     `recurrent_weight` later, to whatever matrix the layer then holds (an adapter's W + BA that a
     wrapper puts in place for its forward only). Each mask is dropout of ones: the same draws from the
-    generator as `weight_drop`'s on the same matrices, and the same products."""
+    generator as `weight_drop`'s on the same matrices, and the same products. `device` (default: the
+    weights'): where the layer will run, when its weights are not there yet (accelerate's offload
+    brings them in its forward only)."""
     if not training or p == 0.0:
         return None
-    masks = [F.dropout(torch.ones_like(w), p, True) for w in weights]
+    masks = [F.dropout(torch.ones(w.shape, dtype=w.dtype, device=device or w.device), p, True)
+             for w in weights]
     return lambda k, weight_hh: weight_hh * masks[k]
