@@ -157,7 +157,14 @@ def padding_mask_function(batch_size: int, q_length: int, kv_length: int, q_offs
     are not padding, or None without an attention_mask and unfilled slots. For causal masks,
     cache slots after the newest query (a StaticCache's unfilled tail) are marked absent too.
     Causality itself is applied by the kernel, not by the mask. Whether the mask marks every key
-    real is not read here: the `Segments` built from it reads that once."""
+    real is not read here: the `Segments` built from it reads that once. A cache that has dropped
+    its first keys (kv_offset > 0) is refused."""
+    if isinstance(kv_offset, int) and kv_offset > 0:
+        raise ValueError(
+            f"the KV cache has dropped the keys before position {kv_offset} (a sliding-window or chunked "
+            "layer's cache once the sequence passes its window): momentum / linear attention needs every key "
+            "of the sequence. Keep prompt and generated tokens within the window, or use a config without "
+            "sliding-window layers (e.g. sliding_window=None)")
     mask = None
     if attention_mask is not None:
         mask = attention_mask.to(device=device, dtype=torch.bool)
@@ -222,6 +229,7 @@ def _forward(module, query, key, value, attention_mask, is_causal, beta, gamma, 
     q_len, kv_len = query.shape[2], key.shape[2]
     spec = AttentionSpec(momentum=beta, step_size=gamma, causal=bool(is_causal), feature_map=phi)
     segments = _segments(module, is_causal, query, q_len, kv_len, mask, kwargs)
+    _refuse_a_window_that_bites(module, kwargs.get("sliding_window"), kv_len, segments)
     if segments.packed:
         return attend(query, key, value, spec, segments=segments).transpose(1, 2).contiguous(), None
     rows = None
@@ -235,6 +243,25 @@ def _forward(module, query, key, value, attention_mask, is_causal, beta, gamma, 
     if rows is not None:
         out = out.gather(2, _expand(rows, out))
     return out.transpose(1, 2).contiguous(), None
+
+
+def _refuse_a_window_that_bites(module, window, kv_len: int, segments: Segments) -> None:
+    """A sliding-window layer (Mistral's, Gemma 2's sliding layers, ModernBERT's local ones; the
+    `sliding_window` transformers hands its attention) drops the keys `window` or more positions
+    from a query, which momentum attention, a state over every key, has no form of. Where no
+    sequence reaches that far, the window drops nothing and the layer is exact; a longer sequence
+    (a packed row's longest document, read from the offsets' host copy) is refused."""
+    if not isinstance(window, int) or window <= 0:
+        return
+    longest = kv_len
+    if segments.packed and segments.cu_seqlens_cpu is not None:
+        longest = int(segments.cu_seqlens_cpu.diff().max())
+    if longest > window:
+        raise ValueError(
+            f"{type(module).__name__} attends within a sliding window of {window} keys, which momentum / "
+            f"linear attention has no form of: a sequence of {longest} tokens would lose its earlier keys in "
+            f"the model's own attention but not in this one. Keep sequences within {window} tokens, or use a "
+            "config without sliding-window layers (e.g. sliding_window=None)")
 
 
 # The batch description of the latest forward (`plugins.packing.Segments`), built by its first

@@ -161,6 +161,48 @@ def test_four_d_masks_are_refused():
         ai.momentum_attention_forward(module(True), q, q, q, torch.ones(1, 1, 2, 2, dtype=torch.bool))
 
 
+def windowed(window, model_type="mistral", head=AutoModelForCausalLM):
+    config = tiny_config(model_type)
+    config.sliding_window = window
+    torch.manual_seed(0)
+    return head.from_config(config, attn_implementation="momentum").eval()
+
+
+def test_a_sliding_window_is_exact_where_it_drops_no_key_and_refused_where_it_would(make_generator):
+    """Mistral's window of 4 keys: sequences of up to 4 tokens (a packed row of such documents
+    too) are the windowless model's; a longer one, or generation past the window (the sliding
+    cache drops keys), is refused rather than run over keys the model's own attention would not
+    see."""
+    g = make_generator()
+    model, windowless = windowed(4), windowed(None)
+    ids = torch.randint(3, 100, (1, 7), generator=g)
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids[:, :4]).logits, windowless(ids[:, :4]).logits, rtol=0, atol=0)
+        packed = model(ids[:, :7], position_ids=torch.tensor([[0, 1, 2, 3, 0, 1, 2]])).logits
+        torch.testing.assert_close(packed[:, :4], windowless(ids[:, :4]).logits, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(packed[:, 4:], windowless(ids[:, 4:]).logits, rtol=1e-5, atol=1e-5)
+        with pytest.raises(ValueError, match="sliding window of 4 keys.*5 tokens"):
+            model(ids[:, :5])
+        with pytest.raises(ValueError, match="sliding window of 4 keys.*5 tokens"):
+            model(ids[:, :7], position_ids=torch.tensor([[0, 1, 2, 3, 4, 0, 1]]))
+        greedy = dict(max_new_tokens=2, do_sample=False)
+        assert torch.equal(model.generate(ids[:, :2], **greedy), windowless.generate(ids[:, :2], **greedy))
+        with pytest.raises(ValueError, match="dropped the keys before position 1"):
+            model.generate(ids[:, :3], max_new_tokens=3, do_sample=False)
+
+
+def test_a_bidirectional_local_window_is_refused_where_it_would_drop_keys():
+    """ModernBERT's local layers (sliding_window = local_attention / 2 + 1 keys either side)."""
+    config = AutoConfig.for_model("modernbert", vocab_size=100, hidden_size=32, num_hidden_layers=2,
+                                  num_attention_heads=4, intermediate_size=64, local_attention=4,
+                                  global_attn_every_n_layers=2, pad_token_id=PAD)
+    model = AutoModel.from_config(config, attn_implementation="momentum").eval()
+    with torch.no_grad():
+        model(torch.randint(3, 100, (1, 3)))
+        with pytest.raises(ValueError, match="sliding window of 3 keys.*4 tokens"):
+            model(torch.randint(3, 100, (1, 4)))
+
+
 DECODERS = ["llama", "mistral", "qwen2", "gpt2", "gpt_neox"]
 ENCODERS = ["bert", "roberta"]
 
