@@ -66,9 +66,10 @@ cells-doc: venv
 	$(BIN)/python -c "from plugins.rnn.variants import cells_markdown; print(cells_markdown(), end='')" \
 		> docs/cells.md
 
-# On a CUDA machine, offline, in under 20 minutes: the gpu-marked tests, attention, RNN and HF
-# benchmarks, one dated section in docs/benchmarks.md (benchmarks/gpu_check.py; finished parts are
-# cached in outputs/gpu-check/). No .venv: its torch is a CPU wheel; the machine's python has CUDA.
+# On a CUDA machine, offline, in at most 8 minutes on an H100 (one device call): the gpu-marked
+# tests, attention, RNN and HF benchmarks, one dated section in docs/benchmarks.md
+# (benchmarks/gpu_check.py; finished parts are cached in outputs/gpu-check/). No .venv: its torch
+# is a CPU wheel; the machine's python has CUDA.
 # GPU_CHECK_ARGS="--device cpu" is the tiny dry run, "--force" reruns cached parts.
 gpu-check:
 	PYTHONPATH="$(CURDIR)$${PYTHONPATH:+:$$PYTHONPATH}" $(PYTHON) benchmarks/gpu_check.py $(GPU_CHECK_ARGS)
