@@ -7,7 +7,7 @@ from plugins.transformer.config import kinds_from_layer_types
 
 @dataclass(frozen=True)
 class CopyConfig:
-    max_length: int      # longest sequence 0 w 0 w
+    max_length: int      # longest sequence: w 0 w and 0s
     n_symbols: int       # |alphabet|, symbols 1..n
     layers: int
     heads: int

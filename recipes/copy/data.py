@@ -1,4 +1,4 @@
-"""Copy-task batches `0 w 0 w` (Momentum Transformer, Section 4.1).
+"""Copy-task batches `w 0 w 0 …` (Momentum Transformer, Section 4.1).
 
 Layout of one row (length `max_length`, symbols 1..n_symbols, 0 = separator and padding):
     x = w_1 … w_n 0 w_1 … w_n 0 0 …,   y_t = x_{t+1} (next-token targets),
@@ -18,7 +18,7 @@ class CopyBatch(NamedTuple):
 
 
 def word_length_range(max_length: int) -> tuple:
-    """[low, high) of the word length n; needs room for 0 w 0 w inside max_length."""
+    """[low, high) of the word length n; needs room for w 0 w inside max_length."""
     low, high = max_length // 4, (max_length - 1) // 2
     if low < 1 or high <= low:
         raise ValueError(f"max_length must be at least 8, got {max_length}")
