@@ -250,11 +250,12 @@ def _refuse_a_window_that_bites(module, window, kv_len: int, segments: Segments)
     `sliding_window` transformers hands its attention) drops the keys `window` or more positions
     from a query, which momentum attention, a state over every key, has no form of. Where no
     sequence reaches that far, the window drops nothing and the layer is exact; a longer sequence
-    (a packed row's longest document, read from the offsets' host copy) is refused."""
+    (a packed row's longest document, read from the offsets' host copy; the row's length under
+    torch.compile, which would break its graph on the read) is refused."""
     if not isinstance(window, int) or window <= 0:
         return
     longest = kv_len
-    if segments.packed and segments.cu_seqlens_cpu is not None:
+    if segments.packed and segments.cu_seqlens_cpu is not None and not torch.compiler.is_compiling():
         longest = int(segments.cu_seqlens_cpu.diff().max())
     if longest > window:
         raise ValueError(
