@@ -23,6 +23,18 @@ def make_generator(request):
     return make
 
 
+@pytest.fixture
+def inductor_cpp_without_simd():
+    """Inductor's C++ code generation without vector instructions, for the tests that compile with
+    inductor on the CPU: its search for vectorised loop tilings (sympy simplification under symbolic
+    shapes) took more than half of such a compile here (packed rows' forward and backward: 84 s with
+    it, 38 s without; torch 2.13). These tests check our graphs through inductor's lowering, its
+    saved tensors and strides, not its vectoriser."""
+    import torch._inductor.config as inductor_config
+    with inductor_config.patch({"cpp.simdlen": 1}):      # no vector ISA has 1 bit: none is picked
+        yield
+
+
 def _process_state():
     """What one test could leave changed for every later test of its worker: (reading, undo)."""
     return {

@@ -133,6 +133,7 @@ def test_dynamic_shapes_compile_whole(make_generator, padded):
         assert graphs[3] < graphs[4] == graphs[5], graphs
 
 
+@pytest.mark.usefixtures("inductor_cpp_without_simd")
 def test_inductor_compiles_lengths_of_a_scan_level_into_one_graph(make_generator):
     """torch.compile's default backend generates code, not only traces it: under dynamic=True,
     inductor lowers the traced scan (padded blocks, symbolic chunk counts) once for 17 and 100
@@ -152,6 +153,7 @@ def test_inductor_compiles_lengths_of_a_scan_level_into_one_graph(make_generator
     assert counter.frame_count == 1
 
 
+@pytest.mark.usefixtures("inductor_cpp_without_simd")
 def test_inductor_trains_packed_rows_of_another_length_with_the_same_graph(make_generator):
     """Packed documents (cu_seqlens) of 13 and then 7 tokens through one inductor graph under
     dynamic=True, forward and gradients equal to eager. The traced scan returned a view into its

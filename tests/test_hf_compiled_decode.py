@@ -151,6 +151,7 @@ def test_generate_compiles_the_step_once_and_picks_the_eager_tokens(model, make_
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("inductor_cpp_without_simd")
 def test_inductor_step_equals_eager(make_generator):
     """Inductor's generated code (float32, as a model runs), a few steps, one compilation; one
     layer, as inductor's C++ build takes minutes on a loaded 2-core machine."""

@@ -426,6 +426,7 @@ def test_hidden_states_of_both_stacks_and_frozen_embeddings_under_checkpointing(
         assert m.get_submodule(f"model.{stack}.layers.0.attention.q_proj").weight.grad.abs().sum() > 0
 
 
+@pytest.mark.usefixtures("inductor_cpp_without_simd")
 def test_training_forward_and_backward_compile_whole(make_generator):
     """torch.compile(fullgraph=True) of a training step on padded sources: no graph break (no host
     read), and the loss and gradients of eager mode."""
