@@ -7,6 +7,7 @@ from torch import _VF, Tensor
 from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence, pad_packed_sequence
 
 from ..autocast import autocast_off
+from ..exporting import is_exporting
 from ..graph_breaks import eager_under_compile
 from ..validation import MAX_INT
 
@@ -117,7 +118,7 @@ def fused_recurrence(kind, x, lengths, hx, weights, has_biases, training, num_la
     Returns (output (T, B, H) with zeros past each length, final states in caller order).
     """
     if lengths is None:
-        fn = _VF.lstm if kind == "lstm" else _VF.rnn_tanh
+        fn = fused_kernel(kind, x, weights)
         x, hx, precision = cpu_autocast_off(x, hx, weights)
         with precision:
             out = fn(x, hx, weights, has_biases, num_layers, dropout, training, False, False)
@@ -134,13 +135,34 @@ def fused_recurrence(kind, x, lengths, hx, weights, has_biases, training, num_la
 def fused_packed(kind, packed, hx, weights, has_biases, training, num_layers=1, dropout=0.0):
     """`fused_recurrence` on a PackedSequence: hx (L, B, H) in caller order. Returns the packed
     output data (same layout as packed.data) and the final states in caller order."""
-    fn = _VF.lstm if kind == "lstm" else _VF.rnn_tanh
+    fn = fused_kernel(kind, packed.data, weights)
     order = packed.sorted_indices
     hx = tuple(t.index_select(1, order) for t in hx) if kind == "lstm" else hx.index_select(1, order)
     data, hx, precision = cpu_autocast_off(packed.data, hx, weights)
     with precision:
         res = fn(data, packed.batch_sizes, hx, weights, has_biases, num_layers, dropout, training, False)
     return res[0], tuple(t.index_select(1, packed.unsorted_indices) for t in shaped_as(res[1:], hx))
+
+
+def fused_kernel(kind, x, weights):
+    """torch's fused LSTM / tanh-RNN function for input `x`; under torch.compile outside the graph
+    where AOTAutograd cannot differentiate it: oneDNN's LSTM on the CPU (every float dtype but
+    float64) with weights that need gradients and an input that does not, whose saved tensors hold
+    a None that the compiled forward refuses ("expected all tensors_saved_with_vc_check to be
+    Tensors"; inductor: "expected Tensor() for op: torch.ops.aten.mkldnn_rnn_layer", pytorch#158007).
+    nn.LSTM runs eagerly under torch.compile too (dynamo's allow_rnn=False)."""
+    if kind != "lstm":
+        return _VF.rnn_tanh
+    if torch.compiler.is_compiling() and not is_exporting() and x.device.type == "cpu" \
+            and x.dtype != torch.float64 and torch.is_grad_enabled() and not x.requires_grad \
+            and any(w.requires_grad for w in weights):
+        return _eager_lstm
+    return _VF.lstm
+
+
+@eager_under_compile
+def _eager_lstm(*args):
+    return _VF.lstm(*args)
 
 
 def shaped_as(finals, hx):
