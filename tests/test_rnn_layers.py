@@ -434,6 +434,31 @@ def test_state_parts_of_the_wrong_kind_are_named(change, needle):
         layer(torch.randn(T, B, D), state._replace(**change))
 
 
+@pytest.mark.parametrize("form", ["forward", "step"])
+@pytest.mark.parametrize("cls,cell,part", [
+    (MomentumLSTM, "lstm", "v"), (MomentumLSTM, "lstm", "m"), (MomentumLSTM, "momentum", "m"),
+    (MomentumRNN, "momentum", "c"), (MomentumRNN, "adam", "c"), (OrthogonalMomentumRNN, "momentum", "m"),
+])
+def test_a_state_part_the_cell_does_not_carry_is_refused(cls, cell, part, form):
+    """A part of another cell's state (the plain LSTM given a momentum v, a tanh RNN given a c) was
+    dropped without a word: the output equalled the call without it."""
+    layer = cls(D, H, cell=cell)
+    _, state = layer(torch.randn(T, B, D))
+    size = H if part == "c" else 4 * H
+    given = state._replace(**{part: torch.ones(1, B, size)})
+    run = (lambda s: layer(torch.randn(T, B, D), s)) if form == "forward" else \
+        (lambda s: layer.step(torch.randn(B, D), s))
+    with pytest.raises(ValueError, match=rf"state.{part} is given, but this layer's cell carries no"):
+        run(given)
+    run(state)
+
+
+def test_an_lstm_state_without_h_is_refused_naming_h():
+    layer = MomentumLSTM(D, H, cell="lstm")
+    with pytest.raises(ValueError, match=rf"state.h must be a tensor of shape \(1, {B}, {H}\).*got None"):
+        layer(torch.randn(T, B, D), (None, torch.zeros(1, B, H)))
+
+
 def test_weight_dtype_region_casts_and_turns_autocast_off():
     """sequence.in_weight_dtype, the one "autocast off + cast to the weights' dtype" of the layers:
     bf16 tensors come back float32 (None kept), and inside the region a matmul stays float32."""

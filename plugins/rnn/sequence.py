@@ -186,6 +186,10 @@ def check_state_tensor(value, name, shape, ref):
                          "the layer returned, or convert it with .to(input.dtype)")
 
 
+STATE_PARTS = {"c": "cell state c (an LSTM's)", "v": "momentum v (eq. 9, 15)",
+               "m": "second moment m (eq. 15)"}
+
+
 def initial_state(state, *, num_layers, batch, hidden, width, has_c, has_v, has_m, ref, steps=1,
                   check_step=True):
     """Fill a missing or partial carried state with zeros and check its shapes; the step
@@ -203,9 +207,17 @@ def initial_state(state, *, num_layers, batch, hidden, width, has_c, has_v, has_
             raise ValueError("state must be None, a RecurrentState"
                              + (" or an (h, c) tuple" if has_c else " or a tensor h"))
     h, c, v, m, step = state
-    c = zeros(hidden) if has_c and c is None else (c if has_c else None)
-    v = zeros(width) if has_v and v is None else (v if has_v else None)
-    m = zeros(width) if has_m and m is None else (m if has_m else None)
+    if h is None:
+        raise ValueError(f"state.h must be a tensor of shape {(num_layers, batch, hidden)} (num_layers, "
+                         "batch, size), got None; pass state=None for a fresh state")
+    for name, value, carried in (("c", c, has_c), ("v", v, has_v), ("m", m, has_m)):
+        if value is not None and not carried:
+            raise ValueError(f"state.{name} is given, but this layer's cell carries no {STATE_PARTS[name]}: "
+                             f"it would be ignored; pass {name}=None (a state of another cell does not carry "
+                             "over)")
+    c = zeros(hidden) if has_c and c is None else c
+    v = zeros(width) if has_v and v is None else v
+    m = zeros(width) if has_m and m is None else m
     fresh = step is None
     step = torch.zeros(batch, dtype=torch.long, device=ref.device) if fresh else step
     for name, value, n in (("h", h, hidden), ("c", c, hidden), ("v", v, width), ("m", m, width)):
