@@ -244,3 +244,23 @@ def test_bad_input():
     layer = OrthogonalMomentumRNN(D, H)
     with pytest.raises(ValueError, match="input"):
         layer(torch.zeros(T, D))
+
+
+@pytest.mark.parametrize("orthogonal_map", ["matrix_exp", "cayley"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_sixteen_bit_weights_are_refused_naming_the_dtype(dtype, orthogonal_map):
+    """torch's orthogonal parametrization forms B in the parameter's dtype: in 16 bits the CPU's
+    matrix_exp gave inf/NaN (|B Bᵀ − I| of 1e60 in bf16), so outputs ran to inf and NaN without an
+    error, and the Cayley map failed inside torch's LU solve. Under autocast the float32 layer runs."""
+    layer = OrthogonalMomentumRNN(D, H, cell="momentum", orthogonal_map=orthogonal_map)
+    x = torch.randn(T, B, D)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert torch.isfinite(layer(x)[0]).all()
+    layer.to(dtype)
+    needle = rf"OrthogonalMomentumRNN holds its weights in {dtype}.*keep the layer in float32"
+    for run in (lambda: layer(x.to(dtype)), lambda: layer.step(x[0].to(dtype))):
+        with pytest.raises(ValueError, match=needle):
+            run()
+    cell = OrthogonalRNNCell(D, H, orthogonal_map=orthogonal_map).to(dtype)
+    with pytest.raises(ValueError, match=rf"OrthogonalRNNCell holds its weights in {dtype}"):
+        cell(x[0].to(dtype), torch.zeros(B, H, dtype=dtype))

@@ -459,6 +459,9 @@ class _MomentumLayers(nn.Module):
                                                         cu_seqlens_cpu)
         return (outputs if all_layers else outputs[-1]), new_state
 
+    def _check_input_dtype(self, x):
+        check_input_dtype(x, self.weight_ih_l0)
+
     def _check_padding_mask(self, input, padding_mask, packed_rows: bool):
         """ValueError naming `padding_mask` unless it is a (batch, time) bool tensor on the device
         of a padded tensor input, the only thing that separates the rows."""
@@ -466,7 +469,7 @@ class _MomentumLayers(nn.Module):
             raise ValueError("padding_mask cannot be combined with cu_seqlens / segment_starts or a "
                              "PackedSequence, which already separate the sequences: pass padded rows")
         steps, batch = as_sequence(input, self.input_size, self.batch_first).x.shape[:2]
-        check_input_dtype(input, self.weight_ih_l0)
+        self._check_input_dtype(input)
         if not isinstance(padding_mask, Tensor) or padding_mask.dtype != torch.bool:
             got = padding_mask.dtype if isinstance(padding_mask, Tensor) else type(padding_mask).__name__
             raise ValueError(f"padding_mask must be a bool tensor (True at real steps), got {got}")
@@ -508,7 +511,7 @@ class _MomentumLayers(nn.Module):
             raise ValueError(f"{name} cannot be combined with a PackedSequence input, whose lengths "
                              f"already separate its sequences: pass a tensor")
         x = as_sequence(input, self.input_size, self.batch_first).x
-        check_input_dtype(x, self.weight_ih_l0)
+        self._check_input_dtype(x)
         steps, batch = x.shape[:2]
         if cu_seqlens_cpu is not None:
             check_offsets_metadata(cu_seqlens, x.device, batch, cu_seqlens_cpu.numel())
@@ -584,7 +587,7 @@ class _MomentumLayers(nn.Module):
         """(every layer's output, or a one-tuple of the last's, in the input's layout; final state)."""
         seq = as_sequence(input, self.input_size, self.batch_first)
         x, lengths = seq.x, seq.lengths
-        check_input_dtype(x, self.weight_ih_l0)
+        self._check_input_dtype(x)
         steps, batch = x.shape[:2]
         carries_v = isinstance(state, RecurrentState) and state.v is not None
         st = self._state(state, batch, x, steps)
@@ -687,7 +690,7 @@ class _MomentumLayers(nn.Module):
         if self.bidirectional:
             raise ValueError("step needs a unidirectional layer (bidirectional=False): the backward "
                              "direction reads the sequence from its end")
-        check_input_dtype(input, self.weight_ih_l0)
+        self._check_input_dtype(input)
         st = self._state(state, input.size(0), input, 1)
         step, hyper = st.step + 1, self.hyper
 

@@ -16,7 +16,7 @@ from torch.nn import functional as F
 from torch.nn.utils.parametrizations import orthogonal
 
 from ..validation import check_choice, check_int
-from .checks import check_sizes, check_step_counter, check_step_input
+from .checks import check_input_dtype, check_sizes, check_step_counter, check_step_input
 from .layers import _MomentumLayers, input_map, recurrence_loop
 from .sequence import in_weight_dtype, last_step
 from .variants import DEFAULT_CELL, layer_hyper
@@ -62,6 +62,16 @@ def make_orthogonal_(module, name, orthogonal_map, init):
         module.parametrizations[name][0].base.copy_(torch.eye(weight.size(0)))
 
 
+def check_orthogonal_dtype(weight, owner):
+    """ValueError for 16-bit weights: torch's orthogonal parametrization forms B = B₀ φ(A) in the
+    parameter's dtype, where the CPU's matrix_exp returns inf/NaN and the Cayley map has no solve,
+    and no 16-bit B would stay orthogonal."""
+    if weight.dtype in (torch.float16, torch.bfloat16):
+        raise ValueError(f"{owner} holds its weights in {weight.dtype}, in which its orthogonal recurrent "
+                         "weight B = B0 phi(A) cannot be formed (matrix_exp or the Cayley map): keep the "
+                         "layer in float32 or float64 (torch.autocast runs it in float32)")
+
+
 def rebase_(module, name):
     """Dynamic trivialization step: B₀ ← current B, A ← 0 (B itself is unchanged)."""
     with torch.no_grad():
@@ -102,6 +112,7 @@ class OrthogonalRNNCell(nn.Module):
 
     def forward(self, x, h, state=None):
         check_step_input(x, self.input_size)
+        check_orthogonal_dtype(self.input_kernel.weight, "OrthogonalRNNCell")
         v, m, step = state if state is not None else (None, None, 0)
         g = self.input_kernel(x)
         v = torch.zeros_like(g) if v is None and self.variant.has_v else v
@@ -147,6 +158,10 @@ class OrthogonalMomentumRNN(_MomentumLayers):
                          step_size=step_size, beta=beta, eps=eps, restart=restart, bias=False,
                          batch_first=batch_first, dropout=dropout)
         self.optimizer_steps = 0
+
+    def _check_input_dtype(self, x):
+        check_orthogonal_dtype(self.weight_ih_l0, type(self).__name__.removeprefix("Parametrized"))
+        check_input_dtype(x, self.weight_ih_l0)
 
     def _register_layer(self, k, d):
         h = self.hidden_size
