@@ -75,6 +75,46 @@ def test_awd_regularisation_is_active_in_training_only(tmp_path, make_generator)
     assert [layer.hidden_size for layer in model.decoder.rnn.layers] == [24, 16]
 
 
+def inference_config(**generation):
+    from types import SimpleNamespace
+    return SimpleNamespace(generation=SimpleNamespace(
+        beam=1, no_beamable_mm=False, print_alignment=None, **generation))
+
+
+def test_retain_dropout_keeps_the_awd_dropouts_at_inference(tmp_path, make_generator):
+    """fairseq-generate / eval-lm --retain-dropout: the AWD dropouts (embedding, locked, weight drop)
+    were gated on training alone, so the option was silently ignored. Under one seed the retained
+    dropouts draw the masks of a training forward, and decoding steps draw them too."""
+    model, task = small_lm(tmp_path, "--lstm-cell", "momentum")
+    tokens = random_tokens(task, 2, 6, make_generator())
+    model.train()
+    torch.manual_seed(7)
+    training = model.decoder(tokens)[0].detach()
+    model.eval()
+    with torch.no_grad():
+        plain = model.decoder(tokens)[0]
+    model.prepare_for_inference_(inference_config(retain_dropout=True, retain_dropout_modules=None))
+    with torch.no_grad():
+        torch.manual_seed(7)
+        torch.testing.assert_close(model.decoder(tokens)[0], training, rtol=1e-12, atol=1e-12)
+        steps = [model.decoder(tokens[:, :1], incremental_state={})[0] for _ in range(2)]
+    assert not torch.allclose(training, plain)
+    assert not torch.allclose(*steps)
+
+
+def test_retain_dropout_modules_naming_another_module_leave_the_decoder_alone(tmp_path, make_generator):
+    model, task = small_lm(tmp_path, "--lstm-cell", "momentum")
+    tokens = random_tokens(task, 2, 6, make_generator())
+    model.eval()
+    with torch.no_grad():
+        plain = model.decoder(tokens)[0]
+        model.prepare_for_inference_(inference_config(retain_dropout=True,
+                                                      retain_dropout_modules=["TransformerDecoder"]))
+        torch.testing.assert_close(model.decoder(tokens)[0], plain, rtol=0, atol=0)
+        steps = [model.decoder(tokens[:, :1], incremental_state={})[0] for _ in range(2)]
+    torch.testing.assert_close(*steps, rtol=0, atol=0)
+
+
 def test_ptb_preset_is_the_papers_model():
     args = parse_namespace("momentum_lstm_lm_ptb")
     got = (args.decoder_layers, args.decoder_hidden_size, args.decoder_embed_dim,

@@ -38,6 +38,7 @@ class MomentumLSTMLMDecoder(FairseqIncrementalDecoder):
     """
 
     carries_state = True    # forward(..., carried_state=CarriedState): --task language_modeling_bptt
+    retain_dropout = False  # decoders pickled before the option existed
 
     def __init__(self, args, dictionary):
         super().__init__(dictionary)
@@ -61,14 +62,25 @@ class MomentumLSTMLMDecoder(FairseqIncrementalDecoder):
 
     def forward_with_state(self, tokens: Tensor, state: Optional[List[RecurrentState]] = None):
         """tokens (B, T) -> (features (B, T, out_embed_dim), state after the chunk)."""
-        if not self.training and tokens.size(1) == 1:
+        dropping = self.training or self.retain_dropout
+        if not dropping and tokens.size(1) == 1:
             x, state = self.rnn.step(self.embed_tokens(tokens[:, 0]), state)
             return x[:, None], state
-        x = embedding_dropout(self.embed_tokens, tokens, self.embed_dropout, self.training)
-        x = locked_dropout(x.transpose(0, 1), self.dropout_in, self.training)
-        x, state = self.rnn(x, state)
-        x = locked_dropout(x, self.dropout_out, self.training)
+        x = embedding_dropout(self.embed_tokens, tokens, self.embed_dropout, dropping)
+        x = locked_dropout(x.transpose(0, 1), self.dropout_in, dropping)
+        x, state = self.rnn(x, state, dropping=dropping)
+        x = locked_dropout(x, self.dropout_out, dropping)
         return x.transpose(0, 1), state
+
+    def make_generation_fast_(self, name=None, retain_dropout=False, retain_dropout_modules=None, **kwargs):
+        """fairseq's --retain-dropout (prepare_for_inference_): the AWD dropouts, which are not
+        FairseqDropout modules, stay on at inference, every one of them or, with
+        --retain-dropout-modules, where the list names this decoder's class (FairseqDropout's
+        module_name in fairseq's own decoders). Decoding then runs each step as a chunk of one token,
+        the steps' own path having no dropout."""
+        named = retain_dropout_modules is None or type(self).__name__ in retain_dropout_modules
+        if retain_dropout and named:
+            self.retain_dropout = True
 
     def extract_features(self, prev_output_tokens, encoder_out=None, incremental_state=None,
                          carried_state=None, **kwargs):

@@ -33,19 +33,23 @@ class AWDMomentumLSTM(nn.Module):
                                     for i, o in zip(sizes[:-1], sizes[1:]))
         self.weight_drop, self.dropout_hidden = weight_drop, dropout_hidden
 
-    def forward(self, x: Tensor, states: Optional[List[Optional[RecurrentState]]] = None):
+    def forward(self, x: Tensor, states: Optional[List[Optional[RecurrentState]]] = None, *,
+                dropping: Optional[bool] = None):
+        """`dropping` (default: in training) applies weight drop and the locked dropout between
+        layers; True in eval mode is fairseq's --retain-dropout."""
         states = states if states is not None else [None] * len(self.layers)
+        dropping = self.training if dropping is None else dropping
         new_states = []
         with contextlib.ExitStack() as masks:
             # every layer's weight-drop mask first, then the layers (with the masks between them): the
             # order in which transformers' MomentumLSTMForCausalLM draws them, so a converted model
             # trains as this one under the same seed
-            drop = weight_drop(self.weight_drop, self.training)
+            drop = weight_drop(self.weight_drop, dropping)
             for layer in self.layers:
                 masks.enter_context(layer.substituted_recurrent_weights(drop))
             for k, (layer, state) in enumerate(zip(self.layers, states)):
                 if k > 0:
-                    x = locked_dropout(x, self.dropout_hidden, self.training)
+                    x = locked_dropout(x, self.dropout_hidden, dropping)
                 x, state = layer(x, state)
                 new_states.append(state)
         return x, new_states
