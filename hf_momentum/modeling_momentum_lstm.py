@@ -208,6 +208,8 @@ class MomentumLSTMStackWithTop(MomentumLSTMStack):
     stack's: each layer's rows are zero-padded to the widest, so the cache, beam reordering,
     speculative decoding's crop and the exported step hold it as they hold any other."""
 
+    dropout_after_last_layer = True   # the dropout between these layers and `top`
+
     def __init__(self, input_size, hidden_size, num_layers, *, top_size, dropout=0.0, weight_drop=0.0,
                  **kwargs):
         super().__init__(input_size, hidden_size, num_layers, dropout=dropout, weight_drop=weight_drop,

@@ -1,5 +1,6 @@
 """MomentumLSTM / MomentumRNN layers (fused fast paths) vs the step-wise cells, float64."""
 import copy
+import warnings
 
 import pytest
 import torch
@@ -457,6 +458,20 @@ def test_an_lstm_state_without_h_is_refused_naming_h():
     layer = MomentumLSTM(D, H, cell="lstm")
     with pytest.raises(ValueError, match=rf"state.h must be a tensor of shape \(1, {B}, {H}\).*got None"):
         layer(torch.randn(T, B, D), (None, torch.zeros(1, B, H)))
+
+
+@pytest.mark.parametrize("cls", LAYER_CLASSES)
+def test_dropout_with_one_layer_warns_as_nn_lstm_does(cls):
+    """nn.LSTM warns that dropout after all but the last layer does nothing with one layer; ours
+    accepted it without a word (train-mode outputs equal eval-mode ones)."""
+    with pytest.warns(UserWarning, match=r"dropout=0.5 with num_layers=1 has no effect"):
+        layer = cls(D, H, 1, dropout=0.5)
+    x = torch.randn(T, B, D)
+    torch.testing.assert_close(layer.train()(x)[0], layer.eval()(x)[0])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        cls(D, H, 2, dropout=0.5)
+        cls(D, H, 1)
 
 
 def test_weight_dtype_region_casts_and_turns_autocast_off():

@@ -43,6 +43,7 @@ export_scan.py), not packed rows nor `step`.
 import contextlib
 import functools
 import math
+import warnings
 
 import torch
 from torch import Tensor, nn
@@ -255,6 +256,7 @@ class _MomentumLayers(nn.Module):
     plain = "lstm"
     gate_count = 4
     locked_dropout = False          # modules pickled before the option existed
+    dropout_after_last_layer = False  # a subclass that also drops out the last layer's output
 
     def __init__(self, input_size, hidden_size, num_layers=1, *, cell=DEFAULT_CELL, momentum=None,
                  step_size=None, beta=None, eps=None, restart=None, bias=True, batch_first=False,
@@ -269,6 +271,9 @@ class _MomentumLayers(nn.Module):
         self.bias = check_bool(bias, "bias")
         self.batch_first = check_bool(batch_first, "batch_first")
         self.dropout = check_probability(dropout, "dropout")
+        if self.dropout > 0 and self.num_layers == 1 and not self.dropout_after_last_layer:
+            warnings.warn(f"dropout={dropout} with num_layers=1 has no effect: as in nn.LSTM, dropout is "
+                          "applied between layers, after all but the last", UserWarning, stacklevel=2)
         self.locked_dropout = check_bool(locked_dropout, "locked_dropout")
         self.bidirectional = check_bool(bidirectional, "bidirectional")
         self.directions = 2 if self.bidirectional else 1
