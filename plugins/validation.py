@@ -185,7 +185,7 @@ def check_offsets_on_host(cu_seqlens, length: int, *, name: str = "cu_seqlens", 
     if batch is not None and batch != 1:
         raise ValueError(f"{name} needs a batch of one row (batch 1, the sequences packed into it), got "
                          f"batch {batch}: concatenate the rows into one")
-    cu = cu_seqlens.long()
+    cu = cu_seqlens.long().contiguous()  # a strided view would make searchsorted copy and warn
     if torch.compiler.is_compiling():
         return cu, None
     if host is not None and tuple(host.shape) != tuple(cu_seqlens.shape):

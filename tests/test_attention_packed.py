@@ -4,6 +4,7 @@ forward and gradients, with random segment lengths (1-token segments, empty segm
 inside chunks), per-segment initial and final states, NaN kept inside its segment, and the
 packed prefill → per-sequence decoding hand-off."""
 import itertools
+import warnings
 
 import pytest
 import torch
@@ -131,6 +132,21 @@ def test_a_segment_does_not_see_its_neighbours(make_generator, causal):
     assert torch.isnan(after[:, :, 12 if causal else 10:24]).all()
     if causal:
         assert torch.isfinite(after[:, :, 10:12]).all()       # before the NaN in its own segment
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_strided_offsets_give_the_contiguous_offsets_result_without_a_warning(make_generator, causal):
+    """cu_seqlens as a strided view (every other entry of a longer tensor): torch's searchsorted
+    warned of a copy on every call."""
+    gen = make_generator()
+    q, k, v, cu, _ = packed(gen, [5, 0, 7, 3], init=False)
+    strided = torch.stack([cu, cu], 1).flatten()[::2]
+    assert not strided.is_contiguous() and torch.equal(strided, cu)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        got = momentum_attention(q, k, v, momentum=0.8, causal=causal, chunk_size=4, cu_seqlens=strided)
+    torch.testing.assert_close(got, momentum_attention(q, k, v, momentum=0.8, causal=causal, chunk_size=4,
+                                                       cu_seqlens=cu), rtol=0, atol=0)
 
 
 def test_linear_attention_and_padding_mask_that_agrees(make_generator):
