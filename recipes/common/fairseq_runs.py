@@ -29,7 +29,7 @@ def tool(name: str) -> str:
 
 
 def run(cmd: Sequence[str], log: Optional[Path] = None, stdin: Optional[str] = None,
-        echo: Optional[Callable[[str], None]] = None) -> str:
+        echo: Optional[Callable[[str], None]] = None, append: bool = False) -> str:
     """Run a command from the repo root, streaming its output (stdout and stderr together) line by
     line into `log` as it comes and through `echo` (e.g. a progress printer); on failure raise with
     the end of its output. Returns the whole output. The command dies with this process, even
@@ -39,7 +39,7 @@ def run(cmd: Sequence[str], log: Optional[Path] = None, stdin: Optional[str] = N
     log_file = None
     if log is not None:
         log.parent.mkdir(parents=True, exist_ok=True)
-        log_file = open(log, "w", encoding="utf-8")
+        log_file = open(log, "a" if append else "w", encoding="utf-8")
     try:
         with subprocess.Popen([str(c) for c in cmd], cwd=REPO, env=env, text=True, bufsize=1,
                               stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
@@ -102,13 +102,18 @@ class TrainResult:
 
 
 def parse_log(text: str) -> Dict[str, List[dict]]:
-    """fairseq `--log-format json` records by kind (train_inner, train, valid)."""
-    records: Dict[str, List[dict]] = {"train_inner": [], "train": [], "valid": []}
+    """fairseq `--log-format json` records by kind (train_inner, train, valid). A log of a run that
+    resumed holds the updates between its last checkpoint and the interruption twice: each
+    record is kept in its last form (by kind and update count), in the order of the updates."""
+    records: Dict[str, Dict[float, dict]] = {"train_inner": {}, "train": {}, "valid": {}}
     for line in text.splitlines():
         match = LOG_LINE.search(line)
         if match:
-            records[match.group(1)].append(json.loads(match.group(2)))
-    return records
+            kind, record = match.group(1), json.loads(match.group(2))
+            update = float(record.get("num_updates", record.get(f"{kind}_num_updates", -1)))
+            records[kind].pop(update, None)
+            records[kind][update] = record
+    return {kind: [by_update[u] for u in sorted(by_update)] for kind, by_update in records.items()}
 
 
 def progress_printer(name: str, start: float) -> Callable[[str], None]:
@@ -130,18 +135,43 @@ def progress_printer(name: str, start: float) -> Callable[[str], None]:
     return echo
 
 
+FINISHED = "finished.json"     # a completed run's folder: its training seconds
+SPENT = "seconds_so_far"       # seconds an interrupted run spent training in the folder
+
+
 def train(name: str, data_bin: Path, save_dir: Path, args: Sequence[str], echo: bool = True) -> TrainResult:
-    """fairseq-train with the user-dir into an emptied `save_dir`, its output teed to
-    save_dir/train.log and its progress printed as it comes; returns the parsed log and the wall
-    time."""
+    """fairseq-train with the user-dir in `save_dir` (a folder named by a hash of the arguments
+    and inputs: checkpoint_dir), its output teed to save_dir/train.log and its progress printed as
+    it comes; returns the parsed log and the training seconds. A run that finished there is reused
+    (its log read again); one that was interrupted after a checkpoint resumes from
+    checkpoint_last.pt, as fairseq-train resumes, its log appended and its seconds added to those
+    spent before; otherwise the folder is emptied first."""
+    save_dir = Path(save_dir)
     cmd = [tool("fairseq-train"), data_bin, "--user-dir", USER_DIR, "--save-dir", save_dir,
            "--log-format", "json", "--no-progress-bar", *args]
-    check_inside(save_dir, Path(save_dir).parent.parent)
-    fresh_dir(save_dir)
+    check_inside(save_dir, save_dir.parent.parent)
+    if (save_dir / FINISHED).is_file():
+        return _train_result(name, save_dir, json.loads((save_dir / FINISHED).read_text())["seconds"])
+    resuming = (save_dir / "checkpoint_last.pt").is_file()
+    before = float((save_dir / SPENT).read_text()) if resuming and (save_dir / SPENT).is_file() else 0.0
+    if not resuming:
+        fresh_dir(save_dir)
     start = time.perf_counter()
-    output = run(cmd, log=save_dir / "train.log", echo=progress_printer(name, start) if echo else None)
-    seconds = time.perf_counter() - start
-    records = parse_log(output)
+    printer = progress_printer(name, start) if echo else None
+
+    def each_line(line: str) -> None:
+        (save_dir / SPENT).write_text(f"{before + time.perf_counter() - start:.3f}")
+        if printer is not None:
+            printer(line)
+    run(cmd, log=save_dir / "train.log", echo=each_line, append=resuming)
+    seconds = before + time.perf_counter() - start
+    result = _train_result(name, save_dir, seconds)
+    (save_dir / FINISHED).write_text(json.dumps({"seconds": seconds}))
+    return result
+
+
+def _train_result(name: str, save_dir: Path, seconds: float) -> TrainResult:
+    records = parse_log((save_dir / "train.log").read_text(encoding="utf-8"))
     if not records["valid"]:
         raise RuntimeError(f"{name}: fairseq-train reported no validation; see {save_dir / 'train.log'}")
     return TrainResult(name, seconds, records["train_inner"], records["valid"], save_dir)
