@@ -34,6 +34,7 @@ import omegaconf
 import torch
 from fairseq import checkpoint_utils
 from fairseq.distributed.utils import _TensorPlaceholder
+from fairseq.file_io import PathManager
 from omegaconf import base as omegaconf_base
 from omegaconf import nodes as omegaconf_nodes
 
@@ -156,6 +157,22 @@ def _plain_number_saver(save):
     return torch_persistent_save
 
 
+class AtomicCopyPathManager(PathManager):
+    """fairseq's PathManager, whose `copy` writes a temporary file beside the destination and renames
+    it over it. fairseq saves a checkpoint atomically, then copies it onto checkpoint_best.pt,
+    checkpoint_last.pt and the others: an interrupt during that copy (Ctrl-C, SIGTERM) left a
+    truncated checkpoint_best.pt in place of the previous best."""
+
+    @staticmethod
+    def copy(src_path: str, dst_path: str, overwrite: bool = False) -> bool:
+        if not PathManager.supports_rename(dst_path):
+            return PathManager.copy(src_path, dst_path, overwrite=overwrite)
+        temporary = f"{dst_path}.tmp"
+        copied = PathManager.copy(src_path, temporary, overwrite=True)
+        PathManager.rename(temporary, dst_path)
+        return copied
+
+
 def install() -> None:
     """Allowlist fairseq's checkpoint types and wrap its loader (once per process: the user-dir
     may be imported both as a package and through --user-dir)."""
@@ -163,6 +180,7 @@ def install() -> None:
     safe_numpy.install()
     if not getattr(checkpoint_utils.torch_persistent_save, "plain_numbers", False):
         checkpoint_utils.torch_persistent_save = _plain_number_saver(checkpoint_utils.torch_persistent_save)
+    checkpoint_utils.PathManager = AtomicCopyPathManager
     if not getattr(checkpoint_utils.load_checkpoint_to_cpu, "checks_checkpoints", False):
         checkpoint_utils.load_checkpoint_to_cpu = checked_loader(checkpoint_utils.load_checkpoint_to_cpu)
 

@@ -119,3 +119,32 @@ def test_broken_checkpoint_last_stops_training_with_its_name(tmp_path):
     log = proc.stdout + proc.stderr
     assert f"Loaded checkpoint {good} (epoch 1 @ 2 updates)" in log
     assert sorted(train_losses(log)) == [3, 4]
+
+
+def test_an_interrupted_copy_onto_a_checkpoint_keeps_the_previous_one(tmp_path, monkeypatch):
+    """fairseq saves a checkpoint atomically, then copies it onto checkpoint_best.pt and
+    checkpoint_last.pt with shutil.copyfile: a Ctrl-C during that copy left a truncated
+    checkpoint_best.pt where the previous best had been."""
+    import shutil
+
+    from fairseq import checkpoint_utils
+
+    import fairseq_momentum  # noqa: F401
+
+    new, best = tmp_path / "checkpoint3.pt", tmp_path / "checkpoint_best.pt"
+    new.write_bytes(b"new" * 1000)
+    best.write_bytes(b"old")
+    copyfile = shutil.copyfile
+
+    def interrupted(src, dst, *args, **kwargs):
+        with open(dst, "wb") as f:
+            f.write(b"ne")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(shutil, "copyfile", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        checkpoint_utils.PathManager.copy(str(new), str(best), overwrite=True)
+    assert best.read_bytes() == b"old"
+    monkeypatch.setattr(shutil, "copyfile", copyfile)
+    assert checkpoint_utils.PathManager.copy(str(new), str(best), overwrite=True)
+    assert best.read_bytes() == new.read_bytes()
