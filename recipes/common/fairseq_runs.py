@@ -111,7 +111,6 @@ def parse_log(text: str) -> Dict[str, List[dict]]:
         if match:
             kind, record = match.group(1), json.loads(match.group(2))
             update = float(record.get("num_updates", record.get(f"{kind}_num_updates", -1)))
-            records[kind].pop(update, None)
             records[kind][update] = record
     return {kind: [by_update[u] for u in sorted(by_update)] for kind, by_update in records.items()}
 
